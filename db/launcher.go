@@ -1,0 +1,229 @@
+package db
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ErrNoPostgres means no PostgreSQL server binaries were found.
+var ErrNoPostgres = errors.New("no PostgreSQL server binaries (initdb, pg_ctl) found in PATH or /usr/lib/postgresql/*/bin: " +
+	"install the server package (Debian/Ubuntu: apt-get install postgresql) or set DATABASE_URL to an existing database")
+
+// Cluster is a private PostgreSQL cluster started from the system's server
+// binaries, listening only on a Unix socket inside its own folder. It is the
+// embedded default of `muster dev` and of the tests.
+type Cluster struct {
+	dataDir   string
+	socketDir string
+	binDir    string
+	cred      *syscall.Credential
+	logFile   string
+}
+
+// ClusterConfig configures a local cluster.
+type ClusterConfig struct {
+	// Dir holds the cluster's data ("pgdata") and socket folders. It is
+	// created if missing and reused when it already holds a cluster.
+	Dir string
+	// Fast turns off fsync and full-page writes: for throwaway test
+	// clusters only, never for `muster dev` data a developer keeps.
+	Fast bool
+}
+
+// StartCluster initialises the cluster in cfg.Dir if needed and starts it.
+// As root it runs initdb and the server as the postgres user, since initdb
+// refuses to run as root.
+func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
+	binDir, err := findBinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("cluster dir: %w", err)
+	}
+	c := &Cluster{
+		dataDir: filepath.Join(dir, "pgdata"),
+		binDir:  binDir,
+		logFile: filepath.Join(dir, "postgres.log"),
+	}
+	// A Unix socket path is limited to about 107 bytes; keep the socket in
+	// the cluster folder when it fits and in a short temp folder otherwise.
+	c.socketDir = filepath.Join(dir, "run")
+	if len(c.socketDir)+len("/.s.PGSQL.5432") > 100 {
+		c.socketDir, err = os.MkdirTemp("", "mpg")
+		if err != nil {
+			return nil, fmt.Errorf("socket dir: %w", err)
+		}
+	}
+	uid, gid := -1, -1
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("running as root needs a postgres user to run the cluster as (initdb refuses root): %w", err)
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("cluster dir: %w", err)
+	}
+	for _, d := range []string{c.dataDir, c.socketDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("cluster dir: %w", err)
+		}
+		if c.cred != nil {
+			if err := os.Chown(d, uid, gid); err != nil {
+				return nil, fmt.Errorf("hand %s to the postgres user: %w", d, err)
+			}
+		}
+	}
+	if c.cred != nil {
+		if err := touchOwned(c.logFile, uid, gid); err != nil {
+			return nil, err
+		}
+	}
+
+	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
+		args := []string{"-D", c.dataDir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C"}
+		if cfg.Fast {
+			args = append(args, "--no-sync")
+		}
+		if out, err := c.run(ctx, "initdb", args...); err != nil {
+			return nil, fmt.Errorf("initdb: %w: %s", err, lastLines(out, 10))
+		}
+	}
+
+	opts := []string{
+		"-c listen_addresses=''",
+		"-c unix_socket_directories=" + c.socketDir,
+		"-c max_connections=200",
+	}
+	if cfg.Fast {
+		opts = append(opts, "-c fsync=off", "-c full_page_writes=off", "-c synchronous_commit=off")
+	}
+	// A cluster left running by a killed process is stopped first, so a
+	// restart on the same folder always comes up with our options.
+	if _, err := os.Stat(filepath.Join(c.dataDir, "postmaster.pid")); err == nil {
+		_, _ = c.run(ctx, "pg_ctl", "-D", c.dataDir, "-m", "fast", "-w", "stop")
+	}
+	out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "-l", c.logFile, "-w", "-t", "60",
+		"-o", strings.Join(opts, " "), "start")
+	if err != nil {
+		log, _ := os.ReadFile(c.logFile)
+		return nil, fmt.Errorf("start postgres: %w: %s %s", err, lastLines(out, 5), lastLines(log, 10))
+	}
+	return c, nil
+}
+
+// URL returns a connection URL for database name on this cluster.
+func (c *Cluster) URL(database string) string {
+	q := url.Values{"host": {c.socketDir}, "user": {"postgres"}, "sslmode": {"disable"}}
+	return "postgres:///" + url.PathEscape(database) + "?" + q.Encode()
+}
+
+// Stop shuts the cluster down (fast mode: sessions are disconnected).
+func (c *Cluster) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "-m", "fast", "-w", "stop"); err != nil {
+		return fmt.Errorf("stop postgres: %w: %s", err, lastLines(out, 5))
+	}
+	return nil
+}
+
+// EnsureDatabase creates database name if it does not exist.
+func (c *Cluster) EnsureDatabase(ctx context.Context, name string) error {
+	pool, err := Open(ctx, c.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return fmt.Errorf("look up database %s: %w", name, err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := pool.Exec(ctx, "CREATE DATABASE "+quoteIdent(name)); err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}
+
+func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, name), args...)
+	cmd.Dir = os.TempDir()
+	if c.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	}
+	// pg_ctl start leaves the server running; it must not hold our stdout
+	// or the command would never return.
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	err := cmd.Run()
+	return buf.Bytes(), err
+}
+
+func findBinDir() (string, error) {
+	if p, err := exec.LookPath("pg_ctl"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_ctl")
+	if len(matches) > 0 {
+		// Highest major version wins; Glob sorts lexically, so compare numbers.
+		best, bestV := "", -1
+		for _, m := range matches {
+			v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(m))))
+			if v > bestV {
+				best, bestV = filepath.Dir(m), v
+			}
+		}
+		return best, nil
+	}
+	return "", ErrNoPostgres
+}
+
+func touchOwned(path string, uid, gid int) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	f.Close()
+	if err := os.Chown(path, uid, gid); err != nil {
+		return fmt.Errorf("hand %s to the postgres user: %w", path, err)
+	}
+	return nil
+}
+
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+func quoteIdent(s string) string {
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}

@@ -1,0 +1,76 @@
+package db
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Open connects a pool to url and pings it within the context's deadline.
+func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	// Every statement has a deadline: a wedged database must surface as an
+	// error on the request, never as a goroutine parked forever.
+	if cfg.ConnConfig.RuntimeParams == nil {
+		cfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !ok {
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "15000"
+	}
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ping database: %w", err)
+	}
+	return pool, nil
+}
+
+// WithTx runs fn in one transaction and commits it when fn returns nil. fn
+// receives only transaction-bound queries, so no statement can slip outside
+// the transaction by accident.
+func WithTx(ctx context.Context, pool *pgxpool.Pool, fn func(q *Queries) error) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return fn(New(tx))
+	})
+}
+
+// IsUnavailable reports whether err means the database could not be reached
+// (as opposed to refusing a statement), so callers can answer 503.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// Class 08: connection exception; 57P0x: server shutting down or
+		// not accepting connections.
+		return len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:4] == "57P0")
+	}
+	return pgconn.SafeToRetry(err)
+}
+
+// IsUniqueViolation reports whether err is a unique-constraint violation,
+// optionally of the named constraint.
+func IsUniqueViolation(err error, constraint string) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		return false
+	}
+	return constraint == "" || pgErr.ConstraintName == constraint
+}

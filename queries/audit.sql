@@ -1,0 +1,36 @@
+-- name: AuditLock :exec
+-- Serialises appends to the hash chain. Taken in its own statement before
+-- AuditHead so that the head is read with a snapshot that sees every append
+-- committed while this transaction waited for the lock.
+SELECT pg_advisory_xact_lock(7150305420616001);
+
+-- name: AuditHead :one
+SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1;
+
+-- name: AuditInsert :one
+-- The hash column is filled by the audit_events_seal trigger.
+INSERT INTO audit_events (seq, at, actor_kind, actor, action, target_kind, target,
+                          outcome, reason, before, after, prev_hash, hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ''::bytea)
+RETURNING *;
+
+-- name: AuditList :many
+-- Newest first, keyset pagination on seq (pass 0 for the first page).
+SELECT * FROM audit_events
+WHERE (sqlc.arg(before_seq)::bigint = 0 OR seq < sqlc.arg(before_seq)::bigint)
+  AND (sqlc.narg(actor)::text IS NULL OR actor = sqlc.narg(actor)::text)
+  AND (sqlc.narg(action)::text IS NULL OR action = sqlc.narg(action)::text)
+  AND (sqlc.narg(target_kind)::text IS NULL OR target_kind = sqlc.narg(target_kind)::text)
+  AND (sqlc.narg(target)::text IS NULL OR target = sqlc.narg(target)::text)
+  AND (sqlc.narg(outcome)::text IS NULL OR outcome = sqlc.narg(outcome)::text)
+ORDER BY seq DESC
+LIMIT sqlc.arg(lim);
+
+-- name: AuditVerifyPage :many
+-- Oldest first from after_seq, with the digest recomputed by the same SQL
+-- function the insert trigger used.
+SELECT seq, prev_hash, hash, audit_event_digest(audit_events.*)::bytea AS digest
+FROM audit_events
+WHERE seq > sqlc.arg(after_seq)::bigint
+ORDER BY seq
+LIMIT sqlc.arg(lim);

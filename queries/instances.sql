@@ -1,0 +1,41 @@
+-- name: InstanceGet :one
+SELECT * FROM instances WHERE id = $1;
+
+-- name: InstanceGetForUpdate :one
+SELECT * FROM instances WHERE id = $1 FOR UPDATE;
+
+-- name: InstanceListByService :many
+-- Keyset pagination by id. Ended instances are listed only when asked for.
+SELECT * FROM instances
+WHERE service = sqlc.arg(service)
+  AND id > sqlc.arg(after)::uuid
+  AND (sqlc.arg(include_ended)::boolean OR state = 'active')
+ORDER BY id
+LIMIT sqlc.arg(lim);
+
+-- name: InstanceInsert :one
+INSERT INTO instances (id, service, address, port, zone, region, source,
+                       lease_expires_at, registered_by, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, sqlc.arg(now), sqlc.arg(now))
+RETURNING *;
+
+-- name: LeaseRenew :one
+UPDATE instances SET lease_expires_at = $2, updated_at = sqlc.arg(now)
+WHERE id = $1 AND state = 'active'
+RETURNING *;
+
+-- name: InstanceEnd :one
+UPDATE instances
+SET state = sqlc.arg(state), ended_at = sqlc.arg(now), updated_at = sqlc.arg(now)
+WHERE id = $1 AND state = 'active'
+RETURNING *;
+
+-- name: LeaseListExpired :many
+-- Instances whose lease ran out, locked so that concurrent reapers on several
+-- replicas never expire (and audit) one instance twice.
+SELECT * FROM instances
+WHERE state = 'active' AND lease_expires_at IS NOT NULL
+  AND lease_expires_at <= sqlc.arg(now)
+ORDER BY lease_expires_at
+LIMIT sqlc.arg(lim)
+FOR UPDATE SKIP LOCKED;
