@@ -9,8 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const auditHead = `-- name: AuditHead :one
@@ -100,11 +98,11 @@ LIMIT $7
 
 type AuditListParams struct {
 	BeforeSeq  int64
-	Actor      pgtype.Text
-	Action     pgtype.Text
-	TargetKind pgtype.Text
-	Target     pgtype.Text
-	Outcome    pgtype.Text
+	Actor      *string
+	Action     *string
+	TargetKind *string
+	Target     *string
+	Outcome    *string
 	Lim        int32
 }
 

@@ -8,8 +8,6 @@ package db
 import (
 	"context"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const serviceGet = `-- name: ServiceGet :one
@@ -87,7 +85,7 @@ LIMIT $3
 
 type ServiceListParams struct {
 	After string
-	Owner pgtype.Text
+	Owner *string
 	Lim   int32
 }
 

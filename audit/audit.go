@@ -1,0 +1,231 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/musterhq/muster/db"
+)
+
+// Outcome says whether the audited attempt took effect.
+type Outcome string
+
+// Outcomes.
+const (
+	Accepted Outcome = "accepted"
+	Refused  Outcome = "refused"
+)
+
+// Entry is what a caller records; the log fills in seq, time and hashes.
+type Entry struct {
+	ActorKind  string // workload, prober, tool, operator, system
+	Actor      string // the principal, e.g. "operator:oscar"
+	Action     string // e.g. "instance.register", "contract.update"
+	TargetKind string // e.g. "service", "instance"
+	Target     string
+	Outcome    Outcome
+	Reason     string // why it was refused, or a note on an accepted change
+	Before     any    // the target before the change (nil when none)
+	After      any    // the target after the change, or what was asked for when refused
+}
+
+// Event is a stored audit row.
+type Event struct {
+	Seq        int64           `json:"seq"`
+	At         time.Time       `json:"at"`
+	ActorKind  string          `json:"actor_kind"`
+	Actor      string          `json:"actor"`
+	Action     string          `json:"action"`
+	TargetKind string          `json:"target_kind"`
+	Target     string          `json:"target"`
+	Outcome    Outcome         `json:"outcome"`
+	Reason     string          `json:"reason,omitempty"`
+	Before     json.RawMessage `json:"before,omitempty"`
+	After      json.RawMessage `json:"after,omitempty"`
+	Hash       string          `json:"hash"`
+}
+
+var genesis = make([]byte, 32)
+
+// Append writes e as the next row of the chain using q, which should be bound
+// to the transaction that makes the change, so both commit or neither does.
+func Append(ctx context.Context, q *db.Queries, now time.Time, e Entry) (Event, error) {
+	before, err := marshal(e.Before)
+	if err != nil {
+		return Event{}, fmt.Errorf("audit %s: encode before: %w", e.Action, err)
+	}
+	after, err := marshal(e.After)
+	if err != nil {
+		return Event{}, fmt.Errorf("audit %s: encode after: %w", e.Action, err)
+	}
+	if e.Outcome != Accepted && e.Outcome != Refused {
+		return Event{}, fmt.Errorf("audit %s: outcome %q is neither accepted nor refused", e.Action, e.Outcome)
+	}
+	if err := q.AuditLock(ctx); err != nil {
+		return Event{}, fmt.Errorf("audit %s: lock chain: %w", e.Action, err)
+	}
+	seq, prev := int64(0), genesis
+	head, err := q.AuditHead(ctx)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return Event{}, fmt.Errorf("audit %s: read chain head: %w", e.Action, err)
+	default:
+		seq, prev = head.Seq, head.Hash
+	}
+	row, err := q.AuditInsert(ctx, db.AuditInsertParams{
+		Seq:        seq + 1,
+		At:         now.UTC().Truncate(time.Microsecond),
+		ActorKind:  e.ActorKind,
+		Actor:      e.Actor,
+		Action:     e.Action,
+		TargetKind: e.TargetKind,
+		Target:     e.Target,
+		Outcome:    string(e.Outcome),
+		Reason:     e.Reason,
+		Before:     before,
+		After:      after,
+		PrevHash:   prev,
+	})
+	if err != nil {
+		return Event{}, fmt.Errorf("audit %s: insert: %w", e.Action, err)
+	}
+	return fromRow(row), nil
+}
+
+// AppendAlone writes e in a transaction of its own: for refused attempts,
+// which change nothing else.
+func AppendAlone(ctx context.Context, pool *pgxpool.Pool, now time.Time, e Entry) (Event, error) {
+	var ev Event
+	err := db.WithTx(ctx, pool, func(q *db.Queries) error {
+		var err error
+		ev, err = Append(ctx, q, now, e)
+		return err
+	})
+	return ev, err
+}
+
+// Filter selects audit events; empty fields match everything.
+type Filter struct {
+	Actor, Action, TargetKind, Target string
+	Outcome                           Outcome
+	// BeforeSeq lists events older than this seq (0: from the newest).
+	BeforeSeq int64
+	Limit     int
+}
+
+// List returns events newest first.
+func List(ctx context.Context, q *db.Queries, f Filter) ([]Event, error) {
+	rows, err := q.AuditList(ctx, db.AuditListParams{
+		BeforeSeq:  f.BeforeSeq,
+		Actor:      optional(f.Actor),
+		Action:     optional(f.Action),
+		TargetKind: optional(f.TargetKind),
+		Target:     optional(f.Target),
+		Outcome:    optional(string(f.Outcome)),
+		Lim:        int32(f.Limit),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list audit events: %w", err)
+	}
+	out := make([]Event, len(rows))
+	for i, r := range rows {
+		out[i] = fromRow(r)
+	}
+	return out, nil
+}
+
+// BrokenError names the first row at which the chain does not verify.
+type BrokenError struct {
+	Seq    int64
+	Reason string
+}
+
+func (e *BrokenError) Error() string {
+	return fmt.Sprintf("audit chain broken at seq %d: %s", e.Seq, e.Reason)
+}
+
+// Report summarises a successful verification.
+type Report struct {
+	Rows int64
+	Head string // hex hash of the newest row; keep it elsewhere to anchor the chain
+}
+
+// Verify walks the whole chain oldest first and returns a *BrokenError for
+// the first row whose content does not match its hash, whose prev_hash does
+// not match the row before it, or whose seq leaves a gap.
+func Verify(ctx context.Context, q *db.Queries) (Report, error) {
+	const page = 1000
+	var (
+		rep     Report
+		prev    = genesis
+		lastSeq int64
+	)
+	for {
+		rows, err := q.AuditVerifyPage(ctx, db.AuditVerifyPageParams{AfterSeq: lastSeq, Lim: page})
+		if err != nil {
+			return rep, fmt.Errorf("verify audit chain after seq %d: %w", lastSeq, err)
+		}
+		for _, r := range rows {
+			switch {
+			case r.Seq != lastSeq+1:
+				return rep, &BrokenError{Seq: r.Seq, Reason: fmt.Sprintf("gap: row %d follows row %d", r.Seq, lastSeq)}
+			case !bytes.Equal(r.PrevHash, prev):
+				return rep, &BrokenError{Seq: r.Seq, Reason: fmt.Sprintf("prev_hash %x does not match the hash of row %d (%x)", r.PrevHash, lastSeq, prev)}
+			case !bytes.Equal(r.Digest, r.Hash):
+				return rep, &BrokenError{Seq: r.Seq, Reason: fmt.Sprintf("content does not match its hash: stored %x, computed %x", r.Hash, r.Digest)}
+			}
+			prev, lastSeq = r.Hash, r.Seq
+			rep.Rows++
+		}
+		if len(rows) < page {
+			rep.Head = hex.EncodeToString(prev)
+			return rep, nil
+		}
+	}
+}
+
+func fromRow(r db.AuditEvent) Event {
+	return Event{
+		Seq:        r.Seq,
+		At:         r.At,
+		ActorKind:  r.ActorKind,
+		Actor:      r.Actor,
+		Action:     r.Action,
+		TargetKind: r.TargetKind,
+		Target:     r.Target,
+		Outcome:    Outcome(r.Outcome),
+		Reason:     r.Reason,
+		Before:     r.Before,
+		After:      r.After,
+		Hash:       hex.EncodeToString(r.Hash),
+	}
+}
+
+func marshal(v any) (json.RawMessage, error) {
+	if v == nil {
+		return nil, nil
+	}
+	if raw, ok := v.(json.RawMessage); ok {
+		if len(raw) == 0 {
+			return nil, nil
+		}
+		return raw, nil
+	}
+	return json.Marshal(v)
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
