@@ -229,3 +229,21 @@ func optional(s string) *string {
 	}
 	return &s
 }
+
+// Log reads the audit log through a pool.
+type Log struct {
+	pool *pgxpool.Pool
+}
+
+// NewLog returns a Log over pool.
+func NewLog(pool *pgxpool.Pool) *Log { return &Log{pool: pool} }
+
+// List returns events newest first.
+func (l *Log) List(ctx context.Context, f Filter) ([]Event, error) {
+	return List(ctx, db.New(l.pool), f)
+}
+
+// Verify walks the whole chain; see the package function Verify.
+func (l *Log) Verify(ctx context.Context) (Report, error) {
+	return Verify(ctx, db.New(l.pool))
+}

@@ -14,7 +14,7 @@ import (
 
 const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
-SET state = $2, ended_at = $3, updated_at = $3
+SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz
 WHERE id = $1 AND state = 'active'
 RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at
 `
@@ -22,7 +22,7 @@ RETURNING id, service, address, port, zone, region, source, state, lease_expires
 type InstanceEndParams struct {
 	ID    uuid.UUID
 	State string
-	Now   *time.Time
+	Now   time.Time
 }
 
 func (q *Queries) InstanceEnd(ctx context.Context, arg InstanceEndParams) (Instance, error) {
@@ -44,6 +44,61 @@ func (q *Queries) InstanceEnd(ctx context.Context, arg InstanceEndParams) (Insta
 		&i.EndedAt,
 	)
 	return i, err
+}
+
+const instanceEndLiveEndpoint = `-- name: InstanceEndLiveEndpoint :many
+UPDATE instances
+SET state = 'replaced', ended_at = $4::timestamptz, updated_at = $4::timestamptz
+WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at
+`
+
+type InstanceEndLiveEndpointParams struct {
+	Service string
+	Address string
+	Port    int32
+	Now     time.Time
+}
+
+// Ends the live instance (if any) holding an endpoint that a new
+// registration claims: a restarted process is a new instance (ADR-03).
+func (q *Queries) InstanceEndLiveEndpoint(ctx context.Context, arg InstanceEndLiveEndpointParams) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceEndLiveEndpoint,
+		arg.Service,
+		arg.Address,
+		arg.Port,
+		arg.Now,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const instanceGet = `-- name: InstanceGet :one
@@ -207,14 +262,14 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 const leaseListExpired = `-- name: LeaseListExpired :many
 SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
-  AND lease_expires_at <= $1
+  AND lease_expires_at <= $1::timestamptz
 ORDER BY lease_expires_at
 LIMIT $2
 FOR UPDATE SKIP LOCKED
 `
 
 type LeaseListExpiredParams struct {
-	Now *time.Time
+	Now time.Time
 	Lim int32
 }
 

@@ -29,6 +29,10 @@ type Cluster struct {
 	binDir    string
 	cred      *syscall.Credential
 	logFile   string
+	// started is false when the server was already running (another muster
+	// process on the same folder) and was adopted rather than started; Stop
+	// then leaves it running for its owner.
+	started bool
 }
 
 // ClusterConfig configures a local cluster.
@@ -114,10 +118,13 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if cfg.Fast {
 		opts = append(opts, "-c fsync=off", "-c full_page_writes=off", "-c synchronous_commit=off")
 	}
-	// A cluster left running by a killed process is stopped first, so a
-	// restart on the same folder always comes up with our options.
-	if _, err := os.Stat(filepath.Join(c.dataDir, "postmaster.pid")); err == nil {
-		_, _ = c.run(ctx, "pg_ctl", "-D", c.dataDir, "-m", "fast", "-w", "stop")
+	// A server already running on this folder (a `muster dev` next door,
+	// or one left by a killed process) is adopted, never started twice.
+	if _, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "status"); err == nil {
+		if sock := runningSocketDir(c.dataDir); sock != "" {
+			c.socketDir = sock
+			return c, nil
+		}
 	}
 	out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "-l", c.logFile, "-w", "-t", "60",
 		"-o", strings.Join(opts, " "), "start")
@@ -125,6 +132,7 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		log, _ := os.ReadFile(c.logFile)
 		return nil, fmt.Errorf("start postgres: %w: %s %s", err, lastLines(out, 5), lastLines(log, 10))
 	}
+	c.started = true
 	return c, nil
 }
 
@@ -134,8 +142,16 @@ func (c *Cluster) URL(database string) string {
 	return "postgres:///" + url.PathEscape(database) + "?" + q.Encode()
 }
 
-// Stop shuts the cluster down (fast mode: sessions are disconnected).
+// Adopted reports whether the server was already running when
+// StartCluster was called.
+func (c *Cluster) Adopted() bool { return !c.started }
+
+// Stop shuts the cluster down (fast mode: sessions are disconnected). An
+// adopted cluster is left running.
 func (c *Cluster) Stop() error {
+	if !c.started {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "-m", "fast", "-w", "stop"); err != nil {
@@ -177,6 +193,20 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte,
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	err := cmd.Run()
 	return buf.Bytes(), err
+}
+
+// runningSocketDir reads the socket folder of a running server from its
+// postmaster.pid (fifth line).
+func runningSocketDir(dataDir string) string {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < 5 {
+		return ""
+	}
+	return strings.TrimSpace(lines[4])
 }
 
 func findBinDir() (string, error) {

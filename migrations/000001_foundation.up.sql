@@ -33,7 +33,7 @@ CREATE TABLE instances (
     region           text NOT NULL,
     source           text NOT NULL,
     state            text NOT NULL DEFAULT 'active'
-                     CHECK (state IN ('active', 'deregistered', 'expired')),
+                     CHECK (state IN ('active', 'deregistered', 'expired', 'replaced')),
     lease_expires_at timestamptz,
     registered_by    text NOT NULL,
     created_at       timestamptz NOT NULL,

@@ -26,7 +26,7 @@ RETURNING *;
 
 -- name: InstanceEnd :one
 UPDATE instances
-SET state = sqlc.arg(state), ended_at = sqlc.arg(now), updated_at = sqlc.arg(now)
+SET state = sqlc.arg(state), ended_at = sqlc.arg(now)::timestamptz, updated_at = sqlc.arg(now)::timestamptz
 WHERE id = $1 AND state = 'active'
 RETURNING *;
 
@@ -35,7 +35,15 @@ RETURNING *;
 -- replicas never expire (and audit) one instance twice.
 SELECT * FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
-  AND lease_expires_at <= sqlc.arg(now)
+  AND lease_expires_at <= sqlc.arg(now)::timestamptz
 ORDER BY lease_expires_at
 LIMIT sqlc.arg(lim)
 FOR UPDATE SKIP LOCKED;
+
+-- name: InstanceEndLiveEndpoint :many
+-- Ends the live instance (if any) holding an endpoint that a new
+-- registration claims: a restarted process is a new instance (ADR-03).
+UPDATE instances
+SET state = 'replaced', ended_at = sqlc.arg(now)::timestamptz, updated_at = sqlc.arg(now)::timestamptz
+WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
+RETURNING *;

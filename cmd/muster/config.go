@@ -1,0 +1,94 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/registry"
+)
+
+// Config is everything muster reads from its environment and flags, parsed
+// once here and passed down explicitly.
+type Config struct {
+	Addr        string
+	DataDir     string // dev: cluster, issuer key; empty for serve
+	DatabaseURL string
+	Region      string
+	Issuers     []identity.IssuerConfig
+	LeaseTTL    time.Duration
+	LogLevel    slog.Level
+	Dev         bool
+}
+
+// loadEnv fills what the environment says. Secrets may come from *_FILE.
+func loadEnv(c *Config) error {
+	var err error
+	if c.DatabaseURL, err = secretEnv("DATABASE_URL"); err != nil {
+		return err
+	}
+	c.Region = envOr("MUSTER_REGION", "local")
+	aud := envOr("MUSTER_AUDIENCE", "muster")
+	for _, u := range strings.Split(os.Getenv("MUSTER_ISSUERS"), ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			c.Issuers = append(c.Issuers, identity.IssuerConfig{URL: u, Audience: aud})
+		}
+	}
+	c.LeaseTTL = registry.DefaultLeaseTTL
+	if v := os.Getenv("MUSTER_LEASE_TTL"); v != "" {
+		if c.LeaseTTL, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("MUSTER_LEASE_TTL: %w", err)
+		}
+	}
+	if v := os.Getenv("MUSTER_LOG_LEVEL"); v != "" {
+		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
+			return fmt.Errorf("MUSTER_LOG_LEVEL: %w", err)
+		}
+	}
+	return nil
+}
+
+// Validate checks the configuration for the command it will run.
+func (c *Config) Validate() error {
+	if c.Addr == "" {
+		return errors.New("an address to listen on is required (--addr)")
+	}
+	if !registry.ValidName(c.Region) {
+		return fmt.Errorf("MUSTER_REGION %q must be a DNS label", c.Region)
+	}
+	if c.LeaseTTL < time.Second {
+		return fmt.Errorf("MUSTER_LEASE_TTL %s is below 1s", c.LeaseTTL)
+	}
+	if !c.Dev {
+		if c.DatabaseURL == "" {
+			return errors.New("muster serve needs DATABASE_URL (or DATABASE_URL_FILE); for a local database run `muster dev`")
+		}
+		if len(c.Issuers) == 0 {
+			return errors.New("muster serve needs MUSTER_ISSUERS, the comma-separated OIDC issuer URLs whose tokens it accepts")
+		}
+	}
+	return nil
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// secretEnv reads K, or the file named by K_FILE.
+func secretEnv(k string) (string, error) {
+	if f := os.Getenv(k + "_FILE"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("%s_FILE: %w", k, err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	return os.Getenv(k), nil
+}

@@ -1,0 +1,102 @@
+// Command muster is the discovery and health-eligibility control plane.
+//
+//	muster dev     [--addr 127.0.0.1:8080] [--data ./.muster]   local cluster, built-in issuer
+//	muster serve   [--addr :8080]                                production: DATABASE_URL, MUSTER_ISSUERS
+//	muster migrate up|down|version [--data DIR]
+//	muster token   --data DIR --kind K [--service S] [--subject X] [--team T] [--role R] [--address IP]... [--ttl D]
+//	muster audit verify [--data DIR]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `muster: the discovery and health-eligibility control plane
+
+usage:
+  muster dev     [--addr 127.0.0.1:8080] [--data ./.muster]
+  muster serve   [--addr :8080]            (DATABASE_URL and MUSTER_ISSUERS required)
+  muster migrate up|down|version [--data DIR]
+  muster token   --data DIR --kind workload|prober|tool|operator [--service S] [--subject X]
+                 [--team T] [--role viewer|operator|admin] [--address IP]... [--ttl 1h]
+  muster audit verify [--data DIR]
+
+environment: DATABASE_URL (or DATABASE_URL_FILE), MUSTER_ISSUERS, MUSTER_AUDIENCE (muster),
+             MUSTER_REGION (local), MUSTER_LEASE_TTL (30s), MUSTER_LOG_LEVEL (info)
+`
+
+// errUsage marks a command line that could not be understood.
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, "muster:", err)
+		}
+		os.Exit(exitCode(err))
+	}
+}
+
+// exitCode is 2 for usage errors and 1 for everything else.
+func exitCode(err error) int {
+	if errors.Is(err, errUsage) {
+		return 2
+	}
+	return 1
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	switch args[0] {
+	case "dev":
+		return cmdServe(ctx, args[1:], true, stdout, stderr)
+	case "serve":
+		return cmdServe(ctx, args[1:], false, stdout, stderr)
+	case "migrate":
+		return cmdMigrate(ctx, args[1:], stdout, stderr)
+	case "token":
+		return cmdToken(args[1:], stdout, stderr)
+	case "audit":
+		return cmdAudit(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "muster: unknown command %q\n\n%s", args[0], usage)
+	return errUsage
+}
+
+// newFlags returns a flag set that reports errors to stderr and returns
+// errUsage instead of exiting.
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("muster "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errUsage
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return errUsage
+	}
+	return nil
+}

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/server"
+)
+
+// devIssuerPath is where `muster dev` serves its built-in OIDC issuer.
+const devIssuerPath = "/dev/issuer"
+
+func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Writer) error {
+	name, defAddr := "serve", ":8080"
+	if dev {
+		name, defAddr = "dev", "127.0.0.1:8080"
+	}
+	cfg := Config{Dev: dev}
+	fs := newFlags(name, stderr)
+	fs.StringVar(&cfg.Addr, "addr", defAddr, "address to listen on")
+	if dev {
+		fs.StringVar(&cfg.DataDir, "data", ".muster", "folder for the local PostgreSQL cluster and the dev issuer's key")
+	}
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := loadEnv(&cfg); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	return serve(ctx, cfg, log, stdout)
+}
+
+// serve runs muster until ctx ends, then shuts down in order: stop
+// admitting requests, stop workers, close the pool, stop the cluster.
+func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) (err error) {
+	dbURL, stopDB, err := openDatabase(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, stopDB()) }()
+
+	if err := db.Migrate(dbURL); err != nil {
+		return err
+	}
+	pool, err := db.Open(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+	}
+	defer ln.Close()
+	base := "http://" + dialable(ln.Addr().(*net.TCPAddr))
+
+	issuers := cfg.Issuers
+	var devIssuer *identity.DevIssuer
+	if cfg.Dev {
+		if devIssuer, err = identity.LoadOrCreateDevIssuer(cfg.DataDir); err != nil {
+			return err
+		}
+		if err := devIssuer.SetURL(base + devIssuerPath); err != nil {
+			return err
+		}
+		issuers = append([]identity.IssuerConfig{{URL: devIssuer.URL(), Audience: "muster"}}, issuers...)
+	}
+	verifier, err := identity.NewVerifier(issuers, &http.Client{Timeout: 10 * time.Second})
+	if err != nil {
+		return err
+	}
+
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg, err := registry.New(registry.Config{
+		Pool: pool, Region: cfg.Region, LeaseTTL: cfg.LeaseTTL,
+		Logger: log.With("component", "registry"), Registerer: metrics,
+	})
+	if err != nil {
+		return err
+	}
+	reaper, err := registry.NewReaper(registry.ReaperConfig{Registry: reg, Logger: log})
+	if err != nil {
+		return err
+	}
+
+	var ready atomic.Bool
+	scfg := server.Config{
+		Logger: log, Registry: reg, Audit: audit.NewLog(pool), Authenticator: verifier, Metrics: metrics,
+		Ready: func(ctx context.Context) error {
+			if !ready.Load() {
+				return errors.New("starting")
+			}
+			return pool.Ping(ctx)
+		},
+	}
+	if devIssuer != nil {
+		scfg.DevIssuer, scfg.DevIssuerPath = devIssuer.Handler(), devIssuerPath
+	}
+	srv, err := server.New(scfg)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
+	if err := reaper.Start(ctx); err != nil {
+		return err
+	}
+	defer reaper.Stop()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	ready.Store(true)
+	log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
+	if cfg.Dev {
+		fmt.Fprintf(stdout, "muster dev is serving on %s\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
+			base, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
+	}
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	ready.Store(false)
+	shutCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(shutCtx); err != nil {
+		return fmt.Errorf("http shutdown: %w", err)
+	}
+	reaper.Stop()
+	return nil
+}
+
+// openDatabase returns the database URL: DATABASE_URL when set, otherwise
+// the local cluster in cfg.DataDir (started, or adopted when a muster dev is
+// already running on it), with a function that stops what was started.
+func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (string, func() error, error) {
+	if cfg.DatabaseURL != "" {
+		return cfg.DatabaseURL, func() error { return nil }, nil
+	}
+	if cfg.DataDir == "" {
+		return "", nil, errors.New("DATABASE_URL is not set and no --data folder was given")
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return "", nil, err
+	}
+	start := time.Now()
+	cluster, err := db.StartCluster(ctx, db.ClusterConfig{Dir: dir})
+	if err != nil {
+		return "", nil, err
+	}
+	if cluster.Adopted() {
+		log.Info("using the PostgreSQL cluster already running", "dir", dir)
+	} else {
+		log.Info("started local PostgreSQL", "dir", dir, "took", time.Since(start).Round(time.Millisecond))
+	}
+	if err := cluster.EnsureDatabase(ctx, "muster"); err != nil {
+		return "", nil, errors.Join(err, cluster.Stop())
+	}
+	return cluster.URL("muster"), cluster.Stop, nil
+}
+
+// dialable turns a listener address into one a client can dial: an
+// unspecified host becomes loopback.
+func dialable(a *net.TCPAddr) string {
+	if a.IP == nil || a.IP.IsUnspecified() {
+		return net.JoinHostPort("127.0.0.1", fmt.Sprint(a.Port))
+	}
+	return a.String()
+}

@@ -1,0 +1,376 @@
+package identity
+
+import (
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+)
+
+const (
+	devKeyFile    = "dev-issuer-key.pem"
+	devConfigFile = "dev-issuer.json"
+	devKeyBits    = 2048
+	// devCacheControl lets clients cache the documents briefly; the dev key
+	// only changes when its file is deleted, and go-oidc refetches keys on an
+	// unknown kid regardless.
+	devCacheControl = "public, max-age=300"
+
+	defaultTokenTTL = time.Hour
+	maxTokenTTL     = 24 * time.Hour
+)
+
+// DevIssuer is the OIDC issuer built into `muster dev`. It signs tokens with
+// an RSA key kept on disk and publishes the public key through the standard
+// discovery documents, so its tokens go through the same Verifier as those
+// of production issuers. It is safe for concurrent use.
+type DevIssuer struct {
+	dir  string
+	key  *rsa.PrivateKey
+	kid  string
+	jwks []byte // the public key set, rendered once
+
+	mu  sync.RWMutex
+	url string
+}
+
+// LoadOrCreateDevIssuer returns the dev issuer whose state lives in dir,
+// creating dir (mode 0700) and an RSA-2048 key in dir/dev-issuer-key.pem
+// (mode 0600) if they do not exist. An existing key is reused, so tokens
+// survive restarts; a key file readable by group or others is refused. The
+// issuer URL is loaded from dir/dev-issuer.json if SetURL saved one.
+func LoadOrCreateDevIssuer(dir string) (*DevIssuer, error) {
+	if dir == "" {
+		return nil, errors.New("load dev issuer: empty directory")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("load dev issuer: %w", err)
+	}
+	keyPath := filepath.Join(dir, devKeyFile)
+	key, err := loadDevKey(keyPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		key, err = createDevKey(dir, keyPath)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load dev issuer: %w", err)
+	}
+
+	pub := jose.JSONWebKey{Key: &key.PublicKey}
+	thumb, err := pub.Thumbprint(crypto.SHA256)
+	if err != nil {
+		return nil, fmt.Errorf("load dev issuer: key thumbprint: %w", err)
+	}
+	d := &DevIssuer{dir: dir, key: key, kid: base64.RawURLEncoding.EncodeToString(thumb)}
+	d.jwks, err = json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{
+		Key: &key.PublicKey, KeyID: d.kid, Algorithm: string(jose.RS256), Use: "sig",
+	}}})
+	if err != nil {
+		return nil, fmt.Errorf("load dev issuer: render key set: %w", err)
+	}
+	if d.url, err = loadDevURL(filepath.Join(dir, devConfigFile)); err != nil {
+		return nil, fmt.Errorf("load dev issuer: %w", err)
+	}
+	return d, nil
+}
+
+func loadDevKey(path string) (*rsa.PrivateKey, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("key file %s has mode %04o, want 0600 (chmod 600 it)", path, perm)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return nil, fmt.Errorf("key file %s: no PEM block (delete it to generate a new key)", path)
+	}
+	var parsed any
+	switch block.Type {
+	case "PRIVATE KEY":
+		parsed, err = x509.ParsePKCS8PrivateKey(block.Bytes)
+	case "RSA PRIVATE KEY":
+		parsed, err = x509.ParsePKCS1PrivateKey(block.Bytes)
+	default:
+		return nil, fmt.Errorf("key file %s: unexpected PEM block %q", path, block.Type)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("key file %s: %w", path, err)
+	}
+	key, ok := parsed.(*rsa.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("key file %s: not an RSA key", path)
+	}
+	if key.N.BitLen() < devKeyBits {
+		return nil, fmt.Errorf("key file %s: RSA key of %d bits, want at least %d", path, key.N.BitLen(), devKeyBits)
+	}
+	return key, nil
+}
+
+// createDevKey writes a new key to path without ever exposing a partial
+// file: it is written to a temporary file and hard-linked into place, and
+// the link fails if another process created the key first, in which case
+// that key wins and is loaded.
+func createDevKey(dir, path string) (*rsa.PrivateKey, error) {
+	key, err := rsa.GenerateKey(rand.Reader, devKeyBits)
+	if err != nil {
+		return nil, fmt.Errorf("generate key: %w", err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encode key: %w", err)
+	}
+	tmp, err := writeTemp(dir, ".dev-issuer-key-*", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+	if err != nil {
+		return nil, fmt.Errorf("write key: %w", err)
+	}
+	defer os.Remove(tmp)
+	if err := os.Link(tmp, path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return loadDevKey(path)
+		}
+		return nil, fmt.Errorf("write key: %w", err)
+	}
+	return key, nil
+}
+
+// writeTemp writes data to a new mode 0600 file in dir and returns its name.
+func writeTemp(dir, pattern string, data []byte) (name string, err error) {
+	f, err := os.CreateTemp(dir, pattern) // CreateTemp uses mode 0600
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return "", err
+	}
+	if err := f.Sync(); err != nil {
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	return f.Name(), nil
+}
+
+// devConfig is the content of dev-issuer.json.
+type devConfig struct {
+	Issuer string `json:"issuer"`
+}
+
+func loadDevURL(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var c devConfig
+	if err := json.Unmarshal(data, &c); err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	if err := validateIssuerURL(c.Issuer); err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	return c.Issuer, nil
+}
+
+// SetURL sets the issuer URL, e.g. "http://127.0.0.1:8080/dev/issuer", and
+// saves it to dir/dev-issuer.json so that `muster token`, a separate process,
+// mints tokens for the same issuer. The URL must be one NewVerifier accepts:
+// https, or http on a loopback host.
+func (d *DevIssuer) SetURL(url string) error {
+	if err := validateIssuerURL(url); err != nil {
+		return fmt.Errorf("set dev issuer URL: %w", err)
+	}
+	data, err := json.Marshal(devConfig{Issuer: url})
+	if err != nil {
+		return fmt.Errorf("set dev issuer URL: %w", err)
+	}
+	tmp, err := writeTemp(d.dir, ".dev-issuer-*.json", append(data, '\n'))
+	if err != nil {
+		return fmt.Errorf("set dev issuer URL: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(d.dir, devConfigFile)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("set dev issuer URL: %w", err)
+	}
+	d.mu.Lock()
+	d.url = url
+	d.mu.Unlock()
+	return nil
+}
+
+// URL returns the issuer URL: the last one set, else the one saved in
+// dir/dev-issuer.json when the issuer was loaded, else "".
+func (d *DevIssuer) URL() string {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.url
+}
+
+// Handler serves the issuer's public documents. Mount it with
+// http.StripPrefix at the path of the issuer URL; it serves
+// GET /.well-known/openid-configuration and GET /jwks, and answers 503 for
+// discovery while no URL is set.
+func (d *DevIssuer) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /.well-known/openid-configuration", d.serveDiscovery)
+	mux.HandleFunc("GET /jwks", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, d.jwks)
+	})
+	return mux
+}
+
+func (d *DevIssuer) serveDiscovery(w http.ResponseWriter, r *http.Request) {
+	iss := d.URL()
+	if iss == "" {
+		http.Error(w, "dev issuer URL not set", http.StatusServiceUnavailable)
+		return
+	}
+	body, err := json.Marshal(struct {
+		Issuer          string   `json:"issuer"`
+		JWKSURI         string   `json:"jwks_uri"`
+		SigningAlgs     []string `json:"id_token_signing_alg_values_supported"`
+		ResponseTypes   []string `json:"response_types_supported"`
+		SubjectTypes    []string `json:"subject_types_supported"`
+		ClaimsSupported []string `json:"claims_supported"`
+	}{
+		Issuer:        iss,
+		JWKSURI:       iss + "/jwks",
+		SigningAlgs:   []string{string(jose.RS256)},
+		ResponseTypes: []string{"id_token"},
+		SubjectTypes:  []string{"public"},
+		ClaimsSupported: []string{"iss", "sub", "aud", "exp", "iat", "nbf",
+			claimKind, claimService, claimTeam, claimRole, claimAddresses},
+	})
+	if err != nil {
+		http.Error(w, "render discovery document", http.StatusInternalServerError)
+		return
+	}
+	writeJSON(w, body)
+}
+
+func writeJSON(w http.ResponseWriter, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", devCacheControl)
+	w.Write(body) // the client may be gone; nothing useful to do about it
+}
+
+// TokenRequest describes a token for DevIssuer.Mint. Fields mean what the
+// Principal fields of the same name mean.
+type TokenRequest struct {
+	// Kind is required.
+	Kind Kind
+	// Subject defaults to Service for workloads and probers; operators and
+	// tools must name one, since it becomes the audit actor.
+	Subject string
+	// Service is required for workloads, optional for probers.
+	Service string
+	// Team is for operators and tools.
+	Team string
+	// Role is for operators and tools; RoleViewer when empty.
+	Role Role
+	// Addresses are IP addresses the token vouches for.
+	Addresses []string
+	// TTL is the token's lifetime: 1 h when zero, at most 24 h.
+	TTL time.Duration
+}
+
+// Mint returns a token for req, valid from now for req.TTL, signed RS256
+// with the issuer's key and addressed to the audience "muster". req is
+// checked by the same rules Verify applies, so Mint never issues a token
+// that Verify would refuse for its claims. The URL must be set.
+func (d *DevIssuer) Mint(req TokenRequest, now time.Time) (string, error) {
+	iss := d.URL()
+	if iss == "" {
+		return "", errors.New("mint token: dev issuer URL not set")
+	}
+	if now.IsZero() {
+		return "", errors.New("mint token: zero time")
+	}
+	ttl := req.TTL
+	switch {
+	case ttl == 0:
+		ttl = defaultTokenTTL
+	case ttl < 0:
+		return "", fmt.Errorf("mint token: negative TTL %s", ttl)
+	case ttl > maxTokenTTL:
+		return "", fmt.Errorf("mint token: TTL %s exceeds the maximum of %s", ttl, maxTokenTTL)
+	}
+	sub := req.Subject
+	if sub == "" && (req.Kind == KindWorkload || req.Kind == KindProber) {
+		sub = req.Service
+	}
+	p, err := newPrincipal(iss, sub, claimSet{
+		Kind:      string(req.Kind),
+		Service:   req.Service,
+		Team:      req.Team,
+		Role:      string(req.Role),
+		Addresses: req.Addresses,
+	})
+	if err != nil {
+		return "", fmt.Errorf("mint token: %w", err)
+	}
+
+	// The claims are written from the validated principal, so the token
+	// states the defaults (a tool's viewer role) and canonical addresses.
+	addrs := make([]string, len(p.Addresses))
+	for i, a := range p.Addresses {
+		addrs[i] = a.String()
+	}
+	custom := map[string]any{claimKind: p.Kind}
+	for name, v := range map[string]string{claimService: p.Service, claimTeam: p.Team, claimRole: string(p.Role)} {
+		if v != "" {
+			custom[name] = v
+		}
+	}
+	if len(addrs) > 0 {
+		custom[claimAddresses] = addrs
+	}
+
+	signer, err := jose.NewSigner(jose.SigningKey{
+		Algorithm: jose.RS256,
+		Key:       jose.JSONWebKey{Key: d.key, KeyID: d.kid, Algorithm: string(jose.RS256)},
+	}, (&jose.SignerOptions{}).WithType("JWT"))
+	if err != nil {
+		return "", fmt.Errorf("mint token: new signer: %w", err)
+	}
+	std := jwt.Claims{
+		Issuer:    iss,
+		Subject:   p.Subject,
+		Audience:  jwt.Audience{defaultAudience},
+		IssuedAt:  jwt.NewNumericDate(now),
+		NotBefore: jwt.NewNumericDate(now),
+		Expiry:    jwt.NewNumericDate(now.Add(ttl)),
+	}
+	tok, err := jwt.Signed(signer).Claims(std).Claims(custom).Serialize()
+	if err != nil {
+		return "", fmt.Errorf("mint token: sign: %w", err)
+	}
+	return tok, nil
+}

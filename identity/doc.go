@@ -1,0 +1,60 @@
+// Package identity authenticates muster's callers. Every /v1 call presents a
+// bearer JWT; a Verifier checks it against the configured OIDC issuers and
+// turns it into a Principal, which the rest of muster authorises and audits.
+// The package knows nothing of routes or status codes: the server maps
+// ErrNoToken and ErrInvalidToken to 401, ErrIssuerUnavailable to 503.
+//
+// # Verification
+//
+// The unverified "iss" of a token only routes it to a configured issuer; an
+// unconfigured issuer is refused without any network traffic. Each issuer is
+// discovered lazily through go-oidc (oidc.NewProvider) on its first token, and
+// its *oidc.IDTokenVerifier is cached once discovery succeeds. Signature,
+// "iss", "aud", "exp" and "nbf" are checked by that verifier and nothing
+// else, so production issuers (Kubernetes service-account tokens, IRSA) and
+// the dev issuer share one code path.
+//
+// Discovery failures are not cached as successes: the next call retries, but
+// at most once per 5 s per issuer; in between, callers get the last error
+// immediately. A discovery runs in a goroutine of its own with a 10 s timeout,
+// detached from the request that started it, and concurrent callers wait for
+// it rather than start their own. A caller whose context ends stops waiting;
+// the discovery continues, so one impatient client cannot fail discovery for
+// everyone and trigger the retry interval. The mutex guarding an issuer is
+// never held across an HTTP call.
+//
+// go-oidc refetches an issuer's key set whenever a token's key is unknown
+// (that is how key rotation is picked up). It deduplicates concurrent
+// fetches but does not rate-limit them, so forged tokens with fresh key IDs
+// cost one key-set fetch each; the http.Client's timeout bounds each fetch.
+//
+// # Claims
+//
+// Besides the registered claims, tokens carry muster's own, matched by exact
+// name:
+//
+//	muster_kind       required: workload, prober, tool or operator
+//	muster_service    workload (required), prober (optional)
+//	muster_team       operator, tool (optional)
+//	muster_role       operator, tool (optional, viewer by default)
+//	muster_addresses  any kind: IP addresses the issuer vouches for
+//
+// A claim on a kind it does not apply to is refused rather than ignored: it
+// means the issuer is configured wrongly, and a silently dropped role is a
+// worse surprise than a clear refusal. "sub" is required; service names
+// follow the registry's rule (a lowercase DNS label). The same checks run in
+// DevIssuer.Mint, so it never mints a token Verify would refuse.
+//
+// Error texts wrapping ErrInvalidToken are short reasons meant for the
+// caller ("token expired", `unknown kind "x"`); untrusted values in them are
+// truncated and quoted. No error ever contains the token.
+//
+// # Dev issuer
+//
+// DevIssuer is the issuer of `muster dev` and `muster token`. Its RSA key is
+// kept in a file so tokens survive restarts and so a separate process can
+// mint for the running server; the issuer URL is saved next to it for the
+// same reason. It serves the standard discovery and JWKS documents, and the
+// server verifies its tokens over HTTP like any other issuer's; there is no
+// shortcut.
+package identity

@@ -1,0 +1,85 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/registry"
+)
+
+// ProblemBase prefixes every problem type URI. The types are stable: clients
+// may switch on them.
+const ProblemBase = "https://muster.dev/problems/"
+
+// Problem is an RFC 9457 problem details body.
+type Problem struct {
+	Type     string                `json:"type"`
+	Title    string                `json:"title"`
+	Status   int                   `json:"status"`
+	Detail   string                `json:"detail,omitempty"`
+	Instance string                `json:"instance,omitempty"`
+	Errors   []registry.FieldError `json:"errors,omitempty"`
+
+	retryAfter int // seconds; sent as Retry-After when positive
+}
+
+func problem(status int, slug, detail string) *Problem {
+	return &Problem{Type: ProblemBase + slug, Title: http.StatusText(status), Status: status, Detail: detail}
+}
+
+func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
+	if p.Instance == "" {
+		p.Instance = r.URL.Path
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	if p.retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(p.retryAfter))
+	}
+	if p.Status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="muster", error="invalid_token"`)
+	}
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// writeError maps a domain error to its problem, in one place.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var re *registry.Error
+	switch {
+	case errors.As(err, &re):
+		p := problem(http.StatusInternalServerError, "internal", re.Detail)
+		switch {
+		case errors.Is(re.Kind, registry.ErrNotFound):
+			p = problem(http.StatusNotFound, "not-found", re.Detail)
+		case errors.Is(re.Kind, registry.ErrForbidden):
+			p = problem(http.StatusForbidden, "forbidden", re.Detail)
+		case errors.Is(re.Kind, registry.ErrConflict):
+			p = problem(http.StatusConflict, "conflict", re.Detail)
+		case errors.Is(re.Kind, registry.ErrPrecondition):
+			p = problem(http.StatusPreconditionFailed, "precondition-failed", re.Detail)
+		case errors.Is(re.Kind, registry.ErrGone):
+			p = problem(http.StatusGone, "gone", re.Detail)
+		case errors.Is(re.Kind, registry.ErrInvalid):
+			p = problem(http.StatusUnprocessableEntity, "validation", re.Detail)
+		}
+		p.Errors = re.Fields
+		writeProblem(w, r, p)
+	case errors.Is(err, identity.ErrIssuerUnavailable) || db.IsUnavailable(err):
+		s.log.Warn("dependency unavailable", "path", r.URL.Path, "err", err)
+		p := problem(http.StatusServiceUnavailable, "unavailable", "muster cannot reach its database or token issuer right now; nothing was changed, retry later")
+		p.retryAfter = 5
+		writeProblem(w, r, p)
+	case errors.Is(err, r.Context().Err()) && r.Context().Err() != nil:
+		// The client went away; nobody is listening for a body.
+		w.WriteHeader(499)
+	default:
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeProblem(w, r, problem(http.StatusInternalServerError, "internal", "muster failed to handle the request; it has been logged"))
+	}
+}

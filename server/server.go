@@ -1,0 +1,184 @@
+// Package server is muster's HTTP surface: the chi router, authentication,
+// problem+json errors, metrics, and one thin handler file per API. Handlers
+// decode, call a domain package, and encode; they hold no business rules and
+// no SQL.
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/openapi"
+	"github.com/musterhq/muster/registry"
+)
+
+// Authenticator turns a bearer token into a principal.
+type Authenticator interface {
+	Verify(ctx context.Context, raw string) (identity.Principal, error)
+}
+
+// AuditLog lists audit events.
+type AuditLog interface {
+	List(ctx context.Context, f audit.Filter) ([]audit.Event, error)
+}
+
+// Config configures the server.
+type Config struct {
+	Logger        *slog.Logger
+	Registry      *registry.Registry
+	Audit         AuditLog
+	Authenticator Authenticator
+	// Ready reports whether migrations ran and the database answers.
+	Ready func(ctx context.Context) error
+	// Metrics is where the server registers its own metrics and what
+	// /metrics serves.
+	Metrics *prometheus.Registry
+	// DevIssuer, when set, is mounted at DevIssuerPath (muster dev only).
+	DevIssuer     http.Handler
+	DevIssuerPath string
+	// MaxBodyBytes bounds request bodies; 1 MiB by default.
+	MaxBodyBytes int64
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *Config) Validate() error {
+	switch {
+	case c.Registry == nil:
+		return errors.New("server: Registry is required")
+	case c.Audit == nil:
+		return errors.New("server: Audit is required")
+	case c.Authenticator == nil:
+		return errors.New("server: Authenticator is required")
+	case c.Ready == nil:
+		return errors.New("server: Ready is required")
+	case c.Metrics == nil:
+		return errors.New("server: Metrics is required")
+	case c.DevIssuer != nil && c.DevIssuerPath == "":
+		return errors.New("server: DevIssuerPath is required with DevIssuer")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	return nil
+}
+
+// Server is the HTTP handler.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	router  chi.Router
+	metrics serverMetrics
+}
+
+type serverMetrics struct {
+	requests     *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	authFailures *prometheus.CounterVec
+}
+
+// New builds the router.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "http")}
+	s.metrics = serverMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_http_requests_total", Help: "HTTP requests by route pattern, method and status code.",
+		}, []string{"route", "method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "muster_http_request_duration_seconds", Help: "HTTP request latency by route pattern and method.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"route", "method"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_auth_failures_total", Help: "Requests refused for want of a valid token, by reason.",
+		}, []string{"reason"}),
+	}
+	for _, c := range []prometheus.Collector{s.metrics.requests, s.metrics.duration, s.metrics.authFailures} {
+		if err := cfg.Metrics.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	s.router = s.routes()
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.router.ServeHTTP(w, r) }
+
+// Router exposes the chi router so tests can walk its routes.
+func (s *Server) Router() chi.Routes { return s.router }
+
+func (s *Server) routes() chi.Router {
+	r := chi.NewRouter()
+	r.Use(middleware.RequestID, s.observe, s.recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "no such route: "+r.URL.Path))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, problem(http.StatusMethodNotAllowed, "method-not-allowed", r.Method+" is not allowed on "+r.URL.Path))
+	})
+
+	r.Get("/healthz", s.healthz)
+	r.Get("/readyz", s.readyz)
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.cfg.Metrics, promhttp.HandlerOpts{}))
+	r.Get("/openapi.yaml", serveSpec)
+	if s.cfg.DevIssuer != nil {
+		r.Mount(s.cfg.DevIssuerPath, http.StripPrefix(s.cfg.DevIssuerPath, s.cfg.DevIssuer))
+	}
+
+	// A Group's middleware runs after routing, so metrics and logs carry the
+	// route pattern even for refused requests.
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticate)
+		r.Get("/v1/services", s.servicesList)
+		r.Get("/v1/services/{name}", s.serviceGet)
+		r.Put("/v1/services/{name}", s.servicePut)
+		r.Get("/v1/services/{name}/contract", s.contractGet)
+		r.Put("/v1/services/{name}/contract", s.contractPut)
+		r.Get("/v1/services/{name}/instances", s.instancesList)
+		r.Post("/v1/services/{name}/instances", s.instanceRegister)
+		r.Get("/v1/instances/{id}", s.instanceGet)
+		r.Delete("/v1/instances/{id}", s.instanceDeregister)
+		r.Put("/v1/instances/{id}/lease", s.leaseRenew)
+		r.Get("/v1/audit", s.auditList)
+	})
+	return r
+}
+
+func serveSpec(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	_, _ = w.Write(openapi.Spec)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.cfg.Ready(ctx); err != nil {
+		s.log.Warn("not ready", "err", err)
+		p := problem(http.StatusServiceUnavailable, "not-ready", "muster is not ready: it is starting, stopping, or cannot reach its database")
+		p.retryAfter = 1
+		writeProblem(w, r, p)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ready\n"))
+}
