@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/audit"
@@ -48,7 +49,11 @@ type stack struct {
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
-	pool := dbtest.New(t)
+	return newStackOn(t, dbtest.New(t))
+}
+
+func newStackOn(t *testing.T, pool *pgxpool.Pool) *stack {
+	t.Helper()
 	clk := &clock{t: time.Now().UTC()}
 	reg, err := registry.New(registry.Config{Pool: pool, Region: "local", Now: clk.Now})
 	if err != nil {
@@ -482,5 +487,40 @@ func TestOperationalEndpoints(t *testing.T) {
 		if !bytes.Contains(m.body, []byte(want)) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// TestDatabaseDownAnswers503 points muster at a database that is not there:
+// writes and reads answer 503 with Retry-After, and /readyz says not ready,
+// while authentication (which needs no database) still works.
+func TestDatabaseDownAnswers503(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres:///muster?host="+t.TempDir()+"&user=postgres&sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s := newStackOn(t, pool)
+	admin := s.token(t, adminReq)
+	for _, c := range []struct{ method, path, body string }{
+		{"PUT", "/v1/services/web", `{"owner":"payments","capabilities":["probe"]}`},
+		{"POST", "/v1/services/web/instances", `{"address":"127.0.0.1","port":9000,"zone":"az1"}`},
+		{"GET", "/v1/services", ""},
+		{"GET", "/v1/audit", ""},
+	} {
+		r := s.json(t, c.method, c.path, admin, c.body)
+		if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
+			t.Errorf("%s %s: %d (Retry-After %q) %s", c.method, c.path, r.status, r.header.Get("Retry-After"), r.body)
+			continue
+		}
+		if p := r.problem(t); p.Type != server.ProblemBase+"unavailable" {
+			t.Errorf("%s %s: problem %+v", c.method, c.path, p)
+		}
+	}
+	if r := s.do(t, "GET", "/readyz", "", "", ""); r.status != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with the database down: %d", r.status)
+	}
+	if r := s.do(t, "GET", "/v1/services", "", "", ""); r.status != http.StatusUnauthorized {
+		t.Errorf("no token with the database down: %d, want 401", r.status)
 	}
 }

@@ -22,6 +22,12 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return errUsage
 	}
 	verb := args[0]
+	switch verb {
+	case "up", "down", "version":
+	default:
+		fmt.Fprintf(stderr, "muster migrate: unknown verb %q (want up, down or version)\n", verb)
+		return errUsage
+	}
 	cfg := Config{}
 	fs := newFlags("migrate "+verb, stderr)
 	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
@@ -46,10 +52,6 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		err = mg.Up()
 	case "down":
 		err = mg.Down()
-	case "version":
-	default:
-		fmt.Fprintf(stderr, "muster migrate: unknown verb %q (want up, down or version)\n", verb)
-		return errUsage
 	}
 	if err != nil {
 		return err

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/musterhq/muster/db"
+)
+
+// syncBuffer is a bytes.Buffer safe for the server goroutine and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// devDir makes a data folder the postgres user can reach when the tests
+// run as root (t.TempDir's parent is private to root).
+func devDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "muster-dev-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+type devServer struct {
+	url    string
+	stop   func()
+	errc   chan error
+	stderr *syncBuffer
+}
+
+var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
+
+func startDev(t *testing.T, dir string) *devServer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out, errw := &syncBuffer{}, &syncBuffer{}
+	d := &devServer{errc: make(chan error, 1), stderr: errw}
+	go func() { d.errc <- run(ctx, []string{"dev", "--addr", "127.0.0.1:0", "--data", dir}, out, errw) }()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if m := servingRE.FindStringSubmatch(out.String()); m != nil {
+			d.url = m[1]
+			break
+		}
+		select {
+		case err := <-d.errc:
+			t.Fatalf("muster dev exited: %v\n%s", err, errw.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("muster dev did not start within 90 s:\n%s", errw.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	var once sync.Once
+	d.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-d.errc; err != nil {
+				t.Errorf("muster dev shut down with: %v\n%s", err, errw.String())
+			}
+		})
+	}
+	t.Cleanup(d.stop)
+	return d
+}
+
+func runCmd(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errw bytes.Buffer
+	err := run(context.Background(), args, &out, &errw)
+	return out.String(), errw.String(), err
+}
+
+func token(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	out, errOut, err := runCmd(t, append([]string{"token", "--data", dir}, args...)...)
+	if err != nil {
+		t.Fatalf("muster token %v: %v %s", args, err, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+func call(t *testing.T, method, url, tok, body string) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+// TestDevEndToEnd drives `muster dev` as a newcomer would: tokens from
+// `muster token`, the API over loopback HTTP, a lease running out under the
+// real reaper, `muster audit verify` before and after a row is changed by
+// hand, shutdown, and a restart that keeps the data.
+func TestDevEndToEnd(t *testing.T) {
+	t.Setenv("MUSTER_LEASE_TTL", "2s")
+	dir := devDir(t)
+	dev := startDev(t, dir)
+
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	web := token(t, dir, "--kind", "workload", "--service", "web")
+	api := token(t, dir, "--kind", "workload", "--service", "api")
+
+	if code, body := call(t, "GET", dev.url+"/v1/services", "", ""); code != 401 || !bytes.Contains(body, []byte("unauthenticated")) {
+		t.Fatalf("no token: %d %s", code, body)
+	}
+	for _, s := range []struct{ name, body string }{
+		{"web", `{"owner":"payments","capabilities":["probe","self","passive"]}`},
+		{"api", `{"owner":"search","capabilities":["passive"]}`},
+	} {
+		if code, body := call(t, "PUT", dev.url+"/v1/services/"+s.name, admin, s.body); code != 201 {
+			t.Fatalf("create %s: %d %s", s.name, code, body)
+		}
+	}
+	if code, body := call(t, "POST", dev.url+"/v1/services/web/instances", api, `{"address":"127.0.0.1","port":9000,"zone":"az1"}`); code != 403 {
+		t.Fatalf("api registering into web: %d %s", code, body)
+	}
+	if code, body := call(t, "PUT", dev.url+"/v1/services/web/contract", admin, `{"dependencies":[{"name":"db","shared":true,"authority":"unready"}]}`); code != 422 || !bytes.Contains(body, []byte(`"dependencies[0].authority"`)) {
+		t.Fatalf("shared+unready: %d %s", code, body)
+	}
+	code, body := call(t, "POST", dev.url+"/v1/services/web/instances", web, `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
+	if code != 201 {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	var inst struct {
+		ID             string
+		LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	}
+	if err := json.Unmarshal(body, &inst); err != nil {
+		t.Fatal(err)
+	}
+	code, body = call(t, "PUT", dev.url+"/v1/instances/"+inst.ID+"/lease", web, "")
+	if code != 200 {
+		t.Fatalf("renew: %d %s", code, body)
+	}
+	var renewed struct {
+		LeaseExpiresAt time.Time `json:"lease_expires_at"`
+		UpdatedAt      time.Time `json:"updated_at"`
+	}
+	_ = json.Unmarshal(body, &renewed)
+	if got := renewed.LeaseExpiresAt.Sub(renewed.UpdatedAt); got != 2*time.Second {
+		t.Fatalf("lease runs %s after renewal, want the configured 2s", got)
+	}
+
+	// The real reaper ends it once the lease has run out, and not before.
+	deadline := time.Now().Add(30 * time.Second)
+	var ended struct {
+		State   string
+		EndedAt time.Time `json:"ended_at"`
+	}
+	for {
+		_, body = call(t, "GET", dev.url+"/v1/instances/"+inst.ID, admin, "")
+		_ = json.Unmarshal(body, &ended)
+		if ended.State == "expired" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lease not expired 30 s after registration: %s", body)
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+	if ended.EndedAt.Before(renewed.LeaseExpiresAt) {
+		t.Fatalf("expired at %s, before the lease ran out at %s", ended.EndedAt, renewed.LeaseExpiresAt)
+	}
+
+	// The migrations are at the latest version, read through the running cluster.
+	out, errOut, err := runCmd(t, "migrate", "version", "--data", dir)
+	if err != nil || !strings.Contains(out, "schema version 1") {
+		t.Fatalf("migrate version: %q %q %v", out, errOut, err)
+	}
+
+	// The audit chain verifies, then fails at the row changed by hand.
+	out, errOut, err = runCmd(t, "audit", "verify", "--data", dir)
+	if err != nil || !strings.Contains(out, "audit chain intact") {
+		t.Fatalf("audit verify: %q %q %v", out, errOut, err)
+	}
+	tamper(t, dir, 3)
+	out, errOut, err = runCmd(t, "audit", "verify", "--data", dir)
+	if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "seq 3") {
+		t.Fatalf("audit verify after tampering: %q %q err=%v", out, errOut, err)
+	}
+
+	// Shutdown stops the cluster; a restart on the same folder keeps the data.
+	dev.stop()
+	if _, err := os.Stat(filepath.Join(dir, "pgdata", "postmaster.pid")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the cluster is still running after shutdown (postmaster.pid: %v)", err)
+	}
+	dev2 := startDev(t, dir)
+	if code, body := call(t, "GET", dev2.url+"/v1/services/web", admin, ""); code == 401 {
+		// The issuer URL moved with the new port: tokens are minted anew.
+		admin = token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+		code, body = call(t, "GET", dev2.url+"/v1/services/web", admin, "")
+		if code != 200 {
+			t.Fatalf("after restart: %d %s", code, body)
+		}
+	} else if code != 200 {
+		t.Fatalf("after restart: %d %s", code, body)
+	}
+}
+
+// tamper rewrites one audit row behind the trigger's back, as an attacker
+// with database access would.
+func tamper(t *testing.T, dir string, seq int) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := db.StartCluster(ctx, db.ClusterConfig{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Adopted() {
+		t.Fatal("expected to adopt the running dev cluster")
+	}
+	pool, err := db.Open(ctx, c.URL("muster"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, stmt := range []string{
+		"ALTER TABLE audit_events DISABLE TRIGGER audit_events_append_only",
+		"UPDATE audit_events SET reason = 'nothing happened here' WHERE seq = $1",
+		"ALTER TABLE audit_events ENABLE TRIGGER audit_events_append_only",
+	} {
+		var args []any
+		if strings.Contains(stmt, "$1") {
+			args = append(args, seq)
+		}
+		if _, err := tx.Exec(ctx, stmt, args...); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	untouched := filepath.Join(t.TempDir(), "never-created")
+	defer func() {
+		if _, err := os.Stat(untouched); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a refused command line created %s", untouched)
+		}
+	}()
+	for _, args := range [][]string{
+		{}, {"frobnicate"}, {"migrate"}, {"migrate", "sideways", "--data", untouched}, {"audit"}, {"token"},
+		{"dev", "--no-such-flag"}, {"dev", "extra-arg"},
+	} {
+		_, _, err := runCmd(t, args...)
+		if exitCode(err) != 2 {
+			t.Errorf("muster %v: exit %d (%v), want 2", args, exitCode(err), err)
+		}
+	}
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("MUSTER_ISSUERS", "")
+	_, _, err := runCmd(t, "serve", "--addr", "127.0.0.1:0")
+	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+		t.Fatalf("serve without DATABASE_URL: %v", err)
+	}
+	_, _, err = runCmd(t, "token", "--data", t.TempDir(), "--kind", "operator", "--subject", "x")
+	if err == nil || !strings.Contains(err.Error(), "run `muster dev") {
+		t.Fatalf("token without a dev issuer: %v", err)
+	}
+}
