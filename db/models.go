@@ -51,10 +51,42 @@ type Instance struct {
 	EndedAt        *time.Time
 }
 
+type ObservedWindow struct {
+	InstanceID   uuid.UUID
+	Class        int16
+	WindowStart  time.Time
+	WindowEnd    time.Time
+	Successes    int32
+	Failures     int32
+	HardFailures int32
+	Unobservable int32
+	Reporters    int32
+}
+
+type ProberAssignment struct {
+	Prober     string
+	Service    *string
+	InstanceID *uuid.UUID
+	AssignedAt time.Time
+	AssignedBy string
+}
+
 type Service struct {
 	Name         string
 	Owner        string
 	Capabilities []string
 	CreatedAt    time.Time
 	UpdatedAt    time.Time
+}
+
+type Transition struct {
+	ID         int64
+	InstanceID uuid.UUID
+	Service    string
+	FromState  string
+	ToState    string
+	Weight     float64
+	At         time.Time
+	Reason     string
+	History    json.RawMessage
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/audit"
@@ -550,4 +551,46 @@ func TestReaperWorkerStopsCleanly(t *testing.T) {
 	}
 	rp.Stop()
 	rp.Stop()
+}
+
+func TestProberAssignments(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	inst, err := e.reg.Register(ctx, webWL, loopback, "web", registry.Registration{Address: "127.0.0.1", Port: 9000, Zone: "az1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.reg.PutProberAssignments(ctx, oscar, "prober-az1", registry.ProberAssignments{Services: []string{"web"}})
+	wantKind(t, err, registry.ErrForbidden)
+	_, err = e.reg.PutProberAssignments(ctx, admin, "prober-az1", registry.ProberAssignments{Services: []string{"web", "ghost"}})
+	re := wantKind(t, err, registry.ErrInvalid)
+	if len(re.Fields) != 1 || re.Fields[0].Field != "services[0]" { // sorted: ghost, web
+		t.Fatalf("fields %+v", re.Fields)
+	}
+	got, err := e.reg.PutProberAssignments(ctx, admin, "prober-az1", registry.ProberAssignments{Services: []string{"web", "web"}, Instances: []uuid.UUID{inst.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(registry.ProberAssignments{Prober: "prober-az1", Services: []string{"web"}, Instances: []uuid.UUID{inst.ID}}, got); diff != "" {
+		t.Fatalf("assignments (-want +got):\n%s", diff)
+	}
+	self := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
+	if read, err := e.reg.GetProberAssignments(ctx, self, "prober-az1"); err != nil || len(read.Services) != 1 {
+		t.Fatalf("prober reads its own: %+v %v", read, err)
+	}
+	_, err = e.reg.GetProberAssignments(ctx, self, "prober-az2")
+	wantKind(t, err, registry.ErrForbidden)
+	// Replacing clears what is not listed any more.
+	if _, err := e.reg.PutProberAssignments(ctx, admin, "prober-az1", registry.ProberAssignments{Services: []string{"api"}}); err != nil {
+		t.Fatal(err)
+	}
+	all, err := e.reg.AllProberAssignments(ctx)
+	if err != nil || len(all) != 1 || len(all[0].Instances) != 0 || all[0].Services[0] != "api" {
+		t.Fatalf("all = %+v, %v", all, err)
+	}
+	evs := e.events(t, audit.Filter{Action: "prober.assign"})
+	if len(evs) != 4 || evs[0].Outcome != audit.Refused || evs[1].Outcome != audit.Refused || evs[3].Outcome != audit.Accepted {
+		t.Fatalf("prober.assign audit: %+v", evs)
+	}
 }

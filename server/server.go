@@ -155,6 +155,8 @@ func (s *Server) routes() chi.Router {
 		r.Delete("/v1/instances/{id}", s.instanceDeregister)
 		r.Put("/v1/instances/{id}/lease", s.leaseRenew)
 		r.Get("/v1/audit", s.auditList)
+		r.Get("/v1/probers/{subject}/assignments", s.proberAssignmentsGet)
+		r.Put("/v1/probers/{subject}/assignments", s.proberAssignmentsPut)
 	})
 	return r
 }

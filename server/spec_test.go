@@ -356,6 +356,7 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"StoredContract", reflect.TypeFor[registry.StoredContract](), true},
 		{"Instance", reflect.TypeFor[registry.Instance](), true},
 		{"AuditEvent", reflect.TypeFor[audit.Event](), true},
+		{"ProberAssignments", reflect.TypeFor[registry.ProberAssignments](), false},
 		{"Problem", reflect.TypeFor[Problem](), true},
 		{"FieldError", reflect.TypeFor[registry.FieldError](), true},
 		{"ServiceList", reflect.TypeFor[list[registry.Service]](), true},

@@ -1,0 +1,39 @@
+-- name: InstanceListChangedSince :many
+-- Instances changed after (updated_at, id), for incremental refresh; pass
+-- the zero time and the nil UUID for a full load.
+SELECT * FROM instances
+WHERE (updated_at, id) > (sqlc.arg(since)::timestamptz, sqlc.arg(after_id)::uuid)
+ORDER BY updated_at, id
+LIMIT sqlc.arg(lim);
+
+-- name: ServiceContractsAll :many
+SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
+       c.version AS contract_version, c.document AS contract
+FROM services s LEFT JOIN health_contracts c ON c.service = s.name
+ORDER BY s.name;
+
+-- name: ObservedWindowsSince :many
+SELECT instance_id, class, window_end, successes, failures, hard_failures, unobservable, reporters
+FROM observed_windows
+WHERE window_end > sqlc.arg(since)::timestamptz
+ORDER BY window_end;
+
+-- name: ObservedWindowsPrune :execrows
+DELETE FROM observed_windows WHERE window_end < sqlc.arg(before)::timestamptz;
+
+-- name: ObservedWindowsInsert :copyfrom
+INSERT INTO observed_windows (instance_id, class, window_start, window_end,
+    successes, failures, hard_failures, unobservable, reporters)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: TransitionsInsert :copyfrom
+INSERT INTO transitions (instance_id, service, from_state, to_state, weight, at, reason, history)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: TransitionsList :many
+SELECT * FROM transitions
+WHERE (sqlc.narg(service)::text IS NULL OR service = sqlc.narg(service)::text)
+  AND (sqlc.narg(instance_id)::uuid IS NULL OR instance_id = sqlc.narg(instance_id)::uuid)
+  AND (sqlc.arg(before_id)::bigint = 0 OR id < sqlc.arg(before_id)::bigint)
+ORDER BY id DESC
+LIMIT sqlc.arg(lim);
