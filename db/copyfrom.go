@@ -9,6 +9,50 @@ import (
 	"context"
 )
 
+// iteratorForInstancesCopy implements pgx.CopyFromSource.
+type iteratorForInstancesCopy struct {
+	rows                 []InstancesCopyParams
+	skippedFirstNextCall bool
+}
+
+func (r *iteratorForInstancesCopy) Next() bool {
+	if len(r.rows) == 0 {
+		return false
+	}
+	if !r.skippedFirstNextCall {
+		r.skippedFirstNextCall = true
+		return true
+	}
+	r.rows = r.rows[1:]
+	return len(r.rows) > 0
+}
+
+func (r iteratorForInstancesCopy) Values() ([]interface{}, error) {
+	return []interface{}{
+		r.rows[0].ID,
+		r.rows[0].Service,
+		r.rows[0].Address,
+		r.rows[0].Port,
+		r.rows[0].Zone,
+		r.rows[0].Region,
+		r.rows[0].Source,
+		r.rows[0].State,
+		r.rows[0].LeaseExpiresAt,
+		r.rows[0].RegisteredBy,
+		r.rows[0].CreatedAt,
+		r.rows[0].UpdatedAt,
+	}, nil
+}
+
+func (r iteratorForInstancesCopy) Err() error {
+	return nil
+}
+
+// Bulk load, used by `muster loadgen seed` only.
+func (q *Queries) InstancesCopy(ctx context.Context, arg []InstancesCopyParams) (int64, error) {
+	return q.db.CopyFrom(ctx, []string{"instances"}, []string{"id", "service", "address", "port", "zone", "region", "source", "state", "lease_expires_at", "registered_by", "created_at", "updated_at"}, &iteratorForInstancesCopy{rows: arg})
+}
+
 // iteratorForObservedWindowsInsert implements pgx.CopyFromSource.
 type iteratorForObservedWindowsInsert struct {
 	rows                 []ObservedWindowsInsertParams

@@ -259,6 +259,21 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 	return items, nil
 }
 
+type InstancesCopyParams struct {
+	ID             uuid.UUID
+	Service        string
+	Address        string
+	Port           int32
+	Zone           string
+	Region         string
+	Source         string
+	State          string
+	LeaseExpiresAt *time.Time
+	RegisteredBy   string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
 const leaseListExpired = `-- name: LeaseListExpired :many
 SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL

@@ -47,3 +47,9 @@ UPDATE instances
 SET state = 'replaced', ended_at = sqlc.arg(now)::timestamptz, updated_at = sqlc.arg(now)::timestamptz
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
 RETURNING *;
+
+-- name: InstancesCopy :copyfrom
+-- Bulk load, used by `muster loadgen seed` only.
+INSERT INTO instances (id, service, address, port, zone, region, source, state,
+                       lease_expires_at, registered_by, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);

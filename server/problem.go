@@ -70,6 +70,8 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		}
 		p.Errors = re.Fields
 		writeProblem(w, r, p)
+	case notReadyProblem(err) != nil:
+		writeProblem(w, r, notReadyProblem(err))
 	case errors.Is(err, identity.ErrIssuerUnavailable) || db.IsUnavailable(err):
 		s.log.Warn("dependency unavailable", "path", r.URL.Path, "err", err)
 		p := problem(http.StatusServiceUnavailable, "unavailable", "muster cannot reach its database or token issuer right now; nothing was changed, retry later")

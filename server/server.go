@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/openapi"
 	"github.com/musterhq/muster/registry"
@@ -25,6 +26,12 @@ import (
 // Authenticator turns a bearer token into a principal.
 type Authenticator interface {
 	Verify(ctx context.Context, raw string) (identity.Principal, error)
+}
+
+// Evaluator ingests evidence and shows verdicts.
+type Evaluator interface {
+	Ingest(actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
+	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
 }
 
 // AuditLog lists audit events.
@@ -37,6 +44,7 @@ type Config struct {
 	Logger        *slog.Logger
 	Registry      *registry.Registry
 	Audit         AuditLog
+	Evaluator     Evaluator
 	Authenticator Authenticator
 	// Ready reports whether migrations ran and the database answers.
 	Ready func(ctx context.Context) error
@@ -57,6 +65,8 @@ func (c *Config) Validate() error {
 		return errors.New("server: Registry is required")
 	case c.Audit == nil:
 		return errors.New("server: Audit is required")
+	case c.Evaluator == nil:
+		return errors.New("server: Evaluator is required")
 	case c.Authenticator == nil:
 		return errors.New("server: Authenticator is required")
 	case c.Ready == nil:
@@ -157,6 +167,8 @@ func (s *Server) routes() chi.Router {
 		r.Get("/v1/audit", s.auditList)
 		r.Get("/v1/probers/{subject}/assignments", s.proberAssignmentsGet)
 		r.Put("/v1/probers/{subject}/assignments", s.proberAssignmentsPut)
+		r.Post("/v1/reports", s.reportsPost)
+		r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 	})
 	return r
 }

@@ -5,6 +5,7 @@
 //	muster migrate up|down|version [--data DIR]
 //	muster token   --data DIR --kind K [--service S] [--subject X] [--team T] [--role R] [--address IP]... [--ttl D]
 //	muster audit verify [--data DIR]
+//	muster loadgen seed|rebuild|reports
 package main
 
 import (
@@ -27,6 +28,7 @@ usage:
   muster token   --data DIR --kind workload|prober|tool|operator [--service S] [--subject X]
                  [--team T] [--role viewer|operator|admin] [--address IP]... [--ttl 1h]
   muster audit verify [--data DIR]
+  muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)
 
 environment: DATABASE_URL (or DATABASE_URL_FILE), MUSTER_ISSUERS, MUSTER_AUDIENCE (muster),
              MUSTER_REGION (local), MUSTER_LEASE_TTL (30s), MUSTER_LOG_LEVEL (info)
@@ -71,6 +73,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdToken(args[1:], stdout, stderr)
 	case "audit":
 		return cmdAudit(ctx, args[1:], stdout, stderr)
+	case "loadgen":
+		return cmdLoadgen(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

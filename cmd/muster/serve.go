@@ -17,6 +17,7 @@ import (
 
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
@@ -103,13 +104,22 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
+	eval, err := evaluator.New(evaluator.Config{
+		Registry: reg, Pool: pool, Logger: log, Registerer: metrics,
+	})
+	if err != nil {
+		return err
+	}
 
 	var ready atomic.Bool
 	scfg := server.Config{
-		Logger: log, Registry: reg, Audit: audit.NewLog(pool), Authenticator: verifier, Metrics: metrics,
+		Logger: log, Registry: reg, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
 		Ready: func(ctx context.Context) error {
-			if !ready.Load() {
-				return errors.New("starting")
+			switch {
+			case !ready.Load():
+				return errors.New("starting or stopping")
+			case !eval.Ready():
+				return errors.New("rebuilding evaluation state")
 			}
 			return pool.Ping(ctx)
 		},
@@ -134,6 +144,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer reaper.Stop()
+	// The evaluator's context is not the signal context: on shutdown it
+	// is stopped explicitly after the HTTP server, so it can flush.
+	if err := eval.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	defer eval.Stop()
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
@@ -156,6 +172,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err := hs.Shutdown(shutCtx); err != nil {
 		return fmt.Errorf("http shutdown: %w", err)
 	}
+	eval.Stop()
 	reaper.Stop()
 	return nil
 }

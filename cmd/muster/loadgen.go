@@ -1,0 +1,387 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/evaluator"
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/registry"
+)
+
+const loadgenUsage = `usage:
+  muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--minutes 5]
+  muster loadgen rebuild [--data DIR]
+  muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--duration 20s]`
+
+// loadgenOwner owns every service loadgen creates, so its data is easy to
+// tell apart.
+const (
+	loadgenOwner  = "loadgen"
+	loadgenProber = "loadgen-prober"
+)
+
+func cmdLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, loadgenUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "seed":
+		return loadgenSeed(ctx, args[1:], stdout, stderr)
+	case "rebuild":
+		return loadgenRebuild(ctx, args[1:], stdout, stderr)
+	case "reports":
+		return loadgenReports(ctx, args[1:], stdout, stderr)
+	}
+	fmt.Fprintln(stderr, loadgenUsage)
+	return errUsage
+}
+
+// loadgenSeed creates services and instances in bulk, assigns the loadgen
+// prober to them, and writes minutes of observed windows, as a region at
+// scale would have retained before a restart.
+func loadgenSeed(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	cfg := Config{}
+	var services, instances, minutes int
+	fs := newFlags("loadgen seed", stderr)
+	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
+	fs.IntVar(&services, "services", 450, "services to create")
+	fs.IntVar(&instances, "instances", 60000, "instances to create, spread over the services")
+	fs.IntVar(&minutes, "minutes", 5, "minutes of observed windows (10 s each) per instance and class")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := loadEnv(&cfg); err != nil {
+		return err
+	}
+	url, stop, err := openDatabase(ctx, cfg, quietLogger(stderr))
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
+	if err := db.Migrate(url); err != nil {
+		return err
+	}
+	pool, err := db.Open(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg, err := registry.New(registry.Config{Pool: pool, Region: envOr("MUSTER_REGION", "local")})
+	if err != nil {
+		return err
+	}
+	admin := identity.Principal{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin}
+
+	start := time.Now()
+	names := make([]string, services)
+	for i := range names {
+		names[i] = fmt.Sprintf("lg-%04d", i)
+		spec := registry.ServiceSpec{Owner: loadgenOwner, Capabilities: []registry.Capability{registry.CapProbe, registry.CapPassive}}
+		if _, _, err := reg.PutService(ctx, admin, names[i], spec); err != nil {
+			return fmt.Errorf("seed service %s: %w", names[i], err)
+		}
+	}
+	now := time.Now().UTC()
+	lease := now.Add(24 * time.Hour)
+	rows := make([]db.InstancesCopyParams, instances)
+	ids := make([]uuid.UUID, instances)
+	for i := range rows {
+		ids[i] = uuid.Must(uuid.NewV7())
+		rows[i] = db.InstancesCopyParams{
+			ID: ids[i], Service: names[i%services], Address: fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255),
+			Port: 8080, Zone: fmt.Sprintf("az%d", i%3+1), Region: reg.Region(), Source: "loadgen", State: registry.StateActive,
+			LeaseExpiresAt: &lease, RegisteredBy: "tool:loadgen", CreatedAt: now, UpdatedAt: now,
+		}
+	}
+	if _, err := db.New(pool).InstancesCopy(ctx, rows); err != nil {
+		return fmt.Errorf("seed instances: %w", err)
+	}
+	if _, err := reg.PutProberAssignments(ctx, admin, loadgenProber, registry.ProberAssignments{Services: names}); err != nil {
+		return fmt.Errorf("assign the loadgen prober: %w", err)
+	}
+	fmt.Fprintf(stdout, "seeded %d services and %d instances in %s\n", services, instances, time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
+	windows := minutes * 6
+	written := 0
+	for w := range windows {
+		end := now.Add(-time.Duration(windows-w-1) * 10 * time.Second)
+		batch := make([]db.ObservedWindowsInsertParams, 0, 2*instances)
+		for i, id := range ids {
+			fail := int32(0)
+			if i%50 == 0 {
+				fail = 3 // a few unhealthy instances, so the rebuild has work to do
+			}
+			for class := int16(0); class < 3; class += 2 { // probe and passive
+				batch = append(batch, db.ObservedWindowsInsertParams{
+					InstanceID: id, Class: class, WindowStart: end.Add(-10 * time.Second), WindowEnd: end,
+					Successes: 5 - fail, Failures: fail, Reporters: 1,
+				})
+			}
+		}
+		n, err := db.New(pool).ObservedWindowsInsert(ctx, batch)
+		if err != nil {
+			return fmt.Errorf("seed observed windows: %w", err)
+		}
+		written += int(n)
+	}
+	fmt.Fprintf(stdout, "seeded %d observed windows (%d min x %d instances x 2 classes) in %s\n",
+		written, minutes, instances, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// loadgenRebuild measures what a restart costs: a fresh evaluator rebuilding
+// its state from the registry and the retained windows.
+func loadgenRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	cfg := Config{}
+	fs := newFlags("loadgen rebuild", stderr)
+	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := loadEnv(&cfg); err != nil {
+		return err
+	}
+	url, stop, err := openDatabase(ctx, cfg, quietLogger(stderr))
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
+	pool, err := db.Open(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg, err := registry.New(registry.Config{Pool: pool, Region: envOr("MUSTER_REGION", "local")})
+	if err != nil {
+		return err
+	}
+	ev, err := evaluator.New(evaluator.Config{Registry: reg, Pool: pool, FlushEvery: time.Minute})
+	if err != nil {
+		return err
+	}
+	var before, after memStats
+	before.read()
+	start := time.Now()
+	if err := ev.Start(ctx); err != nil {
+		return err
+	}
+	defer ev.Stop()
+	for !ev.Ready() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	took := time.Since(start)
+	after.read()
+	stats := ev.Stats()
+	fmt.Fprintf(stdout, "rebuild: %d services, %d instances, %d windows replayed in %s (heap +%.1f MiB, %.0f B per instance)\n",
+		stats.Services, stats.Instances, stats.WindowsReplayed, took.Round(time.Millisecond),
+		float64(after.heap-before.heap)/(1<<20), float64(after.heap-before.heap)/float64(max(stats.Instances, 1)))
+	return nil
+}
+
+// loadgenReports drives POST /v1/reports from this process against a
+// running muster, as probers at scale would, and prints the throughput and
+// batch latency.
+func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var (
+		base, dir          string
+		batch, concurrency int
+		duration           time.Duration
+	)
+	fs := newFlags("loadgen reports", stderr)
+	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "muster to load")
+	fs.StringVar(&dir, "data", ".muster", "dev data folder, for minting tokens")
+	fs.IntVar(&batch, "batch", 1000, "reports per request")
+	fs.IntVar(&concurrency, "concurrency", 4, "requests in flight")
+	fs.DurationVar(&duration, "duration", 20*time.Second, "how long to run")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	iss, err := identity.LoadOrCreateDevIssuer(dir)
+	if err != nil {
+		return err
+	}
+	admin, err := iss.Mint(identity.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin}, time.Now())
+	if err != nil {
+		return err
+	}
+	prober, err := iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber}, time.Now())
+	if err != nil {
+		return err
+	}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: concurrency}}
+	ids, err := loadgenInstances(ctx, client, base, admin)
+	if err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		return errors.New("no loadgen instances: run `muster loadgen seed` first, then start muster on the same data")
+	}
+	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, for %s\n", base, len(ids), batch, concurrency, duration)
+
+	var (
+		sent, refused atomic.Int64
+		mu            sync.Mutex
+		latencies     []time.Duration
+		firstErr      error
+		wg            sync.WaitGroup
+	)
+	deadline := time.Now().Add(duration)
+	start := time.Now()
+	for w := range concurrency {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			reports := make([]evaluator.Report, batch)
+			var buf bytes.Buffer
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				for i := range reports {
+					outcome := "success"
+					if rng.IntN(100) == 0 {
+						outcome = "failure"
+					}
+					reports[i] = evaluator.Report{InstanceID: ids[rng.IntN(len(ids))], Class: "probe", Outcome: outcome}
+				}
+				buf.Reset()
+				_ = json.NewEncoder(&buf).Encode(map[string]any{"reports": reports})
+				t0 := time.Now()
+				res, err := postReports(ctx, client, base, prober, buf.Bytes())
+				lat := time.Since(t0)
+				mu.Lock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				latencies = append(latencies, lat)
+				mu.Unlock()
+				sent.Add(int64(res.Accepted))
+				refused.Add(int64(len(res.Refused)))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil {
+		return firstErr
+	}
+	slices.Sort(latencies)
+	pct := func(p float64) time.Duration {
+		if len(latencies) == 0 {
+			return 0
+		}
+		return latencies[min(len(latencies)-1, int(float64(len(latencies))*p))]
+	}
+	fmt.Fprintf(stdout, "reports: %d samples accepted, %d refused, in %d batches over %s: %.0f samples/s; batch latency p50 %s p99 %s max %s\n",
+		sent.Load(), refused.Load(), len(latencies), elapsed.Round(time.Millisecond), float64(sent.Load())/elapsed.Seconds(),
+		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), pct(1).Round(time.Microsecond))
+	return nil
+}
+
+func postReports(ctx context.Context, client *http.Client, base, token string, body []byte) (evaluator.Result, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/reports", bytes.NewReader(body))
+	if err != nil {
+		return evaluator.Result{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := client.Do(req)
+	if err != nil {
+		return evaluator.Result{}, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		return evaluator.Result{}, err
+	}
+	if res.StatusCode != http.StatusOK {
+		return evaluator.Result{}, fmt.Errorf("POST /v1/reports: %d %s", res.StatusCode, b)
+	}
+	var out evaluator.Result
+	return out, json.Unmarshal(b, &out)
+}
+
+// loadgenInstances lists the active instances of every loadgen service
+// through the API.
+func loadgenInstances(ctx context.Context, client *http.Client, base, token string) ([]uuid.UUID, error) {
+	get := func(path string, v any) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		res, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(res.Body)
+			return fmt.Errorf("GET %s: %d %s", path, res.StatusCode, b)
+		}
+		return json.NewDecoder(res.Body).Decode(v)
+	}
+	type page[T any] struct {
+		Items      []T    `json:"items"`
+		NextCursor string `json:"next_cursor"`
+	}
+	var services []string
+	for cursor := ""; ; {
+		var p page[registry.Service]
+		if err := get("/v1/services?owner="+loadgenOwner+"&limit=1000&cursor="+cursor, &p); err != nil {
+			return nil, err
+		}
+		for _, s := range p.Items {
+			services = append(services, s.Name)
+		}
+		if cursor = p.NextCursor; cursor == "" {
+			break
+		}
+	}
+	var ids []uuid.UUID
+	for _, s := range services {
+		for cursor := ""; ; {
+			var p page[registry.Instance]
+			if err := get("/v1/services/"+s+"/instances?limit=1000&cursor="+cursor, &p); err != nil {
+				return nil, err
+			}
+			for _, in := range p.Items {
+				ids = append(ids, in.ID)
+			}
+			if cursor = p.NextCursor; cursor == "" {
+				break
+			}
+		}
+	}
+	return ids, nil
+}
+
+type memStats struct{ heap uint64 }
+
+func (m *memStats) read() {
+	runtime.GC()
+	var s runtime.MemStats
+	runtime.ReadMemStats(&s)
+	m.heap = s.HeapAlloc
+}

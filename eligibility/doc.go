@@ -1,0 +1,152 @@
+// Package eligibility is muster's pure evaluation core: it fuses health
+// evidence about instances into one eligibility verdict per instance
+// (ADR-04 to 07, 09, 12, 16). It imports nothing from muster, does no I/O,
+// starts no goroutines and never reads the clock: every time is passed in.
+// The evaluator owns an Engine, serialises calls to it, feeds it samples
+// (Observe), calls Tick on a cadence and publishes the transitions.
+//
+// # Evidence and the decaying failure rate
+//
+// Three classes: Probe (active prober), Self (the instance's own report)
+// and Passive (outcomes callers observed). For each instance and class the
+// engine keeps a decaying failure rate with the contract's half-life H:
+//
+//	f ← f·2^(−Δt/H) + failures,  n ← n·2^(−Δt/H) + samples,  rate = f/n
+//
+// Δt is the time since the track's previous sample, so a sample is credited
+// with the gap before it and the rate tracks failure *time*, not sample
+// count. Decay alone leaves f/n unchanged: the rate moves only when
+// evidence arrives. From a clean track, every sample failing at period p
+// gives 1 − 2^(−k·p/H) after k samples, so the removal threshold R is
+// crossed (ceil(H·log2(1/(1−R))/p) − 1)·p < H·log2(1/(1−R)) after the first
+// failing sample: under 4 s with the defaults (H 4 s, R 0.5), and at the
+// first failing probe at the default 5 s interval (1 − 2^(−5/4) = 0.58).
+//
+// Passive evidence is weighted by reporter population, not volume: each
+// instance keeps up to 8 recent reporters (a new one evicts the least
+// recently heard), each with its own track, and the class rate is the mean
+// of the reporters' rates inside the silence window. A reporter whose
+// decayed volume is below Options.MinReporterVolume (3) counts in
+// proportion to it, so one caller's single failed request is not a 100%
+// vote. A thousand reports from one caller still count as one caller.
+//
+// # Fusion and the primary class
+//
+// Over the speaking (non-silent) classes the fused rate is
+//
+//	fused = max(weighted mean of class rates, rate of the primary class)
+//
+// with the contract's per-class weights. A silent or absent class is left
+// out of both terms: never read as negative or positive. The primary class
+// is Passive while the instance's caller traffic (decayed passive volume ×
+// ln2/H, in requests/s) is at or above PassivePrimaryRPS (it stays primary
+// down to 0.8× that, so traffic at the threshold does not flip it), else
+// Probe, else Self. The primary may remove on its own (so grey failure,
+// seen only by callers, removes when passive is primary); other classes
+// count through the mean. Below the threshold, passive's weight in the mean
+// is scaled by traffic/threshold, and the evidence is reported single-class
+// (Verdict.SingleClass) when fewer than two classes count as sufficient.
+// While passive is primary probing drops to a confirmation cadence, so the
+// probe class's silence window is stretched by ConfirmationMultiple (6).
+//
+// # States and thresholds
+//
+// Unknown, Eligible, Degraded (weight in (0,1)) and Ineligible; all but
+// Ineligible are in rotation.
+//
+//   - Removal: fused ≥ RemovalThreshold, but only on fresh failure evidence
+//     (a failure sample since the last evaluation). A class falling silent
+//     can raise the fused rate; it never triggers removal.
+//   - Re-entry: fused < ReentryThreshold (strictly lower than removal;
+//     effective floor 0.001, since a remembered failure never decays to 0)
+//     and at least MinDwell after removal. The engine uses
+//     max(MinDwell, soft detection time) as the dwell, so re-entry is never
+//     faster than removal for any valid contract.
+//   - Hard failure (HardFailure sample: connection refused; HardFail: lease
+//     expired, process gone) bypasses the decay: the class track is forced
+//     to rate 1 (keeping its weight, so undoing it takes as much evidence as
+//     a sustained soft failure) and the instance is removed at the next
+//     Tick, with the transition stamped at the Tick time and
+//     FirstFailureAt at the failure. It stays out until a later success and
+//     the normal re-entry rules.
+//   - Silence: a class with no success or failure sample for
+//     SilenceMultiple × Interval (3 × 5 s = 15 s by default; two lost or late
+//     samples are tolerated, a third is not) is silent. An instance whose
+//     present classes are all silent is Unknown and stays in rotation. An
+//     Ineligible instance that goes silent stays Ineligible: silence is not
+//     evidence of recovery either.
+//   - Unobservable samples ("I could not observe") are counted and shown
+//     (ClassSummary.Unobservable, a reason) but are neither failures nor
+//     samples: a class hearing only them goes silent.
+//   - Unknown → Ineligible needs corroboration: at least two speaking
+//     classes at or above the removal threshold. A single class, even
+//     reporting hard failures, leaves the instance Unknown with a reason;
+//     only HardFail (out-of-band: lease, process) skips this.
+//   - A new instance of a service with a readiness signal (readiness or
+//     probe capability) starts Ineligible and enters on its first success
+//     (a Self success if RequireReadiness) once fused < removal; one without
+//     enters Eligible with HealthKnown false (ADR-16).
+//
+// # Dependencies (ADR-06)
+//
+// A self-report may name a degraded dependency; a self-report naming none
+// clears it, and so does the self class falling silent. Informational
+// changes nothing; Weight (the default, and for undeclared names) makes
+// the instance Degraded at DependencyWeight (0.5) × its weight; Unready
+// makes it Ineligible, and counts as the self class failing for the
+// corroboration rule. Shared+Unready is refused upstream and treated as
+// Weight here.
+//
+// # Damping budget
+//
+// With the platform defaults a genuine soft failure (every sample failing)
+// is removed at most 5 s after its first failing sample: the primary class
+// crosses 0.5 at its own first failing sample (probe or self at a 5 s
+// interval) or within H = 4 s plus one reporting period (passive, flushed at
+// least every second). A hard failure is removed at 0 s. Transition
+// FirstFailureAt records the first failed sample of the episode, so the
+// evaluator can report At − FirstFailureAt as the damping cost.
+//
+// # Flap quarantine (ADR-09)
+//
+// Eligibility changes (crossings into or out of rotation; not the first
+// admission, not Unknown↔Eligible) are remembered per instance. The change
+// that would make more than FlapThreshold (4) within FlapWindow (10 min)
+// starts a quarantine: a removal goes ahead, a re-entry is held. The
+// instance is held Ineligible for QuarantineBase (1 min), doubling per
+// repeat up to QuarantineCap (30 min): 1, 2, 4, 8, 16, 30, 30. A quarantine
+// starting QuarantineForgive (1 h) after the previous one ended starts again
+// at 1 min. The quarantine transition carries History and QuarantinedUntil;
+// the remembered changes are then cleared. ServiceStats reports changes in
+// the window, the flap rate per instance-hour and quarantine counts.
+//
+// # Slow start (ADR-12)
+//
+// An instance entering rotation (new or re-entering) is published at
+//
+//	weight = max(1, min(⌊steps·t/SlowStart⌋, ⌊steps·s⌋)) / steps
+//	s = (1 − fused) / (1 − ReentryThreshold), capped at 1
+//
+// t the time in rotation, steps SlowStartSteps (10): at most `steps` weight
+// changes per ramp, monotone under all-success, 1 exactly at SlowStart
+// (SlowStart 0: 1 at once). Degraded multiplies it by DependencyWeight.
+// Weight-only changes are transitions with From == To.
+//
+// # Prober outages (ADR-05)
+//
+// AssignProber says which instances a prober should report. A prober that
+// observes none of its targets for ProberSilence (15 s) is a prober outage
+// (ProberOutages; Unobservable set if it is still reporting, only that it
+// cannot see): attributed to the prober, while its targets' probe class
+// simply goes silent, so they become Unknown, not Ineligible, and their
+// verdict names the prober.
+//
+// # Cost
+//
+// Observe is O(1) and allocation-free for a known instance (one map
+// lookup, a scan of 8 reporter ids, one or two exp2). Tick visits every
+// instance but evaluates only those with new evidence or a due timer
+// (silence, dwell, quarantine end, slow-start step, and at least once per
+// contract interval). Instance state is about 1 KiB for all three classes
+// (see TestMemoryPerInstanceClass for the measured figure).
+package eligibility

@@ -1,0 +1,532 @@
+package eligibility
+
+import (
+	"bytes"
+	"math"
+	"slices"
+	"time"
+)
+
+// Options tune the engine. The zero value of each field selects its
+// documented default; NewEngine never fails.
+type Options struct {
+	// SilenceMultiple: a class is silent when it has had no sample (success
+	// or failure) for SilenceMultiple × the contract interval. Default 3:
+	// two consecutive lost or late samples (jitter, a GC pause, an ingest
+	// batch) are tolerated, a third is not.
+	SilenceMultiple float64
+	// ConfirmationMultiple stretches the probe class's silence window while
+	// passive evidence is primary, because probing then drops to a
+	// confirmation cadence (ADR-04). Default 6 (probes every 30 s at the
+	// default interval, silent after 90 s).
+	ConfirmationMultiple float64
+	// FlapWindow and FlapThreshold: more than FlapThreshold eligibility
+	// changes within FlapWindow quarantine the instance (ADR-09). Defaults
+	// 10 min and 4. FlapThreshold is at most 7.
+	FlapWindow    time.Duration
+	FlapThreshold int
+	// QuarantineBase doubles per repeat up to QuarantineCap. Defaults 1 min
+	// and 30 min.
+	QuarantineBase, QuarantineCap time.Duration
+	// QuarantineForgive: a quarantine starting this long after the previous
+	// one ended starts again from QuarantineBase. Default 1 h.
+	QuarantineForgive time.Duration
+	// SlowStartSteps is how many steps the slow-start weight is published
+	// in (ADR-12). Default 10; at least 2 (one step would be no ramp), at
+	// most 1000.
+	SlowStartSteps int
+	// DependencyWeight multiplies the weight of an instance that names a
+	// degraded dependency with weight authority (ADR-06). Default 0.5.
+	DependencyWeight float64
+	// MinReporterVolume: a passive reporter whose decayed request count is
+	// below this contributes proportionally less, so one caller's single
+	// failed request does not count as a 100% failure rate. Default 3.
+	MinReporterVolume float64
+	// ProberSilence: an assigned prober that has observed none of its
+	// targets for this long is in outage (ADR-05). Default 15 s, the
+	// silence window at the default interval.
+	ProberSilence time.Duration
+	// PrimaryHysteresis: passive stays primary until the instance's caller
+	// traffic falls below PrimaryHysteresis × PassivePrimaryRPS, so traffic
+	// hovering at the threshold does not flip the primary class. Default 0.8.
+	PrimaryHysteresis float64
+}
+
+func (o Options) withDefaults() Options {
+	f := func(v *float64, d float64) {
+		if !(*v > 0) || math.IsInf(*v, 0) {
+			*v = d
+		}
+	}
+	dur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	f(&o.SilenceMultiple, 3)
+	f(&o.ConfirmationMultiple, 6)
+	dur(&o.FlapWindow, 10*time.Minute)
+	if o.FlapThreshold <= 0 {
+		o.FlapThreshold = 4
+	}
+	o.FlapThreshold = min(o.FlapThreshold, maxFlapRing-1)
+	dur(&o.QuarantineBase, time.Minute)
+	dur(&o.QuarantineCap, 30*time.Minute)
+	o.QuarantineCap = max(o.QuarantineCap, o.QuarantineBase)
+	dur(&o.QuarantineForgive, time.Hour)
+	if o.SlowStartSteps <= 0 {
+		o.SlowStartSteps = 10
+	}
+	o.SlowStartSteps = min(max(o.SlowStartSteps, 2), 1000)
+	if !(o.DependencyWeight > 0 && o.DependencyWeight < 1) {
+		o.DependencyWeight = 0.5
+	}
+	f(&o.MinReporterVolume, 3)
+	dur(&o.ProberSilence, 15*time.Second)
+	if !(o.PrimaryHysteresis > 0 && o.PrimaryHysteresis <= 1) {
+		o.PrimaryHysteresis = 0.8
+	}
+	return o
+}
+
+const (
+	// maxReporters bounds the passive reporters remembered per instance;
+	// a new reporter evicts the one heard from least recently.
+	maxReporters = 8
+	// maxFlapRing bounds the eligibility changes remembered per instance.
+	maxFlapRing = 8
+	// minReentry is the lowest effective re-entry threshold: a failure
+	// rate of 0.1%, about ten half-lives after the last failure.
+	minReentry = 0.001
+	// flapBuckets divides the flap window for the per-service flap rate.
+	flapBuckets = 10
+)
+
+// Sample is one piece of evidence about one instance.
+type Sample struct {
+	Instance InstanceID
+	Class    Class
+	Outcome  Outcome
+	At       time.Time
+	// Reporter is who observed: the prober, the workload, the caller.
+	// Passive samples are weighted per reporter, not per request.
+	Reporter ReporterID
+	// Dependency, on a self-report, names a degraded dependency; "" says
+	// none is degraded (and clears an earlier one).
+	Dependency string
+	// Successes and Failures aggregate passive outcomes; when either is
+	// non-zero, Outcome is ignored.
+	Successes, Failures uint32
+}
+
+// track is a decaying failure rate: f and n are the failures and samples
+// seen, each decayed by 2^(−age/half-life), as of last. f/n is unchanged by
+// decay alone, so the rate moves only when evidence arrives.
+type track struct {
+	f, n float64
+	last int64 // unix ns; 0: never
+}
+
+func (t *track) add(at int64, fail, total, invH float64) {
+	if t.last != 0 && at > t.last {
+		d := math.Exp2(-float64(at-t.last) * invH)
+		t.f *= d
+		t.n *= d
+	}
+	if at > t.last {
+		t.last = at
+	}
+	t.f += fail
+	t.n += total
+}
+
+func (t *track) rate() float64 {
+	if t.n <= 0 {
+		return 0
+	}
+	return t.f / t.n
+}
+
+// volume is n decayed to now.
+func (t *track) volume(now int64, invH float64) float64 {
+	if t.last == 0 || now <= t.last {
+		return t.n
+	}
+	return t.n * math.Exp2(-float64(now-t.last)*invH)
+}
+
+// forceFail sets the rate to 1 without losing the track's weight, so a
+// hard failure needs as much evidence to undo as a sustained soft one.
+func (t *track) forceFail() {
+	if t.n > 0 {
+		t.f = t.n
+	}
+}
+
+type classState struct {
+	// t is the class's track for probe and self; for passive, the
+	// volume-weighted track used for the traffic estimate only.
+	t          track
+	lastSample int64 // newest success or failure
+	lastUnobs  int64 // newest unobservable
+	samples    uint32
+	unobs      uint32
+}
+
+type flapEntry struct {
+	at       int64
+	from, to State
+	code     reasonCode
+}
+
+// instance is laid out hot-first: Observe touches the flags, the class
+// states and the reporter ids, which share the first few cache lines.
+type instance struct {
+	svc   int32
+	state State
+	// admitted: has been in rotation at least once. A new instance of a
+	// service with a readiness signal starts out, awaiting its first success.
+	admitted  bool
+	readySeen bool // a success that admits has arrived
+	everKnown bool // some class has spoken since the instance was added
+	// hard: a hard failure is latched until a later success.
+	hard, hardExternal bool
+	passivePrimary     bool
+	primary            Class
+	dirty, pendFail    bool
+	rampDone           bool
+	qLevel             uint8
+	ringN              uint8
+	reason             reasonCode
+	firstFail, hardAt  int64
+	cls                [numClasses]classState
+	repID              [maxReporters]ReporterID
+	rep                [maxReporters]track
+
+	weight, reasonVal                     float64
+	tIn, inelSince, qUntil, qEnd, nextDue int64
+	id                                    InstanceID
+	dep                                   string
+	hardReason                            string
+	ring                                  [maxFlapRing]flapEntry
+}
+
+type flapBucket struct {
+	slot int64
+	n    uint32
+}
+
+type service struct {
+	name     string
+	c        Contract
+	invH     float64 // 1 / half-life in ns
+	interval int64
+	window   int64   // silence window
+	dwell    int64   // effective minimum dwell
+	reentry  float64 // effective re-entry threshold
+	flap     [flapBuckets]flapBucket
+	quarant  uint64
+}
+
+type prober struct {
+	targets                []InstanceID // sorted
+	assignedAt             int64
+	lastSeen, lastObserved int64
+	out                    bool
+	since                  int64
+	outages                uint64
+}
+
+// Engine holds evidence and verdicts for every instance. It is not safe for
+// concurrent use: the evaluator serialises calls.
+type Engine struct {
+	opt     Options
+	svcIdx  map[string]int32
+	svcs    []*service
+	idx     map[InstanceID]int32
+	inst    []instance
+	probers map[ReporterID]*prober
+	buf     []Transition
+}
+
+// NewEngine returns an empty engine.
+func NewEngine(opts Options) *Engine {
+	return &Engine{
+		opt:     opts.withDefaults(),
+		svcIdx:  map[string]int32{},
+		idx:     map[InstanceID]int32{},
+		probers: map[ReporterID]*prober{},
+	}
+}
+
+// SetService adds a service or changes its contract. Instances keep their
+// evidence and state and are re-evaluated at the next Tick. The contract
+// should have passed Validate; values that would break the arithmetic are
+// replaced by platform defaults rather than refused.
+func (e *Engine) SetService(name string, c Contract) {
+	c = c.sanitized()
+	s := &service{name: name}
+	if i, ok := e.svcIdx[name]; ok {
+		s = e.svcs[i]
+		for k := range e.inst {
+			if e.inst[k].svc == i {
+				e.inst[k].dirty = true
+			}
+		}
+	} else {
+		e.svcIdx[name] = int32(len(e.svcs))
+		e.svcs = append(e.svcs, s)
+	}
+	s.c = c
+	s.invH = 1 / float64(c.HalfLife)
+	s.interval = int64(c.Interval)
+	s.window = int64(float64(c.Interval) * e.opt.SilenceMultiple)
+	// Re-entry is never faster than removal: the dwell is at least the
+	// soft detection time.
+	s.dwell = max(int64(c.MinDwell), int64(c.SoftDetection()))
+	// A decayed rate approaches 0 but never reaches it while any failure
+	// is remembered, so "below 0" would never re-admit.
+	s.reentry = max(c.ReentryThreshold, minReentry)
+}
+
+// AddInstance starts tracking an instance of service. An instance of a
+// service with a readiness signal (readiness or probe capability) starts
+// Ineligible and enters rotation on its first success; one without starts
+// Eligible with health unknown (ADR-16). No transition is emitted for the
+// initial state: read it with Verdict.
+func (e *Engine) AddInstance(id InstanceID, service string, now time.Time) error {
+	si, ok := e.svcIdx[service]
+	if !ok {
+		return ErrUnknownService
+	}
+	if _, dup := e.idx[id]; dup {
+		return ErrDuplicateInstance
+	}
+	t := now.UnixNano()
+	in := instance{id: id, svc: si, dirty: true}
+	if e.svcs[si].c.Capabilities.readinessSignal() {
+		in.state, in.inelSince, in.reason = Ineligible, t, rAwaiting
+	} else {
+		in.state, in.admitted, in.tIn, in.reason = Eligible, true, t, rNoReadiness
+		in.weight = e.ramp(&in, e.svcs[si], &assessment{}, t)
+	}
+	e.idx[id] = int32(len(e.inst))
+	e.inst = append(e.inst, in)
+	return nil
+}
+
+// RemoveInstance forgets an instance. Unknown ids are ignored.
+func (e *Engine) RemoveInstance(id InstanceID) {
+	i, ok := e.idx[id]
+	if !ok {
+		return
+	}
+	last := int32(len(e.inst) - 1)
+	if i != last {
+		e.inst[i] = e.inst[last]
+		e.idx[e.inst[i].id] = i
+	}
+	e.inst[last] = instance{}
+	e.inst = e.inst[:last]
+	delete(e.idx, id)
+}
+
+// HardFail records an out-of-band hard failure (lease expired, process
+// gone). The next Tick makes the instance Ineligible whatever its state,
+// bypassing the decay and the corroboration rule, with the transition
+// stamped at now. It stays out until a later success and the normal
+// re-entry rules let it back. Unknown ids are ignored.
+func (e *Engine) HardFail(id InstanceID, reason string, now time.Time) {
+	i, ok := e.idx[id]
+	if !ok {
+		return
+	}
+	in := &e.inst[i]
+	t := now.UnixNano()
+	in.hard, in.hardExternal, in.hardAt, in.hardReason = true, true, t, reason
+	for c := range in.cls {
+		in.cls[c].t.forceFail()
+	}
+	for r := range in.rep {
+		in.rep[r].forceFail()
+	}
+	if in.firstFail == 0 {
+		in.firstFail = t
+	}
+	in.dirty = true
+}
+
+// Observe records one sample. It is the hot path: O(1) and free of
+// allocations for a known instance. The verdict changes at the next Tick.
+func (e *Engine) Observe(s Sample) error {
+	i, ok := e.idx[s.Instance]
+	if !ok {
+		return ErrUnknownInstance
+	}
+	if s.Class >= numClasses || s.At.IsZero() {
+		return ErrInvalidSample
+	}
+	at := s.At.UnixNano()
+	in := &e.inst[i]
+	cs := &in.cls[s.Class]
+	var fail, total float64
+	switch {
+	case s.Successes != 0 || s.Failures != 0:
+		fail, total = float64(s.Failures), float64(s.Successes)+float64(s.Failures)
+	case s.Outcome == Success:
+		total = 1
+	case s.Outcome == Failure || s.Outcome == HardFailure:
+		fail, total = 1, 1
+	case s.Outcome == Unobservable:
+		cs.lastUnobs = max(cs.lastUnobs, at)
+		cs.unobs++
+		if s.Class == Probe {
+			if p := e.probers[s.Reporter]; p != nil {
+				p.lastSeen = max(p.lastSeen, at)
+			}
+		}
+		return nil
+	default:
+		return ErrInvalidSample
+	}
+	svc := e.svcs[in.svc]
+	if s.Class == Probe {
+		if p := e.probers[s.Reporter]; p != nil {
+			p.lastSeen = max(p.lastSeen, at)
+			p.lastObserved = max(p.lastObserved, at)
+		}
+	}
+	t := &cs.t
+	cs.t.add(at, fail, total, svc.invH)
+	if s.Class == Passive {
+		t = in.reporter(s.Reporter)
+		t.add(at, fail, total, svc.invH)
+	}
+	cs.lastSample = max(cs.lastSample, at)
+	cs.samples++
+	in.dirty = true
+	if s.Class == Self {
+		in.dep = s.Dependency
+	}
+	hard := s.Outcome == HardFailure && s.Successes == 0 && s.Failures == 0
+	if hard {
+		t.forceFail()
+		in.hard, in.hardAt = true, at
+	}
+	if fail > 0 {
+		in.pendFail = true
+		if in.firstFail == 0 {
+			in.firstFail = at
+		}
+	}
+	if fail < total {
+		if in.hard && at > in.hardAt {
+			in.hard, in.hardExternal = false, false
+		}
+		if !svc.c.RequireReadiness || s.Class == Self {
+			in.readySeen = true
+		}
+		if t.rate() < svc.reentry {
+			// Clean again: the next failure starts a new episode for the
+			// damping-cost measurement.
+			in.firstFail = 0
+		}
+	}
+	return nil
+}
+
+// reporter finds id's track, or evicts the least recently heard reporter.
+func (in *instance) reporter(id ReporterID) *track {
+	for k, r := range in.repID {
+		if r == id && in.rep[k].last != 0 {
+			return &in.rep[k]
+		}
+	}
+	victim, oldest := 0, int64(math.MaxInt64)
+	for k := range in.rep {
+		if l := in.rep[k].last; l < oldest {
+			victim, oldest = k, l
+		}
+	}
+	in.repID[victim] = id
+	in.rep[victim] = track{}
+	return &in.rep[victim]
+}
+
+// AssignProber declares which instances prober is expected to report, for
+// outage detection; it replaces the prober's earlier assignment. An empty
+// targets list forgets the prober.
+func (e *Engine) AssignProber(p ReporterID, targets []InstanceID) {
+	if len(targets) == 0 {
+		delete(e.probers, p)
+		return
+	}
+	ts := slices.Clone(targets)
+	slices.SortFunc(ts, func(a, b InstanceID) int { return bytes.Compare(a[:], b[:]) })
+	ts = slices.Compact(ts)
+	if pr, ok := e.probers[p]; ok {
+		pr.targets = ts
+		return
+	}
+	e.probers[p] = &prober{targets: ts}
+}
+
+func (p *prober) covers(id InstanceID) bool {
+	_, ok := slices.BinarySearchFunc(p.targets, id, func(a, b InstanceID) int { return bytes.Compare(a[:], b[:]) })
+	return ok
+}
+
+// ProberOutage is an assigned prober that has observed none of its
+// targets for Options.ProberSilence: the silence is attributed to the
+// prober, and its targets' probe class goes silent rather than failed.
+type ProberOutage struct {
+	Prober ReporterID
+	// Since is the prober's last observation (or its assignment, if it
+	// never observed).
+	Since   time.Time
+	Targets int
+	// Unobservable: the prober is still reporting, but only that it cannot
+	// observe (a prober-side failure rather than a dead prober).
+	Unobservable bool
+	// Episodes counts this prober's outages since it was assigned.
+	Episodes uint64
+}
+
+// ProberOutages returns the outages current at the last Tick, ordered by
+// prober.
+func (e *Engine) ProberOutages() []ProberOutage {
+	var out []ProberOutage
+	for id, p := range e.probers {
+		if p.out {
+			out = append(out, ProberOutage{
+				Prober: id, Since: time.Unix(0, p.since), Targets: len(p.targets),
+				Unobservable: p.lastSeen > p.since, Episodes: p.outages,
+			})
+		}
+	}
+	slices.SortFunc(out, func(a, b ProberOutage) int {
+		switch {
+		case a.Prober < b.Prober:
+			return -1
+		case a.Prober > b.Prober:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func (e *Engine) tickProbers(now int64) {
+	for _, p := range e.probers {
+		if p.assignedAt == 0 {
+			p.assignedAt = now
+		}
+		ref := max(p.lastObserved, p.assignedAt)
+		out := now-ref > int64(e.opt.ProberSilence)
+		if out && !p.out {
+			p.since = ref
+			p.outages++
+		}
+		p.out = out
+	}
+}

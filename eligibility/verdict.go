@@ -1,0 +1,280 @@
+package eligibility
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Verdict is an instance's eligibility with the evidence behind it.
+type Verdict struct {
+	// State and Weight are as decided by the last Tick.
+	State  State
+	Weight float64
+	// HealthKnown: some evidence class is speaking (not silent) at now.
+	// An instance of a service without a readiness signal is Eligible with
+	// HealthKnown false until evidence arrives (ADR-16).
+	HealthKnown bool
+	// SingleClass: fewer than two classes the service supplies count as
+	// sufficient evidence (passive counts only while primary).
+	SingleClass bool
+	// Primary is the class that may remove the instance on its own.
+	Primary          Class
+	QuarantinedUntil time.Time
+	Classes          [numClasses]ClassSummary
+	// Reasons are short human explanations, most decisive first.
+	Reasons []string
+}
+
+// ClassSummary is one evidence class's view of an instance at a moment.
+type ClassSummary struct {
+	// Present: the service supplies the class and gives it a weight.
+	Present bool
+	// Silent: present, but no success or failure inside the silence window.
+	Silent bool
+	// FailureRate is the decayed failure rate (for passive, the mean over
+	// reporters inside the window, each reporter counted once).
+	FailureRate float64
+	LastSample  time.Time
+	Samples     uint64
+	// Unobservable counts "could not observe" reports, kept apart from
+	// both failures and silence.
+	Unobservable     uint64
+	LastUnobservable time.Time
+	// Reporters: passive callers inside the window (at most 8 are kept);
+	// 1 for probe and self once a sample has arrived.
+	Reporters int
+}
+
+// Verdict returns the instance's verdict: state and weight as the last Tick
+// decided them, evidence evaluated at now. It changes nothing.
+func (e *Engine) Verdict(id InstanceID, now time.Time) (Verdict, bool) {
+	i, ok := e.idx[id]
+	if !ok {
+		return Verdict{}, false
+	}
+	in := &e.inst[i]
+	svc := e.svcs[in.svc]
+	c := &svc.c
+	t := now.UnixNano()
+	a := e.assess(in, svc, t)
+	v := Verdict{
+		State: in.state, Weight: in.weight, HealthKnown: a.nsp > 0,
+		SingleClass: singleClass(c, a.passivePrimary), Primary: a.primary,
+	}
+	if in.qUntil > t {
+		v.QuarantinedUntil = tm(in.qUntil)
+	}
+	for cl := range Class(numClasses) {
+		cs := &in.cls[cl]
+		s := ClassSummary{
+			Present: c.present(cl), FailureRate: a.rate[cl], LastSample: tm(cs.lastSample),
+			Samples: uint64(cs.samples), Unobservable: uint64(cs.unobs), LastUnobservable: tm(cs.lastUnobs),
+		}
+		s.Silent = s.Present && !a.speaking[cl]
+		if cl == Passive {
+			s.Reporters = a.reporters
+		} else if cs.samples > 0 {
+			s.Reporters = 1
+			if !a.speaking[cl] {
+				s.FailureRate = cs.t.rate()
+			}
+		}
+		v.Classes[cl] = s
+	}
+	v.Reasons = e.reasons(in, svc, &a, t)
+	return v, true
+}
+
+func singleClass(c *Contract, passivePrimary bool) bool {
+	n := 0
+	if c.present(Probe) {
+		n++
+	}
+	if c.present(Self) {
+		n++
+	}
+	if c.present(Passive) && passivePrimary {
+		n++
+	}
+	return n < 2
+}
+
+func (e *Engine) reasons(in *instance, svc *service, a *assessment, now int64) []string {
+	c := &svc.c
+	var rs []string
+	if in.qUntil > now {
+		rs = append(rs, fmt.Sprintf("quarantined until %s", tm(in.qUntil).Format(time.RFC3339)))
+	}
+	switch in.reason {
+	case rHard, rUnready, rSoft, rUncorroborated, rReentry, rAwaiting, rNoReadiness, rAdmitted:
+		rs = append(rs, e.reasonText(in, svc, in.reason, in.reasonVal))
+	}
+	if a.nsp == 0 {
+		rs = append(rs, "all classes silent")
+	}
+	for cl := range Class(numClasses) {
+		if !c.present(cl) {
+			continue
+		}
+		cs := &in.cls[cl]
+		if a.speaking[cl] {
+			if r := a.rate[cl]; r >= c.RemovalThreshold {
+				rs = append(rs, fmt.Sprintf("%s failure rate %.2f >= removal %g", cl, r, c.RemovalThreshold))
+			} else {
+				rs = append(rs, fmt.Sprintf("%s failure rate %.2f", cl, r))
+			}
+			continue
+		}
+		s := fmt.Sprintf("%s silent: no sample in %v", cl, time.Duration(e.windowFor(svc, cl, a.passivePrimary)))
+		if cs.lastUnobs != 0 && now-cs.lastUnobs <= svc.window {
+			s += "; reporter could not observe (not a failure)"
+		}
+		if cl == Probe {
+			for id, p := range e.probers {
+				if p.out && p.covers(in.id) {
+					s += fmt.Sprintf("; prober %d in outage", id)
+				}
+			}
+		}
+		rs = append(rs, s)
+	}
+	if in.dep != "" && a.speaking[Self] {
+		switch a.depAuth {
+		case Unready:
+			rs = append(rs, "dependency "+in.dep+" unready")
+		case Weight:
+			rs = append(rs, fmt.Sprintf("dependency %s degraded: weight x%g", in.dep, e.opt.DependencyWeight))
+		default:
+			rs = append(rs, "dependency "+in.dep+" degraded (informational)")
+		}
+	}
+	if in.state.InRotation() && !in.rampDone {
+		rs = append(rs, fmt.Sprintf("slow start: weight %.2f", in.weight))
+	}
+	if singleClass(c, a.passivePrimary) {
+		rs = append(rs, "single-class evidence")
+	}
+	return rs
+}
+
+// ServiceStats summarises one service's instances at a moment.
+type ServiceStats struct {
+	Service   string
+	Instances int
+	// Counts by state, as the last Tick decided.
+	Eligible, Degraded, Ineligible, Unknown int
+	// HealthUnknown counts instances in rotation with no speaking class
+	// (Unknown, and Eligible with health unknown): the observation
+	// coverage gap (ADR-05).
+	HealthUnknown int
+	Quarantined   int
+	// SingleClass: the service has fewer than two sufficient evidence
+	// classes (passive counts when its mean traffic per instance is at or
+	// above the contract's threshold).
+	SingleClass          bool
+	SingleClassInstances int
+	PassivePrimary       int
+	// PassiveRPS is the total caller traffic observed across instances.
+	PassiveRPS float64
+	// Changes counts eligibility changes (into or out of rotation) within
+	// the flap window; FlapRate is that per instance per hour.
+	Changes  int
+	FlapRate float64
+	// Quarantines counts quarantines started since the service was set.
+	Quarantines uint64
+}
+
+// ServiceStats returns the stats of one service (zero if unknown). It scans
+// every instance; use AllServiceStats for more than one service.
+func (e *Engine) ServiceStats(service string, now time.Time) ServiceStats {
+	i, ok := e.svcIdx[service]
+	if !ok {
+		return ServiceStats{Service: service}
+	}
+	return e.stats(now, i)[0]
+}
+
+// AllServiceStats returns every service's stats, ordered by name, in one
+// pass over the instances.
+func (e *Engine) AllServiceStats(now time.Time) []ServiceStats {
+	out := e.stats(now, -1)
+	slices.SortFunc(out, func(a, b ServiceStats) int { return strings.Compare(a.Service, b.Service) })
+	return out
+}
+
+func (e *Engine) stats(now time.Time, only int32) []ServiceStats {
+	t := now.UnixNano()
+	n := len(e.svcs)
+	if only >= 0 {
+		n = 1
+	}
+	out := make([]ServiceStats, n)
+	slot := func(si int32) *ServiceStats {
+		if only >= 0 {
+			if si != only {
+				return nil
+			}
+			return &out[0]
+		}
+		return &out[si]
+	}
+	for k := range e.inst {
+		in := &e.inst[k]
+		st := slot(in.svc)
+		if st == nil {
+			continue
+		}
+		svc := e.svcs[in.svc]
+		a := e.assess(in, svc, t)
+		st.Instances++
+		switch in.state {
+		case Eligible:
+			st.Eligible++
+		case Degraded:
+			st.Degraded++
+		case Ineligible:
+			st.Ineligible++
+		default:
+			st.Unknown++
+		}
+		if in.state.InRotation() && a.nsp == 0 {
+			st.HealthUnknown++
+		}
+		if in.qUntil > t {
+			st.Quarantined++
+		}
+		if singleClass(&svc.c, a.passivePrimary) {
+			st.SingleClassInstances++
+		}
+		if a.passivePrimary {
+			st.PassivePrimary++
+		}
+		st.PassiveRPS += a.rps
+	}
+	for si, svc := range e.svcs {
+		st := slot(int32(si))
+		if st == nil {
+			continue
+		}
+		st.Service = svc.name
+		st.Quarantines = svc.quarant
+		width := int64(e.opt.FlapWindow) / flapBuckets
+		cur := t / width
+		for _, b := range svc.flap {
+			if b.slot > cur-flapBuckets && b.slot <= cur {
+				st.Changes += int(b.n)
+			}
+		}
+		if st.Instances > 0 {
+			st.FlapRate = float64(st.Changes) / float64(st.Instances) / e.opt.FlapWindow.Hours()
+		}
+		perInstance := 0.0
+		if st.Instances > 0 {
+			perInstance = st.PassiveRPS / float64(st.Instances)
+		}
+		st.SingleClass = singleClass(&svc.c, svc.c.present(Passive) && perInstance >= svc.c.PassivePrimaryRPS)
+	}
+	return out
+}

@@ -1,0 +1,446 @@
+package evaluator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/eligibility"
+	"github.com/musterhq/muster/registry"
+)
+
+// ErrNotReady means the evaluator is still rebuilding its state; callers
+// answer 503 with a short Retry-After.
+var ErrNotReady = errors.New("the evaluator is rebuilding its state after a start")
+
+// Sink receives transitions once the evaluator is ready: the next stage
+// (the assembler) implements it.
+type Sink interface {
+	Transitions(ts []eligibility.Transition)
+}
+
+// Config configures an Evaluator.
+type Config struct {
+	Registry *registry.Registry
+	Pool     *pgxpool.Pool
+	// Now defaults to time.Now.
+	Now func() time.Time
+	// Tick is the evaluation period: 200 ms by default.
+	Tick time.Duration
+	// RefreshEvery is how often registry changes are picked up: 1 s.
+	RefreshEvery time.Duration
+	// FlushEvery is how often observed windows are written: 10 s, so they
+	// are at most that far behind (ADR-02 allows 60 s).
+	FlushEvery time.Duration
+	// Retention is how much observed history the rebuild replays (5 min);
+	// windows older than twice that are pruned.
+	Retention time.Duration
+	// TransitionBuffer bounds the transitions held while PostgreSQL is away.
+	TransitionBuffer int
+	Engine           eligibility.Options
+	Sink             Sink
+	Logger           *slog.Logger
+	Registerer       prometheus.Registerer
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *Config) Validate() error {
+	if c.Registry == nil || c.Pool == nil {
+		return errors.New("evaluator: Registry and Pool are required")
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.Tick, 200*time.Millisecond)
+	def(&c.RefreshEvery, time.Second)
+	def(&c.FlushEvery, 10*time.Second)
+	def(&c.Retention, 5*time.Minute)
+	if c.FlushEvery > time.Minute {
+		return fmt.Errorf("evaluator: FlushEvery %s exceeds the 60 s observed-state RPO", c.FlushEvery)
+	}
+	if c.TransitionBuffer == 0 {
+		c.TransitionBuffer = 100_000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+type instanceInfo struct {
+	service string
+	zone    string
+}
+
+// Evaluator is the evaluation worker.
+type Evaluator struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+
+	ready atomic.Bool
+
+	mu        sync.Mutex // guards everything below
+	engine    *eligibility.Engine
+	instances map[uuid.UUID]instanceInfo
+	byService map[string]map[uuid.UUID]struct{}
+	contracts map[string]int64 // service -> contract version applied (-1: defaults)
+	caps      map[string]string
+	probers   map[string]*proberAssignment
+	windows   map[windowKey]*windowCounts
+	winStart  time.Time
+	cursorAt  time.Time
+	cursorID  uuid.UUID
+	replayed  int
+
+	reporterMu sync.Mutex
+	reporters  map[string]eligibility.ReporterID
+
+	transitions *transitionWriter
+
+	runMu  sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New returns a stopped Evaluator.
+func New(cfg Config) (*Evaluator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	e := &Evaluator{
+		cfg:       cfg,
+		log:       cfg.Logger.With("worker", "evaluator"),
+		metrics:   m,
+		engine:    eligibility.NewEngine(cfg.Engine),
+		instances: map[uuid.UUID]instanceInfo{},
+		byService: map[string]map[uuid.UUID]struct{}{},
+		contracts: map[string]int64{},
+		caps:      map[string]string{},
+		probers:   map[string]*proberAssignment{},
+		windows:   map[windowKey]*windowCounts{},
+		reporters: map[string]eligibility.ReporterID{},
+	}
+	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, m, e.log)
+	return e, nil
+}
+
+// Ready reports whether the rebuild is done and verdicts are published.
+func (e *Evaluator) Ready() bool { return e.ready.Load() }
+
+// Start rebuilds state in the background and then evaluates on every tick
+// until ctx ends or Stop is called.
+func (e *Evaluator) Start(ctx context.Context) error {
+	e.runMu.Lock()
+	defer e.runMu.Unlock()
+	if e.done != nil {
+		return errors.New("evaluator: already started")
+	}
+	ctx, e.cancel = context.WithCancel(ctx)
+	e.done = make(chan struct{})
+	go e.run(ctx, e.done)
+	return nil
+}
+
+// Stop ends the loops, flushes what it can, and waits. Safe to call twice
+// or before Start.
+func (e *Evaluator) Stop() {
+	e.runMu.Lock()
+	cancel, done := e.cancel, e.done
+	e.runMu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+}
+
+func (e *Evaluator) run(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	var wg sync.WaitGroup
+	wg.Go(func() { e.transitions.run(ctx) })
+	defer wg.Wait()
+
+	for {
+		err := e.rebuild(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		e.log.Warn("rebuild failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+
+	tick := time.NewTicker(e.cfg.Tick)
+	refresh := time.NewTicker(e.cfg.RefreshEvery)
+	flush := time.NewTicker(e.cfg.FlushEvery)
+	defer tick.Stop()
+	defer refresh.Stop()
+	defer flush.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// Flush what was observed since the last window, on a fresh
+			// context: shutdown is when it matters most.
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := e.flushWindows(fctx); err != nil {
+				e.log.Warn("final flush of observed windows", "err", err)
+			}
+			cancel()
+			return
+		case <-tick.C:
+			e.runOnce()
+		case <-refresh.C:
+			if err := e.refresh(ctx); err != nil && ctx.Err() == nil {
+				e.log.Warn("refresh from the registry", "err", err)
+			}
+		case <-flush.C:
+			if err := e.flushWindows(ctx); err != nil && ctx.Err() == nil {
+				e.log.Warn("flush observed windows", "err", err)
+			}
+		}
+	}
+}
+
+// runOnce evaluates every instance once and hands on the transitions.
+func (e *Evaluator) runOnce() {
+	start := time.Now()
+	e.mu.Lock()
+	ts := slices.Clone(e.engine.Tick(e.cfg.Now()))
+	e.mu.Unlock()
+	e.metrics.tick.Observe(time.Since(start).Seconds())
+	e.publish(ts)
+}
+
+func (e *Evaluator) publish(ts []eligibility.Transition) {
+	if len(ts) == 0 {
+		return
+	}
+	for _, t := range ts {
+		e.metrics.transitions.WithLabelValues(t.To.String()).Inc()
+		if t.To == eligibility.Ineligible && !t.FirstFailureAt.IsZero() {
+			e.metrics.damping.WithLabelValues(t.Service).Observe(t.At.Sub(t.FirstFailureAt).Seconds())
+		}
+	}
+	e.transitions.add(ts)
+	if e.cfg.Sink != nil {
+		e.cfg.Sink.Transitions(ts)
+	}
+}
+
+// rebuild loads the registry and replays retained observed windows, then
+// marks the evaluator ready.
+func (e *Evaluator) rebuild(ctx context.Context) error {
+	start := time.Now()
+	if err := e.refresh(ctx); err != nil {
+		return err
+	}
+	n, err := e.replayWindows(ctx)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	// The first evaluation after a rebuild restates what was computed
+	// before the restart; it is not a change and is not published.
+	e.engine.Tick(e.cfg.Now())
+	count := len(e.instances)
+	e.replayed = n
+	e.mu.Unlock()
+	e.ready.Store(true)
+	took := time.Since(start)
+	e.metrics.rebuild.Set(took.Seconds())
+	e.log.Info("rebuilt evaluation state", "instances", count, "windows", n, "took", took.Round(time.Millisecond))
+	return nil
+}
+
+// refresh applies registry changes: contracts, prober assignments, and
+// instances changed since the last refresh.
+func (e *Evaluator) refresh(ctx context.Context) error {
+	scs, err := e.cfg.Registry.ServiceContracts(ctx)
+	if err != nil {
+		return err
+	}
+	assignments, err := e.cfg.Registry.AllProberAssignments(ctx)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	for _, sc := range scs {
+		key := fmt.Sprint(sc.Service.Capabilities)
+		if v, ok := e.contracts[sc.Service.Name]; ok && v == sc.ContractVersion && e.caps[sc.Service.Name] == key {
+			continue
+		}
+		e.engine.SetService(sc.Service.Name, contractOf(sc))
+		e.contracts[sc.Service.Name], e.caps[sc.Service.Name] = sc.ContractVersion, key
+	}
+	e.mu.Unlock()
+
+	for {
+		e.mu.Lock()
+		since, after := e.cursorAt, e.cursorID
+		e.mu.Unlock()
+		batch, err := e.cfg.Registry.InstancesChangedSince(ctx, since, after, 5000)
+		if err != nil {
+			return err
+		}
+		now := e.cfg.Now()
+		e.mu.Lock()
+		for _, in := range batch {
+			e.applyInstance(in, now)
+			e.cursorAt, e.cursorID = in.UpdatedAt, in.ID
+		}
+		e.mu.Unlock()
+		if len(batch) < 5000 {
+			break
+		}
+	}
+
+	// Prober assignments last, so assigned services resolve to the
+	// instances just loaded.
+	e.mu.Lock()
+	probers := make(map[string]*proberAssignment, len(assignments))
+	for _, a := range assignments {
+		pa := &proberAssignment{id: e.internReporter("prober:" + a.Prober), services: map[string]bool{}, instances: map[uuid.UUID]bool{}}
+		var targets []eligibility.InstanceID
+		for _, s := range a.Services {
+			pa.services[s] = true
+			for id := range e.byService[s] {
+				targets = append(targets, eligibility.InstanceID(id))
+			}
+		}
+		for _, id := range a.Instances {
+			pa.instances[id] = true
+			targets = append(targets, eligibility.InstanceID(id))
+		}
+		probers[a.Prober] = pa
+		e.engine.AssignProber(pa.id, targets)
+	}
+	e.probers = probers
+	e.mu.Unlock()
+	return nil
+}
+
+// applyInstance adds a new active instance or retires an ended one. Called
+// with e.mu held.
+func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
+	_, known := e.instances[in.ID]
+	switch {
+	case in.State == registry.StateActive && !known:
+		if err := e.engine.AddInstance(eligibility.InstanceID(in.ID), in.Service, now); err != nil {
+			e.log.Warn("add instance", "instance", in.ID, "err", err)
+			return
+		}
+		e.instances[in.ID] = instanceInfo{service: in.Service, zone: in.Zone}
+		if e.byService[in.Service] == nil {
+			e.byService[in.Service] = map[uuid.UUID]struct{}{}
+		}
+		e.byService[in.Service][in.ID] = struct{}{}
+	case in.State != registry.StateActive && known:
+		if in.State == registry.StateExpired {
+			// Lease expiry is a hard failure: ineligible at once, with a
+			// transition on record, before the instance is forgotten.
+			e.engine.HardFail(eligibility.InstanceID(in.ID), "lease expired", now)
+		}
+		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
+		delete(e.instances, in.ID)
+		delete(e.byService[in.Service], in.ID)
+	}
+}
+
+func (e *Evaluator) internReporter(name string) eligibility.ReporterID {
+	e.reporterMu.Lock()
+	defer e.reporterMu.Unlock()
+	id, ok := e.reporters[name]
+	if !ok {
+		id = eligibility.ReporterID(len(e.reporters) + 1)
+		e.reporters[name] = id
+	}
+	return id
+}
+
+// contractOf turns the registry's contract into the core's.
+func contractOf(sc registry.ServiceContract) eligibility.Contract {
+	var caps eligibility.Capabilities
+	for _, c := range sc.Service.Capabilities {
+		switch c {
+		case registry.CapProbe:
+			caps.Probe = true
+		case registry.CapSelf:
+			caps.Self = true
+		case registry.CapPassive:
+			caps.Passive = true
+		case registry.CapReadiness:
+			caps.Readiness = true
+		}
+	}
+	k := sc.Contract
+	sec := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+	c := eligibility.DefaultContract(caps)
+	c.Interval, c.HalfLife, c.MinDwell, c.SlowStart = sec(k.IntervalSeconds), sec(k.HalfLifeSeconds), sec(k.MinDwellSeconds), sec(k.SlowStartSeconds)
+	c.RemovalThreshold, c.ReentryThreshold = k.RemovalThreshold, k.ReentryThreshold
+	c.PassivePrimaryRPS = k.PassivePrimaryRPS
+	c.RequireReadiness = k.RequireReadiness
+	c.Weights = [3]float64{}
+	c.Weights[eligibility.Probe] = k.Weights[registry.CapProbe]
+	c.Weights[eligibility.Self] = k.Weights[registry.CapSelf]
+	c.Weights[eligibility.Passive] = k.Weights[registry.CapPassive]
+	c.Dependencies = make(map[string]eligibility.Dependency, len(k.Dependencies))
+	for _, d := range k.Dependencies {
+		a := eligibility.Weight
+		switch d.Authority {
+		case registry.AuthorityInformational:
+			a = eligibility.Informational
+		case registry.AuthorityUnready:
+			a = eligibility.Unready
+		}
+		c.Dependencies[d.Name] = eligibility.Dependency{Shared: d.Shared, Authority: a}
+	}
+	return c
+}
+
+// Stats is a summary for tools and logs.
+type Stats struct {
+	Services, Instances, WindowsReplayed int
+}
+
+// Stats returns a summary of the evaluator's state.
+func (e *Evaluator) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return Stats{Services: len(e.contracts), Instances: len(e.instances), WindowsReplayed: e.replayed}
+}
+
+// EvaluateNow runs one evaluation tick at once, as the ticker would. Tools
+// and tests use it to step the evaluator deterministically.
+func (e *Evaluator) EvaluateNow() { e.runOnce() }
+
+// SyncNow picks up registry changes at once, as the refresh ticker would.
+func (e *Evaluator) SyncNow(ctx context.Context) error { return e.refresh(ctx) }
+
+// FlushNow writes the observed windows counted so far, as the flush ticker
+// would.
+func (e *Evaluator) FlushNow(ctx context.Context) error { return e.flushWindows(ctx) }

@@ -1,0 +1,298 @@
+package evaluator_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/musterhq/muster/db/dbtest"
+	"github.com/musterhq/muster/eligibility"
+	"github.com/musterhq/muster/evaluator"
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/registry"
+	st "github.com/musterhq/muster/server/servertest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+var (
+	prober1 = identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"}
+	prober2 = identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az2"}
+	admin   = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
+)
+
+// fixture seeds web and api, registers instances, assigns prober-az1 to
+// web, and syncs the evaluator.
+type fixture struct {
+	*st.Stack
+	web []string // web instance ids
+	api []string
+}
+
+func newFixture(t *testing.T, opts st.Options) *fixture {
+	t.Helper()
+	s := st.New(t, opts)
+	s.Seed(t)
+	ctx := context.Background()
+	f := &fixture{Stack: s}
+	for i := range 3 {
+		in, err := s.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: fmt.Sprintf("10.0.0.%d", i+1), Port: 8080, Zone: "az1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.web = append(f.web, in.ID.String())
+	}
+	in, err := s.Registry.Register(ctx, admin, netip.Addr{}, "api", registry.Registration{Address: "10.0.1.1", Port: 8080, Zone: "az1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.api = append(f.api, in.ID.String())
+	if _, err := s.Registry.PutProberAssignments(ctx, admin, "prober-az1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
+		t.Fatal(err)
+	}
+	if !opts.NoStart {
+		f.waitReady(t)
+		if err := s.Evaluator.SyncNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+func (f *fixture) waitReady(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !f.Evaluator.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("the evaluator did not become ready within 20 s")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+func report(id, class, outcome string) string {
+	return fmt.Sprintf(`{"instance_id":%q,"class":%q,"outcome":%q}`, id, class, outcome)
+}
+
+func (f *fixture) post(t *testing.T, tok string, items ...string) evaluator.Result {
+	t.Helper()
+	r := f.JSON(t, "POST", "/v1/reports", tok, `{"reports":[`+strings.Join(items, ",")+`]}`)
+	if r.Status != http.StatusOK {
+		t.Fatalf("POST /v1/reports: %d %s", r.Status, r.Body)
+	}
+	return st.Decode[evaluator.Result](t, r)
+}
+
+func (f *fixture) verdict(t *testing.T, service, id string) evaluator.InstanceVerdict {
+	t.Helper()
+	r := f.Do(t, "GET", "/v1/services/"+service+"/eligibility", f.Token(t, st.Admin), "", "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET eligibility: %d %s", r.Status, r.Body)
+	}
+	for _, v := range st.Decode[evaluator.ServiceEligibility](t, r).Instances {
+		if v.InstanceID.String() == id {
+			return v
+		}
+	}
+	t.Fatalf("instance %s not in the eligibility of %s: %s", id, service, r.Body)
+	return evaluator.InstanceVerdict{}
+}
+
+func TestIngestAttribution(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{})
+	web, api, p1, p2 := f.Token(t, st.Web), f.Token(t, st.API), f.Token(t, prober1), f.Token(t, prober2)
+
+	res := f.post(t, api,
+		report(f.web[0], "self", "success"),                                  // 0: a neighbour's self-report
+		report(f.web[0], "passive", "failure"),                               // 1: passive from any caller: fine
+		report(f.api[0], "self", "success"),                                  // 2: its own: fine
+		report(f.web[0], "probe", "success"),                                 // 3: a workload is no prober
+		report("00000000-0000-0000-0000-000000000000", "passive", "success"), // 4: no such instance
+		report(f.web[0], "gossip", "success"),                                // 5: bad class
+		report(f.web[0], "passive", "meh"),                                   // 6: bad outcome
+	)
+	if res.Accepted != 2 || len(res.Refused) != 5 {
+		t.Fatalf("result %+v", res)
+	}
+	want := map[int]string{0: "not_own_instance", 3: "wrong_identity_kind", 4: "unknown_instance", 5: "invalid", 6: "invalid"}
+	for _, r := range res.Refused {
+		if want[r.Index] != r.Code || r.Reason == "" {
+			t.Errorf("item %d refused as %s (%s), want %s", r.Index, r.Code, r.Reason, want[r.Index])
+		}
+	}
+	// An unassigned prober is refused; the assigned one is accepted.
+	res = f.post(t, p2, report(f.web[0], "probe", "success"))
+	if res.Accepted != 0 || len(res.Refused) != 1 || res.Refused[0].Code != "not_assigned" {
+		t.Fatalf("unassigned prober: %+v", res)
+	}
+	if res := f.post(t, p1, report(f.web[0], "probe", "success")); res.Accepted != 1 {
+		t.Fatalf("assigned prober: %+v", res)
+	}
+	if res := f.post(t, web, report(f.web[1], "self", "success"), report(f.web[1], "self", "failure")); res.Accepted != 2 {
+		t.Fatalf("own self-reports: %+v", res)
+	}
+	for reason, n := range map[string]float64{"not_own_instance": 1, "not_assigned": 1, "wrong_identity_kind": 1, "unknown_instance": 1, "invalid": 2} {
+		if got := metric(t, f, "muster_samples_refused_total", "reason", reason); got != n {
+			t.Errorf("muster_samples_refused_total{reason=%q} = %v, want %v", reason, got, n)
+		}
+	}
+
+	// A batch that is empty or too large is refused whole.
+	if r := f.JSON(t, "POST", "/v1/reports", web, `{"reports":[]}`); r.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("empty batch: %d", r.Status)
+	}
+	if r := f.JSON(t, "POST", "/v1/reports", web, `{"reports":[{"instance_id":"x"}]}`); r.Status != http.StatusBadRequest {
+		t.Fatalf("bad uuid: %d %s", r.Status, r.Body)
+	}
+}
+
+// metric reads one sample of a counter or gauge from the stack's registry.
+func metric(t *testing.T, f *fixture, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := f.Metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue()
+					}
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func TestHardFailureIneligibleWithinOneTick(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{})
+	p1 := f.Token(t, prober1)
+	id := f.web[0]
+	// Before its first success a probed instance is not yet in rotation.
+	if v := f.verdict(t, "web", id); v.State != "ineligible" || !strings.Contains(strings.Join(v.Reasons, ";"), "awaiting first success") {
+		t.Fatalf("before any evidence: %+v", v)
+	}
+	for _, in := range f.web {
+		f.post(t, p1, report(in, "probe", "success"))
+	}
+	f.Evaluator.EvaluateNow()
+	if v := f.verdict(t, "web", id); v.State != "eligible" {
+		t.Fatalf("after a probe success: %+v", v)
+	}
+	f.Clock.Advance(time.Second)
+	f.post(t, p1, report(id, "probe", "hard_failure"))
+	f.Evaluator.EvaluateNow() // one tick
+	v := f.verdict(t, "web", id)
+	if v.State != "ineligible" || len(v.Reasons) == 0 {
+		t.Fatalf("one tick after a hard failure: %+v", v)
+	}
+	// The other instances were untouched.
+	for _, other := range f.web[1:] {
+		if v := f.verdict(t, "web", other); v.State == "ineligible" {
+			t.Fatalf("silent instance %s is ineligible: %+v", other, v)
+		}
+	}
+}
+
+func TestSilenceIsUnknownNotIneligible(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{})
+	p1 := f.Token(t, prober1)
+	for _, id := range f.web {
+		f.post(t, p1, report(id, "probe", "success"))
+	}
+	f.Evaluator.EvaluateNow()
+	// The prober goes away for ten minutes.
+	for range 60 {
+		f.Clock.Advance(10 * time.Second)
+		f.Evaluator.EvaluateNow()
+	}
+	for _, id := range f.web {
+		if v := f.verdict(t, "web", id); v.State != "unknown" && v.State != "eligible" {
+			t.Fatalf("after 10 min of silence: %+v", v)
+		}
+	}
+}
+
+// recordingSink remembers what the evaluator published.
+type recordingSink struct {
+	mu sync.Mutex
+	ts []eligibility.Transition
+}
+
+func (r *recordingSink) Transitions(ts []eligibility.Transition) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ts = append(r.ts, ts...)
+}
+
+func (r *recordingSink) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.ts)
+}
+
+func TestRestartRebuildsBeforePublishing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{})
+	p1 := f.Token(t, prober1)
+	bad := f.web[0]
+	for range 10 {
+		f.post(t, p1, report(f.web[0], "probe", "failure"), report(f.web[1], "probe", "success"), report(f.web[2], "probe", "success"))
+		f.Clock.Advance(time.Second)
+		f.Evaluator.EvaluateNow()
+	}
+	if v := f.verdict(t, "web", bad); v.State != "ineligible" {
+		t.Fatalf("before the restart: %+v", v)
+	}
+	ctx := context.Background()
+	if err := f.Evaluator.FlushNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.Evaluator.Stop()
+
+	// A second muster on the same database: nothing published until the
+	// rebuild is done, then the same verdicts.
+	sink := &recordingSink{}
+	second := st.New(t, st.Options{Pool: f.Pool, NoStart: true, Evaluator: func(c *evaluator.Config) {
+		c.Now = f.Clock.Now
+		c.Sink = sink
+	}})
+	if r := second.Do(t, "GET", "/v1/services/web/eligibility", second.Token(t, st.Admin), "", ""); r.Status != http.StatusServiceUnavailable || r.Problem(t).Type != "https://muster.dev/problems/not-ready" {
+		t.Fatalf("before the rebuild: %d %s", r.Status, r.Body)
+	}
+	if _, err := second.Evaluator.Ingest(identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}, nil); err == nil {
+		t.Fatal("ingest accepted before the rebuild")
+	}
+	if err := second.Evaluator.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.Evaluator.Stop)
+	g := &fixture{Stack: second, web: f.web}
+	g.waitReady(t)
+	if v := g.verdict(t, "web", bad); v.State != "ineligible" {
+		t.Fatalf("after the rebuild, the failing instance is %+v", v)
+	}
+	for _, id := range f.web[1:] {
+		if v := g.verdict(t, "web", id); v.State != "eligible" {
+			t.Fatalf("after the rebuild, healthy %s is %+v", id, v)
+		}
+	}
+	if n := sink.count(); n != 0 {
+		t.Fatalf("the rebuild published %d transitions; it restates, it does not change", n)
+	}
+}

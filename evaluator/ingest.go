@@ -1,0 +1,179 @@
+package evaluator
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/eligibility"
+	"github.com/musterhq/muster/identity"
+)
+
+// Report is one item of a POST /v1/reports batch: a single outcome, or (for
+// passive evidence) an aggregate of successes and failures.
+type Report struct {
+	InstanceID uuid.UUID  `json:"instance_id"`
+	Class      string     `json:"class"`
+	Outcome    string     `json:"outcome,omitempty"`
+	Dependency string     `json:"dependency,omitempty"`
+	At         *time.Time `json:"at,omitempty"`
+	Successes  *uint32    `json:"successes,omitempty"`
+	Failures   *uint32    `json:"failures,omitempty"`
+}
+
+// Refusal explains why one item of a batch was not accepted.
+type Refusal struct {
+	Index  int    `json:"index"`
+	Reason string `json:"reason"`
+	Code   string `json:"code"`
+}
+
+// Result is the answer to a batch.
+type Result struct {
+	Accepted int       `json:"accepted"`
+	Refused  []Refusal `json:"refused"`
+}
+
+// MaxBatch bounds the items in one batch.
+const MaxBatch = 5000
+
+// Refusal codes, also the label of muster_samples_refused_total.
+const (
+	codeUnknownInstance = "unknown_instance"
+	codeBadItem         = "invalid"
+	codeNotOwnInstance  = "not_own_instance"
+	codeNotAssigned     = "not_assigned"
+	codeWrongKind       = "wrong_identity_kind"
+	codeStale           = "stale"
+	codeFuture          = "future"
+)
+
+// Ingest attributes and applies one batch from actor. It never fails as a
+// whole for a bad item; it fails only when the evaluator is not ready.
+func (e *Evaluator) Ingest(actor identity.Principal, reports []Report) (Result, error) {
+	if !e.ready.Load() {
+		return Result{}, ErrNotReady
+	}
+	now := e.cfg.Now()
+	res := Result{Refused: []Refusal{}}
+	refuse := func(i int, code, format string, args ...any) {
+		res.Refused = append(res.Refused, Refusal{Index: i, Code: code, Reason: fmt.Sprintf(format, args...)})
+		e.metrics.refused.WithLabelValues(code).Inc()
+	}
+	reporter := e.internReporter(actor.String())
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, r := range reports {
+		s, code, why := e.attribute(actor, reporter, r, now)
+		if code != "" {
+			refuse(i, code, "%s", why)
+			continue
+		}
+		if err := e.engine.Observe(s); err != nil {
+			refuse(i, codeUnknownInstance, "instance %s is not known to the evaluator", r.InstanceID)
+			continue
+		}
+		e.countWindow(s)
+		res.Accepted++
+	}
+	e.metrics.accepted.Add(float64(res.Accepted))
+	return res, nil
+}
+
+// attribute checks one report against the reporter's identity and turns it
+// into a sample. It returns a refusal code and reason, or "" on success.
+// Called with e.mu held.
+func (e *Evaluator) attribute(actor identity.Principal, reporter eligibility.ReporterID, r Report, now time.Time) (eligibility.Sample, string, string) {
+	var s eligibility.Sample
+	inst, ok := e.instances[r.InstanceID]
+	if !ok {
+		return s, codeUnknownInstance, fmt.Sprintf("no active instance %s", r.InstanceID)
+	}
+	class, err := eligibility.ParseClass(r.Class)
+	if err != nil {
+		return s, codeBadItem, fmt.Sprintf("class must be probe, self or passive, got %q", r.Class)
+	}
+	s = eligibility.Sample{Instance: eligibility.InstanceID(r.InstanceID), Class: class, At: now, Reporter: reporter}
+	if r.At != nil {
+		switch {
+		case r.At.After(now.Add(maxClockSkew)):
+			return s, codeFuture, fmt.Sprintf("at %s is in the future", r.At.Format(time.RFC3339))
+		case r.At.Before(now.Add(-maxSampleAge)):
+			return s, codeStale, fmt.Sprintf("at %s is older than %s", r.At.Format(time.RFC3339), maxSampleAge)
+		case r.At.Before(now):
+			s.At = *r.At
+		}
+	}
+	aggregate := r.Successes != nil || r.Failures != nil
+	switch {
+	case aggregate && class != eligibility.Passive:
+		return s, codeBadItem, "successes and failures are aggregates of passive evidence only"
+	case aggregate && r.Outcome != "":
+		return s, codeBadItem, "give either an outcome or successes/failures, not both"
+	case aggregate:
+		if r.Successes != nil {
+			s.Successes = *r.Successes
+		}
+		if r.Failures != nil {
+			s.Failures = *r.Failures
+		}
+		if s.Successes == 0 && s.Failures == 0 {
+			return s, codeBadItem, "an aggregate needs successes or failures above zero"
+		}
+	default:
+		o, err := eligibility.ParseOutcome(r.Outcome)
+		if err != nil {
+			return s, codeBadItem, fmt.Sprintf("outcome must be success, failure, hard_failure or unobservable, got %q", r.Outcome)
+		}
+		s.Outcome = o
+	}
+	if r.Dependency != "" {
+		if class != eligibility.Self {
+			return s, codeBadItem, "only self-reports may name a dependency"
+		}
+		if len(r.Dependency) > 63 {
+			return s, codeBadItem, "dependency name longer than 63 characters"
+		}
+		s.Dependency = r.Dependency
+	}
+
+	switch class {
+	case eligibility.Self:
+		if actor.Kind != identity.KindWorkload {
+			return s, codeWrongKind, fmt.Sprintf("self-reports come from the instance's own workload identity, not a %s", actor.Kind)
+		}
+		if actor.Service != inst.service {
+			return s, codeNotOwnInstance, fmt.Sprintf("%s may report only about instances of %s, not of %s", actor, actor.Service, inst.service)
+		}
+	case eligibility.Probe:
+		if actor.Kind != identity.KindProber {
+			return s, codeWrongKind, fmt.Sprintf("probe evidence comes from prober identities, not a %s", actor.Kind)
+		}
+		a := e.probers[actor.Subject]
+		if a == nil || !a.covers(r.InstanceID, inst.service) {
+			return s, codeNotAssigned, fmt.Sprintf("prober %s is not assigned instance %s of %s", actor.Subject, r.InstanceID, inst.service)
+		}
+		s.Reporter = a.id
+	case eligibility.Passive:
+		// Any authenticated caller; weighted by distinct reporter, not volume.
+	}
+	return s, "", ""
+}
+
+const (
+	maxClockSkew = 5 * time.Second
+	maxSampleAge = 5 * time.Minute
+)
+
+// proberAssignment is an in-memory copy of a prober's assignments.
+type proberAssignment struct {
+	id        eligibility.ReporterID
+	services  map[string]bool
+	instances map[uuid.UUID]bool
+}
+
+func (a *proberAssignment) covers(id uuid.UUID, service string) bool {
+	return a.services[service] || a.instances[id]
+}

@@ -1,0 +1,65 @@
+package evaluator
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	accepted           prometheus.Counter
+	refused            *prometheus.CounterVec
+	tick               prometheus.Histogram
+	transitions        *prometheus.CounterVec
+	damping            *prometheus.HistogramVec
+	rebuild            prometheus.Gauge
+	windowsWritten     prometheus.Counter
+	windowsLost        prometheus.Counter
+	transitionsWritten prometheus.Counter
+	transitionsDropped prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_samples_accepted_total", Help: "Health samples accepted at ingest.",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_samples_refused_total", Help: "Health samples refused at ingest, by reason.",
+		}, []string{"reason"}),
+		tick: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "muster_evaluation_tick_seconds", Help: "Time one evaluation tick takes.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_eligibility_transitions_total", Help: "Eligibility transitions, by the state entered.",
+		}, []string{"to"}),
+		damping: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "muster_damping_cost_seconds", Help: "Time from an instance's first failed sample to its removal, per service.",
+			Buckets: []float64{0.25, 0.5, 1, 2, 3, 4, 5, 7.5, 10, 15, 30, 60},
+		}, []string{"service"}),
+		rebuild: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_evaluator_rebuild_seconds", Help: "How long the last rebuild of evaluation state took.",
+		}),
+		windowsWritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_observed_windows_written_total", Help: "Observed windows written to PostgreSQL.",
+		}),
+		windowsLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_observed_windows_lost_total", Help: "Observed windows that could not be written (observed state is lossy by design).",
+		}),
+		transitionsWritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_transitions_written_total", Help: "Eligibility transitions appended to the transitions table.",
+		}),
+		transitionsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_transitions_dropped_total", Help: "Eligibility transitions dropped because the bounded buffer was full while PostgreSQL was away.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.accepted, m.refused, m.tick, m.transitions, m.damping, m.rebuild,
+		m.windowsWritten, m.windowsLost, m.transitionsWritten, m.transitionsDropped} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

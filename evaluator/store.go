@@ -1,0 +1,231 @@
+package evaluator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/eligibility"
+)
+
+type windowKey struct {
+	id    uuid.UUID
+	class eligibility.Class
+}
+
+type windowCounts struct {
+	successes, failures, hard, unobservable uint32
+	reporters                               map[eligibility.ReporterID]struct{}
+}
+
+// countWindow adds one accepted sample to the current observed window.
+// Called with e.mu held.
+func (e *Evaluator) countWindow(s eligibility.Sample) {
+	k := windowKey{uuid.UUID(s.Instance), s.Class}
+	w := e.windows[k]
+	if w == nil {
+		w = &windowCounts{}
+		e.windows[k] = w
+	}
+	switch {
+	case s.Successes > 0 || s.Failures > 0:
+		w.successes += s.Successes
+		w.failures += s.Failures
+	case s.Outcome == eligibility.Success:
+		w.successes++
+	case s.Outcome == eligibility.Failure:
+		w.failures++
+	case s.Outcome == eligibility.HardFailure:
+		w.hard++
+	case s.Outcome == eligibility.Unobservable:
+		w.unobservable++
+	}
+	if len(w.reporters) < 64 {
+		if w.reporters == nil {
+			w.reporters = map[eligibility.ReporterID]struct{}{}
+		}
+		w.reporters[s.Reporter] = struct{}{}
+	}
+}
+
+// flushWindows writes the windows counted since the last flush with COPY
+// and prunes what the rebuild will never read again.
+func (e *Evaluator) flushWindows(ctx context.Context) error {
+	now := e.cfg.Now()
+	e.mu.Lock()
+	windows, start := e.windows, e.winStart
+	e.windows, e.winStart = make(map[windowKey]*windowCounts, len(windows)), now
+	e.mu.Unlock()
+	if start.IsZero() {
+		start = now.Add(-e.cfg.FlushEvery)
+	}
+	if len(windows) > 0 {
+		rows := make([]db.ObservedWindowsInsertParams, 0, len(windows))
+		for k, w := range windows {
+			rows = append(rows, db.ObservedWindowsInsertParams{
+				InstanceID: k.id, Class: int16(k.class), WindowStart: start, WindowEnd: now,
+				Successes: int32(w.successes), Failures: int32(w.failures), HardFailures: int32(w.hard),
+				Unobservable: int32(w.unobservable), Reporters: int32(max(len(w.reporters), 1)),
+			})
+		}
+		if _, err := db.New(e.cfg.Pool).ObservedWindowsInsert(ctx, rows); err != nil {
+			// Observed state is lossy by contract (ADR-02): count and move on.
+			e.metrics.windowsLost.Add(float64(len(rows)))
+			return fmt.Errorf("write %d observed windows: %w", len(rows), err)
+		}
+		e.metrics.windowsWritten.Add(float64(len(rows)))
+	}
+	if _, err := db.New(e.cfg.Pool).ObservedWindowsPrune(ctx, now.Add(-2*e.cfg.Retention)); err != nil {
+		return fmt.Errorf("prune observed windows: %w", err)
+	}
+	return nil
+}
+
+// replayWindows feeds the retained windows into the engine, oldest first,
+// as aggregates stamped at each window's end.
+func (e *Evaluator) replayWindows(ctx context.Context) (int, error) {
+	now := e.cfg.Now()
+	rows, err := db.New(e.cfg.Pool).ObservedWindowsSince(ctx, now.Add(-e.cfg.Retention))
+	if err != nil {
+		return 0, fmt.Errorf("read observed windows: %w", err)
+	}
+	replayer := e.internReporter("system:rebuild")
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, w := range rows {
+		if _, ok := e.instances[w.InstanceID]; !ok {
+			continue
+		}
+		s := eligibility.Sample{
+			Instance: eligibility.InstanceID(w.InstanceID), Class: eligibility.Class(w.Class),
+			At: w.WindowEnd, Reporter: replayer,
+		}
+		if w.HardFailures > 0 {
+			s.Outcome = eligibility.HardFailure
+			_ = e.engine.Observe(s)
+		}
+		if w.Successes > 0 || w.Failures > 0 {
+			s.Outcome, s.Successes, s.Failures = eligibility.Success, uint32(w.Successes), uint32(w.Failures)
+			_ = e.engine.Observe(s)
+		} else if w.Unobservable > 0 {
+			s.Outcome = eligibility.Unobservable
+			_ = e.engine.Observe(s)
+		}
+	}
+	return len(rows), nil
+}
+
+// transitionWriter appends transitions to PostgreSQL in batches, off the
+// evaluation path. While the database is away it keeps at most limit
+// transitions and counts the ones it drops.
+type transitionWriter struct {
+	pool    *pgxpool.Pool
+	limit   int
+	metrics *metrics
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	pending []eligibility.Transition
+	wake    chan struct{}
+}
+
+func newTransitionWriter(pool *pgxpool.Pool, limit int, m *metrics, log *slog.Logger) *transitionWriter {
+	return &transitionWriter{pool: pool, limit: limit, metrics: m, log: log, wake: make(chan struct{}, 1)}
+}
+
+func (w *transitionWriter) add(ts []eligibility.Transition) {
+	w.mu.Lock()
+	room := w.limit - len(w.pending)
+	if room < len(ts) {
+		w.metrics.transitionsDropped.Add(float64(len(ts) - max(room, 0)))
+		ts = ts[:max(room, 0)]
+	}
+	w.pending = append(w.pending, ts...)
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// requeue puts a failed batch back in front, without waking the writer: the
+// retry ticker paces the next attempt.
+func (w *transitionWriter) requeue(batch []eligibility.Transition) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	merged := append(batch, w.pending...)
+	if over := len(merged) - w.limit; over > 0 {
+		w.metrics.transitionsDropped.Add(float64(over))
+		merged = merged[over:] // drop the oldest
+	}
+	w.pending = merged
+}
+
+func (w *transitionWriter) run(ctx context.Context) {
+	retry := time.NewTicker(time.Second)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			w.flush(fctx)
+			cancel()
+			return
+		case <-w.wake:
+		case <-retry.C:
+		}
+		w.flush(ctx)
+	}
+}
+
+func (w *transitionWriter) flush(ctx context.Context) {
+	w.mu.Lock()
+	batch := w.pending
+	w.pending = nil
+	w.mu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	rows := make([]db.TransitionsInsertParams, len(batch))
+	for i, t := range batch {
+		var hist json.RawMessage
+		if len(t.History) > 0 {
+			hist, _ = json.Marshal(historyOf(t.History))
+		}
+		rows[i] = db.TransitionsInsertParams{
+			InstanceID: uuid.UUID(t.Instance), Service: t.Service, FromState: t.From.String(), ToState: t.To.String(),
+			Weight: t.Weight, At: t.At, Reason: t.Reason, History: hist,
+		}
+	}
+	if _, err := db.New(w.pool).TransitionsInsert(ctx, rows); err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("write transitions; keeping them for the next try", "count", len(rows), "err", err)
+		}
+		w.requeue(batch)
+		return
+	}
+	w.metrics.transitionsWritten.Add(float64(len(rows)))
+}
+
+// historyEntry is a transition in a quarantine's attached history.
+type historyEntry struct {
+	From   string    `json:"from"`
+	To     string    `json:"to"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+}
+
+func historyOf(ts []eligibility.Transition) []historyEntry {
+	out := make([]historyEntry, len(ts))
+	for i, t := range ts {
+		out[i] = historyEntry{From: t.From.String(), To: t.To.String(), At: t.At, Reason: t.Reason}
+	}
+	return out
+}

@@ -1,0 +1,92 @@
+package evaluator
+
+import (
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/eligibility"
+)
+
+// ClassEvidence summarises one evidence class of one instance.
+type ClassEvidence struct {
+	Present              bool       `json:"present"`
+	Silent               bool       `json:"silent"`
+	FailureRate          float64    `json:"failure_rate"`
+	LastSampleAt         *time.Time `json:"last_sample_at,omitempty"`
+	LastSampleAgeSeconds *float64   `json:"last_sample_age_seconds,omitempty"`
+}
+
+// InstanceVerdict is what GET /v1/services/{name}/eligibility shows per
+// instance.
+type InstanceVerdict struct {
+	InstanceID      uuid.UUID                `json:"instance_id"`
+	Zone            string                   `json:"zone"`
+	State           string                   `json:"state"`
+	Weight          float64                  `json:"weight"`
+	Health          string                   `json:"health"` // known | unknown
+	SingleClass     bool                     `json:"single_class"`
+	Primary         string                   `json:"primary"`
+	QuarantineUntil *time.Time               `json:"quarantine_until,omitempty"`
+	Evidence        map[string]ClassEvidence `json:"evidence"`
+	Reasons         []string                 `json:"reasons"`
+}
+
+// ServiceEligibility is the evaluator's view of one service.
+type ServiceEligibility struct {
+	Service     string            `json:"service"`
+	GeneratedAt time.Time         `json:"generated_at"`
+	Counts      map[string]int    `json:"counts"`
+	Instances   []InstanceVerdict `json:"instances"`
+}
+
+// ServiceEligibility returns the current verdicts of a service's instances,
+// ordered by instance id. The caller has checked the service exists and may
+// be read.
+func (e *Evaluator) ServiceEligibility(service string) (ServiceEligibility, error) {
+	if !e.ready.Load() {
+		return ServiceEligibility{}, ErrNotReady
+	}
+	now := e.cfg.Now()
+	out := ServiceEligibility{
+		Service: service, GeneratedAt: now, Instances: []InstanceVerdict{},
+		Counts: map[string]int{"eligible": 0, "degraded": 0, "ineligible": 0, "unknown": 0},
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for id := range e.byService[service] {
+		v, ok := e.engine.Verdict(eligibility.InstanceID(id), now)
+		if !ok {
+			continue
+		}
+		iv := InstanceVerdict{
+			InstanceID: id, Zone: e.instances[id].zone, State: v.State.String(), Weight: v.Weight,
+			Health: "unknown", SingleClass: v.SingleClass, Primary: v.Primary.String(),
+			Evidence: map[string]ClassEvidence{}, Reasons: slices.Clone(v.Reasons),
+		}
+		if iv.Reasons == nil {
+			iv.Reasons = []string{}
+		}
+		if v.HealthKnown {
+			iv.Health = "known"
+		}
+		if !v.QuarantinedUntil.IsZero() && v.QuarantinedUntil.After(now) {
+			q := v.QuarantinedUntil
+			iv.QuarantineUntil = &q
+		}
+		for c, cs := range v.Classes {
+			ev := ClassEvidence{Present: cs.Present, Silent: cs.Silent, FailureRate: cs.FailureRate}
+			if !cs.LastSample.IsZero() {
+				at := cs.LastSample
+				age := now.Sub(at).Seconds()
+				ev.LastSampleAt, ev.LastSampleAgeSeconds = &at, &age
+			}
+			iv.Evidence[eligibility.Class(c).String()] = ev
+		}
+		out.Counts[iv.State]++
+		out.Instances = append(out.Instances, iv)
+	}
+	slices.SortFunc(out.Instances, func(a, b InstanceVerdict) int { return slices.Compare(a.InstanceID[:], b.InstanceID[:]) })
+	return out, nil
+}

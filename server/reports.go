@@ -1,0 +1,63 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/musterhq/muster/evaluator"
+)
+
+// reportBatch is the body of POST /v1/reports.
+type reportBatch struct {
+	Reports []evaluator.Report `json:"reports"`
+}
+
+// reportsPost ingests a batch of health evidence. Each item is attributed to
+// the caller's identity on its own: bad or unattributable items are refused
+// and explained, the rest are applied.
+func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
+	var b reportBatch
+	if p := s.decodeJSON(w, r, &b); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	if len(b.Reports) == 0 || len(b.Reports) > evaluator.MaxBatch {
+		p := problem(http.StatusUnprocessableEntity, "validation", fmt.Sprintf("a batch holds 1 to %d reports, got %d", evaluator.MaxBatch, len(b.Reports)))
+		p.Errors = append(p.Errors, fieldError("reports", "wrong number of items"))
+		writeProblem(w, r, p)
+		return
+	}
+	res, err := s.cfg.Evaluator.Ingest(principal(r), b.Reports)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) eligibilityGet(w http.ResponseWriter, r *http.Request) {
+	name := chi.URLParam(r, "name")
+	// The registry decides who may read the service, and whether it exists.
+	if _, err := s.cfg.Registry.GetService(r.Context(), principal(r), name); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	v, err := s.cfg.Evaluator.ServiceEligibility(name)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func notReadyProblem(err error) *Problem {
+	if !errors.Is(err, evaluator.ErrNotReady) {
+		return nil
+	}
+	p := problem(http.StatusServiceUnavailable, "not-ready", "muster is rebuilding its evaluation state after a start; retry in a moment")
+	p.retryAfter = 1
+	return p
+}
