@@ -90,8 +90,18 @@ const observedWindowsSince = `-- name: ObservedWindowsSince :many
 SELECT instance_id, class, window_end, successes, failures, hard_failures, unobservable, reporters
 FROM observed_windows
 WHERE window_end > $1::timestamptz
-ORDER BY window_end
+  AND (window_end, instance_id, class) > ($2::timestamptz, $3::uuid, $4::smallint)
+ORDER BY window_end, instance_id, class
+LIMIT $5
 `
+
+type ObservedWindowsSinceParams struct {
+	Since      time.Time
+	AfterEnd   time.Time
+	AfterID    uuid.UUID
+	AfterClass int16
+	Lim        int32
+}
 
 type ObservedWindowsSinceRow struct {
 	InstanceID   uuid.UUID
@@ -104,8 +114,16 @@ type ObservedWindowsSinceRow struct {
 	Reporters    int32
 }
 
-func (q *Queries) ObservedWindowsSince(ctx context.Context, since time.Time) ([]ObservedWindowsSinceRow, error) {
-	rows, err := q.db.Query(ctx, observedWindowsSince, since)
+// One page of retained windows, oldest first; pass the last row's
+// (window_end, instance_id, class) as the cursor for the next page.
+func (q *Queries) ObservedWindowsSince(ctx context.Context, arg ObservedWindowsSinceParams) ([]ObservedWindowsSinceRow, error) {
+	rows, err := q.db.Query(ctx, observedWindowsSince,
+		arg.Since,
+		arg.AfterEnd,
+		arg.AfterID,
+		arg.AfterClass,
+		arg.Lim,
+	)
 	if err != nil {
 		return nil, err
 	}

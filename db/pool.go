@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -26,6 +28,10 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "15000"
 	}
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		registerUUID(c.TypeMap())
+		return nil
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open pool: %w", err)
@@ -73,4 +79,34 @@ func IsUniqueViolation(err error, constraint string) bool {
 		return false
 	}
 	return constraint == "" || pgErr.ConstraintName == constraint
+}
+
+// registerUUID makes pgx scan binary uuid columns straight into
+// google/uuid.UUID. Without it pgx goes through uuid's sql.Scanner, which
+// formats each value as text and parses it back: a third of the time of a
+// rebuild that reads millions of rows.
+func registerUUID(m *pgtype.Map) {
+	m.RegisterType(&pgtype.Type{Name: "uuid", OID: pgtype.UUIDOID, Codec: uuidCodec{}})
+}
+
+type uuidCodec struct{ pgtype.UUIDCodec }
+
+func (c uuidCodec) PlanScan(m *pgtype.Map, oid uint32, format int16, target any) pgtype.ScanPlan {
+	if _, ok := target.(*uuid.UUID); ok && format == pgtype.BinaryFormatCode {
+		return scanUUID{}
+	}
+	return c.UUIDCodec.PlanScan(m, oid, format, target)
+}
+
+type scanUUID struct{}
+
+func (scanUUID) Scan(src []byte, dst any) error {
+	if len(src) != 16 {
+		if src == nil {
+			return errors.New("scan uuid: NULL into a non-pointer uuid.UUID")
+		}
+		return fmt.Errorf("scan uuid: %d bytes, want 16", len(src))
+	}
+	copy(dst.(*uuid.UUID)[:], src)
+	return nil
 }

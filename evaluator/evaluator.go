@@ -259,6 +259,7 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	if err := e.refresh(ctx); err != nil {
 		return err
 	}
+	loaded := time.Since(start)
 	n, err := e.replayWindows(ctx)
 	if err != nil {
 		return err
@@ -273,7 +274,8 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	e.ready.Store(true)
 	took := time.Since(start)
 	e.metrics.rebuild.Set(took.Seconds())
-	e.log.Info("rebuilt evaluation state", "instances", count, "windows", n, "took", took.Round(time.Millisecond))
+	e.log.Info("rebuilt evaluation state", "instances", count, "windows", n,
+		"registry", loaded.Round(time.Millisecond), "took", took.Round(time.Millisecond))
 	return nil
 }
 

@@ -89,37 +89,55 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 }
 
 // replayWindows feeds the retained windows into the engine, oldest first,
-// as aggregates stamped at each window's end.
+// as aggregates stamped at each window's end. It reads in pages so a
+// region's worth of windows never sits in memory at once.
 func (e *Evaluator) replayWindows(ctx context.Context) (int, error) {
-	now := e.cfg.Now()
-	rows, err := db.New(e.cfg.Pool).ObservedWindowsSince(ctx, now.Add(-e.cfg.Retention))
-	if err != nil {
-		return 0, fmt.Errorf("read observed windows: %w", err)
-	}
+	const page = 50_000
+	since := e.cfg.Now().Add(-e.cfg.Retention)
 	replayer := e.internReporter("system:rebuild")
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, w := range rows {
-		if _, ok := e.instances[w.InstanceID]; !ok {
-			continue
+	q := db.New(e.cfg.Pool)
+	params := db.ObservedWindowsSinceParams{Since: since, AfterEnd: since, Lim: page}
+	n := 0
+	for {
+		rows, err := q.ObservedWindowsSince(ctx, params)
+		if err != nil {
+			return n, fmt.Errorf("read observed windows: %w", err)
 		}
-		s := eligibility.Sample{
-			Instance: eligibility.InstanceID(w.InstanceID), Class: eligibility.Class(w.Class),
-			At: w.WindowEnd, Reporter: replayer,
+		e.mu.Lock()
+		for _, w := range rows {
+			e.replayWindow(w, replayer)
 		}
-		if w.HardFailures > 0 {
-			s.Outcome = eligibility.HardFailure
-			_ = e.engine.Observe(s)
+		e.mu.Unlock()
+		n += len(rows)
+		if len(rows) < page {
+			return n, nil
 		}
-		if w.Successes > 0 || w.Failures > 0 {
-			s.Outcome, s.Successes, s.Failures = eligibility.Success, uint32(w.Successes), uint32(w.Failures)
-			_ = e.engine.Observe(s)
-		} else if w.Unobservable > 0 {
-			s.Outcome = eligibility.Unobservable
-			_ = e.engine.Observe(s)
-		}
+		last := rows[len(rows)-1]
+		params.AfterEnd, params.AfterID, params.AfterClass = last.WindowEnd, last.InstanceID, last.Class
 	}
-	return len(rows), nil
+}
+
+// replayWindow applies one window. Called with e.mu held.
+func (e *Evaluator) replayWindow(w db.ObservedWindowsSinceRow, replayer eligibility.ReporterID) {
+	if _, ok := e.instances[w.InstanceID]; !ok {
+		return
+	}
+	s := eligibility.Sample{
+		Instance: eligibility.InstanceID(w.InstanceID), Class: eligibility.Class(w.Class),
+		At: w.WindowEnd, Reporter: replayer,
+	}
+	if w.HardFailures > 0 {
+		s.Outcome = eligibility.HardFailure
+		_ = e.engine.Observe(s)
+	}
+	switch {
+	case w.Successes > 0 || w.Failures > 0:
+		s.Outcome, s.Successes, s.Failures = eligibility.Success, uint32(w.Successes), uint32(w.Failures)
+		_ = e.engine.Observe(s)
+	case w.Unobservable > 0:
+		s.Outcome = eligibility.Unobservable
+		_ = e.engine.Observe(s)
+	}
 }
 
 // transitionWriter appends transitions to PostgreSQL in batches, off the

@@ -32,7 +32,7 @@ CREATE UNLOGGED TABLE observed_windows (
     unobservable integer NOT NULL,
     reporters    integer NOT NULL
 );
-CREATE INDEX observed_windows_end_idx ON observed_windows (window_end);
+CREATE INDEX observed_windows_end_idx ON observed_windows (window_end, instance_id, class);
 
 -- Every eligibility transition, for audit and incident reconstruction.
 CREATE TABLE transitions (

@@ -13,10 +13,14 @@ FROM services s LEFT JOIN health_contracts c ON c.service = s.name
 ORDER BY s.name;
 
 -- name: ObservedWindowsSince :many
+-- One page of retained windows, oldest first; pass the last row's
+-- (window_end, instance_id, class) as the cursor for the next page.
 SELECT instance_id, class, window_end, successes, failures, hard_failures, unobservable, reporters
 FROM observed_windows
 WHERE window_end > sqlc.arg(since)::timestamptz
-ORDER BY window_end;
+  AND (window_end, instance_id, class) > (sqlc.arg(after_end)::timestamptz, sqlc.arg(after_id)::uuid, sqlc.arg(after_class)::smallint)
+ORDER BY window_end, instance_id, class
+LIMIT sqlc.arg(lim);
 
 -- name: ObservedWindowsPrune :execrows
 DELETE FROM observed_windows WHERE window_end < sqlc.arg(before)::timestamptz;

@@ -9,7 +9,9 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -150,8 +152,10 @@ func loadgenSeed(ctx context.Context, args []string, stdout, stderr io.Writer) (
 // its state from the registry and the retained windows.
 func loadgenRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	cfg := Config{}
+	var cpuProfile string
 	fs := newFlags("loadgen rebuild", stderr)
 	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the rebuild to this file")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -172,12 +176,23 @@ func loadgenRebuild(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	ev, err := evaluator.New(evaluator.Config{Registry: reg, Pool: pool, FlushEvery: time.Minute})
+	ev, err := evaluator.New(evaluator.Config{Registry: reg, Pool: pool, FlushEvery: time.Minute, Logger: quietLogger(stderr)})
 	if err != nil {
 		return err
 	}
 	var before, after memStats
 	before.read()
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	if err := ev.Start(ctx); err != nil {
 		return err
