@@ -140,6 +140,11 @@ func New(cfg Config) (*Evaluator, error) {
 		reporters: map[string]eligibility.ReporterID{},
 	}
 	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, m, e.log)
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(newCollector(e)); err != nil {
+			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
+		}
+	}
 	return e, nil
 }
 

@@ -152,8 +152,9 @@ func TestIngestAttribution(t *testing.T) {
 	}
 }
 
-// metric reads one sample of a counter or gauge from the stack's registry.
-func metric(t *testing.T, f *fixture, name, label, value string) float64 {
+// metric reads one sample of a counter or gauge from the stack's registry,
+// selected by label name/value pairs.
+func metric(t *testing.T, f *fixture, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := f.Metrics.Gather()
 	if err != nil {
@@ -163,15 +164,21 @@ func metric(t *testing.T, f *fixture, name, label, value string) float64 {
 		if mf.GetName() != name {
 			continue
 		}
+	next:
 		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
 			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					if c := m.GetCounter(); c != nil {
-						return c.GetValue()
-					}
-					return m.GetGauge().GetValue()
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue next
 				}
 			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
 		}
 	}
 	return 0
@@ -199,6 +206,12 @@ func TestHardFailureIneligibleWithinOneTick(t *testing.T) {
 	v := f.verdict(t, "web", id)
 	if v.State != "ineligible" || len(v.Reasons) == 0 {
 		t.Fatalf("one tick after a hard failure: %+v", v)
+	}
+	if n := metric(t, f, "muster_instances", "service", "web", "state", "ineligible"); n != 1 {
+		t.Errorf("muster_instances{service=web,state=ineligible} = %v, want 1", n)
+	}
+	if n := metric(t, f, "muster_instances", "service", "web", "state", "eligible"); n != 2 {
+		t.Errorf("muster_instances{service=web,state=eligible} = %v, want 2", n)
 	}
 	// The other instances were untouched.
 	for _, other := range f.web[1:] {

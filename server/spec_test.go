@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/openapi"
 	"github.com/musterhq/muster/registry"
 )
@@ -357,6 +358,13 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"Instance", reflect.TypeFor[registry.Instance](), true},
 		{"AuditEvent", reflect.TypeFor[audit.Event](), true},
 		{"ProberAssignments", reflect.TypeFor[registry.ProberAssignments](), false},
+		{"ReportBatch", reflect.TypeFor[reportBatch](), false},
+		{"Report", reflect.TypeFor[evaluator.Report](), false},
+		{"ReportResult", reflect.TypeFor[evaluator.Result](), true},
+		{"ReportRefusal", reflect.TypeFor[evaluator.Refusal](), true},
+		{"ServiceEligibility", reflect.TypeFor[evaluator.ServiceEligibility](), true},
+		{"InstanceVerdict", reflect.TypeFor[evaluator.InstanceVerdict](), true},
+		{"ClassEvidence", reflect.TypeFor[evaluator.ClassEvidence](), true},
 		{"Problem", reflect.TypeFor[Problem](), true},
 		{"FieldError", reflect.TypeFor[registry.FieldError](), true},
 		{"ServiceList", reflect.TypeFor[list[registry.Service]](), true},
