@@ -243,7 +243,7 @@ type Engine struct {
 	opt     Options
 	svcIdx  map[string]int32
 	svcs    []*service
-	idx     map[InstanceID]int32
+	idx     index
 	inst    []instance
 	probers map[ReporterID]*prober
 	buf     []Transition
@@ -254,7 +254,6 @@ func NewEngine(opts Options) *Engine {
 	return &Engine{
 		opt:     opts.withDefaults(),
 		svcIdx:  map[string]int32{},
-		idx:     map[InstanceID]int32{},
 		probers: map[ReporterID]*prober{},
 	}
 }
@@ -299,7 +298,7 @@ func (e *Engine) AddInstance(id InstanceID, service string, now time.Time) error
 	if !ok {
 		return ErrUnknownService
 	}
-	if _, dup := e.idx[id]; dup {
+	if _, dup := e.idx.get(id); dup {
 		return ErrDuplicateInstance
 	}
 	t := now.UnixNano()
@@ -310,25 +309,25 @@ func (e *Engine) AddInstance(id InstanceID, service string, now time.Time) error
 		in.state, in.admitted, in.tIn, in.reason = Eligible, true, t, rNoReadiness
 		in.weight = e.ramp(&in, e.svcs[si], &assessment{}, t)
 	}
-	e.idx[id] = int32(len(e.inst))
+	e.idx.set(id, int32(len(e.inst)))
 	e.inst = append(e.inst, in)
 	return nil
 }
 
 // RemoveInstance forgets an instance. Unknown ids are ignored.
 func (e *Engine) RemoveInstance(id InstanceID) {
-	i, ok := e.idx[id]
+	i, ok := e.idx.get(id)
 	if !ok {
 		return
 	}
 	last := int32(len(e.inst) - 1)
 	if i != last {
 		e.inst[i] = e.inst[last]
-		e.idx[e.inst[i].id] = i
+		e.idx.set(e.inst[i].id, i)
 	}
 	e.inst[last] = instance{}
 	e.inst = e.inst[:last]
-	delete(e.idx, id)
+	e.idx.delete(id)
 }
 
 // HardFail records an out-of-band hard failure (lease expired, process
@@ -337,7 +336,7 @@ func (e *Engine) RemoveInstance(id InstanceID) {
 // stamped at now. It stays out until a later success and the normal
 // re-entry rules let it back. Unknown ids are ignored.
 func (e *Engine) HardFail(id InstanceID, reason string, now time.Time) {
-	i, ok := e.idx[id]
+	i, ok := e.idx.get(id)
 	if !ok {
 		return
 	}
@@ -359,7 +358,7 @@ func (e *Engine) HardFail(id InstanceID, reason string, now time.Time) {
 // Observe records one sample. It is the hot path: O(1) and free of
 // allocations for a known instance. The verdict changes at the next Tick.
 func (e *Engine) Observe(s Sample) error {
-	i, ok := e.idx[s.Instance]
+	i, ok := e.idx.get(s.Instance)
 	if !ok {
 		return ErrUnknownInstance
 	}
