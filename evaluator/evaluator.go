@@ -111,6 +111,9 @@ type Evaluator struct {
 	reporters  map[string]eligibility.ReporterID
 
 	transitions *transitionWriter
+	// kick asks the loop for an early registry refresh: ingest saw an
+	// instance it does not know, most likely one registered a moment ago.
+	kick chan struct{}
 
 	runMu  sync.Mutex
 	cancel context.CancelFunc
@@ -138,6 +141,7 @@ func New(cfg Config) (*Evaluator, error) {
 		probers:   map[string]*proberAssignment{},
 		windows:   map[windowKey]*windowCounts{},
 		reporters: map[string]eligibility.ReporterID{},
+		kick:      make(chan struct{}, 1),
 	}
 	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, m, e.log)
 	if cfg.Registerer != nil {
@@ -206,6 +210,7 @@ func (e *Evaluator) run(ctx context.Context, done chan struct{}) {
 	defer tick.Stop()
 	defer refresh.Stop()
 	defer flush.Stop()
+	var lastKick time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -223,6 +228,14 @@ func (e *Evaluator) run(ctx context.Context, done chan struct{}) {
 			if err := e.refresh(ctx); err != nil && ctx.Err() == nil {
 				e.log.Warn("refresh from the registry", "err", err)
 			}
+		case <-e.kick:
+			if time.Since(lastKick) < minKickInterval {
+				continue
+			}
+			lastKick = time.Now()
+			if err := e.refresh(ctx); err != nil && ctx.Err() == nil {
+				e.log.Warn("refresh from the registry", "err", err)
+			}
 		case <-flush.C:
 			if err := e.flushWindows(ctx); err != nil && ctx.Err() == nil {
 				e.log.Warn("flush observed windows", "err", err)
@@ -230,6 +243,10 @@ func (e *Evaluator) run(ctx context.Context, done chan struct{}) {
 		}
 	}
 }
+
+// minKickInterval bounds how often unknown instances in reports may force
+// an early registry refresh.
+const minKickInterval = 100 * time.Millisecond
 
 // runOnce evaluates every instance once and hands on the transitions.
 func (e *Evaluator) runOnce() {

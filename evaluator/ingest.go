@@ -79,6 +79,15 @@ func (e *Evaluator) Ingest(actor identity.Principal, reports []Report) (Result, 
 		res.Accepted++
 	}
 	e.metrics.accepted.Add(float64(res.Accepted))
+	for _, r := range res.Refused {
+		if r.Code == codeUnknownInstance {
+			select {
+			case e.kick <- struct{}{}:
+			default:
+			}
+			break
+		}
+	}
 	return res, nil
 }
 

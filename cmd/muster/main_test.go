@@ -181,6 +181,31 @@ func TestDevEndToEnd(t *testing.T) {
 	if err := json.Unmarshal(body, &inst); err != nil {
 		t.Fatal(err)
 	}
+	// Evidence in, verdicts out, through the embedded evaluator. A report
+	// about an instance registered a moment ago may be refused as unknown
+	// until the evaluator has seen the registration; it asks for an early
+	// refresh when that happens, so a retry soon succeeds.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body = call(t, "POST", dev.url+"/v1/reports", web, `{"reports":[{"instance_id":"`+inst.ID+`","class":"self","outcome":"success"}]}`)
+		if code == 200 && bytes.Contains(body, []byte(`"accepted":1`)) {
+			break
+		}
+		if code != 200 || time.Now().After(deadline) {
+			t.Fatalf("report: %d %s", code, body)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	for {
+		code, body = call(t, "GET", dev.url+"/v1/services/web/eligibility", admin, "")
+		if code == 200 && bytes.Contains(body, []byte(`"state":"eligible"`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("eligibility never showed the instance eligible: %d %s", code, body)
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline: the evaluator ticks every 200 ms
+	}
 	code, body = call(t, "PUT", dev.url+"/v1/instances/"+inst.ID+"/lease", web, "")
 	if code != 200 {
 		t.Fatalf("renew: %d %s", code, body)
@@ -195,7 +220,7 @@ func TestDevEndToEnd(t *testing.T) {
 	}
 
 	// The real reaper ends it once the lease has run out, and not before.
-	deadline := time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	var ended struct {
 		State   string
 		EndedAt time.Time `json:"ended_at"`
