@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
@@ -30,7 +33,7 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	}
 	cfg := Config{}
 	fs := newFlags("migrate "+verb, stderr)
-	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
+	dataFlag(fs, &cfg)
 	if err := parse(fs, args[1:]); err != nil {
 		return err
 	}
@@ -75,23 +78,15 @@ func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	cfg := Config{}
 	fs := newFlags("audit verify", stderr)
-	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
+	dataFlag(fs, &cfg)
 	if err := parse(fs, args[1:]); err != nil {
 		return err
 	}
-	if err := loadEnv(&cfg); err != nil {
-		return err
-	}
-	url, stop, err := openDatabase(ctx, cfg, quietLogger(stderr))
+	pool, closeDB, err := toolPool(ctx, &cfg, stderr)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, stop()) }()
-	pool, err := db.Open(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	defer func() { err = errors.Join(err, closeDB()) }()
 	rep, err := audit.NewLog(pool).Verify(ctx)
 	if err != nil {
 		return err
@@ -158,4 +153,27 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 
 func quietLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// dataFlag adds the --data flag of the commands that work on a database.
+func dataFlag(fs *flag.FlagSet, cfg *Config) {
+	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
+}
+
+// toolPool reads the environment and opens a pool on the database a tool
+// command works on: DATABASE_URL, or the dev cluster in cfg.DataDir
+// (adopted when a muster dev is running on it). closeDB closes the pool and
+// stops what was started.
+func toolPool(ctx context.Context, cfg *Config, stderr io.Writer) (pool *pgxpool.Pool, closeDB func() error, err error) {
+	if err := loadEnv(cfg); err != nil {
+		return nil, nil, err
+	}
+	url, stop, err := openDatabase(ctx, *cfg, quietLogger(stderr))
+	if err != nil {
+		return nil, nil, err
+	}
+	if pool, err = db.Open(ctx, url); err != nil {
+		return nil, nil, errors.Join(err, stop())
+	}
+	return pool, func() error { pool.Close(); return stop() }, nil
 }

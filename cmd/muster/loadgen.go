@@ -61,30 +61,22 @@ func loadgenSeed(ctx context.Context, args []string, stdout, stderr io.Writer) (
 	cfg := Config{}
 	var services, instances, minutes int
 	fs := newFlags("loadgen seed", stderr)
-	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
+	dataFlag(fs, &cfg)
 	fs.IntVar(&services, "services", 450, "services to create")
 	fs.IntVar(&instances, "instances", 60000, "instances to create, spread over the services")
 	fs.IntVar(&minutes, "minutes", 5, "minutes of observed windows (10 s each) per instance and class")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := loadEnv(&cfg); err != nil {
-		return err
-	}
-	url, stop, err := openDatabase(ctx, cfg, quietLogger(stderr))
+	pool, closeDB, err := toolPool(ctx, &cfg, stderr)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, stop()) }()
-	if err := db.Migrate(url); err != nil {
+	defer func() { err = errors.Join(err, closeDB()) }()
+	if err := db.Migrate(pool.Config().ConnString()); err != nil {
 		return err
 	}
-	pool, err := db.Open(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	reg, err := registry.New(registry.Config{Pool: pool, Region: envOr("MUSTER_REGION", "local")})
+	reg, err := registry.New(registry.Config{Pool: pool, Region: cfg.Region})
 	if err != nil {
 		return err
 	}
@@ -154,25 +146,17 @@ func loadgenRebuild(ctx context.Context, args []string, stdout, stderr io.Writer
 	cfg := Config{}
 	var cpuProfile string
 	fs := newFlags("loadgen rebuild", stderr)
-	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
+	dataFlag(fs, &cfg)
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the rebuild to this file")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := loadEnv(&cfg); err != nil {
-		return err
-	}
-	url, stop, err := openDatabase(ctx, cfg, quietLogger(stderr))
+	pool, closeDB, err := toolPool(ctx, &cfg, stderr)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, stop()) }()
-	pool, err := db.Open(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	reg, err := registry.New(registry.Config{Pool: pool, Region: envOr("MUSTER_REGION", "local")})
+	defer func() { err = errors.Join(err, closeDB()) }()
+	reg, err := registry.New(registry.Config{Pool: pool, Region: cfg.Region})
 	if err != nil {
 		return err
 	}
