@@ -242,66 +242,52 @@ func (r *Registry) GetContract(ctx context.Context, actor identity.Principal, se
 // each other unseen.
 func (r *Registry) PutContract(ctx context.Context, actor identity.Principal, service string, c Contract, ifVersion int64) (StoredContract, error) {
 	const action = "contract.put"
-	var (
-		out     StoredContract
-		refused *Error
-	)
-	err := r.withTx(ctx, func(q *db.Queries) error {
-		refused = nil
+	var out StoredContract
+	err := r.write(ctx, actor, action, "service", service, c, func(q *db.Queries) (*Error, error) {
 		row, err := q.ServiceGetForUpdate(ctx, service)
 		if notFound(err) {
-			refused = refusal(ErrNotFound, "no service named %s", service)
-			return nil
+			return refusal(ErrNotFound, "no service named %s", service), nil
 		}
 		if err != nil {
-			return fmt.Errorf("read service %s: %w", service, err)
+			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
 		svc := serviceFromRow(row)
 		if !canManage(actor, svc.Owner) {
-			refused = refusal(ErrForbidden, "editing the contract of %s needs the %s team's operator role or admin; %s has neither", service, svc.Owner, actor)
-			return nil
+			return refusal(ErrForbidden, "editing the contract of %s needs the %s team's operator role or admin; %s has neither", service, svc.Owner, actor), nil
 		}
 		c.normalize(svc)
 		if fe := ValidateContract(c, svc); len(fe) > 0 {
-			refused = invalid(fmt.Sprintf("the health contract for %s is not valid", service), fe)
-			return nil
+			return invalid(fmt.Sprintf("the health contract for %s is not valid", service), fe), nil
 		}
 		before, err := r.contract(ctx, q, service)
 		if err != nil && !isNotFound(err) {
-			return err
+			return nil, err
 		}
 		if ifVersion >= 0 && before.Version != ifVersion {
-			refused = refusal(ErrPrecondition, "the contract of %s is at version %d, not %d: someone changed it since you read it", service, before.Version, ifVersion)
-			return nil
+			return refusal(ErrPrecondition, "the contract of %s is at version %d, not %d: someone changed it since you read it", service, before.Version, ifVersion), nil
 		}
 		doc, err := json.Marshal(c)
 		if err != nil {
-			return fmt.Errorf("encode contract: %w", err)
+			return nil, fmt.Errorf("encode contract: %w", err)
 		}
 		now := r.now()
 		stored, err := q.ContractUpsert(ctx, db.ContractUpsertParams{Service: service, Document: doc, Now: now, UpdatedBy: actor.String()})
 		if err != nil {
-			return fmt.Errorf("write contract of %s: %w", service, err)
+			return nil, fmt.Errorf("write contract of %s: %w", service, err)
 		}
 		out, err = contractFromRow(stored)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		var prev any
 		if before.Version > 0 {
 			prev = before
 		}
 		_, err = audit.Append(ctx, q, now, accepted(actor, action, "service", service, prev, out))
-		return err
+		return nil, err
 	})
 	if err != nil {
 		return StoredContract{}, err
-	}
-	if refused != nil {
-		if errors.Is(refused, ErrNotFound) {
-			return StoredContract{}, refused
-		}
-		return StoredContract{}, r.refuse(ctx, actor, action, "service", service, c, refused)
 	}
 	return out, nil
 }

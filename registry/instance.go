@@ -91,48 +91,42 @@ func (r *Registry) validateRegistration(reg *Registration) (netip.Addr, []FieldE
 func (r *Registry) Register(ctx context.Context, actor identity.Principal, source netip.Addr, service string, reg Registration) (Instance, error) {
 	const action = "instance.register"
 	target := service
-	var (
-		out     Instance
-		refused *Error
-	)
-	err := r.withTx(ctx, func(q *db.Queries) error {
-		refused = nil
+	var out Instance
+	err := r.write(ctx, actor, action, "service", target, reg, func(q *db.Queries) (*Error, error) {
 		row, err := q.ServiceGet(ctx, service)
 		if notFound(err) {
-			refused = refusal(ErrNotFound, "no service named %s", service)
-			return nil
+			return refusal(ErrNotFound, "no service named %s", service), nil
 		}
 		if err != nil {
-			return fmt.Errorf("read service %s: %w", service, err)
+			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
 		svc := serviceFromRow(row)
-		if refused = mayRegister(actor, svc); refused != nil {
-			return nil
+		if rerr := mayRegister(actor, svc); rerr != nil {
+			return rerr, nil
 		}
 		addr, fe := r.validateRegistration(&reg)
 		if len(fe) > 0 {
-			refused = invalid("the registration is not valid", fe)
-			return nil
+			return invalid("the registration is not valid", fe), nil
 		}
-		if refused = proveAddress(actor, addr, source); refused != nil {
-			return nil
+		if rerr := proveAddress(actor, addr, source); rerr != nil {
+			return rerr, nil
 		}
 		now := r.now()
 		replaced, err := q.InstanceEndLiveEndpoint(ctx, db.InstanceEndLiveEndpointParams{Service: service, Address: reg.Address, Port: int32(reg.Port), Now: now})
 		if err != nil {
-			return fmt.Errorf("end replaced instances: %w", err)
+			return nil, fmt.Errorf("end replaced instances: %w", err)
 		}
 		for _, old := range replaced {
 			before := instanceFromRow(old)
 			before.State, before.EndedAt = StateActive, nil
 			e := accepted(actor, "instance.replace", "instance", old.ID.String(), before, instanceFromRow(old))
 			if _, err := audit.Append(ctx, q, now, e); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		id, err := uuid.NewV7()
 		if err != nil {
-			return fmt.Errorf("new instance id: %w", err)
+			return nil, fmt.Errorf("new instance id: %w", err)
 		}
 		expires := now.Add(r.cfg.LeaseTTL)
 		ins, err := q.InstanceInsert(ctx, db.InstanceInsertParams{
@@ -141,20 +135,14 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 			LeaseExpiresAt: &expires, RegisteredBy: actor.String(), Now: now,
 		})
 		if err != nil {
-			return fmt.Errorf("insert instance: %w", err)
+			return nil, fmt.Errorf("insert instance: %w", err)
 		}
 		out = instanceFromRow(ins)
 		_, err = audit.Append(ctx, q, now, accepted(actor, action, "instance", id.String(), nil, out))
-		return err
+		return nil, err
 	})
 	if err != nil {
 		return Instance{}, err
-	}
-	if refused != nil {
-		if errors.Is(refused, ErrNotFound) {
-			return Instance{}, refused
-		}
-		return Instance{}, r.refuse(ctx, actor, action, "service", target, reg, refused)
 	}
 	r.metrics.registrations.Inc()
 	return out, nil
@@ -234,70 +222,54 @@ func (r *Registry) Deregister(ctx context.Context, actor identity.Principal, id 
 // accepted change.
 func (r *Registry) changeInstance(ctx context.Context, actor identity.Principal, id uuid.UUID, action string,
 	change func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error)) (Instance, error) {
-	var (
-		out     Instance
-		refused *Error
-	)
-	err := r.withTx(ctx, func(q *db.Queries) error {
-		refused = nil
+	var out Instance
+	err := r.write(ctx, actor, action, "instance", id.String(), nil, func(q *db.Queries) (*Error, error) {
 		row, err := q.InstanceGetForUpdate(ctx, id)
 		if notFound(err) {
-			refused = refusal(ErrNotFound, "no instance %s", id)
-			return nil
+			return refusal(ErrNotFound, "no instance %s", id), nil
 		}
 		if err != nil {
-			return fmt.Errorf("read instance %s: %w", id, err)
+			return nil, fmt.Errorf("read instance %s: %w", id, err)
 		}
 		cur := instanceFromRow(row)
 		svc, err := q.ServiceGet(ctx, cur.Service)
 		if err != nil {
-			return fmt.Errorf("read service %s: %w", cur.Service, err)
+			return nil, fmt.Errorf("read service %s: %w", cur.Service, err)
 		}
 		if !canReadService(actor, cur.Service) {
 			// Answer as if the instance did not exist, so a workload cannot
 			// probe for other services' instances; the attempt is still audited.
-			refused = &Error{Kind: errHidden, Detail: fmt.Sprintf("%s may not see instances of %s", actor, cur.Service)}
-			return nil
+			return &Error{Kind: errHidden, Detail: fmt.Sprintf("%s may not see instances of %s", actor, cur.Service)}, nil
 		}
 		if !mayActOnInstance(actor, serviceFromRow(svc)) {
-			refused = refusal(ErrForbidden, "%s may not change instances of %s: that needs a workload of %s, the %s team's operator role, or admin", actor, cur.Service, cur.Service, svc.Owner)
-			return nil
+			return refusal(ErrForbidden, "%s may not change instances of %s: that needs a workload of %s, the %s team's operator role, or admin", actor, cur.Service, cur.Service, svc.Owner), nil
 		}
 		if cur.State != StateActive {
 			if action == "instance.deregister" {
 				out = cur // already ended: nothing to do, nothing to audit
-				return nil
+				return nil, nil
 			}
-			refused = refusal(ErrGone, "instance %s has ended (%s); register again to get a new instance", id, cur.State)
-			return nil
+			return refusal(ErrGone, "instance %s has ended (%s); register again to get a new instance", id, cur.State), nil
 		}
 		now := r.now()
 		next, audited, err := change(q, cur, now)
 		var rerr *Error
 		if errors.As(err, &rerr) {
-			refused = rerr
-			return nil
+			return rerr, nil
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		out = next
 		if audited {
 			_, err = audit.Append(ctx, q, now, accepted(actor, action, "instance", id.String(), cur, next))
 		}
-		return err
+		return nil, err
 	})
-	if err != nil {
-		return Instance{}, err
+	if errors.Is(err, errHidden) {
+		return Instance{}, refusal(ErrNotFound, "no instance %s", id)
 	}
-	if refused != nil {
-		if errors.Is(refused, ErrNotFound) {
-			return Instance{}, refused
-		}
-		err := r.refuse(ctx, actor, action, "instance", id.String(), nil, refused)
-		if errors.Is(err, errHidden) {
-			return Instance{}, refusal(ErrNotFound, "no instance %s", id)
-		}
+	if err != nil {
 		return Instance{}, err
 	}
 	return out, nil

@@ -51,58 +51,50 @@ func (r *Registry) PutProberAssignments(ctx context.Context, actor identity.Prin
 	a.Services = slices.Compact(a.Services)
 	slices.SortFunc(a.Instances, func(x, y uuid.UUID) int { return slices.Compare(x[:], y[:]) })
 	a.Instances = slices.Compact(a.Instances)
-	var refused *Error
 	if len(fe) > 0 {
-		refused = invalid("the assignments are not valid", fe)
+		return ProberAssignments{}, r.refuse(ctx, actor, action, "prober", prober, a, invalid("the assignments are not valid", fe))
 	}
-	err := r.withTx(ctx, func(q *db.Queries) error {
-		if refused != nil {
-			return nil
-		}
+	err := r.write(ctx, actor, action, "prober", prober, a, func(q *db.Queries) (*Error, error) {
 		for i, s := range a.Services {
 			if _, err := q.ServiceGet(ctx, s); notFound(err) {
 				fe = append(fe, FieldError{fmt.Sprintf("services[%d]", i), fmt.Sprintf("no service named %q", s)})
 			} else if err != nil {
-				return fmt.Errorf("read service %s: %w", s, err)
+				return nil, fmt.Errorf("read service %s: %w", s, err)
 			}
 		}
 		for i, id := range a.Instances {
 			if _, err := q.InstanceGet(ctx, id); notFound(err) {
 				fe = append(fe, FieldError{fmt.Sprintf("instances[%d]", i), fmt.Sprintf("no instance %s", id)})
 			} else if err != nil {
-				return fmt.Errorf("read instance %s: %w", id, err)
+				return nil, fmt.Errorf("read instance %s: %w", id, err)
 			}
 		}
 		if len(fe) > 0 {
-			refused = invalid("the assignments name things that do not exist", fe)
-			return nil
+			return invalid("the assignments name things that do not exist", fe), nil
 		}
 		before, err := proberAssignments(ctx, q, prober)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		now := r.now()
 		if err := q.ProberAssignmentsDelete(ctx, prober); err != nil {
-			return fmt.Errorf("clear assignments of %s: %w", prober, err)
+			return nil, fmt.Errorf("clear assignments of %s: %w", prober, err)
 		}
 		for _, s := range a.Services {
 			if err := q.ProberAssignmentInsertService(ctx, db.ProberAssignmentInsertServiceParams{Prober: prober, Service: &s, Now: now, AssignedBy: actor.String()}); err != nil {
-				return fmt.Errorf("assign %s to %s: %w", s, prober, err)
+				return nil, fmt.Errorf("assign %s to %s: %w", s, prober, err)
 			}
 		}
 		for _, id := range a.Instances {
 			if err := q.ProberAssignmentInsertInstance(ctx, db.ProberAssignmentInsertInstanceParams{Prober: prober, InstanceID: &id, Now: now, AssignedBy: actor.String()}); err != nil {
-				return fmt.Errorf("assign %s to %s: %w", id, prober, err)
+				return nil, fmt.Errorf("assign %s to %s: %w", id, prober, err)
 			}
 		}
 		_, err = audit.Append(ctx, q, now, accepted(actor, action, "prober", prober, before, a))
-		return err
+		return nil, err
 	})
 	if err != nil {
 		return ProberAssignments{}, err
-	}
-	if refused != nil {
-		return ProberAssignments{}, r.refuse(ctx, actor, action, "prober", prober, a, refused)
 	}
 	return a, nil
 }

@@ -166,3 +166,26 @@ func (p Page) limit() int32 {
 func (r *Registry) withTx(ctx context.Context, fn func(q *db.Queries) error) error {
 	return db.WithTx(ctx, r.cfg.Pool, fn)
 }
+
+// write runs fn in one transaction. fn returns a refusal to refuse without
+// changing anything, or an error to fail. A refusal is audited in a
+// transaction of its own and returned; a not-found refusal is returned
+// without an audit row, since there was nothing there to act on.
+func (r *Registry) write(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked any,
+	fn func(q *db.Queries) (*Error, error)) error {
+	var refused *Error
+	err := r.withTx(ctx, func(q *db.Queries) error {
+		var err error
+		refused, err = fn(q)
+		return err
+	})
+	switch {
+	case err != nil:
+		return err
+	case refused == nil:
+		return nil
+	case errors.Is(refused, ErrNotFound):
+		return refused
+	}
+	return r.refuse(ctx, actor, action, targetKind, target, asked, refused)
+}

@@ -88,60 +88,51 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 	var (
 		out     Service
 		created bool
-		refused *Error
 	)
-	err := r.withTx(ctx, func(q *db.Queries) error {
-		refused = nil
+	err := r.write(ctx, actor, action, "service", name, spec, func(q *db.Queries) (*Error, error) {
 		now := r.now()
 		cur, err := q.ServiceGetForUpdate(ctx, name)
 		if notFound(err) {
 			if !canManage(actor, spec.Owner) {
-				refused = refusal(ErrForbidden, "creating service %s for team %s needs that team's operator role or admin; %s has neither", name, spec.Owner, actor)
-				return nil
+				return refusal(ErrForbidden, "creating service %s for team %s needs that team's operator role or admin; %s has neither", name, spec.Owner, actor), nil
 			}
 			row, err := q.ServiceInsert(ctx, db.ServiceInsertParams{Name: name, Owner: spec.Owner, Capabilities: capStrings(spec.Capabilities), Now: now})
 			if err != nil {
-				return fmt.Errorf("create service %s: %w", name, err)
+				return nil, fmt.Errorf("create service %s: %w", name, err)
 			}
 			out, created = serviceFromRow(row), true
 			_, err = audit.Append(ctx, q, now, accepted(actor, action, "service", name, nil, out))
-			return err
+			return nil, err
 		}
 		if err != nil {
-			return fmt.Errorf("read service %s: %w", name, err)
+			return nil, fmt.Errorf("read service %s: %w", name, err)
 		}
 		before := serviceFromRow(cur)
 		switch {
 		case !canManage(actor, before.Owner):
-			refused = refusal(ErrForbidden, "changing service %s needs the %s team's operator role or admin; %s has neither", name, before.Owner, actor)
-			return nil
+			return refusal(ErrForbidden, "changing service %s needs the %s team's operator role or admin; %s has neither", name, before.Owner, actor), nil
 		case spec.Owner != before.Owner && !actor.IsAdmin():
-			refused = refusal(ErrForbidden, "moving service %s from team %s to %s needs admin", name, before.Owner, spec.Owner)
-			return nil
+			return refusal(ErrForbidden, "moving service %s from team %s to %s needs admin", name, before.Owner, spec.Owner), nil
 		}
 		if c, err := r.contract(ctx, q, name); err == nil {
 			narrowed := before
 			narrowed.Capabilities = spec.Capabilities
 			if fe := ValidateContract(c.Contract, narrowed); len(fe) > 0 {
-				refused = &Error{Kind: ErrConflict, Detail: fmt.Sprintf("the health contract of %s uses evidence these capabilities leave out; change the contract first", name), Fields: fe}
-				return nil
+				return &Error{Kind: ErrConflict, Detail: fmt.Sprintf("the health contract of %s uses evidence these capabilities leave out; change the contract first", name), Fields: fe}, nil
 			}
 		} else if !isNotFound(err) {
-			return err
+			return nil, err
 		}
 		row, err := q.ServiceUpdate(ctx, db.ServiceUpdateParams{Name: name, Owner: spec.Owner, Capabilities: capStrings(spec.Capabilities), Now: now})
 		if err != nil {
-			return fmt.Errorf("update service %s: %w", name, err)
+			return nil, fmt.Errorf("update service %s: %w", name, err)
 		}
 		out = serviceFromRow(row)
 		_, err = audit.Append(ctx, q, now, accepted(actor, action, "service", name, before, out))
-		return err
+		return nil, err
 	})
 	if err != nil {
 		return Service{}, false, err
-	}
-	if refused != nil {
-		return Service{}, false, r.refuse(ctx, actor, action, "service", name, spec, refused)
 	}
 	return out, created, nil
 }
