@@ -79,6 +79,13 @@ type Service struct {
 	UpdatedAt    time.Time
 }
 
+type ServiceGrant struct {
+	Service   string
+	Caller    string
+	GrantedAt time.Time
+	GrantedBy string
+}
+
 type Transition struct {
 	ID         int64
 	InstanceID uuid.UUID

@@ -594,3 +594,56 @@ func TestProberAssignments(t *testing.T) {
 		t.Fatalf("prober.assign audit: %+v", evs)
 	}
 }
+
+func TestGrantsAndResolution(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.mustService(t, "checkout", "payments")
+	checkoutWL := identity.Principal{Kind: identity.KindWorkload, Subject: "c-1", Service: "checkout"}
+	prober := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1", Service: "web"}
+
+	for _, p := range []identity.Principal{apiWL, checkoutWL, prober} {
+		err := e.reg.MayResolve(ctx, p, "web")
+		if re := wantKind(t, err, registry.ErrForbidden); !strings.Contains(re.Detail, "not granted") {
+			t.Errorf("%s: detail %q", p, re.Detail)
+		}
+	}
+	for _, p := range []identity.Principal{webWL, vera, admin} {
+		if err := e.reg.MayResolve(ctx, p, "web"); err != nil {
+			t.Errorf("%s resolving web: %v", p, err)
+		}
+	}
+	// An ungranted caller cannot tell a missing service from a refused one.
+	err := e.reg.MayResolve(ctx, apiWL, "no-such-service")
+	wantKind(t, err, registry.ErrForbidden)
+
+	_, err = e.reg.PutGrants(ctx, olga, "web", []string{"api"})
+	wantKind(t, err, registry.ErrForbidden)
+	_, err = e.reg.PutGrants(ctx, oscar, "web", []string{"api", "ghost", "Bad!"})
+	re := wantKind(t, err, registry.ErrInvalid)
+	if len(re.Fields) != 2 {
+		t.Fatalf("fields %+v", re.Fields)
+	}
+	g, err := e.reg.PutGrants(ctx, oscar, "web", []string{"checkout", "api", "api"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"api", "checkout"}, g.Callers); diff != "" {
+		t.Fatalf("callers (-want +got):\n%s", diff)
+	}
+	for _, p := range []identity.Principal{apiWL, checkoutWL} {
+		if err := e.reg.MayResolve(ctx, p, "web"); err != nil {
+			t.Errorf("%s after the grant: %v", p, err)
+		}
+	}
+	// Revoking by replacing the list.
+	if _, err := e.reg.PutGrants(ctx, oscar, "web", nil); err != nil {
+		t.Fatal(err)
+	}
+	wantKind(t, e.reg.MayResolve(ctx, apiWL, "web"), registry.ErrForbidden)
+	evs := e.events(t, audit.Filter{Action: "grants.put"})
+	if len(evs) != 4 || evs[0].Outcome != audit.Refused || evs[2].Outcome != audit.Accepted {
+		t.Fatalf("grants audit: %+v", evs)
+	}
+}

@@ -169,6 +169,8 @@ func (s *Server) routes() chi.Router {
 		r.Put("/v1/probers/{subject}/assignments", s.proberAssignmentsPut)
 		r.Post("/v1/reports", s.reportsPost)
 		r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
+		r.Get("/v1/services/{name}/grants", s.grantsGet)
+		r.Put("/v1/services/{name}/grants", s.grantsPut)
 	})
 	return r
 }

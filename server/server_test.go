@@ -381,3 +381,25 @@ func TestDatabaseDownAnswers503(t *testing.T) {
 		t.Errorf("no token with the database down: %d, want 401", r.Status)
 	}
 }
+
+func TestGrantsOverHTTP(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.Seed(t)
+	oscar := s.Token(t, oscarReq)
+	if r := s.JSON(t, "PUT", "/v1/services/web/grants", s.Token(t, apiReq), `{"callers":["api"]}`); r.Status != http.StatusForbidden {
+		t.Fatalf("a workload granting itself: %d %s", r.Status, r.Body)
+	}
+	r := s.JSON(t, "PUT", "/v1/services/web/grants", oscar, `{"callers":["api","nope"]}`)
+	if r.Status != http.StatusUnprocessableEntity || r.Problem(t).Errors[0].Field != "callers[1]" {
+		t.Fatalf("unknown caller: %d %s", r.Status, r.Body)
+	}
+	r = s.JSON(t, "PUT", "/v1/services/web/grants", oscar, `{"callers":["api"]}`)
+	if r.Status != http.StatusOK {
+		t.Fatalf("grant: %d %s", r.Status, r.Body)
+	}
+	g := servertest.Decode[registry.Grants](t, s.Do(t, "GET", "/v1/services/web/grants", s.Token(t, veraReq), "", ""))
+	if len(g.Callers) != 1 || g.Callers[0] != "api" {
+		t.Fatalf("grants %+v", g)
+	}
+}

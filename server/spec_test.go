@@ -359,6 +359,8 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"AuditEvent", reflect.TypeFor[audit.Event](), true},
 		{"ProberAssignments", reflect.TypeFor[registry.ProberAssignments](), false},
 		{"ReportBatch", reflect.TypeFor[reportBatch](), false},
+		{"GrantsBody", reflect.TypeFor[grantsBody](), false},
+		{"Grants", reflect.TypeFor[registry.Grants](), true},
 		{"Report", reflect.TypeFor[evaluator.Report](), false},
 		{"ReportResult", reflect.TypeFor[evaluator.Result](), true},
 		{"ReportRefusal", reflect.TypeFor[evaluator.Refusal](), true},

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS service_grants;
+DROP SEQUENCE IF EXISTS view_versions;
