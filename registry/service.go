@@ -192,3 +192,17 @@ func capStrings(cs []Capability) []string {
 	}
 	return out
 }
+
+// ServiceExists reports whether a service is registered. It checks no
+// authority: callers authorise first (MayResolve) and then learn whether
+// what they may see exists.
+func (r *Registry) ServiceExists(ctx context.Context, name string) (bool, error) {
+	_, err := db.New(r.cfg.Pool).ServiceGet(ctx, name)
+	switch {
+	case notFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read service %s: %w", name, err)
+	}
+	return true, nil
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/openapi"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/stream"
 )
 
 // Authenticator turns a bearer token into a principal.
@@ -56,6 +57,15 @@ type Config struct {
 	DevIssuerPath string
 	// MaxBodyBytes bounds request bodies; 1 MiB by default.
 	MaxBodyBytes int64
+	// Hub and Admission are the streaming tier behind /v1/watch and
+	// /v1/resolve.
+	Hub       *stream.Hub
+	Admission *stream.Admission
+	// WatchHeartbeat is the idle-stream heartbeat period: 15 s.
+	WatchHeartbeat time.Duration
+	// WatchWriteTimeout cuts off a subscriber that cannot take a frame:
+	// 30 s.
+	WatchWriteTimeout time.Duration
 }
 
 // Validate checks the configuration and fills defaults.
@@ -67,6 +77,8 @@ func (c *Config) Validate() error {
 		return errors.New("server: Audit is required")
 	case c.Evaluator == nil:
 		return errors.New("server: Evaluator is required")
+	case c.Hub == nil || c.Admission == nil:
+		return errors.New("server: Hub and Admission are required")
 	case c.Authenticator == nil:
 		return errors.New("server: Authenticator is required")
 	case c.Ready == nil:
@@ -82,6 +94,12 @@ func (c *Config) Validate() error {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
 	}
+	if c.WatchHeartbeat == 0 {
+		c.WatchHeartbeat = 15 * time.Second
+	}
+	if c.WatchWriteTimeout == 0 {
+		c.WatchWriteTimeout = 30 * time.Second
+	}
 	return nil
 }
 
@@ -94,9 +112,11 @@ type Server struct {
 }
 
 type serverMetrics struct {
-	requests     *prometheus.CounterVec
-	duration     *prometheus.HistogramVec
-	authFailures *prometheus.CounterVec
+	requests         *prometheus.CounterVec
+	duration         *prometheus.HistogramVec
+	authFailures     *prometheus.CounterVec
+	admissionRefused prometheus.Counter
+	framesSent       *prometheus.CounterVec
 }
 
 // New builds the router.
@@ -117,7 +137,17 @@ func New(cfg Config) (*Server, error) {
 			Name: "muster_auth_failures_total", Help: "Requests refused for want of a valid token, by reason.",
 		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{s.metrics.requests, s.metrics.duration, s.metrics.authFailures} {
+	s.metrics.admissionRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "muster_watch_admission_refused_total", Help: "Watch (re)subscriptions refused by reconnect admission.",
+	})
+	s.metrics.framesSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "muster_watch_frames_sent_total", Help: "Frames written to watch streams, by kind.",
+	}, []string{"kind"})
+	subscribers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "muster_watch_subscribers", Help: "Open watch streams.",
+	}, func() float64 { n, _ := cfg.Hub.Subscribers(); return float64(n) })
+	for _, c := range []prometheus.Collector{s.metrics.requests, s.metrics.duration, s.metrics.authFailures,
+		s.metrics.admissionRefused, s.metrics.framesSent, subscribers} {
 		if err := cfg.Metrics.Register(c); err != nil {
 			return nil, err
 		}
@@ -171,6 +201,8 @@ func (s *Server) routes() chi.Router {
 		r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 		r.Get("/v1/services/{name}/grants", s.grantsGet)
 		r.Put("/v1/services/{name}/grants", s.grantsPut)
+		r.Get("/v1/watch", s.watch)
+		r.Get("/v1/resolve/{service}", s.resolve)
 	})
 	return r
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
+	"github.com/musterhq/muster/stream"
 )
 
 // devIssuerPath is where `muster dev` serves its built-in OIDC issuer.
@@ -111,9 +112,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 
+	hub := stream.NewHub(stream.Config{})
 	var ready atomic.Bool
 	scfg := server.Config{
 		Logger: log, Registry: reg, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}),
 		Ready: func(ctx context.Context) error {
 			switch {
 			case !ready.Load():
@@ -167,6 +170,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	log.Info("shutting down")
 	ready.Store(false)
+	// Drain watch streams first: subscribers are told to reconnect
+	// elsewhere with jitter, and their handlers return.
+	hub.Close()
 	shutCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := hs.Shutdown(shutCtx); err != nil {

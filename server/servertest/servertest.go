@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
+	"github.com/musterhq/muster/stream"
 )
 
 // Clock is a settable clock shared by the registry and the evaluator.
@@ -52,6 +53,7 @@ type Stack struct {
 	Clock     *Clock
 	Client    *http.Client
 	Metrics   *prometheus.Registry
+	Hub       *stream.Hub
 }
 
 // Options adjust a Stack.
@@ -104,8 +106,10 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hub := stream.NewHub(stream.Config{})
 	srv, err := server.New(server.Config{
 		Registry: reg, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}),
 		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 	})
@@ -121,7 +125,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub}
 }
 
 // Token mints a token from the stack's dev issuer.

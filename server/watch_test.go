@@ -1,0 +1,153 @@
+package server_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/musterhq/muster/server/servertest"
+	"github.com/musterhq/muster/stream"
+)
+
+type event struct{ kind, id, data string }
+
+// readEvents reads n SSE events from an open watch response.
+func readEvents(t *testing.T, sc *bufio.Scanner, n int) []event {
+	t.Helper()
+	var out []event
+	var ev event
+	for len(out) < n && sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			out = append(out, ev)
+			ev = event{}
+		case strings.HasPrefix(line, "event: "):
+			ev.kind = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "id: "):
+			ev.id = strings.TrimPrefix(line, "id: ")
+		case strings.HasPrefix(line, "data: "):
+			ev.data = strings.TrimPrefix(line, "data: ")
+		}
+	}
+	if len(out) < n {
+		t.Fatalf("stream ended after %d of %d events: %v", len(out), n, sc.Err())
+	}
+	return out
+}
+
+func openWatch(t *testing.T, s *servertest.Stack, token, query string) (*http.Response, *bufio.Scanner) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, "GET", s.URL+"/v1/watch?"+query, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := s.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Body.Close() })
+	return res, bufio.NewScanner(res.Body)
+}
+
+func frame(kind stream.Kind, service string, from, v uint64) *stream.Frame {
+	return &stream.Frame{Kind: kind, Service: service, FromVersion: from, Version: v,
+		JSON: fmt.Appendf(nil, `{"service":%q,"from_version":%d,"version":%d}`, service, from, v)}
+}
+
+func TestWatchStreamsViewsThenDeltas(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.Seed(t)
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 10)}})
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 11), Delta: frame(stream.KindDelta, "web", 10, 11)}})
+	web := s.Token(t, webReq)
+
+	// A new client gets the full view, then live deltas.
+	res, sc := openWatch(t, s, web, "service=web")
+	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("watch: %d %v", res.StatusCode, res.Header)
+	}
+	if ev := readEvents(t, sc, 1)[0]; ev.kind != "view" || ev.id != "11" {
+		t.Fatalf("first event %+v, want the full view at 11", ev)
+	}
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 12), Delta: frame(stream.KindDelta, "web", 11, 12)}})
+	if ev := readEvents(t, sc, 1)[0]; ev.kind != "delta" || ev.id != "12" || !strings.Contains(ev.data, `"from_version":11`) {
+		t.Fatalf("live event %+v", ev)
+	}
+
+	// A client at 10 resumes with deltas; one at 12 gets nothing until
+	// something changes.
+	_, sc2 := openWatch(t, s, web, "service=web&since=10")
+	if evs := readEvents(t, sc2, 2); evs[0].kind != "delta" || evs[0].id != "11" || evs[1].id != "12" {
+		t.Fatalf("resume from 10: %+v", evs)
+	}
+	_, sc3 := openWatch(t, s, web, "service=web&since=12")
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 13), Delta: frame(stream.KindDelta, "web", 12, 13)}})
+	if ev := readEvents(t, sc3, 1)[0]; ev.kind != "delta" || ev.id != "13" {
+		t.Fatalf("current client: %+v", ev)
+	}
+
+	// Resolve serves the same bytes as the stream's view.
+	r := s.Do(t, "GET", "/v1/resolve/web", web, "", "")
+	if r.Status != http.StatusOK || r.Header.Get("ETag") != `"13"` || !strings.Contains(string(r.Body), `"version":13`) {
+		t.Fatalf("resolve: %d %v %s", r.Status, r.Header, r.Body)
+	}
+}
+
+func TestWatchAndResolveNeedAGrant(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.Seed(t)
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 1)}})
+	api := s.Token(t, apiReq)
+	for _, path := range []string{"/v1/watch?service=web", "/v1/resolve/web", "/v1/watch?service=api&service=web"} {
+		r := s.Do(t, "GET", path, api, "", "")
+		if r.Status != http.StatusForbidden || r.Problem(t).Type != "https://muster.dev/problems/forbidden" {
+			t.Errorf("%s by an ungranted caller: %d %s", path, r.Status, r.Body)
+		}
+	}
+	// Nor can it tell a missing service from a refused one.
+	if r := s.Do(t, "GET", "/v1/resolve/no-such-service", api, "", ""); r.Status != http.StatusForbidden {
+		t.Errorf("missing service: %d", r.Status)
+	}
+	if r := s.JSON(t, "PUT", "/v1/services/web/grants", s.Token(t, oscarReq), `{"callers":["api"]}`); r.Status != http.StatusOK {
+		t.Fatalf("grant: %d %s", r.Status, r.Body)
+	}
+	if r := s.Do(t, "GET", "/v1/resolve/web", api, "", ""); r.Status != http.StatusOK {
+		t.Fatalf("granted resolve: %d %s", r.Status, r.Body)
+	}
+	// An operator typo is a 404, not a stream that waits forever.
+	if r := s.Do(t, "GET", "/v1/watch?service=wbe", s.Token(t, veraReq), "", ""); r.Status != http.StatusNotFound {
+		t.Errorf("unknown service: %d", r.Status)
+	}
+	for _, q := range []string{"", "service=web&since=-1", "service=Not_A_Name"} {
+		if r := s.Do(t, "GET", "/v1/watch?"+q, api, "", ""); r.Status != http.StatusBadRequest {
+			t.Errorf("watch?%s: %d", q, r.Status)
+		}
+	}
+}
+
+func TestWatchDrainsOnShutdown(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.Seed(t)
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 1)}})
+	_, sc := openWatch(t, s, s.Token(t, webReq), "service=web")
+	readEvents(t, sc, 1)
+	s.Hub.Close()
+	if ev := readEvents(t, sc, 1)[0]; ev.kind != "drain" {
+		t.Fatalf("got %+v, want drain", ev)
+	}
+	if sc.Scan() {
+		t.Fatalf("stream stayed open after drain: %q", sc.Text())
+	}
+	r := s.Do(t, "GET", "/v1/watch?service=web", s.Token(t, webReq), "", "")
+	if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("subscribe while draining: %d", r.Status)
+	}
+}
