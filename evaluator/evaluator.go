@@ -22,10 +22,16 @@ import (
 // answer 503 with a short Retry-After.
 var ErrNotReady = errors.New("the evaluator is rebuilding its state after a start")
 
-// Sink receives transitions once the evaluator is ready: the next stage
-// (the assembler) implements it.
+// Sink receives what changed once the evaluator is ready: the next stage
+// (the assembler) implements it. Calls come from the evaluation loop, one
+// at a time, and must not block.
 type Sink interface {
+	// Transitions are eligibility changes, including an ended
+	// instance's last one.
 	Transitions(ts []eligibility.Transition)
+	// ServicesChanged names services whose instance set or contract
+	// changed without a transition (an instance added, say).
+	ServicesChanged(services []string)
 }
 
 // Config configures an Evaluator.
@@ -84,6 +90,15 @@ func (c *Config) Validate() error {
 type instanceInfo struct {
 	service string
 	zone    string
+	address string
+	port    int
+}
+
+type serviceInfo struct {
+	version      int64 // contract version applied (0: defaults)
+	caps         string
+	capabilities []string
+	minFraction  float64
 }
 
 // Evaluator is the evaluation worker.
@@ -98,13 +113,16 @@ type Evaluator struct {
 	engine    *eligibility.Engine
 	instances map[uuid.UUID]instanceInfo
 	byService map[string]map[uuid.UUID]struct{}
-	contracts map[string]int64 // service -> contract version applied (-1: defaults)
-	caps      map[string]string
+	services  map[string]*serviceInfo
+	// ended and changed collect what the next tick hands on: the last
+	// transitions of instances that left the registry, and services whose
+	// membership or contract changed.
+	ended   []eligibility.Transition
+	changed map[string]struct{}
 	probers   map[string]*proberAssignment
 	windows   map[windowKey]*windowCounts
 	winStart  time.Time
-	cursorAt  time.Time
-	cursorID  uuid.UUID
+	cursorAt  time.Time // newest updated_at applied
 	replayed  int
 
 	reporterMu sync.Mutex
@@ -136,8 +154,8 @@ func New(cfg Config) (*Evaluator, error) {
 		engine:    eligibility.NewEngine(cfg.Engine),
 		instances: map[uuid.UUID]instanceInfo{},
 		byService: map[string]map[uuid.UUID]struct{}{},
-		contracts: map[string]int64{},
-		caps:      map[string]string{},
+		services:  map[string]*serviceInfo{},
+		changed:   map[string]struct{}{},
 		probers:   map[string]*proberAssignment{},
 		windows:   map[windowKey]*windowCounts{},
 		reporters: map[string]eligibility.ReporterID{},
@@ -244,6 +262,17 @@ func (e *Evaluator) run(ctx context.Context, done chan struct{}) {
 	}
 }
 
+// refreshOverlap is how far behind its newest row each incremental
+// refresh starts reading again.
+const refreshOverlap = 10 * time.Second
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // minKickInterval bounds how often unknown instances in reports may force
 // an early registry refresh.
 const minKickInterval = 100 * time.Millisecond
@@ -252,9 +281,19 @@ const minKickInterval = 100 * time.Millisecond
 func (e *Evaluator) runOnce() {
 	start := time.Now()
 	e.mu.Lock()
-	ts := slices.Clone(e.engine.Tick(e.cfg.Now()))
+	ts := append(e.ended, e.engine.Tick(e.cfg.Now())...)
+	e.ended = nil
+	var changed []string
+	for name := range e.changed {
+		changed = append(changed, name)
+	}
+	clear(e.changed)
 	e.mu.Unlock()
 	e.metrics.tick.Observe(time.Since(start).Seconds())
+	if len(changed) > 0 && e.cfg.Sink != nil {
+		slices.Sort(changed)
+		e.cfg.Sink.ServicesChanged(changed)
+	}
 	e.publish(ts)
 }
 
@@ -290,6 +329,7 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	// The first evaluation after a rebuild restates what was computed
 	// before the restart; it is not a change and is not published.
 	e.engine.Tick(e.cfg.Now())
+	e.ended = nil
 	count := len(e.instances)
 	e.replayed = n
 	e.mu.Unlock()
@@ -315,18 +355,30 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	e.mu.Lock()
 	for _, sc := range scs {
 		key := fmt.Sprint(sc.Service.Capabilities)
-		if v, ok := e.contracts[sc.Service.Name]; ok && v == sc.ContractVersion && e.caps[sc.Service.Name] == key {
+		if si, ok := e.services[sc.Service.Name]; ok && si.version == sc.ContractVersion && si.caps == key {
 			continue
 		}
 		e.engine.SetService(sc.Service.Name, contractOf(sc))
-		e.contracts[sc.Service.Name], e.caps[sc.Service.Name] = sc.ContractVersion, key
+		caps := make([]string, len(sc.Service.Capabilities))
+		for i, c := range sc.Service.Capabilities {
+			caps[i] = string(c)
+		}
+		e.services[sc.Service.Name] = &serviceInfo{version: sc.ContractVersion, caps: key, capabilities: caps, minFraction: sc.Contract.MinHealthyFraction}
+		e.changed[sc.Service.Name] = struct{}{}
 	}
 	e.mu.Unlock()
 
+	// updated_at comes from the writers' clocks and commits land out of
+	// order, so a cursor at the newest row seen would miss a change stamped
+	// just before it that committed just after. Each refresh re-reads a
+	// trailing overlap; applying a row twice changes nothing.
+	e.mu.Lock()
+	since, after := e.cursorAt, uuid.Nil
+	if !since.IsZero() {
+		since = since.Add(-refreshOverlap)
+	}
+	e.mu.Unlock()
 	for {
-		e.mu.Lock()
-		since, after := e.cursorAt, e.cursorID
-		e.mu.Unlock()
 		batch, err := e.cfg.Registry.InstancesChangedSince(ctx, since, after, 5000)
 		if err != nil {
 			return err
@@ -335,12 +387,13 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 		e.mu.Lock()
 		for _, in := range batch {
 			e.applyInstance(in, now)
-			e.cursorAt, e.cursorID = in.UpdatedAt, in.ID
+			e.cursorAt = maxTime(e.cursorAt, in.UpdatedAt)
 		}
 		e.mu.Unlock()
 		if len(batch) < 5000 {
 			break
 		}
+		since, after = batch[len(batch)-1].UpdatedAt, batch[len(batch)-1].ID
 	}
 
 	// Prober assignments last, so assigned services resolve to the
@@ -378,17 +431,30 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 			e.log.Warn("add instance", "instance", in.ID, "err", err)
 			return
 		}
-		e.instances[in.ID] = instanceInfo{service: in.Service, zone: in.Zone}
+		e.instances[in.ID] = instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port}
+		e.changed[in.Service] = struct{}{}
 		if e.byService[in.Service] == nil {
 			e.byService[in.Service] = map[uuid.UUID]struct{}{}
 		}
 		e.byService[in.Service][in.ID] = struct{}{}
 	case in.State != registry.StateActive && known:
-		if in.State == registry.StateExpired {
-			// Lease expiry is a hard failure: ineligible at once, with a
-			// transition on record, before the instance is forgotten.
-			e.engine.HardFail(eligibility.InstanceID(in.ID), "lease expired", now)
+		// The instance leaves: its last transition goes on record (lease
+		// expiry is a hard failure, deregistration a graceful exit) before
+		// it is forgotten.
+		if v, ok := e.engine.Verdict(eligibility.InstanceID(in.ID), now); ok && v.State != eligibility.Ineligible {
+			reason := "deregistered"
+			switch in.State {
+			case registry.StateExpired:
+				reason = "lease expired"
+			case registry.StateReplaced:
+				reason = "replaced by a new registration of its endpoint"
+			}
+			e.ended = append(e.ended, eligibility.Transition{
+				Instance: eligibility.InstanceID(in.ID), Service: in.Service,
+				From: v.State, To: eligibility.Ineligible, At: now, Reason: reason,
+			})
 		}
+		e.changed[in.Service] = struct{}{}
 		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
 		delete(e.instances, in.ID)
 		delete(e.byService[in.Service], in.ID)
@@ -455,7 +521,7 @@ type Stats struct {
 func (e *Evaluator) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return Stats{Services: len(e.contracts), Instances: len(e.instances), WindowsReplayed: e.replayed}
+	return Stats{Services: len(e.services), Instances: len(e.instances), WindowsReplayed: e.replayed}
 }
 
 // EvaluateNow runs one evaluation tick at once, as the ticker would. Tools

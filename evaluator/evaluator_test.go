@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/eligibility"
@@ -243,14 +246,21 @@ func TestSilenceIsUnknownNotIneligible(t *testing.T) {
 
 // recordingSink remembers what the evaluator published.
 type recordingSink struct {
-	mu sync.Mutex
-	ts []eligibility.Transition
+	mu      sync.Mutex
+	ts      []eligibility.Transition
+	changed []string
 }
 
 func (r *recordingSink) Transitions(ts []eligibility.Transition) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ts = append(r.ts, ts...)
+}
+
+func (r *recordingSink) ServicesChanged(names []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.changed = append(r.changed, names...)
 }
 
 func (r *recordingSink) count() int {
@@ -307,5 +317,43 @@ func TestRestartRebuildsBeforePublishing(t *testing.T) {
 	}
 	if n := sink.count(); n != 0 {
 		t.Fatalf("the rebuild published %d transitions; it restates, it does not change", n)
+	}
+}
+
+func TestEndedInstanceLeavesATransition(t *testing.T) {
+	t.Parallel()
+	sink := &recordingSink{}
+	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Sink = sink }})
+	p1 := f.Token(t, prober1)
+	f.post(t, p1, report(f.web[0], "probe", "success"))
+	f.Evaluator.EvaluateNow()
+	if !slices.Contains(sink.changed, "web") {
+		t.Fatalf("services changed: %v, want web (instances were added)", sink.changed)
+	}
+	id, _ := uuid.Parse(f.web[0])
+	if _, err := f.Registry.Deregister(context.Background(), admin, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Evaluator.SyncNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.Evaluator.EvaluateNow()
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	var last eligibility.Transition
+	for _, tr := range sink.ts {
+		if uuid.UUID(tr.Instance) == id {
+			last = tr
+		}
+	}
+	if last.To != eligibility.Ineligible || last.Reason != "deregistered" || last.From != eligibility.Eligible {
+		t.Fatalf("last transition of the deregistered instance: %+v", last)
+	}
+	if _, ok := f.Evaluator.Snapshot("web"); !ok {
+		t.Fatal("no snapshot of web")
+	}
+	snap, _ := f.Evaluator.Snapshot("web")
+	if len(snap.Instances) != 2 || snap.MinHealthyFraction != 0.5 {
+		t.Fatalf("snapshot after deregistration: %+v", snap)
 	}
 }

@@ -90,3 +90,53 @@ func (e *Evaluator) ServiceEligibility(service string) (ServiceEligibility, erro
 	slices.SortFunc(out.Instances, func(a, b InstanceVerdict) int { return slices.Compare(a.InstanceID[:], b.InstanceID[:]) })
 	return out, nil
 }
+
+// EndpointVerdict is one instance's endpoint and verdict, for the assembler.
+type EndpointVerdict struct {
+	ID          uuid.UUID
+	Address     string
+	Port        int
+	Zone        string
+	State       eligibility.State
+	Weight      float64
+	HealthKnown bool
+	Quarantined bool
+}
+
+// ServiceSnapshot is what the assembler needs of one service.
+type ServiceSnapshot struct {
+	Name               string
+	MinHealthyFraction float64
+	Capabilities       []string
+	Instances          []EndpointVerdict
+}
+
+// Snapshot returns a service's endpoints with their current verdicts, or
+// false when the evaluator does not know the service (or is not ready).
+func (e *Evaluator) Snapshot(service string) (ServiceSnapshot, bool) {
+	if !e.ready.Load() {
+		return ServiceSnapshot{}, false
+	}
+	now := e.cfg.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	si := e.services[service]
+	if si == nil {
+		return ServiceSnapshot{}, false
+	}
+	out := ServiceSnapshot{Name: service, MinHealthyFraction: si.minFraction, Capabilities: si.capabilities,
+		Instances: make([]EndpointVerdict, 0, len(e.byService[service]))}
+	for id := range e.byService[service] {
+		v, ok := e.engine.Verdict(eligibility.InstanceID(id), now)
+		if !ok {
+			continue
+		}
+		info := e.instances[id]
+		out.Instances = append(out.Instances, EndpointVerdict{
+			ID: id, Address: info.address, Port: info.port, Zone: info.zone,
+			State: v.State, Weight: v.Weight, HealthKnown: v.HealthKnown,
+			Quarantined: v.QuarantinedUntil.After(now),
+		})
+	}
+	return out, true
+}
