@@ -117,13 +117,13 @@ type Evaluator struct {
 	// ended and changed collect what the next tick hands on: the last
 	// transitions of instances that left the registry, and services whose
 	// membership or contract changed.
-	ended   []eligibility.Transition
-	changed map[string]struct{}
-	probers   map[string]*proberAssignment
-	windows   map[windowKey]*windowCounts
-	winStart  time.Time
-	cursorAt  time.Time // newest updated_at applied
-	replayed  int
+	ended    []eligibility.Transition
+	changed  map[string]struct{}
+	probers  map[string]*proberAssignment
+	windows  map[windowKey]*windowCounts
+	winStart time.Time
+	cursorAt time.Time // newest updated_at applied
+	replayed int
 
 	reporterMu sync.Mutex
 	reporters  map[string]eligibility.ReporterID
