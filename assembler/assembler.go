@@ -1,0 +1,528 @@
+package assembler
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/eligibility"
+)
+
+// Assembler turns verdicts into versioned views and deltas. It is not safe
+// for concurrent use: the caller serialises every call.
+type Assembler struct {
+	opts  Options
+	load  loadMeter
+	svcs  map[string]*service
+	dirty map[string]*service // services with queued changes
+	// alarms are keyed by kind, service and zone.
+	alarms    map[alarmKey]Alarm
+	lastVer   uint64
+	published uint64
+	scratch   []byte
+}
+
+type alarmKey struct{ kind, service, zone string }
+
+// service is one service's state: what was last published, what the guard
+// wants published now, and the queued difference.
+type service struct {
+	name string
+	frac float64
+	caps []string // shared by the endpoints; replaced, never modified
+	// rawCaps is the input the caps were made from.
+	rawCaps []string
+	counts  map[string]zoneCount
+	gen     uint64
+	cur     map[uuid.UUID]*cand // every instance of the last Update
+	zones   map[string]ZoneStatus
+	spare   map[string]ZoneStatus // recycled for the next Update's zones
+
+	view     *View // last published; nil before the first version
+	pub      map[uuid.UUID]Endpoint
+	pubJSON  map[uuid.UUID][]byte  // each published endpoint's encoding
+	pubZones map[string]ZoneStatus // shared with view; replaced, never modified
+
+	pend       map[uuid.UUID]pending
+	zonesSince time.Time // zone statuses differ from pubZones since then
+	nW, nA     int
+	wSince     time.Time // oldest queued withdrawal
+	aSince     time.Time // oldest queued addition
+
+	routable    int
+	hadRoutable bool
+	removed     bool
+}
+
+// cand is one instance as the last Update gave it and the guard decided.
+type cand struct {
+	idx       int
+	gen       uint64
+	inTgt     bool     // the guard publishes it
+	tgt       Endpoint // as published (weight adjusted under a tripped guard)
+	firstFail time.Time
+}
+
+// pending is one queued endpoint change.
+type pending struct {
+	since      time.Time
+	withdrawal bool
+	zone       string
+	firstFail  time.Time
+}
+
+// New returns an Assembler. Zero or negative options take the defaults; a
+// MaxAdditionWindow below AdditionWindow is raised to it.
+func New(opts Options) *Assembler {
+	if opts.WithdrawalWindow <= 0 {
+		opts.WithdrawalWindow = DefaultWithdrawalWindow
+	}
+	if opts.AdditionWindow <= 0 {
+		opts.AdditionWindow = DefaultAdditionWindow
+	}
+	if opts.MaxAdditionWindow <= 0 {
+		opts.MaxAdditionWindow = DefaultMaxAdditionWindow
+	}
+	opts.MaxAdditionWindow = max(opts.MaxAdditionWindow, opts.AdditionWindow)
+	if opts.ChangeBudgetPerSecond <= 0 {
+		opts.ChangeBudgetPerSecond = DefaultChangeBudgetPerSecond
+	}
+	return &Assembler{
+		opts: opts,
+		load: loadMeter{
+			base: opts.AdditionWindow, max: opts.MaxAdditionWindow, win: opts.AdditionWindow,
+			budget: float64(opts.ChangeBudgetPerSecond),
+		},
+		svcs:   map[string]*service{},
+		dirty:  map[string]*service{},
+		alarms: map[alarmKey]Alarm{},
+	}
+}
+
+func newService(name string) *service {
+	return &service{
+		name: name, cur: map[uuid.UUID]*cand{}, zones: map[string]ZoneStatus{},
+		spare: map[string]ZoneStatus{}, counts: map[string]zoneCount{}, pub: map[uuid.UUID]Endpoint{},
+		pubJSON:  map[uuid.UUID][]byte{},
+		pubZones: map[string]ZoneStatus{}, pend: map[uuid.UUID]pending{},
+	}
+}
+
+func normFraction(f float64) float64 {
+	switch {
+	case !(f > 0): // also NaN
+		return DefaultMinHealthyFraction
+	case f > 1:
+		return 1
+	}
+	return f
+}
+
+func normWeight(w float64) float64 {
+	if !(w > 0) || math.IsInf(w, 0) {
+		return 0
+	}
+	return w
+}
+
+// normState maps a value outside the known states to Unknown: an
+// unreadable verdict is no evidence of failure (ADR-05).
+func normState(s eligibility.State) eligibility.State {
+	if s > eligibility.Ineligible {
+		return eligibility.Unknown
+	}
+	return s
+}
+
+// tripped reports whether routable of total is below frac. The division is
+// correctly rounded, so a fraction met exactly (3 of 10 at 0.3) holds.
+func tripped(routable, total int, frac float64) bool {
+	return total > 0 && float64(routable)/float64(total) < frac
+}
+
+type zoneCount struct{ routable, total int }
+
+// Update recomputes the service's endpoint set from s through the guard and
+// queues the difference against what was last published. s lists every
+// instance of the service; one left out is gone. If an id appears twice the
+// last entry wins.
+func (a *Assembler) Update(s ServiceInput, now time.Time) {
+	sv := a.svcs[s.Name]
+	if sv == nil {
+		sv = newService(s.Name)
+		a.svcs[s.Name] = sv
+	}
+	sv.removed = false
+	sv.frac = normFraction(s.MinHealthyFraction)
+	if sv.caps == nil || !slices.Equal(sv.rawCaps, s.Capabilities) {
+		sv.rawCaps = slices.Clone(s.Capabilities)
+		caps := append([]string{}, s.Capabilities...)
+		slices.Sort(caps)
+		sv.caps = slices.Compact(caps)
+	}
+	sv.gen++
+
+	// Index the input; the last entry of an id wins.
+	for i := range s.Instances {
+		id := s.Instances[i].ID
+		c := sv.cur[id]
+		if c == nil {
+			c = &cand{}
+			sv.cur[id] = c
+		}
+		c.idx, c.gen = i, sv.gen
+	}
+
+	// The guard: per zone, routable of total against the fraction.
+	counts := sv.counts
+	clear(counts)
+	routableAll := 0
+	for i := range s.Instances {
+		x := &s.Instances[i]
+		if sv.cur[x.ID].idx != i {
+			continue
+		}
+		zc := counts[x.Zone]
+		zc.total++
+		if !x.Quarantined && normState(x.State).InRotation() {
+			zc.routable++
+			routableAll++
+		}
+		counts[x.Zone] = zc
+	}
+	old := sv.zones
+	zones := sv.spare
+	clear(zones)
+	for z, zc := range counts {
+		st := ZoneStatus{Guard: GuardOK, Eligible: zc.routable, Total: zc.total, MinHealthyFraction: sv.frac}
+		if tripped(zc.routable, zc.total, sv.frac) {
+			st.Guard = GuardTripped
+		}
+		zones[z] = st
+	}
+	sv.zones, sv.spare = zones, old
+
+	// The candidate endpoints, and the changes against the published set.
+	changes := 0
+	for i := range s.Instances {
+		x := &s.Instances[i]
+		c := sv.cur[x.ID]
+		if c.idx != i {
+			continue
+		}
+		st := normState(x.State)
+		ep := Endpoint{
+			InstanceID: x.ID, Address: x.Address, Port: x.Port, Zone: x.Zone,
+			State: st.String(), Weight: normWeight(x.Weight), Health: HealthUnknown,
+			Capabilities: sv.caps, Quarantined: x.Quarantined,
+		}
+		if x.HealthKnown {
+			ep.Health = HealthKnown
+		}
+		in := true
+		if x.Quarantined || !st.InRotation() {
+			ep.State = eligibility.Ineligible.String()
+			in = zones[x.Zone].Guard == GuardTripped
+			ep.Weight = TrippedWeight
+		}
+		if c.inTgt != in || (in && !sameEndpoint(&c.tgt, &ep)) {
+			changes++
+		}
+		c.inTgt, c.tgt, c.firstFail = in, ep, x.FirstFailureAt
+		sv.requeue(x.ID, now)
+	}
+	for id, c := range sv.cur {
+		if c.gen == sv.gen {
+			continue
+		}
+		if c.inTgt {
+			changes++
+		}
+		ff := c.firstFail
+		delete(sv.cur, id)
+		sv.requeueGone(id, ff, now)
+	}
+	sv.requeueZones(now)
+	sv.recount()
+	if sv.view == nil {
+		// A service's initial population is not load: nobody
+		// subscribes to it yet, and a rebuild must not shed.
+		changes = 0
+	}
+	a.load.add(now, changes)
+	a.markDirty(sv)
+	a.raiseAlarms(sv, old, routableAll, now)
+}
+
+func sameEndpoint(a, b *Endpoint) bool {
+	return a.InstanceID == b.InstanceID && a.Address == b.Address && a.Port == b.Port &&
+		a.Zone == b.Zone && a.State == b.State && a.Weight == b.Weight && a.Health == b.Health &&
+		a.Quarantined == b.Quarantined && slices.Equal(a.Capabilities, b.Capabilities)
+}
+
+// requeue reconciles the queued change of an instance still in the input
+// with the published set.
+func (sv *service) requeue(id uuid.UUID, now time.Time) {
+	c := sv.cur[id]
+	p, inPub := sv.pub[id]
+	var changed, withdrawal bool
+	switch {
+	case inPub && !c.inTgt:
+		changed, withdrawal = true, true
+	case !inPub && c.inTgt:
+		changed = true
+	case inPub && c.inTgt && !sameEndpoint(&p, &c.tgt):
+		changed, withdrawal = true, p.Weight > 0 && c.tgt.Weight == 0
+	}
+	sv.setPending(id, changed, withdrawal, c.tgt.Zone, c.firstFail, now)
+}
+
+// requeueGone reconciles the queued change of an instance no longer in the
+// input (or of a removed service).
+func (sv *service) requeueGone(id uuid.UUID, firstFail time.Time, now time.Time) {
+	p, inPub := sv.pub[id]
+	sv.setPending(id, inPub, true, p.Zone, firstFail, now)
+}
+
+func (sv *service) setPending(id uuid.UUID, changed, withdrawal bool, zone string, firstFail, now time.Time) {
+	old, had := sv.pend[id]
+	switch {
+	case !changed:
+		if had {
+			delete(sv.pend, id)
+		}
+	case had && old.withdrawal == withdrawal:
+		// Same queue: the change keeps its place (its batching
+		// window started when it was first queued).
+		old.zone, old.firstFail = zone, firstFail
+		sv.pend[id] = old
+	default:
+		sv.pend[id] = pending{since: now, withdrawal: withdrawal, zone: zone, firstFail: firstFail}
+	}
+}
+
+func (sv *service) requeueZones(now time.Time) {
+	if zonesEqual(sv.zones, sv.pubZones) {
+		sv.zonesSince = time.Time{}
+	} else if sv.zonesSince.IsZero() {
+		sv.zonesSince = now
+	}
+}
+
+func zonesEqual(a, b map[string]ZoneStatus) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for z, s := range a {
+		if t, ok := b[z]; !ok || t != s {
+			return false
+		}
+	}
+	return true
+}
+
+// recount refreshes the queue counters and oldest times.
+func (sv *service) recount() {
+	sv.nW, sv.nA = 0, 0
+	sv.wSince, sv.aSince = time.Time{}, time.Time{}
+	for _, p := range sv.pend {
+		if p.withdrawal {
+			sv.nW++
+			if sv.wSince.IsZero() || p.since.Before(sv.wSince) {
+				sv.wSince = p.since
+			}
+		} else {
+			sv.nA++
+			if sv.aSince.IsZero() || p.since.Before(sv.aSince) {
+				sv.aSince = p.since
+			}
+		}
+	}
+	if !sv.zonesSince.IsZero() && (sv.aSince.IsZero() || sv.zonesSince.Before(sv.aSince)) {
+		// A zone-status change with no endpoint change travels on the
+		// addition window.
+		sv.aSince = sv.zonesSince
+	}
+}
+
+func (sv *service) queued() bool { return sv.nW > 0 || !sv.aSince.IsZero() }
+
+func (a *Assembler) markDirty(sv *service) {
+	if sv.queued() {
+		a.dirty[sv.name] = sv
+	} else {
+		delete(a.dirty, sv.name)
+		if sv.removed {
+			delete(a.svcs, sv.name)
+		}
+	}
+}
+
+// RemoveService withdraws every published endpoint of the service (on the
+// withdrawal window), drops what was queued for it and clears its alarms.
+// Once the emptied view is published the service is forgotten; a service
+// never published is forgotten at once.
+func (a *Assembler) RemoveService(name string, now time.Time) {
+	sv := a.svcs[name]
+	if sv == nil {
+		return
+	}
+	a.clearAlarms(name)
+	changes := 0
+	for id := range sv.pend {
+		if _, ok := sv.pub[id]; !ok {
+			delete(sv.pend, id)
+		}
+	}
+	for id := range sv.pub {
+		ff := sv.pend[id].firstFail
+		if c := sv.cur[id]; c != nil {
+			ff = c.firstFail
+		}
+		sv.requeueGone(id, ff, now)
+	}
+	for _, c := range sv.cur {
+		if c.inTgt {
+			changes++
+		}
+	}
+	clear(sv.cur)
+	clear(sv.zones)
+	sv.removed, sv.hadRoutable, sv.routable = true, false, 0
+	sv.requeueZones(now)
+	sv.recount()
+	if sv.view == nil {
+		a.load.advance(now)
+		delete(a.dirty, name)
+		delete(a.svcs, name)
+		return
+	}
+	a.load.add(now, changes)
+	a.markDirty(sv)
+}
+
+// NextDue returns when Drain next has something to publish, given the
+// current addition window (zero if nothing is queued). It may be in the
+// past.
+func (a *Assembler) NextDue() time.Time {
+	var due time.Time
+	for _, sv := range a.dirty {
+		for _, t := range [2]time.Time{sv.wDue(a.opts.WithdrawalWindow), sv.aDue(a.load.win)} {
+			if !t.IsZero() && (due.IsZero() || t.Before(due)) {
+				due = t
+			}
+		}
+	}
+	return due
+}
+
+func (sv *service) wDue(w time.Duration) time.Time {
+	if sv.nW == 0 {
+		return time.Time{}
+	}
+	return sv.wSince.Add(w)
+}
+
+func (sv *service) aDue(w time.Duration) time.Time {
+	if sv.aSince.IsZero() {
+		return time.Time{}
+	}
+	return sv.aSince.Add(w)
+}
+
+// View returns the service's last published view, shared and immutable.
+func (a *Assembler) View(service string) (*View, bool) {
+	sv := a.svcs[service]
+	if sv == nil || sv.view == nil {
+		return nil, false
+	}
+	return sv.view, true
+}
+
+// Alarms returns the open alarms ordered by kind, service and zone.
+func (a *Assembler) Alarms() []Alarm {
+	out := make([]Alarm, 0, len(a.alarms))
+	for _, al := range a.alarms {
+		out = append(out, al)
+	}
+	slices.SortFunc(out, func(x, y Alarm) int {
+		return cmp.Or(cmp.Compare(x.Kind, y.Kind), cmp.Compare(x.Service, y.Service), cmp.Compare(x.Zone, y.Zone))
+	})
+	return out
+}
+
+// Shedding reports whether the addition window is grown (a shed episode is
+// under way).
+func (a *Assembler) Shedding() bool { return a.load.shedding }
+
+// Stats returns the queues' state.
+func (a *Assembler) Stats() Stats {
+	st := Stats{
+		Services: len(a.svcs), ShedEpisodes: a.load.episodes, Shedding: a.load.shedding,
+		AdditionWindow: a.load.win, Published: a.published,
+	}
+	for _, sv := range a.dirty {
+		st.QueuedWithdrawals += sv.nW
+		st.QueuedAdditions += sv.nA
+	}
+	return st
+}
+
+func (a *Assembler) raiseAlarms(sv *service, old map[string]ZoneStatus, routable int, now time.Time) {
+	for z := range old {
+		if _, ok := sv.zones[z]; !ok {
+			delete(a.alarms, alarmKey{AlarmFractionGuard, sv.name, z})
+		}
+	}
+	for z, st := range sv.zones {
+		k := alarmKey{AlarmFractionGuard, sv.name, z}
+		if st.Guard != GuardTripped {
+			delete(a.alarms, k)
+			continue
+		}
+		al, open := a.alarms[k]
+		if !open {
+			al = Alarm{Kind: AlarmFractionGuard, Service: sv.name, Zone: z, Since: now}
+		}
+		if !open || old[z] != st {
+			al.Detail = fmt.Sprintf("%d of %d instances in rotation (%.0f%%), below the minimum healthy fraction %g: publishing all %d",
+				st.Eligible, st.Total, 100*float64(st.Eligible)/float64(st.Total), st.MinHealthyFraction, st.Total)
+		}
+		a.alarms[k] = al
+	}
+
+	k := alarmKey{AlarmLastInstance, sv.name, ""}
+	total := 0
+	for _, st := range sv.zones {
+		total += st.Total
+	}
+	switch {
+	case routable > 0:
+		sv.hadRoutable = true
+		delete(a.alarms, k)
+	case sv.hadRoutable:
+		al, open := a.alarms[k]
+		if !open {
+			al = Alarm{Kind: AlarmLastInstance, Service: sv.name, Since: now}
+		}
+		if total == 0 {
+			al.Detail = "no instance in rotation in the region: the last instances were removed from the registry"
+		} else {
+			al.Detail = fmt.Sprintf("no instance in rotation in the region: 0 of %d instances, all ineligible or quarantined; the guard keeps all %d published", total, total)
+		}
+		a.alarms[k] = al
+	}
+	sv.routable = routable
+}
+
+func (a *Assembler) clearAlarms(service string) {
+	for k := range a.alarms {
+		if k.service == service {
+			delete(a.alarms, k)
+		}
+	}
+}

@@ -1,0 +1,166 @@
+// Package assembler is muster's pure view-assembly core (ADR-08, 11, 16):
+// it turns each service's instance verdicts into a versioned routing view,
+// applies the minimum-healthy-fraction guard per zone, raises the guard and
+// last-instance alarms, and queues the difference against what was last
+// published as deltas on two queues with different batching windows. It
+// imports nothing from muster but eligibility's State, does no I/O, starts
+// no goroutines and never reads the clock: every time is passed in, and
+// versions come from an injected VersionSource. It is not safe for
+// concurrent use; the caller serialises.
+//
+// # Flow
+//
+// Update(service input, now) computes the service's candidate set through
+// the guard and queues, per endpoint, the difference against the published
+// set. Drain(now, versions) publishes what is due, reserving one version
+// per published service at that moment, so versions are assigned when a
+// delta is sent, never when a change was queued. NextDue says when to call
+// Drain next. Alarms are raised and cleared by Update (and RemoveService),
+// on the candidate set, not on what has been published yet.
+//
+// # The guard (ADR-08)
+//
+// Routable means in rotation by the instance's own verdict: eligible,
+// degraded or unknown, and not quarantined (silence is not failure, so
+// unknown stays in rotation and keeps its weight). For each zone of a
+// service, if routable/total < the service's MinHealthyFraction the zone is
+// tripped: every instance of the zone is published, out-of-rotation and
+// quarantined ones included (quarantine never drains a service), the zone
+// status says "tripped" and a fraction_guard alarm is open for
+// (service, zone) until the zone untrips or disappears. Zones are
+// independent. Decisions:
+//
+//   - An endpoint always shows its own verdict: a published instance out of
+//     rotation has state "ineligible" (a quarantined one also carries
+//     quarantined: true), whatever weight it is published at.
+//   - Out-of-rotation endpoints in a tripped zone are published at weight
+//     TrippedWeight (1). The guard disregards health, so each gets the share
+//     of a fully ramped instance; this keeps the view a pure function of the
+//     input (no memory of a last in-rotation weight, which a never-admitted
+//     instance would not have) and spreads load evenly instead of piling it
+//     on the few routable instances.
+//   - A fraction outside (0,1] (0, negative, NaN) is replaced by 0.5 and one
+//     above 1 is clamped to 1: the guard cannot be switched off by input,
+//     mirroring the registry's validation.
+//   - The comparison is a correctly rounded division, so a fraction met
+//     exactly (5 of 10 at 0.5) does not trip.
+//   - ZoneStatus.Eligible counts routable instances by their own verdict;
+//     Total counts all instances of the zone.
+//   - A verdict State outside the known values is read as unknown (no
+//     evidence of failure); a weight that is negative, NaN or infinite is
+//     published as 0. Weights are otherwise passed through.
+//
+// # Last instance
+//
+// A last_instance alarm opens when a service that had a routable instance
+// (since it was first seen or the alarm last cleared) has none left in the
+// region, all zones together, whether by verdicts or because the instances
+// left the registry. It clears when the service has a routable instance
+// again, or on RemoveService. A service that never had a routable instance
+// (a new deploy whose instances await readiness) raises none; that also
+// means an assembler started while a service is fully down raises none until
+// it recovers and falls again, though every zone's guard alarm does. The
+// last instance is kept published: with no routable instance every zone is
+// tripped (0 < fraction), so the full set stays in the view. Only instances
+// the registry no longer lists leave the view; the alarm still fires.
+//
+// # Queues (ADR-11)
+//
+// Each endpoint change is queued on one of two queues per service:
+//
+//   - withdrawal: the endpoint leaves the published set, or its weight
+//     goes from above 0 to 0;
+//   - addition: a new endpoint, a re-entry, a weight increase, and every
+//     other change (a weight decrease above 0, a state or health change, a
+//     tripped zone's endpoints showing ineligible).
+//
+// A zone-status change without an endpoint change travels on the addition
+// queue; zone statuses are carried by every version of the service, so
+// they also ride along with withdrawals. A change keeps its place while it
+// is replaced by a newer change of the same class and restarts its window
+// when it moves between queues; a change undone before it was sent is
+// dropped.
+//
+// A service's withdrawals are published together once the oldest has
+// waited WithdrawalWindow (50 ms): the window is a batching bound, not a
+// delay per change. Its additions are published together once the oldest
+// has waited the current addition window. A withdrawal-only version never
+// waits for, or carries, the service's queued additions, with one
+// exception: if publishing the withdrawals alone would leave a zone the
+// view already shows short (fewer endpoints at weight > 0 than the guard's
+// set for the zone, and either none at all or below the minimum healthy
+// fraction of the zone), that zone's queued additions go with them. Without
+// it a rolling replacement under a grown addition window would publish an
+// empty zone for up to 30 s, which is the outage the guard exists to
+// prevent. A service's first version (and a zone the view does not show
+// yet) travels on the addition window.
+//
+// Within one Drain, services carrying a withdrawal get the lower versions
+// and come first in the result.
+//
+// # Shedding
+//
+// Every endpoint change entering the queues (both kinds; including changes
+// that undo a queued one) counts toward the region's change rate, except a
+// service's initial population before its first version: nobody can be
+// subscribed to it yet, and a rebuild of the whole region must not start
+// by shedding. At the
+// end of each epoch (one current addition window long) the count is
+// compared with ChangeBudgetPerSecond × window: above it the addition
+// window doubles, up to MaxAdditionWindow; at or below half of it the window
+// halves back towards AdditionWindow; in between it holds. Leaving the base
+// window starts a shed episode (Stats.ShedEpisodes, Shedding()), returning
+// to it ends the episode. Queued additions are due by the current window,
+// so a grown window also delays those already queued. NextDue reads the
+// window as it stands; Drain first closes any finished epoch, which may grow
+// the window and postpone an addition NextDue reported as due. Withdrawals are never
+// shed: their window is fixed and no addition is ever published ahead of,
+// or instead of, a due withdrawal.
+//
+// # Versions and deltas
+//
+// Drain reserves all the versions it needs with one VersionSource.Next call
+// after deciding what to publish and before changing anything. If Next
+// fails, or returns a version not above the last one published
+// (ErrVersionNotFresh), Drain returns the error, publishes nothing and
+// leaves every change queued; the reserved versions, if any, are simply
+// never used. Versions are therefore strictly increasing per service and
+// across services.
+//
+// A Delta carries the changed endpoints in full (Upserts), the ids that
+// left (Removals), the zones whose status changed (Zones) or that
+// disappeared (RemovedZones), the new checksum and FromVersion/Version.
+// Applying it to the view at FromVersion yields exactly the view at
+// Version. A service's first version has no Delta; a subscriber starts
+// from the View.
+//
+// Views and deltas are immutable once published and carry their JSON
+// encoding, computed once (View.Encoded, Delta.Encoded, and the same bytes
+// in Published), so the streaming tier can share them across subscribers.
+// Each endpoint's encoding is kept from the version that changed it and
+// spliced into the next view's, byte-identical to encoding/json.
+//
+// # Checksum
+//
+// The checksum covers the endpoint set only (not zone statuses or
+// versions): the hex SHA-256 of a canonical, length-prefixed encoding of the
+// endpoints in instance-id order (see Checksum), so it is order-independent
+// and a client can recompute it to detect divergence and ask for a full
+// view.
+//
+// # Removing a service
+//
+// RemoveService drops the service's queued additions, queues the
+// withdrawal of every published endpoint and clears its alarms; the
+// emptied view is published on the withdrawal window, after which the
+// service is forgotten (View reports false). A service never published is
+// forgotten at once. An Update of the same name revives it.
+//
+// # Inputs
+//
+// An Update lists every instance of the service; one left out is gone. If
+// an id appears twice, the last entry wins. Capabilities are sorted and
+// deduplicated, and shared by every endpoint of the service. Withdrawal lag
+// (Published.WithdrawalLags) is the Drain time minus the FirstFailureAt the
+// input last carried for a withdrawn endpoint.
+package assembler
