@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
@@ -61,6 +62,8 @@ type Config struct {
 	// /v1/resolve.
 	Hub       *stream.Hub
 	Admission *stream.Admission
+	// Alarms lists the open alarms (the publisher).
+	Alarms interface{ Alarms() []assembler.Alarm }
 	// WatchHeartbeat is the idle-stream heartbeat period: 15 s.
 	WatchHeartbeat time.Duration
 	// WatchWriteTimeout cuts off a subscriber that cannot take a frame:
@@ -77,8 +80,8 @@ func (c *Config) Validate() error {
 		return errors.New("server: Audit is required")
 	case c.Evaluator == nil:
 		return errors.New("server: Evaluator is required")
-	case c.Hub == nil || c.Admission == nil:
-		return errors.New("server: Hub and Admission are required")
+	case c.Hub == nil || c.Admission == nil || c.Alarms == nil:
+		return errors.New("server: Hub, Admission and Alarms are required")
 	case c.Authenticator == nil:
 		return errors.New("server: Authenticator is required")
 	case c.Ready == nil:
@@ -203,6 +206,7 @@ func (s *Server) routes() chi.Router {
 		r.Put("/v1/services/{name}/grants", s.grantsPut)
 		r.Get("/v1/watch", s.watch)
 		r.Get("/v1/resolve/{service}", s.resolve)
+		r.Get("/v1/alarms", s.alarmsGet)
 	})
 	return r
 }

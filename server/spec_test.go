@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/openapi"
@@ -360,6 +361,8 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"ProberAssignments", reflect.TypeFor[registry.ProberAssignments](), false},
 		{"ReportBatch", reflect.TypeFor[reportBatch](), false},
 		{"GrantsBody", reflect.TypeFor[grantsBody](), false},
+		{"AlarmList", reflect.TypeFor[alarmList](), true},
+		{"Alarm", reflect.TypeFor[assembler.Alarm](), true},
 		{"Grants", reflect.TypeFor[registry.Grants](), true},
 		{"Report", reflect.TypeFor[evaluator.Report](), false},
 		{"ReportResult", reflect.TypeFor[evaluator.Result](), true},

@@ -19,6 +19,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/stream"
@@ -105,18 +106,26 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	eval, err := evaluator.New(evaluator.Config{
-		Registry: reg, Pool: pool, Logger: log, Registerer: metrics,
+	hub := stream.NewHub(stream.Config{})
+	var eval *evaluator.Evaluator
+	pub, err := publisher.New(publisher.Config{
+		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) },
+		Hub:      hub, Versions: db.NewVersionBlocks(pool), Logger: log, Registerer: metrics,
+	})
+	if err != nil {
+		return err
+	}
+	eval, err = evaluator.New(evaluator.Config{
+		Registry: reg, Pool: pool, Logger: log, Registerer: metrics, Sink: pub,
 	})
 	if err != nil {
 		return err
 	}
 
-	hub := stream.NewHub(stream.Config{})
 	var ready atomic.Bool
 	scfg := server.Config{
 		Logger: log, Registry: reg, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}),
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub,
 		Ready: func(ctx context.Context) error {
 			switch {
 			case !ready.Load():
@@ -149,6 +158,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	defer reaper.Stop()
 	// The evaluator's context is not the signal context: on shutdown it
 	// is stopped explicitly after the HTTP server, so it can flush.
+	if err := pub.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	defer pub.Stop()
 	if err := eval.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
@@ -179,6 +192,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return fmt.Errorf("http shutdown: %w", err)
 	}
 	eval.Stop()
+	pub.Stop()
 	reaper.Stop()
 	return nil
 }

@@ -19,9 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/stream"
@@ -54,6 +56,8 @@ type Stack struct {
 	Client    *http.Client
 	Metrics   *prometheus.Registry
 	Hub       *stream.Hub
+	// Publisher is not started: tests step it with RunOnce.
+	Publisher *publisher.Publisher
 }
 
 // Options adjust a Stack.
@@ -82,14 +86,23 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hub := stream.NewHub(stream.Config{Now: clk.Now})
+	var ev *evaluator.Evaluator
+	pub, err := publisher.New(publisher.Config{
+		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) },
+		Hub:      hub, Versions: db.NewVersionBlocks(pool), Now: clk.Now, Registerer: metrics,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ecfg := evaluator.Config{
-		Registry: reg, Pool: pool, Now: clk.Now, Registerer: metrics,
+		Registry: reg, Pool: pool, Now: clk.Now, Registerer: metrics, Sink: pub,
 		Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute,
 	}
 	if opts.Evaluator != nil {
 		opts.Evaluator(&ecfg)
 	}
-	ev, err := evaluator.New(ecfg)
+	ev, err = evaluator.New(ecfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,10 +119,9 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hub := stream.NewHub(stream.Config{})
 	srv, err := server.New(server.Config{
 		Registry: reg, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}),
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub,
 		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 	})
@@ -125,7 +137,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub}
 }
 
 // Token mints a token from the stack's dev issuer.
