@@ -182,6 +182,9 @@ type flapEntry struct {
 // instance is laid out hot-first: Observe touches the flags, the class
 // states and the reporter ids, which share the first few cache lines.
 type instance struct {
+	// id first: the index confirms a hash match against it, and svc is
+	// read next, so a lookup and the Observe that follows share one line.
+	id    InstanceID
 	svc   int32
 	state State
 	// admitted: has been in rotation at least once. A new instance of a
@@ -205,7 +208,6 @@ type instance struct {
 
 	weight, reasonVal                     float64
 	tIn, inelSince, qUntil, qEnd, nextDue int64
-	id                                    InstanceID
 	dep                                   string
 	hardReason                            string
 	ring                                  [maxFlapRing]flapEntry
@@ -298,7 +300,7 @@ func (e *Engine) AddInstance(id InstanceID, service string, now time.Time) error
 	if !ok {
 		return ErrUnknownService
 	}
-	if _, dup := e.idx.get(id); dup {
+	if _, dup := e.idx.get(id, e.inst); dup {
 		return ErrDuplicateInstance
 	}
 	t := now.UnixNano()
@@ -309,25 +311,27 @@ func (e *Engine) AddInstance(id InstanceID, service string, now time.Time) error
 		in.state, in.admitted, in.tIn, in.reason = Eligible, true, t, rNoReadiness
 		in.weight = e.ramp(&in, e.svcs[si], &assessment{}, t)
 	}
-	e.idx.set(id, int32(len(e.inst)))
 	e.inst = append(e.inst, in)
+	e.idx.set(id, int32(len(e.inst)-1), e.inst)
 	return nil
 }
 
 // RemoveInstance forgets an instance. Unknown ids are ignored.
 func (e *Engine) RemoveInstance(id InstanceID) {
-	i, ok := e.idx.get(id)
+	i, ok := e.idx.get(id, e.inst)
 	if !ok {
 		return
 	}
+	// The index confirms hashes against e.inst, so each step runs while
+	// the slots it reads still hold the ids it expects.
+	e.idx.delete(id, e.inst)
 	last := int32(len(e.inst) - 1)
 	if i != last {
 		e.inst[i] = e.inst[last]
-		e.idx.set(e.inst[i].id, i)
+		e.idx.set(e.inst[i].id, i, e.inst) // found via inst[last], still a copy
 	}
 	e.inst[last] = instance{}
 	e.inst = e.inst[:last]
-	e.idx.delete(id)
 }
 
 // HardFail records an out-of-band hard failure (lease expired, process
@@ -336,7 +340,7 @@ func (e *Engine) RemoveInstance(id InstanceID) {
 // stamped at now. It stays out until a later success and the normal
 // re-entry rules let it back. Unknown ids are ignored.
 func (e *Engine) HardFail(id InstanceID, reason string, now time.Time) {
-	i, ok := e.idx.get(id)
+	i, ok := e.idx.get(id, e.inst)
 	if !ok {
 		return
 	}
@@ -358,7 +362,7 @@ func (e *Engine) HardFail(id InstanceID, reason string, now time.Time) {
 // Observe records one sample. It is the hot path: O(1) and free of
 // allocations for a known instance. The verdict changes at the next Tick.
 func (e *Engine) Observe(s Sample) error {
-	i, ok := e.idx.get(s.Instance)
+	i, ok := e.idx.get(s.Instance, e.inst)
 	if !ok {
 		return ErrUnknownInstance
 	}

@@ -50,7 +50,7 @@ type ClassSummary struct {
 // Verdict returns the instance's verdict: state and weight as the last Tick
 // decided them, evidence evaluated at now. It changes nothing.
 func (e *Engine) Verdict(id InstanceID, now time.Time) (Verdict, bool) {
-	i, ok := e.idx.get(id)
+	i, ok := e.idx.get(id, e.inst)
 	if !ok {
 		return Verdict{}, false
 	}
