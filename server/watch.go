@@ -71,6 +71,9 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	// The server's ReadTimeout would expire on the connection's idle read
+	// and cancel this long-lived request; a stream has nothing more to read.
+	_ = rc.SetReadDeadline(time.Time{})
 	bw := bufio.NewWriterSize(w, 4096)
 	send := func(frames ...*stream.Frame) bool {
 		// A client that cannot take a frame within the deadline is cut
