@@ -306,7 +306,10 @@ func (sv *service) setPending(id uuid.UUID, changed, withdrawal bool, zone strin
 }
 
 func (sv *service) requeueZones(now time.Time) {
-	if zonesEqual(sv.zones, sv.pubZones) {
+	// A service never published is due on the addition window even with
+	// no endpoints: a watcher must be able to tell "no instances" from
+	// "no view yet".
+	if sv.view != nil && zonesEqual(sv.zones, sv.pubZones) {
 		sv.zonesSince = time.Time{}
 	} else if sv.zonesSince.IsZero() {
 		sv.zonesSince = now

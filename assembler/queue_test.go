@@ -426,3 +426,28 @@ func TestChecksumOrderIndependent(t *testing.T) {
 		t.Error("a smaller set has the same checksum")
 	}
 }
+
+// TestEmptyServiceIsPublished: a service with no instances still gets a
+// first view, on the addition window, so watchers can tell "no instances"
+// from "not published yet".
+func TestEmptyServiceIsPublished(t *testing.T) {
+	a := assembler.New(assembler.Options{})
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	a.Update(assembler.ServiceInput{Name: "empty", MinHealthyFraction: 0.5}, now)
+	vs := &versions{}
+	if ps, err := a.Drain(now.Add(500*time.Millisecond), vs); err != nil || len(ps) != 0 {
+		t.Fatalf("published before the addition window: %v %v", ps, err)
+	}
+	ps, err := a.Drain(now.Add(time.Second), vs)
+	if err != nil || len(ps) != 1 {
+		t.Fatalf("drain: %d published, %v", len(ps), err)
+	}
+	if v := ps[0].View; v.Service != "empty" || len(v.Endpoints) != 0 || v.Version == 0 || ps[0].Delta != nil {
+		t.Fatalf("view %+v", v)
+	}
+	// Nothing more to do until something changes.
+	a.Update(assembler.ServiceInput{Name: "empty", MinHealthyFraction: 0.5}, now.Add(2*time.Second))
+	if !a.NextDue().IsZero() {
+		t.Fatalf("an unchanged empty service is due again at %s", a.NextDue())
+	}
+}
