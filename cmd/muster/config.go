@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,6 +24,9 @@ type Config struct {
 	LeaseTTL    time.Duration
 	LogLevel    slog.Level
 	Dev         bool
+	// AdmissionFloor is the least number of watch (re)subscriptions
+	// admitted per admission window (MUSTER_ADMISSION_FLOOR, 50).
+	AdmissionFloor int
 }
 
 // loadEnv fills what the environment says. Secrets may come from *_FILE.
@@ -44,6 +48,12 @@ func loadEnv(c *Config) error {
 			return fmt.Errorf("MUSTER_LEASE_TTL: %w", err)
 		}
 	}
+	c.AdmissionFloor = 50
+	if v := os.Getenv("MUSTER_ADMISSION_FLOOR"); v != "" {
+		if c.AdmissionFloor, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("MUSTER_ADMISSION_FLOOR: %w", err)
+		}
+	}
 	if v := os.Getenv("MUSTER_LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			return fmt.Errorf("MUSTER_LOG_LEVEL: %w", err)
@@ -59,6 +69,9 @@ func (c *Config) Validate() error {
 	}
 	if !registry.ValidName(c.Region) {
 		return fmt.Errorf("MUSTER_REGION %q must be a DNS label", c.Region)
+	}
+	if c.AdmissionFloor <= 0 {
+		return fmt.Errorf("MUSTER_ADMISSION_FLOOR %d must be above 0", c.AdmissionFloor)
 	}
 	if c.LeaseTTL < time.Second {
 		return fmt.Errorf("MUSTER_LEASE_TTL %s is below 1s", c.LeaseTTL)

@@ -125,7 +125,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	var ready atomic.Bool
 	scfg := server.Config{
 		Logger: log, Registry: reg, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub,
 		Ready: func(ctx context.Context) error {
 			switch {
 			case !ready.Load():

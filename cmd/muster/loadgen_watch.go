@@ -1,0 +1,1183 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/assembler"
+	"github.com/musterhq/muster/evaluator"
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/registry"
+)
+
+// loadgenWatch holds real watch subscribers over loopback against a running
+// muster, injects hard failures and new instances through the API, and
+// measures how long each change takes to be applied by every subscriber:
+// withdrawal lag (first failed sample -> applied), addition lag, subscribers
+// held, and the server's RSS per idle subscriber. Run it against a freshly
+// started server: RSS a previous run freed is not given back at once, so a
+// warm server shows too little (the Go heap figure printed beside it does
+// not have that problem).
+func loadgenWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o lgwOptions
+	fs := newFlags("loadgen watch", stderr)
+	fs.StringVar(&o.base, "url", "http://127.0.0.1:8080", "muster to watch")
+	fs.StringVar(&o.dir, "data", ".muster", "dev data folder, for minting tokens")
+	fs.IntVar(&o.clients, "clients", 1000, "watch streams to hold")
+	fs.IntVar(&o.perClient, "services-per-client", 3, "services each stream watches")
+	fs.IntVar(&o.failures, "failures", 200, "instances to hard-fail, spread over the run")
+	fs.IntVar(&o.additions, "additions", 50, "new instances to register, spread over the run")
+	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long to inject for, once every stream is held")
+	fs.IntVar(&o.connectConcurrency, "connect-concurrency", 200, "watch requests in flight while connecting")
+	fs.DurationVar(&o.connectTimeout, "connect-timeout", 5*time.Minute, "give up waiting for every stream to be held after this long")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if o.clients < 1 || o.perClient < 1 || o.perClient > 100 || o.failures < 0 || o.additions < 0 || o.duration <= 0 || o.connectConcurrency < 1 {
+		fmt.Fprintln(stderr, "muster loadgen watch: --clients, --connect-concurrency and --duration must be positive, --services-per-client 1 to 100, --failures and --additions not negative")
+		return errUsage
+	}
+	o.base = strings.TrimRight(o.base, "/")
+	w := &lgWatch{lgwOptions: o, stdout: stdout, stderr: stderr}
+	return w.run(ctx)
+}
+
+type lgwOptions struct {
+	base, dir                string
+	clients, perClient       int
+	failures, additions      int
+	duration, connectTimeout time.Duration
+	connectConcurrency       int
+}
+
+// lgWatch is one run of loadgen watch.
+type lgWatch struct {
+	lgwOptions
+	stdout, stderr io.Writer
+
+	adminToken, proberToken string
+	api                     *http.Client // setup, reports, registrations, metrics
+	streams                 *http.Client // watch streams only
+	connectSem              chan struct{}
+	services                []*lgwService
+	servicesByName          map[string]*lgwService
+	zones                   []*lgwZone // failure targets; used by the failure injector only
+
+	held, open     atomic.Int64 // streams that got their first views; streams open now
+	refusals       atomic.Int64 // 503 admission answers
+	reconnects     atomic.Int64 // streams that ended and were opened again
+	streamErrors   atomic.Int64 // failed requests and non-200, non-503 answers
+	gaps           atomic.Int64 // deltas whose from_version was not the copy's version
+	parseErrors    atomic.Int64
+	frameViews     atomic.Int64
+	frameDeltas    atomic.Int64
+	frameBeats     atomic.Int64
+	firstStreamErr atomic.Pointer[error]
+
+	cache sync.Map // lgwFrameKey -> *lgwParsed: frames are the same bytes for every subscriber
+
+	injMu      sync.Mutex
+	injections []*lgwInjection
+	failed     map[uuid.UUID]bool // instances hard-failed: no more successes for them
+	added      []uuid.UUID        // instances registered: kept alive and their leases renewed
+
+	lagMu        sync.Mutex
+	withdrawLags []time.Duration
+	additionLags []time.Duration
+}
+
+// lgwService is one watched service: its instances interned to small local
+// indexes (so a subscriber's copy is a pair of bitsets), and the changes
+// injected into it.
+type lgwService struct {
+	name     string
+	watchers int // clients whose streams include it
+
+	mu         sync.RWMutex
+	index      map[uuid.UUID]int32
+	injections []*lgwInjection
+
+	instances []registry.Instance // as listed at setup
+}
+
+func (s *lgwService) intern(id uuid.UUID) int32 {
+	s.mu.RLock()
+	i, ok := s.index[id]
+	s.mu.RUnlock()
+	if ok {
+		return i
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i, ok := s.index[id]; ok {
+		return i
+	}
+	i = int32(len(s.index))
+	s.index[id] = i
+	return i
+}
+
+// lgwInjection is one injected change: a hard failure or a new instance.
+type lgwInjection struct {
+	n        int // its number, for the subscribers' applied-once bitsets
+	id       uuid.UUID
+	idx      int32
+	svc      *lgwService
+	zone     *lgwZone // failures only
+	addition bool
+	at       time.Time // just before the POST
+	applied  atomic.Int64
+	void     atomic.Bool // the server refused it: not expected, not sampled
+}
+
+func (w *lgWatch) run(ctx context.Context) error {
+	if err := w.setup(ctx); err != nil {
+		return err
+	}
+	raiseNoFile(w.clients+256, w.stderr)
+
+	// Subscribers.
+	before, err := w.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	streamCtx, stopStreams := context.WithCancel(ctx)
+	defer stopStreams()
+	clients := make([]*lgwClient, w.clients)
+	for i := range clients {
+		c := &lgwClient{w: w, n: i}
+		for j := range w.perClient {
+			svc := w.services[(i*w.perClient+j)%len(w.services)]
+			if !slices.ContainsFunc(c.copies, func(cp *lgwCopy) bool { return cp.svc == svc }) {
+				c.copies = append(c.copies, &lgwCopy{svc: svc})
+				svc.watchers++
+			}
+		}
+		clients[i] = c
+	}
+	fmt.Fprintf(w.stdout, "holding %d watch streams of %d services each over %d services at %s (%d connecting at once)\n",
+		w.clients, len(clients[0].copies), len(w.services), w.base, w.connectConcurrency)
+	var wg sync.WaitGroup
+	connectStart := time.Now()
+	for _, c := range clients {
+		wg.Go(func() { c.run(streamCtx) })
+	}
+	if err := w.waitHeld(ctx, connectStart); err != nil {
+		stopStreams()
+		wg.Wait()
+		return err
+	}
+	connectTook := time.Since(connectStart)
+	refusedConnecting := w.refusals.Load()
+	held := w.held.Load()
+	fmt.Fprintf(w.stdout, "connected %d of %d subscribers in %s (%d admission refusals, %d failed requests)\n",
+		held, w.clients, connectTook.Round(time.Millisecond), refusedConnecting, w.streamErrors.Load())
+	time.Sleep(2 * time.Second) // let the server settle (idle streams, buffers) before measuring it
+	after, err := w.scrape(ctx)
+	if err != nil {
+		stopStreams()
+		wg.Wait()
+		return err
+	}
+	rssPer := (after.rss - before.rss) / float64(max(held, 1))
+	fmt.Fprintf(w.stdout, "server RSS %.1f MiB -> %.1f MiB with %d streams open (server says %.0f)\n",
+		float64(before.rss)/(1<<20), float64(after.rss)/(1<<20), w.open.Load(), after.subscribers)
+
+	// Injection.
+	frames0 := w.frames()
+	cpu0 := processCPU()
+	injectStart := time.Now()
+	fmt.Fprintf(w.stdout, "injecting %d hard failures and %d additions over %s\n", w.failures, w.additions, w.duration)
+	var inj sync.WaitGroup
+	var failuresSent, failuresSkipped, failuresRefused, additionsSent atomic.Int64
+	var injErr error
+	var injErrOnce sync.Once
+	setErr := func(err error) {
+		if err != nil && ctx.Err() == nil {
+			injErrOnce.Do(func() { injErr = err })
+		}
+	}
+	injCtx, stopInj := context.WithTimeout(ctx, w.duration)
+	defer stopInj()
+	keepCtx, stopKeep := context.WithCancel(ctx)
+	defer stopKeep()
+	var keep sync.WaitGroup
+	keep.Go(func() { w.keepAlive(keepCtx) })
+	if w.failures > 0 {
+		inj.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+			every := w.duration / time.Duration(w.failures)
+			for i := range w.failures {
+				if !sleepUntil(injCtx, injectStart.Add(time.Duration(i)*every)) {
+					return
+				}
+				ok, err := w.injectFailure(injCtx, rng)
+				switch {
+				case errors.Is(err, errLgwRefused):
+					failuresRefused.Add(1)
+					fmt.Fprintln(w.stderr, "warning:", err)
+				case err != nil:
+					setErr(err)
+					return
+				case ok:
+					failuresSent.Add(1)
+				default:
+					failuresSkipped.Add(1)
+				}
+			}
+		})
+	}
+	if w.additions > 0 {
+		inj.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+			every := w.duration / time.Duration(w.additions)
+			base := rng.IntN(1 << 15)
+			for i := range w.additions {
+				if !sleepUntil(injCtx, injectStart.Add(every/2+time.Duration(i)*every)) {
+					return
+				}
+				if err := w.injectAddition(injCtx, rng, base+i); err != nil {
+					setErr(err)
+					return
+				}
+				additionsSent.Add(1)
+			}
+		})
+	}
+	inj.Wait()
+	<-injCtx.Done()
+	if ctx.Err() != nil {
+		stopStreams()
+		wg.Wait()
+		return ctx.Err()
+	}
+	// Grace: wait (up to 10 s) for every subscriber to apply the last changes.
+	graceEnd := time.Now().Add(10 * time.Second)
+	for time.Now().Before(graceEnd) && w.pending() > 0 {
+		time.Sleep(100 * time.Millisecond)
+	}
+	elapsed := time.Since(injectStart)
+	frames1 := w.frames()
+	cpu1 := processCPU()
+	stillOpen := w.open.Load()
+	end, err := w.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	stopKeep()
+	keep.Wait()
+	stopStreams()
+	wg.Wait()
+
+	// Report.
+	w.lagMu.Lock()
+	wl, al := slices.Clone(w.withdrawLags), slices.Clone(w.additionLags)
+	w.lagMu.Unlock()
+	slices.Sort(wl)
+	slices.Sort(al)
+	var wantW, wantA int64
+	w.injMu.Lock()
+	for _, in := range w.injections {
+		if in.void.Load() {
+			continue
+		}
+		if in.addition {
+			wantA += int64(in.svc.watchers)
+		} else {
+			wantW += int64(in.svc.watchers)
+		}
+	}
+	w.injMu.Unlock()
+	fmt.Fprintf(w.stdout, "subscribers: %d of %d held (%d open at the end), connected in %s, %d admission refusals (%d while connecting), %d reconnects, %d failed requests, %d delta gaps\n",
+		held, w.clients, stillOpen, connectTook.Round(time.Millisecond), w.refusals.Load(), refusedConnecting,
+		w.reconnects.Load(), w.streamErrors.Load(), w.gaps.Load())
+	fmt.Fprintf(w.stdout, "withdrawal lag (first failed sample -> applied by subscriber): p50 %s p99 %s p99.9 %s max %s over %d applications of %d failures (%d expected; %d skipped for zone headroom, %d refused)\n",
+		pctOf(wl, 0.50), pctOf(wl, 0.99), pctOf(wl, 0.999), pctOf(wl, 1), len(wl), failuresSent.Load(), wantW, failuresSkipped.Load(), failuresRefused.Load())
+	fmt.Fprintf(w.stdout, "addition lag (registered -> applied by subscriber): p50 %s p99 %s max %s over %d applications of %d additions (%d expected)\n",
+		pctOf(al, 0.50), pctOf(al, 0.99), pctOf(al, 1), len(al), additionsSent.Load(), wantA)
+	v, d, h := frames1[0]-frames0[0], frames1[1]-frames0[1], frames1[2]-frames0[2]
+	fmt.Fprintf(w.stdout, "frames: %d received in %s: %.0f frames/s (%d views, %d deltas, %d heartbeats)\n",
+		v+d+h, elapsed.Round(time.Millisecond), float64(v+d+h)/elapsed.Seconds(), v, d, h)
+	fmt.Fprintf(w.stdout, "server RSS per idle subscriber: %.1f KiB (RSS %+.1f MiB, Go heap in use %+.1f MiB = %.1f KiB each, for %d subscribers)\n",
+		rssPer/1024, (after.rss-before.rss)/(1<<20), (after.heap-before.heap)/(1<<20), (after.heap-before.heap)/float64(max(held, 1))/1024, held)
+	fmt.Fprintf(w.stdout, "cpu while injecting: server %.0f%% of a core, this process %.0f%% of a core (%d cores)\n",
+		100*(end.cpu-after.cpu)/elapsed.Seconds(), 100*(cpu1-cpu0).Seconds()/elapsed.Seconds(), runtime.NumCPU())
+	if w.parseErrors.Load() > 0 {
+		fmt.Fprintf(w.stderr, "warning: %d frames could not be parsed\n", w.parseErrors.Load())
+	}
+	return injErr
+}
+
+// setup mints tokens, lists the loadgen services and instances, makes every
+// instance eligible and snapshots the views to choose failures from.
+func (w *lgWatch) setup(ctx context.Context) error {
+	iss, err := identity.LoadOrCreateDevIssuer(w.dir)
+	if err != nil {
+		return err
+	}
+	if w.adminToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin, TTL: 2 * time.Hour}, time.Now()); err != nil {
+		return err
+	}
+	if w.proberToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber, TTL: 2 * time.Hour}, time.Now()); err != nil {
+		return err
+	}
+	w.api = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	w.streams = &http.Client{Transport: &http.Transport{
+		DialContext: dialer.DialContext, MaxConnsPerHost: 0, MaxIdleConns: w.clients, MaxIdleConnsPerHost: w.clients,
+		DisableCompression: true, ResponseHeaderTimeout: 30 * time.Second, IdleConnTimeout: time.Minute,
+	}}
+	w.connectSem = make(chan struct{}, w.connectConcurrency)
+	w.failed = map[uuid.UUID]bool{}
+
+	if err := w.listServices(ctx); err != nil {
+		return err
+	}
+	if len(w.services) == 0 {
+		return errors.New("no loadgen services: run `muster loadgen seed` first, then start muster on the same data")
+	}
+	total := 0
+	for _, s := range w.services {
+		total += len(s.instances)
+	}
+	fmt.Fprintf(w.stdout, "found %d loadgen services with %d instances at %s\n", len(w.services), total, w.base)
+
+	// Make every instance eligible: one probe success each, then wait for
+	// the views to say so. keepAlive repeats this during the run, since a
+	// silent probe class would leave instances unknown, and a hard failure
+	// of an unknown instance is not corroborated (ADR-05).
+	began := time.Now()
+	start := began
+	if err := w.sendSuccesses(ctx, w.liveInstances()); err != nil {
+		return err
+	}
+	// Every service, not a sample: 'unknown -> eligible' travels on the
+	// addition queue, which sheds (grows its window) when thousands of
+	// instances change at once, so services come round at different times.
+	deadline := time.Now().Add(60 * time.Second)
+	waiting := slices.Clone(w.services)
+	for {
+		var still []*lgwService
+		for _, s := range waiting {
+			v, status, err := w.resolve(ctx, s.name)
+			if err != nil {
+				return err
+			}
+			if status != http.StatusOK || len(v.Endpoints) == 0 || eligibleFraction(v) < 0.9 {
+				still = append(still, s)
+			}
+		}
+		if waiting = still; len(waiting) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(w.stderr, "warning: %d services still show under 90%% of endpoints eligible after 60 s; going on\n", len(waiting))
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+		if time.Since(start) > 4*time.Second {
+			// Successes count per sample; repeat them while waiting.
+			if err := w.sendSuccesses(ctx, w.liveInstances()); err != nil {
+				return err
+			}
+			start = time.Now()
+		}
+	}
+	fmt.Fprintf(w.stdout, "instances made eligible in %s\n", time.Since(began).Round(time.Millisecond))
+
+	// Snapshot every view for the failure targets and zone headroom.
+	w.zones = nil
+	candidates := 0
+	for _, s := range w.services {
+		v, status, err := w.resolve(ctx, s.name)
+		if err != nil {
+			return err
+		}
+		if status != http.StatusOK {
+			continue
+		}
+		// Only instances that stay for the run: a registered instance
+		// whose lease runs out would leave the view on its own.
+		stays := map[uuid.UUID]bool{}
+		for _, in := range s.instances {
+			if in.LeaseExpiresAt == nil || in.LeaseExpiresAt.After(time.Now().Add(time.Hour+w.duration)) {
+				stays[in.ID] = true
+			}
+		}
+		byZone := map[string][]uuid.UUID{}
+		for _, e := range v.Endpoints {
+			if e.State == "eligible" && stays[e.InstanceID] {
+				byZone[e.Zone] = append(byZone[e.Zone], e.InstanceID)
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(v.Zones)) {
+			zs := v.Zones[name]
+			if zs.Guard != assembler.GuardOK || len(byZone[name]) == 0 {
+				continue
+			}
+			z := &lgwZone{svc: s, name: name, total: zs.Total, eligible: zs.Eligible, minFraction: zs.MinHealthyFraction, targets: byZone[name]}
+			rand.Shuffle(len(z.targets), func(i, j int) { z.targets[i], z.targets[j] = z.targets[j], z.targets[i] })
+			candidates += len(z.targets)
+			w.zones = append(w.zones, z)
+		}
+	}
+	fmt.Fprintf(w.stdout, "%d zones with %d eligible instances to fail\n", len(w.zones), candidates)
+	return nil
+}
+
+// lgwZone is one zone of one service, as the setup snapshot saw it.
+type lgwZone struct {
+	svc              *lgwService
+	name             string
+	total, eligible  int
+	minFraction      float64
+	targets          []uuid.UUID // eligible at setup, shuffled
+	failed           int
+	last             *lgwInjection
+	lastAt           time.Time
+	lastWithdrawnAll bool
+}
+
+// usable: the zone has a target left, no failure of its own still being
+// applied, and stays a whole instance above its guard's minimum after one
+// more failure, so the guard does not trip and the failure is a real
+// withdrawal.
+func (z *lgwZone) usable(now time.Time) bool {
+	if len(z.targets) == 0 {
+		return false
+	}
+	if z.last != nil && z.last.applied.Load() < int64(z.svc.watchers) && now.Sub(z.lastAt) < 10*time.Second {
+		return false
+	}
+	return float64(z.eligible-z.failed-1) >= z.minFraction*float64(z.total)+1
+}
+
+func (w *lgWatch) injectFailure(ctx context.Context, rng *rand.Rand) (bool, error) {
+	now := time.Now()
+	var usable []*lgwZone
+	for _, z := range w.zones {
+		if z.usable(now) {
+			usable = append(usable, z)
+		}
+	}
+	if len(usable) == 0 {
+		return false, nil
+	}
+	z := usable[rng.IntN(len(usable))]
+	id := z.targets[len(z.targets)-1]
+	z.targets = z.targets[:len(z.targets)-1]
+	z.failed++
+	in := &lgwInjection{id: id, idx: z.svc.intern(id), svc: z.svc, zone: z}
+	w.injMu.Lock()
+	w.failed[id] = true
+	w.injMu.Unlock()
+	body, _ := json.Marshal(map[string]any{"reports": []evaluator.Report{{InstanceID: id, Class: "probe", Outcome: "hard_failure"}}})
+	in.at = time.Now()
+	w.addInjection(in)
+	z.last, z.lastAt = in, in.at
+	res, err := postReports(ctx, w.api, w.base, w.proberToken, body)
+	if err != nil {
+		return false, err
+	}
+	if res.Accepted != 1 {
+		in.void.Store(true)
+		z.last = nil
+		return false, fmt.Errorf("%w: hard failure of %s: %+v", errLgwRefused, id, res.Refused)
+	}
+	return true, nil
+}
+
+var errLgwRefused = errors.New("report refused")
+
+func (w *lgWatch) injectAddition(ctx context.Context, rng *rand.Rand, n int) error {
+	svc := w.services[rng.IntN(len(w.services))]
+	reg := registry.Registration{Address: fmt.Sprintf("10.200.%d.%d", n>>8&255, n&255), Port: 8080, Zone: "az1"}
+	body, _ := json.Marshal(reg)
+	at := time.Now()
+	var inst registry.Instance
+	if err := w.call(ctx, http.MethodPost, "/v1/services/"+svc.name+"/instances", body, http.StatusCreated, &inst); err != nil {
+		return err
+	}
+	in := &lgwInjection{id: inst.ID, idx: svc.intern(inst.ID), svc: svc, addition: true, at: at}
+	w.addInjection(in)
+	w.injMu.Lock()
+	w.added = append(w.added, inst.ID)
+	w.injMu.Unlock()
+	// The loadgen prober is assigned by service, so it covers the new
+	// instance as soon as the evaluator has seen it.
+	reports, _ := json.Marshal(map[string]any{"reports": []evaluator.Report{{InstanceID: inst.ID, Class: "probe", Outcome: "success"}}})
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		res, err := postReports(ctx, w.api, w.base, w.proberToken, reports)
+		if err != nil {
+			return err
+		}
+		if res.Accepted == 1 {
+			return nil
+		}
+		if len(res.Refused) == 0 || res.Refused[0].Code != "unknown_instance" || time.Now().After(deadline) {
+			return fmt.Errorf("success report for new instance %s refused: %+v", inst.ID, res.Refused)
+		}
+		if !sleepUntil(ctx, time.Now().Add(50*time.Millisecond)) {
+			return ctx.Err()
+		}
+	}
+}
+
+func (w *lgWatch) addInjection(in *lgwInjection) {
+	w.injMu.Lock()
+	in.n = len(w.injections)
+	w.injections = append(w.injections, in)
+	w.injMu.Unlock()
+	in.svc.mu.Lock()
+	in.svc.injections = append(in.svc.injections, in)
+	in.svc.mu.Unlock()
+}
+
+// pending counts applications still missing.
+func (w *lgWatch) pending() int64 {
+	w.injMu.Lock()
+	defer w.injMu.Unlock()
+	var n int64
+	for _, in := range w.injections {
+		if !in.void.Load() {
+			n += max(0, int64(in.svc.watchers)-in.applied.Load())
+		}
+	}
+	return n
+}
+
+// keepAlive is the loadgen prober: a success for every instance not
+// failed on purpose every 5 s (the default probe interval), and a lease
+// renewal for every registered instance every 10 s.
+func (w *lgWatch) keepAlive(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := w.sendSuccesses(ctx, w.liveInstances()); err != nil && ctx.Err() == nil {
+			fmt.Fprintln(w.stderr, "keep-alive reports:", err)
+		}
+		if n%2 == 1 {
+			w.injMu.Lock()
+			added := slices.Clone(w.added)
+			w.injMu.Unlock()
+			for _, id := range added {
+				if err := w.call(ctx, http.MethodPut, "/v1/instances/"+id.String()+"/lease", nil, http.StatusOK, nil); err != nil && ctx.Err() == nil {
+					fmt.Fprintln(w.stderr, "lease renewal:", err)
+				}
+			}
+		}
+	}
+}
+
+func (w *lgWatch) liveInstances() []uuid.UUID {
+	w.injMu.Lock()
+	defer w.injMu.Unlock()
+	var ids []uuid.UUID
+	for _, s := range w.services {
+		for _, in := range s.instances {
+			if !w.failed[in.ID] {
+				ids = append(ids, in.ID)
+			}
+		}
+	}
+	return append(ids, w.added...)
+}
+
+func (w *lgWatch) sendSuccesses(ctx context.Context, ids []uuid.UUID) error {
+	reports := make([]evaluator.Report, 0, 1000)
+	for len(ids) > 0 {
+		n := min(len(ids), 1000)
+		reports = reports[:0]
+		for _, id := range ids[:n] {
+			reports = append(reports, evaluator.Report{InstanceID: id, Class: "probe", Outcome: "success"})
+		}
+		ids = ids[n:]
+		body, _ := json.Marshal(map[string]any{"reports": reports})
+		if _, err := postReports(ctx, w.api, w.base, w.proberToken, body); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// listServices lists the loadgen services and their active instances.
+func (w *lgWatch) listServices(ctx context.Context) error {
+	type page[T any] struct {
+		Items      []T    `json:"items"`
+		NextCursor string `json:"next_cursor"`
+	}
+	w.servicesByName = map[string]*lgwService{}
+	for cursor := ""; ; {
+		var p page[registry.Service]
+		if err := w.call(ctx, http.MethodGet, "/v1/services?owner="+loadgenOwner+"&limit=1000&cursor="+url.QueryEscape(cursor), nil, http.StatusOK, &p); err != nil {
+			return err
+		}
+		for _, s := range p.Items {
+			svc := &lgwService{name: s.Name, index: map[uuid.UUID]int32{}}
+			w.services = append(w.services, svc)
+			w.servicesByName[s.Name] = svc
+		}
+		if cursor = p.NextCursor; cursor == "" {
+			break
+		}
+	}
+	for _, s := range w.services {
+		for cursor := ""; ; {
+			var p page[registry.Instance]
+			if err := w.call(ctx, http.MethodGet, "/v1/services/"+s.name+"/instances?limit=1000&cursor="+url.QueryEscape(cursor), nil, http.StatusOK, &p); err != nil {
+				return err
+			}
+			for _, in := range p.Items {
+				s.instances = append(s.instances, in)
+				s.intern(in.ID)
+			}
+			if cursor = p.NextCursor; cursor == "" {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// call makes one API request with the admin token and decodes the answer
+// into out (if not nil), expecting status want.
+func (w *lgWatch) call(ctx context.Context, method, path string, body []byte, want int, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, w.base+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+w.adminToken)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := w.api.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != want {
+		b, _ := io.ReadAll(res.Body)
+		return fmt.Errorf("%s %s: %d %s", method, path, res.StatusCode, bytes.TrimSpace(b))
+	}
+	if out == nil {
+		_, err := io.Copy(io.Discard, res.Body)
+		return err
+	}
+	return json.NewDecoder(res.Body).Decode(out)
+}
+
+// resolve fetches a service's current view; a 503 (no view yet) is
+// returned as its status, not an error.
+func (w *lgWatch) resolve(ctx context.Context, name string) (assembler.View, int, error) {
+	var v assembler.View
+	err := w.call(ctx, http.MethodGet, "/v1/resolve/"+name, nil, http.StatusOK, &v)
+	if err != nil && strings.Contains(err.Error(), ": 503 ") {
+		return v, http.StatusServiceUnavailable, nil
+	}
+	if err != nil {
+		return v, 0, err
+	}
+	return v, http.StatusOK, nil
+}
+
+func eligibleFraction(v assembler.View) float64 {
+	n := 0
+	for _, e := range v.Endpoints {
+		if e.State == "eligible" {
+			n++
+		}
+	}
+	return float64(n) / float64(max(len(v.Endpoints), 1))
+}
+
+type lgwScrape struct {
+	rss         float64
+	heap        float64 // Go heap in use: unlike RSS, not inflated by memory a previous run freed
+	cpu         float64 // seconds
+	subscribers float64
+}
+
+// scrape reads the server's resident memory and open watch streams from
+// GET /metrics.
+func (w *lgWatch) scrape(ctx context.Context) (lgwScrape, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.base+"/metrics", nil)
+	if err != nil {
+		return lgwScrape{}, err
+	}
+	res, err := w.api.Do(req)
+	if err != nil {
+		return lgwScrape{}, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return lgwScrape{}, fmt.Errorf("GET /metrics: %d", res.StatusCode)
+	}
+	var s lgwScrape
+	found := false
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "process_resident_memory_bytes":
+			s.rss, err = strconv.ParseFloat(val, 64)
+			found = err == nil
+		case "go_memstats_heap_inuse_bytes":
+			s.heap, _ = strconv.ParseFloat(val, 64)
+		case "process_cpu_seconds_total":
+			s.cpu, _ = strconv.ParseFloat(val, 64)
+		case "muster_watch_subscribers":
+			s.subscribers, _ = strconv.ParseFloat(val, 64)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return s, err
+	}
+	if !found {
+		return s, errors.New("GET /metrics has no process_resident_memory_bytes")
+	}
+	return s, nil
+}
+
+// waitHeld waits until every client holds its stream, printing progress.
+func (w *lgWatch) waitHeld(ctx context.Context, start time.Time) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	lastProgress := start
+	for w.held.Load() < int64(w.clients) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		if time.Since(start) > w.connectTimeout {
+			fmt.Fprintf(w.stderr, "warning: only %d of %d streams held after %s; going on\n", w.held.Load(), w.clients, w.connectTimeout)
+			return nil
+		}
+		if time.Since(lastProgress) >= 5*time.Second {
+			lastProgress = time.Now()
+			fmt.Fprintf(w.stderr, "  %d of %d held after %s (%d admission refusals)\n",
+				w.held.Load(), w.clients, time.Since(start).Round(time.Second), w.refusals.Load())
+		}
+		if w.held.Load() == 0 && w.streamErrors.Load() >= int64(w.clients) {
+			return fmt.Errorf("no stream could be opened: %w", *w.firstStreamErr.Load())
+		}
+	}
+	return nil
+}
+
+func (w *lgWatch) frames() [3]int64 {
+	return [3]int64{w.frameViews.Load(), w.frameDeltas.Load(), w.frameBeats.Load()}
+}
+
+func (w *lgWatch) streamFailed(err error) {
+	w.streamErrors.Add(1)
+	w.firstStreamErr.CompareAndSwap(nil, &err)
+}
+
+func (w *lgWatch) record(in *lgwInjection, lag time.Duration) {
+	in.applied.Add(1)
+	w.lagMu.Lock()
+	if in.addition {
+		w.additionLags = append(w.additionLags, lag)
+	} else {
+		w.withdrawLags = append(w.withdrawLags, lag)
+	}
+	w.lagMu.Unlock()
+}
+
+// lgwClient is one subscriber: one watch stream and its copy of each
+// watched service's view.
+type lgwClient struct {
+	w       *lgWatch
+	n       int
+	copies  []*lgwCopy
+	since   uint64   // highest version applied, for resuming
+	applied []uint64 // bitset of injection numbers already recorded
+	held    bool
+}
+
+// lgwCopy is a subscriber's copy of one service's view: which endpoints
+// it holds and which of them say "ineligible".
+type lgwCopy struct {
+	svc           *lgwService
+	version       uint64
+	present, inel []uint64
+}
+
+func bit(set []uint64, i int32) bool {
+	return int(i>>6) < len(set) && set[i>>6]&(1<<(i&63)) != 0
+}
+
+func setBit(set *[]uint64, i int32, on bool) {
+	for int(i>>6) >= len(*set) {
+		if !on {
+			return
+		}
+		*set = append(*set, 0)
+	}
+	if on {
+		(*set)[i>>6] |= 1 << (i & 63)
+	} else {
+		(*set)[i>>6] &^= 1 << (i & 63)
+	}
+}
+
+func (c *lgwClient) run(ctx context.Context) {
+	w := c.w
+	rng := rand.New(rand.NewPCG(uint64(c.n), 3))
+	q := url.Values{}
+	for _, cp := range c.copies {
+		q.Add("service", cp.svc.name)
+	}
+	for ctx.Err() == nil {
+		if c.since != 0 {
+			q.Set("since", strconv.FormatUint(c.since, 10))
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.base+"/v1/watch?"+q.Encode(), nil)
+		if err != nil {
+			w.streamFailed(err)
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+w.adminToken)
+		req.Header.Set("Accept", "text/event-stream")
+		select {
+		case w.connectSem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		res, err := w.streams.Do(req)
+		<-w.connectSem
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.streamFailed(err)
+			sleepUntil(ctx, time.Now().Add(time.Second+time.Duration(rng.Int64N(int64(time.Second)))))
+			continue
+		}
+		switch res.StatusCode {
+		case http.StatusOK:
+		case http.StatusServiceUnavailable:
+			w.refusals.Add(1)
+			retry, _ := strconv.Atoi(res.Header.Get("Retry-After"))
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			sleepUntil(ctx, time.Now().Add(time.Duration(max(retry, 1))*time.Second))
+			continue
+		default:
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			w.streamFailed(fmt.Errorf("GET /v1/watch: %d %s", res.StatusCode, bytes.TrimSpace(b)))
+			sleepUntil(ctx, time.Now().Add(time.Second+time.Duration(rng.Int64N(int64(time.Second)))))
+			continue
+		}
+		w.open.Add(1)
+		drained := c.read(res.Body)
+		res.Body.Close()
+		w.open.Add(-1)
+		if ctx.Err() != nil {
+			return
+		}
+		w.reconnects.Add(1)
+		if drained {
+			sleepUntil(ctx, time.Now().Add(time.Duration(rng.Int64N(int64(time.Second)))))
+		}
+	}
+}
+
+// read parses one SSE stream until it ends; it reports whether the server
+// asked the client to drain.
+func (c *lgwClient) read(body io.Reader) (drained bool) {
+	w := c.w
+	br := bufio.NewReaderSize(body, 4096)
+	var (
+		event      string
+		version    uint64
+		data       []byte
+		entry      *lgwParsed
+		cont       bool // the next read continues a line longer than the buffer
+		collecting bool // keeping this frame's data: nobody has decoded it yet
+	)
+	for {
+		line, err := br.ReadSlice('\n')
+		full := errors.Is(err, bufio.ErrBufferFull)
+		if err != nil && !full {
+			return false
+		}
+		if cont {
+			// Only data lines are that long.
+			if collecting {
+				data = append(data, line...)
+				if !full {
+					data = bytes.TrimRight(data, "\r\n")
+				}
+			}
+			cont = full
+			continue
+		}
+		cont = full
+		if !full {
+			line = bytes.TrimRight(line, "\r\n")
+		}
+		switch {
+		case len(line) == 0:
+			switch event {
+			case "heartbeat":
+				w.frameBeats.Add(1)
+			case "drain":
+				return true
+			case "view", "delta":
+				if event == "view" {
+					w.frameViews.Add(1)
+				} else {
+					w.frameDeltas.Add(1)
+				}
+				if entry != nil {
+					if p := entry.parse(w, event == "view", data); p != nil {
+						c.apply(p, time.Now())
+					}
+				}
+			}
+			event, version, data, entry, collecting = "", 0, data[:0], nil, false
+		case bytes.HasPrefix(line, []byte("event: ")):
+			event = string(line[len("event: "):])
+		case bytes.HasPrefix(line, []byte("id: ")):
+			version, _ = strconv.ParseUint(string(line[len("id: "):]), 10, 64)
+		case bytes.HasPrefix(line, []byte("data: ")) && (event == "view" || event == "delta"):
+			// The first subscriber to see a version keeps its bytes to
+			// decode them; the rest skip them.
+			entry = w.parsed(event, version)
+			collecting = !entry.done.Load()
+			if collecting {
+				data = append(data[:0], line[len("data: "):]...)
+			}
+		}
+	}
+}
+
+// lgwParsed is a frame decoded once and shared by every subscriber that
+// receives it: versions are region-wide, so (kind, version) names one
+// frame, and the server sends every subscriber the same bytes. Decoding
+// once keeps this process's CPU, which shares the machine with the server,
+// out of the figures.
+type lgwParsed struct {
+	once     sync.Once
+	done     atomic.Bool
+	ok       bool
+	view     bool
+	svc      *lgwService
+	from     uint64
+	version  uint64
+	eps      []lgwEndpoint
+	removals []int32
+}
+
+type lgwEndpoint struct {
+	idx  int32
+	inel bool
+}
+
+type lgwFrameKey struct {
+	view    bool
+	version uint64
+}
+
+func (w *lgWatch) parsed(event string, version uint64) *lgwParsed {
+	key := lgwFrameKey{view: event == "view", version: version}
+	if v, ok := w.cache.Load(key); ok {
+		return v.(*lgwParsed)
+	}
+	v, _ := w.cache.LoadOrStore(key, &lgwParsed{})
+	return v.(*lgwParsed)
+}
+
+func (p *lgwParsed) parse(w *lgWatch, view bool, data []byte) *lgwParsed {
+	p.once.Do(func() {
+		defer p.done.Store(true)
+		p.view = view
+		var (
+			name     string
+			eps      []assembler.Endpoint
+			removals []uuid.UUID
+		)
+		if view {
+			var v assembler.View
+			if err := json.Unmarshal(data, &v); err != nil {
+				w.parseErrors.Add(1)
+				return
+			}
+			name, p.version, eps = v.Service, v.Version, v.Endpoints
+		} else {
+			var d assembler.Delta
+			if err := json.Unmarshal(data, &d); err != nil {
+				w.parseErrors.Add(1)
+				return
+			}
+			name, p.from, p.version, eps, removals = d.Service, d.FromVersion, d.Version, d.Upserts, d.Removals
+		}
+		p.svc = w.servicesByName[name]
+		if p.svc == nil {
+			w.parseErrors.Add(1)
+			return
+		}
+		p.eps = make([]lgwEndpoint, len(eps))
+		for i, e := range eps {
+			p.eps[i] = lgwEndpoint{idx: p.svc.intern(e.InstanceID), inel: e.State == "ineligible"}
+		}
+		p.removals = make([]int32, len(removals))
+		for i, id := range removals {
+			p.removals[i] = p.svc.intern(id)
+		}
+		p.ok = true
+	})
+	if !p.ok {
+		return nil
+	}
+	return p
+}
+
+// apply applies a view or delta to the client's copy and records the lag
+// of every injected change the copy now shows for the first time.
+func (c *lgwClient) apply(p *lgwParsed, now time.Time) {
+	var cp *lgwCopy
+	for _, x := range c.copies {
+		if x.svc == p.svc {
+			cp = x
+			break
+		}
+	}
+	if cp == nil {
+		c.w.parseErrors.Add(1)
+		return
+	}
+	if p.view { // replace the copy
+		clear(cp.present)
+		clear(cp.inel)
+	} else {
+		if cp.version != p.from {
+			c.w.gaps.Add(1)
+		}
+		for _, i := range p.removals {
+			setBit(&cp.present, i, false)
+			setBit(&cp.inel, i, false)
+		}
+	}
+	for _, e := range p.eps {
+		setBit(&cp.present, e.idx, true)
+		setBit(&cp.inel, e.idx, e.inel)
+	}
+	cp.version = p.version
+	c.since = max(c.since, p.version)
+	if !c.held && !slices.ContainsFunc(c.copies, func(x *lgwCopy) bool { return x.version == 0 }) {
+		c.held = true
+		c.w.held.Add(1)
+	}
+
+	p.svc.mu.RLock()
+	injections := p.svc.injections
+	p.svc.mu.RUnlock()
+	for _, in := range injections {
+		if bit(c.applied, int32(in.n)) || in.void.Load() {
+			continue
+		}
+		var shows bool
+		if in.addition {
+			shows = bit(cp.present, in.idx)
+		} else {
+			// Withdrawn: gone from the copy, or (in a zone whose guard
+			// tripped and keeps it published) showing "ineligible".
+			shows = !bit(cp.present, in.idx) || bit(cp.inel, in.idx)
+		}
+		if shows {
+			setBit(&c.applied, int32(in.n), true)
+			c.w.record(in, now.Sub(in.at))
+		}
+	}
+}
+
+// raiseNoFile raises the soft limit on open files to at least need (up to
+// the hard limit): every stream is a socket.
+func raiseNoFile(need int, stderr io.Writer) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return
+	}
+	if lim.Cur >= uint64(need) {
+		return
+	}
+	lim.Cur = min(max(uint64(need), lim.Cur), lim.Max)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		fmt.Fprintln(stderr, "warning: cannot raise the open-files limit:", err)
+	}
+	if lim.Cur < uint64(need) {
+		fmt.Fprintf(stderr, "warning: open files are limited to %d (hard limit) but %d streams need about %d\n", lim.Max, need-256, need)
+	}
+}
+
+// processCPU is the user and system CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+func pctOf(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(float64(len(sorted))*p))].Round(time.Microsecond)
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/assembler"
+)
+
+// TestLoadgenWatchClientAppliesFrames feeds one subscriber a view longer
+// than its read buffer and then deltas, and checks that the copy follows
+// and that injected changes are sampled once each.
+func TestLoadgenWatchClientAppliesFrames(t *testing.T) {
+	svc := &lgwService{name: "lg-0000", index: map[uuid.UUID]int32{}, watchers: 1}
+	w := &lgWatch{servicesByName: map[string]*lgwService{svc.name: svc}, services: []*lgwService{svc}}
+	c := &lgwClient{w: w, copies: []*lgwCopy{{svc: svc}}}
+
+	var eps []assembler.Endpoint
+	for i := range 100 { // ~15 KB of JSON: several buffer-fulls
+		eps = append(eps, assembler.Endpoint{InstanceID: uuid.New(), Address: fmt.Sprintf("10.0.0.%d", i), Port: 8080, Zone: "az1", State: "eligible", Weight: 1})
+	}
+	failed, added := eps[7].InstanceID, uuid.New()
+	frame := func(event string, v any) string {
+		b, _ := json.Marshal(v)
+		var version uint64
+		switch x := v.(type) {
+		case assembler.View:
+			version = x.Version
+		case assembler.Delta:
+			version = x.Version
+		}
+		return fmt.Sprintf("event: %s\nid: %d\ndata: %s\n\n", event, version, b)
+	}
+	at := time.Now().Add(-time.Second)
+	fail := &lgwInjection{n: 0, id: failed, idx: svc.intern(failed), svc: svc, at: at}
+	add := &lgwInjection{n: 1, id: added, idx: svc.intern(added), svc: svc, addition: true, at: at}
+	w.addInjection(fail)
+	w.addInjection(add)
+
+	stream := frame("view", assembler.View{Service: svc.name, Version: 10, Endpoints: eps}) +
+		"event: heartbeat\ndata: {}\n\n" +
+		frame("delta", assembler.Delta{Service: svc.name, FromVersion: 10, Version: 11, Removals: []uuid.UUID{failed}}) +
+		frame("delta", assembler.Delta{Service: svc.name, FromVersion: 11, Version: 12, Upserts: []assembler.Endpoint{{InstanceID: added, State: "eligible"}}}) +
+		frame("delta", assembler.Delta{Service: svc.name, FromVersion: 12, Version: 13, Upserts: []assembler.Endpoint{{InstanceID: eps[9].InstanceID, State: "degraded"}}}) +
+		"event: drain\ndata: {}\n\n"
+	if !c.read(strings.NewReader(stream)) {
+		t.Fatal("the drain frame did not end the stream")
+	}
+	if w.held.Load() != 1 || c.since != 13 || w.gaps.Load() != 0 || w.parseErrors.Load() != 0 {
+		t.Fatalf("held %d since %d gaps %d parse errors %d", w.held.Load(), c.since, w.gaps.Load(), w.parseErrors.Load())
+	}
+	if len(w.withdrawLags) != 1 || len(w.additionLags) != 1 || w.withdrawLags[0] < time.Second {
+		t.Fatalf("withdrawal lags %v, addition lags %v", w.withdrawLags, w.additionLags)
+	}
+	cp := c.copies[0]
+	if bit(cp.present, fail.idx) || !bit(cp.present, add.idx) || !bit(cp.present, svc.intern(eps[0].InstanceID)) {
+		t.Fatal("the copy does not follow the frames")
+	}
+	if v, d, h := w.frameViews.Load(), w.frameDeltas.Load(), w.frameBeats.Load(); v != 1 || d != 3 || h != 1 {
+		t.Fatalf("frames: %d views %d deltas %d heartbeats", v, d, h)
+	}
+}
