@@ -57,9 +57,17 @@ func fieldError(field, msg string) registry.FieldError {
 	return registry.FieldError{Field: field, Message: msg}
 }
 
+// levelFor keeps the access log quiet at volume: successes are debug (the
+// metrics count them), refusals info, unavailability (503: a dependency
+// away, a rebuild, admission) a warning, and only real failures errors.
 func levelFor(status int) slog.Level {
-	if status >= 500 {
+	switch {
+	case status == 503:
+		return slog.LevelWarn
+	case status >= 500:
 		return slog.LevelError
+	case status >= 400:
+		return slog.LevelInfo
 	}
-	return slog.LevelInfo
+	return slog.LevelDebug
 }

@@ -1,8 +1,8 @@
 package server
 
 import (
-	"bufio"
 	"errors"
+	"io"
 	"fmt"
 	"net/http"
 	"slices"
@@ -74,19 +74,19 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	// The server's ReadTimeout would expire on the connection's idle read
 	// and cancel this long-lived request; a stream has nothing more to read.
 	_ = rc.SetReadDeadline(time.Time{})
-	bw := bufio.NewWriterSize(w, 4096)
+	// Frames go straight into the ResponseWriter, which already buffers
+	// (a second buffer per stream costs 4 KiB per idle subscriber).
 	send := func(frames ...*stream.Frame) bool {
 		// A client that cannot take a frame within the deadline is cut
 		// off; it reconnects and catches up from its version.
 		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WatchWriteTimeout))
 		for _, f := range frames {
-			writeFrame(bw, f)
+			if writeFrame(w, f) != nil {
+				return false
+			}
 			s.metrics.framesSent.WithLabelValues(string(f.Kind)).Inc()
 		}
-		if bw.Flush() != nil || rc.Flush() != nil {
-			return false
-		}
-		return true
+		return rc.Flush() == nil
 	}
 	if !send(sub.Initial...) {
 		return
@@ -113,16 +113,25 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func writeFrame(bw *bufio.Writer, f *stream.Frame) {
-	bw.WriteString("event: ")
-	bw.WriteString(string(f.Kind))
+// writeFrame writes one SSE event: a small header built on the stack, the
+// shared JSON bytes, and the terminator.
+func writeFrame(w io.Writer, f *stream.Frame) error {
+	var head [64]byte
+	b := append(head[:0], "event: "...)
+	b = append(b, f.Kind...)
 	if f.Version != 0 {
-		bw.WriteString("\nid: ")
-		bw.WriteString(strconv.FormatUint(f.Version, 10))
+		b = append(b, "\nid: "...)
+		b = strconv.AppendUint(b, f.Version, 10)
 	}
-	bw.WriteString("\ndata: ")
-	bw.Write(f.JSON)
-	bw.WriteString("\n\n")
+	b = append(b, "\ndata: "...)
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	if _, err := w.Write(f.JSON); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, "\n\n")
+	return err
 }
 
 // authoriseViews checks that the caller may resolve every service and that

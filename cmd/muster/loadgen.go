@@ -102,7 +102,9 @@ func loadgenSeed(ctx context.Context, args []string, stdout, stderr io.Writer) (
 		ids[i] = uuid.Must(uuid.NewV7())
 		rows[i] = db.InstancesCopyParams{
 			ID: ids[i], Service: names[i%services], Address: fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255),
-			Port: 8080, Zone: fmt.Sprintf("az%d", i%3+1), Region: reg.Region(), Source: "loadgen", State: registry.StateActive,
+			// Zones rotate within a service (i/services), so every service
+			// spans zones whatever the service count.
+			Port: 8080, Zone: fmt.Sprintf("az%d", (i/services)%3+1), Region: reg.Region(), Source: "loadgen", State: registry.StateActive,
 			LeaseExpiresAt: &lease, RegisteredBy: "tool:loadgen", CreatedAt: now, UpdatedAt: now,
 		}
 	}

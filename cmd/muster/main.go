@@ -31,7 +31,8 @@ usage:
   muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)
 
 environment: DATABASE_URL (or DATABASE_URL_FILE), MUSTER_ISSUERS, MUSTER_AUDIENCE (muster),
-             MUSTER_REGION (local), MUSTER_LEASE_TTL (30s), MUSTER_LOG_LEVEL (info)
+             MUSTER_REGION (local), MUSTER_LEASE_TTL (30s), MUSTER_LOG_LEVEL (info),
+             MUSTER_ADMISSION_FLOOR (50)
 `
 
 // errUsage marks a command line that could not be understood.
