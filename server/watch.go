@@ -2,8 +2,8 @@ package server
 
 import (
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
