@@ -212,13 +212,14 @@ func (w *lgWatch) run(ctx context.Context) error {
 	var failuresSent, failuresSkipped, failuresRefused, additionsSent atomic.Int64
 	var injErr error
 	var injErrOnce sync.Once
+	injCtx, stopInj := context.WithTimeout(ctx, w.duration)
+	defer stopInj()
 	setErr := func(err error) {
-		if err != nil && ctx.Err() == nil {
+		// An injection cut short by the end of the run is not a failure.
+		if err != nil && ctx.Err() == nil && injCtx.Err() == nil {
 			injErrOnce.Do(func() { injErr = err })
 		}
 	}
-	injCtx, stopInj := context.WithTimeout(ctx, w.duration)
-	defer stopInj()
 	keepCtx, stopKeep := context.WithCancel(ctx)
 	defer stopKeep()
 	var keep sync.WaitGroup
