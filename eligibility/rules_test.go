@@ -603,3 +603,41 @@ func TestRemoveInstanceAndStats(t *testing.T) {
 		t.Errorf("quiet stats %+v", st)
 	}
 }
+
+// TestRoutingAgreesWithVerdict: the cheap accessor the assembler uses says
+// what Verdict says.
+func TestRoutingAgreesWithVerdict(t *testing.T) {
+	e := eligibility.NewEngine(eligibility.Options{})
+	e.SetService("svc", contract(allCaps))
+	ids := []eligibility.InstanceID{iid(1), iid(2), iid(3)}
+	for _, id := range ids {
+		if err := e.AddInstance(id, "svc", t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, id := range ids[:2] {
+		out := ok
+		if k == 1 {
+			out = eligibility.HardFailure
+		}
+		if err := e.Observe(eligibility.Sample{Instance: id, Class: eligibility.Probe, Outcome: eligibility.Success, At: t0, Reporter: 1}); err != nil {
+			t.Fatal(err)
+		}
+		e.Tick(t0)
+		if err := e.Observe(eligibility.Sample{Instance: id, Class: eligibility.Probe, Outcome: out, At: t0.Add(time.Second), Reporter: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := t0.Add(2 * time.Second)
+	e.Tick(now)
+	for _, id := range ids {
+		v, _ := e.Verdict(id, now)
+		r, found := e.Routing(id, now)
+		if !found || r.State != v.State || r.Weight != v.Weight || r.HealthKnown != v.HealthKnown || r.Quarantined != v.QuarantinedUntil.After(now) {
+			t.Errorf("%v: routing %+v, verdict state %s weight %v known %v", id, r, v.State, v.Weight, v.HealthKnown)
+		}
+	}
+	if _, found := e.Routing(iid(99), now); found {
+		t.Error("routing for an unknown instance")
+	}
+}

@@ -278,3 +278,25 @@ func (e *Engine) stats(now time.Time, only int32) []ServiceStats {
 	}
 	return out
 }
+
+// Routing is the part of a verdict a view needs.
+type Routing struct {
+	State       State
+	Weight      float64
+	HealthKnown bool
+	Quarantined bool
+}
+
+// Routing returns what a view needs of an instance at now: much cheaper
+// than Verdict (no reasons, no per-class summaries, no allocation), for
+// assembling a service's view on every change.
+func (e *Engine) Routing(id InstanceID, now time.Time) (Routing, bool) {
+	i, ok := e.idx.get(id, e.inst)
+	if !ok {
+		return Routing{}, false
+	}
+	in := &e.inst[i]
+	t := now.UnixNano()
+	a := e.assess(in, e.svcs[in.svc], t)
+	return Routing{State: in.state, Weight: in.weight, HealthKnown: a.nsp > 0, Quarantined: in.qUntil > t}, true
+}

@@ -1,6 +1,7 @@
 package evaluator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -122,7 +123,8 @@ type Evaluator struct {
 	probers  map[string]*proberAssignment
 	windows  map[windowKey]*windowCounts
 	winStart time.Time
-	cursorAt time.Time // newest updated_at applied
+	cursorAt time.Time // newest (updated_at, id) applied
+	cursorID uuid.UUID
 	replayed int
 
 	reporterMu sync.Mutex
@@ -266,13 +268,6 @@ func (e *Evaluator) run(ctx context.Context, done chan struct{}) {
 // refresh starts reading again.
 const refreshOverlap = 10 * time.Second
 
-func maxTime(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
-}
-
 // minKickInterval bounds how often unknown instances in reports may force
 // an early registry refresh.
 const minKickInterval = 100 * time.Millisecond
@@ -369,13 +364,15 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	e.mu.Unlock()
 
 	// updated_at comes from the writers' clocks and commits land out of
-	// order, so a cursor at the newest row seen would miss a change stamped
-	// just before it that committed just after. Each refresh re-reads a
-	// trailing overlap; applying a row twice changes nothing.
+	// order, so a row stamped just before the newest one seen may commit
+	// just after it. Such a row is stamped after now−refreshOverlap, so
+	// while the cursor is inside that window each refresh re-reads from
+	// its start (applying a row twice changes nothing); once the cursor is
+	// older than the window, reading past it exactly is enough.
 	e.mu.Lock()
-	since, after := e.cursorAt, uuid.Nil
-	if !since.IsZero() {
-		since = since.Add(-refreshOverlap)
+	since, after := e.cursorAt, e.cursorID
+	if low := e.cfg.Now().Add(-refreshOverlap); !since.IsZero() && since.After(low) {
+		since, after = low, uuid.Nil
 	}
 	e.mu.Unlock()
 	for {
@@ -387,7 +384,9 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 		e.mu.Lock()
 		for _, in := range batch {
 			e.applyInstance(in, now)
-			e.cursorAt = maxTime(e.cursorAt, in.UpdatedAt)
+			if in.UpdatedAt.After(e.cursorAt) || (in.UpdatedAt.Equal(e.cursorAt) && bytes.Compare(in.ID[:], e.cursorID[:]) > 0) {
+				e.cursorAt, e.cursorID = in.UpdatedAt, in.ID
+			}
 		}
 		e.mu.Unlock()
 		if len(batch) < 5000 {

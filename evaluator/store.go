@@ -22,7 +22,22 @@ type windowKey struct {
 
 type windowCounts struct {
 	successes, failures, hard, unobservable uint32
-	reporters                               map[eligibility.ReporterID]struct{}
+	// reps holds the first distinct reporters of the window; the rebuild
+	// only needs to know whether one caller or several spoke.
+	nrep uint8
+	reps [4]eligibility.ReporterID
+}
+
+func (w *windowCounts) addReporter(r eligibility.ReporterID) {
+	for _, x := range w.reps[:w.nrep] {
+		if x == r {
+			return
+		}
+	}
+	if int(w.nrep) < len(w.reps) {
+		w.reps[w.nrep] = r
+		w.nrep++
+	}
 }
 
 // countWindow adds one accepted sample to the current observed window.
@@ -47,12 +62,7 @@ func (e *Evaluator) countWindow(s eligibility.Sample) {
 	case s.Outcome == eligibility.Unobservable:
 		w.unobservable++
 	}
-	if len(w.reporters) < 64 {
-		if w.reporters == nil {
-			w.reporters = map[eligibility.ReporterID]struct{}{}
-		}
-		w.reporters[s.Reporter] = struct{}{}
-	}
+	w.addReporter(s.Reporter)
 }
 
 // flushWindows writes the windows counted since the last flush with COPY
@@ -72,7 +82,7 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 			rows = append(rows, db.ObservedWindowsInsertParams{
 				InstanceID: k.id, Class: int16(k.class), WindowStart: start, WindowEnd: now,
 				Successes: int32(w.successes), Failures: int32(w.failures), HardFailures: int32(w.hard),
-				Unobservable: int32(w.unobservable), Reporters: int32(max(len(w.reporters), 1)),
+				Unobservable: int32(w.unobservable), Reporters: int32(max(w.nrep, 1)),
 			})
 		}
 		if _, err := db.New(e.cfg.Pool).ObservedWindowsInsert(ctx, rows); err != nil {

@@ -127,15 +127,14 @@ func (e *Evaluator) Snapshot(service string) (ServiceSnapshot, bool) {
 	out := ServiceSnapshot{Name: service, MinHealthyFraction: si.minFraction, Capabilities: si.capabilities,
 		Instances: make([]EndpointVerdict, 0, len(e.byService[service]))}
 	for id := range e.byService[service] {
-		v, ok := e.engine.Verdict(eligibility.InstanceID(id), now)
+		v, ok := e.engine.Routing(eligibility.InstanceID(id), now)
 		if !ok {
 			continue
 		}
 		info := e.instances[id]
 		out.Instances = append(out.Instances, EndpointVerdict{
 			ID: id, Address: info.address, Port: info.port, Zone: info.zone,
-			State: v.State, Weight: v.Weight, HealthKnown: v.HealthKnown,
-			Quarantined: v.QuarantinedUntil.After(now),
+			State: v.State, Weight: v.Weight, HealthKnown: v.HealthKnown, Quarantined: v.Quarantined,
 		})
 	}
 	return out, true

@@ -17,6 +17,7 @@ import (
 // once here and passed down explicitly.
 type Config struct {
 	Addr        string
+	DebugAddr   string // pprof listener; empty: none
 	DataDir     string // dev: cluster, issuer key; empty for serve
 	DatabaseURL string
 	Region      string

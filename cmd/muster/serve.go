@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"path/filepath"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	cfg := Config{Dev: dev}
 	fs := newFlags(name, stderr)
 	fs.StringVar(&cfg.Addr, "addr", defAddr, "address to listen on")
+	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "if set, serve Go's pprof profiles on this (loopback) address")
 	if dev {
 		fs.StringVar(&cfg.DataDir, "data", ".muster", "folder for the local PostgreSQL cluster and the dev issuer's key")
 	}
@@ -167,6 +169,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	defer eval.Stop()
 
+	if cfg.DebugAddr != "" {
+		stopDebug, err := serveDebug(cfg.DebugAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stopDebug()
+	}
+
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	ready.Store(true)
@@ -234,4 +244,21 @@ func dialable(a *net.TCPAddr) string {
 		return net.JoinHostPort("127.0.0.1", fmt.Sprint(a.Port))
 	}
 	return a.String()
+}
+
+// serveDebug serves net/http/pprof on its own listener, never on the API
+// address: profiles are for the operator at the machine, not for callers.
+func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on debug address %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	log.Info("serving pprof", "addr", ln.Addr().String())
+	return func() { _ = hs.Close() }, nil
 }
