@@ -17,6 +17,7 @@ import (
 
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/worker"
 )
 
 // ErrNotReady means the evaluator is still rebuilding its state; callers
@@ -135,9 +136,7 @@ type Evaluator struct {
 	// instance it does not know, most likely one registered a moment ago.
 	kick chan struct{}
 
-	runMu  sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	runner worker.Runner
 }
 
 // New returns a stopped Evaluator.
@@ -177,33 +176,13 @@ func (e *Evaluator) Ready() bool { return e.ready.Load() }
 
 // Start rebuilds state in the background and then evaluates on every tick
 // until ctx ends or Stop is called.
-func (e *Evaluator) Start(ctx context.Context) error {
-	e.runMu.Lock()
-	defer e.runMu.Unlock()
-	if e.done != nil {
-		return errors.New("evaluator: already started")
-	}
-	ctx, e.cancel = context.WithCancel(ctx)
-	e.done = make(chan struct{})
-	go e.run(ctx, e.done)
-	return nil
-}
+func (e *Evaluator) Start(ctx context.Context) error { return e.runner.Start(ctx, e.run) }
 
 // Stop ends the loops, flushes what it can, and waits. Safe to call twice
 // or before Start.
-func (e *Evaluator) Stop() {
-	e.runMu.Lock()
-	cancel, done := e.cancel, e.done
-	e.runMu.Unlock()
-	if cancel == nil {
-		return
-	}
-	cancel()
-	<-done
-}
+func (e *Evaluator) Stop() { e.runner.Stop() }
 
-func (e *Evaluator) run(ctx context.Context, done chan struct{}) {
-	defer close(done)
+func (e *Evaluator) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { e.transitions.run(ctx) })
 	defer wg.Wait()

@@ -25,6 +25,7 @@ import (
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/stream"
+	"github.com/musterhq/muster/worker"
 )
 
 // AlarmWithdrawalBudget is raised when a withdrawal reached subscribers
@@ -60,9 +61,7 @@ type Publisher struct {
 	budget    map[string]assembler.Alarm // open withdrawal_budget alarms by service
 	wake      chan struct{}
 
-	runMu  sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	runner worker.Runner
 }
 
 type metrics struct {
@@ -162,32 +161,12 @@ func (p *Publisher) poke() {
 }
 
 // Start runs the worker until ctx ends or Stop is called.
-func (p *Publisher) Start(ctx context.Context) error {
-	p.runMu.Lock()
-	defer p.runMu.Unlock()
-	if p.done != nil {
-		return errors.New("publisher: already started")
-	}
-	ctx, p.cancel = context.WithCancel(ctx)
-	p.done = make(chan struct{})
-	go p.run(ctx, p.done)
-	return nil
-}
+func (p *Publisher) Start(ctx context.Context) error { return p.runner.Start(ctx, p.run) }
 
 // Stop ends the worker and waits. Safe to call twice or before Start.
-func (p *Publisher) Stop() {
-	p.runMu.Lock()
-	cancel, done := p.cancel, p.done
-	p.runMu.Unlock()
-	if cancel == nil {
-		return
-	}
-	cancel()
-	<-done
-}
+func (p *Publisher) Stop() { p.runner.Stop() }
 
-func (p *Publisher) run(ctx context.Context, done chan struct{}) {
-	defer close(done)
+func (p *Publisher) run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {

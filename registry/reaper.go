@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/worker"
 )
 
 // ExpireLeases ends every active registered instance whose lease ran out by
@@ -81,9 +81,7 @@ func (c *ReaperConfig) Validate() error {
 // Reaper is the worker that expires leases.
 type Reaper struct {
 	cfg    ReaperConfig
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	runner worker.Runner
 }
 
 // NewReaper returns a stopped Reaper.
@@ -96,32 +94,12 @@ func NewReaper(cfg ReaperConfig) (*Reaper, error) {
 }
 
 // Start runs the sweep loop until ctx ends or Stop is called.
-func (rp *Reaper) Start(ctx context.Context) error {
-	rp.mu.Lock()
-	defer rp.mu.Unlock()
-	if rp.done != nil {
-		return errors.New("reaper: already started")
-	}
-	ctx, rp.cancel = context.WithCancel(ctx)
-	rp.done = make(chan struct{})
-	go rp.loop(ctx, rp.done)
-	return nil
-}
+func (rp *Reaper) Start(ctx context.Context) error { return rp.runner.Start(ctx, rp.loop) }
 
 // Stop ends the loop and waits for it. Safe to call twice or before Start.
-func (rp *Reaper) Stop() {
-	rp.mu.Lock()
-	cancel, done := rp.cancel, rp.done
-	rp.mu.Unlock()
-	if cancel == nil {
-		return
-	}
-	cancel()
-	<-done
-}
+func (rp *Reaper) Stop() { rp.runner.Stop() }
 
-func (rp *Reaper) loop(ctx context.Context, done chan struct{}) {
-	defer close(done)
+func (rp *Reaper) loop(ctx context.Context) {
 	t := time.NewTicker(rp.cfg.Interval)
 	defer t.Stop()
 	for {
