@@ -112,6 +112,9 @@ type Server struct {
 	log     *slog.Logger
 	router  chi.Router
 	metrics serverMetrics
+	// streams counts watch streams running on hijacked connections, which
+	// http.Server.Shutdown does not wait for.
+	streams streamSet
 }
 
 type serverMetrics struct {

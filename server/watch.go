@@ -1,12 +1,15 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -63,8 +66,28 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	// Over HTTP/1.1 the connection is taken over: net/http's
+	// per-connection buffers, its background reader goroutine and the
+	// request's state are released, and one small goroutine writes the
+	// stream. An idle subscriber then costs a few KiB instead of ~45.
+	if conn, ok := hijack(w); ok {
+		if conn == nil {
+			sub.Close()
+			return
+		}
+		s.streams.add()
+		go func() {
+			defer s.streams.done()
+			defer conn.Close()
+			defer sub.Close()
+			s.streamLoop(nil, sub, s.rawSender(conn))
+		}()
+		return
+	}
 	defer sub.Close()
 
+	// HTTP/2 (or a writer that cannot be hijacked): stream through the
+	// ResponseWriter.
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
@@ -74,9 +97,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	// The server's ReadTimeout would expire on the connection's idle read
 	// and cancel this long-lived request; a stream has nothing more to read.
 	_ = rc.SetReadDeadline(time.Time{})
-	// Frames go straight into the ResponseWriter, which already buffers
-	// (a second buffer per stream costs 4 KiB per idle subscriber).
-	send := func(frames ...*stream.Frame) bool {
+	s.streamLoop(r.Context().Done(), sub, func(frames ...*stream.Frame) bool {
 		// A client that cannot take a frame within the deadline is cut
 		// off; it reconnects and catches up from its version.
 		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WatchWriteTimeout))
@@ -87,7 +108,13 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			s.metrics.framesSent.WithLabelValues(string(f.Kind)).Inc()
 		}
 		return rc.Flush() == nil
-	}
+	})
+}
+
+// streamLoop writes the initial frames, then every frame the subscription
+// delivers, a full resync when it overflowed, and a heartbeat when idle,
+// until send fails, a drain frame went out, or done is closed.
+func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, send func(...*stream.Frame) bool) {
 	if !send(sub.Initial...) {
 		return
 	}
@@ -95,7 +122,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	defer beat.Stop()
 	for {
 		select {
-		case <-r.Context().Done():
+		case <-done:
 			return
 		case f := <-sub.C():
 			if !send(f) || f.Kind == stream.KindDrain {
@@ -106,32 +133,128 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		case <-beat.C:
-			if !send(&stream.Frame{Kind: stream.KindHeartbeat, JSON: []byte(`{}`)}) {
+			if !send(heartbeat) {
 				return
 			}
 		}
 	}
 }
 
-// writeFrame writes one SSE event: a small header built on the stack, the
-// shared JSON bytes, and the terminator.
-func writeFrame(w io.Writer, f *stream.Frame) error {
+var heartbeat = &stream.Frame{Kind: stream.KindHeartbeat, JSON: []byte(`{}`)}
+
+// streamHead is the response head of a hijacked stream. Without a length
+// or chunking, the body runs until the connection closes (HTTP/1.1 with
+// Connection: close), which is what a stream is.
+const streamHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n" +
+	"X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
+
+// hijack takes the connection over and writes the response head. ok is
+// false when the connection cannot be hijacked (HTTP/2); conn is nil when
+// it was hijacked but the head could not be written (the client is gone).
+func hijack(w http.ResponseWriter) (conn net.Conn, ok bool) {
+	c, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return nil, false
+	}
+	// A watch has no body: whatever the client sent beyond the request
+	// (buffered in the discarded reader) is of no interest.
+	_ = c.SetReadDeadline(time.Time{})
+	_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, streamHead); err != nil {
+		c.Close()
+		return nil, true
+	}
+	return c, true
+}
+
+// rawSender writes frames to a hijacked connection with one writev per
+// frame (header, the shared JSON bytes, terminator: nothing is copied).
+func (s *Server) rawSender(conn net.Conn) func(...*stream.Frame) bool {
 	var head [64]byte
-	b := append(head[:0], "event: "...)
+	return func(frames ...*stream.Frame) bool {
+		_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.WatchWriteTimeout))
+		for _, f := range frames {
+			bufs := net.Buffers{frameHead(head[:0], f), f.JSON, frameEnd}
+			if _, err := bufs.WriteTo(conn); err != nil {
+				return false
+			}
+			s.metrics.framesSent.WithLabelValues(string(f.Kind)).Inc()
+		}
+		return true
+	}
+}
+
+var frameEnd = []byte("\n\n")
+
+// frameHead appends an SSE event's header lines (up to "data: ") to b.
+func frameHead(b []byte, f *stream.Frame) []byte {
+	b = append(b, "event: "...)
 	b = append(b, f.Kind...)
 	if f.Version != 0 {
 		b = append(b, "\nid: "...)
 		b = strconv.AppendUint(b, f.Version, 10)
 	}
-	b = append(b, "\ndata: "...)
-	if _, err := w.Write(b); err != nil {
+	return append(b, "\ndata: "...)
+}
+
+// writeFrame writes one SSE event through an io.Writer.
+func writeFrame(w io.Writer, f *stream.Frame) error {
+	var head [64]byte
+	if _, err := w.Write(frameHead(head[:0], f)); err != nil {
 		return err
 	}
 	if _, err := w.Write(f.JSON); err != nil {
 		return err
 	}
-	_, err := io.WriteString(w, "\n\n")
+	_, err := w.Write(frameEnd)
 	return err
+}
+
+// WaitStreams waits for hijacked watch streams to end, after the hub was
+// closed (each gets a drain frame), or until ctx ends.
+func (s *Server) WaitStreams(ctx context.Context) error { return s.streams.wait(ctx) }
+
+// streamSet counts running streams. Unlike a WaitGroup it may be waited
+// on while streams still start (a subscription that raced the hub's
+// Close).
+type streamSet struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0 while someone waits
+}
+
+func (ss *streamSet) add() {
+	ss.mu.Lock()
+	ss.n++
+	ss.mu.Unlock()
+}
+
+func (ss *streamSet) done() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.n--; ss.n == 0 && ss.idle != nil {
+		close(ss.idle)
+		ss.idle = nil
+	}
+}
+
+func (ss *streamSet) wait(ctx context.Context) error {
+	ss.mu.Lock()
+	if ss.n == 0 {
+		ss.mu.Unlock()
+		return nil
+	}
+	if ss.idle == nil {
+		ss.idle = make(chan struct{})
+	}
+	idle := ss.idle
+	ss.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // authoriseViews checks that the caller may resolve every service and that

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -150,4 +152,55 @@ func TestWatchDrainsOnShutdown(t *testing.T) {
 	if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("subscribe while draining: %d", r.Status)
 	}
+	// Shutdown can wait for every stream to have ended.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Server.WaitStreams(ctx); err != nil {
+		t.Fatalf("streams still running after drain: %v", err)
+	}
+}
+
+// pipeWriter is a ResponseWriter that cannot be hijacked (as under HTTP/2),
+// streaming its body into a pipe.
+type pipeWriter struct {
+	h      http.Header
+	status chan int
+	w      *io.PipeWriter
+}
+
+func (p *pipeWriter) Header() http.Header         { return p.h }
+func (p *pipeWriter) WriteHeader(code int)        { p.status <- code }
+func (p *pipeWriter) Write(b []byte) (int, error) { return p.w.Write(b) }
+func (p *pipeWriter) Flush()                      {}
+
+// TestWatchWithoutHijack covers the path for connections that cannot be
+// taken over: the same events through the ResponseWriter.
+func TestWatchWithoutHijack(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.Seed(t)
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 5)}})
+	pr, pw := io.Pipe()
+	rw := &pipeWriter{h: http.Header{}, status: make(chan int, 1), w: pw}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req := httptest.NewRequestWithContext(ctx, "GET", "/v1/watch?service=web", nil)
+	req.RemoteAddr = "127.0.0.1:40000"
+	req.Header.Set("Authorization", "Bearer "+s.Token(t, webReq))
+	done := make(chan struct{})
+	go func() { s.Server.ServeHTTP(rw, req); pw.Close(); close(done) }()
+	if code := <-rw.status; code != http.StatusOK || rw.h.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d, header %v", code, rw.h)
+	}
+	sc := bufio.NewScanner(pr)
+	if ev := readEvents(t, sc, 1)[0]; ev.kind != "view" || ev.id != "5" {
+		t.Fatalf("first event %+v", ev)
+	}
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 6), Delta: frame(stream.KindDelta, "web", 5, 6)}})
+	if ev := readEvents(t, sc, 1)[0]; ev.kind != "delta" || ev.id != "6" {
+		t.Fatalf("second event %+v", ev)
+	}
+	cancel() // the client goes away: the handler returns
+	go io.Copy(io.Discard, pr)
+	<-done
 }

@@ -198,6 +198,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	hub.Close()
 	shutCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if err := srv.WaitStreams(shutCtx); err != nil {
+		log.Warn("watch streams still open at shutdown", "err", err)
+	}
 	if err := hs.Shutdown(shutCtx); err != nil {
 		return fmt.Errorf("http shutdown: %w", err)
 	}

@@ -58,6 +58,7 @@ type Stack struct {
 	Hub       *stream.Hub
 	// Publisher is not started: tests step it with RunOnce.
 	Publisher *publisher.Publisher
+	Server    *server.Server
 }
 
 // Options adjust a Stack.
@@ -137,7 +138,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Server: srv}
 }
 
 // Token mints a token from the stack's dev issuer.
