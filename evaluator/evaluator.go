@@ -135,6 +135,9 @@ type Evaluator struct {
 	// kick asks the loop for an early registry refresh: ingest saw an
 	// instance it does not know, most likely one registered a moment ago.
 	kick chan struct{}
+	// urgent asks for an evaluation before the next tick: a hard failure
+	// arrived, and withdrawing it should not wait up to a whole tick.
+	urgent chan struct{}
 
 	runner worker.Runner
 }
@@ -161,6 +164,7 @@ func New(cfg Config) (*Evaluator, error) {
 		windows:   map[windowKey]*windowCounts{},
 		reporters: map[string]eligibility.ReporterID{},
 		kick:      make(chan struct{}, 1),
+		urgent:    make(chan struct{}, 1),
 	}
 	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, m, e.log)
 	if cfg.Registerer != nil {
@@ -209,7 +213,7 @@ func (e *Evaluator) run(ctx context.Context) {
 	defer tick.Stop()
 	defer refresh.Stop()
 	defer flush.Stop()
-	var lastKick time.Time
+	var lastKick, lastEval time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -223,6 +227,15 @@ func (e *Evaluator) run(ctx context.Context) {
 			return
 		case <-tick.C:
 			e.runOnce()
+			lastEval = time.Now()
+		case <-e.urgent:
+			// At most one early evaluation per minUrgentInterval; a
+			// burst of hard failures waits at most that long.
+			if wait := minUrgentInterval - time.Since(lastEval); wait > 0 {
+				time.Sleep(wait)
+			}
+			e.runOnce()
+			lastEval = time.Now()
 		case <-refresh.C:
 			if err := e.refresh(ctx); err != nil && ctx.Err() == nil {
 				e.log.Warn("refresh from the registry", "err", err)
@@ -246,6 +259,10 @@ func (e *Evaluator) run(ctx context.Context) {
 // refreshOverlap is how far behind its newest row each incremental
 // refresh starts reading again.
 const refreshOverlap = 10 * time.Second
+
+// minUrgentInterval bounds how often hard failures may bring an
+// evaluation forward.
+const minUrgentInterval = 20 * time.Millisecond
 
 // minKickInterval bounds how often unknown instances in reports may force
 // an early registry refresh.

@@ -357,3 +357,24 @@ func TestEndedInstanceLeavesATransition(t *testing.T) {
 		t.Fatalf("snapshot after deregistration: %+v", snap)
 	}
 }
+
+// TestHardFailureDoesNotWaitForTheTick: the stack's tick is an hour, so
+// only the early evaluation a hard failure asks for can withdraw it.
+func TestHardFailureDoesNotWaitForTheTick(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{})
+	p1 := f.Token(t, prober1)
+	for _, in := range f.web {
+		f.post(t, p1, report(in, "probe", "success"))
+	}
+	f.Evaluator.EvaluateNow()
+	f.Clock.Advance(time.Second)
+	f.post(t, p1, report(f.web[0], "probe", "hard_failure"))
+	deadline := time.Now().Add(10 * time.Second)
+	for f.verdict(t, "web", f.web[0]).State != "ineligible" {
+		if time.Now().After(deadline) {
+			t.Fatal("a hard failure waited for the next tick")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}

@@ -62,6 +62,7 @@ func (e *Evaluator) Ingest(actor identity.Principal, reports []Report) (Result, 
 		e.metrics.refused.WithLabelValues(code).Inc()
 	}
 	reporter := e.internReporter(actor.String())
+	hard := false
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -77,8 +78,15 @@ func (e *Evaluator) Ingest(actor identity.Principal, reports []Report) (Result, 
 		}
 		e.countWindow(s)
 		res.Accepted++
+		hard = hard || s.Outcome == eligibility.HardFailure
 	}
 	e.metrics.accepted.Add(float64(res.Accepted))
+	if hard {
+		select {
+		case e.urgent <- struct{}{}:
+		default:
+		}
+	}
 	for _, r := range res.Refused {
 		if r.Code == codeUnknownInstance {
 			select {
