@@ -82,9 +82,10 @@ func IsUniqueViolation(err error, constraint string) bool {
 }
 
 // registerUUID makes pgx scan binary uuid columns straight into
-// google/uuid.UUID. Without it pgx goes through uuid's sql.Scanner, which
-// formats each value as text and parses it back: a third of the time of a
-// rebuild that reads millions of rows.
+// google/uuid.UUID and encode it straight from its bytes. Without it pgx
+// goes through uuid's sql.Scanner and driver.Valuer, formatting each value
+// as text and parsing it back: a third of the time of a rebuild that reads
+// millions of rows.
 func registerUUID(m *pgtype.Map) {
 	m.RegisterType(&pgtype.Type{Name: "uuid", OID: pgtype.UUIDOID, Codec: uuidCodec{}})
 }
@@ -96,6 +97,23 @@ func (c uuidCodec) PlanScan(m *pgtype.Map, oid uint32, format int16, target any)
 		return scanUUID{}
 	}
 	return c.UUIDCodec.PlanScan(m, oid, format, target)
+}
+
+func (c uuidCodec) PlanEncode(m *pgtype.Map, oid uint32, format int16, value any) pgtype.EncodePlan {
+	if _, ok := value.(uuid.UUID); ok && format == pgtype.BinaryFormatCode {
+		return encodeUUID{}
+	}
+	return c.UUIDCodec.PlanEncode(m, oid, format, value)
+}
+
+// encodeUUID writes a uuid.UUID's 16 bytes. Without it pgx asks the value
+// for its driver.Value (a formatted string) and parses that back, which was
+// most of the cost of COPYing observed windows.
+type encodeUUID struct{}
+
+func (encodeUUID) Encode(value any, buf []byte) ([]byte, error) {
+	id := value.(uuid.UUID)
+	return append(buf, id[:]...), nil
 }
 
 type scanUUID struct{}

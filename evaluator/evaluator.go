@@ -126,6 +126,7 @@ type Evaluator struct {
 	winStart time.Time
 	cursorAt time.Time // newest (updated_at, id) applied
 	cursorID uuid.UUID
+	members  uint64 // bumped whenever an instance is added or removed
 	replayed int
 
 	reporterMu sync.Mutex
@@ -393,10 +394,19 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 
 	// Prober assignments last, so assigned services resolve to the
 	// instances just loaded.
+	// Re-assigning a prober rebuilds (and sorts) its target set in the
+	// engine, under the lock ingest and evaluation need; it is done only
+	// when the assignment or the membership of a service changed.
 	e.mu.Lock()
 	probers := make(map[string]*proberAssignment, len(assignments))
 	for _, a := range assignments {
-		pa := &proberAssignment{id: e.internReporter("prober:" + a.Prober), services: map[string]bool{}, instances: map[uuid.UUID]bool{}}
+		key := fmt.Sprint(a.Services, a.Instances)
+		if old := e.probers[a.Prober]; old != nil && old.key == key && old.members == e.members {
+			probers[a.Prober] = old
+			continue
+		}
+		pa := &proberAssignment{id: e.internReporter("prober:" + a.Prober), services: map[string]bool{}, instances: map[uuid.UUID]bool{},
+			key: key, members: e.members}
 		var targets []eligibility.InstanceID
 		for _, s := range a.Services {
 			pa.services[s] = true
@@ -428,6 +438,7 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		}
 		e.instances[in.ID] = instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port}
 		e.changed[in.Service] = struct{}{}
+		e.members++
 		if e.byService[in.Service] == nil {
 			e.byService[in.Service] = map[uuid.UUID]struct{}{}
 		}
@@ -450,6 +461,7 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 			})
 		}
 		e.changed[in.Service] = struct{}{}
+		e.members++
 		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
 		delete(e.instances, in.ID)
 		delete(e.byService[in.Service], in.ID)

@@ -189,6 +189,9 @@ type proberAssignment struct {
 	id        eligibility.ReporterID
 	services  map[string]bool
 	instances map[uuid.UUID]bool
+	// key and members say what the engine's target set was built from.
+	key     string
+	members uint64
 }
 
 func (a *proberAssignment) covers(id uuid.UUID, service string) bool {
