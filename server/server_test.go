@@ -403,3 +403,12 @@ func TestGrantsOverHTTP(t *testing.T) {
 		t.Fatalf("grants %+v", g)
 	}
 }
+
+func TestMethodNotAllowedSaysWhatIs(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	r := s.JSON(t, "PATCH", "/v1/services/web", s.Token(t, adminReq), `{}`)
+	if r.Status != http.StatusMethodNotAllowed || r.Header.Get("Allow") != "GET, PUT" {
+		t.Fatalf("PATCH a service: %d, Allow %q", r.Status, r.Header.Get("Allow"))
+	}
+}
