@@ -46,6 +46,7 @@ func loadgenWatch(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.IntVar(&o.clients, "clients", 1000, "watch streams to hold")
 	fs.IntVar(&o.perClient, "services-per-client", 3, "services each stream watches")
 	fs.IntVar(&o.failures, "failures", 200, "instances to hard-fail, spread over the run")
+	fs.IntVar(&o.burst, "burst", 0, "evacuation burst: hard-fail this many instances over one minute, in batches every 100 ms, no zone of a service losing more than a third (replaces --failures; 0 = off)")
 	fs.IntVar(&o.additions, "additions", 50, "new instances to register, spread over the run")
 	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long to inject for, once every stream is held")
 	fs.IntVar(&o.connectConcurrency, "connect-concurrency", 200, "watch requests in flight while connecting")
@@ -53,8 +54,8 @@ func loadgenWatch(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if o.clients < 1 || o.perClient < 1 || o.perClient > 100 || o.failures < 0 || o.additions < 0 || o.duration <= 0 || o.connectConcurrency < 1 {
-		fmt.Fprintln(stderr, "muster loadgen watch: --clients, --connect-concurrency and --duration must be positive, --services-per-client 1 to 100, --failures and --additions not negative")
+	if o.clients < 1 || o.perClient < 1 || o.perClient > 100 || o.failures < 0 || o.burst < 0 || o.additions < 0 || o.duration <= 0 || o.connectConcurrency < 1 {
+		fmt.Fprintln(stderr, "muster loadgen watch: --clients, --connect-concurrency and --duration must be positive, --services-per-client 1 to 100, --failures, --burst and --additions not negative")
 		return errUsage
 	}
 	o.base = strings.TrimRight(o.base, "/")
@@ -66,6 +67,7 @@ type lgwOptions struct {
 	base, dir                string
 	clients, perClient       int
 	failures, additions      int
+	burst                    int // hard failures in the one-minute burst; 0: paced failures instead
 	duration, connectTimeout time.Duration
 	connectConcurrency       int
 }
@@ -207,12 +209,19 @@ func (w *lgWatch) run(ctx context.Context) error {
 	frames0 := w.frames()
 	cpu0 := processCPU()
 	injectStart := time.Now()
-	fmt.Fprintf(w.stdout, "injecting %d hard failures and %d additions over %s\n", w.failures, w.additions, w.duration)
+	window := w.duration
+	if w.burst > 0 {
+		window = max(window, lgwBurstWindow)
+		fmt.Fprintf(w.stdout, "injecting a burst of %d hard failures over %s (batches of up to %d every %s, at most a third of each zone) and %d additions over %s\n",
+			w.burst, lgwBurstWindow, lgwBurstBatch, lgwBurstTick, w.additions, w.duration)
+	} else {
+		fmt.Fprintf(w.stdout, "injecting %d hard failures and %d additions over %s\n", w.failures, w.additions, w.duration)
+	}
 	var inj sync.WaitGroup
 	var failuresSent, failuresSkipped, failuresRefused, additionsSent atomic.Int64
 	var injErr error
 	var injErrOnce sync.Once
-	injCtx, stopInj := context.WithTimeout(ctx, w.duration)
+	injCtx, stopInj := context.WithTimeout(ctx, window)
 	defer stopInj()
 	setErr := func(err error) {
 		// An injection cut short by the end of the run is not a failure.
@@ -224,7 +233,26 @@ func (w *lgWatch) run(ctx context.Context) error {
 	defer stopKeep()
 	var keep sync.WaitGroup
 	keep.Go(func() { w.keepAlive(keepCtx) })
-	if w.failures > 0 {
+	var burst lgwBurstResult
+	var shedSamples, shedSeen atomic.Int64
+	if w.burst > 0 {
+		inj.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+			burst = w.injectBurst(injCtx, rng, injectStart, setErr)
+		})
+		// Sample the shedding gauge through the burst: it may be back
+		// to 0 by the end.
+		inj.Go(func() {
+			for i := 1; sleepUntil(injCtx, injectStart.Add(time.Duration(i)*time.Second)); i++ {
+				if s, err := w.scrape(injCtx); err == nil {
+					shedSamples.Add(1)
+					if s.shedding > 0 {
+						shedSeen.Add(1)
+					}
+				}
+			}
+		})
+	} else if w.failures > 0 {
 		inj.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 			every := w.duration / time.Duration(w.failures)
@@ -312,8 +340,27 @@ func (w *lgWatch) run(ctx context.Context) error {
 	fmt.Fprintf(w.stdout, "subscribers: %d of %d held (%d open at the end), connected in %s, %d admission refusals (%d while connecting), %d reconnects, %d failed requests, %d delta gaps\n",
 		held, w.clients, stillOpen, connectTook.Round(time.Millisecond), w.refusals.Load(), refusedConnecting,
 		w.reconnects.Load(), w.streamErrors.Load(), w.gaps.Load())
-	fmt.Fprintf(w.stdout, "withdrawal lag (first failed sample -> applied by subscriber): p50 %s p99 %s p99.9 %s max %s over %d applications of %d failures (%d expected; %d skipped for zone headroom, %d refused)\n",
-		pctOf(wl, 0.50), pctOf(wl, 0.99), pctOf(wl, 0.999), pctOf(wl, 1), len(wl), failuresSent.Load(), wantW, failuresSkipped.Load(), failuresRefused.Load())
+	if w.burst > 0 {
+		fmt.Fprintf(w.stdout, "burst: %d of %d requested hard failures injected in %s in %d POSTs (%d refused; the one-third-per-zone headroom allowed %d)\n",
+			burst.sent, w.burst, burst.took.Round(time.Millisecond), burst.posts, burst.refused, burst.headroom)
+		if burst.headroom < w.burst {
+			fmt.Fprintf(w.stdout, "burst: only %d instances can fail without any zone of a service losing more than a third; they were injected at the requested rate (%d per minute), so the burst was shorter than a minute\n",
+				burst.headroom, w.burst)
+		}
+		fmt.Fprintf(w.stdout, "burst withdrawal lag (first failed sample -> applied by subscriber): p50 %s p99 %s p99.9 %s max %s over %d applications of %d failures (%d expected)\n",
+			pctOf(wl, 0.50), pctOf(wl, 0.99), pctOf(wl, 0.999), pctOf(wl, 1), len(wl), burst.sent, wantW)
+		fmt.Fprintf(w.stdout, "burst shedding: muster_shed_episodes_total %.0f -> %.0f, muster_additions_shedding %.0f -> %.0f (1 in %d of %d one-second samples during the burst)\n",
+			after.shedEpisodes, end.shedEpisodes, after.shedding, end.shedding, shedSeen.Load(), shedSamples.Load())
+		var b strings.Builder
+		for _, le := range []string{"0.1", "0.25", "0.5", "1", "2", "5", "+Inf"} {
+			fmt.Fprintf(&b, " le=%s %.0f", le, end.lagBuckets[le])
+		}
+		fmt.Fprintf(w.stdout, "server muster_withdrawal_lag_seconds at the end, summed over services (cumulative):%s (%.0f observed before the burst)\n",
+			b.String(), after.lagBuckets["+Inf"])
+	} else {
+		fmt.Fprintf(w.stdout, "withdrawal lag (first failed sample -> applied by subscriber): p50 %s p99 %s p99.9 %s max %s over %d applications of %d failures (%d expected; %d skipped for zone headroom, %d refused)\n",
+			pctOf(wl, 0.50), pctOf(wl, 0.99), pctOf(wl, 0.999), pctOf(wl, 1), len(wl), failuresSent.Load(), wantW, failuresSkipped.Load(), failuresRefused.Load())
+	}
 	fmt.Fprintf(w.stdout, "addition lag (registered -> applied by subscriber): p50 %s p99 %s max %s over %d applications of %d additions (%d expected)\n",
 		pctOf(al, 0.50), pctOf(al, 0.99), pctOf(al, 1), len(al), additionsSent.Load(), wantA)
 	v, d, h := frames1[0]-frames0[0], frames1[1]-frames0[1], frames1[2]-frames0[2]
@@ -513,6 +560,95 @@ func (w *lgWatch) injectFailure(ctx context.Context, rng *rand.Rand) (bool, erro
 }
 
 var errLgwRefused = errors.New("report refused")
+
+const (
+	lgwBurstWindow = time.Minute
+	lgwBurstTick   = 100 * time.Millisecond
+	lgwBurstBatch  = 500
+)
+
+type lgwBurstResult struct {
+	headroom, sent, refused, posts int
+	took                           time.Duration
+}
+
+// burstTargets picks up to n instances to fail in the burst, so that no
+// zone of any service loses more than a third of its instances: two
+// thirds stay routable, above the guard's minimum, and every failure is
+// a real withdrawal. It returns them shuffled across zones, and the
+// headroom (how many could be picked at most).
+func (w *lgWatch) burstTargets(rng *rand.Rand, n int) (targets []lgwBurstTarget, headroom int) {
+	for _, z := range w.zones {
+		k := min(z.total/3, len(z.targets))
+		for k > 0 && float64(z.eligible-z.failed-k) <= z.minFraction*float64(z.total) {
+			k--
+		}
+		for _, id := range z.targets[len(z.targets)-k:] {
+			targets = append(targets, lgwBurstTarget{z: z, id: id})
+		}
+	}
+	rng.Shuffle(len(targets), func(i, j int) { targets[i], targets[j] = targets[j], targets[i] })
+	return targets[:min(n, len(targets))], len(targets)
+}
+
+type lgwBurstTarget struct {
+	z  *lgwZone
+	id uuid.UUID
+}
+
+// injectBurst hard-fails --burst instances at an even rate over one
+// minute, posting every 100 ms the failures due by then, in batches of up
+// to 500. It does not wait for a zone's previous failure to be applied.
+func (w *lgWatch) injectBurst(ctx context.Context, rng *rand.Rand, start time.Time, setErr func(error)) (r lgwBurstResult) {
+	targets, headroom := w.burstTargets(rng, w.burst)
+	r.headroom = headroom
+	defer func() { r.took = time.Since(start) }()
+	for tick := 0; r.sent+r.refused < len(targets); tick++ {
+		if !sleepUntil(ctx, start.Add(time.Duration(tick)*lgwBurstTick)) {
+			return r
+		}
+		// Failure i is due at i/burst of the window.
+		due := min(len(targets), int(float64(time.Since(start))/float64(lgwBurstWindow)*float64(w.burst))+1)
+		for done := r.sent + r.refused; done < due; done = r.sent + r.refused {
+			batch := targets[done:min(due, done+lgwBurstBatch)]
+			ins := make([]*lgwInjection, len(batch))
+			reports := make([]evaluator.Report, len(batch))
+			w.injMu.Lock()
+			for i, t := range batch {
+				w.failed[t.id] = true
+				reports[i] = evaluator.Report{InstanceID: t.id, Class: "probe", Outcome: "hard_failure"}
+			}
+			w.injMu.Unlock()
+			body, _ := json.Marshal(map[string]any{"reports": reports})
+			at := time.Now()
+			for i, t := range batch {
+				t.z.failed++
+				ins[i] = &lgwInjection{id: t.id, idx: t.z.svc.intern(t.id), svc: t.z.svc, zone: t.z, at: at}
+				w.addInjection(ins[i])
+			}
+			r.posts++
+			res, err := postReports(ctx, w.api, w.base, w.proberToken, body)
+			if err != nil {
+				for _, in := range ins {
+					in.void.Store(true)
+				}
+				setErr(err)
+				return r
+			}
+			refusedBefore := r.refused
+			for _, ref := range res.Refused {
+				if ref.Index >= 0 && ref.Index < len(ins) && !ins[ref.Index].void.Swap(true) {
+					r.refused++
+				}
+			}
+			r.sent += len(batch) - (r.refused - refusedBefore)
+			if len(res.Refused) > 0 {
+				fmt.Fprintf(w.stderr, "warning: %d of %d burst hard failures refused, first: %+v\n", len(res.Refused), len(batch), res.Refused[0])
+			}
+		}
+	}
+	return r
+}
 
 func (w *lgWatch) injectAddition(ctx context.Context, rng *rand.Rand, n int) error {
 	svc := w.services[rng.IntN(len(w.services))]
@@ -729,6 +865,9 @@ type lgwScrape struct {
 	heap        float64 // Go heap in use: unlike RSS, not inflated by memory a previous run freed
 	cpu         float64 // seconds
 	subscribers float64
+
+	shedEpisodes, shedding float64            // muster_shed_episodes_total, muster_additions_shedding
+	lagBuckets             map[string]float64 // muster_withdrawal_lag_seconds buckets by le, summed over services
 }
 
 // scrape reads the server's resident memory and open watch streams from
@@ -746,7 +885,7 @@ func (w *lgWatch) scrape(ctx context.Context) (lgwScrape, error) {
 	if res.StatusCode != http.StatusOK {
 		return lgwScrape{}, fmt.Errorf("GET /metrics: %d", res.StatusCode)
 	}
-	var s lgwScrape
+	s := lgwScrape{lagBuckets: map[string]float64{}}
 	found := false
 	sc := bufio.NewScanner(res.Body)
 	sc.Buffer(nil, 1<<20)
@@ -765,6 +904,18 @@ func (w *lgWatch) scrape(ctx context.Context) (lgwScrape, error) {
 			s.cpu, _ = strconv.ParseFloat(val, 64)
 		case "muster_watch_subscribers":
 			s.subscribers, _ = strconv.ParseFloat(val, 64)
+		case "muster_shed_episodes_total":
+			s.shedEpisodes, _ = strconv.ParseFloat(val, 64)
+		case "muster_additions_shedding":
+			s.shedding, _ = strconv.ParseFloat(val, 64)
+		default:
+			if labels, ok := strings.CutPrefix(name, "muster_withdrawal_lag_seconds_bucket{"); ok {
+				if _, le, ok := strings.Cut(labels, `le="`); ok {
+					le, _, _ = strings.Cut(le, `"`)
+					v, _ := strconv.ParseFloat(val, 64)
+					s.lagBuckets[le] += v
+				}
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +64,44 @@ func TestLoadgenWatchClientAppliesFrames(t *testing.T) {
 	}
 	if v, d, h := w.frameViews.Load(), w.frameDeltas.Load(), w.frameBeats.Load(); v != 1 || d != 3 || h != 1 {
 		t.Fatalf("frames: %d views %d deltas %d heartbeats", v, d, h)
+	}
+}
+
+// TestLoadgenWatchBurstTargets checks that the burst fails no more than a
+// third of any zone, and never enough to trip its guard.
+func TestLoadgenWatchBurstTargets(t *testing.T) {
+	svc := &lgwService{name: "lg-0000", index: map[uuid.UUID]int32{}, watchers: 1}
+	ids := func(n int) []uuid.UUID {
+		out := make([]uuid.UUID, n)
+		for i := range out {
+			out[i] = uuid.New()
+		}
+		return out
+	}
+	w := &lgWatch{zones: []*lgwZone{
+		{svc: svc, name: "az1", total: 45, eligible: 45, minFraction: 0.5, targets: ids(45)}, // a third: 15
+		{svc: svc, name: "az2", total: 44, eligible: 44, minFraction: 0.5, targets: ids(44)}, // 14
+		{svc: svc, name: "az3", total: 40, eligible: 22, minFraction: 0.5, targets: ids(22)}, // guard: 22-k > 20, so 1
+		{svc: svc, name: "az4", total: 2, eligible: 2, minFraction: 0.5, targets: ids(2)},    // 0
+	}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	all, headroom := w.burstTargets(rng, 1000)
+	if headroom != 30 || len(all) != 30 {
+		t.Fatalf("headroom %d, %d targets; want 30", headroom, len(all))
+	}
+	per := map[string]int{}
+	seen := map[uuid.UUID]bool{}
+	for _, x := range all {
+		per[x.z.name]++
+		if seen[x.id] {
+			t.Fatalf("instance %s chosen twice", x.id)
+		}
+		seen[x.id] = true
+	}
+	if per["az1"] != 15 || per["az2"] != 14 || per["az3"] != 1 || per["az4"] != 0 {
+		t.Fatalf("per zone %v", per)
+	}
+	if some, headroom := w.burstTargets(rng, 10); len(some) != 10 || headroom != 30 {
+		t.Fatalf("%d targets of headroom %d; want 10 of 30", len(some), headroom)
 	}
 }
