@@ -1,0 +1,119 @@
+package resolver_test
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/musterhq/muster/resolver"
+)
+
+// churn applies a one-endpoint delta to "api" every millisecond until
+// stop is closed.
+func churn(b *testing.B, c *resolver.Cache, v resolver.View, stop <-chan struct{}, wg *sync.WaitGroup) {
+	wg.Go(func() {
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			eps := slices.Clone(v.Endpoints)
+			k := i % len(eps)
+			eps[k].Weight = float64(i%3 + 1)
+			d := resolver.Delta{
+				Service: "api", FromVersion: v.Version, Version: v.Version + 1,
+				Upserts: eps[k : k+1], Checksum: resolver.Checksum(eps),
+			}
+			if err := c.ApplyDelta(d); err != nil {
+				b.Error(err)
+				return
+			}
+			v.Version, v.Endpoints = d.Version, eps
+		}
+	})
+}
+
+func benchUnderChurn(b *testing.B, op func(*resolver.Cache) error) {
+	c := newCache(b)
+	v := view("api", 1, 1000)
+	if err := c.ApplyView(v); err != nil {
+		b.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	churn(b, c, v, stop, &wg)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := op(c); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	close(stop)
+	wg.Wait()
+}
+
+func BenchmarkResolve(b *testing.B) {
+	benchUnderChurn(b, func(c *resolver.Cache) error {
+		_, err := c.Resolve("api")
+		return err
+	})
+}
+
+func BenchmarkPick(b *testing.B) {
+	benchUnderChurn(b, func(c *resolver.Cache) error {
+		_, err := c.Pick("api")
+		return err
+	})
+}
+
+func BenchmarkApplyFullView60k(b *testing.B) {
+	c := newCache(b)
+	v := view("api", 0, 60_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		v.Version++
+		if err := c.ApplyView(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkApplyDelta10(b *testing.B) {
+	for _, n := range []int{1000, 60_000} {
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			c := newCache(b)
+			va := view("api", 1, n)
+			if err := c.ApplyView(va); err != nil {
+				b.Fatal(err)
+			}
+			epsB := slices.Clone(va.Endpoints)
+			var ups [2][]resolver.Endpoint
+			for i := range 10 {
+				k := i * (n / 10)
+				epsB[k].Weight = 2
+				ups[0] = append(ups[0], epsB[k])
+				ups[1] = append(ups[1], va.Endpoints[k])
+			}
+			sums := [2]string{resolver.Checksum(epsB), va.Checksum}
+			version := va.Version
+			b.ReportAllocs()
+			for b.Loop() {
+				i := version % 2 // odd versions go to B, even back to A
+				d := resolver.Delta{Service: "api", FromVersion: version, Version: version + 1, Upserts: ups[1-i], Checksum: sums[1-i]}
+				if err := c.ApplyDelta(d); err != nil {
+					b.Fatal(err)
+				}
+				version++
+			}
+		})
+	}
+}

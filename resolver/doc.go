@@ -1,0 +1,59 @@
+// Package resolver is muster's cache-first client library: it holds the
+// routing view of each configured service in process and answers lookups
+// from it without consulting muster.
+//
+// # Design notes
+//
+// The view a client holds is authoritative for routing (ADR-01). Resolve
+// and Pick are in-process lookups: no I/O, no lock, no allocation. Each
+// service has one atomic pointer to an immutable Snapshot, in a map fixed
+// when the Cache is built (services are configured up front, so the map is
+// only ever read concurrently). A reader loads the pointer and uses what it
+// finds; a writer builds a new Snapshot off to the side and swaps it in.
+// Everything Pick needs (the routable subset and its cumulative weights) is
+// computed once per Snapshot, so a pick is one random draw and a binary
+// search. Pick's randomness comes from math/rand/v2's per-thread ChaCha8
+// unless WithRandom replaces it. Load-aware choice (power of two choices
+// over outcome reports) is left for later; it will keep its mutable state
+// beside the Snapshot, never in it.
+//
+// Updates are monotonic and checked. A view or delta at or below the held
+// version is ignored (ErrStale); a delta that does not start at the held
+// version is refused (ErrGap); an update whose resulting endpoint set does
+// not hash to its checksum is refused (ErrChecksum). In those cases the
+// held snapshot stays and the caller fetches a full view. Checksum
+// re-implements muster's algorithm byte for byte; a test cross-checks it
+// against muster's own.
+//
+// The client guards exist a second time here because a server bug must
+// not empty a fleet's routing tables. An update that would leave no
+// routable endpoint (ErrWouldEmpty), or that removes more than the shrink
+// cap of the routable set (ErrShrinkCapped, default half), is recorded but
+// routing keeps the larger set it held. Recording it matters: the next
+// delta chains on the newest version, so a refusal does not turn into an
+// endless cycle of gaps and full fetches; Result.Guarded shows the hold.
+// The shrink cap does not apply when the update reports a tripped zone
+// guard (muster then publishes full zones), and neither guard applies to a
+// deliberately drained service (it has zones, all with Total == 0). Release
+// lets an operator accept a held-back update. Refusals are counted in
+// Stats and reported through the WithEventHook callback.
+//
+// Routable means weight > 0 and either the zone's guard tripped or the
+// endpoint is in rotation by its own verdict (state not "ineligible", not
+// quarantined).
+//
+// With WithDir every snapshot routing switches to is written as the
+// service's last-known-good file: the view's JSON inside a small envelope
+// carrying the SHA-256 of exactly those bytes, written to a temporary file
+// in the same directory, fsynced, renamed over the old file, and the
+// directory fsynced. New loads the files; one that is truncated, edited or
+// otherwise untrustworthy is ignored whole, with the reason reported. The
+// write is synchronous under the service's writer lock; readers never wait
+// on it.
+//
+// Instance ids are compared as text, which matches muster's byte order
+// for the canonical lowercase UUID form muster publishes.
+//
+// Streaming subscription, reconnect backoff and outcome reporting come
+// later; they drive the Cache through ApplyView and ApplyDelta.
+package resolver

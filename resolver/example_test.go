@@ -1,0 +1,96 @@
+package resolver_test
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/musterhq/muster/resolver"
+)
+
+func exampleView() resolver.View {
+	eps := []resolver.Endpoint{
+		{InstanceID: "00000000-0000-0000-0000-000000000001", Address: "10.0.0.1", Port: 8080, Zone: "a", State: "eligible", Weight: 1, Health: "known"},
+		{InstanceID: "00000000-0000-0000-0000-000000000002", Address: "10.0.0.2", Port: 8080, Zone: "b", State: "unknown", Weight: 0.5, Health: "unknown"},
+	}
+	return resolver.View{
+		Service: "api", Version: 7, Endpoints: eps,
+		Zones: map[string]resolver.Zone{
+			"a": {Guard: "ok", Eligible: 1, Total: 1, MinHealthyFraction: 0.5},
+			"b": {Guard: "ok", Eligible: 1, Total: 1, MinHealthyFraction: 0.5},
+		},
+		GeneratedAt: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC),
+		Checksum:    resolver.Checksum(eps),
+	}
+}
+
+func ExampleCache_Resolve() {
+	clock := func() time.Time { return time.Date(2026, 1, 1, 12, 0, 3, 0, time.UTC) }
+	c, err := resolver.New([]string{"api"}, resolver.WithClock(clock))
+	if err != nil {
+		panic(err)
+	}
+	if _, err := c.Resolve("api"); errors.Is(err, resolver.ErrNoView) {
+		fmt.Println("cold")
+	}
+	if err := c.ApplyView(exampleView()); err != nil {
+		panic(err)
+	}
+	r, err := c.Resolve("api")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("version", r.Version(), "age", r.Age(), "routable", r.Routable())
+	for _, i := range r.HealthUnknown() {
+		fmt.Println("health unknown:", r.Endpoints()[i].Address)
+	}
+	// Output:
+	// cold
+	// version 7 age 3s routable 2
+	// health unknown: 10.0.0.2
+}
+
+func ExampleCache_Pick() {
+	c, err := resolver.New([]string{"api"})
+	if err != nil {
+		panic(err)
+	}
+	if err := c.ApplyView(exampleView()); err != nil {
+		panic(err)
+	}
+	e, err := c.Pick("api")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(e.Port)
+	// Output: 8080
+}
+
+func ExampleCache_ApplyDelta() {
+	c, err := resolver.New([]string{"api"})
+	if err != nil {
+		panic(err)
+	}
+	v := exampleView()
+	if err := c.ApplyView(v); err != nil {
+		panic(err)
+	}
+	// A delta that skips a version is refused; fetch a full view.
+	err = c.ApplyDelta(resolver.Delta{Service: "api", FromVersion: 8, Version: 9})
+	fmt.Println(errors.Is(err, resolver.ErrGap))
+
+	// Withdrawing instance 2 halves the routable set, which the default
+	// shrink cap allows.
+	err = c.ApplyDelta(resolver.Delta{
+		Service: "api", FromVersion: 7, Version: 8,
+		Removals: []string{"00000000-0000-0000-0000-000000000002"},
+		Checksum: resolver.Checksum(v.Endpoints[:1]),
+	})
+	fmt.Println(err)
+	r, _ := c.Resolve("api")
+	fmt.Println(r.Version(), r.Routable())
+	// Output:
+	// true
+	// <nil>
+	// 8 1
+}

@@ -1,0 +1,106 @@
+package resolver
+
+import (
+	"errors"
+	"time"
+)
+
+// Wire values of Zone.Guard, Endpoint.Health and Endpoint.State that the
+// resolver interprets.
+const (
+	GuardOK      = "ok"
+	GuardTripped = "tripped"
+
+	HealthKnown   = "known"
+	HealthUnknown = "unknown"
+
+	StateIneligible = "ineligible"
+)
+
+// DefaultMaxShrink is the largest fraction of a service's routable set one
+// update may remove before the shrink guard holds the larger set.
+const DefaultMaxShrink = 0.5
+
+// Sentinel errors. Callers test them with errors.Is; the resolver wraps
+// them with the service and versions involved.
+var (
+	// ErrUnknownService: the service was not configured in New.
+	ErrUnknownService = errors.New("resolver: unknown service")
+	// ErrNoView: nothing is cached for the service yet (cold start).
+	ErrNoView = errors.New("resolver: no view cached")
+	// ErrNoEndpoints: the cached view has no routable endpoint.
+	ErrNoEndpoints = errors.New("resolver: no routable endpoints")
+	// ErrStale: the update's version is at or below the held one; it was
+	// ignored.
+	ErrStale = errors.New("resolver: stale update ignored")
+	// ErrGap: the delta does not start at the held version; fetch a full
+	// view.
+	ErrGap = errors.New("resolver: delta does not follow the held version")
+	// ErrChecksum: the endpoint set after the update does not match the
+	// update's checksum; nothing changed; fetch a full view.
+	ErrChecksum = errors.New("resolver: checksum mismatch")
+	// ErrInvalid: the update is malformed (duplicate instance ids, wrong
+	// service); nothing changed.
+	ErrInvalid = errors.New("resolver: invalid update")
+	// ErrWouldEmpty: the update was recorded but would leave no routable
+	// endpoint, so routing keeps the larger set it held.
+	ErrWouldEmpty = errors.New("resolver: update would leave no routable endpoints; holding previous set")
+	// ErrShrinkCapped: the update was recorded but shrinks the routable set
+	// beyond the cap, so routing keeps the larger set it held.
+	ErrShrinkCapped = errors.New("resolver: update shrinks routable set beyond cap; holding previous set")
+	// ErrCorruptCache: a last-known-good file could not be trusted and was
+	// ignored.
+	ErrCorruptCache = errors.New("resolver: corrupt cache file")
+	// ErrPersist: writing a last-known-good file failed; the in-memory
+	// state is unaffected.
+	ErrPersist = errors.New("resolver: persist view")
+)
+
+// Endpoint is one instance of a service as muster publishes it.
+type Endpoint struct {
+	// InstanceID is the canonical lowercase 36-character UUID text, which
+	// sorts in the same order as the UUID's bytes.
+	InstanceID   string   `json:"instance_id"`
+	Address      string   `json:"address"`
+	Port         int      `json:"port"`
+	Zone         string   `json:"zone"`
+	State        string   `json:"state"`
+	Weight       float64  `json:"weight"`
+	Health       string   `json:"health"`
+	Capabilities []string `json:"capabilities"`
+	// Quarantined: held out of rotation by flap quarantine; published only
+	// while its zone's guard is tripped. It is part of the checksum.
+	Quarantined bool `json:"quarantined,omitempty"`
+}
+
+// Zone is muster's guard decision for one zone of a service.
+type Zone struct {
+	Guard              string  `json:"guard"`
+	Eligible           int     `json:"eligible"`
+	Total              int     `json:"total"`
+	MinHealthyFraction float64 `json:"min_healthy_fraction"`
+}
+
+// View is a full routing view of one service.
+type View struct {
+	Service     string          `json:"service"`
+	Version     uint64          `json:"version"`
+	Endpoints   []Endpoint      `json:"endpoints"`
+	Zones       map[string]Zone `json:"zones"`
+	GeneratedAt time.Time       `json:"generated_at"`
+	Checksum    string          `json:"checksum"`
+}
+
+// Delta takes a view at FromVersion to the view at Version.
+type Delta struct {
+	Service      string          `json:"service"`
+	FromVersion  uint64          `json:"from_version"`
+	Version      uint64          `json:"version"`
+	Upserts      []Endpoint      `json:"upserts,omitempty"`
+	Removals     []string        `json:"removals,omitempty"`
+	Zones        map[string]Zone `json:"zones,omitempty"`
+	RemovedZones []string        `json:"removed_zones,omitempty"`
+	Checksum     string          `json:"checksum"`
+	Withdrawal   bool            `json:"withdrawal"`
+	GeneratedAt  time.Time       `json:"generated_at"`
+}
