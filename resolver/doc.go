@@ -54,6 +54,17 @@
 // Instance ids are compared as text, which matches muster's byte order
 // for the canonical lowercase UUID form muster publishes.
 //
-// Streaming subscription, reconnect backoff and outcome reporting come
-// later; they drive the Cache through ApplyView and ApplyDelta.
+// Client keeps a Cache current from muster's watch stream
+// (GET /v1/watch, Server-Sent Events). One goroutine subscribes for all
+// configured services with since = the lowest version held (0, a full
+// view, when any service has none), applies views and deltas, and on a
+// gap or checksum mismatch resubscribes for full views. When the stream is
+// lost (end, error, a drain event, or no frame within HeartbeatTimeout) it
+// resubscribes to the next URL after a full-jitter exponential backoff,
+// or the server's Retry-After when that is longer. Losing the stream
+// changes nothing in routing: Resolve keeps answering from the held view
+// and only its age grows. ResolveOrDefault waits for a cold service's
+// first view until its context's deadline, then returns Config.Default.
+//
+// Outcome reporting comes later.
 package resolver

@@ -28,6 +28,7 @@ usage:
   muster token   --data DIR --kind workload|prober|tool|operator [--service S] [--subject X]
                  [--team T] [--role viewer|operator|admin] [--address IP]... [--ttl 1h]
   muster audit verify [--data DIR]
+  muster resolve SERVICE [--server URL] [--cache DIR] [--token T] [--data DIR] [--watch] [--json] [--timeout 5s]
   muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)
 
 environment: DATABASE_URL (or DATABASE_URL_FILE), MUSTER_ISSUERS, MUSTER_AUDIENCE (muster),
@@ -76,6 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdAudit(ctx, args[1:], stdout, stderr)
 	case "loadgen":
 		return cmdLoadgen(ctx, args[1:], stdout, stderr)
+	case "resolve":
+		return cmdResolve(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

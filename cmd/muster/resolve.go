@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/resolver"
+)
+
+const resolveUsage = "usage: muster resolve SERVICE [--server URL] [--cache DIR] [--token T] [--data DIR] [--watch] [--json] [--timeout 5s]"
+
+// cmdResolve resolves a service through the resolver library: live from
+// muster's watch stream when it answers, else from the last-known-good
+// cache.
+func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var (
+		serverURL, cacheDir, token, dataDir string
+		watch, asJSON                       bool
+		timeout                             time.Duration
+	)
+	fs := newFlags("resolve", stderr)
+	fs.StringVar(&serverURL, "server", "http://127.0.0.1:8080", "muster's base URL")
+	fs.StringVar(&cacheDir, "cache", "", "last-known-good cache folder (default DATA/resolver-cache)")
+	fs.StringVar(&token, "token", "", "bearer token (default: a viewer token minted by the dev issuer in --data)")
+	fs.StringVar(&dataDir, "data", ".muster", "dev data folder holding the dev issuer's key")
+	fs.BoolVar(&watch, "watch", false, "print every new version until interrupted")
+	fs.BoolVar(&asJSON, "json", false, "print the view as JSON")
+	fs.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for muster before answering from the cache")
+	var service string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		service, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	if service == "" && fs.NArg() > 0 {
+		service = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return errUsage
+		}
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "muster resolve: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	if service == "" {
+		fmt.Fprintln(stderr, resolveUsage)
+		return errUsage
+	}
+	if cacheDir == "" {
+		cacheDir = filepath.Join(dataDir, "resolver-cache")
+	}
+	if token == "" {
+		tok, err := devViewerToken(dataDir)
+		if err != nil {
+			fmt.Fprintf(stderr, "muster resolve: no token (%v); muster will refuse the stream, answering from the cache\n", err)
+		}
+		token = tok
+	}
+
+	c, err := resolver.NewClient(ctx, resolver.Config{
+		URLs: []string{serverURL}, Services: []string{service}, CacheDir: cacheDir,
+		Token:  func(context.Context) (string, error) { return token, nil },
+		Logger: quietLogger(stderr),
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	waitSynced(ctx, c, timeout)
+	r, err := c.Resolve(service)
+	if err != nil {
+		st := c.Stats()
+		why := "no answer within " + timeout.String()
+		if st.LastError != nil {
+			why = st.LastError.Error()
+		}
+		return fmt.Errorf("no view of %s: muster at %s did not serve one (%s) and nothing is cached in %s", service, serverURL, why, cacheDir)
+	}
+	printResult(stdout, c, r, asJSON)
+	if !watch {
+		return nil
+	}
+	last := r.Snapshot.Version()
+	for {
+		ch := c.Updated()
+		if r, err := c.Resolve(service); err == nil && r.Snapshot.Version() != last {
+			last = r.Snapshot.Version()
+			printResult(stdout, c, r, asJSON)
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// waitSynced waits until the stream applied an update, or connected while
+// a view was held (then briefly for catch-up frames), or the first
+// subscription failed, or timeout passed.
+func waitSynced(ctx context.Context, c *resolver.Client, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	var settle <-chan time.Time
+	for {
+		st := c.Stats()
+		switch {
+		case st.Cache.Applied > 0:
+			return
+		case !st.Connected && st.LastError != nil:
+			return
+		case st.Connected && settle == nil:
+			settle = time.After(200 * time.Millisecond)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-settle:
+			return
+		case <-c.Updated():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool) {
+	snap := r.Snapshot
+	if asJSON {
+		b, _ := json.Marshal(snap.View())
+		fmt.Fprintf(w, "%s\n", b)
+		return
+	}
+	source := "live"
+	if st := c.Stats(); !st.Connected {
+		source = "cached"
+		if st.LastError != nil {
+			source += "; muster unreachable: " + st.LastError.Error()
+		}
+	}
+	age := time.Since(snap.GeneratedAt()).Truncate(time.Second)
+	fmt.Fprintf(w, "%s version %d, age %s (%s)", snap.Service(), snap.Version(), age, source)
+	if r.Guarded() {
+		fmt.Fprintf(w, " [guard holding; newest recorded version %d]", r.Held)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tZONE\tSTATE\tWEIGHT\tHEALTH")
+	for _, e := range snap.Endpoints() {
+		fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%g\t%s\n", e.InstanceID, e.Address, e.Port, e.Zone, e.State, e.Weight, e.Health)
+	}
+	tw.Flush()
+}
+
+// devViewerToken mints an operator viewer token from the dev issuer in dir.
+func devViewerToken(dir string) (string, error) {
+	if _, err := os.Stat(filepath.Join(dir, "dev-issuer-key.pem")); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("no dev issuer in %s; pass --token", dir)
+		}
+		return "", err
+	}
+	iss, err := identity.LoadOrCreateDevIssuer(dir)
+	if err != nil {
+		return "", err
+	}
+	return iss.Mint(identity.TokenRequest{
+		Kind: identity.KindOperator, Subject: "muster-resolve", Role: identity.RoleViewer, TTL: time.Hour,
+	}, time.Now())
+}

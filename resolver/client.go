@@ -1,0 +1,476 @@
+package resolver
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Client defaults.
+const (
+	DefaultBaseBackoff      = 250 * time.Millisecond
+	DefaultMaxBackoff       = 30 * time.Second
+	DefaultHeartbeatTimeout = 45 * time.Second
+)
+
+// maxFrameBytes bounds one SSE line; a longer one ends the stream.
+const maxFrameBytes = 64 << 20
+
+// Config configures a Client.
+type Config struct {
+	// URLs are muster servers' base URLs ("http://host:8080"); the client
+	// rotates through them on every reconnect. At least one is required.
+	URLs []string
+	// Token returns the bearer token for each (re)subscription. Nil sends
+	// no Authorization header.
+	Token func(ctx context.Context) (string, error)
+	// Services to hold; at least one.
+	Services []string
+	// CacheDir holds the last-known-good view files (created if missing).
+	// Empty keeps views in memory only.
+	CacheDir string
+	// Default is the documented fallback of ResolveOrDefault for a service
+	// nothing is known about. Nil means ResolveOrDefault fails with
+	// ErrNoView.
+	Default func(service string) (Endpoint, error)
+	// HTTPClient makes the watch requests; it must not set a Timeout
+	// (streams are long-lived). Default: a fresh http.Client.
+	HTTPClient *http.Client
+	// Clock stamps receipt and ages. Default time.Now. Backoff sleeps and
+	// the heartbeat timeout use real time.
+	Clock func() time.Time
+	// BaseBackoff and MaxBackoff shape the full-jitter exponential backoff
+	// between subscriptions: sleep = Rand() * min(MaxBackoff,
+	// BaseBackoff * 2^attempt). Defaults 250 ms and 30 s.
+	BaseBackoff, MaxBackoff time.Duration
+	// HeartbeatTimeout: a stream with no frame (heartbeats included) for
+	// this long is dead. Default 45 s, three missed 15 s heartbeats.
+	HeartbeatTimeout time.Duration
+	// Logger receives reconnects and refused updates. Default: discarded.
+	Logger *slog.Logger
+	// Rand returns a number in [0,1) for backoff jitter. Default
+	// math/rand/v2.Float64.
+	Rand func() float64
+
+	// sleep waits d or until ctx ends; tests replace it.
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// Client keeps a Cache current from a muster watch stream. Resolve and
+// Pick read the Cache only; they never do I/O.
+type Client struct {
+	cfg    Config
+	cache  *Cache
+	cancel context.CancelFunc
+	done   chan struct{}
+	once   sync.Once
+
+	reconnects atomic.Uint64
+	frames     atomic.Uint64
+	connected  atomic.Bool
+
+	mu        sync.Mutex
+	lastErr   error
+	lastErrAt time.Time
+	updated   chan struct{} // closed and replaced on every applied update
+}
+
+// ClientStats describes a Client's subscription and its Cache.
+type ClientStats struct {
+	Cache Stats
+	// Reconnects counts subscriptions after the first.
+	Reconnects uint64
+	// Frames counts SSE events received (heartbeats included).
+	Frames uint64
+	// Connected: a watch stream is open now.
+	Connected bool
+	// LastError is the most recent reason a subscription failed or ended
+	// (nil if none has); LastErrorAt is when, by Config.Clock.
+	LastError   error
+	LastErrorAt time.Time
+}
+
+// NewClient is New for the streaming client: it builds the Cache (loading
+// CacheDir's last-known-good files, so routing works before muster
+// answers) and starts one goroutine that subscribes to /v1/watch for all
+// services, applies what arrives, and re-subscribes with backoff whenever
+// the stream is lost. It runs until Close is called or ctx ends.
+func NewClient(ctx context.Context, cfg Config) (*Client, error) {
+	if len(cfg.URLs) == 0 {
+		return nil, errors.New("resolver: Config.URLs is empty")
+	}
+	if len(cfg.Services) == 0 {
+		return nil, errors.New("resolver: Config.Services is empty")
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{}
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.BaseBackoff <= 0 {
+		cfg.BaseBackoff = DefaultBaseBackoff
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = DefaultMaxBackoff
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
+	}
+	if cfg.sleep == nil {
+		cfg.sleep = sleepCtx
+	}
+	opts := []Option{WithClock(cfg.Clock), WithEventHook(func(e Event) {
+		cfg.Logger.Warn("resolver: update not taken as is", "service", e.Service, "version", e.Version, "err", e.Err)
+	})}
+	if cfg.CacheDir != "" {
+		if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
+			return nil, fmt.Errorf("resolver: cache dir: %w", err)
+		}
+		opts = append(opts, WithDir(cfg.CacheDir))
+	}
+	cache, err := New(cfg.Services, opts...)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	c := &Client{cfg: cfg, cache: cache, cancel: cancel, done: make(chan struct{}), updated: make(chan struct{})}
+	go c.run(ctx)
+	return c, nil
+}
+
+// Close stops the subscription and waits for its goroutine to end. The
+// Cache stays readable.
+func (c *Client) Close() error {
+	c.once.Do(c.cancel)
+	<-c.done
+	return nil
+}
+
+// Cache returns the Cache the client keeps current.
+func (c *Client) Cache() *Cache { return c.cache }
+
+// Resolve is Cache.Resolve: no I/O.
+func (c *Client) Resolve(service string) (Result, error) { return c.cache.Resolve(service) }
+
+// Pick is Cache.Pick: no I/O.
+func (c *Client) Pick(service string) (Endpoint, error) { return c.cache.Pick(service) }
+
+// Updated returns a channel closed at the next update routing records
+// (an applied or guard-held view or delta) for any service.
+func (c *Client) Updated() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.updated
+}
+
+// ResolveOrDefault picks an endpoint of service from the cache. When
+// nothing is cached for it (ErrNoView) it waits for the stream's first
+// view until ctx ends (its deadline), then falls back to Config.Default,
+// or fails with ErrNoView if there is none. It never blocks past ctx.
+// ErrNoEndpoints (muster says nothing is routable, e.g. a drained
+// service) is an answer, returned as is, not a reason to use the default.
+func (c *Client) ResolveOrDefault(ctx context.Context, service string) (Endpoint, error) {
+	for {
+		ch := c.Updated()
+		e, err := c.cache.Pick(service)
+		if !errors.Is(err, ErrNoView) {
+			return e, err
+		}
+		select {
+		case <-ch:
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
+	if c.cfg.Default == nil {
+		return Endpoint{}, fmt.Errorf("resolve %s: %w (no default configured)", service, ErrNoView)
+	}
+	return c.cfg.Default(service)
+}
+
+// Stats returns the subscription's counters and the Cache's.
+func (c *Client) Stats() ClientStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return ClientStats{
+		Cache: c.cache.Stats(), Reconnects: c.reconnects.Load(), Frames: c.frames.Load(),
+		Connected: c.connected.Load(), LastError: c.lastErr, LastErrorAt: c.lastErrAt,
+	}
+}
+
+func (c *Client) setErr(err error) {
+	c.mu.Lock()
+	c.lastErr, c.lastErrAt = err, c.cfg.Clock()
+	c.mu.Unlock()
+}
+
+func (c *Client) notify() {
+	c.mu.Lock()
+	close(c.updated)
+	c.updated = make(chan struct{})
+	c.mu.Unlock()
+}
+
+// since is the lowest version held across services, or 0 (ask for full
+// views) when any service has none.
+func (c *Client) since() uint64 {
+	var low uint64
+	for i, s := range c.cfg.Services {
+		r, err := c.cache.Resolve(s)
+		if err != nil {
+			return 0
+		}
+		if i == 0 || r.Held < low {
+			low = r.Held
+		}
+	}
+	return low
+}
+
+// session is how one subscription ended.
+type session struct {
+	progress   bool          // at least one frame arrived
+	full       bool          // the next subscription must ask for full views
+	retryAfter time.Duration // the server asked for at least this wait
+	err        error
+}
+
+func (c *Client) run(ctx context.Context) {
+	defer close(c.done)
+	attempt, next, full := 0, 0, false
+	for {
+		since := c.since()
+		if full {
+			since = 0
+		}
+		base := c.cfg.URLs[next%len(c.cfg.URLs)]
+		s := c.subscribe(ctx, base, since)
+		c.connected.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		c.setErr(s.err)
+		full = s.full
+		if s.progress {
+			attempt = 0
+		}
+		d := c.backoff(attempt)
+		attempt++
+		if s.retryAfter > d {
+			d = s.retryAfter
+		}
+		next++
+		c.cfg.Logger.Info("resolver: watch ended; resubscribing", "url", base, "err", s.err, "wait", d, "full", full)
+		if c.cfg.sleep(ctx, d) != nil {
+			return
+		}
+		c.reconnects.Add(1)
+	}
+}
+
+func (c *Client) backoff(attempt int) time.Duration {
+	ceil := c.cfg.MaxBackoff
+	if attempt < 62 {
+		if d := c.cfg.BaseBackoff << attempt; d > 0 && d < ceil {
+			ceil = d
+		}
+	}
+	return time.Duration(c.cfg.Rand() * float64(ceil))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+var (
+	errDeadStream = errors.New("resolver: no frame within the heartbeat timeout")
+	errDrain      = errors.New("resolver: server asked clients to drain")
+)
+
+// subscribe runs one watch stream until it ends.
+func (c *Client) subscribe(ctx context.Context, base string, since uint64) session {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	q := url.Values{"service": c.cfg.Services}
+	if since != 0 {
+		q.Set("since", strconv.FormatUint(since, 10))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/v1/watch?"+q.Encode(), nil)
+	if err != nil {
+		return session{err: err}
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	if c.cfg.Token != nil {
+		tok, err := c.cfg.Token(ctx)
+		if err != nil {
+			return session{err: fmt.Errorf("resolver: token: %w", err)}
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	// The watchdog cancels the request when no frame arrives in time.
+	dog := time.AfterFunc(c.cfg.HeartbeatTimeout, func() { cancel(errDeadStream) })
+	defer dog.Stop()
+	res, err := c.cfg.HTTPClient.Do(req)
+	if err != nil {
+		if cause := context.Cause(ctx); cause == errDeadStream {
+			err = cause
+		}
+		return session{err: err}
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(res.Body, 4<<10))
+		return session{
+			err:        fmt.Errorf("resolver: watch %s: %s: %s", base, res.Status, strings.TrimSpace(string(body))),
+			retryAfter: retryAfter(res.Header.Get("Retry-After"), time.Now()),
+		}
+	}
+	c.connected.Store(true)
+	s := c.read(res.Body, dog)
+	if cause := context.Cause(ctx); cause == errDeadStream {
+		s.err = cause
+	}
+	return s
+}
+
+// read parses SSE events and applies them until the stream ends or an
+// event requires a new subscription.
+func (c *Client) read(body io.Reader, dog *time.Timer) (s session) {
+	br := bufio.NewReaderSize(body, 64<<10)
+	var kind, data string
+	for {
+		line, err := readLine(br)
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			s.err = err
+			return s
+		}
+		switch {
+		case line == "":
+			if kind == "" && data == "" {
+				continue
+			}
+			dog.Reset(c.cfg.HeartbeatTimeout)
+			c.frames.Add(1)
+			s.progress = true
+			if done := c.dispatch(kind, data, &s); done {
+				return s
+			}
+			kind, data = "", ""
+		case strings.HasPrefix(line, ":"): // comment
+		default:
+			field, value, _ := strings.Cut(line, ":")
+			value = strings.TrimPrefix(value, " ")
+			switch field {
+			case "event":
+				kind = value
+			case "data":
+				if data != "" {
+					data += "\n"
+				}
+				data += value
+			}
+		}
+	}
+}
+
+func readLine(br *bufio.Reader) (string, error) {
+	var b []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		b = append(b, chunk...)
+		if len(b) > maxFrameBytes {
+			return "", fmt.Errorf("resolver: SSE line over %d bytes", maxFrameBytes)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimRight(string(b), "\r\n"), nil
+	}
+}
+
+// dispatch applies one event; done reports that the stream must end.
+func (c *Client) dispatch(kind, data string, s *session) (done bool) {
+	var err error
+	switch kind {
+	case "heartbeat":
+		return false
+	case "drain":
+		s.err = errDrain
+		return true
+	case "view":
+		var v View
+		if err = json.Unmarshal([]byte(data), &v); err != nil {
+			s.err = fmt.Errorf("resolver: decode view: %w", err)
+			return true
+		}
+		err = c.cache.ApplyView(v)
+	case "delta":
+		var d Delta
+		if err = json.Unmarshal([]byte(data), &d); err != nil {
+			s.err = fmt.Errorf("resolver: decode delta: %w", err)
+			return true
+		}
+		err = c.cache.ApplyDelta(d)
+	default:
+		return false // unknown events are ignored, for forward compatibility
+	}
+	switch {
+	case err == nil, errors.Is(err, ErrWouldEmpty), errors.Is(err, ErrShrinkCapped):
+		c.notify()
+	case errors.Is(err, ErrStale), errors.Is(err, ErrUnknownService):
+	case errors.Is(err, ErrGap), errors.Is(err, ErrChecksum):
+		s.err, s.full = err, true
+		return true
+	default:
+		c.cfg.Logger.Warn("resolver: update refused", "err", err)
+	}
+	return false
+}
+
+// retryAfter parses a Retry-After header: seconds or an HTTP date.
+func retryAfter(h string, now time.Time) time.Duration {
+	if h == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(h); err == nil && n > 0 {
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}
