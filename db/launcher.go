@@ -257,3 +257,14 @@ func lastLines(b []byte, n int) string {
 func quoteIdent(s string) string {
 	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
 }
+
+// StopDir stops whatever cluster is running on dir, started by this process
+// or not (one left behind by a killed muster dev, say).
+func StopDir(ctx context.Context, dir string) error {
+	c, err := StartCluster(ctx, ClusterConfig{Dir: dir})
+	if err != nil {
+		return err
+	}
+	c.started = true
+	return c.Stop()
+}

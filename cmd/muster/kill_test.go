@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/resolver"
+)
+
+// TestMain lets the test binary act as the muster binary for tests that
+// need a real separate process (to SIGKILL it).
+func TestMain(m *testing.M) {
+	if os.Getenv("MUSTER_TEST_BE_MUSTER") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// startProcess runs `muster dev` as a child process on addr and waits for it
+// to serve.
+func startProcess(t *testing.T, dir, addr string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "dev", "--addr", addr, "--data", dir)
+	cmd.Env = append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "serving on") {
+				served <- true
+			}
+		}
+		served <- false
+	}()
+	select {
+	case ok := <-served:
+		if !ok {
+			t.Fatal("muster dev exited before serving")
+		}
+	case <-time.After(90 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("muster dev did not serve within 90 s")
+	}
+	return cmd
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestResolverOutlivesAKilledServer (ADR-01): a resolver keeps routing on
+// its view when the server is SIGKILLed, a second resolver started during
+// the outage routes from the cache file, and after the server restarts the
+// resolvers re-subscribe and converge without a version going backwards.
+func TestResolverOutlivesAKilledServer(t *testing.T) {
+	dir := devDir(t)
+	addr := freeAddr(t)
+	url := "http://" + addr
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = db.StopDir(ctx, dir) // the killed server's cluster stays up
+	})
+	first := startProcess(t, dir, addr)
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = first.Process.Kill()
+			_ = first.Wait()
+		}
+	})
+
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	// No readiness signal: an instance enters as eligible with health
+	// unknown (ADR-16), so the view has it without any health reports.
+	if code, body := call(t, "PUT", url+"/v1/services/web", admin, `{"owner":"payments","capabilities":[]}`); code != 201 {
+		t.Fatalf("create web: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", url+"/v1/services/web/instances", admin, `{"address":"10.1.2.3","port":8080,"zone":"az1"}`); code != 201 {
+		t.Fatalf("register: %d %s", code, body)
+	}
+
+	viewer := func(context.Context) (string, error) {
+		return token(t, dir, "--kind", "operator", "--subject", "vera", "--role", "viewer"), nil
+	}
+	cacheDir := t.TempDir()
+	ctx := context.Background()
+	c1, err := resolver.NewClient(ctx, resolver.Config{URLs: []string{url}, Token: viewer, Services: []string{"web"},
+		CacheDir: cacheDir, BaseBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	before := waitVersion(t, c1, 1)
+	endpoints := func(c *resolver.Client) string {
+		r, err := c.Resolve("web")
+		if err != nil {
+			t.Fatalf("resolve: %v", err)
+		}
+		var s []string
+		for _, ep := range r.Endpoints() {
+			s = append(s, ep.Address)
+		}
+		return strings.Join(s, ",")
+	}
+	want := endpoints(c1)
+	if want != "10.1.2.3" {
+		t.Fatalf("endpoints before the outage: %q", want)
+	}
+
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	killed = true
+	if got := endpoints(c1); got != want {
+		t.Fatalf("after SIGKILL the resolver answers %q, want %q", got, want)
+	}
+
+	// A resolver started during the outage routes from the file.
+	c2, err := resolver.NewClient(ctx, resolver.Config{URLs: []string{url}, Token: viewer, Services: []string{"web"},
+		CacheDir: cacheDir, BaseBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if got := endpoints(c2); got != want {
+		t.Fatalf("a resolver started during the outage answers %q, want %q", got, want)
+	}
+
+	// The server comes back; both converge on a newer version.
+	second := startProcess(t, dir, addr)
+	t.Cleanup(func() {
+		_ = second.Process.Signal(os.Interrupt)
+		_ = second.Wait()
+	})
+	after1 := waitVersion(t, c1, before+1)
+	after2 := waitVersion(t, c2, before+1)
+	if got := endpoints(c1); got != want || endpoints(c2) != want {
+		t.Fatalf("after the restart: %q / %q, want %q", got, endpoints(c2), want)
+	}
+	t.Logf("version %d before the outage, %d and %d after the restart", before, after1, after2)
+}
+
+// waitVersion polls (with a deadline) until the client holds web at a
+// version of at least min, and checks that what it holds never goes back.
+func waitVersion(t *testing.T, c *resolver.Client, min uint64) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var last uint64
+	for {
+		if r, err := c.Resolve("web"); err == nil {
+			v := r.Version()
+			if v < last {
+				t.Fatalf("version went back from %d to %d", last, v)
+			}
+			last = v
+			if v >= min {
+				return v
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no view of web at version >= %d within 60 s (holding %d; %+v)", min, last, c.Stats())
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+}
