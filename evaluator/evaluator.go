@@ -111,6 +111,8 @@ type Evaluator struct {
 
 	ready atomic.Bool
 
+	evalMu sync.Mutex // serialises runOnce, publication included
+
 	mu        sync.Mutex // guards everything below
 	engine    *eligibility.Engine
 	instances map[uuid.UUID]instanceInfo
@@ -271,6 +273,11 @@ const minKickInterval = 100 * time.Millisecond
 
 // runOnce evaluates every instance once and hands on the transitions.
 func (e *Evaluator) runOnce() {
+	// One evaluation at a time, publication included: whoever returns from
+	// runOnce (the loop, an early evaluation, EvaluateNow) knows that every
+	// transition computed before it has reached the sink.
+	e.evalMu.Lock()
+	defer e.evalMu.Unlock()
 	start := time.Now()
 	e.mu.Lock()
 	ts := append(e.ended, e.engine.Tick(e.cfg.Now())...)
