@@ -6,10 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/resolver"
 	"github.com/musterhq/muster/server/servertest"
 	"github.com/musterhq/muster/stream"
 )
+
+// TestMain stops the PostgreSQL cluster the end-to-end test starts.
+func TestMain(m *testing.M) { dbtest.Main(m) }
 
 func viewFrame(t *testing.T, v resolver.View) *stream.Frame {
 	b, err := json.Marshal(v)
