@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -346,36 +347,20 @@ func loadgenInstances(ctx context.Context, client *http.Client, base, token stri
 		}
 		return json.NewDecoder(res.Body).Decode(v)
 	}
-	type page[T any] struct {
-		Items      []T    `json:"items"`
-		NextCursor string `json:"next_cursor"`
-	}
 	var services []string
-	for cursor := ""; ; {
-		var p page[registry.Service]
-		if err := get("/v1/services?owner="+loadgenOwner+"&limit=1000&cursor="+cursor, &p); err != nil {
-			return nil, err
-		}
-		for _, s := range p.Items {
-			services = append(services, s.Name)
-		}
-		if cursor = p.NextCursor; cursor == "" {
-			break
-		}
+	err := eachItem(get, "/v1/services?owner="+loadgenOwner+"&limit=1000", func(s registry.Service) {
+		services = append(services, s.Name)
+	})
+	if err != nil {
+		return nil, err
 	}
 	var ids []uuid.UUID
 	for _, s := range services {
-		for cursor := ""; ; {
-			var p page[registry.Instance]
-			if err := get("/v1/services/"+s+"/instances?limit=1000&cursor="+cursor, &p); err != nil {
-				return nil, err
-			}
-			for _, in := range p.Items {
-				ids = append(ids, in.ID)
-			}
-			if cursor = p.NextCursor; cursor == "" {
-				break
-			}
+		err := eachItem(get, "/v1/services/"+s+"/instances?limit=1000", func(in registry.Instance) {
+			ids = append(ids, in.ID)
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 	return ids, nil
@@ -388,4 +373,24 @@ func (m *memStats) read() {
 	var s runtime.MemStats
 	runtime.ReadMemStats(&s)
 	m.heap = s.HeapAlloc
+}
+
+// eachItem pages through a list endpoint (path already holding a query)
+// and calls fn for every item.
+func eachItem[T any](get func(path string, out any) error, path string, fn func(T)) error {
+	for cursor := ""; ; {
+		var p struct {
+			Items      []T    `json:"items"`
+			NextCursor string `json:"next_cursor"`
+		}
+		if err := get(path+"&cursor="+url.QueryEscape(cursor), &p); err != nil {
+			return err
+		}
+		for _, it := range p.Items {
+			fn(it)
+		}
+		if cursor = p.NextCursor; cursor == "" {
+			return nil
+		}
+	}
 }

@@ -768,38 +768,23 @@ func (w *lgWatch) sendSuccesses(ctx context.Context, ids []uuid.UUID) error {
 
 // listServices lists the loadgen services and their active instances.
 func (w *lgWatch) listServices(ctx context.Context) error {
-	type page[T any] struct {
-		Items      []T    `json:"items"`
-		NextCursor string `json:"next_cursor"`
-	}
+	get := func(path string, out any) error { return w.call(ctx, http.MethodGet, path, nil, http.StatusOK, out) }
 	w.servicesByName = map[string]*lgwService{}
-	for cursor := ""; ; {
-		var p page[registry.Service]
-		if err := w.call(ctx, http.MethodGet, "/v1/services?owner="+loadgenOwner+"&limit=1000&cursor="+url.QueryEscape(cursor), nil, http.StatusOK, &p); err != nil {
-			return err
-		}
-		for _, s := range p.Items {
-			svc := &lgwService{name: s.Name, index: map[uuid.UUID]int32{}}
-			w.services = append(w.services, svc)
-			w.servicesByName[s.Name] = svc
-		}
-		if cursor = p.NextCursor; cursor == "" {
-			break
-		}
+	err := eachItem(get, "/v1/services?owner="+loadgenOwner+"&limit=1000", func(s registry.Service) {
+		svc := &lgwService{name: s.Name, index: map[uuid.UUID]int32{}}
+		w.services = append(w.services, svc)
+		w.servicesByName[s.Name] = svc
+	})
+	if err != nil {
+		return err
 	}
 	for _, s := range w.services {
-		for cursor := ""; ; {
-			var p page[registry.Instance]
-			if err := w.call(ctx, http.MethodGet, "/v1/services/"+s.name+"/instances?limit=1000&cursor="+url.QueryEscape(cursor), nil, http.StatusOK, &p); err != nil {
-				return err
-			}
-			for _, in := range p.Items {
-				s.instances = append(s.instances, in)
-				s.intern(in.ID)
-			}
-			if cursor = p.NextCursor; cursor == "" {
-				break
-			}
+		err := eachItem(get, "/v1/services/"+s.name+"/instances?limit=1000", func(in registry.Instance) {
+			s.instances = append(s.instances, in)
+			s.intern(in.ID)
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return nil
