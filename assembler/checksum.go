@@ -3,64 +3,91 @@ package assembler
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
-	"slices"
+	"math/bits"
 	"strconv"
 )
 
-// Checksum returns the checksum of an endpoint set: the hex SHA-256 of the
-// canonical encoding of the endpoints in instance-id order, so it does not
-// depend on the order of eps. The canonical encoding of one endpoint is the
-// sequence of netstrings (decimal length, ':', bytes, ',') of: the instance
-// id in its 36-character form, address, port in decimal, zone, state,
-// weight (shortest decimal that round-trips, strconv 'g' -1), health, "1" or
-// "0" for quarantined, the number of capabilities in decimal, then each
-// capability. A client recomputes it to detect divergence.
+// Checksum returns the checksum of an endpoint set: the sum, modulo 2^256,
+// of the SHA-256 digests of the endpoints' canonical encodings, each digest
+// read as a big-endian unsigned integer, written as 64 hex digits. A sum
+// does not depend on order, and a client holding the previous sum updates
+// it for a delta by subtracting the digests of the endpoints the delta
+// replaces or removes and adding those of its upserts, in time proportional
+// to the delta rather than the view. The empty set's checksum is 64 zeros.
+//
+// The canonical encoding of one endpoint is the sequence of netstrings
+// (decimal length, ':', bytes, ',') of: the instance id in its
+// 36-character form, address, port in decimal, zone, state, weight
+// (shortest decimal that round-trips, strconv 'g' -1), health, "1" or "0"
+// for quarantined, the number of capabilities in decimal, then each
+// capability.
+//
+// The checksum detects divergence between muster's view and a client's
+// copy (a lost or misapplied delta, a bug); it is not a defence against a
+// forger, which is what TLS and the bearer token are for. Instance ids
+// are unique within a view, so no digest is ever counted twice.
 func Checksum(eps []Endpoint) string {
-	if !slices.IsSortedFunc(eps, compareEndpoints) {
-		eps = slices.Clone(eps)
-		slices.SortFunc(eps, compareEndpoints)
-	}
 	var buf []byte
 	return checksumSorted(eps, &buf)
 }
 
 func compareEndpoints(a, b Endpoint) int { return bytes.Compare(a.InstanceID[:], b.InstanceID[:]) }
 
-// checksumSorted hashes eps, already in id order, reusing *scratch.
+// checksumSorted hashes eps (in any order; the name is historical),
+// reusing *scratch.
 func checksumSorted(eps []Endpoint, scratch *[]byte) string {
-	h := sha256.New()
+	var acc sum256
 	b := (*scratch)[:0]
 	for i := range eps {
-		e := &eps[i]
-		var id [36]byte
-		uuidText(&id, e.InstanceID)
-		b = netstring(b, id[:])
-		b = netstringS(b, e.Address)
-		var num [32]byte
-		b = netstring(b, strconv.AppendInt(num[:0], int64(e.Port), 10))
-		b = netstringS(b, e.Zone)
-		b = netstringS(b, e.State)
-		b = netstring(b, strconv.AppendFloat(num[:0], e.Weight, 'g', -1, 64))
-		b = netstringS(b, e.Health)
-		if e.Quarantined {
-			b = netstringS(b, "1")
-		} else {
-			b = netstringS(b, "0")
-		}
-		b = netstring(b, strconv.AppendInt(num[:0], int64(len(e.Capabilities)), 10))
-		for _, c := range e.Capabilities {
-			b = netstringS(b, c)
-		}
-		if len(b) > 32<<10 {
-			h.Write(b)
-			b = b[:0]
-		}
+		b = appendCanonical(b[:0], &eps[i])
+		acc.add(sha256.Sum256(b))
 	}
-	h.Write(b)
 	*scratch = b[:0]
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0]))
+	return acc.String()
+}
+
+// appendCanonical appends e's canonical encoding to b.
+func appendCanonical(b []byte, e *Endpoint) []byte {
+	var id [36]byte
+	uuidText(&id, e.InstanceID)
+	b = netstring(b, id[:])
+	b = netstringS(b, e.Address)
+	var num [32]byte
+	b = netstring(b, strconv.AppendInt(num[:0], int64(e.Port), 10))
+	b = netstringS(b, e.Zone)
+	b = netstringS(b, e.State)
+	b = netstring(b, strconv.AppendFloat(num[:0], e.Weight, 'g', -1, 64))
+	b = netstringS(b, e.Health)
+	if e.Quarantined {
+		b = netstringS(b, "1")
+	} else {
+		b = netstringS(b, "0")
+	}
+	b = netstring(b, strconv.AppendInt(num[:0], int64(len(e.Capabilities)), 10))
+	for _, c := range e.Capabilities {
+		b = netstringS(b, c)
+	}
+	return b
+}
+
+// sum256 is a 256-bit unsigned integer, most significant limb first.
+type sum256 [4]uint64
+
+func (s *sum256) add(d [sha256.Size]byte) {
+	var c uint64
+	for i := 3; i >= 0; i-- {
+		s[i], c = bits.Add64(s[i], binary.BigEndian.Uint64(d[i*8:]), c)
+	}
+}
+
+func (s *sum256) String() string {
+	var b [32]byte
+	for i := range s {
+		binary.BigEndian.PutUint64(b[i*8:], s[i])
+	}
+	return hex.EncodeToString(b[:])
 }
 
 // uuidText writes id in its canonical 36-character form without

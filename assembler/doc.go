@@ -143,10 +143,12 @@
 // # Checksum
 //
 // The checksum covers the endpoint set only (not zone statuses or
-// versions): the hex SHA-256 of a canonical, length-prefixed encoding of the
-// endpoints in instance-id order (see Checksum), so it is order-independent
-// and a client can recompute it to detect divergence and ask for a full
-// view.
+// versions): the sum modulo 2^256 of the SHA-256 digests of each
+// endpoint's canonical, length-prefixed encoding (see Checksum). A sum is
+// order-independent and incremental: a client checks a delta by adjusting
+// the previous sum for the endpoints it touches, so a 10-endpoint delta
+// costs ten hashes, not a pass over the view, and on a mismatch it asks
+// for a full view.
 //
 // # Removing a service
 //

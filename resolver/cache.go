@@ -22,6 +22,7 @@ type config struct {
 	dir       string
 	maxShrink float64
 	hook      func(Event)
+	eject     EjectionPolicy
 }
 
 // WithClock sets the clock Resolve stamps results with and Apply stamps
@@ -47,6 +48,10 @@ func WithMaxShrink(f float64) Option { return func(c *config) { c.maxShrink = f 
 // must be quick.
 func WithEventHook(h func(Event)) Option { return func(c *config) { c.hook = h } }
 
+// WithEjection sets the local passive ejection policy (see
+// EjectionPolicy; zero fields take the defaults).
+func WithEjection(p EjectionPolicy) Option { return func(c *config) { c.eject = p } }
+
 // Event reports an update or file the Cache did not take as is. Err wraps
 // one of the sentinel errors.
 type Event struct {
@@ -71,10 +76,17 @@ type Stats struct {
 	ShrinkCapped       uint64
 	CorruptFiles       uint64
 	PersistErrors      uint64
+	// Ejections counts endpoints ejected locally; EjectionsCapped the
+	// ejections the cap refused; Unejections the ejections that ended.
+	Ejections, EjectionsCapped, Unejections uint64
+	// OutcomesUnknown counts Record calls naming an endpoint the Cache
+	// does not hold.
+	OutcomesUnknown uint64
 }
 
 type stats struct {
 	applied, loaded, stale, gaps, checksum, invalid, wouldEmpty, shrink, corrupt, persist atomic.Uint64
+	ejections, ejectCapped, unejections, unknownOutcomes                                  atomic.Uint64
 }
 
 // Cache holds the routing snapshot of each configured service. Resolve and
@@ -88,14 +100,22 @@ type Cache struct {
 
 type service struct {
 	name  string
-	mu    sync.Mutex // serialises writers
+	mu    sync.Mutex // serialises writers and ejection changes
 	state atomic.Pointer[state]
+	// outcomes holds the caller's outcome counters and ejection state by
+	// instance id. The map is copied on write (when ids are added or
+	// pruned, under mu) so Record reads it without a lock.
+	outcomes atomic.Pointer[map[string]*outcome]
+	ejected  int // outcomes with ejectedUntil set; guarded by mu
 }
 
 // state pairs the snapshot routing uses with the newest one recorded; they
 // differ while a client guard holds a larger set. Deltas chain on latest.
+// table is routing's pick table minus locally ejected endpoints.
 type state struct {
 	routing, latest *Snapshot
+	table           *pickTable
+	ejected         int // routable endpoints of routing left out of table
 }
 
 // New returns a Cache for services. With WithDir it loads each service's
@@ -109,6 +129,9 @@ func New(services []string, opts ...Option) (*Cache, error) {
 	if !(cfg.maxShrink >= 0 && cfg.maxShrink <= 1) {
 		return nil, fmt.Errorf("resolver: max shrink %v outside [0,1]", cfg.maxShrink)
 	}
+	if err := cfg.eject.fill(); err != nil {
+		return nil, err
+	}
 	if cfg.clock == nil || cfg.random == nil {
 		return nil, errors.New("resolver: nil clock or random source")
 	}
@@ -120,7 +143,9 @@ func New(services []string, opts ...Option) (*Cache, error) {
 		if _, dup := c.services[name]; dup {
 			return nil, fmt.Errorf("resolver: service %q configured twice", name)
 		}
-		c.services[name] = &service{name: name}
+		svc := &service{name: name}
+		svc.outcomes.Store(&map[string]*outcome{})
+		c.services[name] = svc
 	}
 	if cfg.dir != "" {
 		if err := os.MkdirAll(cfg.dir, 0o755); err != nil {
@@ -144,8 +169,10 @@ func (c *Cache) load(svc *service) {
 		return
 	}
 	eps := v.Endpoints // sorted and checksummed by LoadView
-	snap := newSnapshot(svc.name, v.Version, eps, v.Zones, v.GeneratedAt, c.cfg.clock(), v.Checksum)
-	svc.state.Store(&state{routing: snap, latest: snap})
+	snap := newSnapshot(svc.name, v.Version, pointers(eps), eps, v.Zones, v.GeneratedAt, c.cfg.clock(), v.Checksum, sumOf(eps))
+	svc.mu.Lock()
+	c.setState(svc, snap, snap, snap.eps)
+	svc.mu.Unlock()
 	c.st.loaded.Add(1)
 }
 
@@ -162,6 +189,8 @@ func (c *Cache) Stats() Stats {
 		Gaps: c.st.gaps.Load(), ChecksumMismatches: c.st.checksum.Load(), Invalid: c.st.invalid.Load(),
 		WouldEmpty: c.st.wouldEmpty.Load(), ShrinkCapped: c.st.shrink.Load(),
 		CorruptFiles: c.st.corrupt.Load(), PersistErrors: c.st.persist.Load(),
+		Ejections: c.st.ejections.Load(), EjectionsCapped: c.st.ejectCapped.Load(),
+		Unejections: c.st.unejections.Load(), OutcomesUnknown: c.st.unknownOutcomes.Load(),
 	}
 }
 
@@ -177,13 +206,13 @@ func (c *Cache) Resolve(service string) (Result, error) {
 	if st == nil {
 		return Result{}, ErrNoView
 	}
-	return Result{Snapshot: st.routing, Now: c.cfg.clock(), Held: st.latest.version}, nil
+	return Result{Snapshot: st.routing, Now: c.cfg.clock(), Held: st.latest.version, Ejected: st.ejected}, nil
 }
 
 // Pick returns a routable endpoint of service chosen with probability
-// proportional to its weight. It is safe for concurrent use, takes no lock
-// and does not allocate. Errors are the bare sentinels ErrUnknownService,
-// ErrNoView and ErrNoEndpoints.
+// proportional to its weight, skipping locally ejected endpoints. It is
+// safe for concurrent use, takes no lock and does not allocate. Errors are
+// the bare sentinels ErrUnknownService, ErrNoView and ErrNoEndpoints.
 func (c *Cache) Pick(service string) (Endpoint, error) {
 	svc := c.services[service]
 	if svc == nil {
@@ -193,11 +222,11 @@ func (c *Cache) Pick(service string) (Endpoint, error) {
 	if st == nil {
 		return Endpoint{}, ErrNoView
 	}
-	e, ok := st.routing.pick(c.cfg.random())
+	k, ok := st.table.pick(c.cfg.random())
 	if !ok {
 		return Endpoint{}, ErrNoEndpoints
 	}
-	return e, nil
+	return *st.routing.eps[k], nil
 }
 
 // ApplyView replaces service v.Service's view with v. The Cache takes
@@ -237,14 +266,16 @@ func (c *Cache) applyView(svc *service, v View) (*Event, error) {
 		err = fmt.Errorf("apply view %s v%d: %w: %w", svc.name, v.Version, err, ErrInvalid)
 		return &Event{Service: svc.name, Version: v.Version, Err: err}, err
 	}
-	if sum := checksumSorted(eps); sum != v.Checksum {
+	sum := sumOf(eps)
+	if !sum.matches(v.Checksum) {
 		c.st.checksum.Add(1)
 		err := fmt.Errorf("apply view %s v%d: got %s, view says %s: %w", svc.name, v.Version, sum, v.Checksum, ErrChecksum)
 		return &Event{Service: svc.name, Version: v.Version, Err: err}, err
 	}
 	zones := maps.Clone(v.Zones)
-	snap := newSnapshot(svc.name, v.Version, eps, zones, v.GeneratedAt, c.cfg.clock(), v.Checksum)
-	return c.publish(svc, cur, snap)
+	ptrs := pointers(eps)
+	snap := newSnapshot(svc.name, v.Version, ptrs, eps, zones, v.GeneratedAt, c.cfg.clock(), v.Checksum, sum)
+	return c.publish(svc, cur, snap, ptrs)
 }
 
 // ApplyDelta applies d to the held view of service d.Service. Errors are
@@ -281,17 +312,24 @@ func (c *Cache) applyDelta(svc *service, d Delta) (*Event, error) {
 		err := fmt.Errorf("apply delta %s v%d->v%d (held v%d): %w", svc.name, d.FromVersion, d.Version, held.version, ErrGap)
 		return &Event{Service: svc.name, Version: d.Version, Err: err}, err
 	}
-	eps, err := merge(held.endpoints, d.Upserts, d.Removals)
-	if err != nil {
+	upserts := slices.Clone(d.Upserts) // the snapshot points into it
+	if !slices.IsSortedFunc(upserts, compareEndpoints) {
+		slices.SortFunc(upserts, compareEndpoints)
+	}
+	if err := checkUnique(upserts); err != nil {
 		c.st.invalid.Add(1)
 		err = fmt.Errorf("apply delta %s v%d: %w: %w", svc.name, d.Version, err, ErrInvalid)
 		return &Event{Service: svc.name, Version: d.Version, Err: err}, err
 	}
-	if sum := checksumSorted(eps); sum != d.Checksum {
+	// Check the checksum before building anything: ten hashes for a
+	// ten-endpoint delta, whatever the size of the view.
+	sum := deltaSum(held.sum, held.eps, upserts, d.Removals)
+	if !sum.matches(d.Checksum) {
 		c.st.checksum.Add(1)
 		err := fmt.Errorf("apply delta %s v%d: got %s, delta says %s: %w", svc.name, d.Version, sum, d.Checksum, ErrChecksum)
 		return &Event{Service: svc.name, Version: d.Version, Err: err}, err
 	}
+	eps := merge(held.eps, upserts, d.Removals)
 	zones := maps.Clone(held.zones)
 	if zones == nil {
 		zones = make(map[string]Zone, len(d.Zones))
@@ -300,13 +338,14 @@ func (c *Cache) applyDelta(svc *service, d Delta) (*Event, error) {
 	for _, z := range d.RemovedZones {
 		delete(zones, z)
 	}
-	snap := newSnapshot(svc.name, d.Version, eps, zones, d.GeneratedAt, c.cfg.clock(), d.Checksum)
-	return c.publish(svc, cur, snap)
+	snap := newSnapshot(svc.name, d.Version, eps, nil, zones, d.GeneratedAt, c.cfg.clock(), d.Checksum, sum)
+	return c.publish(svc, cur, snap, pointers(upserts))
 }
 
 // publish records snap as the newest state and switches routing to it
-// unless a client guard refuses; called with svc.mu held.
-func (c *Cache) publish(svc *service, cur *state, snap *Snapshot) (*Event, error) {
+// unless a client guard refuses; added holds the endpoints that may be new
+// to the service. Called with svc.mu held.
+func (c *Cache) publish(svc *service, cur *state, snap *Snapshot, added []*Endpoint) (*Event, error) {
 	routing := snap
 	var gerr error
 	if cur != nil && !snap.drained {
@@ -323,7 +362,7 @@ func (c *Cache) publish(svc *service, cur *state, snap *Snapshot) (*Event, error
 			routing = old
 		}
 	}
-	svc.state.Store(&state{routing: routing, latest: snap})
+	c.setState(svc, routing, snap, added)
 	if gerr != nil {
 		err := fmt.Errorf("apply %s v%d: %d routable, holding v%d with %d: %w",
 			svc.name, snap.version, snap.Routable(), routing.version, routing.Routable(), gerr)
@@ -358,7 +397,7 @@ func (c *Cache) Release(service string) error {
 	}
 	var ev *Event
 	if cur.routing != cur.latest {
-		svc.state.Store(&state{routing: cur.latest, latest: cur.latest})
+		c.setState(svc, cur.latest, cur.latest, nil)
 		c.st.applied.Add(1)
 		if c.cfg.dir != "" {
 			if err := writeView(c.cfg.dir, cur.latest.View()); err != nil {
@@ -384,37 +423,50 @@ func checkUnique(eps []Endpoint) error {
 }
 
 // merge returns a new sorted slice: old minus removals, then upserts
-// replacing or adding by instance id.
-func merge(old, upserts []Endpoint, removals []string) ([]Endpoint, error) {
-	if !slices.IsSortedFunc(upserts, compareEndpoints) {
-		upserts = slices.Clone(upserts)
-		slices.SortFunc(upserts, compareEndpoints)
-	}
-	if err := checkUnique(upserts); err != nil {
-		return nil, err
-	}
-	var removed map[string]struct{}
-	if len(removals) > 0 {
-		removed = make(map[string]struct{}, len(removals))
-		for _, id := range removals {
-			removed[id] = struct{}{}
+// (sorted and unique) replacing or adding by instance id. It copies
+// pointers, never endpoints.
+func merge(old []*Endpoint, upserts []Endpoint, removals []string) []*Endpoint {
+	cmp := func(e *Endpoint, id string) int { return cmpString(e.InstanceID, id) }
+	var gone []int // indexes into old, sorted
+	for _, id := range removals {
+		if k, ok := slices.BinarySearchFunc(old, id, cmp); ok {
+			gone = append(gone, k)
 		}
 	}
-	out := make([]Endpoint, 0, len(old)+len(upserts))
-	i, j := 0, 0
-	for i < len(old) || j < len(upserts) {
-		if j == len(upserts) || (i < len(old) && old[i].InstanceID < upserts[j].InstanceID) {
-			if _, gone := removed[old[i].InstanceID]; !gone {
-				out = append(out, old[i])
+	slices.Sort(gone)
+	out := make([]*Endpoint, 0, len(old)+len(upserts))
+	// keep appends old[lo:hi] minus the removed indexes.
+	keep := func(lo, hi int) {
+		for len(gone) > 0 && gone[0] < hi {
+			if g := gone[0]; g >= lo {
+				out = append(out, old[lo:g]...)
+				lo = g + 1
 			}
-			i++
-			continue
+			gone = gone[1:]
 		}
-		if i < len(old) && old[i].InstanceID == upserts[j].InstanceID {
-			i++
-		}
-		out = append(out, upserts[j])
-		j++
+		out = append(out, old[lo:hi]...)
 	}
-	return out, nil
+	i := 0
+	for k := range upserts {
+		p, found := slices.BinarySearchFunc(old[i:], upserts[k].InstanceID, cmp)
+		p += i
+		keep(i, p)
+		out = append(out, &upserts[k])
+		i = p
+		if found {
+			i++
+		}
+	}
+	keep(i, len(old))
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
