@@ -118,10 +118,10 @@ type state struct {
 	ejected         int // routable endpoints of routing left out of table
 }
 
-// New returns a Cache for services. With WithDir it loads each service's
+// NewCache returns a Cache for services. With WithDir it loads each service's
 // last-known-good view; a missing file leaves the service cold and a
 // corrupt one is ignored and reported through the event hook and Stats.
-func New(services []string, opts ...Option) (*Cache, error) {
+func NewCache(services []string, opts ...Option) (*Cache, error) {
 	cfg := config{clock: time.Now, random: rand.Uint64, maxShrink: DefaultMaxShrink}
 	for _, o := range opts {
 		o(&cfg)

@@ -381,7 +381,7 @@ func TestConcurrentApplyResolve(t *testing.T) {
 
 func TestResultAge(t *testing.T) {
 	now := t0
-	c, err := resolver.New([]string{"api"}, resolver.WithClock(func() time.Time { return now }))
+	c, err := resolver.NewCache([]string{"api"}, resolver.WithClock(func() time.Time { return now }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,7 +404,7 @@ func TestNewValidates(t *testing.T) {
 		"empty":     {services: []string{""}},
 		"shrink":    {services: []string{"a"}, opts: []resolver.Option{resolver.WithMaxShrink(1.5)}},
 	} {
-		if _, err := resolver.New(tc.services, tc.opts...); err == nil {
+		if _, err := resolver.NewCache(tc.services, tc.opts...); err == nil {
 			t.Errorf("%s: New succeeded", name)
 		}
 	}

@@ -74,7 +74,7 @@ func TestChecksumMatchesAssembler(t *testing.T) {
 // removed and upserted, and upserts that change nothing.
 func TestDeltaChecksumIncremental(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	c, err := resolver.New([]string{"api"}, resolver.WithMaxShrink(1))
+	c, err := resolver.NewCache([]string{"api"}, resolver.WithMaxShrink(1))
 	if err != nil {
 		t.Fatal(err)
 	}

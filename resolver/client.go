@@ -64,6 +64,19 @@ type Config struct {
 	// Rand returns a number in [0,1) for backoff jitter. Default
 	// math/rand/v2.Float64.
 	Rand func() float64
+	// Ejection is the local passive ejection policy fed by Record (zero
+	// fields take the defaults: 5 consecutive failures, 30 s, at most
+	// half the service).
+	Ejection EjectionPolicy
+	// ReportInterval is how often the outcomes given to Record go back to
+	// muster as passive evidence (POST /v1/reports). Default 10 s;
+	// negative turns reporting off (FlushReports still works).
+	ReportInterval time.Duration
+	// ReportTimeout bounds one report request. Default 5 s.
+	ReportTimeout time.Duration
+	// MaxReportItems bounds the endpoints reported per flush; outcomes
+	// beyond it are dropped and counted. Default 20,000.
+	MaxReportItems int
 
 	// sleep waits d or until ctx ends; tests replace it.
 	sleep func(ctx context.Context, d time.Duration) error
@@ -81,6 +94,11 @@ type Client struct {
 	reconnects atomic.Uint64
 	frames     atomic.Uint64
 	connected  atomic.Bool
+	rep        struct {
+		next                                                      atomic.Uint64 // URL rotation
+		batchesSent, batchesFailed, outcomesSent, outcomesDropped atomic.Uint64
+		itemsRefused                                              atomic.Uint64
+	}
 
 	mu        sync.Mutex
 	lastErr   error
@@ -97,18 +115,26 @@ type ClientStats struct {
 	Frames uint64
 	// Connected: a watch stream is open now.
 	Connected bool
+	// Outcome reporting: batches sent and failed, outcomes (successes +
+	// failures) delivered and dropped, and report items muster refused
+	// (e.g. an instance it no longer knows).
+	ReportBatchesSent, ReportBatchesFailed uint64
+	OutcomesReported, OutcomesDropped      uint64
+	ReportItemsRefused                     uint64
 	// LastError is the most recent reason a subscription failed or ended
 	// (nil if none has); LastErrorAt is when, by Config.Clock.
 	LastError   error
 	LastErrorAt time.Time
 }
 
-// NewClient is New for the streaming client: it builds the Cache (loading
+// New starts a Client for cfg.Services: it builds the Cache (loading
 // CacheDir's last-known-good files, so routing works before muster
-// answers) and starts one goroutine that subscribes to /v1/watch for all
+// answers) and starts two goroutines: one subscribes to /v1/watch for all
 // services, applies what arrives, and re-subscribes with backoff whenever
-// the stream is lost. It runs until Close is called or ctx ends.
-func NewClient(ctx context.Context, cfg Config) (*Client, error) {
+// the stream is lost; the other ends local ejections when their time is
+// up and sends the outcomes given to Record back to muster every
+// ReportInterval. They run until Close is called or ctx ends.
+func New(ctx context.Context, cfg Config) (*Client, error) {
 	if len(cfg.URLs) == 0 {
 		return nil, errors.New("resolver: Config.URLs is empty")
 	}
@@ -139,7 +165,16 @@ func NewClient(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.sleep == nil {
 		cfg.sleep = sleepCtx
 	}
-	opts := []Option{WithClock(cfg.Clock), WithEventHook(func(e Event) {
+	if cfg.ReportInterval == 0 {
+		cfg.ReportInterval = DefaultReportInterval
+	}
+	if cfg.ReportTimeout <= 0 {
+		cfg.ReportTimeout = DefaultReportTimeout
+	}
+	if cfg.MaxReportItems <= 0 {
+		cfg.MaxReportItems = DefaultMaxReportItems
+	}
+	opts := []Option{WithClock(cfg.Clock), WithEjection(cfg.Ejection), WithEventHook(func(e Event) {
 		cfg.Logger.Warn("resolver: update not taken as is", "service", e.Service, "version", e.Version, "err", e.Err)
 	})}
 	if cfg.CacheDir != "" {
@@ -148,13 +183,16 @@ func NewClient(ctx context.Context, cfg Config) (*Client, error) {
 		}
 		opts = append(opts, WithDir(cfg.CacheDir))
 	}
-	cache, err := New(cfg.Services, opts...)
+	cache, err := NewCache(cfg.Services, opts...)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	c := &Client{cfg: cfg, cache: cache, cancel: cancel, done: make(chan struct{}), updated: make(chan struct{})}
-	go c.run(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { c.run(ctx) })
+	wg.Go(func() { c.background(ctx) })
+	go func() { wg.Wait(); close(c.done) }()
 	return c, nil
 }
 
@@ -174,6 +212,12 @@ func (c *Client) Resolve(service string) (Result, error) { return c.cache.Resolv
 
 // Pick is Cache.Pick: no I/O.
 func (c *Client) Pick(service string) (Endpoint, error) { return c.cache.Pick(service) }
+
+// Record is Cache.Record: note a call's outcome for ejection and for the
+// next outcome report. It never blocks.
+func (c *Client) Record(service, instanceID string, success bool) {
+	c.cache.Record(service, instanceID, success)
+}
 
 // Updated returns a channel closed at the next update routing records
 // (an applied or guard-held view or delta) for any service.
@@ -216,6 +260,9 @@ func (c *Client) Stats() ClientStats {
 	return ClientStats{
 		Cache: c.cache.Stats(), Reconnects: c.reconnects.Load(), Frames: c.frames.Load(),
 		Connected: c.connected.Load(), LastError: c.lastErr, LastErrorAt: c.lastErrAt,
+		ReportBatchesSent: c.rep.batchesSent.Load(), ReportBatchesFailed: c.rep.batchesFailed.Load(),
+		OutcomesReported: c.rep.outcomesSent.Load(), OutcomesDropped: c.rep.outcomesDropped.Load(),
+		ReportItemsRefused: c.rep.itemsRefused.Load(),
 	}
 }
 
@@ -257,7 +304,6 @@ type session struct {
 }
 
 func (c *Client) run(ctx context.Context) {
-	defer close(c.done)
 	attempt, next, full := 0, 0, false
 	for {
 		since := c.since()

@@ -132,7 +132,7 @@ func newClient(t *testing.T, cfg resolver.Config, sl *sleeps) *resolver.Client {
 	if sl != nil {
 		resolver.SetSleep(&cfg, sl.sleep)
 	}
-	c, err := resolver.NewClient(context.Background(), cfg)
+	c, err := resolver.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,17 +13,20 @@
 // Everything Pick needs (the routable subset and its cumulative weights) is
 // computed once per Snapshot, so a pick is one random draw and a binary
 // search. Pick's randomness comes from math/rand/v2's per-thread ChaCha8
-// unless WithRandom replaces it. Load-aware choice (power of two choices
-// over outcome reports) is left for later; it will keep its mutable state
-// beside the Snapshot, never in it.
+// unless WithRandom replaces it. Snapshots hold their endpoints by
+// pointer, so a delta copies a pointer per endpoint and builds only the
+// endpoints it changes.
 //
 // Updates are monotonic and checked. A view or delta at or below the held
 // version is ignored (ErrStale); a delta that does not start at the held
 // version is refused (ErrGap); an update whose resulting endpoint set does
 // not hash to its checksum is refused (ErrChecksum). In those cases the
-// held snapshot stays and the caller fetches a full view. Checksum
-// re-implements muster's algorithm byte for byte; a test cross-checks it
-// against muster's own.
+// held snapshot stays and the caller fetches a full view. The checksum is
+// the sum modulo 2^256 of each endpoint's SHA-256 digest, so a delta is
+// checked by adjusting the held sum for the endpoints it touches, before
+// anything is built. Checksum re-implements muster's algorithm; a test
+// cross-checks it against muster's own, and a fixed vector was computed
+// independently.
 //
 // The client guards exist a second time here because a server bug must
 // not empty a fleet's routing tables. An update that would leave no
@@ -66,5 +69,18 @@
 // and only its age grows. ResolveOrDefault waits for a cold service's
 // first view until its context's deadline, then returns Config.Default.
 //
-// Outcome reporting comes later.
+// # Outcomes and local ejection
+//
+// Record notes the outcome of each call the caller makes (lock-free, no
+// allocation). The counts serve twice. Local passive ejection
+// (EjectionPolicy) leaves an endpoint with five consecutive failures out
+// of Pick for 30 s (longer each time), never more than half of a
+// service's routable endpoints at once and never its only one; it is this
+// process's decision and changes nothing in muster. And the Client sends
+// them back to muster every ReportInterval as passive aggregates (POST
+// /v1/reports, at most MaxReportItems endpoints per interval, in batches
+// of 5,000), where they are one evidence class among three and cannot by
+// themselves drain anything. When muster is away the counts are dropped
+// and counted (ClientStats.OutcomesDropped), never queued: Record must
+// not block or grow memory because the control plane is down.
 package resolver

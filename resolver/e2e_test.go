@@ -3,10 +3,12 @@ package resolver_test
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/musterhq/muster/db/dbtest"
+	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/resolver"
 	"github.com/musterhq/muster/server/servertest"
 	"github.com/musterhq/muster/stream"
@@ -69,5 +71,71 @@ func TestClientAgainstMuster(t *testing.T) {
 	}
 	if v, err := resolver.LoadView(dir, "web"); err != nil || v.Version != 11 {
 		t.Fatalf("last-known-good file: v%d, %v", v.Version, err)
+	}
+}
+
+// TestOutcomesReportedToMuster: outcomes given to Record reach muster's
+// evaluator as passive evidence through POST /v1/reports; with muster
+// away they are dropped and counted, and Record never waits.
+func TestOutcomesReportedToMuster(t *testing.T) {
+	t.Parallel()
+	s := servertest.New(t, servertest.Options{})
+	s.Seed(t)
+	r := s.JSON(t, "POST", "/v1/services/web/instances", s.Token(t, servertest.Web), `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("register: %d %s", r.Status, r.Body)
+	}
+	inst := servertest.Decode[registry.Instance](t, r).ID.String()
+	if r := s.JSON(t, "PUT", "/v1/services/web/grants", s.Token(t, servertest.Admin), `{"callers":["api"]}`); r.Status != http.StatusOK {
+		t.Fatalf("grant api -> web: %d %s", r.Status, r.Body)
+	}
+	if err := s.Evaluator.SyncNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e := ep(0, "az1", 1)
+	e.InstanceID = inst
+	ghost := ep(1, "az1", 1) // muster does not know it
+	s.Hub.Publish([]stream.Update{{View: viewFrame(t, viewOf("web", 1, []resolver.Endpoint{e, ghost}))}})
+	token := s.Token(t, servertest.API)
+	c := newClient(t, resolver.Config{
+		URLs: []string{s.URL}, Services: []string{"web"}, HTTPClient: s.Client, ReportInterval: -1,
+		Token: func(context.Context) (string, error) { return token, nil },
+	}, &sleeps{})
+	eventually(t, "view 1", func() bool { return version(c, "web") == 1 })
+
+	for i := range 10 {
+		c.Record("web", inst, i%5 != 0) // 8 successes, 2 failures
+	}
+	c.Record("web", ghost.InstanceID, true)
+	if err := c.FlushReports(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.OutcomesReported != 11 || st.ReportBatchesSent != 1 || st.ReportItemsRefused != 1 || st.OutcomesDropped != 0 {
+		t.Fatalf("stats after flush: %+v", st)
+	}
+	el, err := s.Evaluator.ServiceEligibility("web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(el.Instances) != 1 || !el.Instances[0].Evidence["passive"].Present {
+		t.Fatalf("muster has no passive evidence for %s: %+v", inst, el.Instances)
+	}
+	if err := c.FlushReports(context.Background()); err != nil || c.Stats().ReportBatchesSent != 1 {
+		t.Fatalf("an empty flush sent something: %v %+v", err, c.Stats())
+	}
+
+	// Muster away: a client whose server refuses connections.
+	dead := newClient(t, resolver.Config{URLs: []string{"http://127.0.0.1:1"}, Services: []string{"web"}, ReportInterval: -1}, &sleeps{})
+	if err := dead.Cache().ApplyView(viewOf("web", 1, []resolver.Endpoint{e})); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		dead.Record("web", inst, false)
+	}
+	if err := dead.FlushReports(context.Background()); err == nil {
+		t.Fatal("flush to a dead server succeeded")
+	}
+	if st := dead.Stats(); st.OutcomesDropped != 3 || st.ReportBatchesFailed != 1 || st.OutcomesReported != 0 {
+		t.Fatalf("dead-server stats %+v", st)
 	}
 }

@@ -8,14 +8,9 @@ import (
 	"github.com/musterhq/muster/resolver"
 )
 
-// clock is a settable clock for tests.
-type clock struct{ now time.Time }
-
-func (c *clock) Now() time.Time { return c.now }
-
-func ejectingCache(t *testing.T, n int) (*resolver.Cache, *clock, *[]resolver.Event) {
+func ejectingCache(t *testing.T, n int) (*resolver.Cache, *fakeClock, *[]resolver.Event) {
 	t.Helper()
-	clk := &clock{now: t0}
+	clk := newFakeClock(t0)
 	var events []resolver.Event
 	c := newCache(t, resolver.WithClock(clk.Now), resolver.WithEventHook(func(e resolver.Event) { events = append(events, e) }))
 	if err := c.ApplyView(view("api", 1, n)); err != nil {
@@ -65,23 +60,23 @@ func TestEjectAfterConsecutiveFailures(t *testing.T) {
 	}
 
 	// The first ejection lasts BaseTime (30 s), the second twice that.
-	clk.now = t0.Add(29 * time.Second)
+	clk.Advance(29 * time.Second)
 	c.Sweep()
 	if len(c.Ejected("api")) != 1 {
 		t.Fatal("ejection ended before 30 s")
 	}
-	clk.now = t0.Add(30 * time.Second)
+	clk.Advance(time.Second)
 	c.Sweep()
 	if len(c.Ejected("api")) != 0 || !pickSet(t, c)[id(0)] {
 		t.Fatal("endpoint not back in rotation after 30 s")
 	}
 	fail(c, id(0), 5)
-	clk.now = clk.now.Add(59 * time.Second)
+	clk.Advance(59 * time.Second)
 	c.Sweep()
 	if len(c.Ejected("api")) != 1 {
 		t.Fatal("second ejection ended before 60 s")
 	}
-	clk.now = clk.now.Add(time.Second)
+	clk.Advance(time.Second)
 	c.Sweep()
 	if len(c.Ejected("api")) != 0 {
 		t.Fatal("second ejection outlasted 60 s")
@@ -127,7 +122,7 @@ func TestEjectionCapHeldWhenViewShrinks(t *testing.T) {
 	c, clk, _ := ejectingCache(t, 8)
 	for i := range 4 {
 		fail(c, id(i), 5)
-		clk.now = clk.now.Add(time.Second)
+		clk.Advance(time.Second)
 	}
 	if len(c.Ejected("api")) != 4 {
 		t.Fatal("want 4 of 8 ejected")

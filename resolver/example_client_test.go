@@ -15,7 +15,7 @@ import (
 // has never seen.
 func ExampleClient() {
 	ctx := context.Background()
-	c, err := resolver.NewClient(ctx, resolver.Config{
+	c, err := resolver.New(ctx, resolver.Config{
 		URLs:     []string{"http://127.0.0.1:1"}, // nothing listens here
 		Services: []string{"api"},
 		Token:    func(context.Context) (string, error) { return "token from your issuer", nil },

@@ -26,7 +26,7 @@ func exampleView() resolver.View {
 
 func ExampleCache_Resolve() {
 	clock := func() time.Time { return time.Date(2026, 1, 1, 12, 0, 3, 0, time.UTC) }
-	c, err := resolver.New([]string{"api"}, resolver.WithClock(clock))
+	c, err := resolver.NewCache([]string{"api"}, resolver.WithClock(clock))
 	if err != nil {
 		panic(err)
 	}
@@ -51,7 +51,7 @@ func ExampleCache_Resolve() {
 }
 
 func ExampleCache_Pick() {
-	c, err := resolver.New([]string{"api"})
+	c, err := resolver.NewCache([]string{"api"})
 	if err != nil {
 		panic(err)
 	}
@@ -67,7 +67,7 @@ func ExampleCache_Pick() {
 }
 
 func ExampleCache_ApplyDelta() {
-	c, err := resolver.New([]string{"api"})
+	c, err := resolver.NewCache([]string{"api"})
 	if err != nil {
 		panic(err)
 	}
@@ -93,4 +93,30 @@ func ExampleCache_ApplyDelta() {
 	// true
 	// <nil>
 	// 8 1
+}
+
+// Record feeds local passive ejection: after five failures in a row an
+// endpoint is left out of Pick, but never more than half the service.
+func ExampleCache_Record() {
+	c, err := resolver.NewCache([]string{"api"})
+	if err != nil {
+		panic(err)
+	}
+	if err := c.ApplyView(exampleView()); err != nil {
+		panic(err)
+	}
+	for range 5 {
+		c.Record("api", "00000000-0000-0000-0000-000000000002", false)
+	}
+	fmt.Println("ejected:", c.Ejected("api"))
+	for range 5 {
+		c.Record("api", "00000000-0000-0000-0000-000000000001", false)
+	}
+	fmt.Println("ejected:", c.Ejected("api"), "capped:", c.Stats().EjectionsCapped)
+	e, _ := c.Pick("api")
+	fmt.Println("pick:", e.Address)
+	// Output:
+	// ejected: [00000000-0000-0000-0000-000000000002]
+	// ejected: [00000000-0000-0000-0000-000000000002] capped: 1
+	// pick: 10.0.0.1
 }

@@ -85,7 +85,7 @@ func deltaTo(from, to resolver.View) resolver.Delta {
 func newCache(t testing.TB, opts ...resolver.Option) *resolver.Cache {
 	t.Helper()
 	opts = append([]resolver.Option{resolver.WithClock(func() time.Time { return t0.Add(time.Second) })}, opts...)
-	c, err := resolver.New([]string{"api", "db"}, opts...)
+	c, err := resolver.NewCache([]string{"api", "db"}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,7 +111,7 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 	}
 	cacheDir := t.TempDir()
 	ctx := context.Background()
-	c1, err := resolver.NewClient(ctx, resolver.Config{URLs: []string{url}, Token: viewer, Services: []string{"web"},
+	c1, err := resolver.New(ctx, resolver.Config{URLs: []string{url}, Token: viewer, Services: []string{"web"},
 		CacheDir: cacheDir, BaseBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +144,7 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 	}
 
 	// A resolver started during the outage routes from the file.
-	c2, err := resolver.NewClient(ctx, resolver.Config{URLs: []string{url}, Token: viewer, Services: []string{"web"},
+	c2, err := resolver.New(ctx, resolver.Config{URLs: []string{url}, Token: viewer, Services: []string{"web"},
 		CacheDir: cacheDir, BaseBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

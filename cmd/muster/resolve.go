@@ -67,7 +67,7 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		token = tok
 	}
 
-	c, err := resolver.NewClient(ctx, resolver.Config{
+	c, err := resolver.New(ctx, resolver.Config{
 		URLs: []string{serverURL}, Services: []string{service}, CacheDir: cacheDir,
 		Token:  func(context.Context) (string, error) { return token, nil },
 		Logger: quietLogger(stderr),

@@ -29,7 +29,7 @@ func TestResolveDeadServerWithCache(t *testing.T) {
 		InstanceID: "00000000-0000-0000-0000-000000000001", Address: "10.0.0.1", Port: 8080,
 		Zone: "a", State: "eligible", Weight: 1, Health: resolver.HealthKnown, Capabilities: []string{},
 	}}
-	cache, err := resolver.New([]string{"web"}, resolver.WithDir(dir))
+	cache, err := resolver.NewCache([]string{"web"}, resolver.WithDir(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
