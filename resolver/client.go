@@ -94,6 +94,8 @@ type Client struct {
 	reconnects atomic.Uint64
 	frames     atomic.Uint64
 	connected  atomic.Bool
+	synced     atomic.Bool
+	syncs      atomic.Uint64
 	rep        struct {
 		next                                                      atomic.Uint64 // URL rotation
 		batchesSent, batchesFailed, outcomesSent, outcomesDropped atomic.Uint64
@@ -115,6 +117,11 @@ type ClientStats struct {
 	Frames uint64
 	// Connected: a watch stream is open now.
 	Connected bool
+	// Synced: the open stream has delivered its catch-up (the server's
+	// synced event), so the cache holds everything muster had when the
+	// client subscribed. Syncs counts synced events since New.
+	Synced bool
+	Syncs  uint64
 	// Outcome reporting: batches sent and failed, outcomes (successes +
 	// failures) delivered and dropped, and report items muster refused
 	// (e.g. an instance it no longer knows).
@@ -259,7 +266,8 @@ func (c *Client) Stats() ClientStats {
 	defer c.mu.Unlock()
 	return ClientStats{
 		Cache: c.cache.Stats(), Reconnects: c.reconnects.Load(), Frames: c.frames.Load(),
-		Connected: c.connected.Load(), LastError: c.lastErr, LastErrorAt: c.lastErrAt,
+		Connected: c.connected.Load(), Synced: c.synced.Load(), Syncs: c.syncs.Load(),
+		LastError: c.lastErr, LastErrorAt: c.lastErrAt,
 		ReportBatchesSent: c.rep.batchesSent.Load(), ReportBatchesFailed: c.rep.batchesFailed.Load(),
 		OutcomesReported: c.rep.outcomesSent.Load(), OutcomesDropped: c.rep.outcomesDropped.Load(),
 		ReportItemsRefused: c.rep.itemsRefused.Load(),
@@ -313,6 +321,7 @@ func (c *Client) run(ctx context.Context) {
 		base := c.cfg.URLs[next%len(c.cfg.URLs)]
 		s := c.subscribe(ctx, base, since)
 		c.connected.Store(false)
+		c.synced.Store(false)
 		if ctx.Err() != nil {
 			return
 		}
@@ -473,6 +482,10 @@ func (c *Client) dispatch(kind, data string, s *session) (done bool) {
 	var err error
 	switch kind {
 	case "heartbeat":
+		return false
+	case "synced":
+		c.synced.Store(true)
+		c.syncs.Add(1)
 		return false
 	case "drain":
 		s.err = errDrain

@@ -50,7 +50,7 @@ func TestClientAgainstMuster(t *testing.T) {
 	}, sl)
 
 	eventually(t, "view 10 from muster", func() bool { return version(c, "web") == 10 })
-	eventually(t, "connected", func() bool { return c.Stats().Connected })
+	eventually(t, "connected and synced", func() bool { st := c.Stats(); return st.Connected && st.Synced && st.Syncs == 1 })
 	s.Hub.Publish([]stream.Update{{View: viewFrame(t, web11), Delta: deltaFrame(t, deltaTo(web10, web11))}})
 	eventually(t, "delta to 11", func() bool { return version(c, "web") == 11 })
 	if st := c.Stats(); st.Cache.Applied != 2 || st.Reconnects != 0 {

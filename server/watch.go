@@ -23,11 +23,13 @@ const MaxWatchServices = 100
 
 // watch streams views and deltas as Server-Sent Events (ADR-10):
 //
-//	event: view|delta|heartbeat|drain
+//	event: view|delta|synced|heartbeat|drain
 //	id: <version>
 //	data: <one line of JSON>
 //
-// A client resumes with since=<the highest version it applied>.
+// A client resumes with since=<the highest version it applied>. After the
+// catch-up frames (none when the client is current) comes one synced
+// event, so a client knows it is current without waiting for a change.
 func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	services := slices.Compact(slices.Sorted(slices.Values(q["service"])))
@@ -115,7 +117,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 // delivers, a full resync when it overflowed, and a heartbeat when idle,
 // until send fails, a drain frame went out, or done is closed.
 func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, send func(...*stream.Frame) bool) {
-	if !send(sub.Initial...) {
+	if !send(append(sub.Initial, synced)...) {
 		return
 	}
 	beat := time.NewTicker(s.cfg.WatchHeartbeat)
@@ -140,7 +142,10 @@ func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, send
 	}
 }
 
-var heartbeat = &stream.Frame{Kind: stream.KindHeartbeat, JSON: []byte(`{}`)}
+var (
+	heartbeat = &stream.Frame{Kind: stream.KindHeartbeat, JSON: []byte(`{}`)}
+	synced    = &stream.Frame{Kind: stream.KindSynced, JSON: []byte(`{}`)}
+)
 
 // streamHead is the response head of a hijacked stream. Without a length
 // or chunking, the body runs until the connection closes (HTTP/1.1 with

@@ -74,8 +74,8 @@ func TestWatchStreamsViewsThenDeltas(t *testing.T) {
 	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("watch: %d %v", res.StatusCode, res.Header)
 	}
-	if ev := readEvents(t, sc, 1)[0]; ev.kind != "view" || ev.id != "11" {
-		t.Fatalf("first event %+v, want the full view at 11", ev)
+	if evs := readEvents(t, sc, 2); evs[0].kind != "view" || evs[0].id != "11" || evs[1].kind != "synced" {
+		t.Fatalf("first events %+v, want the full view at 11, then synced", evs)
 	}
 	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 12), Delta: frame(stream.KindDelta, "web", 11, 12)}})
 	if ev := readEvents(t, sc, 1)[0]; ev.kind != "delta" || ev.id != "12" || !strings.Contains(ev.data, `"from_version":11`) {
@@ -85,10 +85,13 @@ func TestWatchStreamsViewsThenDeltas(t *testing.T) {
 	// A client at 10 resumes with deltas; one at 12 gets nothing until
 	// something changes.
 	_, sc2 := openWatch(t, s, web, "service=web&since=10")
-	if evs := readEvents(t, sc2, 2); evs[0].kind != "delta" || evs[0].id != "11" || evs[1].id != "12" {
+	if evs := readEvents(t, sc2, 3); evs[0].kind != "delta" || evs[0].id != "11" || evs[1].id != "12" || evs[2].kind != "synced" {
 		t.Fatalf("resume from 10: %+v", evs)
 	}
 	_, sc3 := openWatch(t, s, web, "service=web&since=12")
+	if ev := readEvents(t, sc3, 1)[0]; ev.kind != "synced" {
+		t.Fatalf("a current client got %+v, want synced alone", ev)
+	}
 	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 13), Delta: frame(stream.KindDelta, "web", 12, 13)}})
 	if ev := readEvents(t, sc3, 1)[0]; ev.kind != "delta" || ev.id != "13" {
 		t.Fatalf("current client: %+v", ev)
@@ -140,7 +143,7 @@ func TestWatchDrainsOnShutdown(t *testing.T) {
 	s.Seed(t)
 	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 1)}})
 	_, sc := openWatch(t, s, s.Token(t, webReq), "service=web")
-	readEvents(t, sc, 1)
+	readEvents(t, sc, 2) // view, synced
 	s.Hub.Close()
 	if ev := readEvents(t, sc, 1)[0]; ev.kind != "drain" {
 		t.Fatalf("got %+v, want drain", ev)
@@ -193,8 +196,8 @@ func TestWatchWithoutHijack(t *testing.T) {
 		t.Fatalf("status %d, header %v", code, rw.h)
 	}
 	sc := bufio.NewScanner(pr)
-	if ev := readEvents(t, sc, 1)[0]; ev.kind != "view" || ev.id != "5" {
-		t.Fatalf("first event %+v", ev)
+	if evs := readEvents(t, sc, 2); evs[0].kind != "view" || evs[0].id != "5" || evs[1].kind != "synced" {
+		t.Fatalf("first events %+v", evs)
 	}
 	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 6), Delta: frame(stream.KindDelta, "web", 5, 6)}})
 	if ev := readEvents(t, sc, 1)[0]; ev.kind != "delta" || ev.id != "6" {

@@ -16,6 +16,9 @@ const (
 	KindDelta     Kind = "delta"
 	KindHeartbeat Kind = "heartbeat"
 	KindDrain     Kind = "drain"
+	// KindSynced follows a subscription's catch-up frames: the client
+	// now holds everything the server had when it subscribed.
+	KindSynced Kind = "synced"
 )
 
 // Frame is one encoded event, shared by every subscriber that receives it.

@@ -106,31 +106,20 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 }
 
-// waitSynced waits until the stream applied an update, or connected while
-// a view was held (then briefly for catch-up frames), or the first
-// subscription failed, or timeout passed.
+// waitSynced waits until the stream has caught up (muster's synced
+// event), or the first subscription failed, or timeout passed.
 func waitSynced(ctx context.Context, c *resolver.Client, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	var settle <-chan time.Time
 	for {
 		st := c.Stats()
-		switch {
-		case st.Cache.Applied > 0:
+		if st.Synced || (!st.Connected && st.LastError != nil) {
 			return
-		case !st.Connected && st.LastError != nil:
-			return
-		case st.Connected && settle == nil:
-			settle = time.After(200 * time.Millisecond)
 		}
 		select {
 		case <-ctx.Done():
-			return
-		case <-settle:
-			return
-		case <-c.Updated():
 			return
 		case <-tick.C:
 		}
