@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -165,7 +166,36 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 	if got := endpoints(c1); got != want || endpoints(c2) != want {
 		t.Fatalf("after the restart: %q / %q, want %q", got, endpoints(c2), want)
 	}
-	t.Logf("version %d before the outage, %d and %d after the restart", before, after1, after2)
+	// Both re-subscribed through the restarted server's admission control
+	// (a cold server admits its floor, 50 per 10 s) without a refusal, and
+	// both stream to a synced state.
+	for i, c := range []*resolver.Client{c1, c2} {
+		deadline := time.Now().Add(30 * time.Second)
+		for st := c.Stats(); !st.Synced; st = c.Stats() {
+			if time.Now().After(deadline) {
+				t.Fatalf("resolver %d never synced with the restarted server: %+v", i+1, st)
+			}
+			time.Sleep(20 * time.Millisecond) // polling with a deadline
+		}
+	}
+	code, metrics := call(t, "GET", url+"/metrics", "", "")
+	if code != 200 || !regexp.MustCompile(`(?m)^muster_watch_admission_refused_total 0$`).Match(metrics) ||
+		!regexp.MustCompile(`(?m)^muster_watch_subscribers 2$`).Match(metrics) {
+		t.Fatalf("restarted server's admission: %d\n%s", code, grepLines(metrics, "muster_watch_"))
+	}
+	t.Logf("version %d before the outage, %d and %d after the restart; reconnects %d and %d",
+		before, after1, after2, c1.Stats().Reconnects, c2.Stats().Reconnects)
+}
+
+// grepLines returns the lines of b containing s.
+func grepLines(b []byte, s string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // waitVersion polls (with a deadline) until the client holds web at a
