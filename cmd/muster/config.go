@@ -25,6 +25,9 @@ type Config struct {
 	LeaseTTL    time.Duration
 	LogLevel    slog.Level
 	Dev         bool
+	// Demo (dev only): fill the database with a simulated estate and
+	// drive it with simulated evidence (package demo).
+	Demo bool
 	// AdmissionFloor is the least number of watch (re)subscriptions
 	// admitted per admission window (MUSTER_ADMISSION_FLOOR, 50).
 	AdmissionFloor int

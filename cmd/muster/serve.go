@@ -22,6 +22,7 @@ import (
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/demo"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/stream"
 )
@@ -40,6 +41,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "if set, serve Go's pprof profiles on this (loopback) address")
 	if dev {
 		fs.StringVar(&cfg.DataDir, "data", ".muster", "folder for the local PostgreSQL cluster and the dev issuer's key")
+		fs.BoolVar(&cfg.Demo, "demo", false, "fill the database with a simulated estate and drive it with simulated evidence")
 	}
 	if err := parse(fs, args); err != nil {
 		return err
@@ -184,6 +186,23 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if cfg.Dev {
 		fmt.Fprintf(stdout, "muster dev is serving on %s\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
 			base, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
+	}
+	var demoDone chan struct{}
+	if cfg.Demo {
+		demoDone = make(chan struct{})
+		demoCtx, stopDemo := context.WithCancel(ctx)
+		defer func() { stopDemo(); <-demoDone }()
+		go func() {
+			defer close(demoDone)
+			err := demo.Run(demoCtx, demo.Config{
+				URL: base, Logger: log,
+				Mint: func(req identity.TokenRequest) (string, error) { return devIssuer.Mint(req, time.Now()) },
+			})
+			if err != nil {
+				log.Error("demo stopped", "err", err)
+			}
+		}()
+		fmt.Fprintf(stdout, "  demo:   a simulated estate of %d services is being set up and driven\n", len(demo.ServiceNames()))
 	}
 
 	select {
