@@ -18,11 +18,11 @@ import (
 
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/demo"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/demo"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/stream"
 )
