@@ -129,6 +129,22 @@ func normWeight(w float64) float64 {
 	return w
 }
 
+// trafficWeight reads a zone's traffic weight, clamped to [0,1]; NaN or no
+// function reads as 1.
+func trafficWeight(tw TrafficWeights, zone string) float64 {
+	if tw == nil {
+		return 1
+	}
+	switch w := tw(zone); {
+	case w != w || w > 1:
+		return 1
+	case w < 0:
+		return 0
+	default:
+		return w
+	}
+}
+
 // normState maps a value outside the known states to Unknown: an
 // unreadable verdict is no evidence of failure (ADR-05).
 func normState(s eligibility.State) eligibility.State {
@@ -198,7 +214,8 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 	zones := sv.spare
 	clear(zones)
 	for z, zc := range counts {
-		st := ZoneStatus{Guard: GuardOK, Eligible: zc.routable, Total: zc.total, MinHealthyFraction: sv.frac}
+		st := ZoneStatus{Guard: GuardOK, Eligible: zc.routable, Total: zc.total, MinHealthyFraction: sv.frac,
+			TrafficWeight: trafficWeight(s.Traffic, z)}
 		if tripped(zc.routable, zc.total, sv.frac) {
 			st.Guard = GuardTripped
 		}
