@@ -2,11 +2,11 @@ package server
 
 import (
 	"cmp"
-	"slices"
 	"context"
 	"errors"
 	"math"
 	"net/http"
+	"slices"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
