@@ -445,6 +445,17 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 	s.wantWeights("api", map[string]float64{"az1": 0, "az3": 0})
 	s.wantWeights("web", map[string]float64{"az1": 0, "az2": 0, "az3": 0})
 
+	// Two active shifts, one page each.
+	type page struct {
+		Items      []policy.Shift
+		NextCursor string `json:"next_cursor"`
+	}
+	p1 := servertest.Decode[page](t, s.Do(t, "GET", "/v1/shifts?limit=1", s.Token(t, servertest.Viewer), "", ""))
+	p2 := servertest.Decode[page](t, s.Do(t, "GET", "/v1/shifts?limit=1&cursor="+p1.NextCursor, s.Token(t, servertest.Viewer), "", ""))
+	if len(p1.Items) != 1 || len(p2.Items) != 1 || p1.Items[0].Target != "az2" || p2.Items[0].Scope != "region" {
+		t.Fatalf("pages %+v then %+v", p1, p2)
+	}
+
 	evs := s.shiftEvents()
 	refused := 0
 	for _, e := range evs {
@@ -495,5 +506,49 @@ func TestShiftSeenByAnotherReplica(t *testing.T) {
 	list := servertest.Decode[struct{ Items []policy.Shift }](t, b.Do(t, "GET", "/v1/shifts", b.Token(t, servertest.Admin), "", ""))
 	if len(list.Items) != 1 || list.Items[0].State != policy.ShiftDraining {
 		t.Fatalf("replica b lists %+v", list.Items)
+	}
+}
+
+func TestShiftReadsAndBadInput(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	admin := s.Token(t, adminReq)
+	for _, tc := range []struct {
+		method, path, token, body string
+		status                    int
+		slug                      string
+	}{
+		{"GET", "/v1/shifts", s.Token(t, webReq), "", http.StatusForbidden, "forbidden"},
+		{"GET", "/v1/shifts?state=sideways", admin, "", http.StatusBadRequest, "bad-parameter"},
+		{"GET", "/v1/shifts?cursor=bm90LWEtdXVpZA", admin, "", http.StatusBadRequest, "bad-parameter"},
+		{"GET", "/v1/shifts/not-a-uuid", admin, "", http.StatusNotFound, "not-found"},
+		{"GET", "/v1/shifts/0190f5f6-0000-7000-8000-000000000000", admin, "", http.StatusNotFound, "not-found"},
+		{"POST", "/v1/shifts/0190f5f6-0000-7000-8000-000000000000/step", admin, "", http.StatusNotFound, "not-found"},
+		{"POST", "/v1/shifts", admin, `{"scope":"zone","target":"az1","reason":"a good long reason","manual":true,"force":true}`, http.StatusBadRequest, "unknown-field"},
+		{"POST", "/v1/shifts", admin, `{"scope":"zone","target":"az1","reason":"a good long reason","manual":"yes"}`, http.StatusBadRequest, "malformed-json"},
+	} {
+		var r servertest.Response
+		if tc.body != "" {
+			r = s.JSON(t, tc.method, tc.path, tc.token, tc.body)
+		} else {
+			r = s.Do(t, tc.method, tc.path, tc.token, "", "")
+		}
+		if r.Status != tc.status {
+			t.Fatalf("%s %s: %d %s, want %d", tc.method, tc.path, r.Status, r.Body, tc.status)
+		}
+		problemType(t, r, tc.slug)
+	}
+	if r := s.Do(t, "GET", "/v1/shifts", admin, "", ""); r.Status != http.StatusOK || string(r.Body) != "{\"items\":[]}\n" {
+		t.Fatalf("empty list: %d %s", r.Status, r.Body)
+	}
+	// None of these reached a shift: nothing was audited, nothing drained.
+	evs, err := audit.List(context.Background(), db.New(s.Pool), audit.Filter{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if strings.HasPrefix(e.Action, "shift.") {
+			t.Fatalf("audited %+v", e)
+		}
 	}
 }
