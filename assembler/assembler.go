@@ -49,6 +49,9 @@ type service struct {
 
 	pend       map[uuid.UUID]pending
 	zonesSince time.Time // zone statuses differ from pubZones since then
+	// drainSince: a published zone's traffic weight is lower in zones than
+	// in pubZones since then; it travels on the withdrawal window.
+	drainSince time.Time
 	nW, nA     int
 	wSince     time.Time // oldest queued withdrawal
 	aSince     time.Time // oldest queued addition
@@ -129,6 +132,22 @@ func normWeight(w float64) float64 {
 	return w
 }
 
+// trafficWeight reads a zone's traffic weight, clamped to [0,1]; NaN or no
+// function reads as 1.
+func trafficWeight(tw TrafficWeights, zone string) float64 {
+	if tw == nil {
+		return 1
+	}
+	switch w := tw(zone); {
+	case w != w || w > 1:
+		return 1
+	case w < 0:
+		return 0
+	default:
+		return w
+	}
+}
+
 // normState maps a value outside the known states to Unknown: an
 // unreadable verdict is no evidence of failure (ADR-05).
 func normState(s eligibility.State) eligibility.State {
@@ -198,7 +217,8 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 	zones := sv.spare
 	clear(zones)
 	for z, zc := range counts {
-		st := ZoneStatus{Guard: GuardOK, Eligible: zc.routable, Total: zc.total, MinHealthyFraction: sv.frac}
+		st := ZoneStatus{Guard: GuardOK, Eligible: zc.routable, Total: zc.total, MinHealthyFraction: sv.frac,
+			TrafficWeight: trafficWeight(s.Traffic, z)}
 		if tripped(zc.routable, zc.total, sv.frac) {
 			st.Guard = GuardTripped
 		}
@@ -314,6 +334,19 @@ func (sv *service) requeueZones(now time.Time) {
 	} else if sv.zonesSince.IsZero() {
 		sv.zonesSince = now
 	}
+	drain := false
+	for z, st := range sv.zones {
+		if old, ok := sv.pubZones[z]; ok && st.TrafficWeight < old.TrafficWeight {
+			drain = true
+			break
+		}
+	}
+	switch {
+	case !drain:
+		sv.drainSince = time.Time{}
+	case sv.drainSince.IsZero():
+		sv.drainSince = now
+	}
 }
 
 func zonesEqual(a, b map[string]ZoneStatus) bool {
@@ -352,7 +385,11 @@ func (sv *service) recount() {
 	}
 }
 
-func (sv *service) queued() bool { return sv.nW > 0 || !sv.aSince.IsZero() }
+// withdrawing reports whether the service has something queued on the
+// withdrawal window: an endpoint withdrawal or a zone's traffic draining.
+func (sv *service) withdrawing() bool { return sv.nW > 0 || !sv.drainSince.IsZero() }
+
+func (sv *service) queued() bool { return sv.withdrawing() || !sv.aSince.IsZero() }
 
 func (a *Assembler) markDirty(sv *service) {
 	if sv.queued() {
@@ -424,10 +461,14 @@ func (a *Assembler) NextDue() time.Time {
 }
 
 func (sv *service) wDue(w time.Duration) time.Time {
-	if sv.nW == 0 {
+	if !sv.withdrawing() {
 		return time.Time{}
 	}
-	return sv.wSince.Add(w)
+	since := sv.wSince
+	if since.IsZero() || (!sv.drainSince.IsZero() && sv.drainSince.Before(since)) {
+		since = sv.drainSince
+	}
+	return since.Add(w)
 }
 
 func (sv *service) aDue(w time.Duration) time.Time {

@@ -50,6 +50,17 @@
 //     evidence of failure); a weight that is negative, NaN or infinite is
 //     published as 0. Weights are otherwise passed through.
 //
+// # Traffic weight (ADR-13)
+//
+// Each zone status carries the zone's traffic weight from
+// ServiceInput.Traffic: 1 normally, 0 while a shift drains the zone, a
+// capped step while traffic returns. It is topology preference, not health:
+// endpoints are published unchanged and the guard ignores it. A change
+// travels as a zone-status change; a decrease of a published zone's weight
+// (a drain, which takes capacity away) travels on the withdrawal window and
+// marks the delta Withdrawal, so a drain is never held back by shedding; an
+// increase (traffic returning) travels on the addition window.
+//
 // # Last instance
 //
 // A last_instance alarm opens when a service that had a routable instance

@@ -65,7 +65,7 @@ func (a *Assembler) Drain(now time.Time, vs VersionSource) ([]Published, error) 
 
 // plan picks the service's changes due at now.
 func (a *Assembler) plan(sv *service, now time.Time) (plan, bool) {
-	wDue := sv.nW > 0 && !now.Before(sv.wDue(a.opts.WithdrawalWindow))
+	wDue := sv.withdrawing() && !now.Before(sv.wDue(a.opts.WithdrawalWindow))
 	aDue := !sv.aSince.IsZero() && !now.Before(sv.aDue(a.load.win))
 	if !wDue && !aDue {
 		return plan{}, false
@@ -187,7 +187,12 @@ func (a *Assembler) publish(p *plan, v uint64, now time.Time) Published {
 			}
 		}
 		slices.Sort(d.RemovedZones)
-		sv.pubZones, sv.zonesSince = zones, time.Time{}
+		if !sv.drainSince.IsZero() {
+			// A zone's traffic draining takes capacity away like a
+			// withdrawal.
+			d.Withdrawal = true
+		}
+		sv.pubZones, sv.zonesSince, sv.drainSince = zones, time.Time{}, time.Time{}
 	}
 
 	eps := make([]Endpoint, 0, len(sv.pub))

@@ -61,6 +61,20 @@ func drawInput(rt *rapid.T, name string, pool []uuid.UUID) assembler.ServiceInpu
 		MinHealthyFraction: rapid.SampledFrom([]float64{0, 0.3, 0.5, 1}).Draw(rt, "frac"),
 		Capabilities:       rapid.SampledFrom([][]string{nil, {"probe"}, {"self", "probe"}}).Draw(rt, "caps"),
 	}
+	// Shift-backs set a traffic weight per zone; it must show in the zone
+	// status and change nothing else (the guard is about health).
+	traffic := map[string]float64{}
+	for _, z := range zoneNames {
+		if w := rapid.SampledFrom([]float64{-1, 0, 0.1, 0.5, 1}).Draw(rt, "traffic"); w >= 0 {
+			traffic[z] = w
+		}
+	}
+	in.Traffic = func(z string) float64 {
+		if w, ok := traffic[z]; ok {
+			return w
+		}
+		return 1
+	}
 	for i, id := range pool {
 		if !rapid.Bool().Draw(rt, "present") {
 			continue
@@ -95,6 +109,10 @@ func model(in assembler.ServiceInput) ([]assembler.Endpoint, map[string]assemble
 			st.Eligible++
 		}
 		st.MinHealthyFraction = frac
+		st.TrafficWeight = 1
+		if in.Traffic != nil {
+			st.TrafficWeight = in.Traffic(x.Zone)
+		}
 		zones[x.Zone] = st
 	}
 	for z, st := range zones {

@@ -83,6 +83,12 @@ type ZoneStatus struct {
 	Eligible           int     `json:"eligible"`
 	Total              int     `json:"total"`
 	MinHealthyFraction float64 `json:"min_healthy_fraction"`
+	// TrafficWeight is the zone's traffic preference set by shift-backs
+	// (ADR-13): 1 normally, 0 while the zone is drained, a step in
+	// between while traffic returns. Clients (and xDS locality weights)
+	// multiply it into the endpoint weights; it is not health, so it
+	// never trips the guard and never changes an endpoint.
+	TrafficWeight float64 `json:"traffic_weight"`
 }
 
 // View is a service's published routing view. A View handed out by the
@@ -162,7 +168,14 @@ type ServiceInput struct {
 	MinHealthyFraction float64
 	Capabilities       []string
 	Instances          []InstanceInput
+	// Traffic gives each zone's traffic weight (shift-backs, ADR-13); nil
+	// means 1 everywhere.
+	Traffic TrafficWeights
 }
+
+// TrafficWeights returns a zone's traffic weight in [0,1]. A value outside
+// it is clamped, and NaN reads as 1: a bad input cannot drain a zone.
+type TrafficWeights func(zone string) float64
 
 // Options tunes the two queues. Zero values take the defaults.
 type Options struct {

@@ -86,6 +86,27 @@ type ServiceGrant struct {
 	GrantedBy string
 }
 
+type Shift struct {
+	ID           uuid.UUID
+	Scope        string
+	Target       string
+	Reason       string
+	Manual       bool
+	State        string
+	Step         int32
+	Weight       float64
+	StartedBy    string
+	StartedAt    time.Time
+	LastStepAt   time.Time
+	LastStepBy   string
+	PendingSince *time.Time
+	ConfirmedBy  *string
+	ConfirmedAt  *time.Time
+	EndedAt      *time.Time
+	Revision     int64
+	UpdatedAt    time.Time
+}
+
 type Transition struct {
 	ID         int64
 	InstanceID uuid.UUID

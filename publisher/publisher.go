@@ -46,6 +46,10 @@ type Config struct {
 	Now              func() time.Time
 	Logger           *slog.Logger
 	Registerer       prometheus.Registerer
+	// Traffic returns the current per-zone traffic weights (shift-backs,
+	// ADR-13); nil means 1 everywhere. It is read once per RunOnce, so
+	// every service assembled together sees one set of weights.
+	Traffic func() assembler.TrafficWeights
 }
 
 // Publisher is the assembly worker. It implements evaluator.Sink.
@@ -56,6 +60,7 @@ type Publisher struct {
 
 	mu        sync.Mutex
 	dirty     map[string]struct{}
+	known     map[string]struct{} // services assembled and not removed
 	firstFail map[uuid.UUID]time.Time
 	asm       *assembler.Assembler
 	budget    map[string]assembler.Alarm // open withdrawal_budget alarms by service
@@ -88,7 +93,7 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	p := &Publisher{
 		cfg: cfg, log: cfg.Logger.With("worker", "publisher"),
-		dirty: map[string]struct{}{}, firstFail: map[uuid.UUID]time.Time{},
+		dirty: map[string]struct{}{}, known: map[string]struct{}{}, firstFail: map[uuid.UUID]time.Time{},
 		asm: assembler.New(cfg.Options), budget: map[string]assembler.Alarm{},
 		wake: make(chan struct{}, 1),
 	}
@@ -153,6 +158,18 @@ func (p *Publisher) ServicesChanged(names []string) {
 	p.poke()
 }
 
+// TrafficChanged marks every known service dirty: a shift moved a zone's
+// traffic weight, and each service with instances there needs a new
+// version (the others assemble to no change and publish nothing).
+func (p *Publisher) TrafficChanged() {
+	p.mu.Lock()
+	for n := range p.known {
+		p.dirty[n] = struct{}{}
+	}
+	p.mu.Unlock()
+	p.poke()
+}
+
 func (p *Publisher) poke() {
 	select {
 	case p.wake <- struct{}{}:
@@ -204,16 +221,22 @@ func (p *Publisher) RunOnce() {
 	sort.Strings(dirty)
 
 	now := p.cfg.Now()
+	var traffic assembler.TrafficWeights
+	if p.cfg.Traffic != nil && len(dirty) > 0 {
+		traffic = p.cfg.Traffic()
+	}
 	for _, name := range dirty {
 		snap, ok := p.cfg.Snapshot(name)
 		p.mu.Lock()
 		if !ok {
 			p.asm.RemoveService(name, now)
+			delete(p.known, name)
 			p.mu.Unlock()
 			continue
 		}
+		p.known[name] = struct{}{}
 		in := assembler.ServiceInput{Name: name, MinHealthyFraction: snap.MinHealthyFraction, Capabilities: snap.Capabilities,
-			Instances: make([]assembler.InstanceInput, len(snap.Instances))}
+			Instances: make([]assembler.InstanceInput, len(snap.Instances)), Traffic: traffic}
 		for i, ep := range snap.Instances {
 			in.Instances[i] = assembler.InstanceInput{
 				ID: ep.ID, Address: ep.Address, Port: ep.Port, Zone: ep.Zone, State: ep.State, Weight: ep.Weight,

@@ -20,7 +20,7 @@ func (s *Server) alarmsGet(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, problem(http.StatusForbidden, "forbidden", "the alarms describe the whole estate; they are for operator and tool identities"))
 		return
 	}
-	alarms := s.cfg.Alarms.Alarms()
+	alarms := s.allAlarms()
 	if alarms == nil {
 		alarms = []assembler.Alarm{}
 	}

@@ -65,6 +65,9 @@ type Config struct {
 	Admission *stream.Admission
 	// Alarms lists the open alarms (the publisher).
 	Alarms interface{ Alarms() []assembler.Alarm }
+	// Shifts is the shift-back API (policy.Shifts); its alarms are listed
+	// with the others. Nil: /v1/shifts answers 404.
+	Shifts Shifts
 	// WatchHeartbeat is the idle-stream heartbeat period: 15 s.
 	WatchHeartbeat time.Duration
 	// WatchWriteTimeout cuts off a subscriber that cannot take a frame:
@@ -220,6 +223,11 @@ func (s *Server) routes() chi.Router {
 		r.Get("/v1/watch", s.watch)
 		r.Get("/v1/resolve/{service}", s.resolve)
 		r.Get("/v1/alarms", s.alarmsGet)
+		r.Get("/v1/shifts", s.shiftsList)
+		r.Post("/v1/shifts", s.shiftStart)
+		r.Get("/v1/shifts/{id}", s.shiftGet)
+		r.Post("/v1/shifts/{id}/step", s.shiftStep)
+		r.Post("/v1/shifts/{id}/confirm", s.shiftConfirm)
 	})
 	return r
 }

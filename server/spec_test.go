@@ -23,6 +23,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/openapi"
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -375,6 +376,9 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"ServiceList", reflect.TypeFor[list[registry.Service]](), true},
 		{"InstanceList", reflect.TypeFor[list[registry.Instance]](), true},
 		{"AuditEventList", reflect.TypeFor[list[audit.Event]](), true},
+		{"ShiftRequest", reflect.TypeFor[policy.ShiftRequest](), false},
+		{"Shift", reflect.TypeFor[policy.Shift](), true},
+		{"ShiftList", reflect.TypeFor[list[policy.Shift]](), true},
 	} {
 		s := schema(tt.schema)
 		names, always := jsonFields(tt.typ)
@@ -437,6 +441,16 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 	}
 	ended := inst
 	ended.State, ended.LeaseExpiresAt, ended.EndedAt = registry.StateReplaced, nil, &now
+	half, one, by := 0.5, 1.0, "operator:oscar"
+	pendingFor := 61.5
+	shift := policy.Shift{
+		ID: uuid.Must(uuid.NewV7()), Scope: policy.ScopeZone, Target: "az1", Reason: "az1 packet loss", Manual: true,
+		State: policy.ShiftPendingConfirmation, Step: 3, TrafficWeight: half, NextWeight: &one, NextStepAt: &now,
+		PendingSince: &now, PendingSeconds: &pendingFor, StartedBy: by, StartedAt: now, LastStepBy: by, LastStepAt: now,
+	}
+	done := shift
+	done.State, done.TrafficWeight, done.NextWeight, done.NextStepAt, done.PendingSeconds = policy.ShiftCompleted, 1, nil, nil, nil
+	done.ConfirmedBy, done.ConfirmedAt, done.EndedAt = &by, &now, &now
 	prob := problem(http.StatusUnprocessableEntity, "validation", "the registration is not valid")
 	prob.Instance, prob.Errors = "/v1/services/web/instances", []registry.FieldError{{Field: "port", Message: "must be between 1 and 65535, got 0"}}
 
@@ -460,6 +474,8 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 			After: json.RawMessage(`{"id":"x"}`), Hash: strings.Repeat("ab", 32),
 		}}}},
 		{"Problem", prob},
+		{"Shift", shift},
+		{"ShiftList", list[policy.Shift]{Items: []policy.Shift{shift, done}, NextCursor: "abc"}},
 	} {
 		raw, err := json.Marshal(tt.value)
 		if err != nil {
@@ -483,6 +499,8 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"Dependency", `{"name":"db","authority":"drain"}`},
 		{"Instance", `{"id":"x"}`},
 		{"Problem", `{"title":"Not Found","status":404}`},
+		{"ShiftRequest", `{"scope":"zone","target":"az1","reason":"a good long reason"}`},
+		{"ShiftRequest", `{"scope":"cell","target":"az1","reason":"a good long reason","manual":true}`},
 	} {
 		var v any
 		if err := json.Unmarshal([]byte(tt.value), &v); err != nil {

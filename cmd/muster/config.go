@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -31,6 +33,62 @@ type Config struct {
 	// AdmissionFloor is the least number of watch (re)subscriptions
 	// admitted per admission window (MUSTER_ADMISSION_FLOOR, 50).
 	AdmissionFloor int
+	// ShiftSteps, ShiftDwell and ShiftPendingAlarm tune shift-backs
+	// (MUSTER_SHIFT_STEPS "0.1,0.25,0.5,1", MUSTER_SHIFT_DWELL 2m,
+	// MUSTER_SHIFT_PENDING_ALARM 10m; flags --shift-steps, --shift-dwell,
+	// --shift-pending-alarm override them).
+	ShiftSteps        []float64
+	ShiftDwell        time.Duration
+	ShiftPendingAlarm time.Duration
+}
+
+// shiftFlags holds the shift-back flags as given; empty means "not set".
+type shiftFlags struct{ steps, dwell, pendingAlarm string }
+
+// apply parses the shift-back settings: a flag wins over its environment
+// variable, which wins over the default.
+func (f shiftFlags) apply(c *Config) error {
+	var err error
+	steps := cmpOr(f.steps, os.Getenv("MUSTER_SHIFT_STEPS"))
+	c.ShiftSteps = slices.Clone(policy.DefaultShiftSteps)
+	if steps != "" {
+		if c.ShiftSteps, err = parseSteps(steps); err != nil {
+			return fmt.Errorf("shift steps %q: %w", steps, err)
+		}
+	}
+	c.ShiftDwell = policy.DefaultShiftDwell
+	if v := cmpOr(f.dwell, os.Getenv("MUSTER_SHIFT_DWELL")); v != "" {
+		if c.ShiftDwell, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("shift dwell: %w", err)
+		}
+	}
+	c.ShiftPendingAlarm = policy.DefaultShiftPendingAlarm
+	if v := cmpOr(f.pendingAlarm, os.Getenv("MUSTER_SHIFT_PENDING_ALARM")); v != "" {
+		if c.ShiftPendingAlarm, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("shift pending alarm: %w", err)
+		}
+	}
+	return nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// parseSteps reads comma-separated traffic weights, e.g. "0.1,0.25,0.5,1".
+func parseSteps(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		w, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, w)
+	}
+	return out, policy.ValidShiftSteps(out)
 }
 
 // loadEnv fills what the environment says. Secrets may come from *_FILE.
@@ -76,6 +134,12 @@ func (c *Config) Validate() error {
 	}
 	if c.AdmissionFloor <= 0 {
 		return fmt.Errorf("MUSTER_ADMISSION_FLOOR %d must be above 0", c.AdmissionFloor)
+	}
+	if err := policy.ValidShiftSteps(c.ShiftSteps); err != nil {
+		return err
+	}
+	if c.ShiftDwell < 0 || c.ShiftPendingAlarm <= 0 {
+		return fmt.Errorf("the shift dwell (%s) must not be negative and the pending alarm time (%s) must be above 0", c.ShiftDwell, c.ShiftPendingAlarm)
 	}
 	if c.LeaseTTL < time.Second {
 		return fmt.Errorf("MUSTER_LEASE_TTL %s is below 1s", c.LeaseTTL)

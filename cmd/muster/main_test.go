@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -206,6 +207,16 @@ func TestDevEndToEnd(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // polling with a deadline: the evaluator ticks every 200 ms
 	}
+	// Shift-backs are wired: draining az1 would leave web no instance in
+	// rotation, so the budget refuses it; az2 holds nothing and drains.
+	code, body = call(t, "POST", dev.url+"/v1/shifts", admin, `{"scope":"zone","target":"az1","reason":"drill: drain az1","manual":true}`)
+	if code != 409 || !bytes.Contains(body, []byte("budget-exceeded")) || !bytes.Contains(body, []byte("web would keep 0 of 1")) {
+		t.Fatalf("drain az1: %d %s", code, body)
+	}
+	if code, body = call(t, "POST", dev.url+"/v1/shifts", admin, `{"scope":"zone","target":"az2","reason":"drill: drain az2","manual":true}`); code != 201 {
+		t.Fatalf("drain az2: %d %s", code, body)
+	}
+
 	code, body = call(t, "PUT", dev.url+"/v1/instances/"+inst.ID+"/lease", web, "")
 	if code != 200 {
 		t.Fatalf("renew: %d %s", code, body)
@@ -243,7 +254,12 @@ func TestDevEndToEnd(t *testing.T) {
 	// The migrations are at the latest version, read through the running cluster.
 	out, errOut, err := runCmd(t, "migrate", "version", "--data", dir)
 	ups, _ := fs.Glob(migrations.FS, "*.up.sql")
-	if err != nil || !strings.Contains(out, fmt.Sprintf("schema version %d\n", len(ups))) {
+	latest := 0
+	for _, f := range ups { // numbered files; the numbering may have gaps
+		n, _ := strconv.Atoi(f[:strings.IndexByte(f, '_')])
+		latest = max(latest, n)
+	}
+	if err != nil || !strings.Contains(out, fmt.Sprintf("schema version %d\n", latest)) {
 		t.Fatalf("migrate version: %q %q %v", out, errOut, err)
 	}
 
@@ -337,6 +353,10 @@ func TestUsageErrors(t *testing.T) {
 	_, _, err := runCmd(t, "serve", "--addr", "127.0.0.1:0")
 	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
 		t.Fatalf("serve without DATABASE_URL: %v", err)
+	}
+	_, _, err = runCmd(t, "dev", "--data", untouched, "--shift-steps", "0.5,0.2")
+	if err == nil || !strings.Contains(err.Error(), "shift steps") {
+		t.Fatalf("dev with decreasing shift steps: %v", err)
 	}
 	_, _, err = runCmd(t, "token", "--data", t.TempDir(), "--kind", "operator", "--subject", "x")
 	if err == nil || !strings.Contains(err.Error(), "run `muster dev") {

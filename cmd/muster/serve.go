@@ -16,11 +16,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/demo"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
@@ -43,10 +45,17 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		fs.StringVar(&cfg.DataDir, "data", ".muster", "folder for the local PostgreSQL cluster and the dev issuer's key")
 		fs.BoolVar(&cfg.Demo, "demo", false, "fill the database with a simulated estate and drive it with simulated evidence")
 	}
+	var sf shiftFlags
+	fs.StringVar(&sf.steps, "shift-steps", "", "traffic weights a shift-back walks through, e.g. 0.1,0.25,0.5,1 (MUSTER_SHIFT_STEPS; default 0.1,0.25,0.5,1)")
+	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")
+	fs.StringVar(&sf.pendingAlarm, "shift-pending-alarm", "", "a manual shift-back pending confirmation longer than this raises shiftback_pending (MUSTER_SHIFT_PENDING_ALARM; default 10m)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := loadEnv(&cfg); err != nil {
+		return err
+	}
+	if err := sf.apply(&cfg); err != nil {
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
@@ -111,10 +120,22 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	hub := stream.NewHub(stream.Config{})
-	var eval *evaluator.Evaluator
+	var (
+		eval   *evaluator.Evaluator
+		shifts *policy.Shifts
+	)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) },
 		Hub:      hub, Versions: db.NewVersionBlocks(pool), Logger: log, Registerer: metrics,
+		Traffic: func() assembler.TrafficWeights { return shifts.Weights() },
+	})
+	if err != nil {
+		return err
+	}
+	shifts, err = policy.NewShifts(policy.ShiftsConfig{
+		Pool: pool, Region: cfg.Region, Steps: cfg.ShiftSteps, Dwell: cfg.ShiftDwell, PendingAlarmAfter: cfg.ShiftPendingAlarm,
+		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) }),
+		OnChange: pub.TrafficChanged, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -129,7 +150,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	var ready atomic.Bool
 	scfg := server.Config{
 		Logger: log, Registry: reg, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub, Shifts: shifts,
 		Ready: func(ctx context.Context) error {
 			switch {
 			case !ready.Load():
@@ -160,6 +181,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer reaper.Stop()
+	// Shifts load before the publisher starts, so the first views after a
+	// restart already carry every drained zone.
+	if err := shifts.Start(ctx); err != nil {
+		return err
+	}
+	defer shifts.Stop()
 	// The evaluator's context is not the signal context: on shutdown it
 	// is stopped explicitly after the HTTP server, so it can flush.
 	if err := pub.Start(context.WithoutCancel(ctx)); err != nil {
@@ -225,6 +252,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	eval.Stop()
 	pub.Stop()
+	shifts.Stop()
 	reaper.Stop()
 	return nil
 }

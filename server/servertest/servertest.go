@@ -18,11 +18,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
@@ -58,7 +60,9 @@ type Stack struct {
 	Hub       *stream.Hub
 	// Publisher is not started: tests step it with RunOnce.
 	Publisher *publisher.Publisher
-	Server    *server.Server
+	// Shifts is not started: tests step it with RunOnce.
+	Shifts *policy.Shifts
+	Server *server.Server
 }
 
 // Options adjust a Stack.
@@ -72,6 +76,9 @@ type Options struct {
 	NoStart bool
 	// MaxBodyBytes is the server's body limit; 1 MiB by default.
 	MaxBodyBytes int64
+	// Shifts adjusts the shift-back configuration (steps, dwell, pending
+	// alarm) before it is built.
+	Shifts func(*policy.ShiftsConfig)
 }
 
 // New starts a Stack that is torn down when t ends.
@@ -88,12 +95,26 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	hub := stream.NewHub(stream.Config{Now: clk.Now})
-	var ev *evaluator.Evaluator
+	var (
+		ev     *evaluator.Evaluator
+		shifts *policy.Shifts
+	)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) },
 		Hub:      hub, Versions: db.NewVersionBlocks(pool), Now: clk.Now, Registerer: metrics,
+		Traffic: func() assembler.TrafficWeights { return shifts.Weights() },
 	})
 	if err != nil {
+		t.Fatal(err)
+	}
+	scfg := policy.ShiftsConfig{
+		Pool: pool, Region: "local", Now: clk.Now, OnChange: pub.TrafficChanged,
+		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) }),
+	}
+	if opts.Shifts != nil {
+		opts.Shifts(&scfg)
+	}
+	if shifts, err = policy.NewShifts(scfg); err != nil {
 		t.Fatal(err)
 	}
 	ecfg := evaluator.Config{
@@ -122,7 +143,7 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	srv, err := server.New(server.Config{
 		Registry: reg, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts,
 		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 	})
@@ -138,7 +159,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Server: srv}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Shifts: shifts, Server: srv}
 }
 
 // Token mints a token from the stack's dev issuer.

@@ -1,0 +1,3 @@
+DROP INDEX IF EXISTS instances_zone_idx;
+DROP TABLE IF EXISTS shifts;
+DROP SEQUENCE IF EXISTS shift_revisions;

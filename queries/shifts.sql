@@ -1,0 +1,52 @@
+-- name: ShiftInsert :one
+INSERT INTO shifts (id, scope, target, reason, manual, state, step, weight,
+                    started_by, started_at, last_step_at, last_step_by, updated_at)
+VALUES ($1, $2, $3, $4, $5, 'draining', 0, 0,
+        sqlc.arg(actor), sqlc.arg(now), sqlc.arg(now), sqlc.arg(actor), sqlc.arg(now))
+RETURNING *;
+
+-- name: ShiftGet :one
+SELECT * FROM shifts WHERE id = $1;
+
+-- name: ShiftGetForUpdate :one
+SELECT * FROM shifts WHERE id = $1 FOR UPDATE;
+
+-- name: ShiftUpdate :one
+-- Moves a shift on; every write takes a fresh revision.
+UPDATE shifts
+SET state = $2, step = $3, weight = $4, last_step_at = $5, last_step_by = $6,
+    pending_since = $7, confirmed_by = $8, confirmed_at = $9, ended_at = $10,
+    updated_at = sqlc.arg(now), revision = nextval('shift_revisions')
+WHERE id = $1
+RETURNING *;
+
+-- name: ShiftList :many
+-- Keyset pagination by id (UUIDv7: creation order), optionally by state.
+SELECT * FROM shifts
+WHERE id > sqlc.arg(after)::uuid
+  AND (sqlc.narg(state)::text IS NULL OR state = sqlc.narg(state)::text)
+ORDER BY id
+LIMIT sqlc.arg(lim);
+
+-- name: ShiftListActive :many
+SELECT * FROM shifts
+WHERE state IN ('draining', 'returning', 'pending_confirmation')
+ORDER BY id;
+
+-- name: ShiftRevision :one
+-- The newest revision: a replica reloads its shifts when this moves.
+SELECT coalesce(max(revision), 0)::bigint AS revision FROM shifts;
+
+-- name: ShiftListDue :many
+-- Automatic shifts on their way back whose dwell has elapsed, locked so
+-- that replicas never take the same step twice.
+SELECT * FROM shifts
+WHERE state = 'returning' AND NOT manual AND last_step_at <= sqlc.arg(cutoff)::timestamptz
+ORDER BY last_step_at
+FOR UPDATE SKIP LOCKED;
+
+-- name: ShiftZoneServices :many
+-- The services with live instances in a zone, for the drain's budget check.
+SELECT DISTINCT service FROM instances
+WHERE state = 'active' AND zone = $1
+ORDER BY service;

@@ -1,0 +1,180 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"slices"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/assembler"
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/policy"
+	"github.com/musterhq/muster/registry"
+)
+
+// Shifts is the shift-back API (ADR-13), implemented by policy.Shifts.
+type Shifts interface {
+	Drain(ctx context.Context, actor identity.Principal, req policy.ShiftRequest) (policy.Shift, error)
+	StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (policy.Shift, error)
+	Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (policy.Shift, error)
+	Get(ctx context.Context, actor identity.Principal, id uuid.UUID) (policy.Shift, error)
+	List(ctx context.Context, actor identity.Principal, f policy.ShiftFilter) ([]policy.Shift, error)
+	// Alarms lists the open shiftback_pending alarms.
+	Alarms() []assembler.Alarm
+}
+
+// shiftsEnabled answers 404 when this server runs without shift-backs.
+func (s *Server) shiftsEnabled(w http.ResponseWriter, r *http.Request) bool {
+	if s.cfg.Shifts == nil {
+		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "shift-backs are not enabled on this server"))
+		return false
+	}
+	return true
+}
+
+func (s *Server) shiftID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
+	if !s.shiftsEnabled(w, r) {
+		return uuid.Nil, false
+	}
+	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "no shift "+chi.URLParam(r, "id")+": shift ids are UUIDs"))
+		return uuid.Nil, false
+	}
+	return id, true
+}
+
+func (s *Server) shiftStart(w http.ResponseWriter, r *http.Request) {
+	if !s.shiftsEnabled(w, r) {
+		return
+	}
+	var req policy.ShiftRequest
+	if p := s.decodeJSON(w, r, &req); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	sh, err := s.cfg.Shifts.Drain(r.Context(), principal(r), req)
+	if err != nil {
+		s.writeShiftError(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/shifts/"+sh.ID.String())
+	writeJSON(w, http.StatusCreated, sh)
+}
+
+func (s *Server) shiftsList(w http.ResponseWriter, r *http.Request) {
+	if !s.shiftsEnabled(w, r) {
+		return
+	}
+	limit, after, p := pageParams(r)
+	if p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	f := policy.ShiftFilter{Limit: limit, State: r.URL.Query().Get("state")}
+	if after != "" {
+		id, err := uuid.Parse(after)
+		if err != nil {
+			writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", "cursor is not one this API issued"))
+			return
+		}
+		f.After = id
+	}
+	switch f.State {
+	case "", policy.ShiftDraining, policy.ShiftReturning, policy.ShiftPendingConfirmation, policy.ShiftCompleted, policy.ShiftCancelled:
+	default:
+		writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", "state must be one of draining, returning, pending_confirmation, completed, cancelled"))
+		return
+	}
+	items, err := s.cfg.Shifts.List(r.Context(), principal(r), f)
+	if err != nil {
+		s.writeShiftError(w, r, err)
+		return
+	}
+	out := list[policy.Shift]{Items: items}
+	if len(items) > 0 {
+		out.NextCursor = nextCursor(len(items), limit, items[len(items)-1].ID.String())
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) shiftGet(w http.ResponseWriter, r *http.Request) {
+	id, ok := s.shiftID(w, r)
+	if !ok {
+		return
+	}
+	sh, err := s.cfg.Shifts.Get(r.Context(), principal(r), id)
+	if err != nil {
+		s.writeShiftError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sh)
+}
+
+func (s *Server) shiftStep(w http.ResponseWriter, r *http.Request) {
+	id, ok := s.shiftID(w, r)
+	if !ok {
+		return
+	}
+	sh, err := s.cfg.Shifts.StepBack(r.Context(), principal(r), id)
+	if err != nil {
+		s.writeShiftError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sh)
+}
+
+func (s *Server) shiftConfirm(w http.ResponseWriter, r *http.Request) {
+	id, ok := s.shiftID(w, r)
+	if !ok {
+		return
+	}
+	sh, err := s.cfg.Shifts.Confirm(r.Context(), principal(r), id)
+	if err != nil {
+		s.writeShiftError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sh)
+}
+
+// writeShiftError maps a refused shift operation to its problem; anything
+// else goes through writeError.
+func (s *Server) writeShiftError(w http.ResponseWriter, r *http.Request, err error) {
+	var se *policy.ShiftError
+	if !errors.As(err, &se) {
+		s.writeError(w, r, err)
+		return
+	}
+	var p *Problem
+	switch {
+	case errors.Is(se.Kind, policy.ErrShiftDwell):
+		p = problem(http.StatusConflict, "dwell-not-elapsed", se.Detail)
+		p.retryAfter = max(1, int(math.Ceil(se.RetryAfter.Seconds())))
+	case errors.Is(se.Kind, policy.ErrShiftBudget):
+		p = problem(http.StatusConflict, "budget-exceeded", se.Detail)
+	case errors.Is(se.Kind, policy.ErrShiftNeedsConfirm):
+		p = problem(http.StatusConflict, "confirmation-required", se.Detail)
+	default:
+		s.writeError(w, r, &registry.Error{Kind: se.Kind, Detail: se.Detail, Fields: se.Fields})
+		return
+	}
+	p.Errors = se.Fields
+	writeProblem(w, r, p)
+}
+
+// allAlarms lists the publisher's open alarms and the shift-backs'.
+func (s *Server) allAlarms() []assembler.Alarm {
+	out := s.cfg.Alarms.Alarms()
+	if s.cfg.Shifts != nil {
+		out = append(out, s.cfg.Shifts.Alarms()...)
+	}
+	slices.SortStableFunc(out, func(a, b assembler.Alarm) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Service, b.Service), cmp.Compare(a.Zone, b.Zone))
+	})
+	return out
+}
