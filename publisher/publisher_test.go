@@ -137,7 +137,7 @@ func TestBadHealthCheckRolloutTripsOneZone(t *testing.T) {
 		if k, ok := strings.CutPrefix(line, "event: "); ok {
 			kind = k
 		}
-		if d, ok := strings.CutPrefix(line, "data: "); ok {
+		if d, ok := strings.CutPrefix(line, "data: "); ok && kind != "synced" {
 			data = d
 			break
 		}
