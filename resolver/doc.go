@@ -43,7 +43,10 @@
 //
 // Routable means weight > 0 and either the zone's guard tripped or the
 // endpoint is in rotation by its own verdict (state not "ineligible", not
-// quarantined).
+// quarantined). Pick weighs each routable endpoint by its zone's traffic
+// weight (shift-backs, ADR-13), so a drained zone gets no picks without
+// counting as a shrink; if every zone is drained the traffic weights are
+// ignored rather than leaving nothing to pick.
 //
 // With WithDir every snapshot routing switches to is written as the
 // service's last-known-good file: the view's JSON inside a small envelope

@@ -238,7 +238,7 @@ func (c *Cache) setState(svc *service, routing, latest *Snapshot, added []*Endpo
 // that end soonest are ended early.
 func (c *Cache) ejectedTable(svc *service, routing *Snapshot, outs map[string]*outcome) (*pickTable, int) {
 	var ejected []*outcome
-	for _, k := range routing.table.idx {
+	for _, k := range routing.routIdx {
 		if o := outs[routing.eps[k].InstanceID]; o != nil && !o.ejectedUntil.IsZero() {
 			ejected = append(ejected, o)
 		}
@@ -256,18 +256,11 @@ func (c *Cache) ejectedTable(svc *service, routing *Snapshot, outs map[string]*o
 	if len(ejected) == 0 {
 		return &routing.table, 0
 	}
-	t := &pickTable{idx: make([]int32, 0, len(routing.table.idx)), cum: make([]float64, 0, len(routing.table.idx))}
-	var total float64
-	for _, k := range routing.table.idx {
-		e := routing.eps[k]
-		if o := outs[e.InstanceID]; o != nil && !o.ejectedUntil.IsZero() {
-			continue
-		}
-		total += e.Weight
-		t.idx = append(t.idx, k)
-		t.cum = append(t.cum, total)
-	}
-	return t, len(ejected)
+	t := routing.buildTable(routing.routIdx, func(e *Endpoint) bool {
+		o := outs[e.InstanceID]
+		return o != nil && !o.ejectedUntil.IsZero()
+	})
+	return &t, len(ejected)
 }
 
 // drainOutcomes hands each endpoint's outcome counts since the last drain
@@ -289,6 +282,6 @@ func (s *Snapshot) isRoutable(id string) bool {
 	if !ok {
 		return false
 	}
-	_, ok = slices.BinarySearch(s.table.idx, int32(k))
+	_, ok = slices.BinarySearch(s.routIdx, int32(k))
 	return ok
 }

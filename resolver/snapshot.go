@@ -26,10 +26,13 @@ type Snapshot struct {
 
 	// Precomputed for Pick: the routable endpoints and their cumulative
 	// weights.
-	table   pickTable
-	unknown []int32
-	tripped bool
-	drained bool
+	table    pickTable
+	routable int                // routable endpoints (by health)
+	routIdx  []int32            // their indexes, for rebuilding the table
+	traffic  map[string]float64 // zone traffic weights; nil when all are 1
+	unknown  []int32
+	tripped  bool
+	drained  bool
 }
 
 // pickTable is what Pick chooses from: idx[i] indexes the snapshot's
@@ -42,14 +45,20 @@ type pickTable struct {
 // newSnapshot precomputes the routing tables; eps must be sorted and
 // owned. flat, when not nil, is the same endpoints as values (eps point
 // into it).
+//
+// Routable (what the client guards count) is about health: weight > 0
+// and in rotation, or in a tripped zone. The pick table also weighs each
+// endpoint by its zone's traffic weight, so a drained zone gets no picks
+// without counting as a shrink. Should every routable endpoint sit in a
+// zone drained to 0, the table ignores traffic weights: muster must never
+// be the reason traffic stops.
 func newSnapshot(service string, version uint64, eps []*Endpoint, flat []Endpoint, zones map[string]Zone, generatedAt, receivedAt time.Time, checksum string, sum sum256) *Snapshot {
 	s := &Snapshot{
 		service: service, version: version, eps: eps, flat: flat, zones: zones,
 		generatedAt: generatedAt, receivedAt: receivedAt, checksum: checksum, sum: sum,
 	}
-	s.table.idx = make([]int32, 0, len(eps))
-	s.table.cum = make([]float64, 0, len(eps))
 	s.drained = len(zones) > 0
+	shifted := false
 	for _, z := range zones {
 		if z.Guard == GuardTripped {
 			s.tripped = true
@@ -57,8 +66,17 @@ func newSnapshot(service string, version uint64, eps []*Endpoint, flat []Endpoin
 		if z.Total != 0 {
 			s.drained = false
 		}
+		if z.Traffic() != 1 {
+			shifted = true
+		}
 	}
-	var total float64
+	if shifted {
+		s.traffic = make(map[string]float64, len(zones))
+		for name, z := range zones {
+			s.traffic[name] = z.Traffic()
+		}
+	}
+	idx := make([]int32, 0, len(eps))
 	for i, e := range eps {
 		if e.Health == HealthUnknown {
 			s.unknown = append(s.unknown, int32(i))
@@ -68,11 +86,41 @@ func newSnapshot(service string, version uint64, eps []*Endpoint, flat []Endpoin
 		if s.tripped && !routable(e, zones) || !s.tripped && !inRotation(e) {
 			continue
 		}
-		total += e.Weight
-		s.table.idx = append(s.table.idx, int32(i))
-		s.table.cum = append(s.table.cum, total)
+		idx = append(idx, int32(i))
 	}
+	s.routable, s.routIdx = len(idx), idx
+	s.table = s.buildTable(idx, nil)
 	return s
+}
+
+// buildTable builds a pick table over the endpoints idx names, leaving
+// out those skip reports (nil: none).
+func (s *Snapshot) buildTable(idx []int32, skip func(*Endpoint) bool) pickTable {
+	t := pickTable{idx: make([]int32, 0, len(idx)), cum: make([]float64, 0, len(idx))}
+	for _, useTraffic := range []bool{s.traffic != nil, false} {
+		var total float64
+		for _, k := range idx {
+			e := s.eps[k]
+			if skip != nil && skip(e) {
+				continue
+			}
+			w := e.Weight
+			if useTraffic {
+				w *= s.traffic[e.Zone]
+			}
+			if !(w > 0) {
+				continue
+			}
+			total += w
+			t.idx = append(t.idx, k)
+			t.cum = append(t.cum, total)
+		}
+		if total > 0 || !useTraffic {
+			return t
+		}
+		t.idx, t.cum = t.idx[:0], t.cum[:0] // every zone drained: ignore traffic
+	}
+	return t
 }
 
 // pointers returns pointers to the elements of flat.
@@ -137,8 +185,11 @@ func (s *Snapshot) Tripped() bool { return s.tripped }
 // zones and all of them have Total == 0.
 func (s *Snapshot) Drained() bool { return s.drained }
 
-// Routable returns the number of endpoints Pick chooses among.
-func (s *Snapshot) Routable() int { return len(s.table.idx) }
+// Routable returns the number of endpoints in rotation by health (what
+// the client guards count). Pick chooses among them, weighted by their
+// zones' traffic weights; a drained zone's endpoints count here but are
+// not picked.
+func (s *Snapshot) Routable() int { return s.routable }
 
 // HealthUnknown returns the indexes into Endpoints of the endpoints whose
 // health is unknown. The slice is shared: do not modify it.

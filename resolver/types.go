@@ -79,6 +79,20 @@ type Zone struct {
 	Eligible           int     `json:"eligible"`
 	Total              int     `json:"total"`
 	MinHealthyFraction float64 `json:"min_healthy_fraction"`
+	// TrafficWeight is the zone's traffic preference in [0,1] set by
+	// shift-backs (ADR-13): 0 while drained, the current step while
+	// traffic returns. Pick multiplies it into endpoint weights. Nil
+	// (a view from a muster without shift-backs) means 1.
+	TrafficWeight *float64 `json:"traffic_weight,omitempty"`
+}
+
+// Traffic returns the zone's traffic weight, 1 when not given, clamped
+// to [0,1].
+func (z Zone) Traffic() float64 {
+	if z.TrafficWeight == nil {
+		return 1
+	}
+	return min(max(*z.TrafficWeight, 0), 1)
 }
 
 // View is a full routing view of one service.

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -146,6 +148,13 @@ func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool
 		fmt.Fprintf(w, " [guard holding; newest recorded version %d]", r.Held)
 	}
 	fmt.Fprintln(w)
+	for _, name := range slices.Sorted(maps.Keys(snap.Zones())) {
+		z := snap.Zones()[name]
+		fmt.Fprintf(w, "  zone %s: guard %s, %d of %d eligible, traffic %g\n", name, z.Guard, z.Eligible, z.Total, z.Traffic())
+	}
+	if n := len(snap.HealthUnknown()); n > 0 {
+		fmt.Fprintf(w, "  %d endpoint(s) with health unknown: muster has no recent evidence either way; they stay in rotation\n", n)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tZONE\tSTATE\tWEIGHT\tHEALTH")
 	for _, e := range snap.Endpoints() {
