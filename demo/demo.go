@@ -24,8 +24,9 @@
 //     targets and says so ("unobservable"); notifications, which only
 //     probers can vouch for, turns unknown in az3 and stays in rotation.
 //   - A manual failover: at 10 s operator oscar drains az3 with a manual
-//     shift, then walks traffic back in steps; the final step waits for an
-//     operator's confirmation (only when the server offers /v1/shifts).
+//     shift, then walks traffic back in steps as the dwell allows (10 s
+//     under --demo); the final step waits for an operator's confirmation,
+//     and after 30 s pending raises shiftback_pending.
 package demo
 
 import (
@@ -452,7 +453,7 @@ func (f *failover) advance(ctx context.Context, d *Demo, t time.Duration) {
 		f.nextStep = time.Now()
 		return
 	}
-	err = d.call(ctx, http.MethodPost, "/v1/shifts/"+f.id+"/step", tok, map[string]any{"reason": "demo: az3 looks healthy again"}, nil)
+	err = d.call(ctx, http.MethodPost, "/v1/shifts/"+f.id+"/step", tok, nil, nil)
 	var ae *apiError
 	switch {
 	case err == nil:

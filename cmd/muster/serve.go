@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,13 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	}
 	if err := loadEnv(&cfg); err != nil {
 		return err
+	}
+	if cfg.Demo {
+		// The demo's failover story should reach its pending confirmation
+		// (and alarm) within a minute or two, not half an hour; flags and
+		// the environment still win.
+		sf.dwell = cmpOr(sf.dwell, cmpOr(os.Getenv("MUSTER_SHIFT_DWELL"), "10s"))
+		sf.pendingAlarm = cmpOr(sf.pendingAlarm, cmpOr(os.Getenv("MUSTER_SHIFT_PENDING_ALARM"), "30s"))
 	}
 	if err := sf.apply(&cfg); err != nil {
 		return err
