@@ -36,8 +36,10 @@ CREATE TABLE overrides (
     CHECK (state <> 'lifted' OR (lifted_at IS NOT NULL AND lifted_by IS NOT NULL))
 );
 
--- One override in force per instance; a second must lift the first.
-CREATE UNIQUE INDEX overrides_one_active_idx ON overrides (instance_id) WHERE state = 'active';
+-- One override in force per instance (a second must lift the first) is
+-- enforced by the policy package under the per-service advisory lock: a
+-- row past its expiry may still say active until the sweep writes it down.
+CREATE INDEX overrides_active_instance_idx ON overrides (instance_id) WHERE state = 'active';
 CREATE INDEX overrides_service_idx ON overrides (service, id);
 CREATE INDEX overrides_instance_idx ON overrides (instance_id, id);
 CREATE INDEX overrides_actor_idx ON overrides (actor, id);
