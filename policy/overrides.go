@@ -517,14 +517,14 @@ func (s *Service) expiry(seconds int64) (time.Duration, *Error) {
 
 // budgetCheck is the disruption budget's arithmetic for one removal.
 type budgetCheck struct {
-	service, zone        string
-	counted              bool // the target counts as eligible now
+	service, zone         string
+	counted               bool // the target counts as eligible now
 	zoneBefore, zoneAfter int
-	zoneTotal, required  int
-	fraction             float64
-	regionBefore         int
-	regionAfter          int
-	regionTotal          int
+	zoneTotal, required   int
+	fraction              float64
+	regionBefore          int
+	regionAfter           int
+	regionTotal           int
 }
 
 func (b budgetCheck) figures() map[string]any {
@@ -646,3 +646,10 @@ func (s *Service) budget(service, zone string, target uuid.UUID, inForce []db.Ov
 	b.required = required(b.zoneTotal, b.fraction)
 	return b, nil
 }
+
+// VerdictsFunc adapts a function (the evaluator's Snapshot, bound late) to
+// Verdicts.
+type VerdictsFunc func(service string) (evaluator.ServiceSnapshot, bool)
+
+// Snapshot implements Verdicts.
+func (f VerdictsFunc) Snapshot(service string) (evaluator.ServiceSnapshot, bool) { return f(service) }

@@ -23,6 +23,7 @@ import (
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
@@ -58,6 +59,7 @@ type Stack struct {
 	Hub       *stream.Hub
 	// Publisher is not started: tests step it with RunOnce.
 	Publisher *publisher.Publisher
+	Policy    *policy.Service
 	Server    *server.Server
 }
 
@@ -72,6 +74,8 @@ type Options struct {
 	NoStart bool
 	// MaxBodyBytes is the server's body limit; 1 MiB by default.
 	MaxBodyBytes int64
+	// Policy adjusts the policy service's configuration (limits, expiry).
+	Policy func(*policy.Config)
 }
 
 // New starts a Stack that is torn down when t ends.
@@ -96,8 +100,19 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pcfg := policy.Config{
+		Pool: pool, Now: clk.Now,
+		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) }),
+	}
+	if opts.Policy != nil {
+		opts.Policy(&pcfg)
+	}
+	pol, err := policy.New(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ecfg := evaluator.Config{
-		Registry: reg, Pool: pool, Now: clk.Now, Registerer: metrics, Sink: pub,
+		Registry: reg, Pool: pool, Now: clk.Now, Registerer: metrics, Sink: pub, Overrides: pol,
 		Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute,
 	}
 	if opts.Evaluator != nil {
@@ -121,7 +136,7 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	srv, err := server.New(server.Config{
-		Registry: reg, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
+		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub,
 		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
@@ -138,7 +153,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Server: srv}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Server: srv}
 }
 
 // Token mints a token from the stack's dev issuer.
