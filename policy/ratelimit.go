@@ -64,7 +64,7 @@ func (d Decision) figures() map[string]any {
 // ends. A refused attempt is not counted: a client that keeps retrying
 // while refused does not push its own reset further away.
 func take(ctx context.Context, q *db.Queries, now time.Time, actor, scope string, lim Limit) (Decision, error) {
-	if err := q.RateLimitLock(ctx, actor+"\x00"+scope); err != nil {
+	if err := q.RateLimitLock(ctx, actor+"\n"+scope); err != nil {
 		return Decision{}, fmt.Errorf("rate limit %s %s: lock: %w", actor, scope, err)
 	}
 	since := now.Add(-lim.Window)
