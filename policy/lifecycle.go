@@ -23,6 +23,7 @@ import (
 // window closes. The last-instance rule still holds. Both identities and
 // both justifications are audited.
 func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.UUID, req CosignRequest) (Override, error) {
+	req.Justification = clip(req.Justification, MaxJustificationLength+1)
 	a := &attempt{actor: actor, action: "override.cosign", target: id.String(), asked: req}
 	var out Override
 	var service string
@@ -33,7 +34,7 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 		}
 		service = row.Service
 		a.target = row.InstanceID.String()
-		a.asked = map[string]any{"override_id": id, "justification": req.Justification}
+		a.asked = map[string]any{"override_id": id, "justification": clip(req.Justification, MaxJustificationLength)}
 		if !mayOverride(actor, svc.Owner) {
 			return refusal(ErrForbidden, CheckAuthorization,
 				"co-signing an override of %s needs the %s team's operator role or admin; %s has neither", row.Service, svc.Owner, actor), nil

@@ -326,6 +326,14 @@ func (a *attempt) accept(ctx context.Context, q *db.Queries, now time.Time, chec
 	return err
 }
 
+// clip bounds s to n runes for the audit log, marking the cut.
+func clip(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n]) + "…"
+}
+
 func nonNil(s []string) []string {
 	if s == nil {
 		return []string{}
@@ -371,7 +379,12 @@ func (s *Service) changed(service string) {
 // stored as pending_cosign (returned in Error.Override) for a second
 // identity to co-sign within CosignWindow. Every attempt is audited.
 func (s *Service) Create(ctx context.Context, actor identity.Principal, req Request) (Override, error) {
-	a := &attempt{actor: actor, action: "override.create", target: req.InstanceID, asked: req}
+	// The audit row keeps what was asked, bounded: a refused request may
+	// carry up to a whole body of junk.
+	asked := req
+	asked.InstanceID, asked.Justification = clip(req.InstanceID, 64), clip(req.Justification, MaxJustificationLength)
+	asked.Action = Action(clip(string(req.Action), 64))
+	a := &attempt{actor: actor, action: "override.create", target: asked.InstanceID, asked: asked}
 	var out Override
 	var service string
 	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*Error, error) {

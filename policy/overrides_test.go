@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -37,7 +38,7 @@ func TestJustification(t *testing.T) {
 		ok bool
 	}{
 		{"", false}, {"   ", false}, {"x", false}, {"xxxxxxxxxxxxxxx", false}, {"ab ab ab ab ab ab", false},
-		{"too short", false}, {"stale prices, INC-42", true}, {"cache bug: az1", true}, {"cachebug", false},
+		{"too short", false}, {"stale prices, INC-42", true}, {strings.Repeat("stale cache ", 200), false}, {"cache bug: az1", true}, {"cachebug", false},
 	} {
 		e := checkJustification("justification", tc.j)
 		if (e == nil) != tc.ok {
