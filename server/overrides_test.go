@@ -651,3 +651,37 @@ func TestPolicyWritesAreRateLimitedPerActor(t *testing.T) {
 	}
 	verifyAudit(t, s)
 }
+
+// TestOverridesReachOtherReplicas: an override written through one muster
+// is applied by another on the same database at its next refresh, and a
+// lift on the second reaches the first.
+func TestOverridesReachOtherReplicas(t *testing.T) {
+	t.Parallel()
+	a := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 4})
+	b := &ofix{Stack: servertest.New(t, servertest.Options{Pool: a.Pool}), zones: a.zones}
+	b.waitReady(t)
+	id := a.zones["az1"][0]
+	r := a.override(t, a.Token(t, oscarReq), id, "mark_ineligible", "draining for the disk replacement", 0)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("override on a: %d %s", r.Status, r.Body)
+	}
+	o := servertest.Decode[policy.Override](t, r)
+	if v := b.verdict(t, id); v.Override != nil {
+		t.Fatalf("b knew before refreshing: %+v", v)
+	}
+	b.publish(t)
+	if v := b.verdict(t, id); v.Override == nil || v.Override.ID != o.ID {
+		t.Fatalf("b after its refresh: %+v", v)
+	}
+	if e, ok := endpointOf(t, b.view(t), id); !ok || e.Override == nil || e.Weight != 0 {
+		t.Fatalf("b's view: %+v %v", e, ok)
+	}
+	if r := b.Do(t, "DELETE", "/v1/overrides/"+o.ID.String(), b.Token(t, adminReq), "", ""); r.Status != http.StatusOK {
+		t.Fatalf("lift on b: %d %s", r.Status, r.Body)
+	}
+	a.publish(t)
+	if v := a.verdict(t, id); v.Override != nil {
+		t.Fatalf("a after the lift on b: %+v", v)
+	}
+	verifyAudit(t, a.Stack)
+}
