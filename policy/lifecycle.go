@@ -99,7 +99,11 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 		}
 		out = fromRow(active, now)
 		note := fmt.Sprintf("co-signed by %s for %s, exceeding the budget: %s", cosigner, row.Actor, row.BudgetDetail)
-		return nil, a.accept(ctx, q, now, CheckBudget, note, cur, out)
+		if err := a.accept(ctx, q, now, CheckBudget, note, cur, out); err != nil {
+			return nil, err
+		}
+		out.quota = a.rate
+		return nil, nil
 	})
 	if err != nil {
 		return Override{}, err

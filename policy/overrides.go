@@ -174,6 +174,17 @@ type Override struct {
 	LiftedAt            *time.Time `json:"lifted_at,omitempty"`
 	LiftedBy            string     `json:"lifted_by,omitempty"`
 	EndedAt             *time.Time `json:"ended_at,omitempty"`
+
+	quota *Decision // the rate limit after the call that returned it
+}
+
+// Quota is the caller's rate limit after the call that returned o (Create
+// and Cosign), for the RateLimit-* headers.
+func (o Override) Quota() (Decision, bool) {
+	if o.quota == nil {
+		return Decision{}, false
+	}
+	return *o.quota, true
 }
 
 func fromRow(r db.Override, now time.Time) Override {
@@ -487,7 +498,11 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 			return nil, fmt.Errorf("store override: %w", err)
 		}
 		out = fromRow(stored, now)
-		return nil, a.accept(ctx, q, now, check, "", nil, out)
+		if err := a.accept(ctx, q, now, check, "", nil, out); err != nil {
+			return nil, err
+		}
+		out.quota = a.rate
+		return nil, nil
 	})
 	if err != nil {
 		return Override{}, err

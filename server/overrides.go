@@ -22,6 +22,9 @@ func (s *Server) overrideCreate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if d, ok := o.Quota(); ok {
+		setRateLimit(w.Header(), d)
+	}
 	w.Header().Set("Location", "/v1/overrides/"+o.ID.String())
 	writeJSON(w, http.StatusCreated, o)
 }
@@ -113,6 +116,9 @@ func (s *Server) overrideCosign(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.writeError(w, r, err)
 		return
+	}
+	if d, ok := o.Quota(); ok {
+		setRateLimit(w.Header(), d)
 	}
 	writeJSON(w, http.StatusOK, o)
 }

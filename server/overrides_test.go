@@ -225,6 +225,9 @@ func TestOverrideChecksInOrder(t *testing.T) {
 	if o.State != policy.StateActive || o.Actor != "operator:oscar" || o.Zone != "az1" || r.Header.Get("Location") != "/v1/overrides/"+o.ID.String() {
 		t.Errorf("accepted override %+v, Location %q", o, r.Header.Get("Location"))
 	}
+	if r.Header.Get("RateLimit-Remaining") != "0" || r.Header.Get("RateLimit-Limit") != "5" {
+		t.Errorf("quota after the fifth attempt: %v", r.Header)
+	}
 	if got := o.ExpiresAt.Sub(o.CreatedAt); got != 10*time.Minute {
 		t.Errorf("expires after %s, want 10m", got)
 	}
