@@ -207,7 +207,7 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 		}
 		zc := counts[x.Zone]
 		zc.total++
-		if !x.Quarantined && normState(x.State).InRotation() {
+		if routable(x) {
 			zc.routable++
 			routableAll++
 		}
@@ -244,7 +244,18 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 			ep.Health = HealthKnown
 		}
 		in := true
-		if x.Quarantined || !st.InRotation() {
+		switch {
+		case x.Override != nil && x.Override.Action == OverrideIneligible:
+			// Forced out: published with its reason at weight 0, which no
+			// client routes to, and never restored by a tripped guard.
+			ep.State, ep.Weight, ep.Override = eligibility.Ineligible.String(), 0, x.Override
+		case x.Override != nil && x.Override.Action == OverrideEligible:
+			// Forced in: a check known to be wrong.
+			ep.State, ep.Quarantined, ep.Override = eligibility.Eligible.String(), false, x.Override
+			if !st.InRotation() || x.Quarantined || ep.Weight == 0 {
+				ep.Weight = TrippedWeight
+			}
+		case x.Quarantined || !st.InRotation():
 			ep.State = eligibility.Ineligible.String()
 			in = zones[x.Zone].Guard == GuardTripped
 			ep.Weight = TrippedWeight
@@ -281,7 +292,22 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 func sameEndpoint(a, b *Endpoint) bool {
 	return a.InstanceID == b.InstanceID && a.Address == b.Address && a.Port == b.Port &&
 		a.Zone == b.Zone && a.State == b.State && a.Weight == b.Weight && a.Health == b.Health &&
-		a.Quarantined == b.Quarantined && slices.Equal(a.Capabilities, b.Capabilities)
+		a.Quarantined == b.Quarantined && slices.Equal(a.Capabilities, b.Capabilities) &&
+		(a.Override == b.Override || (a.Override != nil && b.Override != nil && *a.Override == *b.Override))
+}
+
+// routable: in rotation after overrides. An override decides outright;
+// otherwise the instance's own verdict, unless quarantined.
+func routable(x *InstanceInput) bool {
+	if x.Override != nil {
+		switch x.Override.Action {
+		case OverrideIneligible:
+			return false
+		case OverrideEligible:
+			return true
+		}
+	}
+	return !x.Quarantined && normState(x.State).InRotation()
 }
 
 // requeue reconciles the queued change of an instance still in the input

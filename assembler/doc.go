@@ -61,6 +61,18 @@
 // marks the delta Withdrawal, so a drain is never held back by shedding; an
 // increase (traffic returning) travels on the addition window.
 //
+// # Overrides (ADR-15)
+//
+// An InstanceInput may carry an operator's Override, applied before the
+// guard (see package policy for the decision and its reasons). With
+// mark_ineligible the instance is not routable: it counts in its zone's
+// total but not as routable, and it is published at weight 0, state
+// "ineligible", with Endpoint.Override giving the reason; a tripped guard
+// never restores it (the guard disregards health, and an override is an
+// audited decision, not health). With mark_eligible it is routable and
+// published as "eligible" (weight TrippedWeight when its own verdict had
+// it out). The override is not part of the checksum.
+//
 // # Last instance
 //
 // A last_instance alarm opens when a service that had a routable instance

@@ -72,6 +72,25 @@ type Endpoint struct {
 	// Quarantined: held out of rotation by flap quarantine (ADR-09); it is
 	// published only while its zone's guard is tripped.
 	Quarantined bool `json:"quarantined,omitempty"`
+	// Override is the operator's override in force, if any (ADR-15): the
+	// reason this endpoint is forced out (published at weight 0) or in.
+	// It is not part of the checksum.
+	Override *Override `json:"override,omitempty"`
+}
+
+// Override actions, as InstanceInput.Override.Action carries them.
+const (
+	OverrideIneligible = "mark_ineligible"
+	OverrideEligible   = "mark_eligible"
+)
+
+// Override is an operator's override of one instance's verdict. Shared:
+// do not modify one handed in or out.
+type Override struct {
+	ID     uuid.UUID `json:"id"`
+	Action string    `json:"action"`
+	// Reason says who, until when and why, for a person reading the view.
+	Reason string `json:"reason"`
 }
 
 // ZoneStatus is the guard's decision for one zone of one service, as of
@@ -154,6 +173,9 @@ type InstanceInput struct {
 	Weight      float64
 	HealthKnown bool
 	Quarantined bool
+	// Override, when set, is applied before the guard (see the package
+	// documentation). State stays the instance's own verdict.
+	Override *Override
 	// FirstFailureAt is the first failed sample of the episode that took
 	// the instance out (zero if unknown); a published withdrawal reports
 	// now − FirstFailureAt as its lag.

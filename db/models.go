@@ -63,12 +63,39 @@ type ObservedWindow struct {
 	Reporters    int32
 }
 
+type Override struct {
+	ID                  uuid.UUID
+	InstanceID          uuid.UUID
+	Service             string
+	Zone                string
+	Action              string
+	State               string
+	Actor               string
+	Justification       string
+	Cosigner            *string
+	CosignJustification *string
+	CosignedAt          *time.Time
+	CosignBy            *time.Time
+	BudgetDetail        string
+	CreatedAt           time.Time
+	ExpiresAt           time.Time
+	LiftedAt            *time.Time
+	LiftedBy            *string
+	EndedAt             *time.Time
+}
+
 type ProberAssignment struct {
 	Prober     string
 	Service    *string
 	InstanceID *uuid.UUID
 	AssignedAt time.Time
 	AssignedBy string
+}
+
+type RateLimitAttempt struct {
+	Actor string
+	Scope string
+	At    time.Time
 }
 
 type Service struct {

@@ -56,8 +56,10 @@ type Config struct {
 	TransitionBuffer int
 	Engine           eligibility.Options
 	Sink             Sink
-	Logger           *slog.Logger
-	Registerer       prometheus.Registerer
+	// Overrides, when set, lists the overrides in force (policy).
+	Overrides  OverrideSource
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // Validate checks the configuration and fills defaults.
@@ -121,15 +123,17 @@ type Evaluator struct {
 	// ended and changed collect what the next tick hands on: the last
 	// transitions of instances that left the registry, and services whose
 	// membership or contract changed.
-	ended    []eligibility.Transition
-	changed  map[string]struct{}
-	probers  map[string]*proberAssignment
-	windows  map[windowKey]*windowCounts
-	winStart time.Time
-	cursorAt time.Time // newest (updated_at, id) applied
-	cursorID uuid.UUID
-	members  uint64 // bumped whenever an instance is added or removed
-	replayed int
+	ended   []eligibility.Transition
+	changed map[string]struct{}
+	probers map[string]*proberAssignment
+	// overrides in force, by instance (see override.go).
+	overrides map[uuid.UUID]Override
+	windows   map[windowKey]*windowCounts
+	winStart  time.Time
+	cursorAt  time.Time // newest (updated_at, id) applied
+	cursorID  uuid.UUID
+	members   uint64 // bumped whenever an instance is added or removed
+	replayed  int
 
 	reporterMu sync.Mutex
 	reporters  map[string]eligibility.ReporterID
@@ -164,6 +168,7 @@ func New(cfg Config) (*Evaluator, error) {
 		services:  map[string]*serviceInfo{},
 		changed:   map[string]struct{}{},
 		probers:   map[string]*proberAssignment{},
+		overrides: map[uuid.UUID]Override{},
 		windows:   map[windowKey]*windowCounts{},
 		reporters: map[string]eligibility.ReporterID{},
 		kick:      make(chan struct{}, 1),
@@ -280,8 +285,10 @@ func (e *Evaluator) runOnce() {
 	defer e.evalMu.Unlock()
 	start := time.Now()
 	e.mu.Lock()
-	ts := append(e.ended, e.engine.Tick(e.cfg.Now())...)
+	now := e.cfg.Now()
+	ts := append(e.ended, e.engine.Tick(now)...)
 	e.ended = nil
+	e.expireOverrides(now)
 	var changed []string
 	for name := range e.changed {
 		changed = append(changed, name)
@@ -430,7 +437,7 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	}
 	e.probers = probers
 	e.mu.Unlock()
-	return nil
+	return e.loadOverrides(ctx)
 }
 
 // applyInstance adds a new active instance or retires an ended one. Called

@@ -21,16 +21,19 @@ type ClassEvidence struct {
 // InstanceVerdict is what GET /v1/services/{name}/eligibility shows per
 // instance.
 type InstanceVerdict struct {
-	InstanceID      uuid.UUID                `json:"instance_id"`
-	Zone            string                   `json:"zone"`
-	State           string                   `json:"state"`
-	Weight          float64                  `json:"weight"`
-	Health          string                   `json:"health"` // known | unknown
-	SingleClass     bool                     `json:"single_class"`
-	Primary         string                   `json:"primary"`
-	QuarantineUntil *time.Time               `json:"quarantine_until,omitempty"`
-	Evidence        map[string]ClassEvidence `json:"evidence"`
-	Reasons         []string                 `json:"reasons"`
+	InstanceID      uuid.UUID  `json:"instance_id"`
+	Zone            string     `json:"zone"`
+	State           string     `json:"state"`
+	Weight          float64    `json:"weight"`
+	Health          string     `json:"health"` // known | unknown
+	SingleClass     bool       `json:"single_class"`
+	Primary         string     `json:"primary"`
+	QuarantineUntil *time.Time `json:"quarantine_until,omitempty"`
+	// Override is the operator's override in force, if any. State stays the
+	// instance's own verdict; the override is applied in the views.
+	Override *Override                `json:"override,omitempty"`
+	Evidence map[string]ClassEvidence `json:"evidence"`
+	Reasons  []string                 `json:"reasons"`
 }
 
 // ServiceEligibility is the evaluator's view of one service.
@@ -71,6 +74,10 @@ func (e *Evaluator) ServiceEligibility(service string) (ServiceEligibility, erro
 		if v.HealthKnown {
 			iv.Health = "known"
 		}
+		if o := e.override(id, now); o != nil {
+			iv.Override = o
+			iv.Reasons = append(iv.Reasons, o.Reason())
+		}
 		if !v.QuarantinedUntil.IsZero() && v.QuarantinedUntil.After(now) {
 			q := v.QuarantinedUntil
 			iv.QuarantineUntil = &q
@@ -101,6 +108,9 @@ type EndpointVerdict struct {
 	Weight      float64
 	HealthKnown bool
 	Quarantined bool
+	// Override is the override in force, if any; State is still the
+	// instance's own verdict.
+	Override *Override
 }
 
 // ServiceSnapshot is what the assembler needs of one service.
@@ -135,6 +145,7 @@ func (e *Evaluator) Snapshot(service string) (ServiceSnapshot, bool) {
 		out.Instances = append(out.Instances, EndpointVerdict{
 			ID: id, Address: info.address, Port: info.port, Zone: info.zone,
 			State: v.State, Weight: v.Weight, HealthKnown: v.HealthKnown, Quarantined: v.Quarantined,
+			Override: e.override(id, now),
 		})
 	}
 	return out, true

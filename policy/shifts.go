@@ -146,18 +146,6 @@ func (e *ShiftError) Error() string { return fmt.Sprintf("%v: %s", e.Kind, e.Det
 // Unwrap lets errors.Is match the sentinel.
 func (e *ShiftError) Unwrap() error { return e.Kind }
 
-// Verdicts reads a service's instances with their current verdicts (the
-// evaluator's Snapshot).
-type Verdicts interface {
-	Snapshot(service string) (evaluator.ServiceSnapshot, bool)
-}
-
-// VerdictsFunc adapts a function to Verdicts.
-type VerdictsFunc func(service string) (evaluator.ServiceSnapshot, bool)
-
-// Snapshot calls f.
-func (f VerdictsFunc) Snapshot(service string) (evaluator.ServiceSnapshot, bool) { return f(service) }
-
 // ShiftsConfig configures Shifts.
 type ShiftsConfig struct {
 	Pool *pgxpool.Pool
@@ -471,18 +459,6 @@ func (s *Shifts) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Micros
 // admins, people or tools. Zones are shared, so it is not team-scoped.
 func canShift(p identity.Principal) bool {
 	return (p.Kind == identity.KindOperator || p.Kind == identity.KindTool) && p.Role.AtLeast(identity.RoleOperator)
-}
-
-// canRead reports whether p may read shifts: any operator or tool.
-func canRead(p identity.Principal) bool {
-	return (p.Kind == identity.KindOperator || p.Kind == identity.KindTool) && p.Role.AtLeast(identity.RoleViewer)
-}
-
-func actorKind(p identity.Principal) string {
-	if p.Kind == "" {
-		return "system"
-	}
-	return string(p.Kind)
 }
 
 // shiftAudit is what the audit log records of a shift operation.

@@ -20,8 +20,6 @@ import (
 	"github.com/musterhq/muster/registry"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m) }
-
 var (
 	admin    = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
 	operator = identity.Principal{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator}

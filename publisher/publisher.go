@@ -242,6 +242,9 @@ func (p *Publisher) RunOnce() {
 				ID: ep.ID, Address: ep.Address, Port: ep.Port, Zone: ep.Zone, State: ep.State, Weight: ep.Weight,
 				HealthKnown: ep.HealthKnown, Quarantined: ep.Quarantined, FirstFailureAt: p.firstFail[ep.ID],
 			}
+			if o := ep.Override; o != nil {
+				in.Instances[i].Override = &assembler.Override{ID: o.ID, Action: o.Action, Reason: o.Reason()}
+			}
 		}
 		p.asm.Update(in, now)
 		p.mu.Unlock()

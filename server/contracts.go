@@ -34,6 +34,9 @@ func (s *Server) contractPut(w http.ResponseWriter, r *http.Request) {
 		}
 		ifVersion = v
 	}
+	if !s.limitWrite(w, r, "contracts", "contract.put", "service", chi.URLParam(r, "name")) {
+		return
+	}
 	c := registry.DefaultContract()
 	if p := s.decodeJSON(w, r, &c); p != nil {
 		writeProblem(w, r, p)

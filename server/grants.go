@@ -21,6 +21,9 @@ func (s *Server) grantsGet(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) grantsPut(w http.ResponseWriter, r *http.Request) {
+	if !s.limitWrite(w, r, "grants", "grants.put", "service", chi.URLParam(r, "name")) {
+		return
+	}
 	var b grantsBody
 	if p := s.decodeJSON(w, r, &b); p != nil {
 		writeProblem(w, r, p)

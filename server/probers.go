@@ -18,6 +18,9 @@ func (s *Server) proberAssignmentsGet(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) proberAssignmentsPut(w http.ResponseWriter, r *http.Request) {
+	if !s.limitWrite(w, r, "probers", "prober.assign", "prober", chi.URLParam(r, "subject")) {
+		return
+	}
 	var a registry.ProberAssignments
 	if p := s.decodeJSON(w, r, &a); p != nil {
 		writeProblem(w, r, p)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -23,8 +24,31 @@ type Problem struct {
 	Detail   string                `json:"detail,omitempty"`
 	Instance string                `json:"instance,omitempty"`
 	Errors   []registry.FieldError `json:"errors,omitempty"`
+	// Extensions are RFC 9457 extension members, encoded beside the
+	// standard ones: a policy refusal's deciding check and its figures.
+	Extensions map[string]any `json:"-"`
 
 	retryAfter int // seconds; sent as Retry-After when positive
+}
+
+// MarshalJSON encodes the standard members and then the extensions; an
+// extension never replaces a standard member.
+func (p *Problem) MarshalJSON() ([]byte, error) {
+	type plain Problem
+	b, err := json.Marshal((*plain)(p))
+	if err != nil || len(p.Extensions) == 0 {
+		return b, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	for k, v := range p.Extensions {
+		if _, std := m[k]; !std && k != "detail" && k != "instance" && k != "errors" {
+			m[k] = v
+		}
+	}
+	return json.Marshal(m)
 }
 
 func problem(status int, slug, detail string) *Problem {
@@ -50,8 +74,13 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
 
 // writeError maps a domain error to its problem, in one place.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	var re *registry.Error
+	var (
+		re *registry.Error
+		pe *policy.Error
+	)
 	switch {
+	case errors.As(err, &pe):
+		writeProblem(w, r, policyProblem(w, pe))
 	case errors.As(err, &re):
 		p := problem(http.StatusInternalServerError, "internal", re.Detail)
 		switch {

@@ -22,6 +22,7 @@ import (
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/openapi"
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/stream"
 )
@@ -44,8 +45,10 @@ type AuditLog interface {
 
 // Config configures the server.
 type Config struct {
-	Logger        *slog.Logger
-	Registry      *registry.Registry
+	Logger   *slog.Logger
+	Registry *registry.Registry
+	// Policy admits overrides and rate-limits policy writes per actor.
+	Policy        *policy.Service
 	Audit         AuditLog
 	Evaluator     Evaluator
 	Authenticator Authenticator
@@ -80,6 +83,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Registry == nil:
 		return errors.New("server: Registry is required")
+	case c.Policy == nil:
+		return errors.New("server: Policy is required")
 	case c.Audit == nil:
 		return errors.New("server: Audit is required")
 	case c.Evaluator == nil:
@@ -228,6 +233,11 @@ func (s *Server) routes() chi.Router {
 		r.Get("/v1/shifts/{id}", s.shiftGet)
 		r.Post("/v1/shifts/{id}/step", s.shiftStep)
 		r.Post("/v1/shifts/{id}/confirm", s.shiftConfirm)
+		r.Post("/v1/overrides", s.overrideCreate)
+		r.Get("/v1/overrides", s.overridesList)
+		r.Get("/v1/overrides/{id}", s.overrideGet)
+		r.Delete("/v1/overrides/{id}", s.overrideLift)
+		r.Post("/v1/overrides/{id}/cosign", s.overrideCosign)
 	})
 	return r
 }

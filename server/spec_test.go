@@ -379,6 +379,11 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"ShiftRequest", reflect.TypeFor[policy.ShiftRequest](), false},
 		{"Shift", reflect.TypeFor[policy.Shift](), true},
 		{"ShiftList", reflect.TypeFor[list[policy.Shift]](), true},
+		{"OverrideRequest", reflect.TypeFor[policy.Request](), false},
+		{"CosignRequest", reflect.TypeFor[policy.CosignRequest](), false},
+		{"Override", reflect.TypeFor[policy.Override](), true},
+		{"OverrideList", reflect.TypeFor[list[policy.Override]](), true},
+		{"OverrideMark", reflect.TypeFor[evaluator.Override](), true},
 	} {
 		s := schema(tt.schema)
 		names, always := jsonFields(tt.typ)
@@ -476,6 +481,14 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"Problem", prob},
 		{"Shift", shift},
 		{"ShiftList", list[policy.Shift]{Items: []policy.Shift{shift, done}, NextCursor: "abc"}},
+		{"OverrideList", list[policy.Override]{Items: []policy.Override{{
+			ID: uuid.Must(uuid.NewV7()), InstanceID: inst.ID, Service: "web", Zone: "az1", Action: policy.MarkIneligible,
+			State: policy.StatePending, Actor: "operator:oscar", Justification: "serving stale prices, INC-42",
+			CosignBy: &lease, BudgetDetail: "would leave 2 of 6 eligible in zone az1; the contract requires 3",
+			CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+		}}}},
+		{"OverrideMark", evaluator.Override{ID: inst.ID, Action: "mark_eligible", Actor: "operator:oscar", Justification: "probe path broken", ExpiresAt: now}},
+		{"OverrideRequest", policy.Request{InstanceID: inst.ID.String(), Action: policy.MarkEligible, Justification: "probe path is broken", ExpiresIn: 600}},
 	} {
 		raw, err := json.Marshal(tt.value)
 		if err != nil {
@@ -501,6 +514,8 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"Problem", `{"title":"Not Found","status":404}`},
 		{"ShiftRequest", `{"scope":"zone","target":"az1","reason":"a good long reason"}`},
 		{"ShiftRequest", `{"scope":"cell","target":"az1","reason":"a good long reason","manual":true}`},
+		{"OverrideRequest", `{"instance_id":"01a2283a-b7ac-755e-9d2d-ba88e0e589c9","action":"drain","justification":"because it is broken"}`},
+		{"OverrideRequest", `{"instance_id":"01a2283a-b7ac-755e-9d2d-ba88e0e589c9","action":"mark_eligible","justification":"because it is broken","expires_in":0.5}`},
 	} {
 		var v any
 		if err := json.Unmarshal([]byte(tt.value), &v); err != nil {

@@ -40,6 +40,13 @@ type Config struct {
 	ShiftSteps        []float64
 	ShiftDwell        time.Duration
 	ShiftPendingAlarm time.Duration
+	// Policy limits: MUSTER_OVERRIDE_LIMIT ("5/10m": attempts per actor
+	// per service), MUSTER_WRITE_LIMIT ("60/1m": policy writes per actor per
+	// family), MUSTER_OVERRIDE_MAX_EXPIRY (24h), MUSTER_COSIGN_WINDOW (5m).
+	OverrideLimit policy.Limit
+	WriteLimit    policy.Limit
+	MaxExpiry     time.Duration
+	CosignWindow  time.Duration
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".
@@ -91,6 +98,27 @@ func parseSteps(s string) ([]float64, error) {
 	return out, policy.ValidShiftSteps(out)
 }
 
+// parseLimit reads "N/duration", e.g. "5/10m".
+func parseLimit(name, v string) (policy.Limit, error) {
+	n, d, ok := strings.Cut(v, "/")
+	if !ok {
+		return policy.Limit{}, fmt.Errorf("%s %q: want attempts/window, e.g. 5/10m", name, v)
+	}
+	max, err := strconv.Atoi(strings.TrimSpace(n))
+	if err != nil {
+		return policy.Limit{}, fmt.Errorf("%s: %w", name, err)
+	}
+	win, err := time.ParseDuration(strings.TrimSpace(d))
+	if err != nil {
+		return policy.Limit{}, fmt.Errorf("%s: %w", name, err)
+	}
+	l := policy.Limit{Max: max, Window: win}
+	if err := l.Validate(); err != nil {
+		return policy.Limit{}, fmt.Errorf("%s: %w", name, err)
+	}
+	return l, nil
+}
+
 // loadEnv fills what the environment says. Secrets may come from *_FILE.
 func loadEnv(c *Config) error {
 	var err error
@@ -114,6 +142,29 @@ func loadEnv(c *Config) error {
 	if v := os.Getenv("MUSTER_ADMISSION_FLOOR"); v != "" {
 		if c.AdmissionFloor, err = strconv.Atoi(v); err != nil {
 			return fmt.Errorf("MUSTER_ADMISSION_FLOOR: %w", err)
+		}
+	}
+	c.OverrideLimit = policy.Limit{Max: policy.DefaultOverrideMax, Window: policy.DefaultOverrideWindow}
+	if v := os.Getenv("MUSTER_OVERRIDE_LIMIT"); v != "" {
+		if c.OverrideLimit, err = parseLimit("MUSTER_OVERRIDE_LIMIT", v); err != nil {
+			return err
+		}
+	}
+	c.WriteLimit = policy.Limit{Max: policy.DefaultWriteMax, Window: policy.DefaultWriteWindow}
+	if v := os.Getenv("MUSTER_WRITE_LIMIT"); v != "" {
+		if c.WriteLimit, err = parseLimit("MUSTER_WRITE_LIMIT", v); err != nil {
+			return err
+		}
+	}
+	c.MaxExpiry, c.CosignWindow = policy.DefaultMaxExpiry, policy.DefaultCosignWindow
+	if v := os.Getenv("MUSTER_OVERRIDE_MAX_EXPIRY"); v != "" {
+		if c.MaxExpiry, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("MUSTER_OVERRIDE_MAX_EXPIRY: %w", err)
+		}
+	}
+	if v := os.Getenv("MUSTER_COSIGN_WINDOW"); v != "" {
+		if c.CosignWindow, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("MUSTER_COSIGN_WINDOW: %w", err)
 		}
 	}
 	if v := os.Getenv("MUSTER_LOG_LEVEL"); v != "" {

@@ -148,16 +148,26 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	eval, err = evaluator.New(evaluator.Config{
-		Registry: reg, Pool: pool, Logger: log, Registerer: metrics, Sink: pub,
+	pol, err := policy.New(policy.Config{
+		Pool: pool, Logger: log.With("component", "policy"),
+		Verdicts:      policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) }),
+		OverrideLimit: cfg.OverrideLimit, WriteLimit: cfg.WriteLimit, MaxExpiry: cfg.MaxExpiry, CosignWindow: cfg.CosignWindow,
+		Changed: func(string) { eval.RefreshSoon() },
 	})
 	if err != nil {
 		return err
 	}
+	eval, err = evaluator.New(evaluator.Config{
+		Registry: reg, Pool: pool, Logger: log, Registerer: metrics, Sink: pub, Overrides: pol,
+	})
+	if err != nil {
+		return err
+	}
+	sweeper := policy.NewSweeper(pol, 0)
 
 	var ready atomic.Bool
 	scfg := server.Config{
-		Logger: log, Registry: reg, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
+		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub, Shifts: shifts,
 		Ready: func(ctx context.Context) error {
 			switch {
@@ -195,6 +205,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer shifts.Stop()
+	if err := sweeper.Start(ctx); err != nil {
+		return err
+	}
+	defer sweeper.Stop()
 	// The evaluator's context is not the signal context: on shutdown it
 	// is stopped explicitly after the HTTP server, so it can flush.
 	if err := pub.Start(context.WithoutCancel(ctx)); err != nil {
@@ -261,6 +275,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	eval.Stop()
 	pub.Stop()
 	shifts.Stop()
+	sweeper.Stop()
 	reaper.Stop()
 	return nil
 }

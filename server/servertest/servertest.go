@@ -62,6 +62,7 @@ type Stack struct {
 	Publisher *publisher.Publisher
 	// Shifts is not started: tests step it with RunOnce.
 	Shifts *policy.Shifts
+	Policy *policy.Service
 	Server *server.Server
 }
 
@@ -79,6 +80,8 @@ type Options struct {
 	// Shifts adjusts the shift-back configuration (steps, dwell, pending
 	// alarm) before it is built.
 	Shifts func(*policy.ShiftsConfig)
+	// Policy adjusts the policy service's configuration (limits, expiry).
+	Policy func(*policy.Config)
 }
 
 // New starts a Stack that is torn down when t ends.
@@ -107,6 +110,17 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pcfg := policy.Config{
+		Pool: pool, Now: clk.Now,
+		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) }),
+	}
+	if opts.Policy != nil {
+		opts.Policy(&pcfg)
+	}
+	pol, err := policy.New(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	scfg := policy.ShiftsConfig{
 		Pool: pool, Region: "local", Now: clk.Now, OnChange: pub.TrafficChanged,
 		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) }),
@@ -118,7 +132,7 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	ecfg := evaluator.Config{
-		Registry: reg, Pool: pool, Now: clk.Now, Registerer: metrics, Sink: pub,
+		Registry: reg, Pool: pool, Now: clk.Now, Registerer: metrics, Sink: pub, Overrides: pol,
 		Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute,
 	}
 	if opts.Evaluator != nil {
@@ -142,7 +156,7 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	srv, err := server.New(server.Config{
-		Registry: reg, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
+		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts,
 		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
@@ -159,7 +173,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Shifts: shifts, Server: srv}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Server: srv}
 }
 
 // Token mints a token from the stack's dev issuer.

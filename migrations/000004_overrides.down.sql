@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS rate_limit_attempts;
+DROP TABLE IF EXISTS overrides;

@@ -1,0 +1,683 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/eligibility"
+	"github.com/musterhq/muster/evaluator"
+	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/registry"
+)
+
+// Action is what an override does to an instance.
+type Action string
+
+// Actions.
+const (
+	MarkIneligible Action = "mark_ineligible"
+	MarkEligible   Action = "mark_eligible"
+)
+
+// State is where an override is in its life.
+type State string
+
+// States. Lifted and expired are final.
+const (
+	StatePending State = "pending_cosign"
+	StateActive  State = "active"
+	StateLifted  State = "lifted"
+	StateExpired State = "expired"
+)
+
+// Defaults of Config.
+const (
+	DefaultOverrideMax     = 5
+	DefaultOverrideWindow  = 10 * time.Minute
+	DefaultWriteMax        = 60
+	DefaultWriteWindow     = time.Minute
+	DefaultMaxExpiry       = 24 * time.Hour
+	DefaultExpiry          = time.Hour
+	DefaultCosignWindow    = 5 * time.Minute
+	MinJustificationLength = 10
+	MaxJustificationLength = 2000
+)
+
+// Verdicts reads the evaluator's current verdicts of a service (the
+// evaluator's Snapshot): its own verdicts, before any override.
+type Verdicts interface {
+	Snapshot(service string) (evaluator.ServiceSnapshot, bool)
+}
+
+// Config configures a Service.
+type Config struct {
+	Pool     *pgxpool.Pool
+	Verdicts Verdicts
+	// OverrideLimit is the per-actor, per-service limit on override
+	// attempts that pass authorisation: 5 per 10 minutes.
+	OverrideLimit Limit
+	// WriteLimit is the per-actor limit on each family of policy writes
+	// (contracts, grants, prober assignments): 60 per minute.
+	WriteLimit Limit
+	// MaxExpiry bounds expires_in (24 h); DefaultExpiry is used when it is
+	// omitted (1 h).
+	MaxExpiry     time.Duration
+	DefaultExpiry time.Duration
+	// CosignWindow is how long a budget-refused attempt waits for a
+	// co-signer: 5 min.
+	CosignWindow time.Duration
+	// Changed, when set, is told (after commit) which service's overrides
+	// changed, so the local evaluator can pick them up at once; other
+	// replicas find them by polling.
+	Changed func(service string)
+	// Now defaults to time.Now; tests pass a fake clock.
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *Config) Validate() error {
+	if c.Pool == nil || c.Verdicts == nil {
+		return errors.New("policy: Pool and Verdicts are required")
+	}
+	if c.OverrideLimit == (Limit{}) {
+		c.OverrideLimit = Limit{Max: DefaultOverrideMax, Window: DefaultOverrideWindow}
+	}
+	if c.WriteLimit == (Limit{}) {
+		c.WriteLimit = Limit{Max: DefaultWriteMax, Window: DefaultWriteWindow}
+	}
+	if err := c.OverrideLimit.Validate(); err != nil {
+		return fmt.Errorf("policy: override %w", err)
+	}
+	if err := c.WriteLimit.Validate(); err != nil {
+		return fmt.Errorf("policy: write %w", err)
+	}
+	if c.MaxExpiry == 0 {
+		c.MaxExpiry = DefaultMaxExpiry
+	}
+	if c.DefaultExpiry == 0 {
+		c.DefaultExpiry = min(DefaultExpiry, c.MaxExpiry)
+	}
+	if c.CosignWindow == 0 {
+		c.CosignWindow = DefaultCosignWindow
+	}
+	switch {
+	case c.MaxExpiry < time.Minute:
+		return fmt.Errorf("policy: MaxExpiry %s is below 1m", c.MaxExpiry)
+	case c.DefaultExpiry <= 0 || c.DefaultExpiry > c.MaxExpiry:
+		return fmt.Errorf("policy: DefaultExpiry %s must be above 0 and at most MaxExpiry %s", c.DefaultExpiry, c.MaxExpiry)
+	case c.CosignWindow < time.Second:
+		return fmt.Errorf("policy: CosignWindow %s is below 1s", c.CosignWindow)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Service admits, lifts and lists overrides, and rate-limits policy writes.
+type Service struct {
+	cfg Config
+}
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+// OverrideLimit is the limit on override attempts per actor and service.
+func (s *Service) OverrideLimit() Limit { return s.cfg.OverrideLimit }
+
+// WriteLimit is the limit on each family of policy writes per actor.
+func (s *Service) WriteLimit() Limit { return s.cfg.WriteLimit }
+
+func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// Override is one override as the API shows it. State is as of the read:
+// an active override past ExpiresAt (or a pending one past CosignBy) is
+// expired.
+type Override struct {
+	ID                  uuid.UUID  `json:"id"`
+	InstanceID          uuid.UUID  `json:"instance_id"`
+	Service             string     `json:"service"`
+	Zone                string     `json:"zone"`
+	Action              Action     `json:"action"`
+	State               State      `json:"state"`
+	Actor               string     `json:"actor"`
+	Justification       string     `json:"justification"`
+	Cosigner            string     `json:"cosigner,omitempty"`
+	CosignJustification string     `json:"cosign_justification,omitempty"`
+	CosignedAt          *time.Time `json:"cosigned_at,omitempty"`
+	CosignBy            *time.Time `json:"cosign_by,omitempty"`
+	BudgetDetail        string     `json:"budget_detail,omitempty"`
+	CreatedAt           time.Time  `json:"created_at"`
+	ExpiresAt           time.Time  `json:"expires_at"`
+	LiftedAt            *time.Time `json:"lifted_at,omitempty"`
+	LiftedBy            string     `json:"lifted_by,omitempty"`
+	EndedAt             *time.Time `json:"ended_at,omitempty"`
+
+	quota *Decision // the rate limit after the call that returned it
+}
+
+// Quota is the caller's rate limit after the call that returned o (Create
+// and Cosign), for the RateLimit-* headers.
+func (o Override) Quota() (Decision, bool) {
+	if o.quota == nil {
+		return Decision{}, false
+	}
+	return *o.quota, true
+}
+
+func fromRow(r db.Override, now time.Time) Override {
+	o := Override{
+		ID: r.ID, InstanceID: r.InstanceID, Service: r.Service, Zone: r.Zone, Action: Action(r.Action),
+		State: State(r.State), Actor: r.Actor, Justification: r.Justification, CosignedAt: r.CosignedAt,
+		CosignBy: r.CosignBy, BudgetDetail: r.BudgetDetail, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt,
+		LiftedAt: r.LiftedAt, EndedAt: r.EndedAt,
+	}
+	if r.Cosigner != nil {
+		o.Cosigner = *r.Cosigner
+	}
+	if r.CosignJustification != nil {
+		o.CosignJustification = *r.CosignJustification
+	}
+	if r.LiftedBy != nil {
+		o.LiftedBy = *r.LiftedBy
+	}
+	switch {
+	case o.State == StateActive && !now.Before(o.ExpiresAt):
+		o.State = StateExpired
+	case o.State == StatePending && o.CosignBy != nil && !now.Before(*o.CosignBy):
+		o.State = StateExpired
+	}
+	return o
+}
+
+// Request is the body of POST /v1/overrides.
+type Request struct {
+	InstanceID    string `json:"instance_id"`
+	Action        Action `json:"action"`
+	Justification string `json:"justification"`
+	// ExpiresIn is the override's lifetime in seconds; 0 or omitted takes
+	// the default (1 h). Overrides always expire.
+	ExpiresIn int64 `json:"expires_in,omitempty"`
+}
+
+// CosignRequest is the body of POST /v1/overrides/{id}/cosign.
+type CosignRequest struct {
+	Justification string `json:"justification"`
+}
+
+// mayOverride: the owning team's operators (people or tools) and admins
+// (ADR-15); the same authority the registry asks for policy changes.
+func mayOverride(p identity.Principal, team string) bool {
+	if p.IsAdmin() {
+		return true
+	}
+	switch p.Kind {
+	case identity.KindOperator, identity.KindTool:
+		return p.Role.AtLeast(identity.RoleOperator) && p.Team != "" && p.Team == team
+	}
+	return false
+}
+
+func canRead(p identity.Principal) bool {
+	return (p.Kind == identity.KindOperator || p.Kind == identity.KindTool) && p.Role.AtLeast(identity.RoleViewer)
+}
+
+// checkJustification refuses an empty or token justification: at least
+// MinJustificationLength characters that are not spaces, and not one
+// character repeated ("xxxxxxxxxx").
+func checkJustification(field, j string) *Error {
+	var nonSpace []rune
+	for _, r := range j {
+		if !unicode.IsSpace(r) {
+			nonSpace = append(nonSpace, r)
+		}
+	}
+	distinct := map[rune]bool{}
+	for _, r := range nonSpace {
+		distinct[unicode.ToLower(r)] = true
+	}
+	var msg string
+	switch {
+	case len(nonSpace) == 0:
+		msg = "a justification is required: say why, for whoever reads the audit log later"
+	case utf8.RuneCountInString(j) > MaxJustificationLength:
+		msg = fmt.Sprintf("the justification is %d characters; at most %d", utf8.RuneCountInString(j), MaxJustificationLength)
+	case len(nonSpace) < MinJustificationLength:
+		msg = fmt.Sprintf("the justification %q is too short to explain anything: at least %d characters besides spaces", j, MinJustificationLength)
+	case len(distinct) < 3:
+		msg = fmt.Sprintf("the justification %q is not an explanation: write what you saw and why this instance", j)
+	default:
+		return nil
+	}
+	e := refusal(ErrJustification, CheckJustification, "%s", msg)
+	e.Fields = []registry.FieldError{{Field: field, Message: msg}}
+	return e
+}
+
+// attempt is one call's audit context.
+type attempt struct {
+	actor      identity.Principal
+	action     string
+	target     string
+	asked      any
+	passed     []string
+	rate       *Decision
+	budget     map[string]any
+	overrideID uuid.UUID
+}
+
+// decision is what the audit row's after holds about how it was decided.
+type decision struct {
+	Check   string         `json:"check"`
+	Passed  []string       `json:"passed"`
+	Figures map[string]any `json:"figures,omitempty"`
+	Request any            `json:"request,omitempty"`
+	Result  any            `json:"override,omitempty"`
+}
+
+func actorKind(p identity.Principal) string {
+	if p.Kind == "" {
+		return "system"
+	}
+	return string(p.Kind)
+}
+
+// refuse writes the refusal's audit row with q (the attempt's transaction,
+// which commits, so a counted attempt stays counted).
+func (a *attempt) refuse(ctx context.Context, q *db.Queries, now time.Time, e *Error) error {
+	if e.RateLimit == nil {
+		e.RateLimit = a.rate
+	}
+	figures := e.Figures
+	if e.Kind == ErrRateLimited && e.RateLimit != nil {
+		figures = e.RateLimit.figures()
+		e.Figures = figures
+	}
+	d := decision{Check: e.Check, Passed: nonNil(a.passed), Figures: figures, Request: a.asked}
+	if e.Override != nil {
+		d.Result = e.Override
+	}
+	_, err := audit.Append(ctx, q, now, audit.Entry{
+		ActorKind: actorKind(a.actor), Actor: a.actor.String(), Action: a.action,
+		TargetKind: "instance", Target: a.target, Outcome: audit.Refused,
+		Reason: e.Check + ": " + e.Detail, After: d,
+	})
+	return err
+}
+
+func (a *attempt) accept(ctx context.Context, q *db.Queries, now time.Time, check, note string, before any, o Override) error {
+	d := decision{Check: check, Passed: nonNil(a.passed), Figures: a.budget, Request: a.asked, Result: o}
+	_, err := audit.Append(ctx, q, now, audit.Entry{
+		ActorKind: actorKind(a.actor), Actor: a.actor.String(), Action: a.action,
+		TargetKind: "instance", Target: a.target, Outcome: audit.Accepted,
+		Reason: note, Before: before, After: d,
+	})
+	return err
+}
+
+// clip bounds s to n runes for the audit log, marking the cut.
+func clip(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n]) + "…"
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// run runs fn in one transaction. A refusal fn returns is audited in that
+// same transaction, which then commits: an attempt that passed
+// authorisation stays counted by the rate limit even when a later check
+// refuses it, and a budget refusal keeps its pending_cosign row.
+func (s *Service) run(ctx context.Context, a *attempt, fn func(q *db.Queries, now time.Time) (*Error, error)) error {
+	var refused *Error
+	now := s.now()
+	err := db.WithTx(ctx, s.cfg.Pool, func(q *db.Queries) error {
+		var err error
+		refused, err = fn(q, now)
+		if err != nil || refused == nil {
+			return err
+		}
+		return a.refuse(ctx, q, now, refused)
+	})
+	if err != nil {
+		return err
+	}
+	if refused != nil {
+		return refused
+	}
+	return nil
+}
+
+func (s *Service) changed(service string) {
+	if s.cfg.Changed != nil {
+		s.cfg.Changed(service)
+	}
+}
+
+// Create admits an override. The checks run in ADR-15's order and the
+// first refusal wins: authorisation (the owning team's operator role, or
+// admin), the per-actor per-service rate limit (every attempt that passes
+// authorisation counts), a justification and an expiry within the maximum,
+// and, for mark_ineligible, the disruption budget. A budget refusal is
+// stored as pending_cosign (returned in Error.Override) for a second
+// identity to co-sign within CosignWindow. Every attempt is audited.
+func (s *Service) Create(ctx context.Context, actor identity.Principal, req Request) (Override, error) {
+	// The audit row keeps what was asked, bounded: a refused request may
+	// carry up to a whole body of junk.
+	asked := req
+	asked.InstanceID, asked.Justification = clip(req.InstanceID, 64), clip(req.Justification, MaxJustificationLength)
+	asked.Action = Action(clip(string(req.Action), 64))
+	a := &attempt{actor: actor, action: "override.create", target: asked.InstanceID, asked: asked}
+	var out Override
+	var service string
+	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*Error, error) {
+		id, err := uuid.Parse(req.InstanceID)
+		if err != nil || id == uuid.Nil {
+			e := refusal(ErrInvalid, CheckRequest, "instance_id must be an instance's id (a UUID), got %q", req.InstanceID)
+			e.Fields = []registry.FieldError{{Field: "instance_id", Message: "not a UUID"}}
+			return e, nil
+		}
+		if req.Action != MarkIneligible && req.Action != MarkEligible {
+			e := refusal(ErrInvalid, CheckRequest, "action must be mark_ineligible or mark_eligible, got %q", req.Action)
+			e.Fields = []registry.FieldError{{Field: "action", Message: "must be mark_ineligible or mark_eligible"}}
+			return e, nil
+		}
+		a.target = id.String()
+		a.passed = append(a.passed, CheckRequest)
+		ins, err := q.InstanceGet(ctx, id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return refusal(ErrNotFound, CheckInstance, "no instance %s", id), nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read instance %s: %w", id, err)
+		}
+		svc, err := q.ServiceGet(ctx, ins.Service)
+		if err != nil {
+			return nil, fmt.Errorf("read service %s: %w", ins.Service, err)
+		}
+		service = ins.Service
+		if !mayOverride(actor, svc.Owner) {
+			return refusal(ErrForbidden, CheckAuthorization,
+				"overriding instances of %s needs the %s team's operator role or admin; %s has neither", ins.Service, svc.Owner, actor), nil
+		}
+		a.passed = append(a.passed, CheckAuthorization)
+		if e, err := s.limit(ctx, q, now, a, "override:"+ins.Service); e != nil || err != nil {
+			return e, err
+		}
+		if e := checkJustification("justification", req.Justification); e != nil {
+			return e, nil
+		}
+		a.passed = append(a.passed, CheckJustification)
+		life, e := s.expiry(req.ExpiresIn)
+		if e != nil {
+			return e, nil
+		}
+		a.passed = append(a.passed, CheckExpiry)
+		if ins.State != registry.StateActive {
+			return refusal(ErrConflict, CheckState, "instance %s has ended (%s); there is nothing to override", id, ins.State), nil
+		}
+		if err := q.OverrideServiceLock(ctx, ins.Service); err != nil {
+			return nil, fmt.Errorf("lock overrides of %s: %w", ins.Service, err)
+		}
+		inForce, err := q.OverrideListInForceByService(ctx, db.OverrideListInForceByServiceParams{Service: ins.Service, Now: now})
+		if err != nil {
+			return nil, fmt.Errorf("list overrides of %s: %w", ins.Service, err)
+		}
+		for _, o := range inForce {
+			if o.InstanceID == id {
+				return refusal(ErrConflict, CheckState, "instance %s already has override %s (%s by %s, until %s); lift it first",
+					id, o.ID, o.Action, o.Actor, o.ExpiresAt.Format(time.RFC3339)), nil
+			}
+		}
+		a.passed = append(a.passed, CheckState)
+		oid, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("new override id: %w", err)
+		}
+		a.overrideID = oid
+		row := db.OverrideInsertParams{
+			ID: oid, InstanceID: id, Service: ins.Service, Zone: ins.Zone, Action: string(req.Action),
+			State: string(StateActive), Actor: actor.String(), Justification: req.Justification,
+			CreatedAt: now, ExpiresAt: now.Add(life),
+		}
+		check := CheckState
+		if req.Action == MarkIneligible {
+			b, err := s.budget(ins.Service, ins.Zone, id, inForce)
+			if err != nil {
+				return nil, err
+			}
+			a.budget = b.figures()
+			if e := b.refusal(); e != nil {
+				if errors.Is(e, ErrBudget) {
+					// Break-glass: keep the attempt for a co-signer.
+					row.State, row.CosignBy, row.BudgetDetail = string(StatePending), new(now.Add(s.cfg.CosignWindow)), e.Detail
+					stored, err := q.OverrideInsert(ctx, row)
+					if err != nil {
+						return nil, fmt.Errorf("store override awaiting co-sign: %w", err)
+					}
+					o := fromRow(stored, now)
+					e.Override = &o
+					e.Detail += fmt.Sprintf("; a second identity with the same authority may co-sign override %s before %s to apply it anyway",
+						o.ID, o.CosignBy.Format(time.RFC3339))
+				}
+				return e, nil
+			}
+			a.passed = append(a.passed, CheckBudget)
+			check = CheckBudget
+		}
+		stored, err := q.OverrideInsert(ctx, row)
+		if err != nil {
+			return nil, fmt.Errorf("store override: %w", err)
+		}
+		out = fromRow(stored, now)
+		if err := a.accept(ctx, q, now, check, "", nil, out); err != nil {
+			return nil, err
+		}
+		out.quota = a.rate
+		return nil, nil
+	})
+	if err != nil {
+		return Override{}, err
+	}
+	s.changed(service)
+	return out, nil
+}
+
+// limit takes one attempt from the actor's quota for scope.
+func (s *Service) limit(ctx context.Context, q *db.Queries, now time.Time, a *attempt, scope string) (*Error, error) {
+	d, err := take(ctx, q, now, a.actor.String(), scope, s.cfg.OverrideLimit)
+	if err != nil {
+		return nil, err
+	}
+	a.rate = &d
+	if !d.Allowed {
+		e := refusal(ErrRateLimited, CheckRateLimit,
+			"%s has made %d override attempts on %s in the last %s, the most allowed; retry in %d s",
+			a.actor, d.Limit.Max, strings.TrimPrefix(scope, "override:"), d.Limit.Window, d.ResetSeconds())
+		e.RateLimit = &d
+		return e, nil
+	}
+	a.passed = append(a.passed, CheckRateLimit)
+	return nil, nil
+}
+
+func (s *Service) expiry(seconds int64) (time.Duration, *Error) {
+	if seconds == 0 {
+		return s.cfg.DefaultExpiry, nil
+	}
+	max := s.cfg.MaxExpiry
+	if seconds < 0 || seconds > int64(max/time.Second) {
+		e := refusal(ErrExpiry, CheckExpiry, "expires_in must be between 1 and %d seconds (%s); overrides always expire, got %d",
+			int64(max/time.Second), max, seconds)
+		e.Fields = []registry.FieldError{{Field: "expires_in", Message: fmt.Sprintf("must be 1 to %d seconds", int64(max/time.Second))}}
+		return 0, e
+	}
+	return time.Duration(seconds) * time.Second, nil
+}
+
+// budgetCheck is the disruption budget's arithmetic for one removal.
+type budgetCheck struct {
+	service, zone         string
+	counted               bool // the target counts as eligible now
+	zoneBefore, zoneAfter int
+	zoneTotal, required   int
+	fraction              float64
+	regionBefore          int
+	regionAfter           int
+	regionTotal           int
+}
+
+func (b budgetCheck) figures() map[string]any {
+	return map[string]any{
+		"zone": b.zone, "zone_total": b.zoneTotal, "zone_eligible_before": b.zoneBefore, "zone_eligible_after": b.zoneAfter,
+		"zone_required": b.required, "min_healthy_fraction": b.fraction,
+		"region_total": b.regionTotal, "region_eligible_before": b.regionBefore, "region_eligible_after": b.regionAfter,
+		"target_counted_eligible": b.counted,
+	}
+}
+
+func (b budgetCheck) refusal() *Error {
+	if !b.counted {
+		return nil // removing what is not counted as capacity spends no budget
+	}
+	if b.regionAfter == 0 {
+		e := refusal(ErrLastInstance, CheckLastInstance,
+			"would leave 0 of %d eligible in the region: this is the last eligible instance of %s, and muster never removes that, not even with a co-signer; restore capacity first",
+			b.regionTotal, b.service)
+		e.Figures = b.figures()
+		return e
+	}
+	if b.zoneAfter < b.required {
+		e := refusal(ErrBudget, CheckBudget, "would leave %d of %d eligible in zone %s; the contract requires %d (min_healthy_fraction %g)",
+			b.zoneAfter, b.zoneTotal, b.zone, b.required, b.fraction)
+		e.Figures = b.figures()
+		return e
+	}
+	return nil
+}
+
+// counts reports whether an instance counts as eligible for the budget:
+// eligible or degraded by its own verdict and not quarantined, unless an
+// override in force says otherwise. Unknown does not count: silence is not
+// failure (ADR-05), but it is no evidence of health either, so the budget
+// does not spend capacity nobody has seen serve.
+func counts(v evaluator.EndpointVerdict, forced map[uuid.UUID]Action) bool {
+	switch forced[v.ID] {
+	case MarkIneligible:
+		return false
+	case MarkEligible:
+		return true
+	}
+	return !v.Quarantined && (v.State == eligibility.Eligible || v.State == eligibility.Degraded)
+}
+
+// required is the fewest eligible instances of total that meet fraction,
+// decided exactly as the assembler's guard decides a trip (n/total <
+// fraction trips), so the budget and the guard never disagree.
+func required(total int, fraction float64) int {
+	if total == 0 {
+		return 0
+	}
+	n := int(math.Ceil(fraction * float64(total)))
+	for n > 0 && float64(n-1)/float64(total) >= fraction {
+		n--
+	}
+	for n < total && float64(n)/float64(total) < fraction {
+		n++
+	}
+	return n
+}
+
+func normFraction(f float64) float64 {
+	switch {
+	case !(f > 0):
+		return 0.5
+	case f > 1:
+		return 1
+	}
+	return f
+}
+
+// budget computes what removing target would do, from the evaluator's
+// current verdicts with the overrides in force applied.
+func (s *Service) budget(service, zone string, target uuid.UUID, inForce []db.Override) (budgetCheck, error) {
+	snap, ok := s.cfg.Verdicts.Snapshot(service)
+	if !ok {
+		return budgetCheck{}, fmt.Errorf("budget of %s: %w", service, evaluator.ErrNotReady)
+	}
+	forced := map[uuid.UUID]Action{}
+	for _, o := range inForce {
+		forced[o.InstanceID] = Action(o.Action)
+	}
+	b := budgetCheck{service: service, zone: zone, fraction: normFraction(snap.MinHealthyFraction), regionTotal: len(snap.Instances)}
+	seen := false
+	for _, v := range snap.Instances {
+		c := counts(v, forced)
+		isTarget := v.ID == target
+		if isTarget {
+			seen, b.counted = true, c
+			zone = v.Zone
+			b.zone = zone
+		}
+		if c {
+			b.regionBefore++
+		}
+	}
+	if !seen {
+		// The evaluator has not loaded the instance yet (registered a
+		// moment ago): it has no verdict, so it is not counted.
+		b.zoneTotal++
+		b.regionTotal++
+	}
+	for _, v := range snap.Instances {
+		if v.Zone != zone {
+			continue
+		}
+		b.zoneTotal++
+		if counts(v, forced) {
+			b.zoneBefore++
+		}
+	}
+	b.zoneAfter, b.regionAfter = b.zoneBefore, b.regionBefore
+	if b.counted {
+		b.zoneAfter--
+		b.regionAfter--
+	}
+	b.required = required(b.zoneTotal, b.fraction)
+	return b, nil
+}
+
+// VerdictsFunc adapts a function (the evaluator's Snapshot, bound late) to
+// Verdicts.
+type VerdictsFunc func(service string) (evaluator.ServiceSnapshot, bool)
+
+// Snapshot implements Verdicts.
+func (f VerdictsFunc) Snapshot(service string) (evaluator.ServiceSnapshot, bool) { return f(service) }

@@ -1,0 +1,104 @@
+-- name: RateLimitLock :exec
+-- Serialises every decision about one rate-limit key (actor and scope)
+-- across replicas, until the transaction ends. The two-key form keeps
+-- these locks apart from the audit chain's one-key lock.
+SELECT pg_advisory_xact_lock(7150306, hashtext(sqlc.arg(key)::text));
+
+-- name: RateLimitWindow :one
+-- The attempts of one key inside the window, and the oldest of them (now
+-- when there are none).
+SELECT count(*)::int AS attempts,
+       COALESCE(min(at), sqlc.arg(now)::timestamptz)::timestamptz AS oldest
+FROM rate_limit_attempts
+WHERE actor = sqlc.arg(actor) AND scope = sqlc.arg(scope) AND at > sqlc.arg(since)::timestamptz;
+
+-- name: RateLimitRecord :exec
+INSERT INTO rate_limit_attempts (actor, scope, at) VALUES ($1, $2, $3);
+
+-- name: RateLimitPrune :exec
+-- Forgets one key's attempts that have left its window.
+DELETE FROM rate_limit_attempts
+WHERE actor = sqlc.arg(actor) AND scope = sqlc.arg(scope) AND at <= sqlc.arg(before)::timestamptz;
+
+-- name: RateLimitPruneAll :execrows
+-- Forgets every attempt older than any window, for keys never used again.
+DELETE FROM rate_limit_attempts WHERE at <= sqlc.arg(before)::timestamptz;
+
+-- name: OverrideServiceLock :exec
+-- Serialises budget decisions about one service across replicas, so two
+-- overrides admitted at once cannot each spend the same headroom.
+SELECT pg_advisory_xact_lock(7150307, hashtext(sqlc.arg(service)::text));
+
+-- name: OverrideInsert :one
+INSERT INTO overrides (id, instance_id, service, zone, action, state, actor, justification,
+                       cosign_by, budget_detail, created_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+RETURNING *;
+
+-- name: OverrideGet :one
+SELECT * FROM overrides WHERE id = $1;
+
+-- name: OverrideGetForUpdate :one
+SELECT * FROM overrides WHERE id = $1 FOR UPDATE;
+
+-- name: OverrideListInForce :many
+-- Every override in force at now, oldest first: what the evaluator applies.
+SELECT * FROM overrides
+WHERE state = 'active' AND expires_at > sqlc.arg(now)::timestamptz
+ORDER BY id;
+
+-- name: OverrideListInForceByService :many
+SELECT * FROM overrides
+WHERE service = sqlc.arg(service) AND state = 'active' AND expires_at > sqlc.arg(now)::timestamptz
+ORDER BY id;
+
+-- name: OverrideExpireDue :many
+-- Writes down the expiry of overrides past their time: active ones past
+-- expires_at and pending ones past cosign_by. Locked rows are skipped so
+-- concurrent sweeps on several replicas never end (and audit) one twice.
+UPDATE overrides SET state = 'expired', ended_at = sqlc.arg(now)::timestamptz
+WHERE id IN (
+    SELECT o.id FROM overrides o
+    WHERE (o.state = 'active' AND o.expires_at <= sqlc.arg(now)::timestamptz)
+       OR (o.state = 'pending_cosign' AND o.cosign_by <= sqlc.arg(now)::timestamptz)
+    ORDER BY o.id
+    LIMIT sqlc.arg(lim)
+    FOR UPDATE SKIP LOCKED)
+RETURNING *;
+
+-- name: OverrideExpireDueForInstance :many
+UPDATE overrides SET state = 'expired', ended_at = sqlc.arg(now)::timestamptz
+WHERE instance_id = sqlc.arg(instance_id)
+  AND ((state = 'active' AND expires_at <= sqlc.arg(now)::timestamptz)
+    OR (state = 'pending_cosign' AND cosign_by <= sqlc.arg(now)::timestamptz))
+RETURNING *;
+
+-- name: OverrideActivate :one
+UPDATE overrides
+SET state = 'active', cosigner = sqlc.arg(cosigner), cosign_justification = sqlc.arg(cosign_justification),
+    cosigned_at = sqlc.arg(now)::timestamptz
+WHERE id = sqlc.arg(id) AND state = 'pending_cosign'
+RETURNING *;
+
+-- name: OverrideLift :one
+UPDATE overrides
+SET state = 'lifted', lifted_at = sqlc.arg(now)::timestamptz, lifted_by = sqlc.arg(lifted_by),
+    ended_at = sqlc.arg(now)::timestamptz
+WHERE id = sqlc.arg(id) AND state IN ('active', 'pending_cosign')
+RETURNING *;
+
+-- name: OverrideList :many
+-- Newest first, keyset pagination on id (uuid.Nil for the first page).
+-- state filters on the state as of now: an active row past its expiry
+-- (or a pending one past its co-sign deadline) is expired.
+SELECT * FROM overrides
+WHERE (sqlc.arg(before_id)::uuid = '00000000-0000-0000-0000-000000000000'::uuid OR id < sqlc.arg(before_id)::uuid)
+  AND (sqlc.narg(service)::text IS NULL OR service = sqlc.narg(service)::text)
+  AND (sqlc.narg(instance_id)::uuid IS NULL OR instance_id = sqlc.narg(instance_id)::uuid)
+  AND (sqlc.narg(actor)::text IS NULL OR actor = sqlc.narg(actor)::text OR cosigner = sqlc.narg(actor)::text)
+  AND (sqlc.narg(state)::text IS NULL OR sqlc.narg(state)::text = CASE
+        WHEN state = 'active' AND expires_at <= sqlc.arg(now)::timestamptz THEN 'expired'
+        WHEN state = 'pending_cosign' AND cosign_by <= sqlc.arg(now)::timestamptz THEN 'expired'
+        ELSE state END)
+ORDER BY id DESC
+LIMIT sqlc.arg(lim);

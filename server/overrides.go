@@ -1,0 +1,201 @@
+package server
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/policy"
+)
+
+func (s *Server) overrideCreate(w http.ResponseWriter, r *http.Request) {
+	var req policy.Request
+	if p := s.decodeJSON(w, r, &req); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	o, err := s.cfg.Policy.Create(r.Context(), principal(r), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if d, ok := o.Quota(); ok {
+		setRateLimit(w.Header(), d)
+	}
+	w.Header().Set("Location", "/v1/overrides/"+o.ID.String())
+	writeJSON(w, http.StatusCreated, o)
+}
+
+func (s *Server) overridesList(w http.ResponseWriter, r *http.Request) {
+	limit, after, prob := pageParams(r)
+	if prob != nil {
+		writeProblem(w, r, prob)
+		return
+	}
+	q := r.URL.Query()
+	f := policy.Filter{Service: q.Get("service"), State: policy.State(q.Get("state")), Actor: q.Get("actor"), Limit: limit}
+	if after != "" {
+		id, err := uuid.Parse(after)
+		if err != nil {
+			writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", "cursor is not one this API issued"))
+			return
+		}
+		f.Before = id
+	}
+	if v := q.Get("instance_id"); v != "" {
+		id, err := uuid.Parse(v)
+		if err != nil {
+			writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", "instance_id must be an instance's id (a UUID)"))
+			return
+		}
+		f.Instance = id
+	}
+	items, err := s.cfg.Policy.List(r.Context(), principal(r), f)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := list[policy.Override]{Items: items}
+	if len(items) > 0 {
+		out.NextCursor = nextCursor(len(items), limit, items[len(items)-1].ID.String())
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// overrideID reads {id}, answering 404 for anything that is not a UUID:
+// no override can have such an id.
+func overrideID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
+	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "no override "+chi.URLParam(r, "id")))
+		return uuid.Nil, false
+	}
+	return id, true
+}
+
+func (s *Server) overrideGet(w http.ResponseWriter, r *http.Request) {
+	id, ok := overrideID(w, r)
+	if !ok {
+		return
+	}
+	o, err := s.cfg.Policy.Get(r.Context(), principal(r), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, o)
+}
+
+func (s *Server) overrideLift(w http.ResponseWriter, r *http.Request) {
+	id, ok := overrideID(w, r)
+	if !ok {
+		return
+	}
+	o, err := s.cfg.Policy.Lift(r.Context(), principal(r), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, o)
+}
+
+func (s *Server) overrideCosign(w http.ResponseWriter, r *http.Request) {
+	id, ok := overrideID(w, r)
+	if !ok {
+		return
+	}
+	var req policy.CosignRequest
+	if p := s.decodeJSON(w, r, &req); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	o, err := s.cfg.Policy.Cosign(r.Context(), principal(r), id, req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if d, ok := o.Quota(); ok {
+		setRateLimit(w.Header(), d)
+	}
+	writeJSON(w, http.StatusOK, o)
+}
+
+// limitWrite takes one attempt from the caller's quota for a family of
+// policy writes and answers 429 when it is spent. It reports whether the
+// handler may go on.
+func (s *Server) limitWrite(w http.ResponseWriter, r *http.Request, scope, action, targetKind, target string) bool {
+	d, err := s.cfg.Policy.LimitWrite(r.Context(), principal(r), scope, action, targetKind, target)
+	if err != nil {
+		s.writeError(w, r, err)
+		return false
+	}
+	setRateLimit(w.Header(), d)
+	return true
+}
+
+// setRateLimit sends the quota as RateLimit-* headers (the IETF
+// httpapi-ratelimit-headers fields, with the policy as "5;w=600").
+func setRateLimit(h http.Header, d policy.Decision) {
+	h.Set("RateLimit-Limit", strconv.Itoa(d.Limit.Max))
+	h.Set("RateLimit-Remaining", strconv.Itoa(d.Remaining))
+	h.Set("RateLimit-Reset", strconv.Itoa(d.ResetSeconds()))
+	h.Set("RateLimit-Policy", d.Limit.Policy())
+}
+
+// policyProblem maps a policy refusal to its problem, with the deciding
+// check and its figures as extension members.
+func policyProblem(w http.ResponseWriter, pe *policy.Error) *Problem {
+	var p *Problem
+	switch {
+	case errors.Is(pe.Kind, policy.ErrInvalid):
+		p = problem(http.StatusUnprocessableEntity, "validation", pe.Detail)
+	case errors.Is(pe.Kind, policy.ErrNotFound):
+		p = problem(http.StatusNotFound, "not-found", pe.Detail)
+	case errors.Is(pe.Kind, policy.ErrForbidden):
+		p = problem(http.StatusForbidden, "forbidden", pe.Detail)
+	case errors.Is(pe.Kind, policy.ErrRateLimited):
+		p = problem(http.StatusTooManyRequests, "rate-limited", pe.Detail)
+		if pe.RateLimit != nil {
+			p.retryAfter = pe.RateLimit.ResetSeconds()
+		}
+	case errors.Is(pe.Kind, policy.ErrJustification):
+		p = problem(http.StatusUnprocessableEntity, "justification-required", pe.Detail)
+	case errors.Is(pe.Kind, policy.ErrExpiry):
+		p = problem(http.StatusUnprocessableEntity, "invalid-expiry", pe.Detail)
+	case errors.Is(pe.Kind, policy.ErrBudget):
+		p = problem(http.StatusConflict, "budget-exceeded", pe.Detail)
+	case errors.Is(pe.Kind, policy.ErrLastInstance):
+		p = problem(http.StatusConflict, "last-instance", pe.Detail)
+	case errors.Is(pe.Kind, policy.ErrSelfCosign):
+		p = problem(http.StatusForbidden, "self-cosign", pe.Detail)
+	case errors.Is(pe.Kind, policy.ErrCosignExpired):
+		p = problem(http.StatusGone, "cosign-expired", pe.Detail)
+	case errors.Is(pe.Kind, policy.ErrConflict):
+		p = problem(http.StatusConflict, "conflict", pe.Detail)
+	default:
+		p = problem(http.StatusInternalServerError, "internal", pe.Detail)
+	}
+	p.Errors = pe.Fields
+	if pe.RateLimit != nil {
+		setRateLimit(w.Header(), *pe.RateLimit)
+	}
+	ext := map[string]any{}
+	if pe.Check != "" {
+		ext["check"] = pe.Check
+	}
+	for k, v := range pe.Figures {
+		ext[k] = v
+	}
+	if o := pe.Override; o != nil {
+		ext["override_id"] = o.ID
+		ext["cosign_by"] = o.CosignBy
+		ext["cosign_url"] = "/v1/overrides/" + o.ID.String() + "/cosign"
+	}
+	if len(ext) > 0 {
+		p.Extensions = ext
+	}
+	return p
+}
