@@ -173,7 +173,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Server: srv}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv}
 }
 
 // Token mints a token from the stack's dev issuer.
