@@ -64,12 +64,13 @@ type devServer struct {
 
 var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
 
-func startDev(t *testing.T, dir string) *devServer {
+func startDev(t *testing.T, dir string, extra ...string) *devServer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out, errw := &syncBuffer{}, &syncBuffer{}
 	d := &devServer{errc: make(chan error, 1), stderr: errw}
-	go func() { d.errc <- run(ctx, []string{"dev", "--addr", "127.0.0.1:0", "--data", dir}, out, errw) }()
+	args := append([]string{"dev", "--addr", "127.0.0.1:0", "--data", dir}, extra...)
+	go func() { d.errc <- run(ctx, args, out, errw) }()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		if m := servingRE.FindStringSubmatch(out.String()); m != nil {
