@@ -43,9 +43,9 @@ const (
 // discovery documents, so its tokens go through the same Verifier as those
 // of production issuers. It is safe for concurrent use.
 type DevIssuer struct {
-	dir  string
-	key  *rsa.PrivateKey
-	kid  string
+	dir string
+	key *rsa.PrivateKey
+	kid string
 
 	provider *op.Provider
 	storage  *devStorage

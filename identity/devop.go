@@ -276,10 +276,10 @@ type devPublicKey struct {
 	kid string
 }
 
-func (k devPublicKey) ID() string                          { return k.kid }
+func (k devPublicKey) ID() string                         { return k.kid }
 func (k devPublicKey) Algorithm() jose.SignatureAlgorithm { return jose.RS256 }
-func (k devPublicKey) Use() string                         { return "sig" }
-func (k devPublicKey) Key() any                            { return k.key }
+func (k devPublicKey) Use() string                        { return "sig" }
+func (k devPublicKey) Key() any                           { return k.key }
 
 func (s *devStorage) SigningKey(context.Context) (op.SigningKey, error) {
 	return devSigningKey{key: s.issuer.key, kid: s.issuer.kid}, nil
