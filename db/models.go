@@ -86,6 +86,12 @@ type ServiceGrant struct {
 	GrantedBy string
 }
 
+type Session struct {
+	Token  string
+	Data   []byte
+	Expiry time.Time
+}
+
 type Transition struct {
 	ID         int64
 	InstanceID uuid.UUID
