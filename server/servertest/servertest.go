@@ -27,6 +27,7 @@ import (
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/stream"
+	"github.com/musterhq/muster/webui"
 )
 
 // Clock is a settable clock shared by the registry and the evaluator.
@@ -59,6 +60,8 @@ type Stack struct {
 	// Publisher is not started: tests step it with RunOnce.
 	Publisher *publisher.Publisher
 	Server    *server.Server
+	// UI is the admin web UI when Options.UI is set.
+	UI *webui.UI
 }
 
 // Options adjust a Stack.
@@ -72,6 +75,9 @@ type Options struct {
 	NoStart bool
 	// MaxBodyBytes is the server's body limit; 1 MiB by default.
 	MaxBodyBytes int64
+	// UI mounts the admin web UI at /ui, signing in through the dev
+	// issuer (client "muster-ui") on the stack's clock.
+	UI bool
 }
 
 // New starts a Stack that is torn down when t ends.
@@ -120,12 +126,28 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{
+	scfg := server.Config{
 		Registry: reg, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub,
 		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
-	})
+	}
+	var ui *webui.UI
+	if opts.UI {
+		oc := webui.OIDCConfig{IssuerURL: iss.URL(), ClientID: "muster-ui", ClientSecret: "muster-ui-test-secret",
+			RedirectURL: base + "/ui/auth/callback"}
+		if err := iss.RegisterClient(identity.DevClient{ID: oc.ClientID, Secret: oc.ClientSecret, RedirectURIs: []string{oc.RedirectURL}}); err != nil {
+			t.Fatal(err)
+		}
+		ui, err = webui.New(webui.Config{Pool: pool, Registry: reg, Evaluator: ev, Publisher: pub, Audit: audit.NewLog(pool),
+			OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ui.Close() })
+		scfg.UI, scfg.UIPath = ui, ui.BasePath()
+	}
+	srv, err := server.New(scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +160,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Server: srv}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Server: srv, UI: ui}
 }
 
 // Token mints a token from the stack's dev issuer.
