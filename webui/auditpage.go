@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/views"
@@ -46,8 +47,8 @@ func (u *UI) auditPage(w http.ResponseWriter, r *http.Request, pg views.Page) {
 			Action: e.Action, TargetKind: e.TargetKind, Target: e.Target, Outcome: string(e.Outcome), Reason: e.Reason})
 	}
 
-	a.ChainCheckedAt = u.cfg.Now()
-	rep, err := u.cfg.Audit.Verify(ctx)
+	rep, checkedAt, err := u.verifyChain(r)
+	a.ChainCheckedAt = checkedAt
 	var broken *audit.BrokenError
 	switch {
 	case errors.As(err, &broken):
@@ -59,4 +60,31 @@ func (u *UI) auditPage(w http.ResponseWriter, r *http.Request, pg views.Page) {
 		a.ChainOK, a.ChainRows, a.ChainHead = true, rep.Rows, rep.Head
 	}
 	u.render(w, r, http.StatusOK, views.AuditPage(a))
+}
+
+// verifyEvery bounds how often the audit page walks the whole chain; the
+// page says when the result it shows was computed.
+const verifyEvery = 30 * time.Second
+
+type chainCheck struct {
+	at  time.Time
+	rep audit.Report
+	err error
+}
+
+// verifyChain returns the last verification when it is recent, else walks
+// the chain again. Failures to reach the database are not kept.
+func (u *UI) verifyChain(r *http.Request) (audit.Report, time.Time, error) {
+	u.chainMu.Lock()
+	defer u.chainMu.Unlock()
+	now := u.cfg.Now()
+	if c := u.chain; c != nil && now.Sub(c.at) < verifyEvery && now.Sub(c.at) >= 0 {
+		return c.rep, c.at, c.err
+	}
+	rep, err := u.cfg.Audit.Verify(r.Context())
+	var broken *audit.BrokenError
+	if err == nil || errors.As(err, &broken) {
+		u.chain = &chainCheck{at: now, rep: rep, err: err}
+	}
+	return rep, now, err
 }

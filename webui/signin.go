@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/coreos/go-oidc/v3/oidc"
 	"golang.org/x/oauth2"
@@ -211,10 +212,16 @@ func (u *UI) audit(r *http.Request, e audit.Entry) {
 	}
 }
 
+// truncate bounds an untrusted value for an audit record, cutting at a
+// rune boundary.
 func truncate(s string) string {
 	const limit = 200
-	if len(s) > limit {
-		return s[:limit]
+	if len(s) <= limit {
+		return s
 	}
-	return s
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

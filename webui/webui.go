@@ -36,6 +36,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -117,6 +119,14 @@ func (c *Config) validate() error {
 	case c.OIDC.IssuerURL == "" || c.OIDC.ClientID == "" || c.OIDC.RedirectURL == "":
 		return errors.New("webui: OIDC IssuerURL, ClientID and RedirectURL are required")
 	}
+	if c.InsecureCookie {
+		// Without Secure the cookie would also travel over plain http to
+		// a real host; allow that only for development on loopback.
+		ru, err := url.Parse(c.OIDC.RedirectURL)
+		if err != nil || ru.Scheme != "http" || !isLoopback(ru.Hostname()) {
+			return errors.New("webui: InsecureCookie is only for plain-http development on a loopback address")
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -148,6 +158,14 @@ func (c *Config) validate() error {
 	return nil
 }
 
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
 // UI is the admin web UI's HTTP handler. Close it to stop the session
 // cleanup.
 type UI struct {
@@ -161,6 +179,9 @@ type UI struct {
 
 	mu       sync.Mutex
 	provider *oidc.Provider // nil until the first successful discovery
+
+	chainMu sync.Mutex
+	chain   *chainCheck // the last audit chain verification
 }
 
 // New returns the UI. No network call is made until the first sign-in.

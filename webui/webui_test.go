@@ -12,6 +12,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/server/servertest"
+	"github.com/musterhq/muster/webui"
 )
 
 // auditEvents lists audit events matching f, newest first.
@@ -316,4 +317,59 @@ func TestAuditPage(t *testing.T) {
 	if p := b.get("/ui/audit?before=x"); p.status != http.StatusBadRequest {
 		t.Errorf("before=x: %d", p.status)
 	}
+}
+
+// TestAuditPageShowsBrokenChain: a row changed behind the log's back shows
+// as a broken chain once the cached verification (30 s) is due again.
+func TestAuditPageShowsBrokenChain(t *testing.T) {
+	t.Parallel()
+	st := newUIStack(t)
+	st.Seed(t)
+	b := newBrowser(t, st)
+	b.signIn("alice")
+	if p := b.get("/ui/audit"); !strings.Contains(p.body, "chain verified") {
+		t.Fatalf("fresh chain not verified:\n%s", p.body)
+	}
+	tx, err := st.Pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(t.Context())
+	for _, stmt := range []string{
+		"ALTER TABLE audit_events DISABLE TRIGGER audit_events_append_only",
+		"UPDATE audit_events SET reason = 'nothing happened here' WHERE seq = 1",
+		"ALTER TABLE audit_events ENABLE TRIGGER audit_events_append_only",
+	} {
+		if _, err := tx.Exec(t.Context(), stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if p := b.get("/ui/audit"); !strings.Contains(p.body, "chain verified") {
+		t.Errorf("the verification was not reused within 30 s")
+	}
+	st.Clock.Advance(31 * time.Second)
+	p := b.get("/ui/audit")
+	if !strings.Contains(p.body, "chain broken") || !strings.Contains(p.body, "broken at seq 1") {
+		t.Errorf("tampered chain not reported:\n%s", p.body)
+	}
+}
+
+func TestInsecureCookieOnlyOnLoopback(t *testing.T) {
+	t.Parallel()
+	st := newUIStack(t)
+	cfg := webui.Config{Pool: st.Pool, Registry: st.Registry, Evaluator: st.Evaluator, Publisher: st.Publisher,
+		Audit: audit.NewLog(st.Pool), InsecureCookie: true,
+		OIDC: webui.OIDCConfig{IssuerURL: "https://id.example", ClientID: "ui", RedirectURL: "https://muster.example/ui/auth/callback"}}
+	if _, err := webui.New(cfg); err == nil {
+		t.Error("InsecureCookie accepted for an https host")
+	}
+	cfg.OIDC.RedirectURL = "http://127.0.0.1:8080/ui/auth/callback"
+	ui, err := webui.New(cfg)
+	if err != nil {
+		t.Fatalf("InsecureCookie on loopback: %v", err)
+	}
+	ui.Close()
 }
