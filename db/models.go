@@ -113,6 +113,12 @@ type ServiceGrant struct {
 	GrantedBy string
 }
 
+type Session struct {
+	Token  string
+	Data   []byte
+	Expiry time.Time
+}
+
 type Shift struct {
 	ID           uuid.UUID
 	Scope        string

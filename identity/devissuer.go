@@ -10,15 +10,19 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"html/template"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/zitadel/oidc/v3/pkg/op"
 )
 
 const (
@@ -39,10 +43,12 @@ const (
 // discovery documents, so its tokens go through the same Verifier as those
 // of production issuers. It is safe for concurrent use.
 type DevIssuer struct {
-	dir  string
-	key  *rsa.PrivateKey
-	kid  string
-	jwks []byte // the public key set, rendered once
+	dir string
+	key *rsa.PrivateKey
+	kid string
+
+	provider *op.Provider
+	storage  *devStorage
 
 	mu  sync.RWMutex
 	url string
@@ -75,13 +81,10 @@ func LoadOrCreateDevIssuer(dir string) (*DevIssuer, error) {
 		return nil, fmt.Errorf("load dev issuer: key thumbprint: %w", err)
 	}
 	d := &DevIssuer{dir: dir, key: key, kid: base64.RawURLEncoding.EncodeToString(thumb)}
-	d.jwks, err = json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{
-		Key: &key.PublicKey, KeyID: d.kid, Algorithm: string(jose.RS256), Use: "sig",
-	}}})
-	if err != nil {
-		return nil, fmt.Errorf("load dev issuer: render key set: %w", err)
-	}
 	if d.url, err = loadDevURL(filepath.Join(dir, devConfigFile)); err != nil {
+		return nil, fmt.Errorf("load dev issuer: %w", err)
+	}
+	if err := d.newProvider(); err != nil {
 		return nil, fmt.Errorf("load dev issuer: %w", err)
 	}
 	return d, nil
@@ -233,52 +236,121 @@ func (d *DevIssuer) URL() string {
 	return d.url
 }
 
-// Handler serves the issuer's public documents. Mount it with
-// http.StripPrefix at the path of the issuer URL; it serves
-// GET /.well-known/openid-configuration and GET /jwks, and answers 503 for
-// discovery while no URL is set.
+// Handler serves the issuer as an OpenID Provider built on zitadel/oidc's op
+// package. Mount it with http.StripPrefix at the path of the issuer URL. It
+// serves the public documents, GET /.well-known/openid-configuration and
+// GET /jwks (discovery answers 503 while no URL is set), the authorization
+// code flow with PKCE (/authorize, /authorize/callback, POST /oauth/token,
+// /userinfo), and /login, the dev sign-in page where a development user is
+// picked (DevUsers). Clients are registered with RegisterClient.
 func (d *DevIssuer) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /.well-known/openid-configuration", d.serveDiscovery)
-	mux.HandleFunc("GET /jwks", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, d.jwks)
-	})
+	public := func(w http.ResponseWriter, r *http.Request) {
+		if d.URL() == "" {
+			http.Error(w, "dev issuer URL not set", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Cache-Control", devCacheControl)
+		d.provider.ServeHTTP(w, r)
+	}
+	mux.HandleFunc("GET /.well-known/openid-configuration", public)
+	mux.HandleFunc("GET /jwks", public)
+	mux.HandleFunc("GET /login", d.serveLogin)
+	mux.Handle("POST /login", http.NewCrossOriginProtection().Handler(http.HandlerFunc(d.login)))
+	for _, p := range []string{"/authorize", "/authorize/callback", "/oauth/token", "/userinfo"} {
+		mux.Handle(p, d.provider)
+	}
 	return mux
 }
 
-func (d *DevIssuer) serveDiscovery(w http.ResponseWriter, r *http.Request) {
-	iss := d.URL()
-	if iss == "" {
-		http.Error(w, "dev issuer URL not set", http.StatusServiceUnavailable)
-		return
+// RegisterClient registers (or replaces) an OAuth client of the issuer,
+// e.g. the web UI of `muster dev`.
+func (d *DevIssuer) RegisterClient(c DevClient) error {
+	if c.ID == "" || c.Secret == "" || len(c.RedirectURIs) == 0 {
+		return errors.New("register dev client: ID, Secret and RedirectURIs are required")
 	}
-	body, err := json.Marshal(struct {
-		Issuer          string   `json:"issuer"`
-		JWKSURI         string   `json:"jwks_uri"`
-		SigningAlgs     []string `json:"id_token_signing_alg_values_supported"`
-		ResponseTypes   []string `json:"response_types_supported"`
-		SubjectTypes    []string `json:"subject_types_supported"`
-		ClaimsSupported []string `json:"claims_supported"`
-	}{
-		Issuer:        iss,
-		JWKSURI:       iss + "/jwks",
-		SigningAlgs:   []string{string(jose.RS256)},
-		ResponseTypes: []string{"id_token"},
-		SubjectTypes:  []string{"public"},
-		ClaimsSupported: []string{"iss", "sub", "aud", "exp", "iat", "nbf",
-			claimKind, claimService, claimTeam, claimRole, claimAddresses},
-	})
-	if err != nil {
-		http.Error(w, "render discovery document", http.StatusInternalServerError)
-		return
-	}
-	writeJSON(w, body)
+	d.storage.registerClient(c)
+	return nil
 }
 
-func writeJSON(w http.ResponseWriter, body []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", devCacheControl)
-	w.Write(body) // the client may be gone; nothing useful to do about it
+// newProvider builds the OpenID Provider over the issuer's storage. Its
+// issuer is read on every request, since the URL is only known once the
+// server listens.
+func (d *DevIssuer) newProvider() error {
+	var cryptoKey [32]byte
+	if _, err := rand.Read(cryptoKey[:]); err != nil {
+		return fmt.Errorf("token encryption key: %w", err)
+	}
+	d.storage = newDevStorage(d)
+	cfg := &op.Config{
+		CryptoKey:      cryptoKey,
+		CodeMethodS256: true,
+		SupportedClaims: append(slices.Clone(op.DefaultSupportedClaims),
+			claimKind, claimService, claimTeam, claimRole, claimAddresses),
+	}
+	issuer := func(bool) (op.IssuerFromRequest, error) {
+		return func(*http.Request) string { return d.URL() }, nil
+	}
+	p, err := op.NewProvider(cfg, d.storage, issuer,
+		op.WithAllowInsecure(), // http on loopback only: SetURL enforces it
+		op.WithCustomKeysEndpoint(op.NewEndpoint("jwks")),
+	)
+	if err != nil {
+		return fmt.Errorf("new OpenID provider: %w", err)
+	}
+	d.provider = p
+	return nil
+}
+
+var loginPage = template.Must(template.New("login").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Sign in · muster dev issuer</title>
+<style>
+body{font:16px/1.5 system-ui,sans-serif;max-width:28rem;margin:4rem auto;padding:0 1rem;color:#1b1f24}
+h1{font-size:1.3rem}form{margin:.5rem 0}button{width:100%;padding:.7rem;font:inherit;text-align:left;border:1px solid #8a94a0;border-radius:6px;background:#f6f8fa;cursor:pointer}
+button:hover,button:focus{background:#e7edf3}.role{float:right;color:#4a5360}.err{color:#a40e26}
+</style></head><body>
+<h1>muster dev issuer: sign in</h1>
+<p>Development users only. Pick who you are; the sign-in completes the same OpenID Connect code flow a production issuer uses.</p>
+{{if .Error}}<p class="err" role="alert">{{.Error}}</p>{{end}}
+{{range .Users}}<form method="post" action="login">
+<input type="hidden" name="id" value="{{$.ID}}"><input type="hidden" name="user" value="{{.Subject}}">
+<button type="submit" id="user-{{.Subject}}">{{.Subject}}<span class="role">{{.Role}}{{if .Team}} · team {{.Team}}{{end}}</span></button>
+</form>{{end}}
+</body></html>
+`))
+
+type loginData struct {
+	ID    string
+	Error string
+	Users []DevUser
+}
+
+func (d *DevIssuer) serveLogin(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("id")
+	data := loginData{ID: id, Users: DevUsers()}
+	status := http.StatusOK
+	if _, err := d.storage.AuthRequestByID(r.Context(), id); err != nil {
+		data.Error, data.Users, status = "This sign-in has expired or is unknown; go back to the application and start again.", nil, http.StatusBadRequest
+	}
+	renderLogin(w, status, data)
+}
+
+func (d *DevIssuer) login(w http.ResponseWriter, r *http.Request) {
+	id, user := r.PostFormValue("id"), r.PostFormValue("user")
+	if err := d.storage.signIn(id, user); err != nil {
+		renderLogin(w, http.StatusBadRequest, loginData{ID: id, Error: err.Error()})
+		return
+	}
+	http.Redirect(w, r, d.URL()+"/authorize/callback?id="+url.QueryEscape(id), http.StatusFound)
+}
+
+func renderLogin(w http.ResponseWriter, status int, data loginData) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
+	w.WriteHeader(status)
+	_ = loginPage.Execute(w, data) // the client may be gone
 }
 
 // TokenRequest describes a token for DevIssuer.Mint. Fields mean what the

@@ -207,7 +207,8 @@ func TestDevIssuerHandler(t *testing.T) {
 		"issuer":                                iss,
 		"jwks_uri":                              iss + "/jwks",
 		"id_token_signing_alg_values_supported": []any{"RS256"},
-		"response_types_supported":              []any{"id_token"},
+		"response_types_supported":              []any{"code", "id_token", "id_token token"},
+		"code_challenge_methods_supported":      []any{"S256"},
 		"subject_types_supported":               []any{"public"},
 	} {
 		if diff := cmp.Diff(want, doc[k]); diff != "" {

@@ -54,7 +54,10 @@
 // DevIssuer is the issuer of `muster dev` and `muster token`. Its RSA key is
 // kept in a file so tokens survive restarts and so a separate process can
 // mint for the running server; the issuer URL is saved next to it for the
-// same reason. It serves the standard discovery and JWKS documents, and the
-// server verifies its tokens over HTTP like any other issuer's; there is no
+// same reason. It is an OpenID Provider built on zitadel/oidc's op package:
+// discovery, JWKS, and the authorization code flow with PKCE, whose login
+// step is a sign-in page listing the development users (DevUsers) so the web
+// UI signs in exactly as it does against a production issuer. The server
+// verifies its tokens over HTTP like any other issuer's; there is no
 // shortcut.
 package identity

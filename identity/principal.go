@@ -254,3 +254,11 @@ func quote(s string) string {
 	}
 	return fmt.Sprintf("%q", s)
 }
+
+// NewOperator returns the operator principal for a person signed in through
+// an OIDC login (the web UI), from the claims of their ID token: team and
+// role are checked by the same rules as muster_team and muster_role in
+// bearer tokens, and an empty role means RoleViewer.
+func NewOperator(iss, sub, team, role string) (Principal, error) {
+	return newPrincipal(iss, sub, claimSet{Kind: string(KindOperator), Team: team, Role: role})
+}

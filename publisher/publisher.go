@@ -329,3 +329,12 @@ func (p *Publisher) Stats() assembler.Stats {
 	defer p.mu.Unlock()
 	return p.asm.Stats()
 }
+
+// View returns a service's last published view (shared and immutable), for
+// readers such as the admin UI that want its zones and version without
+// decoding the encoded frame.
+func (p *Publisher) View(service string) (*assembler.View, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.asm.View(service)
+}

@@ -60,6 +60,11 @@ type Config struct {
 	// DevIssuer, when set, is mounted at DevIssuerPath (muster dev only).
 	DevIssuer     http.Handler
 	DevIssuerPath string
+	// UI, when set, is the admin web UI, mounted at UIPath; it sees full
+	// paths (UIPath included). Its HTML pages are not part of the API
+	// description.
+	UI     http.Handler
+	UIPath string
 	// MaxBodyBytes bounds request bodies; 1 MiB by default.
 	MaxBodyBytes int64
 	// Hub and Admission are the streaming tier behind /v1/watch and
@@ -99,6 +104,8 @@ func (c *Config) Validate() error {
 		return errors.New("server: Metrics is required")
 	case c.DevIssuer != nil && c.DevIssuerPath == "":
 		return errors.New("server: DevIssuerPath is required with DevIssuer")
+	case c.UI != nil && c.UIPath == "":
+		return errors.New("server: UIPath is required with UI")
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -202,6 +209,9 @@ func (s *Server) routes() chi.Router {
 	r.Get("/openapi.yaml", serveSpec)
 	if s.cfg.DevIssuer != nil {
 		r.Mount(s.cfg.DevIssuerPath, http.StripPrefix(s.cfg.DevIssuerPath, s.cfg.DevIssuer))
+	}
+	if s.cfg.UI != nil {
+		r.Mount(s.cfg.UIPath, s.cfg.UI)
 	}
 
 	// A Group's middleware runs after routing, so metrics and logs carry the

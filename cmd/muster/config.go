@@ -13,6 +13,7 @@ import (
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/webui"
 )
 
 // Config is everything muster reads from its environment and flags, parsed
@@ -47,6 +48,13 @@ type Config struct {
 	WriteLimit    policy.Limit
 	MaxExpiry     time.Duration
 	CosignWindow  time.Duration
+	// UI configures the admin web UI's sign-in for `muster serve`
+	// (MUSTER_UI_*); the UI is off when UI.IssuerURL is empty. `muster
+	// dev` signs in through its built-in issuer instead.
+	UI webui.OIDCConfig
+	// UIInsecureCookie drops the session cookie's Secure attribute
+	// (MUSTER_UI_INSECURE_COOKIE=1), for plain-http development only.
+	UIInsecureCookie bool
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".
@@ -167,6 +175,17 @@ func loadEnv(c *Config) error {
 			return fmt.Errorf("MUSTER_COSIGN_WINDOW: %w", err)
 		}
 	}
+	c.UI = webui.OIDCConfig{
+		IssuerURL:   os.Getenv("MUSTER_UI_ISSUER"),
+		ClientID:    os.Getenv("MUSTER_UI_CLIENT_ID"),
+		RedirectURL: os.Getenv("MUSTER_UI_REDIRECT_URL"),
+		RoleClaim:   os.Getenv("MUSTER_UI_ROLE_CLAIM"),
+		TeamClaim:   os.Getenv("MUSTER_UI_TEAM_CLAIM"),
+	}
+	if c.UI.ClientSecret, err = secretEnv("MUSTER_UI_CLIENT_SECRET"); err != nil {
+		return err
+	}
+	c.UIInsecureCookie = os.Getenv("MUSTER_UI_INSECURE_COOKIE") == "1"
 	if v := os.Getenv("MUSTER_LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			return fmt.Errorf("MUSTER_LOG_LEVEL: %w", err)
@@ -198,6 +217,9 @@ func (c *Config) Validate() error {
 	if !c.Dev {
 		if c.DatabaseURL == "" {
 			return errors.New("muster serve needs DATABASE_URL (or DATABASE_URL_FILE); for a local database run `muster dev`")
+		}
+		if c.UI.IssuerURL != "" && (c.UI.ClientID == "" || c.UI.RedirectURL == "") {
+			return errors.New("the web UI (MUSTER_UI_ISSUER) needs MUSTER_UI_CLIENT_ID and MUSTER_UI_REDIRECT_URL too")
 		}
 		if len(c.Issuers) == 0 {
 			return errors.New("muster serve needs MUSTER_ISSUERS, the comma-separated OIDC issuer URLs whose tokens it accepts")

@@ -254,6 +254,7 @@ func TestDevEndToEnd(t *testing.T) {
 
 	// The migrations are at the latest version, read through the running cluster.
 	out, errOut, err := runCmd(t, "migrate", "version", "--data", dir)
+	// The latest version is the highest file number (numbers may skip).
 	ups, _ := fs.Glob(migrations.FS, "*.up.sql")
 	latest := 0
 	for _, f := range ups { // numbered files; the numbering may have gaps

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -28,10 +30,27 @@ import (
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/stream"
+	"github.com/musterhq/muster/webui"
 )
 
 // devIssuerPath is where `muster dev` serves its built-in OIDC issuer.
 const devIssuerPath = "/dev/issuer"
+
+// uiPath is where the admin web UI is served.
+const uiPath = "/ui"
+
+// devUIClient registers the web UI as a client of the dev issuer, with a
+// secret made up for this process, and returns the UI's OIDC settings.
+func devUIClient(d *identity.DevIssuer, base string) (webui.OIDCConfig, error) {
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return webui.OIDCConfig{}, fmt.Errorf("dev UI client secret: %w", err)
+	}
+	c := webui.OIDCConfig{IssuerURL: d.URL(), ClientID: "muster-ui", ClientSecret: hex.EncodeToString(secret),
+		RedirectURL: base + uiPath + "/auth/callback"}
+	err := d.RegisterClient(identity.DevClient{ID: c.ClientID, Secret: c.ClientSecret, RedirectURIs: []string{c.RedirectURL}})
+	return c, err
+}
 
 func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Writer) error {
 	name, defAddr := "serve", ":8080"
@@ -182,6 +201,23 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if devIssuer != nil {
 		scfg.DevIssuer, scfg.DevIssuerPath = devIssuer.Handler(), devIssuerPath
 	}
+	uiOIDC := cfg.UI
+	if cfg.Dev {
+		if uiOIDC, err = devUIClient(devIssuer, base); err != nil {
+			return err
+		}
+	}
+	if uiOIDC.IssuerURL != "" {
+		ui, err := webui.New(webui.Config{
+			Logger: log, Pool: pool, Registry: reg, Evaluator: eval, Publisher: pub, Audit: audit.NewLog(pool),
+			OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
+		})
+		if err != nil {
+			return err
+		}
+		defer ui.Close()
+		scfg.UI, scfg.UIPath = ui, uiPath
+	}
 	srv, err := server.New(scfg)
 	if err != nil {
 		return err
@@ -233,8 +269,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	ready.Store(true)
 	log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
 	if cfg.Dev {
-		fmt.Fprintf(stdout, "muster dev is serving on %s\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
-			base, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
+		fmt.Fprintf(stdout, "muster dev is serving on %s\n  web UI: %s%s/ (sign in as alice, oscar or vera)\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
+			base, base, uiPath, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
 	}
 	var demoDone chan struct{}
 	if cfg.Demo {

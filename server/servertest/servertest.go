@@ -29,6 +29,7 @@ import (
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/stream"
+	"github.com/musterhq/muster/webui"
 )
 
 // Clock is a settable clock shared by the registry and the evaluator.
@@ -64,6 +65,8 @@ type Stack struct {
 	Shifts *policy.Shifts
 	Policy *policy.Service
 	Server *server.Server
+	// UI is the admin web UI when Options.UI is set.
+	UI *webui.UI
 }
 
 // Options adjust a Stack.
@@ -82,6 +85,9 @@ type Options struct {
 	Shifts func(*policy.ShiftsConfig)
 	// Policy adjusts the policy service's configuration (limits, expiry).
 	Policy func(*policy.Config)
+	// UI mounts the admin web UI at /ui, signing in through the dev
+	// issuer (client "muster-ui") on the stack's clock.
+	UI bool
 }
 
 // New starts a Stack that is torn down when t ends.
@@ -155,12 +161,28 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{
+	srvCfg := server.Config{
 		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts,
 		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
-	})
+	}
+	var ui *webui.UI
+	if opts.UI {
+		oc := webui.OIDCConfig{IssuerURL: iss.URL(), ClientID: "muster-ui", ClientSecret: "muster-ui-test-secret",
+			RedirectURL: base + "/ui/auth/callback"}
+		if err := iss.RegisterClient(identity.DevClient{ID: oc.ClientID, Secret: oc.ClientSecret, RedirectURIs: []string{oc.RedirectURL}}); err != nil {
+			t.Fatal(err)
+		}
+		ui, err = webui.New(webui.Config{Pool: pool, Registry: reg, Evaluator: ev, Publisher: pub, Audit: audit.NewLog(pool),
+			OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ui.Close() })
+		srvCfg.UI, srvCfg.UIPath = ui, ui.BasePath()
+	}
+	srv, err := server.New(srvCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +195,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, UI: ui}
 }
 
 // Token mints a token from the stack's dev issuer.
