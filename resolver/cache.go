@@ -275,7 +275,11 @@ func (c *Cache) applyView(svc *service, v View) (*Event, error) {
 	zones := maps.Clone(v.Zones)
 	ptrs := pointers(eps)
 	snap := newSnapshot(svc.name, v.Version, ptrs, eps, zones, v.GeneratedAt, c.cfg.clock(), v.Checksum, sum)
-	return c.publish(svc, cur, snap, ptrs)
+	added := ptrs
+	if cur != nil {
+		added = newIDs(cur.latest.eps, ptrs)
+	}
+	return c.publish(svc, cur, snap, added)
 }
 
 // ApplyDelta applies d to the held view of service d.Service. Errors are
@@ -411,6 +415,21 @@ func (c *Cache) Release(service string) error {
 		c.emit(*ev)
 	}
 	return nil
+}
+
+// newIDs returns the endpoints of next whose ids old lacks; both sorted.
+func newIDs(old, next []*Endpoint) []*Endpoint {
+	added := []*Endpoint{} // not nil: nil means "rebuild" to setState
+	i := 0
+	for _, e := range next {
+		for i < len(old) && old[i].InstanceID < e.InstanceID {
+			i++
+		}
+		if i == len(old) || old[i].InstanceID != e.InstanceID {
+			added = append(added, e)
+		}
+	}
+	return added
 }
 
 func checkUnique(eps []Endpoint) error {

@@ -77,6 +77,13 @@ func newSnapshot(service string, version uint64, eps []*Endpoint, flat []Endpoin
 		}
 	}
 	idx := make([]int32, 0, len(eps))
+	// Without traffic weights (the common case) the pick table is built
+	// in the same pass; it then shares idx.
+	var cum []float64
+	var total float64
+	if !shifted {
+		cum = make([]float64, 0, len(eps))
+	}
 	for i, e := range eps {
 		if e.Health == HealthUnknown {
 			s.unknown = append(s.unknown, int32(i))
@@ -87,9 +94,17 @@ func newSnapshot(service string, version uint64, eps []*Endpoint, flat []Endpoin
 			continue
 		}
 		idx = append(idx, int32(i))
+		if !shifted {
+			total += e.Weight
+			cum = append(cum, total)
+		}
 	}
 	s.routable, s.routIdx = len(idx), idx
-	s.table = s.buildTable(idx, nil)
+	if shifted {
+		s.table = s.buildTable(idx, nil)
+	} else {
+		s.table = pickTable{idx: idx, cum: cum}
+	}
 	return s
 }
 
