@@ -28,14 +28,14 @@ func TestMain(m *testing.M) {
 
 // startProcess runs `muster dev` as a child process on addr and waits for it
 // to serve.
-func startProcess(t *testing.T, dir, addr string) *exec.Cmd {
+func startProcess(t *testing.T, dir, addr string, env ...string) *exec.Cmd {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "dev", "--addr", addr, "--data", dir)
-	cmd.Env = append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1")
+	cmd.Env = append(append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1"), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
