@@ -10,9 +10,17 @@ import (
 	"github.com/musterhq/muster/resolver"
 )
 
-// churn applies a one-endpoint delta to "api" every millisecond until
-// stop is closed.
-func churn(b *testing.B, c *resolver.Cache, v resolver.View, stop <-chan struct{}, wg *sync.WaitGroup) {
+// churning returns a cache holding a 1,000-endpoint "api" and a
+// goroutine applying a one-endpoint delta to it every millisecond, and
+// the function that stops that goroutine.
+func churning(b *testing.B) (*resolver.Cache, func()) {
+	c := newCache(b)
+	v := view("api", 1, 1000)
+	if err := c.ApplyView(v); err != nil {
+		b.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
 	wg.Go(func() {
 		t := time.NewTicker(time.Millisecond)
 		defer t.Stop()
@@ -36,17 +44,11 @@ func churn(b *testing.B, c *resolver.Cache, v resolver.View, stop <-chan struct{
 			v.Version, v.Endpoints = d.Version, eps
 		}
 	})
+	return c, func() { close(stop); wg.Wait() }
 }
 
 func benchUnderChurn(b *testing.B, op func(*resolver.Cache) error) {
-	c := newCache(b)
-	v := view("api", 1, 1000)
-	if err := c.ApplyView(v); err != nil {
-		b.Fatal(err)
-	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	churn(b, c, v, stop, &wg)
+	c, stop := churning(b)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -57,8 +59,7 @@ func benchUnderChurn(b *testing.B, op func(*resolver.Cache) error) {
 		}
 	})
 	b.StopTimer()
-	close(stop)
-	wg.Wait()
+	stop()
 }
 
 func BenchmarkResolve(b *testing.B) {
@@ -152,14 +153,7 @@ func (h *latencies) quantile(q float64) float64 {
 // includes one clock read (time.Now, about 20-40 ns here), so it is an
 // upper bound on the call itself.
 func benchLatency(b *testing.B, op func(*resolver.Cache) error) {
-	c := newCache(b)
-	v := view("api", 1, 1000)
-	if err := c.ApplyView(v); err != nil {
-		b.Fatal(err)
-	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	churn(b, c, v, stop, &wg)
+	c, stop := churning(b)
 	h := new(latencies)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -170,8 +164,7 @@ func benchLatency(b *testing.B, op func(*resolver.Cache) error) {
 			b.Fatal(err)
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	b.ReportMetric(h.quantile(0.50), "p50-ns")
 	b.ReportMetric(h.quantile(0.99), "p99-ns")
 	b.ReportMetric(h.quantile(0.999), "p99.9-ns")
