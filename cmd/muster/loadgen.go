@@ -30,7 +30,8 @@ const loadgenUsage = `usage:
   muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--minutes 5]
   muster loadgen rebuild [--data DIR]
   muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--duration 20s]
-  muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]`
+  muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
+  muster loadgen ui      --url URL [--user alice] [--pages /ui/,/ui/audit] [--requests 20]`
 
 // loadgenOwner owns every service loadgen creates, so its data is easy to
 // tell apart.
@@ -53,6 +54,8 @@ func cmdLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return loadgenReports(ctx, args[1:], stdout, stderr)
 	case "watch":
 		return loadgenWatch(ctx, args[1:], stdout, stderr)
+	case "ui":
+		return loadgenUI(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintln(stderr, loadgenUsage)
 	return errUsage
