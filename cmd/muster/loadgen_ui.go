@@ -59,7 +59,9 @@ func loadgenUI(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 		}
 		slices.Sort(took)
-		q := func(f float64) time.Duration { return took[min(len(took)-1, int(f*float64(len(took))))].Round(100 * time.Microsecond) }
+		q := func(f float64) time.Duration {
+			return took[min(len(took)-1, int(f*float64(len(took))))].Round(100 * time.Microsecond)
+		}
 		fmt.Fprintf(stdout, "%-40s %8s %8s %8s %10d\n", page, q(0.5), q(0.95), took[len(took)-1].Round(100*time.Microsecond), size)
 	}
 	return nil
