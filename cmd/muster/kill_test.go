@@ -119,6 +119,18 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 	}
 	defer c1.Close()
 	before := waitVersion(t, c1, 1)
+	// Routing switches to a view before its last-known-good file is
+	// written (the write must not delay routing), so wait for the file
+	// before pulling the plug.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if v, err := resolver.LoadView(cacheDir, "web"); err == nil && v.Version >= before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no last-known-good file of web v%d in %s within 30 s", before, cacheDir)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
 	endpoints := func(c *resolver.Client) string {
 		r, err := c.Resolve("web")
 		if err != nil {
