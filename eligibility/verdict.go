@@ -184,6 +184,9 @@ type ServiceStats struct {
 	FlapRate float64
 	// Quarantines counts quarantines started since the service was set.
 	Quarantines uint64
+	// Classes are the evidence classes the service's contract weighs, in
+	// class order.
+	Classes []Class
 }
 
 // ServiceStats returns the stats of one service (zero if unknown). It scans
@@ -260,6 +263,11 @@ func (e *Engine) stats(now time.Time, only int32) []ServiceStats {
 		}
 		st.Service = svc.name
 		st.Quarantines = svc.quarant
+		for cl := range Class(numClasses) {
+			if svc.c.present(cl) {
+				st.Classes = append(st.Classes, cl)
+			}
+		}
 		width := int64(e.opt.FlapWindow) / flapBuckets
 		cur := t / width
 		for _, b := range svc.flap {

@@ -44,6 +44,20 @@ type ServiceEligibility struct {
 	Instances   []InstanceVerdict `json:"instances"`
 }
 
+// AllServiceStats returns every service's counts by state, quarantines,
+// flap rate and evidence classes in one pass over the instances (cheap
+// next to ServiceEligibility for each service), with the time they were
+// taken.
+func (e *Evaluator) AllServiceStats() ([]eligibility.ServiceStats, time.Time, error) {
+	if !e.ready.Load() {
+		return nil, time.Time{}, ErrNotReady
+	}
+	now := e.cfg.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.engine.AllServiceStats(now), now, nil
+}
+
 // ServiceEligibility returns the current verdicts of a service's instances,
 // ordered by instance id. The caller has checked the service exists and may
 // be read.

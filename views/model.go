@@ -48,8 +48,13 @@ type Service struct {
 	Owner       string
 	Counts      Counts
 	Zones       []Zone
-	Classes     []string // evidence classes present
+	Classes     []string // evidence classes the contract weighs
 	SingleClass bool
+	// FlapRate is eligibility changes per instance-hour over the flap
+	// window (10 min); Quarantined counts instances held out by flap
+	// quarantine now.
+	FlapRate    float64
+	Quarantined int
 	HasView     bool
 	Version     uint64
 	ViewAt      time.Time

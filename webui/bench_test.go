@@ -12,6 +12,7 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db/dbtest"
+	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
@@ -21,7 +22,12 @@ import (
 // fakeEstate stands in for the evaluator and publisher at region scale.
 type fakeEstate struct {
 	el    map[string]evaluator.ServiceEligibility
+	stats []eligibility.ServiceStats
 	views map[string]*assembler.View
+}
+
+func (f *fakeEstate) AllServiceStats() ([]eligibility.ServiceStats, time.Time, error) {
+	return f.stats, time.Now(), nil
 }
 
 func (f *fakeEstate) ServiceEligibility(s string) (evaluator.ServiceEligibility, error) {
@@ -64,6 +70,8 @@ func BenchmarkOverview(b *testing.B) {
 				Zone: fmt.Sprintf("az%d", j%3), State: "eligible", Weight: 1, Health: "known", Evidence: ev})
 		}
 		f.el[name] = el
+		f.stats = append(f.stats, eligibility.ServiceStats{Service: name, Instances: perService, Eligible: perService,
+			Classes: []eligibility.Class{eligibility.Probe, eligibility.Self, eligibility.Passive}})
 		f.views[name] = &assembler.View{Service: name, Version: uint64(i + 1), GeneratedAt: now, Zones: map[string]assembler.ZoneStatus{
 			"az0": {Guard: "ok", Eligible: 45, Total: 45, MinHealthyFraction: 0.5},
 			"az1": {Guard: "ok", Eligible: 45, Total: 45, MinHealthyFraction: 0.5},

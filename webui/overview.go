@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
@@ -63,19 +64,28 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 		alarmsBy[a.Service]++
 	}
 
+	// One pass over the evaluator's instances for every service's counts:
+	// asking for each service's full verdicts would cost 60,000 verdicts
+	// with reasons per page at region scale.
+	stats, at, err := u.cfg.Evaluator.AllServiceStats()
+	switch {
+	case errors.Is(err, evaluator.ErrNotReady):
+		o.Unavailable = "The evaluator is still rebuilding its state: instance counts are not known yet and show as 0."
+	case err != nil:
+		return o, err
+	default:
+		o.Evaluated = at
+	}
+	statsBy := make(map[string]*eligibility.ServiceStats, len(stats))
+	for i := range stats {
+		statsBy[stats[i].Service] = &stats[i]
+	}
 	owners := map[string]bool{}
 	for _, s := range services {
 		owners[s.Owner] = true
 		row := views.Service{Name: s.Name, Owner: s.Owner, Alarms: alarmsBy[s.Name]}
-		el, err := u.cfg.Evaluator.ServiceEligibility(s.Name)
-		switch {
-		case errors.Is(err, evaluator.ErrNotReady):
-			o.Unavailable = "The evaluator is still rebuilding its state: instance counts are not known yet and show as 0."
-		case err != nil:
-			return o, err
-		default:
-			o.Evaluated = el.GeneratedAt
-			fillEligibility(&row, el)
+		if st := statsBy[s.Name]; st != nil {
+			fillStats(&row, st)
 		}
 		if v, ok := u.cfg.Publisher.View(s.Name); ok {
 			row.HasView, row.Version, row.ViewAt = true, v.Version, v.GeneratedAt
@@ -95,25 +105,15 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 	return o, nil
 }
 
-// fillEligibility takes the counts, the evidence classes present on any
-// instance, and whether any instance stands on a single class.
-func fillEligibility(row *views.Service, el evaluator.ServiceEligibility) {
-	row.Counts = views.Counts{
-		Eligible: el.Counts["eligible"], Degraded: el.Counts["degraded"],
-		Ineligible: el.Counts["ineligible"], Unknown: el.Counts["unknown"],
+// fillStats takes the counts, the evidence classes, single-class
+// standing and flap figures of a service.
+func fillStats(row *views.Service, st *eligibility.ServiceStats) {
+	row.Counts = views.Counts{Eligible: st.Eligible, Degraded: st.Degraded, Ineligible: st.Ineligible, Unknown: st.Unknown}
+	for _, c := range st.Classes {
+		row.Classes = append(row.Classes, c.String())
 	}
-	classes := map[string]bool{}
-	for _, in := range el.Instances {
-		for c, ev := range in.Evidence {
-			if ev.Present {
-				classes[c] = true
-			}
-		}
-		if in.SingleClass {
-			row.SingleClass = true
-		}
-	}
-	row.Classes = slices.Sorted(maps.Keys(classes))
+	row.SingleClass = st.SingleClass && st.Instances > 0
+	row.FlapRate, row.Quarantined = st.FlapRate, st.Quarantined
 }
 
 // summarise names the most pressing condition of a service.

@@ -50,14 +50,16 @@ import (
 
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/static"
 )
 
-// Eligibility is the evaluator as the overview reads it.
+// Eligibility is the evaluator as the pages read it.
 type Eligibility interface {
 	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
+	AllServiceStats() ([]eligibility.ServiceStats, time.Time, error)
 }
 
 // Publication is the publisher as the overview reads it: open alarms and
