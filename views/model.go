@@ -291,6 +291,3 @@ type LiftConfirm struct {
 
 func pctf(f float64) string { return strconv.FormatFloat(f*100, 'f', 0, 64) + "%" }
 func fnum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
-func weightPct(w float64) string {
-	return strconv.FormatFloat(min(max(w, 0), 1)*100, 'f', 0, 64)
-}

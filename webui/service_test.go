@@ -412,7 +412,7 @@ func TestOverrideFormRefusesViewerAndCrossSite(t *testing.T) {
 	if evs := auditEvents(t, e.Stack, audit.Filter{Actor: "operator:oscar", Action: "ui.cross_origin"}); len(evs) != 1 {
 		t.Errorf("cross-site refusal audit: %+v", evs)
 	}
-	list, err := e.Policy.List(context.Background(), oscarP, policy.Filter{Service: "web"})
+	list, err := e.Policy.List(context.Background(), oscarP, policy.Filter{Service: "web", Limit: 10})
 	if err != nil || len(list) != 0 {
 		t.Fatalf("refused forms created overrides: %+v %v", list, err)
 	}
