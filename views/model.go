@@ -77,6 +77,8 @@ type Overview struct {
 	// Unavailable explains figures that could not be read (evaluator not
 	// ready), so the page does not pass off missing data as zero.
 	Unavailable string
+	// Pending are override attempts waiting for a co-signer.
+	Pending []OverrideRow
 }
 
 // AuditEvent is one row of the audit page.
@@ -200,7 +202,7 @@ type Instance struct {
 
 // OverrideRow is an override as the service page shows it.
 type OverrideRow struct {
-	ID, InstanceID, Zone, Action, State string
+	ID, Service, InstanceID, Zone, Action, State string
 	Actor, Justification                string
 	Cosigner, CosignJustification       string
 	BudgetDetail                        string

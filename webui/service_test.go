@@ -304,7 +304,9 @@ func TestOverrideFormsBudgetCosignLift(t *testing.T) {
 
 	// otto, a second operator of payments, co-signs: it applies.
 	otto := newBrowser(t, e.Stack)
-	otto.signIn("otto")
+	landing := otto.signIn("otto")
+	mustContain(t, "otto's overview", section(landing.body, "pending-cosigns"), "1 override(s) waiting for a co-signer",
+		`href="/ui/services/web"`, az1[2], "operator:oscar")
 	page = otto.get("/ui/services/web")
 	mustContain(t, "otto's pending co-sign", section(page.body, "pending-cosigns"), "Co-sign and apply", "/ui/overrides/"+id+"/cosign")
 	r = otto.post("/ui/overrides/"+id+"/cosign", url.Values{"justification": {"confirmed the disk errors with oscar"}, "service": {"web"}})

@@ -264,7 +264,7 @@ func (u *UI) flapReport(ctx context.Context, service string, now time.Time, inst
 }
 
 func overrideRow(o policy.Override, actor identity.Principal) views.OverrideRow {
-	r := views.OverrideRow{ID: o.ID.String(), InstanceID: o.InstanceID.String(), Zone: o.Zone, Action: string(o.Action),
+	r := views.OverrideRow{ID: o.ID.String(), Service: o.Service, InstanceID: o.InstanceID.String(), Zone: o.Zone, Action: string(o.Action),
 		State: string(o.State), Actor: o.Actor, Justification: o.Justification, Cosigner: o.Cosigner,
 		CosignJustification: o.CosignJustification, BudgetDetail: o.BudgetDetail, CreatedAt: o.CreatedAt,
 		ExpiresAt: o.ExpiresAt, Own: o.Actor == actor.String()}
