@@ -276,7 +276,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	ready.Store(true)
 	log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
 	if cfg.Dev {
-		fmt.Fprintf(stdout, "muster dev is serving on %s\n  web UI: %s%s/ (sign in as alice, oscar or vera)\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
+		fmt.Fprintf(stdout, "muster dev is serving on %s\n  web UI: %s%s/ (sign in as alice, oscar, otto or vera)\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
 			base, base, uiPath, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
 	}
 	var demoDone chan struct{}
