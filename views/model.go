@@ -203,10 +203,10 @@ type Instance struct {
 // OverrideRow is an override as the service page shows it.
 type OverrideRow struct {
 	ID, Service, InstanceID, Zone, Action, State string
-	Actor, Justification                string
-	Cosigner, CosignJustification       string
-	BudgetDetail                        string
-	CreatedAt, ExpiresAt, CosignBy      time.Time
+	Actor, Justification                         string
+	Cosigner, CosignJustification                string
+	BudgetDetail                                 string
+	CreatedAt, ExpiresAt, CosignBy               time.Time
 	// Own: the signed-in operator asked for it (and so may not co-sign).
 	Own bool
 }

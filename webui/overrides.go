@@ -11,6 +11,7 @@ import (
 
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
+	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/views"
 )
 
@@ -135,6 +136,9 @@ func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.
 		u.log.Error("override form", "err", err)
 		u.message(w, r, http.StatusServiceUnavailable, "Not done", "muster could not reach its database, so nothing was changed; try again in a moment.")
 		return
+	}
+	if !registry.ValidName(service) {
+		service = "" // from the form or path: only a service name makes a link back
 	}
 	res := views.OverrideResult{Page: u.resultPage(p, heading), Service: service, Outcome: "refused", Heading: heading}
 	if pe.Override != nil {
