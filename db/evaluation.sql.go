@@ -255,3 +255,48 @@ func (q *Queries) TransitionsList(ctx context.Context, arg TransitionsListParams
 	}
 	return items, nil
 }
+
+const transitionsQuarantines = `-- name: TransitionsQuarantines :many
+SELECT id, instance_id, service, from_state, to_state, weight, at, reason, history FROM transitions
+WHERE service = $1::text AND history IS NOT NULL AND at >= $2::timestamptz
+ORDER BY at DESC, id DESC
+LIMIT $3
+`
+
+type TransitionsQuarantinesParams struct {
+	Service string
+	Since   time.Time
+	Lim     int32
+}
+
+// A service's transitions that started a quarantine (they carry the
+// history), newest first, for the flap report.
+func (q *Queries) TransitionsQuarantines(ctx context.Context, arg TransitionsQuarantinesParams) ([]Transition, error) {
+	rows, err := q.db.Query(ctx, transitionsQuarantines, arg.Service, arg.Since, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Transition
+	for rows.Next() {
+		var i Transition
+		if err := rows.Scan(
+			&i.ID,
+			&i.InstanceID,
+			&i.Service,
+			&i.FromState,
+			&i.ToState,
+			&i.Weight,
+			&i.At,
+			&i.Reason,
+			&i.History,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -27,6 +27,15 @@ type AuditEvent struct {
 	Hash       []byte
 }
 
+type GuardEvent struct {
+	ID         int64
+	Service    string
+	Zone       string
+	TrippedAt  time.Time
+	TripDetail string
+	ClearedAt  *time.Time
+}
+
 type HealthContract struct {
 	Service   string
 	Version   int64

@@ -29,6 +29,7 @@ func DevUsers() []DevUser {
 	return []DevUser{
 		{Subject: "alice", Role: RoleAdmin},
 		{Subject: "oscar", Role: RoleOperator, Team: "payments"},
+		{Subject: "otto", Role: RoleOperator, Team: "payments"},
 		{Subject: "vera", Role: RoleViewer},
 	}
 }

@@ -681,3 +681,9 @@ type VerdictsFunc func(service string) (evaluator.ServiceSnapshot, bool)
 
 // Snapshot implements Verdicts.
 func (f VerdictsFunc) Snapshot(service string) (evaluator.ServiceSnapshot, bool) { return f(service) }
+
+// MayOverride reports whether p may create, co-sign and lift overrides of
+// a service owned by team: the team's operators (people or tools) and
+// admins. The UI asks it to decide which buttons to show; the checks
+// themselves run in Create, Cosign and Lift.
+func MayOverride(p identity.Principal, team string) bool { return mayOverride(p, team) }

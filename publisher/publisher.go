@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
+	"github.com/musterhq/muster/guardlog"
 	"github.com/musterhq/muster/stream"
 	"github.com/musterhq/muster/worker"
 )
@@ -50,6 +51,10 @@ type Config struct {
 	// ADR-13); nil means 1 everywhere. It is read once per RunOnce, so
 	// every service assembled together sees one set of weights.
 	Traffic func() assembler.TrafficWeights
+	// GuardEvents, when set, is told of each zone whose fraction guard
+	// tripped or cleared since the last RunOnce (from the publisher's
+	// loop: it must not block), for the guard-trip history (guardlog).
+	GuardEvents func([]guardlog.Event)
 }
 
 // Publisher is the assembly worker. It implements evaluator.Sink.
@@ -64,6 +69,7 @@ type Publisher struct {
 	firstFail map[uuid.UUID]time.Time
 	asm       *assembler.Assembler
 	budget    map[string]assembler.Alarm // open withdrawal_budget alarms by service
+	guards    map[[2]string]struct{}     // zones whose guard is tripped, as last told to GuardEvents
 	wake      chan struct{}
 
 	runner worker.Runner
@@ -94,7 +100,7 @@ func New(cfg Config) (*Publisher, error) {
 	p := &Publisher{
 		cfg: cfg, log: cfg.Logger.With("worker", "publisher"),
 		dirty: map[string]struct{}{}, known: map[string]struct{}{}, firstFail: map[uuid.UUID]time.Time{},
-		asm: assembler.New(cfg.Options), budget: map[string]assembler.Alarm{},
+		asm: assembler.New(cfg.Options), budget: map[string]assembler.Alarm{}, guards: map[[2]string]struct{}{},
 		wake: make(chan struct{}, 1),
 	}
 	p.metrics = metrics{
@@ -250,6 +256,10 @@ func (p *Publisher) RunOnce() {
 		p.mu.Unlock()
 	}
 
+	if len(dirty) > 0 {
+		p.noteGuards(now)
+	}
+
 	p.mu.Lock()
 	published, err := p.asm.Drain(now, p.cfg.Versions)
 	p.mu.Unlock()
@@ -277,6 +287,39 @@ func (p *Publisher) RunOnce() {
 		p.noteLags(pub.View.Service, pub.WithdrawalLags, now)
 	}
 	p.cfg.Hub.Publish(updates)
+}
+
+// noteGuards tells GuardEvents which zones' guards tripped or cleared:
+// the assembler decides the guard on Update, so its open fraction_guard
+// alarms are compared with those last told.
+func (p *Publisher) noteGuards(now time.Time) {
+	if p.cfg.GuardEvents == nil {
+		return
+	}
+	p.mu.Lock()
+	var events []guardlog.Event
+	open := map[[2]string]struct{}{}
+	for _, a := range p.asm.Alarms() {
+		if a.Kind != assembler.AlarmFractionGuard {
+			continue
+		}
+		k := [2]string{a.Service, a.Zone}
+		open[k] = struct{}{}
+		if _, seen := p.guards[k]; !seen {
+			events = append(events, guardlog.Event{Service: a.Service, Zone: a.Zone, Tripped: true, At: a.Since, Detail: a.Detail})
+		}
+	}
+	for k := range p.guards {
+		if _, still := open[k]; !still {
+			events = append(events, guardlog.Event{Service: k[0], Zone: k[1], At: now})
+		}
+	}
+	p.guards = open
+	p.mu.Unlock()
+	if len(events) > 0 {
+		sort.SliceStable(events, func(i, j int) bool { return events[i].At.Before(events[j].At) })
+		p.cfg.GuardEvents(events)
+	}
 }
 
 // noteLags records withdrawal lags and raises (or clears) the

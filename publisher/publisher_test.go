@@ -180,6 +180,18 @@ func TestBadHealthCheckRolloutTripsOneZone(t *testing.T) {
 	if v := p.view(); v.Zones["az1"].Guard != "ok" {
 		t.Fatalf("az1 after recovery: %+v", v.Zones["az1"])
 	}
+	// The trip and its clear were handed to the guard-trip history.
+	if err := p.Guards.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eps, err := p.Guards.List(ctx, "web", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(eps) != 1 || eps[0].Zone != "az1" || eps[0].ClearedAt == nil || !eps[0].ClearedAt.After(eps[0].TrippedAt) ||
+		!strings.Contains(eps[0].Detail, "below the minimum healthy fraction") {
+		t.Fatalf("guard history %+v", eps)
+	}
 }
 
 func TestLastInstanceAlarm(t *testing.T) {

@@ -41,3 +41,11 @@ WHERE (sqlc.narg(service)::text IS NULL OR service = sqlc.narg(service)::text)
   AND (sqlc.arg(before_id)::bigint = 0 OR id < sqlc.arg(before_id)::bigint)
 ORDER BY id DESC
 LIMIT sqlc.arg(lim);
+
+-- name: TransitionsQuarantines :many
+-- A service's transitions that started a quarantine (they carry the
+-- history), newest first, for the flap report.
+SELECT * FROM transitions
+WHERE service = sqlc.arg(service)::text AND history IS NOT NULL AND at >= sqlc.arg(since)::timestamptz
+ORDER BY at DESC, id DESC
+LIMIT sqlc.arg(lim);

@@ -34,6 +34,9 @@ type Zone struct {
 	Guard              string // "ok" or "tripped"
 	Eligible, Total    int
 	MinHealthyFraction float64
+	// TrafficWeight is the zone's traffic preference (shift-backs): 1
+	// normally, 0 drained.
+	TrafficWeight float64
 }
 
 // Alarm is an open alarm as the banner shows it.
@@ -79,6 +82,8 @@ type Overview struct {
 	// Unavailable explains figures that could not be read (evaluator not
 	// ready), so the page does not pass off missing data as zero.
 	Unavailable string
+	// Pending are override attempts waiting for a co-signer.
+	Pending []OverrideRow
 }
 
 // AuditEvent is one row of the audit page.
@@ -174,3 +179,122 @@ func itoa(n int) string    { return strconv.Itoa(n) }
 func i64(n int64) string   { return strconv.FormatInt(n, 10) }
 func u64(n uint64) string  { return strconv.FormatUint(n, 10) }
 func pct(f float64) string { return strconv.FormatFloat(f*100, 'f', 0, 64) + "%" }
+
+// Evidence is one evidence class of one instance.
+type Evidence struct {
+	Class         string
+	Present       bool
+	Silent        bool
+	FailureRate   float64
+	LastSampleAt  time.Time
+	HasLastSample bool
+}
+
+// Instance is one row of the service page.
+type Instance struct {
+	ID, Address, Zone string
+	State             string // eligible, degraded, ineligible, unknown
+	Weight            float64
+	Health            string // known or unknown
+	SingleClass       bool
+	Primary           string
+	Evidence          []Evidence
+	Reasons           []string
+	QuarantineUntil   time.Time
+	Override          *OverrideRow
+	Pending           *OverrideRow
+}
+
+// OverrideRow is an override as the service page shows it.
+type OverrideRow struct {
+	ID, Service, InstanceID, Zone, Action, State string
+	Actor, Justification                         string
+	Cosigner, CosignJustification                string
+	BudgetDetail                                 string
+	CreatedAt, ExpiresAt, CosignBy               time.Time
+	// Own: the signed-in operator asked for it (and so may not co-sign).
+	Own bool
+}
+
+// GuardEpisode is one recorded trip of a zone's fraction guard.
+type GuardEpisode struct {
+	Zone, Detail string
+	TrippedAt    time.Time
+	ClearedAt    time.Time // zero while open
+	// Open: still tripped in the live view. An episode the log holds as
+	// open whose zone is no longer tripped ended at a time not recorded.
+	Open bool
+}
+
+// FlapStep is one transition in a quarantine's history.
+type FlapStep struct {
+	From, To, Reason string
+	At               time.Time
+}
+
+// Flap is a quarantine with the transitions that caused it.
+type Flap struct {
+	InstanceID, Reason string
+	At                 time.Time // when the quarantine began
+	Until              time.Time // zero when no longer quarantined
+	Current            bool
+	History            []FlapStep
+}
+
+// Field is a labelled value (a contract setting).
+type Field struct{ Label, Value, Note string }
+
+// ServicePage is the data of a service's page.
+type ServicePage struct {
+	Page
+	Name, Owner  string
+	Capabilities []string
+	// Contract, with its version (0: platform defaults) and authorship.
+	Contract          []Field
+	ContractVersion   int64
+	ContractUpdatedAt time.Time
+	ContractUpdatedBy string
+	ContractError     string
+	Evaluated         time.Time
+	Unavailable       string
+	Counts            Counts
+	Instances         []Instance
+	HasView           bool
+	Version           uint64
+	ViewAt            time.Time
+	Zones             []Zone
+	Guards            []GuardEpisode
+	GuardsError       string
+	Flaps             []Flap
+	FlapsError        string
+	Active, Pending   []OverrideRow
+	OverridesError    string
+	// CanAct: the signed-in operator may override this service's
+	// instances (its team's operator, or admin).
+	CanAct bool
+	// Expiries are the override lifetimes offered: seconds and label.
+	Expiries [][2]string
+}
+
+// OverrideResult is the page after an override form: what happened and,
+// for a refusal, why in plain words with the numbers.
+type OverrideResult struct {
+	Page
+	Service  string
+	Outcome  string // accepted, pending (waiting for a co-signer) or refused
+	Heading  string
+	Lines    []string
+	RetryAt  time.Time // rate limit: when a retry can succeed
+	CosignBy time.Time // pending: when the wait for a co-signer ends
+	Override *OverrideRow
+}
+
+// LiftConfirm is the confirmation page before lifting an override.
+type LiftConfirm struct {
+	Page
+	Service  string
+	Override OverrideRow
+}
+
+func pctf(f float64) string { return strconv.FormatFloat(f*100, 'f', 0, 64) + "%" }
+func fnum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }

@@ -11,6 +11,7 @@ import (
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/views"
 )
@@ -101,6 +102,15 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 		}
 	}
 	o.Owners = slices.Sorted(maps.Keys(owners))
+	if u.cfg.Overrides != nil {
+		pending, err := u.cfg.Overrides.List(r.Context(), actor, policy.Filter{State: policy.StatePending, Limit: 20})
+		if err != nil {
+			u.log.Warn("overview: pending co-signs", "err", err)
+		}
+		for _, p := range pending {
+			o.Pending = append(o.Pending, overrideRow(p, actor))
+		}
+	}
 	sortServices(o.Services, sortBy)
 	return o, nil
 }

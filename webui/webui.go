@@ -52,6 +52,8 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
+	"github.com/musterhq/muster/guardlog"
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/static"
 )
@@ -94,7 +96,12 @@ type Config struct {
 	Evaluator Eligibility
 	Publisher Publication
 	Audit     *audit.Log
-	OIDC      OIDCConfig
+	// Overrides, when set, offers the override forms (mark ineligible or
+	// eligible, co-sign, lift) through the same policy path as the API.
+	Overrides *policy.Service
+	// Guards, when set, is the guard-trip history the service page shows.
+	Guards *guardlog.Log
+	OIDC   OIDCConfig
 	// HTTPClient is used for discovery, keys and the code exchange; one
 	// with a 10 s timeout when nil.
 	HTTPClient *http.Client
@@ -249,6 +256,10 @@ func (u *UI) routes() {
 	u.mux.HandleFunc("GET "+b+"/signed-out", u.signedOut)
 	u.mux.Handle("GET "+b+"/{$}", u.page(u.overview))
 	u.mux.Handle("GET "+b+"/audit", u.page(u.auditPage))
+	u.mux.Handle("GET "+b+"/services/{name}", u.page(u.servicePage))
+	if u.cfg.Overrides != nil {
+		u.overrideRoutes()
+	}
 	u.mux.HandleFunc(b+"/", func(w http.ResponseWriter, r *http.Request) {
 		u.message(w, r, http.StatusNotFound, "Not found", "There is no page at "+r.URL.Path+".")
 	})

@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/demo"
 	"github.com/musterhq/muster/evaluator"
+	"github.com/musterhq/muster/guardlog"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
@@ -151,10 +152,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		eval   *evaluator.Evaluator
 		shifts *policy.Shifts
 	)
+	guards := guardlog.New(pool, log)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) },
 		Hub:      hub, Versions: db.NewVersionBlocks(pool), Logger: log, Registerer: metrics,
-		Traffic: func() assembler.TrafficWeights { return shifts.Weights() },
+		Traffic:     func() assembler.TrafficWeights { return shifts.Weights() },
+		GuardEvents: guards.Record,
 	})
 	if err != nil {
 		return err
@@ -210,7 +213,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if uiOIDC.IssuerURL != "" {
 		ui, err := webui.New(webui.Config{
 			Logger: log, Pool: pool, Registry: reg, Evaluator: eval, Publisher: pub, Audit: audit.NewLog(pool),
-			OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
+			Overrides: pol, Guards: guards, OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
 		})
 		if err != nil {
 			return err
@@ -247,6 +250,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	defer sweeper.Stop()
 	// The evaluator's context is not the signal context: on shutdown it
 	// is stopped explicitly after the HTTP server, so it can flush.
+	if err := guards.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	defer guards.Stop()
 	if err := pub.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
@@ -269,7 +276,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	ready.Store(true)
 	log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
 	if cfg.Dev {
-		fmt.Fprintf(stdout, "muster dev is serving on %s\n  web UI: %s%s/ (sign in as alice, oscar or vera)\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
+		fmt.Fprintf(stdout, "muster dev is serving on %s\n  web UI: %s%s/ (sign in as alice, oscar, otto or vera)\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
 			base, base, uiPath, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
 	}
 	var demoDone chan struct{}

@@ -23,6 +23,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/evaluator"
+	"github.com/musterhq/muster/guardlog"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
@@ -65,6 +66,9 @@ type Stack struct {
 	Shifts *policy.Shifts
 	Policy *policy.Service
 	Server *server.Server
+	// Guards is the guard-trip history; it is not started: tests call
+	// Flush after stepping the publisher.
+	Guards *guardlog.Log
 	// UI is the admin web UI when Options.UI is set.
 	UI *webui.UI
 }
@@ -108,10 +112,12 @@ func New(t testing.TB, opts Options) *Stack {
 		ev     *evaluator.Evaluator
 		shifts *policy.Shifts
 	)
+	guards := guardlog.New(pool, nil)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) },
 		Hub:      hub, Versions: db.NewVersionBlocks(pool), Now: clk.Now, Registerer: metrics,
-		Traffic: func() assembler.TrafficWeights { return shifts.Weights() },
+		Traffic:     func() assembler.TrafficWeights { return shifts.Weights() },
+		GuardEvents: guards.Record,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +181,7 @@ func New(t testing.TB, opts Options) *Stack {
 			t.Fatal(err)
 		}
 		ui, err = webui.New(webui.Config{Pool: pool, Registry: reg, Evaluator: ev, Publisher: pub, Audit: audit.NewLog(pool),
-			OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}})
+			Overrides: pol, Guards: guards, OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,7 +201,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, UI: ui}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, Guards: guards, UI: ui}
 }
 
 // Token mints a token from the stack's dev issuer.
