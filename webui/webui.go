@@ -92,7 +92,9 @@ type Config struct {
 	Evaluator Eligibility
 	Publisher Publication
 	Audit     *audit.Log
-	OIDC      OIDCConfig
+	// Shifts, when set, enables the shift-backs page and its actions.
+	Shifts ShiftBacks
+	OIDC   OIDCConfig
 	// HTTPClient is used for discovery, keys and the code exchange; one
 	// with a 10 s timeout when nil.
 	HTTPClient *http.Client
@@ -247,6 +249,7 @@ func (u *UI) routes() {
 	u.mux.HandleFunc("GET "+b+"/signed-out", u.signedOut)
 	u.mux.Handle("GET "+b+"/{$}", u.page(u.overview))
 	u.mux.Handle("GET "+b+"/audit", u.page(u.auditPage))
+	u.shiftRoutes()
 	u.mux.HandleFunc(b+"/", func(w http.ResponseWriter, r *http.Request) {
 		u.message(w, r, http.StatusNotFound, "Not found", "There is no page at "+r.URL.Path+".")
 	})

@@ -210,7 +210,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if uiOIDC.IssuerURL != "" {
 		ui, err := webui.New(webui.Config{
 			Logger: log, Pool: pool, Registry: reg, Evaluator: eval, Publisher: pub, Audit: audit.NewLog(pool),
-			OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
+			Shifts: shifts, OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
 		})
 		if err != nil {
 			return err

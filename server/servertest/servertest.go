@@ -174,7 +174,7 @@ func New(t testing.TB, opts Options) *Stack {
 		if err := iss.RegisterClient(identity.DevClient{ID: oc.ClientID, Secret: oc.ClientSecret, RedirectURIs: []string{oc.RedirectURL}}); err != nil {
 			t.Fatal(err)
 		}
-		ui, err = webui.New(webui.Config{Pool: pool, Registry: reg, Evaluator: ev, Publisher: pub, Audit: audit.NewLog(pool),
+		ui, err = webui.New(webui.Config{Pool: pool, Registry: reg, Evaluator: ev, Publisher: pub, Audit: audit.NewLog(pool), Shifts: shifts,
 			OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}})
 		if err != nil {
 			t.Fatal(err)
