@@ -90,8 +90,9 @@ type Audit struct {
 	Page
 	Events                 []AuditEvent
 	Actor, Action, Outcome string
-	Before                 int64 // the cursor this page started at (0: newest)
-	Next                   int64 // cursor of the next (older) page, 0 for none
+	Service                string // events aimed at the service or its instances
+	Before                 int64  // the cursor this page started at (0: newest)
+	Next                   int64  // cursor of the next (older) page, 0 for none
 	ChainOK                bool
 	ChainRows              int64
 	ChainHead              string
