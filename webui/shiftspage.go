@@ -242,7 +242,8 @@ func (u *UI) shiftRefused(w http.ResponseWriter, r *http.Request, err error, for
 		w.Header().Set("Retry-After", fmt.Sprint(max(1, int(se.RetryAfter.Round(time.Second).Seconds()))))
 	}
 	s := u.buildShifts(r, u.pageFor(principalFrom(r.Context())), "")
-	s.Refusal, s.Form = &ref, form
+	// No live refresh: it would replace the explanation with the page.
+	s.Refusal, s.Form, s.Refresh = &ref, form, 0
 	u.render(w, r, status, views.ShiftsPage(s))
 }
 

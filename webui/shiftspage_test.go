@@ -131,6 +131,9 @@ func TestShiftsPageDrainStepAndDwell(t *testing.T) {
 		!strings.Contains(res.body, `id="next-allowed"`) || !strings.Contains(res.body, nextAt) || !strings.Contains(res.body, "in 1 min") {
 		t.Fatalf("step inside the dwell: %d\n%s", res.status, res.body)
 	}
+	if strings.Contains(res.body, "data-refresh") {
+		t.Error("the refusal page refreshes itself, which would replace the explanation")
+	}
 	if ra := res.header.Get("Retry-After"); ra != "90" {
 		t.Errorf("Retry-After %q, want 90", ra)
 	}

@@ -27,6 +27,15 @@
 // refused cross-origin requests are audited (ui.cross_origin). Actions are
 // registered with Action, which refuses and audits callers whose role is too
 // low before the action runs; viewers see everything and act on nothing.
+//
+// # Shift-backs
+//
+// The shift-backs page (shiftspage.go) drains zones, steps traffic back and
+// confirms manual shift-backs through Config.Shifts (policy.Shifts), the
+// same audited calls the /v1/shifts API makes, with the session's operator
+// as the actor. A refusal is shown on the page in plain words with its
+// figures; an accepted action redirects back to the page (post, redirect,
+// get) with what it did.
 package webui
 
 import (
