@@ -116,7 +116,10 @@ func AppendAlone(ctx context.Context, pool *pgxpool.Pool, now time.Time, e Entry
 // Filter selects audit events; empty fields match everything.
 type Filter struct {
 	Actor, Action, TargetKind, Target string
-	Outcome                           Outcome
+	// Service selects the events aimed at a service or at any of its
+	// instances.
+	Service string
+	Outcome Outcome
 	// BeforeSeq lists events older than this seq (0: from the newest).
 	BeforeSeq int64
 	Limit     int
@@ -131,6 +134,7 @@ func List(ctx context.Context, q *db.Queries, f Filter) ([]Event, error) {
 		TargetKind: optional(f.TargetKind),
 		Target:     optional(f.Target),
 		Outcome:    optional(string(f.Outcome)),
+		Service:    optional(f.Service),
 		Lim:        int32(f.Limit),
 	})
 	if err != nil {

@@ -92,8 +92,14 @@ WHERE ($1::bigint = 0 OR seq < $1::bigint)
   AND ($4::text IS NULL OR target_kind = $4::text)
   AND ($5::text IS NULL OR target = $5::text)
   AND ($6::text IS NULL OR outcome = $6::text)
+  -- A service's events: those aimed at the service itself and those aimed
+  -- at one of its instances (instance rows are never deleted).
+  AND ($7::text IS NULL
+       OR (target_kind = 'service' AND target = $7::text)
+       OR (target_kind = 'instance' AND target IN (
+             SELECT id::text FROM instances WHERE service = $7::text)))
 ORDER BY seq DESC
-LIMIT $7
+LIMIT $8
 `
 
 type AuditListParams struct {
@@ -103,6 +109,7 @@ type AuditListParams struct {
 	TargetKind *string
 	Target     *string
 	Outcome    *string
+	Service    *string
 	Lim        int32
 }
 
@@ -115,6 +122,7 @@ func (q *Queries) AuditList(ctx context.Context, arg AuditListParams) ([]AuditEv
 		arg.TargetKind,
 		arg.Target,
 		arg.Outcome,
+		arg.Service,
 		arg.Lim,
 	)
 	if err != nil {

@@ -23,6 +23,12 @@ WHERE (sqlc.arg(before_seq)::bigint = 0 OR seq < sqlc.arg(before_seq)::bigint)
   AND (sqlc.narg(target_kind)::text IS NULL OR target_kind = sqlc.narg(target_kind)::text)
   AND (sqlc.narg(target)::text IS NULL OR target = sqlc.narg(target)::text)
   AND (sqlc.narg(outcome)::text IS NULL OR outcome = sqlc.narg(outcome)::text)
+  -- A service's events: those aimed at the service itself and those aimed
+  -- at one of its instances (instance rows are never deleted).
+  AND (sqlc.narg(service)::text IS NULL
+       OR (target_kind = 'service' AND target = sqlc.narg(service)::text)
+       OR (target_kind = 'instance' AND target IN (
+             SELECT id::text FROM instances WHERE service = sqlc.narg(service)::text)))
 ORDER BY seq DESC
 LIMIT sqlc.arg(lim);
 

@@ -31,7 +31,7 @@ func (s *Server) auditList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := audit.Filter{
 		Actor: q.Get("actor"), Action: q.Get("action"), TargetKind: q.Get("target_kind"),
-		Target: q.Get("target"), Outcome: audit.Outcome(q.Get("outcome")), BeforeSeq: before, Limit: limit,
+		Target: q.Get("target"), Service: q.Get("service"), Outcome: audit.Outcome(q.Get("outcome")), BeforeSeq: before, Limit: limit,
 	}
 	if f.Outcome != "" && f.Outcome != audit.Accepted && f.Outcome != audit.Refused {
 		writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", "outcome must be accepted or refused"))

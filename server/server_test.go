@@ -271,6 +271,27 @@ func TestRegisterRenewExpire(t *testing.T) {
 	if len(expiredEv.Items) != 1 || expiredEv.Items[0].Actor != "system:lease-reaper" {
 		t.Fatalf("lease expiry audit: %+v", expiredEv.Items)
 	}
+	// The service filter: web's own events and its instances', no other's.
+	ofWeb := servertest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?service=web&limit=100", admin, "", ""))
+	seen := map[string]bool{}
+	for _, e := range ofWeb.Items {
+		seen[e.Action+" "+e.Target] = true
+		switch e.TargetKind {
+		case "service":
+			if e.Target != "web" {
+				t.Errorf("service=web lists %s on service %s", e.Action, e.Target)
+			}
+		case "instance":
+			if in := servertest.Decode[registry.Instance](t, s.Do(t, "GET", "/v1/instances/"+e.Target, admin, "", "")); in.Service != "web" {
+				t.Errorf("service=web lists %s on an instance of %q", e.Action, in.Service)
+			}
+		default:
+			t.Errorf("service=web lists %s on %s %s", e.Action, e.TargetKind, e.Target)
+		}
+	}
+	if !seen["lease.expire "+inst.ID.String()] || !seen["instance.deregister "+again.ID.String()] || !seen["instance.register web"] {
+		t.Errorf("service=web misses web's events: %v", seen)
+	}
 	if r := s.Do(t, "GET", "/v1/audit", s.Token(t, webReq), "", ""); r.Status != http.StatusForbidden {
 		t.Fatalf("a workload reading the audit log: %d", r.Status)
 	}

@@ -13,7 +13,7 @@ import (
 type Page struct {
 	Title   string
 	Base    string // e.g. "/ui"
-	Nav     string // "overview" or "audit"
+	Nav     string // "overview", "shifts" or "audit"
 	Subject string
 	Role    string
 	Team    string
@@ -100,8 +100,9 @@ type Audit struct {
 	Page
 	Events                 []AuditEvent
 	Actor, Action, Outcome string
-	Before                 int64 // the cursor this page started at (0: newest)
-	Next                   int64 // cursor of the next (older) page, 0 for none
+	Service                string // events aimed at the service or its instances
+	Before                 int64  // the cursor this page started at (0: newest)
+	Next                   int64  // cursor of the next (older) page, 0 for none
 	ChainOK                bool
 	ChainRows              int64
 	ChainHead              string

@@ -36,3 +36,20 @@ func TestQuery(t *testing.T) {
 		t.Errorf("Query with nothing set = %q", got)
 	}
 }
+
+func TestSince(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, tt := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{-time.Second, "0 s"},
+		{42 * time.Second, "42 s"},
+		{3*time.Minute + 12*time.Second, "3 min 12 s"},
+		{2*time.Hour + 5*time.Minute + 9*time.Second, "2 h 5 min"},
+	} {
+		if got := Since(now, now.Add(-tt.d)); got != tt.want {
+			t.Errorf("Since(%s) = %q, want %q", tt.d, got, tt.want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/views"
 )
 
@@ -14,9 +15,13 @@ const auditPageSize = 50
 
 func (u *UI) auditPage(w http.ResponseWriter, r *http.Request, pg views.Page) {
 	q := r.URL.Query()
-	a := views.Audit{Actor: q.Get("actor"), Action: q.Get("action"), Outcome: q.Get("outcome")}
+	a := views.Audit{Actor: q.Get("actor"), Action: q.Get("action"), Service: q.Get("service"), Outcome: q.Get("outcome")}
 	if a.Outcome != "" && a.Outcome != string(audit.Accepted) && a.Outcome != string(audit.Refused) {
 		u.message(w, r, http.StatusBadRequest, "Bad filter", "The outcome filter is accepted or refused.")
+		return
+	}
+	if a.Service != "" && !registry.ValidName(a.Service) {
+		u.message(w, r, http.StatusBadRequest, "Bad filter", "The service filter takes a service name (lower-case letters, digits and dashes, such as checkout).")
 		return
 	}
 	if s := q.Get("before"); s != "" {
@@ -32,7 +37,7 @@ func (u *UI) auditPage(w http.ResponseWriter, r *http.Request, pg views.Page) {
 
 	ctx := r.Context()
 	// One more than a page, to know whether an older page exists.
-	events, err := u.cfg.Audit.List(ctx, audit.Filter{Actor: a.Actor, Action: a.Action,
+	events, err := u.cfg.Audit.List(ctx, audit.Filter{Actor: a.Actor, Action: a.Action, Service: a.Service,
 		Outcome: audit.Outcome(a.Outcome), BeforeSeq: a.Before, Limit: auditPageSize + 1})
 	if err != nil {
 		u.log.Error("audit page: list", "err", err)

@@ -59,6 +59,9 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 	}
 
 	alarms := u.cfg.Publisher.Alarms()
+	if u.cfg.Shifts != nil {
+		alarms = append(alarms, u.cfg.Shifts.Alarms()...)
+	}
 	alarmsBy := map[string]int{}
 	for _, a := range alarms {
 		o.Alarms = append(o.Alarms, views.Alarm{Kind: a.Kind, Service: a.Service, Zone: a.Zone, Detail: a.Detail, Since: a.Since})

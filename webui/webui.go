@@ -27,6 +27,15 @@
 // refused cross-origin requests are audited (ui.cross_origin). Actions are
 // registered with Action, which refuses and audits callers whose role is too
 // low before the action runs; viewers see everything and act on nothing.
+//
+// # Shift-backs
+//
+// The shift-backs page (shiftspage.go) drains zones, steps traffic back and
+// confirms manual shift-backs through Config.Shifts (policy.Shifts), the
+// same audited calls the /v1/shifts API makes, with the session's operator
+// as the actor. A refusal is shown on the page in plain words with its
+// figures; an accepted action redirects back to the page (post, redirect,
+// get) with what it did.
 package webui
 
 import (
@@ -101,6 +110,8 @@ type Config struct {
 	Overrides *policy.Service
 	// Guards, when set, is the guard-trip history the service page shows.
 	Guards *guardlog.Log
+	// Shifts, when set, enables the shift-backs page and its actions.
+	Shifts ShiftBacks
 	OIDC   OIDCConfig
 	// HTTPClient is used for discovery, keys and the code exchange; one
 	// with a 10 s timeout when nil.
@@ -260,6 +271,7 @@ func (u *UI) routes() {
 	if u.cfg.Overrides != nil {
 		u.overrideRoutes()
 	}
+	u.shiftRoutes()
 	u.mux.HandleFunc(b+"/", func(w http.ResponseWriter, r *http.Request) {
 		u.message(w, r, http.StatusNotFound, "Not found", "There is no page at "+r.URL.Path+".")
 	})

@@ -213,7 +213,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if uiOIDC.IssuerURL != "" {
 		ui, err := webui.New(webui.Config{
 			Logger: log, Pool: pool, Registry: reg, Evaluator: eval, Publisher: pub, Audit: audit.NewLog(pool),
-			Overrides: pol, Guards: guards, OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
+			Overrides: pol, Guards: guards, Shifts: shifts, OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
 		})
 		if err != nil {
 			return err

@@ -181,7 +181,7 @@ func New(t testing.TB, opts Options) *Stack {
 			t.Fatal(err)
 		}
 		ui, err = webui.New(webui.Config{Pool: pool, Registry: reg, Evaluator: ev, Publisher: pub, Audit: audit.NewLog(pool),
-			Overrides: pol, Guards: guards, OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}})
+			Overrides: pol, Guards: guards, Shifts: shifts, OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}})
 		if err != nil {
 			t.Fatal(err)
 		}

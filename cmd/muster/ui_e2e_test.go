@@ -1,0 +1,315 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// The end-to-end browser test: Debian's Chromium, headless, against a real
+// `muster dev --demo` (run in-process, as startDev does), signing in
+// through the dev issuer's sign-in page as each role and walking the
+// demo's stories page by page. Every page visited is written as a PNG to
+// $MUSTER_ARTIFACTS (default cmd/muster/testdata/artifacts, ignored by
+// git).
+//
+// Without a chromium binary the test skips, unless MUSTER_REQUIRE_BROWSER=1.
+
+// e2eDeadline bounds the wait for the demo's stories: under -race the
+// last of them (the shiftback_pending alarm) shows after about 75 s.
+const e2eDeadline = 3 * time.Minute
+
+func e2eChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	msg := "no chromium binary on PATH: the browser tests need Debian's chromium (run scripts/ensure-chromium)"
+	if os.Getenv("MUSTER_REQUIRE_BROWSER") == "1" {
+		t.Fatal(msg + "; MUSTER_REQUIRE_BROWSER=1 makes this a failure")
+	}
+	t.Skip(msg)
+	return ""
+}
+
+func e2eArtifacts(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("MUSTER_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join("testdata", "artifacts")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// tab is one signed-in browser: its own Chromium with its own profile.
+type tab struct {
+	t    *testing.T
+	ctx  context.Context
+	base string // the dev server's URL
+	user string
+	dir  string // where screenshots go
+	n    int    // screenshots taken, for their order
+}
+
+func newTab(t *testing.T, chrome, base, user, dir string) *tab {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome),
+		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox cannot start
+		chromedp.WindowSize(1440, 900),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancelCtx(); cancelAlloc() })
+	if err := chromedp.Do(ctx); err != nil { // start the browser now
+		t.Fatalf("start chromium: %v", err)
+	}
+	return &tab{t: t, ctx: ctx, base: base, user: user, dir: dir}
+}
+
+// get runs one browser action with a deadline and returns its value,
+// failing the test on error.
+func get[T any](b *tab, what string, a chromedp.Action[T]) T {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, a)
+	if err != nil {
+		b.t.Fatalf("%s as %s: %v", what, b.user, err)
+	}
+	return v
+}
+
+// do runs browser steps with a deadline, failing the test on error.
+func (b *tab) do(what string, steps ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	get(b, what, chromedp.Steps(steps...))
+}
+
+// text returns the rendered text (innerText) of the first node matching
+// the CSS selector sel, or "" when there is none; it does not wait.
+func (b *tab) text(sel string) string {
+	b.t.Helper()
+	return get(b, "read "+sel, chromedp.Evaluate[string](`(document.querySelector(`+strconv.Quote(sel)+`) || {}).innerText || ""`))
+}
+
+// count returns how many nodes match sel (without waiting for any).
+func (b *tab) count(sel string) int {
+	b.t.Helper()
+	return get(b, "count "+sel, chromedp.Evaluate[int](`document.querySelectorAll(`+strconv.Quote(sel)+`).length`))
+}
+
+// shot writes a full-page screenshot named after the user, its order and
+// the page.
+func (b *tab) shot(page string) {
+	b.t.Helper()
+	b.save(page, get(b, "screenshot "+page, chromedp.FullScreenshot(100)))
+}
+
+func (b *tab) save(page string, png []byte) {
+	b.t.Helper()
+	b.n++
+	if err := os.WriteFile(filepath.Join(b.dir, "e2e-"+b.user+"-"+strconv.Itoa(b.n)+"-"+page+".png"), png, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// viewportShot writes a screenshot of what fits in the window (1440×900),
+// smaller than a full page.
+func (b *tab) viewportShot(page string) {
+	b.t.Helper()
+	b.save(page, get(b, "screenshot "+page, chromedp.CaptureScreenshot()))
+}
+
+// signIn opens path in the UI, which sends the browser to the dev
+// issuer's sign-in page; picking the user completes the OIDC code flow and
+// lands on path, signed in.
+func (b *tab) signIn(path string) {
+	b.t.Helper()
+	b.do("open the UI", chromedp.Navigate(b.base+path), chromedp.WaitVisible(chromedp.ID("user-"+b.user)))
+	loc := get(b, "location", chromedp.Location())
+	if !strings.Contains(loc, "/dev/issuer/login") {
+		b.t.Fatalf("the UI sent %s to %s, want the dev sign-in page", b.user, loc)
+	}
+	b.shot("dev-sign-in")
+	b.do("sign in", chromedp.Click(chromedp.ID("user-"+b.user)), chromedp.WaitVisible(chromedp.ID("#role")))
+	if role := b.text("#role"); role != map[string]string{"alice": "admin", "oscar": "operator", "vera": "viewer"}[b.user] {
+		b.t.Fatalf("%s signed in with role %q", b.user, role)
+	}
+}
+
+// open navigates to a UI path and waits for sel.
+func (b *tab) open(path, sel string) {
+	b.t.Helper()
+	b.do("open "+path, chromedp.Navigate(b.base+path), chromedp.WaitVisible(chromedp.CSS(sel)))
+}
+
+// until reloads path until ok holds or the deadline passes.
+func (b *tab) until(path, sel, what string, deadline time.Time, ok func() bool) {
+	b.t.Helper()
+	for {
+		b.open(path, sel)
+		if ok() {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.shot("timeout")
+			b.t.Fatalf("%s: not shown by the deadline", what)
+		}
+		time.Sleep(2 * time.Second) // polling with a deadline
+	}
+}
+
+// TestBrowserDemo drives the admin UI of a real `muster dev --demo`
+// through the demo's stories as alice (admin), vera (viewer) and oscar
+// (operator).
+func TestBrowserDemo(t *testing.T) {
+	t.Parallel()
+	chrome := e2eChromium(t)
+	shots := e2eArtifacts(t)
+	dir := devDir(t)
+	d := startDev(t, dir, "--demo")
+	deadline := time.Now().Add(e2eDeadline)
+	apiToken := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+
+	// alice: the overview until it shows catalog's tripped guard in az2,
+	// the quarantined recommendations instance and the pending
+	// shift-back's alarm.
+	alice := newTab(t, chrome, d.url, "alice", shots)
+	alice.signIn("/ui/")
+	quarantined := waitQuarantined(t, d.url, apiToken, deadline)
+	alice.until("/ui/", "#services", "catalog's tripped guard, the quarantine and the shiftback_pending alarm", deadline, func() bool {
+		catalog := alice.text(`tr[data-service="catalog"]`)
+		recs := alice.text(`tr[data-service="recommendations"]`)
+		banner := alice.text("#alarms")
+		return strings.Contains(catalog, "az2: tripped") && strings.Contains(banner, "fraction_guard") &&
+			strings.Contains(banner, "shiftback_pending") && ineligible(recs) > 0
+	})
+	alice.shot("overview")
+	alice.viewportShot("overview-top") // docs/overview.png is a copy of this one
+	findQuarantined(t, alice, quarantined)
+	alice.open("/ui/audit", "#chain")
+	if s := alice.text("#chain"); !strings.Contains(s, "chain verified") {
+		t.Errorf("audit chain: %q", s)
+	}
+	alice.shot("audit")
+
+	// vera: sees the pending shift-back, and no button to confirm it.
+	vera := newTab(t, chrome, d.url, "vera", shots)
+	vera.signIn("/ui/shifts")
+	vera.open("/ui/shifts", `#pending-shifts tr[data-target="az3"]`)
+	vera.shot("shifts")
+	if row := vera.text(`#pending-shifts tr[data-target="az3"]`); !strings.Contains(row, "waiting for confirmation") || !strings.Contains(row, "pending for") {
+		t.Errorf("vera's view of the pending shift-back: %q", row)
+	}
+	if n := vera.count("button.confirm, button.step, form#drain"); n != 0 {
+		t.Errorf("vera is shown %d shift buttons or forms", n)
+	}
+
+	// oscar: follows the overview's alarm to the shifts page and confirms.
+	oscar := newTab(t, chrome, d.url, "oscar", shots)
+	oscar.signIn("/ui/")
+	oscar.do("follow the alarm", chromedp.Click(chromedp.CSS("a.alarm-link")),
+		chromedp.WaitVisible(chromedp.CSS(`#pending-shifts tr[data-target="az3"] button.confirm`)))
+	oscar.shot("shifts-pending")
+	oscar.do("confirm", chromedp.Click(chromedp.CSS(`#pending-shifts tr[data-target="az3"] button.confirm`)),
+		chromedp.WaitVisible(chromedp.ID("#done")))
+	if s := oscar.text("#done"); !strings.Contains(s, "Confirmed: zone az3 is back at traffic weight 100%") {
+		t.Errorf("after confirming: %q", s)
+	}
+	if s := oscar.text("#completed-shifts"); !strings.Contains(s, "az3") || !strings.Contains(s, "operator:oscar") {
+		t.Errorf("completed shifts lack az3 confirmed by oscar: %q", s)
+	}
+	oscar.shot("shifts-confirmed")
+
+	// TODO(ui-service): when the service page and the override forms land,
+	// extend here: as oscar open /ui/services/recommendations (via
+	// findQuarantined), read the quarantined instance's transition
+	// history, mark a second instance ineligible, read the budget
+	// refusal's explanation, and have alice co-sign it.
+
+	// The confirmation in the audit log, found with the action filter.
+	oscar.open("/ui/audit", "#chain")
+	oscar.do("filter by action", chromedp.SetValue(chromedp.CSS(`input[name="action"]`), "shift.confirm"),
+		chromedp.Submit(chromedp.CSS(`input[name="action"]`)), chromedp.WaitVisible(chromedp.CSS(`#audit tbody tr`)))
+	loc := get(oscar, "location", chromedp.Location())
+	rows := oscar.text("#audit tbody")
+	oscar.shot("audit-shift-confirm")
+	if !strings.Contains(loc, "action=shift.confirm") || !strings.Contains(rows, "operator:oscar") || !strings.Contains(rows, "zone az3") ||
+		!strings.Contains(rows, "accepted") || strings.Contains(rows, "shift.step") {
+		t.Errorf("audit filtered by shift.confirm (%s):\n%s", loc, rows)
+	}
+}
+
+// ineligible reads the Ineligible column (the sixth cell) of an overview
+// row's text.
+func ineligible(row string) int {
+	cells := strings.Split(row, "\t")
+	if len(cells) < 6 {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(cells[5]))
+	return n
+}
+
+// waitQuarantined polls the public API until recommendations has a
+// quarantined instance, and returns its id.
+func waitQuarantined(t *testing.T, base, tok string, deadline time.Time) string {
+	t.Helper()
+	for {
+		code, body := call(t, "GET", base+"/v1/services/recommendations/eligibility", tok, "")
+		if code == 200 {
+			var v struct {
+				Instances []struct {
+					ID      string   `json:"instance_id"`
+					State   string   `json:"state"`
+					Reasons []string `json:"reasons"`
+				} `json:"instances"`
+			}
+			if err := json.Unmarshal(body, &v); err != nil {
+				t.Fatal(err)
+			}
+			for _, in := range v.Instances {
+				if in.State == "ineligible" && strings.Contains(strings.Join(in.Reasons, ";"), "quarantined until") {
+					return in.ID
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recommendations has no quarantined instance by the deadline (%d %s)", code, body)
+		}
+		time.Sleep(time.Second) // polling with a deadline
+	}
+}
+
+// findQuarantined finds the quarantined recommendations instance in the
+// UI. Until the service page exists the overview's counts are all it
+// shows: the row is marked with an ineligible instance.
+//
+// TODO(ui-service): open /ui/services/recommendations and find the
+// instance id with its quarantine and transition history.
+func findQuarantined(t *testing.T, b *tab, id string) {
+	t.Helper()
+	b.open("/ui/?state=ineligible", "#services")
+	if n := b.count(`tr[data-service="recommendations"]`); n != 1 {
+		t.Fatalf("the overview's ineligible filter does not list recommendations (quarantined instance %s)", id)
+	}
+	if row := b.text(`tr[data-service="recommendations"]`); ineligible(row) < 1 {
+		t.Errorf("recommendations shows no ineligible instance: %q", row)
+	}
+	b.shot("overview-ineligible")
+}
