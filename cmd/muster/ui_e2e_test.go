@@ -147,7 +147,7 @@ func (b *tab) signIn(path string) {
 	}
 	b.shot("dev-sign-in")
 	b.do("sign in", chromedp.Click(chromedp.ID("user-"+b.user)), chromedp.WaitVisible(chromedp.ID("#role")))
-	if role := b.text("#role"); role != map[string]string{"alice": "admin", "oscar": "operator", "vera": "viewer"}[b.user] {
+	if role := b.text("#role"); role != map[string]string{"alice": "admin", "oscar": "operator", "otto": "operator", "vera": "viewer"}[b.user] {
 		b.t.Fatalf("%s signed in with role %q", b.user, role)
 	}
 }
@@ -236,11 +236,46 @@ func TestBrowserDemo(t *testing.T) {
 	}
 	oscar.shot("shifts-confirmed")
 
-	// TODO(ui-service): when the service page and the override forms land,
-	// extend here: as oscar open /ui/services/recommendations (via
-	// findQuarantined), read the quarantined instance's transition
-	// history, mark a second instance ineligible, read the budget
-	// refusal's explanation, and have alice co-sign it.
+	// oscar takes one checkout instance of az1 out (accepted: 1 of 2
+	// stays, the contract needs 1), then asks for the other: the
+	// disruption budget refuses with its numbers and the attempt waits for
+	// a co-signer; otto, a second operator of the team, co-signs it.
+	az1 := zoneInstances(t, d.url, apiToken, "checkout", "az1")
+	first, second := `tr[data-instance="`+az1[0]+`"] `, `tr[data-instance="`+az1[1]+`"] `
+	override := func(row, why string) string {
+		oscar.open("/ui/services/checkout", "#instances")
+		oscar.do("ask for an override",
+			chromedp.Click(chromedp.CSS(row+"details.act summary")),
+			chromedp.SendKeys(chromedp.CSS(row+`input[name="justification"]`), why),
+			chromedp.Click(chromedp.CSS(row+`button[type="submit"]`)),
+			chromedp.WaitVisible(chromedp.ID("result")))
+		return oscar.text("#result")
+	}
+	if s := override(first, "packet loss on this host since 03:02, INC-7"); !strings.Contains(s, "Override applied") {
+		oscar.shot("override-first")
+		t.Fatalf("the first override was not accepted:\n%s", s)
+	}
+	refusal := override(second, "same packet loss on its neighbour, INC-7")
+	oscar.shot("override-budget-refusal")
+	for _, want := range []string{"would leave 0 of 2 eligible in zone az1; the contract requires 1", "waits for a co-signer"} {
+		if !strings.Contains(refusal, want) {
+			t.Errorf("the budget refusal does not say %q:\n%s", want, refusal)
+		}
+	}
+	otto := newTab(t, chrome, d.url, "otto", shots)
+	otto.signIn("/ui/services/checkout")
+	otto.open("/ui/services/checkout", "#pending-cosigns .pending")
+	if s := otto.text("#pending-cosigns"); !strings.Contains(s, "operator:oscar") || !strings.Contains(s, "same packet loss on its neighbour") {
+		t.Errorf("otto does not see oscar's attempt waiting:\n%s", s)
+	}
+	otto.do("co-sign",
+		chromedp.SendKeys(chromedp.CSS(`#pending-cosigns .pending input[name="justification"]`), "confirmed on the switch dashboard"),
+		chromedp.Click(chromedp.CSS(`#pending-cosigns .pending button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.ID("result")))
+	otto.shot("cosigned")
+	if s := otto.text("#result"); !strings.Contains(s, "co-signed and applied") {
+		t.Errorf("after otto's co-sign:\n%s", s)
+	}
 
 	// The confirmation in the audit log, found with the action filter.
 	oscar.open("/ui/audit", "#chain")
@@ -253,6 +288,45 @@ func TestBrowserDemo(t *testing.T) {
 		!strings.Contains(rows, "accepted") || strings.Contains(rows, "shift.step") {
 		t.Errorf("audit filtered by shift.confirm (%s):\n%s", loc, rows)
 	}
+	// The override story in the audit log: oscar's accepted and refused
+	// attempts and otto's co-signature, found by service.
+	oscar.open("/ui/audit?service=checkout", "#chain")
+	rows = oscar.text("#audit tbody")
+	oscar.shot("audit-checkout")
+	for _, want := range []string{"override.create", "override.cosign", "operator:oscar", "operator:otto", "refused", "accepted"} {
+		if !strings.Contains(rows, want) {
+			t.Errorf("the audit log of checkout lacks %q:\n%s", want, rows)
+		}
+	}
+}
+
+// zoneInstances returns the ids of service's instances in zone, from the
+// public API.
+func zoneInstances(t *testing.T, base, tok, service, zone string) []string {
+	t.Helper()
+	code, body := call(t, "GET", base+"/v1/services/"+service+"/eligibility", tok, "")
+	if code != 200 {
+		t.Fatalf("eligibility of %s: %d %s", service, code, body)
+	}
+	var v struct {
+		Instances []struct {
+			ID   string `json:"instance_id"`
+			Zone string `json:"zone"`
+		} `json:"instances"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, in := range v.Instances {
+		if in.Zone == zone {
+			ids = append(ids, in.ID)
+		}
+	}
+	if len(ids) != 2 {
+		t.Fatalf("%s has %d instances in %s, want the demo's 2", service, len(ids), zone)
+	}
+	return ids
 }
 
 // ineligible reads the Ineligible column (the sixth cell) of an overview
@@ -297,11 +371,9 @@ func waitQuarantined(t *testing.T, base, tok string, deadline time.Time) string 
 }
 
 // findQuarantined finds the quarantined recommendations instance in the
-// UI. Until the service page exists the overview's counts are all it
-// shows: the row is marked with an ineligible instance.
-//
-// TODO(ui-service): open /ui/services/recommendations and find the
-// instance id with its quarantine and transition history.
+// UI: the overview's ineligible filter lists the service, and its page
+// shows the instance held by quarantine and, in the flap report, the
+// transitions that caused it.
 func findQuarantined(t *testing.T, b *tab, id string) {
 	t.Helper()
 	b.open("/ui/?state=ineligible", "#services")
@@ -312,4 +384,13 @@ func findQuarantined(t *testing.T, b *tab, id string) {
 		t.Errorf("recommendations shows no ineligible instance: %q", row)
 	}
 	b.shot("overview-ineligible")
+	b.open("/ui/services/recommendations", `tr[data-instance="`+id+`"]`)
+	if row := b.text(`tr[data-instance="` + id + `"]`); !strings.Contains(strings.ToLower(row), "quarantine") {
+		t.Errorf("the quarantined instance's row does not say so: %q", row)
+	}
+	b.open("/ui/services/recommendations", `#flaps .flap[data-instance="`+id+`"]`)
+	if hist := b.text(`#flaps .flap[data-instance="` + id + `"]`); strings.Count(hist, "eligible") < 4 {
+		t.Errorf("the flap report shows too little history for %s:\n%s", id, hist)
+	}
+	b.shot("service-flap-report")
 }
