@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,59 +14,13 @@ import (
 
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/browsertest"
 	"github.com/musterhq/muster/server/servertest"
 )
 
-// chromiumPath finds Debian's chromium. Without one the browser tests skip,
-// unless MUSTER_REQUIRE_BROWSER=1 (CI), where they fail.
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	msg := "no chromium binary on PATH: the browser tests need Debian's chromium (run scripts/ensure-chromium)"
-	if os.Getenv("MUSTER_REQUIRE_BROWSER") == "1" {
-		t.Fatal(msg + "; MUSTER_REQUIRE_BROWSER=1 makes this a failure")
-	}
-	t.Skip(msg)
-	return ""
-}
-
-// artifactDir is where screenshots go: $MUSTER_ARTIFACTS, or
-// webui/testdata/artifacts (ignored by git).
-func artifactDir(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("MUSTER_ARTIFACTS")
-	if dir == "" {
-		dir = filepath.Join("testdata", "artifacts")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-// newChrome starts a headless Chromium for one test, with its own profile,
-// and returns a context for its tab. The browser is started without a
-// timeout (its life is the context's); steps get their own deadline.
-func newChrome(t *testing.T, execPath string) context.Context {
-	t.Helper()
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(execPath),
-		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox cannot start
-		chromedp.WindowSize(1440, 900),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelCtx := chromedp.NewContext(actx)
-	t.Cleanup(func() { cancelCtx(); cancelAlloc() })
-	if err := chromedp.Do(ctx); err != nil { // start the browser now
-		t.Fatalf("start chromium: %v", err)
-	}
-	return ctx
-}
+func chromiumPath(t *testing.T) string                    { return browsertest.Chromium(t) }
+func artifactDir(t *testing.T) string                     { return browsertest.Artifacts(t) }
+func newChrome(t *testing.T, exec string) context.Context { return browsertest.New(t, exec) }
 
 // run runs one action with a deadline, failing the test on error.
 func run[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/musterhq/muster/internal/browsertest"
 )
 
 // The end-to-end browser test: Debian's Chromium, headless, against a real
@@ -27,33 +28,6 @@ import (
 // last of them (the shiftback_pending alarm) shows after about 75 s.
 const e2eDeadline = 3 * time.Minute
 
-func e2eChromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	msg := "no chromium binary on PATH: the browser tests need Debian's chromium (run scripts/ensure-chromium)"
-	if os.Getenv("MUSTER_REQUIRE_BROWSER") == "1" {
-		t.Fatal(msg + "; MUSTER_REQUIRE_BROWSER=1 makes this a failure")
-	}
-	t.Skip(msg)
-	return ""
-}
-
-func e2eArtifacts(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("MUSTER_ARTIFACTS")
-	if dir == "" {
-		dir = filepath.Join("testdata", "artifacts")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
 // tab is one signed-in browser: its own Chromium with its own profile.
 type tab struct {
 	t    *testing.T
@@ -66,19 +40,7 @@ type tab struct {
 
 func newTab(t *testing.T, chrome, base, user, dir string) *tab {
 	t.Helper()
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome),
-		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox cannot start
-		chromedp.WindowSize(1440, 900),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelCtx := chromedp.NewContext(actx)
-	t.Cleanup(func() { cancelCtx(); cancelAlloc() })
-	if err := chromedp.Do(ctx); err != nil { // start the browser now
-		t.Fatalf("start chromium: %v", err)
-	}
-	return &tab{t: t, ctx: ctx, base: base, user: user, dir: dir}
+	return &tab{t: t, ctx: browsertest.New(t, chrome), base: base, user: user, dir: dir}
 }
 
 // get runs one browser action with a deadline and returns its value,
@@ -179,8 +141,8 @@ func (b *tab) until(path, sel, what string, deadline time.Time, ok func() bool) 
 // (operator).
 func TestBrowserDemo(t *testing.T) {
 	t.Parallel()
-	chrome := e2eChromium(t)
-	shots := e2eArtifacts(t)
+	chrome := browsertest.Chromium(t)
+	shots := browsertest.Artifacts(t)
 	dir := devDir(t)
 	d := startDev(t, dir, "--demo")
 	deadline := time.Now().Add(e2eDeadline)

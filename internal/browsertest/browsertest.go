@@ -1,0 +1,67 @@
+// Package browsertest is what muster's browser tests share: finding
+// Debian's Chromium (skipping without it, unless MUSTER_REQUIRE_BROWSER=1
+// makes that a failure, as in CI), the folder screenshots go to, and a
+// headless Chromium per test.
+package browsertest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+)
+
+// Chromium returns the chromium binary. Without one the test skips, or
+// fails when MUSTER_REQUIRE_BROWSER=1.
+func Chromium(t testing.TB) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	msg := "no chromium binary on PATH: the browser tests need Debian's chromium (run scripts/ensure-chromium)"
+	if os.Getenv("MUSTER_REQUIRE_BROWSER") == "1" {
+		t.Fatal(msg + "; MUSTER_REQUIRE_BROWSER=1 makes this a failure")
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// Artifacts returns the folder screenshots go to, created if missing:
+// $MUSTER_ARTIFACTS, or testdata/artifacts of the test's package (ignored
+// by git).
+func Artifacts(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv("MUSTER_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join("testdata", "artifacts")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// New starts a headless Chromium with its own profile for the test, at a
+// 1440×900 window, and returns the context of its tab. The browser lives
+// as long as the test; give steps their own deadlines.
+func New(t testing.TB, execPath string) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(execPath),
+		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox cannot start
+		chromedp.WindowSize(1440, 900),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancelCtx(); cancelAlloc() })
+	if err := chromedp.Do(ctx); err != nil { // start the browser now
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx
+}
