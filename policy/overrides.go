@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
@@ -86,6 +87,8 @@ type Config struct {
 	// Now defaults to time.Now; tests pass a fake clock.
 	Now    func() time.Time
 	Logger *slog.Logger
+	// Registerer, when set, receives muster_policy_attempts_total.
+	Registerer prometheus.Registerer
 }
 
 // Validate checks the configuration and fills defaults.
@@ -133,7 +136,8 @@ func (c *Config) Validate() error {
 
 // Service admits, lifts and lists overrides, and rate-limits policy writes.
 type Service struct {
-	cfg Config
+	cfg      Config
+	attempts *prometheus.CounterVec
 }
 
 // New returns a Service.
@@ -141,7 +145,16 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg}, nil
+	s := &Service{cfg: cfg, attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "muster_policy_attempts_total",
+		Help: "Override attempts (create, co-sign, lift) by action, outcome (accepted, refused, error) and the check that decided a refusal.",
+	}, []string{"action", "outcome", "check"})}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(s.attempts); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // OverrideLimit is the limit on override attempts per actor and service.
@@ -367,12 +380,15 @@ func (s *Service) run(ctx context.Context, a *attempt, fn func(q *db.Queries, no
 		}
 		return a.refuse(ctx, q, now, refused)
 	})
-	if err != nil {
+	switch {
+	case err != nil:
+		s.attempts.WithLabelValues(a.action, "error", "").Inc()
 		return err
-	}
-	if refused != nil {
+	case refused != nil:
+		s.attempts.WithLabelValues(a.action, "refused", refused.Check).Inc()
 		return refused
 	}
+	s.attempts.WithLabelValues(a.action, "accepted", "").Inc()
 	return nil
 }
 

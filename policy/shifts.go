@@ -73,6 +73,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
@@ -168,6 +169,9 @@ type ShiftsConfig struct {
 	OnChange func()
 	Now      func() time.Time
 	Logger   *slog.Logger
+	// Registerer, when set, receives muster_shifts_active and
+	// muster_shiftbacks_pending.
+	Registerer prometheus.Registerer
 }
 
 // Validate checks the configuration and fills defaults.
@@ -294,7 +298,31 @@ func NewShifts(cfg ShiftsConfig) (*Shifts, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Shifts{cfg: cfg, log: cfg.Logger.With("worker", "shifts")}, nil
+	s := &Shifts{cfg: cfg, log: cfg.Logger.With("worker", "shifts")}
+	if cfg.Registerer != nil {
+		count := func(pending bool) float64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			n := 0
+			for _, r := range s.active {
+				if !pending || r.State == ShiftPendingConfirmation {
+					n++
+				}
+			}
+			return float64(n)
+		}
+		for _, c := range []prometheus.Collector{
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shifts_active", Help: "Shifts draining, returning or pending confirmation."},
+				func() float64 { return count(false) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shiftbacks_pending", Help: "Manual shift-backs waiting for their final confirmation."},
+				func() float64 { return count(true) }),
+		} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return s, nil
 }
 
 // Start loads the active shifts (so the first views already carry them)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -321,6 +322,13 @@ func TestOverrideChecksInOrder(t *testing.T) {
 				t.Errorf("rate-limit figures %v", d.Figures)
 			}
 		}
+	}
+	// The same decisions, counted for Prometheus: the four justification
+	// refusals above, by their deciding check.
+	r = f.Do(t, "GET", "/metrics", "", "", "")
+	if !regexp.MustCompile(`(?m)^muster_policy_attempts_total\{action="override.create",check="justification",outcome="refused"\} 4$`).Match(r.Body) ||
+		!regexp.MustCompile(`(?m)^muster_policy_attempts_total\{action="override.create",check="",outcome="accepted"\} [1-9]`).Match(r.Body) {
+		t.Errorf("metrics lack the override decisions:\n%s", grepMetric(r.Body, "muster_policy_attempts_total"))
 	}
 	verifyAudit(t, f.Stack)
 }
@@ -687,4 +695,15 @@ func TestOverridesReachOtherReplicas(t *testing.T) {
 		t.Fatalf("a after the lift on b: %+v", v)
 	}
 	verifyAudit(t, a.Stack)
+}
+
+// grepMetric returns the exposition lines of one metric.
+func grepMetric(b []byte, name string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, name) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -165,13 +165,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	shifts, err = policy.NewShifts(policy.ShiftsConfig{
 		Pool: pool, Region: cfg.Region, Steps: cfg.ShiftSteps, Dwell: cfg.ShiftDwell, PendingAlarmAfter: cfg.ShiftPendingAlarm,
 		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) }),
-		OnChange: pub.TrafficChanged, Logger: log,
+		OnChange: pub.TrafficChanged, Logger: log, Registerer: metrics,
 	})
 	if err != nil {
 		return err
 	}
 	pol, err := policy.New(policy.Config{
-		Pool: pool, Logger: log.With("component", "policy"),
+		Pool: pool, Logger: log.With("component", "policy"), Registerer: metrics,
 		Verdicts:      policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) }),
 		OverrideLimit: cfg.OverrideLimit, WriteLimit: cfg.WriteLimit, MaxExpiry: cfg.MaxExpiry, CosignWindow: cfg.CosignWindow,
 		Changed: func(string) { eval.RefreshSoon() },

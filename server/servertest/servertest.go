@@ -123,7 +123,7 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	pcfg := policy.Config{
-		Pool: pool, Now: clk.Now,
+		Pool: pool, Now: clk.Now, Registerer: metrics,
 		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) }),
 	}
 	if opts.Policy != nil {
@@ -134,7 +134,7 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	scfg := policy.ShiftsConfig{
-		Pool: pool, Region: "local", Now: clk.Now, OnChange: pub.TrafficChanged,
+		Pool: pool, Region: "local", Now: clk.Now, OnChange: pub.TrafficChanged, Registerer: metrics,
 		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) }),
 	}
 	if opts.Shifts != nil {
