@@ -92,6 +92,33 @@ func (e *Evaluator) override(id uuid.UUID, now time.Time) *Override {
 	return &o
 }
 
+// OverrideCounts returns, per service, how many instances an override in
+// force marks ineligible (Out) and eligible (In). Verdicts and their
+// counts stay the instances' own; these say how far the views differ.
+func (e *Evaluator) OverrideCounts() map[string]OverrideCount {
+	now := e.cfg.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string]OverrideCount{}
+	for id, o := range e.overrides {
+		if e.override(id, now) == nil {
+			continue
+		}
+		c := out[o.Service]
+		if o.Action == "mark_eligible" {
+			c.In++
+		} else {
+			c.Out++
+		}
+		out[o.Service] = c
+	}
+	return out
+}
+
+// OverrideCount is how many of a service's instances overrides hold out of
+// (Out) or force into (In) rotation.
+type OverrideCount struct{ Out, In int }
+
 // RefreshSoon asks for an early refresh (overrides changed on this
 // replica); it never blocks.
 func (e *Evaluator) RefreshSoon() {

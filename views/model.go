@@ -58,6 +58,10 @@ type Service struct {
 	// quarantine now.
 	FlapRate    float64
 	Quarantined int
+	// OverriddenOut and OverriddenIn count instances that overrides in
+	// force hold out of or force into rotation: the counts above are the
+	// instances' own verdicts, the views apply the overrides.
+	OverriddenOut, OverriddenIn int
 	HasView     bool
 	Version     uint64
 	ViewAt      time.Time

@@ -84,6 +84,7 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 	for i := range stats {
 		statsBy[stats[i].Service] = &stats[i]
 	}
+	overridden := u.cfg.Evaluator.OverrideCounts()
 	owners := map[string]bool{}
 	for _, s := range services {
 		owners[s.Owner] = true
@@ -91,6 +92,7 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 		if st := statsBy[s.Name]; st != nil {
 			fillStats(&row, st)
 		}
+		row.OverriddenOut, row.OverriddenIn = overridden[s.Name].Out, overridden[s.Name].In
 		if v, ok := u.cfg.Publisher.View(s.Name); ok {
 			row.HasView, row.Version, row.ViewAt = true, v.Version, v.GeneratedAt
 			for _, name := range slices.Sorted(maps.Keys(v.Zones)) {

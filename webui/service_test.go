@@ -285,6 +285,13 @@ func TestOverrideFormsBudgetCosignLift(t *testing.T) {
 	mustContain(t, "budget refusal", r.body, "Refused by the disruption budget",
 		"would leave 1 of 4 eligible in zone az1; the contract requires 2", "waits for a co-signer", `id="cosign-by"`, `data-outcome="pending"`)
 
+	// The overview's counts are the instances' own verdicts; it says how
+	// many the views hold out by override.
+	if err := e.Evaluator.SyncNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, "overview with two overrides in force", section(oscar.get("/ui/").body, "services"), "2 held out by override")
+
 	// The pending attempt shows on the service page; oscar may not co-sign it.
 	page = oscar.get("/ui/services/web")
 	m := pendingRE.FindStringSubmatch(page.body)

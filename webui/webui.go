@@ -71,6 +71,7 @@ import (
 type Eligibility interface {
 	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
 	AllServiceStats() ([]eligibility.ServiceStats, time.Time, error)
+	OverrideCounts() map[string]evaluator.OverrideCount
 }
 
 // Publication is the publisher as the overview reads it: open alarms and

@@ -250,6 +250,26 @@ func TestBrowserDemo(t *testing.T) {
 		!strings.Contains(rows, "accepted") || strings.Contains(rows, "shift.step") {
 		t.Errorf("audit filtered by shift.confirm (%s):\n%s", loc, rows)
 	}
+	// The layout on a laptop screen and on a large monitor: no page is
+	// wider than the window (wide tables scroll inside their own box).
+	for _, size := range []struct {
+		name string
+		w, h int64
+	}{{"laptop", 1280, 800}, {"monitor", 2560, 1440}} {
+		alice.do("resize to "+size.name, chromedp.EmulateViewport(size.w, size.h))
+		for _, page := range []struct{ path, sel string }{
+			{"/ui/", "#services"}, {"/ui/services/catalog", "#instances"}, {"/ui/shifts", "main"}, {"/ui/audit", "#chain"},
+		} {
+			alice.open(page.path, page.sel)
+			over := get(alice, "overflow", chromedp.Evaluate[int](`document.documentElement.scrollWidth - window.innerWidth`))
+			if over > 0 {
+				t.Errorf("%s at %dx%d is %d px wider than the window", page.path, size.w, size.h, over)
+			}
+		}
+		alice.open("/ui/", "#services")
+		alice.viewportShot(size.name + "-overview")
+	}
+
 	// The override story in the audit log: oscar's accepted and refused
 	// attempts and otto's co-signature, found by service.
 	oscar.open("/ui/audit?service=checkout", "#chain")
