@@ -62,10 +62,10 @@ type Service struct {
 	// force hold out of or force into rotation: the counts above are the
 	// instances' own verdicts, the views apply the overrides.
 	OverriddenOut, OverriddenIn int
-	HasView     bool
-	Version     uint64
-	ViewAt      time.Time
-	Alarms      int
+	HasView                     bool
+	Version                     uint64
+	ViewAt                      time.Time
+	Alarms                      int
 	// State is the row's summary: alarm, tripped, unknown, ineligible,
 	// degraded, healthy or empty.
 	State string
