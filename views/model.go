@@ -292,6 +292,15 @@ type OverrideResult struct {
 	RetryAt  time.Time // rate limit: when a retry can succeed
 	CosignBy time.Time // pending: when the wait for a co-signer ends
 	Override *OverrideRow
+	// Retry, when set, is the refused form again with what was typed, for
+	// refusals the operator can fix (justification, expiry).
+	Retry *OverrideRetry
+}
+
+// OverrideRetry is a refused override form, filled in as it was sent.
+type OverrideRetry struct {
+	Service, InstanceID, Action, Justification, ExpiresIn string
+	Expiries                                              [][2]string
 }
 
 // LiftConfirm is the confirmation page before lifting an override.

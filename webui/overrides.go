@@ -37,7 +37,9 @@ func (u *UI) createOverride(w http.ResponseWriter, r *http.Request, p identity.P
 	o, err := u.cfg.Overrides.Create(r.Context(), p, policy.Request{InstanceID: r.PathValue("id"),
 		Action: policy.Action(r.PostFormValue("action")), Justification: r.PostFormValue("justification"), ExpiresIn: expires})
 	if err != nil {
-		u.overrideRefused(w, r, p, service, "Override refused", err)
+		retry := &views.OverrideRetry{Service: service, InstanceID: r.PathValue("id"), Action: r.PostFormValue("action"),
+			Justification: r.PostFormValue("justification"), ExpiresIn: r.PostFormValue("expires_in"), Expiries: expiries}
+		u.overrideRefused(w, r, p, service, "Override refused", err, retry)
 		return
 	}
 	row := overrideRow(o, p)
@@ -54,7 +56,7 @@ func (u *UI) cosignOverride(w http.ResponseWriter, r *http.Request, p identity.P
 	}
 	o, err := u.cfg.Overrides.Cosign(r.Context(), p, id, policy.CosignRequest{Justification: r.PostFormValue("justification")})
 	if err != nil {
-		u.overrideRefused(w, r, p, r.PostFormValue("service"), "Co-signature refused", err)
+		u.overrideRefused(w, r, p, r.PostFormValue("service"), "Co-signature refused", err, nil)
 		return
 	}
 	row := overrideRow(o, p)
@@ -74,7 +76,7 @@ func (u *UI) liftOverride(w http.ResponseWriter, r *http.Request, p identity.Pri
 	}
 	o, err := u.cfg.Overrides.Lift(r.Context(), p, id)
 	if err != nil {
-		u.overrideRefused(w, r, p, r.PostFormValue("service"), "Lift refused", err)
+		u.overrideRefused(w, r, p, r.PostFormValue("service"), "Lift refused", err, nil)
 		return
 	}
 	row := overrideRow(o, p)
@@ -130,7 +132,9 @@ func actionWords(a policy.Action) string {
 }
 
 // overrideRefused explains a refusal in plain words with its numbers.
-func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.Principal, service, heading string, err error) {
+// retry, for a create, is the form as sent: it is offered again, filled
+// in, when the refusal is one the operator can fix by editing it.
+func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.Principal, service, heading string, err error, retry *views.OverrideRetry) {
 	var pe *policy.Error
 	if !errors.As(err, &pe) {
 		u.log.Error("override form", "err", err)
@@ -175,10 +179,12 @@ func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.
 		}
 	case errors.Is(pe, policy.ErrJustification):
 		res.Heading = "Refused: the justification"
-		res.Lines = []string{"What is wrong: " + pe.Detail + ".", "Go back, say what you saw and why this instance, and submit again."}
+		res.Lines = []string{"What is wrong: " + pe.Detail + ".", "Say what you saw and why this instance, and submit again below."}
+		res.Retry = validRetry(retry)
 	case errors.Is(pe, policy.ErrExpiry):
 		res.Heading = "Refused: the expiry"
 		res.Lines = []string{pe.Detail + "."}
+		res.Retry = validRetry(retry)
 	case errors.Is(pe, policy.ErrSelfCosign):
 		status = http.StatusForbidden
 		res.Heading = "You cannot co-sign your own override"
@@ -202,6 +208,18 @@ func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.
 	}
 	res.Lines = append(res.Lines, "This attempt is recorded in the audit log ("+pe.Check+" check).")
 	u.render(w, r, status, views.OverrideResultPage(res))
+}
+
+// validRetry keeps a retry form only when its path parts are well formed
+// (they come from the request and go back into a URL).
+func validRetry(f *views.OverrideRetry) *views.OverrideRetry {
+	if f == nil || !registry.ValidName(f.Service) {
+		return nil
+	}
+	if _, err := uuid.Parse(f.InstanceID); err != nil {
+		return nil
+	}
+	return f
 }
 
 // budgetWords renders the budget check's figures: "would leave 2 of 6

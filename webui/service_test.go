@@ -344,6 +344,9 @@ func TestOverrideFormsBudgetCosignLift(t *testing.T) {
 		t.Fatalf("short justification: %d\n%s", r.status, r.body)
 	}
 	mustContain(t, "justification refusal", r.body, "Refused: the justification", "What is wrong", "too short")
+	// The form comes back as sent, to fix and submit again.
+	mustContain(t, "retry form", section(r.body, "retry"), `/ui/services/web/instances/`+az1[3]+`/override`,
+		`value="mark_eligible" checked`, `name="justification" value="x"`, `value="900" selected`)
 
 	// Every attempt is in the audit log through the policy path.
 	want := map[string]int{"override.create/accepted": 2, "override.create/refused": 2, "override.cosign/refused": 1,
