@@ -71,6 +71,18 @@ type Endpoint struct {
 	// Quarantined: held out of rotation by flap quarantine; published only
 	// while its zone's guard is tripped. It is part of the checksum.
 	Quarantined bool `json:"quarantined,omitempty"`
+	// Override is an operator's override in force (ADR-15), already
+	// applied to State and Weight by muster; it says who and why. It is
+	// not part of the checksum.
+	Override *Override `json:"override,omitempty"`
+}
+
+// Override is an operator's decision about one endpoint, as the view
+// carries it.
+type Override struct {
+	ID     string `json:"id"`
+	Action string `json:"action"` // mark_ineligible or mark_eligible
+	Reason string `json:"reason"` // who, until when and why
 }
 
 // Zone is muster's guard decision for one zone of a service.

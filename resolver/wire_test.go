@@ -60,4 +60,26 @@ func TestWireCompat(t *testing.T) {
 	if r := mustResolve(t, c, "api"); r.Version() != 11 || r.Routable() != 2 || r.Tripped() {
 		t.Errorf("after delta: v%d routable %d tripped %v", r.Version(), r.Routable(), r.Tripped())
 	}
+
+	// An operator's override rides on the endpoint, outside the checksum,
+	// and the resolver keeps who and why.
+	over := []assembler.Endpoint{next[0], next[1]}
+	over[0].State, over[0].Weight = "ineligible", 0
+	over[0].Override = &assembler.Override{ID: uuid.MustParse("40000000-0000-0000-0000-000000000000"), Action: assembler.OverrideIneligible,
+		Reason: "override 4…: mark_ineligible by operator:oscar until 2026-11-30T00:00:00Z: disk errors"}
+	ad = assembler.Delta{Service: "api", FromVersion: 11, Version: 12, Upserts: over[:1], Checksum: assembler.Checksum(over), GeneratedAt: time.Now()}
+	if b, err = json.Marshal(ad); err != nil {
+		t.Fatal(err)
+	}
+	d = resolver.Delta{}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ApplyDelta(d); err != nil {
+		t.Fatalf("a delta carrying an override: %v", err)
+	}
+	r := mustResolve(t, c, "api")
+	if o := r.Endpoints()[0].Override; o == nil || o.Action != "mark_ineligible" || o.Reason != over[0].Override.Reason || r.Routable() != 1 {
+		t.Errorf("override on the endpoint: %+v, routable %d", o, r.Routable())
+	}
 }

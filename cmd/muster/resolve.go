@@ -157,10 +157,17 @@ func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tZONE\tSTATE\tWEIGHT\tHEALTH")
+	var overrides []string
 	for _, e := range snap.Endpoints() {
 		fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%g\t%s\n", e.InstanceID, e.Address, e.Port, e.Zone, e.State, e.Weight, e.Health)
+		if e.Override != nil {
+			overrides = append(overrides, e.InstanceID+": "+e.Override.Reason)
+		}
 	}
 	tw.Flush()
+	for _, o := range overrides {
+		fmt.Fprintln(w, "  "+o)
+	}
 }
 
 // devViewerToken mints an operator viewer token from the dev issuer in dir.
