@@ -241,21 +241,11 @@ type CosignRequest struct {
 }
 
 // mayOverride: the owning team's operators (people or tools) and admins
-// (ADR-15); the same authority the registry asks for policy changes.
-func mayOverride(p identity.Principal, team string) bool {
-	if p.IsAdmin() {
-		return true
-	}
-	switch p.Kind {
-	case identity.KindOperator, identity.KindTool:
-		return p.Role.AtLeast(identity.RoleOperator) && p.Team != "" && p.Team == team
-	}
-	return false
-}
+// (ADR-15), the same authority the registry asks for policy changes.
+func mayOverride(p identity.Principal, team string) bool { return registry.CanManage(p, team) }
 
-func canRead(p identity.Principal) bool {
-	return (p.Kind == identity.KindOperator || p.Kind == identity.KindTool) && p.Role.AtLeast(identity.RoleViewer)
-}
+// canRead: any operator or tool, as for reading the registry's estate.
+func canRead(p identity.Principal) bool { return registry.CanReadEstate(p) }
 
 // checkJustification refuses an empty or token justification: at least
 // MinJustificationLength characters that are not spaces, and not one

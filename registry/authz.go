@@ -4,9 +4,9 @@ import (
 	"github.com/musterhq/muster/identity"
 )
 
-// canManage reports whether p may change a service owned by team: the
+// CanManage reports whether p may change a service owned by team: the
 // owning team's operators (people or tools) and admins.
-func canManage(p identity.Principal, team string) bool {
+func CanManage(p identity.Principal, team string) bool {
 	if p.IsAdmin() {
 		return true
 	}
@@ -17,10 +17,10 @@ func canManage(p identity.Principal, team string) bool {
 	return false
 }
 
-// canReadEstate reports whether p may list the whole registry. Workloads and
+// CanReadEstate reports whether p may list the whole registry. Workloads and
 // probers may not: resolution is authorised per caller-callee pair (ADR-15),
 // so a compromised workload must not be able to map the estate.
-func canReadEstate(p identity.Principal) bool {
+func CanReadEstate(p identity.Principal) bool {
 	switch p.Kind {
 	case identity.KindOperator, identity.KindTool:
 		return p.Role.AtLeast(identity.RoleViewer)
@@ -31,7 +31,7 @@ func canReadEstate(p identity.Principal) bool {
 // canReadService reports whether p may read one service and its instances:
 // estate readers, and workloads and probers bound to that service.
 func canReadService(p identity.Principal, service string) bool {
-	if canReadEstate(p) {
+	if CanReadEstate(p) {
 		return true
 	}
 	return (p.Kind == identity.KindWorkload || p.Kind == identity.KindProber) && p.Service == service

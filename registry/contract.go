@@ -252,7 +252,7 @@ func (r *Registry) PutContract(ctx context.Context, actor identity.Principal, se
 			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
 		svc := serviceFromRow(row)
-		if !canManage(actor, svc.Owner) {
+		if !CanManage(actor, svc.Owner) {
 			return refusal(ErrForbidden, "editing the contract of %s needs the %s team's operator role or admin; %s has neither", service, svc.Owner, actor), nil
 		}
 		c.normalize(svc)

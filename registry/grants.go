@@ -41,7 +41,7 @@ func (r *Registry) PutGrants(ctx context.Context, actor identity.Principal, serv
 		if err != nil {
 			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
-		if !canManage(actor, row.Owner) {
+		if !CanManage(actor, row.Owner) {
 			return refusal(ErrForbidden, "changing who may resolve %s needs the %s team's operator role or admin; %s has neither", service, row.Owner, actor), nil
 		}
 		var fe []FieldError
@@ -99,7 +99,7 @@ func (r *Registry) GetGrants(ctx context.Context, actor identity.Principal, serv
 // service or one that granted its service. The error does not say whether
 // the service exists, so it cannot be used to enumerate the estate.
 func (r *Registry) MayResolve(ctx context.Context, actor identity.Principal, service string) error {
-	if canReadEstate(actor) || (actor.Kind == identity.KindWorkload && actor.Service == service) {
+	if CanReadEstate(actor) || (actor.Kind == identity.KindWorkload && actor.Service == service) {
 		return nil
 	}
 	if actor.Kind == identity.KindWorkload && actor.Service != "" {

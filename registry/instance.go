@@ -151,7 +151,7 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 // mayRegister checks who may register into svc at all.
 func mayRegister(actor identity.Principal, svc Service) *Error {
 	if actor.Kind != identity.KindWorkload {
-		if canManage(actor, svc.Owner) {
+		if CanManage(actor, svc.Owner) {
 			return nil
 		}
 		return refusal(ErrForbidden, "registering into %s needs a workload identity of that service, or the %s team's operator role or admin; %s has none of these", svc.Name, svc.Owner, actor)
@@ -282,7 +282,7 @@ func mayActOnInstance(actor identity.Principal, svc Service) bool {
 	if actor.Kind == identity.KindWorkload {
 		return actor.Service == svc.Name
 	}
-	return canManage(actor, svc.Owner)
+	return CanManage(actor, svc.Owner)
 }
 
 // GetInstance returns one instance.

@@ -102,7 +102,7 @@ func (r *Registry) PutProberAssignments(ctx context.Context, actor identity.Prin
 // GetProberAssignments returns a prober's assignments, to estate readers and
 // to the prober itself.
 func (r *Registry) GetProberAssignments(ctx context.Context, actor identity.Principal, prober string) (ProberAssignments, error) {
-	if !canReadEstate(actor) && (actor.Kind != identity.KindProber || actor.Subject != prober) {
+	if !CanReadEstate(actor) && (actor.Kind != identity.KindProber || actor.Subject != prober) {
 		return ProberAssignments{}, refusal(ErrForbidden, "%s may not read the assignments of prober %s", actor, prober)
 	}
 	return proberAssignments(ctx, db.New(r.cfg.Pool), prober)

@@ -93,7 +93,7 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 		now := r.now()
 		cur, err := q.ServiceGetForUpdate(ctx, name)
 		if notFound(err) {
-			if !canManage(actor, spec.Owner) {
+			if !CanManage(actor, spec.Owner) {
 				return refusal(ErrForbidden, "creating service %s for team %s needs that team's operator role or admin; %s has neither", name, spec.Owner, actor), nil
 			}
 			row, err := q.ServiceInsert(ctx, db.ServiceInsertParams{Name: name, Owner: spec.Owner, Capabilities: capStrings(spec.Capabilities), Now: now})
@@ -109,7 +109,7 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 		}
 		before := serviceFromRow(cur)
 		switch {
-		case !canManage(actor, before.Owner):
+		case !CanManage(actor, before.Owner):
 			return refusal(ErrForbidden, "changing service %s needs the %s team's operator role or admin; %s has neither", name, before.Owner, actor), nil
 		case spec.Owner != before.Owner && !actor.IsAdmin():
 			return refusal(ErrForbidden, "moving service %s from team %s to %s needs admin", name, before.Owner, spec.Owner), nil
@@ -159,7 +159,7 @@ type ServiceFilter struct {
 
 // ListServices returns services ordered by name, after page.After.
 func (r *Registry) ListServices(ctx context.Context, actor identity.Principal, f ServiceFilter, page Page) ([]Service, error) {
-	if !canReadEstate(actor) {
+	if !CanReadEstate(actor) {
 		return nil, refusal(ErrForbidden, "%s may not list the registry: workloads resolve only the services granted to them", actor)
 	}
 	var owner *string
