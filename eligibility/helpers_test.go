@@ -104,17 +104,6 @@ func every(period time.Duration, f func(now time.Time)) func(time.Time) {
 	}
 }
 
-// eligibilityChanges counts transitions across the rotation boundary.
-func eligibilityChanges(trs []eligibility.Transition) int {
-	n := 0
-	for _, t := range trs {
-		if t.From.InRotation() != t.To.InRotation() {
-			n++
-		}
-	}
-	return n
-}
-
 // contract returns the platform defaults for caps with slow start off, so
 // tests about other rules see whole weights.
 func contract(caps eligibility.Capabilities) eligibility.Contract {
