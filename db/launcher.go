@@ -142,6 +142,9 @@ func (c *Cluster) URL(database string) string {
 	return "postgres:///" + url.PathEscape(database) + "?" + q.Encode()
 }
 
+// DataDir is the cluster's data folder (where postmaster.pid lives).
+func (c *Cluster) DataDir() string { return c.dataDir }
+
 // Adopted reports whether the server was already running when
 // StartCluster was called.
 func (c *Cluster) Adopted() bool { return !c.started }

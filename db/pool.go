@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,14 +14,36 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Open connects a pool to url and pings it within the context's deadline.
+// Open connects a pool to url with the default PoolConfig and pings it
+// within the context's deadline.
 func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	return OpenPool(ctx, PoolConfig{URL: url})
+}
+
+// PoolConfig configures OpenPool.
+type PoolConfig struct {
+	URL string
+	// IOTimeout is how long a connection waits for PostgreSQL's next byte
+	// while a reply is owed before the connection is given up as dead:
+	// DefaultIOTimeout when zero (see there for why), negative for none.
+	IOTimeout time.Duration
+	// MaxConns bounds the pool; zero keeps pgxpool's default (the URL's
+	// pool_max_conns, or the larger of 4 and the number of CPUs).
+	MaxConns int32
+}
+
+// OpenPool connects a pool and pings it within the context's deadline.
+//
+// Every query has two bounds besides the caller's context: the server
+// cancels a statement after statement_timeout (15 s), and the client gives
+// a connection up when PostgreSQL falls silent for IOTimeout while a reply
+// is owed (a frozen server would otherwise hold a query, and whoever waits
+// on it, forever).
+func OpenPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(c.URL)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
-	// Every statement has a deadline: a wedged database must surface as an
-	// error on the request, never as a goroutine parked forever.
 	if cfg.ConnConfig.RuntimeParams == nil {
 		cfg.ConnConfig.RuntimeParams = map[string]string{}
 	}
@@ -28,6 +51,15 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "15000"
 	}
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	if c.IOTimeout == 0 {
+		c.IOTimeout = DefaultIOTimeout
+	}
+	if c.IOTimeout > 0 {
+		cfg.ConnConfig.DialFunc = dialWithIOTimeout(cfg.ConnConfig.DialFunc, c.IOTimeout)
+	}
+	if c.MaxConns > 0 {
+		cfg.MaxConns = c.MaxConns
+	}
 	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
 		registerUUID(c.TypeMap())
 		return nil
@@ -52,11 +84,20 @@ func WithTx(ctx context.Context, pool *pgxpool.Pool, fn func(q *Queries) error) 
 	})
 }
 
-// IsUnavailable reports whether err means the database could not be reached
-// (as opposed to refusing a statement), so callers can answer 503.
+// IsUnavailable reports whether err means the database could not be
+// reached or did not answer in time (as opposed to refusing a statement),
+// so callers can answer 503: a refused or broken connection, a server
+// shutting down, a connection given up by the I/O backstop, or a deadline
+// that ran out while waiting for PostgreSQL. A context deadline counts: the
+// deadlines on database work are database budgets (a request's DBTimeout, a
+// worker's per-call timeout), so running out of one means the database did
+// not answer within it.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
+	}
+	if IsTimeout(err) {
+		return true
 	}
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
@@ -69,6 +110,20 @@ func IsUnavailable(err error) bool {
 		return len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:4] == "57P0")
 	}
 	return pgconn.SafeToRetry(err)
+}
+
+// IsTimeout reports whether err is a deadline running out: a context
+// deadline, or a connection the I/O backstop gave up on. PostgreSQL's own
+// statement_timeout (57014) is not one: that server answered.
+func IsTimeout(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // IsUniqueViolation reports whether err is a unique-constraint violation,

@@ -65,7 +65,7 @@ func URL(t testing.TB) string {
 	name := fmt.Sprintf("t_%d_%d", os.Getpid(), counter.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := db.Open(ctx, adminURL)
+	admin, err := openAdmin(ctx)
 	if err != nil {
 		t.Fatalf("dbtest: %v", err)
 	}
@@ -113,7 +113,7 @@ func start() error {
 		cluster = c
 		adminURL = c.URL("postgres")
 	}
-	admin, err := db.Open(ctx, adminURL)
+	admin, err := openAdmin(ctx)
 	if err != nil {
 		return err
 	}
@@ -136,4 +136,11 @@ func withDatabase(raw, name string) string {
 	}
 	u.Path = "/" + name
 	return u.String()
+}
+
+// openAdmin opens a pool on the server's admin database. CREATE DATABASE
+// may wait on a busy machine well past the I/O backstop meant for muster's
+// own queries, so it gets a minute.
+func openAdmin(ctx context.Context) (*pgxpool.Pool, error) {
+	return db.OpenPool(ctx, db.PoolConfig{URL: adminURL, IOTimeout: time.Minute})
 }
