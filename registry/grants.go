@@ -79,6 +79,9 @@ func (r *Registry) PutGrants(ctx context.Context, actor identity.Principal, serv
 	if err != nil {
 		return Grants{}, err
 	}
+	if c := r.authz.Load(); c != nil {
+		c.putGrants(service, callers)
+	}
 	return g, nil
 }
 
@@ -95,19 +98,36 @@ func (r *Registry) GetGrants(ctx context.Context, actor identity.Principal, serv
 }
 
 // MayResolve reports (as a refusal error) whether actor may resolve or
-// watch service: operators and tools by role, a workload for its own
-// service or one that granted its service. The error does not say whether
-// the service exists, so it cannot be used to enumerate the estate.
+// watch service, reading the grants from PostgreSQL: operators and tools by
+// role, a workload for its own service or one that granted its service.
+// The error does not say whether the service exists, so it cannot be used
+// to enumerate the estate. AuthzCache.MayResolve decides the same from
+// memory.
 func (r *Registry) MayResolve(ctx context.Context, actor identity.Principal, service string) error {
+	return mayResolve(actor, service, func(caller string) (bool, error) {
+		callers, err := db.New(r.cfg.Pool).GrantsGet(ctx, service)
+		if err != nil {
+			return false, fmt.Errorf("read grants of %s: %w", service, err)
+		}
+		return slices.Contains(callers, caller), nil
+	})
+}
+
+// mayResolve is the one rule of who may resolve or watch a service, for
+// both the database path (Registry.MayResolve) and the in-memory copy
+// (AuthzCache): estate readers by role, a workload for its own service,
+// and a workload whose service the owners of service granted. granted
+// (whether service's grants name caller) is asked only in that last case.
+func mayResolve(actor identity.Principal, service string, granted func(caller string) (bool, error)) error {
 	if CanReadEstate(actor) || (actor.Kind == identity.KindWorkload && actor.Service == service) {
 		return nil
 	}
 	if actor.Kind == identity.KindWorkload && actor.Service != "" {
-		callers, err := db.New(r.cfg.Pool).GrantsGet(ctx, service)
+		ok, err := granted(actor.Service)
 		if err != nil {
-			return fmt.Errorf("read grants of %s: %w", service, err)
+			return err
 		}
-		if slices.Contains(callers, actor.Service) {
+		if ok {
 			return nil
 		}
 	}

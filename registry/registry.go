@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,6 +61,10 @@ func (c *Config) Validate() error {
 type Registry struct {
 	cfg     Config
 	metrics metrics
+	// authz is the in-memory copy of services and grants, when one was
+	// built on this registry: writes through this process update it at
+	// once, so a caller sees its own grant at the next watch.
+	authz atomic.Pointer[AuthzCache]
 }
 
 type metrics struct {

@@ -134,6 +134,9 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 	if err != nil {
 		return Service{}, false, err
 	}
+	if c := r.authz.Load(); c != nil {
+		c.putService(out.Name, out.Owner)
+	}
 	return out, created, nil
 }
 
