@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/worker"
@@ -54,8 +55,26 @@ type Config struct {
 	Retention time.Duration
 	// TransitionBuffer bounds the transitions held while PostgreSQL is away.
 	TransitionBuffer int
-	Engine           eligibility.Options
-	Sink             Sink
+	// MaxPendingWindows bounds the observed windows kept in memory while
+	// they cannot be written (2,000,000 rows, about 200 MB; at 60,000
+	// instances with three classes, some two minutes of flushes); the
+	// oldest beyond it are dropped and counted.
+	MaxPendingWindows int
+	// DBTimeout bounds each database call of the running loop: a registry
+	// refresh, one COPY of observed windows, a transitions flush (3 s).
+	// The refresh runs on the evaluation loop, so this is also the longest
+	// a database that stops answering can hold up an evaluation tick. The
+	// rebuild at start has no such bound (it may take long at region
+	// scale); the connections' I/O backstop still ends it if PostgreSQL
+	// stops answering.
+	DBTimeout time.Duration
+	// DatabaseUp, when set, says whether PostgreSQL answers (db.Monitor's
+	// Up). While it says no, the loop skips registry refreshes and window
+	// flushes instead of waiting out their deadlines on every tick; the
+	// windows keep counting and are written once it says yes again.
+	DatabaseUp func() bool
+	Engine     eligibility.Options
+	Sink       Sink
 	// Overrides, when set, lists the overrides in force (policy).
 	Overrides  OverrideSource
 	Logger     *slog.Logger
@@ -84,6 +103,16 @@ func (c *Config) Validate() error {
 	}
 	if c.TransitionBuffer == 0 {
 		c.TransitionBuffer = 100_000
+	}
+	if c.MaxPendingWindows == 0 {
+		c.MaxPendingWindows = 2_000_000
+	}
+	def(&c.DBTimeout, 3*time.Second)
+	if c.MaxPendingWindows < 0 || c.DBTimeout < 0 {
+		return fmt.Errorf("evaluator: MaxPendingWindows %d and DBTimeout %s must not be negative", c.MaxPendingWindows, c.DBTimeout)
+	}
+	if c.DatabaseUp == nil {
+		c.DatabaseUp = func() bool { return true }
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -139,6 +168,10 @@ type Evaluator struct {
 	reporters  map[string]eligibility.ReporterID
 
 	transitions *transitionWriter
+	// flushMu serialises window flushes; pendingWindows (oldest first) are
+	// the windows earlier flushes could not write.
+	flushMu        sync.Mutex
+	pendingWindows []db.ObservedWindowsInsertParams
 	// kick asks the loop for an early registry refresh: ingest saw an
 	// instance it does not know, most likely one registered a moment ago.
 	kick chan struct{}
@@ -174,7 +207,7 @@ func New(cfg Config) (*Evaluator, error) {
 		kick:      make(chan struct{}, 1),
 		urgent:    make(chan struct{}, 1),
 	}
-	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, m, e.log)
+	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, cfg.DBTimeout, m, e.log)
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(newCollector(e)); err != nil {
 			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
@@ -245,22 +278,34 @@ func (e *Evaluator) run(ctx context.Context) {
 			e.runOnce()
 			lastEval = time.Now()
 		case <-refresh.C:
-			if err := e.refresh(ctx); err != nil && ctx.Err() == nil {
-				e.log.Warn("refresh from the registry", "err", err)
-			}
+			e.refreshBounded(ctx)
 		case <-e.kick:
 			if time.Since(lastKick) < minKickInterval {
 				continue
 			}
 			lastKick = time.Now()
-			if err := e.refresh(ctx); err != nil && ctx.Err() == nil {
-				e.log.Warn("refresh from the registry", "err", err)
-			}
+			e.refreshBounded(ctx)
 		case <-flush.C:
+			if !e.cfg.DatabaseUp() {
+				continue // the windows keep counting; the next flush writes them
+			}
 			if err := e.flushWindows(ctx); err != nil && ctx.Err() == nil {
 				e.log.Warn("flush observed windows", "err", err)
 			}
 		}
+	}
+}
+
+// refreshBounded is the loop's registry refresh: skipped while the
+// database is down, and given DBTimeout, since evaluation waits for it.
+func (e *Evaluator) refreshBounded(ctx context.Context) {
+	if !e.cfg.DatabaseUp() {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.DBTimeout)
+	defer cancel()
+	if err := e.refresh(rctx); err != nil && ctx.Err() == nil {
+		e.log.Warn("refresh from the registry", "err", err)
 	}
 }
 

@@ -12,7 +12,8 @@ type metrics struct {
 	damping            *prometheus.HistogramVec
 	rebuild            prometheus.Gauge
 	windowsWritten     prometheus.Counter
-	windowsLost        prometheus.Counter
+	windowsDropped     prometheus.Counter
+	windowsPending     prometheus.Gauge
 	transitionsWritten prometheus.Counter
 	transitionsDropped prometheus.Counter
 }
@@ -42,8 +43,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		windowsWritten: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "muster_observed_windows_written_total", Help: "Observed windows written to PostgreSQL.",
 		}),
-		windowsLost: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "muster_observed_windows_lost_total", Help: "Observed windows that could not be written (observed state is lossy by design).",
+		windowsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_observed_windows_dropped_total",
+			Help: "Observed windows never written: over the bound of those kept while PostgreSQL was away, or older than the prune horizon by the time it came back (observed state is lossy by design).",
+		}),
+		windowsPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_observed_windows_pending", Help: "Observed windows kept in memory because a flush failed, waiting for PostgreSQL.",
 		}),
 		transitionsWritten: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "muster_transitions_written_total", Help: "Eligibility transitions appended to the transitions table.",
@@ -56,7 +61,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.accepted, m.refused, m.tick, m.transitions, m.damping, m.rebuild,
-		m.windowsWritten, m.windowsLost, m.transitionsWritten, m.transitionsDropped} {
+		m.windowsWritten, m.windowsDropped, m.windowsPending, m.transitionsWritten, m.transitionsDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -65,9 +65,20 @@ func (e *Evaluator) countWindow(s eligibility.Sample) {
 	w.addReporter(s.Reporter)
 }
 
-// flushWindows writes the windows counted since the last flush with COPY
-// and prunes what the rebuild will never read again.
+// flushWindows writes the windows counted since the last flush with COPY,
+// after any kept from flushes that failed, and prunes what the rebuild will
+// never read again. Windows that cannot be written are kept (bounded by
+// MaxPendingWindows, the oldest dropped first) and written by a later
+// flush, once PostgreSQL is back.
+//
+// A write that fails ambiguously (the reply lost after the COPY committed)
+// is written again by the next flush; observed_windows has no key, so the
+// rebuild then counts that window twice. Observed state is lossy by
+// contract (ADR-02), and a doubled window is a smaller error than a lost
+// outage's worth of them.
 func (e *Evaluator) flushWindows(ctx context.Context) error {
+	e.flushMu.Lock()
+	defer e.flushMu.Unlock()
 	now := e.cfg.Now()
 	e.mu.Lock()
 	windows, start := e.windows, e.winStart
@@ -76,26 +87,63 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 	if start.IsZero() {
 		start = now.Add(-e.cfg.FlushEvery)
 	}
-	if len(windows) > 0 {
-		rows := make([]db.ObservedWindowsInsertParams, 0, len(windows))
-		for k, w := range windows {
-			rows = append(rows, db.ObservedWindowsInsertParams{
-				InstanceID: k.id, Class: int16(k.class), WindowStart: start, WindowEnd: now,
-				Successes: int32(w.successes), Failures: int32(w.failures), HardFailures: int32(w.hard),
-				Unobservable: int32(w.unobservable), Reporters: int32(max(w.nrep, 1)),
-			})
-		}
-		if _, err := db.New(e.cfg.Pool).ObservedWindowsInsert(ctx, rows); err != nil {
-			// Observed state is lossy by contract (ADR-02): count and move on.
-			e.metrics.windowsLost.Add(float64(len(rows)))
-			return fmt.Errorf("write %d observed windows: %w", len(rows), err)
-		}
-		e.metrics.windowsWritten.Add(float64(len(rows)))
+	batch := e.pendingWindows
+	e.pendingWindows = nil
+	for k, w := range windows {
+		batch = append(batch, db.ObservedWindowsInsertParams{
+			InstanceID: k.id, Class: int16(k.class), WindowStart: start, WindowEnd: now,
+			Successes: int32(w.successes), Failures: int32(w.failures), HardFailures: int32(w.hard),
+			Unobservable: int32(w.unobservable), Reporters: int32(max(w.nrep, 1)),
+		})
 	}
-	if _, err := db.New(e.cfg.Pool).ObservedWindowsPrune(ctx, now.Add(-2*e.cfg.Retention)); err != nil {
+	// What the prune below would delete at once is not worth writing.
+	horizon := now.Add(-2 * e.cfg.Retention)
+	stale := 0
+	for stale < len(batch) && batch[stale].WindowEnd.Before(horizon) {
+		stale++
+	}
+	if stale > 0 {
+		e.metrics.windowsDropped.Add(float64(stale))
+		batch = batch[stale:]
+	}
+	for len(batch) > 0 {
+		n := min(len(batch), windowChunk)
+		cctx, cancel := context.WithTimeout(ctx, e.cfg.DBTimeout)
+		_, err := db.New(e.cfg.Pool).ObservedWindowsInsert(cctx, batch[:n])
+		cancel()
+		if err != nil {
+			e.keepWindows(batch)
+			return fmt.Errorf("write %d observed windows (%d kept for the next flush): %w", n, len(e.pendingWindows), err)
+		}
+		e.metrics.windowsWritten.Add(float64(n))
+		batch = batch[n:]
+	}
+	e.keepWindows(nil)
+	pctx, cancel := context.WithTimeout(ctx, e.cfg.DBTimeout)
+	defer cancel()
+	if _, err := db.New(e.cfg.Pool).ObservedWindowsPrune(pctx, horizon); err != nil {
 		return fmt.Errorf("prune observed windows: %w", err)
 	}
 	return nil
+}
+
+// windowChunk is how many windows one COPY writes: a region's worth of
+// windows kept through an outage goes out in pieces, each within the
+// deadline, and what was written stays written if a later piece fails.
+const windowChunk = 50_000
+
+// keepWindows holds unwritten windows (oldest first) for the next flush,
+// dropping the oldest beyond MaxPendingWindows. Called with flushMu held.
+func (e *Evaluator) keepWindows(batch []db.ObservedWindowsInsertParams) {
+	if over := len(batch) - e.cfg.MaxPendingWindows; over > 0 {
+		e.metrics.windowsDropped.Add(float64(over))
+		batch = batch[over:]
+	}
+	if len(batch) == 0 {
+		batch = nil // let a region's worth of kept windows go
+	}
+	e.pendingWindows = batch
+	e.metrics.windowsPending.Set(float64(len(batch)))
 }
 
 // replayWindows feeds the retained windows into the engine, oldest first,
@@ -156,6 +204,7 @@ func (e *Evaluator) replayWindow(w db.ObservedWindowsSinceRow, replayer eligibil
 type transitionWriter struct {
 	pool    *pgxpool.Pool
 	limit   int
+	timeout time.Duration // bounds one flush
 	metrics *metrics
 	log     *slog.Logger
 
@@ -164,8 +213,8 @@ type transitionWriter struct {
 	wake    chan struct{}
 }
 
-func newTransitionWriter(pool *pgxpool.Pool, limit int, m *metrics, log *slog.Logger) *transitionWriter {
-	return &transitionWriter{pool: pool, limit: limit, metrics: m, log: log, wake: make(chan struct{}, 1)}
+func newTransitionWriter(pool *pgxpool.Pool, limit int, timeout time.Duration, m *metrics, log *slog.Logger) *transitionWriter {
+	return &transitionWriter{pool: pool, limit: limit, timeout: timeout, metrics: m, log: log, wake: make(chan struct{}, 1)}
 }
 
 func (w *transitionWriter) add(ts []eligibility.Transition) {
@@ -232,7 +281,9 @@ func (w *transitionWriter) flush(ctx context.Context) {
 			Weight: t.Weight, At: t.At, Reason: t.Reason, History: hist,
 		}
 	}
-	if _, err := db.New(w.pool).TransitionsInsert(ctx, rows); err != nil {
+	fctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	if _, err := db.New(w.pool).TransitionsInsert(fctx, rows); err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn("write transitions; keeping them for the next try", "count", len(rows), "err", err)
 		}

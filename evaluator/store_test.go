@@ -13,6 +13,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/eligibility"
+	"github.com/musterhq/muster/registry"
 )
 
 func transitionsN(n int) []eligibility.Transition {
@@ -31,7 +32,7 @@ func TestTransitionWriterAppends(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	m, _ := newMetrics(nil)
-	w := newTransitionWriter(pool, 100, m, slog.New(slog.DiscardHandler))
+	w := newTransitionWriter(pool, 100, time.Second, m, slog.New(slog.DiscardHandler))
 	w.add(transitionsN(7))
 	w.flush(context.Background())
 	rows, err := db.New(pool).TransitionsList(context.Background(), db.TransitionsListParams{Lim: 100})
@@ -60,7 +61,7 @@ func TestTransitionWriterBuffersWhileDatabaseAway(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	m, _ := newMetrics(nil)
-	w := newTransitionWriter(pool, 5, m, slog.New(slog.DiscardHandler))
+	w := newTransitionWriter(pool, 5, time.Second, m, slog.New(slog.DiscardHandler))
 	w.add(transitionsN(3))
 	w.flush(context.Background()) // fails: the 3 go back in line
 	w.add(transitionsN(4))        // 7 > 5: the 2 oldest are dropped
@@ -69,5 +70,119 @@ func TestTransitionWriterBuffersWhileDatabaseAway(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.transitionsDropped); got != 2 {
 		t.Fatalf("dropped %v, want 2", got)
+	}
+}
+
+// TestFlushKeepsWindowsItCannotWrite: a flush that fails keeps its windows,
+// the next flushes that fail keep theirs after them up to the bound (the
+// oldest beyond it dropped and counted), and the first flush that
+// succeeds writes every kept window.
+func TestFlushKeepsWindowsItCannotWrite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	reg, err := registry.New(registry.Config{Pool: pool, Region: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	e, err := New(Config{Registry: reg, Pool: pool, MaxPendingWindows: 5, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(n int) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for range n {
+			e.countWindow(eligibility.Sample{Instance: eligibility.InstanceID(uuid.New()), Class: eligibility.Probe, Outcome: eligibility.Success, Reporter: 1})
+		}
+	}
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	written := func() (n int) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM observed_windows").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// PostgreSQL refuses the writes (the table is away).
+	exec("ALTER TABLE observed_windows RENAME TO observed_windows_away")
+	count(3)
+	if err := e.FlushNow(ctx); err == nil {
+		t.Fatal("a flush into a missing table succeeded")
+	}
+	if got := testutil.ToFloat64(e.metrics.windowsPending); got != 3 {
+		t.Fatalf("pending %v after the first failure, want 3", got)
+	}
+	firstEnd := now
+	now = now.Add(10 * time.Second)
+	count(4)
+	if err := e.FlushNow(ctx); err == nil {
+		t.Fatal("a flush into a missing table succeeded")
+	}
+	if p, d := testutil.ToFloat64(e.metrics.windowsPending), testutil.ToFloat64(e.metrics.windowsDropped); p != 5 || d != 2 {
+		t.Fatalf("pending %v, dropped %v after the second failure; want 5 and 2", p, d)
+	}
+
+	// It comes back: everything kept is written, with the new windows.
+	exec("ALTER TABLE observed_windows_away RENAME TO observed_windows")
+	now = now.Add(10 * time.Second)
+	count(2)
+	if err := e.FlushNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := written(); n != 7 {
+		t.Fatalf("%d windows written, want 5 kept + 2 new", n)
+	}
+	var oldest int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM observed_windows WHERE window_end = $1", firstEnd).Scan(&oldest); err != nil {
+		t.Fatal(err)
+	}
+	if oldest != 1 {
+		t.Fatalf("%d windows of the first flush written, want 1 (its 2 oldest were dropped over the bound)", oldest)
+	}
+	if p, w := testutil.ToFloat64(e.metrics.windowsPending), testutil.ToFloat64(e.metrics.windowsWritten); p != 0 || w != 7 {
+		t.Fatalf("pending %v, written %v after the recovery; want 0 and 7", p, w)
+	}
+}
+
+// TestTransitionWriterFlushHasADeadline: a flush against a frozen
+// PostgreSQL gives up after its timeout and keeps the batch.
+func TestTransitionWriterFlushHasADeadline(t *testing.T) {
+	t.Parallel()
+	pc := dbtest.NewCluster(t)
+	pool, err := db.OpenPool(context.Background(), db.PoolConfig{URL: pc.URL(), IOTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	m, _ := newMetrics(nil)
+	w := newTransitionWriter(pool, 100, 300*time.Millisecond, m, slog.New(slog.DiscardHandler))
+	w.add(transitionsN(3))
+	thaw := pc.Freeze(t)
+	start := time.Now()
+	w.flush(context.Background())
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("a flush against a frozen server took %s", took)
+	}
+	if len(w.pending) != 3 {
+		t.Fatalf("pending %d after the failed flush, want 3", len(w.pending))
+	}
+	thaw()
+	deadline := time.Now().Add(15 * time.Second)
+	for len(w.pending) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the kept transitions were not written within 15 s of the thaw")
+		}
+		w.flush(context.Background())
+	}
+	if got := testutil.ToFloat64(m.transitionsWritten); got != 3 {
+		t.Fatalf("written %v, want 3", got)
 	}
 }
