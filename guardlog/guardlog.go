@@ -62,6 +62,10 @@ func New(pool *pgxpool.Pool, logger *slog.Logger) *Log {
 	return &Log{pool: pool, log: logger.With("component", "guardlog"), wake: make(chan struct{}, 1)}
 }
 
+// flushTimeout bounds one background flush: a database that stops
+// answering must not park the writer; the events stay queued.
+const flushTimeout = 5 * time.Second
+
 // maxQueue bounds what is kept while the database is unreachable; the
 // oldest events are dropped first.
 const maxQueue = 10000
@@ -100,7 +104,10 @@ func (l *Log) Start(ctx context.Context) error {
 			case <-l.wake:
 			case <-retry.C:
 			}
-			if err := l.Flush(ctx); err != nil && ctx.Err() == nil {
+			fctx, cancel := context.WithTimeout(ctx, flushTimeout)
+			err := l.Flush(fctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
 				l.log.Warn("write guard events; keeping them for the next try", "err", err)
 			}
 		}

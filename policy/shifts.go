@@ -346,7 +346,12 @@ func (s *Shifts) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := s.RunOnce(ctx); err != nil && ctx.Err() == nil {
+		// A database that stops answering must not park the worker (the
+		// weights it serves are in memory); the next tick tries again.
+		rctx, cancel := context.WithTimeout(ctx, max(s.cfg.Poll, 5*time.Second))
+		err := s.RunOnce(rctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			s.log.Warn("shift worker", "err", err)
 		}
 	}

@@ -7,6 +7,10 @@ import (
 	"github.com/musterhq/muster/worker"
 )
 
+// sweepTimeout bounds one sweep, so a database that stops answering does
+// not park the sweeper; the next tick tries again.
+const sweepTimeout = 10 * time.Second
+
 // Sweeper runs Service.Sweep on a ticker: it writes down expired overrides
 // (readers already treat them as expired at their time) and prunes the
 // rate-limit log.
@@ -39,7 +43,10 @@ func (w *Sweeper) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if n, err := w.svc.Sweep(ctx); err != nil && ctx.Err() == nil {
+			sctx, cancel := context.WithTimeout(ctx, sweepTimeout)
+			n, err := w.svc.Sweep(sctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
 				log.Warn("sweep overrides", "err", err)
 			} else if n > 0 {
 				log.Info("overrides expired", "count", n)

@@ -51,6 +51,9 @@ func (r *Registry) ExpireLeases(ctx context.Context, batch int) (int, error) {
 	return n, nil
 }
 
+// reapTimeout bounds one ExpireLeases transaction of the reaper.
+const reapTimeout = 10 * time.Second
+
 // ReaperConfig configures a Reaper.
 type ReaperConfig struct {
 	Registry *Registry
@@ -114,7 +117,11 @@ func (rp *Reaper) loop(ctx context.Context) {
 
 func (rp *Reaper) runOnce(ctx context.Context) {
 	for {
-		n, err := rp.cfg.Registry.ExpireLeases(ctx, rp.cfg.Batch)
+		// Each pass has a deadline: a frozen database must not park the
+		// reaper (the connections' I/O backstop would end it later).
+		pctx, cancel := context.WithTimeout(ctx, reapTimeout)
+		n, err := rp.cfg.Registry.ExpireLeases(pctx, rp.cfg.Batch)
+		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
 				rp.cfg.Logger.Warn("expire leases", "err", err)

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/identity"
@@ -25,4 +27,24 @@ func (s *Server) alarmsGet(w http.ResponseWriter, r *http.Request) {
 		alarms = []assembler.Alarm{}
 	}
 	writeJSON(w, http.StatusOK, alarmList{Alarms: alarms})
+}
+
+// AlarmDatabaseUnreachable is open while PostgreSQL does not answer this
+// replica: writes answer 503, views are served from memory.
+const AlarmDatabaseUnreachable = "database_unreachable"
+
+// databaseAlarm is the database_unreachable alarm while the database is
+// down.
+func (s *Server) databaseAlarm() (assembler.Alarm, bool) {
+	db := s.cfg.Database
+	if db == nil || db.Up() {
+		return assembler.Alarm{}, false
+	}
+	since := db.DownSince()
+	detail := fmt.Sprintf("PostgreSQL has not answered this replica since %s", since.UTC().Format(time.RFC3339))
+	if err := db.Err(); err != nil {
+		detail += " (" + err.Error() + ")"
+	}
+	detail += "; writes answer 503 database-unavailable, views are served from memory, reports are held in memory"
+	return assembler.Alarm{Kind: AlarmDatabaseUnreachable, Since: since, Detail: detail}, true
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -56,6 +57,39 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		writeProblem(w, r, problem(http.StatusUnauthorized, "unauthenticated", detail))
 	})
 }
+
+// dbBudget gives the request its database budget: a deadline by which
+// whatever it does on PostgreSQL has ended (pgx honours it by setting a
+// deadline on the connection), so a database that hangs turns into a
+// prompt 503 instead of a request that waits with it.
+func (s *Server) dbBudget(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.DBTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// needsDatabase answers 503 at once, without trying, while the database
+// monitor says PostgreSQL is down: every request would only wait out its
+// budget to learn the same.
+func (s *Server) needsDatabase(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if db := s.cfg.Database; db != nil && !db.Up() {
+			detail := fmt.Sprintf("muster cannot reach its database (unreachable since %s); nothing was attempted. "+
+				"Views are still served (watch, resolve) and reports still taken; retry after Retry-After",
+				db.DownSince().UTC().Format(time.RFC3339))
+			p := problem(http.StatusServiceUnavailable, "database-unavailable", detail)
+			p.retryAfter = databaseRetryAfter
+			writeProblem(w, r, p)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// databaseRetryAfter is the Retry-After (seconds) of database-unavailable.
+const databaseRetryAfter = 5
 
 type annotationKey struct{}
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -101,14 +102,30 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, r, p)
 	case notReadyProblem(err) != nil:
 		writeProblem(w, r, notReadyProblem(err))
-	case errors.Is(err, identity.ErrIssuerUnavailable) || db.IsUnavailable(err):
-		s.log.Warn("dependency unavailable", "path", r.URL.Path, "err", err)
-		p := problem(http.StatusServiceUnavailable, "unavailable", "muster cannot reach its database or token issuer right now; nothing was changed, retry later")
-		p.retryAfter = 5
+	case errors.Is(err, registry.ErrNotLoaded):
+		p := problem(http.StatusServiceUnavailable, "not-ready", "muster has not yet loaded who may watch and resolve what; retry in a moment")
+		p.retryAfter = 1
 		writeProblem(w, r, p)
-	case errors.Is(err, r.Context().Err()) && r.Context().Err() != nil:
+	case errors.Is(r.Context().Err(), context.Canceled):
 		// The client went away; nobody is listening for a body.
 		w.WriteHeader(499)
+	case errors.Is(err, identity.ErrIssuerUnavailable):
+		s.log.Warn("token issuer unavailable", "path", r.URL.Path, "err", err)
+		p := problem(http.StatusServiceUnavailable, "unavailable", "muster cannot reach a token issuer right now; nothing was changed, retry later")
+		p.retryAfter = 5
+		writeProblem(w, r, p)
+	case db.IsUnavailable(err):
+		// Refused, broken, or not answered within the request's database
+		// budget (DBTimeout): the monitor hears of it too.
+		s.log.Warn("database unavailable", "path", r.URL.Path, "err", err)
+		if s.cfg.Database != nil {
+			s.cfg.Database.Observe(err)
+		}
+		p := problem(http.StatusServiceUnavailable, "database-unavailable", "muster's database could not be reached or did not answer in time; "+
+			"the request did not complete (a write most likely changed nothing: read back before retrying one that is not idempotent). "+
+			"Views are still served (watch, resolve) and reports still taken; retry after Retry-After")
+		p.retryAfter = databaseRetryAfter
+		writeProblem(w, r, p)
 	default:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeProblem(w, r, problem(http.StatusInternalServerError, "internal", "muster failed to handle the request; it has been logged"))

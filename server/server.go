@@ -38,6 +38,30 @@ type Evaluator interface {
 	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
 }
 
+// Authz answers who may watch or resolve what from memory (the
+// registry's AuthzCache), so that subscription keeps working while
+// PostgreSQL is away.
+type Authz interface {
+	MayResolve(actor identity.Principal, service string) error
+	ServiceExists(name string) (bool, error)
+}
+
+// Database is what the server knows of PostgreSQL's health (db.Monitor).
+type Database interface {
+	// Up reports whether the database answers; while it does not,
+	// requests that need it are answered 503 without trying.
+	Up() bool
+	// DownSince is when the current outage began.
+	DownSince() time.Time
+	// Err is the last failure seen while down.
+	Err() error
+	// Observe is told of errors requests met on the database.
+	Observe(err error)
+}
+
+// DefaultDBTimeout is the database budget of an API request.
+const DefaultDBTimeout = 1500 * time.Millisecond
+
 // AuditLog lists audit events.
 type AuditLog interface {
 	List(ctx context.Context, f audit.Filter) ([]audit.Event, error)
@@ -52,8 +76,20 @@ type Config struct {
 	Audit         AuditLog
 	Evaluator     Evaluator
 	Authenticator Authenticator
-	// Ready reports whether migrations ran and the database answers.
+	// Ready reports whether this replica can serve views (see
+	// ServingReady); it is what /readyz answers.
 	Ready func(ctx context.Context) error
+	// Authz authorises watch and resolve from memory.
+	Authz Authz
+	// Database, when set, is PostgreSQL's health: requests that need the
+	// database fail fast while it is down, and the database_unreachable
+	// alarm is listed with the others.
+	Database Database
+	// DBTimeout is the deadline of every /v1 request but the watch stream
+	// (DefaultDBTimeout, 1.5 s): whatever database work a request does
+	// ends by then, and a database that has not answered by then is
+	// answered for with 503 database-unavailable.
+	DBTimeout time.Duration
 	// Metrics is where the server registers its own metrics and what
 	// /metrics serves.
 	Metrics *prometheus.Registry
@@ -100,6 +136,8 @@ func (c *Config) Validate() error {
 		return errors.New("server: Authenticator is required")
 	case c.Ready == nil:
 		return errors.New("server: Ready is required")
+	case c.Authz == nil:
+		return errors.New("server: Authz is required")
 	case c.Metrics == nil:
 		return errors.New("server: Metrics is required")
 	case c.DevIssuer != nil && c.DevIssuerPath == "":
@@ -112,6 +150,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
+	}
+	if c.DBTimeout == 0 {
+		c.DBTimeout = DefaultDBTimeout
+	}
+	if c.DBTimeout < 0 {
+		return errors.New("server: DBTimeout must not be negative")
 	}
 	if c.WatchHeartbeat == 0 {
 		c.WatchHeartbeat = 15 * time.Second
@@ -218,36 +262,47 @@ func (s *Server) routes() chi.Router {
 	// route pattern even for refused requests.
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
-		r.Get("/v1/services", s.servicesList)
-		r.Get("/v1/services/{name}", s.serviceGet)
-		r.Put("/v1/services/{name}", s.servicePut)
-		r.Get("/v1/services/{name}/contract", s.contractGet)
-		r.Put("/v1/services/{name}/contract", s.contractPut)
-		r.Get("/v1/services/{name}/instances", s.instancesList)
-		r.Post("/v1/services/{name}/instances", s.instanceRegister)
-		r.Get("/v1/instances/{id}", s.instanceGet)
-		r.Delete("/v1/instances/{id}", s.instanceDeregister)
-		r.Put("/v1/instances/{id}/lease", s.leaseRenew)
-		r.Get("/v1/audit", s.auditList)
-		r.Get("/v1/probers/{subject}/assignments", s.proberAssignmentsGet)
-		r.Put("/v1/probers/{subject}/assignments", s.proberAssignmentsPut)
-		r.Post("/v1/reports", s.reportsPost)
-		r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
-		r.Get("/v1/services/{name}/grants", s.grantsGet)
-		r.Put("/v1/services/{name}/grants", s.grantsPut)
+		// The watch stream is long-lived and served from memory: no
+		// database budget.
 		r.Get("/v1/watch", s.watch)
-		r.Get("/v1/resolve/{service}", s.resolve)
-		r.Get("/v1/alarms", s.alarmsGet)
-		r.Get("/v1/shifts", s.shiftsList)
-		r.Post("/v1/shifts", s.shiftStart)
-		r.Get("/v1/shifts/{id}", s.shiftGet)
-		r.Post("/v1/shifts/{id}/step", s.shiftStep)
-		r.Post("/v1/shifts/{id}/confirm", s.shiftConfirm)
-		r.Post("/v1/overrides", s.overrideCreate)
-		r.Get("/v1/overrides", s.overridesList)
-		r.Get("/v1/overrides/{id}", s.overrideGet)
-		r.Delete("/v1/overrides/{id}", s.overrideLift)
-		r.Post("/v1/overrides/{id}/cosign", s.overrideCosign)
+		r.Group(func(r chi.Router) {
+			r.Use(s.dbBudget)
+			// Served from memory: they keep working while PostgreSQL is
+			// away (reports are taken into memory and flushed later).
+			r.Post("/v1/reports", s.reportsPost)
+			r.Get("/v1/resolve/{service}", s.resolve)
+			r.Get("/v1/alarms", s.alarmsGet)
+			// Everything else reads or writes PostgreSQL.
+			r.Group(func(r chi.Router) {
+				r.Use(s.needsDatabase)
+				r.Get("/v1/services", s.servicesList)
+				r.Get("/v1/services/{name}", s.serviceGet)
+				r.Put("/v1/services/{name}", s.servicePut)
+				r.Get("/v1/services/{name}/contract", s.contractGet)
+				r.Put("/v1/services/{name}/contract", s.contractPut)
+				r.Get("/v1/services/{name}/instances", s.instancesList)
+				r.Post("/v1/services/{name}/instances", s.instanceRegister)
+				r.Get("/v1/instances/{id}", s.instanceGet)
+				r.Delete("/v1/instances/{id}", s.instanceDeregister)
+				r.Put("/v1/instances/{id}/lease", s.leaseRenew)
+				r.Get("/v1/audit", s.auditList)
+				r.Get("/v1/probers/{subject}/assignments", s.proberAssignmentsGet)
+				r.Put("/v1/probers/{subject}/assignments", s.proberAssignmentsPut)
+				r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
+				r.Get("/v1/services/{name}/grants", s.grantsGet)
+				r.Put("/v1/services/{name}/grants", s.grantsPut)
+				r.Get("/v1/shifts", s.shiftsList)
+				r.Post("/v1/shifts", s.shiftStart)
+				r.Get("/v1/shifts/{id}", s.shiftGet)
+				r.Post("/v1/shifts/{id}/step", s.shiftStep)
+				r.Post("/v1/shifts/{id}/confirm", s.shiftConfirm)
+				r.Post("/v1/overrides", s.overrideCreate)
+				r.Get("/v1/overrides", s.overridesList)
+				r.Get("/v1/overrides/{id}", s.overrideGet)
+				r.Delete("/v1/overrides/{id}", s.overrideLift)
+				r.Post("/v1/overrides/{id}/cosign", s.overrideCosign)
+			})
+		})
 	})
 	return r
 }
@@ -267,11 +322,39 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	if err := s.cfg.Ready(ctx); err != nil {
 		s.log.Warn("not ready", "err", err)
-		p := problem(http.StatusServiceUnavailable, "not-ready", "muster is not ready: it is starting, stopping, or cannot reach its database")
+		p := problem(http.StatusServiceUnavailable, "not-ready", "muster is not ready to serve views: "+err.Error())
 		p.retryAfter = 1
 		writeProblem(w, r, p)
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	_, _ = w.Write([]byte("ready\n"))
+}
+
+// ReadyEvaluator is what readiness needs of the evaluator.
+type ReadyEvaluator interface {
+	// Ready reports whether the rebuild after start is done.
+	Ready() bool
+	// Stats counts what it holds (the services, for readiness).
+	Stats() evaluator.Stats
+}
+
+// ServingReady is /readyz's test: a replica is ready when it can serve
+// views, that is when the evaluator has rebuilt its state and the hub
+// holds views (at least one published since start, when the registry has
+// any service; an empty registry is ready once rebuilt). Whether
+// PostgreSQL answers is not part of it: a database outage must not take
+// every replica out of its load balancer at once while each can still
+// serve what it holds. Database health is muster_database_up and the
+// database_unreachable alarm instead.
+func ServingReady(ev ReadyEvaluator, hub *stream.Hub) func(context.Context) error {
+	return func(context.Context) error {
+		switch {
+		case !ev.Ready():
+			return errors.New("the evaluator is rebuilding its state after a start")
+		case hub.Views() == 0 && ev.Stats().Services > 0:
+			return errors.New("no view has been published since start")
+		}
+		return nil
+	}
 }

@@ -351,6 +351,8 @@ func TestPagination(t *testing.T) {
 func TestOperationalEndpoints(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
+	// Ready once the evaluator has rebuilt (an empty registry needs no view).
+	poll(t, "/readyz", 20*time.Second, func() bool { return s.Do(t, "GET", "/readyz", "", "", "").Status == http.StatusOK })
 	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/openapi.yaml"} {
 		if r := s.Do(t, "GET", path, "", "", ""); r.Status != http.StatusOK {
 			t.Errorf("%s: %d", path, r.Status)
@@ -369,8 +371,11 @@ func TestOperationalEndpoints(t *testing.T) {
 }
 
 // TestDatabaseDownAnswers503 points muster at a database that is not there:
-// writes and reads answer 503 with Retry-After, and /readyz says not ready,
-// while authentication (which needs no database) still works.
+// writes and reads answer 503 database-unavailable with Retry-After,
+// authentication (which needs no database) still works, and /readyz says
+// not ready, since a replica that never reached its database has never
+// rebuilt and has no view to serve. (A database that goes away after
+// start leaves /readyz at 200: TestStoppedDatabase, TestFrozenDatabase.)
 func TestDatabaseDownAnswers503(t *testing.T) {
 	t.Parallel()
 	pool, err := pgxpool.New(context.Background(), "postgres:///muster?host="+t.TempDir()+"&user=postgres&sslmode=disable&connect_timeout=2")
@@ -386,17 +391,25 @@ func TestDatabaseDownAnswers503(t *testing.T) {
 		{"GET", "/v1/services", ""},
 		{"GET", "/v1/audit", ""},
 	} {
+		start := time.Now()
 		r := s.JSON(t, c.method, c.path, admin, c.body)
 		if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" {
 			t.Errorf("%s %s: %d (Retry-After %q) %s", c.method, c.path, r.Status, r.Header.Get("Retry-After"), r.Body)
 			continue
 		}
-		if p := r.Problem(t); p.Type != server.ProblemBase+"unavailable" {
+		if p := r.Problem(t); p.Type != server.ProblemBase+"database-unavailable" {
 			t.Errorf("%s %s: problem %+v", c.method, c.path, p)
 		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("%s %s: answered after %s", c.method, c.path, took)
+		}
+	}
+	// Watch and resolve have no copy of the grants to authorise from yet.
+	if r := s.Do(t, "GET", "/v1/resolve/web", s.Token(t, webReq), "", ""); r.Status != http.StatusServiceUnavailable || r.Problem(t).Type != server.ProblemBase+"not-ready" {
+		t.Errorf("resolve before any copy of the grants: %d %s", r.Status, r.Body)
 	}
 	if r := s.Do(t, "GET", "/readyz", "", "", ""); r.Status != http.StatusServiceUnavailable {
-		t.Errorf("/readyz with the database down: %d", r.Status)
+		t.Errorf("/readyz without ever reaching the database: %d", r.Status)
 	}
 	if r := s.Do(t, "GET", "/v1/services", "", "", ""); r.Status != http.StatusUnauthorized {
 		t.Errorf("no token with the database down: %d, want 401", r.Status)

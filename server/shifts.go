@@ -173,6 +173,9 @@ func (s *Server) allAlarms() []assembler.Alarm {
 	if s.cfg.Shifts != nil {
 		out = append(out, s.cfg.Shifts.Alarms()...)
 	}
+	if a, ok := s.databaseAlarm(); ok {
+		out = append(out, a)
+	}
 	slices.SortStableFunc(out, func(a, b assembler.Alarm) int {
 		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Service, b.Service), cmp.Compare(a.Zone, b.Zone))
 	})

@@ -263,18 +263,20 @@ func (ss *streamSet) wait(ctx context.Context) error {
 }
 
 // authoriseViews checks that the caller may resolve every service and that
-// each exists, writing the problem when not.
+// each exists, writing the problem when not. It asks the in-memory copy
+// (Authz), never PostgreSQL: re-subscription must keep working while the
+// database is away.
 func (s *Server) authoriseViews(w http.ResponseWriter, r *http.Request, services []string) bool {
 	for _, name := range services {
 		if !registry.ValidName(name) {
 			writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", fmt.Sprintf("%q is not a service name", name)))
 			return false
 		}
-		if err := s.cfg.Registry.MayResolve(r.Context(), principal(r), name); err != nil {
+		if err := s.cfg.Authz.MayResolve(principal(r), name); err != nil {
 			s.writeError(w, r, err)
 			return false
 		}
-		ok, err := s.cfg.Registry.ServiceExists(r.Context(), name)
+		ok, err := s.cfg.Authz.ServiceExists(name)
 		if err != nil {
 			s.writeError(w, r, err)
 			return false

@@ -62,6 +62,7 @@ type Hub struct {
 	closed   bool
 	subs     int
 	peak     int
+	views    int // services with a view
 }
 
 type serviceState struct {
@@ -102,6 +103,9 @@ func (h *Hub) Publish(updates []Update) {
 		if st.view != nil && u.View.Version <= st.view.Version {
 			continue // never go backwards
 		}
+		if st.view == nil {
+			h.views++
+		}
 		st.view = u.View
 		var send *Frame
 		if u.Delta != nil {
@@ -139,6 +143,13 @@ func (h *Hub) View(service string) (*Frame, bool) {
 		return nil, false
 	}
 	return st.view, true
+}
+
+// Views is how many services the hub holds a view of.
+func (h *Hub) Views() int {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.views
 }
 
 // Subscribe registers interest in services, starting after version since

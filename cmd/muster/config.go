@@ -10,9 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/webui"
 )
 
@@ -52,6 +54,17 @@ type Config struct {
 	// (MUSTER_UI_*); the UI is off when UI.IssuerURL is empty. `muster
 	// dev` signs in through its built-in issuer instead.
 	UI webui.OIDCConfig
+	// DBTimeout is the database budget of an API request
+	// (MUSTER_DB_TIMEOUT, 1.5s): a request's database work ends by then,
+	// and one that has not is answered 503 database-unavailable.
+	DBTimeout time.Duration
+	// DBIOTimeout is the connections' backstop (MUSTER_DB_IO_TIMEOUT, 5s):
+	// how long PostgreSQL may stay silent while a reply is owed before the
+	// connection is given up (db.DefaultIOTimeout says why 5 s).
+	DBIOTimeout time.Duration
+	// MaxPendingWindows bounds the observed windows kept in memory while
+	// PostgreSQL cannot take them (MUSTER_MAX_PENDING_WINDOWS, 2000000).
+	MaxPendingWindows int
 	// UIInsecureCookie drops the session cookie's Secure attribute
 	// (MUSTER_UI_INSECURE_COOKIE=1), for plain-http development only.
 	UIInsecureCookie bool
@@ -186,6 +199,22 @@ func loadEnv(c *Config) error {
 		return err
 	}
 	c.UIInsecureCookie = os.Getenv("MUSTER_UI_INSECURE_COOKIE") == "1"
+	c.DBTimeout, c.DBIOTimeout, c.MaxPendingWindows = server.DefaultDBTimeout, db.DefaultIOTimeout, 2_000_000
+	if v := os.Getenv("MUSTER_DB_TIMEOUT"); v != "" {
+		if c.DBTimeout, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("MUSTER_DB_TIMEOUT: %w", err)
+		}
+	}
+	if v := os.Getenv("MUSTER_DB_IO_TIMEOUT"); v != "" {
+		if c.DBIOTimeout, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("MUSTER_DB_IO_TIMEOUT: %w", err)
+		}
+	}
+	if v := os.Getenv("MUSTER_MAX_PENDING_WINDOWS"); v != "" {
+		if c.MaxPendingWindows, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("MUSTER_MAX_PENDING_WINDOWS: %w", err)
+		}
+	}
 	if v := os.Getenv("MUSTER_LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			return fmt.Errorf("MUSTER_LOG_LEVEL: %w", err)
@@ -210,6 +239,12 @@ func (c *Config) Validate() error {
 	}
 	if c.ShiftDwell < 0 || c.ShiftPendingAlarm <= 0 {
 		return fmt.Errorf("the shift dwell (%s) must not be negative and the pending alarm time (%s) must be above 0", c.ShiftDwell, c.ShiftPendingAlarm)
+	}
+	if c.DBTimeout <= 0 || c.DBIOTimeout <= 0 {
+		return fmt.Errorf("MUSTER_DB_TIMEOUT (%s) and MUSTER_DB_IO_TIMEOUT (%s) must be above 0", c.DBTimeout, c.DBIOTimeout)
+	}
+	if c.MaxPendingWindows <= 0 {
+		return fmt.Errorf("MUSTER_MAX_PENDING_WINDOWS %d must be above 0", c.MaxPendingWindows)
 	}
 	if c.LeaseTTL < time.Second {
 		return fmt.Errorf("MUSTER_LEASE_TTL %s is below 1s", c.LeaseTTL)

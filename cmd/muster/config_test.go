@@ -31,3 +31,30 @@ func TestLoadEnvPolicyLimits(t *testing.T) {
 		t.Fatalf("config %+v", c)
 	}
 }
+
+func TestLoadEnvDatabaseTimeouts(t *testing.T) {
+	var c Config
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c.DBTimeout != 1500*time.Millisecond || c.DBIOTimeout != 5*time.Second || c.MaxPendingWindows != 2_000_000 {
+		t.Fatalf("defaults: %s %s %d", c.DBTimeout, c.DBIOTimeout, c.MaxPendingWindows)
+	}
+	t.Setenv("MUSTER_DB_TIMEOUT", "800ms")
+	t.Setenv("MUSTER_DB_IO_TIMEOUT", "3s")
+	t.Setenv("MUSTER_MAX_PENDING_WINDOWS", "1000")
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c.DBTimeout != 800*time.Millisecond || c.DBIOTimeout != 3*time.Second || c.MaxPendingWindows != 1000 {
+		t.Fatalf("from the environment: %s %s %d", c.DBTimeout, c.DBIOTimeout, c.MaxPendingWindows)
+	}
+	c.Addr, c.Region, c.ShiftSteps, c.ShiftPendingAlarm, c.AdmissionFloor, c.LeaseTTL, c.Dev = ":0", "local", []float64{1}, time.Minute, 1, time.Minute, true
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.DBTimeout = 0
+	if err := c.Validate(); err == nil {
+		t.Fatal("a zero DB timeout validated")
+	}
+}

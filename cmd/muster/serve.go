@@ -105,11 +105,19 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err := db.Migrate(dbURL); err != nil {
 		return err
 	}
-	pool, err := db.Open(ctx, dbURL)
+	pool, err := db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	// The health monitor pings on a connection of its own: on the shared
+	// pool, a burst of slow requests holding every connection would read
+	// as an outage.
+	monPool, err := db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1})
+	if err != nil {
+		return err
+	}
+	defer monPool.Close()
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -140,6 +148,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		Pool: pool, Region: cfg.Region, LeaseTTL: cfg.LeaseTTL,
 		Logger: log.With("component", "registry"), Registerer: metrics,
 	})
+	if err != nil {
+		return err
+	}
+	dbHealth, err := db.NewMonitor(db.MonitorConfig{Pool: monPool, Logger: log, Registerer: metrics})
+	if err != nil {
+		return err
+	}
+	authz, err := registry.NewAuthzCache(registry.AuthzCacheConfig{Registry: reg, Logger: log, Registerer: metrics})
 	if err != nil {
 		return err
 	}
@@ -181,6 +197,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	eval, err = evaluator.New(evaluator.Config{
 		Registry: reg, Pool: pool, Logger: log, Registerer: metrics, Sink: pub, Overrides: pol,
+		MaxPendingWindows: cfg.MaxPendingWindows, DatabaseUp: dbHealth.Up,
 	})
 	if err != nil {
 		return err
@@ -188,17 +205,18 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	sweeper := policy.NewSweeper(pol, 0)
 
 	var ready atomic.Bool
+	servingReady := server.ServingReady(eval, hub)
 	scfg := server.Config{
 		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub, Shifts: shifts,
+		Authz: authz, Database: dbHealth, DBTimeout: cfg.DBTimeout,
+		// Whether this replica can serve views, not whether PostgreSQL
+		// answers (that is muster_database_up and database_unreachable).
 		Ready: func(ctx context.Context) error {
-			switch {
-			case !ready.Load():
+			if !ready.Load() {
 				return errors.New("starting or stopping")
-			case !eval.Ready():
-				return errors.New("rebuilding evaluation state")
 			}
-			return pool.Ping(ctx)
+			return servingReady(ctx)
 		},
 	}
 	if devIssuer != nil {
@@ -234,6 +252,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 
+	if err := dbHealth.Start(ctx); err != nil {
+		return err
+	}
+	defer dbHealth.Stop()
+	if err := authz.Start(ctx); err != nil {
+		return err
+	}
+	defer authz.Stop()
 	if err := reaper.Start(ctx); err != nil {
 		return err
 	}
@@ -320,6 +346,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	shifts.Stop()
 	sweeper.Stop()
 	reaper.Stop()
+	authz.Stop()
+	dbHealth.Stop()
 	return nil
 }
 

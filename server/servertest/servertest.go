@@ -71,6 +71,12 @@ type Stack struct {
 	Guards *guardlog.Log
 	// UI is the admin web UI when Options.UI is set.
 	UI *webui.UI
+	// Authz is the in-memory copy of services and grants watch and resolve
+	// authorise from; started, and loaded before New returns when the
+	// database answers.
+	Authz *registry.AuthzCache
+	// Monitor watches the database (started), on a pool of its own.
+	Monitor *db.Monitor
 }
 
 // Options adjust a Stack.
@@ -92,14 +98,35 @@ type Options struct {
 	// UI mounts the admin web UI at /ui, signing in through the dev
 	// issuer (client "muster-ui") on the stack's clock.
 	UI bool
+	// DatabaseURL points the stack at this database instead of a fresh
+	// one from dbtest (a private cluster the test stops or freezes, say).
+	DatabaseURL string
+	// DBTimeout is the server's per-request database budget; the
+	// server's default when zero.
+	DBTimeout time.Duration
 }
 
 // New starts a Stack that is torn down when t ends.
 func New(t testing.TB, opts Options) *Stack {
 	t.Helper()
-	pool := opts.Pool
+	pool, monPool := opts.Pool, opts.Pool
 	if pool == nil {
-		pool = dbtest.New(t)
+		url := opts.DatabaseURL
+		if url == "" {
+			url = dbtest.URL(t)
+		}
+		// The monitor pings on a connection of its own, as in muster serve.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var err error
+		if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: url}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		if monPool, err = db.OpenPool(ctx, db.PoolConfig{URL: url, MaxConns: 1}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(monPool.Close)
 	}
 	clk := &Clock{t: time.Now().UTC().Truncate(time.Microsecond)}
 	metrics := prometheus.NewRegistry()
@@ -143,9 +170,13 @@ func New(t testing.TB, opts Options) *Stack {
 	if shifts, err = policy.NewShifts(scfg); err != nil {
 		t.Fatal(err)
 	}
+	mon, err := db.NewMonitor(db.MonitorConfig{Pool: monPool, Registerer: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ecfg := evaluator.Config{
 		Registry: reg, Pool: pool, Now: clk.Now, Registerer: metrics, Sink: pub, Overrides: pol,
-		Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute,
+		Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute, DatabaseUp: mon.Up,
 	}
 	if opts.Evaluator != nil {
 		opts.Evaluator(&ecfg)
@@ -167,10 +198,14 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	authz, err := registry.NewAuthzCache(registry.AuthzCacheConfig{Registry: reg, Registerer: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
 	srvCfg := server.Config{
 		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts,
-		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
+		Ready: server.ServingReady(ev, hub), Authz: authz, Database: mon, DBTimeout: opts.DBTimeout,
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 	}
 	var ui *webui.UI
@@ -193,6 +228,23 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	hs.Config.Handler = srv
+	// Load the copy of services and grants before serving, so a test's
+	// first watch is not refused for want of it; with the database down
+	// the worker keeps trying.
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = authz.RunOnce(ctx)
+		cancel()
+	}
+	for _, w := range []interface {
+		Start(context.Context) error
+		Stop()
+	}{authz, mon} {
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.Stop)
+	}
 	hs.Start()
 	t.Cleanup(hs.Close)
 	if !opts.NoStart {
@@ -201,7 +253,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, Guards: guards, UI: ui}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, Guards: guards, UI: ui, Authz: authz, Monitor: mon}
 }
 
 // Token mints a token from the stack's dev issuer.
