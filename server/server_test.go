@@ -370,6 +370,30 @@ func TestOperationalEndpoints(t *testing.T) {
 	}
 }
 
+// TestReadyWhenViewsArePublished: /readyz says whether the replica can
+// serve views: with services registered it waits for the first
+// publication after the rebuild.
+func TestReadyWhenViewsArePublished(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.Seed(t)
+	poll(t, "the evaluator's rebuild", 20*time.Second, s.Evaluator.Ready)
+	if err := s.Evaluator.SyncNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := s.Do(t, "GET", "/readyz", "", "", "")
+	if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") != "1" || !strings.Contains(r.Problem(t).Detail, "no view") {
+		t.Fatalf("/readyz with services and no view: %d %s", r.Status, r.Body)
+	}
+	s.Evaluator.EvaluateNow()
+	s.Publisher.RunOnce()
+	s.Clock.Advance(2 * time.Second)
+	s.Publisher.RunOnce()
+	if r := s.Do(t, "GET", "/readyz", "", "", ""); r.Status != http.StatusOK {
+		t.Fatalf("/readyz once views are published: %d %s", r.Status, r.Body)
+	}
+}
+
 // TestDatabaseDownAnswers503 points muster at a database that is not there:
 // writes and reads answer 503 database-unavailable with Retry-After,
 // authentication (which needs no database) still works, and /readyz says
