@@ -61,7 +61,7 @@ type Config struct {
 	// oldest beyond it are dropped and counted.
 	MaxPendingWindows int
 	// DBTimeout bounds each database call of the running loop: a registry
-	// refresh, one COPY of observed windows, a transitions flush (3 s).
+	// refresh, one COPY of observed windows or of transitions (3 s).
 	// The refresh runs on the evaluation loop, so this is also the longest
 	// a database that stops answering can hold up an evaluation tick. The
 	// rebuild at start has no such bound (it may take long at region
@@ -69,9 +69,10 @@ type Config struct {
 	// stops answering.
 	DBTimeout time.Duration
 	// DatabaseUp, when set, says whether PostgreSQL answers (db.Monitor's
-	// Up). While it says no, the loop skips registry refreshes and window
-	// flushes instead of waiting out their deadlines on every tick; the
-	// windows keep counting and are written once it says yes again.
+	// Up). While it says no, the loop skips registry refreshes, window
+	// flushes and transition writes instead of waiting out their deadlines
+	// again and again; windows keep counting and transitions stay buffered,
+	// and both are written once it says yes again.
 	DatabaseUp func() bool
 	Engine     eligibility.Options
 	Sink       Sink
@@ -207,7 +208,7 @@ func New(cfg Config) (*Evaluator, error) {
 		kick:      make(chan struct{}, 1),
 		urgent:    make(chan struct{}, 1),
 	}
-	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, cfg.DBTimeout, m, e.log)
+	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, cfg.DBTimeout, cfg.DatabaseUp, m, e.log)
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(newCollector(e)); err != nil {
 			return nil, fmt.Errorf("evaluator: register metrics: %w", err)

@@ -130,7 +130,7 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 // windowChunk is how many windows one COPY writes: a region's worth of
 // windows kept through an outage goes out in pieces, each within the
 // deadline, and what was written stays written if a later piece fails.
-const windowChunk = 50_000
+const windowChunk = 20_000
 
 // keepWindows holds unwritten windows (oldest first) for the next flush,
 // dropping the oldest beyond MaxPendingWindows. Called with flushMu held.
@@ -204,7 +204,8 @@ func (e *Evaluator) replayWindow(w db.ObservedWindowsSinceRow, replayer eligibil
 type transitionWriter struct {
 	pool    *pgxpool.Pool
 	limit   int
-	timeout time.Duration // bounds one flush
+	timeout time.Duration // bounds one COPY
+	up      func() bool   // whether PostgreSQL answers; no tries while not
 	metrics *metrics
 	log     *slog.Logger
 
@@ -213,8 +214,11 @@ type transitionWriter struct {
 	wake    chan struct{}
 }
 
-func newTransitionWriter(pool *pgxpool.Pool, limit int, timeout time.Duration, m *metrics, log *slog.Logger) *transitionWriter {
-	return &transitionWriter{pool: pool, limit: limit, timeout: timeout, metrics: m, log: log, wake: make(chan struct{}, 1)}
+func newTransitionWriter(pool *pgxpool.Pool, limit int, timeout time.Duration, up func() bool, m *metrics, log *slog.Logger) *transitionWriter {
+	if up == nil {
+		up = func() bool { return true }
+	}
+	return &transitionWriter{pool: pool, limit: limit, timeout: timeout, up: up, metrics: m, log: log, wake: make(chan struct{}, 1)}
 }
 
 func (w *transitionWriter) add(ts []eligibility.Transition) {
@@ -258,7 +262,9 @@ func (w *transitionWriter) run(ctx context.Context) {
 		case <-w.wake:
 		case <-retry.C:
 		}
-		w.flush(ctx)
+		if w.up() {
+			w.flush(ctx)
+		}
 	}
 }
 
@@ -267,31 +273,39 @@ func (w *transitionWriter) flush(ctx context.Context) {
 	batch := w.pending
 	w.pending = nil
 	w.mu.Unlock()
-	if len(batch) == 0 {
-		return
-	}
-	rows := make([]db.TransitionsInsertParams, len(batch))
-	for i, t := range batch {
-		var hist json.RawMessage
-		if len(t.History) > 0 {
-			hist, _ = json.Marshal(historyOf(t.History))
+	// In pieces, each within the deadline: what an outage held back goes
+	// out even when all of it would take longer than one deadline, and
+	// what was written stays written if a later piece fails.
+	for len(batch) > 0 {
+		n := min(len(batch), transitionChunk)
+		rows := make([]db.TransitionsInsertParams, n)
+		for i, t := range batch[:n] {
+			var hist json.RawMessage
+			if len(t.History) > 0 {
+				hist, _ = json.Marshal(historyOf(t.History))
+			}
+			rows[i] = db.TransitionsInsertParams{
+				InstanceID: uuid.UUID(t.Instance), Service: t.Service, FromState: t.From.String(), ToState: t.To.String(),
+				Weight: t.Weight, At: t.At, Reason: t.Reason, History: hist,
+			}
 		}
-		rows[i] = db.TransitionsInsertParams{
-			InstanceID: uuid.UUID(t.Instance), Service: t.Service, FromState: t.From.String(), ToState: t.To.String(),
-			Weight: t.Weight, At: t.At, Reason: t.Reason, History: hist,
+		fctx, cancel := context.WithTimeout(ctx, w.timeout)
+		_, err := db.New(w.pool).TransitionsInsert(fctx, rows)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("write transitions; keeping them for the next try", "count", len(batch), "err", err)
+			}
+			w.requeue(batch)
+			return
 		}
+		w.metrics.transitionsWritten.Add(float64(n))
+		batch = batch[n:]
 	}
-	fctx, cancel := context.WithTimeout(ctx, w.timeout)
-	defer cancel()
-	if _, err := db.New(w.pool).TransitionsInsert(fctx, rows); err != nil {
-		if ctx.Err() == nil {
-			w.log.Warn("write transitions; keeping them for the next try", "count", len(rows), "err", err)
-		}
-		w.requeue(batch)
-		return
-	}
-	w.metrics.transitionsWritten.Add(float64(len(rows)))
 }
+
+// transitionChunk is how many transitions one COPY writes.
+const transitionChunk = 10_000
 
 // historyEntry is a transition in a quarantine's attached history.
 type historyEntry struct {

@@ -32,7 +32,7 @@ func TestTransitionWriterAppends(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	m, _ := newMetrics(nil)
-	w := newTransitionWriter(pool, 100, time.Second, m, slog.New(slog.DiscardHandler))
+	w := newTransitionWriter(pool, 100, time.Second, nil, m, slog.New(slog.DiscardHandler))
 	w.add(transitionsN(7))
 	w.flush(context.Background())
 	rows, err := db.New(pool).TransitionsList(context.Background(), db.TransitionsListParams{Lim: 100})
@@ -61,7 +61,7 @@ func TestTransitionWriterBuffersWhileDatabaseAway(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	m, _ := newMetrics(nil)
-	w := newTransitionWriter(pool, 5, time.Second, m, slog.New(slog.DiscardHandler))
+	w := newTransitionWriter(pool, 5, time.Second, nil, m, slog.New(slog.DiscardHandler))
 	w.add(transitionsN(3))
 	w.flush(context.Background()) // fails: the 3 go back in line
 	w.add(transitionsN(4))        // 7 > 5: the 2 oldest are dropped
@@ -163,7 +163,7 @@ func TestTransitionWriterFlushHasADeadline(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	m, _ := newMetrics(nil)
-	w := newTransitionWriter(pool, 100, 300*time.Millisecond, m, slog.New(slog.DiscardHandler))
+	w := newTransitionWriter(pool, 100, 300*time.Millisecond, nil, m, slog.New(slog.DiscardHandler))
 	w.add(transitionsN(3))
 	thaw := pc.Freeze(t)
 	start := time.Now()
@@ -184,5 +184,37 @@ func TestTransitionWriterFlushHasADeadline(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.transitionsWritten); got != 3 {
 		t.Fatalf("written %v, want 3", got)
+	}
+}
+
+// TestFlushWritesInPieces: more windows than one COPY takes are all
+// written.
+func TestFlushWritesInPieces(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	reg, err := registry.New(registry.Config{Pool: pool, Region: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{Registry: reg, Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 2*windowChunk + 123
+	e.mu.Lock()
+	for range n {
+		e.countWindow(eligibility.Sample{Instance: eligibility.InstanceID(uuid.New()), Class: eligibility.Passive, Outcome: eligibility.Failure, Reporter: 1})
+	}
+	e.mu.Unlock()
+	if err := e.FlushNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM observed_windows").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != n || testutil.ToFloat64(e.metrics.windowsWritten) != n {
+		t.Fatalf("%d windows in the table, %v counted written; want %d", got, testutil.ToFloat64(e.metrics.windowsWritten), n)
 	}
 }
