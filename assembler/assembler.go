@@ -245,6 +245,10 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 		}
 		in := true
 		switch {
+		case x.LeaseExpired:
+			// Gone from the registry: kept only as far as the guard needs.
+			ep.State, ep.Weight, ep.Quarantined, ep.LeaseExpired = eligibility.Ineligible.String(), TrippedWeight, false, true
+			in = zones[x.Zone].Guard == GuardTripped
 		case x.Override != nil && x.Override.Action == OverrideIneligible:
 			// Forced out: published with its reason at weight 0, which no
 			// client routes to, and never restored by a tripped guard.
@@ -292,13 +296,26 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 func sameEndpoint(a, b *Endpoint) bool {
 	return a.InstanceID == b.InstanceID && a.Address == b.Address && a.Port == b.Port &&
 		a.Zone == b.Zone && a.State == b.State && a.Weight == b.Weight && a.Health == b.Health &&
-		a.Quarantined == b.Quarantined && slices.Equal(a.Capabilities, b.Capabilities) &&
+		a.Quarantined == b.Quarantined && a.LeaseExpired == b.LeaseExpired && slices.Equal(a.Capabilities, b.Capabilities) &&
 		(a.Override == b.Override || (a.Override != nil && b.Override != nil && *a.Override == *b.Override))
 }
 
-// routable: in rotation after overrides. An override decides outright;
-// otherwise the instance's own verdict, unless quarantined.
+// Routable reports whether the guard counts x as in rotation: never when
+// its lease expired; otherwise an override decides outright, and without
+// one the instance's own verdict, unless quarantined. It is the one rule
+// for "in rotation" that the guard, and anyone asking whether the guard
+// would trip (Tripped), use.
+func Routable(x *InstanceInput) bool { return routable(x) }
+
+// Tripped reports whether a zone with routable of total instances in
+// rotation is below the minimum healthy fraction frac (normalised as the
+// guard does), i.e. whether the guard publishes the zone's full set.
+func Tripped(routable, total int, frac float64) bool { return tripped(routable, total, normFraction(frac)) }
+
 func routable(x *InstanceInput) bool {
+	if x.LeaseExpired {
+		return false
+	}
 	if x.Override != nil {
 		switch x.Override.Action {
 		case OverrideIneligible:

@@ -73,6 +73,20 @@
 // published as "eligible" (weight TrippedWeight when its own verdict had
 // it out). The override is not part of the checksum.
 //
+// # Lease expiry (issue 11)
+//
+// An instance whose lease ran out (InstanceInput.LeaseExpired) goes through
+// the same guard as a verdict: it is never routable (not even under a
+// mark_eligible override: there is nothing there to force in), counts in
+// its zone's total, and is published only while the zone is tripped, at
+// TrippedWeight with state "ineligible" and Endpoint.LeaseExpired set. So
+// an expiry leaves the view only as far as the zone's minimum healthy
+// fraction allows; the rest stay, marked, until the guard clears (the
+// evaluator then stops listing them; see its package documentation).
+// Deregistration is not held: a deregistered instance is simply absent
+// from the input. Routable and Tripped export the guard's rule for callers
+// that must ask whether the guard would still need an instance.
+//
 // # Last instance
 //
 // A last_instance alarm opens when a service that had a routable instance

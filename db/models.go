@@ -60,6 +60,14 @@ type Instance struct {
 	EndedAt        *time.Time
 }
 
+type LeaseExpiryConfirmation struct {
+	ID          int64
+	Service     string
+	ConfirmedAt time.Time
+	ConfirmedBy string
+	Reason      string
+}
+
 type ObservedWindow struct {
 	InstanceID   uuid.UUID
 	Class        int16
