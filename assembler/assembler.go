@@ -310,7 +310,9 @@ func Routable(x *InstanceInput) bool { return routable(x) }
 // Tripped reports whether a zone with routable of total instances in
 // rotation is below the minimum healthy fraction frac (normalised as the
 // guard does), i.e. whether the guard publishes the zone's full set.
-func Tripped(routable, total int, frac float64) bool { return tripped(routable, total, normFraction(frac)) }
+func Tripped(routable, total int, frac float64) bool {
+	return tripped(routable, total, normFraction(frac))
+}
 
 func routable(x *InstanceInput) bool {
 	if x.LeaseExpired {

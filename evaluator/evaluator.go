@@ -128,12 +128,15 @@ type Evaluator struct {
 	probers map[string]*proberAssignment
 	// overrides in force, by instance (see override.go).
 	overrides map[uuid.UUID]Override
-	windows   map[windowKey]*windowCounts
-	winStart  time.Time
-	cursorAt  time.Time // newest (updated_at, id) applied
-	cursorID  uuid.UUID
-	members   uint64 // bumped whenever an instance is added or removed
-	replayed  int
+	// expired holds, per service, instances whose lease expired while
+	// their zone's guard still needs them (expired.go).
+	expired  map[string]map[uuid.UUID]expiredInstance
+	windows  map[windowKey]*windowCounts
+	winStart time.Time
+	cursorAt time.Time // newest (updated_at, id) applied
+	cursorID uuid.UUID
+	members  uint64 // bumped whenever an instance is added or removed
+	replayed int
 
 	reporterMu sync.Mutex
 	reporters  map[string]eligibility.ReporterID
@@ -169,6 +172,7 @@ func New(cfg Config) (*Evaluator, error) {
 		changed:   map[string]struct{}{},
 		probers:   map[string]*proberAssignment{},
 		overrides: map[uuid.UUID]Override{},
+		expired:   map[string]map[uuid.UUID]expiredInstance{},
 		windows:   map[windowKey]*windowCounts{},
 		reporters: map[string]eligibility.ReporterID{},
 		kick:      make(chan struct{}, 1),
@@ -406,6 +410,13 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 		since, after = batch[len(batch)-1].UpdatedAt, batch[len(batch)-1].ID
 	}
 
+	if e.ready.Load() {
+		// Not during the rebuild: verdicts are not replayed yet.
+		e.mu.Lock()
+		e.pruneExpired(e.cfg.Now())
+		e.mu.Unlock()
+	}
+
 	// Prober assignments last, so assigned services resolve to the
 	// instances just loaded.
 	// Re-assigning a prober rebuilds (and sorts) its target set in the
@@ -445,6 +456,12 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 	_, known := e.instances[in.ID]
 	switch {
+	case in.State == registry.StateExpired && !known && !e.ready.Load():
+		// Expired before this process started (the rebuild reads every
+		// row): kept if recent, in case its zone's guard still needs it.
+		if _, kept := e.expired[in.Service][in.ID]; !kept {
+			e.keepExpired(in, instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port}, now)
+		}
 	case in.State == registry.StateActive && !known:
 		if err := e.engine.AddInstance(eligibility.InstanceID(in.ID), in.Service, now); err != nil {
 			e.log.Warn("add instance", "instance", in.ID, "err", err)
@@ -465,7 +482,7 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 			reason := "deregistered"
 			switch in.State {
 			case registry.StateExpired:
-				reason = "lease expired"
+				reason = ReasonLeaseExpired
 			case registry.StateReplaced:
 				reason = "replaced by a new registration of its endpoint"
 			}
@@ -476,6 +493,9 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		}
 		e.changed[in.Service] = struct{}{}
 		e.members++
+		if in.State == registry.StateExpired {
+			e.keepExpired(in, e.instances[in.ID], now)
+		}
 		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
 		delete(e.instances, in.ID)
 		delete(e.byService[in.Service], in.ID)

@@ -247,6 +247,7 @@ func (p *Publisher) RunOnce() {
 			in.Instances[i] = assembler.InstanceInput{
 				ID: ep.ID, Address: ep.Address, Port: ep.Port, Zone: ep.Zone, State: ep.State, Weight: ep.Weight,
 				HealthKnown: ep.HealthKnown, Quarantined: ep.Quarantined, FirstFailureAt: p.firstFail[ep.ID],
+				LeaseExpired: ep.LeaseExpired,
 			}
 			if o := ep.Override; o != nil {
 				in.Instances[i].Override = &assembler.Override{ID: o.ID, Action: o.Action, Reason: o.Reason()}
