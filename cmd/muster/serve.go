@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -143,15 +144,18 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	reaper, err := registry.NewReaper(registry.ReaperConfig{Registry: reg, Logger: log})
-	if err != nil {
-		return err
-	}
-	hub := stream.NewHub(stream.Config{})
 	var (
 		eval   *evaluator.Evaluator
 		shifts *policy.Shifts
 	)
+	reaper, err := registry.NewReaper(registry.ReaperConfig{
+		Registry: reg, Logger: log, Registerer: metrics,
+		Corroborated: func(id uuid.UUID) (string, bool) { return eval.LeaseExpiryCorroborated(id) },
+	})
+	if err != nil {
+		return err
+	}
+	hub := stream.NewHub(stream.Config{})
 	guards := guardlog.New(pool, log)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) },
@@ -190,7 +194,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	var ready atomic.Bool
 	scfg := server.Config{
 		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub, Shifts: shifts,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub, Shifts: shifts, Leases: reaper,
 		Ready: func(ctx context.Context) error {
 			switch {
 			case !ready.Load():
@@ -273,6 +277,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
+	// Renewals can land from now on: every lease gets a full TTL from
+	// here, however long this process (or its database) was away.
+	reaper.HearingFrom(time.Now())
 	ready.Store(true)
 	log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
 	if cfg.Dev {

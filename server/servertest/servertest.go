@@ -71,6 +71,9 @@ type Stack struct {
 	Guards *guardlog.Log
 	// UI is the admin web UI when Options.UI is set.
 	UI *webui.UI
+	// Reaper is the lease reaper; it is not started: tests step it with
+	// RunOnce.
+	Reaper *registry.Reaper
 }
 
 // Options adjust a Stack.
@@ -154,6 +157,12 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	reaper, err := registry.NewReaper(registry.ReaperConfig{
+		Registry: reg, Corroborated: ev.LeaseExpiryCorroborated,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	hs := httptest.NewUnstartedServer(nil)
 	base := "http://" + hs.Listener.Addr().String()
 	iss, err := identity.LoadOrCreateDevIssuer(t.TempDir())
@@ -169,7 +178,7 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	srvCfg := server.Config{
 		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts, Leases: reaper,
 		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 	}
@@ -201,7 +210,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, Guards: guards, UI: ui}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, Guards: guards, UI: ui, Reaper: reaper}
 }
 
 // Token mints a token from the stack's dev issuer.
