@@ -171,8 +171,8 @@ func (e *Evaluator) restoreQuarantines(ctx context.Context) (int, error) {
 		}
 		q := eligibility.Quarantine{Start: r.At, Until: r.QuarantinedUntil, Step: int(r.QuarantineStep)}
 		if q.Step < 1 {
-			// Written before steps were recorded: the step is unknown, so
-			// the next quarantine escalates from the first.
+			// The writer always records a step with an end; a row without
+			// one still holds its instance out, escalating from the first.
 			q.Step = 1
 		}
 		if err := e.engine.RestoreQuarantine(eligibility.InstanceID(r.InstanceID), q, now); err != nil {
