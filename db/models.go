@@ -158,13 +158,15 @@ type Shift struct {
 }
 
 type Transition struct {
-	ID         int64
-	InstanceID uuid.UUID
-	Service    string
-	FromState  string
-	ToState    string
-	Weight     float64
-	At         time.Time
-	Reason     string
-	History    json.RawMessage
+	ID               int64
+	InstanceID       uuid.UUID
+	Service          string
+	FromState        string
+	ToState          string
+	Weight           float64
+	At               time.Time
+	Reason           string
+	History          json.RawMessage
+	QuarantinedUntil *time.Time
+	QuarantineStep   int16
 }

@@ -137,6 +137,10 @@ type Evaluator struct {
 	cursorID uuid.UUID
 	members  uint64 // bumped whenever an instance is added or removed
 	replayed int
+	// quarantines restored by the rebuild (still in force then), and how
+	// long reading and restoring them took.
+	quarantines     int
+	quarantinesTook time.Duration
 
 	reporterMu sync.Mutex
 	reporters  map[string]eligibility.ReporterID
@@ -323,8 +327,8 @@ func (e *Evaluator) publish(ts []eligibility.Transition) {
 	}
 }
 
-// rebuild loads the registry and replays retained observed windows, then
-// marks the evaluator ready.
+// rebuild loads the registry, replays retained observed windows and
+// restores recent quarantines, then marks the evaluator ready.
 func (e *Evaluator) rebuild(ctx context.Context) error {
 	start := time.Now()
 	if err := e.refresh(ctx); err != nil {
@@ -335,6 +339,12 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	qstart := time.Now()
+	held, err := e.restoreQuarantines(ctx)
+	if err != nil {
+		return err
+	}
+	qtook := time.Since(qstart)
 	e.mu.Lock()
 	// The first evaluation after a rebuild restates what was computed
 	// before the restart; it is not a change and is not published.
@@ -342,12 +352,14 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	e.ended = nil
 	count := len(e.instances)
 	e.replayed = n
+	e.quarantines, e.quarantinesTook = held, qtook
 	e.mu.Unlock()
 	e.ready.Store(true)
 	took := time.Since(start)
 	e.metrics.rebuild.Set(took.Seconds())
-	e.log.Info("rebuilt evaluation state", "instances", count, "windows", n,
-		"registry", loaded.Round(time.Millisecond), "took", took.Round(time.Millisecond))
+	e.log.Info("rebuilt evaluation state", "instances", count, "windows", n, "quarantines", held,
+		"registry", loaded.Round(time.Millisecond), "quarantines_took", qtook.Round(time.Millisecond),
+		"took", took.Round(time.Millisecond))
 	return nil
 }
 
@@ -556,13 +568,19 @@ func contractOf(sc registry.ServiceContract) eligibility.Contract {
 // Stats is a summary for tools and logs.
 type Stats struct {
 	Services, Instances, WindowsReplayed int
+	// QuarantinesRestored counts the quarantines the rebuild found still in
+	// force; QuarantinesTook is how long reading and restoring every
+	// recent quarantine (ended ones set the next one's step) took.
+	QuarantinesRestored int
+	QuarantinesTook     time.Duration
 }
 
 // Stats returns a summary of the evaluator's state.
 func (e *Evaluator) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return Stats{Services: len(e.services), Instances: len(e.instances), WindowsReplayed: e.replayed}
+	return Stats{Services: len(e.services), Instances: len(e.instances), WindowsReplayed: e.replayed,
+		QuarantinesRestored: e.quarantines, QuarantinesTook: e.quarantinesTook}
 }
 
 // EvaluateNow runs one evaluation tick at once, as the ticker would. Tools

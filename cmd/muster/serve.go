@@ -331,8 +331,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 }
 
 // openDatabase returns the database URL: DATABASE_URL when set, otherwise
-// the local cluster in cfg.DataDir (started, or adopted when a muster dev is
-// already running on it), with a function that stops what was started.
+// the local cluster in cfg.DataDir (started, or adopted when it is already
+// running: a muster dev next door, or one left by a killed muster), with a
+// function that stops the local cluster unless another live muster is
+// still using it (see db.Cluster).
 func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (string, func() error, error) {
 	if cfg.DatabaseURL != "" {
 		return cfg.DatabaseURL, func() error { return nil }, nil
@@ -350,7 +352,7 @@ func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (string, fu
 		return "", nil, err
 	}
 	if cluster.Adopted() {
-		log.Info("using the PostgreSQL cluster already running", "dir", dir)
+		log.Info("using the PostgreSQL cluster already running; stopping it on exit unless another muster still uses it", "dir", dir)
 	} else {
 		log.Info("started local PostgreSQL", "dir", dir, "took", time.Since(start).Round(time.Millisecond))
 	}
