@@ -76,7 +76,7 @@ func TestRestore(t *testing.T) {
 		removals     []uuid.UUID
 		zones        []string // zones whose status the first delta carries
 		removedZones []string
-		lastInstance string   // a substring of the alarm's detail; "" for none
+		lastInstance string // a substring of the alarm's detail; "" for none
 	}{
 		{
 			name: "the same set: one version, no endpoint in it", restored: ins, first: ins,
