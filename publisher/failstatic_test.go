@@ -395,3 +395,77 @@ func TestSavedWhileUpCaughtUpAfter(t *testing.T) {
 	restore()
 	waitFor("the newest view saved after the outage", func() bool { return savedVersion(t, pool, "web") == last })
 }
+
+// TestNextEpochOffThePublishingPath: past half an epoch the save loop takes
+// the next epoch, and publication moves to it when the counter runs out.
+// If it could not be taken (PostgreSQL away for the whole second half of
+// an epoch), publication stops with the changes queued, withdrawals
+// included, and resumes in the new epoch once one is taken.
+func TestNextEpochOffThePublishingPath(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	clk := &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	in := &input{}
+	eps := endpoints(8, eligibility.Eligible) // four per zone: three can go without tripping the guard
+	in.set("web", eps)
+	r := newRig(t, pool, clk, in, nil)
+	if err := r.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	epoch := uint64(r.gauge(t, "muster_view_version_epoch"))
+	// Two versions left in the epoch.
+	vs, err := assembler.NewVersions(epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vs.Next(1<<assembler.CounterBits - 2); err != nil {
+		t.Fatal(err)
+	}
+	r.SetVersions(vs)
+
+	restore := outage(t, pool)
+	step := func(i int) (uint64, bool) {
+		t.Helper()
+		eps = append([]evaluator.EndpointVerdict(nil), eps...)
+		eps[i].State, eps[i].Weight = eligibility.Ineligible, 0 // a withdrawal
+		in.set("web", eps)
+		r.ServicesChanged([]string{"web"})
+		clk.Advance(time.Second)
+		r.RunOnce()
+		clk.Advance(time.Second)
+		r.RunOnce()
+		v, ok := r.View("web")
+		if !ok {
+			return 0, false
+		}
+		return v.Version, true
+	}
+	if v, _ := step(0); v != epoch<<32|(1<<32-2) { // the first view
+		t.Fatalf("first view at %d", v)
+	}
+	if err := r.SaveOnce(ctx); err == nil {
+		t.Fatal("took an epoch with the database away")
+	}
+	last, _ := step(1)
+	if last != epoch<<32|(1<<32-1) {
+		t.Fatalf("the epoch's last version is %d", last)
+	}
+	// The epoch is used up and no next one could be taken: the withdrawal
+	// of instance 2 stays queued.
+	if v, _ := step(2); v != last {
+		t.Fatalf("published %d with the epoch used up", v)
+	}
+	if n := r.Stats().QueuedWithdrawals; n != 1 {
+		t.Fatalf("%d withdrawals queued, want 1", n)
+	}
+	restore()
+	if err := r.SaveOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.RunOnce()
+	v, _ := r.View("web")
+	if v.Version>>assembler.CounterBits <= epoch || v.Version&(1<<32-1) != 0 || len(v.Endpoints) != 5 {
+		t.Fatalf("after the next epoch was taken: version %d (epoch %d), %+v", v.Version, epoch, v.Zones)
+	}
+}
