@@ -202,7 +202,8 @@
 // disappeared (RemovedZones), the new checksum and FromVersion/Version.
 // Applying it to the view at FromVersion yields exactly the view at
 // Version. A service's first version has no Delta; a subscriber starts
-// from the View.
+// from the View. (A restored service's first version in a process has
+// one, from the restored version; see Restart.)
 //
 // Views and deltas are immutable once published and carry their JSON
 // encoding, computed once (View.Encoded, Delta.Encoded, and the same bytes
@@ -227,7 +228,12 @@
 // published, and a subscriber must get a view of every service. Its Delta
 // then carries no endpoint, only the zone statuses that differ, and its
 // checksum is the restored one; it travels on the addition window (or with
-// a due withdrawal), like any service's first version in a process.
+// a due withdrawal), like any service's first version in a process. The
+// first Update's endpoint changes count toward the change rate (see
+// Shedding): unlike a new service's initial population, clients see them.
+//
+// A restored service that is never updated (nor removed) is held, and View
+// reports it, but nothing of it is published.
 //
 // A restored view may be older than what some clients hold (the last
 // persist was lost in a crash) or come from another replica; such a client
