@@ -59,6 +59,10 @@ type service struct {
 	routable    int
 	hadRoutable bool
 	removed     bool
+	// restated: the published view was restored from an earlier process
+	// and this process has not published the service yet; its first
+	// version goes out even if nothing changed.
+	restated bool
 }
 
 // cand is one instance as the last Update gave it and the guard decided.
@@ -373,8 +377,9 @@ func (sv *service) setPending(id uuid.UUID, changed, withdrawal bool, zone strin
 func (sv *service) requeueZones(now time.Time) {
 	// A service never published is due on the addition window even with
 	// no endpoints: a watcher must be able to tell "no instances" from
-	// "no view yet".
-	if sv.view != nil && zonesEqual(sv.zones, sv.pubZones) {
+	// "no view yet". So is a restored one: this process has not published
+	// it yet, and the streaming tier serves only what it publishes.
+	if sv.view != nil && !sv.restated && zonesEqual(sv.zones, sv.pubZones) {
 		sv.zonesSince = time.Time{}
 	} else if sv.zonesSince.IsZero() {
 		sv.zonesSince = now
@@ -523,7 +528,8 @@ func (sv *service) aDue(w time.Duration) time.Time {
 	return sv.aSince.Add(w)
 }
 
-// View returns the service's last published view, shared and immutable.
+// View returns the service's last published view (or the one restored, see
+// Restore), shared and immutable.
 func (a *Assembler) View(service string) (*View, bool) {
 	sv := a.svcs[service]
 	if sv == nil || sv.view == nil {

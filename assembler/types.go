@@ -45,13 +45,15 @@ const (
 )
 
 // ErrVersionNotFresh is returned by Drain when the VersionSource hands out a
-// version that is not above the last one published. Nothing is published.
+// version that is not above the last one published or restored. Nothing is
+// published.
 var ErrVersionNotFresh = errors.New("assembler: version source returned a version not above the last published one")
 
-// VersionSource hands out region-wide versions. Next returns the first of n
+// VersionSource hands out versions. Next returns the first of n
 // consecutive versions nobody has been given before; the assembler uses
-// first … first+n-1. The production source is a PostgreSQL sequence
-// reserved in blocks.
+// first … first+n-1. Drain calls it with the caller's lock held, so it must
+// not do I/O; the production source is Versions (an epoch taken once from
+// PostgreSQL and a local counter).
 type VersionSource interface {
 	Next(n int) (first uint64, err error)
 }

@@ -109,6 +109,13 @@ type ProberAssignment struct {
 	AssignedBy string
 }
 
+type PublishedView struct {
+	Service     string
+	Version     int64
+	View        json.RawMessage
+	PublishedAt time.Time
+}
+
 type RateLimitAttempt struct {
 	Actor string
 	Scope string

@@ -159,7 +159,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	guards := guardlog.New(pool, log)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) },
-		Hub:      hub, Versions: db.NewVersionBlocks(pool), Logger: log, Registerer: metrics,
+		Hub:      hub, Pool: pool, Logger: log, Registerer: metrics,
 		Traffic:     func() assembler.TrafficWeights { return shifts.Weights() },
 		GuardEvents: guards.Record,
 	})

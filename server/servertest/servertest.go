@@ -20,7 +20,6 @@ import (
 
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
-	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/guardlog"
@@ -60,7 +59,8 @@ type Stack struct {
 	Client    *http.Client
 	Metrics   *prometheus.Registry
 	Hub       *stream.Hub
-	// Publisher is not started: tests step it with RunOnce.
+	// Publisher is prepared (unless Options.NoStart) but not started:
+	// tests step it with RunOnce, and SaveOnce to save its views.
 	Publisher *publisher.Publisher
 	// Shifts is not started: tests step it with RunOnce.
 	Shifts *policy.Shifts
@@ -83,7 +83,8 @@ type Options struct {
 	// Evaluator adjusts the evaluator's configuration before it starts.
 	// By default its tick never fires on its own: tests call EvaluateNow.
 	Evaluator func(*evaluator.Config)
-	// NoStart leaves the evaluator stopped (and so never ready).
+	// NoStart leaves the evaluator stopped (and so never ready) and the
+	// publisher unprepared (it publishes nothing until Prepare).
 	NoStart bool
 	// MaxBodyBytes is the server's body limit; 1 MiB by default.
 	MaxBodyBytes int64
@@ -118,7 +119,7 @@ func New(t testing.TB, opts Options) *Stack {
 	guards := guardlog.New(pool, nil)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) },
-		Hub:      hub, Versions: db.NewVersionBlocks(pool), Now: clk.Now, Registerer: metrics,
+		Hub:      hub, Pool: pool, Now: clk.Now, Registerer: metrics,
 		Traffic:     func() assembler.TrafficWeights { return shifts.Weights() },
 		GuardEvents: guards.Record,
 	})
@@ -205,6 +206,9 @@ func New(t testing.TB, opts Options) *Stack {
 	hs.Start()
 	t.Cleanup(hs.Close)
 	if !opts.NoStart {
+		if err := pub.Prepare(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		if err := ev.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
