@@ -59,6 +59,10 @@ type service struct {
 	routable    int
 	hadRoutable bool
 	removed     bool
+	// restated: the published view was restored from an earlier process
+	// and this process has not published the service yet; its first
+	// version goes out even if nothing changed.
+	restated bool
 }
 
 // cand is one instance as the last Update gave it and the guard decided.
@@ -245,6 +249,10 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 		}
 		in := true
 		switch {
+		case x.LeaseExpired:
+			// Gone from the registry: kept only as far as the guard needs.
+			ep.State, ep.Weight, ep.Quarantined, ep.LeaseExpired = eligibility.Ineligible.String(), TrippedWeight, false, true
+			in = zones[x.Zone].Guard == GuardTripped
 		case x.Override != nil && x.Override.Action == OverrideIneligible:
 			// Forced out: published with its reason at weight 0, which no
 			// client routes to, and never restored by a tripped guard.
@@ -292,13 +300,28 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 func sameEndpoint(a, b *Endpoint) bool {
 	return a.InstanceID == b.InstanceID && a.Address == b.Address && a.Port == b.Port &&
 		a.Zone == b.Zone && a.State == b.State && a.Weight == b.Weight && a.Health == b.Health &&
-		a.Quarantined == b.Quarantined && slices.Equal(a.Capabilities, b.Capabilities) &&
+		a.Quarantined == b.Quarantined && a.LeaseExpired == b.LeaseExpired && slices.Equal(a.Capabilities, b.Capabilities) &&
 		(a.Override == b.Override || (a.Override != nil && b.Override != nil && *a.Override == *b.Override))
 }
 
-// routable: in rotation after overrides. An override decides outright;
-// otherwise the instance's own verdict, unless quarantined.
+// Routable reports whether the guard counts x as in rotation: never when
+// its lease expired; otherwise an override decides outright, and without
+// one the instance's own verdict, unless quarantined. It is the one rule
+// for "in rotation" that the guard, and anyone asking whether the guard
+// would trip (Tripped), use.
+func Routable(x *InstanceInput) bool { return routable(x) }
+
+// Tripped reports whether a zone with routable of total instances in
+// rotation is below the minimum healthy fraction frac (normalised as the
+// guard does), i.e. whether the guard publishes the zone's full set.
+func Tripped(routable, total int, frac float64) bool {
+	return tripped(routable, total, normFraction(frac))
+}
+
 func routable(x *InstanceInput) bool {
+	if x.LeaseExpired {
+		return false
+	}
 	if x.Override != nil {
 		switch x.Override.Action {
 		case OverrideIneligible:
@@ -354,8 +377,9 @@ func (sv *service) setPending(id uuid.UUID, changed, withdrawal bool, zone strin
 func (sv *service) requeueZones(now time.Time) {
 	// A service never published is due on the addition window even with
 	// no endpoints: a watcher must be able to tell "no instances" from
-	// "no view yet".
-	if sv.view != nil && zonesEqual(sv.zones, sv.pubZones) {
+	// "no view yet". So is a restored one: this process has not published
+	// it yet, and the streaming tier serves only what it publishes.
+	if sv.view != nil && !sv.restated && zonesEqual(sv.zones, sv.pubZones) {
 		sv.zonesSince = time.Time{}
 	} else if sv.zonesSince.IsZero() {
 		sv.zonesSince = now
@@ -504,7 +528,8 @@ func (sv *service) aDue(w time.Duration) time.Time {
 	return sv.aSince.Add(w)
 }
 
-// View returns the service's last published view, shared and immutable.
+// View returns the service's last published view (or the one restored, see
+// Restore), shared and immutable.
 func (a *Assembler) View(service string) (*View, bool) {
 	sv := a.svcs[service]
 	if sv == nil || sv.view == nil {

@@ -75,7 +75,10 @@ func (r *region) change(now time.Time) int {
 func benchRegion(b *testing.B, perMinute int) {
 	r := newRegion(450, 60_000)
 	a := assembler.New(assembler.Options{})
-	vs := &versions{}
+	vs, err := assembler.NewVersions(1) // the production source
+	if err != nil {
+		b.Fatal(err)
+	}
 	now := t0
 	for _, s := range r.svcs {
 		a.Update(s, now)

@@ -73,6 +73,20 @@
 // published as "eligible" (weight TrippedWeight when its own verdict had
 // it out). The override is not part of the checksum.
 //
+// # Lease expiry (issue 11)
+//
+// An instance whose lease ran out (InstanceInput.LeaseExpired) goes through
+// the same guard as a verdict: it is never routable (not even under a
+// mark_eligible override: there is nothing there to force in), counts in
+// its zone's total, and is published only while the zone is tripped, at
+// TrippedWeight with state "ineligible" and Endpoint.LeaseExpired set. So
+// an expiry leaves the view only as far as the zone's minimum healthy
+// fraction allows; the rest stay, marked, until the guard clears (the
+// evaluator then stops listing them; see its package documentation).
+// Deregistration is not held: a deregistered instance is simply absent
+// from the input. Routable and Tripped export the guard's rule for callers
+// that must ask whether the guard would still need an instance.
+//
 // # Last instance
 //
 // A last_instance alarm opens when a service that had a routable instance
@@ -80,9 +94,12 @@
 // region, all zones together, whether by verdicts or because the instances
 // left the registry. It clears when the service has a routable instance
 // again, or on RemoveService. A service that never had a routable instance
-// (a new deploy whose instances await readiness) raises none; that also
-// means an assembler started while a service is fully down raises none until
-// it recovers and falls again, though every zone's guard alarm does. The
+// (a new deploy whose instances await readiness) raises none. A restored
+// service (see Restart) had one if the view clients hold shows an endpoint
+// in rotation, so a restart does not forget that clients had capacity; an
+// assembler started without a restored view while a service is fully down
+// raises none until it recovers and falls again, though every zone's guard
+// alarm does. The
 // last instance is kept published: with no routable instance every zone is
 // tripped (0 < fraction), so the full set stays in the view. Only instances
 // the registry no longer lists leave the view; the alarm still fires.
@@ -144,24 +161,98 @@
 //
 // Drain reserves all the versions it needs with one VersionSource.Next call
 // after deciding what to publish and before changing anything. If Next
-// fails, or returns a version not above the last one published
+// fails, or returns a version not above the last one published or restored
 // (ErrVersionNotFresh), Drain returns the error, publishes nothing and
 // leaves every change queued; the reserved versions, if any, are simply
 // never used. Versions are therefore strictly increasing per service and
 // across services.
+//
+// The source muster publishes with is Versions: version = epoch<<32 |
+// counter. The epoch is taken from PostgreSQL (the publisher_epochs
+// sequence, migration 000008) once, before a publisher publishes anything;
+// the counter is local, so taking a version is an increment under the
+// publisher's lock, with no I/O, and publication goes on for as long as
+// PostgreSQL is away. The rules that keep versions increasing per service:
+//
+//   - Restart: a restarted process takes a fresh epoch, and sequence values
+//     are never handed out twice, so its first version (new epoch << 32) is
+//     above every version of every earlier epoch, whatever those processes
+//     published. Nothing is read back to find "the last version": a
+//     crash that lost the tail of what was persisted cannot make versions
+//     go back.
+//   - Clock: no clock is read. A wall clock stepped backwards (NTP, a VM
+//     restored from a snapshot) changes nothing, unlike a scheme seeded
+//     from timestamps.
+//   - Ownership: when (in a later step) one replica at a time publishes a
+//     service and ownership moves, the new owner takes a fresh epoch when
+//     it acquires ownership. That epoch is above every epoch taken before,
+//     the previous owner's current and prefetched ones included, so a
+//     client that follows the service from one replica to the other never
+//     sees its version go back. (Fencing the old owner, so it stops
+//     publishing once it has lost ownership, is that step's business; today
+//     every replica publishes every service under its own epoch, and a
+//     client that switches replicas may get a full view at a lower version.)
+//   - Counter overflow: a 32-bit counter is 4.3 billion versions, 70 days
+//     at a sustained 700 versions a second. When more than half of it is
+//     used (Versions.WantEpoch) the publisher takes the next epoch in the
+//     background, off its lock, and hands it in (AddEpoch); Next moves to
+//     it when the counter has no room left. Only if that prefetch has
+//     failed for the whole second half of an epoch does Next fail
+//     (ErrEpochUsedUp), and then the changes stay queued as above.
+//   - Exactness: epochs stop at MaxEpoch (2^21-1, also the sequence's
+//     MAXVALUE), so versions stay below 2^53 and every JSON client, in any
+//     language, reads them exactly. Two million epochs is a restart a
+//     minute for four years.
+//   - Before epochs: migration 000008 sets the first epoch above the last
+//     block the old view_versions sequence handed out, so views published
+//     before the change compare below those after it.
+//
+// Versions are not dense: an unused tail of an epoch, or versions reserved
+// by a failed Drain, are skipped. Clients compare versions; they never
+// count them.
 //
 // A Delta carries the changed endpoints in full (Upserts), the ids that
 // left (Removals), the zones whose status changed (Zones) or that
 // disappeared (RemovedZones), the new checksum and FromVersion/Version.
 // Applying it to the view at FromVersion yields exactly the view at
 // Version. A service's first version has no Delta; a subscriber starts
-// from the View.
+// from the View. (A restored service's first version in a process has
+// one, from the restored version; see Restart.)
 //
 // Views and deltas are immutable once published and carry their JSON
 // encoding, computed once (View.Encoded, Delta.Encoded, and the same bytes
 // in Published), so the streaming tier can share them across subscribers.
 // Each endpoint's encoding is kept from the version that changed it and
 // spliced into the next view's, byte-identical to encoding/json.
+//
+// # Restart
+//
+// Restore seeds a service with the view an earlier process published (the
+// publisher persists each service's last view and restores them all before
+// it publishes anything). The restored view is the published state: the
+// first Update queues only the difference against it, last_instance fires
+// if the view had an instance in rotation (an endpoint not showing
+// ineligible) and the first Update has none, and the next Delta has
+// FromVersion = the restored version, so a client resuming from it applies
+// the delta. An instance of the restored view that the first Update does
+// not list is withdrawn like any instance that left.
+//
+// The first Update after Restore always publishes a version, even when
+// nothing changed: the streaming tier holds only what this process
+// published, and a subscriber must get a view of every service. Its Delta
+// then carries no endpoint, only the zone statuses that differ, and its
+// checksum is the restored one; it travels on the addition window (or with
+// a due withdrawal), like any service's first version in a process. The
+// first Update's endpoint changes count toward the change rate (see
+// Shedding): unlike a new service's initial population, clients see them.
+//
+// A restored service that is never updated (nor removed) is held, and View
+// reports it, but nothing of it is published.
+//
+// A restored view may be older than what some clients hold (the last
+// persist was lost in a crash) or come from another replica; such a client
+// cannot apply the next Delta (its FromVersion is not the client's version)
+// and takes the full View, which is above anything it holds (see Versions).
 //
 // # Checksum
 //

@@ -211,7 +211,7 @@ func (a *Assembler) publish(p *plan, v uint64, now time.Time) Published {
 		d.enc = encode(d)
 		out.Delta, out.DeltaJSON = d, d.enc
 	}
-	sv.view = view
+	sv.view, sv.restated = view, false
 	sv.recount()
 	a.markDirty(sv)
 	return out

@@ -308,3 +308,75 @@ func TestDuplicateIDLastWins(t *testing.T) {
 		t.Fatalf("view %+v", v)
 	}
 }
+
+// Lease expiry goes through the guard (issue 11): an expired instance
+// leaves the view only while its zone keeps its minimum healthy fraction
+// without it; otherwise the zone's full set stays published, the expired
+// endpoints marked, and they leave once the guard clears.
+func TestLeaseExpiryGoesThroughTheGuard(t *testing.T) {
+	t.Parallel()
+	a := assembler.New(assembler.Options{})
+	vs := &versions{}
+	ins := zoned(0, elig, 4, "a", "b")
+	a.Update(svc("web", 0.5, ins), t0)
+	settle(t, a, t0, vs)
+
+	expired := func(base []assembler.InstanceInput, idx ...int) []assembler.InstanceInput {
+		out := append([]assembler.InstanceInput(nil), base...)
+		for _, i := range idx {
+			out[i].LeaseExpired = true
+		}
+		return out
+	}
+	// One of zone a's four expires: 3 of 4 routable, the guard holds, so
+	// it is withdrawn.
+	now := t0.Add(time.Hour)
+	a.Update(svc("web", 0.5, expired(ins, 0)), now)
+	settle(t, a, now, vs)
+	if _, ok := byID(mustView(t, a, "web"))[id(0)]; ok {
+		t.Fatal("an expiry the guard allows is still published")
+	}
+	// Three of zone a's four expire together (a renewal path broken for
+	// that zone, say): 1 of 4 routable, below 0.5: all four stay.
+	now = now.Add(time.Hour)
+	a.Update(svc("web", 0.5, expired(ins, 0, 1, 2)), now)
+	settle(t, a, now, vs)
+	v := mustView(t, a, "web")
+	if z := v.Zones["a"]; z.Guard != assembler.GuardTripped || z.Eligible != 1 || z.Total != 4 {
+		t.Fatalf("zone a %+v, want tripped 1 of 4", z)
+	}
+	got := byID(v)
+	for _, n := range []int{0, 1, 2} {
+		e, ok := got[id(n)]
+		if !ok || !e.LeaseExpired || e.State != "ineligible" || e.Weight != assembler.TrippedWeight {
+			t.Fatalf("expired endpoint %d: %+v, %v; want published, marked, at the tripped weight", n, e, ok)
+		}
+	}
+	if e := got[id(3)]; e.LeaseExpired || e.State != "eligible" {
+		t.Fatalf("the live endpoint: %+v", e)
+	}
+	// An override cannot bring an expired instance back into rotation.
+	withOverride := expired(ins, 0, 1, 2)
+	withOverride[1].Override = &assembler.Override{Action: assembler.OverrideEligible, Reason: "test"}
+	if assembler.Routable(&withOverride[1]) {
+		t.Fatal("an expired instance with mark_eligible counts as routable")
+	}
+	// Replacements arrive: zone a has 3 new routable instances, the guard
+	// clears (4 of 7), and the expired endpoints leave the view.
+	now = now.Add(time.Hour)
+	grown := append(expired(ins, 0, 1, 2), inst(100, "a", elig), inst(101, "a", elig), inst(102, "a", elig))
+	a.Update(svc("web", 0.5, grown), now)
+	settle(t, a, now, vs)
+	v = mustView(t, a, "web")
+	if z := v.Zones["a"]; z.Guard != assembler.GuardOK {
+		t.Fatalf("zone a %+v after the replacements", z)
+	}
+	for _, e := range v.Endpoints {
+		if e.LeaseExpired {
+			t.Fatalf("expired endpoint %s still published after the guard cleared", e.InstanceID)
+		}
+	}
+	if !assembler.Tripped(1, 4, 0.5) || assembler.Tripped(2, 4, 0.5) || !assembler.Tripped(0, 4, 0) {
+		t.Fatal("Tripped disagrees with the guard")
+	}
+}

@@ -312,3 +312,163 @@ func TestPropChecksumOrderIndependent(t *testing.T) {
 		}
 	})
 }
+
+// Random updates and drains with restarts in between: each restart seeds a
+// new assembler with a view per service as the publisher persisted it (the
+// last one published, or an older one when the newest write was lost) and
+// hands it every service's current input, as the evaluator's rebuild does.
+// Every client keeps applying deltas across restarts (a client whose
+// version is not the delta's FromVersion takes the full view, which must
+// be above what it holds); versions strictly increase; last_instance is
+// open after a restart exactly when the view restored had an endpoint in
+// rotation, or the service had one since, and the input has none.
+func TestPropRestoreAcrossRestarts(t *testing.T) {
+	t.Parallel()
+	rapid.Check(t, func(rt *rapid.T) {
+		opts := assembler.Options{AdditionWindow: 200 * time.Millisecond, MaxAdditionWindow: time.Second}
+		a := assembler.New(opts)
+		vs := &versions{}
+		pool := make([]uuid.UUID, 7)
+		for i := range pool {
+			pool[i] = id(i)
+		}
+		services := []string{"s1", "s2"}
+		last := map[string]*assembler.ServiceInput{}
+		clients := map[string]*client{}
+		history := map[string][]*assembler.View{} // published views, oldest first
+		restarts := 0
+		var lastVersion uint64
+		now := t0
+
+		drain := func(now time.Time) {
+			pubs, err := a.Drain(now, vs)
+			if err != nil {
+				rt.Fatalf("Drain: %v", err)
+			}
+			for _, p := range pubs {
+				v := p.View
+				if v.Version <= lastVersion {
+					rt.Fatalf("version %d after %d", v.Version, lastVersion)
+				}
+				lastVersion = v.Version
+				history[v.Service] = append(history[v.Service], v)
+				c := clients[v.Service]
+				if p.Delta != nil && c != nil && c.version == p.Delta.FromVersion {
+					c.apply(rt, p.Delta)
+					if got := assembler.Checksum(c.endpoints()); got != p.Delta.Checksum {
+						rt.Fatalf("%s: client checksum %s, delta says %s", v.Service, got, p.Delta.Checksum)
+					}
+				} else {
+					if p.Delta != nil && c != nil && (restarts == 0 || v.Version <= c.version) {
+						rt.Fatalf("%s: delta from %d, client at %d, restarts %d", v.Service, p.Delta.FromVersion, c.version, restarts)
+					}
+					c = &client{version: v.Version, eps: map[uuid.UUID]assembler.Endpoint{}, zones: maps.Clone(v.Zones)}
+					for _, e := range v.Endpoints {
+						c.eps[e.InstanceID] = e
+					}
+					clients[v.Service] = c
+				}
+				if diff := cmp.Diff(v.Endpoints, c.endpoints(), cmpopts.EquateEmpty()); diff != "" {
+					rt.Fatalf("%s v%d: client endpoints differ (-view +client):\n%s", v.Service, v.Version, diff)
+				}
+				if diff := cmp.Diff(v.Zones, c.zones, cmpopts.EquateEmpty()); diff != "" {
+					rt.Fatalf("%s v%d: client zones differ (-view +client):\n%s", v.Service, v.Version, diff)
+				}
+			}
+		}
+
+		restart := func() {
+			restarts++
+			b := assembler.New(opts)
+			restored := map[string]bool{}
+			for _, name := range services {
+				if _, held := a.View(name); !held || len(history[name]) == 0 {
+					continue
+				}
+				h := history[name]
+				// The newest persisted write may have been lost.
+				v := h[len(h)-1]
+				if len(h) > 1 && rapid.IntRange(0, 3).Draw(rt, "lost") == 0 {
+					v = h[len(h)-2]
+				}
+				var back assembler.View
+				if err := json.Unmarshal(v.Encoded(), &back); err != nil {
+					rt.Fatal(err)
+				}
+				if err := b.Restore(&back); err != nil {
+					rt.Fatalf("Restore %s v%d: %v", name, v.Version, err)
+				}
+				for _, e := range v.Endpoints {
+					if e.State != "ineligible" {
+						restored[name] = true
+					}
+				}
+			}
+			a = b
+			for _, name := range services {
+				in, live := last[name]
+				if !live {
+					a.RemoveService(name, now)
+					continue
+				}
+				a.Update(*in, now)
+				routable := false
+				for _, x := range in.Instances {
+					if !x.Quarantined && x.State != eligibility.Ineligible {
+						routable = true
+					}
+				}
+				open := false
+				for _, al := range a.Alarms() {
+					open = open || (al.Kind == assembler.AlarmLastInstance && al.Service == name)
+				}
+				if want := restored[name] && !routable; open != want {
+					rt.Fatalf("%s after a restart: last_instance open %v, want %v (restored in rotation %v)", name, open, want, restored[name])
+				}
+			}
+		}
+
+		for range rapid.IntRange(1, 60).Draw(rt, "steps") {
+			switch rapid.IntRange(0, 9).Draw(rt, "op") {
+			case 0, 1, 2, 3:
+				name := rapid.SampledFrom(services).Draw(rt, "service")
+				in := drawInput(rt, name, pool)
+				a.Update(in, now)
+				last[name] = &in
+			case 4:
+				name := rapid.SampledFrom(services).Draw(rt, "service")
+				a.RemoveService(name, now)
+				delete(last, name)
+			case 5:
+				restart()
+			case 6, 7:
+				now = now.Add(time.Duration(rapid.IntRange(0, 1500).Draw(rt, "ms")) * time.Millisecond)
+			default:
+				drain(now)
+			}
+		}
+		drain(now.Add(time.Hour))
+		for _, name := range services {
+			in, live := last[name]
+			v, ok := a.View(name)
+			switch {
+			case !live && ok:
+				rt.Fatalf("%s removed but still has a view", name)
+			case !live:
+				continue
+			case !ok:
+				rt.Fatalf("%s: no view after settling", name)
+			}
+			wantEps, wantZones := model(*in)
+			if diff := cmp.Diff(wantEps, v.Endpoints, cmpopts.EquateEmpty()); diff != "" {
+				rt.Fatalf("%s settled endpoints (-model +view):\n%s", name, diff)
+			}
+			if diff := cmp.Diff(wantZones, v.Zones, cmpopts.EquateEmpty()); diff != "" {
+				rt.Fatalf("%s settled zones (-model +view):\n%s", name, diff)
+			}
+			if c := clients[name]; c == nil || c.version != v.Version {
+				rt.Fatalf("%s: client not at the settled view", name)
+			}
+		}
+	})
+}

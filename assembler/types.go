@@ -45,13 +45,15 @@ const (
 )
 
 // ErrVersionNotFresh is returned by Drain when the VersionSource hands out a
-// version that is not above the last one published. Nothing is published.
+// version that is not above the last one published or restored. Nothing is
+// published.
 var ErrVersionNotFresh = errors.New("assembler: version source returned a version not above the last published one")
 
-// VersionSource hands out region-wide versions. Next returns the first of n
+// VersionSource hands out versions. Next returns the first of n
 // consecutive versions nobody has been given before; the assembler uses
-// first … first+n-1. The production source is a PostgreSQL sequence
-// reserved in blocks.
+// first … first+n-1. Drain calls it with the caller's lock held, so it must
+// not do I/O; the production source is Versions (an epoch taken once from
+// PostgreSQL and a local counter).
 type VersionSource interface {
 	Next(n int) (first uint64, err error)
 }
@@ -76,6 +78,12 @@ type Endpoint struct {
 	// reason this endpoint is forced out (published at weight 0) or in.
 	// It is not part of the checksum.
 	Override *Override `json:"override,omitempty"`
+	// LeaseExpired: the instance's lease ran out and the registry ended
+	// it, but its zone's guard is tripped, so it stays published (at
+	// TrippedWeight, state "ineligible") until the guard clears. Lease
+	// expiry is one signal, and no single signal may drain a zone
+	// (ADR-08). It is not part of the checksum.
+	LeaseExpired bool `json:"lease_expired,omitempty"`
 }
 
 // Override actions, as InstanceInput.Override.Action carries them.
@@ -180,6 +188,11 @@ type InstanceInput struct {
 	// the instance out (zero if unknown); a published withdrawal reports
 	// now − FirstFailureAt as its lag.
 	FirstFailureAt time.Time
+	// LeaseExpired: the registry ended the instance because its lease ran
+	// out. It is never routable (an override cannot bring it back: there
+	// is nothing there), counts in its zone's total, and is published only
+	// while the zone's guard is tripped.
+	LeaseExpired bool
 }
 
 // ServiceInput is everything the assembler needs to know about a service:

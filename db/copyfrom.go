@@ -121,6 +121,8 @@ func (r iteratorForTransitionsInsert) Values() ([]interface{}, error) {
 		r.rows[0].At,
 		r.rows[0].Reason,
 		r.rows[0].History,
+		r.rows[0].QuarantinedUntil,
+		r.rows[0].QuarantineStep,
 	}, nil
 }
 
@@ -129,5 +131,5 @@ func (r iteratorForTransitionsInsert) Err() error {
 }
 
 func (q *Queries) TransitionsInsert(ctx context.Context, arg []TransitionsInsertParams) (int64, error) {
-	return q.db.CopyFrom(ctx, []string{"transitions"}, []string{"instance_id", "service", "from_state", "to_state", "weight", "at", "reason", "history"}, &iteratorForTransitionsInsert{rows: arg})
+	return q.db.CopyFrom(ctx, []string{"transitions"}, []string{"instance_id", "service", "from_state", "to_state", "weight", "at", "reason", "history", "quarantined_until", "quarantine_step"}, &iteratorForTransitionsInsert{rows: arg})
 }

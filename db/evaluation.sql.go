@@ -195,18 +195,62 @@ func (q *Queries) ServiceContractsAll(ctx context.Context) ([]ServiceContractsAl
 }
 
 type TransitionsInsertParams struct {
-	InstanceID uuid.UUID
-	Service    string
-	FromState  string
-	ToState    string
-	Weight     float64
-	At         time.Time
-	Reason     string
-	History    json.RawMessage
+	InstanceID       uuid.UUID
+	Service          string
+	FromState        string
+	ToState          string
+	Weight           float64
+	At               time.Time
+	Reason           string
+	History          json.RawMessage
+	QuarantinedUntil *time.Time
+	QuarantineStep   int16
+}
+
+const transitionsLatestQuarantines = `-- name: TransitionsLatestQuarantines :many
+SELECT DISTINCT ON (instance_id) instance_id, at, quarantined_until::timestamptz AS quarantined_until, quarantine_step
+FROM transitions
+WHERE quarantined_until > $1::timestamptz
+ORDER BY instance_id, quarantined_until DESC, id DESC
+`
+
+type TransitionsLatestQuarantinesRow struct {
+	InstanceID       uuid.UUID
+	At               time.Time
+	QuarantinedUntil time.Time
+	QuarantineStep   int16
+}
+
+// The newest quarantine of each instance among those ending after since,
+// for the rebuild to restore (through the partial index on
+// quarantined_until: it reads recent quarantines only).
+func (q *Queries) TransitionsLatestQuarantines(ctx context.Context, since time.Time) ([]TransitionsLatestQuarantinesRow, error) {
+	rows, err := q.db.Query(ctx, transitionsLatestQuarantines, since)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []TransitionsLatestQuarantinesRow
+	for rows.Next() {
+		var i TransitionsLatestQuarantinesRow
+		if err := rows.Scan(
+			&i.InstanceID,
+			&i.At,
+			&i.QuarantinedUntil,
+			&i.QuarantineStep,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const transitionsList = `-- name: TransitionsList :many
-SELECT id, instance_id, service, from_state, to_state, weight, at, reason, history FROM transitions
+SELECT id, instance_id, service, from_state, to_state, weight, at, reason, history, quarantined_until, quarantine_step FROM transitions
 WHERE ($1::text IS NULL OR service = $1::text)
   AND ($2::uuid IS NULL OR instance_id = $2::uuid)
   AND ($3::bigint = 0 OR id < $3::bigint)
@@ -245,6 +289,8 @@ func (q *Queries) TransitionsList(ctx context.Context, arg TransitionsListParams
 			&i.At,
 			&i.Reason,
 			&i.History,
+			&i.QuarantinedUntil,
+			&i.QuarantineStep,
 		); err != nil {
 			return nil, err
 		}
@@ -257,7 +303,7 @@ func (q *Queries) TransitionsList(ctx context.Context, arg TransitionsListParams
 }
 
 const transitionsQuarantines = `-- name: TransitionsQuarantines :many
-SELECT id, instance_id, service, from_state, to_state, weight, at, reason, history FROM transitions
+SELECT id, instance_id, service, from_state, to_state, weight, at, reason, history, quarantined_until, quarantine_step FROM transitions
 WHERE service = $1::text AND history IS NOT NULL AND at >= $2::timestamptz
 ORDER BY at DESC, id DESC
 LIMIT $3
@@ -290,6 +336,8 @@ func (q *Queries) TransitionsQuarantines(ctx context.Context, arg TransitionsQua
 			&i.At,
 			&i.Reason,
 			&i.History,
+			&i.QuarantinedUntil,
+			&i.QuarantineStep,
 		); err != nil {
 			return nil, err
 		}

@@ -274,6 +274,190 @@ type InstancesCopyParams struct {
 	UpdatedAt      time.Time
 }
 
+const leaseCountExpiredSince = `-- name: LeaseCountExpiredSince :many
+SELECT service, count(*)::int AS expired FROM instances
+WHERE state = 'expired' AND ended_at > $1::timestamptz
+GROUP BY service
+`
+
+type LeaseCountExpiredSinceRow struct {
+	Service string
+	Expired int32
+}
+
+// Instances ended by lease expiry since a moment, per service.
+func (q *Queries) LeaseCountExpiredSince(ctx context.Context, since time.Time) ([]LeaseCountExpiredSinceRow, error) {
+	rows, err := q.db.Query(ctx, leaseCountExpiredSince, since)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LeaseCountExpiredSinceRow
+	for rows.Next() {
+		var i LeaseCountExpiredSinceRow
+		if err := rows.Scan(&i.Service, &i.Expired); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const leaseCountLapsed = `-- name: LeaseCountLapsed :one
+SELECT count(*)::int FROM instances
+WHERE state = 'active' AND lease_expires_at IS NOT NULL
+  AND lease_expires_at <= $1::timestamptz
+  AND ($2::text = '' OR service = $2::text)
+`
+
+type LeaseCountLapsedParams struct {
+	Now     time.Time
+	Service string
+}
+
+// Active leases that ran out by now in a scope (” = region).
+func (q *Queries) LeaseCountLapsed(ctx context.Context, arg LeaseCountLapsedParams) (int32, error) {
+	row := q.db.QueryRow(ctx, leaseCountLapsed, arg.Now, arg.Service)
+	var column_1 int32
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const leaseCountLive = `-- name: LeaseCountLive :many
+SELECT service, count(*)::int AS live FROM instances
+WHERE state = 'active' AND lease_expires_at IS NOT NULL
+GROUP BY service
+`
+
+type LeaseCountLiveRow struct {
+	Service string
+	Live    int32
+}
+
+// Active leased instances per service: the disbelief threshold's base.
+func (q *Queries) LeaseCountLive(ctx context.Context) ([]LeaseCountLiveRow, error) {
+	rows, err := q.db.Query(ctx, leaseCountLive)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LeaseCountLiveRow
+	for rows.Next() {
+		var i LeaseCountLiveRow
+		if err := rows.Scan(&i.Service, &i.Live); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const leaseExpire = `-- name: LeaseExpire :one
+UPDATE instances
+SET state = 'expired', ended_at = $1::timestamptz, updated_at = $1::timestamptz
+WHERE id = $2 AND state = 'active' AND lease_expires_at <= $3::timestamptz
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at
+`
+
+type LeaseExpireParams struct {
+	Now    time.Time
+	ID     uuid.UUID
+	Cutoff time.Time
+}
+
+// Ends one instance whose lease ran out by cutoff, unless a renewal or
+// another reaper got there first (then no row).
+func (q *Queries) LeaseExpire(ctx context.Context, arg LeaseExpireParams) (Instance, error) {
+	row := q.db.QueryRow(ctx, leaseExpire, arg.Now, arg.ID, arg.Cutoff)
+	var i Instance
+	err := row.Scan(
+		&i.ID,
+		&i.Service,
+		&i.Address,
+		&i.Port,
+		&i.Zone,
+		&i.Region,
+		&i.Source,
+		&i.State,
+		&i.LeaseExpiresAt,
+		&i.RegisteredBy,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.EndedAt,
+	)
+	return i, err
+}
+
+const leaseExpiryConfirmationInsert = `-- name: LeaseExpiryConfirmationInsert :one
+INSERT INTO lease_expiry_confirmations (service, confirmed_at, confirmed_by, reason)
+VALUES ($1, $2, $3, $4)
+RETURNING id, service, confirmed_at, confirmed_by, reason
+`
+
+type LeaseExpiryConfirmationInsertParams struct {
+	Service     string
+	ConfirmedAt time.Time
+	ConfirmedBy string
+	Reason      string
+}
+
+func (q *Queries) LeaseExpiryConfirmationInsert(ctx context.Context, arg LeaseExpiryConfirmationInsertParams) (LeaseExpiryConfirmation, error) {
+	row := q.db.QueryRow(ctx, leaseExpiryConfirmationInsert,
+		arg.Service,
+		arg.ConfirmedAt,
+		arg.ConfirmedBy,
+		arg.Reason,
+	)
+	var i LeaseExpiryConfirmation
+	err := row.Scan(
+		&i.ID,
+		&i.Service,
+		&i.ConfirmedAt,
+		&i.ConfirmedBy,
+		&i.Reason,
+	)
+	return i, err
+}
+
+const leaseExpiryConfirmationsSince = `-- name: LeaseExpiryConfirmationsSince :many
+SELECT DISTINCT ON (service) id, service, confirmed_at, confirmed_by, reason FROM lease_expiry_confirmations
+WHERE confirmed_at > $1::timestamptz
+ORDER BY service, confirmed_at DESC
+`
+
+// The newest confirmation per scope (” = region) since a moment.
+func (q *Queries) LeaseExpiryConfirmationsSince(ctx context.Context, since time.Time) ([]LeaseExpiryConfirmation, error) {
+	rows, err := q.db.Query(ctx, leaseExpiryConfirmationsSince, since)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LeaseExpiryConfirmation
+	for rows.Next() {
+		var i LeaseExpiryConfirmation
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.ConfirmedAt,
+			&i.ConfirmedBy,
+			&i.Reason,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const leaseListExpired = `-- name: LeaseListExpired :many
 SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
@@ -313,6 +497,53 @@ func (q *Queries) LeaseListExpired(ctx context.Context, arg LeaseListExpiredPara
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.EndedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const leaseListLapsed = `-- name: LeaseListLapsed :many
+SELECT id, service, zone, lease_expires_at FROM instances
+WHERE state = 'active' AND lease_expires_at IS NOT NULL
+  AND lease_expires_at <= $1::timestamptz
+ORDER BY lease_expires_at
+LIMIT $2
+`
+
+type LeaseListLapsedParams struct {
+	Now time.Time
+	Lim int32
+}
+
+type LeaseListLapsedRow struct {
+	ID             uuid.UUID
+	Service        string
+	Zone           string
+	LeaseExpiresAt *time.Time
+}
+
+// Active leases that ran out by now, oldest first: the reaper's candidates.
+// Not locked: the reaper decides first, then ends each with LeaseExpire.
+func (q *Queries) LeaseListLapsed(ctx context.Context, arg LeaseListLapsedParams) ([]LeaseListLapsedRow, error) {
+	rows, err := q.db.Query(ctx, leaseListLapsed, arg.Now, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LeaseListLapsedRow
+	for rows.Next() {
+		var i LeaseListLapsedRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Zone,
+			&i.LeaseExpiresAt,
 		); err != nil {
 			return nil, err
 		}

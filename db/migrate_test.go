@@ -1,6 +1,7 @@
 package db_test
 
 import (
+	"context"
 	"io/fs"
 	"slices"
 	"strconv"
@@ -51,5 +52,78 @@ func TestMigrationsDownAndUp(t *testing.T) {
 	}
 	if v, dirty, err := mg.Version(); err != nil || dirty || int(v) != versions[len(versions)-1] {
 		t.Fatalf("after up: version %d dirty %v err %v", v, dirty, err)
+	}
+}
+
+// TestEpochsStartAboveBlockVersions: migration 000008 replaces the block
+// sequence view_versions with ownership epochs (version = epoch<<32 |
+// counter). The first epoch's versions are above every version a block
+// handed out, and rolling back brings view_versions back above every
+// epoch's versions: versions never go back across the change, either way.
+func TestEpochsStartAboveBlockVersions(t *testing.T) {
+	t.Parallel()
+	u := dbtest.URL(t)
+	ctx := context.Background()
+	pool, err := db.Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	mg, err := db.NewMigrator(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mg.Close()
+	to := func(below uint) {
+		t.Helper()
+		for {
+			v, _, err := mg.Version()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v < below {
+				return
+			}
+			if err := mg.Down(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	to(8)
+	// An old server that used blocks past 2^32 (5 billion versions).
+	var block int64
+	if err := pool.QueryRow(ctx, "SELECT setval('view_versions', 5000000000)").Scan(&block); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, "SELECT nextval('view_versions')").Scan(&block); err != nil {
+		t.Fatal(err)
+	}
+	lastOld := uint64(block) + 999 // the end of the block it was handed
+	if err := mg.Up(); err != nil {
+		t.Fatal(err)
+	}
+	pool.Reset() // connections may have cached the dropped sequence
+	epoch, err := db.New(pool).PublisherEpochNext(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first := uint64(epoch) << 32; first <= lastOld {
+		t.Fatalf("first epoch %d starts at version %d, not above the old %d", epoch, first, lastOld)
+	}
+	if epoch != 2 {
+		t.Fatalf("epoch %d, want 2 (the first above 5,000,000,999 >> 32)", epoch)
+	}
+
+	// Rolled back: blocks start above the epoch's versions.
+	to(8)
+	pool.Reset()
+	if err := pool.QueryRow(ctx, "SELECT nextval('view_versions')").Scan(&block); err != nil {
+		t.Fatal(err)
+	}
+	if uint64(block) < uint64(epoch+1)<<32 {
+		t.Fatalf("after a rollback a block starts at %d, inside epoch %d", block, epoch)
+	}
+	if err := mg.Up(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -60,6 +60,14 @@ type Instance struct {
 	EndedAt        *time.Time
 }
 
+type LeaseExpiryConfirmation struct {
+	ID          int64
+	Service     string
+	ConfirmedAt time.Time
+	ConfirmedBy string
+	Reason      string
+}
+
 type ObservedWindow struct {
 	InstanceID   uuid.UUID
 	Class        int16
@@ -99,6 +107,13 @@ type ProberAssignment struct {
 	InstanceID *uuid.UUID
 	AssignedAt time.Time
 	AssignedBy string
+}
+
+type PublishedView struct {
+	Service     string
+	Version     int64
+	View        json.RawMessage
+	PublishedAt time.Time
 }
 
 type RateLimitAttempt struct {
@@ -150,13 +165,15 @@ type Shift struct {
 }
 
 type Transition struct {
-	ID         int64
-	InstanceID uuid.UUID
-	Service    string
-	FromState  string
-	ToState    string
-	Weight     float64
-	At         time.Time
-	Reason     string
-	History    json.RawMessage
+	ID               int64
+	InstanceID       uuid.UUID
+	Service          string
+	FromState        string
+	ToState          string
+	Weight           float64
+	At               time.Time
+	Reason           string
+	History          json.RawMessage
+	QuarantinedUntil *time.Time
+	QuarantineStep   int16
 }

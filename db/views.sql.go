@@ -93,15 +93,3 @@ func (q *Queries) GrantsGet(ctx context.Context, service string) ([]string, erro
 	}
 	return items, nil
 }
-
-const viewVersionBlock = `-- name: ViewVersionBlock :one
-SELECT nextval('view_versions')::bigint AS first
-`
-
-// The first version of a fresh block of 1000 (the sequence's increment).
-func (q *Queries) ViewVersionBlock(ctx context.Context) (int64, error) {
-	row := q.db.QueryRow(ctx, viewVersionBlock)
-	var first int64
-	err := row.Scan(&first)
-	return first, err
-}

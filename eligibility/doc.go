@@ -116,9 +116,19 @@
 // instance is held Ineligible for QuarantineBase (1 min), doubling per
 // repeat up to QuarantineCap (30 min): 1, 2, 4, 8, 16, 30, 30. A quarantine
 // starting QuarantineForgive (1 h) after the previous one ended starts again
-// at 1 min. The quarantine transition carries History and QuarantinedUntil;
-// the remembered changes are then cleared. ServiceStats reports changes in
-// the window, the flap rate per instance-hour and quarantine counts.
+// at 1 min. The quarantine transition carries History, QuarantinedUntil and
+// QuarantineStep; the remembered changes are then cleared. ServiceStats
+// reports changes in the window, the flap rate per instance-hour and
+// quarantine counts.
+//
+// A quarantine is computed state, yet it must outlive the process that
+// computed it, or a restart would put a known-bad instance back into
+// rotation and start its next quarantine at 1 min again. RestoreQuarantine
+// takes the last quarantine's start, end and step (all on its transition)
+// and holds the instance out until the end as the live quarantine did; the
+// next quarantine escalates from that step, with the same forgiveness.
+// Changes remembered since the last quarantine are not restored: after a
+// restart the flap window starts empty.
 //
 // # Slow start (ADR-12)
 //

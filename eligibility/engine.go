@@ -359,6 +359,67 @@ func (e *Engine) HardFail(id InstanceID, reason string, now time.Time) {
 	in.dirty = true
 }
 
+// Quarantine is what a restarted engine needs of an instance's last
+// quarantine (ADR-09) to carry it on: the engine's state is computed and
+// lives only in memory (ADR-02), so the evaluator keeps these fields of
+// each quarantine transition and hands the newest back after a restart.
+type Quarantine struct {
+	// Start is when the quarantine began (the transition's At).
+	Start time.Time
+	// Until is when it ends (the transition's QuarantinedUntil).
+	Until time.Time
+	// Step is the transition's QuarantineStep: 1 for a first quarantine.
+	Step int
+}
+
+// RestoreQuarantine carries an instance's last quarantine over a restart.
+// Until q.Until the instance is held Ineligible exactly as a live
+// quarantine holds it (Verdict.QuarantinedUntil and its reason,
+// Routing.Quarantined, ServiceStats.Quarantined; re-entry after it ends
+// follows the normal rules, the dwell counted from q.Start), and its next
+// quarantine escalates from q.Step: twice q's duration, up to the cap,
+// unless it starts QuarantineForgive or more after q.Until. A quarantine
+// that ended before now restores only the escalation. Nothing is emitted:
+// the state is restated, not changed. A quarantine that ends no later than
+// one the engine already holds for the instance is ignored.
+//
+// Call it after AddInstance and after replaying evidence, before the Tick
+// that restates the rebuilt state.
+func (e *Engine) RestoreQuarantine(id InstanceID, q Quarantine, now time.Time) error {
+	if q.Step < 1 || q.Until.Before(q.Start) {
+		return ErrInvalidQuarantine
+	}
+	i, ok := e.idx.get(id, e.inst)
+	if !ok {
+		return ErrUnknownInstance
+	}
+	in := &e.inst[i]
+	until := q.Until.UnixNano()
+	if until <= in.qEnd {
+		return nil
+	}
+	in.qLevel = uint8(min(q.Step, math.MaxUint8))
+	in.qUntil, in.qEnd = until, until
+	t := now.UnixNano()
+	if until <= t {
+		return nil
+	}
+	if in.state != Ineligible || !in.admitted {
+		in.inelSince = min(q.Start.UnixNano(), t)
+	}
+	// Only an admitted instance flaps, so the one quarantined before the
+	// restart had been in rotation: it re-enters by the re-entry rules,
+	// not as a new instance on its first success.
+	in.state, in.weight, in.admitted = Ineligible, 0, true
+	in.reason, in.reasonVal = rQuarantine, 0
+	in.ringN = 0
+	in.dirty = true
+	return nil
+}
+
+// Options returns the options in effect, defaults filled in.
+func (e *Engine) Options() Options { return e.opt }
+
 // Observe records one sample. It is the hot path: O(1) and free of
 // allocations for a known instance. The verdict changes at the next Tick.
 func (e *Engine) Observe(s Sample) error {

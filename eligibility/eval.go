@@ -22,6 +22,11 @@ type Transition struct {
 	History []Transition
 	// QuarantinedUntil is set on the transition that starts a quarantine.
 	QuarantinedUntil time.Time
+	// QuarantineStep is set with QuarantinedUntil: the quarantine's place
+	// in its escalation, 1 for the first (QuarantineBase), 2 for the
+	// doubled one, and so on (past the cap it keeps counting). Together
+	// with At and QuarantinedUntil it is what RestoreQuarantine needs.
+	QuarantineStep int
 	// FirstFailureAt is set on removals: the first failed sample of the
 	// episode (the hard failure itself on the fast path). At minus
 	// FirstFailureAt is the damping cost (ADR-07).
@@ -444,6 +449,7 @@ func (e *Engine) quarantine(in *instance, svc *service, now int64, tr *Transitio
 	svc.quarant++
 	in.reason, in.reasonVal = rQuarantine, float64(n)
 	tr.QuarantinedUntil = tm(in.qUntil)
+	tr.QuarantineStep = int(in.qLevel)
 	tr.Reason = fmt.Sprintf("quarantined for %v: %d changes in %v; %s", d, n, e.opt.FlapWindow, tr.Reason)
 }
 

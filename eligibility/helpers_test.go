@@ -111,3 +111,28 @@ func contract(caps eligibility.Capabilities) eligibility.Contract {
 	c.SlowStart = 0
 	return c
 }
+
+// flap feeds id adversarial evidence of class cl, one sample a second
+// (failing while the instance is in rotation, succeeding while it is out),
+// until a quarantine starts, and returns that transition (nil if none
+// within limit).
+func (s *sim) flap(id eligibility.InstanceID, cl eligibility.Class, limit time.Duration) *eligibility.Transition {
+	s.tb.Helper()
+	for end := s.now.Add(limit); s.now.Before(end); {
+		s.now = s.now.Add(time.Second)
+		smp := eligibility.Sample{Instance: id, Class: cl, Reporter: 1, Outcome: eligibility.Success, Successes: 10}
+		if s.state(id).InRotation() {
+			smp.Outcome, smp.Successes, smp.Failures = eligibility.Failure, 0, 10
+		}
+		if cl != eligibility.Passive {
+			smp.Successes, smp.Failures = 0, 0
+		}
+		s.sample(smp)
+		for _, tr := range s.tick() {
+			if !tr.QuarantinedUntil.IsZero() {
+				return &tr
+			}
+		}
+	}
+	return nil
+}

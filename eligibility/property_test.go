@@ -279,6 +279,57 @@ func TestPropQuarantineEscalates(t *testing.T) {
 	})
 }
 
+// A quarantine restored after a restart, at any moment of it or after it,
+// carries on as if there had been no restart: the instance stays out until
+// its end, and the next quarantine lasts twice as long (to the cap), or
+// QuarantineBase again when it starts QuarantineForgive after the end.
+func TestPropRestoredQuarantineEscalates(t *testing.T) {
+	t.Parallel()
+	rapid.Check(t, func(rt *rapid.T) {
+		s := newSim(rt, eligibility.Options{})
+		s.service("svc", contract(passiveOnly))
+		id := s.add(1, "svc")
+		var last *eligibility.Transition
+		for range rapid.IntRange(1, 6).Draw(rt, "quarantines") {
+			if last = s.flap(id, passive, 2*time.Hour); last == nil {
+				rt.Fatalf("never quarantined")
+			}
+		}
+		// The restarted engine knows nothing but the quarantine.
+		r := newSim(rt, eligibility.Options{})
+		r.now = last.At.Add(time.Duration(rapid.IntRange(0, 90*60).Draw(rt, "restart after (s)")) * time.Second)
+		r.service("svc", contract(passiveOnly))
+		r.add(1, "svc")
+		q := eligibility.Quarantine{Start: last.At, Until: last.QuarantinedUntil, Step: last.QuarantineStep}
+		if err := r.e.RestoreQuarantine(id, q, r.now); err != nil {
+			rt.Fatalf("restore: %v", err)
+		}
+		end := r.now
+		if q.Until.After(end) {
+			end = q.Until
+		}
+		for end = end.Add(2 * time.Minute); r.now.Before(end); {
+			r.now = r.now.Add(time.Second)
+			r.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: 1, Successes: 10})
+			r.tick()
+			if r.state(id).InRotation() && r.now.Before(q.Until) {
+				rt.Fatalf("back in rotation at %v, quarantined until %v", r.now, q.Until)
+			}
+		}
+		next := r.flap(id, passive, 2*time.Hour)
+		if next == nil {
+			rt.Fatalf("never quarantined after the restart")
+		}
+		want := min(time.Minute<<q.Step, 30*time.Minute)
+		if next.At.Sub(q.Until) >= time.Hour {
+			want = time.Minute
+		}
+		if got := next.QuarantinedUntil.Sub(next.At); got != want {
+			rt.Fatalf("quarantine after the restart lasts %v, want %v (restored %+v)", got, want, q)
+		}
+	})
+}
+
 // With platform defaults a genuine soft failure (every sample of every
 // class failing from some moment) is removed at most 5 s after the first
 // failing sample, for any mix of classes and cadences (passive reporters

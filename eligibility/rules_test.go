@@ -1,6 +1,7 @@
 package eligibility_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -639,5 +640,120 @@ func TestRoutingAgreesWithVerdict(t *testing.T) {
 	}
 	if _, found := e.Routing(iid(99), now); found {
 		t.Error("routing for an unknown instance")
+	}
+}
+
+// TestRestoreQuarantine: a quarantine handed back after a restart holds the
+// instance out as the live one did, and the next quarantine escalates from
+// its step unless it comes QuarantineForgive after the last one ended.
+func TestRestoreQuarantine(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		caps eligibility.Capabilities
+		cl   eligibility.Class
+		step int
+		// ends is when the restored quarantine ends, after the restore
+		// (negative: it ended before the restart).
+		ends time.Duration
+		// The next quarantine's duration and step.
+		next     time.Duration
+		nextStep int
+	}{
+		{"live first quarantine, readiness signal", probeOnly, probe, 1, 50 * time.Second, 2 * time.Minute, 2},
+		{"live first quarantine, no readiness signal", passiveOnly, passive, 1, 50 * time.Second, 2 * time.Minute, 2},
+		{"live third quarantine", passiveOnly, passive, 3, 3 * time.Minute, 8 * time.Minute, 4},
+		{"live quarantine next to the cap", passiveOnly, passive, 5, time.Minute, 30 * time.Minute, 6},
+		{"live quarantine at the cap", passiveOnly, passive, 9, 10 * time.Minute, 30 * time.Minute, 10},
+		{"ended 10 min before the restart", passiveOnly, passive, 2, -10 * time.Minute, 4 * time.Minute, 3},
+		{"ended 10 min before the restart, readiness signal", probeOnly, probe, 2, -10 * time.Minute, 4 * time.Minute, 3},
+		{"ended QuarantineForgive before: forgiven", passiveOnly, passive, 4, -time.Hour, time.Minute, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSim(t, eligibility.Options{})
+			s.service("svc", contract(tt.caps))
+			id := s.add(1, "svc")
+			// A restarted engine: the instance is new to it and its
+			// evidence (replayed windows) is healthy.
+			ok := eligibility.Sample{Instance: id, Class: tt.cl, Reporter: 1, Outcome: eligibility.Success}
+			if tt.cl == passive {
+				ok.Successes = 10
+			}
+			s.sample(ok)
+			until := s.now.Add(tt.ends)
+			q := eligibility.Quarantine{Start: until.Add(-time.Minute), Until: until, Step: tt.step}
+			if err := s.e.RestoreQuarantine(id, q, s.now); err != nil {
+				t.Fatal(err)
+			}
+			s.tick()
+			v := s.verdict(id)
+			r, _ := s.e.Routing(id, s.now)
+			st := s.e.ServiceStats("svc", s.now)
+			if tt.ends > 0 {
+				if v.State != eligibility.Ineligible || !v.QuarantinedUntil.Equal(until) || !hasReason(v, "quarantined until") ||
+					!r.Quarantined || st.Quarantined != 1 || st.Quarantines != 0 {
+					t.Fatalf("after restoring a live quarantine: verdict %+v, routing %+v, stats %+v", v, r, st)
+				}
+				// Healthy evidence does not bring it back before the end.
+				s.run(tt.ends-time.Second, time.Second, every(time.Second, func(time.Time) { s.sample(ok) }))
+				if got := s.state(id); got != eligibility.Ineligible {
+					t.Fatalf("state %v a second before the restored quarantine ends", got)
+				}
+			} else if !v.State.InRotation() || r.Quarantined || st.Quarantined != 0 || !v.QuarantinedUntil.IsZero() {
+				t.Fatalf("after restoring an ended quarantine: verdict %+v, routing %+v, stats %+v", v, r, st)
+			}
+			for _, tr := range s.all {
+				if tr.Reason != "first success: entering rotation" {
+					t.Fatalf("the restore emitted %+v", tr)
+				}
+			}
+			// Out of quarantine, healthy until it is back in rotation.
+			s.run(2*time.Minute, time.Second, every(time.Second, func(time.Time) { s.sample(ok) }))
+			if got := s.state(id); !got.InRotation() {
+				t.Fatalf("state %v two minutes after the restored quarantine ended", got)
+			}
+			next := s.flap(id, tt.cl, time.Hour)
+			if next == nil {
+				t.Fatal("never quarantined again")
+			}
+			if d := next.QuarantinedUntil.Sub(next.At); d != tt.next || next.QuarantineStep != tt.nextStep {
+				t.Fatalf("next quarantine %v at step %d, want %v at step %d", d, next.QuarantineStep, tt.next, tt.nextStep)
+			}
+		})
+	}
+}
+
+func TestRestoreQuarantineRefusals(t *testing.T) {
+	t.Parallel()
+	s := newSim(t, eligibility.Options{})
+	s.service("svc", contract(passiveOnly))
+	id := s.add(1, "svc")
+	for _, tt := range []struct {
+		name string
+		id   eligibility.InstanceID
+		q    eligibility.Quarantine
+		want error
+	}{
+		{"unknown instance", iid(2), eligibility.Quarantine{Start: s.now, Until: s.now.Add(time.Minute), Step: 1}, eligibility.ErrUnknownInstance},
+		{"step 0", id, eligibility.Quarantine{Start: s.now, Until: s.now.Add(time.Minute), Step: 0}, eligibility.ErrInvalidQuarantine},
+		{"ends before it starts", id, eligibility.Quarantine{Start: s.now, Until: s.now.Add(-time.Minute), Step: 1}, eligibility.ErrInvalidQuarantine},
+	} {
+		if err := s.e.RestoreQuarantine(tt.id, tt.q, s.now); !errors.Is(err, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
+		}
+	}
+	// An older quarantine handed back after a newer one changes nothing.
+	newer := eligibility.Quarantine{Start: s.now, Until: s.now.Add(4 * time.Minute), Step: 3}
+	older := eligibility.Quarantine{Start: s.now.Add(-time.Hour), Until: s.now.Add(time.Minute), Step: 1}
+	for _, q := range []eligibility.Quarantine{newer, older} {
+		if err := s.e.RestoreQuarantine(id, q, s.now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.tick()
+	if v := s.verdict(id); !v.QuarantinedUntil.Equal(newer.Until) {
+		t.Fatalf("quarantined until %v, want %v", v.QuarantinedUntil, newer.Until)
 	}
 }

@@ -19,6 +19,9 @@ var (
 	// ErrInvalidSample: the sample has an unknown class, no outcome and no
 	// counts, or a zero time.
 	ErrInvalidSample = errors.New("eligibility: invalid sample")
+	// ErrInvalidQuarantine: RestoreQuarantine was given a step below 1 or
+	// an end before the start.
+	ErrInvalidQuarantine = errors.New("eligibility: invalid quarantine")
 )
 
 // Class is an evidence class (ADR-04). Its value indexes Contract.Weights.

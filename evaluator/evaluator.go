@@ -158,12 +158,19 @@ type Evaluator struct {
 	probers map[string]*proberAssignment
 	// overrides in force, by instance (see override.go).
 	overrides map[uuid.UUID]Override
-	windows   map[windowKey]*windowCounts
-	winStart  time.Time
-	cursorAt  time.Time // newest (updated_at, id) applied
-	cursorID  uuid.UUID
-	members   uint64 // bumped whenever an instance is added or removed
-	replayed  int
+	// expired holds, per service, instances whose lease expired while
+	// their zone's guard still needs them (expired.go).
+	expired  map[string]map[uuid.UUID]expiredInstance
+	windows  map[windowKey]*windowCounts
+	winStart time.Time
+	cursorAt time.Time // newest (updated_at, id) applied
+	cursorID uuid.UUID
+	members  uint64 // bumped whenever an instance is added or removed
+	replayed int
+	// quarantines restored by the rebuild (still in force then), and how
+	// long reading and restoring them took.
+	quarantines     int
+	quarantinesTook time.Duration
 
 	reporterMu sync.Mutex
 	reporters  map[string]eligibility.ReporterID
@@ -203,6 +210,7 @@ func New(cfg Config) (*Evaluator, error) {
 		changed:   map[string]struct{}{},
 		probers:   map[string]*proberAssignment{},
 		overrides: map[uuid.UUID]Override{},
+		expired:   map[string]map[uuid.UUID]expiredInstance{},
 		windows:   map[windowKey]*windowCounts{},
 		reporters: map[string]eligibility.ReporterID{},
 		kick:      make(chan struct{}, 1),
@@ -365,8 +373,8 @@ func (e *Evaluator) publish(ts []eligibility.Transition) {
 	}
 }
 
-// rebuild loads the registry and replays retained observed windows, then
-// marks the evaluator ready.
+// rebuild loads the registry, replays retained observed windows and
+// restores recent quarantines, then marks the evaluator ready.
 func (e *Evaluator) rebuild(ctx context.Context) error {
 	start := time.Now()
 	if err := e.refresh(ctx); err != nil {
@@ -377,6 +385,12 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	qstart := time.Now()
+	held, err := e.restoreQuarantines(ctx)
+	if err != nil {
+		return err
+	}
+	qtook := time.Since(qstart)
 	e.mu.Lock()
 	// The first evaluation after a rebuild restates what was computed
 	// before the restart; it is not a change and is not published.
@@ -384,12 +398,14 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	e.ended = nil
 	count := len(e.instances)
 	e.replayed = n
+	e.quarantines, e.quarantinesTook = held, qtook
 	e.mu.Unlock()
 	e.ready.Store(true)
 	took := time.Since(start)
 	e.metrics.rebuild.Set(took.Seconds())
-	e.log.Info("rebuilt evaluation state", "instances", count, "windows", n,
-		"registry", loaded.Round(time.Millisecond), "took", took.Round(time.Millisecond))
+	e.log.Info("rebuilt evaluation state", "instances", count, "windows", n, "quarantines", held,
+		"registry", loaded.Round(time.Millisecond), "quarantines_took", qtook.Round(time.Millisecond),
+		"took", took.Round(time.Millisecond))
 	return nil
 }
 
@@ -452,6 +468,13 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 		since, after = batch[len(batch)-1].UpdatedAt, batch[len(batch)-1].ID
 	}
 
+	if e.ready.Load() {
+		// Not during the rebuild: verdicts are not replayed yet.
+		e.mu.Lock()
+		e.pruneExpired(e.cfg.Now())
+		e.mu.Unlock()
+	}
+
 	// Prober assignments last, so assigned services resolve to the
 	// instances just loaded.
 	// Re-assigning a prober rebuilds (and sorts) its target set in the
@@ -491,6 +514,12 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 	_, known := e.instances[in.ID]
 	switch {
+	case in.State == registry.StateExpired && !known && !e.ready.Load():
+		// Expired before this process started (the rebuild reads every
+		// row): kept if recent, in case its zone's guard still needs it.
+		if _, kept := e.expired[in.Service][in.ID]; !kept {
+			e.keepExpired(in, instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port}, now)
+		}
 	case in.State == registry.StateActive && !known:
 		if err := e.engine.AddInstance(eligibility.InstanceID(in.ID), in.Service, now); err != nil {
 			e.log.Warn("add instance", "instance", in.ID, "err", err)
@@ -511,7 +540,7 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 			reason := "deregistered"
 			switch in.State {
 			case registry.StateExpired:
-				reason = "lease expired"
+				reason = ReasonLeaseExpired
 			case registry.StateReplaced:
 				reason = "replaced by a new registration of its endpoint"
 			}
@@ -522,6 +551,9 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		}
 		e.changed[in.Service] = struct{}{}
 		e.members++
+		if in.State == registry.StateExpired {
+			e.keepExpired(in, e.instances[in.ID], now)
+		}
 		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
 		delete(e.instances, in.ID)
 		delete(e.byService[in.Service], in.ID)
@@ -582,13 +614,19 @@ func contractOf(sc registry.ServiceContract) eligibility.Contract {
 // Stats is a summary for tools and logs.
 type Stats struct {
 	Services, Instances, WindowsReplayed int
+	// QuarantinesRestored counts the quarantines the rebuild found still in
+	// force; QuarantinesTook is how long reading and restoring every
+	// recent quarantine (ended ones set the next one's step) took.
+	QuarantinesRestored int
+	QuarantinesTook     time.Duration
 }
 
 // Stats returns a summary of the evaluator's state.
 func (e *Evaluator) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return Stats{Services: len(e.services), Instances: len(e.instances), WindowsReplayed: e.replayed}
+	return Stats{Services: len(e.services), Instances: len(e.instances), WindowsReplayed: e.replayed,
+		QuarantinesRestored: e.quarantines, QuarantinesTook: e.quarantinesTook}
 }
 
 // EvaluateNow runs one evaluation tick at once, as the ticker would. Tools

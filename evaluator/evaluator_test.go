@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
@@ -376,5 +377,116 @@ func TestHardFailureDoesNotWaitForTheTick(t *testing.T) {
 			t.Fatal("a hard failure waited for the next tick")
 		}
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// inRotation reads an instance's state from the evaluator's snapshot.
+func inRotation(t *testing.T, ev *evaluator.Evaluator, service string, id uuid.UUID) (evaluator.EndpointVerdict, bool) {
+	t.Helper()
+	snap, ok := ev.Snapshot(service)
+	if !ok {
+		t.Fatalf("no snapshot of %s", service)
+	}
+	for _, v := range snap.Instances {
+		if v.ID == id {
+			return v, v.State.InRotation()
+		}
+	}
+	t.Fatalf("instance %s not in the snapshot of %s", id, service)
+	return evaluator.EndpointVerdict{}, false
+}
+
+// flapUntilQuarantined feeds the instance adversarial probe reports through
+// Ingest, one a second (failing while it is in rotation, passing while it
+// is out), evaluating after each, until the sink receives a quarantine.
+// clock is the evaluator's.
+func flapUntilQuarantined(t *testing.T, ev *evaluator.Evaluator, clock *st.Clock, sink *recordingSink, id uuid.UUID) eligibility.Transition {
+	t.Helper()
+	prober := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
+	for range 3600 {
+		clock.Advance(time.Second)
+		outcome := "success"
+		if _, in := inRotation(t, ev, "web", id); in {
+			outcome = "failure"
+		}
+		if res, err := ev.Ingest(prober, []evaluator.Report{{InstanceID: id, Class: "probe", Outcome: outcome}}); err != nil || res.Accepted != 1 {
+			t.Fatalf("ingest: %+v %v", res, err)
+		}
+		ev.EvaluateNow()
+		sink.mu.Lock()
+		for _, tr := range sink.ts {
+			if uuid.UUID(tr.Instance) == id && !tr.QuarantinedUntil.IsZero() {
+				sink.ts = nil
+				sink.mu.Unlock()
+				return tr
+			}
+		}
+		sink.ts = nil
+		sink.mu.Unlock()
+	}
+	t.Fatal("not quarantined within an hour of flapping")
+	return eligibility.Transition{}
+}
+
+// TestQuarantineSurvivesARestart (issue 11): a quarantined instance stays
+// quarantined, until the same time, in the evaluator of a restarted
+// process, and its next quarantine escalates from where the last one was.
+func TestQuarantineSurvivesARestart(t *testing.T) {
+	t.Parallel()
+	sinkA := &recordingSink{}
+	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Sink = sinkA }})
+	id, _ := uuid.Parse(f.web[0])
+	q := flapUntilQuarantined(t, f.Evaluator, f.Clock, sinkA, id)
+	if d := q.QuarantinedUntil.Sub(q.At); d != time.Minute || q.QuarantineStep != 1 {
+		t.Fatalf("first quarantine lasts %v at step %d, want 1m at step 1", d, q.QuarantineStep)
+	}
+	f.Evaluator.Stop() // flushes the transitions
+	rows, err := db.New(f.Pool).TransitionsList(context.Background(), db.TransitionsListParams{InstanceID: &id, Lim: 1})
+	if err != nil || len(rows) != 1 || rows[0].QuarantinedUntil == nil || !rows[0].QuarantinedUntil.Equal(q.QuarantinedUntil) || rows[0].QuarantineStep != 1 {
+		t.Fatalf("newest transition on record: %+v %v", rows, err)
+	}
+
+	// Another process on the same database, 10 s into the quarantine, its
+	// evaluator on the first one's clock.
+	f.Clock.Advance(10 * time.Second)
+	sinkB := &recordingSink{}
+	second := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
+		c.Now = f.Clock.Now
+		c.Sink = sinkB
+	}})
+	g := &fixture{Stack: second, web: f.web}
+	g.waitReady(t)
+	if v, in := inRotation(t, second.Evaluator, "web", id); in || !v.Quarantined {
+		t.Fatalf("after the restart the quarantined instance is %+v", v)
+	}
+	v := g.verdict(t, "web", f.web[0])
+	if v.State != "ineligible" || v.QuarantineUntil == nil || !v.QuarantineUntil.Equal(q.QuarantinedUntil) ||
+		!strings.Contains(strings.Join(v.Reasons, ";"), "quarantined until") {
+		t.Fatalf("after the restart: %+v, want quarantined until %v", v, q.QuarantinedUntil)
+	}
+	if st := second.Evaluator.Stats(); st.QuarantinesRestored != 1 {
+		t.Errorf("stats %+v, want 1 quarantine restored", st)
+	}
+
+	// Passing probes do not bring it back before the quarantine ends.
+	prober := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
+	for f.Clock.Now().Before(q.QuarantinedUntil.Add(-time.Second)) {
+		f.Clock.Advance(time.Second)
+		if _, err := second.Evaluator.Ingest(prober, []evaluator.Report{{InstanceID: id, Class: "probe", Outcome: "success"}}); err != nil {
+			t.Fatal(err)
+		}
+		second.Evaluator.EvaluateNow()
+		if v, in := inRotation(t, second.Evaluator, "web", id); in {
+			t.Fatalf("back in rotation at %v, quarantined until %v: %+v", f.Clock.Now(), q.QuarantinedUntil, v)
+		}
+	}
+
+	// Flapping again after it ends: the next quarantine is the second step.
+	next := flapUntilQuarantined(t, second.Evaluator, f.Clock, sinkB, id)
+	if !next.At.After(q.QuarantinedUntil) {
+		t.Fatalf("quarantined again at %v, before the first ended at %v", next.At, q.QuarantinedUntil)
+	}
+	if d := next.QuarantinedUntil.Sub(next.At); d != 2*time.Minute || next.QuarantineStep != 2 {
+		t.Fatalf("the quarantine after the restart lasts %v at step %d, want 2m at step 2", d, next.QuarantineStep)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -198,6 +199,41 @@ func (e *Evaluator) replayWindow(w db.ObservedWindowsSinceRow, replayer eligibil
 	}
 }
 
+// restoreQuarantines hands the engine back the newest quarantine of every
+// active instance that has not ended, or ended recently enough to set the
+// next one's step (see doc.go). Quarantines of instances the registry no
+// longer holds as active are skipped.
+func (e *Evaluator) restoreQuarantines(ctx context.Context) (int, error) {
+	now := e.cfg.Now()
+	since := now.Add(-e.engine.Options().QuarantineForgive)
+	rows, err := db.New(e.cfg.Pool).TransitionsLatestQuarantines(ctx, since)
+	if err != nil {
+		return 0, fmt.Errorf("read quarantines: %w", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, r := range rows {
+		if _, ok := e.instances[r.InstanceID]; !ok {
+			continue
+		}
+		q := eligibility.Quarantine{Start: r.At, Until: r.QuarantinedUntil, Step: int(r.QuarantineStep)}
+		if q.Step < 1 {
+			// The writer always records a step with an end; a row without
+			// one still holds its instance out, escalating from the first.
+			q.Step = 1
+		}
+		if err := e.engine.RestoreQuarantine(eligibility.InstanceID(r.InstanceID), q, now); err != nil {
+			e.log.Warn("restore quarantine", "instance", r.InstanceID, "err", err)
+			continue
+		}
+		if q.Until.After(now) {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // transitionWriter appends transitions to PostgreSQL in batches, off the
 // evaluation path. While the database is away it keeps at most limit
 // transitions and counts the ones it drops.
@@ -287,6 +323,11 @@ func (w *transitionWriter) flush(ctx context.Context) {
 			rows[i] = db.TransitionsInsertParams{
 				InstanceID: uuid.UUID(t.Instance), Service: t.Service, FromState: t.From.String(), ToState: t.To.String(),
 				Weight: t.Weight, At: t.At, Reason: t.Reason, History: hist,
+			}
+			if !t.QuarantinedUntil.IsZero() {
+				until := t.QuarantinedUntil
+				rows[i].QuarantinedUntil = &until
+				rows[i].QuarantineStep = int16(min(t.QuarantineStep, math.MaxInt16))
 			}
 		}
 		fctx, cancel := context.WithTimeout(ctx, w.timeout)

@@ -125,6 +125,9 @@ type EndpointVerdict struct {
 	// Override is the override in force, if any; State is still the
 	// instance's own verdict.
 	Override *Override
+	// LeaseExpired: the registry ended the instance by lease expiry; it is
+	// listed (State Ineligible) only while its zone's guard needs it.
+	LeaseExpired bool
 }
 
 // ServiceSnapshot is what the assembler needs of one service.
@@ -160,6 +163,12 @@ func (e *Evaluator) Snapshot(service string) (ServiceSnapshot, bool) {
 			ID: id, Address: info.address, Port: info.port, Zone: info.zone,
 			State: v.State, Weight: v.Weight, HealthKnown: v.HealthKnown, Quarantined: v.Quarantined,
 			Override: e.override(id, now),
+		})
+	}
+	for id, x := range e.expired[service] {
+		out.Instances = append(out.Instances, EndpointVerdict{
+			ID: id, Address: x.info.address, Port: x.info.port, Zone: x.info.zone,
+			State: eligibility.Ineligible, LeaseExpired: true,
 		})
 	}
 	return out, true

@@ -7,18 +7,32 @@
 // on assembly or on subscribers. The worker re-reads each dirty service's
 // snapshot, updates the assembler, and drains whatever the assembler says
 // is due (withdrawals within their short batching window, additions on
-// theirs), reserving versions from the region-wide counter.
+// theirs).
+//
+// Publication never waits for PostgreSQL. Versions come from an ownership
+// epoch taken once, before the first publication (Prepare), and a local
+// counter (assembler.Versions; the design is in assembler's doc.go): no
+// I/O is done under the publisher's lock, and the next epoch is taken in
+// the background long before the counter runs out. Each service's last
+// published view is saved to PostgreSQL (published_views) by a second
+// loop, coalesced per service and retried while the database is away, and
+// restored into the assembler by Prepare after a restart, so that
+// last_instance and the next delta compare with what clients hold. The
+// restored views are not handed to the streaming hub: it serves only what
+// this process publishes, after its rebuild.
 package publisher
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/assembler"
@@ -39,8 +53,19 @@ type Config struct {
 	// Snapshot).
 	Snapshot func(service string) (evaluator.ServiceSnapshot, bool)
 	Hub      *stream.Hub
-	Versions assembler.VersionSource
-	Options  assembler.Options
+	// Pool is where version epochs come from and where each service's
+	// last published view is saved for a restart; the publishing path
+	// never waits for it.
+	Pool    *pgxpool.Pool
+	Options assembler.Options
+	// DBTimeout bounds each database call (taking an epoch, loading or
+	// saving views): 5 s.
+	DBTimeout time.Duration
+	// SaveEvery is how often the published views not yet saved are
+	// written (coalesced: only each service's newest one): 1 s. While
+	// PostgreSQL is away the saves back off up to MaxSaveBackoff (10 s).
+	SaveEvery      time.Duration
+	MaxSaveBackoff time.Duration
 	// WithdrawalBudget is the lag (first failed sample -> published
 	// withdrawal) past which the withdrawal_budget alarm is raised: 5 s.
 	WithdrawalBudget time.Duration
@@ -70,9 +95,14 @@ type Publisher struct {
 	asm       *assembler.Assembler
 	budget    map[string]assembler.Alarm // open withdrawal_budget alarms by service
 	guards    map[[2]string]struct{}     // zones whose guard is tripped, as last told to GuardEvents
-	wake      chan struct{}
+	// versions is nil until Prepare has taken an epoch and restored the
+	// saved views: nothing is published before.
+	versions *assembler.Versions
+	wake     chan struct{}
 
-	runner worker.Runner
+	store      viewStore
+	runner     worker.Runner
+	saveRunner worker.Runner
 }
 
 type metrics struct {
@@ -81,13 +111,26 @@ type metrics struct {
 	shed    prometheus.GaugeFunc
 	episode prometheus.CounterFunc
 	failed  prometheus.Counter
+	unsaved prometheus.GaugeFunc
+	saveErr prometheus.Counter
+	epoch   prometheus.GaugeFunc
 }
 
 // New returns a stopped Publisher.
 func New(cfg Config) (*Publisher, error) {
-	if cfg.Snapshot == nil || cfg.Hub == nil || cfg.Versions == nil {
-		return nil, errors.New("publisher: Snapshot, Hub and Versions are required")
+	if cfg.Snapshot == nil || cfg.Hub == nil || cfg.Pool == nil {
+		return nil, errors.New("publisher: Snapshot, Hub and Pool are required")
 	}
+	if cfg.DBTimeout <= 0 {
+		cfg.DBTimeout = 5 * time.Second
+	}
+	if cfg.SaveEvery <= 0 {
+		cfg.SaveEvery = time.Second
+	}
+	if cfg.MaxSaveBackoff <= 0 {
+		cfg.MaxSaveBackoff = 10 * time.Second
+	}
+	cfg.MaxSaveBackoff = max(cfg.MaxSaveBackoff, cfg.SaveEvery)
 	if cfg.WithdrawalBudget == 0 {
 		cfg.WithdrawalBudget = 5 * time.Second
 	}
@@ -101,7 +144,8 @@ func New(cfg Config) (*Publisher, error) {
 		cfg: cfg, log: cfg.Logger.With("worker", "publisher"),
 		dirty: map[string]struct{}{}, known: map[string]struct{}{}, firstFail: map[uuid.UUID]time.Time{},
 		asm: assembler.New(cfg.Options), budget: map[string]assembler.Alarm{}, guards: map[[2]string]struct{}{},
-		wake: make(chan struct{}, 1),
+		wake:  make(chan struct{}, 1),
+		store: viewStore{pool: cfg.Pool, timeout: cfg.DBTimeout, pending: map[string]savedView{}},
 	}
 	p.metrics = metrics{
 		deltas: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -124,11 +168,28 @@ func New(cfg Config) (*Publisher, error) {
 			Name: "muster_shed_episodes_total", Help: "Shed episodes declared since start.",
 		}, func() float64 { return float64(p.Stats().ShedEpisodes) }),
 		failed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "muster_publish_failures_total", Help: "Drains that could not publish (no versions could be reserved); the changes stay queued.",
+			Name: "muster_publish_failures_total", Help: "Drains that could not publish (the version epoch was used up with no next one held); the changes stay queued.",
+		}),
+		unsaved: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_published_views_unsaved", Help: "Services whose last published view is not yet saved to PostgreSQL (for a restart).",
+		}, func() float64 { return float64(p.store.unsaved()) }),
+		saveErr: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_published_view_save_failures_total", Help: "Attempts to save published views (or take the next version epoch) that failed; they are retried.",
+		}),
+		epoch: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_view_version_epoch", Help: "The epoch in the high bits of the versions this process publishes (0 before it has one).",
+		}, func() float64 {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.versions == nil {
+				return 0
+			}
+			return float64(p.versions.Floor() >> assembler.CounterBits)
 		}),
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{p.metrics.deltas, p.metrics.lag, p.metrics.shed, p.metrics.episode, p.metrics.failed} {
+		for _, c := range []prometheus.Collector{p.metrics.deltas, p.metrics.lag, p.metrics.shed, p.metrics.episode, p.metrics.failed,
+			p.metrics.unsaved, p.metrics.saveErr, p.metrics.epoch} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, err
 			}
@@ -183,13 +244,95 @@ func (p *Publisher) poke() {
 	}
 }
 
-// Start runs the worker until ctx ends or Stop is called.
-func (p *Publisher) Start(ctx context.Context) error { return p.runner.Start(ctx, p.run) }
+// Prepare takes this process's version epoch and restores each service's
+// last saved view into the assembler, so that the first publication after
+// a restart is compared with what clients hold and numbered above it.
+// Until it has succeeded RunOnce publishes nothing (the services it is told
+// about wait). Start calls it, retrying with backoff while PostgreSQL is
+// away; tests that step the publisher call it once. After a success it
+// does nothing.
+func (p *Publisher) Prepare(ctx context.Context) error {
+	p.mu.Lock()
+	done := p.versions != nil
+	p.mu.Unlock()
+	if done {
+		return nil
+	}
+	epoch, err := p.store.takeEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	vs, err := assembler.NewVersions(epoch)
+	if err != nil {
+		return err
+	}
+	lctx, cancel := context.WithTimeout(ctx, p.cfg.DBTimeout)
+	defer cancel()
+	views, skipped, err := p.store.load(lctx)
+	if err != nil {
+		return err
+	}
+	for _, err := range skipped {
+		p.log.Warn("a saved view cannot be restored; its service starts from nothing", "err", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.versions != nil {
+		return nil
+	}
+	restored := 0
+	for _, v := range views {
+		if v.Version >= vs.Floor() {
+			// Only a database restored out of step with its sequence
+			// can hold this; clients get a full view instead.
+			p.log.Warn("a saved view is not below this process's epoch; not restored",
+				"service", v.Service, "version", v.Version, "epoch", epoch)
+			continue
+		}
+		if err := p.asm.Restore(v); err != nil {
+			p.log.Warn("a saved view cannot be restored; its service starts from nothing", "err", err)
+			continue
+		}
+		restored++
+	}
+	p.versions = vs
+	p.log.Info("publisher prepared", "epoch", epoch, "first_version", vs.Floor(), "restored_views", restored)
+	return nil
+}
 
-// Stop ends the worker and waits. Safe to call twice or before Start.
-func (p *Publisher) Stop() { p.runner.Stop() }
+// Start prepares (see Prepare) and then runs the worker until ctx ends or
+// Stop is called; a second loop saves published views and takes the next
+// version epoch when one is wanted.
+func (p *Publisher) Start(ctx context.Context) error {
+	if err := p.saveRunner.Start(ctx, p.saveLoop); err != nil {
+		return err
+	}
+	return p.runner.Start(ctx, p.run)
+}
+
+// Stop ends the worker and waits, saving what it can of the views not yet
+// saved. Safe to call twice or before Start.
+func (p *Publisher) Stop() {
+	p.runner.Stop()
+	p.saveRunner.Stop()
+}
 
 func (p *Publisher) run(ctx context.Context) {
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 10*time.Second) {
+		err := p.Prepare(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		p.log.Warn("prepare to publish; retrying", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -208,6 +351,72 @@ func (p *Publisher) run(ctx context.Context) {
 	}
 }
 
+// saveLoop saves published views every SaveEvery, backing off while
+// PostgreSQL is away, and saves what it can once more when stopped.
+func (p *Publisher) saveLoop(ctx context.Context) {
+	tick := time.NewTicker(p.cfg.SaveEvery)
+	defer tick.Stop()
+	var retryAt time.Time
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), p.cfg.DBTimeout)
+			err := p.store.flush(fctx)
+			cancel()
+			if err != nil {
+				p.log.Warn("save published views at shutdown", "err", err, "unsaved", p.store.unsaved())
+			}
+			return
+		case now := <-tick.C:
+			if now.Before(retryAt) {
+				continue
+			}
+		}
+		if err := p.SaveOnce(ctx); err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			p.metrics.saveErr.Inc()
+			backoff = min(max(2*backoff, p.cfg.SaveEvery), p.cfg.MaxSaveBackoff)
+			retryAt = time.Now().Add(backoff)
+			p.log.Warn("save published views; retrying", "err", err, "in", backoff, "unsaved", p.store.unsaved())
+			continue
+		}
+		backoff, retryAt = 0, time.Time{}
+	}
+}
+
+// SaveOnce takes the next version epoch if one is wanted and writes the
+// published views not yet saved (each service's newest). The save loop
+// calls it; tests call it to step deterministically. On failure the views
+// stay pending.
+func (p *Publisher) SaveOnce(ctx context.Context) error {
+	return errors.Join(p.takeNextEpoch(ctx), p.store.flush(ctx))
+}
+
+// takeNextEpoch takes the next epoch when the current one is more than
+// half used, off the publisher's lock, and hands it in.
+func (p *Publisher) takeNextEpoch(ctx context.Context) error {
+	p.mu.Lock()
+	want := p.versions != nil && p.versions.WantEpoch()
+	p.mu.Unlock()
+	if !want {
+		return nil
+	}
+	e, err := p.store.takeEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.versions.AddEpoch(e); err != nil {
+		return fmt.Errorf("next version epoch: %w", err)
+	}
+	p.log.Info("took the next version epoch", "epoch", e)
+	return nil
+}
+
 func (p *Publisher) nextDue() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -215,9 +424,14 @@ func (p *Publisher) nextDue() time.Time {
 }
 
 // RunOnce assembles every dirty service and publishes what is due. The
-// worker calls it; tests call it to step deterministically.
+// worker calls it; tests call it to step deterministically. Before Prepare
+// has succeeded it does nothing, and the dirty services wait.
 func (p *Publisher) RunOnce() {
 	p.mu.Lock()
+	if p.versions == nil {
+		p.mu.Unlock()
+		return
+	}
 	dirty := make([]string, 0, len(p.dirty))
 	for n := range p.dirty {
 		dirty = append(dirty, n)
@@ -247,6 +461,7 @@ func (p *Publisher) RunOnce() {
 			in.Instances[i] = assembler.InstanceInput{
 				ID: ep.ID, Address: ep.Address, Port: ep.Port, Zone: ep.Zone, State: ep.State, Weight: ep.Weight,
 				HealthKnown: ep.HealthKnown, Quarantined: ep.Quarantined, FirstFailureAt: p.firstFail[ep.ID],
+				LeaseExpired: ep.LeaseExpired,
 			}
 			if o := ep.Override; o != nil {
 				in.Instances[i].Override = &assembler.Override{ID: o.ID, Action: o.Action, Reason: o.Reason()}
@@ -261,7 +476,14 @@ func (p *Publisher) RunOnce() {
 	}
 
 	p.mu.Lock()
-	published, err := p.asm.Drain(now, p.cfg.Versions)
+	published, err := p.asm.Drain(now, p.versions)
+	saves := make([]savedView, len(published))
+	for i, pub := range published {
+		saves[i] = savedView{service: pub.View.Service, version: pub.View.Version, view: pub.ViewJSON, at: pub.View.GeneratedAt}
+		if _, held := p.asm.View(pub.View.Service); !held {
+			saves[i].view = nil // removed: the emptied view was its last
+		}
+	}
 	p.mu.Unlock()
 	if err != nil {
 		p.metrics.failed.Inc()
@@ -271,6 +493,7 @@ func (p *Publisher) RunOnce() {
 	if len(published) == 0 {
 		return
 	}
+	p.store.put(saves)
 	updates := make([]stream.Update, 0, len(published))
 	for _, pub := range published {
 		u := stream.Update{View: &stream.Frame{Kind: stream.KindView, Service: pub.View.Service, Version: pub.View.Version, JSON: pub.ViewJSON}}

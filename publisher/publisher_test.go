@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/assembler"
-	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
@@ -210,21 +209,6 @@ func TestLastInstanceAlarm(t *testing.T) {
 	// Nothing was drained: the guard keeps the full set published.
 	if v := p.view(); len(v.Endpoints) != 6 {
 		t.Fatalf("%d endpoints published with every instance failing", len(v.Endpoints))
-	}
-}
-
-func TestVersionsIncreaseAcrossRestart(t *testing.T) {
-	t.Parallel()
-	p := newPipeline(t)
-	before := p.view().Version
-	// A restarted server reserves versions from the same sequence.
-	restarted := db.NewVersionBlocks(p.Pool)
-	v, err := restarted.Next(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v <= before {
-		t.Fatalf("version %d after a restart, not above %d", v, before)
 	}
 }
 

@@ -31,8 +31,9 @@ INSERT INTO observed_windows (instance_id, class, window_start, window_end,
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: TransitionsInsert :copyfrom
-INSERT INTO transitions (instance_id, service, from_state, to_state, weight, at, reason, history)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+INSERT INTO transitions (instance_id, service, from_state, to_state, weight, at, reason, history,
+    quarantined_until, quarantine_step)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: TransitionsList :many
 SELECT * FROM transitions
@@ -49,3 +50,12 @@ SELECT * FROM transitions
 WHERE service = sqlc.arg(service)::text AND history IS NOT NULL AND at >= sqlc.arg(since)::timestamptz
 ORDER BY at DESC, id DESC
 LIMIT sqlc.arg(lim);
+
+-- name: TransitionsLatestQuarantines :many
+-- The newest quarantine of each instance among those ending after since,
+-- for the rebuild to restore (through the partial index on
+-- quarantined_until: it reads recent quarantines only).
+SELECT DISTINCT ON (instance_id) instance_id, at, quarantined_until::timestamptz AS quarantined_until, quarantine_step
+FROM transitions
+WHERE quarantined_until > sqlc.arg(since)::timestamptz
+ORDER BY instance_id, quarantined_until DESC, id DESC;

@@ -53,3 +53,50 @@ RETURNING *;
 INSERT INTO instances (id, service, address, port, zone, region, source, state,
                        lease_expires_at, registered_by, created_at, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+
+-- name: LeaseListLapsed :many
+-- Active leases that ran out by now, oldest first: the reaper's candidates.
+-- Not locked: the reaper decides first, then ends each with LeaseExpire.
+SELECT id, service, zone, lease_expires_at FROM instances
+WHERE state = 'active' AND lease_expires_at IS NOT NULL
+  AND lease_expires_at <= sqlc.arg(now)::timestamptz
+ORDER BY lease_expires_at
+LIMIT sqlc.arg(lim);
+
+-- name: LeaseCountLive :many
+-- Active leased instances per service: the disbelief threshold's base.
+SELECT service, count(*)::int AS live FROM instances
+WHERE state = 'active' AND lease_expires_at IS NOT NULL
+GROUP BY service;
+
+-- name: LeaseCountExpiredSince :many
+-- Instances ended by lease expiry since a moment, per service.
+SELECT service, count(*)::int AS expired FROM instances
+WHERE state = 'expired' AND ended_at > sqlc.arg(since)::timestamptz
+GROUP BY service;
+
+-- name: LeaseExpire :one
+-- Ends one instance whose lease ran out by cutoff, unless a renewal or
+-- another reaper got there first (then no row).
+UPDATE instances
+SET state = 'expired', ended_at = sqlc.arg(now)::timestamptz, updated_at = sqlc.arg(now)::timestamptz
+WHERE id = sqlc.arg(id) AND state = 'active' AND lease_expires_at <= sqlc.arg(cutoff)::timestamptz
+RETURNING *;
+
+-- name: LeaseExpiryConfirmationInsert :one
+INSERT INTO lease_expiry_confirmations (service, confirmed_at, confirmed_by, reason)
+VALUES ($1, $2, $3, $4)
+RETURNING *;
+
+-- name: LeaseExpiryConfirmationsSince :many
+-- The newest confirmation per scope ('' = region) since a moment.
+SELECT DISTINCT ON (service) * FROM lease_expiry_confirmations
+WHERE confirmed_at > sqlc.arg(since)::timestamptz
+ORDER BY service, confirmed_at DESC;
+
+-- name: LeaseCountLapsed :one
+-- Active leases that ran out by now in a scope ('' = region).
+SELECT count(*)::int FROM instances
+WHERE state = 'active' AND lease_expires_at IS NOT NULL
+  AND lease_expires_at <= sqlc.arg(now)::timestamptz
+  AND (sqlc.arg(service)::text = '' OR service = sqlc.arg(service)::text);

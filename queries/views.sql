@@ -1,7 +1,3 @@
--- name: ViewVersionBlock :one
--- The first version of a fresh block of 1000 (the sequence's increment).
-SELECT nextval('view_versions')::bigint AS first;
-
 -- name: GrantsDelete :exec
 DELETE FROM service_grants WHERE service = $1;
 

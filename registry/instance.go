@@ -184,18 +184,17 @@ func proveAddress(actor identity.Principal, addr, source netip.Addr) *Error {
 
 // Renew extends an active registered instance's lease by LeaseTTL from now.
 // Only workloads of the instance's service (and its operators and admins)
-// may renew. An ended instance cannot be renewed: re-registering gives a new
-// id. Successful renewals are not audited (they are not policy changes and
-// arrive every few seconds per instance); refused ones are.
+// may renew. A lease that has lapsed but whose instance the reaper has not
+// ended (held by the grace after muster's or PostgreSQL's outage, the
+// expiry delay, or a disbelief threshold) is renewed as if on time: the
+// instance keeps its id. An ended instance cannot be renewed:
+// re-registering gives a new id. Successful renewals are not audited (they
+// are not policy changes and arrive every few seconds per instance);
+// refused ones are.
 func (r *Registry) Renew(ctx context.Context, actor identity.Principal, id uuid.UUID) (Instance, error) {
 	return r.changeInstance(ctx, actor, id, "lease.renew", func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error) {
 		if cur.Source != SourceRegistered || cur.LeaseExpiresAt == nil {
 			return Instance{}, false, refusal(ErrConflict, "instance %s comes from %s and has no lease to renew", id, cur.Source)
-		}
-		if !now.Before(*cur.LeaseExpiresAt) {
-			// The reaper has not ended it yet, but the lease is over: a
-			// late renewal must not resurrect it.
-			return Instance{}, false, refusal(ErrGone, "the lease of instance %s expired at %s; register again to get a new instance", id, cur.LeaseExpiresAt.Format(time.RFC3339))
 		}
 		row, err := q.LeaseRenew(ctx, db.LeaseRenewParams{ID: id, LeaseExpiresAt: new(now.Add(r.cfg.LeaseTTL)), Now: now})
 		if err != nil {

@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -341,22 +342,37 @@ func TestRegisterRules(t *testing.T) {
 	}
 }
 
+// reaper returns a reaper over e's registry that has been hearing renewals
+// for a long time (no start-up grace), as a long-running process has.
+func (e *env) reaper(t *testing.T, cfg registry.ReaperConfig) *registry.Reaper {
+	t.Helper()
+	cfg.Registry = e.reg
+	rp, err := registry.NewReaper(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rp
+}
+
+func (e *env) reap(t *testing.T, rp *registry.Reaper) int {
+	t.Helper()
+	n, err := rp.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func TestLeaseLifecycle(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
+	rp := e.reaper(t, registry.ReaperConfig{})
 	inst, err := e.reg.Register(ctx, webWL, loopback, "web", registry.Registration{Address: "127.0.0.1", Port: 9000, Zone: "az1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	expire := func() int {
-		t.Helper()
-		n, err := e.reg.ExpireLeases(ctx, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	expire := func() int { t.Helper(); return e.reap(t, rp) }
 
 	e.clock.Advance(20 * time.Second)
 	renewed, err := e.reg.Renew(ctx, webWL, inst.ID)
@@ -382,19 +398,25 @@ func TestLeaseLifecycle(t *testing.T) {
 	if n := expire(); n != 0 {
 		t.Fatalf("expired %d instances 29.9 s after renewal", n)
 	}
-	// At 30 s the lease is over even before the reaper runs: a late
-	// renewal cannot resurrect it.
-	lateClock := &clock{t: e.clock.Now().Add(100 * time.Millisecond)}
-	late, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: lateClock.Now})
-	if err != nil {
-		t.Fatal(err)
+	// Lapsed but not ended (the expiry delay, TTL/3 = 10 s, lets leases
+	// that stopped together be counted together): a late renewal keeps
+	// the instance and its id.
+	e.clock.Advance(5 * time.Second)
+	if n := expire(); n != 0 {
+		t.Fatalf("expired %d instances 5 s into the expiry delay", n)
 	}
-	_, err = late.Renew(ctx, webWL, inst.ID)
-	wantKind(t, err, registry.ErrGone)
-	// 30 s after: expired, exactly once, and audited.
-	e.clock.Advance(100 * time.Millisecond)
+	late, err := e.reg.Renew(ctx, webWL, inst.ID)
+	if err != nil || late.ID != inst.ID || late.State != registry.StateActive {
+		t.Fatalf("late renewal: %+v, %v", late, err)
+	}
+	// Not renewed again: lapsed at +30 s, ended once the delay has passed.
+	e.clock.Advance(30 * time.Second)
+	if n := expire(); n != 0 {
+		t.Fatalf("expired %d at the moment the lease lapsed", n)
+	}
+	e.clock.Advance(10 * time.Second)
 	if n := expire(); n != 1 {
-		t.Fatalf("expired %d instances 30 s after renewal, want 1", n)
+		t.Fatalf("expired %d instances TTL + delay after renewal, want 1", n)
 	}
 	if n := expire(); n != 0 {
 		t.Fatalf("expired again: %d", n)
@@ -443,6 +465,258 @@ func TestLeaseLifecycle(t *testing.T) {
 	}
 }
 
+// register registers n instances of service from an operator of its team,
+// in zone az1, on ports from base.
+func (e *env) register(t *testing.T, service string, n, base int) []registry.Instance {
+	t.Helper()
+	actor := oscar
+	if service != "web" {
+		actor = admin
+	}
+	out := make([]registry.Instance, n)
+	for i := range n {
+		in, err := e.reg.Register(context.Background(), actor, netip.Addr{}, service, registry.Registration{Address: "10.1.0.1", Port: base + i, Zone: "az1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = in
+	}
+	return out
+}
+
+func (e *env) renew(t *testing.T, ins []registry.Instance) {
+	t.Helper()
+	for _, in := range ins {
+		if _, err := e.reg.Renew(context.Background(), admin, in.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (e *env) states(t *testing.T, ins []registry.Instance) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, in := range ins {
+		got, err := e.reg.GetInstance(context.Background(), admin, in.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[got.State]++
+	}
+	return out
+}
+
+// TestLeaseGraceAfterRestart: a reaper that has just started (muster was
+// down longer than a lease) expires nothing for one TTL, the lapsed leases
+// are renewed under their ids, and one that really stopped renewing
+// expires within TTL + delay of the restart.
+func TestLeaseGraceAfterRestart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ins := e.register(t, "web", 40, 1000)
+	// muster is away for 2 min: every lease lapses.
+	e.clock.Advance(2 * time.Minute)
+	rp := e.reaper(t, registry.ReaperConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := rp.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rp.Stop() // only the start time matters here; sweeps are stepped by hand
+	for range 29 {
+		if n := e.reap(t, rp); n != 0 {
+			t.Fatalf("expired %d leases inside the grace after a restart", n)
+		}
+		if !rp.InGrace() {
+			t.Fatal("InGrace is false inside the grace")
+		}
+		e.clock.Advance(time.Second)
+	}
+	e.renew(t, ins[1:]) // every workload but one renews, under its old id
+	e.clock.Advance(2 * time.Second)
+	if n := e.reap(t, rp); n != 1 {
+		t.Fatalf("after the grace: expired %d, want the one that stopped", n)
+	}
+	if got := e.states(t, ins); got[registry.StateActive] != 39 || got[registry.StateExpired] != 1 {
+		t.Fatalf("states %v", got)
+	}
+}
+
+// TestLeaseGraceAfterDatabaseOutage: leases that lapsed while the database
+// was away get a full TTL from its return (UpSince).
+func TestLeaseGraceAfterDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ins := e.register(t, "web", 10, 1000)
+	var upSince time.Time // a database that has been up forever
+	rp := e.reaper(t, registry.ReaperConfig{UpSince: func() time.Time { return upSince }})
+	e.clock.Advance(2 * time.Minute) // the database was down: nobody could renew
+	upSince = e.clock.Now()
+	if n := e.reap(t, rp); n != 0 || !rp.InGrace() {
+		t.Fatalf("right after the database returned: expired %d, grace %v", n, rp.InGrace())
+	}
+	e.clock.Advance(20 * time.Second)
+	e.renew(t, ins)
+	e.clock.Advance(15 * time.Second)
+	if n := e.reap(t, rp); n != 0 {
+		t.Fatalf("expired %d renewed leases", n)
+	}
+}
+
+// TestLeaseDisbelief: 20% of the region's leases stop renewing at once.
+// Expiry is suppressed with an alarm that gives the numbers; renewals
+// recovering lift it; an operator's confirmation (audited) releases it.
+func TestLeaseDisbelief(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	for i := range 5 {
+		e.mustService(t, fmt.Sprintf("svc%d", i), "payments")
+	}
+	var all []registry.Instance
+	for i := range 5 {
+		all = append(all, e.register(t, fmt.Sprintf("svc%d", i), 20, 2000)...)
+	}
+	rp := e.reaper(t, registry.ReaperConfig{})
+	// One instance of each service stops; so do svc0's first 15 (20 of
+	// 100 in the region, 16 of 20 in svc0).
+	stopped := map[uuid.UUID]bool{}
+	for i, in := range all {
+		if i < 15 || i%20 == 19 {
+			stopped[in.ID] = true
+		}
+	}
+	var alive []registry.Instance
+	for _, in := range all {
+		if !stopped[in.ID] {
+			alive = append(alive, in)
+		}
+	}
+	if len(stopped) != 20 {
+		t.Fatalf("stopped %d", len(stopped))
+	}
+	// Renewals every 10 s for a minute: the stopped leases lapse.
+	for range 6 {
+		e.clock.Advance(10 * time.Second)
+		e.renew(t, alive)
+		if n := e.reap(t, rp); n != 0 {
+			t.Fatalf("expired %d of 20 leases that stopped together", n)
+		}
+	}
+	sups := rp.Suppressions()
+	if len(sups) != 1 || sups[0].Service != "" || sups[0].Lapsed != 20 || sups[0].Leases != 100 || sups[0].Held != 20 {
+		t.Fatalf("suppressions %+v, want the region's 20 of 100 held", sups)
+	}
+	if !strings.Contains(sups[0].Detail, "20 of 100 leases in the region") || !strings.Contains(sups[0].Detail, "15%") {
+		t.Errorf("alarm detail %q", sups[0].Detail)
+	}
+
+	// A viewer, a workload and an operator of the team may not release
+	// the region; each attempt is audited.
+	for _, p := range []identity.Principal{vera, webWL, oscar} {
+		_, err := e.reg.ConfirmLeaseExpiry(ctx, p, "", "they are gone")
+		wantKind(t, err, registry.ErrForbidden)
+	}
+	_, err := e.reg.ConfirmLeaseExpiry(ctx, admin, "", "  ")
+	wantKind(t, err, registry.ErrInvalid)
+	if n := len(e.events(t, audit.Filter{Action: "lease.expiry.confirm", Outcome: audit.Refused})); n != 4 {
+		t.Fatalf("refused confirmations audited = %d, want 4", n)
+	}
+
+	// svc4's stopped instance comes back: one renewal, one fewer held.
+	e.renew(t, all[99:])
+	if e.reap(t, rp) != 0 || rp.Suppressions()[0].Held != 19 {
+		t.Fatalf("after one renewal: %+v", rp.Suppressions())
+	}
+
+	c, err := e.reg.ConfirmLeaseExpiry(ctx, admin, "", "az1 rack 7 lost power at 12:00; the instances are gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Released != 19 {
+		t.Fatalf("confirmation released %d, want 19", c.Released)
+	}
+	if n := e.reap(t, rp); n != 19 {
+		t.Fatalf("after the confirmation: expired %d, want 19", n)
+	}
+	if len(rp.Suppressions()) != 0 {
+		t.Fatalf("suppressions after the release: %+v", rp.Suppressions())
+	}
+	if evs := e.events(t, audit.Filter{Action: "lease.expiry.confirm", Outcome: audit.Accepted}); len(evs) != 1 || evs[0].Actor != admin.String() {
+		t.Fatalf("accepted confirmation audit: %+v", evs)
+	}
+	if got := e.states(t, alive); got[registry.StateActive] != len(alive) {
+		t.Fatalf("renewing instances: %v", got)
+	}
+	if _, err := audit.Verify(ctx, e.q); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLeaseDisbeliefPerServiceAndCorroboration: more than half of one
+// service stops renewing. The uncorroborated expiries are held (service
+// scope); one whose health evidence says it is gone expires anyway; a
+// lone stopped instance of a two-instance service expires (too small a
+// scope for the service threshold).
+func TestLeaseDisbeliefPerServiceAndCorroboration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.mustService(t, "big", "payments")
+	e.mustService(t, "pair", "payments")
+	e.mustService(t, "small", "payments")
+	big := e.register(t, "big", 100, 1000)
+	web := e.register(t, "web", 10, 3000)
+	pair := e.register(t, "pair", 2, 4000)
+	_ = e.register(t, "small", 1, 5000)
+	dead := web[0].ID
+	rp := e.reaper(t, registry.ReaperConfig{Corroborated: func(id uuid.UUID) (string, bool) {
+		return "silent on every evidence class while its siblings are heard", id == dead
+	}})
+	keep := append(append(big, web[6:]...), pair[1])
+	for range 6 {
+		e.clock.Advance(10 * time.Second)
+		e.renew(t, keep)
+		e.reap(t, rp)
+	}
+	// web: 6 of 10 stopped (> 50%): five held, the corroborated one gone
+	// at once (and out of the count a TTL later: 5 of 9). pair: 1 of 2
+	// stopped, and small: its only instance; too few to be a mass event
+	// (MinMassExpiry), so they expire (the guard and the last_instance
+	// alarm are the backstop there). The region: 8 of 113 (7%).
+	got := e.states(t, web)
+	if got[registry.StateExpired] != 1 || got[registry.StateActive] != 9 {
+		t.Fatalf("web states %v", got)
+	}
+	if got := e.states(t, pair); got[registry.StateExpired] != 1 {
+		t.Fatalf("pair states %v", got)
+	}
+	sups := rp.Suppressions()
+	if len(sups) != 1 || sups[0].Service != "web" || sups[0].Held != 5 || sups[0].Lapsed != 5 || sups[0].Leases != 9 {
+		t.Fatalf("suppressions %+v", sups)
+	}
+	evs := e.events(t, audit.Filter{Action: "lease.expire"})
+	var corroborated bool
+	for _, ev := range evs {
+		if ev.Target == dead.String() && strings.Contains(ev.Reason, "siblings are heard") {
+			corroborated = true
+		}
+	}
+	if !corroborated {
+		t.Errorf("the corroborated expiry's audit does not say why: %+v", evs)
+	}
+	// The team's operator may release their own service.
+	if _, err := e.reg.ConfirmLeaseExpiry(ctx, olga, "web", "not theirs"); !errors.Is(err, registry.ErrForbidden) {
+		t.Fatalf("another team's operator: %v", err)
+	}
+	if c, err := e.reg.ConfirmLeaseExpiry(ctx, oscar, "web", "deploy 4411 killed them"); err != nil || c.Released != 5 {
+		t.Fatalf("confirm: %+v, %v", c, err)
+	}
+	if n := e.reap(t, rp); n != 5 {
+		t.Fatalf("expired %d after the service confirmation, want 5", n)
+	}
+}
+
 func TestConcurrentReapersExpireOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -452,27 +726,24 @@ func TestConcurrentReapersExpireOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.clock.Advance(31 * time.Second)
+	// One instance each of 20 busy services would be the realistic
+	// shape; here the thresholds are opened so every lease may go.
+	e.clock.Advance(41 * time.Second)
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
 		total int
 	)
 	for range 4 {
+		rp := e.reaper(t, registry.ReaperConfig{RegionThreshold: 1, ServiceThreshold: 1})
 		wg.Go(func() {
-			for {
-				n, err := e.reg.ExpireLeases(ctx, 3)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				total += n
-				mu.Unlock()
-				if n == 0 {
-					return
-				}
+			n, err := rp.RunOnce(ctx)
+			if err != nil {
+				t.Error(err)
 			}
+			mu.Lock()
+			total += n
+			mu.Unlock()
 		})
 	}
 	wg.Wait()
@@ -534,10 +805,11 @@ func TestReaperWorkerStopsCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(time.Minute)
 	if err := rp.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// After the start-up grace and the expiry delay.
+	e.clock.Advance(time.Minute)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got, _ := e.reg.GetInstance(context.Background(), admin, inst.ID)

@@ -112,6 +112,9 @@ type Config struct {
 	// Shifts is the shift-back API (policy.Shifts); its alarms are listed
 	// with the others. Nil: /v1/shifts answers 404.
 	Shifts Shifts
+	// Leases is the lease reaper; its lease_expiry_suppressed alarms are
+	// listed with the others. Nil: none.
+	Leases Leases
 	// WatchHeartbeat is the idle-stream heartbeat period: 15 s.
 	WatchHeartbeat time.Duration
 	// WatchWriteTimeout cuts off a subscriber that cannot take a frame:
@@ -272,6 +275,7 @@ func (s *Server) routes() chi.Router {
 			r.Post("/v1/reports", s.reportsPost)
 			r.Get("/v1/resolve/{service}", s.resolve)
 			r.Get("/v1/alarms", s.alarmsGet)
+			r.Get("/v1/leases/expiry", s.leaseExpiryGet)
 			// Everything else reads or writes PostgreSQL.
 			r.Group(func(r chi.Router) {
 				r.Use(s.needsDatabase)
@@ -285,6 +289,7 @@ func (s *Server) routes() chi.Router {
 				r.Get("/v1/instances/{id}", s.instanceGet)
 				r.Delete("/v1/instances/{id}", s.instanceDeregister)
 				r.Put("/v1/instances/{id}/lease", s.leaseRenew)
+				r.Post("/v1/leases/expiry-confirmations", s.leaseExpiryConfirm)
 				r.Get("/v1/audit", s.auditList)
 				r.Get("/v1/probers/{subject}/assignments", s.proberAssignmentsGet)
 				r.Put("/v1/probers/{subject}/assignments", s.proberAssignmentsPut)

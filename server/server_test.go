@@ -233,13 +233,18 @@ func TestRegisterRenewExpire(t *testing.T) {
 	}
 
 	ctx := context.Background()
+	reaper, err := registry.NewReaper(registry.ReaperConfig{Registry: s.Registry})
+	if err != nil {
+		t.Fatal(err)
+	}
 	s.Clock.Advance(29 * time.Second)
-	if n, err := s.Registry.ExpireLeases(ctx, 100); err != nil || n != 0 {
+	if n, err := reaper.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("29 s after renewal: expired %d, %v", n, err)
 	}
-	s.Clock.Advance(time.Second)
-	if n, err := s.Registry.ExpireLeases(ctx, 100); err != nil || n != 1 {
-		t.Fatalf("30 s after renewal: expired %d, %v", n, err)
+	// Lapsed at 30 s, ended once the expiry delay (TTL/3) has passed.
+	s.Clock.Advance(11 * time.Second)
+	if n, err := reaper.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("30 s + delay after renewal: expired %d, %v", n, err)
 	}
 	got := servertest.Decode[registry.Instance](t, s.Do(t, "GET", "/v1/instances/"+inst.ID.String(), web, "", ""))
 	if got.State != registry.StateExpired {

@@ -167,12 +167,14 @@ func (s *Server) writeShiftError(w http.ResponseWriter, r *http.Request, err err
 	writeProblem(w, r, p)
 }
 
-// allAlarms lists the publisher's open alarms and the shift-backs'.
+// allAlarms lists the publisher's open alarms, the shift-backs' and the
+// lease reaper's.
 func (s *Server) allAlarms() []assembler.Alarm {
 	out := s.cfg.Alarms.Alarms()
 	if s.cfg.Shifts != nil {
 		out = append(out, s.cfg.Shifts.Alarms()...)
 	}
+	out = append(out, s.leaseAlarms()...)
 	if a, ok := s.databaseAlarm(); ok {
 		out = append(out, a)
 	}

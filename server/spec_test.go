@@ -384,6 +384,10 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"Override", reflect.TypeFor[policy.Override](), true},
 		{"OverrideList", reflect.TypeFor[list[policy.Override]](), true},
 		{"OverrideMark", reflect.TypeFor[evaluator.Override](), true},
+		{"LeaseExpiryStatus", reflect.TypeFor[leaseExpiryStatus](), true},
+		{"LeaseSuppression", reflect.TypeFor[registry.Suppression](), true},
+		{"LeaseConfirmationRequest", reflect.TypeFor[leaseConfirmation](), false},
+		{"LeaseConfirmation", reflect.TypeFor[registry.Confirmation](), true},
 	} {
 		s := schema(tt.schema)
 		names, always := jsonFields(tt.typ)

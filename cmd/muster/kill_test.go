@@ -3,9 +3,11 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -231,5 +233,72 @@ func waitVersion(t *testing.T, c *resolver.Client, min uint64) uint64 {
 			t.Fatalf("no view of web at version >= %d within 60 s (holding %d; %+v)", min, last, c.Stats())
 		}
 		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// TestDevStopsAnAdoptedCluster (issue 11): a muster dev that adopted the
+// cluster of a SIGKILLed predecessor stops it on Ctrl-C, as the README
+// promises, but not while another live muster dev still uses it.
+func TestDevStopsAnAdoptedCluster(t *testing.T) {
+	t.Parallel()
+	dir := devDir(t)
+	ctx := context.Background()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		_ = db.StopDir(ctx, dir)
+	})
+	running := func() bool {
+		t.Helper()
+		up, err := db.ClusterRunning(ctx, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return up
+	}
+	stop := func(p *exec.Cmd, sig os.Signal) {
+		t.Helper()
+		if err := p.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Wait(); err != nil && sig != syscall.SIGKILL {
+			t.Fatalf("muster dev after %v: %v", sig, err)
+		}
+	}
+
+	stop(startProcess(t, dir, freeAddr(t)), syscall.SIGKILL)
+	if !running() {
+		t.Fatal("the cluster of the SIGKILLed muster dev is not running; nothing to adopt")
+	}
+	adopter := startProcess(t, dir, freeAddr(t))
+	neighbourAddr := freeAddr(t)
+	neighbour := startProcess(t, dir, neighbourAddr)
+	t.Cleanup(func() {
+		for _, p := range []*exec.Cmd{adopter, neighbour} {
+			if p.ProcessState == nil {
+				_ = p.Process.Kill()
+				_ = p.Wait()
+			}
+		}
+	})
+
+	// The neighbour still uses the cluster: Ctrl-C on the adopter leaves it
+	// running, and the neighbour keeps writing to it.
+	stop(adopter, os.Interrupt)
+	if !running() {
+		t.Fatal("Ctrl-C on one muster dev stopped the cluster another one is using")
+	}
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	if code, body := call(t, "PUT", "http://"+neighbourAddr+"/v1/services/web", admin, `{"owner":"payments","capabilities":[]}`); code != 201 {
+		t.Fatalf("the remaining muster dev cannot write: %d %s", code, body)
+	}
+
+	// The last one out stops it: SIGTERM as well as Ctrl-C.
+	stop(neighbour, syscall.SIGTERM)
+	if running() {
+		t.Fatal("the cluster is still running after its last muster dev stopped")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pgdata", "postmaster.pid")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("postmaster.pid after the last muster dev stopped: %v", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/evaluator"
@@ -27,7 +28,7 @@ import (
 )
 
 const loadgenUsage = `usage:
-  muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--minutes 5]
+  muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--minutes 5] [--history 10] [--quarantined 600]
   muster loadgen rebuild [--data DIR]
   muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--duration 20s]
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
@@ -66,12 +67,14 @@ func cmdLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // scale would have retained before a restart.
 func loadgenSeed(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	cfg := Config{}
-	var services, instances, minutes int
+	var services, instances, minutes, history, quarantined int
 	fs := newFlags("loadgen seed", stderr)
 	dataFlag(fs, &cfg)
 	fs.IntVar(&services, "services", 450, "services to create")
 	fs.IntVar(&instances, "instances", 60000, "instances to create, spread over the services")
 	fs.IntVar(&minutes, "minutes", 5, "minutes of observed windows (10 s each) per instance and class")
+	fs.IntVar(&history, "history", 10, "older transitions per instance on record (every fifth a quarantine, long over)")
+	fs.IntVar(&quarantined, "quarantined", 600, "instances in quarantine now (as many again came out of one within the hour)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -146,7 +149,83 @@ func loadgenSeed(ctx context.Context, args []string, stdout, stderr io.Writer) (
 	}
 	fmt.Fprintf(stdout, "seeded %d observed windows (%d min x %d instances x 2 classes) in %s\n",
 		written, minutes, instances, time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
+	n, err := seedTransitions(ctx, pool, ids, names, now, history, quarantined)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "seeded %d transitions (%d per instance over the last 30 days, %d quarantines in force, %d ended within the hour) in %s\n",
+		n, history, min(quarantined, instances), min(quarantined, max(instances-quarantined, 0)), time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// seedTransitions writes a transition log for the rebuild to read
+// quarantines from: history older transitions per instance spread over the
+// last 30 days (every fifth starting a quarantine long over, so the
+// quarantine index holds old entries to skip), then quarantined instances
+// in quarantine now and as many again out of one that ended within the
+// hour (which set the next quarantine's step).
+func seedTransitions(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, services []string, now time.Time, history, quarantined int) (int64, error) {
+	var written int64
+	rows := make([]db.TransitionsInsertParams, 0, 100_000)
+	flush := func() error {
+		n, err := db.New(pool).TransitionsInsert(ctx, rows)
+		written += n
+		rows = rows[:0]
+		if err != nil {
+			return fmt.Errorf("seed transitions: %w", err)
+		}
+		return nil
+	}
+	add := func(i int, at time.Time, step int, reason string) error {
+		from, to := "eligible", "ineligible"
+		if step == 0 && i%2 == 1 {
+			from, to = to, from
+		}
+		r := db.TransitionsInsertParams{InstanceID: ids[i], Service: services[i%len(services)], FromState: from, ToState: to,
+			At: at, Reason: reason}
+		if step > 0 {
+			until := at.Add(time.Minute << min(step-1, 5))
+			r.QuarantinedUntil, r.QuarantineStep = &until, int16(step)
+			r.History = json.RawMessage(`[]`)
+		}
+		rows = append(rows, r)
+		if len(rows) == cap(rows) {
+			return flush()
+		}
+		return nil
+	}
+	for h := range history {
+		at := now.Add(-30 * 24 * time.Hour).Add(time.Duration(h) * 72 * time.Hour)
+		for i := range ids {
+			step := 0
+			if h%5 == 4 {
+				step = 1
+			}
+			if err := add(i, at.Add(time.Duration(i)*time.Millisecond), step, "loadgen history"); err != nil {
+				return written, err
+			}
+		}
+	}
+	for k := range min(2*quarantined, len(ids)) {
+		// In force now (started up to a minute ago, steps 1 to 5), or
+		// ended up to an hour ago.
+		step := k%5 + 1
+		at := now.Add(-time.Duration(k%60) * time.Second)
+		if k >= quarantined {
+			at = now.Add(-time.Duration(k%50+1)*time.Minute - time.Minute<<(step-1))
+		}
+		if err := add(k, at, step, "loadgen quarantine"); err != nil {
+			return written, err
+		}
+	}
+	if len(rows) > 0 {
+		if err := flush(); err != nil {
+			return written, err
+		}
+	}
+	return written, nil
 }
 
 // loadgenRebuild measures what a restart costs: a fresh evaluator rebuilding
@@ -201,9 +280,9 @@ func loadgenRebuild(ctx context.Context, args []string, stdout, stderr io.Writer
 	took := time.Since(start)
 	after.read()
 	stats := ev.Stats()
-	fmt.Fprintf(stdout, "rebuild: %d services, %d instances, %d windows replayed in %s (heap +%.1f MiB, %.0f B per instance)\n",
-		stats.Services, stats.Instances, stats.WindowsReplayed, took.Round(time.Millisecond),
-		float64(after.heap-before.heap)/(1<<20), float64(after.heap-before.heap)/float64(max(stats.Instances, 1)))
+	fmt.Fprintf(stdout, "rebuild: %d services, %d instances, %d windows replayed, %d quarantines restored (in %s) in %s (heap +%.1f MiB, %.0f B per instance)\n",
+		stats.Services, stats.Instances, stats.WindowsReplayed, stats.QuarantinesRestored, stats.QuarantinesTook.Round(time.Millisecond/10),
+		took.Round(time.Millisecond), float64(after.heap-before.heap)/(1<<20), float64(after.heap-before.heap)/float64(max(stats.Instances, 1)))
 	return nil
 }
 

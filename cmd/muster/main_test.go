@@ -306,6 +306,7 @@ func tamper(t *testing.T, dir string, seq int) {
 	if !c.Adopted() {
 		t.Fatal("expected to adopt the running dev cluster")
 	}
+	defer c.Stop() // leaves it running for the dev server
 	pool, err := db.Open(ctx, c.URL("muster"))
 	if err != nil {
 		t.Fatal(err)

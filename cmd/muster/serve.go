@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -151,27 +152,33 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	dbHealth, err := db.NewMonitor(db.MonitorConfig{Pool: monPool, Logger: log, Registerer: metrics})
-	if err != nil {
-		return err
-	}
 	authz, err := registry.NewAuthzCache(registry.AuthzCacheConfig{Registry: reg, Logger: log, Registerer: metrics})
 	if err != nil {
 		return err
 	}
-	reaper, err := registry.NewReaper(registry.ReaperConfig{Registry: reg, Logger: log})
-	if err != nil {
-		return err
-	}
-	hub := stream.NewHub(stream.Config{})
 	var (
 		eval   *evaluator.Evaluator
 		shifts *policy.Shifts
 	)
+	dbHealth, err := db.NewMonitor(db.MonitorConfig{Pool: monPool, Logger: log, Registerer: metrics})
+	if err != nil {
+		return err
+	}
+	reaper, err := registry.NewReaper(registry.ReaperConfig{
+		Registry: reg, Logger: log, Registerer: metrics,
+		Corroborated: func(id uuid.UUID) (string, bool) { return eval.LeaseExpiryCorroborated(id) },
+		// A lease's clock runs only while renewals could land: from the
+		// moment PostgreSQL answers again after an outage.
+		UpSince: dbHealth.UpSince,
+	})
+	if err != nil {
+		return err
+	}
+	hub := stream.NewHub(stream.Config{})
 	guards := guardlog.New(pool, log)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) },
-		Hub:      hub, Versions: db.NewVersionBlocks(pool), Logger: log, Registerer: metrics,
+		Hub:      hub, Pool: pool, Logger: log, Registerer: metrics,
 		Traffic:     func() assembler.TrafficWeights { return shifts.Weights() },
 		GuardEvents: guards.Record,
 	})
@@ -208,7 +215,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	servingReady := server.ServingReady(eval, hub)
 	scfg := server.Config{
 		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub, Shifts: shifts,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub, Shifts: shifts, Leases: reaper,
 		Authz: authz, Database: dbHealth, DBTimeout: cfg.DBTimeout,
 		// Whether this replica can serve views, not whether PostgreSQL
 		// answers (that is muster_database_up and database_unreachable).
@@ -299,6 +306,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
+	// Renewals can land from now on: every lease gets a full TTL from
+	// here, however long this process (or its database) was away.
+	reaper.HearingFrom(time.Now())
 	ready.Store(true)
 	log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
 	if cfg.Dev {
@@ -352,8 +362,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 }
 
 // openDatabase returns the database URL: DATABASE_URL when set, otherwise
-// the local cluster in cfg.DataDir (started, or adopted when a muster dev is
-// already running on it), with a function that stops what was started.
+// the local cluster in cfg.DataDir (started, or adopted when it is already
+// running: a muster dev next door, or one left by a killed muster), with a
+// function that stops the local cluster unless another live muster is
+// still using it (see db.Cluster).
 func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (string, func() error, error) {
 	if cfg.DatabaseURL != "" {
 		return cfg.DatabaseURL, func() error { return nil }, nil
@@ -371,7 +383,7 @@ func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (string, fu
 		return "", nil, err
 	}
 	if cluster.Adopted() {
-		log.Info("using the PostgreSQL cluster already running", "dir", dir)
+		log.Info("using the PostgreSQL cluster already running; stopping it on exit unless another muster still uses it", "dir", dir)
 	} else {
 		log.Info("started local PostgreSQL", "dir", dir, "took", time.Since(start).Round(time.Millisecond))
 	}

@@ -60,7 +60,8 @@ type Stack struct {
 	Client    *http.Client
 	Metrics   *prometheus.Registry
 	Hub       *stream.Hub
-	// Publisher is not started: tests step it with RunOnce.
+	// Publisher is prepared (unless Options.NoStart) but not started:
+	// tests step it with RunOnce, and SaveOnce to save its views.
 	Publisher *publisher.Publisher
 	// Shifts is not started: tests step it with RunOnce.
 	Shifts *policy.Shifts
@@ -77,6 +78,9 @@ type Stack struct {
 	Authz *registry.AuthzCache
 	// Monitor watches the database (started), on a pool of its own.
 	Monitor *db.Monitor
+	// Reaper is the lease reaper; it is not started: tests step it with
+	// RunOnce.
+	Reaper *registry.Reaper
 }
 
 // Options adjust a Stack.
@@ -86,7 +90,8 @@ type Options struct {
 	// Evaluator adjusts the evaluator's configuration before it starts.
 	// By default its tick never fires on its own: tests call EvaluateNow.
 	Evaluator func(*evaluator.Config)
-	// NoStart leaves the evaluator stopped (and so never ready).
+	// NoStart leaves the evaluator stopped (and so never ready) and the
+	// publisher unprepared (it publishes nothing until Prepare).
 	NoStart bool
 	// MaxBodyBytes is the server's body limit; 1 MiB by default.
 	MaxBodyBytes int64
@@ -142,7 +147,7 @@ func New(t testing.TB, opts Options) *Stack {
 	guards := guardlog.New(pool, nil)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) },
-		Hub:      hub, Versions: db.NewVersionBlocks(pool), Now: clk.Now, Registerer: metrics,
+		Hub:      hub, Pool: pool, Now: clk.Now, Registerer: metrics,
 		Traffic:     func() assembler.TrafficWeights { return shifts.Weights() },
 		GuardEvents: guards.Record,
 	})
@@ -185,6 +190,12 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	reaper, err := registry.NewReaper(registry.ReaperConfig{
+		Registry: reg, Corroborated: ev.LeaseExpiryCorroborated,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	hs := httptest.NewUnstartedServer(nil)
 	base := "http://" + hs.Listener.Addr().String()
 	iss, err := identity.LoadOrCreateDevIssuer(t.TempDir())
@@ -204,7 +215,7 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	srvCfg := server.Config{
 		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts, Leases: reaper,
 		Ready: server.ServingReady(ev, hub), Authz: authz, Database: mon, DBTimeout: opts.DBTimeout,
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 	}
@@ -248,12 +259,15 @@ func New(t testing.TB, opts Options) *Stack {
 	hs.Start()
 	t.Cleanup(hs.Close)
 	if !opts.NoStart {
+		if err := pub.Prepare(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		if err := ev.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, Guards: guards, UI: ui, Authz: authz, Monitor: mon}
+	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, Guards: guards, UI: ui, Authz: authz, Monitor: mon, Reaper: reaper}
 }
 
 // Token mints a token from the stack's dev issuer.

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/musterhq/muster/db"
+)
+
+// outageScale is the outage length and lease TTL of the outage tests. By
+// default they are scaled down (a 3 s TTL, a 10 s outage: more than three
+// leases) so CI stays fast; MUSTER_TEST_OUTAGE=2m runs the issue's figures
+// (the default 30 s TTL, a 2 min outage).
+func outageScale(t *testing.T) (outage, ttl time.Duration) {
+	if v := os.Getenv("MUSTER_TEST_OUTAGE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("MUSTER_TEST_OUTAGE: %v", err)
+		}
+		return d, 30 * time.Second
+	}
+	return 10 * time.Second, 3 * time.Second
+}
+
+// fleet is n registered instances of service web whose workloads renew
+// their leases every TTL/3, except one that stopped for good.
+type fleet struct {
+	url, admin string
+	ids        []string
+	stopped    string
+	override   string
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+}
+
+func newFleet(t *testing.T, url, admin string, n int, ttl time.Duration) *fleet {
+	t.Helper()
+	f := &fleet{url: url, admin: admin}
+	if code, body := call(t, "PUT", url+"/v1/services/web", admin, `{"owner":"payments","capabilities":[]}`); code != 201 {
+		t.Fatalf("create web: %d %s", code, body)
+	}
+	for i := range n {
+		code, body := call(t, "POST", url+"/v1/services/web/instances", admin,
+			fmt.Sprintf(`{"address":"10.7.%d.%d","port":8080,"zone":"az%d"}`, i/250, i%250+1, i%2+1))
+		if code != 201 {
+			t.Fatalf("register %d: %d %s", i, code, body)
+		}
+		var in struct{ ID string }
+		if err := json.Unmarshal(body, &in); err != nil {
+			t.Fatal(err)
+		}
+		f.ids = append(f.ids, in.ID)
+	}
+	f.stopped = f.ids[0]
+	// An operator's override on another instance must survive too.
+	code, body := call(t, "POST", url+"/v1/overrides", admin,
+		fmt.Sprintf(`{"instance_id":%q,"action":"mark_ineligible","justification":"disk errors on the host","expires_in":86400}`, f.ids[1]))
+	if code != 201 {
+		t.Fatalf("override: %d %s", code, body)
+	}
+	var o struct{ ID string }
+	_ = json.Unmarshal(body, &o)
+	f.override = o.ID
+
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	client := &http.Client{Timeout: 2 * time.Second}
+	const workers = 4
+	for w := range workers {
+		f.wg.Go(func() {
+			tick := time.NewTicker(ttl / 3)
+			defer tick.Stop()
+			for {
+				for i := w; i < len(f.ids); i += workers {
+					if f.ids[i] == f.stopped {
+						continue
+					}
+					req, _ := http.NewRequestWithContext(ctx, "PUT", url+"/v1/instances/"+f.ids[i]+"/lease", nil)
+					req.Header.Set("Authorization", "Bearer "+admin)
+					if res, err := client.Do(req); err == nil {
+						res.Body.Close() // refused or failed while muster is away: keep trying
+					}
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+			}
+		})
+	}
+	t.Cleanup(f.stop)
+	return f
+}
+
+func (f *fleet) stop() { f.cancel(); f.wg.Wait() }
+
+// states returns every instance's state by id.
+func (f *fleet) states(t *testing.T) map[string]string {
+	t.Helper()
+	// Just after PostgreSQL returns, muster may still answer 503
+	// database-unavailable until its monitor's next ping (within a
+	// second): try again for a while.
+	deadline := time.Now().Add(10 * time.Second)
+	code, body := call(t, "GET", f.url+"/v1/services/web/instances?state=all&limit=1000", f.admin, "")
+	for code == 503 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond) // polling with a deadline
+		code, body = call(t, "GET", f.url+"/v1/services/web/instances?state=all&limit=1000", f.admin, "")
+	}
+	if code != 200 {
+		t.Fatalf("list instances: %d %s", code, body)
+	}
+	var page struct{ Items []struct{ ID, State string } }
+	if err := json.Unmarshal(body, &page); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, in := range page.Items {
+		out[in.ID] = in.State
+	}
+	return out
+}
+
+// check waits for the stopped instance to expire, no later than TTL and
+// the expiry delay (TTL/3) after renewals could land again (plus two reaper
+// sweeps and scheduling slack), then holds on for another TTL and checks
+// that every other instance is active under its own id and the override
+// is in force.
+func (f *fleet) check(t *testing.T, back time.Time, ttl time.Duration) {
+	t.Helper()
+	budget := ttl + ttl/3 + 2*time.Second + 3*time.Second
+	deadline := back.Add(budget + 30*time.Second)
+	var expiredAt time.Time
+	for {
+		if st := f.states(t); st[f.stopped] == "expired" {
+			expiredAt = time.Now()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the instance that stopped renewing did not expire within %s of muster hearing again", deadline.Sub(back))
+		}
+		time.Sleep(100 * time.Millisecond) // polling with a deadline
+	}
+	took := expiredAt.Sub(back)
+	if took > budget {
+		t.Errorf("the stopped instance expired %s after renewals could land again; TTL + grace is %s", took.Round(time.Millisecond), budget)
+	}
+	time.Sleep(ttl + ttl/3 + time.Second) // a wrongful expiry would have happened by now
+	st := f.states(t)
+	var active, other []string
+	for _, id := range f.ids[1:] {
+		if st[id] == "active" {
+			active = append(active, id)
+		} else {
+			other = append(other, id+"="+st[id])
+		}
+	}
+	if len(other) > 0 || len(st) != len(f.ids) {
+		t.Fatalf("after the outage %d of %d renewing instances are active (ids kept); not: %s; %d instances listed",
+			len(active), len(f.ids)-1, strings.Join(other, ", "), len(st))
+	}
+	code, body := call(t, "GET", f.url+"/v1/overrides/"+f.override, f.admin, "")
+	if code != 200 || !strings.Contains(string(body), `"state":"active"`) {
+		t.Fatalf("the override after the outage: %d %s", code, body)
+	}
+	t.Logf("the instance that stopped renewing expired %s after renewals could land again (TTL %s); %d others kept their ids",
+		took.Round(time.Millisecond), ttl, len(active))
+}
+
+// TestMusterKilledLongerThanALease (issue 11): muster is SIGKILLed for
+// longer than a lease (3 leases by default; MUSTER_TEST_OUTAGE=2m for the
+// issue's 2 min at the default 30 s TTL) while 200 registered instances
+// keep trying to renew. After the restart nothing expired from muster's
+// own absence: every renewing instance is active under its id, the
+// override is in force, and the one instance that really stopped renewing
+// expires within TTL + grace.
+func TestMusterKilledLongerThanALease(t *testing.T) {
+	t.Parallel()
+	outage, ttl := outageScale(t)
+	dir := devDir(t)
+	addr := freeAddr(t)
+	url := "http://" + addr
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = db.StopDir(ctx, dir)
+	})
+	env := "MUSTER_LEASE_TTL=" + ttl.String()
+	first := startProcess(t, dir, addr, env)
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = first.Process.Kill()
+			_ = first.Wait()
+		}
+	})
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	f := newFleet(t, url, admin, 200, ttl)
+
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	killed = true
+	time.Sleep(outage) // the outage itself: muster is gone this long
+
+	second := startProcess(t, dir, addr, env)
+	back := time.Now()
+	t.Cleanup(func() {
+		_ = second.Process.Signal(os.Interrupt)
+		_ = second.Wait()
+	})
+	f.check(t, back, ttl)
+}
+
+// TestDatabaseStoppedLongerThanALease (issue 11): PostgreSQL is stopped for
+// longer than a lease while muster runs and 200 instances keep trying to
+// renew (their renewals fail meanwhile). When it returns, every lease gets a
+// full TTL to be renewed: nothing expires but the instance that really
+// stopped, within TTL + grace of the database's return.
+func TestDatabaseStoppedLongerThanALease(t *testing.T) {
+	t.Parallel()
+	outage, ttl := outageScale(t)
+	dir := devDir(t)
+	addr := freeAddr(t)
+	url := "http://" + addr
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = db.StopDir(ctx, dir)
+	})
+	proc := startProcess(t, dir, addr, "MUSTER_LEASE_TTL="+ttl.String())
+	t.Cleanup(func() {
+		_ = proc.Process.Signal(os.Interrupt)
+		_ = proc.Wait()
+	})
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	f := newFleet(t, url, admin, 200, ttl)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := db.StopDir(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(outage) // the outage itself: PostgreSQL is gone this long
+	if _, err := db.StartCluster(ctx, db.ClusterConfig{Dir: dir}); err != nil {
+		t.Fatal(err)
+	}
+	f.check(t, time.Now(), ttl)
+}

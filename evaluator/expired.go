@@ -1,0 +1,140 @@
+package evaluator
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/assembler"
+	"github.com/musterhq/muster/eligibility"
+	"github.com/musterhq/muster/registry"
+)
+
+// ReasonLeaseExpired is the reason on the last transition of an instance
+// the registry ended because its lease ran out.
+const ReasonLeaseExpired = "lease expired"
+
+// ExpiredHorizon is how long after its expiry an instance may still be
+// kept for the guard across a restart: the rebuild reloads instances that
+// expired within it, so a zone tripped before the restart keeps them.
+const ExpiredHorizon = time.Hour
+
+// expiredInstance is an instance whose lease expired, kept (outside the
+// engine: no evidence about it matters any more) while its zone's guard
+// needs it.
+type expiredInstance struct {
+	info instanceInfo
+	at   time.Time
+}
+
+// keepExpired records an instance the registry ended by lease expiry.
+// Called with e.mu held.
+func (e *Evaluator) keepExpired(in registry.Instance, info instanceInfo, now time.Time) {
+	at := now
+	if in.EndedAt != nil {
+		at = *in.EndedAt
+	}
+	if now.Sub(at) > ExpiredHorizon {
+		return
+	}
+	m := e.expired[in.Service]
+	if m == nil {
+		m = map[uuid.UUID]expiredInstance{}
+		e.expired[in.Service] = m
+	}
+	m[in.ID] = expiredInstance{info: info, at: at}
+	e.changed[in.Service] = struct{}{}
+}
+
+// pruneExpired forgets the expired instances their zone's guard no longer
+// needs: the zone keeps its minimum healthy fraction counting them as out
+// of rotation, so the assembler does not publish them. The rule is the
+// assembler's own (Routable, Tripped). Called with e.mu held.
+func (e *Evaluator) pruneExpired(now time.Time) {
+	for service, kept := range e.expired {
+		si := e.services[service]
+		if si == nil || len(kept) == 0 {
+			delete(e.expired, service)
+			if len(kept) > 0 {
+				e.changed[service] = struct{}{}
+			}
+			continue
+		}
+		type count struct{ routable, total int }
+		zones := map[string]*count{}
+		for _, x := range kept {
+			c := zones[x.info.zone]
+			if c == nil {
+				c = &count{}
+				zones[x.info.zone] = c
+			}
+			c.total++
+		}
+		for id := range e.byService[service] {
+			c := zones[e.instances[id].zone]
+			if c == nil {
+				continue // a zone without expired instances needs no count
+			}
+			r, ok := e.engine.Routing(eligibility.InstanceID(id), now)
+			if !ok {
+				continue
+			}
+			in := assembler.InstanceInput{State: r.State, Quarantined: r.Quarantined}
+			if o := e.override(id, now); o != nil {
+				in.Override = &assembler.Override{Action: o.Action}
+			}
+			c.total++
+			if assembler.Routable(&in) {
+				c.routable++
+			}
+		}
+		for id, x := range kept {
+			c := zones[x.info.zone]
+			if !assembler.Tripped(c.routable, c.total, si.minFraction) {
+				delete(kept, id)
+				e.changed[service] = struct{}{}
+			}
+		}
+		if len(kept) == 0 {
+			delete(e.expired, service)
+		}
+	}
+}
+
+// LeaseExpiryCorroborated reports whether health evidence this process
+// has heard confirms that an instance whose lease lapsed is gone, and why:
+// it is ineligible by its own evidence (failing on a class), or it is
+// silent on every class while a sibling of its service is heard. muster's
+// own deafness (a restart, an ingest outage) silences the siblings too, so
+// it is never corroboration. The lease reaper expires a corroborated lease
+// even while a disbelief threshold holds the others.
+func (e *Evaluator) LeaseExpiryCorroborated(id uuid.UUID) (string, bool) {
+	if !e.ready.Load() {
+		return "", false
+	}
+	now := e.cfg.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	info, ok := e.instances[id]
+	if !ok {
+		return "", false
+	}
+	r, ok := e.engine.Routing(eligibility.InstanceID(id), now)
+	switch {
+	case !ok:
+		return "", false
+	case r.State == eligibility.Ineligible:
+		return "corroborated: ineligible by its own health evidence", true
+	case r.HealthKnown:
+		return "", false
+	}
+	for sib := range e.byService[info.service] {
+		if sib == id {
+			continue
+		}
+		if s, ok := e.engine.Routing(eligibility.InstanceID(sib), now); ok && s.HealthKnown {
+			return "corroborated: silent on every evidence class while its siblings are heard", true
+		}
+	}
+	return "", false
+}

@@ -1,0 +1,2 @@
+DROP INDEX IF EXISTS instances_expired_idx;
+DROP TABLE IF EXISTS lease_expiry_confirmations;
