@@ -60,9 +60,18 @@ func newFleet(t *testing.T, url, admin string, n int, ttl time.Duration) *fleet 
 		f.ids = append(f.ids, in.ID)
 	}
 	f.stopped = f.ids[0]
-	// An operator's override on another instance must survive too.
-	code, body := call(t, "POST", url+"/v1/overrides", admin,
-		fmt.Sprintf(`{"instance_id":%q,"action":"mark_ineligible","justification":"disk errors on the host","expires_in":86400}`, f.ids[1]))
+	// An operator's override on another instance must survive too. Until
+	// the evaluator's next refresh has seen the instances (within a
+	// second) admission answers 503 not-ready: try again, as a client would.
+	var (
+		code int
+		body []byte
+	)
+	waitUntil(t, "the override admitted or refused", 30*time.Second, func() bool {
+		code, body = call(t, "POST", url+"/v1/overrides", admin,
+			fmt.Sprintf(`{"instance_id":%q,"action":"mark_ineligible","justification":"disk errors on the host","expires_in":86400}`, f.ids[1]))
+		return code != 503
+	})
 	if code != 201 {
 		t.Fatalf("override: %d %s", code, body)
 	}
