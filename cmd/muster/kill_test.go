@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -23,7 +24,7 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	os.Exit(m.Run())
+	dbtest.Main(m) // stops the test cluster servertest stacks use
 }
 
 // startProcess runs `muster dev` as a child process on addr and waits for it
