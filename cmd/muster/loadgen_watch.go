@@ -1062,11 +1062,12 @@ type lgwClient struct {
 	applied []uint64 // bitset of injection numbers already recorded
 	held    bool
 
-	attempt   int       // subscriptions since the last admitted one, for backoff
-	streamGot []bool    // copies that got a view or delta on the current stream
-	readmits  int       // --restart: admissions by the restarted muster
-	readmitAt time.Time // --restart: the first of them
-	resynced  bool      // --restart: got synced from the restarted muster
+	attempt     int       // subscriptions since the last admitted one, for backoff
+	streamGot   []bool    // copies that got a view or delta on the current stream
+	readmits    int       // --restart: admissions by the restarted muster
+	readmitSent time.Time // --restart: when the first of them was requested
+	readmitAt   time.Time // --restart: and when its answer arrived
+	resynced    bool      // --restart: got synced from the restarted muster
 }
 
 // lgwCopy is a subscriber's copy of one service's view: which endpoints
@@ -1119,6 +1120,7 @@ func (c *lgwClient) run(ctx context.Context) {
 			return
 		}
 		gen := w.gen.Load()
+		sent := time.Now()
 		res, err := w.streams.Do(req)
 		<-w.connectSem
 		if err != nil {
@@ -1153,7 +1155,7 @@ func (c *lgwClient) run(ctx context.Context) {
 			// Only the restarted muster answers once gen is 2: the first
 			// had exited before it was set.
 			if c.readmits++; c.readmits == 1 {
-				c.readmitAt = time.Now()
+				c.readmitSent, c.readmitAt = sent, time.Now()
 				w.readmitted.Add(1)
 			} else {
 				w.doubleAdmits.Add(1)
