@@ -187,6 +187,9 @@ type lgwRestartFigures struct {
 	readmitted, twice, never int
 	last                     time.Duration // last first-admission, from process 2 serving
 	perWindow                []int         // first admissions per window from process 2 serving, by arrival
+	// waits are, per client, from its admission to its synced: the wait
+	// for the views of clients admitted while process 2 was rebuilding.
+	waits []time.Duration
 	// provable is the most first admissions whose whole round trip (sent
 	// to answered) fell inside one window: muster decided each of them
 	// within that window, whatever the latency. A figure above the
@@ -209,7 +212,11 @@ func (w *lgWatch) restartFigures(upAt time.Time) lgwRestartFigures {
 		}
 		f.readmitted++
 		trips = append(trips, trip{c.readmitSent, c.readmitAt})
+		if c.resynced {
+			f.waits = append(f.waits, c.resyncAt.Sub(c.readmitAt))
+		}
 	}
+	slices.Sort(f.waits)
 	win := w.admissionWindow
 	for _, tr := range trips {
 		d := tr.at.Sub(upAt)
@@ -248,7 +255,8 @@ func (w *lgWatch) reportRestart(sigAt, upAt time.Time, end lgwScrape) error {
 	} else {
 		fmt.Fprintf(w.stdout, "readmission: %d of %d readmitted within %s; %d never\n", f.readmitted, n, w.readmitTimeout, f.never)
 	}
-	fmt.Fprintf(w.stdout, "re-synced (views of every watched service, then synced): %d of %d\n", w.resynced.Load(), n)
+	fmt.Fprintf(w.stdout, "re-synced (views of every watched service, then synced): %d of %d; admission to synced p50 %s p99 %s max %s (clients admitted while process 2 rebuilt waited for its first views)\n",
+		w.resynced.Load(), n, pctOf(f.waits, 0.5), pctOf(f.waits, 0.99), pctOf(f.waits, 1))
 	var b strings.Builder
 	for _, k := range f.perWindow {
 		fmt.Fprintf(&b, " %d", k)

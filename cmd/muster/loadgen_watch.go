@@ -1068,6 +1068,7 @@ type lgwClient struct {
 	readmitSent time.Time // --restart: when the first of them was requested
 	readmitAt   time.Time // --restart: and when its answer arrived
 	resynced    bool      // --restart: got synced from the restarted muster
+	resyncAt    time.Time // --restart: when
 }
 
 // lgwCopy is a subscriber's copy of one service's view: which endpoints
@@ -1271,7 +1272,7 @@ func (c *lgwClient) synced() {
 		c.w.syncedEarly.Add(1)
 	}
 	if !c.resynced {
-		c.resynced = true
+		c.resynced, c.resyncAt = true, time.Now()
 		c.w.resynced.Add(1)
 	}
 }
