@@ -96,6 +96,9 @@ type Options struct {
 	// UI mounts the admin web UI at /ui, signing in through the dev
 	// issuer (client "muster-ui") on the stack's clock.
 	UI bool
+	// WatchHeartbeat is the idle watch stream's heartbeat period; the
+	// server's default (15 s) when zero.
+	WatchHeartbeat time.Duration
 }
 
 // New starts a Stack that is torn down when t ends.
@@ -182,6 +185,7 @@ func New(t testing.TB, opts Options) *Stack {
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts, Leases: reaper,
 		Ready:     func(ctx context.Context) error { return pool.Ping(ctx) },
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
+		WatchHeartbeat: opts.WatchHeartbeat,
 	}
 	var ui *webui.UI
 	if opts.UI {
