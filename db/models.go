@@ -164,6 +164,14 @@ type Shift struct {
 	UpdatedAt    time.Time
 }
 
+type StreamPopulation struct {
+	Replica     string
+	Subscribers int32
+	Peak        int32
+	PeakAt      time.Time
+	At          time.Time
+}
+
 type Transition struct {
 	ID               int64
 	InstanceID       uuid.UUID

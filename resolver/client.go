@@ -117,9 +117,13 @@ type ClientStats struct {
 	Frames uint64
 	// Connected: a watch stream is open now.
 	Connected bool
-	// Synced: the open stream has delivered its catch-up (the server's
-	// synced event), so the cache holds everything muster had when the
-	// client subscribed. Syncs counts synced events since New.
+	// Synced: the cache holds a view of every configured service and the
+	// open stream has caught up (the server's synced event): what the
+	// cache holds is what muster had when the client subscribed. A synced
+	// event alone is not a view: muster sends it only once the client
+	// holds one, and a server that sent it earlier would still leave
+	// Synced false until every service has a view. Syncs counts synced
+	// events since New.
 	Synced bool
 	Syncs  uint64
 	// Outcome reporting: batches sent and failed, outcomes (successes +
@@ -266,7 +270,7 @@ func (c *Client) Stats() ClientStats {
 	defer c.mu.Unlock()
 	return ClientStats{
 		Cache: c.cache.Stats(), Reconnects: c.reconnects.Load(), Frames: c.frames.Load(),
-		Connected: c.connected.Load(), Synced: c.synced.Load(), Syncs: c.syncs.Load(),
+		Connected: c.connected.Load(), Synced: c.synced.Load() && c.holdsAll(), Syncs: c.syncs.Load(),
 		LastError: c.lastErr, LastErrorAt: c.lastErrAt,
 		ReportBatchesSent: c.rep.batchesSent.Load(), ReportBatchesFailed: c.rep.batchesFailed.Load(),
 		OutcomesReported: c.rep.outcomesSent.Load(), OutcomesDropped: c.rep.outcomesDropped.Load(),
@@ -285,6 +289,16 @@ func (c *Client) notify() {
 	close(c.updated)
 	c.updated = make(chan struct{})
 	c.mu.Unlock()
+}
+
+// holdsAll reports whether the cache holds a view of every service.
+func (c *Client) holdsAll() bool {
+	for _, s := range c.cfg.Services {
+		if _, err := c.cache.Resolve(s); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // since is the lowest version held across services, or 0 (ask for full
@@ -484,6 +498,8 @@ func (c *Client) dispatch(kind, data string, s *session) (done bool) {
 	case "heartbeat":
 		return false
 	case "synced":
+		// The stream caught up; Stats reports Synced only while the cache
+		// also holds a view of every service.
 		c.synced.Store(true)
 		c.syncs.Add(1)
 		return false

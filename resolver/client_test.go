@@ -371,3 +371,33 @@ func TestResolveOrDefault(t *testing.T) {
 		}
 	})
 }
+
+// TestClientSyncedIsNotAView: a server that says synced before sending a
+// view (as muster did while rebuilding) does not make the client Synced;
+// the view that follows does.
+func TestClientSyncedIsNotAView(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		startSSE(w)
+		fmt.Fprint(w, "event: synced\ndata: {}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+			send(w, "view", 10, view("api", 10, 2))
+		case <-r.Context().Done():
+			return
+		}
+		hang(r)
+	})
+	c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}}, &sleeps{})
+	eventually(t, "the synced event", func() bool { return c.Stats().Syncs == 1 })
+	if st := c.Stats(); st.Synced {
+		t.Fatalf("Synced with no view held: %+v", st)
+	}
+	if _, err := c.Resolve("api"); !errors.Is(err, resolver.ErrNoView) {
+		t.Fatalf("resolve after a bare synced: %v, want ErrNoView", err)
+	}
+	close(release)
+	eventually(t, "synced once the view arrived", func() bool { return c.Stats().Synced && version(c, "api") == 10 })
+}

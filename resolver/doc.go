@@ -71,6 +71,11 @@
 // changes nothing in routing: Resolve keeps answering from the held view
 // and only its age grows. ResolveOrDefault waits for a cold service's
 // first view until its context's deadline, then returns Config.Default.
+// The server's synced event says the stream caught up; it is never taken
+// for a view: ClientStats.Synced is true only while the cache also holds
+// a view of every configured service (muster sends synced only after
+// those views, and an older server that sent it earlier still leaves
+// Synced false until they arrive).
 //
 // # Outcomes and local ejection
 //

@@ -139,3 +139,39 @@ func TestOutcomesReportedToMuster(t *testing.T) {
 		t.Fatalf("dead-server stats %+v", st)
 	}
 }
+
+// TestClientNotSyncedUntilMusterHasAView: a client with a last-known-good
+// file resubscribes to a muster that holds no view of its service yet (it
+// is rebuilding after a restart). It keeps routing on its file, hears
+// heartbeats, and is not Synced; muster's first view (published with a
+// delta from a version the client never held) reaches it as a full view,
+// and only then is it Synced.
+func TestClientNotSyncedUntilMusterHasAView(t *testing.T) {
+	t.Parallel()
+	s := servertest.New(t, servertest.Options{WatchHeartbeat: 20 * time.Millisecond})
+	s.Seed(t)
+	dir := t.TempDir()
+	cache, err := resolver.NewCache([]string{"web"}, resolver.WithDir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cache.ApplyView(view("web", 5, 3)); err != nil {
+		t.Fatal(err)
+	}
+	token := s.Token(t, servertest.Viewer)
+	c := newClient(t, resolver.Config{
+		URLs: []string{s.URL}, Services: []string{"web"}, HTTPClient: s.Client, CacheDir: dir,
+		Token: func(context.Context) (string, error) { return token, nil },
+	}, &sleeps{})
+
+	eventually(t, "connected, hearing heartbeats", func() bool { st := c.Stats(); return st.Connected && st.Frames >= 3 })
+	if st := c.Stats(); st.Synced || st.Syncs != 0 || version(c, "web") != 5 {
+		t.Fatalf("before muster has a view: synced %v (%d events), holding v%d; want unsynced on v5", st.Synced, st.Syncs, version(c, "web"))
+	}
+	web1001 := view("web", 1001, 4)
+	s.Hub.Publish([]stream.Update{{View: viewFrame(t, web1001), Delta: deltaFrame(t, deltaTo(view("web", 900, 2), web1001))}})
+	eventually(t, "view 1001, then synced", func() bool { st := c.Stats(); return version(c, "web") == 1001 && st.Synced && st.Syncs == 1 })
+	if st := c.Stats(); st.Cache.Gaps != 0 || st.Reconnects != 0 {
+		t.Fatalf("the first view came as something the client could not apply: %+v", st)
+	}
+}

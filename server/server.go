@@ -215,8 +215,38 @@ func New(cfg Config) (*Server, error) {
 	subscribers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "muster_watch_subscribers", Help: "Open watch streams.",
 	}, func() float64 { n, _ := cfg.Hub.Subscribers(); return float64(n) })
-	for _, c := range []prometheus.Collector{s.metrics.requests, s.metrics.duration, s.metrics.authFailures,
-		s.metrics.admissionRefused, s.metrics.framesSent, subscribers} {
+	adm := func(f func(stream.AdmissionStats) float64) func() float64 {
+		return func() float64 { return f(cfg.Admission.Stats()) }
+	}
+	admission := []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_watch_expected_population",
+			Help: "The region's expected watch subscriber population, as the census last read it from PostgreSQL (sum over replicas of their recent peak).",
+		}, adm(func(st stream.AdmissionStats) float64 { return float64(st.Population.Expected) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_watch_population_known",
+			Help: "1 while a census reading sizes admission; 0 when none is fresh (PostgreSQL away since start) and admission falls back to this process's own peak.",
+		}, adm(func(st stream.AdmissionStats) float64 {
+			if st.PopulationKnown {
+				return 1
+			}
+			return 0
+		})),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_watch_admission_budget", Help: "Watch (re)subscriptions admitted per admission window now.",
+		}, adm(func(st stream.AdmissionStats) float64 { return float64(st.Budget) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_watch_admitted_window", Help: "Watch (re)subscriptions admitted within the last admission window.",
+		}, adm(func(st stream.AdmissionStats) float64 { return float64(st.InWindow) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_watch_admitted_window_max", Help: "The most watch (re)subscriptions admitted within any one admission window since start.",
+		}, adm(func(st stream.AdmissionStats) float64 { return float64(st.MaxWindow) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "muster_watch_admitted_total", Help: "Watch (re)subscriptions admitted since start.",
+		}, adm(func(st stream.AdmissionStats) float64 { return float64(st.Admitted) })),
+	}
+	for _, c := range append([]prometheus.Collector{s.metrics.requests, s.metrics.duration, s.metrics.authFailures,
+		s.metrics.admissionRefused, s.metrics.framesSent, subscribers}, admission...) {
 		if err := cfg.Metrics.Register(c); err != nil {
 			return nil, err
 		}

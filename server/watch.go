@@ -30,6 +30,10 @@ const MaxWatchServices = 100
 // A client resumes with since=<the highest version it applied>. After the
 // catch-up frames (none when the client is current) comes one synced
 // event, so a client knows it is current without waiting for a change.
+// synced never comes before the client holds a view of every service it
+// asked for: while the evaluator rebuilds (no view of a service yet) the
+// stream carries heartbeats only, the client keeps what it has, and the
+// first view of each service, then synced, follow when they exist.
 func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	services := slices.Compact(slices.Sorted(slices.Values(q["service"])))
@@ -113,11 +117,12 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// streamLoop writes the initial frames, then every frame the subscription
-// delivers, a full resync when it overflowed, and a heartbeat when idle,
-// until send fails, a drain frame went out, or done is closed.
+// streamLoop writes the initial frames (the hub ends them with synced
+// when it can), then every frame the subscription delivers, a full resync
+// when it overflowed, and a heartbeat when idle, until send fails, a drain
+// frame went out, or done is closed.
 func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, send func(...*stream.Frame) bool) {
-	if !send(append(sub.Initial, synced)...) {
+	if !send(sub.Initial...) {
 		return
 	}
 	beat := time.NewTicker(s.cfg.WatchHeartbeat)
@@ -142,10 +147,7 @@ func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, send
 	}
 }
 
-var (
-	heartbeat = &stream.Frame{Kind: stream.KindHeartbeat, JSON: []byte(`{}`)}
-	synced    = &stream.Frame{Kind: stream.KindSynced, JSON: []byte(`{}`)}
-)
+var heartbeat = &stream.Frame{Kind: stream.KindHeartbeat, JSON: []byte(`{}`)}
 
 // streamHead is the response head of a hijacked stream. Without a length
 // or chunking, the body runs until the connection closes (HTTP/1.1 with

@@ -207,3 +207,30 @@ func TestWatchWithoutHijack(t *testing.T) {
 	go io.Copy(io.Discard, pr)
 	<-done
 }
+
+// TestWatchNoSyncedBeforeAView: a subscriber admitted while muster has no
+// view of its service (the evaluator rebuilding after a restart) gets
+// heartbeats, not synced; the first publication reaches it as the full
+// view even though it carries a delta from a version an earlier process
+// published, and synced follows.
+func TestWatchNoSyncedBeforeAView(t *testing.T) {
+	t.Parallel()
+	s := servertest.New(t, servertest.Options{WatchHeartbeat: 20 * time.Millisecond})
+	s.Seed(t)
+	_, sc := openWatch(t, s, s.Token(t, webReq), "service=web&since=900")
+	for i, ev := range readEvents(t, sc, 3) {
+		if ev.kind != "heartbeat" {
+			t.Fatalf("event %d before any view: %+v, want heartbeats only", i, ev)
+		}
+	}
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 1001), Delta: frame(stream.KindDelta, "web", 900, 1001)}})
+	var got []event
+	for len(got) < 2 {
+		if ev := readEvents(t, sc, 1)[0]; ev.kind != "heartbeat" {
+			got = append(got, ev)
+		}
+	}
+	if got[0].kind != "view" || got[0].id != "1001" || got[1].kind != "synced" {
+		t.Fatalf("after the first publication: %+v, want the full view at 1001, then synced", got)
+	}
+}

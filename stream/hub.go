@@ -16,10 +16,16 @@ const (
 	KindDelta     Kind = "delta"
 	KindHeartbeat Kind = "heartbeat"
 	KindDrain     Kind = "drain"
-	// KindSynced follows a subscription's catch-up frames: the client
-	// now holds everything the server had when it subscribed.
+	// KindSynced follows a subscription's catch-up frames once the client
+	// holds a view of every service it asked for (sent now, or already
+	// current by its since): never before. A service the hub has no view
+	// of yet (the evaluator is still rebuilding) holds synced back until
+	// its first view is published and sent.
 	KindSynced Kind = "synced"
 )
+
+// syncedFrame is the one synced frame every subscription shares.
+var syncedFrame = &Frame{Kind: KindSynced, JSON: []byte(`{}`)}
 
 // Frame is one encoded event, shared by every subscriber that receives it.
 type Frame struct {
@@ -90,6 +96,14 @@ var ErrClosed = errors.New("the streaming tier is shutting down")
 
 // Publish records updates and delivers them to subscribers. Updates must
 // come in increasing version order (the assembler's publication order).
+//
+// The first publication of a service in this hub goes to subscribers as
+// the full view even when it carries a delta: after a restart the
+// publisher's first version may be a delta from a version the previous
+// process published, which a subscriber that came in with nothing (or
+// with a version this process never saw) cannot apply. Subscribers that
+// were waiting for that view get synced after it once they hold a view of
+// every service they asked for.
 func (h *Hub) Publish(updates []Update) {
 	now := h.cfg.Now()
 	h.mu.Lock()
@@ -103,24 +117,31 @@ func (h *Hub) Publish(updates []Update) {
 		if st.view != nil && u.View.Version <= st.view.Version {
 			continue // never go backwards
 		}
-		if st.view == nil {
+		first := st.view == nil
+		if first {
 			h.views++
 		}
 		st.view = u.View
-		var send *Frame
+		send := u.View
 		if u.Delta != nil {
 			u.Delta.PublishedAt = now
+			// Kept even for a first publication: a client resuming at
+			// exactly the delta's from_version can still use it.
 			st.history = append(st.history, u.Delta)
 			if len(st.history) > h.cfg.History {
 				st.history = slices.Delete(st.history, 0, len(st.history)-h.cfg.History)
 			}
-			send = u.Delta
+			if !first {
+				send = u.Delta
+			}
 		} else {
 			st.history = st.history[:0]
-			send = u.View
 		}
 		for sub := range st.subs {
 			sub.offer(send)
+			if first {
+				sub.gotFirstView(u.View.Service)
+			}
 		}
 	}
 }
@@ -154,7 +175,10 @@ func (h *Hub) Views() int {
 
 // Subscribe registers interest in services, starting after version since
 // (0: from scratch). The returned subscription's Initial frames bring the
-// client up to date; later ones arrive on C.
+// client up to date, ending with a synced frame when the hub holds a view
+// of every service; later frames arrive on C. For a service the hub has
+// no view of yet, the client keeps what it has: its first view arrives on
+// C when it is published, and synced after the last such view.
 func (h *Hub) Subscribe(services []string, since uint64) (*Subscription, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -165,9 +189,19 @@ func (h *Hub) Subscribe(services []string, since uint64) (*Subscription, error) 
 	for _, name := range sub.services {
 		st := h.state(name)
 		st.subs[sub] = struct{}{}
+		if st.view == nil {
+			if sub.waiting == nil {
+				sub.waiting = map[string]struct{}{}
+			}
+			sub.waiting[name] = struct{}{}
+			continue
+		}
 		sub.Initial = append(sub.Initial, st.catchUp(since)...)
 	}
 	slices.SortStableFunc(sub.Initial, func(a, b *Frame) int { return cmpVersion(a.Version, b.Version) })
+	if len(sub.waiting) == 0 {
+		sub.Initial = append(sub.Initial, syncedFrame)
+	}
 	h.subs++
 	h.peak = max(h.peak, h.subs)
 	return sub, nil
@@ -175,9 +209,9 @@ func (h *Hub) Subscribe(services []string, since uint64) (*Subscription, error) 
 
 // catchUp returns what a client at version since needs: nothing if it is
 // current, the deltas after since if the history reaches back that far,
-// otherwise the full view.
+// otherwise the full view. The service must have a view.
 func (st *serviceState) catchUp(since uint64) []*Frame {
-	if st.view == nil || (since != 0 && st.view.Version <= since) {
+	if since != 0 && st.view.Version <= since {
 		return nil
 	}
 	if since != 0 && len(st.history) > 0 && st.history[0].FromVersion <= since {
@@ -236,18 +270,43 @@ type Subscription struct {
 	// Initial frames bring the client up to date at subscribe time.
 	Initial []*Frame
 
+	// waiting holds the services it asked for that had no view when it
+	// subscribed and have not had one published since; synced goes out
+	// when it empties. Guarded by the hub's lock.
+	waiting map[string]struct{}
+
 	c      chan *Frame
 	mu     sync.Mutex
 	resync bool // its queue overflowed: send full views when it drains
-	wake   chan struct{}
-	closed bool
+	// syncedOwed: a synced frame was dropped with an overflowed queue
+	// (or could not be queued); it follows the resync's full views.
+	syncedOwed bool
+	wake       chan struct{}
+	closed     bool
+}
+
+// gotFirstView notes that service's first view was offered, and offers
+// synced when it was the last one the subscription waited for. Called
+// with the hub's lock held.
+func (s *Subscription) gotFirstView(service string) {
+	if _, ok := s.waiting[service]; !ok {
+		return
+	}
+	delete(s.waiting, service)
+	if len(s.waiting) == 0 {
+		s.offer(syncedFrame)
+	}
 }
 
 // offer queues f without blocking. Called with the hub's lock held.
 func (s *Subscription) offer(f *Frame) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || s.resync {
+	if s.closed {
+		return
+	}
+	if s.resync {
+		s.syncedOwed = s.syncedOwed || f == syncedFrame
 		return
 	}
 	select {
@@ -256,8 +315,11 @@ func (s *Subscription) offer(f *Frame) {
 		// Too slow: drop its queue rather than grow it, and catch it up
 		// with full views once it reads again.
 		s.resync = true
+		s.syncedOwed = f == syncedFrame
 		for len(s.c) > 0 {
-			<-s.c
+			if <-s.c == syncedFrame {
+				s.syncedOwed = true
+			}
 		}
 		select {
 		case s.wake <- struct{}{}:
@@ -273,7 +335,8 @@ func (s *Subscription) C() <-chan *Frame { return s.c }
 func (s *Subscription) Resync() <-chan struct{} { return s.wake }
 
 // TakeResync returns the full views that catch an overflowed subscriber
-// up, and clears the overflow, or nil if it has not overflowed.
+// up (followed by synced if one was dropped with the queue), and clears
+// the overflow, or nil if it has not overflowed.
 func (s *Subscription) TakeResync() []*Frame {
 	s.hub.mu.RLock()
 	defer s.hub.mu.RUnlock()
@@ -288,6 +351,10 @@ func (s *Subscription) TakeResync() []*Frame {
 		if st := s.hub.services[name]; st != nil && st.view != nil {
 			out = append(out, st.view)
 		}
+	}
+	if s.syncedOwed {
+		s.syncedOwed = false
+		out = append(out, syncedFrame)
 	}
 	return out
 }

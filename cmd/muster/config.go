@@ -36,6 +36,13 @@ type Config struct {
 	// AdmissionFloor is the least number of watch (re)subscriptions
 	// admitted per admission window (MUSTER_ADMISSION_FLOOR, 50).
 	AdmissionFloor int
+	// AdmissionWindow is the admission window, also the stream census's
+	// reporting interval (MUSTER_ADMISSION_WINDOW, 10s).
+	AdmissionWindow time.Duration
+	// Replica names this replica in the stream census
+	// (MUSTER_REPLICA; default host name and listening port). Keep it
+	// stable across restarts.
+	Replica string
 	// ShiftSteps, ShiftDwell and ShiftPendingAlarm tune shift-backs
 	// (MUSTER_SHIFT_STEPS "0.1,0.25,0.5,1", MUSTER_SHIFT_DWELL 2m,
 	// MUSTER_SHIFT_PENDING_ALARM 10m; flags --shift-steps, --shift-dwell,
@@ -165,6 +172,13 @@ func loadEnv(c *Config) error {
 			return fmt.Errorf("MUSTER_ADMISSION_FLOOR: %w", err)
 		}
 	}
+	c.AdmissionWindow = 10 * time.Second
+	if v := os.Getenv("MUSTER_ADMISSION_WINDOW"); v != "" {
+		if c.AdmissionWindow, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("MUSTER_ADMISSION_WINDOW: %w", err)
+		}
+	}
+	c.Replica = os.Getenv("MUSTER_REPLICA")
 	c.OverrideLimit = policy.Limit{Max: policy.DefaultOverrideMax, Window: policy.DefaultOverrideWindow}
 	if v := os.Getenv("MUSTER_OVERRIDE_LIMIT"); v != "" {
 		if c.OverrideLimit, err = parseLimit("MUSTER_OVERRIDE_LIMIT", v); err != nil {
@@ -233,6 +247,9 @@ func (c *Config) Validate() error {
 	}
 	if c.AdmissionFloor <= 0 {
 		return fmt.Errorf("MUSTER_ADMISSION_FLOOR %d must be above 0", c.AdmissionFloor)
+	}
+	if c.AdmissionWindow < time.Second {
+		return fmt.Errorf("MUSTER_ADMISSION_WINDOW %s is below 1s (Retry-After counts whole seconds)", c.AdmissionWindow)
 	}
 	if err := policy.ValidShiftSteps(c.ShiftSteps); err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -25,7 +26,7 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	os.Exit(m.Run())
+	dbtest.Main(m) // stops the test cluster servertest stacks use
 }
 
 // startProcess runs `muster dev` as a child process on addr and waits for it

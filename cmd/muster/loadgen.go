@@ -32,6 +32,7 @@ const loadgenUsage = `usage:
   muster loadgen rebuild [--data DIR]
   muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--duration 20s]
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
+  muster loadgen watch   --restart [--data DIR] [--clients 10000] [--admission-window 10s] [--admission-floor 50]
   muster loadgen ui      --url URL [--user alice] [--pages /ui/,/ui/audit] [--requests 20]`
 
 // loadgenOwner owns every service loadgen creates, so its data is easy to

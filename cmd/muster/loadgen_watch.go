@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -39,6 +40,15 @@ import (
 // warm server shows too little (the Go heap figure printed beside it does
 // not have that problem).
 func loadgenWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseLoadgenWatch(args, stderr)
+	if err != nil {
+		return err
+	}
+	return o.run(ctx, stdout, stderr)
+}
+
+// parseLoadgenWatch reads loadgen watch's flags.
+func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	var o lgwOptions
 	fs := newFlags("loadgen watch", stderr)
 	fs.StringVar(&o.base, "url", "http://127.0.0.1:8080", "muster to watch")
@@ -51,15 +61,37 @@ func loadgenWatch(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long to inject for, once every stream is held")
 	fs.IntVar(&o.connectConcurrency, "connect-concurrency", 200, "watch requests in flight while connecting")
 	fs.DurationVar(&o.connectTimeout, "connect-timeout", 5*time.Minute, "give up waiting for every stream to be held after this long")
+	fs.BoolVar(&o.restart, "restart", false, "instead of injecting changes: run muster dev on --data as a child process, connect the subscribers (default 10,000), restart muster, and measure readmission through the default admission settings (--url is not used)")
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:0", "--restart: address the child muster listens on (both processes)")
+	fs.DurationVar(&o.admissionWindow, "admission-window", 10*time.Second, "--restart: muster's admission window (MUSTER_ADMISSION_WINDOW)")
+	fs.IntVar(&o.admissionFloor, "admission-floor", 50, "--restart: the restarted muster's admission floor (MUSTER_ADMISSION_FLOOR)")
+	fs.DurationVar(&o.readmitTimeout, "readmit-timeout", 20*time.Minute, "--restart: give up waiting for every subscriber to be readmitted after this long")
 	if err := parse(fs, args); err != nil {
-		return err
+		return o, err
+	}
+	clientsSet := false
+	fs.Visit(func(f *flag.Flag) { clientsSet = clientsSet || f.Name == "clients" })
+	if o.restart && !clientsSet {
+		o.clients = 10000
 	}
 	if o.clients < 1 || o.perClient < 1 || o.perClient > 100 || o.failures < 0 || o.burst < 0 || o.additions < 0 || o.duration <= 0 || o.connectConcurrency < 1 {
 		fmt.Fprintln(stderr, "muster loadgen watch: --clients, --connect-concurrency and --duration must be positive, --services-per-client 1 to 100, --failures, --burst and --additions not negative")
-		return errUsage
+		return o, errUsage
+	}
+	if o.restart && (o.admissionWindow < time.Second || o.admissionFloor < 1 || o.readmitTimeout <= 0) {
+		fmt.Fprintln(stderr, "muster loadgen watch --restart: --admission-window must be at least 1s, --admission-floor and --readmit-timeout positive")
+		return o, errUsage
 	}
 	o.base = strings.TrimRight(o.base, "/")
-	w := &lgWatch{lgwOptions: o, stdout: stdout, stderr: stderr}
+	return o, nil
+}
+
+// run runs loadgen watch with these options.
+func (o lgwOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
+	w := &lgWatch{lgwOptions: o, stdout: stdout, stderr: stderr, baseBackoff: 250 * time.Millisecond, maxBackoff: 30 * time.Second}
+	if o.restart {
+		return w.runRestart(ctx)
+	}
 	return w.run(ctx)
 }
 
@@ -70,6 +102,18 @@ type lgwOptions struct {
 	burst                    int // hard failures in the one-minute burst; 0: paced failures instead
 	duration, connectTimeout time.Duration
 	connectConcurrency       int
+
+	// --restart: run muster as a child process and restart it.
+	restart         bool
+	addr            string
+	admissionWindow time.Duration
+	admissionFloor  int
+	readmitTimeout  time.Duration
+	// childEnv is added to the child muster's environment (tests make
+	// their binary act as muster with it); exe is the binary to run
+	// (default: this one).
+	childEnv []string
+	exe      string
 }
 
 // lgWatch is one run of loadgen watch.
@@ -95,6 +139,22 @@ type lgWatch struct {
 	frameDeltas    atomic.Int64
 	frameBeats     atomic.Int64
 	firstStreamErr atomic.Pointer[error]
+
+	// Full-jitter backoff between subscriptions: sleep = rand *
+	// min(maxBackoff, baseBackoff * 2^attempt), or the server's
+	// Retry-After when longer (as the resolver does).
+	baseBackoff, maxBackoff time.Duration
+
+	// --restart: gen is the muster process answering (1 before the
+	// restart, 2 once the first has exited); the counts are of what
+	// happened under gen 2.
+	gen            atomic.Int32
+	readmitted     atomic.Int64 // clients admitted at least once by gen 2
+	doubleAdmits   atomic.Int64 // admissions by gen 2 beyond a client's first
+	refusedGen2    atomic.Int64 // 503 answers from gen 2
+	resynced       atomic.Int64 // clients that got synced from gen 2
+	syncedEarly    atomic.Int64 // synced from gen 2 before a frame of every watched service on that stream
+	restartClients []*lgwClient
 
 	cache sync.Map // lgwFrameKey -> *lgwParsed: frames are the same bytes for every subscriber
 
@@ -165,18 +225,7 @@ func (w *lgWatch) run(ctx context.Context) error {
 	}
 	streamCtx, stopStreams := context.WithCancel(ctx)
 	defer stopStreams()
-	clients := make([]*lgwClient, w.clients)
-	for i := range clients {
-		c := &lgwClient{w: w, n: i}
-		for j := range w.perClient {
-			svc := w.services[(i*w.perClient+j)%len(w.services)]
-			if !slices.ContainsFunc(c.copies, func(cp *lgwCopy) bool { return cp.svc == svc }) {
-				c.copies = append(c.copies, &lgwCopy{svc: svc})
-				svc.watchers++
-			}
-		}
-		clients[i] = c
-	}
+	clients := w.newClients()
 	fmt.Fprintf(w.stdout, "holding %d watch streams of %d services each over %d services at %s (%d connecting at once)\n",
 		w.clients, len(clients[0].copies), len(w.services), w.base, w.connectConcurrency)
 	var wg sync.WaitGroup
@@ -376,33 +425,29 @@ func (w *lgWatch) run(ctx context.Context) error {
 	return injErr
 }
 
+// newClients builds the subscribers, each watching --services-per-client
+// services in turn.
+func (w *lgWatch) newClients() []*lgwClient {
+	clients := make([]*lgwClient, w.clients)
+	for i := range clients {
+		c := &lgwClient{w: w, n: i}
+		for j := range w.perClient {
+			svc := w.services[(i*w.perClient+j)%len(w.services)]
+			if !slices.ContainsFunc(c.copies, func(cp *lgwCopy) bool { return cp.svc == svc }) {
+				c.copies = append(c.copies, &lgwCopy{svc: svc})
+				svc.watchers++
+			}
+		}
+		clients[i] = c
+	}
+	return clients
+}
+
 // setup mints tokens, lists the loadgen services and instances, makes every
 // instance eligible and snapshots the views to choose failures from.
 func (w *lgWatch) setup(ctx context.Context) error {
-	iss, err := identity.LoadOrCreateDevIssuer(w.dir)
-	if err != nil {
+	if err := w.prepare(ctx); err != nil {
 		return err
-	}
-	if w.adminToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin, TTL: 2 * time.Hour}, time.Now()); err != nil {
-		return err
-	}
-	if w.proberToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber, TTL: 2 * time.Hour}, time.Now()); err != nil {
-		return err
-	}
-	w.api = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-	w.streams = &http.Client{Transport: &http.Transport{
-		DialContext: dialer.DialContext, MaxConnsPerHost: 0, MaxIdleConns: w.clients, MaxIdleConnsPerHost: w.clients,
-		DisableCompression: true, ResponseHeaderTimeout: 30 * time.Second, IdleConnTimeout: time.Minute,
-	}}
-	w.connectSem = make(chan struct{}, w.connectConcurrency)
-	w.failed = map[uuid.UUID]bool{}
-
-	if err := w.listServices(ctx); err != nil {
-		return err
-	}
-	if len(w.services) == 0 {
-		return errors.New("no loadgen services: run `muster loadgen seed` first, then start muster on the same data")
 	}
 	total := 0
 	for _, s := range w.services {
@@ -494,6 +539,37 @@ func (w *lgWatch) setup(ctx context.Context) error {
 		}
 	}
 	fmt.Fprintf(w.stdout, "%d zones with %d eligible instances to fail\n", len(w.zones), candidates)
+	return nil
+}
+
+// prepare mints tokens, builds the HTTP clients and lists the loadgen
+// services and their instances.
+func (w *lgWatch) prepare(ctx context.Context) error {
+	iss, err := identity.LoadOrCreateDevIssuer(w.dir)
+	if err != nil {
+		return err
+	}
+	if w.adminToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin, TTL: 2 * time.Hour}, time.Now()); err != nil {
+		return err
+	}
+	if w.proberToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber, TTL: 2 * time.Hour}, time.Now()); err != nil {
+		return err
+	}
+	w.api = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	w.streams = &http.Client{Transport: &http.Transport{
+		DialContext: dialer.DialContext, MaxConnsPerHost: 0, MaxIdleConns: w.clients, MaxIdleConnsPerHost: w.clients,
+		DisableCompression: true, ResponseHeaderTimeout: 30 * time.Second, IdleConnTimeout: time.Minute,
+	}}
+	w.connectSem = make(chan struct{}, w.connectConcurrency)
+	w.failed = map[uuid.UUID]bool{}
+
+	if err := w.listServices(ctx); err != nil {
+		return err
+	}
+	if len(w.services) == 0 {
+		return errors.New("no loadgen services: run `muster loadgen seed` first, then start muster on the same data")
+	}
 	return nil
 }
 
@@ -853,6 +929,11 @@ type lgwScrape struct {
 
 	shedEpisodes, shedding float64            // muster_shed_episodes_total, muster_additions_shedding
 	lagBuckets             map[string]float64 // muster_withdrawal_lag_seconds buckets by le, summed over services
+
+	// Admission: muster_watch_expected_population, _population_known,
+	// _admission_budget, _admitted_total, _admitted_window_max,
+	// _admission_refused_total.
+	expected, populationKnown, budget, admitted, admittedWindowMax, refused float64
 }
 
 // scrape reads the server's resident memory and open watch streams from
@@ -893,6 +974,18 @@ func (w *lgWatch) scrape(ctx context.Context) (lgwScrape, error) {
 			s.shedEpisodes, _ = strconv.ParseFloat(val, 64)
 		case "muster_additions_shedding":
 			s.shedding, _ = strconv.ParseFloat(val, 64)
+		case "muster_watch_expected_population":
+			s.expected, _ = strconv.ParseFloat(val, 64)
+		case "muster_watch_population_known":
+			s.populationKnown, _ = strconv.ParseFloat(val, 64)
+		case "muster_watch_admission_budget":
+			s.budget, _ = strconv.ParseFloat(val, 64)
+		case "muster_watch_admitted_total":
+			s.admitted, _ = strconv.ParseFloat(val, 64)
+		case "muster_watch_admitted_window_max":
+			s.admittedWindowMax, _ = strconv.ParseFloat(val, 64)
+		case "muster_watch_admission_refused_total":
+			s.refused, _ = strconv.ParseFloat(val, 64)
 		default:
 			if labels, ok := strings.CutPrefix(name, "muster_withdrawal_lag_seconds_bucket{"); ok {
 				if _, le, ok := strings.Cut(labels, `le="`); ok {
@@ -968,6 +1061,14 @@ type lgwClient struct {
 	since   uint64   // highest version applied, for resuming
 	applied []uint64 // bitset of injection numbers already recorded
 	held    bool
+
+	attempt     int       // subscriptions since the last admitted one, for backoff
+	streamGot   []bool    // copies that got a view or delta on the current stream
+	readmits    int       // --restart: admissions by the restarted muster
+	readmitSent time.Time // --restart: when the first of them was requested
+	readmitAt   time.Time // --restart: and when its answer arrived
+	resynced    bool      // --restart: got synced from the restarted muster
+	resyncAt    time.Time // --restart: when
 }
 
 // lgwCopy is a subscriber's copy of one service's view: which endpoints
@@ -1019,6 +1120,8 @@ func (c *lgwClient) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
+		gen := w.gen.Load()
+		sent := time.Now()
 		res, err := w.streams.Do(req)
 		<-w.connectSem
 		if err != nil {
@@ -1026,37 +1129,63 @@ func (c *lgwClient) run(ctx context.Context) {
 				return
 			}
 			w.streamFailed(err)
-			sleepUntil(ctx, time.Now().Add(time.Second+time.Duration(rng.Int64N(int64(time.Second)))))
+			c.backoff(ctx, rng, 0)
 			continue
 		}
 		switch res.StatusCode {
 		case http.StatusOK:
 		case http.StatusServiceUnavailable:
 			w.refusals.Add(1)
+			if gen == 2 {
+				w.refusedGen2.Add(1)
+			}
 			retry, _ := strconv.Atoi(res.Header.Get("Retry-After"))
 			_, _ = io.Copy(io.Discard, res.Body)
 			res.Body.Close()
-			sleepUntil(ctx, time.Now().Add(time.Duration(max(retry, 1))*time.Second))
+			c.backoff(ctx, rng, time.Duration(max(retry, 1))*time.Second)
 			continue
 		default:
 			b, _ := io.ReadAll(res.Body)
 			res.Body.Close()
 			w.streamFailed(fmt.Errorf("GET /v1/watch: %d %s", res.StatusCode, bytes.TrimSpace(b)))
-			sleepUntil(ctx, time.Now().Add(time.Second+time.Duration(rng.Int64N(int64(time.Second)))))
+			c.backoff(ctx, rng, 0)
 			continue
 		}
+		c.attempt = 0
+		if gen == 2 {
+			// Only the restarted muster answers once gen is 2: the first
+			// had exited before it was set.
+			if c.readmits++; c.readmits == 1 {
+				c.readmitSent, c.readmitAt = sent, time.Now()
+				w.readmitted.Add(1)
+			} else {
+				w.doubleAdmits.Add(1)
+			}
+		}
 		w.open.Add(1)
-		drained := c.read(res.Body)
+		c.read(res.Body)
 		res.Body.Close()
 		w.open.Add(-1)
 		if ctx.Err() != nil {
 			return
 		}
 		w.reconnects.Add(1)
-		if drained {
-			sleepUntil(ctx, time.Now().Add(time.Duration(rng.Int64N(int64(time.Second)))))
-		}
+		// A drained (or lost) stream resubscribes after a short jitter;
+		// the attempt count was reset by the admission.
+		c.backoff(ctx, rng, 0)
 	}
+}
+
+// backoff sleeps the full-jitter backoff of the client's next attempt, or
+// retryAfter when that is longer.
+func (c *lgwClient) backoff(ctx context.Context, rng *rand.Rand, retryAfter time.Duration) {
+	w := c.w
+	ceil := w.maxBackoff
+	if d := w.baseBackoff << min(c.attempt, 30); d > 0 && d < ceil {
+		ceil = d
+	}
+	c.attempt++
+	sleepUntil(ctx, time.Now().Add(max(retryAfter, time.Duration(rng.Float64()*float64(ceil)))))
 }
 
 // read parses one SSE stream until it ends; it reports whether the server
@@ -1072,6 +1201,7 @@ func (c *lgwClient) read(body io.Reader) (drained bool) {
 		cont       bool // the next read continues a line longer than the buffer
 		collecting bool // keeping this frame's data: nobody has decoded it yet
 	)
+	c.streamGot = make([]bool, len(c.copies))
 	for {
 		line, err := br.ReadSlice('\n')
 		full := errors.Is(err, bufio.ErrBufferFull)
@@ -1098,6 +1228,8 @@ func (c *lgwClient) read(body io.Reader) (drained bool) {
 			switch event {
 			case "heartbeat":
 				w.frameBeats.Add(1)
+			case "synced":
+				c.synced()
 			case "drain":
 				return true
 			case "view", "delta":
@@ -1126,6 +1258,22 @@ func (c *lgwClient) read(body io.Reader) (drained bool) {
 				data = append(data[:0], line[len("data: "):]...)
 			}
 		}
+	}
+}
+
+// synced notes a synced event. From the restarted muster (whose versions
+// are all above the first one's, so no client is current by its since),
+// it must follow a view of every watched service on the same stream.
+func (c *lgwClient) synced() {
+	if c.w.gen.Load() != 2 {
+		return
+	}
+	if slices.Contains(c.streamGot, false) {
+		c.w.syncedEarly.Add(1)
+	}
+	if !c.resynced {
+		c.resynced, c.resyncAt = true, time.Now()
+		c.w.resynced.Add(1)
 	}
 }
 
@@ -1214,9 +1362,12 @@ func (p *lgwParsed) parse(w *lgWatch, view bool, data []byte) *lgwParsed {
 // of every injected change the copy now shows for the first time.
 func (c *lgwClient) apply(p *lgwParsed, now time.Time) {
 	var cp *lgwCopy
-	for _, x := range c.copies {
+	for i, x := range c.copies {
 		if x.svc == p.svc {
 			cp = x
+			if i < len(c.streamGot) {
+				c.streamGot[i] = true
+			}
 			break
 		}
 	}

@@ -84,7 +84,13 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		st := c.Stats()
 		why := "no answer within " + timeout.String()
-		if st.LastError != nil {
+		switch {
+		case st.Connected:
+			// Subscribed, but muster holds no view of it yet (its
+			// evaluator is rebuilding after a restart, say): a synced
+			// event, had one come, is not an answer.
+			why = "it accepted the subscription but sent no view within " + timeout.String() + "; it may still be rebuilding after a restart"
+		case st.LastError != nil:
 			why = st.LastError.Error()
 		}
 		return fmt.Errorf("no view of %s: muster at %s did not serve one (%s) and nothing is cached in %s", service, serverURL, why, cacheDir)
@@ -108,8 +114,10 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 }
 
-// waitSynced waits until the stream has caught up (muster's synced
-// event), or the first subscription failed, or timeout passed.
+// waitSynced waits until the client holds a current view (ClientStats.
+// Synced: a view of the service and the stream caught up; a synced event
+// without a view does not count), or a subscription failed, or timeout
+// passed. Either way the caller answers from whatever the cache holds.
 func waitSynced(ctx context.Context, c *resolver.Client, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -136,7 +144,11 @@ func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool
 		return
 	}
 	source := "live"
-	if st := c.Stats(); !st.Connected {
+	switch st := c.Stats(); {
+	case st.Synced:
+	case st.Connected:
+		source = "cached; muster is connected but has not sent a current view yet"
+	default:
 		source = "cached"
 		if st.LastError != nil {
 			source += "; muster unreachable: " + st.LastError.Error()

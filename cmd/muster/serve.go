@@ -211,11 +211,19 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	sweeper := policy.NewSweeper(pol, 0)
 
+	admission := stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow})
+	census, err := stream.NewCensus(stream.CensusConfig{
+		Pool: pool, Replica: replicaName(cfg, ln), Hub: hub, Admission: admission, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
 	var ready atomic.Bool
 	servingReady := server.ServingReady(eval, hub)
 	scfg := server.Config{
 		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor}), Alarms: pub, Shifts: shifts, Leases: reaper,
+		Hub: hub, Admission: admission, Alarms: pub, Shifts: shifts, Leases: reaper,
 		Authz: authz, Database: dbHealth, DBTimeout: cfg.DBTimeout,
 		// Whether this replica can serve views, not whether PostgreSQL
 		// answers (that is muster_database_up and database_unreachable).
@@ -267,6 +275,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer authz.Stop()
+	// The census reads the expected population before the first watch
+	// request can arrive, so a restarted replica admits by the clients
+	// coming back, not by the nothing it remembers.
+	if err := census.Start(ctx); err != nil {
+		return err
+	}
+	defer census.Stop()
 	if err := reaper.Start(ctx); err != nil {
 		return err
 	}
@@ -340,6 +355,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	log.Info("shutting down")
 	ready.Store(false)
+	// The census reports the subscriber count a last time while the
+	// streams are still open, so the next process knows who is coming.
+	census.Stop()
 	// Drain watch streams first: subscribers are told to reconnect
 	// elsewhere with jitter, and their handlers return.
 	hub.Close()
@@ -391,6 +409,20 @@ func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (string, fu
 		return "", nil, errors.Join(err, cluster.Stop())
 	}
 	return cluster.URL("muster"), cluster.Stop, nil
+}
+
+// replicaName is this replica's name in the stream census: MUSTER_REPLICA,
+// or the host name and listening port, which stay the same across a
+// restart on the same host (or pod).
+func replicaName(cfg Config, ln net.Listener) string {
+	if cfg.Replica != "" {
+		return cfg.Replica
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	return net.JoinHostPort(host, fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
 }
 
 // dialable turns a listener address into one a client can dial: an

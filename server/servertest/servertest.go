@@ -109,6 +109,9 @@ type Options struct {
 	// DBTimeout is the server's per-request database budget; the
 	// server's default when zero.
 	DBTimeout time.Duration
+	// WatchHeartbeat is the idle watch stream's heartbeat period; the
+	// server's default (15 s) when zero.
+	WatchHeartbeat time.Duration
 }
 
 // New starts a Stack that is torn down when t ends.
@@ -218,6 +221,7 @@ func New(t testing.TB, opts Options) *Stack {
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts, Leases: reaper,
 		Ready: server.ServingReady(ev, hub), Authz: authz, Database: mon, DBTimeout: opts.DBTimeout,
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
+		WatchHeartbeat: opts.WatchHeartbeat,
 	}
 	var ui *webui.UI
 	if opts.UI {
