@@ -101,40 +101,61 @@ func (e *Evaluator) pruneExpired(now time.Time) {
 	}
 }
 
-// LeaseExpiryCorroborated reports whether health evidence this process
-// has heard confirms that an instance whose lease lapsed is gone, and why:
-// it is ineligible by its own evidence (failing on a class), or it is
-// silent on every class while a sibling of its service is heard. muster's
-// own deafness (a restart, an ingest outage) silences the siblings too, so
-// it is never corroboration. The lease reaper expires a corroborated lease
-// even while a disbelief threshold holds the others.
-func (e *Evaluator) LeaseExpiryCorroborated(id uuid.UUID) (string, bool) {
-	if !e.ready.Load() {
-		return "", false
+// LeaseExpiriesCorroborated says, for each instance whose lease lapsed,
+// whether health evidence this process has heard confirms that it is gone,
+// and why (the ids not in the result are not corroborated): it is
+// ineligible by its own evidence (failing on a class), or it is silent on
+// every class while a sibling of its service is heard. muster's own
+// deafness (a restart, an ingest outage) silences the siblings too, so it
+// is never corroboration. The lease reaper asks once per sweep and expires
+// a corroborated lease even while a disbelief threshold holds the others.
+// Whether a service has a heard instance is worked out once per service,
+// so a mass lapse costs one pass over each service, not one per lapse.
+func (e *Evaluator) LeaseExpiriesCorroborated(ids []uuid.UUID) map[uuid.UUID]string {
+	out := map[uuid.UUID]string{}
+	if !e.ready.Load() || len(ids) == 0 {
+		return out
 	}
 	now := e.cfg.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	info, ok := e.instances[id]
-	if !ok {
-		return "", false
-	}
-	r, ok := e.engine.Routing(eligibility.InstanceID(id), now)
-	switch {
-	case !ok:
-		return "", false
-	case r.State == eligibility.Ineligible:
-		return "corroborated: ineligible by its own health evidence", true
-	case r.HealthKnown:
-		return "", false
-	}
-	for sib := range e.byService[info.service] {
-		if sib == id {
+	heard := map[string]bool{} // by service, computed on first need
+	for _, id := range ids {
+		info, ok := e.instances[id]
+		if !ok {
 			continue
 		}
-		if s, ok := e.engine.Routing(eligibility.InstanceID(sib), now); ok && s.HealthKnown {
-			return "corroborated: silent on every evidence class while its siblings are heard", true
+		r, ok := e.engine.Routing(eligibility.InstanceID(id), now)
+		switch {
+		case !ok:
+			continue
+		case r.State == eligibility.Ineligible:
+			out[id] = "corroborated: ineligible by its own health evidence"
+			continue
+		case r.HealthKnown:
+			continue
+		}
+		h, done := heard[info.service]
+		if !done {
+			// The instance itself is silent, so "a sibling is heard" is
+			// "any instance of the service is heard".
+			for sib := range e.byService[info.service] {
+				if s, ok := e.engine.Routing(eligibility.InstanceID(sib), now); ok && s.HealthKnown {
+					h = true
+					break
+				}
+			}
+			heard[info.service] = h
+		}
+		if h {
+			out[id] = "corroborated: silent on every evidence class while its siblings are heard"
 		}
 	}
-	return "", false
+	return out
+}
+
+// LeaseExpiryCorroborated is LeaseExpiriesCorroborated for one instance.
+func (e *Evaluator) LeaseExpiryCorroborated(id uuid.UUID) (string, bool) {
+	why, ok := e.LeaseExpiriesCorroborated([]uuid.UUID{id})[id]
+	return why, ok
 }

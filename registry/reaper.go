@@ -50,10 +50,11 @@ type ReaperConfig struct {
 	// they are (the fraction guard and the last_instance alarm remain the
 	// backstop there). 3 by default.
 	MinMassExpiry int
-	// Corroborated reports whether health evidence gathered while muster
-	// could hear it confirms that an instance is gone (the evaluator), and
-	// why. Such an expiry is never held. Nil: nothing is corroborated.
-	Corroborated func(id uuid.UUID) (reason string, ok bool)
+	// Corroborated says which of the lapsed instances health evidence
+	// gathered while muster could hear it confirms are gone (the
+	// evaluator), and why; it is asked once per sweep. Such an expiry is
+	// never held. Nil: nothing is corroborated.
+	Corroborated func(ids []uuid.UUID) map[uuid.UUID]string
 	// UpSince, when set, says since when the database has been reachable
 	// without interruption (db.Monitor). A lease's clock only runs while
 	// a renewal could have landed.
@@ -327,17 +328,23 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 		return c.lapsed >= rp.cfg.MinMassExpiry && float64(c.lapsed)/float64(c.leases) > thr
 	}
 
+	var corroborated map[uuid.UUID]string
+	if rp.cfg.Corroborated != nil {
+		ids := make([]uuid.UUID, len(lapsed))
+		for i, l := range lapsed {
+			ids[i] = l.ID
+		}
+		corroborated = rp.cfg.Corroborated(ids)
+	}
 	var expire []lapsedLease
 	heldBy := map[string]int{}
 	held := 0
 	for _, l := range lapsed {
 		ll := lapsedLease{LeaseListLapsedRow: l}
-		if rp.cfg.Corroborated != nil {
-			if why, ok := rp.cfg.Corroborated(l.ID); ok {
-				ll.corroboration = why
-				expire = append(expire, ll)
-				continue
-			}
+		if why, ok := corroborated[l.ID]; ok {
+			ll.corroboration = why
+			expire = append(expire, ll)
+			continue
 		}
 		exp := *l.LeaseExpiresAt
 		if now.Sub(exp) < rp.cfg.ExpiryDelay {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -670,8 +671,12 @@ func TestLeaseDisbeliefPerServiceAndCorroboration(t *testing.T) {
 	pair := e.register(t, "pair", 2, 4000)
 	_ = e.register(t, "small", 1, 5000)
 	dead := web[0].ID
-	rp := e.reaper(t, registry.ReaperConfig{Corroborated: func(id uuid.UUID) (string, bool) {
-		return "silent on every evidence class while its siblings are heard", id == dead
+	rp := e.reaper(t, registry.ReaperConfig{Corroborated: func(ids []uuid.UUID) map[uuid.UUID]string {
+		out := map[uuid.UUID]string{}
+		if slices.Contains(ids, dead) {
+			out[dead] = "silent on every evidence class while its siblings are heard"
+		}
+		return out
 	}})
 	keep := append(append(big, web[6:]...), pair[1])
 	for range 6 {

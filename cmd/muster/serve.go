@@ -166,7 +166,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	reaper, err := registry.NewReaper(registry.ReaperConfig{
 		Registry: reg, Logger: log, Registerer: metrics,
-		Corroborated: func(id uuid.UUID) (string, bool) { return eval.LeaseExpiryCorroborated(id) },
+		Corroborated: func(ids []uuid.UUID) map[uuid.UUID]string { return eval.LeaseExpiriesCorroborated(ids) },
 		// A lease's clock runs only while renewals could land: from the
 		// moment PostgreSQL answers again after an outage.
 		UpSince: dbHealth.UpSince,

@@ -194,7 +194,7 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	reaper, err := registry.NewReaper(registry.ReaperConfig{
-		Registry: reg, Corroborated: ev.LeaseExpiryCorroborated,
+		Registry: reg, Corroborated: ev.LeaseExpiriesCorroborated,
 	})
 	if err != nil {
 		t.Fatal(err)
