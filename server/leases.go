@@ -61,11 +61,12 @@ func (s *Server) leaseExpiryConfirm(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", fmt.Sprintf("%q is not a service name", body.Service)))
 		return
 	}
-	target := body.Service
+	// Audited under the same target as the registry audits the attempt.
+	kind, target := "service", body.Service
 	if target == "" {
-		target = "region"
+		kind, target = "region", "region:"+s.cfg.Registry.Region()
 	}
-	if !s.limitWrite(w, r, "leases", "lease.expiry.confirm", "service", target) {
+	if !s.limitWrite(w, r, "leases", "lease.expiry.confirm", kind, target) {
 		return
 	}
 	c, err := s.cfg.Registry.ConfirmLeaseExpiry(r.Context(), principal(r), body.Service, body.Reason)
