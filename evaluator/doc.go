@@ -18,7 +18,10 @@
 // Every eligibility transition after the rebuild is appended to the
 // transitions table by a background writer; when PostgreSQL is away the
 // writer buffers a bounded number and counts what it had to drop, and
-// evaluation never waits for it.
+// evaluation never waits for it. Registry refreshes and window flushes run
+// in a loop of their own beside the evaluation loop, so a database that
+// hangs (each refresh is bounded by DBTimeout) delays what the registry
+// says, never an evaluation or a withdrawal.
 //
 // # Quarantines across a restart
 //

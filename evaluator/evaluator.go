@@ -257,23 +257,16 @@ func (e *Evaluator) run(ctx context.Context) {
 		}
 	}
 
+	// Evaluation never waits on PostgreSQL: registry refreshes and window
+	// flushes run in a loop of their own, so a database that hangs delays
+	// what the registry says, never a withdrawal.
+	wg.Go(func() { e.databaseLoop(ctx) })
 	tick := time.NewTicker(e.cfg.Tick)
-	refresh := time.NewTicker(e.cfg.RefreshEvery)
-	flush := time.NewTicker(e.cfg.FlushEvery)
 	defer tick.Stop()
-	defer refresh.Stop()
-	defer flush.Stop()
-	var lastKick, lastEval time.Time
+	var lastEval time.Time
 	for {
 		select {
 		case <-ctx.Done():
-			// Flush what was observed since the last window, on a fresh
-			// context: shutdown is when it matters most.
-			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := e.flushWindows(fctx); err != nil {
-				e.log.Warn("final flush of observed windows", "err", err)
-			}
-			cancel()
 			return
 		case <-tick.C:
 			e.runOnce()
@@ -286,6 +279,29 @@ func (e *Evaluator) run(ctx context.Context) {
 			}
 			e.runOnce()
 			lastEval = time.Now()
+		}
+	}
+}
+
+// databaseLoop picks up registry changes (on its ticker, or early when
+// ingest saw an instance it does not know) and flushes observed windows.
+func (e *Evaluator) databaseLoop(ctx context.Context) {
+	refresh := time.NewTicker(e.cfg.RefreshEvery)
+	flush := time.NewTicker(e.cfg.FlushEvery)
+	defer refresh.Stop()
+	defer flush.Stop()
+	var lastKick time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			// Flush what was observed since the last window, on a fresh
+			// context: shutdown is when it matters most.
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := e.flushWindows(fctx); err != nil {
+				e.log.Warn("final flush of observed windows", "err", err)
+			}
+			cancel()
+			return
 		case <-refresh.C:
 			e.refreshBounded(ctx)
 		case <-e.kick:
@@ -305,8 +321,8 @@ func (e *Evaluator) run(ctx context.Context) {
 	}
 }
 
-// refreshBounded is the loop's registry refresh: skipped while the
-// database is down, and given DBTimeout, since evaluation waits for it.
+// refreshBounded is the database loop's registry refresh: skipped while
+// the database is down, and given DBTimeout.
 func (e *Evaluator) refreshBounded(ctx context.Context) {
 	if !e.cfg.DatabaseUp() {
 		return
