@@ -20,7 +20,10 @@ type Assembler struct {
 	svcs  map[string]*service
 	dirty map[string]*service // services with queued changes
 	// alarms are keyed by kind, service and zone.
-	alarms    map[alarmKey]Alarm
+	alarms map[alarmKey]Alarm
+	// ramping holds the services with an endpoint in a slow start the
+	// assembler runs (see ServiceInput.SlowStart).
+	ramping   map[string]*service
 	lastVer   uint64
 	published uint64
 	scratch   []byte
@@ -33,7 +36,12 @@ type alarmKey struct{ kind, service, zone string }
 type service struct {
 	name string
 	frac float64
-	caps []string // shared by the endpoints; replaced, never modified
+	// slowStart is the contract's ramp for endpoints the assembler puts
+	// into rotation; rampDue is the next step of any of them (zero: none
+	// ramping).
+	slowStart time.Duration
+	rampDue   time.Time
+	caps      []string // shared by the endpoints; replaced, never modified
 	// rawCaps is the input the caps were made from.
 	rawCaps []string
 	counts  map[string]zoneCount
@@ -72,6 +80,10 @@ type cand struct {
 	inTgt     bool     // the guard publishes it
 	tgt       Endpoint // as published (weight adjusted under a tripped guard)
 	firstFail time.Time
+	// rampFrom: the assembler put the endpoint into rotation at this time
+	// (a tripped guard or a mark_eligible override) and its slow start is
+	// not over; zero otherwise.
+	rampFrom time.Time
 }
 
 // pending is one queued endpoint change.
@@ -104,9 +116,10 @@ func New(opts Options) *Assembler {
 			base: opts.AdditionWindow, max: opts.MaxAdditionWindow, win: opts.AdditionWindow,
 			budget: float64(opts.ChangeBudgetPerSecond),
 		},
-		svcs:   map[string]*service{},
-		dirty:  map[string]*service{},
-		alarms: map[alarmKey]Alarm{},
+		svcs:    map[string]*service{},
+		dirty:   map[string]*service{},
+		alarms:  map[alarmKey]Alarm{},
+		ramping: map[string]*service{},
 	}
 }
 
@@ -167,7 +180,7 @@ func tripped(routable, total int, frac float64) bool {
 	return total > 0 && float64(routable)/float64(total) < frac
 }
 
-type zoneCount struct{ routable, total int }
+type zoneCount struct{ routable, total, registered, awaiting int }
 
 // Update recomputes the service's endpoint set from s through the guard and
 // queues the difference against what was last published. s lists every
@@ -181,6 +194,7 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 	}
 	sv.removed = false
 	sv.frac = normFraction(s.MinHealthyFraction)
+	sv.slowStart = max(s.SlowStart, 0)
 	if sv.caps == nil || !slices.Equal(sv.rawCaps, s.Capabilities) {
 		sv.rawCaps = slices.Clone(s.Capabilities)
 		caps := append([]string{}, s.Capabilities...)
@@ -210,7 +224,14 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 			continue
 		}
 		zc := counts[x.Zone]
-		zc.total++
+		if !x.LeaseExpired {
+			zc.registered++
+		}
+		if counted(x) {
+			zc.total++
+		} else {
+			zc.awaiting++
+		}
 		if routable(x) {
 			zc.routable++
 			routableAll++
@@ -221,8 +242,8 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 	zones := sv.spare
 	clear(zones)
 	for z, zc := range counts {
-		st := ZoneStatus{Guard: GuardOK, Eligible: zc.routable, Total: zc.total, MinHealthyFraction: sv.frac,
-			TrafficWeight: trafficWeight(s.Traffic, z)}
+		st := ZoneStatus{Guard: GuardOK, Eligible: zc.routable, Total: zc.total, Registered: zc.registered,
+			MinHealthyFraction: sv.frac, TrafficWeight: trafficWeight(s.Traffic, z)}
 		if tripped(zc.routable, zc.total, sv.frac) {
 			st.Guard = GuardTripped
 		}
@@ -248,11 +269,17 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 			ep.Health = HealthKnown
 		}
 		in := true
+		// ours: the assembler, not the instance's verdict, puts the
+		// endpoint into rotation, so it runs the slow start.
+		ours := false
+		// A tripped guard publishes the zone's capacity: never an
+		// instance that has not yet been in rotation.
+		guardKeeps := zones[x.Zone].Guard == GuardTripped && !x.Awaiting
 		switch {
 		case x.LeaseExpired:
 			// Gone from the registry: kept only as far as the guard needs.
 			ep.State, ep.Weight, ep.Quarantined, ep.LeaseExpired = eligibility.Ineligible.String(), TrippedWeight, false, true
-			in = zones[x.Zone].Guard == GuardTripped
+			in, ours = guardKeeps, true
 		case x.Override != nil && x.Override.Action == OverrideIneligible:
 			// Forced out: published with its reason at weight 0, which no
 			// client routes to, and never restored by a tripped guard.
@@ -261,13 +288,14 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 			// Forced in: a check known to be wrong.
 			ep.State, ep.Quarantined, ep.Override = eligibility.Eligible.String(), false, x.Override
 			if !st.InRotation() || x.Quarantined || ep.Weight == 0 {
-				ep.Weight = TrippedWeight
+				ep.Weight, ours = TrippedWeight, true
 			}
 		case x.Quarantined || !st.InRotation():
 			ep.State = eligibility.Ineligible.String()
-			in = zones[x.Zone].Guard == GuardTripped
+			in, ours = guardKeeps, true
 			ep.Weight = TrippedWeight
 		}
+		sv.ramp(c, &ep, in && ours, now)
 		if c.inTgt != in || (in && !sameEndpoint(&c.tgt, &ep)) {
 			changes++
 		}
@@ -287,6 +315,7 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 	}
 	sv.requeueZones(now)
 	sv.recount()
+	a.noteRamps(sv, now)
 	if sv.view == nil {
 		// A service's initial population is not load: nobody
 		// subscribes to it yet, and a rebuild must not shed.
@@ -308,15 +337,62 @@ func sameEndpoint(a, b *Endpoint) bool {
 // its lease expired; otherwise an override decides outright, and without
 // one the instance's own verdict, unless quarantined. It is the one rule
 // for "in rotation" that the guard, and anyone asking whether the guard
-// would trip (Tripped), use.
+// would trip (Capacity), use.
 func Routable(x *InstanceInput) bool { return routable(x) }
 
-// Tripped reports whether a zone with routable of total instances in
-// rotation is below the minimum healthy fraction frac (normalised as the
-// guard does), i.e. whether the guard publishes the zone's full set.
+// Counted reports whether the guard counts x as capacity, the
+// denominator of the minimum healthy fraction: everything in rotation,
+// and everything out of it except an instance awaiting its first success
+// (Awaiting), which was never capacity. A surge deploy's new instances do
+// not trip the guard, and a brand-new service is not "below its minimum".
+func Counted(x *InstanceInput) bool { return counted(x) }
+
+// Tripped reports whether a zone with routable of total (counted)
+// instances is below the minimum healthy fraction frac (normalised as the
+// guard does), i.e. whether the guard publishes the zone's capacity.
 func Tripped(routable, total int, frac float64) bool {
 	return tripped(routable, total, normFraction(frac))
 }
+
+// Capacity is a zone's (or, summed, a region's) count as the guard makes
+// it: the one rule the guard, the override budget and the drain budget
+// share, so that no check can allow what the guard then undoes.
+type Capacity struct {
+	Routable int // instances in rotation (Routable)
+	Counted  int // capacity that was there (Counted): the denominator
+}
+
+// Add counts x.
+func (c *Capacity) Add(x *InstanceInput) {
+	if counted(x) {
+		c.Counted++
+	}
+	if routable(x) {
+		c.Routable++
+	}
+}
+
+// Tripped reports whether the guard trips on c at fraction frac.
+func (c Capacity) Tripped(frac float64) bool { return Tripped(c.Routable, c.Counted, frac) }
+
+// Required returns the fewest routable instances of c.Counted that keep
+// the guard from tripping at fraction frac (normalised as the guard
+// does): the guard's own comparison, searched, so the two never differ
+// by rounding.
+func (c Capacity) Required(frac float64) int {
+	frac = normFraction(frac)
+	n := int(math.Ceil(frac * float64(c.Counted)))
+	n = min(max(n, 0), c.Counted)
+	for n > 0 && !tripped(n-1, c.Counted, frac) {
+		n--
+	}
+	for n < c.Counted && tripped(n, c.Counted, frac) {
+		n++
+	}
+	return n
+}
+
+func counted(x *InstanceInput) bool { return !x.Awaiting || routable(x) }
 
 func routable(x *InstanceInput) bool {
 	if x.LeaseExpired {
@@ -462,6 +538,7 @@ func (a *Assembler) RemoveService(name string, now time.Time) {
 		return
 	}
 	a.clearAlarms(name)
+	delete(a.ramping, name)
 	changes := 0
 	for id := range sv.pend {
 		if _, ok := sv.pub[id]; !ok {
@@ -505,6 +582,11 @@ func (a *Assembler) NextDue() time.Time {
 			if !t.IsZero() && (due.IsZero() || t.Before(due)) {
 				due = t
 			}
+		}
+	}
+	for _, sv := range a.ramping {
+		if due.IsZero() || sv.rampDue.Before(due) {
+			due = sv.rampDue
 		}
 	}
 	return due
@@ -586,6 +668,9 @@ func (a *Assembler) raiseAlarms(sv *service, old map[string]ZoneStatus, routable
 		if !open || old[z] != st {
 			al.Detail = fmt.Sprintf("%d of %d instances in rotation (%.0f%%), below the minimum healthy fraction %g: publishing all %d",
 				st.Eligible, st.Total, 100*float64(st.Eligible)/float64(st.Total), st.MinHealthyFraction, st.Total)
+			if n := sv.counts[z].awaiting; n > 0 {
+				al.Detail += fmt.Sprintf(" (%d more awaiting their first success are not capacity and stay out)", n)
+			}
 		}
 		a.alarms[k] = al
 	}
@@ -619,5 +704,109 @@ func (a *Assembler) clearAlarms(service string) {
 		if k.service == service {
 			delete(a.alarms, k)
 		}
+	}
+}
+
+// ramp applies the slow start (ADR-12) to an endpoint the assembler puts
+// into rotation itself (active: a tripped guard publishes it, or a
+// mark_eligible override forces it in while its own verdict has it out).
+// The ramp starts when such an endpoint enters rotation, i.e. was not
+// already served at a positive weight by the previous Update, and scales
+// ep.Weight by the ramp's current step. An endpoint already served keeps
+// its weight: the guard tripping around a serving instance does not take
+// capacity away. c still holds the previous Update's decision.
+func (sv *service) ramp(c *cand, ep *Endpoint, active bool, now time.Time) {
+	if !active || sv.slowStart <= 0 || !(ep.Weight > 0) {
+		c.rampFrom = time.Time{}
+		return
+	}
+	if c.rampFrom.IsZero() {
+		if c.inTgt && c.tgt.Weight > 0 {
+			return
+		}
+		c.rampFrom = now
+	}
+	w, done := rampWeight(now.Sub(c.rampFrom), sv.slowStart)
+	if done {
+		c.rampFrom = time.Time{}
+		return
+	}
+	ep.Weight *= w
+}
+
+// rampWeight is the slow-start fraction after t of a ramp lasting ss:
+// max(1, ⌊steps·t/ss⌋)/steps, and done once t ≥ ss.
+func rampWeight(t, ss time.Duration) (float64, bool) {
+	if t >= ss {
+		return 1, true
+	}
+	k := max(rampStep(t, ss), 1)
+	return float64(k) / SlowStartSteps, false
+}
+
+func rampStep(t, ss time.Duration) int64 {
+	if t <= 0 {
+		return 0
+	}
+	return int64(t) / (int64(ss) / SlowStartSteps)
+}
+
+// rampNext returns when the ramp that started at from next changes the
+// weight.
+func rampNext(from time.Time, ss time.Duration) func(now time.Time) time.Time {
+	return func(now time.Time) time.Time {
+		k := max(rampStep(now.Sub(from), ss), 1) + 1
+		if k >= SlowStartSteps {
+			return from.Add(ss)
+		}
+		return from.Add(time.Duration(k * (int64(ss) / SlowStartSteps)))
+	}
+}
+
+// noteRamps records when the service's next ramp step is due and whether
+// it has any ramp running.
+func (a *Assembler) noteRamps(sv *service, now time.Time) {
+	sv.rampDue = time.Time{}
+	for _, c := range sv.cur {
+		if c.rampFrom.IsZero() || !c.inTgt {
+			continue
+		}
+		if t := rampNext(c.rampFrom, sv.slowStart)(now); sv.rampDue.IsZero() || t.Before(sv.rampDue) {
+			sv.rampDue = t
+		}
+	}
+	if sv.rampDue.IsZero() {
+		delete(a.ramping, sv.name)
+	} else {
+		a.ramping[sv.name] = sv
+	}
+}
+
+// advanceRamps moves every ramp whose step is due at now and queues the
+// new weights (on the addition window: a weight going up).
+func (a *Assembler) advanceRamps(now time.Time) {
+	for _, sv := range a.ramping {
+		if now.Before(sv.rampDue) {
+			continue
+		}
+		changes := 0
+		for id, c := range sv.cur {
+			if c.rampFrom.IsZero() || !c.inTgt {
+				continue
+			}
+			w, done := rampWeight(now.Sub(c.rampFrom), sv.slowStart)
+			if done {
+				c.rampFrom = time.Time{}
+			}
+			if nw := TrippedWeight * w; nw != c.tgt.Weight {
+				c.tgt.Weight = nw
+				sv.requeue(id, now)
+				changes++
+			}
+		}
+		sv.recount()
+		a.noteRamps(sv, now)
+		a.load.add(now, changes)
+		a.markDirty(sv)
 	}
 }

@@ -22,20 +22,31 @@
 //
 // Routable means in rotation by the instance's own verdict: eligible,
 // degraded or unknown, and not quarantined (silence is not failure, so
-// unknown stays in rotation and keeps its weight). For each zone of a
-// service, if routable/total < the service's MinHealthyFraction the zone is
-// tripped: every instance of the zone is published, out-of-rotation and
-// quarantined ones included (quarantine never drains a service), the zone
-// status says "tripped" and a fraction_guard alarm is open for
-// (service, zone) until the zone untrips or disappears. Zones are
-// independent. Decisions:
+// unknown stays in rotation and keeps its weight); an override decides
+// outright. The guard counts capacity that was there: its denominator
+// (Counted) is every instance except those awaiting their first success
+// (InstanceInput.Awaiting: a new instance of a service with a readiness
+// signal that has never been in rotation). For each zone of a service, if
+// routable/counted < the service's MinHealthyFraction the zone is
+// tripped: every counted instance of the zone is published, out-of-rotation
+// and quarantined ones included (quarantine never drains a service), the
+// zone status says "tripped" and a fraction_guard alarm is open for
+// (service, zone) until the zone untrips or disappears. An instance
+// awaiting its first success is never published by a tripped guard: it
+// never served, so publishing it would send traffic to something that may
+// not even listen yet. So a surge deploy (2 ready + 3 new) trips nothing,
+// and a brand-new service or zone (nothing admitted) is published with
+// nothing routable and raises no alarm. Zones are independent. Capacity,
+// Routable, Counted and Tripped export the rule; the override budget and
+// the drain budget (package policy) count through them, so the three never
+// disagree. Decisions:
 //
 //   - An endpoint always shows its own verdict: a published instance out of
 //     rotation has state "ineligible" (a quarantined one also carries
 //     quarantined: true), whatever weight it is published at.
 //   - Out-of-rotation endpoints in a tripped zone are published at weight
-//     TrippedWeight (1). The guard disregards health, so each gets the share
-//     of a fully ramped instance; this keeps the view a pure function of the
+//     TrippedWeight (1), after a slow start (see below). The guard
+//     disregards health, so each gets the share of a fully ramped instance; this keeps the view a pure function of the
 //     input (no memory of a last in-rotation weight, which a never-admitted
 //     instance would not have) and spreads load evenly instead of piling it
 //     on the few routable instances.
@@ -44,11 +55,29 @@
 //     mirroring the registry's validation.
 //   - The comparison is a correctly rounded division, so a fraction met
 //     exactly (5 of 10 at 0.5) does not trip.
-//   - ZoneStatus.Eligible counts routable instances by their own verdict;
-//     Total counts all instances of the zone.
+//   - ZoneStatus.Eligible counts routable instances; Total counts the
+//     zone's capacity (Counted); Registered counts the instances the
+//     registry lists in the zone (every input but lease-expired ones), so
+//     a client can tell a set the registry shrank (scale-down,
+//     decommission: Registered falls with it) from one verdicts shrank.
 //   - A verdict State outside the known values is read as unknown (no
 //     evidence of failure); a weight that is negative, NaN or infinite is
 //     published as 0. Weights are otherwise passed through.
+//
+// # Slow start for what the assembler puts into rotation (ADR-12)
+//
+// The evaluation core ramps an instance that enters rotation by its own
+// verdict. Two ways into rotation bypass it: a tripped guard publishing an
+// out-of-rotation instance, and a mark_eligible override forcing one in.
+// For those the assembler runs the same ramp from the contract's
+// ServiceInput.SlowStart: TrippedWeight × max(1, ⌊10·t/SlowStart⌋)/10,
+// starting when the endpoint enters rotation (it was not served at a
+// positive weight by the previous Update), full weight at SlowStart. An
+// endpoint already serving when its zone trips keeps its weight. The
+// steps are time-driven: NextDue includes the next step of any ramp, and
+// Drain advances due ramps (queued as additions) before publishing. A
+// restored view's endpoints count as serving, so a restart does not
+// restart their ramps.
 //
 // # Traffic weight (ADR-13)
 //

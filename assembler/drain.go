@@ -28,6 +28,7 @@ type plan struct {
 // service name. If vs fails nothing is published and everything stays
 // queued.
 func (a *Assembler) Drain(now time.Time, vs VersionSource) ([]Published, error) {
+	a.advanceRamps(now)
 	a.load.advance(now)
 	var plans []plan
 	for _, sv := range a.dirty {

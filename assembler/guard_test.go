@@ -43,9 +43,9 @@ func TestBadHealthCheckRolloutTripsOneZone(t *testing.T) {
 	}
 	v := mustView(t, a, "web")
 	wantZones := map[string]assembler.ZoneStatus{
-		"a": {Guard: assembler.GuardTripped, Eligible: 0, Total: 4, MinHealthyFraction: 0.5, TrafficWeight: 1},
-		"b": {Guard: assembler.GuardOK, Eligible: 4, Total: 4, MinHealthyFraction: 0.5, TrafficWeight: 1},
-		"c": {Guard: assembler.GuardOK, Eligible: 4, Total: 4, MinHealthyFraction: 0.5, TrafficWeight: 1},
+		"a": {Guard: assembler.GuardTripped, Eligible: 0, Total: 4, Registered: 4, MinHealthyFraction: 0.5, TrafficWeight: 1},
+		"b": {Guard: assembler.GuardOK, Eligible: 4, Total: 4, Registered: 4, MinHealthyFraction: 0.5, TrafficWeight: 1},
+		"c": {Guard: assembler.GuardOK, Eligible: 4, Total: 4, Registered: 4, MinHealthyFraction: 0.5, TrafficWeight: 1},
 	}
 	if diff := cmp.Diff(wantZones, v.Zones); diff != "" {
 		t.Errorf("zones (-want +got):\n%s", diff)

@@ -87,6 +87,9 @@ func drawInput(rt *rapid.T, name string, pool []uuid.UUID) assembler.ServiceInpu
 		in.Instances = append(in.Instances, assembler.InstanceInput{
 			ID: id, Address: "10.1.0.1", Port: 9000 + i, Zone: zoneNames[i%3], State: st, Weight: w,
 			HealthKnown: rapid.Bool().Draw(rt, "known"), Quarantined: rapid.IntRange(0, 5).Draw(rt, "q") == 0,
+			// A new instance awaiting its first success is ineligible
+			// (the evaluation core never has one in rotation).
+			Awaiting: st == eligibility.Ineligible && rapid.IntRange(0, 2).Draw(rt, "awaiting") == 0,
 		})
 	}
 	return in
@@ -104,7 +107,10 @@ func model(in assembler.ServiceInput) ([]assembler.Endpoint, map[string]assemble
 	zones := map[string]assembler.ZoneStatus{}
 	for _, x := range in.Instances {
 		st := zones[x.Zone]
-		st.Total++
+		st.Registered++
+		if !x.Awaiting {
+			st.Total++
+		}
 		if routable(x) {
 			st.Eligible++
 		}
@@ -132,7 +138,7 @@ func model(in assembler.ServiceInput) ([]assembler.Endpoint, map[string]assemble
 			e.Health = "known"
 		}
 		if !routable(x) {
-			if zones[x.Zone].Guard != "tripped" {
+			if zones[x.Zone].Guard != "tripped" || x.Awaiting {
 				continue
 			}
 			e.State, e.Weight = "ineligible", 1

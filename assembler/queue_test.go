@@ -226,7 +226,7 @@ func TestWithdrawalBatchingAndLag(t *testing.T) {
 			InstanceID: id(1), Address: ins[1].Address, Port: ins[1].Port, Zone: "a", State: "eligible",
 			Weight: 0, Health: "known", Capabilities: []string{"probe", "readiness"},
 		}},
-		Zones:    map[string]assembler.ZoneStatus{"a": {Guard: "ok", Eligible: 9, Total: 10, MinHealthyFraction: 0.5, TrafficWeight: 1}},
+		Zones:    map[string]assembler.ZoneStatus{"a": {Guard: "ok", Eligible: 9, Total: 10, Registered: 10, MinHealthyFraction: 0.5, TrafficWeight: 1}},
 		Checksum: pubs[0].View.Checksum, Withdrawal: true, GeneratedAt: now.Add(50 * time.Millisecond),
 	}
 	if diff := cmp.Diff(want, d, cmpopts.IgnoreUnexported(assembler.Delta{})); diff != "" {

@@ -39,9 +39,13 @@ const (
 	// for the same reason).
 	DefaultMinHealthyFraction = 0.5
 	// TrippedWeight is the weight an out-of-rotation endpoint is published
-	// at while its zone's guard is tripped: health is disregarded, so it
-	// gets the share of a fully ramped instance.
+	// at while its zone's guard is tripped, once its slow start is over:
+	// health is disregarded, so it gets the share of a fully ramped
+	// instance.
 	TrippedWeight = 1.0
+	// SlowStartSteps is how many weight steps a ramp the assembler runs
+	// takes (the evaluation core's default, ADR-12).
+	SlowStartSteps = 10
 )
 
 // ErrVersionNotFresh is returned by Drain when the VersionSource hands out a
@@ -103,12 +107,18 @@ type Override struct {
 
 // ZoneStatus is the guard's decision for one zone of one service, as of
 // the last Update included in the version. Eligible counts the instances in
-// rotation by their own verdict (eligible, degraded, unknown; not
-// quarantined); Total counts every instance in the zone.
+// rotation (Routable: eligible, degraded, unknown; not quarantined; or
+// forced in); Total counts the zone's capacity, the guard's denominator
+// (Counted: every instance but those awaiting their first success);
+// Registered counts the instances the registry lists in the zone (all but
+// lease-expired ones the guard still keeps), so a client can tell a set
+// the registry shrank (a scale-down, a decommission) from one verdicts
+// shrank.
 type ZoneStatus struct {
 	Guard              string  `json:"guard"`
 	Eligible           int     `json:"eligible"`
 	Total              int     `json:"total"`
+	Registered         int     `json:"registered"`
 	MinHealthyFraction float64 `json:"min_healthy_fraction"`
 	// TrafficWeight is the zone's traffic preference set by shift-backs
 	// (ADR-13): 1 normally, 0 while the zone is drained, a step in
@@ -193,6 +203,11 @@ type InstanceInput struct {
 	// is nothing there), counts in its zone's total, and is published only
 	// while the zone's guard is tripped.
 	LeaseExpired bool
+	// Awaiting: the instance has never been in rotation since it
+	// registered (a new instance of a service with a readiness signal,
+	// before its first success). It is not capacity that was there: the
+	// guard does not count it, and a tripped guard never publishes it.
+	Awaiting bool
 }
 
 // ServiceInput is everything the assembler needs to know about a service:
@@ -206,6 +221,13 @@ type ServiceInput struct {
 	// Traffic gives each zone's traffic weight (shift-backs, ADR-13); nil
 	// means 1 everywhere.
 	Traffic TrafficWeights
+	// SlowStart is the contract's ramp (ADR-12) for endpoints the
+	// assembler itself puts into rotation: those a tripped guard
+	// publishes and those a mark_eligible override forces in while their
+	// own verdict has them out. They start at TrippedWeight/SlowStartSteps
+	// and reach TrippedWeight after SlowStart, in SlowStartSteps steps.
+	// Zero: full weight at once.
+	SlowStart time.Duration
 }
 
 // TrafficWeights returns a zone's traffic weight in [0,1]. A value outside

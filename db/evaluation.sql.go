@@ -207,6 +207,47 @@ type TransitionsInsertParams struct {
 	QuarantineStep   int16
 }
 
+const transitionsLatestFor = `-- name: TransitionsLatestFor :many
+SELECT t.instance_id, t.to_state, t.at
+FROM unnest($1::uuid[]) AS a(id)
+CROSS JOIN LATERAL (
+    SELECT instance_id, to_state, at FROM transitions
+    WHERE transitions.instance_id = a.id
+    ORDER BY at DESC
+    LIMIT 1
+) t
+`
+
+type TransitionsLatestForRow struct {
+	InstanceID uuid.UUID
+	ToState    string
+	At         time.Time
+}
+
+// The newest transition of each of the given instances that has one, for
+// the rebuild to restore admissions (an instance with any transition has
+// been in rotation). One index probe per instance through
+// transitions_instance_idx, however long the log.
+func (q *Queries) TransitionsLatestFor(ctx context.Context, ids []uuid.UUID) ([]TransitionsLatestForRow, error) {
+	rows, err := q.db.Query(ctx, transitionsLatestFor, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []TransitionsLatestForRow
+	for rows.Next() {
+		var i TransitionsLatestForRow
+		if err := rows.Scan(&i.InstanceID, &i.ToState, &i.At); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const transitionsLatestQuarantines = `-- name: TransitionsLatestQuarantines :many
 SELECT DISTINCT ON (instance_id) instance_id, at, quarantined_until::timestamptz AS quarantined_until, quarantine_step
 FROM transitions

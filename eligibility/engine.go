@@ -417,6 +417,45 @@ func (e *Engine) RestoreQuarantine(id InstanceID, q Quarantine, now time.Time) e
 	return nil
 }
 
+// RestoreAdmission carries over a restart the fact that an instance had
+// been in rotation: a new instance of a service with a readiness signal
+// starts out awaiting its first success, which is right for a new
+// registration and wrong for one that served before the restart (the
+// guard does not count capacity that never was, so forgetting admissions
+// would take it out of every count). last is the state of its newest
+// recorded transition and at when it happened. In rotation (eligible,
+// degraded, unknown) it is restated as in rotation at full weight, its
+// health unknown until evidence speaks (silence is not failure, ADR-05);
+// Ineligible restates it as out of rotation since at, to re-enter by the
+// re-entry rules (dwell counted from at). An instance already admitted
+// (one without a readiness signal, or restored twice) is left alone.
+// Nothing is emitted.
+//
+// Call it after AddInstance and before replaying evidence, so replayed
+// samples are judged against the restated state.
+func (e *Engine) RestoreAdmission(id InstanceID, last State, at, now time.Time) error {
+	i, ok := e.idx.get(id, e.inst)
+	if !ok {
+		return ErrUnknownInstance
+	}
+	in := &e.inst[i]
+	if in.admitted {
+		return nil
+	}
+	t := now.UnixNano()
+	in.admitted, in.dirty = true, true
+	if last > Ineligible || last.InRotation() {
+		in.state, in.weight, in.tIn, in.rampDone = Unknown, 1, min(at.UnixNano(), t), true
+		in.everKnown = true // silent, not "no readiness signal"
+		in.reason, in.reasonVal = rSilent, 0
+		in.inelSince = 0
+		return nil
+	}
+	in.state, in.weight, in.inelSince = Ineligible, 0, min(at.UnixNano(), t)
+	in.reason, in.reasonVal = rRestored, 0
+	return nil
+}
+
 // Options returns the options in effect, defaults filled in.
 func (e *Engine) Options() Options { return e.opt }
 

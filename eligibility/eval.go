@@ -49,6 +49,7 @@ const (
 	rHealthy
 	rReentry
 	rQuarantine
+	rRestored
 )
 
 func tm(ns int64) time.Time {
@@ -467,6 +468,7 @@ var codeText = [...]string{
 	rHealthy:        "evidence healthy",
 	rReentry:        "failure rate below re-entry after dwell",
 	rQuarantine:     "quarantined",
+	rRestored:       "out of rotation before the restart",
 }
 
 func (e *Engine) reasonText(in *instance, svc *service, code reasonCode, val float64) string {

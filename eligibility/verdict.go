@@ -20,7 +20,10 @@ type Verdict struct {
 	// sufficient evidence (passive counts only while primary).
 	SingleClass bool
 	// Primary is the class that may remove the instance on its own.
-	Primary          Class
+	Primary Class
+	// Awaiting: never in rotation since the instance was added (see
+	// Routing.Awaiting).
+	Awaiting         bool
 	QuarantinedUntil time.Time
 	Classes          [numClasses]ClassSummary
 	// Reasons are short human explanations, most decisive first.
@@ -61,7 +64,7 @@ func (e *Engine) Verdict(id InstanceID, now time.Time) (Verdict, bool) {
 	a := e.assess(in, svc, t)
 	v := Verdict{
 		State: in.state, Weight: in.weight, HealthKnown: a.nsp > 0,
-		SingleClass: singleClass(c, a.passivePrimary), Primary: a.primary,
+		SingleClass: singleClass(c, a.passivePrimary), Primary: a.primary, Awaiting: !in.admitted,
 	}
 	if in.qUntil > t {
 		v.QuarantinedUntil = tm(in.qUntil)
@@ -293,6 +296,11 @@ type Routing struct {
 	Weight      float64
 	HealthKnown bool
 	Quarantined bool
+	// Awaiting: the instance has never been in rotation since it was
+	// added (a new instance of a service with a readiness signal, before
+	// its first success). It is not capacity yet: the guard neither counts
+	// it nor publishes it.
+	Awaiting bool
 }
 
 // Routing returns what a view needs of an instance at now: much cheaper
@@ -306,5 +314,5 @@ func (e *Engine) Routing(id InstanceID, now time.Time) (Routing, bool) {
 	in := &e.inst[i]
 	t := now.UnixNano()
 	a := e.assess(in, e.svcs[in.svc], t)
-	return Routing{State: in.state, Weight: in.weight, HealthKnown: a.nsp > 0, Quarantined: in.qUntil > t}, true
+	return Routing{State: in.state, Weight: in.weight, HealthKnown: a.nsp > 0, Quarantined: in.qUntil > t, Awaiting: !in.admitted}, true
 }

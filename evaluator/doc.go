@@ -23,6 +23,26 @@
 // hangs (each refresh is bounded by DBTimeout) delays what the registry
 // says, never an evaluation or a withdrawal.
 //
+// # Admissions across a restart
+//
+// A new instance of a service with a readiness signal starts out of
+// rotation, awaiting its first success, and the guard does not count it
+// as capacity (assembler.InstanceInput.Awaiting). That is right for a new
+// registration and wrong for an instance that served before a restart: if
+// the observed windows are gone (muster down longer than Retention) every
+// instance of every probe service would come back awaiting, the guard
+// would count nothing and the views would empty. So the rebuild, after
+// loading the registry and before replaying windows, reads the newest
+// transition of each instance that would start awaiting (one index probe
+// per instance, TransitionsLatestFor) and hands it to
+// eligibility.Engine.RestoreAdmission: an instance with any transition on
+// record has been in rotation; left in rotation it is restated as unknown
+// at full weight (nobody has heard it since; silence is not failure), left
+// out it is restated out of rotation since then, to re-enter by the
+// re-entry rules. Expired instances kept for the guard are settled the
+// same way. An admission whose transition was still buffered when the
+// process died is lost with it; that instance awaits its next success.
+//
 // # Quarantines across a restart
 //
 // A flap quarantine (ADR-09) is computed state, but losing it on a restart

@@ -133,6 +133,21 @@ type serviceInfo struct {
 	caps         string
 	capabilities []string
 	minFraction  float64
+	slowStart    time.Duration
+}
+
+// readinessSignal reports whether the service's new instances start out
+// of rotation, awaiting their first success (see eligibility.AddInstance).
+func (si *serviceInfo) readinessSignal() bool {
+	if si == nil {
+		return false
+	}
+	for _, c := range si.capabilities {
+		if c == string(registry.CapProbe) || c == string(registry.CapReadiness) {
+			return true
+		}
+	}
+	return false
 }
 
 // Evaluator is the evaluation worker.
@@ -397,6 +412,10 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 		return err
 	}
 	loaded := time.Since(start)
+	admitted, err := e.restoreAdmissions(ctx)
+	if err != nil {
+		return err
+	}
 	n, err := e.replayWindows(ctx)
 	if err != nil {
 		return err
@@ -419,7 +438,7 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	e.ready.Store(true)
 	took := time.Since(start)
 	e.metrics.rebuild.Set(took.Seconds())
-	e.log.Info("rebuilt evaluation state", "instances", count, "windows", n, "quarantines", held,
+	e.log.Info("rebuilt evaluation state", "instances", count, "admissions", admitted, "windows", n, "quarantines", held,
 		"registry", loaded.Round(time.Millisecond), "quarantines_took", qtook.Round(time.Millisecond),
 		"took", took.Round(time.Millisecond))
 	return nil
@@ -442,12 +461,14 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 		if si, ok := e.services[sc.Service.Name]; ok && si.version == sc.ContractVersion && si.caps == key {
 			continue
 		}
-		e.engine.SetService(sc.Service.Name, contractOf(sc))
+		contract := contractOf(sc)
+		e.engine.SetService(sc.Service.Name, contract)
 		caps := make([]string, len(sc.Service.Capabilities))
 		for i, c := range sc.Service.Capabilities {
 			caps[i] = string(c)
 		}
-		e.services[sc.Service.Name] = &serviceInfo{version: sc.ContractVersion, caps: key, capabilities: caps, minFraction: sc.Contract.MinHealthyFraction}
+		e.services[sc.Service.Name] = &serviceInfo{version: sc.ContractVersion, caps: key, capabilities: caps,
+			minFraction: sc.Contract.MinHealthyFraction, slowStart: contract.SlowStart}
 		e.changed[sc.Service.Name] = struct{}{}
 	}
 	e.mu.Unlock()
@@ -533,8 +554,12 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 	case in.State == registry.StateExpired && !known && !e.ready.Load():
 		// Expired before this process started (the rebuild reads every
 		// row): kept if recent, in case its zone's guard still needs it.
+		// Whether it ever served is not known yet: an instance of a
+		// service with a readiness signal counts as awaiting until the
+		// rebuild finds its admission on record (restoreAdmissions).
 		if _, kept := e.expired[in.Service][in.ID]; !kept {
-			e.keepExpired(in, instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port}, now)
+			e.keepExpired(in, instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port},
+				e.services[in.Service].readinessSignal(), now)
 		}
 	case in.State == registry.StateActive && !known:
 		if err := e.engine.AddInstance(eligibility.InstanceID(in.ID), in.Service, now); err != nil {
@@ -568,7 +593,8 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		e.changed[in.Service] = struct{}{}
 		e.members++
 		if in.State == registry.StateExpired {
-			e.keepExpired(in, e.instances[in.ID], now)
+			r, _ := e.engine.Routing(eligibility.InstanceID(in.ID), now)
+			e.keepExpired(in, e.instances[in.ID], r.Awaiting, now)
 		}
 		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
 		delete(e.instances, in.ID)

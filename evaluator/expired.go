@@ -25,11 +25,14 @@ const ExpiredHorizon = time.Hour
 type expiredInstance struct {
 	info instanceInfo
 	at   time.Time
+	// awaiting: it never was in rotation (it expired before its first
+	// success), so it was never capacity and the guard does not keep it.
+	awaiting bool
 }
 
 // keepExpired records an instance the registry ended by lease expiry.
 // Called with e.mu held.
-func (e *Evaluator) keepExpired(in registry.Instance, info instanceInfo, now time.Time) {
+func (e *Evaluator) keepExpired(in registry.Instance, info instanceInfo, awaiting bool, now time.Time) {
 	at := now
 	if in.EndedAt != nil {
 		at = *in.EndedAt
@@ -42,14 +45,15 @@ func (e *Evaluator) keepExpired(in registry.Instance, info instanceInfo, now tim
 		m = map[uuid.UUID]expiredInstance{}
 		e.expired[in.Service] = m
 	}
-	m[in.ID] = expiredInstance{info: info, at: at}
+	m[in.ID] = expiredInstance{info: info, at: at, awaiting: awaiting}
 	e.changed[in.Service] = struct{}{}
 }
 
 // pruneExpired forgets the expired instances their zone's guard no longer
 // needs: the zone keeps its minimum healthy fraction counting them as out
-// of rotation, so the assembler does not publish them. The rule is the
-// assembler's own (Routable, Tripped). Called with e.mu held.
+// of rotation, so the assembler does not publish them, or they never were
+// capacity (expired awaiting their first success). The rule is the
+// assembler's own (Capacity). Called with e.mu held.
 func (e *Evaluator) pruneExpired(now time.Time) {
 	for service, kept := range e.expired {
 		si := e.services[service]
@@ -60,15 +64,15 @@ func (e *Evaluator) pruneExpired(now time.Time) {
 			}
 			continue
 		}
-		type count struct{ routable, total int }
-		zones := map[string]*count{}
+		zones := map[string]*assembler.Capacity{}
 		for _, x := range kept {
 			c := zones[x.info.zone]
 			if c == nil {
-				c = &count{}
+				c = &assembler.Capacity{}
 				zones[x.info.zone] = c
 			}
-			c.total++
+			in := x.input()
+			c.Add(&in)
 		}
 		for id := range e.byService[service] {
 			c := zones[e.instances[id].zone]
@@ -79,18 +83,14 @@ func (e *Evaluator) pruneExpired(now time.Time) {
 			if !ok {
 				continue
 			}
-			in := assembler.InstanceInput{State: r.State, Quarantined: r.Quarantined}
+			in := assembler.InstanceInput{State: r.State, Quarantined: r.Quarantined, Awaiting: r.Awaiting}
 			if o := e.override(id, now); o != nil {
 				in.Override = &assembler.Override{Action: o.Action}
 			}
-			c.total++
-			if assembler.Routable(&in) {
-				c.routable++
-			}
+			c.Add(&in)
 		}
 		for id, x := range kept {
-			c := zones[x.info.zone]
-			if !assembler.Tripped(c.routable, c.total, si.minFraction) {
+			if x.awaiting || !zones[x.info.zone].Tripped(si.minFraction) {
 				delete(kept, id)
 				e.changed[service] = struct{}{}
 			}
@@ -158,4 +158,9 @@ func (e *Evaluator) LeaseExpiriesCorroborated(ids []uuid.UUID) map[uuid.UUID]str
 func (e *Evaluator) LeaseExpiryCorroborated(id uuid.UUID) (string, bool) {
 	why, ok := e.LeaseExpiriesCorroborated([]uuid.UUID{id})[id]
 	return why, ok
+}
+
+// input is the expired instance as the assembler's guard counts it.
+func (x expiredInstance) input() assembler.InstanceInput {
+	return assembler.InstanceInput{State: eligibility.Ineligible, LeaseExpired: true, Awaiting: x.awaiting}
 }

@@ -363,3 +363,67 @@ func historyOf(ts []eligibility.Transition) []historyEntry {
 	}
 	return out
 }
+
+// admissionBatch bounds the ids of one admissions query.
+const admissionBatch = 10_000
+
+// restoreAdmissions hands the engine back, for every active instance that
+// would otherwise start awaiting its first success, the fact that it had
+// been in rotation before the restart: the newest transition on record
+// says so and in which state it was left (see
+// eligibility.Engine.RestoreAdmission). Without it a restart would take
+// every instance of a probe or readiness service out of the guard's
+// count until it is heard again. Expired instances kept for the guard are
+// settled the same way. It returns how many instances were restored.
+func (e *Evaluator) restoreAdmissions(ctx context.Context) (int, error) {
+	now := e.cfg.Now()
+	e.mu.Lock()
+	var ids []uuid.UUID
+	for id := range e.instances {
+		if r, ok := e.engine.Routing(eligibility.InstanceID(id), now); ok && r.Awaiting {
+			ids = append(ids, id)
+		}
+	}
+	for _, kept := range e.expired {
+		for id, x := range kept {
+			if x.awaiting {
+				ids = append(ids, id)
+			}
+		}
+	}
+	e.mu.Unlock()
+	q := db.New(e.cfg.Pool)
+	n := 0
+	for len(ids) > 0 {
+		batch := ids[:min(len(ids), admissionBatch)]
+		ids = ids[len(batch):]
+		rows, err := q.TransitionsLatestFor(ctx, batch)
+		if err != nil {
+			return n, fmt.Errorf("read admissions: %w", err)
+		}
+		e.mu.Lock()
+		for _, r := range rows {
+			if info, ok := e.instances[r.InstanceID]; ok {
+				var last eligibility.State
+				if err := last.UnmarshalText([]byte(r.ToState)); err != nil {
+					last = eligibility.Unknown // unreadable: no evidence of failure
+				}
+				if err := e.engine.RestoreAdmission(eligibility.InstanceID(r.InstanceID), last, r.At, now); err != nil {
+					e.log.Warn("restore admission", "instance", r.InstanceID, "service", info.service, "err", err)
+					continue
+				}
+				n++
+				continue
+			}
+			for _, kept := range e.expired {
+				if x, ok := kept[r.InstanceID]; ok {
+					x.awaiting = false
+					kept[r.InstanceID] = x
+					n++
+				}
+			}
+		}
+		e.mu.Unlock()
+	}
+	return n, nil
+}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/eligibility"
 )
 
@@ -128,6 +129,23 @@ type EndpointVerdict struct {
 	// LeaseExpired: the registry ended the instance by lease expiry; it is
 	// listed (State Ineligible) only while its zone's guard needs it.
 	LeaseExpired bool
+	// Awaiting: never in rotation since it registered (see
+	// assembler.InstanceInput.Awaiting).
+	Awaiting bool
+}
+
+// Input is v as the assembler's guard takes it (without FirstFailureAt,
+// which the publisher tracks). The override budget and the drain budget
+// count through it too, so the three cannot disagree.
+func (v EndpointVerdict) Input() assembler.InstanceInput {
+	in := assembler.InstanceInput{
+		ID: v.ID, Address: v.Address, Port: v.Port, Zone: v.Zone, State: v.State, Weight: v.Weight,
+		HealthKnown: v.HealthKnown, Quarantined: v.Quarantined, LeaseExpired: v.LeaseExpired, Awaiting: v.Awaiting,
+	}
+	if o := v.Override; o != nil {
+		in.Override = &assembler.Override{ID: o.ID, Action: o.Action, Reason: o.Reason()}
+	}
+	return in
 }
 
 // ServiceSnapshot is what the assembler needs of one service.
@@ -135,7 +153,10 @@ type ServiceSnapshot struct {
 	Name               string
 	MinHealthyFraction float64
 	Capabilities       []string
-	Instances          []EndpointVerdict
+	// SlowStart is the contract's ramp, for endpoints the assembler puts
+	// into rotation itself (a tripped guard, a mark_eligible override).
+	SlowStart time.Duration
+	Instances []EndpointVerdict
 }
 
 // Snapshot returns a service's endpoints with their current verdicts, or
@@ -151,7 +172,7 @@ func (e *Evaluator) Snapshot(service string) (ServiceSnapshot, bool) {
 	if si == nil {
 		return ServiceSnapshot{}, false
 	}
-	out := ServiceSnapshot{Name: service, MinHealthyFraction: si.minFraction, Capabilities: si.capabilities,
+	out := ServiceSnapshot{Name: service, MinHealthyFraction: si.minFraction, Capabilities: si.capabilities, SlowStart: si.slowStart,
 		Instances: make([]EndpointVerdict, 0, len(e.byService[service]))}
 	for id := range e.byService[service] {
 		v, ok := e.engine.Routing(eligibility.InstanceID(id), now)
@@ -162,13 +183,13 @@ func (e *Evaluator) Snapshot(service string) (ServiceSnapshot, bool) {
 		out.Instances = append(out.Instances, EndpointVerdict{
 			ID: id, Address: info.address, Port: info.port, Zone: info.zone,
 			State: v.State, Weight: v.Weight, HealthKnown: v.HealthKnown, Quarantined: v.Quarantined,
-			Override: e.override(id, now),
+			Override: e.override(id, now), Awaiting: v.Awaiting,
 		})
 	}
 	for id, x := range e.expired[service] {
 		out.Instances = append(out.Instances, EndpointVerdict{
 			ID: id, Address: x.info.address, Port: x.info.port, Zone: x.info.zone,
-			State: eligibility.Ineligible, LeaseExpired: true,
+			State: eligibility.Ineligible, LeaseExpired: true, Awaiting: x.awaiting,
 		})
 	}
 	return out, true

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"time"
 	"unicode"
@@ -16,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
-	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
@@ -552,13 +551,14 @@ func (s *Service) expiry(seconds int64) (time.Duration, *Error) {
 // budgetCheck is the disruption budget's arithmetic for one removal.
 type budgetCheck struct {
 	service, zone         string
-	counted               bool // the target counts as eligible now
+	counted               bool // the target is in rotation now (the guard counts it as routable)
 	zoneBefore, zoneAfter int
 	zoneTotal, required   int
 	fraction              float64
 	regionBefore          int
 	regionAfter           int
 	regionTotal           int
+	tripsAfter            bool // the zone's guard trips once the target is out
 }
 
 func (b budgetCheck) figures() map[string]any {
@@ -572,7 +572,7 @@ func (b budgetCheck) figures() map[string]any {
 
 func (b budgetCheck) refusal() *Error {
 	if !b.counted {
-		return nil // removing what is not counted as capacity spends no budget
+		return nil // removing what is not in rotation spends no budget
 	}
 	if b.regionAfter == 0 {
 		e := refusal(ErrLastInstance, CheckLastInstance,
@@ -581,7 +581,7 @@ func (b budgetCheck) refusal() *Error {
 		e.Figures = b.figures()
 		return e
 	}
-	if b.zoneAfter < b.required {
+	if b.tripsAfter {
 		e := refusal(ErrBudget, CheckBudget, "would leave %d of %d eligible in zone %s; the contract requires %d (min_healthy_fraction %g)",
 			b.zoneAfter, b.zoneTotal, b.zone, b.required, b.fraction)
 		e.Figures = b.figures()
@@ -590,42 +590,12 @@ func (b budgetCheck) refusal() *Error {
 	return nil
 }
 
-// counts reports whether an instance counts as eligible for the budget:
-// eligible or degraded by its own verdict and not quarantined, unless an
-// override in force says otherwise. Unknown does not count: silence is not
-// failure (ADR-05), but it is no evidence of health either, so the budget
-// does not spend capacity nobody has seen serve.
-func counts(v evaluator.EndpointVerdict, forced map[uuid.UUID]Action) bool {
-	switch forced[v.ID] {
-	case MarkIneligible:
-		return false
-	case MarkEligible:
-		return true
-	}
-	return !v.Quarantined && (v.State == eligibility.Eligible || v.State == eligibility.Degraded)
-}
-
-// required is the fewest eligible instances of total that meet fraction,
-// decided exactly as the assembler's guard decides a trip (n/total <
-// fraction trips), so the budget and the guard never disagree.
-func required(total int, fraction float64) int {
-	if total == 0 {
-		return 0
-	}
-	n := int(math.Ceil(fraction * float64(total)))
-	for n > 0 && float64(n-1)/float64(total) >= fraction {
-		n--
-	}
-	for n < total && float64(n)/float64(total) < fraction {
-		n++
-	}
-	return n
-}
-
+// normFraction normalises a minimum healthy fraction as the guard does,
+// for the figures the refusals show.
 func normFraction(f float64) float64 {
 	switch {
 	case !(f > 0):
-		return 0.5
+		return assembler.DefaultMinHealthyFraction
 	case f > 1:
 		return 1
 	}
@@ -639,46 +609,53 @@ func (s *Service) budget(service, zone string, target uuid.UUID, inForce []db.Ov
 	if !ok {
 		return budgetCheck{}, fmt.Errorf("budget of %s: %w", service, evaluator.ErrNotReady)
 	}
-	forced := map[uuid.UUID]Action{}
+	forced := make(map[uuid.UUID]Action, len(inForce))
 	for _, o := range inForce {
 		forced[o.InstanceID] = Action(o.Action)
 	}
-	b := budgetCheck{service: service, zone: zone, fraction: normFraction(snap.MinHealthyFraction), regionTotal: len(snap.Instances)}
-	seen := false
+	return overrideBudget(snap, zone, target, forced), nil
+}
+
+// overrideBudget is the disruption budget of marking target ineligible,
+// counted by the guard's own rule (assembler.Capacity) on the guard's own
+// input (evaluator.EndpointVerdict.Input) with the overrides in force
+// applied: in rotation is what the guard counts as routable (unknown
+// included: silence is not failure, and the guard keeps it serving), and
+// capacity excludes instances awaiting their first success. The removal
+// is refused when the guard would trip on the zone without the target,
+// i.e. exactly when the removal would not hold: the budget and the guard
+// cannot disagree (TestPropBudgetsAgreeWithTheGuard). An instance the
+// evaluator has not loaded yet (registered a moment ago) is not capacity.
+func overrideBudget(snap evaluator.ServiceSnapshot, zone string, target uuid.UUID, forced map[uuid.UUID]Action) budgetCheck {
+	b := budgetCheck{service: snap.Name, zone: zone, fraction: normFraction(snap.MinHealthyFraction)}
 	for _, v := range snap.Instances {
-		c := counts(v, forced)
-		isTarget := v.ID == target
-		if isTarget {
-			seen, b.counted = true, c
-			zone = v.Zone
-			b.zone = zone
-		}
-		if c {
-			b.regionBefore++
+		if v.ID == target {
+			zone, b.zone = v.Zone, v.Zone
 		}
 	}
-	if !seen {
-		// The evaluator has not loaded the instance yet (registered a
-		// moment ago): it has no verdict, so it is not counted.
-		b.zoneTotal++
-		b.regionTotal++
-	}
+	var zoneBefore, zoneAfter, regionBefore, regionAfter assembler.Capacity
 	for _, v := range snap.Instances {
-		if v.Zone != zone {
-			continue
+		x := v.Input()
+		if a, ok := forced[v.ID]; ok {
+			x.Override = &assembler.Override{Action: string(a)}
 		}
-		b.zoneTotal++
-		if counts(v, forced) {
-			b.zoneBefore++
+		after := x
+		if v.ID == target {
+			b.counted = assembler.Routable(&x)
+			after.Override = &assembler.Override{Action: assembler.OverrideIneligible}
+		}
+		regionBefore.Add(&x)
+		regionAfter.Add(&after)
+		if v.Zone == zone {
+			zoneBefore.Add(&x)
+			zoneAfter.Add(&after)
 		}
 	}
-	b.zoneAfter, b.regionAfter = b.zoneBefore, b.regionBefore
-	if b.counted {
-		b.zoneAfter--
-		b.regionAfter--
-	}
-	b.required = required(b.zoneTotal, b.fraction)
-	return b, nil
+	b.zoneBefore, b.zoneAfter, b.zoneTotal = zoneBefore.Routable, zoneAfter.Routable, zoneAfter.Counted
+	b.required = zoneAfter.Required(b.fraction)
+	b.tripsAfter = zoneAfter.Tripped(b.fraction)
+	b.regionBefore, b.regionAfter, b.regionTotal = regionBefore.Routable, regionAfter.Routable, regionAfter.Counted
+	return b
 }
 
 // VerdictsFunc adapts a function (the evaluator's Snapshot, bound late) to

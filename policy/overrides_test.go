@@ -12,26 +12,6 @@ import (
 	"github.com/musterhq/muster/evaluator"
 )
 
-func TestRequiredMatchesTheGuard(t *testing.T) {
-	for _, tc := range []struct {
-		total int
-		frac  float64
-		want  int
-	}{
-		{6, 0.5, 3}, {5, 0.5, 3}, {1, 0.5, 1}, {10, 0.3, 3}, {10, 0.7, 7}, {3, 1, 3}, {7, 0.01, 1}, {0, 0.5, 0},
-	} {
-		got := required(tc.total, tc.frac)
-		if got != tc.want {
-			t.Errorf("required(%d, %g) = %d, want %d", tc.total, tc.frac, got, tc.want)
-		}
-		// The assembler trips when n/total < frac: required is the first n
-		// that does not trip.
-		if tc.total > 0 && (float64(got)/float64(tc.total) < tc.frac || (got > 0 && float64(got-1)/float64(tc.total) >= tc.frac)) {
-			t.Errorf("required(%d, %g) = %d disagrees with the guard", tc.total, tc.frac, got)
-		}
-	}
-}
-
 func TestJustification(t *testing.T) {
 	for _, tc := range []struct {
 		j  string
@@ -56,27 +36,33 @@ func (s snapshot) Snapshot(string) (evaluator.ServiceSnapshot, bool) {
 	return evaluator.ServiceSnapshot(s), true
 }
 
-// TestBudgetArithmetic: unknown and quarantined instances are not counted,
-// overrides in force are, and the refusals say the numbers.
+// TestBudgetArithmetic: the budget counts what the guard counts (unknown
+// is in rotation, quarantined and ineligible are not, an instance awaiting
+// its first success is not capacity), overrides in force are applied, and
+// the refusals say the numbers.
 func TestBudgetArithmetic(t *testing.T) {
-	ids := make([]uuid.UUID, 7)
+	ids := make([]uuid.UUID, 8)
 	for i := range ids {
 		ids[i] = uuid.Must(uuid.NewV7())
 	}
 	ev := func(i int, zone string, st eligibility.State, quarantined bool) evaluator.EndpointVerdict {
 		return evaluator.EndpointVerdict{ID: ids[i], Zone: zone, State: st, Quarantined: quarantined}
 	}
+	waiting := ev(7, "az1", eligibility.Ineligible, false)
+	waiting.Awaiting = true
 	snap := snapshot{Name: "web", MinHealthyFraction: 0.5, Instances: []evaluator.EndpointVerdict{
 		ev(0, "az1", eligibility.Eligible, false),
 		ev(1, "az1", eligibility.Degraded, false),
-		ev(2, "az1", eligibility.Eligible, false),
+		ev(2, "az1", eligibility.Ineligible, false),
 		ev(3, "az1", eligibility.Unknown, false),
 		ev(4, "az1", eligibility.Eligible, true),
 		ev(5, "az1", eligibility.Ineligible, false),
 		ev(6, "az2", eligibility.Eligible, false),
+		waiting,
 	}}
 	s := &Service{cfg: Config{Verdicts: snap}}
-	// az1: 3 of 6 count (eligible, degraded, eligible); 3 required.
+	// az1: 3 of 6 in rotation (eligible, degraded, unknown); the awaiting
+	// instance is not capacity; 3 required.
 	b, err := s.budget("web", "az1", ids[0], nil)
 	if err != nil {
 		t.Fatal(err)
@@ -85,19 +71,22 @@ func TestBudgetArithmetic(t *testing.T) {
 	if !errors.Is(e, ErrBudget) || e.Detail != "would leave 2 of 6 eligible in zone az1; the contract requires 3 (min_healthy_fraction 0.5)" {
 		t.Fatalf("refusal %v", e)
 	}
-	// Removing an unknown instance spends nothing.
-	if b, _ := s.budget("web", "az1", ids[3], nil); b.refusal() != nil || b.counted {
-		t.Fatalf("unknown target: %+v", b)
+	// Removing an instance out of rotation spends nothing.
+	if b, _ := s.budget("web", "az1", ids[5], nil); b.refusal() != nil || b.counted {
+		t.Fatalf("ineligible target: %+v", b)
+	}
+	if b, _ := s.budget("web", "az1", ids[7], nil); b.refusal() != nil || b.counted || b.zoneTotal != 6 {
+		t.Fatalf("awaiting target: %+v", b)
 	}
 	// A mark_eligible override in force counts the ineligible instance.
 	inForce := []db.Override{{InstanceID: ids[5], Action: string(MarkEligible)}}
 	if b, _ := s.budget("web", "az1", ids[0], inForce); b.refusal() != nil || b.zoneAfter != 3 {
 		t.Fatalf("with a mark_eligible in force: %+v", b)
 	}
-	// The last eligible instance in the region.
+	// The last instance in rotation in the region.
 	inForce = []db.Override{
 		{InstanceID: ids[0], Action: string(MarkIneligible)}, {InstanceID: ids[1], Action: string(MarkIneligible)},
-		{InstanceID: ids[2], Action: string(MarkIneligible)},
+		{InstanceID: ids[3], Action: string(MarkIneligible)},
 	}
 	b, _ = s.budget("web", "az2", ids[6], inForce)
 	if e := b.refusal(); !errors.Is(e, ErrLastInstance) || e.Figures["region_eligible_after"] != 0 {

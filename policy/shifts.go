@@ -35,10 +35,13 @@ package policy
 //     inside the dwell.
 //
 // Budget: draining zone Z may not take any service below its minimum in the
-// region. For each service with live instances in Z, the instances in
-// rotation by their own verdict (eligible, degraded, unknown; not
-// quarantined) outside Z and outside zones already drained to 0 must be at
-// least ceil(min_healthy_fraction × all its instances) and at least 1.
+// region. For each service with live instances in Z, the region is counted
+// as the fraction guard counts a zone (assembler.Capacity, the one rule
+// the guard and the override budget use too): the instances in rotation
+// (eligible, degraded, unknown, not quarantined, or forced in) outside Z
+// and outside zones already drained to 0, against the service's capacity
+// (every instance but those awaiting their first success). The drain is
+// refused when the guard would trip on those numbers.
 //
 // Region scope drains every zone of this region (the target must be this
 // muster's region). The budget cannot be met in-region by construction:
@@ -64,7 +67,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -78,7 +80,6 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
-	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
@@ -677,19 +678,11 @@ func (s *Shifts) budget(ctx context.Context, q *db.Queries, zone string, active 
 			// No verdicts to count: refuse rather than guess.
 			return nil, nil, fmt.Errorf("budget check for %s: %w", svc, evaluator.ErrNotReady)
 		}
-		frac := snap.MinHealthyFraction
-		if !(frac > 0) || frac > 1 {
-			frac = assembler.DefaultMinHealthyFraction
-		}
-		f := BudgetFigure{Service: svc, Total: len(snap.Instances), MinHealthyFraction: frac}
-		for _, in := range snap.Instances {
-			if !drained[in.Zone] && !in.Quarantined && routable(in.State) {
-				f.InRotationOutside++
-			}
-		}
-		f.Required = max(1, int(math.Ceil(frac*float64(f.Total)-1e-9)))
+		c := drainCapacity(snap, drained)
+		frac := normFraction(snap.MinHealthyFraction)
+		f := BudgetFigure{Service: svc, Total: c.Counted, InRotationOutside: c.Routable, Required: c.Required(frac), MinHealthyFraction: frac}
 		figures = append(figures, f)
-		if f.InRotationOutside < f.Required {
+		if c.Tripped(frac) {
 			short = append(short, f)
 		}
 	}
@@ -705,11 +698,23 @@ func (s *Shifts) budget(ctx context.Context, q *db.Queries, zone string, active 
 		Detail: fmt.Sprintf("draining zone %s would take %d service(s) below their minimum in the region: %s", zone, len(short), strings.Join(parts, "; "))}, nil
 }
 
-func routable(st eligibility.State) bool {
-	if st > eligibility.Ineligible {
-		return true // an unreadable verdict is no evidence of failure
+// drainCapacity is a service's region-wide capacity once the drained
+// zones serve nothing, counted by the guard's own rule
+// (assembler.Capacity on evaluator.EndpointVerdict.Input): an instance in
+// a drained zone is counted as the guard counts one forced out (it stays
+// capacity if it ever served, but is not routable). The drain is refused
+// when the guard, looking at the region as one zone, would trip on it.
+func drainCapacity(snap evaluator.ServiceSnapshot, drained map[string]bool) assembler.Capacity {
+	var c assembler.Capacity
+	out := &assembler.Override{Action: assembler.OverrideIneligible}
+	for _, v := range snap.Instances {
+		x := v.Input()
+		if drained[v.Zone] {
+			x.Override = out
+		}
+		c.Add(&x)
 	}
-	return st.InRotation()
+	return c
 }
 
 // nextWeight is the step after w: the first configured weight above it.

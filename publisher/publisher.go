@@ -456,16 +456,10 @@ func (p *Publisher) RunOnce() {
 		}
 		p.known[name] = struct{}{}
 		in := assembler.ServiceInput{Name: name, MinHealthyFraction: snap.MinHealthyFraction, Capabilities: snap.Capabilities,
-			Instances: make([]assembler.InstanceInput, len(snap.Instances)), Traffic: traffic}
+			Instances: make([]assembler.InstanceInput, len(snap.Instances)), Traffic: traffic, SlowStart: snap.SlowStart}
 		for i, ep := range snap.Instances {
-			in.Instances[i] = assembler.InstanceInput{
-				ID: ep.ID, Address: ep.Address, Port: ep.Port, Zone: ep.Zone, State: ep.State, Weight: ep.Weight,
-				HealthKnown: ep.HealthKnown, Quarantined: ep.Quarantined, FirstFailureAt: p.firstFail[ep.ID],
-				LeaseExpired: ep.LeaseExpired,
-			}
-			if o := ep.Override; o != nil {
-				in.Instances[i].Override = &assembler.Override{ID: o.ID, Action: o.Action, Reason: o.Reason()}
-			}
+			in.Instances[i] = ep.Input()
+			in.Instances[i].FirstFailureAt = p.firstFail[ep.ID]
 		}
 		p.asm.Update(in, now)
 		p.mu.Unlock()

@@ -59,3 +59,17 @@ SELECT DISTINCT ON (instance_id) instance_id, at, quarantined_until::timestamptz
 FROM transitions
 WHERE quarantined_until > sqlc.arg(since)::timestamptz
 ORDER BY instance_id, quarantined_until DESC, id DESC;
+
+-- name: TransitionsLatestFor :many
+-- The newest transition of each of the given instances that has one, for
+-- the rebuild to restore admissions (an instance with any transition has
+-- been in rotation). One index probe per instance through
+-- transitions_instance_idx, however long the log.
+SELECT t.instance_id, t.to_state, t.at
+FROM unnest(sqlc.arg(ids)::uuid[]) AS a(id)
+CROSS JOIN LATERAL (
+    SELECT instance_id, to_state, at FROM transitions
+    WHERE transitions.instance_id = a.id
+    ORDER BY at DESC
+    LIMIT 1
+) t;

@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"context"
 	"net/http"
 	"os"
 	"regexp"
@@ -50,10 +49,7 @@ func outageStack(t *testing.T) (*stack, *dbtest.Cluster, string) {
 		t.Fatalf("grant: %d %s", r.Status, r.Body)
 	}
 	poll(t, "the evaluator's rebuild", 20*time.Second, s.Evaluator.Ready)
-	if err := s.Evaluator.SyncNow(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	s.Evaluator.EvaluateNow()
+	s.Admit(t, instance) // web probes: a new instance is not capacity before its first success
 	s.Publisher.RunOnce()
 	s.Clock.Advance(2 * time.Second) // past the additions' batching window
 	s.Publisher.RunOnce()

@@ -15,6 +15,7 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/browsertest"
+	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server/servertest"
 )
 
@@ -55,16 +56,16 @@ func seedEstate(t *testing.T, st *servertest.Stack) {
 	t.Helper()
 	st.Seed(t)
 	admin := st.Token(t, servertest.Admin)
+	var ids []string
 	for i, zone := range []string{"az1", "az1", "az2"} {
 		body := fmt.Sprintf(`{"address":"10.0.0.%d","port":8080,"zone":"%s"}`, i+1, zone)
-		if r := st.JSON(t, "POST", "/v1/services/web/instances", admin, body); r.Status != http.StatusCreated {
+		r := st.JSON(t, "POST", "/v1/services/web/instances", admin, body)
+		if r.Status != http.StatusCreated {
 			t.Fatalf("register: %d %s", r.Status, r.Body)
 		}
+		ids = append(ids, servertest.Decode[registry.Instance](t, r).ID.String())
 	}
-	if err := st.Evaluator.SyncNow(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	st.Evaluator.EvaluateNow()
+	st.Admit(t, ids...) // web probes: new instances are not capacity before their first success
 	st.Publisher.ServicesChanged([]string{"web", "api"})
 	st.Publisher.RunOnce()
 	// Additions wait out the assembler's addition window; step past it.

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -47,10 +48,20 @@ func TestDevSurvivesAFrozenDatabase(t *testing.T) {
 	if code, body := call(t, "PUT", dev.url+"/v1/services/web/grants", admin, `{"callers":["api"]}`); code != 200 {
 		t.Fatalf("grant: %d %s", code, body)
 	}
-	if code, body := call(t, "POST", dev.url+"/v1/services/web/instances", web, `{"address":"127.0.0.1","port":9000,"zone":"az1"}`); code != 201 {
+	code, body := call(t, "POST", dev.url+"/v1/services/web/instances", web, `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
+	if code != 201 {
 		t.Fatalf("register: %d %s", code, body)
 	}
+	var inst struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(body, &inst); err != nil {
+		t.Fatal(err)
+	}
+	// web probes, so its new instance is not capacity before its first
+	// success: the workload reports one.
 	waitUntil(t, "web's view holds the instance", 30*time.Second, func() bool {
+		call(t, "POST", dev.url+"/v1/reports", web, `{"reports":[{"instance_id":"`+inst.ID+`","class":"self","outcome":"success"}]}`)
 		code, body := call(t, "GET", dev.url+"/v1/resolve/web", api, "")
 		return code == 200 && strings.Contains(string(body), `"127.0.0.1"`)
 	})

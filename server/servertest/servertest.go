@@ -7,6 +7,7 @@ package servertest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -373,4 +374,26 @@ func (s *Stack) Seed(t testing.TB) {
 			t.Fatalf("create %s: %d %s", b.name, r.Status, r.Body)
 		}
 	}
+}
+
+// Admit brings instances of web (a service with a readiness signal, whose
+// new instances await their first success and are not capacity until
+// then) into rotation the way a workload does: one self-reported success
+// each, sent as web's workload identity, then one evaluation. The
+// evaluator is synced first so it knows instances registered a moment
+// ago.
+func (s *Stack) Admit(t testing.TB, ids ...string) {
+	t.Helper()
+	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
+		t.Fatalf("admit: sync the evaluator: %v", err)
+	}
+	var items []string
+	for _, id := range ids {
+		items = append(items, `{"instance_id":"`+id+`","class":"self","outcome":"success"}`)
+	}
+	r := s.JSON(t, "POST", "/v1/reports", s.Token(t, Web), `{"reports":[`+strings.Join(items, ",")+`]}`)
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), fmt.Sprintf(`"accepted":%d`, len(ids))) {
+		t.Fatalf("admit %v: %d %s", ids, r.Status, r.Body)
+	}
+	s.Evaluator.EvaluateNow()
 }
