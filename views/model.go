@@ -30,9 +30,13 @@ type Counts struct {
 
 // Zone is the guard's status for one zone of a service.
 type Zone struct {
-	Name               string
-	Guard              string // "ok" or "tripped"
-	Eligible, Total    int
+	Name            string
+	Guard           string // "ok" or "tripped"
+	Eligible, Total int    // in rotation, of the guard's capacity
+	// Registered counts the instances the registry lists in the zone;
+	// above Total while new instances await their first success (they
+	// are not capacity yet).
+	Registered         int
 	MinHealthyFraction float64
 	// TrafficWeight is the zone's traffic preference (shift-backs): 1
 	// normally, 0 drained.

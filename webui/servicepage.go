@@ -154,7 +154,7 @@ func (u *UI) buildServicePage(ctx context.Context, actor identity.Principal, pg 
 		sp.HasView, sp.Version, sp.ViewAt = true, v.Version, v.GeneratedAt
 		for _, zn := range slices.Sorted(maps.Keys(v.Zones)) {
 			z := v.Zones[zn]
-			sp.Zones = append(sp.Zones, views.Zone{Name: zn, Guard: z.Guard, Eligible: z.Eligible, Total: z.Total,
+			sp.Zones = append(sp.Zones, views.Zone{Name: zn, Guard: z.Guard, Eligible: z.Eligible, Total: z.Total, Registered: z.Registered,
 				MinHealthyFraction: z.MinHealthyFraction, TrafficWeight: z.TrafficWeight})
 			tripped[zn] = z.Guard == "tripped"
 		}
