@@ -186,6 +186,9 @@ type Evaluator struct {
 	// long reading and restoring them took.
 	quarantines     int
 	quarantinesTook time.Duration
+	// admissions restored by the rebuild, and how long that took.
+	admissions     int
+	admissionsTook time.Duration
 
 	reporterMu sync.Mutex
 	reporters  map[string]eligibility.ReporterID
@@ -412,10 +415,12 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 		return err
 	}
 	loaded := time.Since(start)
+	astart := time.Now()
 	admitted, err := e.restoreAdmissions(ctx)
 	if err != nil {
 		return err
 	}
+	atook := time.Since(astart)
 	n, err := e.replayWindows(ctx)
 	if err != nil {
 		return err
@@ -434,6 +439,7 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	count := len(e.instances)
 	e.replayed = n
 	e.quarantines, e.quarantinesTook = held, qtook
+	e.admissions, e.admissionsTook = admitted, atook
 	e.mu.Unlock()
 	e.ready.Store(true)
 	took := time.Since(start)
@@ -661,6 +667,11 @@ type Stats struct {
 	// recent quarantine (ended ones set the next one's step) took.
 	QuarantinesRestored int
 	QuarantinesTook     time.Duration
+	// AdmissionsRestored counts the instances the rebuild found had been
+	// in rotation before the restart (see doc.go); AdmissionsTook is how
+	// long reading and restoring them took.
+	AdmissionsRestored int
+	AdmissionsTook     time.Duration
 }
 
 // Stats returns a summary of the evaluator's state.
@@ -668,7 +679,8 @@ func (e *Evaluator) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return Stats{Services: len(e.services), Instances: len(e.instances), WindowsReplayed: e.replayed,
-		QuarantinesRestored: e.quarantines, QuarantinesTook: e.quarantinesTook}
+		QuarantinesRestored: e.quarantines, QuarantinesTook: e.quarantinesTook,
+		AdmissionsRestored: e.admissions, AdmissionsTook: e.admissionsTook}
 }
 
 // EvaluateNow runs one evaluation tick at once, as the ticker would. Tools

@@ -281,8 +281,9 @@ func loadgenRebuild(ctx context.Context, args []string, stdout, stderr io.Writer
 	took := time.Since(start)
 	after.read()
 	stats := ev.Stats()
-	fmt.Fprintf(stdout, "rebuild: %d services, %d instances, %d windows replayed, %d quarantines restored (in %s) in %s (heap +%.1f MiB, %.0f B per instance)\n",
-		stats.Services, stats.Instances, stats.WindowsReplayed, stats.QuarantinesRestored, stats.QuarantinesTook.Round(time.Millisecond/10),
+	fmt.Fprintf(stdout, "rebuild: %d services, %d instances, %d admissions restored (in %s), %d windows replayed, %d quarantines restored (in %s) in %s (heap +%.1f MiB, %.0f B per instance)\n",
+		stats.Services, stats.Instances, stats.AdmissionsRestored, stats.AdmissionsTook.Round(time.Millisecond/10),
+		stats.WindowsReplayed, stats.QuarantinesRestored, stats.QuarantinesTook.Round(time.Millisecond/10),
 		took.Round(time.Millisecond), float64(after.heap-before.heap)/(1<<20), float64(after.heap-before.heap)/float64(max(stats.Instances, 1)))
 	return nil
 }
