@@ -68,6 +68,10 @@ type Config struct {
 	// fields take the defaults: 5 consecutive failures, 30 s, at most
 	// half the service).
 	Ejection EjectionPolicy
+	// ConfirmAfter is how long muster must stand by a smaller set the
+	// shrink guard holds back before routing follows it (see Hold and
+	// WithConfirmAfter). Zero or negative: DefaultConfirmAfter (60 s).
+	ConfirmAfter time.Duration
 	// ReportInterval is how often the outcomes given to Record go back to
 	// muster as passive evidence (POST /v1/reports). Default 10 s;
 	// negative turns reporting off (FlushReports still works).
@@ -185,7 +189,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.MaxReportItems <= 0 {
 		cfg.MaxReportItems = DefaultMaxReportItems
 	}
-	opts := []Option{WithClock(cfg.Clock), WithEjection(cfg.Ejection), WithEventHook(func(e Event) {
+	opts := []Option{WithClock(cfg.Clock), WithEjection(cfg.Ejection), WithConfirmAfter(cfg.ConfirmAfter), WithEventHook(func(e Event) {
+		if errors.Is(e.Err, ErrHoldFollowed) {
+			cfg.Logger.Info("resolver: following a smaller set muster stood by", "service", e.Service, "version", e.Version, "msg", e.Err)
+			return
+		}
 		cfg.Logger.Warn("resolver: update not taken as is", "service", e.Service, "version", e.Version, "err", e.Err)
 	})}
 	if cfg.CacheDir != "" {
@@ -231,7 +239,8 @@ func (c *Client) Record(service, instanceID string, success bool) {
 }
 
 // Updated returns a channel closed at the next update routing records
-// (an applied or guard-held view or delta) for any service.
+// (an applied or guard-held view or delta) for any service, and when the
+// background sweep follows a held update.
 func (c *Client) Updated() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -401,3 +401,46 @@ func TestClientSyncedIsNotAView(t *testing.T) {
 	close(release)
 	eventually(t, "synced once the view arrived", func() bool { return c.Stats().Synced && version(c, "api") == 10 })
 }
+
+// TestClientFollowsHoldWhenServerIsQuiet: muster sends a 10-endpoint view,
+// then a 4-endpoint one it does not explain, then only heartbeats. The
+// client holds the 10 and, once its clock passes ConfirmAfter, its own
+// sweep switches routing to the 4 and wakes Updated, with nothing new on
+// the stream.
+func TestClientFollowsHoldWhenServerIsQuiet(t *testing.T) {
+	t.Parallel()
+	ten := view("api", 10, 10)
+	srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		startSSE(w)
+		send(w, "view", 10, ten)
+		send(w, "view", 11, viewOf("api", 11, ten.Endpoints[:4]))
+		hang(r)
+	})
+	clk := newFakeClock(t0)
+	dir := t.TempDir()
+	c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Clock: clk.Now, CacheDir: dir, ConfirmAfter: 5 * time.Second}, &sleeps{})
+	eventually(t, "the hold", func() bool {
+		r, err := c.Resolve("api")
+		return err == nil && r.Hold != nil && r.Hold.NewestVersion == 11
+	})
+	r, _ := c.Resolve("api")
+	if r.Version() != 10 || !r.Hold.FollowAt.Equal(t0.Add(5*time.Second)) || c.Stats().Cache.Holding != 1 {
+		t.Fatalf("routing v%d, hold %+v", r.Version(), r.Hold)
+	}
+	updated := c.Updated()
+	clk.Advance(5 * time.Second)
+	select {
+	case <-updated:
+	case <-time.After(10 * time.Second): // a deadline, not a wait: the sweep runs every second
+		t.Fatal("Updated not woken by the followed hold within 10 s")
+	}
+	if r, _ := c.Resolve("api"); r.Version() != 11 || r.Hold != nil || r.Routable() != 4 {
+		t.Fatalf("after the confirm time: routing v%d with %d, hold %+v", r.Version(), r.Routable(), r.Hold)
+	}
+	if v, err := resolver.LoadView(dir, "api"); err != nil || v.Version != 11 {
+		t.Fatalf("file: v%d, %v; want v11", v.Version, err)
+	}
+	if st := c.Stats(); st.Cache.HoldsFollowed != 1 || st.Cache.Holding != 0 {
+		t.Fatalf("stats %+v", st.Cache)
+	}
+}

@@ -126,7 +126,7 @@ func (c *Cache) eject(svc *service, id string, o *outcome) {
 		o.ejectedUntil = c.cfg.clock().Add(d)
 		svc.ejected++
 		c.st.ejections.Add(1)
-		c.setState(svc, st.routing, st.latest, nil)
+		c.setState(svc, st.routing, st.latest, nil, st.hold)
 	}
 	svc.mu.Unlock()
 	if ev != nil {
@@ -135,14 +135,19 @@ func (c *Cache) eject(svc *service, id string, o *outcome) {
 }
 
 // Sweep returns ejected endpoints whose ejection time has passed to
-// rotation and forgets outcome state of endpoints no longer in any held
+// rotation, switches routing to the newest update of a service whose hold
+// has lasted the confirm time (so a quiet server is followed too; see
+// Hold), and forgets outcome state of endpoints no longer in any held
 // view. Client calls it every second; a Cache used on its own needs its
 // owner to call it.
-func (c *Cache) Sweep() {
+func (c *Cache) Sweep() { c.sweep() }
+
+// sweep is Sweep; it reports whether routing switched for any service.
+func (c *Cache) sweep() (switched bool) {
 	now := c.cfg.clock()
+	var evs []Event
 	for _, svc := range c.services {
 		svc.mu.Lock()
-		st := svc.state.Load()
 		outs := *svc.outcomes.Load()
 		changed := false
 		for _, o := range outs {
@@ -154,18 +159,23 @@ func (c *Cache) Sweep() {
 				changed = true
 			}
 		}
-		if st != nil {
+		if fev, ok := c.followDue(svc, now); ok {
+			evs = append(evs, fev...)
+			switched = true
+		} else if st := svc.state.Load(); st != nil {
 			// Prune ids neither snapshot holds (their pending counts have
 			// been reported or are dropped with them).
 			if n := len(outs); n > len(st.routing.eps) || n > len(st.latest.eps) {
 				changed = true
 			}
 			if changed {
-				c.setState(svc, st.routing, st.latest, nil)
+				c.setState(svc, st.routing, st.latest, nil, st.hold)
 			}
 		}
 		svc.mu.Unlock()
 	}
+	c.emit(evs...)
+	return switched
 }
 
 // Ejected returns the ids of service's endpoints that are locally ejected
@@ -187,11 +197,12 @@ func (c *Cache) Ejected(service string) []string {
 	return ids
 }
 
-// setState stores routing and latest with routing's pick table minus the
-// ejected endpoints. added lists endpoints that may be new to the
-// service's outcome map; nil with a changed set of snapshots prunes and
-// rebuilds the map. Called with svc.mu held.
-func (c *Cache) setState(svc *service, routing, latest *Snapshot, added []*Endpoint) {
+// setState stores routing and latest (and the hold between them, nil
+// when they are the same) with routing's pick table minus the ejected
+// endpoints. added lists endpoints that may be new to the service's
+// outcome map; nil with a changed set of snapshots prunes and rebuilds
+// the map. Called with svc.mu held.
+func (c *Cache) setState(svc *service, routing, latest *Snapshot, added []*Endpoint, hold *Hold) {
 	outs := *svc.outcomes.Load()
 	var grown map[string]*outcome
 	for _, e := range added {
@@ -226,7 +237,7 @@ func (c *Cache) setState(svc *service, routing, latest *Snapshot, added []*Endpo
 		outs = grown
 		svc.outcomes.Store(&grown)
 	}
-	st := &state{routing: routing, latest: latest, table: &routing.table}
+	st := &state{routing: routing, latest: latest, hold: hold, table: &routing.table}
 	if svc.ejected > 0 {
 		st.table, st.ejected = c.ejectedTable(svc, routing, outs)
 	}
