@@ -66,7 +66,7 @@ type Config struct {
 	Rand func() float64
 	// Ejection is the local passive ejection policy fed by Record (zero
 	// fields take the defaults: 5 consecutive failures, 30 s, at most
-	// half the service).
+	// half the service while nothing else looks healthy).
 	Ejection EjectionPolicy
 	// ConfirmAfter is how long muster must stand by a smaller set the
 	// shrink guard holds back before routing follows it (see Hold and

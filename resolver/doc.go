@@ -105,10 +105,17 @@
 // # Outcomes and local ejection
 //
 // Record notes the outcome of each call the caller makes (lock-free, no
-// allocation). The counts serve twice. Local passive ejection
+// allocation), including whether the endpoint's most recent outcome was a
+// failure. The counts serve twice. Local passive ejection
 // (EjectionPolicy) leaves an endpoint with five consecutive failures out
-// of Pick for 30 s (longer each time), never more than half of a
-// service's routable endpoints at once and never its only one; it is this
+// of Pick for 30 s (longer each time). The cap is on healthy-looking
+// capacity: while another routable endpoint still in rotation looks
+// healthy (its most recent outcome a success, or none yet), the endpoint
+// is ejected however many already are, so no dead endpoint stays pickable
+// for rounding's sake; when nothing else looks healthy (the caller itself
+// may be the problem) no more than half of the service's routable
+// endpoints (floor(MaxFraction x routable)) are ejected at once. The last
+// routable endpoint in rotation is never ejected. Ejection is this
 // process's decision and changes nothing in muster. And the Client sends
 // them back to muster every ReportInterval as passive aggregates (POST
 // /v1/reports, at most MaxReportItems endpoints per interval, in batches
