@@ -129,6 +129,9 @@ type service struct {
 	// pruned, under mu) so Record reads it without a lock.
 	outcomes atomic.Pointer[map[string]*outcome]
 	ejected  int // outcomes with ejectedUntil set; guarded by mu
+	// routed: routing has had a routable endpoint since New (from the
+	// stream or a last-known-good file).
+	routed atomic.Bool
 }
 
 // state pairs the snapshot routing uses with the newest one recorded; they
@@ -245,6 +248,13 @@ func (c *Cache) Resolve(service string) (Result, error) {
 		return Result{}, ErrNoView
 	}
 	return Result{Snapshot: st.routing, Now: c.cfg.clock(), Held: st.latest.version, Ejected: st.ejected, Hold: st.hold}, nil
+}
+
+// routedOnce reports whether routing for service has had a routable
+// endpoint since New.
+func (c *Cache) routedOnce(service string) bool {
+	svc := c.services[service]
+	return svc != nil && svc.routed.Load()
 }
 
 // Pick returns a routable endpoint of service chosen with probability

@@ -43,8 +43,10 @@ type Config struct {
 	// Empty keeps views in memory only.
 	CacheDir string
 	// Default is the documented fallback of ResolveOrDefault for a service
-	// nothing is known about. Nil means ResolveOrDefault fails with
-	// ErrNoView.
+	// that has never had a routable endpoint in this process (nothing
+	// cached, or only views with nothing routable). Nil means
+	// ResolveOrDefault fails with ErrNoView (or ErrNoEndpoints when views
+	// came but had nothing routable).
 	Default func(service string) (Endpoint, error)
 	// HTTPClient makes the watch requests; it must not set a Timeout
 	// (streams are long-lived). Default: a fresh http.Client.
@@ -247,17 +249,23 @@ func (c *Client) Updated() <-chan struct{} {
 	return c.updated
 }
 
-// ResolveOrDefault picks an endpoint of service from the cache. When
-// nothing is cached for it (ErrNoView) it waits for the stream's first
-// view until ctx ends (its deadline), then falls back to Config.Default,
-// or fails with ErrNoView if there is none. It never blocks past ctx.
-// ErrNoEndpoints (muster says nothing is routable, e.g. a drained
-// service) is an answer, returned as is, not a reason to use the default.
+// ResolveOrDefault picks an endpoint of service from the cache. While
+// the service is cold, with nothing cached (ErrNoView) or only views with
+// nothing routable since New (ErrNoEndpoints, a service whose instances
+// await readiness), it waits for an update until ctx ends (its deadline),
+// then falls back to Config.Default, or fails with that error if there is
+// none. It never blocks past ctx. Once the service has had a routable
+// endpoint, ErrNoEndpoints (a decommissioned service, or a hold followed
+// to nothing) is an answer, returned as is, not a reason to use the
+// default.
 func (c *Client) ResolveOrDefault(ctx context.Context, service string) (Endpoint, error) {
+	var err error
 	for {
 		ch := c.Updated()
-		e, err := c.cache.Pick(service)
-		if !errors.Is(err, ErrNoView) {
+		var e Endpoint
+		e, err = c.cache.Pick(service)
+		cold := errors.Is(err, ErrNoView) || errors.Is(err, ErrNoEndpoints) && !c.cache.routedOnce(service)
+		if !cold {
 			return e, err
 		}
 		select {
@@ -268,7 +276,7 @@ func (c *Client) ResolveOrDefault(ctx context.Context, service string) (Endpoint
 		break
 	}
 	if c.cfg.Default == nil {
-		return Endpoint{}, fmt.Errorf("resolve %s: %w (no default configured)", service, ErrNoView)
+		return Endpoint{}, fmt.Errorf("resolve %s: %w (no default configured)", service, err)
 	}
 	return c.cfg.Default(service)
 }

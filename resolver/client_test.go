@@ -348,6 +348,84 @@ func TestResolveOrDefault(t *testing.T) {
 			t.Fatalf("err %v, want ErrNoView", err)
 		}
 	})
+	// A service whose views have had nothing routable since the client
+	// started (its instances await readiness) is cold: the default.
+	t.Run("only empty views so far: default within the deadline", func(t *testing.T) {
+		t.Parallel()
+		srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			startSSE(w)
+			send(w, "view", 10, withRegistered(viewOf("api", 10, nil), map[string]int{"a": 3}))
+			hang(r)
+		})
+		c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Default: defaultFn}, &sleeps{})
+		eventually(t, "the empty view", func() bool { return version(c, "api") == 10 })
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if e, err := c.ResolveOrDefault(ctx, "api"); err != nil || e.InstanceID != def.InstanceID {
+			t.Fatalf("got %+v, %v; want the default", e, err)
+		}
+	})
+	t.Run("only empty views so far, no default", func(t *testing.T) {
+		t.Parallel()
+		srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			startSSE(w)
+			send(w, "view", 10, viewOf("api", 10, nil))
+			hang(r)
+		})
+		c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}}, &sleeps{})
+		eventually(t, "the empty view", func() bool { return version(c, "api") == 10 })
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if _, err := c.ResolveOrDefault(ctx, "api"); !errors.Is(err, resolver.ErrNoEndpoints) {
+			t.Fatalf("err %v, want ErrNoEndpoints", err)
+		}
+	})
+	t.Run("empty, then routable while waiting", func(t *testing.T) {
+		t.Parallel()
+		release := make(chan struct{})
+		srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			startSSE(w)
+			send(w, "view", 10, viewOf("api", 10, nil))
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+			send(w, "view", 11, view("api", 11, 1))
+			hang(r)
+		})
+		c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Default: defaultFn}, &sleeps{})
+		eventually(t, "the empty view", func() bool { return version(c, "api") == 10 })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		got := make(chan resolver.Endpoint, 1)
+		go func() {
+			e, _ := c.ResolveOrDefault(ctx, "api")
+			got <- e
+		}()
+		close(release)
+		if e := <-got; e.InstanceID != id(0) {
+			t.Fatalf("got %+v, want the streamed endpoint", e)
+		}
+	})
+	// A service that had endpoints and was decommissioned is an answer:
+	// nothing to route to, not a reason for the default.
+	t.Run("decommissioned after routing: ErrNoEndpoints at once", func(t *testing.T) {
+		t.Parallel()
+		srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			startSSE(w)
+			send(w, "view", 10, view("api", 10, 2))
+			send(w, "view", 11, viewOf("api", 11, nil)) // every zone gone
+			hang(r)
+		})
+		c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Default: defaultFn}, &sleeps{})
+		eventually(t, "the decommission", func() bool { return version(c, "api") == 11 })
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if e, err := c.ResolveOrDefault(ctx, "api"); !errors.Is(err, resolver.ErrNoEndpoints) || ctx.Err() != nil {
+			t.Fatalf("got %+v, %v (ctx %v); want ErrNoEndpoints before the deadline", e, err, ctx.Err())
+		}
+	})
 	t.Run("waits for the first view", func(t *testing.T) {
 		t.Parallel()
 		release := make(chan struct{})

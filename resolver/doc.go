@@ -94,8 +94,12 @@
 // resubscribes to the next URL after a full-jitter exponential backoff,
 // or the server's Retry-After when that is longer. Losing the stream
 // changes nothing in routing: Resolve keeps answering from the held view
-// and only its age grows. ResolveOrDefault waits for a cold service's
-// first view until its context's deadline, then returns Config.Default.
+// and only its age grows. ResolveOrDefault treats a service as cold until
+// routing has had a routable endpoint since New: with nothing cached, or
+// only views with nothing routable (instances awaiting readiness), it
+// waits for an update until its context's deadline, then returns
+// Config.Default. A service that had routable endpoints and now has none
+// (decommissioned, or a hold followed to nothing) answers ErrNoEndpoints.
 // The server's synced event says the stream caught up; it is never taken
 // for a view: ClientStats.Synced is true only while the cache also holds
 // a view of every configured service (muster sends synced only after

@@ -291,6 +291,9 @@ func (c *Cache) setState(svc *service, routing, latest *Snapshot, added []*Endpo
 	if svc.ejected > 0 {
 		st.table, st.ejected = c.ejectedTable(svc, routing, outs)
 	}
+	if routing.routable > 0 && !svc.routed.Load() {
+		svc.routed.Store(true)
+	}
 	svc.state.Store(st)
 }
 
