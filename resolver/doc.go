@@ -118,8 +118,9 @@
 // is ejected however many already are, so no dead endpoint stays pickable
 // for rounding's sake; when nothing else looks healthy (the caller itself
 // may be the problem) no more than half of the service's routable
-// endpoints (floor(MaxFraction x routable)) are ejected at once. The last
-// routable endpoint in rotation is never ejected. Ejection is this
+// endpoints (floor(MaxFraction x routable)) are ejected at once, and
+// ejections beyond that end early. The last routable endpoint in rotation
+// is never ejected. Ejection is this
 // process's decision and changes nothing in muster. And the Client sends
 // them back to muster every ReportInterval as passive aggregates (POST
 // /v1/reports, at most MaxReportItems endpoints per interval, in batches

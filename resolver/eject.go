@@ -36,8 +36,9 @@ var ErrEjectionCapped = errors.New("resolver: ejection cap reached; endpoint sta
 // dead, all six leave Pick. When nothing else looks healthy the caller
 // itself may be the problem, and then no more than MaxFraction of the
 // service's routable endpoints are ejected at once: a caller's bad day
-// must not drain a service (ADR-01). The last routable endpoint not
-// ejected is never ejected. Ejection is local: it changes this process's
+// must not drain a service (ADR-01); ejections beyond it (made while
+// something still looked healthy) end early, the soonest-ending first.
+// The last routable endpoint not ejected is never ejected. Ejection is local: it changes this process's
 // picks, not muster's view.
 type EjectionPolicy struct {
 	// ConsecutiveFailures: 0 takes the default (5); negative disables
@@ -142,6 +143,12 @@ func (c *Cache) eject(svc *service, id string, o *outcome) {
 			ev = &Event{Service: svc.name, Version: st.routing.version, Routable: routable, Held: routable - st.ejected,
 				Err: fmt.Errorf("eject %s of %s: no other endpoint in rotation looks healthy, %d of %d routable already ejected, cap %d: %w",
 					id, svc.name, st.ejected, routable, allowed, ErrEjectionCapped)}
+			if st.ejected > allowed {
+				// Endpoints ejected while others still looked healthy
+				// (or had not been tried): now that nothing does, the
+				// cap holds for them too, the soonest-ending first.
+				c.setState(svc, st.routing, st.latest, nil, st.hold)
+			}
 			break
 		}
 		o.ejections++

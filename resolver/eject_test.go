@@ -111,6 +111,31 @@ func TestEjectionCap(t *testing.T) {
 	}
 }
 
+// Endpoints failing one after another: while an untried endpoint looks
+// healthy the failing ones are ejected beyond the cap; once the last one
+// fails too, nothing looks healthy and the cap is restored, ending the
+// ejection that would end soonest.
+func TestEjectionCapRestoredWhenNothingLooksHealthy(t *testing.T) {
+	c, clk, events := ejectingCache(t, 4)
+	for i := range 3 {
+		fail(c, id(i), 5)
+		clk.Advance(time.Second)
+	}
+	if got := c.Ejected("api"); len(got) != 3 {
+		t.Fatalf("Ejected = %v, want 3 of 4 while id 3 is untried", got)
+	}
+	fail(c, id(3), 5)
+	if got := c.Ejected("api"); fmt.Sprint(got) != fmt.Sprint([]string{id(1), id(2)}) {
+		t.Fatalf("Ejected = %v, want the two latest (cap 50%%)", got)
+	}
+	if s := c.Stats(); s.EjectionsCapped != 1 || s.Unejections != 1 || len(*events) != 1 {
+		t.Fatalf("stats %+v, events %v", s, *events)
+	}
+	if seen := pickSet(t, c); len(seen) != 2 || !seen[id(0)] || !seen[id(3)] {
+		t.Errorf("Pick chose %v, want 0 and 3", seen)
+	}
+}
+
 // traffic sends calls through Pick and Record until the set of ejected
 // endpoints has not changed for 1,000 calls; dead says which fail.
 func traffic(t *testing.T, c *resolver.Cache, dead func(string) bool) {
