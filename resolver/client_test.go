@@ -492,17 +492,18 @@ func TestClientFollowsHoldWhenServerIsQuiet(t *testing.T) {
 		startSSE(w)
 		send(w, "view", 10, ten)
 		send(w, "view", 11, viewOf("api", 11, ten.Endpoints[:4]))
+		fmt.Fprint(w, "event: heartbeat\ndata: {}\n\n")
+		w.(http.Flusher).Flush()
 		hang(r)
 	})
 	clk := newFakeClock(t0)
 	dir := t.TempDir()
 	c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Clock: clk.Now, CacheDir: dir, ConfirmAfter: 5 * time.Second}, &sleeps{})
-	eventually(t, "the hold", func() bool {
-		r, err := c.Resolve("api")
-		return err == nil && r.Hold != nil && r.Hold.NewestVersion == 11
-	})
+	// The heartbeat is read after v11 was applied and Updated woken for
+	// it, so the channel taken below can only be closed by the sweep.
+	eventually(t, "the heartbeat after v11", func() bool { return c.Stats().Frames == 3 })
 	r, _ := c.Resolve("api")
-	if r.Version() != 10 || !r.Hold.FollowAt.Equal(t0.Add(5*time.Second)) || c.Stats().Cache.Holding != 1 {
+	if r.Version() != 10 || r.Hold == nil || r.Hold.NewestVersion != 11 || !r.Hold.FollowAt.Equal(t0.Add(5*time.Second)) || c.Stats().Cache.Holding != 1 {
 		t.Fatalf("routing v%d, hold %+v", r.Version(), r.Hold)
 	}
 	updated := c.Updated()
