@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,4 +186,27 @@ func BenchmarkPickLatency(b *testing.B) {
 		_, err := c.Pick("api")
 		return err
 	})
+}
+
+// BenchmarkRecord records outcomes from parallel callers while deltas
+// churn: one call in four per endpoint fails, so the ejection state
+// (consecutive failures, most recent outcome) keeps changing without
+// ejecting anything.
+func BenchmarkRecord(b *testing.B) {
+	c, stop := churning(b)
+	ids := make([]string, 1000)
+	for i := range ids {
+		ids[i] = id(i)
+	}
+	var start atomic.Uint64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := start.Add(7919)
+		for pb.Next() {
+			i++
+			c.Record("api", ids[i%1000], (i/1000)%4 != 0)
+		}
+	})
+	b.StopTimer()
+	stop()
 }

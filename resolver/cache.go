@@ -17,12 +17,13 @@ import (
 type Option func(*config)
 
 type config struct {
-	clock     func() time.Time
-	random    func() uint64
-	dir       string
-	maxShrink float64
-	hook      func(Event)
-	eject     EjectionPolicy
+	clock        func() time.Time
+	random       func() uint64
+	dir          string
+	maxShrink    float64
+	confirmAfter time.Duration
+	hook         func(Event)
+	eject        EjectionPolicy
 }
 
 // WithClock sets the clock Resolve stamps results with and Apply stamps
@@ -39,28 +40,37 @@ func WithRandom(r func() uint64) Option { return func(c *config) { c.random = r 
 func WithDir(dir string) Option { return func(c *config) { c.dir = dir } }
 
 // WithMaxShrink sets the largest fraction of the routable set one update
-// may remove (default DefaultMaxShrink); 1 disables the shrink guard.
+// may remove beyond what the registry removed (default DefaultMaxShrink);
+// 1 disables the shrink cap (an update that empties the service is still
+// held unless the registry explains it).
 func WithMaxShrink(f float64) Option { return func(c *config) { c.maxShrink = f } }
 
-// WithEventHook receives every refusal, stale or broken update, corrupt
-// cache file and persist failure. It is called synchronously after the
-// update's lock is released, so it may call back into the Cache, but it
-// must be quick.
+// WithConfirmAfter sets how long the server must stand by a smaller set
+// the shrink guard holds back before routing follows it (see Hold). Zero
+// or negative takes DefaultConfirmAfter (60 s).
+func WithConfirmAfter(d time.Duration) Option { return func(c *config) { c.confirmAfter = d } }
+
+// WithEventHook receives every refusal, followed hold, broken update,
+// corrupt cache file and persist failure. It is called synchronously
+// after the update's lock is released, so it may call back into the
+// Cache, but it must be quick.
 func WithEventHook(h func(Event)) Option { return func(c *config) { c.hook = h } }
 
 // WithEjection sets the local passive ejection policy (see
 // EjectionPolicy; zero fields take the defaults).
 func WithEjection(p EjectionPolicy) Option { return func(c *config) { c.eject = p } }
 
-// Event reports an update or file the Cache did not take as is. Err wraps
-// one of the sentinel errors.
+// Event reports an update or file the Cache did not take as is, or a
+// hold it ended by following the newest update (Err wraps
+// ErrHoldFollowed). Err wraps one of the sentinel errors.
 type Event struct {
 	Service string
 	// Version is the update's version (0 for a file that did not decode).
 	Version uint64
 	Err     error
 	// Routable is the routable count the update described; Held is the
-	// routable count routing kept.
+	// routable count routing kept (for a followed hold: the count it
+	// held until then).
 	Routable, Held int
 }
 
@@ -82,11 +92,23 @@ type Stats struct {
 	// OutcomesUnknown counts Record calls naming an endpoint the Cache
 	// does not hold.
 	OutcomesUnknown uint64
+	// RegistryShrinks counts updates taken at once although they shrink
+	// the routable set beyond the cap or to nothing, because the
+	// registry's counts say the instances left (a scale-down, a
+	// decommission).
+	RegistryShrinks uint64
+	// HoldsFollowed counts holds that ended with routing following the
+	// newest update because the server stood by it for the confirm time;
+	// HoldsReleased those Release ended.
+	HoldsFollowed, HoldsReleased uint64
+	// Holding is how many services the shrink guard is holding now.
+	Holding int
 }
 
 type stats struct {
 	applied, loaded, stale, gaps, checksum, invalid, wouldEmpty, shrink, corrupt, persist atomic.Uint64
 	ejections, ejectCapped, unejections, unknownOutcomes                                  atomic.Uint64
+	registryShrinks, followed, released                                                   atomic.Uint64
 }
 
 // Cache holds the routing snapshot of each configured service. Resolve and
@@ -107,13 +129,18 @@ type service struct {
 	// pruned, under mu) so Record reads it without a lock.
 	outcomes atomic.Pointer[map[string]*outcome]
 	ejected  int // outcomes with ejectedUntil set; guarded by mu
+	// routed: routing has had a routable endpoint since New (from the
+	// stream or a last-known-good file).
+	routed atomic.Bool
 }
 
 // state pairs the snapshot routing uses with the newest one recorded; they
-// differ while a client guard holds a larger set. Deltas chain on latest.
-// table is routing's pick table minus locally ejected endpoints.
+// differ while a client guard holds a larger set, and then hold says
+// since when and why. Deltas chain on latest. table is routing's pick
+// table minus locally ejected endpoints.
 type state struct {
 	routing, latest *Snapshot
+	hold            *Hold
 	table           *pickTable
 	ejected         int // routable endpoints of routing left out of table
 }
@@ -125,6 +152,9 @@ func NewCache(services []string, opts ...Option) (*Cache, error) {
 	cfg := config{clock: time.Now, random: rand.Uint64, maxShrink: DefaultMaxShrink}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.confirmAfter <= 0 {
+		cfg.confirmAfter = DefaultConfirmAfter
 	}
 	if !(cfg.maxShrink >= 0 && cfg.maxShrink <= 1) {
 		return nil, fmt.Errorf("resolver: max shrink %v outside [0,1]", cfg.maxShrink)
@@ -171,19 +201,28 @@ func (c *Cache) load(svc *service) {
 	eps := v.Endpoints // sorted and checksummed by LoadView
 	snap := newSnapshot(svc.name, v.Version, pointers(eps), eps, v.Zones, v.GeneratedAt, c.cfg.clock(), v.Checksum, sumOf(eps))
 	svc.mu.Lock()
-	c.setState(svc, snap, snap, snap.eps)
+	c.setState(svc, snap, snap, snap.eps, nil)
 	svc.mu.Unlock()
 	c.st.loaded.Add(1)
 }
 
-func (c *Cache) emit(e Event) {
-	if c.cfg.hook != nil {
+func (c *Cache) emit(evs ...Event) {
+	if c.cfg.hook == nil {
+		return
+	}
+	for _, e := range evs {
 		c.cfg.hook(e)
 	}
 }
 
 // Stats returns the counters.
 func (c *Cache) Stats() Stats {
+	holding := 0
+	for _, svc := range c.services {
+		if st := svc.state.Load(); st != nil && st.hold != nil {
+			holding++
+		}
+	}
 	return Stats{
 		Applied: c.st.applied.Load(), Loaded: c.st.loaded.Load(), Stale: c.st.stale.Load(),
 		Gaps: c.st.gaps.Load(), ChecksumMismatches: c.st.checksum.Load(), Invalid: c.st.invalid.Load(),
@@ -191,6 +230,8 @@ func (c *Cache) Stats() Stats {
 		CorruptFiles: c.st.corrupt.Load(), PersistErrors: c.st.persist.Load(),
 		Ejections: c.st.ejections.Load(), EjectionsCapped: c.st.ejectCapped.Load(),
 		Unejections: c.st.unejections.Load(), OutcomesUnknown: c.st.unknownOutcomes.Load(),
+		RegistryShrinks: c.st.registryShrinks.Load(), HoldsFollowed: c.st.followed.Load(),
+		HoldsReleased: c.st.released.Load(), Holding: holding,
 	}
 }
 
@@ -206,7 +247,14 @@ func (c *Cache) Resolve(service string) (Result, error) {
 	if st == nil {
 		return Result{}, ErrNoView
 	}
-	return Result{Snapshot: st.routing, Now: c.cfg.clock(), Held: st.latest.version, Ejected: st.ejected}, nil
+	return Result{Snapshot: st.routing, Now: c.cfg.clock(), Held: st.latest.version, Ejected: st.ejected, Hold: st.hold}, nil
+}
+
+// routedOnce reports whether routing for service has had a routable
+// endpoint since New.
+func (c *Cache) routedOnce(service string) bool {
+	svc := c.services[service]
+	return svc != nil && svc.routed.Load()
 }
 
 // Pick returns a routable endpoint of service chosen with probability
@@ -236,20 +284,18 @@ func (c *Cache) Pick(service string) (Endpoint, error) {
 // ErrStale: v is not newer than the held version; ignored. ErrChecksum or
 // ErrInvalid: nothing changed. ErrWouldEmpty or ErrShrinkCapped: v was
 // recorded (deltas may follow it) but routing keeps the larger set it
-// held; do not refetch.
+// held for now (see Hold); do not refetch.
 func (c *Cache) ApplyView(v View) error {
 	svc := c.services[v.Service]
 	if svc == nil {
 		return fmt.Errorf("apply view of %q: %w", v.Service, ErrUnknownService)
 	}
-	ev, err := c.applyView(svc, v)
-	if ev != nil {
-		c.emit(*ev)
-	}
+	evs, err := c.applyView(svc, v)
+	c.emit(evs...)
 	return err
 }
 
-func (c *Cache) applyView(svc *service, v View) (*Event, error) {
+func (c *Cache) applyView(svc *service, v View) ([]Event, error) {
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	cur := svc.state.Load()
@@ -264,13 +310,13 @@ func (c *Cache) applyView(svc *service, v View) (*Event, error) {
 	if err := checkUnique(eps); err != nil {
 		c.st.invalid.Add(1)
 		err = fmt.Errorf("apply view %s v%d: %w: %w", svc.name, v.Version, err, ErrInvalid)
-		return &Event{Service: svc.name, Version: v.Version, Err: err}, err
+		return []Event{{Service: svc.name, Version: v.Version, Err: err}}, err
 	}
 	sum := sumOf(eps)
 	if !sum.matches(v.Checksum) {
 		c.st.checksum.Add(1)
 		err := fmt.Errorf("apply view %s v%d: got %s, view says %s: %w", svc.name, v.Version, sum, v.Checksum, ErrChecksum)
-		return &Event{Service: svc.name, Version: v.Version, Err: err}, err
+		return []Event{{Service: svc.name, Version: v.Version, Err: err}}, err
 	}
 	zones := maps.Clone(v.Zones)
 	ptrs := pointers(eps)
@@ -290,21 +336,19 @@ func (c *Cache) ApplyDelta(d Delta) error {
 	if svc == nil {
 		return fmt.Errorf("apply delta of %q: %w", d.Service, ErrUnknownService)
 	}
-	ev, err := c.applyDelta(svc, d)
-	if ev != nil {
-		c.emit(*ev)
-	}
+	evs, err := c.applyDelta(svc, d)
+	c.emit(evs...)
 	return err
 }
 
-func (c *Cache) applyDelta(svc *service, d Delta) (*Event, error) {
+func (c *Cache) applyDelta(svc *service, d Delta) ([]Event, error) {
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	cur := svc.state.Load()
 	if cur == nil {
 		c.st.gaps.Add(1)
 		err := fmt.Errorf("apply delta %s v%d->v%d (nothing held): %w", svc.name, d.FromVersion, d.Version, ErrGap)
-		return &Event{Service: svc.name, Version: d.Version, Err: err}, err
+		return []Event{{Service: svc.name, Version: d.Version, Err: err}}, err
 	}
 	held := cur.latest
 	if d.Version <= held.version {
@@ -314,7 +358,7 @@ func (c *Cache) applyDelta(svc *service, d Delta) (*Event, error) {
 	if d.FromVersion != held.version {
 		c.st.gaps.Add(1)
 		err := fmt.Errorf("apply delta %s v%d->v%d (held v%d): %w", svc.name, d.FromVersion, d.Version, held.version, ErrGap)
-		return &Event{Service: svc.name, Version: d.Version, Err: err}, err
+		return []Event{{Service: svc.name, Version: d.Version, Err: err}}, err
 	}
 	upserts := slices.Clone(d.Upserts) // the snapshot points into it
 	if !slices.IsSortedFunc(upserts, compareEndpoints) {
@@ -323,7 +367,7 @@ func (c *Cache) applyDelta(svc *service, d Delta) (*Event, error) {
 	if err := checkUnique(upserts); err != nil {
 		c.st.invalid.Add(1)
 		err = fmt.Errorf("apply delta %s v%d: %w: %w", svc.name, d.Version, err, ErrInvalid)
-		return &Event{Service: svc.name, Version: d.Version, Err: err}, err
+		return []Event{{Service: svc.name, Version: d.Version, Err: err}}, err
 	}
 	// Check the checksum before building anything: ten hashes for a
 	// ten-endpoint delta, whatever the size of the view.
@@ -331,7 +375,7 @@ func (c *Cache) applyDelta(svc *service, d Delta) (*Event, error) {
 	if !sum.matches(d.Checksum) {
 		c.st.checksum.Add(1)
 		err := fmt.Errorf("apply delta %s v%d: got %s, delta says %s: %w", svc.name, d.Version, sum, d.Checksum, ErrChecksum)
-		return &Event{Service: svc.name, Version: d.Version, Err: err}, err
+		return []Event{{Service: svc.name, Version: d.Version, Err: err}}, err
 	}
 	eps := merge(held.eps, upserts, d.Removals)
 	zones := maps.Clone(held.zones)
@@ -347,47 +391,158 @@ func (c *Cache) applyDelta(svc *service, d Delta) (*Event, error) {
 }
 
 // publish records snap as the newest state and switches routing to it
-// unless a client guard refuses; added holds the endpoints that may be new
+// unless the shrink guard holds; added holds the endpoints that may be new
 // to the service. Called with svc.mu held.
-func (c *Cache) publish(svc *service, cur *state, snap *Snapshot, added []*Endpoint) (*Event, error) {
-	routing := snap
-	var gerr error
-	if cur != nil && !snap.drained {
-		old := cur.routing
-		switch {
-		case snap.Routable() == 0 && old.Routable() > 0:
-			gerr = ErrWouldEmpty
-			c.st.wouldEmpty.Add(1)
-		case !snap.tripped && float64(snap.Routable()) < float64(old.Routable())*(1-c.cfg.maxShrink):
-			gerr = ErrShrinkCapped
-			c.st.shrink.Add(1)
-		}
-		if gerr != nil {
-			routing = old
-		}
+func (c *Cache) publish(svc *service, cur *state, snap *Snapshot, added []*Endpoint) ([]Event, error) {
+	if cur == nil {
+		c.setState(svc, snap, snap, added, nil)
+		return c.switched(svc, snap, "apply"), nil
 	}
-	c.setState(svc, routing, snap, added)
-	if gerr != nil {
-		err := fmt.Errorf("apply %s v%d: %d routable, holding v%d with %d: %w",
-			svc.name, snap.version, snap.Routable(), routing.version, routing.Routable(), gerr)
-		return &Event{Service: svc.name, Version: snap.version, Err: err, Routable: snap.Routable(), Held: routing.Routable()}, err
+	reason, explained := c.guard(cur.routing, snap)
+	if reason == nil {
+		if explained {
+			c.st.registryShrinks.Add(1)
+		}
+		c.setState(svc, snap, snap, added, nil) // ends any hold
+		return c.switched(svc, snap, "apply"), nil
 	}
+	now := c.cfg.clock()
+	since := now
+	if cur.hold != nil {
+		// Every update since the hold began was refused: the server has
+		// stood by a smaller set since then.
+		since = cur.hold.Since
+	}
+	h := &Hold{
+		Reason: reason, Since: since, FollowAt: since.Add(c.cfg.confirmAfter),
+		HeldVersion: cur.routing.version, HeldRoutable: cur.routing.routable,
+		NewestVersion: snap.version, NewestRoutable: snap.routable,
+	}
+	if !now.Before(h.FollowAt) {
+		c.setState(svc, snap, snap, added, nil)
+		return c.followed(svc, h, snap), nil
+	}
+	if reason == ErrWouldEmpty {
+		c.st.wouldEmpty.Add(1)
+	} else {
+		c.st.shrink.Add(1)
+	}
+	c.setState(svc, cur.routing, snap, added, h)
+	err := fmt.Errorf("apply %s v%d: %d routable, holding v%d with %d since %s, following at %s unless the server sends a larger set: %w",
+		svc.name, snap.version, snap.routable, h.HeldVersion, h.HeldRoutable,
+		h.Since.Format(time.RFC3339), h.FollowAt.Format(time.RFC3339), reason)
+	return []Event{{Service: svc.name, Version: snap.version, Err: err, Routable: snap.routable, Held: h.HeldRoutable}}, err
+}
+
+// guard decides whether routing may switch from old to next. It returns
+// ErrWouldEmpty or ErrShrinkCapped to hold old, or nil; explained reports
+// that the registry's counts accounted for a shrink that would otherwise
+// have been held.
+//
+// The shrink is measured against what routing holds, less the instances
+// the registry removed (registryRemoved): a scale-down or decommission is
+// intended, a mass withdrawal of registered instances may be a fault.
+func (c *Cache) guard(old, next *Snapshot) (reason error, explained bool) {
+	if next.routable >= old.routable {
+		return nil, false
+	}
+	removed, known := registryRemoved(old, next)
+	if next.routable == 0 {
+		// Empty is taken only when every routable endpoint left the
+		// registry, or nothing is registered at all (every zone gone or
+		// at zero).
+		if n, ok := next.Registered(); ok && n == 0 || known && removed >= old.routable {
+			return nil, true
+		}
+		return ErrWouldEmpty, false
+	}
+	if next.tripped {
+		// A tripped zone guard means muster publishes full zones: the
+		// server already refused to shrink them.
+		return nil, false
+	}
+	floor := float64(old.routable) * (1 - c.cfg.maxShrink)
+	if float64(next.routable) >= floor {
+		return nil, false
+	}
+	if known && float64(next.routable+removed) >= floor {
+		return nil, true
+	}
+	return ErrShrinkCapped, false
+}
+
+// registryRemoved returns how many registered instances old's zones lost
+// by next: the sum over old's zones of the drop in Registered, a zone
+// absent from next counting as all of its instances gone. known is false
+// when a zone involved does not carry Registered.
+func registryRemoved(old, next *Snapshot) (removed int, known bool) {
+	for name, oz := range old.zones {
+		if oz.Registered == nil {
+			return 0, false
+		}
+		nz, ok := next.zones[name]
+		if !ok {
+			removed += max(0, *oz.Registered)
+			continue
+		}
+		if nz.Registered == nil {
+			return 0, false
+		}
+		removed += max(0, *oz.Registered-*nz.Registered)
+	}
+	return removed, true
+}
+
+// switched counts a switch of routing to snap (by op: apply, follow or
+// release) and writes snap as the last-known-good file, so a restarted
+// process starts from what this one routed on. Called with svc.mu held.
+func (c *Cache) switched(svc *service, snap *Snapshot, op string) []Event {
 	c.st.applied.Add(1)
-	if c.cfg.dir != "" {
-		if err := writeView(c.cfg.dir, snap.View()); err != nil {
-			c.st.persist.Add(1)
-			err = fmt.Errorf("apply %s v%d: %w: %w", svc.name, snap.version, ErrPersist, err)
-			// Routing already switched; the disk copy is only a cold-start
-			// aid, so report rather than fail the update.
-			return &Event{Service: svc.name, Version: snap.version, Err: err, Routable: snap.Routable(), Held: snap.Routable()}, nil
-		}
+	if c.cfg.dir == "" {
+		return nil
 	}
-	return nil, nil
+	if err := writeView(c.cfg.dir, snap.View()); err != nil {
+		c.st.persist.Add(1)
+		// Routing already switched; the disk copy is only a cold-start
+		// aid, so report rather than fail the update.
+		err = fmt.Errorf("%s %s v%d: %w: %w", op, svc.name, snap.version, ErrPersist, err)
+		return []Event{{Service: svc.name, Version: snap.version, Err: err, Routable: snap.routable, Held: snap.routable}}
+	}
+	return nil
+}
+
+// followed reports that routing followed snap, the newest update of hold
+// h, and persists it. Called with svc.mu held, after setState.
+func (c *Cache) followed(svc *service, h *Hold, snap *Snapshot) []Event {
+	c.st.followed.Add(1)
+	err := fmt.Errorf("follow %s v%d with %d routable: the server stood by a smaller set than v%d's %d (%s) since %s: %w",
+		svc.name, h.NewestVersion, h.NewestRoutable, h.HeldVersion, h.HeldRoutable, holdReason(h.Reason),
+		h.Since.Format(time.RFC3339), ErrHoldFollowed)
+	evs := []Event{{Service: svc.name, Version: h.NewestVersion, Err: err, Routable: h.NewestRoutable, Held: h.HeldRoutable}}
+	return append(evs, c.switched(svc, snap, "follow")...)
+}
+
+func holdReason(err error) string {
+	if err == ErrWouldEmpty {
+		return "would empty"
+	}
+	return "shrink capped"
+}
+
+// followDue switches routing to the newest update if svc's hold has
+// lasted the confirm time by now. Called with svc.mu held.
+func (c *Cache) followDue(svc *service, now time.Time) ([]Event, bool) {
+	st := svc.state.Load()
+	if st == nil || st.hold == nil || now.Before(st.hold.FollowAt) {
+		return nil, false
+	}
+	c.setState(svc, st.latest, st.latest, nil, nil)
+	return c.followed(svc, st.hold, st.latest), true
 }
 
 // Release switches routing for service to the newest recorded update,
-// overriding a client guard that is holding a larger set (an operator's
-// decision that the shrink is intended).
+// ending a hold before its confirm time (an operator's decision that the
+// shrink is intended). It writes the last-known-good file like any switch.
 func (c *Cache) Release(service string) error {
 	svc := c.services[service]
 	if svc == nil {
@@ -399,21 +554,14 @@ func (c *Cache) Release(service string) error {
 		svc.mu.Unlock()
 		return fmt.Errorf("release %q: %w", service, ErrNoView)
 	}
-	var ev *Event
-	if cur.routing != cur.latest {
-		c.setState(svc, cur.latest, cur.latest, nil)
-		c.st.applied.Add(1)
-		if c.cfg.dir != "" {
-			if err := writeView(c.cfg.dir, cur.latest.View()); err != nil {
-				c.st.persist.Add(1)
-				ev = &Event{Service: service, Version: cur.latest.version, Err: fmt.Errorf("release %s: %w: %w", service, ErrPersist, err)}
-			}
-		}
+	var evs []Event
+	if cur.hold != nil {
+		c.setState(svc, cur.latest, cur.latest, nil, nil)
+		c.st.released.Add(1)
+		evs = c.switched(svc, cur.latest, "release")
 	}
 	svc.mu.Unlock()
-	if ev != nil {
-		c.emit(*ev)
-	}
+	c.emit(evs...)
 	return nil
 }
 

@@ -246,7 +246,11 @@ func TestGuardShrinkCapped(t *testing.T) {
 	}
 }
 
-func TestShrinkAllowedWhenTrippedOrDrained(t *testing.T) {
+// A tripped zone guard means muster publishes full zones, so a shrink it
+// reports is taken. (Decommissions are in hold_test.go: the "drained"
+// exception this test used to cover, every zone at Total 0, could not
+// come from a real server and is gone.)
+func TestShrinkAllowedWhenTripped(t *testing.T) {
 	c := newCache(t)
 	v1 := view("api", 1, 10)
 	if err := c.ApplyView(v1); err != nil {
@@ -257,20 +261,14 @@ func TestShrinkAllowedWhenTrippedOrDrained(t *testing.T) {
 	if err := c.ApplyView(v2); err != nil {
 		t.Fatalf("shrink with tripped zone = %v", err)
 	}
-	if r := mustResolve(t, c, "api"); r.Version() != 2 || r.Routable() != 2 {
-		t.Errorf("routing v%d with %d, want v2 with 2", r.Version(), r.Routable())
+	if r := mustResolve(t, c, "api"); r.Version() != 2 || r.Routable() != 2 || r.Hold != nil {
+		t.Errorf("routing v%d with %d (hold %+v), want v2 with 2", r.Version(), r.Routable(), r.Hold)
 	}
-	drained := viewOf("api", 3, nil)
-	drained.Zones = map[string]resolver.Zone{"a": {Guard: resolver.GuardOK}, "b": {Guard: resolver.GuardOK}}
-	if err := c.ApplyView(drained); err != nil {
-		t.Fatalf("drain = %v", err)
-	}
-	r := mustResolve(t, c, "api")
-	if r.Version() != 3 || !r.Drained() {
-		t.Errorf("routing v%d drained %v, want v3 drained", r.Version(), r.Drained())
-	}
-	if _, err := c.Pick("api"); !errors.Is(err, resolver.ErrNoEndpoints) {
-		t.Errorf("Pick drained = %v, want ErrNoEndpoints", err)
+	// A tripped zone does not make emptying the service acceptable.
+	v3 := viewOf("api", 3, nil)
+	v3.Zones = map[string]resolver.Zone{"a": {Guard: resolver.GuardTripped, Total: 5}}
+	if err := c.ApplyView(v3); !errors.Is(err, resolver.ErrWouldEmpty) {
+		t.Fatalf("emptying with a tripped zone = %v, want ErrWouldEmpty", err)
 	}
 }
 

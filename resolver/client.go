@@ -43,8 +43,10 @@ type Config struct {
 	// Empty keeps views in memory only.
 	CacheDir string
 	// Default is the documented fallback of ResolveOrDefault for a service
-	// nothing is known about. Nil means ResolveOrDefault fails with
-	// ErrNoView.
+	// that has never had a routable endpoint in this process (nothing
+	// cached, or only views with nothing routable). Nil means
+	// ResolveOrDefault fails with ErrNoView (or ErrNoEndpoints when views
+	// came but had nothing routable).
 	Default func(service string) (Endpoint, error)
 	// HTTPClient makes the watch requests; it must not set a Timeout
 	// (streams are long-lived). Default: a fresh http.Client.
@@ -66,8 +68,12 @@ type Config struct {
 	Rand func() float64
 	// Ejection is the local passive ejection policy fed by Record (zero
 	// fields take the defaults: 5 consecutive failures, 30 s, at most
-	// half the service).
+	// half the service while nothing else looks healthy).
 	Ejection EjectionPolicy
+	// ConfirmAfter is how long muster must stand by a smaller set the
+	// shrink guard holds back before routing follows it (see Hold and
+	// WithConfirmAfter). Zero or negative: DefaultConfirmAfter (60 s).
+	ConfirmAfter time.Duration
 	// ReportInterval is how often the outcomes given to Record go back to
 	// muster as passive evidence (POST /v1/reports). Default 10 s;
 	// negative turns reporting off (FlushReports still works).
@@ -185,7 +191,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.MaxReportItems <= 0 {
 		cfg.MaxReportItems = DefaultMaxReportItems
 	}
-	opts := []Option{WithClock(cfg.Clock), WithEjection(cfg.Ejection), WithEventHook(func(e Event) {
+	opts := []Option{WithClock(cfg.Clock), WithEjection(cfg.Ejection), WithConfirmAfter(cfg.ConfirmAfter), WithEventHook(func(e Event) {
+		if errors.Is(e.Err, ErrHoldFollowed) {
+			cfg.Logger.Info("resolver: following a smaller set muster stood by", "service", e.Service, "version", e.Version, "msg", e.Err)
+			return
+		}
 		cfg.Logger.Warn("resolver: update not taken as is", "service", e.Service, "version", e.Version, "err", e.Err)
 	})}
 	if cfg.CacheDir != "" {
@@ -231,24 +241,31 @@ func (c *Client) Record(service, instanceID string, success bool) {
 }
 
 // Updated returns a channel closed at the next update routing records
-// (an applied or guard-held view or delta) for any service.
+// (an applied or guard-held view or delta) for any service, and when the
+// background sweep follows a held update.
 func (c *Client) Updated() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.updated
 }
 
-// ResolveOrDefault picks an endpoint of service from the cache. When
-// nothing is cached for it (ErrNoView) it waits for the stream's first
-// view until ctx ends (its deadline), then falls back to Config.Default,
-// or fails with ErrNoView if there is none. It never blocks past ctx.
-// ErrNoEndpoints (muster says nothing is routable, e.g. a drained
-// service) is an answer, returned as is, not a reason to use the default.
+// ResolveOrDefault picks an endpoint of service from the cache. While
+// the service is cold, with nothing cached (ErrNoView) or only views with
+// nothing routable since New (ErrNoEndpoints, a service whose instances
+// await readiness), it waits for an update until ctx ends (its deadline),
+// then falls back to Config.Default, or fails with that error if there is
+// none. It never blocks past ctx. Once the service has had a routable
+// endpoint, ErrNoEndpoints (a decommissioned service, or a hold followed
+// to nothing) is an answer, returned as is, not a reason to use the
+// default.
 func (c *Client) ResolveOrDefault(ctx context.Context, service string) (Endpoint, error) {
+	var err error
 	for {
 		ch := c.Updated()
-		e, err := c.cache.Pick(service)
-		if !errors.Is(err, ErrNoView) {
+		var e Endpoint
+		e, err = c.cache.Pick(service)
+		cold := errors.Is(err, ErrNoView) || errors.Is(err, ErrNoEndpoints) && !c.cache.routedOnce(service)
+		if !cold {
 			return e, err
 		}
 		select {
@@ -259,7 +276,7 @@ func (c *Client) ResolveOrDefault(ctx context.Context, service string) (Endpoint
 		break
 	}
 	if c.cfg.Default == nil {
-		return Endpoint{}, fmt.Errorf("resolve %s: %w (no default configured)", service, ErrNoView)
+		return Endpoint{}, fmt.Errorf("resolve %s: %w (no default configured)", service, err)
 	}
 	return c.cfg.Default(service)
 }

@@ -348,6 +348,84 @@ func TestResolveOrDefault(t *testing.T) {
 			t.Fatalf("err %v, want ErrNoView", err)
 		}
 	})
+	// A service whose views have had nothing routable since the client
+	// started (its instances await readiness) is cold: the default.
+	t.Run("only empty views so far: default within the deadline", func(t *testing.T) {
+		t.Parallel()
+		srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			startSSE(w)
+			send(w, "view", 10, withRegistered(viewOf("api", 10, nil), map[string]int{"a": 3}))
+			hang(r)
+		})
+		c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Default: defaultFn}, &sleeps{})
+		eventually(t, "the empty view", func() bool { return version(c, "api") == 10 })
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if e, err := c.ResolveOrDefault(ctx, "api"); err != nil || e.InstanceID != def.InstanceID {
+			t.Fatalf("got %+v, %v; want the default", e, err)
+		}
+	})
+	t.Run("only empty views so far, no default", func(t *testing.T) {
+		t.Parallel()
+		srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			startSSE(w)
+			send(w, "view", 10, viewOf("api", 10, nil))
+			hang(r)
+		})
+		c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}}, &sleeps{})
+		eventually(t, "the empty view", func() bool { return version(c, "api") == 10 })
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if _, err := c.ResolveOrDefault(ctx, "api"); !errors.Is(err, resolver.ErrNoEndpoints) {
+			t.Fatalf("err %v, want ErrNoEndpoints", err)
+		}
+	})
+	t.Run("empty, then routable while waiting", func(t *testing.T) {
+		t.Parallel()
+		release := make(chan struct{})
+		srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			startSSE(w)
+			send(w, "view", 10, viewOf("api", 10, nil))
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+			send(w, "view", 11, view("api", 11, 1))
+			hang(r)
+		})
+		c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Default: defaultFn}, &sleeps{})
+		eventually(t, "the empty view", func() bool { return version(c, "api") == 10 })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		got := make(chan resolver.Endpoint, 1)
+		go func() {
+			e, _ := c.ResolveOrDefault(ctx, "api")
+			got <- e
+		}()
+		close(release)
+		if e := <-got; e.InstanceID != id(0) {
+			t.Fatalf("got %+v, want the streamed endpoint", e)
+		}
+	})
+	// A service that had endpoints and was decommissioned is an answer:
+	// nothing to route to, not a reason for the default.
+	t.Run("decommissioned after routing: ErrNoEndpoints at once", func(t *testing.T) {
+		t.Parallel()
+		srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			startSSE(w)
+			send(w, "view", 10, view("api", 10, 2))
+			send(w, "view", 11, viewOf("api", 11, nil)) // every zone gone
+			hang(r)
+		})
+		c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Default: defaultFn}, &sleeps{})
+		eventually(t, "the decommission", func() bool { return version(c, "api") == 11 })
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if e, err := c.ResolveOrDefault(ctx, "api"); !errors.Is(err, resolver.ErrNoEndpoints) || ctx.Err() != nil {
+			t.Fatalf("got %+v, %v (ctx %v); want ErrNoEndpoints before the deadline", e, err, ctx.Err())
+		}
+	})
 	t.Run("waits for the first view", func(t *testing.T) {
 		t.Parallel()
 		release := make(chan struct{})
@@ -400,4 +478,48 @@ func TestClientSyncedIsNotAView(t *testing.T) {
 	}
 	close(release)
 	eventually(t, "synced once the view arrived", func() bool { return c.Stats().Synced && version(c, "api") == 10 })
+}
+
+// TestClientFollowsHoldWhenServerIsQuiet: muster sends a 10-endpoint view,
+// then a 4-endpoint one it does not explain, then only heartbeats. The
+// client holds the 10 and, once its clock passes ConfirmAfter, its own
+// sweep switches routing to the 4 and wakes Updated, with nothing new on
+// the stream.
+func TestClientFollowsHoldWhenServerIsQuiet(t *testing.T) {
+	t.Parallel()
+	ten := view("api", 10, 10)
+	srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		startSSE(w)
+		send(w, "view", 10, ten)
+		send(w, "view", 11, viewOf("api", 11, ten.Endpoints[:4]))
+		fmt.Fprint(w, "event: heartbeat\ndata: {}\n\n")
+		w.(http.Flusher).Flush()
+		hang(r)
+	})
+	clk := newFakeClock(t0)
+	dir := t.TempDir()
+	c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Clock: clk.Now, CacheDir: dir, ConfirmAfter: 5 * time.Second}, &sleeps{})
+	// The heartbeat is read after v11 was applied and Updated woken for
+	// it, so the channel taken below can only be closed by the sweep.
+	eventually(t, "the heartbeat after v11", func() bool { return c.Stats().Frames == 3 })
+	r, _ := c.Resolve("api")
+	if r.Version() != 10 || r.Hold == nil || r.Hold.NewestVersion != 11 || !r.Hold.FollowAt.Equal(t0.Add(5*time.Second)) || c.Stats().Cache.Holding != 1 {
+		t.Fatalf("routing v%d, hold %+v", r.Version(), r.Hold)
+	}
+	updated := c.Updated()
+	clk.Advance(5 * time.Second)
+	select {
+	case <-updated:
+	case <-time.After(10 * time.Second): // a deadline, not a wait: the sweep runs every second
+		t.Fatal("Updated not woken by the followed hold within 10 s")
+	}
+	if r, _ := c.Resolve("api"); r.Version() != 11 || r.Hold != nil || r.Routable() != 4 {
+		t.Fatalf("after the confirm time: routing v%d with %d, hold %+v", r.Version(), r.Routable(), r.Hold)
+	}
+	if v, err := resolver.LoadView(dir, "api"); err != nil || v.Version != 11 {
+		t.Fatalf("file: v%d, %v; want v11", v.Version, err)
+	}
+	if st := c.Stats(); st.Cache.HoldsFollowed != 1 || st.Cache.Holding != 0 {
+		t.Fatalf("stats %+v", st.Cache)
+	}
 }

@@ -29,17 +29,40 @@
 // independently.
 //
 // The client guards exist a second time here because a server bug must
-// not empty a fleet's routing tables. An update that would leave no
-// routable endpoint (ErrWouldEmpty), or that removes more than the shrink
-// cap of the routable set (ErrShrinkCapped, default half), is recorded but
-// routing keeps the larger set it held. Recording it matters: the next
-// delta chains on the newest version, so a refusal does not turn into an
-// endless cycle of gaps and full fetches; Result.Guarded shows the hold.
-// The shrink cap does not apply when the update reports a tripped zone
-// guard (muster then publishes full zones), and neither guard applies to a
-// deliberately drained service (it has zones, all with Total == 0). Release
-// lets an operator accept a held-back update. Refusals are counted in
-// Stats and reported through the WithEventHook callback.
+// not empty a fleet's routing tables, but they must not outlive the
+// doubt: a guard that never lets go keeps a client routing to terminated
+// instances. A shrink is measured against the set routing holds, less the
+// instances the registry removed: each zone's Zone.Registered (how many
+// instances the registry lists there) carries the drop from the routing
+// snapshot to the update, and a zone absent from the update counts as all
+// of its instances gone. Only when both snapshots carry Registered for
+// every zone involved is anything subtracted (a muster from before issue
+// 12 sends none). An update that removes more than the shrink cap
+// (default half) of the routable set beyond what the registry removed
+// (ErrShrinkCapped), or that leaves nothing routable while the registry
+// neither removed every routable instance nor lists none at all
+// (ErrWouldEmpty), is held: recorded, with routing kept on the larger set.
+// Anything else is taken at once, so a scale-down from 10 to 4
+// (registered 10 -> 4) and a decommission (every zone gone, or every zone
+// at 0 registered) are followed immediately (Stats.RegistryShrinks). The
+// shrink cap does not apply when the update reports a tripped zone guard
+// (muster then publishes full zones); emptying the service is still held.
+//
+// A hold records when it began (the Cache's clock) and why; Result.Hold
+// shows it, with the held and newest versions and routable counts. It
+// lasts only until the server has stood by a smaller set for the confirm
+// time (WithConfirmAfter, Config.ConfirmAfter; default 60 s): if every
+// update since the hold began was also refused, routing follows the newest
+// one, on the next update after the deadline or on the next Sweep (the
+// Client sweeps every second, so a quiet server is followed too), with an
+// event wrapping ErrHoldFollowed and Stats.HoldsFollowed counting it. An
+// update the guard takes (the server sent a larger set again) switches
+// routing as usual and ends the hold, so the next refusal starts the
+// confirm time afresh. Release lets an operator follow at once. Recording
+// held updates matters: the next delta chains on the newest version, so a
+// refusal does not turn into an endless cycle of gaps and full fetches.
+// Refusals are counted in Stats and reported through the WithEventHook
+// callback.
 //
 // Routable means weight > 0 and either the zone's guard tripped or the
 // endpoint is in rotation by its own verdict (state not "ineligible", not
@@ -48,14 +71,16 @@
 // counting as a shrink; if every zone is drained the traffic weights are
 // ignored rather than leaving nothing to pick.
 //
-// With WithDir every snapshot routing switches to is written as the
-// service's last-known-good file: the view's JSON inside a small envelope
-// carrying the SHA-256 of exactly those bytes, written to a temporary file
-// in the same directory, fsynced, renamed over the old file, and the
-// directory fsynced. New loads the files; one that is truncated, edited or
-// otherwise untrustworthy is ignored whole, with the reason reported. The
-// write is synchronous under the service's writer lock; readers never wait
-// on it.
+// With WithDir every snapshot routing switches to (an update taken, a hold
+// followed or released) is written as the service's last-known-good file,
+// so a restarted process starts from what this one routed on, never from
+// a set it had stopped routing to. The file is the view's JSON inside a
+// small envelope carrying the SHA-256 of exactly those bytes, written to
+// a temporary file in the same directory, fsynced, renamed over the old
+// file, and the directory fsynced. New loads the files; one that is
+// truncated, edited or otherwise untrustworthy is ignored whole, with the
+// reason reported. The write is synchronous under the service's writer
+// lock; readers never wait on it.
 //
 // Instance ids are compared as text, which matches muster's byte order
 // for the canonical lowercase UUID form muster publishes.
@@ -69,8 +94,12 @@
 // resubscribes to the next URL after a full-jitter exponential backoff,
 // or the server's Retry-After when that is longer. Losing the stream
 // changes nothing in routing: Resolve keeps answering from the held view
-// and only its age grows. ResolveOrDefault waits for a cold service's
-// first view until its context's deadline, then returns Config.Default.
+// and only its age grows. ResolveOrDefault treats a service as cold until
+// routing has had a routable endpoint since New: with nothing cached, or
+// only views with nothing routable (instances awaiting readiness), it
+// waits for an update until its context's deadline, then returns
+// Config.Default. A service that had routable endpoints and now has none
+// (decommissioned, or a hold followed to nothing) answers ErrNoEndpoints.
 // The server's synced event says the stream caught up; it is never taken
 // for a view: ClientStats.Synced is true only while the cache also holds
 // a view of every configured service (muster sends synced only after
@@ -80,10 +109,18 @@
 // # Outcomes and local ejection
 //
 // Record notes the outcome of each call the caller makes (lock-free, no
-// allocation). The counts serve twice. Local passive ejection
+// allocation), including whether the endpoint's most recent outcome was a
+// failure. The counts serve twice. Local passive ejection
 // (EjectionPolicy) leaves an endpoint with five consecutive failures out
-// of Pick for 30 s (longer each time), never more than half of a
-// service's routable endpoints at once and never its only one; it is this
+// of Pick for 30 s (longer each time). The cap is on healthy-looking
+// capacity: while another routable endpoint still in rotation looks
+// healthy (its most recent outcome a success, or none yet), the endpoint
+// is ejected however many already are, so no dead endpoint stays pickable
+// for rounding's sake; when nothing else looks healthy (the caller itself
+// may be the problem) no more than half of the service's routable
+// endpoints (floor(MaxFraction x routable)) are ejected at once, and
+// ejections beyond that end early. The last routable endpoint in rotation
+// is never ejected. Ejection is this
 // process's decision and changes nothing in muster. And the Client sends
 // them back to muster every ReportInterval as passive aggregates (POST
 // /v1/reports, at most MaxReportItems endpoints per interval, in batches

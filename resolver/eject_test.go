@@ -2,6 +2,7 @@ package resolver_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -86,10 +87,15 @@ func TestEjectAfterConsecutiveFailures(t *testing.T) {
 	}
 }
 
+// When every endpoint fails (the caller may be the problem), the cap
+// holds: at most half the service is ejected.
 func TestEjectionCap(t *testing.T) {
 	c, _, events := ejectingCache(t, 4)
 	for i := range 4 {
-		fail(c, id(i), 5)
+		c.Record("api", id(i), false) // nothing looks healthy any more
+	}
+	for i := range 4 {
+		fail(c, id(i), 4)
 	}
 	if got := c.Ejected("api"); len(got) != 2 {
 		t.Fatalf("Ejected = %v, want 2 of 4 (cap 50%%)", got)
@@ -102,6 +108,109 @@ func TestEjectionCap(t *testing.T) {
 	}
 	if seen := pickSet(t, c); len(seen) != 2 || !seen[id(2)] || !seen[id(3)] {
 		t.Errorf("Pick chose %v, want the two not ejected", seen)
+	}
+}
+
+// Endpoints failing one after another: while an untried endpoint looks
+// healthy the failing ones are ejected beyond the cap; once the last one
+// fails too, nothing looks healthy and the cap is restored, ending the
+// ejection that would end soonest.
+func TestEjectionCapRestoredWhenNothingLooksHealthy(t *testing.T) {
+	c, clk, events := ejectingCache(t, 4)
+	for i := range 3 {
+		fail(c, id(i), 5)
+		clk.Advance(time.Second)
+	}
+	if got := c.Ejected("api"); len(got) != 3 {
+		t.Fatalf("Ejected = %v, want 3 of 4 while id 3 is untried", got)
+	}
+	fail(c, id(3), 5)
+	if got := c.Ejected("api"); fmt.Sprint(got) != fmt.Sprint([]string{id(1), id(2)}) {
+		t.Fatalf("Ejected = %v, want the two latest (cap 50%%)", got)
+	}
+	if s := c.Stats(); s.EjectionsCapped != 1 || s.Unejections != 1 || len(*events) != 1 {
+		t.Fatalf("stats %+v, events %v", s, *events)
+	}
+	if seen := pickSet(t, c); len(seen) != 2 || !seen[id(0)] || !seen[id(3)] {
+		t.Errorf("Pick chose %v, want 0 and 3", seen)
+	}
+}
+
+// traffic sends calls through Pick and Record until the set of ejected
+// endpoints has not changed for 1,000 calls; dead says which fail.
+func traffic(t *testing.T, c *resolver.Cache, dead func(string) bool) {
+	t.Helper()
+	last, still := "", 0
+	for range 100_000 {
+		e, err := c.Pick("api")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Record("api", e.InstanceID, !dead(e.InstanceID))
+		now := fmt.Sprint(c.Ejected("api"))
+		if now == last {
+			if still++; still == 1000 {
+				return
+			}
+			continue
+		}
+		last, still = now, 0
+	}
+	t.Fatal("ejections never settled")
+}
+
+// Six of ten endpoints dead, four answering: the cap is on capacity that
+// looks healthy, so all six are ejected and Pick never returns a dead
+// one (a cap of floor(50% x 10) = 5 used to leave one pickable).
+func TestEjectionTakesEveryDeadEndpointWhileOthersLookHealthy(t *testing.T) {
+	c, _, events := ejectingCache(t, 10)
+	dead := func(s string) bool { return s < id(6) }
+	traffic(t, c, dead)
+	want := []string{id(0), id(1), id(2), id(3), id(4), id(5)}
+	if got := c.Ejected("api"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Ejected = %v, want %v", got, want)
+	}
+	for picked := range pickSet(t, c) {
+		if dead(picked) {
+			t.Fatalf("Pick returned dead endpoint %s", picked)
+		}
+	}
+	if r := mustResolve(t, c, "api"); r.Ejected != 6 {
+		t.Fatalf("Result.Ejected = %d, want 6", r.Ejected)
+	}
+	if s := c.Stats(); s.EjectionsCapped != 0 || len(*events) != 0 {
+		t.Fatalf("stats %+v, events %v; want no capped ejection", s, *events)
+	}
+}
+
+// Ten of ten failing: nothing looks healthy, so the cap of floor(50% x
+// 10) holds and five stay in rotation.
+func TestEjectionCappedWhenEverythingFails(t *testing.T) {
+	c, _, _ := ejectingCache(t, 10)
+	traffic(t, c, func(string) bool { return true })
+	if got := c.Ejected("api"); len(got) != 5 {
+		t.Fatalf("Ejected = %v, want 5 of 10", got)
+	}
+	if s := c.Stats(); s.EjectionsCapped == 0 {
+		t.Fatalf("stats %+v, want capped ejections", s)
+	}
+}
+
+// With MaxFraction 1 the cap allows every endpoint, but the last one in
+// rotation is never ejected.
+func TestEjectionKeepsTheLastEndpointInRotation(t *testing.T) {
+	c := newCache(t, resolver.WithEjection(resolver.EjectionPolicy{MaxFraction: 1}))
+	if err := c.ApplyView(view("api", 1, 3)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		fail(c, id(i), 5)
+	}
+	if got := c.Ejected("api"); len(got) != 2 {
+		t.Fatalf("Ejected = %v, want 2 of 3", got)
+	}
+	if _, err := c.Pick("api"); err != nil {
+		t.Fatalf("Pick with one endpoint left: %v", err)
 	}
 }
 

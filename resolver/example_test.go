@@ -120,3 +120,39 @@ func ExampleCache_Record() {
 	// ejected: [00000000-0000-0000-0000-000000000002] capped: 1
 	// pick: 10.0.0.1
 }
+
+// A shrink beyond the cap that the registry's counts do not explain is
+// held, then followed once the server has stood by it for the confirm
+// time (60 s by default). Sweep, which a Client runs every second,
+// follows it even if nothing new arrives.
+func ExampleHold() {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	c, err := resolver.NewCache([]string{"api"}, resolver.WithClock(func() time.Time { return now }))
+	if err != nil {
+		panic(err)
+	}
+	var eps []resolver.Endpoint
+	for i := range 4 {
+		eps = append(eps, resolver.Endpoint{InstanceID: fmt.Sprintf("00000000-0000-0000-0000-00000000000%d", i), Address: fmt.Sprintf("10.0.0.%d", i), Port: 8080, Zone: "a", State: "eligible", Weight: 1, Health: "known"})
+	}
+	view := func(version uint64, eps []resolver.Endpoint) resolver.View {
+		return resolver.View{Service: "api", Version: version, Endpoints: eps, Checksum: resolver.Checksum(eps),
+			Zones: map[string]resolver.Zone{"a": {Guard: "ok", Eligible: len(eps), Total: 4}}}
+	}
+	if err := c.ApplyView(view(7, eps)); err != nil {
+		panic(err)
+	}
+	err = c.ApplyView(view(8, eps[:1]))
+	fmt.Println(errors.Is(err, resolver.ErrShrinkCapped))
+	r, _ := c.Resolve("api")
+	fmt.Printf("routing v%d (%d), newest v%d (%d), follows at %s\n", r.Version(), r.Routable(), r.Hold.NewestVersion, r.Hold.NewestRoutable, r.Hold.FollowAt.Format(time.TimeOnly))
+
+	now = now.Add(time.Minute)
+	c.Sweep()
+	r, _ = c.Resolve("api")
+	fmt.Printf("routing v%d (%d), holding %v\n", r.Version(), r.Routable(), r.Hold != nil)
+	// Output:
+	// true
+	// routing v7 (4), newest v8 (1), follows at 12:01:00
+	// routing v8 (1), holding false
+}

@@ -114,8 +114,8 @@ func (c *Client) postReports(ctx context.Context, batch []passiveReport) error {
 	return nil
 }
 
-// background sweeps ejections every second and flushes outcome reports
-// every ReportInterval.
+// background sweeps ejections and holds every second and flushes outcome
+// reports every ReportInterval.
 func (c *Client) background(ctx context.Context) {
 	sweep := time.NewTicker(time.Second)
 	defer sweep.Stop()
@@ -130,7 +130,9 @@ func (c *Client) background(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-sweep.C:
-			c.cache.Sweep()
+			if c.cache.sweep() {
+				c.notify() // routing followed a held update
+			}
 		case <-flush:
 			if err := c.FlushReports(ctx); err != nil && ctx.Err() == nil {
 				c.cfg.Logger.Debug("resolver: outcome report dropped", "err", err)

@@ -32,7 +32,6 @@ type Snapshot struct {
 	traffic  map[string]float64 // zone traffic weights; nil when all are 1
 	unknown  []int32
 	tripped  bool
-	drained  bool
 }
 
 // pickTable is what Pick chooses from: idx[i] indexes the snapshot's
@@ -57,14 +56,10 @@ func newSnapshot(service string, version uint64, eps []*Endpoint, flat []Endpoin
 		service: service, version: version, eps: eps, flat: flat, zones: zones,
 		generatedAt: generatedAt, receivedAt: receivedAt, checksum: checksum, sum: sum,
 	}
-	s.drained = len(zones) > 0
 	shifted := false
 	for _, z := range zones {
 		if z.Guard == GuardTripped {
 			s.tripped = true
-		}
-		if z.Total != 0 {
-			s.drained = false
 		}
 		if z.Traffic() != 1 {
 			shifted = true
@@ -196,9 +191,19 @@ func (s *Snapshot) Zones() map[string]Zone { return s.zones }
 // Tripped reports whether any zone's guard is tripped.
 func (s *Snapshot) Tripped() bool { return s.tripped }
 
-// Drained reports whether the service was deliberately drained: it has
-// zones and all of them have Total == 0.
-func (s *Snapshot) Drained() bool { return s.drained }
+// Registered returns how many instances the registry lists for the
+// service, all zones together; ok is false when a zone does not say
+// (Zone.Registered nil, a server from before issue 12). A view with no
+// zones has no registered instance.
+func (s *Snapshot) Registered() (n int, ok bool) {
+	for _, z := range s.zones {
+		if z.Registered == nil {
+			return 0, false
+		}
+		n += *z.Registered
+	}
+	return n, true
+}
 
 // Routable returns the number of endpoints in rotation by health (what
 // the client guards count). Pick chooses among them, weighted by their
@@ -260,6 +265,35 @@ type Result struct {
 	// Ejected is how many of the snapshot's routable endpoints Pick skips
 	// because local passive ejection took them out.
 	Ejected int
+	// Hold is the shrink guard's hold while it keeps routing on a larger
+	// set than the newest update describes, else nil. It is shared: do not
+	// modify it.
+	Hold *Hold
+}
+
+// Hold describes a client guard holding back a smaller routable set: the
+// newest update would remove more than the shrink cap allows (or every
+// routable endpoint) and the registry does not account for it. Routing
+// stays on the held set until the server has stood by smaller sets for
+// the confirm time (WithConfirmAfter): at FollowAt, on the next update or
+// the next Sweep, routing follows the newest update. An update the guard
+// takes ends the hold; so does Release.
+type Hold struct {
+	// Reason is ErrShrinkCapped or ErrWouldEmpty: why the newest update
+	// was refused.
+	Reason error
+	// Since is when the hold began, by the Cache's clock: the first
+	// refusal since routing last switched. Later refusals do not move it.
+	Since time.Time
+	// FollowAt is Since plus the confirm time.
+	FollowAt time.Time
+	// HeldVersion and HeldRoutable describe the view routing keeps.
+	HeldVersion  uint64
+	HeldRoutable int
+	// NewestVersion and NewestRoutable describe the newest update, the
+	// one routing will follow.
+	NewestVersion  uint64
+	NewestRoutable int
 }
 
 // Age returns the snapshot's age at r.Now.

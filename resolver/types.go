@@ -18,8 +18,13 @@ const (
 )
 
 // DefaultMaxShrink is the largest fraction of a service's routable set one
-// update may remove before the shrink guard holds the larger set.
+// update may remove, beyond what the registry removed, before the shrink
+// guard holds the larger set.
 const DefaultMaxShrink = 0.5
+
+// DefaultConfirmAfter is how long the server must stand by a smaller set
+// the shrink guard is holding back before routing follows it.
+const DefaultConfirmAfter = 60 * time.Second
 
 // Sentinel errors. Callers test them with errors.Is; the resolver wraps
 // them with the service and versions involved.
@@ -43,11 +48,19 @@ var (
 	// service); nothing changed.
 	ErrInvalid = errors.New("resolver: invalid update")
 	// ErrWouldEmpty: the update was recorded but would leave no routable
-	// endpoint, so routing keeps the larger set it held.
+	// endpoint, and the registry does not say the instances left, so
+	// routing keeps the larger set it held until the server has stood by
+	// the update for the confirm time (see Hold).
 	ErrWouldEmpty = errors.New("resolver: update would leave no routable endpoints; holding previous set")
 	// ErrShrinkCapped: the update was recorded but shrinks the routable set
-	// beyond the cap, so routing keeps the larger set it held.
+	// beyond the cap by more than the registry removed, so routing keeps
+	// the larger set it held until the server has stood by the update for
+	// the confirm time (see Hold).
 	ErrShrinkCapped = errors.New("resolver: update shrinks routable set beyond cap; holding previous set")
+	// ErrHoldFollowed is not a failure: it marks the Event reporting that
+	// routing followed a held-back update because the server stood by a
+	// smaller set for the confirm time.
+	ErrHoldFollowed = errors.New("resolver: server stood by a smaller set; routing follows it")
 	// ErrCorruptCache: a last-known-good file could not be trusted and was
 	// ignored.
 	ErrCorruptCache = errors.New("resolver: corrupt cache file")
@@ -87,10 +100,21 @@ type Override struct {
 
 // Zone is muster's guard decision for one zone of a service.
 type Zone struct {
-	Guard              string  `json:"guard"`
+	Guard string `json:"guard"`
+	// Eligible counts the zone's routable instances; Total the capacity
+	// that was there (instances admitted at least once, plus lease-expired
+	// ones the guard keeps), so a new zone can have Total 0 while
+	// instances are registered in it.
 	Eligible           int     `json:"eligible"`
 	Total              int     `json:"total"`
 	MinHealthyFraction float64 `json:"min_healthy_fraction"`
+	// Registered is how many instances the registry lists in the zone
+	// (active registrations, routable or not, admitted or not; instances
+	// whose lease expired are not counted). Nil: the server did not say
+	// (a muster from before issue 12). A zone absent from a view has no
+	// registered instance. The shrink guard uses it to tell a scale-down
+	// or decommission from a fault; it is not part of the checksum.
+	Registered *int `json:"registered,omitempty"`
 	// TrafficWeight is the zone's traffic preference in [0,1] set by
 	// shift-backs (ADR-13): 0 while drained, the current step while
 	// traffic returns. Pick multiplies it into endpoint weights. Nil

@@ -99,11 +99,21 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if !watch {
 		return nil
 	}
-	last := r.Snapshot.Version()
+	// A new version routing uses, and a hold's newest version, are news;
+	// the newest version alone is not while nothing is held.
+	type shown struct{ version, held uint64 }
+	seen := func(r resolver.Result) shown {
+		s := shown{version: r.Snapshot.Version()}
+		if r.Hold != nil {
+			s.held = r.Hold.NewestVersion
+		}
+		return s
+	}
+	last := seen(r)
 	for {
 		ch := c.Updated()
-		if r, err := c.Resolve(service); err == nil && r.Snapshot.Version() != last {
-			last = r.Snapshot.Version()
+		if r, err := c.Resolve(service); err == nil && seen(r) != last {
+			last = seen(r)
 			printResult(stdout, c, r, asJSON)
 		}
 		select {
@@ -136,10 +146,57 @@ func waitSynced(ctx context.Context, c *resolver.Client, timeout time.Duration) 
 	}
 }
 
+// resolveJSON is what --json prints: the view routing uses and, while a
+// client guard holds it, the hold.
+type resolveJSON struct {
+	resolver.View
+	Hold *holdJSON `json:"hold,omitempty"`
+}
+
+type holdJSON struct {
+	Reason         string    `json:"reason"` // shrink_capped or would_empty
+	Since          time.Time `json:"since"`
+	FollowAt       time.Time `json:"follow_at"`
+	HeldVersion    uint64    `json:"held_version"`
+	HeldRoutable   int       `json:"held_routable"`
+	NewestVersion  uint64    `json:"newest_version"`
+	NewestRoutable int       `json:"newest_routable"`
+}
+
+func newHoldJSON(h *resolver.Hold) *holdJSON {
+	if h == nil {
+		return nil
+	}
+	reason := "shrink_capped"
+	if errors.Is(h.Reason, resolver.ErrWouldEmpty) {
+		reason = "would_empty"
+	}
+	return &holdJSON{
+		Reason: reason, Since: h.Since, FollowAt: h.FollowAt,
+		HeldVersion: h.HeldVersion, HeldRoutable: h.HeldRoutable,
+		NewestVersion: h.NewestVersion, NewestRoutable: h.NewestRoutable,
+	}
+}
+
+// holdLine describes a hold for people, its times relative to now.
+func holdLine(h *resolver.Hold, now time.Time) string {
+	reason := "shrink capped"
+	if errors.Is(h.Reason, resolver.ErrWouldEmpty) {
+		reason = "would empty"
+	}
+	follow := "in " + h.FollowAt.Sub(now).Truncate(time.Second).String()
+	if !now.Before(h.FollowAt) {
+		follow = "now" // at the next update or sweep
+	}
+	return fmt.Sprintf("held: v%d routes %d, newest v%d has %d (%s) since %s (%s ago), follows at %s (%s) unless muster sends a larger set",
+		h.HeldVersion, h.HeldRoutable, h.NewestVersion, h.NewestRoutable, reason,
+		h.Since.UTC().Format(time.RFC3339), now.Sub(h.Since).Truncate(time.Second), h.FollowAt.UTC().Format(time.RFC3339), follow)
+}
+
 func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool) {
 	snap := r.Snapshot
 	if asJSON {
-		b, _ := json.Marshal(snap.View())
+		b, _ := json.Marshal(resolveJSON{View: snap.View(), Hold: newHoldJSON(r.Hold)})
 		fmt.Fprintf(w, "%s\n", b)
 		return
 	}
@@ -155,14 +212,17 @@ func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool
 		}
 	}
 	age := time.Since(snap.GeneratedAt()).Truncate(time.Second)
-	fmt.Fprintf(w, "%s version %d, age %s (%s)", snap.Service(), snap.Version(), age, source)
-	if r.Guarded() {
-		fmt.Fprintf(w, " [guard holding; newest recorded version %d]", r.Held)
+	fmt.Fprintf(w, "%s version %d, age %s (%s)\n", snap.Service(), snap.Version(), age, source)
+	if r.Hold != nil {
+		fmt.Fprintln(w, "  "+holdLine(r.Hold, r.Now))
 	}
-	fmt.Fprintln(w)
 	for _, name := range slices.Sorted(maps.Keys(snap.Zones())) {
 		z := snap.Zones()[name]
-		fmt.Fprintf(w, "  zone %s: guard %s, %d of %d eligible, traffic %g\n", name, z.Guard, z.Eligible, z.Total, z.Traffic())
+		registered := ""
+		if z.Registered != nil {
+			registered = fmt.Sprintf(", %d registered", *z.Registered)
+		}
+		fmt.Fprintf(w, "  zone %s: guard %s, %d of %d eligible%s, traffic %g\n", name, z.Guard, z.Eligible, z.Total, registered, z.Traffic())
 	}
 	if n := len(snap.HealthUnknown()); n > 0 {
 		fmt.Fprintf(w, "  %d endpoint(s) with health unknown: muster has no recent evidence either way; they stay in rotation\n", n)

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -145,5 +148,98 @@ func webView(version uint64, at time.Time) resolver.View {
 		Service: "web", Version: version, Endpoints: eps, Checksum: resolver.Checksum(eps),
 		Zones:       map[string]resolver.Zone{"a": {Guard: resolver.GuardOK, Eligible: 1, Total: 1, MinHealthyFraction: 0.5}},
 		GeneratedAt: at,
+	}
+}
+
+// TestResolveShowsHold: muster (a loopback stand-in speaking the watch
+// stream) sends web with ten endpoints, then with four and no registry
+// counts to explain the shrink. resolve shows routing on the ten and the
+// hold, in text and in --json.
+func TestResolveShowsHold(t *testing.T) {
+	t.Parallel()
+	eps := make([]resolver.Endpoint, 10)
+	for i := range eps {
+		eps[i] = resolver.Endpoint{
+			InstanceID: fmt.Sprintf("00000000-0000-0000-0000-%012d", i+1), Address: fmt.Sprintf("10.0.0.%d", i+1), Port: 8080,
+			Zone: "a", State: "eligible", Weight: 1, Health: resolver.HealthKnown, Capabilities: []string{},
+		}
+	}
+	viewOf := func(version uint64, eps []resolver.Endpoint) resolver.View {
+		return resolver.View{
+			Service: "web", Version: version, Endpoints: eps, Checksum: resolver.Checksum(eps), GeneratedAt: time.Now(),
+			Zones: map[string]resolver.Zone{"a": {Guard: resolver.GuardOK, Eligible: len(eps), Total: 10, MinHealthyFraction: 0.5}},
+		}
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/watch" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, v := range []resolver.View{viewOf(123, eps), viewOf(130, eps[:4])} {
+			b, err := json.Marshal(v)
+			if err != nil {
+				panic(err)
+			}
+			fmt.Fprintf(w, "event: view\nid: %d\ndata: %s\n\n", v.Version, b)
+		}
+		fmt.Fprint(w, "event: synced\ndata: {}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+
+	var out, errb bytes.Buffer
+	args := []string{"resolve", "web", "--server", srv.URL, "--token", "x", "--cache", t.TempDir(), "--timeout", "10s"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("resolve: %v\n%s", err, errb.String())
+	}
+	got := out.String()
+	for _, want := range []string{"web version 123", "(live)", "held: v123 routes 10, newest v130 has 4 (shrink capped) since ", ", follows at ", "10.0.0.10:8080"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+
+	out.Reset()
+	if err := run(context.Background(), append(args, "--json"), &out, &errb); err != nil {
+		t.Fatalf("resolve --json: %v\n%s", err, errb.String())
+	}
+	var res struct {
+		Version   uint64              `json:"version"`
+		Endpoints []resolver.Endpoint `json:"endpoints"`
+		Hold      *struct {
+			Reason         string    `json:"reason"`
+			Since          time.Time `json:"since"`
+			FollowAt       time.Time `json:"follow_at"`
+			HeldVersion    uint64    `json:"held_version"`
+			HeldRoutable   int       `json:"held_routable"`
+			NewestVersion  uint64    `json:"newest_version"`
+			NewestRoutable int       `json:"newest_routable"`
+		} `json:"hold"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("json output %s: %v", out.String(), err)
+	}
+	h := res.Hold
+	if res.Version != 123 || len(res.Endpoints) != 10 || h == nil || h.Reason != "shrink_capped" || h.HeldVersion != 123 || h.HeldRoutable != 10 ||
+		h.NewestVersion != 130 || h.NewestRoutable != 4 || h.FollowAt.Sub(h.Since) != resolver.DefaultConfirmAfter {
+		t.Fatalf("json output: %s", out.String())
+	}
+}
+
+func TestHoldLine(t *testing.T) {
+	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	h := &resolver.Hold{
+		Reason: resolver.ErrWouldEmpty, Since: since, FollowAt: since.Add(time.Minute),
+		HeldVersion: 7, HeldRoutable: 3, NewestVersion: 9, NewestRoutable: 0,
+	}
+	for now, want := range map[time.Time]string{
+		since.Add(15 * time.Second): "held: v7 routes 3, newest v9 has 0 (would empty) since 2026-01-02T03:04:05Z (15s ago), follows at 2026-01-02T03:05:05Z (in 45s) unless muster sends a larger set",
+		since.Add(90 * time.Second): "held: v7 routes 3, newest v9 has 0 (would empty) since 2026-01-02T03:04:05Z (1m30s ago), follows at 2026-01-02T03:05:05Z (now) unless muster sends a larger set",
+	} {
+		if got := holdLine(h, now); got != want {
+			t.Errorf("holdLine at %s:\n got %s\nwant %s", now, got, want)
+		}
 	}
 }
