@@ -3,7 +3,9 @@ package resolver_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -175,3 +177,79 @@ func TestClientNotSyncedUntilMusterHasAView(t *testing.T) {
 		t.Fatalf("the first view came as something the client could not apply: %+v", st)
 	}
 }
+
+// TestScaleDownFollowedAcrossTheRealStack: the server's registered counts
+// and the client's shrink guard meet over the real stack (issue 12). api
+// (no readiness signal: its instances are capacity on registration) runs
+// 10 instances; 6 deregister themselves and the client follows the
+// 10 -> 4 scale-down at once, without a hold; then the last 4 go and the
+// decommission empties the client's set.
+func TestScaleDownFollowedAcrossTheRealStack(t *testing.T) {
+	t.Parallel()
+	s := servertest.New(t, servertest.Options{})
+	s.Seed(t)
+	apiTok := s.Token(t, servertest.API)
+	var ids []string
+	for i := range 10 {
+		// A workload registers from the address it registers (loopback here).
+		r := s.JSON(t, "POST", "/v1/services/api/instances", apiTok, `{"address":"127.0.0.1","port":`+itoa(9000+i)+`,"zone":"az1"}`)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("register: %d %s", r.Status, r.Body)
+		}
+		ids = append(ids, servertest.Decode[registry.Instance](t, r).ID.String())
+	}
+	publish := func() {
+		t.Helper()
+		if err := s.Evaluator.SyncNow(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		s.Evaluator.EvaluateNow()
+		s.Publisher.RunOnce()
+		s.Clock.Advance(time.Minute) // past every batching window
+		s.Publisher.RunOnce()
+	}
+	publish()
+	c := newClient(t, resolver.Config{
+		URLs: []string{s.URL}, Services: []string{"api"}, HTTPClient: s.Client,
+		Token: func(context.Context) (string, error) { return apiTok, nil },
+	}, &sleeps{})
+	routable := func() int {
+		r, err := c.Resolve("api")
+		if err != nil {
+			return -1
+		}
+		return r.Routable()
+	}
+	eventually(t, "10 routable endpoints of api", func() bool { return routable() == 10 })
+
+	for _, id := range ids[:6] {
+		if r := s.Do(t, "DELETE", "/v1/instances/"+id, apiTok, "", ""); r.Status != http.StatusNoContent {
+			t.Fatalf("deregister %s: %d %s", id, r.Status, r.Body)
+		}
+	}
+	publish()
+	eventually(t, "the scale-down to 4", func() bool { return routable() == 4 })
+	r, _ := c.Resolve("api")
+	if r.Hold != nil || r.Guarded() {
+		t.Fatalf("a registry scale-down was held: %+v", r.Hold)
+	}
+	if st := c.Stats().Cache; st.RegistryShrinks != 1 || st.ShrinkCapped != 0 {
+		t.Fatalf("cache stats %+v, want one registry-explained shrink and no cap", st)
+	}
+
+	for _, id := range ids[6:] {
+		if r := s.Do(t, "DELETE", "/v1/instances/"+id, apiTok, "", ""); r.Status != http.StatusNoContent {
+			t.Fatalf("deregister %s: %d %s", id, r.Status, r.Body)
+		}
+	}
+	publish()
+	eventually(t, "the decommission", func() bool { return routable() == 0 })
+	if _, err := c.Pick("api"); !errors.Is(err, resolver.ErrNoEndpoints) {
+		t.Fatalf("Pick after the decommission: %v, want ErrNoEndpoints", err)
+	}
+	if r, _ := c.Resolve("api"); r.Hold != nil {
+		t.Fatalf("the decommission was held: %+v", r.Hold)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
