@@ -88,6 +88,10 @@ type Endpoint struct {
 	// applied to State and Weight by muster; it says who and why. It is
 	// not part of the checksum.
 	Override *Override `json:"override,omitempty"`
+	// LeaseExpired: the registry ended the instance because its lease ran
+	// out, and muster still publishes it only because its zone's guard is
+	// tripped (state "ineligible"). It is not part of the checksum.
+	LeaseExpired bool `json:"lease_expired,omitempty"`
 }
 
 // Override is an operator's decision about one endpoint, as the view

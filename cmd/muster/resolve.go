@@ -231,7 +231,11 @@ func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool
 	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tZONE\tSTATE\tWEIGHT\tHEALTH")
 	var overrides []string
 	for _, e := range snap.Endpoints() {
-		fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%g\t%s\n", e.InstanceID, e.Address, e.Port, e.Zone, e.State, e.Weight, e.Health)
+		state := e.State
+		if e.LeaseExpired {
+			state += " (lease expired; kept by the zone's guard)"
+		}
+		fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%g\t%s\n", e.InstanceID, e.Address, e.Port, e.Zone, state, e.Weight, e.Health)
 		if e.Override != nil {
 			overrides = append(overrides, e.InstanceID+": "+e.Override.Reason)
 		}
