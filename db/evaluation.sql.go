@@ -13,6 +13,48 @@ import (
 	"github.com/google/uuid"
 )
 
+const instanceListByIDs = `-- name: InstanceListByIDs :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+WHERE id = ANY($1::uuid[])
+`
+
+// The instances among ids, in any state: ingest looks up the ids a report
+// names that the evaluator has not loaded yet (registered a moment ago,
+// perhaps through another replica). Ids with no row are simply absent.
+func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceListByIDs, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const instanceListChangedSince = `-- name: InstanceListChangedSince :many
 SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
 WHERE (updated_at, id) > ($1::timestamptz, $2::uuid)
@@ -176,6 +218,52 @@ func (q *Queries) ServiceContractsAll(ctx context.Context) ([]ServiceContractsAl
 	var items []ServiceContractsAllRow
 	for rows.Next() {
 		var i ServiceContractsAllRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.Owner,
+			&i.Capabilities,
+			&i.ServiceUpdatedAt,
+			&i.ContractVersion,
+			&i.Contract,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const serviceContractsByName = `-- name: ServiceContractsByName :many
+SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
+       c.version AS contract_version, c.document AS contract
+FROM services s LEFT JOIN health_contracts c ON c.service = s.name
+WHERE s.name = ANY($1::text[])
+ORDER BY s.name
+`
+
+type ServiceContractsByNameRow struct {
+	Name             string
+	Owner            string
+	Capabilities     []string
+	ServiceUpdatedAt time.Time
+	ContractVersion  *int64
+	Contract         json.RawMessage
+}
+
+// ServiceContractsAll for the named services only: a service the
+// evaluator meets first through one of its instances.
+func (q *Queries) ServiceContractsByName(ctx context.Context, names []string) ([]ServiceContractsByNameRow, error) {
+	rows, err := q.db.Query(ctx, serviceContractsByName, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ServiceContractsByNameRow
+	for rows.Next() {
+		var i ServiceContractsByNameRow
 		if err := rows.Scan(
 			&i.Name,
 			&i.Owner,

@@ -34,7 +34,7 @@ func TestAdmissionSurvivesARestart(t *testing.T) {
 	prober := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
 	ingest := func(ev *evaluator.Evaluator, id uuid.UUID, outcome string) {
 		t.Helper()
-		res, err := ev.Ingest(prober, []evaluator.Report{{InstanceID: id, Class: "probe", Outcome: outcome}})
+		res, err := ev.Ingest(t.Context(), prober, []evaluator.Report{{InstanceID: id, Class: "probe", Outcome: outcome}})
 		if err != nil || res.Accepted != 1 {
 			t.Fatalf("ingest %s %s: %+v %v", id, outcome, res, err)
 		}

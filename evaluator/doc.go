@@ -43,6 +43,37 @@
 // same way. An admission whose transition was still buffered when the
 // process died is lost with it; that instance awaits its next success.
 //
+// # Instances registered a moment ago (issue 12)
+//
+// A workload registers and sends its first report at once, well inside
+// the refresh period. Two paths make sure that report finds its instance.
+// The registration hand-off: muster serve gives the registry a Registered
+// hook that calls InstancesRegistered after the commit and before the 201
+// is written, so the new instance, and any instance of the same endpoint
+// it replaced, is applied exactly as the refresh would apply the rows
+// (applyInstance; a row already applied changes nothing, so the refresh
+// reading it later is a no-op). A service the evaluator meets first this
+// way has its contract read too. The on-demand load: a registration on
+// another replica (or one whose hand-off failed) is not known here, so
+// Ingest collects the ids a batch names that the evaluator does not know
+// and, without holding the evaluator's lock, looks them up in one query
+// (Registry.InstancesByID), bounded by 500 ms (or DBTimeout if shorter),
+// loads the active ones, and only then attributes the batch. Ids with no
+// instance, and ids of ended instances, are refused as unknown_instance
+// with a reason naming which; ids it could not look up are refused as
+// unverified_instance and ask for an early refresh. Reports naming
+// made-up ids must not turn into unbounded database work: at most 100
+// unknown ids of a batch are looked up (the rest are unverified), at most
+// four lookups run at once, none while the database monitor says
+// PostgreSQL is down, and ids found missing or ended (and instances the
+// evaluator retires) are remembered for a minute, up to 16,384 of them,
+// so naming them again costs nothing. Missing and ended are permanent
+// (ids are never reused), so that memory is never wrong, only bounded.
+// muster_evaluator_instances_loaded_on_demand_total counts the instances
+// loaded either way, muster_evaluator_instance_lookups_total the queries
+// and muster_evaluator_instance_lookup_ids_total what became of each
+// unknown id.
+//
 // # Quarantines across a restart
 //
 // A flap quarantine (ADR-09) is computed state, but losing it on a restart

@@ -198,12 +198,18 @@ type Evaluator struct {
 	// the windows earlier flushes could not write.
 	flushMu        sync.Mutex
 	pendingWindows []db.ObservedWindowsInsertParams
-	// kick asks the loop for an early registry refresh: ingest saw an
-	// instance it does not know, most likely one registered a moment ago.
+	// kick asks the loop for an early registry refresh: ingest met an
+	// instance it does not know and could not look up (learn.go), most
+	// likely one registered a moment ago.
 	kick chan struct{}
 	// urgent asks for an evaluation before the next tick: a hard failure
 	// arrived, and withdrawing it should not wait up to a whole tick.
 	urgent chan struct{}
+	// misses remembers ids reports named that have no instance or whose
+	// instance ended; lookupSlots bounds the on-demand lookups running at
+	// once (learn.go).
+	misses      *missCache
+	lookupSlots chan struct{}
 
 	runner worker.Runner
 }
@@ -233,6 +239,9 @@ func New(cfg Config) (*Evaluator, error) {
 		reporters: map[string]eligibility.ReporterID{},
 		kick:      make(chan struct{}, 1),
 		urgent:    make(chan struct{}, 1),
+
+		misses:      newMissCache(missCapacity, missTTL),
+		lookupSlots: make(chan struct{}, lookupSlots),
 	}
 	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, cfg.DBTimeout, cfg.DatabaseUp, m, e.log)
 	if cfg.Registerer != nil {
@@ -463,19 +472,7 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	}
 	e.mu.Lock()
 	for _, sc := range scs {
-		key := fmt.Sprint(sc.Service.Capabilities)
-		if si, ok := e.services[sc.Service.Name]; ok && si.version == sc.ContractVersion && si.caps == key {
-			continue
-		}
-		contract := contractOf(sc)
-		e.engine.SetService(sc.Service.Name, contract)
-		caps := make([]string, len(sc.Service.Capabilities))
-		for i, c := range sc.Service.Capabilities {
-			caps[i] = string(c)
-		}
-		e.services[sc.Service.Name] = &serviceInfo{version: sc.ContractVersion, caps: key, capabilities: caps,
-			minFraction: sc.Contract.MinHealthyFraction, slowStart: contract.SlowStart}
-		e.changed[sc.Service.Name] = struct{}{}
+		e.applyService(sc)
 	}
 	e.mu.Unlock()
 
@@ -552,8 +549,28 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	return e.loadOverrides(ctx)
 }
 
-// applyInstance adds a new active instance or retires an ended one. Called
-// with e.mu held.
+// applyService sets a service's contract in the engine unless the same
+// version and capabilities are already applied. Called with e.mu held.
+func (e *Evaluator) applyService(sc registry.ServiceContract) {
+	key := fmt.Sprint(sc.Service.Capabilities)
+	if si, ok := e.services[sc.Service.Name]; ok && si.version == sc.ContractVersion && si.caps == key {
+		return
+	}
+	contract := contractOf(sc)
+	e.engine.SetService(sc.Service.Name, contract)
+	caps := make([]string, len(sc.Service.Capabilities))
+	for i, c := range sc.Service.Capabilities {
+		caps[i] = string(c)
+	}
+	e.services[sc.Service.Name] = &serviceInfo{version: sc.ContractVersion, caps: key, capabilities: caps,
+		minFraction: sc.Contract.MinHealthyFraction, slowStart: contract.SlowStart}
+	e.changed[sc.Service.Name] = struct{}{}
+}
+
+// applyInstance adds a new active instance or retires an ended one. An
+// instance already known and still active, or unknown and ended, changes
+// nothing, so the refresh, the registration hand-off and the on-demand
+// load may apply the same row in any order. Called with e.mu held.
 func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 	_, known := e.instances[in.ID]
 	switch {
@@ -605,6 +622,9 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
 		delete(e.instances, in.ID)
 		delete(e.byService[in.Service], in.ID)
+		// Its runtime and its callers may report on it a while longer;
+		// they are told it ended without a lookup.
+		e.misses.add(in.ID, in.State, now)
 	}
 }
 

@@ -299,7 +299,7 @@ func TestRestartRebuildsBeforePublishing(t *testing.T) {
 	if r := second.Do(t, "GET", "/v1/services/web/eligibility", second.Token(t, st.Admin), "", ""); r.Status != http.StatusServiceUnavailable || r.Problem(t).Type != "https://muster.dev/problems/not-ready" {
 		t.Fatalf("before the rebuild: %d %s", r.Status, r.Body)
 	}
-	if _, err := second.Evaluator.Ingest(identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}, nil); err == nil {
+	if _, err := second.Evaluator.Ingest(ctx, identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}, nil); err == nil {
 		t.Fatal("ingest accepted before the rebuild")
 	}
 	if err := second.Evaluator.Start(ctx); err != nil {
@@ -409,7 +409,7 @@ func flapUntilQuarantined(t *testing.T, ev *evaluator.Evaluator, clock *st.Clock
 		if _, in := inRotation(t, ev, "web", id); in {
 			outcome = "failure"
 		}
-		if res, err := ev.Ingest(prober, []evaluator.Report{{InstanceID: id, Class: "probe", Outcome: outcome}}); err != nil || res.Accepted != 1 {
+		if res, err := ev.Ingest(context.Background(), prober, []evaluator.Report{{InstanceID: id, Class: "probe", Outcome: outcome}}); err != nil || res.Accepted != 1 {
 			t.Fatalf("ingest: %+v %v", res, err)
 		}
 		ev.EvaluateNow()
@@ -472,7 +472,7 @@ func TestQuarantineSurvivesARestart(t *testing.T) {
 	prober := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
 	for f.Clock.Now().Before(q.QuarantinedUntil.Add(-time.Second)) {
 		f.Clock.Advance(time.Second)
-		if _, err := second.Evaluator.Ingest(prober, []evaluator.Report{{InstanceID: id, Class: "probe", Outcome: "success"}}); err != nil {
+		if _, err := second.Evaluator.Ingest(context.Background(), prober, []evaluator.Report{{InstanceID: id, Class: "probe", Outcome: "success"}}); err != nil {
 			t.Fatal(err)
 		}
 		second.Evaluator.EvaluateNow()

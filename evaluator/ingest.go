@@ -1,6 +1,7 @@
 package evaluator
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -41,21 +42,27 @@ const MaxBatch = 5000
 // Refusal codes, also the label of muster_samples_refused_total.
 const (
 	codeUnknownInstance = "unknown_instance"
-	codeBadItem         = "invalid"
-	codeNotOwnInstance  = "not_own_instance"
-	codeNotAssigned     = "not_assigned"
-	codeWrongKind       = "wrong_identity_kind"
-	codeStale           = "stale"
-	codeFuture          = "future"
+	// codeUnverifiedInstance: an id this process does not know and could
+	// not look up just now (see loadUnknown); unlike unknown_instance it
+	// may well be accepted if reported again.
+	codeUnverifiedInstance = "unverified_instance"
+	codeBadItem            = "invalid"
+	codeNotOwnInstance     = "not_own_instance"
+	codeNotAssigned        = "not_assigned"
+	codeWrongKind          = "wrong_identity_kind"
+	codeStale              = "stale"
+	codeFuture             = "future"
 )
 
 // Ingest attributes and applies one batch from actor. It never fails as a
 // whole for a bad item; it fails only when the evaluator is not ready.
-func (e *Evaluator) Ingest(actor identity.Principal, reports []Report) (Result, error) {
+// Instances the batch names that the evaluator has not loaded are looked
+// up in PostgreSQL on ctx first (see loadUnknown), so a report may follow
+// its instance's registration, on any replica, at once.
+func (e *Evaluator) Ingest(ctx context.Context, actor identity.Principal, reports []Report) (Result, error) {
 	if !e.ready.Load() {
 		return Result{}, ErrNotReady
 	}
-	now := e.cfg.Now()
 	res := Result{Refused: []Refusal{}}
 	refuse := func(i int, code, format string, args ...any) {
 		res.Refused = append(res.Refused, Refusal{Index: i, Code: code, Reason: fmt.Sprintf(format, args...)})
@@ -65,9 +72,39 @@ func (e *Evaluator) Ingest(actor identity.Principal, reports []Report) (Result, 
 	hard := false
 
 	e.mu.Lock()
+	var (
+		unknown []uuid.UUID
+		seen    map[uuid.UUID]bool
+	)
+	for _, r := range reports {
+		if _, ok := e.instances[r.InstanceID]; ok || seen[r.InstanceID] {
+			continue
+		}
+		if seen == nil {
+			seen = map[uuid.UUID]bool{}
+		}
+		seen[r.InstanceID] = true
+		unknown = append(unknown, r.InstanceID)
+	}
+	var answers map[uuid.UUID]unknownAnswer
+	if len(unknown) > 0 {
+		e.mu.Unlock()
+		answers = e.loadUnknown(ctx, unknown)
+		e.mu.Lock()
+	}
 	defer e.mu.Unlock()
+	now := e.cfg.Now()
 	for i, r := range reports {
 		s, code, why := e.attribute(actor, reporter, r, now)
+		if code == codeUnknownInstance {
+			if a, ok := answers[r.InstanceID]; ok {
+				code, why = a.code, a.reason
+			} else if state, ok := e.misses.get(r.InstanceID, now); ok {
+				// Retired between the lookup and now.
+				a := missAnswer(r.InstanceID, state)
+				code, why = a.code, a.reason
+			}
+		}
 		if code != "" {
 			refuse(i, code, "%s", why)
 			continue
@@ -87,8 +124,13 @@ func (e *Evaluator) Ingest(actor identity.Principal, reports []Report) (Result, 
 		default:
 		}
 	}
+	// Ids that could not be looked up ask for an early registry refresh,
+	// which loads every instance registered since the last one. Ids known
+	// to be missing or ended do not: a refresh would not change their
+	// answer, and reports naming made-up ids should not turn into
+	// refreshes.
 	for _, r := range res.Refused {
-		if r.Code == codeUnknownInstance {
+		if r.Code == codeUnverifiedInstance {
 			select {
 			case e.kick <- struct{}{}:
 			default:

@@ -16,6 +16,9 @@ type metrics struct {
 	windowsPending     prometheus.Gauge
 	transitionsWritten prometheus.Counter
 	transitionsDropped prometheus.Counter
+	loadedOnDemand     *prometheus.CounterVec
+	lookups            *prometheus.CounterVec
+	lookupIDs          *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -56,12 +59,25 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		transitionsDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "muster_transitions_dropped_total", Help: "Eligibility transitions dropped because the bounded buffer was full while PostgreSQL was away.",
 		}),
+		loadedOnDemand: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_evaluator_instances_loaded_on_demand_total",
+			Help: "Instances the evaluator loaded before its registry refresh did: handed over by a registration on this process (source=registration), or looked up because a report named them (source=report).",
+		}, []string{"source"}),
+		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_evaluator_instance_lookups_total",
+			Help: "PostgreSQL lookups of instances reports named that the evaluator did not know (at most one per report batch), by result (ok, error).",
+		}, []string{"result"}),
+		lookupIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_evaluator_instance_lookup_ids_total",
+			Help: "Unknown instance ids named in report batches, by what became of them: active (loaded), ended, missing (looked up); cached (answered from the memory of recent misses); unchecked (not looked up: over the per-batch bound, database down, lookup failed).",
+		}, []string{"result"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.accepted, m.refused, m.tick, m.transitions, m.damping, m.rebuild,
-		m.windowsWritten, m.windowsDropped, m.windowsPending, m.transitionsWritten, m.transitionsDropped} {
+		m.windowsWritten, m.windowsDropped, m.windowsPending, m.transitionsWritten, m.transitionsDropped,
+		m.loadedOnDemand, m.lookups, m.lookupIDs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

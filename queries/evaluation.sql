@@ -12,6 +12,22 @@ SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
 FROM services s LEFT JOIN health_contracts c ON c.service = s.name
 ORDER BY s.name;
 
+-- name: InstanceListByIDs :many
+-- The instances among ids, in any state: ingest looks up the ids a report
+-- names that the evaluator has not loaded yet (registered a moment ago,
+-- perhaps through another replica). Ids with no row are simply absent.
+SELECT * FROM instances
+WHERE id = ANY(sqlc.arg(ids)::uuid[]);
+
+-- name: ServiceContractsByName :many
+-- ServiceContractsAll for the named services only: a service the
+-- evaluator meets first through one of its instances.
+SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
+       c.version AS contract_version, c.document AS contract
+FROM services s LEFT JOIN health_contracts c ON c.service = s.name
+WHERE s.name = ANY(sqlc.arg(names)::text[])
+ORDER BY s.name;
+
 -- name: ObservedWindowsSince :many
 -- One page of retained windows, oldest first; pass the last row's
 -- (window_end, instance_id, class) as the cursor for the next page.

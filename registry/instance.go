@@ -91,7 +91,10 @@ func (r *Registry) validateRegistration(reg *Registration) (netip.Addr, []FieldE
 func (r *Registry) Register(ctx context.Context, actor identity.Principal, source netip.Addr, service string, reg Registration) (Instance, error) {
 	const action = "instance.register"
 	target := service
-	var out Instance
+	var (
+		out      Instance
+		replaced []Instance
+	)
 	err := r.write(ctx, actor, action, "service", target, reg, func(q *db.Queries) (*Error, error) {
 		row, err := q.ServiceGet(ctx, service)
 		if notFound(err) {
@@ -112,17 +115,19 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 			return rerr, nil
 		}
 		now := r.now()
-		replaced, err := q.InstanceEndLiveEndpoint(ctx, db.InstanceEndLiveEndpointParams{Service: service, Address: reg.Address, Port: int32(reg.Port), Now: now})
+		ended, err := q.InstanceEndLiveEndpoint(ctx, db.InstanceEndLiveEndpointParams{Service: service, Address: reg.Address, Port: int32(reg.Port), Now: now})
 		if err != nil {
 			return nil, fmt.Errorf("end replaced instances: %w", err)
 		}
-		for _, old := range replaced {
-			before := instanceFromRow(old)
+		for _, old := range ended {
+			after := instanceFromRow(old)
+			before := after
 			before.State, before.EndedAt = StateActive, nil
-			e := accepted(actor, "instance.replace", "instance", old.ID.String(), before, instanceFromRow(old))
+			e := accepted(actor, "instance.replace", "instance", old.ID.String(), before, after)
 			if _, err := audit.Append(ctx, q, now, e); err != nil {
 				return nil, err
 			}
+			replaced = append(replaced, after)
 		}
 		id, err := uuid.NewV7()
 		if err != nil {
@@ -145,6 +150,9 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 		return Instance{}, err
 	}
 	r.metrics.registrations.Inc()
+	if r.cfg.Registered != nil {
+		r.cfg.Registered(ctx, append(replaced, out))
+	}
 	return out, nil
 }
 

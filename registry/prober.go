@@ -160,6 +160,25 @@ func (r *Registry) ServiceContracts(ctx context.Context) ([]ServiceContract, err
 	if err != nil {
 		return nil, fmt.Errorf("list services and contracts: %w", err)
 	}
+	return serviceContractsFromRows(rows)
+}
+
+// ServiceContractsNamed returns the named services with their contracts,
+// for the evaluator meeting a service first through one of its instances.
+// Names with no service are left out.
+func (r *Registry) ServiceContractsNamed(ctx context.Context, names []string) ([]ServiceContract, error) {
+	rows, err := db.New(r.cfg.Pool).ServiceContractsByName(ctx, names)
+	if err != nil {
+		return nil, fmt.Errorf("read services and contracts of %v: %w", names, err)
+	}
+	all := make([]db.ServiceContractsAllRow, len(rows))
+	for i, row := range rows {
+		all[i] = db.ServiceContractsAllRow(row)
+	}
+	return serviceContractsFromRows(all)
+}
+
+func serviceContractsFromRows(rows []db.ServiceContractsAllRow) ([]ServiceContract, error) {
 	out := make([]ServiceContract, 0, len(rows))
 	for _, row := range rows {
 		svc := serviceFromRow(db.Service{Name: row.Name, Owner: row.Owner, Capabilities: row.Capabilities, UpdatedAt: row.ServiceUpdatedAt})
@@ -184,6 +203,22 @@ func (r *Registry) InstancesChangedSince(ctx context.Context, since time.Time, a
 	rows, err := db.New(r.cfg.Pool).InstanceListChangedSince(ctx, db.InstanceListChangedSinceParams{Since: since, AfterID: afterID, Lim: int32(limit)})
 	if err != nil {
 		return nil, fmt.Errorf("list changed instances: %w", err)
+	}
+	out := make([]Instance, len(rows))
+	for i, row := range rows {
+		out[i] = instanceFromRow(row)
+	}
+	return out, nil
+}
+
+// InstancesByID returns the instances among ids, in any state and in no
+// particular order; ids with no instance are left out. It checks no
+// authority: the evaluator looks up the ids reports name before
+// attributing them.
+func (r *Registry) InstancesByID(ctx context.Context, ids []uuid.UUID) ([]Instance, error) {
+	rows, err := db.New(r.cfg.Pool).InstanceListByIDs(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up %d instances: %w", len(ids), err)
 	}
 	out := make([]Instance, len(rows))
 	for i, row := range rows {

@@ -32,6 +32,14 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the registry's metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
+	// Registered, when set, is told of every registration this registry
+	// commits, after the commit and before Register returns: the
+	// instances the registration replaced (state replaced), then the new
+	// one. muster serve hands them to the evaluator, so that the
+	// workload's first report, sent as soon as it has its id, finds its
+	// instance known (issue 12). It runs on the registering request and
+	// is given its context; it should return quickly.
+	Registered func(ctx context.Context, ins []Instance)
 }
 
 // Validate checks the configuration and fills defaults.

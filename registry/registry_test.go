@@ -924,3 +924,63 @@ func TestGrantsAndResolution(t *testing.T) {
 		t.Fatalf("grants audit: %+v", evs)
 	}
 }
+
+// TestRegisteredIsToldOfEachRegistration: the hand-off hook sees what each
+// committed registration changed (the instances it replaced, then the new
+// one) and nothing of refused registrations; InstancesByID and
+// ServiceContractsNamed answer for the ids and names they are given.
+func TestRegisteredIsToldOfEachRegistration(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var told [][]registry.Instance
+	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now,
+		Registered: func(_ context.Context, ins []registry.Instance) { told = append(told, ins) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	at := registry.Registration{Address: "127.0.0.1", Port: 9000, Zone: "az1"}
+	first, err := reg.Register(ctx, webWL, loopback, "web", at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Register(ctx, apiWL, loopback, "web", at); err == nil {
+		t.Fatal("api registered into web")
+	}
+	e.clock.Advance(time.Second)
+	second, err := reg.Register(ctx, webWL, loopback, "web", at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := first
+	ended.State, ended.UpdatedAt, ended.EndedAt = registry.StateReplaced, second.CreatedAt, &second.CreatedAt
+	want := [][]registry.Instance{{first}, {ended, second}}
+	if d := cmp.Diff(want, told); d != "" {
+		t.Fatalf("told (-want +got):\n%s", d)
+	}
+
+	// Through a registry without the hook (another replica, say) nothing
+	// is told, and the lookups read what it wrote.
+	third, err := e.reg.Register(ctx, admin, netip.Addr{}, "api", registry.Registration{Address: "10.0.0.3", Port: 80, Zone: "az2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(told) != 2 {
+		t.Fatalf("told of a registration through another registry: %+v", told[2:])
+	}
+	got, err := reg.InstancesByID(ctx, []uuid.UUID{first.ID, third.ID, uuid.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got, func(a, b registry.Instance) int { return strings.Compare(a.ID.String(), b.ID.String()) })
+	if d := cmp.Diff([]registry.Instance{ended, third}, got); d != "" {
+		t.Fatalf("InstancesByID (-want +got):\n%s", d)
+	}
+	scs, err := reg.ServiceContractsNamed(ctx, []string{"api", "nope"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(scs) != 1 || scs[0].Service.Name != "api" || !scs[0].Service.Has(registry.CapPassive) || scs[0].Contract.Weights[registry.CapPassive] != 1 {
+		t.Fatalf("ServiceContractsNamed: %+v", scs)
+	}
+}

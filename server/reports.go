@@ -30,7 +30,7 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, p)
 		return
 	}
-	res, err := s.cfg.Evaluator.Ingest(principal(r), b.Reports)
+	res, err := s.cfg.Evaluator.Ingest(r.Context(), principal(r), b.Reports)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

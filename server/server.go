@@ -34,7 +34,7 @@ type Authenticator interface {
 
 // Evaluator ingests evidence and shows verdicts.
 type Evaluator interface {
-	Ingest(actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
+	Ingest(ctx context.Context, actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
 	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
 }
 

@@ -741,7 +741,10 @@ func (w *lgWatch) injectAddition(ctx context.Context, rng *rand.Rand, n int) err
 	w.added = append(w.added, inst.ID)
 	w.injMu.Unlock()
 	// The loadgen prober is assigned by service, so it covers the new
-	// instance as soon as the evaluator has seen it.
+	// instance as soon as the evaluator has it: at once, since the
+	// registration hands it over and a replica that has not seen it
+	// looks it up. Only a replica that could not look it up just now
+	// (unverified_instance) is asked again.
 	reports, _ := json.Marshal(map[string]any{"reports": []evaluator.Report{{InstanceID: inst.ID, Class: "probe", Outcome: "success"}}})
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		res, err := postReports(ctx, w.api, w.base, w.proberToken, reports)
@@ -751,7 +754,7 @@ func (w *lgWatch) injectAddition(ctx context.Context, rng *rand.Rand, n int) err
 		if res.Accepted == 1 {
 			return nil
 		}
-		if len(res.Refused) == 0 || res.Refused[0].Code != "unknown_instance" || time.Now().After(deadline) {
+		if len(res.Refused) == 0 || res.Refused[0].Code != "unverified_instance" || time.Now().After(deadline) {
 			return fmt.Errorf("success report for new instance %s refused: %+v", inst.ID, res.Refused)
 		}
 		if !sleepUntil(ctx, time.Now().Add(50*time.Millisecond)) {

@@ -145,9 +145,16 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var (
+		eval   *evaluator.Evaluator
+		shifts *policy.Shifts
+	)
 	reg, err := registry.New(registry.Config{
 		Pool: pool, Region: cfg.Region, LeaseTTL: cfg.LeaseTTL,
 		Logger: log.With("component", "registry"), Registerer: metrics,
+		// The registration hand-off: a workload's first report, sent as
+		// soon as it has its id, finds its instance known.
+		Registered: func(ctx context.Context, ins []registry.Instance) { eval.InstancesRegistered(ctx, ins) },
 	})
 	if err != nil {
 		return err
@@ -156,10 +163,6 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	var (
-		eval   *evaluator.Evaluator
-		shifts *policy.Shifts
-	)
 	dbHealth, err := db.NewMonitor(db.MonitorConfig{Pool: monPool, Logger: log, Registerer: metrics})
 	if err != nil {
 		return err

@@ -139,15 +139,17 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	clk := &Clock{t: time.Now().UTC().Truncate(time.Microsecond)}
 	metrics := prometheus.NewRegistry()
-	reg, err := registry.New(registry.Config{Pool: pool, Region: "local", Now: clk.Now, Registerer: metrics})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hub := stream.NewHub(stream.Config{Now: clk.Now})
 	var (
 		ev     *evaluator.Evaluator
 		shifts *policy.Shifts
 	)
+	// Registrations are handed to the evaluator, as in muster serve.
+	reg, err := registry.New(registry.Config{Pool: pool, Region: "local", Now: clk.Now, Registerer: metrics,
+		Registered: func(ctx context.Context, ins []registry.Instance) { ev.InstancesRegistered(ctx, ins) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := stream.NewHub(stream.Config{Now: clk.Now})
 	guards := guardlog.New(pool, nil)
 	pub, err := publisher.New(publisher.Config{
 		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) },
