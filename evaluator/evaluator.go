@@ -523,30 +523,48 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	e.mu.Lock()
 	probers := make(map[string]*proberAssignment, len(assignments))
 	for _, a := range assignments {
-		key := fmt.Sprint(a.Services, a.Instances)
-		if old := e.probers[a.Prober]; old != nil && old.key == key && old.members == e.members {
-			probers[a.Prober] = old
-			continue
-		}
-		pa := &proberAssignment{id: e.internReporter("prober:" + a.Prober), services: map[string]bool{}, instances: map[uuid.UUID]bool{},
-			key: key, members: e.members}
-		var targets []eligibility.InstanceID
-		for _, s := range a.Services {
-			pa.services[s] = true
-			for id := range e.byService[s] {
-				targets = append(targets, eligibility.InstanceID(id))
-			}
-		}
-		for _, id := range a.Instances {
-			pa.instances[id] = true
-			targets = append(targets, eligibility.InstanceID(id))
-		}
-		probers[a.Prober] = pa
-		e.engine.AssignProber(pa.id, targets)
+		probers[a.Prober] = e.applyAssignment(a)
 	}
 	e.probers = probers
 	e.mu.Unlock()
 	return e.loadOverrides(ctx)
+}
+
+// applyAssignment returns the in-memory copy of a prober's assignments,
+// re-assigning its targets in the engine only when the assignment or the
+// membership of a service changed. Called with e.mu held.
+func (e *Evaluator) applyAssignment(a registry.ProberAssignments) *proberAssignment {
+	key := fmt.Sprint(a.Services, a.Instances)
+	if old := e.probers[a.Prober]; old != nil && old.key == key && old.members == e.members {
+		return old
+	}
+	pa := &proberAssignment{id: e.internReporter("prober:" + a.Prober), services: map[string]bool{}, instances: map[uuid.UUID]bool{},
+		key: key, members: e.members}
+	var targets []eligibility.InstanceID
+	for _, s := range a.Services {
+		pa.services[s] = true
+		for id := range e.byService[s] {
+			targets = append(targets, eligibility.InstanceID(id))
+		}
+	}
+	for _, id := range a.Instances {
+		pa.instances[id] = true
+		targets = append(targets, eligibility.InstanceID(id))
+	}
+	e.engine.AssignProber(pa.id, targets)
+	return pa
+}
+
+// ProberAssigned applies a prober's new assignments at once, as the next
+// refresh would (the registry's ProberAssigned hook calls it after the
+// commit), so the prober's first reports are not refused as not assigned.
+func (e *Evaluator) ProberAssigned(a registry.ProberAssignments) {
+	if !e.ready.Load() {
+		return // the rebuild reads every assignment
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.probers[a.Prober] = e.applyAssignment(a)
 }
 
 // applyService sets a service's contract in the engine unless the same

@@ -96,6 +96,9 @@ func (r *Registry) PutProberAssignments(ctx context.Context, actor identity.Prin
 	if err != nil {
 		return ProberAssignments{}, err
 	}
+	if r.cfg.ProberAssigned != nil {
+		r.cfg.ProberAssigned(a)
+	}
 	return a, nil
 }
 

@@ -40,6 +40,11 @@ type Config struct {
 	// instance known (issue 12). It runs on the registering request and
 	// is given its context; it should return quickly.
 	Registered func(ctx context.Context, ins []Instance)
+	// ProberAssigned, when set, is told of every prober assignment this
+	// registry commits, after the commit: muster serve hands it to the
+	// evaluator, so a prober's first reports after its assignment are
+	// not refused as not assigned while the next refresh is due.
+	ProberAssigned func(a ProberAssignments)
 }
 
 // Validate checks the configuration and fills defaults.

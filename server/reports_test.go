@@ -183,3 +183,31 @@ func TestReportThroughAnotherReplica(t *testing.T) {
 		t.Fatalf("on the other replica, the instance that reported success: %+v", v)
 	}
 }
+
+// TestProbeRightAfterAssignment (issue 12): a prober assigned a service a
+// moment ago has its first probe of a just-registered instance accepted:
+// the assignment is handed to the evaluator when it commits, like the
+// registration, instead of waiting for the next refresh (hourly in these
+// stacks).
+func TestProbeRightAfterAssignment(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	newReadyService(t, s)
+	inst := register(t, s, s.Token(t, readyReq), `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
+	if r := s.JSON(t, "PUT", "/v1/probers/prober-az9/assignments", s.Token(t, adminReq), `{"services":["ready"]}`); r.Status != http.StatusOK {
+		t.Fatalf("assign: %d %s", r.Status, r.Body)
+	}
+	prober := s.Token(t, identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az9"})
+	res := postReports(t, s, prober, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":"success"}`, inst.ID))
+	if res.Accepted != 1 || len(res.Refused) != 0 {
+		t.Fatalf("first probe right after the assignment: %+v", res)
+	}
+	// Taking the assignment away is as immediate.
+	if r := s.JSON(t, "PUT", "/v1/probers/prober-az9/assignments", s.Token(t, adminReq), `{"services":[]}`); r.Status != http.StatusOK {
+		t.Fatalf("unassign: %d %s", r.Status, r.Body)
+	}
+	res = postReports(t, s, prober, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":"failure"}`, inst.ID))
+	if res.Accepted != 0 || len(res.Refused) != 1 || res.Refused[0].Code != "not_assigned" {
+		t.Fatalf("a probe after the assignment was taken away: %+v", res)
+	}
+}

@@ -154,7 +154,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		Logger: log.With("component", "registry"), Registerer: metrics,
 		// The registration hand-off: a workload's first report, sent as
 		// soon as it has its id, finds its instance known.
-		Registered: func(ctx context.Context, ins []registry.Instance) { eval.InstancesRegistered(ctx, ins) },
+		Registered:     func(ctx context.Context, ins []registry.Instance) { eval.InstancesRegistered(ctx, ins) },
+		ProberAssigned: func(a registry.ProberAssignments) { eval.ProberAssigned(a) },
 	})
 	if err != nil {
 		return err

@@ -145,7 +145,8 @@ func New(t testing.TB, opts Options) *Stack {
 	)
 	// Registrations are handed to the evaluator, as in muster serve.
 	reg, err := registry.New(registry.Config{Pool: pool, Region: "local", Now: clk.Now, Registerer: metrics,
-		Registered: func(ctx context.Context, ins []registry.Instance) { ev.InstancesRegistered(ctx, ins) }})
+		Registered:     func(ctx context.Context, ins []registry.Instance) { ev.InstancesRegistered(ctx, ins) },
+		ProberAssigned: func(a registry.ProberAssignments) { ev.ProberAssigned(a) }})
 	if err != nil {
 		t.Fatal(err)
 	}
