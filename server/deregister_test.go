@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/musterhq/muster/audit"
@@ -358,5 +360,40 @@ func TestDeregisterNeverTheLastInstance(t *testing.T) {
 	}
 	if evs := deregisterEvents(t, f.Stack, id); len(evs) != 1 || decisionOf(t, evs[0]).Check != "last_instance" {
 		t.Errorf("audit: %+v", evs)
+	}
+}
+
+// TestConcurrentDeregistrationsCannotSpendTheSameHeadroom: two operators
+// deregister two instances of az1 at once (3 in rotation, minimum 0.6).
+// Either alone leaves 2 of 3; together they would leave 1. The decisions
+// are serialised per service and the second reads the registry's state of
+// the first's instance (the evaluator, not refreshed, still holds it), so
+// exactly one goes through and the other waits for a co-signer.
+func TestConcurrentDeregistrationsCannotSpendTheSameHeadroom(t *testing.T) {
+	t.Parallel()
+	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 3, "az2": 1})
+	f.setMinFraction(t, 0.6)
+	az1 := f.zones["az1"]
+	toks := []string{f.Token(t, oscarReq), f.Token(t, paulaReq)}
+	statuses := make([]int, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() {
+			statuses[i] = f.deregister(t, toks[i], az1[i], "rack 7 is being emptied for repairs").Status
+		})
+	}
+	wg.Wait()
+	slices.Sort(statuses)
+	if statuses[0] != http.StatusOK || statuses[1] != http.StatusConflict {
+		t.Fatalf("statuses %v, want one 200 and one 409", statuses)
+	}
+	ended := 0
+	for _, id := range az1[:2] {
+		if f.instanceState(t, id) == registry.StateDeregistered {
+			ended++
+		}
+	}
+	if ended != 1 {
+		t.Fatalf("%d of the two instances ended", ended)
 	}
 }
