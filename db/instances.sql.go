@@ -259,6 +259,37 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 	return items, nil
 }
 
+const instanceStates = `-- name: InstanceStates :many
+SELECT id, state FROM instances WHERE id = ANY($1::uuid[])
+`
+
+type InstanceStatesRow struct {
+	ID    uuid.UUID
+	State string
+}
+
+// The registry's state of the instances the evaluator holds, read inside a
+// budget decision: its copy may lag behind an instance ended a moment ago.
+func (q *Queries) InstanceStates(ctx context.Context, ids []uuid.UUID) ([]InstanceStatesRow, error) {
+	rows, err := q.db.Query(ctx, instanceStates, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []InstanceStatesRow
+	for rows.Next() {
+		var i InstanceStatesRow
+		if err := rows.Scan(&i.ID, &i.State); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 type InstancesCopyParams struct {
 	ID             uuid.UUID
 	Service        string

@@ -58,6 +58,54 @@ func (q *Queries) OverrideActivate(ctx context.Context, arg OverrideActivatePara
 	return i, err
 }
 
+const overrideCosignApply = `-- name: OverrideCosignApply :one
+UPDATE overrides
+SET state = 'applied', cosigner = $1, cosign_justification = $2,
+    cosigned_at = $3::timestamptz, ended_at = $3::timestamptz
+WHERE id = $4 AND state = 'pending_cosign' AND action = 'deregister'
+RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at
+`
+
+type OverrideCosignApplyParams struct {
+	Cosigner            *string
+	CosignJustification *string
+	Now                 time.Time
+	ID                  uuid.UUID
+}
+
+// A co-signed deregistration: applied once (the caller ends the instance in
+// the same transaction), never in force.
+func (q *Queries) OverrideCosignApply(ctx context.Context, arg OverrideCosignApplyParams) (Override, error) {
+	row := q.db.QueryRow(ctx, overrideCosignApply,
+		arg.Cosigner,
+		arg.CosignJustification,
+		arg.Now,
+		arg.ID,
+	)
+	var i Override
+	err := row.Scan(
+		&i.ID,
+		&i.InstanceID,
+		&i.Service,
+		&i.Zone,
+		&i.Action,
+		&i.State,
+		&i.Actor,
+		&i.Justification,
+		&i.Cosigner,
+		&i.CosignJustification,
+		&i.CosignedAt,
+		&i.CosignBy,
+		&i.BudgetDetail,
+		&i.CreatedAt,
+		&i.ExpiresAt,
+		&i.LiftedAt,
+		&i.LiftedBy,
+		&i.EndedAt,
+	)
+	return i, err
+}
+
 const overrideExpireDue = `-- name: OverrideExpireDue :many
 UPDATE overrides SET state = 'expired', ended_at = $1::timestamptz
 WHERE id IN (
@@ -231,8 +279,8 @@ func (q *Queries) OverrideGetForUpdate(ctx context.Context, id uuid.UUID) (Overr
 
 const overrideInsert = `-- name: OverrideInsert :one
 INSERT INTO overrides (id, instance_id, service, zone, action, state, actor, justification,
-                       cosign_by, budget_detail, created_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                       cosign_by, budget_detail, created_at, expires_at, ended_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at
 `
 
@@ -249,8 +297,10 @@ type OverrideInsertParams struct {
 	BudgetDetail  string
 	CreatedAt     time.Time
 	ExpiresAt     time.Time
+	EndedAt       *time.Time
 }
 
+// ended_at is set only for a deregistration applied at once.
 func (q *Queries) OverrideInsert(ctx context.Context, arg OverrideInsertParams) (Override, error) {
 	row := q.db.QueryRow(ctx, overrideInsert,
 		arg.ID,
@@ -265,6 +315,7 @@ func (q *Queries) OverrideInsert(ctx context.Context, arg OverrideInsertParams) 
 		arg.BudgetDetail,
 		arg.CreatedAt,
 		arg.ExpiresAt,
+		arg.EndedAt,
 	)
 	var i Override
 	err := row.Scan(

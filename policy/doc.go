@@ -1,8 +1,9 @@
-// Package policy admits operators' overrides and rate-limits policy writes
-// per actor (ADR-15, ADR-08; issue 6). Marking an instance ineligible by
-// hand is an authorised denial-of-service mechanism, so it is treated as
-// one: every attempt is authorised, counted, justified, budget-checked and
-// audited, and every override expires.
+// Package policy admits operators' overrides and deregistrations and
+// rate-limits policy writes per actor (ADR-15, ADR-08; issues 6 and 13).
+// Marking an instance ineligible by hand, or ending it, is an authorised
+// denial-of-service mechanism, so it is treated as one: every attempt is
+// authorised, counted, justified, budget-checked and audited, and every
+// override expires.
 //
 // # Checks, in order
 //
@@ -56,7 +57,10 @@
 // The budget is computed from the evaluator's current verdicts on this
 // replica with the overrides in force (read from the database under a
 // per-service advisory lock, so two replicas cannot spend the same
-// headroom at once) applied. An instance counts as eligible when its own
+// headroom at once) applied, and with the registry's own state of those
+// instances read under the same lock: one deregistered or replaced a
+// moment ago, which the evaluator still holds until its next refresh, is
+// gone, and one whose lease the reaper just ended is out of rotation. An instance counts as eligible when its own
 // verdict is eligible or degraded and it is not quarantined, unless an
 // override says otherwise. Unknown does not count: silence is not failure
 // (ADR-05), so unknown instances stay in rotation, but it is no evidence
@@ -82,6 +86,33 @@
 // removed". The last-instance rule is not part of what a co-signer may
 // exceed: "never" is kept literally, and such a refusal is not stored for
 // co-signing (restore capacity, or deregister the instance, instead).
+//
+// # Deregistration (issue 13)
+//
+// Deregistering an instance removes its capacity for good, so anyone but
+// the instance itself doing it is an override: Service.Deregister runs
+// Create's checks in Create's order (authorisation: the owning team's
+// operator role or admin, so a sibling workload is refused; the same
+// per-actor rate limit scope "override:<service>"; a justification; the
+// disruption budget) and audits every attempt as instance.deregister. The
+// budget is mark_ineligible's (overrideBudget): the target counts as
+// leaving rotation in its zone as the zone stands. Counting it as leaving
+// the zone's capacity too (what the guard sees once it is gone) would
+// never refuse anything in a fully healthy zone, n-1 of n-1 being still
+// all of it, and an operator could drain a zone one instance at a time.
+// Within budget the instance is ended and the decision kept as an
+// override (action deregister, state applied); a budget refusal waits as
+// pending_cosign and Cosign ends the instance; the last instance in
+// rotation is refused outright. A deregistration is never active, so the
+// evaluator and the assembler never see one.
+//
+// The instance itself shutting down is not an override and stays
+// immediate: a workload of the instance's service proved to hold the
+// instance's address, by the proof registration asks
+// (registry.HoldsAddress: the request's TCP source, or the token's
+// muster_addresses). Its deregistration is audited as the registry always
+// audited it. Address proof is by IP: another process on the same host
+// with the same service identity is, to muster, the instance.
 //
 // # Overrides and the fraction guard (ADR-08, ADR-15)
 //

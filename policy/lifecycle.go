@@ -21,7 +21,8 @@ import (
 // co-signer passes authorisation, must not be the actor who asked, passes
 // its own rate limit and justification, and must co-sign before the
 // window closes. The last-instance rule still holds. Both identities and
-// both justifications are audited.
+// both justifications are audited. A co-signed deregistration ends the
+// instance in the same transaction and is then applied.
 func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.UUID, req CosignRequest) (Override, error) {
 	req.Justification = clip(req.Justification, MaxJustificationLength+1)
 	a := &attempt{actor: actor, action: "override.cosign", target: id.String(), asked: req}
@@ -60,12 +61,24 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 		case cur.State != StatePending:
 			return refusal(ErrConflict, CheckState, "override %s is %s, not awaiting a co-signer", id, cur.State), nil
 		}
-		ins, err := q.InstanceGet(ctx, row.InstanceID)
-		if err != nil {
-			return nil, fmt.Errorf("read instance %s: %w", row.InstanceID, err)
+		deregister := Action(row.Action) == Deregister
+		var insState string
+		if deregister {
+			// Locked: it is ended below, in this transaction.
+			ins, err := registry.LockInstance(ctx, q, row.InstanceID)
+			if err != nil {
+				return nil, err
+			}
+			insState = ins.State
+		} else {
+			ins, err := q.InstanceGet(ctx, row.InstanceID)
+			if err != nil {
+				return nil, fmt.Errorf("read instance %s: %w", row.InstanceID, err)
+			}
+			insState = ins.State
 		}
-		if ins.State != registry.StateActive {
-			return refusal(ErrConflict, CheckState, "instance %s has ended (%s); there is nothing to override", ins.ID, ins.State), nil
+		if insState != registry.StateActive {
+			return refusal(ErrConflict, CheckState, "instance %s has ended (%s); there is nothing to override", row.InstanceID, insState), nil
 		}
 		if err := q.OverrideServiceLock(ctx, row.Service); err != nil {
 			return nil, fmt.Errorf("lock overrides of %s: %w", row.Service, err)
@@ -75,13 +88,15 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 			return nil, fmt.Errorf("list overrides of %s: %w", row.Service, err)
 		}
 		for _, o := range inForce {
-			if o.InstanceID == row.InstanceID {
+			// An override in force does not stand in the way of ending
+			// the instance.
+			if o.InstanceID == row.InstanceID && !deregister {
 				return refusal(ErrConflict, CheckState, "instance %s already has override %s in force; lift it first", o.InstanceID, o.ID), nil
 			}
 		}
 		a.passed = append(a.passed, CheckState)
-		if Action(row.Action) == MarkIneligible {
-			b, err := s.budget(row.Service, row.Zone, row.InstanceID, inForce)
+		if Action(row.Action) == MarkIneligible || deregister {
+			b, err := s.budget(ctx, q, row.Service, row.Zone, row.InstanceID, inForce)
 			if err != nil {
 				return nil, err
 			}
@@ -93,12 +108,26 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 			a.passed = append(a.passed, CheckBudget)
 		}
 		cosigner, just := actor.String(), req.Justification
-		active, err := q.OverrideActivate(ctx, db.OverrideActivateParams{Cosigner: &cosigner, CosignJustification: &just, Now: now, ID: id})
-		if err != nil {
-			return nil, fmt.Errorf("activate override %s: %w", id, err)
-		}
-		out = fromRow(active, now)
 		note := fmt.Sprintf("co-signed by %s for %s, exceeding the budget: %s", cosigner, row.Actor, row.BudgetDetail)
+		if deregister {
+			ended, err := registry.EndInstance(ctx, q, row.InstanceID, now)
+			if err != nil {
+				return nil, err
+			}
+			a.ended = &ended
+			applied, err := q.OverrideCosignApply(ctx, db.OverrideCosignApplyParams{Cosigner: &cosigner, CosignJustification: &just, Now: now, ID: id})
+			if err != nil {
+				return nil, fmt.Errorf("apply deregistration %s: %w", id, err)
+			}
+			out = fromRow(applied, now)
+			note = fmt.Sprintf("co-signed by %s for %s: instance %s deregistered, exceeding the budget: %s", cosigner, row.Actor, row.InstanceID, row.BudgetDetail)
+		} else {
+			active, err := q.OverrideActivate(ctx, db.OverrideActivateParams{Cosigner: &cosigner, CosignJustification: &just, Now: now, ID: id})
+			if err != nil {
+				return nil, fmt.Errorf("activate override %s: %w", id, err)
+			}
+			out = fromRow(active, now)
+		}
 		if err := a.accept(ctx, q, now, CheckBudget, note, cur, out); err != nil {
 			return nil, err
 		}
@@ -203,9 +232,9 @@ func (s *Service) List(ctx context.Context, actor identity.Principal, f Filter) 
 		return nil, refusal(ErrForbidden, CheckAuthorization, "overrides are for operator and tool identities with the viewer role or higher")
 	}
 	switch f.State {
-	case "", StatePending, StateActive, StateLifted, StateExpired:
+	case "", StatePending, StateActive, StateLifted, StateExpired, StateApplied:
 	default:
-		e := refusal(ErrInvalid, CheckRequest, "state must be pending_cosign, active, lifted or expired, got %q", f.State)
+		e := refusal(ErrInvalid, CheckRequest, "state must be pending_cosign, active, lifted, expired or applied, got %q", f.State)
 		e.Fields = []registry.FieldError{{Field: "state", Message: "unknown state"}}
 		return nil, e
 	}

@@ -26,21 +26,26 @@ import (
 // Action is what an override does to an instance.
 type Action string
 
-// Actions.
+// Actions. Deregister is not asked for through Create: it is what an
+// operator's deregistration of an instance becomes (Service.Deregister).
 const (
 	MarkIneligible Action = "mark_ineligible"
 	MarkEligible   Action = "mark_eligible"
+	Deregister     Action = "deregister"
 )
 
 // State is where an override is in its life.
 type State string
 
-// States. Lifted and expired are final.
+// States. Lifted, expired and applied are final. A deregistration is
+// never active: it is applied (the instance ended) at once, or on its
+// co-signature.
 const (
 	StatePending State = "pending_cosign"
 	StateActive  State = "active"
 	StateLifted  State = "lifted"
 	StateExpired State = "expired"
+	StateApplied State = "applied"
 )
 
 // Defaults of Config.
@@ -146,7 +151,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "muster_policy_attempts_total",
-		Help: "Override attempts (create, co-sign, lift) by action, outcome (accepted, refused, error) and the check that decided a refusal.",
+		Help: "Override attempts (override.create, override.cosign, override.lift, and instance.deregister, which counts instances deregistering themselves too) by action, outcome (accepted, refused, error) and the check that decided a refusal.",
 	}, []string{"action", "outcome", "check"})}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(s.attempts); err != nil {
@@ -166,7 +171,8 @@ func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Micro
 
 // Override is one override as the API shows it. State is as of the read:
 // an active override past ExpiresAt (or a pending one past CosignBy) is
-// expired.
+// expired. A deregistration has no ExpiresAt: it takes effect once, and a
+// pending one lapses at CosignBy.
 type Override struct {
 	ID                  uuid.UUID  `json:"id"`
 	InstanceID          uuid.UUID  `json:"instance_id"`
@@ -182,7 +188,7 @@ type Override struct {
 	CosignBy            *time.Time `json:"cosign_by,omitempty"`
 	BudgetDetail        string     `json:"budget_detail,omitempty"`
 	CreatedAt           time.Time  `json:"created_at"`
-	ExpiresAt           time.Time  `json:"expires_at"`
+	ExpiresAt           time.Time  `json:"expires_at,omitzero"`
 	LiftedAt            *time.Time `json:"lifted_at,omitempty"`
 	LiftedBy            string     `json:"lifted_by,omitempty"`
 	EndedAt             *time.Time `json:"ended_at,omitempty"`
@@ -214,6 +220,11 @@ func fromRow(r db.Override, now time.Time) Override {
 	}
 	if r.LiftedBy != nil {
 		o.LiftedBy = *r.LiftedBy
+	}
+	if o.Action == Deregister {
+		// The column holds the co-sign deadline, to satisfy the table's
+		// rules; a deregistration does not expire.
+		o.ExpiresAt = time.Time{}
 	}
 	switch {
 	case o.State == StateActive && !now.Before(o.ExpiresAt):
@@ -288,6 +299,7 @@ type attempt struct {
 	rate       *Decision
 	budget     map[string]any
 	overrideID uuid.UUID
+	ended      *registry.Instance // the instance a deregistration ended
 }
 
 // decision is what the audit row's after holds about how it was decided.
@@ -297,6 +309,8 @@ type decision struct {
 	Figures map[string]any `json:"figures,omitempty"`
 	Request any            `json:"request,omitempty"`
 	Result  any            `json:"override,omitempty"`
+	// Instance is the instance a deregistration ended, as it is after.
+	Instance any `json:"instance,omitempty"`
 }
 
 func actorKind(p identity.Principal) string {
@@ -330,7 +344,7 @@ func (a *attempt) refuse(ctx context.Context, q *db.Queries, now time.Time, e *E
 }
 
 func (a *attempt) accept(ctx context.Context, q *db.Queries, now time.Time, check, note string, before any, o Override) error {
-	d := decision{Check: check, Passed: nonNil(a.passed), Figures: a.budget, Request: a.asked, Result: o}
+	d := decision{Check: check, Passed: nonNil(a.passed), Figures: a.budget, Request: a.asked, Result: o, Instance: a.ended}
 	_, err := audit.Append(ctx, q, now, audit.Entry{
 		ActorKind: actorKind(a.actor), Actor: a.actor.String(), Action: a.action,
 		TargetKind: "instance", Target: a.target, Outcome: audit.Accepted,
@@ -410,6 +424,11 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 			e.Fields = []registry.FieldError{{Field: "instance_id", Message: "not a UUID"}}
 			return e, nil
 		}
+		if req.Action == Deregister {
+			e := refusal(ErrInvalid, CheckRequest, "an instance is deregistered by deregistering it (DELETE /v1/instances/%s) with a justification, which goes through the same checks; action must be mark_ineligible or mark_eligible", id)
+			e.Fields = []registry.FieldError{{Field: "action", Message: "must be mark_ineligible or mark_eligible"}}
+			return e, nil
+		}
 		if req.Action != MarkIneligible && req.Action != MarkEligible {
 			e := refusal(ErrInvalid, CheckRequest, "action must be mark_ineligible or mark_eligible, got %q", req.Action)
 			e.Fields = []registry.FieldError{{Field: "action", Message: "must be mark_ineligible or mark_eligible"}}
@@ -475,7 +494,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		}
 		check := CheckState
 		if req.Action == MarkIneligible {
-			b, err := s.budget(ins.Service, ins.Zone, id, inForce)
+			b, err := s.budget(ctx, q, ins.Service, ins.Zone, id, inForce)
 			if err != nil {
 				return nil, err
 			}
@@ -603,17 +622,49 @@ func normFraction(f float64) float64 {
 }
 
 // budget computes what removing target would do, from the evaluator's
-// current verdicts with the overrides in force applied.
-func (s *Service) budget(service, zone string, target uuid.UUID, inForce []db.Override) (budgetCheck, error) {
+// current verdicts with the overrides in force applied. The evaluator
+// learns of ended instances on its next refresh (up to a second later on
+// another replica), so the registry's own state of the instances it holds
+// is read with q, under the caller's per-service lock, and applied as the
+// evaluator will apply it: a deregistered or replaced instance is gone, one
+// whose lease expired is counted as out of rotation. Two deregistrations a
+// moment apart cannot spend the same headroom.
+func (s *Service) budget(ctx context.Context, q *db.Queries, service, zone string, target uuid.UUID, inForce []db.Override) (budgetCheck, error) {
 	snap, ok := s.cfg.Verdicts.Snapshot(service)
 	if !ok {
 		return budgetCheck{}, fmt.Errorf("budget of %s: %w", service, evaluator.ErrNotReady)
 	}
+	ids := make([]uuid.UUID, len(snap.Instances))
+	for i, v := range snap.Instances {
+		ids[i] = v.ID
+	}
+	states, err := registry.InstanceStates(ctx, q, ids)
+	if err != nil {
+		return budgetCheck{}, fmt.Errorf("budget of %s: %w", service, err)
+	}
+	return budgetOf(snap, states, zone, target, inForce), nil
+}
+
+// budgetOf is budget's arithmetic on a snapshot, the registry's states of
+// its instances (an instance missing from states is taken as the
+// evaluator holds it) and the overrides in force.
+func budgetOf(snap evaluator.ServiceSnapshot, states map[uuid.UUID]string, zone string, target uuid.UUID, inForce []db.Override) budgetCheck {
+	current := make([]evaluator.EndpointVerdict, 0, len(snap.Instances))
+	for _, v := range snap.Instances {
+		switch states[v.ID] {
+		case registry.StateDeregistered, registry.StateReplaced:
+			continue
+		case registry.StateExpired:
+			v.LeaseExpired = true
+		}
+		current = append(current, v)
+	}
+	snap.Instances = current
 	forced := make(map[uuid.UUID]Action, len(inForce))
 	for _, o := range inForce {
 		forced[o.InstanceID] = Action(o.Action)
 	}
-	return overrideBudget(snap, zone, target, forced), nil
+	return overrideBudget(snap, zone, target, forced)
 }
 
 // overrideBudget is the disruption budget of marking target ineligible,

@@ -60,10 +60,12 @@ func TestBudgetArithmetic(t *testing.T) {
 		ev(6, "az2", eligibility.Eligible, false),
 		waiting,
 	}}
-	s := &Service{cfg: Config{Verdicts: snap}}
+	budget := func(zone string, target uuid.UUID, inForce []db.Override) (budgetCheck, error) {
+		return budgetOf(evaluator.ServiceSnapshot(snap), nil, zone, target, inForce), nil
+	}
 	// az1: 3 of 6 in rotation (eligible, degraded, unknown); the awaiting
 	// instance is not capacity; 3 required.
-	b, err := s.budget("web", "az1", ids[0], nil)
+	b, err := budget("az1", ids[0], nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,15 +74,15 @@ func TestBudgetArithmetic(t *testing.T) {
 		t.Fatalf("refusal %v", e)
 	}
 	// Removing an instance out of rotation spends nothing.
-	if b, _ := s.budget("web", "az1", ids[5], nil); b.refusal() != nil || b.counted {
+	if b, _ := budget("az1", ids[5], nil); b.refusal() != nil || b.counted {
 		t.Fatalf("ineligible target: %+v", b)
 	}
-	if b, _ := s.budget("web", "az1", ids[7], nil); b.refusal() != nil || b.counted || b.zoneTotal != 6 {
+	if b, _ := budget("az1", ids[7], nil); b.refusal() != nil || b.counted || b.zoneTotal != 6 {
 		t.Fatalf("awaiting target: %+v", b)
 	}
 	// A mark_eligible override in force counts the ineligible instance.
 	inForce := []db.Override{{InstanceID: ids[5], Action: string(MarkEligible)}}
-	if b, _ := s.budget("web", "az1", ids[0], inForce); b.refusal() != nil || b.zoneAfter != 3 {
+	if b, _ := budget("az1", ids[0], inForce); b.refusal() != nil || b.zoneAfter != 3 {
 		t.Fatalf("with a mark_eligible in force: %+v", b)
 	}
 	// The last instance in rotation in the region.
@@ -88,8 +90,38 @@ func TestBudgetArithmetic(t *testing.T) {
 		{InstanceID: ids[0], Action: string(MarkIneligible)}, {InstanceID: ids[1], Action: string(MarkIneligible)},
 		{InstanceID: ids[3], Action: string(MarkIneligible)},
 	}
-	b, _ = s.budget("web", "az2", ids[6], inForce)
+	b, _ = budget("az2", ids[6], inForce)
 	if e := b.refusal(); !errors.Is(e, ErrLastInstance) || e.Figures["region_eligible_after"] != 0 {
 		t.Fatalf("last instance: %v %+v", e, b)
+	}
+}
+
+// TestBudgetFollowsTheRegistry: an instance the evaluator still holds but
+// the registry has ended a moment ago is counted as the evaluator will
+// count it once it catches up: deregistered (or replaced) is gone, a lapsed
+// lease is out of rotation but still capacity. Two deregistrations a
+// moment apart cannot spend the same headroom.
+func TestBudgetFollowsTheRegistry(t *testing.T) {
+	ids := make([]uuid.UUID, 5)
+	for i := range ids {
+		ids[i] = uuid.Must(uuid.NewV7())
+	}
+	snap := evaluator.ServiceSnapshot{Name: "web", MinHealthyFraction: 0.5}
+	for _, id := range ids {
+		snap.Instances = append(snap.Instances, evaluator.EndpointVerdict{ID: id, Zone: "az1", State: eligibility.Eligible})
+	}
+	// As the evaluator holds it: 4 of 5 left, 3 required.
+	if b := budgetOf(snap, nil, "az1", ids[0], nil); b.refusal() != nil || b.zoneAfter != 4 || b.zoneTotal != 5 {
+		t.Fatalf("without the registry's states: %+v", b)
+	}
+	states := map[uuid.UUID]string{
+		ids[0]: "active", ids[1]: "deregistered", ids[2]: "replaced", ids[3]: "expired", ids[4]: "active",
+	}
+	// ids[1] and ids[2] are gone, ids[3] is capacity out of rotation: 1 of
+	// 3 would be left, 2 required.
+	b := budgetOf(snap, states, "az1", ids[0], nil)
+	e := b.refusal()
+	if !errors.Is(e, ErrBudget) || b.zoneBefore != 2 || b.zoneAfter != 1 || b.zoneTotal != 3 || b.required != 2 {
+		t.Fatalf("with the registry's states: %v %+v", e, b)
 	}
 }

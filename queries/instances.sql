@@ -4,6 +4,11 @@ SELECT * FROM instances WHERE id = $1;
 -- name: InstanceGetForUpdate :one
 SELECT * FROM instances WHERE id = $1 FOR UPDATE;
 
+-- name: InstanceStates :many
+-- The registry's state of the instances the evaluator holds, read inside a
+-- budget decision: its copy may lag behind an instance ended a moment ago.
+SELECT id, state FROM instances WHERE id = ANY(sqlc.arg(ids)::uuid[]);
+
 -- name: InstanceListByService :many
 -- Keyset pagination by id. Ended instances are listed only when asked for.
 SELECT * FROM instances

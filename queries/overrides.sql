@@ -30,9 +30,10 @@ DELETE FROM rate_limit_attempts WHERE at <= sqlc.arg(before)::timestamptz;
 SELECT pg_advisory_xact_lock(7150307, hashtext(sqlc.arg(service)::text));
 
 -- name: OverrideInsert :one
+-- ended_at is set only for a deregistration applied at once.
 INSERT INTO overrides (id, instance_id, service, zone, action, state, actor, justification,
-                       cosign_by, budget_detail, created_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                       cosign_by, budget_detail, created_at, expires_at, ended_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 RETURNING *;
 
 -- name: OverrideGet :one
@@ -78,6 +79,15 @@ UPDATE overrides
 SET state = 'active', cosigner = sqlc.arg(cosigner), cosign_justification = sqlc.arg(cosign_justification),
     cosigned_at = sqlc.arg(now)::timestamptz
 WHERE id = sqlc.arg(id) AND state = 'pending_cosign'
+RETURNING *;
+
+-- name: OverrideCosignApply :one
+-- A co-signed deregistration: applied once (the caller ends the instance in
+-- the same transaction), never in force.
+UPDATE overrides
+SET state = 'applied', cosigner = sqlc.arg(cosigner), cosign_justification = sqlc.arg(cosign_justification),
+    cosigned_at = sqlc.arg(now)::timestamptz, ended_at = sqlc.arg(now)::timestamptz
+WHERE id = sqlc.arg(id) AND state = 'pending_cosign' AND action = 'deregister'
 RETURNING *;
 
 -- name: OverrideLift :one

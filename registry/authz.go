@@ -28,6 +28,12 @@ func CanReadEstate(p identity.Principal) bool {
 	return false
 }
 
+// CanReadService reports whether p may read one service and its
+// instances: estate readers, and workloads and probers bound to that
+// service. Anyone else is answered as if the service's instances did not
+// exist.
+func CanReadService(p identity.Principal, service string) bool { return canReadService(p, service) }
+
 // canReadService reports whether p may read one service and its instances:
 // estate readers, and workloads and probers bound to that service.
 func canReadService(p identity.Principal, service string) bool {

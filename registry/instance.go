@@ -174,13 +174,7 @@ func mayRegister(actor identity.Principal, svc Service) *Error {
 // request's source address, or one its token vouches for (ADR-15).
 // Operators and admins declaring endpoints need no proof.
 func proveAddress(actor identity.Principal, addr, source netip.Addr) *Error {
-	if actor.Kind != identity.KindWorkload {
-		return nil
-	}
-	if source.IsValid() && source.Unmap() == addr {
-		return nil
-	}
-	if slices.ContainsFunc(actor.Addresses, func(a netip.Addr) bool { return a.Unmap() == addr }) {
+	if actor.Kind != identity.KindWorkload || HoldsAddress(actor, addr, source) {
 		return nil
 	}
 	src := "unknown"
@@ -188,6 +182,22 @@ func proveAddress(actor identity.Principal, addr, source netip.Addr) *Error {
 		src = source.Unmap().String()
 	}
 	return refusal(ErrForbidden, "address %s is not proved to belong to %s: the request came from %s and the token lists no such address; register from the instance itself or use a token whose muster_addresses claim includes it", addr, actor, src)
+}
+
+// HoldsAddress reports whether actor is proved to hold addr: the request
+// came from addr (source, the TCP peer), or actor's token vouches for it
+// (muster_addresses). It is the proof Register asks of a workload, and
+// what tells an instance deregistering itself from anyone else doing it
+// (policy.Service.Deregister).
+func HoldsAddress(actor identity.Principal, addr, source netip.Addr) bool {
+	addr = addr.Unmap()
+	if !addr.IsValid() {
+		return false
+	}
+	if source.IsValid() && source.Unmap() == addr {
+		return true
+	}
+	return slices.ContainsFunc(actor.Addresses, func(a netip.Addr) bool { return a.Unmap() == addr })
 }
 
 // Renew extends an active registered instance's lease by LeaseTTL from now.
@@ -213,15 +223,59 @@ func (r *Registry) Renew(ctx context.Context, actor identity.Principal, id uuid.
 }
 
 // Deregister ends an instance gracefully; it is then never routed to again.
-// Deregistering an instance that has already ended changes nothing.
+// Deregistering an instance that has already ended changes nothing. It
+// checks who may act on the instance, not the disruption budget: the API
+// and the UI deregister through policy.Service.Deregister, where only the
+// instance itself is let through without the override checks (issue 13).
+// This is for callers inside muster and its tests.
 func (r *Registry) Deregister(ctx context.Context, actor identity.Principal, id uuid.UUID) (Instance, error) {
 	return r.changeInstance(ctx, actor, id, "instance.deregister", func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error) {
-		row, err := q.InstanceEnd(ctx, db.InstanceEndParams{ID: id, State: StateDeregistered, Now: now})
-		if err != nil {
-			return Instance{}, false, fmt.Errorf("deregister %s: %w", id, err)
-		}
-		return instanceFromRow(row), true, nil
+		out, err := EndInstance(ctx, q, id, now)
+		return out, true, err
 	})
+}
+
+// LockInstance reads an instance with q, locking its row until q's
+// transaction ends; ErrNotFound when there is none. With EndInstance it is
+// the storage side of a deregistration decided elsewhere (the policy
+// package), in the deciding transaction.
+func LockInstance(ctx context.Context, q *db.Queries, id uuid.UUID) (Instance, error) {
+	row, err := q.InstanceGetForUpdate(ctx, id)
+	if notFound(err) {
+		return Instance{}, refusal(ErrNotFound, "no instance %s", id)
+	}
+	if err != nil {
+		return Instance{}, fmt.Errorf("read instance %s: %w", id, err)
+	}
+	return instanceFromRow(row), nil
+}
+
+// InstanceStates returns the registry's state of each of ids that exists,
+// read with q (the caller's transaction).
+func InstanceStates(ctx context.Context, q *db.Queries, ids []uuid.UUID) (map[uuid.UUID]string, error) {
+	rows, err := q.InstanceStates(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read the states of %d instances: %w", len(ids), err)
+	}
+	out := make(map[uuid.UUID]string, len(rows))
+	for _, r := range rows {
+		out[r.ID] = r.State
+	}
+	return out, nil
+}
+
+// EndInstance ends an active instance as deregistered at now, with q (the
+// caller's transaction). An instance that has already ended is refused
+// with ErrGone.
+func EndInstance(ctx context.Context, q *db.Queries, id uuid.UUID, now time.Time) (Instance, error) {
+	row, err := q.InstanceEnd(ctx, db.InstanceEndParams{ID: id, State: StateDeregistered, Now: now})
+	if notFound(err) {
+		return Instance{}, refusal(ErrGone, "instance %s has already ended", id)
+	}
+	if err != nil {
+		return Instance{}, fmt.Errorf("deregister %s: %w", id, err)
+	}
+	return instanceFromRow(row), nil
 }
 
 // changeInstance loads and locks an instance, checks that actor may act on

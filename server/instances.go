@@ -7,6 +7,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -104,13 +105,36 @@ func (s *Server) leaseRenew(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, inst)
 }
 
+// instanceDeregister ends an instance. The instance itself deregisters at
+// once; anyone else's deregistration is an override, justified by an
+// optional JSON body ({"justification": "..."}) and checked and audited by
+// the policy package (issue 13).
 func (s *Server) instanceDeregister(w http.ResponseWriter, r *http.Request) {
 	id, ok := s.instanceID(w, r)
 	if !ok {
 		return
 	}
-	if _, err := s.cfg.Registry.Deregister(r.Context(), principal(r), id); err != nil {
+	var req policy.DeregisterRequest
+	// No body (a workload shutting down) is an empty request; a body must
+	// be one JSON object like any other.
+	if r.ContentLength != 0 {
+		if p := s.decodeJSON(w, r, &req); p != nil {
+			writeProblem(w, r, p)
+			return
+		}
+	}
+	d, err := s.cfg.Policy.Deregister(r.Context(), principal(r), sourceAddr(r), id, req)
+	if err != nil {
 		s.writeError(w, r, err)
+		return
+	}
+	if q, ok := d.Quota(); ok {
+		setRateLimit(w.Header(), q)
+	}
+	if d.Override != nil {
+		// The body is the override the deregistration was kept as.
+		w.Header().Set("Content-Location", "/v1/overrides/"+d.Override.ID.String())
+		writeJSON(w, http.StatusOK, d.Override)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

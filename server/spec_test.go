@@ -215,8 +215,13 @@ func TestSpecRouteResponses(t *testing.T) {
 				}
 			}
 			rb := op.RequestBody.Value
-			if rb == nil || !rb.Required || len(rb.Content) != 1 || rb.Content.Get("application/json") == nil {
-				t.Errorf("%s: the request body must be required and application/json only, as decodeJSON accepts nothing else", k)
+			if rb == nil || len(rb.Content) != 1 || rb.Content.Get("application/json") == nil {
+				t.Errorf("%s: the request body must be application/json only, as decodeJSON accepts nothing else", k)
+			}
+			// An optional body is for DELETE only (the justification of
+			// a deregistration): no body there is an empty request.
+			if rb != nil && !rb.Required && o.method != http.MethodDelete {
+				t.Errorf("%s: the request body must be required; only a DELETE may take an optional one", k)
 			}
 		}
 		for _, p := range op.Parameters {
@@ -381,6 +386,7 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"ShiftList", reflect.TypeFor[list[policy.Shift]](), true},
 		{"OverrideRequest", reflect.TypeFor[policy.Request](), false},
 		{"CosignRequest", reflect.TypeFor[policy.CosignRequest](), false},
+		{"DeregisterRequest", reflect.TypeFor[policy.DeregisterRequest](), false},
 		{"Override", reflect.TypeFor[policy.Override](), true},
 		{"OverrideList", reflect.TypeFor[list[policy.Override]](), true},
 		{"OverrideMark", reflect.TypeFor[evaluator.Override](), true},
@@ -490,7 +496,12 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 			State: policy.StatePending, Actor: "operator:oscar", Justification: "serving stale prices, INC-42",
 			CosignBy: &lease, BudgetDetail: "would leave 2 of 6 eligible in zone az1; the contract requires 3",
 			CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+		}, {
+			ID: uuid.Must(uuid.NewV7()), InstanceID: inst.ID, Service: "web", Zone: "az1", Action: policy.Deregister,
+			State: policy.StateApplied, Actor: "operator:oscar", Justification: "host is being decommissioned, CHG-7",
+			CreatedAt: now, EndedAt: &now,
 		}}}},
+		{"DeregisterRequest", policy.DeregisterRequest{Justification: "host is being decommissioned, CHG-7"}},
 		{"OverrideMark", evaluator.Override{ID: inst.ID, Action: "mark_eligible", Actor: "operator:oscar", Justification: "probe path broken", ExpiresAt: now}},
 		{"OverrideRequest", policy.Request{InstanceID: inst.ID.String(), Action: policy.MarkEligible, Justification: "probe path is broken", ExpiresIn: 600}},
 	} {

@@ -15,11 +15,13 @@ import (
 	"github.com/musterhq/muster/views"
 )
 
-// The override forms. Each goes through policy.Service with the session's
-// principal, the same checked and audited path as /v1/overrides; Action
-// has already refused (and audited) viewers.
+// The override forms, and the deregistration form (an override of its own
+// kind). Each goes through policy.Service with the session's principal,
+// the same checked and audited path as /v1/overrides and DELETE
+// /v1/instances/{id}; Action has already refused (and audited) viewers.
 func (u *UI) overrideRoutes() {
 	u.Action("/services/{name}/instances/{id}/override", "override.create", identity.RoleOperator, u.createOverride)
+	u.Action("/services/{name}/instances/{id}/deregister", "instance.deregister", identity.RoleOperator, u.deregisterInstance)
 	u.Action("/overrides/{id}/cosign", "override.cosign", identity.RoleOperator, u.cosignOverride)
 	u.Action("/overrides/{id}/lift", "override.lift", identity.RoleOperator, u.liftOverride)
 	u.mux.Handle("GET "+u.cfg.BasePath+"/overrides/{id}/lift", u.page(u.confirmLift))
@@ -60,6 +62,16 @@ func (u *UI) cosignOverride(w http.ResponseWriter, r *http.Request, p identity.P
 		return
 	}
 	row := overrideRow(o, p)
+	if o.Action == policy.Deregister {
+		u.render(w, r, http.StatusOK, views.OverrideResultPage(views.OverrideResult{Page: u.resultPage(p, "Deregistration co-signed"),
+			Service: o.Service, Outcome: "accepted", Heading: "Deregistration co-signed and applied", Override: &row,
+			Lines: []string{
+				fmt.Sprintf("%s asked and you co-signed: %s is deregistered, beyond the disruption budget (%s). It leaves the next view of %s.",
+					o.Actor, o.InstanceID, o.BudgetDetail, o.Service),
+				"Both identities and both justifications are in the audit log.",
+			}}))
+		return
+	}
 	u.render(w, r, http.StatusOK, views.OverrideResultPage(views.OverrideResult{Page: u.resultPage(p, "Override co-signed"),
 		Service: o.Service, Outcome: "accepted", Heading: "Override co-signed and applied", Override: &row,
 		Lines: []string{
@@ -80,6 +92,12 @@ func (u *UI) liftOverride(w http.ResponseWriter, r *http.Request, p identity.Pri
 		return
 	}
 	row := overrideRow(o, p)
+	if o.Action == policy.Deregister {
+		u.render(w, r, http.StatusOK, views.OverrideResultPage(views.OverrideResult{Page: u.resultPage(p, "Deregistration withdrawn"),
+			Service: o.Service, Outcome: "accepted", Heading: "Deregistration withdrawn", Override: &row,
+			Lines: []string{fmt.Sprintf("The deregistration of %s waits for no co-signer any more: the instance stays registered.", o.InstanceID)}}))
+		return
+	}
 	u.render(w, r, http.StatusOK, views.OverrideResultPage(views.OverrideResult{Page: u.resultPage(p, "Override lifted"),
 		Service: o.Service, Outcome: "accepted", Heading: "Override lifted", Override: &row,
 		Lines: []string{fmt.Sprintf("The override on %s is lifted: the instance follows its own verdict again from the next view of %s.",
@@ -106,6 +124,9 @@ func (u *UI) confirmLift(w http.ResponseWriter, r *http.Request, pg views.Page) 
 		return
 	}
 	pg.Title = "Lift override"
+	if o.Action == policy.Deregister {
+		pg.Title = "Withdraw deregistration"
+	}
 	u.render(w, r, http.StatusOK, views.LiftConfirmPage(views.LiftConfirm{Page: pg, Service: o.Service, Override: overrideRow(o, p)}))
 }
 
@@ -145,6 +166,10 @@ func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.
 		service = "" // from the form or path: only a service name makes a link back
 	}
 	res := views.OverrideResult{Page: u.resultPage(p, heading), Service: service, Outcome: "refused", Heading: heading}
+	what := "this override"
+	if retry != nil && retry.Action == string(policy.Deregister) {
+		what = "this deregistration"
+	}
 	if pe.Override != nil {
 		row := overrideRow(*pe.Override, p)
 		res.Override, res.Service = &row, pe.Override.Service
@@ -154,7 +179,7 @@ func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.
 	case errors.Is(pe, policy.ErrBudget):
 		status = http.StatusConflict
 		res.Heading = "Refused by the disruption budget"
-		res.Lines = []string{"Applied now, this override " + budgetWords(pe.Figures) + "."}
+		res.Lines = []string{"Applied now, " + what + " " + budgetWords(pe.Figures) + "."}
 		if o := pe.Override; o != nil && o.CosignBy != nil {
 			res.Outcome, res.CosignBy = "pending", *o.CosignBy
 			res.Lines = append(res.Lines,
@@ -172,7 +197,7 @@ func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.
 			wait := time.Duration(d.ResetSeconds()) * time.Second
 			res.RetryAt = res.Now.Add(wait)
 			w.Header().Set("Retry-After", strconv.Itoa(d.ResetSeconds()))
-			res.Lines = []string{fmt.Sprintf("You have made %d override attempts on this service within %s, the most allowed per operator; refused attempts count too.", d.Limit.Max, d.Limit.Window),
+			res.Lines = []string{fmt.Sprintf("You have made %d override attempts on this service within %s, the most allowed per operator; refused attempts and deregistrations count too.", d.Limit.Max, d.Limit.Window),
 				fmt.Sprintf("Retry in %d s, at %s.", d.ResetSeconds(), views.Absolute(res.RetryAt))}
 		} else {
 			res.Lines = []string{pe.Detail}
