@@ -545,7 +545,7 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 			targets = append(targets, eligibility.InstanceID(id))
 		}
 		probers[a.Prober] = pa
-		e.engine.AssignProber(pa.id, targets)
+		e.assignProber(pa.id, a.Prober, targets)
 	}
 	e.probers = probers
 	e.mu.Unlock()
