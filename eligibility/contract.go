@@ -18,6 +18,9 @@ const (
 	DefaultMinDwell          = 30 * time.Second
 	DefaultSlowStart         = 60 * time.Second
 	DefaultPassivePrimaryRPS = 5
+	// DefaultMinPassiveReporters is how many distinct callers passive
+	// evidence needs before it may remove an instance or be primary.
+	DefaultMinPassiveReporters = 2
 
 	// MaxSoftDetection bounds how long a genuine soft failure (every sample
 	// failing) may take to cross the removal threshold from a clean start:
@@ -54,6 +57,15 @@ type Contract struct {
 	// PassivePrimaryRPS is the caller traffic (passive outcomes per second
 	// for the instance) at or above which passive evidence is primary.
 	PassivePrimaryRPS float64
+	// MinPassiveReporters is the caller population passive evidence needs
+	// (ADR-04 weighs passive by population, not volume): passive is primary
+	// only with at least this many distinct reporters inside the silence
+	// window, may remove an instance only when at least this many report
+	// failure at or above the removal threshold (or another class
+	// corroborates), and contradicts another class's failure only with at
+	// least this many reporters speaking. Between 1 and 8 (the reporters
+	// remembered per instance).
+	MinPassiveReporters int
 	// RequireReadiness admits a new instance only on a self-reported
 	// readiness success, not on any class's success.
 	RequireReadiness bool
@@ -75,6 +87,8 @@ func DefaultContract(c Capabilities) Contract {
 		ReentryThreshold:  DefaultReentryThreshold,
 		PassivePrimaryRPS: DefaultPassivePrimaryRPS,
 		Capabilities:      c,
+
+		MinPassiveReporters: DefaultMinPassiveReporters,
 	}
 	for cl := range Class(numClasses) {
 		if c.Has(cl) {
@@ -124,6 +138,9 @@ func (c Contract) Validate() error {
 	between("slow start", c.SlowStart, 0, 600*time.Second)
 	if !(c.PassivePrimaryRPS >= 0 && c.PassivePrimaryRPS <= 1e6) {
 		add("passive-primary traffic must be between 0 and 1e6 requests/s, got %g", c.PassivePrimaryRPS)
+	}
+	if c.MinPassiveReporters < 1 || c.MinPassiveReporters > maxReporters {
+		add("minimum passive reporters must be between 1 and %d, got %d", maxReporters, c.MinPassiveReporters)
 	}
 	positive := 0
 	for cl := range Class(numClasses) {
@@ -194,6 +211,9 @@ func (c Contract) sanitized() Contract {
 	if !(c.PassivePrimaryRPS >= 0) || math.IsInf(c.PassivePrimaryRPS, 0) {
 		c.PassivePrimaryRPS = d.PassivePrimaryRPS
 	}
+	if c.MinPassiveReporters < 1 || c.MinPassiveReporters > maxReporters {
+		c.MinPassiveReporters = d.MinPassiveReporters
+	}
 	positive := false
 	for cl := range Class(numClasses) {
 		if !(c.Weights[cl] >= 0) || math.IsInf(c.Weights[cl], 0) {
@@ -212,7 +232,9 @@ func (c Contract) sanitized() Contract {
 // so the evaluator can convert one field by field without this package
 // importing the registry. Values are taken literally, as the registry
 // stores them fully populated; only nil Weights has a default (1 for each
-// evidence class the capabilities include), as in the registry.
+// evidence class the capabilities include), as in the registry, and a zero
+// MinPassiveReporters (a contract stored before the field existed) means
+// DefaultMinPassiveReporters.
 type ContractSpec struct {
 	IntervalSeconds   float64
 	HalfLifeSeconds   float64
@@ -221,6 +243,8 @@ type ContractSpec struct {
 	MinDwellSeconds   float64
 	SlowStartSeconds  float64
 	PassivePrimaryRPS float64
+	// MinPassiveReporters: 0 means DefaultMinPassiveReporters.
+	MinPassiveReporters int
 	// Weights by class name; nil means 1 for each evidence class the
 	// capabilities include.
 	Weights          map[string]float64
@@ -263,6 +287,9 @@ func ContractFrom(s ContractSpec) (Contract, error) {
 	c.RemovalThreshold = s.RemovalThreshold
 	c.ReentryThreshold = s.ReentryThreshold
 	c.PassivePrimaryRPS = s.PassivePrimaryRPS
+	if s.MinPassiveReporters != 0 {
+		c.MinPassiveReporters = s.MinPassiveReporters
+	}
 	if s.Weights != nil {
 		c.Weights = [numClasses]float64{}
 		for n, w := range s.Weights {

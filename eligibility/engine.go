@@ -1,9 +1,7 @@
 package eligibility
 
 import (
-	"bytes"
 	"math"
-	"slices"
 	"time"
 )
 
@@ -50,6 +48,13 @@ type Options struct {
 	// traffic falls below PrimaryHysteresis × PassivePrimaryRPS, so traffic
 	// hovering at the threshold does not flip the primary class. Default 0.8.
 	PrimaryHysteresis float64
+	// SuspectMinTargets and SuspectFraction: an assigned prober that
+	// reports failure, contradicted, on at least SuspectMinTargets of its
+	// targets and at least SuspectFraction of the targets it reports on is
+	// suspect, and its failures stop counting (see doc.go). It stays
+	// suspect while it reports failure on that many. Defaults 3 and 0.5.
+	SuspectMinTargets int
+	SuspectFraction   float64
 }
 
 func (o Options) withDefaults() Options {
@@ -86,6 +91,12 @@ func (o Options) withDefaults() Options {
 	if !(o.PrimaryHysteresis > 0 && o.PrimaryHysteresis <= 1) {
 		o.PrimaryHysteresis = 0.8
 	}
+	if o.SuspectMinTargets <= 0 {
+		o.SuspectMinTargets = 3
+	}
+	if !(o.SuspectFraction > 0 && o.SuspectFraction <= 1) {
+		o.SuspectFraction = 0.5
+	}
 	return o
 }
 
@@ -93,6 +104,10 @@ const (
 	// maxReporters bounds the passive reporters remembered per instance;
 	// a new reporter evicts the one heard from least recently.
 	maxReporters = 8
+	// maxProbers bounds the probers remembered per instance, likewise. A
+	// target has a prober or two (one per zone at most): three slots leave
+	// room for a reassignment.
+	maxProbers = 3
 	// maxFlapRing bounds the eligibility changes remembered per instance.
 	maxFlapRing = 8
 	// minReentry is the lowest effective re-entry threshold: a failure
@@ -164,8 +179,9 @@ func (t *track) forceFail() {
 }
 
 type classState struct {
-	// t is the class's track for probe and self; for passive, the
-	// volume-weighted track used for the traffic estimate only.
+	// t is the class's track for self; for passive, the volume-weighted
+	// track used for the traffic estimate only. Probe evidence is kept per
+	// prober (instance.probe).
 	t          track
 	lastSample int64 // newest success or failure
 	lastUnobs  int64 // newest unobservable
@@ -178,6 +194,47 @@ type flapEntry struct {
 	from, to State
 	code     reasonCode
 }
+
+// probeSlot is one prober's evidence about one instance (the prober's id
+// is in instance.probeID, beside the others, so Observe finds it in one
+// cache line). The prober's counts (prober.counts) include the slot's
+// flags as of its last evaluation; in says which prober object holds
+// them, so a prober reassigned or forgotten in between is never counted
+// twice or negative.
+type probeSlot struct {
+	t track
+	// p is the assigned prober id names, as of its newest sample (nil: a
+	// reporter not assigned as a prober).
+	p   *prober
+	in  *prober
+	cnt slotFlags
+}
+
+// slotFlags say what a probe slot contributes to its prober's counts.
+type slotFlags uint8
+
+const (
+	slotReported     slotFlags = 1 << iota // a sample inside the silence window
+	slotFailing                            // its rate at or above removal
+	slotContradicted                       // failing, and contradicted
+)
+
+// contradiction records why a single-class failure was not allowed to
+// remove (see evalIn): the failing class, the classes contradicting it and,
+// for probe, the probe slots failing and those of peers reporting success.
+type contradiction struct {
+	fail    Class
+	hard    bool
+	by      uint8 // contradicting classes, one bit per class
+	failing uint8 // probe slots failing (probe failures)
+	peers   uint8 // probe slots contradicting (peer probers healthy)
+	nfail   int   // passive reporters failing (passive failures)
+}
+
+func (c contradiction) ok() bool { return c.by != 0 || c.peers != 0 }
+
+// oob indexes instance.firstFail for out-of-band hard failures (HardFail).
+const oob = numClasses
 
 // instance is laid out hot-first: Observe touches the flags, the class
 // states and the reporter ids, which share the first few cache lines.
@@ -192,8 +249,10 @@ type instance struct {
 	admitted  bool
 	readySeen bool // a success that admits has arrived
 	everKnown bool // some class has spoken since the instance was added
-	// hard: a hard failure is latched until a later success.
+	// hard: a hard failure is latched until a later success; hardClass
+	// and hardRep say whose (unless hardExternal).
 	hard, hardExternal bool
+	hardClass          Class
 	passivePrimary     bool
 	primary            Class
 	dirty, pendFail    bool
@@ -201,10 +260,17 @@ type instance struct {
 	qLevel             uint8
 	ringN              uint8
 	reason             reasonCode
-	firstFail, hardAt  int64
-	cls                [numClasses]classState
-	repID              [maxReporters]ReporterID
-	rep                [maxReporters]track
+	hardAt             int64
+	hardRep            ReporterID
+	// firstFail is the first failed sample of the episode per class (and
+	// oob for HardFail): a class's clean success ends its part only.
+	firstFail [numClasses + 1]int64
+	cls       [numClasses]classState
+	probeID   [maxProbers]ReporterID
+	probe     [maxProbers]probeSlot
+	repID     [maxReporters]ReporterID
+	rep       [maxReporters]track
+	ctr       contradiction
 
 	weight, reasonVal                     float64
 	tIn, inelSince, qUntil, qEnd, nextDue int64
@@ -228,15 +294,9 @@ type service struct {
 	reentry  float64 // effective re-entry threshold
 	flap     [flapBuckets]flapBucket
 	quarant  uint64
-}
-
-type prober struct {
-	targets                []InstanceID // sorted
-	assignedAt             int64
-	lastSeen, lastObserved int64
-	out                    bool
-	since                  int64
-	outages                uint64
+	// contradictions counts single-class failures held in rotation
+	// (Degraded) by contradicting evidence.
+	contradictions uint64
 }
 
 // Engine holds evidence and verdicts for every instance. It is not safe for
@@ -248,7 +308,10 @@ type Engine struct {
 	idx     index
 	inst    []instance
 	probers map[ReporterID]*prober
-	buf     []Transition
+	// names are what the evaluator calls reporters (NameReporter), for
+	// reasons that mention a prober.
+	names map[ReporterID]string
+	buf   []Transition
 }
 
 // NewEngine returns an empty engine.
@@ -257,6 +320,7 @@ func NewEngine(opts Options) *Engine {
 		opt:     opts.withDefaults(),
 		svcIdx:  map[string]int32{},
 		probers: map[ReporterID]*prober{},
+		names:   map[ReporterID]string{},
 	}
 }
 
@@ -322,6 +386,9 @@ func (e *Engine) RemoveInstance(id InstanceID) {
 	if !ok {
 		return
 	}
+	for k := range e.inst[i].probe {
+		e.inst[i].probe[k].uncount(e.inst[i].svc)
+	}
 	// The index confirms hashes against e.inst, so each step runs while
 	// the slots it reads still hold the ids it expects.
 	e.idx.delete(id, e.inst)
@@ -353,8 +420,11 @@ func (e *Engine) HardFail(id InstanceID, reason string, now time.Time) {
 	for r := range in.rep {
 		in.rep[r].forceFail()
 	}
-	if in.firstFail == 0 {
-		in.firstFail = t
+	for k := range in.probe {
+		in.probe[k].t.forceFail()
+	}
+	if in.firstFail[oob] == 0 {
+		in.firstFail[oob] = t
 	}
 	in.dirty = true
 }
@@ -472,6 +542,12 @@ func (e *Engine) Observe(s Sample) error {
 	at := s.At.UnixNano()
 	in := &e.inst[i]
 	cs := &in.cls[s.Class]
+	var p *prober
+	if s.Class == Probe {
+		if p = e.probers[s.Reporter]; p != nil {
+			p.lastSeen = max(p.lastSeen, at)
+		}
+	}
 	var fail, total float64
 	switch {
 	case s.Successes != 0 || s.Failures != 0:
@@ -483,43 +559,54 @@ func (e *Engine) Observe(s Sample) error {
 	case s.Outcome == Unobservable:
 		cs.lastUnobs = max(cs.lastUnobs, at)
 		cs.unobs++
-		if s.Class == Probe {
-			if p := e.probers[s.Reporter]; p != nil {
-				p.lastSeen = max(p.lastSeen, at)
-			}
-		}
 		return nil
 	default:
 		return ErrInvalidSample
 	}
 	svc := e.svcs[in.svc]
-	if s.Class == Probe {
-		if p := e.probers[s.Reporter]; p != nil {
-			p.lastSeen = max(p.lastSeen, at)
+	var t *track
+	switch s.Class {
+	case Probe:
+		if p != nil {
 			p.lastObserved = max(p.lastObserved, at)
 		}
-	}
-	t := &cs.t
-	cs.t.add(at, fail, total, svc.invH)
-	if s.Class == Passive {
+		sl := in.slotFor(s.Reporter)
+		sl.p = p
+		t = &sl.t
+	case Self:
+		t = &cs.t
+	default:
+		cs.t.add(at, fail, total, svc.invH) // caller traffic
 		t = in.reporter(s.Reporter)
-		t.add(at, fail, total, svc.invH)
 	}
+	t.add(at, fail, total, svc.invH)
 	cs.lastSample = max(cs.lastSample, at)
 	cs.samples++
 	in.dirty = true
 	if s.Class == Self {
 		in.dep = s.Dependency
 	}
-	hard := s.Outcome == HardFailure && s.Successes == 0 && s.Failures == 0
-	if hard {
+	// A suspect prober's failures do not count (see doc.go): recorded on
+	// its own slot, they are neither fresh failure evidence nor a latch.
+	suspect := p != nil && p.suspect
+	if s.Outcome == HardFailure && s.Successes == 0 && s.Failures == 0 {
 		t.forceFail()
-		in.hard, in.hardAt = true, at
+		switch {
+		case s.Class == Passive:
+			// One caller's refused connection is that caller's full
+			// vote, never the fast path: passive weighs callers by
+			// population, and any identity may report passive evidence.
+			if v := e.opt.MinReporterVolume; t.n < v {
+				t.f, t.n = v, v
+			}
+		case !suspect:
+			in.hard, in.hardAt, in.hardClass, in.hardRep = true, at, s.Class, s.Reporter
+		}
 	}
-	if fail > 0 {
+	if fail > 0 && !suspect {
 		in.pendFail = true
-		if in.firstFail == 0 {
-			in.firstFail = at
+		if in.firstFail[s.Class] == 0 {
+			in.firstFail[s.Class] = at
 		}
 	}
 	if fail < total {
@@ -530,12 +617,24 @@ func (e *Engine) Observe(s Sample) error {
 			in.readySeen = true
 		}
 		if t.rate() < svc.reentry {
-			// Clean again: the next failure starts a new episode for the
-			// damping-cost measurement.
-			in.firstFail = 0
+			// Clean again: the class's next failure starts a new
+			// episode for the damping-cost measurement.
+			in.firstFail[s.Class] = 0
 		}
 	}
 	return nil
+}
+
+// episodeStart is the first failed sample of the current episode, over
+// every class; 0 if none.
+func (in *instance) episodeStart() int64 {
+	first := int64(0)
+	for _, f := range in.firstFail {
+		if f != 0 && (first == 0 || f < first) {
+			first = f
+		}
+	}
+	return first
 }
 
 // reporter finds id's track, or evicts the least recently heard reporter.
@@ -556,80 +655,33 @@ func (in *instance) reporter(id ReporterID) *track {
 	return &in.rep[victim]
 }
 
-// AssignProber declares which instances prober is expected to report, for
-// outage detection; it replaces the prober's earlier assignment. An empty
-// targets list forgets the prober.
-func (e *Engine) AssignProber(p ReporterID, targets []InstanceID) {
-	if len(targets) == 0 {
-		delete(e.probers, p)
-		return
-	}
-	ts := slices.Clone(targets)
-	slices.SortFunc(ts, func(a, b InstanceID) int { return bytes.Compare(a[:], b[:]) })
-	ts = slices.Compact(ts)
-	if pr, ok := e.probers[p]; ok {
-		pr.targets = ts
-		return
-	}
-	e.probers[p] = &prober{targets: ts}
-}
-
-func (p *prober) covers(id InstanceID) bool {
-	_, ok := slices.BinarySearchFunc(p.targets, id, func(a, b InstanceID) int { return bytes.Compare(a[:], b[:]) })
-	return ok
-}
-
-// ProberOutage is an assigned prober that has observed none of its
-// targets for Options.ProberSilence: the silence is attributed to the
-// prober, and its targets' probe class goes silent rather than failed.
-type ProberOutage struct {
-	Prober ReporterID
-	// Since is the prober's last observation (or its assignment, if it
-	// never observed).
-	Since   time.Time
-	Targets int
-	// Unobservable: the prober is still reporting, but only that it cannot
-	// observe (a prober-side failure rather than a dead prober).
-	Unobservable bool
-	// Episodes counts this prober's outages since it was assigned.
-	Episodes uint64
-}
-
-// ProberOutages returns the outages current at the last Tick, ordered by
-// prober.
-func (e *Engine) ProberOutages() []ProberOutage {
-	var out []ProberOutage
-	for id, p := range e.probers {
-		if p.out {
-			out = append(out, ProberOutage{
-				Prober: id, Since: time.Unix(0, p.since), Targets: len(p.targets),
-				Unobservable: p.lastSeen > p.since, Episodes: p.outages,
-			})
+// slotFor finds id's probe slot, or evicts the least recently heard prober,
+// taking its flags out of its prober's counts.
+func (in *instance) slotFor(id ReporterID) *probeSlot {
+	for k, r := range in.probeID {
+		if r == id && in.probe[k].t.last != 0 {
+			return &in.probe[k]
 		}
 	}
-	slices.SortFunc(out, func(a, b ProberOutage) int {
-		switch {
-		case a.Prober < b.Prober:
-			return -1
-		case a.Prober > b.Prober:
-			return 1
+	victim, oldest := 0, int64(math.MaxInt64)
+	for k := range in.probe {
+		if l := in.probe[k].t.last; l < oldest {
+			victim, oldest = k, l
 		}
-		return 0
-	})
-	return out
+	}
+	sl := &in.probe[victim]
+	sl.uncount(in.svc)
+	*sl = probeSlot{}
+	in.probeID[victim] = id
+	return sl
 }
 
-func (e *Engine) tickProbers(now int64) {
-	for _, p := range e.probers {
-		if p.assignedAt == 0 {
-			p.assignedAt = now
+// probeSlotOf returns id's probe slot, or nil.
+func (in *instance) probeSlotOf(id ReporterID) *probeSlot {
+	for k, r := range in.probeID {
+		if r == id && in.probe[k].t.last != 0 {
+			return &in.probe[k]
 		}
-		ref := max(p.lastObserved, p.assignedAt)
-		out := now-ref > int64(e.opt.ProberSilence)
-		if out && !p.out {
-			p.since = ref
-			p.outages++
-		}
-		p.out = out
 	}
+	return nil
 }

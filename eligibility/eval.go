@@ -3,6 +3,8 @@ package eligibility
 import (
 	"fmt"
 	"math"
+	"math/bits"
+	"strings"
 	"time"
 )
 
@@ -50,6 +52,8 @@ const (
 	rReentry
 	rQuarantine
 	rRestored
+	rContradicted
+	rContradictionEnded
 )
 
 func tm(ns int64) time.Time {
@@ -81,17 +85,31 @@ func (e *Engine) Tick(now time.Time) []Transition {
 
 // assessment is the evidence about one instance at one moment.
 type assessment struct {
-	speaking       [numClasses]bool
-	rate           [numClasses]float64
-	reporters      int // passive reporters inside the silence window
-	nsp            int // speaking classes
-	mean, fused    float64
-	primary        Class
-	passivePrimary bool
-	rps            float64
-	failing        int // speaking classes at or above the removal threshold
-	depAuth        Authority
-	depActive      bool // a speaking self-report names a dependency with more than informational authority
+	speaking  [numClasses]bool
+	rate      [numClasses]float64
+	reporters int // passive reporters inside the silence window
+	// failingReporters: of those, the ones whose own rate is at or above
+	// removal (their volume weighs in the class rate, not here).
+	failingReporters int
+	nsp              int // speaking classes
+	mean, fused      float64
+	primary          Class
+	passivePrimary   bool
+	rps              float64
+	// failMask: speaking classes that fail (rate at or above removal;
+	// passive only with MinPassiveReporters failing reporters; self also
+	// when it names an unready dependency). healthy: speaking classes able
+	// to contradict another's failure (rate below re-entry; passive only
+	// with MinPassiveReporters reporters; self not naming an unready
+	// dependency). One bit per class.
+	failMask, healthy uint8
+	failing           int // classes in failMask
+	// Probe slots (one bit per slot): speaking, and of those failing
+	// (at or above removal), healthy (below re-entry), and from a suspect
+	// prober (left out of the probe class).
+	slotSpeaking, slotFailing, slotHealthy, slotSuspect uint8
+	depAuth                                             Authority
+	depActive                                           bool // a speaking self-report names a dependency with more than informational authority
 }
 
 // probeWindow is the probe class's silence window: stretched while passive
@@ -110,13 +128,7 @@ func (e *Engine) assess(in *instance, svc *service, now int64) assessment {
 	ps := &in.cls[Passive]
 	// n decayed with half-life H holds rate × H / ln 2 requests.
 	a.rps = ps.t.volume(now, svc.invH) * math.Ln2 * svc.invH * float64(time.Second)
-	thr := c.PassivePrimaryRPS
-	if in.passivePrimary {
-		thr *= e.opt.PrimaryHysteresis
-	}
-	passiveSpeaks := c.present(Passive) && ps.lastSample != 0 && now-ps.lastSample <= svc.window
-	a.passivePrimary = passiveSpeaks && a.rps >= thr
-	if passiveSpeaks {
+	if c.present(Passive) && ps.lastSample != 0 && now-ps.lastSample <= svc.window {
 		var num, den float64
 		for k := range in.rep {
 			r := &in.rep[k]
@@ -124,19 +136,56 @@ func (e *Engine) assess(in *instance, svc *service, now int64) assessment {
 				continue
 			}
 			conf := min(1, r.volume(now, svc.invH)/e.opt.MinReporterVolume)
-			num += conf * r.rate()
+			rate := r.rate()
+			num += conf * rate
 			den += conf
 			a.reporters++
+			if rate >= c.RemovalThreshold {
+				a.failingReporters++
+			}
 		}
 		if den > 0 {
 			a.speaking[Passive], a.rate[Passive] = true, num/den
 		}
 	}
-	for _, cl := range [...]Class{Probe, Self} {
-		cs := &in.cls[cl]
-		if c.present(cl) && cs.lastSample != 0 && now-cs.lastSample <= e.windowFor(svc, cl, a.passivePrimary) {
-			a.speaking[cl], a.rate[cl] = true, cs.t.rate()
+	// Passive is primary by traffic and by population: one caller's
+	// volume is not statistical sufficiency (ADR-04).
+	thr := c.PassivePrimaryRPS
+	if in.passivePrimary {
+		thr *= e.opt.PrimaryHysteresis
+	}
+	a.passivePrimary = a.speaking[Passive] && a.rps >= thr && a.reporters >= c.MinPassiveReporters
+	if c.present(Probe) {
+		win := e.windowFor(svc, Probe, a.passivePrimary)
+		var sum float64
+		n := 0
+		for k := range in.probe {
+			sl := &in.probe[k]
+			if sl.t.last == 0 || now-sl.t.last > win {
+				continue
+			}
+			bit := uint8(1) << k
+			a.slotSpeaking |= bit
+			r := sl.t.rate()
+			switch {
+			case r >= c.RemovalThreshold:
+				a.slotFailing |= bit
+			case r < svc.reentry:
+				a.slotHealthy |= bit
+			}
+			if sl.p != nil && sl.p.suspect {
+				a.slotSuspect |= bit
+				continue
+			}
+			sum += r
+			n++
 		}
+		if n > 0 {
+			a.speaking[Probe], a.rate[Probe] = true, sum/float64(n)
+		}
+	}
+	if cs := &in.cls[Self]; c.present(Self) && cs.lastSample != 0 && now-cs.lastSample <= svc.window {
+		a.speaking[Self], a.rate[Self] = true, cs.t.rate()
 	}
 	var num, den float64
 	for cl := range Class(numClasses) {
@@ -153,8 +202,12 @@ func (e *Engine) assess(in *instance, svc *service, now int64) assessment {
 		}
 		num += w * a.rate[cl]
 		den += w
-		if a.rate[cl] >= c.RemovalThreshold {
-			a.failing++
+		r := a.rate[cl]
+		switch {
+		case r >= c.RemovalThreshold && (cl != Passive || a.failingReporters >= c.MinPassiveReporters):
+			a.failMask |= 1 << cl
+		case r < svc.reentry && (cl != Passive || a.reporters >= c.MinPassiveReporters):
+			a.healthy |= 1 << cl
 		}
 	}
 	switch {
@@ -186,11 +239,32 @@ func (e *Engine) assess(in *instance, svc *service, now int64) assessment {
 		}
 		a.depAuth = d.effective()
 		a.depActive = a.depAuth != Informational
-		if a.depAuth == Unready && a.rate[Self] < c.RemovalThreshold {
-			a.failing++ // the instance's own word counts as its class failing
+		if a.depAuth == Unready {
+			// The instance's own word counts as its class failing.
+			a.failMask |= 1 << Self
+			a.healthy &^= 1 << Self
 		}
 	}
+	a.failing = bits.OnesCount8(a.failMask)
 	return a
+}
+
+// contradict says whether a failure from class f alone is contradicted:
+// no other class fails, and another class, or for probe a peer prober, is
+// speaking and healthy. Passive failing as primary is not contradicted: its
+// failure is already the word of MinPassiveReporters callers, and grey
+// failure is exactly what a probe cannot see and a process reports healthy
+// through (ADR-04).
+func contradict(a *assessment, f Class, hard bool) contradiction {
+	if a.failMask&^(1<<f) != 0 || (f == Passive && a.passivePrimary) {
+		return contradiction{}
+	}
+	ct := contradiction{fail: f, hard: hard, by: a.healthy &^ (1 << f), nfail: a.failingReporters}
+	if f == Probe {
+		ct.failing = a.slotFailing &^ a.slotSuspect
+		ct.peers = a.slotHealthy &^ a.slotSuspect
+	}
+	return ct
 }
 
 func (e *Engine) eval(in *instance, now int64) {
@@ -198,6 +272,11 @@ func (e *Engine) eval(in *instance, now int64) {
 	in.dirty = false
 	pend := in.pendFail
 	in.pendFail = false
+	if in.hard && !in.hardExternal && in.hardClass == Probe {
+		if sl := in.probeSlotOf(in.hardRep); sl != nil && sl.p != nil && sl.p.suspect {
+			in.hard = false // the prober turned suspect: its failures no longer count
+		}
+	}
 	a := e.assess(in, svc, now)
 	in.passivePrimary, in.primary = a.passivePrimary, a.primary
 	if a.nsp > 0 {
@@ -211,6 +290,7 @@ func (e *Engine) eval(in *instance, now int64) {
 	} else {
 		e.evalIn(in, svc, &a, pend, now)
 	}
+	e.countProbers(in, &a)
 	in.nextDue = e.due(in, svc, &a, now)
 }
 
@@ -223,10 +303,37 @@ func (e *Engine) evalIn(in *instance, svc *service, a *assessment, pend bool, no
 		code = rHard
 	case a.depActive && a.depAuth == Unready:
 		code = rUnready
-	case pend && a.nsp > 0 && a.fused >= c.RemovalThreshold:
+	case pend && a.failing > 0 && a.fused >= c.RemovalThreshold:
 		// Removal needs fresh failure evidence: a class falling silent
 		// may raise the fused rate but never triggers removal (ADR-05).
+		// It needs a failing class too: passive below its population
+		// (MinPassiveReporters failing callers) cannot remove alone.
 		code, val = rSoft, a.fused
+	}
+	// A failure from one class that another class (or a peer prober)
+	// contradicts degrades the instance instead (ADR-04: a partitioned
+	// prober must not drain a healthy fleet). Out-of-band hard failures and
+	// the instance's own unready dependency are never contradicted.
+	var ct contradiction
+	switch {
+	case code == rHard && !in.hardExternal:
+		ct = contradict(a, in.hardClass, true)
+	case code == rHard, code == rUnready:
+	case a.failing == 1 && a.fused >= c.RemovalThreshold:
+		ct = contradict(a, Class(bits.TrailingZeros8(a.failMask)), false)
+	}
+	if ct.ok() {
+		if in.state != Degraded || in.reason != rContradicted {
+			svc.contradictions++
+		}
+		// A contradicted hard failure latches nothing: its track stays
+		// at rate 1, and once the contradiction ends removal needs fresh
+		// failure evidence, as for any other failure (a class falling
+		// silent never removes).
+		in.hard = false
+		in.ctr = ct
+		e.publish(in, svc, Degraded, e.ramp(in, svc, a, now)*e.opt.DependencyWeight, rContradicted, a.fused, now)
+		return
 	}
 	// Unknown -> ineligible needs a second, independent class (ADR-05);
 	// only the out-of-band hard path (lease, process) skips that.
@@ -238,6 +345,13 @@ func (e *Engine) evalIn(in *instance, svc *service, a *assessment, pend bool, no
 	switch {
 	case code != rNone || (in.state == Unknown && a.nsp > 0 && a.fused >= c.RemovalThreshold):
 		next, code, val = Unknown, rUncorroborated, a.fused
+	case in.state == Degraded && (in.reason == rContradicted || in.reason == rContradictionEnded) &&
+		a.failing > 0 && a.fused >= c.RemovalThreshold:
+		// The contradiction ended between failure samples: the
+		// instance stays as it is until fresh failure evidence removes
+		// it or the failure clears.
+		e.publish(in, svc, Degraded, in.weight, rContradictionEnded, a.fused, now)
+		return
 	case a.nsp == 0 && in.everKnown:
 		next, code = Unknown, rSilent
 	case a.nsp == 0:
@@ -283,7 +397,7 @@ func (e *Engine) enter(in *instance, svc *service, a *assessment, now int64, cod
 		e.buf = append(e.buf, tr)
 		return
 	}
-	in.tIn, in.rampDone, in.firstFail = now, false, 0
+	in.tIn, in.rampDone, in.firstFail = now, false, [numClasses + 1]int64{}
 	next := Eligible
 	w := e.ramp(in, svc, a, now)
 	if a.depActive && a.depAuth == Weight {
@@ -297,13 +411,13 @@ func (e *Engine) enter(in *instance, svc *service, a *assessment, now int64, cod
 
 func (e *Engine) remove(in *instance, svc *service, now int64, code reasonCode, val float64) {
 	from := in.state
-	first := in.firstFail
+	first := in.episodeStart()
 	if first == 0 || first > now {
 		first = now
 	}
 	quarantine := e.flapExceeds(in, now)
 	e.recordFlap(in, svc, from, Ineligible, code, now, true)
-	in.state, in.weight, in.inelSince, in.firstFail = Ineligible, 0, now, 0
+	in.state, in.weight, in.inelSince, in.firstFail = Ineligible, 0, now, [numClasses + 1]int64{}
 	in.reason, in.reasonVal = code, val
 	tr := Transition{Instance: in.id, Service: svc.name, From: from, To: Ineligible,
 		At: tm(now), Reason: e.reasonText(in, svc, code, val), FirstFailureAt: tm(first)}
@@ -361,9 +475,17 @@ func (e *Engine) ramp(in *instance, svc *service, a *assessment, now int64) floa
 // due is when the instance must next be evaluated without new evidence.
 func (e *Engine) due(in *instance, svc *service, a *assessment, now int64) int64 {
 	d := now + svc.interval
-	for cl := range Class(numClasses) {
+	for _, cl := range [...]Class{Self, Passive} {
 		if a.speaking[cl] {
-			d = min(d, in.cls[cl].lastSample+e.windowFor(svc, cl, a.passivePrimary)+1)
+			d = min(d, in.cls[cl].lastSample+svc.window+1)
+		}
+	}
+	if a.slotSpeaking != 0 {
+		win := e.windowFor(svc, Probe, a.passivePrimary)
+		for k := range in.probe {
+			if a.slotSpeaking&(1<<k) != 0 {
+				d = min(d, in.probe[k].t.last+win+1)
+			}
 		}
 	}
 	if a.speaking[Passive] {
@@ -469,6 +591,9 @@ var codeText = [...]string{
 	rReentry:        "failure rate below re-entry after dwell",
 	rQuarantine:     "quarantined",
 	rRestored:       "out of rotation before the restart",
+
+	rContradicted:       "failure from one class contradicted by another: degraded",
+	rContradictionEnded: "failure no longer contradicted: removal awaits fresh failure evidence",
 }
 
 func (e *Engine) reasonText(in *instance, svc *service, code reasonCode, val float64) string {
@@ -488,6 +613,75 @@ func (e *Engine) reasonText(in *instance, svc *service, code reasonCode, val flo
 		return fmt.Sprintf("dependency %s degraded: weight x%g", in.dep, e.opt.DependencyWeight)
 	case rReentry:
 		return fmt.Sprintf("failure rate %.2f < re-entry %g after dwell %v", val, c.ReentryThreshold, time.Duration(svc.dwell))
+	case rContradicted, rContradictionEnded:
+		return e.contradictionText(in, code)
 	}
 	return codeText[code]
+}
+
+// contradictionText names the failing class, its reporter and what
+// contradicts it: "probe failing (prober prober-az1) contradicted by self
+// and passive: degraded".
+func (e *Engine) contradictionText(in *instance, code reasonCode) string {
+	ct := &in.ctr
+	var b strings.Builder
+	b.WriteString(ct.fail.String())
+	if ct.hard {
+		b.WriteString(" hard failure")
+	} else {
+		b.WriteString(" failing")
+	}
+	switch ct.fail {
+	case Probe:
+		if names := e.slotNames(in, ct.failing); len(names) > 0 {
+			if len(names) == 1 {
+				b.WriteString(" (prober ")
+			} else {
+				b.WriteString(" (probers ")
+			}
+			b.WriteString(joinAnd(names))
+			b.WriteString(")")
+		}
+	case Passive:
+		fmt.Fprintf(&b, " (%d reporters)", ct.nfail)
+	}
+	if code == rContradictionEnded {
+		b.WriteString(", no longer contradicted: removal awaits fresh failure evidence")
+		return b.String()
+	}
+	var by []string
+	for cl := range Class(numClasses) {
+		if ct.by&(1<<cl) != 0 {
+			by = append(by, cl.String())
+		}
+	}
+	for _, n := range e.slotNames(in, ct.peers) {
+		by = append(by, "prober "+n)
+	}
+	b.WriteString(" contradicted by ")
+	b.WriteString(joinAnd(by))
+	b.WriteString(": degraded")
+	return b.String()
+}
+
+// slotNames names the probers of the probe slots in mask.
+func (e *Engine) slotNames(in *instance, mask uint8) []string {
+	var out []string
+	for k := range in.probe {
+		if mask&(1<<k) != 0 {
+			out = append(out, e.reporterName(in.probeID[k]))
+		}
+	}
+	return out
+}
+
+// joinAnd joins "a", "a and b", "a, b and c".
+func joinAnd(s []string) string {
+	switch len(s) {
+	case 0:
+		return ""
+	case 1:
+		return s[0]
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }

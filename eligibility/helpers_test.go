@@ -113,9 +113,10 @@ func contract(caps eligibility.Capabilities) eligibility.Contract {
 }
 
 // flap feeds id adversarial evidence of class cl, one sample a second
-// (failing while the instance is in rotation, succeeding while it is out),
-// until a quarantine starts, and returns that transition (nil if none
-// within limit).
+// (failing while the instance is in rotation, succeeding while it is out;
+// passive from two callers, the population that may remove), until a
+// quarantine starts, and returns that transition (nil if none within
+// limit).
 func (s *sim) flap(id eligibility.InstanceID, cl eligibility.Class, limit time.Duration) *eligibility.Transition {
 	s.tb.Helper()
 	for end := s.now.Add(limit); s.now.Before(end); {
@@ -128,6 +129,10 @@ func (s *sim) flap(id eligibility.InstanceID, cl eligibility.Class, limit time.D
 			smp.Successes, smp.Failures = 0, 0
 		}
 		s.sample(smp)
+		if cl == eligibility.Passive {
+			smp.Reporter = 2
+			s.sample(smp)
+		}
 		for _, tr := range s.tick() {
 			if !tr.QuarantinedUntil.IsZero() {
 				return &tr

@@ -95,6 +95,10 @@ func TestPropReentryNotFasterThanRemoval(t *testing.T) {
 				}
 			}
 			s.sample(smp)
+			if passiveClass { // two callers: the population that may remove
+				smp.Reporter = 2
+				s.sample(smp)
+			}
 		}
 		s.run(time.Duration(rapid.IntRange(1, 20).Draw(rt, "warm"))*period, period, feed)
 		if got := s.state(id); got != eligibility.Eligible {
@@ -260,6 +264,8 @@ func TestPropQuarantineEscalates(t *testing.T) {
 					smp.Successes, smp.Failures = 0, 10
 				}
 				s.sample(smp)
+				smp.Reporter = 2
+				s.sample(smp)
 			}
 			for _, tr := range s.tick() {
 				if !tr.QuarantinedUntil.IsZero() {
@@ -332,8 +338,13 @@ func TestPropRestoredQuarantineEscalates(t *testing.T) {
 
 // With platform defaults a genuine soft failure (every sample of every
 // class failing from some moment) is removed at most 5 s after the first
-// failing sample, for any mix of classes and cadences (passive reporters
-// flushing at least every second); a hard failure at 0 s.
+// failing sample, for any mix of classes and cadences (passive: two to
+// five reporters, the population that may remove, flushing at least every
+// second). A hard failure from the only class present (probe or self) is
+// removed at 0 s; with more classes the first hard failure is contradicted
+// by the classes still healthy until they fail too, which the same 5 s
+// bound covers, and a passive hard failure is a strong vote, never the
+// fast path.
 func TestPropDetectionBound(t *testing.T) {
 	t.Parallel()
 	const tick = 50 * time.Millisecond
@@ -368,7 +379,7 @@ func TestPropDetectionBound(t *testing.T) {
 			srcs = append(srcs, source{cl: self, rep: 2, period: 5 * time.Second, phase: slots(0, 5*time.Second-tick, "phase")})
 		}
 		if caps.Passive {
-			for r := range rapid.IntRange(1, 5).Draw(rt, "reporters") {
+			for r := range rapid.IntRange(2, 5).Draw(rt, "reporters") {
 				p := slots(tick, time.Second, "period")
 				srcs = append(srcs, source{cl: passive, rep: eligibility.ReporterID(100 + r), period: p,
 					phase: slots(0, p-tick, "phase"), vol: uint32(rapid.IntRange(1, 50).Draw(rt, "volume"))})
@@ -418,7 +429,7 @@ func TestPropDetectionBound(t *testing.T) {
 			rt.Fatalf("not removed within 15 s")
 		}
 		limit := 5 * time.Second
-		if isHard {
+		if isHard && len(srcs) == 1 && srcs[0].cl != passive {
 			limit = 0
 		}
 		if cost := removal.At.Sub(firstFail); cost > limit {
@@ -503,6 +514,285 @@ func TestPropSlowStart(t *testing.T) {
 		}
 		if changes > steps {
 			rt.Fatalf("%d weight changes for %d steps: %+v", changes, steps, s.all)
+		}
+	})
+}
+
+// (a) A partitioned prober that reports failure (or hard failure) on every
+// target, while each target's self-report and/or callers (or a peer prober,
+// for a probe-only service) say healthy, removes nothing, ever; it becomes
+// suspect once it meets the threshold (contradicted on at least 3 targets,
+// half of those it reports on), and no healthy prober ever does. Once
+// suspect it removes nothing even when the evidence that contradicted it
+// falls silent.
+func TestPropPartitionedProberRemovesNothing(t *testing.T) {
+	t.Parallel()
+	shapes := []struct {
+		name string
+		caps eligibility.Capabilities
+	}{
+		{"probe+self", eligibility.Capabilities{Probe: true, Self: true, Readiness: true}},
+		{"probe+passive", eligibility.Capabilities{Probe: true, Passive: true}},
+		{"probe+self+passive", allCaps},
+		{"probe only, peer prober", probeOnly},
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		shape := rapid.SampledFrom(shapes).Draw(rt, "shape")
+		outcome := rapid.SampledFrom([]eligibility.Outcome{fail, hard}).Draw(rt, "outcome")
+		c := contract(shape.caps)
+		peerOnly := !shape.caps.Self && !shape.caps.Passive
+		if peerOnly {
+			// One failing prober against one healthy is just under 0.5.
+			c.RemovalThreshold = rapid.SampledFrom([]float64{0.3, 0.4, 0.5}).Draw(rt, "removal")
+		}
+		s := newSim(rt, eligibility.Options{})
+		s.service("svc", c)
+		const bad eligibility.ReporterID = 1
+		nBad := rapid.IntRange(1, 8).Draw(rt, "bad prober's targets")
+		nOther := rapid.IntRange(0, 4).Draw(rt, "other targets")
+		var ids []eligibility.InstanceID
+		probersOf := map[eligibility.InstanceID][]eligibility.ReporterID{}
+		assign := map[eligibility.ReporterID][]eligibility.InstanceID{}
+		for n := range nBad + nOther {
+			id := s.add(n, "svc")
+			ids = append(ids, id)
+			var ps []eligibility.ReporterID
+			if n < nBad {
+				ps = append(ps, bad)
+			}
+			// A peer prober: always for a probe-only service's targets,
+			// at random otherwise.
+			if n >= nBad || peerOnly || rapid.Bool().Draw(rt, "peer") {
+				ps = append(ps, eligibility.ReporterID(rapid.IntRange(2, 3).Draw(rt, "peer prober")))
+			}
+			probersOf[id] = ps
+			for _, p := range ps {
+				assign[p] = append(assign[p], id)
+			}
+		}
+		for p, ts := range assign {
+			s.e.AssignProber(p, ts)
+		}
+		callers := rapid.IntRange(2, 4).Draw(rt, "callers")
+		phase := time.Duration(rapid.IntRange(0, 4).Draw(rt, "phase")) * time.Second
+		partitionAt := t0.Add(dur(rt, 10*time.Second, 3*time.Minute, "partition at"))
+		feed := func(now time.Time) {
+			for _, id := range ids {
+				if (now.Sub(t0)-phase)%(5*time.Second) == 0 {
+					for _, p := range probersOf[id] {
+						o := ok
+						if p == bad && !now.Before(partitionAt) {
+							o = outcome
+						}
+						s.obs(id, probe, o, p)
+					}
+				}
+				if shape.caps.Self && now.Sub(t0)%(5*time.Second) == 0 {
+					s.obs(id, self, ok, 50)
+				}
+				if shape.caps.Passive {
+					for r := range callers {
+						s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: eligibility.ReporterID(100 + r), Successes: 1})
+					}
+				}
+			}
+		}
+		s.run(partitionAt.Sub(s.now)+dur(rt, time.Minute, 10*time.Minute, "partition lasts"), time.Second, feed)
+		if nBad >= 3 && rapid.Bool().Draw(rt, "silence the rest") {
+			// Only the suspect prober still reports.
+			s.run(dur(rt, 20*time.Second, 5*time.Minute, "silence lasts"), time.Second, every(5*time.Second, func(time.Time) {
+				for _, id := range ids[:nBad] {
+					s.obs(id, probe, outcome, bad)
+				}
+			}))
+			for _, id := range ids[:nBad] {
+				if got := s.state(id); got != eligibility.Unknown {
+					rt.Fatalf("target of the suspect prober, all else silent: %v, want unknown", got)
+				}
+			}
+		}
+		admitted := map[eligibility.InstanceID]bool{}
+		for _, tr := range s.all {
+			if tr.To == eligibility.Ineligible {
+				rt.Fatalf("the partitioned prober removed an instance: %+v", tr)
+			}
+			admitted[tr.Instance] = admitted[tr.Instance] || tr.To.InRotation()
+		}
+		for _, id := range ids {
+			if !admitted[id] || !s.state(id).InRotation() {
+				rt.Fatalf("instance %v out of rotation: %+v", id, s.verdict(id))
+			}
+		}
+		sus := s.e.ProberSuspects()
+		for _, p := range sus {
+			if p.Prober != bad {
+				rt.Fatalf("healthy prober suspect: %+v", p)
+			}
+		}
+		if wantSuspect := nBad >= 3; wantSuspect != (len(sus) == 1) {
+			rt.Fatalf("prober failing on %d targets: suspects %+v", nBad, sus)
+		}
+	})
+}
+
+// (b) A single passive reporter, whatever its volume and outcomes (hard
+// failures included), never removes an instance while another class is
+// healthy, nor alone with MinPassiveReporters 2, however many healthy
+// callers it is mixed with.
+func TestPropSingleCallerRemovesNothing(t *testing.T) {
+	t.Parallel()
+	shapes := []eligibility.Capabilities{
+		passiveOnly,
+		{Probe: true, Passive: true},
+		{Self: true, Passive: true, Readiness: true},
+		allCaps,
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		caps := rapid.SampledFrom(shapes).Draw(rt, "capabilities")
+		s := newSim(rt, eligibility.Options{})
+		s.service("svc", contract(caps))
+		id := s.add(1, "svc")
+		healthyCallers := rapid.IntRange(0, 4).Draw(rt, "healthy callers")
+		others := func(now time.Time) {
+			if now.Sub(t0)%(5*time.Second) == 0 {
+				if caps.Probe {
+					s.obs(id, probe, ok, 1)
+				}
+				if caps.Self {
+					s.obs(id, self, ok, 2)
+				}
+			}
+			for r := range healthyCallers {
+				s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: eligibility.ReporterID(200 + r), Successes: 5})
+			}
+		}
+		s.run(time.Minute, time.Second, others)
+		if !s.state(id).InRotation() {
+			rt.Fatalf("warm-up: %+v", s.verdict(id))
+		}
+		for range rapid.IntRange(1, 300).Draw(rt, "steps") {
+			s.now = s.now.Add(dur(rt, 50*time.Millisecond, 2*time.Second, "gap"))
+			others(s.now)
+			smp := eligibility.Sample{Instance: id, Class: passive, Reporter: 100}
+			switch rapid.IntRange(0, 3).Draw(rt, "kind") {
+			case 0:
+				smp.Outcome = hard
+			case 1:
+				smp.Outcome = fail
+			case 2:
+				smp.Failures = uint32(rapid.IntRange(1, 100000).Draw(rt, "failures"))
+				smp.Successes = uint32(rapid.IntRange(0, 10).Draw(rt, "successes"))
+			default:
+				smp.Outcome = ok
+			}
+			s.sample(smp)
+			s.tick()
+		}
+		for _, tr := range s.all {
+			if tr.To == eligibility.Ineligible {
+				rt.Fatalf("one caller removed the instance: %+v (verdict %+v)", tr, s.verdict(id))
+			}
+		}
+	})
+}
+
+// (c) A genuine failure seen by two classes (every sample of both failing
+// from some moment; probe from one or two probers, passive from two to five
+// callers) is removed within the 5 s damping budget of doc.go, soft or hard:
+// contradiction never holds back a failure that two classes see.
+func TestPropTwoClassFailureRemoves(t *testing.T) {
+	t.Parallel()
+	const tick = 50 * time.Millisecond
+	pairs := [][2]eligibility.Class{{probe, self}, {probe, passive}, {self, passive}}
+	rapid.Check(t, func(rt *rapid.T) {
+		pair := rapid.SampledFrom(pairs).Draw(rt, "classes")
+		var caps eligibility.Capabilities
+		for _, cl := range pair {
+			switch cl {
+			case probe:
+				caps.Probe = true
+			case self:
+				caps.Self, caps.Readiness = true, true
+			default:
+				caps.Passive = true
+			}
+		}
+		isHard := rapid.Bool().Draw(rt, "hard")
+		s := newSim(rt, eligibility.Options{})
+		s.service("svc", contract(caps))
+		id := s.add(1, "svc")
+		type source struct {
+			cl            eligibility.Class
+			rep           eligibility.ReporterID
+			period, phase time.Duration
+			vol           uint32
+		}
+		slots := func(lo, hi time.Duration, label string) time.Duration {
+			return time.Duration(rapid.Int64Range(int64(lo/tick), int64(hi/tick)).Draw(rt, label)) * tick
+		}
+		var srcs []source
+		if caps.Probe {
+			for p := range rapid.IntRange(1, 2).Draw(rt, "probers") {
+				rep := eligibility.ReporterID(10 + p)
+				srcs = append(srcs, source{cl: probe, rep: rep, period: 5 * time.Second, phase: slots(0, 5*time.Second-tick, "phase")})
+				s.e.AssignProber(rep, []eligibility.InstanceID{id})
+			}
+		}
+		if caps.Self {
+			srcs = append(srcs, source{cl: self, rep: 2, period: 5 * time.Second, phase: slots(0, 5*time.Second-tick, "phase")})
+		}
+		if caps.Passive {
+			for r := range rapid.IntRange(2, 5).Draw(rt, "callers") {
+				p := slots(tick, time.Second, "period")
+				srcs = append(srcs, source{cl: passive, rep: eligibility.ReporterID(100 + r), period: p,
+					phase: slots(0, p-tick, "phase"), vol: uint32(rapid.IntRange(1, 50).Draw(rt, "volume"))})
+			}
+		}
+		failing := false
+		var firstFail time.Time
+		feed := func(now time.Time) {
+			for _, src := range srcs {
+				if (now.Sub(t0)-src.phase)%src.period != 0 {
+					continue
+				}
+				smp := eligibility.Sample{Instance: id, Class: src.cl, Reporter: src.rep, Outcome: ok}
+				if failing {
+					smp.Outcome = fail
+					if isHard {
+						smp.Outcome = hard
+					}
+					if firstFail.IsZero() {
+						firstFail = now
+					}
+				}
+				if src.cl == passive && !(failing && isHard) {
+					smp.Successes = src.vol
+					if failing {
+						smp.Successes, smp.Failures = 0, src.vol
+					}
+				}
+				s.sample(smp)
+			}
+		}
+		s.run(slots(time.Minute, 3*time.Minute, "warm"), tick, feed)
+		if got := s.state(id); got != eligibility.Eligible {
+			rt.Fatalf("warm-up: %v", got)
+		}
+		failing = true
+		from := len(s.all)
+		s.run(15*time.Second, tick, feed)
+		var removal *eligibility.Transition
+		for i := range s.all[from:] {
+			if tr := &s.all[from+i]; tr.To == eligibility.Ineligible {
+				removal = tr
+				break
+			}
+		}
+		if removal == nil {
+			rt.Fatalf("not removed within 15 s: %+v", s.all[from:])
+		}
+		if cost := removal.At.Sub(firstFail); cost > 5*time.Second || !removal.FirstFailureAt.Equal(firstFail) {
+			rt.Fatalf("removed %v after the first failing sample at %v, budget 5 s (%+v)", cost, firstFail, removal)
 		}
 	})
 }

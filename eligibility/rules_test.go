@@ -2,9 +2,12 @@ package eligibility_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/musterhq/muster/eligibility"
 )
@@ -106,20 +109,25 @@ func TestAdmission(t *testing.T) {
 
 func TestHardFailure(t *testing.T) {
 	t.Parallel()
+	// A prober's hard failure is contradicted by a healthy self-report or
+	// healthy callers (TestContradictedFailure), so it is tested where the
+	// probe is the only class; HardFail is never contradicted, so it is
+	// tested with every class healthy.
 	for _, tt := range []struct {
 		name string
+		caps eligibility.Capabilities
 		fail func(s *sim, id eligibility.InstanceID)
 	}{
-		{"connection refused from the prober", func(s *sim, id eligibility.InstanceID) { s.obs(id, probe, hard, 1) }},
-		{"process gone", func(s *sim, id eligibility.InstanceID) { s.e.HardFail(id, "process gone", s.now) }},
-		{"lease expired", func(s *sim, id eligibility.InstanceID) { s.e.HardFail(id, "lease expired", s.now) }},
+		{"connection refused from the prober", probeOnly, func(s *sim, id eligibility.InstanceID) { s.obs(id, probe, hard, 1) }},
+		{"process gone", allCaps, func(s *sim, id eligibility.InstanceID) { s.e.HardFail(id, "process gone", s.now) }},
+		{"lease expired", allCaps, func(s *sim, id eligibility.InstanceID) { s.e.HardFail(id, "lease expired", s.now) }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			s := newSim(t, eligibility.Options{})
-			s.service("svc", contract(allCaps))
+			s.service("svc", contract(tt.caps))
 			id := s.add(1, "svc")
-			s.run(time.Minute, time.Second, healthy(s, id)) // passive primary, every class at 0
+			s.run(time.Minute, time.Second, healthy(s, id)) // every class at 0 (passive primary when present)
 			s.now = s.now.Add(time.Second)
 			tt.fail(s, id)
 			trs := s.tick()
@@ -166,11 +174,13 @@ func TestSoftFailureDetection(t *testing.T) {
 			o := ok
 			var firstFail time.Time
 			feed := every(tt.period, func(now time.Time) {
-				if tt.cl == passive {
+				if tt.cl == passive { // two callers: the population that may remove
 					smp := eligibility.Sample{Instance: id, Class: passive, Reporter: 7, Successes: 5}
 					if o == fail {
 						smp.Successes, smp.Failures = 0, 5
 					}
+					s.sample(smp)
+					smp.Reporter = 8
 					s.sample(smp)
 				} else {
 					s.obs(id, tt.cl, o, 1)
@@ -248,9 +258,10 @@ func TestSilence(t *testing.T) {
 		if v.State != eligibility.Unknown || !hasReason(v, "second class") {
 			t.Fatalf("verdict %+v", v)
 		}
-		// A second, independent class corroborates.
+		// A second, independent class corroborates: two callers failing.
 		s.run(10*time.Second, time.Second, func(time.Time) {
 			s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: 100, Failures: 10})
+			s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: 101, Failures: 10})
 		})
 		if got := s.state(id); got != eligibility.Ineligible {
 			t.Fatalf("state %v after corroboration, want ineligible", got)
@@ -270,11 +281,13 @@ func TestSilence(t *testing.T) {
 		id := s.add(1, "svc")
 		s.obs(id, probe, ok, 1)
 		s.tick()
-		// Probe failing at 5 s, passive (primary, twice the weight) healthy.
+		// Probe failing at 5 s, passive (primary: two callers, twice the
+		// weight) healthy.
 		probeFail := every(5*time.Second, func(time.Time) { s.obs(id, probe, fail, 1) })
 		s.run(time.Minute, time.Second, func(now time.Time) {
 			probeFail(now)
 			s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: 100, Successes: 20})
+			s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: 101, Successes: 20})
 		})
 		v := s.verdict(id)
 		if v.State != eligibility.Eligible || v.Primary != passive || v.Classes[probe].FailureRate < 0.9 {
@@ -430,6 +443,8 @@ func TestFlapQuarantine(t *testing.T) {
 		if s.state(id).InRotation() { // adversarial: fail while in, recover while out
 			smp.Successes, smp.Failures = 0, 10
 		}
+		s.sample(smp)
+		smp.Reporter = 2 // two callers: the population that may remove
 		s.sample(smp)
 		for _, tr := range s.tick() {
 			if tr.History != nil {
@@ -756,4 +771,497 @@ func TestRestoreQuarantineRefusals(t *testing.T) {
 	if v := s.verdict(id); !v.QuarantinedUntil.Equal(newer.Until) {
 		t.Fatalf("quarantined until %v, want %v", v.QuarantinedUntil, newer.Until)
 	}
+}
+
+// probeSelf is a service whose probe is primary and whose instances also
+// report themselves: the shape in which a single prober used to drain a
+// healthy fleet (issue 13).
+var probeSelf = eligibility.Capabilities{Probe: true, Self: true, Readiness: true}
+
+// TestContradictedFailure: a failure from one class that another class or
+// a peer prober contradicts degrades the instance, names who failed and who
+// contradicts, and is no flap; corroboration or the end of the
+// contradiction lets the normal rules remove it.
+func TestContradictedFailure(t *testing.T) {
+	t.Parallel()
+	const az1, az2 eligibility.ReporterID = 7, 8
+	// setup admits one instance of a service with caps, prober az1 (and
+	// az2 when peer) assigned to it, and names both probers.
+	setup := func(t *testing.T, caps eligibility.Capabilities, peer bool) (*sim, eligibility.InstanceID) {
+		s := newSim(t, eligibility.Options{})
+		c := contract(caps)
+		if peer {
+			// Two probers' rates are averaged: one failing against one
+			// healthy is just under 0.5, so removal at 0.4 shows the peer
+			// contradicting a soft failure.
+			c.RemovalThreshold = 0.4
+		}
+		s.service("svc", c)
+		id := s.add(1, "svc")
+		s.e.AssignProber(az1, []eligibility.InstanceID{id})
+		s.e.NameReporter(az1, "prober-az1")
+		if peer {
+			s.e.AssignProber(az2, []eligibility.InstanceID{id})
+			s.e.NameReporter(az2, "prober-az2")
+		}
+		return s, id
+	}
+	// feed reports every 5 s: az1 says o1, az2 (if peer) success, self
+	// (if selfOK) success; passive (if callers) two callers every second.
+	feed := func(s *sim, id eligibility.InstanceID, o1 eligibility.Outcome, peer, selfOK bool, callers int) func(time.Time) {
+		return func(now time.Time) {
+			if now.Sub(t0)%(5*time.Second) == 0 {
+				s.obs(id, probe, o1, az1)
+				if peer {
+					s.obs(id, probe, ok, az2)
+				}
+				if selfOK {
+					s.obs(id, self, ok, 2)
+				}
+			}
+			for r := range callers {
+				s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: eligibility.ReporterID(100 + r), Successes: 1})
+			}
+		}
+	}
+	for _, tt := range []struct {
+		name    string
+		caps    eligibility.Capabilities
+		o       eligibility.Outcome
+		peer    bool
+		self    bool
+		callers int
+		reason  string
+	}{
+		{"prober failing, self and callers healthy", allCaps, fail, false, true, 2,
+			"probe failing (prober prober-az1) contradicted by self and passive: degraded"},
+		{"prober refused, self healthy", probeSelf, hard, false, true, 0,
+			"probe hard failure (prober prober-az1) contradicted by self: degraded"},
+		{"prober failing, a peer prober healthy", probeOnly, fail, true, false, 0,
+			"probe failing (prober prober-az1) contradicted by prober prober-az2: degraded"},
+		{"prober refused, peer and self healthy", probeSelf, hard, true, true, 0,
+			"probe hard failure (prober prober-az1) contradicted by self and prober prober-az2: degraded"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, id := setup(t, tt.caps, tt.peer)
+			s.run(time.Minute, time.Second, feed(s, id, ok, tt.peer, tt.self, tt.callers))
+			if v := s.verdict(id); v.State != eligibility.Eligible || v.Weight != 1 || v.Primary != probe {
+				t.Fatalf("setup: %+v", v)
+			}
+			from := len(s.all)
+			s.run(2*time.Minute, time.Second, feed(s, id, tt.o, tt.peer, tt.self, tt.callers))
+			trs := s.all[from:]
+			if len(trs) != 1 || trs[0].From != eligibility.Eligible || trs[0].To != eligibility.Degraded || trs[0].Weight != 0.5 || trs[0].Reason != tt.reason {
+				t.Fatalf("transitions %+v, want one to degraded at 0.5: %q", trs, tt.reason)
+			}
+			v := s.verdict(id)
+			if v.State != eligibility.Degraded || v.Weight != 0.5 || !hasReason(v, tt.reason) {
+				t.Fatalf("verdict %+v", v)
+			}
+			st := s.e.ServiceStats("svc", s.now)
+			if st.Degraded != 1 || st.Contradicted != 1 || st.Contradictions != 1 || st.Changes != 0 {
+				t.Errorf("stats %+v: want one contradicted, no eligibility change", st)
+			}
+			// The prober recovers: back to full weight, still no change
+			// into or out of rotation.
+			s.run(time.Minute, time.Second, feed(s, id, ok, tt.peer, tt.self, tt.callers))
+			if v := s.verdict(id); v.State != eligibility.Eligible || v.Weight != 1 {
+				t.Fatalf("after the prober recovered: %+v", v)
+			}
+			if st := s.e.ServiceStats("svc", s.now); st.Changes != 0 || st.Contradicted != 0 {
+				t.Errorf("stats %+v after recovery", st)
+			}
+		})
+	}
+	t.Run("self failing (primary), callers healthy", func(t *testing.T) {
+		t.Parallel()
+		// Two callers at 1 request/s each: below the traffic threshold,
+		// so self is primary, but enough callers to contradict.
+		s, id := setup(t, eligibility.Capabilities{Self: true, Passive: true, Readiness: true}, false)
+		o := ok
+		s.run(2*time.Minute, time.Second, func(now time.Time) {
+			if now.Sub(t0) > time.Minute {
+				o = fail
+			}
+			if now.Sub(t0)%(5*time.Second) == 0 {
+				s.obs(id, self, o, 2)
+			}
+			for r := range 2 {
+				s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: eligibility.ReporterID(100 + r), Successes: 1})
+			}
+		})
+		want := "self failing contradicted by passive: degraded"
+		if v := s.verdict(id); v.State != eligibility.Degraded || v.Weight != 0.5 || !hasReason(v, want) {
+			t.Fatalf("verdict %+v, want degraded: %q", v, want)
+		}
+	})
+	for _, o := range []eligibility.Outcome{fail, hard} {
+		t.Run("prober "+o.String()+" corroborated by self, callers healthy notwithstanding", func(t *testing.T) {
+			t.Parallel()
+			s, id := setup(t, allCaps, false)
+			s.run(time.Minute, time.Second, feed(s, id, ok, false, true, 2)) // two quiet callers: probe primary
+			var firstFail time.Time
+			s.run(30*time.Second, time.Second, func(now time.Time) {
+				if now.Sub(t0)%(5*time.Second) == 0 {
+					if firstFail.IsZero() {
+						firstFail = now
+					}
+					s.obs(id, probe, o, az1)
+					s.obs(id, self, fail, 2)
+				}
+				for r := range 2 {
+					s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: eligibility.ReporterID(100 + r), Successes: 1})
+				}
+			})
+			last := s.all[len(s.all)-1]
+			if last.To != eligibility.Ineligible || !last.FirstFailureAt.Equal(firstFail) || !last.At.Equal(firstFail) {
+				t.Fatalf("last transition %+v, want removal at the first failure %v", last, firstFail)
+			}
+		})
+	}
+	t.Run("the contradiction ends: fresh failure evidence removes", func(t *testing.T) {
+		t.Parallel()
+		s, id := setup(t, probeSelf, false)
+		s.run(time.Minute, time.Second, feed(s, id, ok, false, true, 0))
+		firstFail := s.now.Add(5 * time.Second)
+		s.run(30*time.Second, time.Second, feed(s, id, fail, false, true, 0))
+		if got := s.state(id); got != eligibility.Degraded {
+			t.Fatalf("contradicted: %v", got)
+		}
+		// Self falls silent 15 s after its last report; the probe's next
+		// failure after that removes.
+		from := len(s.all)
+		s.run(30*time.Second, time.Second, feed(s, id, fail, false, false, 0))
+		var removal *eligibility.Transition
+		for i := range s.all[from:] {
+			if tr := &s.all[from+i]; tr.To == eligibility.Ineligible {
+				removal = tr
+			}
+		}
+		if removal == nil || removal.From != eligibility.Degraded || !removal.FirstFailureAt.Equal(firstFail) {
+			t.Fatalf("transitions %+v, want a removal from degraded with first failure %v", s.all[from:], firstFail)
+		}
+		for _, tr := range s.all[from:] {
+			if tr.To == eligibility.Eligible {
+				t.Errorf("went back to eligible in between: %+v", tr)
+			}
+		}
+	})
+	t.Run("a contradicted hard failure latches nothing", func(t *testing.T) {
+		t.Parallel()
+		// Self reports until just before the prober's one hard failure,
+		// so it falls silent a second before the probe does: the hard
+		// failure, contradicted when it came, must not remove then.
+		s, id := setup(t, probeSelf, false)
+		s.run(time.Minute, time.Second, feed(s, id, ok, false, true, 0))
+		s.now = s.now.Add(4 * time.Second)
+		s.obs(id, probe, hard, az1)
+		s.tick()
+		if got := s.state(id); got != eligibility.Degraded {
+			t.Fatalf("contradicted hard failure: %v", got)
+		}
+		s.run(time.Minute, time.Second, nil)
+		for _, tr := range s.all {
+			if tr.To == eligibility.Ineligible {
+				t.Fatalf("removed without fresh failure evidence: %+v", tr)
+			}
+		}
+		if got := s.state(id); got != eligibility.Unknown {
+			t.Fatalf("all silent: %v, want unknown", got)
+		}
+	})
+	t.Run("HardFail is never contradicted", func(t *testing.T) {
+		t.Parallel()
+		s, id := setup(t, allCaps, false)
+		s.run(time.Minute, time.Second, feed(s, id, ok, false, true, 2))
+		s.now = s.now.Add(time.Second)
+		s.e.HardFail(id, "lease expired", s.now)
+		if trs := s.tick(); len(trs) != 1 || trs[0].To != eligibility.Ineligible || trs[0].Reason != "hard failure: lease expired" {
+			t.Fatalf("transitions %+v, want removal", trs)
+		}
+	})
+}
+
+// TestContradictionIsNoFlap: a prober that fails and recovers every 20 s
+// for 20 minutes, contradicted by the instance's own report, changes only
+// its weight: no eligibility change, no quarantine.
+func TestContradictionIsNoFlap(t *testing.T) {
+	t.Parallel()
+	s := newSim(t, eligibility.Options{})
+	s.service("svc", contract(probeSelf))
+	id := s.add(1, "svc")
+	s.run(20*time.Minute, time.Second, every(5*time.Second, func(now time.Time) {
+		o := ok
+		if now.Sub(t0)/(20*time.Second)%2 == 1 {
+			o = fail
+		}
+		s.obs(id, probe, o, 1)
+		s.obs(id, self, ok, 2)
+	}))
+	degraded := 0
+	for _, tr := range s.all {
+		if !tr.To.InRotation() || !tr.QuarantinedUntil.IsZero() {
+			t.Fatalf("transition %+v", tr)
+		}
+		if tr.To == eligibility.Degraded {
+			degraded++
+		}
+	}
+	st := s.e.ServiceStats("svc", s.now)
+	if degraded < 20 || st.Changes != 0 || st.Quarantines != 0 || uint64(degraded) != st.Contradictions {
+		t.Fatalf("%d contradictions, stats %+v: want dozens, no changes, no quarantine", degraded, st)
+	}
+}
+
+// TestProberSuspect: a prober whose failures are contradicted on at least
+// three targets and half of those it reports on is suspect; its evidence
+// is ignored (its targets stay as the other evidence says), it stays
+// suspect while it keeps failing even once the contradiction falls silent,
+// and the suspicion ends when it stops failing.
+func TestProberSuspect(t *testing.T) {
+	t.Parallel()
+	const bad, good eligibility.ReporterID = 7, 8
+	s := newSim(t, eligibility.Options{})
+	s.service("web", contract(probeSelf))
+	s.service("api", contract(probeSelf))
+	var web, api []eligibility.InstanceID
+	for n := range 4 {
+		web = append(web, s.add(n, "web"))
+		api = append(api, s.add(10+n, "api"))
+	}
+	// bad probes web and two api instances; good probes the rest.
+	s.e.AssignProber(bad, append(slices.Clone(web), api[:2]...))
+	s.e.AssignProber(good, api[2:])
+	s.e.NameReporter(bad, "prober-az1")
+	s.e.NameReporter(good, "prober-az2")
+	failing, selfOn := false, true
+	feed := every(5*time.Second, func(time.Time) {
+		for i, id := range append(slices.Clone(web), api...) {
+			o, p := ok, bad
+			if i >= 6 {
+				p = good
+			}
+			if failing && p == bad {
+				o = fail
+			}
+			s.obs(id, probe, o, p)
+			if selfOn {
+				s.obs(id, self, ok, 2)
+			}
+		}
+	})
+	s.run(time.Minute, time.Second, feed)
+	if sus := s.e.ProberSuspects(); len(sus) != 0 {
+		t.Fatalf("suspects while every prober is healthy: %+v", sus)
+	}
+	failing = true
+	s.run(time.Minute, time.Second, feed)
+	sus := s.e.ProberSuspects()
+	if len(sus) != 1 {
+		t.Fatalf("suspects %+v, want prober-az1", sus)
+	}
+	want := eligibility.ProberStat{Prober: bad, Name: "prober-az1", Targets: 6, Reported: 6, Failing: 6, Contradicted: 6,
+		Suspect: true, SuspectSince: sus[0].SuspectSince, Suspicions: 1,
+		Services: []eligibility.ProberServiceCounts{{Service: "api", Reported: 2, Failing: 2, Contradicted: 2}, {Service: "web", Reported: 4, Failing: 4, Contradicted: 4}}}
+	if d := cmp.Diff(want, sus[0]); d != "" {
+		t.Fatalf("suspect (-want +got):\n%s", d)
+	}
+	if since := sus[0].SuspectSince; since.Before(t0.Add(time.Minute)) || since.After(t0.Add(time.Minute+6*time.Second)) {
+		t.Errorf("suspect since %v, want within a probe interval and a tick of the first failure at %v", since, t0.Add(time.Minute))
+	}
+	if all := s.e.ProberStats(); len(all) != 2 || all[1].Prober != good || all[1].Suspect || all[1].Reported != 2 || all[1].Failing != 0 {
+		t.Errorf("prober stats %+v", all)
+	}
+	for _, id := range web {
+		v := s.verdict(id)
+		if v.State != eligibility.Eligible || v.Weight != 1 || !v.Classes[probe].Silent || v.Classes[probe].Reporters != 0 ||
+			!hasReason(v, "probe from prober prober-az1 ignored: suspect since") {
+			t.Fatalf("target of the suspect prober: %+v", v)
+		}
+	}
+	if st := s.e.ServiceStats("web", s.now); st.SuspectProbed != 4 || st.Eligible != 4 {
+		t.Errorf("web stats %+v", st)
+	}
+	if st := s.e.ServiceStats("api", s.now); st.SuspectProbed != 2 || st.Eligible != 4 {
+		t.Errorf("api stats %+v", st)
+	}
+	// The self-reports fall silent: nothing contradicts the prober any
+	// more, but it is still failing, so still suspect; its targets are
+	// unknown, not removed.
+	selfOn = false
+	s.run(time.Minute, time.Second, feed)
+	if sus := s.e.ProberSuspects(); len(sus) != 1 || sus[0].Contradicted != 0 || sus[0].Failing != 6 {
+		t.Fatalf("suspects after the contradiction fell silent: %+v", sus)
+	}
+	for _, id := range web {
+		if got := s.state(id); got != eligibility.Unknown {
+			t.Errorf("target of the suspect prober with self silent: %v, want unknown", got)
+		}
+	}
+	// The prober recovers: no longer suspect.
+	failing, selfOn = false, true
+	s.run(time.Minute, time.Second, feed)
+	if sus := s.e.ProberSuspects(); len(sus) != 0 {
+		t.Fatalf("suspects after recovery: %+v", sus)
+	}
+	for _, id := range append(slices.Clone(web), api...) {
+		if v := s.verdict(id); v.State != eligibility.Eligible || v.Classes[probe].Silent {
+			t.Errorf("after recovery: %+v", v)
+		}
+	}
+	for _, tr := range s.all {
+		if tr.To == eligibility.Ineligible {
+			t.Errorf("removal: %+v", tr)
+		}
+	}
+}
+
+// TestProberNotSuspectBelowThreshold: a prober contradicted on two targets
+// is no suspect (the minimum is three), nor is one contradicted on three of
+// the eight it reports on (less than half).
+func TestProberNotSuspectBelowThreshold(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ targets, failing int }{{2, 2}, {8, 3}} {
+		s := newSim(t, eligibility.Options{})
+		s.service("svc", contract(probeSelf))
+		var ids []eligibility.InstanceID
+		for n := range tt.targets {
+			ids = append(ids, s.add(n, "svc"))
+		}
+		s.e.AssignProber(7, ids)
+		s.run(2*time.Minute, time.Second, every(5*time.Second, func(now time.Time) {
+			for i, id := range ids {
+				o := ok
+				if i < tt.failing && now.After(t0.Add(time.Minute)) {
+					o = fail
+				}
+				s.obs(id, probe, o, 7)
+				s.obs(id, self, ok, 2)
+			}
+		}))
+		if sus := s.e.ProberSuspects(); len(sus) != 0 {
+			t.Errorf("%d of %d targets failing: suspects %+v", tt.failing, tt.targets, sus)
+		}
+		if st := s.e.ProberStats(); len(st) != 1 || st[0].Contradicted != tt.failing || st[0].Reported != tt.targets {
+			t.Errorf("%d of %d targets failing: stats %+v", tt.failing, tt.targets, st)
+		}
+		if st := s.e.ServiceStats("svc", s.now); st.Contradicted != tt.failing || st.Ineligible != 0 {
+			t.Errorf("%d of %d targets failing: service stats %+v", tt.failing, tt.targets, st)
+		}
+	}
+}
+
+// TestReasonsNameProbers: an outage reason names the prober by the name the
+// evaluator gave it, and by number when it has none.
+func TestReasonsNameProbers(t *testing.T) {
+	t.Parallel()
+	s := newSim(t, eligibility.Options{})
+	s.service("svc", contract(probeOnly))
+	a, b := s.add(1, "svc"), s.add(2, "svc")
+	s.e.AssignProber(6, []eligibility.InstanceID{a})
+	s.e.AssignProber(9, []eligibility.InstanceID{b})
+	s.e.NameReporter(6, "prober-az1")
+	up := true
+	s.run(time.Minute, time.Second, every(5*time.Second, func(time.Time) {
+		if up {
+			s.obs(a, probe, ok, 6)
+			s.obs(b, probe, ok, 9)
+		}
+	}))
+	up = false
+	s.run(time.Minute, time.Second, nil)
+	if v := s.verdict(a); !hasReason(v, "prober prober-az1 in outage") || hasReason(v, "prober 6") {
+		t.Errorf("named prober: %q", v.Reasons)
+	}
+	if v := s.verdict(b); !hasReason(v, "prober 9 in outage") {
+		t.Errorf("unnamed prober: %q", v.Reasons)
+	}
+	if outs := s.e.ProberOutages(); len(outs) != 2 || outs[0].Name != "prober-az1" || outs[1].Name != "" {
+		t.Errorf("outages %+v", outs)
+	}
+	s.e.NameReporter(6, "")
+	if v := s.verdict(a); !hasReason(v, "prober 6 in outage") {
+		t.Errorf("name forgotten: %q", v.Reasons)
+	}
+}
+
+// TestPassivePopulation: passive evidence counts callers, not requests.
+func TestPassivePopulation(t *testing.T) {
+	t.Parallel()
+	callers := func(s *sim, id eligibility.InstanceID, n int, f func(r int) eligibility.Sample) func(time.Time) {
+		return func(time.Time) {
+			for r := range n {
+				smp := f(r)
+				smp.Instance, smp.Class, smp.Reporter = id, passive, eligibility.ReporterID(100+r)
+				s.sample(smp)
+			}
+		}
+	}
+	t.Run("one caller's volume does not make passive primary", func(t *testing.T) {
+		t.Parallel()
+		s := newSim(t, eligibility.Options{})
+		s.service("svc", contract(eligibility.Capabilities{Probe: true, Passive: true}))
+		id := s.add(1, "svc")
+		probeOK := every(5*time.Second, func(time.Time) { s.obs(id, probe, ok, 1) })
+		one := callers(s, id, 1, func(int) eligibility.Sample { return eligibility.Sample{Successes: 1000} })
+		s.run(time.Minute, time.Second, func(now time.Time) { probeOK(now); one(now) })
+		if v := s.verdict(id); v.Primary != probe || !v.SingleClass || !hasReason(v, "from 1 reporters: primary needs 2") {
+			t.Fatalf("one caller at 1000 req/s: %+v", v)
+		}
+		two := callers(s, id, 2, func(int) eligibility.Sample { return eligibility.Sample{Successes: 10} })
+		s.run(10*time.Second, time.Second, func(now time.Time) { probeOK(now); two(now) })
+		if v := s.verdict(id); v.Primary != passive || v.SingleClass {
+			t.Fatalf("two callers at 10 req/s: %+v", v)
+		}
+	})
+	t.Run("one caller failing cannot remove alone", func(t *testing.T) {
+		t.Parallel()
+		s := newSim(t, eligibility.Options{})
+		s.service("svc", contract(passiveOnly))
+		id := s.add(1, "svc")
+		s.run(time.Minute, time.Second, callers(s, id, 1, func(int) eligibility.Sample { return eligibility.Sample{Failures: 1000} }))
+		if v := s.verdict(id); v.State != eligibility.Eligible || !hasReason(v, "from 1 failing reporters, fewer than 2") {
+			t.Fatalf("one caller failing: %+v", v)
+		}
+		// A second caller failing is the population that may remove.
+		s.run(5*time.Second, time.Second, callers(s, id, 2, func(int) eligibility.Sample { return eligibility.Sample{Failures: 10} }))
+		if got := s.state(id); got != eligibility.Ineligible {
+			t.Fatalf("two callers failing: %v", got)
+		}
+	})
+	t.Run("MinPassiveReporters 1: one caller may remove", func(t *testing.T) {
+		t.Parallel()
+		c := contract(passiveOnly)
+		c.MinPassiveReporters = 1
+		s := newSim(t, eligibility.Options{})
+		s.service("svc", c)
+		id := s.add(1, "svc")
+		s.run(5*time.Second, time.Second, callers(s, id, 1, func(int) eligibility.Sample { return eligibility.Sample{Failures: 10} }))
+		if got := s.state(id); got != eligibility.Ineligible {
+			t.Fatalf("one caller failing: %v", got)
+		}
+	})
+	t.Run("a caller's hard failure is a full vote, not the fast path", func(t *testing.T) {
+		t.Parallel()
+		s := newSim(t, eligibility.Options{})
+		s.service("svc", contract(passiveOnly))
+		id := s.add(1, "svc")
+		s.run(time.Minute, time.Second, callers(s, id, 3, func(int) eligibility.Sample { return eligibility.Sample{Successes: 50} }))
+		s.now = s.now.Add(time.Second)
+		s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: 100, Outcome: hard})
+		s.tick()
+		v := s.verdict(id)
+		if v.State != eligibility.Eligible {
+			t.Fatalf("one caller refused: %+v", v)
+		}
+		if r := v.Classes[passive].FailureRate; r < 0.33 || r > 0.34 {
+			t.Errorf("passive rate %.3f after one of three callers refused, want 1/3 (its full vote)", r)
+		}
+		s.now = s.now.Add(time.Second)
+		s.sample(eligibility.Sample{Instance: id, Class: passive, Reporter: 101, Outcome: hard})
+		if trs := s.tick(); len(trs) != 1 || trs[0].To != eligibility.Ineligible || trs[0].Reason == "hard failure" {
+			t.Fatalf("two callers refused: %+v, want a soft removal", trs)
+		}
+	})
 }

@@ -108,7 +108,8 @@ const (
 	// Eligible: in rotation at its weight (below 1 only during slow start).
 	Eligible
 	// Degraded: in rotation at a weight in (0,1) because a dependency it
-	// named has weight authority.
+	// named has weight authority, or because a failure from one evidence
+	// class is contradicted by another (or by a peer prober).
 	Degraded
 	// Ineligible: out of rotation.
 	Ineligible

@@ -78,6 +78,10 @@ func TestContractValidate(t *testing.T) {
 		{"non-shared unready", def(func(c *eligibility.Contract) {
 			c.Dependencies = map[string]eligibility.Dependency{"cache": {Authority: eligibility.Unready}}
 		}), ""},
+		{"one passive reporter", def(func(c *eligibility.Contract) { c.MinPassiveReporters = 1 }), ""},
+		{"eight passive reporters", def(func(c *eligibility.Contract) { c.MinPassiveReporters = 8 }), ""},
+		{"no passive reporters", def(func(c *eligibility.Contract) { c.MinPassiveReporters = 0 }), "minimum passive reporters"},
+		{"nine passive reporters", def(func(c *eligibility.Contract) { c.MinPassiveReporters = 9 }), "minimum passive reporters"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -107,7 +111,8 @@ func TestContractFrom(t *testing.T) {
 	want := eligibility.Contract{
 		Interval: 5 * time.Second, HalfLife: 4 * time.Second, MinDwell: 30 * time.Second,
 		RemovalThreshold: 0.5, PassivePrimaryRPS: 5, Weights: [3]float64{1, 1, 0},
-		Capabilities: eligibility.Capabilities{Probe: true, Self: true},
+		MinPassiveReporters: eligibility.DefaultMinPassiveReporters,
+		Capabilities:        eligibility.Capabilities{Probe: true, Self: true},
 		Dependencies: map[string]eligibility.Dependency{
 			"db":    {Shared: true, Authority: eligibility.Weight},
 			"cache": {Authority: eligibility.Unready},
@@ -128,7 +133,8 @@ func TestContractFrom(t *testing.T) {
 			s.Dependencies = []eligibility.DependencySpec{{Name: "db", Shared: true, Authority: "unready"}}
 			return s
 		}(),
-		"zero interval": func() eligibility.ContractSpec { s := spec; s.IntervalSeconds = 0; return s }(),
+		"zero interval":          func() eligibility.ContractSpec { s := spec; s.IntervalSeconds = 0; return s }(),
+		"nine passive reporters": func() eligibility.ContractSpec { s := spec; s.MinPassiveReporters = 9; return s }(),
 	} {
 		if _, err := eligibility.ContractFrom(bad); err == nil {
 			t.Errorf("%s: ContractFrom accepted it", name)

@@ -2,6 +2,7 @@ package eligibility
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"strings"
 	"time"
@@ -46,7 +47,9 @@ type ClassSummary struct {
 	Unobservable     uint64
 	LastUnobservable time.Time
 	// Reporters: passive callers inside the window (at most 8 are kept);
-	// 1 for probe and self once a sample has arrived.
+	// probers inside the window whose evidence counts (at most 3 are
+	// kept; a suspect prober's does not); 1 for self once a sample has
+	// arrived.
 	Reporters int
 }
 
@@ -76,9 +79,15 @@ func (e *Engine) Verdict(id InstanceID, now time.Time) (Verdict, bool) {
 			Samples: uint64(cs.samples), Unobservable: uint64(cs.unobs), LastUnobservable: tm(cs.lastUnobs),
 		}
 		s.Silent = s.Present && !a.speaking[cl]
-		if cl == Passive {
+		switch {
+		case cl == Passive:
 			s.Reporters = a.reporters
-		} else if cs.samples > 0 {
+		case cl == Probe:
+			s.Reporters = bits.OnesCount8(a.slotSpeaking &^ a.slotSuspect)
+			if !a.speaking[cl] {
+				s.FailureRate = rememberedProbe(in)
+			}
+		case cs.samples > 0:
 			s.Reporters = 1
 			if !a.speaking[cl] {
 				s.FailureRate = cs.t.rate()
@@ -88,6 +97,25 @@ func (e *Engine) Verdict(id InstanceID, now time.Time) (Verdict, bool) {
 	}
 	v.Reasons = e.reasons(in, svc, &a, t)
 	return v, true
+}
+
+// rememberedProbe is the probe class's rate as last heard: the mean over
+// the probers remembered whose evidence counts.
+func rememberedProbe(in *instance) float64 {
+	var sum float64
+	n := 0
+	for k := range in.probe {
+		sl := &in.probe[k]
+		if sl.t.last == 0 || (sl.p != nil && sl.p.suspect) {
+			continue
+		}
+		sum += sl.t.rate()
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
 }
 
 func singleClass(c *Contract, passivePrimary bool) bool {
@@ -111,7 +139,8 @@ func (e *Engine) reasons(in *instance, svc *service, a *assessment, now int64) [
 		rs = append(rs, fmt.Sprintf("quarantined until %s", tm(in.qUntil).Format(time.RFC3339)))
 	}
 	switch in.reason {
-	case rHard, rUnready, rSoft, rUncorroborated, rReentry, rAwaiting, rNoReadiness, rAdmitted:
+	case rHard, rUnready, rSoft, rUncorroborated, rReentry, rAwaiting, rNoReadiness, rAdmitted,
+		rContradicted, rContradictionEnded:
 		rs = append(rs, e.reasonText(in, svc, in.reason, in.reasonVal))
 	}
 	if a.nsp == 0 {
@@ -122,23 +151,43 @@ func (e *Engine) reasons(in *instance, svc *service, a *assessment, now int64) [
 			continue
 		}
 		cs := &in.cls[cl]
+		if cl == Probe {
+			for k := range in.probe {
+				if a.slotSuspect&(1<<k) == 0 {
+					continue
+				}
+				sl := &in.probe[k]
+				c := sl.p.counts
+				rs = append(rs, fmt.Sprintf("probe from prober %s ignored: suspect since %s, failing %d of the %d targets it reports on (%d contradicted)",
+					e.reporterName(in.probeID[k]), tm(sl.p.suspectSince).Format(time.RFC3339), c.failing, c.reported, c.contradicted))
+			}
+		}
 		if a.speaking[cl] {
-			if r := a.rate[cl]; r >= c.RemovalThreshold {
+			r := a.rate[cl]
+			switch {
+			case cl == Passive && r >= c.RemovalThreshold && a.failingReporters < c.MinPassiveReporters:
+				rs = append(rs, fmt.Sprintf("passive failure rate %.2f from %d failing reporters, fewer than %d: cannot remove without another class",
+					r, a.failingReporters, c.MinPassiveReporters))
+			case r >= c.RemovalThreshold:
 				rs = append(rs, fmt.Sprintf("%s failure rate %.2f >= removal %g", cl, r, c.RemovalThreshold))
-			} else {
+			default:
 				rs = append(rs, fmt.Sprintf("%s failure rate %.2f", cl, r))
+			}
+			if cl == Passive && !a.passivePrimary && a.reporters < c.MinPassiveReporters && c.PassivePrimaryRPS > 0 && a.rps >= c.PassivePrimaryRPS {
+				rs = append(rs, fmt.Sprintf("passive traffic %.1f req/s from %d reporters: primary needs %d", a.rps, a.reporters, c.MinPassiveReporters))
 			}
 			continue
 		}
 		s := fmt.Sprintf("%s silent: no sample in %v", cl, time.Duration(e.windowFor(svc, cl, a.passivePrimary)))
+		if cl == Probe && a.slotSuspect != 0 {
+			s = fmt.Sprintf("probe silent: no sample from a prober that counts in %v", time.Duration(e.windowFor(svc, cl, a.passivePrimary)))
+		}
 		if cs.lastUnobs != 0 && now-cs.lastUnobs <= svc.window {
 			s += "; reporter could not observe (not a failure)"
 		}
 		if cl == Probe {
-			for id, p := range e.probers {
-				if p.out && p.covers(in.id) {
-					s += fmt.Sprintf("; prober %d in outage", id)
-				}
+			for _, id := range e.outagesCovering(in.id) {
+				s += "; prober " + e.reporterName(id) + " in outage"
 			}
 		}
 		rs = append(rs, s)
@@ -187,6 +236,15 @@ type ServiceStats struct {
 	FlapRate float64
 	// Quarantines counts quarantines started since the service was set.
 	Quarantines uint64
+	// Contradicted counts instances held in rotation, Degraded, because
+	// their failure comes from one class and another class or a peer
+	// prober contradicts it; Contradictions counts such holds started
+	// since the service was set.
+	Contradicted   int
+	Contradictions uint64
+	// SuspectProbed counts instances whose evidence from a suspect prober
+	// is being ignored.
+	SuspectProbed int
 	// Classes are the evidence classes the service's contract weighs, in
 	// class order.
 	Classes []Class
@@ -257,6 +315,12 @@ func (e *Engine) stats(now time.Time, only int32) []ServiceStats {
 		if a.passivePrimary {
 			st.PassivePrimary++
 		}
+		if in.state == Degraded && (in.reason == rContradicted || in.reason == rContradictionEnded) {
+			st.Contradicted++
+		}
+		if a.slotSuspect != 0 {
+			st.SuspectProbed++
+		}
 		st.PassiveRPS += a.rps
 	}
 	for si, svc := range e.svcs {
@@ -266,6 +330,7 @@ func (e *Engine) stats(now time.Time, only int32) []ServiceStats {
 		}
 		st.Service = svc.name
 		st.Quarantines = svc.quarant
+		st.Contradictions = svc.contradictions
 		for cl := range Class(numClasses) {
 			if svc.c.present(cl) {
 				st.Classes = append(st.Classes, cl)
@@ -315,4 +380,16 @@ func (e *Engine) Routing(id InstanceID, now time.Time) (Routing, bool) {
 	t := now.UnixNano()
 	a := e.assess(in, e.svcs[in.svc], t)
 	return Routing{State: in.state, Weight: in.weight, HealthKnown: a.nsp > 0, Quarantined: in.qUntil > t, Awaiting: !in.admitted}, true
+}
+
+// outagesCovering lists the probers in outage assigned to id, in order.
+func (e *Engine) outagesCovering(id InstanceID) []ReporterID {
+	var out []ReporterID
+	for pid, p := range e.probers {
+		if p.out && p.covers(id) {
+			out = append(out, pid)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

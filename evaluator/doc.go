@@ -23,6 +23,20 @@
 // hangs (each refresh is bounded by DBTimeout) delays what the registry
 // says, never an evaluation or a withdrawal.
 //
+// # Probers
+//
+// Each prober assignment is handed to the engine with the prober's name
+// (assignProber), so verdict reasons name it ("probe failing (prober
+// prober-az1) contradicted by self: degraded") rather than by its interned
+// number. A prober in outage (silent on all its targets) or suspect (its
+// failures contradicted by other evidence on many of its targets, and so
+// ignored; see the eligibility package) is exported as
+// muster_prober_outage and muster_prober_suspect, with
+// muster_prober_contradicted_targets and, per service,
+// muster_instances_contradicted, muster_contradicted_failures_total and
+// muster_instances_suspect_probed; ProberAlarms lists both kinds, named and
+// dated, for the server's alarm list.
+//
 // # Admissions across a restart
 //
 // A new instance of a service with a readiness signal starts out of

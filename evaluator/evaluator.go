@@ -551,7 +551,7 @@ func (e *Evaluator) applyAssignment(a registry.ProberAssignments) *proberAssignm
 		pa.instances[id] = true
 		targets = append(targets, eligibility.InstanceID(id))
 	}
-	e.engine.AssignProber(pa.id, targets)
+	e.assignProber(pa.id, a.Prober, targets)
 	return pa
 }
 

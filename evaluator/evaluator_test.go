@@ -490,3 +490,107 @@ func TestQuarantineSurvivesARestart(t *testing.T) {
 		t.Fatalf("the quarantine after the restart lasts %v at step %d, want 2m at step 2", d, next.QuarantineStep)
 	}
 }
+
+// TestProberSuspectAlarm (issue 13): a prober reporting failure on every
+// web instance while their self-reports say healthy removes nothing; the
+// instances are degraded with a reason naming the prober, the prober turns
+// suspect (metric, alarm, its evidence ignored), and when it goes silent
+// the suspicion gives way to an outage alarm that names it too.
+func TestProberSuspectAlarm(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{})
+	p1, web := f.Token(t, prober1), f.Token(t, st.Web)
+	both := func(outcome string) {
+		var items []string
+		for _, id := range f.web {
+			items = append(items, report(id, "self", "success"))
+		}
+		if res := f.post(t, web, items...); res.Accepted != len(f.web) {
+			t.Fatalf("self-reports: %+v", res)
+		}
+		if outcome == "" {
+			return
+		}
+		items = nil
+		for _, id := range f.web {
+			items = append(items, report(id, "probe", outcome))
+		}
+		if res := f.post(t, p1, items...); res.Accepted != len(f.web) {
+			t.Fatalf("probe reports: %+v", res)
+		}
+	}
+	both("success")
+	f.Evaluator.EvaluateNow()
+	weight := map[string]float64{} // a step into the slow start
+	for _, id := range f.web {
+		v := f.verdict(t, "web", id)
+		if v.State != "eligible" {
+			t.Fatalf("before the prober fails: %+v", v)
+		}
+		weight[id] = v.Weight
+	}
+	if alarms := f.Evaluator.ProberAlarms(); len(alarms) != 0 {
+		t.Fatalf("alarms while every prober is healthy: %+v", alarms)
+	}
+
+	f.Clock.Advance(5 * time.Second)
+	both("failure")
+	f.Evaluator.EvaluateNow()
+	want := "probe failing (prober prober-az1) contradicted by self: degraded"
+	for _, id := range f.web {
+		v := f.verdict(t, "web", id)
+		if v.State != "degraded" || v.Weight != weight[id]/2 || !slices.Contains(v.Reasons, want) {
+			t.Fatalf("contradicted: %+v, want degraded at half its weight %v: %q", v, weight[id], want)
+		}
+	}
+	if n := metric(t, f, "muster_instances_contradicted", "service", "web"); n != 3 {
+		t.Errorf("muster_instances_contradicted{service=web} = %v, want 3", n)
+	}
+	if n := metric(t, f, "muster_contradicted_failures_total", "service", "web"); n != 3 {
+		t.Errorf("muster_contradicted_failures_total{service=web} = %v, want 3", n)
+	}
+
+	// The next evaluation finds the prober suspect and sets its evidence
+	// aside.
+	f.Clock.Advance(time.Second)
+	f.Evaluator.EvaluateNow()
+	alarms := f.Evaluator.ProberAlarms()
+	if len(alarms) != 1 || alarms[0].Kind != evaluator.AlarmProberSuspect || alarms[0].Prober != "prober-az1" ||
+		!alarms[0].Since.Equal(f.Clock.Now()) || !strings.Contains(alarms[0].Detail, "web: 3 failing, 3 contradicted") {
+		t.Fatalf("alarms %+v, want prober-az1 suspect since %v", alarms, f.Clock.Now())
+	}
+	if a := alarms[0].Alarm(); a.Kind != "prober_suspect" || a.Detail != alarms[0].Detail || !a.Since.Equal(alarms[0].Since) {
+		t.Errorf("as a server alarm: %+v", a)
+	}
+	if n := metric(t, f, "muster_prober_suspect", "prober", "prober:prober-az1"); n != 1 {
+		t.Errorf("muster_prober_suspect{prober=prober:prober-az1} = %v, want 1", n)
+	}
+	if n := metric(t, f, "muster_prober_contradicted_targets", "prober", "prober:prober-az1"); n != 3 {
+		t.Errorf("muster_prober_contradicted_targets{prober=prober:prober-az1} = %v, want 3", n)
+	}
+	for _, id := range f.web {
+		v := f.verdict(t, "web", id)
+		if v.State != "eligible" || !strings.Contains(strings.Join(v.Reasons, ";"), "probe from prober prober-az1 ignored: suspect") {
+			t.Fatalf("target of the suspect prober: %+v", v)
+		}
+	}
+
+	// The prober falls silent: no longer failing, so no longer suspect,
+	// and in outage.
+	for range 4 {
+		f.Clock.Advance(5 * time.Second)
+		both("")
+		f.Evaluator.EvaluateNow()
+	}
+	alarms = f.Evaluator.ProberAlarms()
+	if len(alarms) != 1 || alarms[0].Kind != evaluator.AlarmProberOutage || alarms[0].Prober != "prober-az1" ||
+		!strings.HasPrefix(alarms[0].Detail, "prober prober-az1 has observed none of its 3 targets since") {
+		t.Fatalf("alarms %+v, want prober-az1 in outage", alarms)
+	}
+	for _, id := range f.web {
+		v := f.verdict(t, "web", id)
+		if v.State != "eligible" || !strings.Contains(strings.Join(v.Reasons, ";"), "prober prober-az1 in outage") {
+			t.Fatalf("target of the prober in outage: %+v", v)
+		}
+	}
+}
