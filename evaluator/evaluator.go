@@ -678,6 +678,7 @@ func contractOf(sc registry.ServiceContract) eligibility.Contract {
 	c.Interval, c.HalfLife, c.MinDwell, c.SlowStart = sec(k.IntervalSeconds), sec(k.HalfLifeSeconds), sec(k.MinDwellSeconds), sec(k.SlowStartSeconds)
 	c.RemovalThreshold, c.ReentryThreshold = k.RemovalThreshold, k.ReentryThreshold
 	c.PassivePrimaryRPS = k.PassivePrimaryRPS
+	c.MinPassiveReporters = k.MinPassiveReporters // 0 (stored before the field) reads as the default
 	c.RequireReadiness = k.RequireReadiness
 	c.Weights = [3]float64{}
 	c.Weights[eligibility.Probe] = k.Weights[registry.CapProbe]

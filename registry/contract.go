@@ -55,6 +55,12 @@ type Contract struct {
 	// PassivePrimaryRPS is the caller traffic above which passive outcomes
 	// become the primary evidence and probing drops to confirmation.
 	PassivePrimaryRPS float64 `json:"passive_primary_rps"`
+	// MinPassiveReporters is how many distinct callers must report an
+	// instance failing before passive evidence may remove it on its own
+	// (or lead as primary): one caller's bad day is not the service's
+	// (ADR-04). 0 in a contract stored before the field existed reads as
+	// the default.
+	MinPassiveReporters int `json:"min_passive_reporters"`
 	// RequireReadiness gates entry into rotation on a readiness signal.
 	RequireReadiness bool         `json:"require_readiness"`
 	Dependencies     []Dependency `json:"dependencies"`
@@ -64,14 +70,15 @@ type Contract struct {
 // them past the floors: a failing instance must always be removed quickly,
 // and the guard may never be turned off.
 const (
-	DefaultIntervalSeconds    = 5
-	DefaultHalfLifeSeconds    = 4
-	DefaultRemovalThreshold   = 0.5
-	DefaultReentryThreshold   = 0.2
-	DefaultMinDwellSeconds    = 30
-	DefaultMinHealthyFraction = 0.5
-	DefaultSlowStartSeconds   = 60
-	DefaultPassivePrimaryRPS  = 5
+	DefaultIntervalSeconds     = 5
+	DefaultHalfLifeSeconds     = 4
+	DefaultRemovalThreshold    = 0.5
+	DefaultReentryThreshold    = 0.2
+	DefaultMinDwellSeconds     = 30
+	DefaultMinHealthyFraction  = 0.5
+	DefaultSlowStartSeconds    = 60
+	DefaultPassivePrimaryRPS   = 5
+	DefaultMinPassiveReporters = 2
 
 	// MaxSoftDetectionSeconds bounds how long a genuine soft failure (every
 	// sample failing) may take to cross the removal threshold:
@@ -84,15 +91,16 @@ const (
 // filled from the service's capabilities when the contract is stored.
 func DefaultContract() Contract {
 	return Contract{
-		IntervalSeconds:    DefaultIntervalSeconds,
-		HalfLifeSeconds:    DefaultHalfLifeSeconds,
-		RemovalThreshold:   DefaultRemovalThreshold,
-		ReentryThreshold:   DefaultReentryThreshold,
-		MinDwellSeconds:    DefaultMinDwellSeconds,
-		MinHealthyFraction: DefaultMinHealthyFraction,
-		SlowStartSeconds:   DefaultSlowStartSeconds,
-		PassivePrimaryRPS:  DefaultPassivePrimaryRPS,
-		Dependencies:       []Dependency{},
+		IntervalSeconds:     DefaultIntervalSeconds,
+		HalfLifeSeconds:     DefaultHalfLifeSeconds,
+		RemovalThreshold:    DefaultRemovalThreshold,
+		ReentryThreshold:    DefaultReentryThreshold,
+		MinDwellSeconds:     DefaultMinDwellSeconds,
+		MinHealthyFraction:  DefaultMinHealthyFraction,
+		SlowStartSeconds:    DefaultSlowStartSeconds,
+		PassivePrimaryRPS:   DefaultPassivePrimaryRPS,
+		MinPassiveReporters: DefaultMinPassiveReporters,
+		Dependencies:        []Dependency{},
 	}
 }
 
@@ -158,6 +166,9 @@ func ValidateContract(c Contract, s Service) []FieldError {
 	}
 	between("slow_start_seconds", c.SlowStartSeconds, 0, 600, " s")
 	between("passive_primary_rps", c.PassivePrimaryRPS, 0, 1e6, " requests/s")
+	if c.MinPassiveReporters < 1 || c.MinPassiveReporters > 8 {
+		add("min_passive_reporters", "must be 1 to 8 distinct callers (muster keeps the 8 most recent reporters of an instance), got %d", c.MinPassiveReporters)
+	}
 
 	positive := 0
 	for _, cl := range slices.Sorted(maps.Keys(c.Weights)) {
@@ -307,6 +318,11 @@ func contractFromRow(row db.HealthContract) (StoredContract, error) {
 	var c Contract
 	if err := json.Unmarshal(row.Document, &c); err != nil {
 		return StoredContract{}, fmt.Errorf("decode stored contract of %s: %w", row.Service, err)
+	}
+	if c.MinPassiveReporters == 0 {
+		// Stored before the field existed: the default, so that the
+		// contract read back validates when put again.
+		c.MinPassiveReporters = DefaultMinPassiveReporters
 	}
 	return StoredContract{Service: row.Service, Version: row.Version, UpdatedAt: row.UpdatedAt, UpdatedBy: row.UpdatedBy, Contract: c}, nil
 }

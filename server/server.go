@@ -109,6 +109,11 @@ type Config struct {
 	Admission *stream.Admission
 	// Alarms lists the open alarms (the publisher).
 	Alarms interface{ Alarms() []assembler.Alarm }
+	// Probers, when set, lists prober outages and suspect probers (the
+	// evaluator); they are listed with the other alarms.
+	Probers interface {
+		ProberAlarms() []evaluator.ProberAlarm
+	}
 	// Shifts is the shift-back API (policy.Shifts); its alarms are listed
 	// with the others. Nil: /v1/shifts answers 404.
 	Shifts Shifts

@@ -169,6 +169,11 @@ func (s *Server) writeShiftError(w http.ResponseWriter, r *http.Request, err err
 
 // allAlarms lists the publisher's open alarms, the shift-backs' and the
 // lease reaper's.
+// Alarms lists every open alarm, as GET /v1/alarms does: the guard's,
+// the shift-backs', the lease reaper's, the database's and the probers'.
+// The UI's banner shows the same list.
+func (s *Server) Alarms() []assembler.Alarm { return s.allAlarms() }
+
 func (s *Server) allAlarms() []assembler.Alarm {
 	out := s.cfg.Alarms.Alarms()
 	if s.cfg.Shifts != nil {
@@ -177,6 +182,11 @@ func (s *Server) allAlarms() []assembler.Alarm {
 	out = append(out, s.leaseAlarms()...)
 	if a, ok := s.databaseAlarm(); ok {
 		out = append(out, a)
+	}
+	if s.cfg.Probers != nil {
+		for _, a := range s.cfg.Probers.ProberAlarms() {
+			out = append(out, a.Alarm())
+		}
 	}
 	slices.SortStableFunc(out, func(a, b assembler.Alarm) int {
 		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Service, b.Service), cmp.Compare(a.Zone, b.Zone))

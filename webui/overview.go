@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
@@ -58,9 +59,14 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 		page.After = batch[len(batch)-1].Name
 	}
 
-	alarms := u.cfg.Publisher.Alarms()
-	if u.cfg.Shifts != nil {
-		alarms = append(alarms, u.cfg.Shifts.Alarms()...)
+	var alarms []assembler.Alarm
+	if u.cfg.Alarms != nil {
+		alarms = u.cfg.Alarms()
+	} else {
+		alarms = u.cfg.Publisher.Alarms()
+		if u.cfg.Shifts != nil {
+			alarms = append(alarms, u.cfg.Shifts.Alarms()...)
+		}
 	}
 	alarmsBy := map[string]int{}
 	for _, a := range alarms {

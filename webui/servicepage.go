@@ -287,6 +287,7 @@ func contractFields(c registry.Contract) []views.Field {
 		{Label: "Minimum healthy fraction", Value: num(c.MinHealthyFraction), Note: "per zone; below it the guard trips and the disruption budget refuses"},
 		{Label: "Slow start", Value: sec(c.SlowStartSeconds), Note: "weight ramp after (re-)entry"},
 		{Label: "Passive primary above", Value: num(c.PassivePrimaryRPS) + " req/s", Note: "caller traffic above which passive outcomes lead"},
+		{Label: "Passive callers to remove", Value: strconv.Itoa(c.MinPassiveReporters), Note: "distinct callers that must agree before passive evidence removes an instance alone"},
 		{Label: "Requires readiness", Value: strconv.FormatBool(c.RequireReadiness), Note: ""},
 	}
 	for _, k := range slices.Sorted(maps.Keys(c.Weights)) {

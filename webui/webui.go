@@ -113,6 +113,11 @@ type Config struct {
 	Guards *guardlog.Log
 	// Shifts, when set, enables the shift-backs page and its actions.
 	Shifts ShiftBacks
+	// Alarms, when set, lists every open alarm for the overview's banner
+	// (the server's Alarms: guard, shift-backs, leases, database,
+	// probers); otherwise the banner shows the publisher's and the
+	// shift-backs' alarms.
+	Alarms func() []assembler.Alarm
 	OIDC   OIDCConfig
 	// HTTPClient is used for discovery, keys and the code exchange; one
 	// with a 10 s timeout when nil.

@@ -227,7 +227,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	servingReady := server.ServingReady(eval, hub)
 	scfg := server.Config{
 		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
-		Hub: hub, Admission: admission, Alarms: pub, Shifts: shifts, Leases: reaper,
+		Hub: hub, Admission: admission, Alarms: pub, Probers: eval, Shifts: shifts, Leases: reaper,
 		Authz: authz, Database: dbHealth, DBTimeout: cfg.DBTimeout,
 		// Whether this replica can serve views, not whether PostgreSQL
 		// answers (that is muster_database_up and database_unreachable).
@@ -247,10 +247,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 			return err
 		}
 	}
+	var srv *server.Server
 	if uiOIDC.IssuerURL != "" {
 		ui, err := webui.New(webui.Config{
 			Logger: log, Pool: pool, Registry: reg, Evaluator: eval, Publisher: pub, Audit: audit.NewLog(pool),
 			Overrides: pol, Guards: guards, Shifts: shifts, OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
+			// The banner lists what GET /v1/alarms lists; srv is set below,
+			// before anything is served.
+			Alarms: func() []assembler.Alarm { return srv.Alarms() },
 		})
 		if err != nil {
 			return err
@@ -258,7 +262,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		defer ui.Close()
 		scfg.UI, scfg.UIPath = ui, uiPath
 	}
-	srv, err := server.New(scfg)
+	srv, err = server.New(scfg)
 	if err != nil {
 		return err
 	}

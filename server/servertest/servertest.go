@@ -222,12 +222,13 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	srvCfg := server.Config{
 		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Shifts: shifts, Leases: reaper,
+		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Probers: ev, Shifts: shifts, Leases: reaper,
 		Ready: server.ServingReady(ev, hub), Authz: authz, Database: mon, DBTimeout: opts.DBTimeout,
 		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 		WatchHeartbeat: opts.WatchHeartbeat,
 	}
 	var ui *webui.UI
+	var srv *server.Server
 	if opts.UI {
 		oc := webui.OIDCConfig{IssuerURL: iss.URL(), ClientID: "muster-ui", ClientSecret: "muster-ui-test-secret",
 			RedirectURL: base + "/ui/auth/callback"}
@@ -235,14 +236,15 @@ func New(t testing.TB, opts Options) *Stack {
 			t.Fatal(err)
 		}
 		ui, err = webui.New(webui.Config{Pool: pool, Registry: reg, Evaluator: ev, Publisher: pub, Audit: audit.NewLog(pool),
-			Overrides: pol, Guards: guards, Shifts: shifts, OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}})
+			Overrides: pol, Guards: guards, Shifts: shifts, OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second},
+			Alarms: func() []assembler.Alarm { return srv.Alarms() }})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = ui.Close() })
 		srvCfg.UI, srvCfg.UIPath = ui, ui.BasePath()
 	}
-	srv, err := server.New(srvCfg)
+	srv, err = server.New(srvCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
