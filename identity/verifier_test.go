@@ -625,6 +625,8 @@ func TestNewVerifier(t *testing.T) {
 		{"other scheme", []identity.IssuerConfig{{URL: "ftp://issuer.example.com"}}, true},
 		{"query", []identity.IssuerConfig{{URL: "https://issuer.example.com?x=1"}}, true},
 		{"fragment", []identity.IssuerConfig{{URL: "https://issuer.example.com#x"}}, true},
+		// '#' separates a non-home issuer from the rest of a principal's name.
+		{"empty fragment", []identity.IssuerConfig{{URL: "https://issuer.example.com/id#"}}, true},
 		{"user info", []identity.IssuerConfig{{URL: "https://u:p@issuer.example.com"}}, true},
 		{"unparsable", []identity.IssuerConfig{{URL: "https://[::1"}}, true},
 		{"duplicate", []identity.IssuerConfig{{URL: "https://a.example"}, {URL: "https://a.example"}}, true},

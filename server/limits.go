@@ -93,10 +93,10 @@ func (l *Limits) validate() error {
 
 // limiters are the server's buckets.
 type limiters struct {
-	reportItems, reportRequests               *policy.Buckets
+	reportItems, reportRequests              *policy.Buckets
 	registrations, deregistrations, renewals *policy.Buckets
-	unauthenticated                           *policy.Buckets
-	streams                                   *streamCounts
+	unauthenticated                          *policy.Buckets
+	streams                                  *streamCounts
 }
 
 func newLimiters(l Limits) (limiters, error) {

@@ -16,6 +16,7 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 
+	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
@@ -300,4 +301,35 @@ func TestWatchStreamsPerIdentity(t *testing.T) {
 		res.Body.Close()
 		return res.StatusCode == http.StatusOK
 	})
+}
+
+// TestShiftsAndLiftsCountAsPolicyWrites: shift operations and override
+// lifts take from the per-actor policy write limit kept in PostgreSQL,
+// each family on its own, refused with 429 and audited.
+func TestShiftsAndLiftsCountAsPolicyWrites(t *testing.T) {
+	t.Parallel()
+	lim := policy.Limit{Max: 1, Window: time.Minute}
+	s := servertest.New(t, servertest.Options{Policy: func(c *policy.Config) { c.WriteLimit = lim }})
+	s.Seed(t)
+	oscar := s.Token(t, servertest.Operator)
+	drain := `{"scope":"zone","target":"az9","reason":"drill","manual":true}`
+	if r := s.JSON(t, "POST", "/v1/shifts", oscar, drain); r.Status == http.StatusTooManyRequests || r.Header.Get("RateLimit-Remaining") != "0" {
+		t.Fatalf("first shift operation: %d %v %s", r.Status, r.Header, r.Body)
+	}
+	wantRateLimited(t, s.JSON(t, "POST", "/v1/shifts", oscar, drain), lim)
+	id := "01a2283a-b7ac-755e-9d2d-ba88e0e589c9"
+	if r := s.Do(t, "DELETE", "/v1/overrides/"+id, oscar, "", ""); r.Status != http.StatusNotFound {
+		t.Fatalf("first lift (of no override): %d %s, want 404", r.Status, r.Body)
+	}
+	wantRateLimited(t, s.Do(t, "DELETE", "/v1/overrides/"+id, oscar, "", ""), lim)
+	evs := servertest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?outcome=refused", s.Token(t, servertest.Admin), "", "")).Items
+	seen := map[string]bool{}
+	for _, e := range evs {
+		if strings.HasPrefix(e.Reason, "rate_limit") {
+			seen[e.Action] = true
+		}
+	}
+	if !seen["shift.start"] || !seen["override.lift"] {
+		t.Errorf("rate-limit refusals audited for %v, want shift.start and override.lift", seen)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/policy"
+	"github.com/musterhq/muster/server"
 )
 
 func TestParseLimit(t *testing.T) {
@@ -56,5 +57,37 @@ func TestLoadEnvDatabaseTimeouts(t *testing.T) {
 	c.DBTimeout = 0
 	if err := c.Validate(); err == nil {
 		t.Fatal("a zero DB timeout validated")
+	}
+}
+
+func TestLoadEnvRequestLimits(t *testing.T) {
+	var c Config
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Limits != server.DefaultLimits() || c.MetricsAddr != "" {
+		t.Fatalf("defaults: %+v, metrics address %q", c.Limits, c.MetricsAddr)
+	}
+	t.Setenv("MUSTER_REPORT_ITEMS_LIMIT", "20000/1s")
+	t.Setenv("MUSTER_UNAUTHENTICATED_LIMIT", "10/1m")
+	t.Setenv("MUSTER_WATCH_STREAMS_LIMIT", "50")
+	t.Setenv("MUSTER_METRICS_ADDR", ":9464")
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	want := server.DefaultLimits()
+	want.ReportItems = policy.Limit{Max: 20000, Window: time.Second}
+	want.Unauthenticated = policy.Limit{Max: 10, Window: time.Minute}
+	want.WatchStreams = 50
+	if c.Limits != want || c.MetricsAddr != ":9464" {
+		t.Fatalf("from the environment: %+v, metrics address %q", c.Limits, c.MetricsAddr)
+	}
+	for env, bad := range map[string]string{"MUSTER_REGISTRATION_LIMIT": "lots", "MUSTER_WATCH_STREAMS_LIMIT": "0"} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, bad)
+			if err := loadEnv(&c); err == nil {
+				t.Errorf("%s=%s accepted", env, bad)
+			}
+		})
 	}
 }

@@ -30,7 +30,7 @@ import (
 const loadgenUsage = `usage:
   muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--minutes 5] [--history 10] [--quarantined 600]
   muster loadgen rebuild [--data DIR]
-  muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--duration 20s]
+  muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--probers 8] [--duration 20s]
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
   muster loadgen watch   --restart [--data DIR] [--clients 10000] [--admission-window 10s] [--admission-floor 50]
   muster loadgen ui      --url URL [--user alice] [--pages /ui/,/ui/audit] [--requests 20]`
@@ -293,15 +293,16 @@ func loadgenRebuild(ctx context.Context, args []string, stdout, stderr io.Writer
 // batch latency.
 func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
-		base, dir          string
-		batch, concurrency int
-		duration           time.Duration
+		base, dir                   string
+		batch, concurrency, probers int
+		duration                    time.Duration
 	)
 	fs := newFlags("loadgen reports", stderr)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "muster to load")
 	fs.StringVar(&dir, "data", ".muster", "dev data folder, for minting tokens")
 	fs.IntVar(&batch, "batch", 1000, "reports per request")
 	fs.IntVar(&concurrency, "concurrency", 4, "requests in flight")
+	fs.IntVar(&probers, "probers", 8, "prober identities the load is spread over (muster limits the items one identity may report, 50,000 a second by default)")
 	fs.DurationVar(&duration, "duration", 20*time.Second, "how long to run")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -314,9 +315,8 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	prober, err := iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber}, time.Now())
-	if err != nil {
-		return err
+	if probers < 1 {
+		return fmt.Errorf("--probers %d: want at least 1", probers)
 	}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: concurrency}}
 	ids, err := loadgenInstances(ctx, client, base, admin)
@@ -326,14 +326,19 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	if len(ids) == 0 {
 		return errors.New("no loadgen instances: run `muster loadgen seed` first, then start muster on the same data")
 	}
-	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, for %s\n", base, len(ids), batch, concurrency, duration)
+	tokens, err := loadgenProbers(ctx, client, base, iss, admin, probers, ids[0])
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, %d prober identities, for %s\n",
+		base, len(ids), batch, concurrency, probers, duration)
 
 	var (
-		sent, refused atomic.Int64
-		mu            sync.Mutex
-		latencies     []time.Duration
-		firstErr      error
-		wg            sync.WaitGroup
+		sent, refused, limited atomic.Int64
+		mu                     sync.Mutex
+		latencies              []time.Duration
+		firstErr               error
+		wg                     sync.WaitGroup
 	)
 	deadline := time.Now().Add(duration)
 	start := time.Now()
@@ -353,8 +358,12 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 				buf.Reset()
 				_ = json.NewEncoder(&buf).Encode(map[string]any{"reports": reports})
 				t0 := time.Now()
-				res, err := postReports(ctx, client, base, prober, buf.Bytes())
+				res, err := postReports(ctx, client, base, tokens[w%len(tokens)], buf.Bytes())
 				lat := time.Since(t0)
+				if errors.Is(err, errReportsLimited) {
+					limited.Add(1)
+					continue
+				}
 				mu.Lock()
 				if err != nil {
 					if firstErr == nil {
@@ -382,11 +391,98 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		return latencies[min(len(latencies)-1, int(float64(len(latencies))*p))]
 	}
-	fmt.Fprintf(stdout, "reports: %d samples accepted, %d refused, in %d batches over %s: %.0f samples/s; batch latency p50 %s p99 %s max %s\n",
+	fmt.Fprintf(stdout, "reports: %d samples accepted, %d refused, in %d batches over %s: %.0f samples/s; batch latency p50 %s p99 %s max %s; %d batches rate-limited (429)\n",
 		sent.Load(), refused.Load(), len(latencies), elapsed.Round(time.Millisecond), float64(sent.Load())/elapsed.Seconds(),
-		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), pct(1).Round(time.Microsecond))
+		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), pct(1).Round(time.Microsecond), limited.Load())
 	return nil
 }
+
+// loadgenProbers mints n prober identities: the seeded loadgen prober and
+// n-1 more, which it assigns every loadgen service through the API, then
+// waits until muster takes a probe report from each (the evaluator picks
+// assignments up on its next registry refresh).
+func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *identity.DevIssuer, admin string, n int, probe uuid.UUID) ([]string, error) {
+	var services []string
+	get := func(path string, v any) error { return apiCall(ctx, client, http.MethodGet, base+path, admin, nil, v) }
+	if err := eachItem(get, "/v1/services?owner="+loadgenOwner+"&limit=1000", func(s registry.Service) { services = append(services, s.Name) }); err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(registry.ProberAssignments{Services: services})
+	if err != nil {
+		return nil, err
+	}
+	tokens := make([]string, n)
+	for i := range tokens {
+		name := loadgenProber
+		if i > 0 {
+			name = fmt.Sprintf("%s-%d", loadgenProber, i)
+			if err := apiCall(ctx, client, http.MethodPut, base+"/v1/probers/"+name+"/assignments", admin, body, nil); err != nil {
+				return nil, fmt.Errorf("assign prober %s: %w", name, err)
+			}
+		}
+		if tokens[i], err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: name}, time.Now()); err != nil {
+			return nil, err
+		}
+	}
+	one, err := json.Marshal(map[string]any{"reports": []evaluator.Report{{InstanceID: probe, Class: "probe", Outcome: "success"}}})
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i, tok := range tokens {
+		for {
+			res, err := postReports(ctx, client, base, tok, one)
+			if err != nil {
+				return nil, err
+			}
+			if res.Accepted == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("prober %d's reports still refused after 30 s: %+v", i, res.Refused)
+			}
+			select { // polling with a deadline
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	return tokens, nil
+}
+
+// apiCall makes one request with token and decodes a 2xx answer into out
+// (if not nil).
+func apiCall(ctx context.Context, client *http.Client, method, url, token string, body []byte, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(io.LimitReader(res.Body, 4<<10))
+		return fmt.Errorf("%s %s: %d %s", method, url, res.StatusCode, b)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(res.Body).Decode(out)
+}
+
+// errReportsLimited is postReports' error for a 429.
+var errReportsLimited = errors.New("POST /v1/reports: 429 rate-limited")
 
 func postReports(ctx context.Context, client *http.Client, base, token string, body []byte) (evaluator.Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/reports", bytes.NewReader(body))
@@ -403,6 +499,9 @@ func postReports(ctx context.Context, client *http.Client, base, token string, b
 	b, err := io.ReadAll(res.Body)
 	if err != nil {
 		return evaluator.Result{}, err
+	}
+	if res.StatusCode == http.StatusTooManyRequests {
+		return evaluator.Result{}, fmt.Errorf("%w: %s", errReportsLimited, b)
 	}
 	if res.StatusCode != http.StatusOK {
 		return evaluator.Result{}, fmt.Errorf("POST /v1/reports: %d %s", res.StatusCode, b)
