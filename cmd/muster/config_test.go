@@ -1,6 +1,10 @@
 package main
 
 import (
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -89,5 +93,34 @@ func TestLoadEnvRequestLimits(t *testing.T) {
 				t.Errorf("%s=%s accepted", env, bad)
 			}
 		})
+	}
+}
+
+func TestServeMetricsOnLoopback(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "muster_up 1\n") })
+	addr, stop, err := serveMetrics(":0", h, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if host, _, _ := net.SplitHostPort(addr); host != "127.0.0.1" {
+		t.Fatalf("a bare :port listens on %s, want loopback", addr)
+	}
+	res, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || string(b) != "muster_up 1\n" {
+		t.Fatalf("GET /metrics without a token: %d %q", res.StatusCode, b)
+	}
+	res, err = http.Get("http://" + addr + "/v1/services")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotFound {
+		t.Fatalf("the metrics listener serves /v1/services: %d, want 404", res.StatusCode)
 	}
 }

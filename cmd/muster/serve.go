@@ -321,7 +321,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		defer stopDebug()
 	}
 	if cfg.MetricsAddr != "" {
-		stopMetrics, err := serveMetrics(cfg.MetricsAddr, srv.MetricsHandler(), log)
+		_, stopMetrics, err := serveMetrics(cfg.MetricsAddr, srv.MetricsHandler(), log)
 		if err != nil {
 			return err
 		}
@@ -464,17 +464,18 @@ func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
 // their own, for a scraper that can reach it and nobody else: a bare
 // ":port" listens on loopback, and another host is the operator's explicit
 // choice (a pod address behind a network policy), logged as such.
-func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+// It returns the address it listens on.
+func serveMetrics(addr string, h http.Handler, log *slog.Logger) (bound string, stop func(), err error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics address %q: %w", addr, err)
+		return "", nil, fmt.Errorf("metrics address %q: %w", addr, err)
 	}
 	if host == "" {
 		addr = net.JoinHostPort("127.0.0.1", port)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("listen on metrics address %s: %w", addr, err)
+		return "", nil, fmt.Errorf("listen on metrics address %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)
@@ -485,5 +486,5 @@ func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), e
 	} else {
 		log.Info("serving /metrics", "addr", ln.Addr().String())
 	}
-	return func() { _ = hs.Close() }, nil
+	return ln.Addr().String(), func() { _ = hs.Close() }, nil
 }
