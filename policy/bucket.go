@@ -54,10 +54,19 @@ func (b *Buckets) Limit() Limit { return b.lim }
 // Peek reports, without taking anything, whether key's bucket holds a
 // token: a request can be refused before any of its work is done (its
 // body decoded, its token verified).
+// A key without a bucket is not given one: its bucket would be full, and
+// most callers Peek at (every source address that authenticates) never
+// take anything.
 func (b *Buckets) Peek(key string) Decision {
 	now := b.now()
-	l := b.get(key, now)
-	return b.decision(l.TokensAt(now) >= 1, l.TokensAt(now))
+	b.mu.Lock()
+	l, ok := b.m[key]
+	b.mu.Unlock()
+	if !ok {
+		return b.decision(true, float64(b.lim.Max))
+	}
+	tokens := l.TokensAt(now)
+	return b.decision(tokens >= 1, tokens)
 }
 
 // Take takes n tokens from key's bucket if it holds them, and refuses

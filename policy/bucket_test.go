@@ -80,4 +80,9 @@ func TestBucketsSweepFullOnes(t *testing.T) {
 	if d := b.Peek("busy"); d.Allowed {
 		t.Fatalf("a bucket in use was swept: %+v", d)
 	}
+	// Peeking at a key creates no bucket.
+	n := b.Len()
+	if d := b.Peek("never-taken"); !d.Allowed || d.Remaining != 2 || b.Len() != n {
+		t.Fatalf("peek at a new key: %+v, %d buckets (was %d)", d, b.Len(), n)
+	}
 }
