@@ -86,3 +86,25 @@ func TestBucketsSweepFullOnes(t *testing.T) {
 		t.Fatalf("peek at a new key: %+v, %d buckets (was %d)", d, b.Len(), n)
 	}
 }
+
+// BenchmarkBucketsReportPath is what a report batch costs the limiters:
+// one Take from the batch bucket, one Peek and one Charge of 1,000 items.
+func BenchmarkBucketsReportPath(b *testing.B) {
+	batches, _ := policy.NewBuckets(policy.Limit{Max: 1 << 30, Window: time.Second}, nil)
+	items, _ := policy.NewBuckets(policy.Limit{Max: 1 << 30, Window: time.Second}, nil)
+	keys := make([]string, 64)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("prober:loadgen-prober-%d", i)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			k := keys[i%len(keys)]
+			batches.Take(k, 1)
+			items.Peek(k)
+			items.Charge(k, 1000)
+			i++
+		}
+	})
+}
