@@ -319,19 +319,35 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("--probers %d: want at least 1", probers)
 	}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: concurrency}}
-	ids, err := loadgenInstances(ctx, client, base, admin)
+	services, err := loadgenInstances(ctx, client, base, admin)
 	if err != nil {
 		return err
 	}
-	if len(ids) == 0 {
+	// Each prober probes its own services (every probers-th), as a
+	// prober fleet with bounded assignments does.
+	probers = min(probers, len(services))
+	pools := make([][]uuid.UUID, probers)
+	names := make([][]string, probers)
+	total := 0
+	for i, s := range services {
+		pools[i%probers] = append(pools[i%probers], s.ids...)
+		names[i%probers] = append(names[i%probers], s.name)
+		total += len(s.ids)
+	}
+	if total == 0 {
 		return errors.New("no loadgen instances: run `muster loadgen seed` first, then start muster on the same data")
 	}
-	tokens, err := loadgenProbers(ctx, client, base, iss, admin, probers, ids[0])
+	for _, pool := range pools {
+		if len(pool) == 0 {
+			return fmt.Errorf("--probers %d: some probers would have no instance to probe", probers)
+		}
+	}
+	tokens, err := loadgenProbers(ctx, client, base, iss, admin, names, pools)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, %d prober identities, for %s\n",
-		base, len(ids), batch, concurrency, probers, duration)
+		base, total, batch, concurrency, probers, duration)
 
 	var (
 		sent, refused, limited atomic.Int64
@@ -347,7 +363,11 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
 			reports := make([]evaluator.Report, batch)
 			var buf bytes.Buffer
-			for time.Now().Before(deadline) && ctx.Err() == nil {
+			// Worker w's j-th batch is prober (w + j*concurrency)'s: every
+			// prober gets its share of the load.
+			for j := 0; time.Now().Before(deadline) && ctx.Err() == nil; j++ {
+				p := (w + j*concurrency) % probers
+				ids := pools[p]
 				for i := range reports {
 					outcome := "success"
 					if rng.IntN(100) == 0 {
@@ -358,7 +378,7 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 				buf.Reset()
 				_ = json.NewEncoder(&buf).Encode(map[string]any{"reports": reports})
 				t0 := time.Now()
-				res, err := postReports(ctx, client, base, tokens[w%len(tokens)], buf.Bytes())
+				res, err := postReports(ctx, client, base, tokens[p], buf.Bytes())
 				lat := time.Since(t0)
 				if errors.Is(err, errReportsLimited) {
 					limited.Add(1)
@@ -397,39 +417,37 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	return nil
 }
 
-// loadgenProbers mints n prober identities: the seeded loadgen prober and
-// n-1 more, which it assigns every loadgen service through the API, then
-// waits until muster takes a probe report from each (the evaluator picks
-// assignments up on its next registry refresh).
-func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *identity.DevIssuer, admin string, n int, probe uuid.UUID) ([]string, error) {
-	var services []string
-	get := func(path string, v any) error { return apiCall(ctx, client, http.MethodGet, base+path, admin, nil, v) }
-	if err := eachItem(get, "/v1/services?owner="+loadgenOwner+"&limit=1000", func(s registry.Service) { services = append(services, s.Name) }); err != nil {
-		return nil, err
-	}
-	body, err := json.Marshal(registry.ProberAssignments{Services: services})
-	if err != nil {
-		return nil, err
-	}
-	tokens := make([]string, n)
+// loadgenProbers mints a prober identity for each list of services: the
+// seeded loadgen prober (assigned every loadgen service by seed) for the
+// first, loadgen-prober-N assigned its services through the API for the
+// others. It then waits until muster takes a probe report from each about
+// one of its instances (the evaluator picks assignments up on its next
+// registry refresh).
+func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *identity.DevIssuer, admin string, services [][]string, pools [][]uuid.UUID) ([]string, error) {
+	tokens := make([]string, len(services))
 	for i := range tokens {
 		name := loadgenProber
 		if i > 0 {
 			name = fmt.Sprintf("%s-%d", loadgenProber, i)
+			body, err := json.Marshal(registry.ProberAssignments{Services: services[i]})
+			if err != nil {
+				return nil, err
+			}
 			if err := apiCall(ctx, client, http.MethodPut, base+"/v1/probers/"+name+"/assignments", admin, body, nil); err != nil {
 				return nil, fmt.Errorf("assign prober %s: %w", name, err)
 			}
 		}
+		var err error
 		if tokens[i], err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: name}, time.Now()); err != nil {
 			return nil, err
 		}
 	}
-	one, err := json.Marshal(map[string]any{"reports": []evaluator.Report{{InstanceID: probe, Class: "probe", Outcome: "success"}}})
-	if err != nil {
-		return nil, err
-	}
 	deadline := time.Now().Add(30 * time.Second)
 	for i, tok := range tokens {
+		one, err := json.Marshal(map[string]any{"reports": []evaluator.Report{{InstanceID: pools[i][0], Class: "probe", Outcome: "success"}}})
+		if err != nil {
+			return nil, err
+		}
 		for {
 			res, err := postReports(ctx, client, base, tok, one)
 			if err != nil {
@@ -510,9 +528,15 @@ func postReports(ctx context.Context, client *http.Client, base, token string, b
 	return out, json.Unmarshal(b, &out)
 }
 
+// lgService is a loadgen service and its active instances.
+type lgService struct {
+	name string
+	ids  []uuid.UUID
+}
+
 // loadgenInstances lists the active instances of every loadgen service
 // through the API.
-func loadgenInstances(ctx context.Context, client *http.Client, base, token string) ([]uuid.UUID, error) {
+func loadgenInstances(ctx context.Context, client *http.Client, base, token string) ([]lgService, error) {
 	get := func(path string, v any) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 		if err != nil {
@@ -537,16 +561,17 @@ func loadgenInstances(ctx context.Context, client *http.Client, base, token stri
 	if err != nil {
 		return nil, err
 	}
-	var ids []uuid.UUID
-	for _, s := range services {
+	out := make([]lgService, len(services))
+	for i, s := range services {
+		out[i].name = s
 		err := eachItem(get, "/v1/services/"+s+"/instances?limit=1000", func(in registry.Instance) {
-			ids = append(ids, in.ID)
+			out[i].ids = append(out[i].ids, in.ID)
 		})
 		if err != nil {
 			return nil, err
 		}
 	}
-	return ids, nil
+	return out, nil
 }
 
 type memStats struct{ heap uint64 }
