@@ -18,6 +18,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/zitadel/oidc/v3 v3.52.0
 	golang.org/x/oauth2 v0.38.0
+	golang.org/x/time v0.16.0
 	pgregory.net/rapid v1.3.0
 )
 

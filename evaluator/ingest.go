@@ -210,9 +210,11 @@ func (e *Evaluator) attribute(actor identity.Principal, reporter eligibility.Rep
 		if actor.Kind != identity.KindProber {
 			return s, codeWrongKind, fmt.Sprintf("probe evidence comes from prober identities, not a %s", actor.Kind)
 		}
-		a := e.probers[actor.Subject]
+		// Assignments are held under the prober's name, which carries its
+		// issuer unless that is the home one.
+		a := e.probers[actor.ProberName()]
 		if a == nil || !a.covers(r.InstanceID, inst.service) {
-			return s, codeNotAssigned, fmt.Sprintf("prober %s is not assigned instance %s of %s", actor.Subject, r.InstanceID, inst.service)
+			return s, codeNotAssigned, fmt.Sprintf("prober %s is not assigned instance %s of %s", actor.ProberName(), r.InstanceID, inst.service)
 		}
 		s.Reporter = a.id
 	case eligibility.Passive:

@@ -23,10 +23,26 @@
 // everyone and trigger the retry interval. The mutex guarding an issuer is
 // never held across an HTTP call.
 //
-// go-oidc refetches an issuer's key set whenever a token's key is unknown
-// (that is how key rotation is picked up). It deduplicates concurrent
-// fetches but does not rate-limit them, so forged tokens with fresh key IDs
-// cost one key-set fetch each; the http.Client's timeout bounds each fetch.
+// The key set is muster's own (keySet), not go-oidc's RemoteKeySet, which
+// refetches an issuer's keys for every token whose key it does not hold,
+// so that forged tokens with fresh key IDs cost one fetch each. Here a
+// token whose key ID is held but whose signature is wrong costs no fetch,
+// and one with an unknown key ID costs a fetch only when the last one
+// started at least 10 s ago: at most one key-set fetch per issuer per
+// 10 s, whatever is presented. A key rotation is picked up within 10 s;
+// a failed fetch is answered for (ErrIssuerUnavailable) for 10 s. Fetches
+// run detached from the request, with a 10 s timeout, shared by
+// concurrent callers.
+//
+// # Naming
+//
+// The first configured issuer is the home issuer (the dev issuer under
+// muster dev). Principal.String, the name the audit log, the rate limiters
+// and the access log use, is "kind:subject" (or "kind:service/subject")
+// for the home issuer's principals, as it has always been, and
+// "issuer#kind:subject" for any other issuer's, so the same subject at two
+// issuers is two actors. Keep the home issuer first: moving another issuer
+// there would give its principals the names the old home's had.
 //
 // # Claims
 //

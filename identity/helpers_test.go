@@ -195,3 +195,21 @@ func newVerifier(t testing.TB, clock *fakeClock, issuers ...identity.IssuerConfi
 	}
 	return v
 }
+
+// forgeToken signs claims RS256 with key under key ID kid: a token muster
+// must refuse, whose key the issuer never published (or, with the
+// issuer's own kid, whose signature is not the issuer's).
+func forgeToken(t testing.TB, key *rsa.PrivateKey, kid string, claims map[string]any) string {
+	t.Helper()
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: jose.JSONWebKey{Key: key, KeyID: kid}},
+		(&jose.SignerOptions{}).WithType("JWT"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims["muster_kind"] = "operator"
+	tok, err := jwt.Signed(signer).Claims(claims).Serialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}

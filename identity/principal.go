@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -100,17 +101,47 @@ type Principal struct {
 	// IPv4-mapped IPv6 addresses are unmapped so they compare equal to the
 	// IPv4 source address of a request.
 	Addresses []netip.Addr
+	// Home reports that Issuer is muster's home issuer (the first one
+	// configured; the dev issuer under muster dev), whose principals are
+	// named without it. The Verifier sets it; it is never read from a
+	// token.
+	Home bool
+	// Expiry is when the token that authenticated the principal expires
+	// (zero when unknown): a watch stream ends then.
+	Expiry time.Time
 }
 
-// String returns the principal as the audit log names it:
-// "kind:service/subject" for a caller bound to a service, "kind:subject"
-// otherwise, e.g. "workload:web/alice" or "operator:oscar". Service names
-// cannot contain '/', so the form is unambiguous.
+// String returns the principal as the audit log, the rate limiters and
+// the access log name it: "kind:service/subject" for a caller bound to a
+// service, "kind:subject" otherwise, e.g. "workload:web/alice" or
+// "operator:oscar", prefixed with "issuer#" when the issuer is not the
+// home one, e.g. "https://idp.example#operator:oscar". The same subject at
+// two issuers is thus two actors. Service names cannot contain '/', an
+// unprefixed name starts with a kind and a prefixed one with "http", and
+// issuer URLs cannot contain '#' (they have no fragment), so the form is
+// unambiguous whatever the subject holds.
 func (p Principal) String() string {
+	var s string
 	if p.Service != "" {
-		return string(p.Kind) + ":" + p.Service + "/" + p.Subject
+		s = string(p.Kind) + ":" + p.Service + "/" + p.Subject
+	} else {
+		s = string(p.Kind) + ":" + p.Subject
 	}
-	return string(p.Kind) + ":" + p.Subject
+	if p.Issuer != "" && !p.Home {
+		return p.Issuer + "#" + s
+	}
+	return s
+}
+
+// ProberName is the name prober assignments are held under: the subject
+// for the home issuer, "issuer#subject" for any other, so that a prober of
+// the same subject at a second issuer does not inherit the first one's
+// targets.
+func (p Principal) ProberName() string {
+	if p.Issuer != "" && !p.Home {
+		return p.Issuer + "#" + p.Subject
+	}
+	return p.Subject
 }
 
 // IsAdmin reports whether p is an operator or tool holding RoleAdmin.

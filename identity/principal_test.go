@@ -68,3 +68,41 @@ func TestPrincipalIsAdmin(t *testing.T) {
 		}
 	}
 }
+
+// TestPrincipalNamesCarryTheIssuer checks that the same subject at two
+// issuers is two names: the home (first) issuer's principals keep the
+// short form, any other issuer's are prefixed with it.
+func TestPrincipalNamesCarryTheIssuer(t *testing.T) {
+	t.Parallel()
+	home, other := newDevServer(t), newDevServer(t)
+	clock := newFakeClock()
+	v := newVerifier(t, clock, identity.IssuerConfig{URL: home.URL()}, identity.IssuerConfig{URL: other.URL()})
+	for _, req := range []identity.TokenRequest{
+		{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin},
+		{Kind: identity.KindWorkload, Service: "web"},
+		{Kind: identity.KindProber, Subject: "p1"},
+	} {
+		a, err := v.Verify(t.Context(), home.mint(t, req, clock.Now()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := v.Verify(t.Context(), other.mint(t, req, clock.Now()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.String() == b.String() || a.ProberName() == b.ProberName() {
+			t.Errorf("%s at two issuers: names %q and %q, prober names %q and %q; want them to differ",
+				req.Kind, a, b, a.ProberName(), b.ProberName())
+		}
+		short := identity.Principal{Kind: a.Kind, Service: a.Service, Subject: a.Subject}.String()
+		if a.String() != short || a.ProberName() != a.Subject {
+			t.Errorf("home issuer's %s named %q (prober name %q), want %q (%q)", req.Kind, a, a.ProberName(), short, a.Subject)
+		}
+		if want := other.URL() + "#" + short; b.String() != want {
+			t.Errorf("other issuer's %s named %q, want %q", req.Kind, b, want)
+		}
+	}
+	if v.Home() != home.URL() {
+		t.Errorf("Home() = %q, want the first issuer %q", v.Home(), home.URL())
+	}
+}

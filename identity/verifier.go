@@ -79,6 +79,7 @@ type IssuerConfig struct {
 // It is safe for concurrent use.
 type Verifier struct {
 	issuers map[string]*issuerState
+	home    string // the first issuer's URL
 	client  *http.Client
 	now     func() time.Time
 }
@@ -135,6 +136,7 @@ func newVerifier(issuers []IssuerConfig, client *http.Client, now func() time.Ti
 		}
 		v.issuers[ic.URL] = &issuerState{url: ic.URL, audience: aud}
 	}
+	v.home = issuers[0].URL
 	return v, nil
 }
 
@@ -152,7 +154,9 @@ func validateIssuerURL(raw string) error {
 	if u.Host == "" || u.Opaque != "" {
 		return fmt.Errorf("issuer URL %q is not absolute", raw)
 	}
-	if u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery {
+	// '#' is checked on the raw text: an empty fragment leaves no trace in
+	// u, and principals of other issuers are named "issuer#kind:subject".
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery || strings.Contains(raw, "#") {
 		return fmt.Errorf("issuer URL %q has user info, a query or a fragment", raw)
 	}
 	switch u.Scheme {
@@ -219,8 +223,13 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Principal, error) {
 	if err != nil {
 		return Principal{}, invalid(err.Error())
 	}
+	p.Home, p.Expiry = tok.Issuer == v.home, tok.Expiry
 	return p, nil
 }
+
+// Home is the URL of the home issuer, the first configured: its
+// principals are named without it (Principal.String).
+func (v *Verifier) Home() string { return v.home }
 
 // invalid returns an ErrInvalidToken error with a reason safe to show.
 func invalid(reason string) error {
@@ -293,9 +302,7 @@ func (v *Verifier) discover(ctx context.Context, st *issuerState, done chan stru
 	provider, err := oidc.NewProvider(oidc.ClientContext(ctx, v.client), st.url)
 	var idv *oidc.IDTokenVerifier
 	if err == nil {
-		// The verifier keeps the provider's client for key fetches; Now is the
-		// injected clock so expiry is testable.
-		idv = provider.Verifier(&oidc.Config{ClientID: st.audience, Now: v.now})
+		idv, err = v.newTokenVerifier(provider, st)
 	}
 
 	st.mu.Lock()
@@ -308,6 +315,33 @@ func (v *Verifier) discover(ctx context.Context, st *issuerState, done chan stru
 	}
 	st.pending = nil
 	close(done)
+}
+
+// newTokenVerifier builds the issuer's go-oidc verifier over a keySet of
+// muster's own rather than the provider's RemoteKeySet, which refetches
+// the key set for every token with an unknown key ID. Now is the injected
+// clock so expiry is testable.
+func (v *Verifier) newTokenVerifier(provider *oidc.Provider, st *issuerState) (*oidc.IDTokenVerifier, error) {
+	var meta struct {
+		JWKSURI string   `json:"jwks_uri"`
+		Algs    []string `json:"id_token_signing_alg_values_supported"`
+	}
+	if err := provider.Claims(&meta); err != nil {
+		return nil, fmt.Errorf("read discovery document: %w", err)
+	}
+	if meta.JWKSURI == "" {
+		return nil, errors.New("discovery document has no jwks_uri")
+	}
+	// As go-oidc's Provider.Verifier does: the algorithms the issuer
+	// announces that can be verified, RS256 when it announces none.
+	var algs []string
+	for _, a := range meta.Algs {
+		if routingAlg(a) {
+			algs = append(algs, a)
+		}
+	}
+	ks := newKeySet(meta.JWKSURI, v.client, v.now)
+	return oidc.NewVerifier(st.url, ks, &oidc.Config{ClientID: st.audience, Now: v.now, SupportedSigningAlgs: algs}), nil
 }
 
 // verifyError turns a go-oidc verification error into a short reason. go-oidc

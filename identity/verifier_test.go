@@ -2,6 +2,8 @@ package identity_test
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -113,7 +115,9 @@ func TestVerifyKinds(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Verify: %v", err)
 			}
-			tt.want.Issuer = s.URL()
+			// The only issuer is the home one; the token's expiry is the
+			// default TTL's.
+			tt.want.Issuer, tt.want.Home, tt.want.Expiry = s.URL(), true, clock.Now().Add(time.Hour)
 			if diff := cmp.Diff(tt.want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 				t.Errorf("principal (-want +got):\n%s", diff)
 			}
@@ -515,9 +519,90 @@ func TestKeysUnavailable(t *testing.T) {
 		t.Fatalf("err = %v, want ErrIssuerUnavailable only", err)
 	}
 
+	// The key set is not asked again within 10 s: the same answer, no
+	// fetch.
 	s.failJWKS.Store(false)
+	fetches := s.jwksFetches.Load()
+	if _, err := v.Verify(t.Context(), tok); !errors.Is(err, identity.ErrIssuerUnavailable) {
+		t.Fatalf("Verify within 10 s of the failed fetch: err = %v, want ErrIssuerUnavailable", err)
+	}
+	if got := s.jwksFetches.Load(); got != fetches {
+		t.Fatalf("key set fetched %d more times within 10 s of a failed fetch, want none", got-fetches)
+	}
+	clock.Advance(10 * time.Second)
 	if _, err := v.Verify(t.Context(), tok); err != nil {
 		t.Fatalf("Verify after recovery: %v", err)
+	}
+}
+
+// TestUnknownKeyIDsFetchOncePer10s checks that tokens naming key IDs the
+// issuer never published cost at most one key-set fetch per 10 s, and that
+// a token whose key ID is known but whose signature is wrong costs none.
+func TestUnknownKeyIDsFetchOncePer10s(t *testing.T) {
+	t.Parallel()
+	s := newDevServer(t)
+	clock := newFakeClock()
+	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
+	good := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
+	if _, err := v.Verify(t.Context(), good); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.jwksFetches.Load(); got != 1 {
+		t.Fatalf("%d key set fetches for the first token, want 1", got)
+	}
+
+	forge := func() string {
+		key, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return forgeToken(t, key, rand.Text(), s.baseClaims(clock.Now()))
+	}
+	const n = 20
+	for i := range n {
+		_, err := v.Verify(t.Context(), forge())
+		if !errors.Is(err, identity.ErrInvalidToken) {
+			t.Fatalf("forged token %d: err = %v, want ErrInvalidToken", i, err)
+		}
+		clock.Advance(time.Second / 4) // 5 s in all
+	}
+	// The first forged token came within 10 s of the first fetch: none.
+	if got := s.jwksFetches.Load(); got != 1 {
+		t.Fatalf("%d forged tokens with unknown key IDs within 10 s caused %d key set fetches, want 0", n, got-1)
+	}
+	clock.Advance(5 * time.Second)
+	for range n {
+		_, _ = v.Verify(t.Context(), forge())
+	}
+	if got := s.jwksFetches.Load(); got != 2 {
+		t.Fatalf("%d forged tokens 10 s after the last fetch caused %d fetches, want 1", n, got-1)
+	}
+
+	// A known key ID with a signature of another key: no fetch either.
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(10 * time.Second)
+	kid := strings.Split(good, ".")[0]
+	hdr, _ := base64.RawURLEncoding.DecodeString(kid)
+	var h struct {
+		Kid string `json:"kid"`
+	}
+	if err := json.Unmarshal(hdr, &h); err != nil || h.Kid == "" {
+		t.Fatalf("dev token header %s has no kid: %v", hdr, err)
+	}
+	_, err = v.Verify(t.Context(), forgeToken(t, key, h.Kid, s.baseClaims(clock.Now())))
+	wantInvalid(t, err, "", "bad signature")
+	if got := s.jwksFetches.Load(); got != 2 {
+		t.Fatalf("a known key ID with a wrong signature caused %d fetches, want 0", got-2)
+	}
+	// The real key still verifies without a fetch.
+	if _, err := v.Verify(t.Context(), good); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.jwksFetches.Load(); got != 2 {
+		t.Fatalf("a good token caused %d fetches, want 0", got-2)
 	}
 }
 
@@ -540,6 +625,8 @@ func TestNewVerifier(t *testing.T) {
 		{"other scheme", []identity.IssuerConfig{{URL: "ftp://issuer.example.com"}}, true},
 		{"query", []identity.IssuerConfig{{URL: "https://issuer.example.com?x=1"}}, true},
 		{"fragment", []identity.IssuerConfig{{URL: "https://issuer.example.com#x"}}, true},
+		// '#' separates a non-home issuer from the rest of a principal's name.
+		{"empty fragment", []identity.IssuerConfig{{URL: "https://issuer.example.com/id#"}}, true},
 		{"user info", []identity.IssuerConfig{{URL: "https://u:p@issuer.example.com"}}, true},
 		{"unparsable", []identity.IssuerConfig{{URL: "https://[::1"}}, true},
 		{"duplicate", []identity.IssuerConfig{{URL: "https://a.example"}, {URL: "https://a.example"}}, true},

@@ -45,12 +45,19 @@
 // use and globally by the sweep. An attempt refused by the limit is not
 // counted, so a client that keeps retrying does not push its own reset
 // away. Scopes: "override:<service>" for overrides and co-signatures, and
-// "policy:contracts", "policy:grants", "policy:probers" for the policy
-// writes (LimitWrite, default 60 per minute per actor and family, counted
+// "policy:contracts", "policy:grants", "policy:probers", "policy:leases",
+// "policy:lifts" (lifting overrides) and "policy:shifts" (shift-back
+// operations) for the policy writes (LimitWrite, default 60 per minute per actor and family, counted
 // for every authenticated write attempt before the registry decides:
 // that limit is there to stop a runaway script churning the estate). The
 // server sends RateLimit-Limit, -Remaining, -Reset and -Policy ("5;w=600")
 // and, on 429, Retry-After.
+//
+// The hot paths (reports, registrations, lease renewals, failed
+// authentication) are limited in process instead, with Buckets: token
+// buckets per key whose Decisions the server sends the same way. A
+// PostgreSQL round trip per report batch would cost more than the work it
+// guards, and those limits need not hold exactly across replicas.
 //
 // # The disruption budget
 //

@@ -82,6 +82,9 @@ type AuthzCache struct {
 	gen      uint64 // bumped by every write applied directly
 	services map[string]string
 	grants   map[string]map[string]struct{} // service -> callers
+	// revoked is closed (and replaced) when a change takes authority
+	// away: a grant removed or a service gone.
+	revoked chan struct{}
 }
 
 // NewAuthzCache returns a stopped, empty AuthzCache and attaches it to the
@@ -91,7 +94,7 @@ func NewAuthzCache(cfg AuthzCacheConfig) (*AuthzCache, error) {
 		return nil, err
 	}
 	c := &AuthzCache{cfg: cfg, log: cfg.Logger.With("worker", "authz-cache"), wake: make(chan struct{}, 1),
-		services: map[string]string{}, grants: map[string]map[string]struct{}{}}
+		services: map[string]string{}, grants: map[string]map[string]struct{}{}, revoked: make(chan struct{})}
 	if cfg.Registerer != nil {
 		age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "muster_authz_cache_age_seconds",
@@ -173,9 +176,55 @@ func (c *AuthzCache) runOnce(ctx context.Context) error {
 		c.poke()
 		return nil
 	}
+	if c.loaded && withdrawn(c.services, c.grants, services, grants) {
+		c.revoke()
+	}
 	c.services, c.grants = services, grants
 	c.loaded, c.loadedAt = true, c.cfg.Now()
 	return nil
+}
+
+// withdrawn reports whether the new copy lacks a service or a grant the
+// old one held.
+func withdrawn(oldServices map[string]string, oldGrants map[string]map[string]struct{},
+	services map[string]string, grants map[string]map[string]struct{}) bool {
+	for name := range oldServices {
+		if _, ok := services[name]; !ok {
+			return true
+		}
+	}
+	for service, callers := range oldGrants {
+		if lostCaller(callers, grants[service]) {
+			return true
+		}
+	}
+	return false
+}
+
+func lostCaller(old, cur map[string]struct{}) bool {
+	for caller := range old {
+		if _, ok := cur[caller]; !ok {
+			return true
+		}
+	}
+	return false
+}
+
+// revoke tells the holders of Revoked that authority was taken away.
+// c.mu must be held.
+func (c *AuthzCache) revoke() {
+	close(c.revoked)
+	c.revoked = make(chan struct{})
+}
+
+// Revoked returns a channel closed the next time the copy changes in a
+// way that takes authority away (a grant removed, a service gone), by a
+// reload or a write through this process. Watch streams wait on it to
+// ask MayResolve again; additions never close it.
+func (c *AuthzCache) Revoked() <-chan struct{} {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.revoked
 }
 
 func (c *AuthzCache) poke() {
@@ -201,6 +250,9 @@ func (c *AuthzCache) putGrants(service string, callers []string) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if lostCaller(c.grants[service], set) {
+		c.revoke()
+	}
 	c.grants[service] = set
 	c.gen++
 }

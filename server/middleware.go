@@ -27,8 +27,22 @@ func principal(r *http.Request) identity.Principal {
 
 // authenticate admits only requests with a valid bearer token. Network
 // position grants nothing (ADR-15). The token itself is never logged.
+//
+// Refusals are counted per source address: once an address has had
+// Limits.Unauthenticated of them, its requests are answered 429 without
+// their token being looked at until its bucket refills, so guessing
+// tokens (or a client stuck on an expired one) costs no signature check
+// and no key-set fetch. A valid token spends nothing.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addr := addressKey(sourceAddr(r))
+		if d := s.limits.unauthenticated.Peek(addr); !d.Allowed {
+			s.metrics.unauthenticated.WithLabelValues("429").Inc()
+			s.refuseLimited(w, r, d, "unauthenticated", fmt.Sprintf(
+				"%d requests from %s were refused for want of a valid token within %s, the most allowed; this one was not looked at: retry in %d s with a valid token",
+				d.Limit.Max, addr, d.Limit.Window, d.ResetSeconds()))
+			return
+		}
 		raw, err := identity.BearerToken(r)
 		if err == nil {
 			var p identity.Principal
@@ -53,6 +67,8 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		s.metrics.authFailures.WithLabelValues(reason).Inc()
+		s.metrics.unauthenticated.WithLabelValues("401").Inc()
+		s.limits.unauthenticated.Charge(addr, 1)
 		detail := "this call needs a valid bearer token: " + err.Error()
 		writeProblem(w, r, problem(http.StatusUnauthorized, "unauthenticated", detail))
 	})

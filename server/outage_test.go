@@ -73,7 +73,7 @@ var databaseUpRE = regexp.MustCompile(`(?m)^muster_database_up (\d)`)
 
 func databaseUp(t *testing.T, s *stack) string {
 	t.Helper()
-	m := databaseUpRE.FindSubmatch(s.Do(t, "GET", "/metrics", "", "", "").Body)
+	m := databaseUpRE.FindSubmatch(s.Scrape(t))
 	if m == nil {
 		t.Fatal("/metrics has no muster_database_up")
 	}

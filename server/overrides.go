@@ -94,6 +94,12 @@ func (s *Server) overrideLift(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// Lifting gives capacity back, so it is not counted with the
+	// override attempts (5 per 10 min per service); its own family keeps
+	// a runaway script from churning overrides.
+	if !s.limitWrite(w, r, "lifts", "override.lift", "override", id.String()) {
+		return
+	}
 	o, err := s.cfg.Policy.Lift(r.Context(), principal(r), id)
 	if err != nil {
 		s.writeError(w, r, err)

@@ -325,10 +325,10 @@ func TestOverrideChecksInOrder(t *testing.T) {
 	}
 	// The same decisions, counted for Prometheus: the four justification
 	// refusals above, by their deciding check.
-	r = f.Do(t, "GET", "/metrics", "", "", "")
-	if !regexp.MustCompile(`(?m)^muster_policy_attempts_total\{action="override.create",check="justification",outcome="refused"\} 4$`).Match(r.Body) ||
-		!regexp.MustCompile(`(?m)^muster_policy_attempts_total\{action="override.create",check="",outcome="accepted"\} [1-9]`).Match(r.Body) {
-		t.Errorf("metrics lack the override decisions:\n%s", grepMetric(r.Body, "muster_policy_attempts_total"))
+	metrics := f.Scrape(t)
+	if !regexp.MustCompile(`(?m)^muster_policy_attempts_total\{action="override.create",check="justification",outcome="refused"\} 4$`).Match(metrics) ||
+		!regexp.MustCompile(`(?m)^muster_policy_attempts_total\{action="override.create",check="",outcome="accepted"\} [1-9]`).Match(metrics) {
+		t.Errorf("metrics lack the override decisions:\n%s", grepMetric(metrics, "muster_policy_attempts_total"))
 	}
 	verifyAudit(t, f.Stack)
 }

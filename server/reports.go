@@ -18,7 +18,26 @@ type reportBatch struct {
 // reportsPost ingests a batch of health evidence. Each item is attributed to
 // the caller's identity on its own: bad or unattributable items are refused
 // and explained, the rest are applied.
+//
+// Each identity has a bucket of requests and one of items (Limits). A
+// caller whose item bucket is empty is refused before its body is read,
+// so a flood costs muster neither decoding nor evaluation, and other
+// reporters are not slowed; a batch let in is charged in full once
+// decoded, leaving the bucket in debt when it was larger than what was
+// left, which the refusals that follow repay.
 func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
+	actor := principal(r)
+	key := actor.String()
+	if d := s.limits.reportRequests.Take(key, 1); !d.Allowed {
+		s.refuseLimited(w, r, d, "report_requests", fmt.Sprintf("%s has sent %d report batches within %s, the most allowed; retry in %d s",
+			actor, d.Limit.Max, d.Limit.Window, d.ResetSeconds()))
+		return
+	}
+	if d := s.limits.reportItems.Peek(key); !d.Allowed {
+		s.refuseLimited(w, r, d, "report_items", fmt.Sprintf("%s has reported %d items within %s, the most allowed; retry in %d s",
+			actor, d.Limit.Max, d.Limit.Window, d.ResetSeconds()))
+		return
+	}
 	var b reportBatch
 	if p := s.decodeJSON(w, r, &b); p != nil {
 		writeProblem(w, r, p)
@@ -30,7 +49,8 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, p)
 		return
 	}
-	res, err := s.cfg.Evaluator.Ingest(r.Context(), principal(r), b.Reports)
+	setRateLimit(w.Header(), s.limits.reportItems.Charge(key, len(b.Reports)))
+	res, err := s.cfg.Evaluator.Ingest(r.Context(), actor, b.Reports)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -44,6 +44,10 @@ type Evaluator interface {
 type Authz interface {
 	MayResolve(actor identity.Principal, service string) error
 	ServiceExists(name string) (bool, error)
+	// Revoked returns a channel closed when authority may have been
+	// taken away (a grant removed): open watch streams ask MayResolve
+	// again then.
+	Revoked() <-chan struct{}
 }
 
 // Database is what the server knows of PostgreSQL's health (db.Monitor).
@@ -125,6 +129,9 @@ type Config struct {
 	// WatchWriteTimeout cuts off a subscriber that cannot take a frame:
 	// 30 s.
 	WatchWriteTimeout time.Duration
+	// Limits bound what one identity or source address may ask; zero
+	// fields take DefaultLimits.
+	Limits Limits
 }
 
 // Validate checks the configuration and fills defaults.
@@ -171,7 +178,7 @@ func (c *Config) Validate() error {
 	if c.WatchWriteTimeout == 0 {
 		c.WatchWriteTimeout = 30 * time.Second
 	}
-	return nil
+	return c.Limits.validate()
 }
 
 // Server is the HTTP handler.
@@ -180,6 +187,9 @@ type Server struct {
 	log     *slog.Logger
 	router  chi.Router
 	metrics serverMetrics
+	limits  limiters
+	// metricsHandler serves cfg.Metrics.
+	metricsHandler http.Handler
 	// streams counts watch streams running on hijacked connections, which
 	// http.Server.Shutdown does not wait for.
 	streams streamSet
@@ -191,6 +201,9 @@ type serverMetrics struct {
 	authFailures     *prometheus.CounterVec
 	admissionRefused prometheus.Counter
 	framesSent       *prometheus.CounterVec
+	rateLimited      *prometheus.CounterVec
+	unauthenticated  *prometheus.CounterVec
+	streamsEnded     *prometheus.CounterVec
 }
 
 // New builds the router.
@@ -199,6 +212,10 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "http")}
+	var err error
+	if s.limits, err = newLimiters(cfg.Limits); err != nil {
+		return nil, err
+	}
 	s.metrics = serverMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_http_requests_total", Help: "HTTP requests by route pattern, method and status code.",
@@ -209,6 +226,16 @@ func New(cfg Config) (*Server, error) {
 		}, []string{"route", "method"}),
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_auth_failures_total", Help: "Requests refused for want of a valid token, by reason.",
+		}, []string{"reason"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_http_rate_limited_total", Help: "Requests answered 429 by a per-identity or per-address limit of this replica, by limit.",
+		}, []string{"limit"}),
+		unauthenticated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_http_unauthenticated_total",
+			Help: "Requests refused for want of a valid token, by response: 401, or 429 when their source address had too many 401s (the token was not verified).",
+		}, []string{"response"}),
+		streamsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_watch_streams_ended_total", Help: "Watch streams ended by muster with a drain event because their authority lapsed, by reason (token_expired, grant_revoked).",
 		}, []string{"reason"}),
 	}
 	s.metrics.admissionRefused = prometheus.NewCounter(prometheus.CounterOpts{
@@ -251,11 +278,13 @@ func New(cfg Config) (*Server, error) {
 		}, adm(func(st stream.AdmissionStats) float64 { return float64(st.Admitted) })),
 	}
 	for _, c := range append([]prometheus.Collector{s.metrics.requests, s.metrics.duration, s.metrics.authFailures,
-		s.metrics.admissionRefused, s.metrics.framesSent, subscribers}, admission...) {
+		s.metrics.admissionRefused, s.metrics.framesSent, s.metrics.rateLimited, s.metrics.unauthenticated, s.metrics.streamsEnded,
+		subscribers}, admission...) {
 		if err := cfg.Metrics.Register(c); err != nil {
 			return nil, err
 		}
 	}
+	s.metricsHandler = promhttp.HandlerFor(cfg.Metrics, promhttp.HandlerOpts{})
 	s.router = s.routes()
 	return s, nil
 }
@@ -287,7 +316,6 @@ func (s *Server) routes() chi.Router {
 
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
-	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.cfg.Metrics, promhttp.HandlerOpts{}))
 	r.Get("/openapi.yaml", serveSpec)
 	if s.cfg.DevIssuer != nil {
 		r.Mount(s.cfg.DevIssuerPath, http.StripPrefix(s.cfg.DevIssuerPath, s.cfg.DevIssuer))
@@ -300,6 +328,10 @@ func (s *Server) routes() chi.Router {
 	// route pattern even for refused requests.
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
+		// Metrics describe the whole estate (service names, counts, who
+		// is failing): operators and tools only. MetricsHandler serves
+		// them without a token on a listener of their own.
+		r.Get("/metrics", s.metricsGet)
 		// The watch stream is long-lived and served from memory: no
 		// database budget.
 		r.Get("/v1/watch", s.watch)
@@ -320,10 +352,10 @@ func (s *Server) routes() chi.Router {
 				r.Get("/v1/services/{name}/contract", s.contractGet)
 				r.Put("/v1/services/{name}/contract", s.contractPut)
 				r.Get("/v1/services/{name}/instances", s.instancesList)
-				r.Post("/v1/services/{name}/instances", s.instanceRegister)
+				r.With(s.limitActor(s.limits.registrations, "registrations")).Post("/v1/services/{name}/instances", s.instanceRegister)
 				r.Get("/v1/instances/{id}", s.instanceGet)
-				r.Delete("/v1/instances/{id}", s.instanceDeregister)
-				r.Put("/v1/instances/{id}/lease", s.leaseRenew)
+				r.With(s.limitActor(s.limits.deregistrations, "deregistrations")).Delete("/v1/instances/{id}", s.instanceDeregister)
+				r.With(s.limitActor(s.limits.renewals, "lease_renewals")).Put("/v1/instances/{id}/lease", s.leaseRenew)
 				r.Post("/v1/leases/expiry-confirmations", s.leaseExpiryConfirm)
 				r.Get("/v1/audit", s.auditList)
 				r.Get("/v1/probers/{subject}/assignments", s.proberAssignmentsGet)
@@ -346,6 +378,20 @@ func (s *Server) routes() chi.Router {
 	})
 	return r
 }
+
+func (s *Server) metricsGet(w http.ResponseWriter, r *http.Request) {
+	if p := principal(r); p.Kind != identity.KindOperator && p.Kind != identity.KindTool {
+		writeProblem(w, r, problem(http.StatusForbidden, "forbidden", "metrics describe the whole estate; they are for operator and tool identities, not "+string(p.Kind)+"s"))
+		return
+	}
+	s.metricsHandler.ServeHTTP(w, r)
+}
+
+// MetricsHandler serves the metrics without authentication, for a
+// listener of their own that only the scraper can reach (muster's
+// --metrics-addr, loopback by default). On the API listener /metrics
+// needs an operator or tool token.
+func (s *Server) MetricsHandler() http.Handler { return s.metricsHandler }
 
 func serveSpec(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/yaml")

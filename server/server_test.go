@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -360,20 +361,52 @@ func TestOperationalEndpoints(t *testing.T) {
 	s := newStack(t)
 	// Ready once the evaluator has rebuilt (an empty registry needs no view).
 	poll(t, "/readyz", 20*time.Second, func() bool { return s.Do(t, "GET", "/readyz", "", "", "").Status == http.StatusOK })
-	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/openapi.yaml"} {
+	for _, path := range []string{"/healthz", "/readyz", "/openapi.yaml"} {
 		if r := s.Do(t, "GET", path, "", "", ""); r.Status != http.StatusOK {
 			t.Errorf("%s: %d", path, r.Status)
 		}
 	}
 	s.Do(t, "GET", "/v1/services", "", "", "")
-	m := s.Do(t, "GET", "/metrics", "", "", "")
+	m := s.Scrape(t)
 	for _, want := range []string{
 		`muster_http_requests_total{code="401",method="GET",route="/v1/services"} 1`,
 		`muster_auth_failures_total{reason="missing"} 1`,
+		`muster_http_unauthenticated_total{response="401"} 1`,
 	} {
-		if !bytes.Contains(m.Body, []byte(want)) {
+		if !bytes.Contains(m, []byte(want)) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// TestMetricsArePrivate: /metrics describes the whole estate, so it needs
+// an operator or tool token on the API listener (401 without one, 403
+// for workloads and probers), and MetricsHandler serves the same without
+// one for a listener of its own.
+func TestMetricsArePrivate(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	r := s.Do(t, "GET", "/metrics", "", "", "")
+	if r.Status != http.StatusUnauthorized || r.Problem(t).Type != server.ProblemBase+"unauthenticated" ||
+		bytes.Contains(r.Body, []byte("muster_")) {
+		t.Fatalf("/metrics without a token: %d %s, want a 401 problem", r.Status, r.Body)
+	}
+	for _, req := range []identity.TokenRequest{servertest.Web, {Kind: identity.KindProber, Subject: "p1"}} {
+		r := s.Do(t, "GET", "/metrics", s.Token(t, req), "", "")
+		if r.Status != http.StatusForbidden || r.Problem(t).Type != server.ProblemBase+"forbidden" {
+			t.Errorf("/metrics as a %s: %d %s, want a 403 problem", req.Kind, r.Status, r.Body)
+		}
+	}
+	for _, req := range []identity.TokenRequest{servertest.Prometheus, servertest.Viewer} {
+		r := s.Do(t, "GET", "/metrics", s.Token(t, req), "", "")
+		if r.Status != http.StatusOK || !bytes.Contains(r.Body, []byte("muster_http_requests_total")) {
+			t.Errorf("/metrics as a %s: %d, want the metrics", req.Kind, r.Status)
+		}
+	}
+	rec := httptest.NewRecorder()
+	s.Server.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != http.StatusOK || !bytes.Contains(rec.Body.Bytes(), []byte(`muster_http_requests_total{code="401",method="GET",route="/metrics"} 1`)) {
+		t.Errorf("MetricsHandler: %d, want the metrics (with the refused scrape counted)", rec.Code)
 	}
 }
 

@@ -58,6 +58,13 @@ func (s *Server) shiftStart(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, p)
 		return
 	}
+	kind := req.Scope
+	if kind != policy.ScopeRegion {
+		kind = policy.ScopeZone // as Drain files refusals of a bad scope
+	}
+	if !s.limitWrite(w, r, "shifts", "shift.start", kind, req.Target) {
+		return
+	}
 	sh, err := s.cfg.Shifts.Drain(r.Context(), principal(r), req)
 	if err != nil {
 		s.writeShiftError(w, r, err)
@@ -121,6 +128,9 @@ func (s *Server) shiftStep(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if !s.limitWrite(w, r, "shifts", "shift.step", "shift", id.String()) {
+		return
+	}
 	sh, err := s.cfg.Shifts.StepBack(r.Context(), principal(r), id)
 	if err != nil {
 		s.writeShiftError(w, r, err)
@@ -132,6 +142,9 @@ func (s *Server) shiftStep(w http.ResponseWriter, r *http.Request) {
 func (s *Server) shiftConfirm(w http.ResponseWriter, r *http.Request) {
 	id, ok := s.shiftID(w, r)
 	if !ok {
+		return
+	}
+	if !s.limitWrite(w, r, "shifts", "shift.confirm", "shift", id.String()) {
 		return
 	}
 	sh, err := s.cfg.Shifts.Confirm(r.Context(), principal(r), id)

@@ -303,9 +303,9 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	if len(al) != 1 || al[0].Zone != "az1" || !strings.Contains(al[0].Detail, sh.ID.String()) {
 		t.Fatalf("alarms %+v", s.alarms())
 	}
-	if m := s.Do(t, "GET", "/metrics", "", "", ""); !strings.Contains(string(m.Body), "\nmuster_shiftbacks_pending 1\n") ||
-		!strings.Contains(string(m.Body), "\nmuster_shifts_active 1\n") {
-		t.Errorf("metrics do not count the pending shift-back:\n%s", grepMetric(m.Body, "muster_shift"))
+	if m := s.Scrape(t); !strings.Contains(string(m), "\nmuster_shiftbacks_pending 1\n") ||
+		!strings.Contains(string(m), "\nmuster_shifts_active 1\n") {
+		t.Errorf("metrics do not count the pending shift-back:\n%s", grepMetric(m, "muster_shift"))
 	}
 	list := servertest.Decode[struct{ Items []policy.Shift }](t, s.Do(t, "GET", "/v1/shifts?state=pending_confirmation", s.Token(t, servertest.Viewer), "", ""))
 	if len(list.Items) != 1 || list.Items[0].ID != sh.ID {

@@ -191,10 +191,11 @@ func TestSpecRouteResponses(t *testing.T) {
 		}
 
 		if authenticated {
-			// authenticate answers 401 for a missing or refused token and
-			// 503 when the issuer cannot be reached; any handler behind it
-			// can fail with 500.
-			for _, code := range []string{"401", "500", "503"} {
+			// authenticate answers 401 for a missing or refused token, 429
+			// to an address with too many of those, and 503 when the
+			// issuer cannot be reached; any handler behind it can fail
+			// with 500.
+			for _, code := range []string{"401", "429", "500", "503"} {
 				if !hasStatus(op, code) {
 					t.Errorf("%s: runs behind authenticate but declares no %s response", k, code)
 				}

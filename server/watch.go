@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/stream"
 )
@@ -50,9 +52,25 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		since = n
 	}
+	// Taken before authorising, so a grant withdrawn from here on ends
+	// the stream.
+	revoked := s.cfg.Authz.Revoked()
 	if !s.authoriseViews(w, r, services) {
 		return
 	}
+	auth := authority{actor: principal(r), services: services, revoked: revoked}
+	key := auth.actor.String()
+	open, ok := s.limits.streams.acquire(key)
+	if !ok {
+		s.refuseStreams(w, r, key, open)
+		return
+	}
+	release := sync.OnceFunc(func() { s.limits.streams.release(key) })
+	defer func() {
+		if !auth.started {
+			release()
+		}
+	}()
 	now, _ := s.cfg.Hub.Subscribers()
 	if ok, retry := s.cfg.Admission.Admit(now); !ok {
 		s.metrics.admissionRefused.Inc()
@@ -82,11 +100,13 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.streams.add()
+		auth.started = true
 		go func() {
 			defer s.streams.done()
+			defer release()
 			defer conn.Close()
 			defer sub.Close()
-			s.streamLoop(nil, sub, s.rawSender(conn))
+			s.streamLoop(nil, sub, auth, s.rawSender(conn))
 		}()
 		return
 	}
@@ -103,7 +123,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	// The server's ReadTimeout would expire on the connection's idle read
 	// and cancel this long-lived request; a stream has nothing more to read.
 	_ = rc.SetReadDeadline(time.Time{})
-	s.streamLoop(r.Context().Done(), sub, func(frames ...*stream.Frame) bool {
+	s.streamLoop(r.Context().Done(), sub, auth, func(frames ...*stream.Frame) bool {
 		// A client that cannot take a frame within the deadline is cut
 		// off; it reconnects and catches up from its version.
 		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WatchWriteTimeout))
@@ -117,20 +137,70 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// authority is what a watch stream stands on: who opened it, with which
+// token (its expiry), for which services.
+type authority struct {
+	actor    identity.Principal
+	services []string
+	// revoked is Authz.Revoked as of before the stream was authorised.
+	revoked <-chan struct{}
+	// started: a goroutine of its own runs the stream (and releases its
+	// count when it ends).
+	started bool
+}
+
+// Drain reasons of a stream whose authority lapsed.
+const (
+	DrainTokenExpired = "token_expired"
+	DrainGrantRevoked = "grant_revoked"
+)
+
+// lapsed returns the frame ending a stream whose authority lapsed.
+func lapsed(reason, detail string) *stream.Frame {
+	b, _ := json.Marshal(map[string]string{"reason": reason, "detail": detail})
+	return &stream.Frame{Kind: stream.KindDrain, JSON: b}
+}
+
 // streamLoop writes the initial frames (the hub ends them with synced
 // when it can), then every frame the subscription delivers, a full resync
 // when it overflowed, and a heartbeat when idle, until send fails, a drain
 // frame went out, or done is closed.
-func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, send func(...*stream.Frame) bool) {
+//
+// A stream follows its authority: it ends with a drain event when the
+// token it was opened with expires (reason token_expired: the client
+// resubscribes with a fresh one) or when the caller may no longer resolve
+// one of its services (reason grant_revoked), which the in-memory copy of
+// grants signals through Authz.Revoked within its reload interval.
+func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, auth authority, send func(...*stream.Frame) bool) {
 	if !send(sub.Initial...) {
 		return
 	}
 	beat := time.NewTicker(s.cfg.WatchHeartbeat)
 	defer beat.Stop()
+	var expired <-chan time.Time
+	if exp := auth.actor.Expiry; !exp.IsZero() {
+		t := time.NewTimer(time.Until(exp))
+		defer t.Stop()
+		expired = t.C
+	}
+	revoked := auth.revoked
 	for {
 		select {
 		case <-done:
 			return
+		case <-expired:
+			s.metrics.streamsEnded.WithLabelValues(DrainTokenExpired).Inc()
+			send(lapsed(DrainTokenExpired, "the token this stream was opened with has expired; resubscribe with a fresh one"))
+			return
+		case <-revoked:
+			revoked = s.cfg.Authz.Revoked()
+			for _, name := range auth.services {
+				if err := s.cfg.Authz.MayResolve(auth.actor, name); err != nil {
+					s.metrics.streamsEnded.WithLabelValues(DrainGrantRevoked).Inc()
+					send(lapsed(DrainGrantRevoked, fmt.Sprintf("%s may no longer resolve %s", auth.actor, name)))
+					return
+				}
+			}
 		case f := <-sub.C():
 			if !send(f) || f.Kind == stream.KindDrain {
 				return

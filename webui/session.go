@@ -70,6 +70,7 @@ func (u *UI) current(r *http.Request) (identity.Principal, bool) {
 		u.log.Error("session holds an invalid principal", "err", err)
 		return identity.Principal{}, false
 	}
+	p.Home = p.Issuer == u.cfg.OIDC.HomeIssuer
 	return p, true
 }
 

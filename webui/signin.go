@@ -142,6 +142,7 @@ func (u *UI) callback(w http.ResponseWriter, r *http.Request) {
 		refuse("operator:"+truncate(idt.Subject), "The ID token's claims are not acceptable: "+err.Error()+".", nil)
 		return
 	}
+	p.Home = p.Issuer == u.cfg.OIDC.HomeIssuer
 	// A new token for the signed-in session: whatever token the browser
 	// had before (fixation) is worthless now.
 	if err := u.sessions.RenewToken(ctx); err != nil {

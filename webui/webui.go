@@ -96,6 +96,11 @@ type OIDCConfig struct {
 	RoleClaim string
 	// TeamClaim names the claim holding the team: "muster_team" when empty.
 	TeamClaim string
+	// HomeIssuer is the API's home issuer (identity.Verifier.Home), whose
+	// principals are named without it: IssuerURL when empty. Operators
+	// signed in through it act under the same names as their bearer
+	// tokens; through another issuer, under names that carry it.
+	HomeIssuer string
 }
 
 // Config configures the UI.
@@ -152,6 +157,9 @@ func (c *Config) validate() error {
 		if err != nil || ru.Scheme != "http" || !isLoopback(ru.Hostname()) {
 			return errors.New("webui: InsecureCookie is only for plain-http development on a loopback address")
 		}
+	}
+	if c.OIDC.HomeIssuer == "" {
+		c.OIDC.HomeIssuer = c.OIDC.IssuerURL
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -75,6 +75,19 @@ type Config struct {
 	// UIInsecureCookie drops the session cookie's Secure attribute
 	// (MUSTER_UI_INSECURE_COOKIE=1), for plain-http development only.
 	UIInsecureCookie bool
+	// Limits are the per-identity and per-address limits of each replica
+	// (server.Limits): MUSTER_REPORT_ITEMS_LIMIT (100000/2s),
+	// MUSTER_REPORT_BATCH_LIMIT (10000/2s), MUSTER_REGISTRATION_LIMIT
+	// (1200/1m), MUSTER_DEREGISTRATION_LIMIT (1200/1m),
+	// MUSTER_LEASE_RENEWAL_LIMIT (6000/10s), MUSTER_UNAUTHENTICATED_LIMIT
+	// (120/1m per source address) and MUSTER_WATCH_STREAMS_LIMIT (10000
+	// open streams per identity).
+	Limits server.Limits
+	// MetricsAddr, when set, serves /metrics without authentication on a
+	// listener of its own (--metrics-addr, MUSTER_METRICS_ADDR); a bare
+	// ":port" listens on loopback. The API listener's /metrics needs an
+	// operator or tool token.
+	MetricsAddr string
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".
@@ -228,6 +241,32 @@ func loadEnv(c *Config) error {
 		if c.MaxPendingWindows, err = strconv.Atoi(v); err != nil {
 			return fmt.Errorf("MUSTER_MAX_PENDING_WINDOWS: %w", err)
 		}
+	}
+	c.Limits = server.DefaultLimits()
+	for _, l := range []struct {
+		env string
+		dst *policy.Limit
+	}{
+		{"MUSTER_REPORT_ITEMS_LIMIT", &c.Limits.ReportItems},
+		{"MUSTER_REPORT_BATCH_LIMIT", &c.Limits.ReportRequests},
+		{"MUSTER_REGISTRATION_LIMIT", &c.Limits.Registrations},
+		{"MUSTER_DEREGISTRATION_LIMIT", &c.Limits.Deregistrations},
+		{"MUSTER_LEASE_RENEWAL_LIMIT", &c.Limits.LeaseRenewals},
+		{"MUSTER_UNAUTHENTICATED_LIMIT", &c.Limits.Unauthenticated},
+	} {
+		if v := os.Getenv(l.env); v != "" {
+			if *l.dst, err = parseLimit(l.env, v); err != nil {
+				return err
+			}
+		}
+	}
+	if v := os.Getenv("MUSTER_WATCH_STREAMS_LIMIT"); v != "" {
+		if c.Limits.WatchStreams, err = strconv.Atoi(v); err != nil || c.Limits.WatchStreams <= 0 {
+			return fmt.Errorf("MUSTER_WATCH_STREAMS_LIMIT %q: want a number of streams above 0", v)
+		}
+	}
+	if c.MetricsAddr == "" {
+		c.MetricsAddr = os.Getenv("MUSTER_METRICS_ADDR")
 	}
 	if v := os.Getenv("MUSTER_LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/musterhq/muster/policy"
+	"github.com/musterhq/muster/server"
 )
 
 func TestParseLimit(t *testing.T) {
@@ -56,5 +61,66 @@ func TestLoadEnvDatabaseTimeouts(t *testing.T) {
 	c.DBTimeout = 0
 	if err := c.Validate(); err == nil {
 		t.Fatal("a zero DB timeout validated")
+	}
+}
+
+func TestLoadEnvRequestLimits(t *testing.T) {
+	var c Config
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Limits != server.DefaultLimits() || c.MetricsAddr != "" {
+		t.Fatalf("defaults: %+v, metrics address %q", c.Limits, c.MetricsAddr)
+	}
+	t.Setenv("MUSTER_REPORT_ITEMS_LIMIT", "20000/1s")
+	t.Setenv("MUSTER_UNAUTHENTICATED_LIMIT", "10/1m")
+	t.Setenv("MUSTER_WATCH_STREAMS_LIMIT", "50")
+	t.Setenv("MUSTER_METRICS_ADDR", ":9464")
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	want := server.DefaultLimits()
+	want.ReportItems = policy.Limit{Max: 20000, Window: time.Second}
+	want.Unauthenticated = policy.Limit{Max: 10, Window: time.Minute}
+	want.WatchStreams = 50
+	if c.Limits != want || c.MetricsAddr != ":9464" {
+		t.Fatalf("from the environment: %+v, metrics address %q", c.Limits, c.MetricsAddr)
+	}
+	for env, bad := range map[string]string{"MUSTER_REGISTRATION_LIMIT": "lots", "MUSTER_WATCH_STREAMS_LIMIT": "0"} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, bad)
+			if err := loadEnv(&c); err == nil {
+				t.Errorf("%s=%s accepted", env, bad)
+			}
+		})
+	}
+}
+
+func TestServeMetricsOnLoopback(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "muster_up 1\n") })
+	addr, stop, err := serveMetrics(":0", h, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if host, _, _ := net.SplitHostPort(addr); host != "127.0.0.1" {
+		t.Fatalf("a bare :port listens on %s, want loopback", addr)
+	}
+	res, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || string(b) != "muster_up 1\n" {
+		t.Fatalf("GET /metrics without a token: %d %q", res.StatusCode, b)
+	}
+	res, err = http.Get("http://" + addr + "/v1/services")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotFound {
+		t.Fatalf("the metrics listener serves /v1/services: %d, want 404", res.StatusCode)
 	}
 }

@@ -158,7 +158,7 @@ func TestServingThroughADatabaseOutage(t *testing.T) {
 			}
 			if time.Now().After(deadline) {
 				_, v := routable(clients[0])
-				_, m := call(t, "GET", url+"/metrics", "", "")
+				_, m := call(t, "GET", url+"/metrics", admin, "")
 				t.Logf("%s", grepLines(m, "muster_view_deltas_total")+"\n"+grepLines(m, "transitions_total")+"\n"+grepLines(m, "muster_reports"))
 				t.Fatalf("%s: %d of %d subscribers within 30 s (the first holds version %d: %+v)", what, done, len(clients), v, clients[0].Stats())
 			}

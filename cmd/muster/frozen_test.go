@@ -89,7 +89,7 @@ func TestDevSurvivesAFrozenDatabase(t *testing.T) {
 	}
 	up := regexp.MustCompile(`(?m)^muster_database_up (\d)`)
 	databaseUp := func() string {
-		_, body := call(t, "GET", dev.url+"/metrics", "", "")
+		_, body := call(t, "GET", dev.url+"/metrics", admin, "") // operators may read metrics
 		if m := up.FindSubmatch(body); m != nil {
 			return string(m[1])
 		}

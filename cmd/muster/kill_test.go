@@ -193,7 +193,7 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 			time.Sleep(20 * time.Millisecond) // polling with a deadline
 		}
 	}
-	code, metrics := call(t, "GET", url+"/metrics", "", "")
+	code, metrics := call(t, "GET", url+"/metrics", admin, "")
 	if code != 200 || !regexp.MustCompile(`(?m)^muster_watch_admission_refused_total 0$`).Match(metrics) ||
 		!regexp.MustCompile(`(?m)^muster_watch_subscribers 2$`).Match(metrics) {
 		t.Fatalf("restarted server's admission: %d\n%s", code, grepLines(metrics, "muster_watch_"))

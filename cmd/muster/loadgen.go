@@ -30,7 +30,7 @@ import (
 const loadgenUsage = `usage:
   muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--minutes 5] [--history 10] [--quarantined 600]
   muster loadgen rebuild [--data DIR]
-  muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--duration 20s]
+  muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--probers 8] [--duration 20s]
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
   muster loadgen watch   --restart [--data DIR] [--clients 10000] [--admission-window 10s] [--admission-floor 50]
   muster loadgen ui      --url URL [--user alice] [--pages /ui/,/ui/audit] [--requests 20]`
@@ -293,15 +293,16 @@ func loadgenRebuild(ctx context.Context, args []string, stdout, stderr io.Writer
 // batch latency.
 func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
-		base, dir          string
-		batch, concurrency int
-		duration           time.Duration
+		base, dir                   string
+		batch, concurrency, probers int
+		duration                    time.Duration
 	)
 	fs := newFlags("loadgen reports", stderr)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "muster to load")
 	fs.StringVar(&dir, "data", ".muster", "dev data folder, for minting tokens")
 	fs.IntVar(&batch, "batch", 1000, "reports per request")
 	fs.IntVar(&concurrency, "concurrency", 4, "requests in flight")
+	fs.IntVar(&probers, "probers", 8, "prober identities the load is spread over (muster limits the items one identity may report, 50,000 a second by default)")
 	fs.DurationVar(&duration, "duration", 20*time.Second, "how long to run")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -314,26 +315,46 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	prober, err := iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber}, time.Now())
-	if err != nil {
-		return err
+	if probers < 1 {
+		return fmt.Errorf("--probers %d: want at least 1", probers)
 	}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: concurrency}}
-	ids, err := loadgenInstances(ctx, client, base, admin)
+	services, err := loadgenInstances(ctx, client, base, admin)
 	if err != nil {
 		return err
 	}
-	if len(ids) == 0 {
+	// Each prober probes its own services (every probers-th), as a
+	// prober fleet with bounded assignments does.
+	probers = min(probers, len(services))
+	pools := make([][]uuid.UUID, probers)
+	names := make([][]string, probers)
+	total := 0
+	for i, s := range services {
+		pools[i%probers] = append(pools[i%probers], s.ids...)
+		names[i%probers] = append(names[i%probers], s.name)
+		total += len(s.ids)
+	}
+	if total == 0 {
 		return errors.New("no loadgen instances: run `muster loadgen seed` first, then start muster on the same data")
 	}
-	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, for %s\n", base, len(ids), batch, concurrency, duration)
+	for _, pool := range pools {
+		if len(pool) == 0 {
+			return fmt.Errorf("--probers %d: some probers would have no instance to probe", probers)
+		}
+	}
+	tokens, err := loadgenProbers(ctx, client, base, iss, admin, names, pools)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, %d prober identities, for %s\n",
+		base, total, batch, concurrency, probers, duration)
 
 	var (
-		sent, refused atomic.Int64
-		mu            sync.Mutex
-		latencies     []time.Duration
-		firstErr      error
-		wg            sync.WaitGroup
+		sent, refused, limited atomic.Int64
+		mu                     sync.Mutex
+		latencies              []time.Duration
+		firstErr               error
+		wg                     sync.WaitGroup
 	)
 	deadline := time.Now().Add(duration)
 	start := time.Now()
@@ -342,7 +363,11 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
 			reports := make([]evaluator.Report, batch)
 			var buf bytes.Buffer
-			for time.Now().Before(deadline) && ctx.Err() == nil {
+			// Worker w's j-th batch is prober (w + j*concurrency)'s: every
+			// prober gets its share of the load.
+			for j := 0; time.Now().Before(deadline) && ctx.Err() == nil; j++ {
+				p := (w + j*concurrency) % probers
+				ids := pools[p]
 				for i := range reports {
 					outcome := "success"
 					if rng.IntN(100) == 0 {
@@ -353,8 +378,12 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 				buf.Reset()
 				_ = json.NewEncoder(&buf).Encode(map[string]any{"reports": reports})
 				t0 := time.Now()
-				res, err := postReports(ctx, client, base, prober, buf.Bytes())
+				res, err := postReports(ctx, client, base, tokens[p], buf.Bytes())
 				lat := time.Since(t0)
+				if errors.Is(err, errReportsLimited) {
+					limited.Add(1)
+					continue
+				}
 				mu.Lock()
 				if err != nil {
 					if firstErr == nil {
@@ -382,11 +411,96 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		return latencies[min(len(latencies)-1, int(float64(len(latencies))*p))]
 	}
-	fmt.Fprintf(stdout, "reports: %d samples accepted, %d refused, in %d batches over %s: %.0f samples/s; batch latency p50 %s p99 %s max %s\n",
+	fmt.Fprintf(stdout, "reports: %d samples accepted, %d refused, in %d batches over %s: %.0f samples/s; batch latency p50 %s p99 %s max %s; %d batches rate-limited (429)\n",
 		sent.Load(), refused.Load(), len(latencies), elapsed.Round(time.Millisecond), float64(sent.Load())/elapsed.Seconds(),
-		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), pct(1).Round(time.Microsecond))
+		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), pct(1).Round(time.Microsecond), limited.Load())
 	return nil
 }
+
+// loadgenProbers mints a prober identity for each list of services: the
+// seeded loadgen prober (assigned every loadgen service by seed) for the
+// first, loadgen-prober-N assigned its services through the API for the
+// others. It then waits until muster takes a probe report from each about
+// one of its instances (the evaluator picks assignments up on its next
+// registry refresh).
+func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *identity.DevIssuer, admin string, services [][]string, pools [][]uuid.UUID) ([]string, error) {
+	tokens := make([]string, len(services))
+	for i := range tokens {
+		name := loadgenProber
+		if i > 0 {
+			name = fmt.Sprintf("%s-%d", loadgenProber, i)
+			body, err := json.Marshal(registry.ProberAssignments{Services: services[i]})
+			if err != nil {
+				return nil, err
+			}
+			if err := apiCall(ctx, client, http.MethodPut, base+"/v1/probers/"+name+"/assignments", admin, body, nil); err != nil {
+				return nil, fmt.Errorf("assign prober %s: %w", name, err)
+			}
+		}
+		var err error
+		if tokens[i], err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: name}, time.Now()); err != nil {
+			return nil, err
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i, tok := range tokens {
+		one, err := json.Marshal(map[string]any{"reports": []evaluator.Report{{InstanceID: pools[i][0], Class: "probe", Outcome: "success"}}})
+		if err != nil {
+			return nil, err
+		}
+		for {
+			res, err := postReports(ctx, client, base, tok, one)
+			if err != nil {
+				return nil, err
+			}
+			if res.Accepted == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("prober %d's reports still refused after 30 s: %+v", i, res.Refused)
+			}
+			select { // polling with a deadline
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	return tokens, nil
+}
+
+// apiCall makes one request with token and decodes a 2xx answer into out
+// (if not nil).
+func apiCall(ctx context.Context, client *http.Client, method, url, token string, body []byte, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(io.LimitReader(res.Body, 4<<10))
+		return fmt.Errorf("%s %s: %d %s", method, url, res.StatusCode, b)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(res.Body).Decode(out)
+}
+
+// errReportsLimited is postReports' error for a 429.
+var errReportsLimited = errors.New("POST /v1/reports: 429 rate-limited")
 
 func postReports(ctx context.Context, client *http.Client, base, token string, body []byte) (evaluator.Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/reports", bytes.NewReader(body))
@@ -404,6 +518,9 @@ func postReports(ctx context.Context, client *http.Client, base, token string, b
 	if err != nil {
 		return evaluator.Result{}, err
 	}
+	if res.StatusCode == http.StatusTooManyRequests {
+		return evaluator.Result{}, fmt.Errorf("%w: %s", errReportsLimited, b)
+	}
 	if res.StatusCode != http.StatusOK {
 		return evaluator.Result{}, fmt.Errorf("POST /v1/reports: %d %s", res.StatusCode, b)
 	}
@@ -411,9 +528,15 @@ func postReports(ctx context.Context, client *http.Client, base, token string, b
 	return out, json.Unmarshal(b, &out)
 }
 
+// lgService is a loadgen service and its active instances.
+type lgService struct {
+	name string
+	ids  []uuid.UUID
+}
+
 // loadgenInstances lists the active instances of every loadgen service
 // through the API.
-func loadgenInstances(ctx context.Context, client *http.Client, base, token string) ([]uuid.UUID, error) {
+func loadgenInstances(ctx context.Context, client *http.Client, base, token string) ([]lgService, error) {
 	get := func(path string, v any) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 		if err != nil {
@@ -438,16 +561,17 @@ func loadgenInstances(ctx context.Context, client *http.Client, base, token stri
 	if err != nil {
 		return nil, err
 	}
-	var ids []uuid.UUID
-	for _, s := range services {
+	out := make([]lgService, len(services))
+	for i, s := range services {
+		out[i].name = s
 		err := eachItem(get, "/v1/services/"+s+"/instances?limit=1000", func(in registry.Instance) {
-			ids = append(ids, in.ID)
+			out[i].ids = append(out[i].ids, in.ID)
 		})
 		if err != nil {
 			return nil, err
 		}
 	}
-	return ids, nil
+	return out, nil
 }
 
 type memStats struct{ heap uint64 }

@@ -116,18 +116,25 @@ type lgwOptions struct {
 	exe      string
 }
 
+// lgwClientsPerIdentity is how many subscribers share one identity.
+const lgwClientsPerIdentity = 1000
+
 // lgWatch is one run of loadgen watch.
 type lgWatch struct {
 	lgwOptions
 	stdout, stderr io.Writer
 
 	adminToken, proberToken string
-	api                     *http.Client // setup, reports, registrations, metrics
-	streams                 *http.Client // watch streams only
-	connectSem              chan struct{}
-	services                []*lgwService
-	servicesByName          map[string]*lgwService
-	zones                   []*lgwZone // failure targets; used by the failure injector only
+	// watchTokens are the subscribers' identities, one per
+	// lgwClientsPerIdentity clients, since muster caps the streams one
+	// identity holds open (MUSTER_WATCH_STREAMS_LIMIT, 10,000).
+	watchTokens    []string
+	api            *http.Client // setup, reports, registrations, metrics
+	streams        *http.Client // watch streams only
+	connectSem     chan struct{}
+	services       []*lgwService
+	servicesByName map[string]*lgwService
+	zones          []*lgwZone // failure targets; used by the failure injector only
 
 	held, open     atomic.Int64 // streams that got their first views; streams open now
 	refusals       atomic.Int64 // 503 admission answers
@@ -555,6 +562,13 @@ func (w *lgWatch) prepare(ctx context.Context) error {
 	if w.proberToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber, TTL: 2 * time.Hour}, time.Now()); err != nil {
 		return err
 	}
+	w.watchTokens = make([]string, (w.clients+lgwClientsPerIdentity-1)/lgwClientsPerIdentity)
+	for i := range w.watchTokens {
+		req := identity.TokenRequest{Kind: identity.KindTool, Subject: fmt.Sprintf("loadgen-watch-%d", i), TTL: 2 * time.Hour}
+		if w.watchTokens[i], err = iss.Mint(req, time.Now()); err != nil {
+			return err
+		}
+	}
 	w.api = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	w.streams = &http.Client{Transport: &http.Transport{
@@ -940,12 +954,14 @@ type lgwScrape struct {
 }
 
 // scrape reads the server's resident memory and open watch streams from
-// GET /metrics.
+// GET /metrics, as the admin tool.
 func (w *lgWatch) scrape(ctx context.Context) (lgwScrape, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.base+"/metrics", nil)
 	if err != nil {
 		return lgwScrape{}, err
 	}
+	// /metrics is for operator and tool identities; the admin is a tool.
+	req.Header.Set("Authorization", "Bearer "+w.adminToken)
 	res, err := w.api.Do(req)
 	if err != nil {
 		return lgwScrape{}, err
@@ -1116,7 +1132,7 @@ func (c *lgwClient) run(ctx context.Context) {
 			w.streamFailed(err)
 			return
 		}
-		req.Header.Set("Authorization", "Bearer "+w.adminToken)
+		req.Header.Set("Authorization", "Bearer "+w.watchTokens[c.n/lgwClientsPerIdentity])
 		req.Header.Set("Accept", "text/event-stream")
 		select {
 		case w.connectSem <- struct{}{}:

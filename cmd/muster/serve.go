@@ -63,6 +63,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs := newFlags(name, stderr)
 	fs.StringVar(&cfg.Addr, "addr", defAddr, "address to listen on")
 	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "if set, serve Go's pprof profiles on this (loopback) address")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "if set, serve /metrics without a token on this address (\":9464\" listens on loopback; MUSTER_METRICS_ADDR); the API address's /metrics needs an operator or tool token")
 	if dev {
 		fs.StringVar(&cfg.DataDir, "data", ".muster", "folder for the local PostgreSQL cluster and the dev issuer's key")
 		fs.BoolVar(&cfg.Demo, "demo", false, "fill the database with a simulated estate and drive it with simulated evidence")
@@ -228,7 +229,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	scfg := server.Config{
 		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
 		Hub: hub, Admission: admission, Alarms: pub, Probers: eval, Shifts: shifts, Leases: reaper,
-		Authz: authz, Database: dbHealth, DBTimeout: cfg.DBTimeout,
+		Authz: authz, Database: dbHealth, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits,
 		// Whether this replica can serve views, not whether PostgreSQL
 		// answers (that is muster_database_up and database_unreachable).
 		Ready: func(ctx context.Context) error {
@@ -249,6 +250,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	var srv *server.Server
 	if uiOIDC.IssuerURL != "" {
+		uiOIDC.HomeIssuer = verifier.Home()
 		ui, err := webui.New(webui.Config{
 			Logger: log, Pool: pool, Registry: reg, Evaluator: eval, Publisher: pub, Audit: audit.NewLog(pool),
 			Overrides: pol, Guards: guards, Shifts: shifts, OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
@@ -325,6 +327,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 			return err
 		}
 		defer stopDebug()
+	}
+	if cfg.MetricsAddr != "" {
+		_, stopMetrics, err := serveMetrics(cfg.MetricsAddr, srv.MetricsHandler(), log)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
 	}
 
 	serveErr := make(chan error, 1)
@@ -457,4 +466,33 @@ func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
 	go func() { _ = hs.Serve(ln) }()
 	log.Info("serving pprof", "addr", ln.Addr().String())
 	return func() { _ = hs.Close() }, nil
+}
+
+// serveMetrics serves the metrics without authentication on a listener of
+// their own, for a scraper that can reach it and nobody else: a bare
+// ":port" listens on loopback, and another host is the operator's explicit
+// choice (a pod address behind a network policy), logged as such.
+// It returns the address it listens on.
+func serveMetrics(addr string, h http.Handler, log *slog.Logger) (bound string, stop func(), err error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("metrics address %q: %w", addr, err)
+	}
+	if host == "" {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("listen on metrics address %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	if ip := net.ParseIP(host); host != "" && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		log.Warn("serving /metrics without authentication on a non-loopback address", "addr", ln.Addr().String())
+	} else {
+		log.Info("serving /metrics", "addr", ln.Addr().String())
+	}
+	return ln.Addr().String(), func() { _ = hs.Close() }, nil
 }

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,7 +83,15 @@ type Stack struct {
 	// Reaper is the lease reaper; it is not started: tests step it with
 	// RunOnce.
 	Reaper *registry.Reaper
+	// Issuer2 is the second dev issuer when Options.SecondIssuer is set.
+	Issuer2 *identity.DevIssuer
+
+	jwksFetches atomic.Int64
 }
+
+// JWKSFetches counts the requests for the key sets of the stack's dev
+// issuers, as their handlers saw them.
+func (s *Stack) JWKSFetches() int64 { return s.jwksFetches.Load() }
 
 // Options adjust a Stack.
 type Options struct {
@@ -113,6 +122,12 @@ type Options struct {
 	// WatchHeartbeat is the idle watch stream's heartbeat period; the
 	// server's default (15 s) when zero.
 	WatchHeartbeat time.Duration
+	// Limits are the server's per-identity and per-address limits; zero
+	// fields take the defaults.
+	Limits server.Limits
+	// SecondIssuer serves a second dev issuer at /dev/issuer2, trusted
+	// after the first (so not the home issuer): Stack.Issuer2.
+	SecondIssuer bool
 }
 
 // New starts a Stack that is torn down when t ends.
@@ -212,9 +227,30 @@ func New(t testing.TB, opts Options) *Stack {
 	if err := iss.SetURL(base + "/dev/issuer"); err != nil {
 		t.Fatal(err)
 	}
-	ver, err := identity.NewVerifier([]identity.IssuerConfig{{URL: iss.URL(), Audience: "muster"}}, &http.Client{Timeout: 5 * time.Second})
+	issuers := []identity.IssuerConfig{{URL: iss.URL(), Audience: "muster"}}
+	var iss2 *identity.DevIssuer
+	if opts.SecondIssuer {
+		if iss2, err = identity.LoadOrCreateDevIssuer(t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+		if err := iss2.SetURL(base + "/dev/issuer2"); err != nil {
+			t.Fatal(err)
+		}
+		issuers = append(issuers, identity.IssuerConfig{URL: iss2.URL(), Audience: "muster"})
+	}
+	ver, err := identity.NewVerifier(issuers, &http.Client{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
+	}
+	st := &Stack{Issuer2: iss2}
+	// The dev issuers' handlers, counting key set requests.
+	issuerHandler := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/jwks" {
+				st.jwksFetches.Add(1)
+			}
+			h.ServeHTTP(w, r)
+		})
 	}
 	authz, err := registry.NewAuthzCache(registry.AuthzCacheConfig{Registry: reg, Registerer: metrics})
 	if err != nil {
@@ -224,8 +260,8 @@ func New(t testing.TB, opts Options) *Stack {
 		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
 		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Probers: ev, Shifts: shifts, Leases: reaper,
 		Ready: server.ServingReady(ev, hub), Authz: authz, Database: mon, DBTimeout: opts.DBTimeout,
-		DevIssuer: iss.Handler(), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
-		WatchHeartbeat: opts.WatchHeartbeat,
+		DevIssuer: issuerHandler(iss.Handler()), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
+		WatchHeartbeat: opts.WatchHeartbeat, Limits: opts.Limits,
 	}
 	var ui *webui.UI
 	var srv *server.Server
@@ -249,6 +285,17 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	hs.Config.Handler = srv
+	if iss2 != nil {
+		// Routed before the server, which mounts one dev issuer only.
+		second := http.StripPrefix("/dev/issuer2", issuerHandler(iss2.Handler()))
+		hs.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, "/dev/issuer2/") {
+				second.ServeHTTP(w, r)
+				return
+			}
+			srv.ServeHTTP(w, r)
+		})
+	}
 	// Load the copy of services and grants before serving, so a test's
 	// first watch is not refused for want of it; with the database down
 	// the worker keeps trying.
@@ -277,7 +324,23 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(ev.Stop)
 	}
-	return &Stack{URL: base, Pool: pool, Registry: reg, Evaluator: ev, Issuer: iss, Clock: clk, Client: hs.Client(), Metrics: metrics, Hub: hub, Publisher: pub, Policy: pol, Shifts: shifts, Server: srv, Guards: guards, UI: ui, Authz: authz, Monitor: mon, Reaper: reaper}
+	st.URL, st.Pool, st.Registry, st.Evaluator, st.Issuer, st.Clock, st.Client, st.Metrics = base, pool, reg, ev, iss, clk, hs.Client(), metrics
+	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = hub, pub, pol, shifts, srv, guards, ui
+	st.Authz, st.Monitor, st.Reaper = authz, mon, reaper
+	return st
+}
+
+// Token2 mints a token from the second dev issuer (Options.SecondIssuer).
+func (s *Stack) Token2(t testing.TB, req identity.TokenRequest) string {
+	t.Helper()
+	if s.Issuer2 == nil {
+		t.Fatal("Token2 needs Options.SecondIssuer")
+	}
+	tok, err := s.Issuer2.Mint(req, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 // Token mints a token from the stack's dev issuer.
@@ -288,6 +351,19 @@ func (s *Stack) Token(t testing.TB, req identity.TokenRequest) string {
 		t.Fatal(err)
 	}
 	return tok
+}
+
+// Prometheus is the identity tests scrape /metrics with: a tool.
+var Prometheus = identity.TokenRequest{Kind: identity.KindTool, Subject: "prometheus"}
+
+// Scrape reads /metrics as a scraper would, with a tool token.
+func (s *Stack) Scrape(t testing.TB) []byte {
+	t.Helper()
+	r := s.Do(t, "GET", "/metrics", s.Token(t, Prometheus), "", "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %s", r.Status, r.Body)
+	}
+	return r.Body
 }
 
 // Response is a read HTTP response.
