@@ -465,6 +465,12 @@ func (s *Stack) Seed(t testing.TB) {
 // ago.
 func (s *Stack) Admit(t testing.TB, ids ...string) {
 	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !s.Evaluator.Ready(); {
+		if time.Now().After(deadline) {
+			t.Fatal("admit: the evaluator did not become ready within 20 s")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
 	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
 		t.Fatalf("admit: sync the evaluator: %v", err)
 	}
