@@ -17,6 +17,7 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/eligibility"
+	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/worker"
 )
@@ -77,7 +78,12 @@ type Config struct {
 	Engine     eligibility.Options
 	Sink       Sink
 	// Overrides, when set, lists the overrides in force (policy).
-	Overrides  OverrideSource
+	Overrides OverrideSource
+	// MayResolve, when set, says whether a caller may resolve a service
+	// (the registry's AuthzCache): passive evidence is accepted only from
+	// workloads it allows. Without it only a service's own workloads may
+	// report passive evidence about it.
+	MayResolve func(actor identity.Principal, service string) error
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }

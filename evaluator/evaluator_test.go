@@ -112,19 +112,24 @@ func TestIngestAttribution(t *testing.T) {
 	f := newFixture(t, st.Options{})
 	web, api, p1, p2 := f.Token(t, st.Web), f.Token(t, st.API), f.Token(t, prober1), f.Token(t, prober2)
 
-	res := f.post(t, api,
+	// api's own instance is at 10.0.1.1: a token vouching for that address
+	// is the instance itself (the test client's requests come from
+	// loopback, not from there).
+	apiSelf := f.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "api", Addresses: []string{"10.0.1.1"}})
+	res := f.post(t, apiSelf,
 		report(f.web[0], "self", "success"),                                  // 0: a neighbour's self-report
-		report(f.web[0], "passive", "failure"),                               // 1: passive from any caller: fine
+		report(f.web[0], "passive", "failure"),                               // 1: passive from a caller web has not granted
 		report(f.api[0], "self", "success"),                                  // 2: its own: fine
 		report(f.web[0], "probe", "success"),                                 // 3: a workload is no prober
 		report("00000000-0000-0000-0000-000000000000", "passive", "success"), // 4: no such instance
 		report(f.web[0], "gossip", "success"),                                // 5: bad class
 		report(f.web[0], "passive", "meh"),                                   // 6: bad outcome
+		report(f.api[0], "passive", "success"),                               // 7: a service's own callers: fine
 	)
-	if res.Accepted != 2 || len(res.Refused) != 5 {
+	if res.Accepted != 2 || len(res.Refused) != 6 {
 		t.Fatalf("result %+v", res)
 	}
-	want := map[int]string{0: "not_own_instance", 3: "wrong_identity_kind", 4: "unknown_instance", 5: "invalid", 6: "invalid"}
+	want := map[int]string{0: "not_own_instance", 1: "not_granted", 3: "wrong_identity_kind", 4: "unknown_instance", 5: "invalid", 6: "invalid"}
 	for _, r := range res.Refused {
 		if want[r.Index] != r.Code || r.Reason == "" {
 			t.Errorf("item %d refused as %s (%s), want %s", r.Index, r.Code, r.Reason, want[r.Index])
@@ -138,10 +143,34 @@ func TestIngestAttribution(t *testing.T) {
 	if res := f.post(t, p1, report(f.web[0], "probe", "success")); res.Accepted != 1 {
 		t.Fatalf("assigned prober: %+v", res)
 	}
-	if res := f.post(t, web, report(f.web[1], "self", "success"), report(f.web[1], "self", "failure")); res.Accepted != 2 {
+	// A workload of web speaks for the instance it is, not its siblings
+	// (issue 13): from loopback with no address in its token it is none of
+	// them; with web[1]'s address it is web[1].
+	if res := f.post(t, web, report(f.web[1], "self", "failure")); res.Accepted != 0 || len(res.Refused) != 1 || res.Refused[0].Code != "not_own_instance" {
+		t.Fatalf("a sibling's self-report: %+v", res)
+	}
+	web1 := f.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.2"}})
+	if res := f.post(t, web1, report(f.web[1], "self", "success"), report(f.web[1], "self", "failure")); res.Accepted != 2 {
 		t.Fatalf("own self-reports: %+v", res)
 	}
-	for reason, n := range map[string]float64{"not_own_instance": 1, "not_assigned": 1, "wrong_identity_kind": 1, "unknown_instance": 1, "invalid": 2} {
+	if res := f.post(t, web1, report(f.web[0], "self", "hard_failure")); res.Accepted != 0 || res.Refused[0].Code != "not_own_instance" {
+		t.Fatalf("web[1] reporting its sibling web[0]: %+v", res)
+	}
+	// Operators are not callers: a viewer's passive evidence is refused.
+	if res := f.post(t, f.Token(t, st.Viewer), report(f.web[0], "passive", "hard_failure")); res.Accepted != 0 || res.Refused[0].Code != "wrong_identity_kind" {
+		t.Fatalf("a viewer's passive hard failure: %+v", res)
+	}
+	// Once web grants api, api's outcomes about web count.
+	if r := f.JSON(t, "PUT", "/v1/services/web/grants", f.Token(t, st.Admin), `{"callers":["api"]}`); r.Status != http.StatusOK {
+		t.Fatalf("grant: %d %s", r.Status, r.Body)
+	}
+	if err := f.Authz.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.post(t, api, report(f.web[0], "passive", "success")); res.Accepted != 1 {
+		t.Fatalf("a granted caller's passive evidence: %+v", res)
+	}
+	for reason, n := range map[string]float64{"not_own_instance": 3, "not_granted": 1, "not_assigned": 1, "wrong_identity_kind": 2, "unknown_instance": 1, "invalid": 2} {
 		if got := metric(t, f, "muster_samples_refused_total", "reason", reason); got != n {
 			t.Errorf("muster_samples_refused_total{reason=%q} = %v, want %v", reason, got, n)
 		}
@@ -499,7 +528,10 @@ func TestQuarantineSurvivesARestart(t *testing.T) {
 func TestProberSuspectAlarm(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, st.Options{})
-	p1, web := f.Token(t, prober1), f.Token(t, st.Web)
+	// One token vouching for the three instances' addresses stands in for
+	// the three instances, each reporting itself.
+	p1 := f.Token(t, prober1)
+	web := f.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}})
 	both := func(outcome string) {
 		var items []string
 		for _, id := range f.web {

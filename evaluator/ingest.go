@@ -3,12 +3,14 @@ package evaluator
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/registry"
 )
 
 // Report is one item of a POST /v1/reports batch: a single outcome, or (for
@@ -49,9 +51,12 @@ const (
 	codeBadItem            = "invalid"
 	codeNotOwnInstance     = "not_own_instance"
 	codeNotAssigned        = "not_assigned"
-	codeWrongKind          = "wrong_identity_kind"
-	codeStale              = "stale"
-	codeFuture             = "future"
+	// codeNotGranted: passive evidence from a caller that may not resolve
+	// the instance's service.
+	codeNotGranted = "not_granted"
+	codeWrongKind  = "wrong_identity_kind"
+	codeStale      = "stale"
+	codeFuture     = "future"
 )
 
 // Ingest attributes and applies one batch from actor. It never fails as a
@@ -70,6 +75,7 @@ func (e *Evaluator) Ingest(ctx context.Context, actor identity.Principal, report
 	}
 	reporter := e.internReporter(actor.String())
 	hard := false
+	at := attribution{actor: actor, reporter: reporter, source: SourceAddr(ctx)}
 
 	e.mu.Lock()
 	var (
@@ -95,7 +101,7 @@ func (e *Evaluator) Ingest(ctx context.Context, actor identity.Principal, report
 	defer e.mu.Unlock()
 	now := e.cfg.Now()
 	for i, r := range reports {
-		s, code, why := e.attribute(actor, reporter, r, now)
+		s, code, why := e.attribute(&at, r, now)
 		if code == codeUnknownInstance {
 			if a, ok := answers[r.InstanceID]; ok {
 				code, why = a.code, a.reason
@@ -144,7 +150,8 @@ func (e *Evaluator) Ingest(ctx context.Context, actor identity.Principal, report
 // attribute checks one report against the reporter's identity and turns it
 // into a sample. It returns a refusal code and reason, or "" on success.
 // Called with e.mu held.
-func (e *Evaluator) attribute(actor identity.Principal, reporter eligibility.ReporterID, r Report, now time.Time) (eligibility.Sample, string, string) {
+func (e *Evaluator) attribute(at *attribution, r Report, now time.Time) (eligibility.Sample, string, string) {
+	actor, reporter := at.actor, at.reporter
 	var s eligibility.Sample
 	inst, ok := e.instances[r.InstanceID]
 	if !ok {
@@ -206,6 +213,19 @@ func (e *Evaluator) attribute(actor identity.Principal, reporter eligibility.Rep
 		if actor.Service != inst.service {
 			return s, codeNotOwnInstance, fmt.Sprintf("%s may report only about instances of %s, not of %s", actor, actor.Service, inst.service)
 		}
+		// An instance speaks for itself only: the report must come from
+		// the address it registered, or the token must vouch for it, the
+		// proof registration asks (ADR-15). A sibling cannot report its
+		// neighbours unready.
+		addr, _ := netip.ParseAddr(inst.address)
+		if !registry.HoldsAddress(actor, addr, at.source) {
+			src := "an unknown address"
+			if at.source.IsValid() {
+				src = at.source.Unmap().String()
+			}
+			return s, codeNotOwnInstance, fmt.Sprintf("a self-report speaks for the instance that sends it: instance %s is at %s, the report came from %s and the token vouches for no such address",
+				r.InstanceID, inst.address, src)
+		}
 	case eligibility.Probe:
 		if actor.Kind != identity.KindProber {
 			return s, codeWrongKind, fmt.Sprintf("probe evidence comes from prober identities, not a %s", actor.Kind)
@@ -218,9 +238,60 @@ func (e *Evaluator) attribute(actor identity.Principal, reporter eligibility.Rep
 		}
 		s.Reporter = a.id
 	case eligibility.Passive:
-		// Any authenticated caller; weighted by distinct reporter, not volume.
+		// Callers' outcomes, from callers: workloads that may resolve the
+		// service (its own, or granted). Weighted by distinct reporter,
+		// not volume, in the core.
+		if actor.Kind != identity.KindWorkload {
+			return s, codeWrongKind, fmt.Sprintf("passive evidence comes from the workloads that call %s, not a %s", inst.service, actor.Kind)
+		}
+		if !at.mayCall(e.cfg.MayResolve, inst.service) {
+			return s, codeNotGranted, fmt.Sprintf("%s may not resolve %s, so it cannot have called it: passive evidence comes from its callers (its grants) and itself", actor, inst.service)
+		}
 	}
 	return s, "", ""
+}
+
+// attribution is who sent a batch: the identity, its reporter id and the
+// address the request came from, with the batch's answers about which
+// services it may call.
+type attribution struct {
+	actor    identity.Principal
+	reporter eligibility.ReporterID
+	source   netip.Addr
+	calls    map[string]bool
+}
+
+// mayCall reports whether the actor may resolve service (asked once per
+// service per batch). Without an authoriser only the service's own
+// workloads may.
+func (a *attribution) mayCall(may func(identity.Principal, string) error, service string) bool {
+	if ok, asked := a.calls[service]; asked {
+		return ok
+	}
+	ok := a.actor.Service == service
+	if !ok && may != nil {
+		ok = may(a.actor, service) == nil
+	}
+	if a.calls == nil {
+		a.calls = map[string]bool{}
+	}
+	a.calls[service] = ok
+	return ok
+}
+
+type sourceKey struct{}
+
+// WithSourceAddr returns ctx carrying the network address a batch of
+// reports came from (the TCP peer; forwarded headers prove nothing), which
+// Ingest checks a self-report against.
+func WithSourceAddr(ctx context.Context, addr netip.Addr) context.Context {
+	return context.WithValue(ctx, sourceKey{}, addr)
+}
+
+// SourceAddr is the address WithSourceAddr put in ctx, or the zero Addr.
+func SourceAddr(ctx context.Context) netip.Addr {
+	a, _ := ctx.Value(sourceKey{}).(netip.Addr)
+	return a
 }
 
 const (

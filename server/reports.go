@@ -50,7 +50,9 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	setRateLimit(w.Header(), s.limits.reportItems.Charge(key, len(b.Reports)))
-	res, err := s.cfg.Evaluator.Ingest(r.Context(), actor, b.Reports)
+	// The TCP peer is what a self-report is checked against (forwarded
+	// headers prove nothing, ADR-15).
+	res, err := s.cfg.Evaluator.Ingest(evaluator.WithSourceAddr(r.Context(), sourceAddr(r)), actor, b.Reports)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

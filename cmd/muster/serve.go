@@ -210,6 +210,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	eval, err = evaluator.New(evaluator.Config{
 		Registry: reg, Pool: pool, Logger: log, Registerer: metrics, Sink: pub, Overrides: pol,
 		MaxPendingWindows: cfg.MaxPendingWindows, DatabaseUp: dbHealth.Up,
+		// Passive evidence only from callers that may resolve the service.
+		MayResolve: authz.MayResolve,
 	})
 	if err != nil {
 		return err

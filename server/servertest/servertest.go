@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -201,9 +202,11 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var authz *registry.AuthzCache // made below; asked only once serving
 	ecfg := evaluator.Config{
 		Registry: reg, Pool: pool, Now: clk.Now, Registerer: metrics, Sink: pub, Overrides: pol,
 		Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute, DatabaseUp: mon.Up,
+		MayResolve: func(a identity.Principal, s string) error { return authz.MayResolve(a, s) },
 	}
 	if opts.Evaluator != nil {
 		opts.Evaluator(&ecfg)
@@ -252,7 +255,7 @@ func New(t testing.TB, opts Options) *Stack {
 			h.ServeHTTP(w, r)
 		})
 	}
-	authz, err := registry.NewAuthzCache(registry.AuthzCacheConfig{Registry: reg, Registerer: metrics})
+	authz, err = registry.NewAuthzCache(registry.AuthzCacheConfig{Registry: reg, Registerer: metrics})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,11 +477,20 @@ func (s *Stack) Admit(t testing.TB, ids ...string) {
 	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
 		t.Fatalf("admit: sync the evaluator: %v", err)
 	}
-	var items []string
+	// A self-report speaks for the instance that sends it: the token
+	// vouches for the instances' addresses, as an instance's own would.
+	var items, addrs []string
+	admin := identity.Principal{Kind: identity.KindOperator, Subject: "servertest", Role: identity.RoleAdmin}
 	for _, id := range ids {
+		in, err := s.Registry.GetInstance(t.Context(), admin, uuid.MustParse(id))
+		if err != nil {
+			t.Fatalf("admit: read instance %s: %v", id, err)
+		}
 		items = append(items, `{"instance_id":"`+id+`","class":"self","outcome":"success"}`)
+		addrs = append(addrs, in.Address)
 	}
-	r := s.JSON(t, "POST", "/v1/reports", s.Token(t, Web), `{"reports":[`+strings.Join(items, ",")+`]}`)
+	tok := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: addrs})
+	r := s.JSON(t, "POST", "/v1/reports", tok, `{"reports":[`+strings.Join(items, ",")+`]}`)
 	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), fmt.Sprintf(`"accepted":%d`, len(ids))) {
 		t.Fatalf("admit %v: %d %s", ids, r.Status, r.Body)
 	}
