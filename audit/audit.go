@@ -242,6 +242,11 @@ type Log struct {
 // NewLog returns a Log over pool.
 func NewLog(pool *pgxpool.Pool) *Log { return &Log{pool: pool} }
 
+// Append appends e in a transaction of its own (AppendAlone).
+func (l *Log) Append(ctx context.Context, now time.Time, e Entry) (Event, error) {
+	return AppendAlone(ctx, l.pool, now, e)
+}
+
 // List returns events newest first.
 func (l *Log) List(ctx context.Context, f Filter) ([]Event, error) {
 	return List(ctx, db.New(l.pool), f)

@@ -69,6 +69,8 @@ const DefaultDBTimeout = 1500 * time.Millisecond
 // AuditLog lists audit events.
 type AuditLog interface {
 	List(ctx context.Context, f audit.Filter) ([]audit.Event, error)
+	// Append records one entry in a transaction of its own.
+	Append(ctx context.Context, now time.Time, e audit.Entry) (audit.Event, error)
 }
 
 // Config configures the server.
@@ -188,6 +190,8 @@ type Server struct {
 	router  chi.Router
 	metrics serverMetrics
 	limits  limiters
+	// evidence audits refused evidence (see evidence.go).
+	evidence evidenceAudit
 	// metricsHandler serves cfg.Metrics.
 	metricsHandler http.Handler
 	// streams counts watch streams running on hijacked connections, which
@@ -204,6 +208,10 @@ type serverMetrics struct {
 	rateLimited      *prometheus.CounterVec
 	unauthenticated  *prometheus.CounterVec
 	streamsEnded     *prometheus.CounterVec
+	// evidenceUnaudited counts evidence refused for want of authority
+	// that went into no audit row of its own (folded into the identity's
+	// next row, or the database was away).
+	evidenceUnaudited prometheus.Counter
 }
 
 // New builds the router.
@@ -238,6 +246,10 @@ func New(cfg Config) (*Server, error) {
 			Name: "muster_watch_streams_ended_total", Help: "Watch streams ended by muster with a drain event because their authority lapsed, by reason (token_expired, grant_revoked).",
 		}, []string{"reason"}),
 	}
+	s.metrics.evidenceUnaudited = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "muster_evidence_refusals_unaudited_total",
+		Help: "Report items refused for want of authority that no audit row was written for at once: folded into the identity's next row (at most one row per identity per 10 s), or written while PostgreSQL was away.",
+	})
 	s.metrics.admissionRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "muster_watch_admission_refused_total", Help: "Watch (re)subscriptions refused by reconnect admission.",
 	})
@@ -279,7 +291,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	for _, c := range append([]prometheus.Collector{s.metrics.requests, s.metrics.duration, s.metrics.authFailures,
 		s.metrics.admissionRefused, s.metrics.framesSent, s.metrics.rateLimited, s.metrics.unauthenticated, s.metrics.streamsEnded,
-		subscribers}, admission...) {
+		s.metrics.evidenceUnaudited, subscribers}, admission...) {
 		if err := cfg.Metrics.Register(c); err != nil {
 			return nil, err
 		}
