@@ -354,6 +354,7 @@ func outcome(ok bool) string {
 func (d *Demo) report(ctx context.Context, t time.Duration) {
 	probes := map[string][]report{}
 	selfs := map[string][]report{}
+	selfAddrs := map[string][]string{} // a self-report speaks only for the instance at its address
 	var passive []report
 	for _, in := range d.instances {
 		ok, observable := health(in, t)
@@ -366,6 +367,7 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 		}
 		if has(in.service, "self") {
 			selfs[in.service] = append(selfs[in.service], report{InstanceID: in.id, Class: "self", Outcome: outcome(ok)})
+			selfAddrs[in.service] = append(selfAddrs[in.service], in.addr)
 		}
 		if has(in.service, "passive") && in.service != "storefront" {
 			s, f := uint32(20), uint32(0)
@@ -380,18 +382,28 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 			return
 		}
 		tok, err := d.token(who)
+		var res struct {
+			Refused []struct{ Code, Reason string }
+		}
 		if err == nil {
-			err = d.call(ctx, http.MethodPost, "/v1/reports", tok, map[string]any{"reports": items}, nil)
+			err = d.call(ctx, http.MethodPost, "/v1/reports", tok, map[string]any{"reports": items}, &res)
 		}
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("demo: report refused", "reporter", who.Subject+who.Service, "err", err)
+		}
+		if len(res.Refused) > 0 {
+			d.log.Warn("demo: report items refused", "reporter", who.Subject+who.Service, "refused", len(res.Refused),
+				"code", res.Refused[0].Code, "reason", res.Refused[0].Reason)
 		}
 	}
 	for _, z := range Zones {
 		send(proberOf(z), probes[z])
 	}
+	// Each service's instances report themselves; one token vouching for
+	// all their addresses stands in for them (a host agent would do the
+	// same for the instances it runs).
 	for name, items := range selfs {
-		send(workload(name), items)
+		send(identity.TokenRequest{Kind: identity.KindWorkload, Service: name, Addresses: selfAddrs[name]}, items)
 	}
 	send(workload("storefront"), passive)
 }

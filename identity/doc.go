@@ -36,8 +36,8 @@
 //
 // # Naming
 //
-// The first configured issuer is the home issuer (the dev issuer under
-// muster dev). Principal.String, the name the audit log, the rate limiters
+// The first configured issuer is the home issuer (under muster dev, the
+// first of MUSTER_ISSUERS if any are set, else the dev issuer). Principal.String, the name the audit log, the rate limiters
 // and the access log use, is "kind:subject" (or "kind:service/subject")
 // for the home issuer's principals, as it has always been, and
 // "issuer#kind:subject" for any other issuer's, so the same subject at two

@@ -137,7 +137,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		if err := devIssuer.SetURL(base + devIssuerPath); err != nil {
 			return err
 		}
-		issuers = append([]identity.IssuerConfig{{URL: devIssuer.URL(), Audience: "muster"}}, issuers...)
+		// The dev issuer is the home issuer (principals named without
+		// their issuer) unless issuers are configured: then the first of
+		// those is, so that processes trusting the same configured issuer
+		// name its principals alike, whatever their own dev issuer.
+		issuers = append(issuers, identity.IssuerConfig{URL: devIssuer.URL(), Audience: "muster"})
 	}
 	verifier, err := identity.NewVerifier(issuers, &http.Client{Timeout: 10 * time.Second})
 	if err != nil {
