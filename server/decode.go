@@ -15,15 +15,8 @@ import (
 // unknown fields, wrong types and trailing data (400). Nothing is applied
 // when it fails, because the domain is only called with a decoded value.
 func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
-	ct := r.Header.Get("Content-Type")
-	mt, params, err := mime.ParseMediaType(ct)
-	if err != nil || mt != "application/json" {
-		return problem(http.StatusUnsupportedMediaType, "unsupported-media-type",
-			fmt.Sprintf("the body must be application/json, got %q", ct))
-	}
-	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
-		return problem(http.StatusUnsupportedMediaType, "unsupported-media-type",
-			fmt.Sprintf("the body must be UTF-8 JSON, got charset %q", cs))
+	if p := jsonContentType(r); p != nil {
+		return p
 	}
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 	dec := json.NewDecoder(body)
@@ -37,6 +30,21 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Prob
 			return decodeProblem(err, s.cfg.MaxBodyBytes)
 		}
 		return problem(http.StatusBadRequest, "malformed-json", "the body must hold one JSON object and nothing after it")
+	}
+	return nil
+}
+
+// jsonContentType refuses a body that is not UTF-8 JSON (415).
+func jsonContentType(r *http.Request) *Problem {
+	ct := r.Header.Get("Content-Type")
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return problem(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			fmt.Sprintf("the body must be application/json, got %q", ct))
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return problem(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			fmt.Sprintf("the body must be UTF-8 JSON, got charset %q", cs))
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var b reportBatch
-	if p := s.decodeJSON(w, r, &b); p != nil {
+	if p := s.decodeReports(w, r, &b); p != nil {
 		writeProblem(w, r, p)
 		return
 	}
