@@ -63,6 +63,10 @@ type service struct {
 	nW, nA     int
 	wSince     time.Time // oldest queued withdrawal
 	aSince     time.Time // oldest queued addition
+	// wLast is when a version carrying the service's withdrawals was last
+	// published (zero: never in this process); the withdrawal queue is
+	// idle from wLast + WithdrawalWindow on (see wDue).
+	wLast time.Time
 
 	routable    int
 	hadRoutable bool
@@ -592,6 +596,15 @@ func (a *Assembler) NextDue() time.Time {
 	return due
 }
 
+// wDue is when the service's queued withdrawals are due (zero: none
+// queued). The window is a rate bound, not a delay: a withdrawal that
+// finds the queue idle (no withdrawal version published in the window
+// before it was queued) is due at once, the leading edge; one queued
+// within the window after a withdrawal version waits for the window's end
+// and goes out with every other withdrawal queued by then. So a service
+// gets at most one withdrawal version per window and none waits longer
+// than the window after it was queued (the min below; it only matters if
+// the caller's clock went backwards).
 func (sv *service) wDue(w time.Duration) time.Time {
 	if !sv.withdrawing() {
 		return time.Time{}
@@ -600,7 +613,16 @@ func (sv *service) wDue(w time.Duration) time.Time {
 	if since.IsZero() || (!sv.drainSince.IsZero() && sv.drainSince.Before(since)) {
 		since = sv.drainSince
 	}
-	return since.Add(w)
+	due := since
+	if !sv.wLast.IsZero() {
+		if idle := sv.wLast.Add(w); idle.After(due) {
+			due = idle
+		}
+	}
+	if latest := since.Add(w); due.After(latest) {
+		due = latest
+	}
+	return due
 }
 
 func (sv *service) aDue(w time.Duration) time.Time {

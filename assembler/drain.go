@@ -21,8 +21,11 @@ type plan struct {
 }
 
 // Drain publishes what is due at now: for each service, its queued
-// withdrawals once the oldest has waited WithdrawalWindow, and its queued
-// additions once the oldest has waited the current addition window. Each
+// withdrawals at once if its withdrawal queue was idle when the oldest was
+// queued (no withdrawal version in the WithdrawalWindow before), otherwise
+// at the end of the window that began with the last withdrawal version;
+// and its queued additions once the oldest has waited the current addition
+// window. Each
 // published service gets one fresh version; withdrawal-carrying versions
 // come first (lower versions, earlier in the result), each group ordered by
 // service name. If vs fails nothing is published and everything stays
@@ -211,6 +214,9 @@ func (a *Assembler) publish(p *plan, v uint64, now time.Time) Published {
 		d.Checksum = view.Checksum
 		d.enc = encode(d)
 		out.Delta, out.DeltaJSON = d, d.enc
+	}
+	if p.withdrawal {
+		sv.wLast = now
 	}
 	sv.view, sv.restated = view, false
 	sv.recount()

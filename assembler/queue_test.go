@@ -194,9 +194,12 @@ func TestWithdrawalsCarryAdditionsOfAShortZone(t *testing.T) {
 	}
 }
 
-// Withdrawals of one service within the window are batched into one
-// version; weight to 0 is a withdrawal; lag is reported.
-func TestWithdrawalBatchingAndLag(t *testing.T) {
+// A withdrawal that finds its service's withdrawal queue idle is published
+// at once (the leading edge); withdrawals within the window after that
+// version are batched into one version at the window's end; once the
+// window has passed the queue is idle again. Weight to 0 is a withdrawal;
+// lag is reported. (Before issue 14 the lone withdrawal waited the window.)
+func TestWithdrawalLeadingEdgeBatchingAndLag(t *testing.T) {
 	t.Parallel()
 	a := assembler.New(assembler.Options{})
 	vs := &versions{}
@@ -207,33 +210,131 @@ func TestWithdrawalBatchingAndLag(t *testing.T) {
 	now := t0.Add(time.Hour)
 	ins[0].State, ins[0].Weight, ins[0].FirstFailureAt = inelg, 0, now.Add(-3*time.Second)
 	a.Update(svc("s", 0.5, ins), now)
-	if due := a.NextDue(); !due.Equal(now.Add(50 * time.Millisecond)) {
-		t.Fatalf("next due %v, want +50ms", due.Sub(now))
+	if due := a.NextDue(); !due.Equal(now) {
+		t.Fatalf("a lone withdrawal is due at %v, want at once", due.Sub(now))
 	}
+	pubs := drainAt(t, a, now, vs)
+	if len(pubs) != 1 || !pubs[0].Delta.Withdrawal || !slices.Equal(pubs[0].Delta.Removals, []uuid.UUID{id(0)}) {
+		t.Fatalf("want instance 0 withdrawn at its arrival, got %d versions", len(pubs))
+	}
+	if !pubs[0].Delta.GeneratedAt.Equal(now) {
+		t.Fatalf("published at %v, want its arrival", pubs[0].Delta.GeneratedAt.Sub(now))
+	}
+	if diff := cmp.Diff([]time.Duration{3 * time.Second}, pubs[0].WithdrawalLags); diff != "" {
+		t.Errorf("lags (-want +got):\n%s", diff)
+	}
+
+	// 10 ms later, within the window the first version opened: it waits for
+	// the window's end, and a third withdrawal at +30 ms joins it.
 	ins[1].Weight = 0 // still eligible, weight to 0
+	a.Update(svc("s", 0.5, ins), now.Add(10*time.Millisecond))
+	if due := a.NextDue(); !due.Equal(now.Add(50 * time.Millisecond)) {
+		t.Fatalf("second withdrawal due at %v, want +50ms (the window after the first version)", due.Sub(now))
+	}
+	ins[2].State, ins[2].Weight, ins[2].FirstFailureAt = inelg, 0, now.Add(20*time.Millisecond)
 	a.Update(svc("s", 0.5, ins), now.Add(30*time.Millisecond))
+	if due := a.NextDue(); !due.Equal(now.Add(50 * time.Millisecond)) {
+		t.Fatalf("third withdrawal due at %v, want +50ms", due.Sub(now))
+	}
 	if got := drainAt(t, a, now.Add(49*time.Millisecond), vs); len(got) != 0 {
 		t.Fatalf("published before the window: %d", len(got))
 	}
-	pubs := drainAt(t, a, now.Add(50*time.Millisecond), vs)
+	pubs = drainAt(t, a, now.Add(50*time.Millisecond), vs)
 	if len(pubs) != 1 {
 		t.Fatalf("want one batched version, got %d", len(pubs))
 	}
 	d := pubs[0].Delta
 	want := &assembler.Delta{
-		Service: "s", FromVersion: 1, Version: 2, Removals: []uuid.UUID{id(0)},
+		Service: "s", FromVersion: 2, Version: 3, Removals: []uuid.UUID{id(2)},
 		Upserts: []assembler.Endpoint{{
 			InstanceID: id(1), Address: ins[1].Address, Port: ins[1].Port, Zone: "a", State: "eligible",
 			Weight: 0, Health: "known", Capabilities: []string{"probe", "readiness"},
 		}},
-		Zones:    map[string]assembler.ZoneStatus{"a": {Guard: "ok", Eligible: 9, Total: 10, Registered: 10, MinHealthyFraction: 0.5, TrafficWeight: 1}},
+		Zones:    map[string]assembler.ZoneStatus{"a": {Guard: "ok", Eligible: 8, Total: 10, Registered: 10, MinHealthyFraction: 0.5, TrafficWeight: 1}},
 		Checksum: pubs[0].View.Checksum, Withdrawal: true, GeneratedAt: now.Add(50 * time.Millisecond),
 	}
 	if diff := cmp.Diff(want, d, cmpopts.IgnoreUnexported(assembler.Delta{})); diff != "" {
 		t.Errorf("delta (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]time.Duration{3050 * time.Millisecond}, pubs[0].WithdrawalLags); diff != "" {
+	if diff := cmp.Diff([]time.Duration{30 * time.Millisecond}, pubs[0].WithdrawalLags); diff != "" {
 		t.Errorf("lags (-want +got):\n%s", diff)
+	}
+
+	// +120 ms: more than a window after the last withdrawal version, the
+	// queue is idle again.
+	ins[3].State, ins[3].Weight = inelg, 0
+	a.Update(svc("s", 0.5, ins), now.Add(120*time.Millisecond))
+	if due := a.NextDue(); !due.Equal(now.Add(120 * time.Millisecond)) {
+		t.Fatalf("withdrawal after an idle window due at %v, want at once (+120ms)", due.Sub(now))
+	}
+	if pubs := drainAt(t, a, now.Add(120*time.Millisecond), vs); len(pubs) != 1 || !pubs[0].Delta.Withdrawal {
+		t.Fatalf("want the withdrawal published at its arrival, got %d versions", len(pubs))
+	}
+}
+
+// A burst of 1,000 withdrawals over 1 s, one a millisecond, in each of
+// two services, drained whenever something is due: each service gets
+// about one version per withdrawal window (the leading edge, then one per
+// window), never one per withdrawal, and none waits longer than the
+// window.
+func TestWithdrawalBurstBatches(t *testing.T) {
+	t.Parallel()
+	const (
+		perService = 1000
+		instances  = 1200 // failing 1,000 leaves 1/6, above the 0.1 fraction: nothing trips
+	)
+	a := assembler.New(assembler.Options{})
+	vs := &versions{}
+	names := []string{"a", "b"}
+	ins := map[string][]assembler.InstanceInput{}
+	for i, n := range names {
+		ins[n] = zoned(i*10_000, elig, instances, "z1")
+		a.Update(svc(n, 0.1, ins[n]), t0)
+	}
+	settle(t, a, t0, vs)
+
+	start := t0.Add(time.Hour)
+	versionsOf := map[string]int{}
+	withdrawn := map[string]int{}
+	queuedAt := map[uuid.UUID]time.Time{}
+	var worst time.Duration
+	drain := func(now time.Time) {
+		for _, p := range drainAt(t, a, now, vs) {
+			versionsOf[p.View.Service]++
+			for _, r := range p.Delta.Removals {
+				withdrawn[p.View.Service]++
+				worst = max(worst, now.Sub(queuedAt[r]))
+			}
+		}
+	}
+	for ms := range perService {
+		now := start.Add(time.Duration(ms) * time.Millisecond)
+		// Whatever fell due between two arrivals is published on time.
+		for due := a.NextDue(); !due.IsZero() && due.Before(now); due = a.NextDue() {
+			drain(due)
+		}
+		for _, n := range names {
+			ins[n][ms].State, ins[n][ms].Weight = inelg, 0
+			queuedAt[ins[n][ms].ID] = now
+			a.Update(svc(n, 0.1, ins[n]), now)
+		}
+		drain(now)
+	}
+	for due := a.NextDue(); !due.IsZero(); due = a.NextDue() {
+		drain(due)
+	}
+	for _, n := range names {
+		if withdrawn[n] != perService {
+			t.Errorf("%s: %d withdrawals published, want %d", n, withdrawn[n], perService)
+		}
+		// 1 s / 50 ms = 20 windows, plus the leading edge.
+		t.Logf("%s: %d withdrawals in %d versions", n, withdrawn[n], versionsOf[n])
+		if v := versionsOf[n]; v > 21 || v < 2 {
+			t.Errorf("%s: %d versions for %d withdrawals, want at most 21 (one per window)", n, v, perService)
+		}
+	}
+	if worst > assembler.DefaultWithdrawalWindow {
+		t.Errorf("a withdrawal waited %v, want at most the window", worst)
 	}
 }
 

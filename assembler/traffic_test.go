@@ -7,9 +7,10 @@ import (
 	"github.com/musterhq/muster/assembler"
 )
 
-// A zone drained by a shift is published on the withdrawal window, even
-// while additions are held back by shedding; traffic returning rides the
-// addition window. Endpoints and the guard never change.
+// A zone drained by a shift travels on the withdrawal queue (at once, the
+// queue being idle), even while additions are held back by shedding;
+// traffic returning rides the addition window. Endpoints and the guard
+// never change.
 func TestTrafficWeightWindows(t *testing.T) {
 	t.Parallel()
 	a := assembler.New(assembler.Options{})
@@ -27,10 +28,10 @@ func TestTrafficWeightWindows(t *testing.T) {
 		return 1
 	}
 	a.Update(in, now)
-	if due := a.NextDue(); due != now.Add(assembler.DefaultWithdrawalWindow) {
-		t.Fatalf("a drain is due at %v, want the withdrawal window", due.Sub(now))
+	if due := a.NextDue(); !due.Equal(now) {
+		t.Fatalf("a drain is due at %v, want at once (the withdrawal queue's leading edge)", due.Sub(now))
 	}
-	pubs := drainAt(t, a, now.Add(assembler.DefaultWithdrawalWindow), vs)
+	pubs := drainAt(t, a, now, vs)
 	if len(pubs) != 1 || pubs[0].Delta == nil || !pubs[0].Delta.Withdrawal {
 		t.Fatalf("want one withdrawal delta, got %+v", pubs)
 	}
