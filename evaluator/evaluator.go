@@ -296,25 +296,65 @@ func (e *Evaluator) run(ctx context.Context) {
 	wg.Go(func() { e.databaseLoop(ctx) })
 	tick := time.NewTicker(e.cfg.Tick)
 	defer tick.Stop()
-	var lastEval time.Time
+	// A hard failure is evaluated at once unless an early evaluation ran
+	// within minUrgentInterval; then one more runs at the interval's end
+	// for all that arrived meanwhile (held: its timer), never a sleep, so
+	// the loop still answers ctx and the tick.
+	pace := urgentPacer{interval: minUrgentInterval}
+	held := time.NewTimer(time.Hour)
+	held.Stop()
+	defer held.Stop()
+	var heldC <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 			e.runOnce()
-			lastEval = time.Now()
+			if heldC != nil {
+				// This evaluation saw every hard failure the held one
+				// was for.
+				held.Stop()
+				heldC = nil
+			}
 		case <-e.urgent:
-			// At most one early evaluation per minUrgentInterval; a
-			// burst of hard failures waits at most that long.
-			if wait := minUrgentInterval - time.Since(lastEval); wait > 0 {
-				time.Sleep(wait)
+			if heldC != nil {
+				continue // the held evaluation will see it
+			}
+			if wait := pace.wait(time.Now()); wait > 0 {
+				held.Reset(wait)
+				heldC = held.C
+				continue
 			}
 			e.runOnce()
-			lastEval = time.Now()
+			pace.ran(time.Now())
+		case <-heldC:
+			heldC = nil
+			e.runOnce()
+			pace.ran(time.Now())
 		}
 	}
 }
+
+// urgentPacer paces the evaluations hard failures bring forward: the first
+// runs at once (the leading edge), and a burst costs at most one more per
+// interval. It takes every time as a parameter.
+type urgentPacer struct {
+	interval time.Duration
+	last     time.Time // when the last early evaluation ended; zero: none yet
+}
+
+// wait returns how long an early evaluation asked for at now must wait:
+// 0 if none ran within the interval before now.
+func (u *urgentPacer) wait(now time.Time) time.Duration {
+	if u.last.IsZero() {
+		return 0
+	}
+	return max(0, u.last.Add(u.interval).Sub(now))
+}
+
+// ran records that an early evaluation ended at now.
+func (u *urgentPacer) ran(now time.Time) { u.last = now }
 
 // databaseLoop picks up registry changes (on its ticker, or early when
 // ingest saw an instance it does not know) and flushes observed windows.
@@ -372,7 +412,8 @@ func (e *Evaluator) refreshBounded(ctx context.Context) {
 const refreshOverlap = 10 * time.Second
 
 // minUrgentInterval bounds how often hard failures may bring an
-// evaluation forward.
+// evaluation forward (see urgentPacer): the first is immediate, a burst
+// gets one more per interval.
 const minUrgentInterval = 20 * time.Millisecond
 
 // minKickInterval bounds how often unknown instances in reports may force

@@ -6,8 +6,11 @@
 // only mark services dirty and wake the worker, so evaluation never waits
 // on assembly or on subscribers. The worker re-reads each dirty service's
 // snapshot, updates the assembler, and drains whatever the assembler says
-// is due (withdrawals within their short batching window, additions on
-// theirs).
+// is due (a withdrawal at once when its service's withdrawal queue is idle,
+// otherwise at the end of the short window after the last one; additions
+// on their window). A transition wakes the worker at once, whatever timer
+// it had set for the next due change, so a withdrawal due at once never
+// waits for one.
 //
 // Publication never waits for PostgreSQL. Versions come from an ownership
 // epoch taken once, before the first publication (Prepare), and a local
@@ -152,9 +155,11 @@ func New(cfg Config) (*Publisher, error) {
 			Name: "muster_view_deltas_total", Help: "Deltas published, by queue (withdrawal or addition).",
 		}, []string{"queue"}),
 		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "muster_withdrawal_lag_seconds",
-			Help:    "First failed sample to published withdrawal, per service.",
-			Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60},
+			Name: "muster_withdrawal_lag_seconds",
+			Help: "First failed sample to published withdrawal, per service.",
+			// From 1 ms: a lone withdrawal is published at once (the
+			// withdrawal queue's leading edge), a batched one within 50 ms.
+			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60},
 		}, []string{"service"}),
 		shed: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "muster_additions_shedding", Help: "1 while the addition window is grown under saturation (a shed episode).",

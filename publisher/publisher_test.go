@@ -247,3 +247,31 @@ func TestWithdrawalWithinTheBatchingWindow(t *testing.T) {
 		t.Fatalf("a withdrawal within budget raised alarms: %+v", a)
 	}
 }
+
+// A lone hard failure is published by the evaluation and assembly that
+// follow it, with no clock advance: the withdrawal queue was idle, so the
+// withdrawal is due at once (issue 14), and its lag is what the evaluation
+// took, not a batching window.
+func TestLoneWithdrawalPublishedAtOnce(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t)
+	p.Clock.Advance(time.Minute) // well past any earlier withdrawal's window
+	before := p.view()
+	gone := p.zones["az1"][1]
+	p.probe("hard_failure", gone)
+	p.Evaluator.EvaluateNow()
+	p.Publisher.RunOnce()
+	after := p.view()
+	if len(after.Endpoints) != 5 || after.Version <= before.Version {
+		t.Fatalf("after one hard failure, same instant: %d endpoints at version %d (was %d), want it withdrawn at once",
+			len(after.Endpoints), after.Version, before.Version)
+	}
+	for _, ep := range after.Endpoints {
+		if ep.InstanceID.String() == gone {
+			t.Fatalf("the failed instance is still published: %+v", ep)
+		}
+	}
+	if !after.GeneratedAt.Equal(p.Clock.Now()) {
+		t.Fatalf("published at %v, want the instant of the failure %v", after.GeneratedAt, p.Clock.Now())
+	}
+}
