@@ -86,7 +86,7 @@
 // capped step while traffic returns. It is topology preference, not health:
 // endpoints are published unchanged and the guard ignores it. A change
 // travels as a zone-status change; a decrease of a published zone's weight
-// (a drain, which takes capacity away) travels on the withdrawal window and
+// (a drain, which takes capacity away) travels on the withdrawal queue and
 // marks the delta Withdrawal, so a drain is never held back by shedding; an
 // increase (traffic returning) travels on the addition window.
 //
@@ -150,9 +150,20 @@
 // when it moves between queues; a change undone before it was sent is
 // dropped.
 //
-// A service's withdrawals are published together once the oldest has
-// waited WithdrawalWindow (50 ms): the window is a batching bound, not a
-// delay per change. Its additions are published together once the oldest
+// The withdrawal window (WithdrawalWindow, 50 ms) batches withdrawals under
+// load; it does not delay the first one. Per service: a withdrawal that
+// finds the service's withdrawal queue idle (no version carrying its
+// withdrawals was published in the window before it was queued) is due at
+// once, the leading edge, and Drain publishes it; withdrawals queued within
+// the window after a withdrawal version are due at that window's end and
+// go out together. So a service gets at most one withdrawal version per
+// window, and no withdrawal waits longer than the window: a lone failure
+// costs no batching delay, and an evacuation still batches (1,000
+// withdrawals of a service in a second are about 20 versions, not 1,000).
+// The unit is the service because a delta and its version are per
+// service; a region-wide idle test would almost never pass (steady-state
+// churn, 2,500 changes a minute, is one every 24 ms, inside the window) and
+// would make one service's failure wait on another's. Its additions are published together once the oldest
 // has waited the current addition window. A withdrawal-only version never
 // waits for, or carries, the service's queued additions, with one
 // exception: if publishing the withdrawals alone would leave a zone the
@@ -297,7 +308,8 @@
 //
 // RemoveService drops the service's queued additions, queues the
 // withdrawal of every published endpoint and clears its alarms; the
-// emptied view is published on the withdrawal window, after which the
+// emptied view is published on the withdrawal queue (at once if it is
+// idle), after which the
 // service is forgotten (View reports false). A service never published is
 // forgotten at once. An Update of the same name revives it.
 //

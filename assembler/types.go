@@ -237,7 +237,10 @@ type TrafficWeights func(zone string) float64
 // Options tunes the two queues. Zero values take the defaults.
 type Options struct {
 	// WithdrawalWindow: the longest a withdrawal waits to be batched with
-	// others of the same service (default 50 ms).
+	// others of the same service, and the least time between two of a
+	// service's withdrawal versions (default 50 ms). A withdrawal arriving
+	// when the service's withdrawal queue is idle does not wait (see the
+	// package documentation, Queues).
 	WithdrawalWindow time.Duration
 	// AdditionWindow: the batching window for every other change when the
 	// region is within budget (default 1 s).
