@@ -30,6 +30,9 @@ type PoolConfig struct {
 	// MaxConns bounds the pool; zero keeps pgxpool's default (the URL's
 	// pool_max_conns, or the larger of 4 and the number of CPUs).
 	MaxConns int32
+	// Tracer, when set, traces every query on the pool's connections
+	// (tests count the queries a request makes with one).
+	Tracer pgx.QueryTracer
 }
 
 // OpenPool connects a pool and pings it within the context's deadline.
@@ -59,6 +62,9 @@ func OpenPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	}
 	if c.MaxConns > 0 {
 		cfg.MaxConns = c.MaxConns
+	}
+	if c.Tracer != nil {
+		cfg.ConnConfig.Tracer = c.Tracer
 	}
 	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
 		registerUUID(c.TypeMap())

@@ -249,6 +249,10 @@ type instance struct {
 	admitted  bool
 	readySeen bool // a success that admits has arrived
 	everKnown bool // some class has spoken since the instance was added
+	// shownKnown and shownQuarantined are HealthKnown and Quarantined as
+	// Routing showed them after the last evaluation: a change of either
+	// without a transition is reported by Changed.
+	shownKnown, shownQuarantined bool
 	// hard: a hard failure is latched until a later success; hardClass
 	// and hardRep say whose (unless hardExternal).
 	hard, hardExternal bool
@@ -297,6 +301,8 @@ type service struct {
 	// contradictions counts single-class failures held in rotation
 	// (Degraded) by contradicting evidence.
 	contradictions uint64
+	// changed: named in Engine.changed (cleared by Tick).
+	changed bool
 }
 
 // Engine holds evidence and verdicts for every instance. It is not safe for
@@ -312,6 +318,9 @@ type Engine struct {
 	// reasons that mention a prober.
 	names map[ReporterID]string
 	buf   []Transition
+	// changed names the services, once each, with an instance whose
+	// Routing changed in the last Tick without a transition saying so.
+	changed []string
 }
 
 // NewEngine returns an empty engine.

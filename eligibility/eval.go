@@ -72,6 +72,10 @@ func tm(ns int64) time.Time {
 func (e *Engine) Tick(now time.Time) []Transition {
 	clear(e.buf)
 	e.buf = e.buf[:0]
+	for _, name := range e.changed {
+		e.svcs[e.svcIdx[name]].changed = false
+	}
+	e.changed = e.changed[:0]
 	t := now.UnixNano()
 	e.tickProbers(t)
 	for i := range e.inst {
@@ -82,6 +86,14 @@ func (e *Engine) Tick(now time.Time) []Transition {
 	}
 	return e.buf
 }
+
+// Changed names the services with an instance whose Routing changed in the
+// last Tick without a transition: its health became known or unknown (the
+// first success of an instance without a readiness signal; an instance out
+// of rotation whose classes fell silent or spoke again) or its quarantine
+// ended while it stayed out. A view carries both, so its service must be
+// assembled again. Valid until the next Tick.
+func (e *Engine) Changed() []string { return e.changed }
 
 // assessment is the evidence about one instance at one moment.
 type assessment struct {
@@ -285,11 +297,20 @@ func (e *Engine) eval(in *instance, now int64) {
 	if in.dep != "" && !a.speaking[Self] {
 		in.dep = "" // a silent class's claim goes stale with it
 	}
+	emitted := len(e.buf)
 	if in.state == Ineligible {
 		e.evalOut(in, svc, &a, now)
 	} else {
 		e.evalIn(in, svc, &a, pend, now)
 	}
+	// What Routing shows: a change of it that no transition carries must
+	// still reach the view.
+	known, quar := a.nsp > 0, in.qUntil > now
+	if (known != in.shownKnown || quar != in.shownQuarantined) && len(e.buf) == emitted && !svc.changed {
+		svc.changed = true
+		e.changed = append(e.changed, svc.name)
+	}
+	in.shownKnown, in.shownQuarantined = known, quar
 	e.countProbers(in, &a)
 	in.nextDue = e.due(in, svc, &a, now)
 }

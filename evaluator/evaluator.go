@@ -33,8 +33,10 @@ type Sink interface {
 	// Transitions are eligibility changes, including an ended
 	// instance's last one.
 	Transitions(ts []eligibility.Transition)
-	// ServicesChanged names services whose instance set or contract
-	// changed without a transition (an instance added, say).
+	// ServicesChanged names services whose view changed without a
+	// transition: the instance set or contract (an instance added, say),
+	// an override, or an instance's health (known, unknown) or quarantine
+	// (eligibility.Engine.Changed).
 	ServicesChanged(services []string)
 }
 
@@ -432,6 +434,11 @@ func (e *Evaluator) runOnce() {
 	now := e.cfg.Now()
 	ts := append(e.ended, e.engine.Tick(now)...)
 	e.ended = nil
+	// Health becoming known or unknown, or a quarantine ending, changes
+	// the view without a transition.
+	for _, name := range e.engine.Changed() {
+		e.changed[name] = struct{}{}
+	}
 	e.expireOverrides(now)
 	var changed []string
 	for name := range e.changed {

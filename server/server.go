@@ -338,15 +338,18 @@ func (s *Server) routes() chi.Router {
 
 	// A Group's middleware runs after routing, so metrics and logs carry the
 	// route pattern even for refused requests.
+	// The watch stream is long-lived and served from memory: no database
+	// budget. Reconnect admission is checked before the token: in a
+	// reconnect storm most callers are refused, and a refusal should cost
+	// no signature check (the slot is taken only once the caller is
+	// authorised, so callers without a valid token cannot spend it).
+	r.With(s.watchAdmission, s.authenticate).Get("/v1/watch", s.watch)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		// Metrics describe the whole estate (service names, counts, who
 		// is failing): operators and tools only. MetricsHandler serves
 		// them without a token on a listener of their own.
 		r.Get("/metrics", s.metricsGet)
-		// The watch stream is long-lived and served from memory: no
-		// database budget.
-		r.Get("/v1/watch", s.watch)
 		r.Group(func(r chi.Router) {
 			r.Use(s.dbBudget)
 			// Served from memory: they keep working while PostgreSQL is

@@ -73,10 +73,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	}()
 	now, _ := s.cfg.Hub.Subscribers()
 	if ok, retry := s.cfg.Admission.Admit(now); !ok {
-		s.metrics.admissionRefused.Inc()
-		p := problem(http.StatusServiceUnavailable, "admission", "too many clients are (re)subscribing right now; keep routing on your cached view and come back after Retry-After")
-		p.retryAfter = int(retry / time.Second)
-		writeProblem(w, r, p)
+		s.refuseAdmission(w, r, retry)
 		return
 	}
 	sub, err := s.cfg.Hub.Subscribe(services, since)
@@ -135,6 +132,27 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		return rc.Flush() == nil
 	})
+}
+
+// watchAdmission refuses a watch at once, before its token is looked at,
+// while reconnect admission has no slot: Admission.Check, which takes
+// none (watch takes it with Admit once the caller is authorised).
+func (s *Server) watchAdmission(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now, _ := s.cfg.Hub.Subscribers()
+		if ok, retry := s.cfg.Admission.Check(now); !ok {
+			s.refuseAdmission(w, r, retry)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) refuseAdmission(w http.ResponseWriter, r *http.Request, retry time.Duration) {
+	s.metrics.admissionRefused.Inc()
+	p := problem(http.StatusServiceUnavailable, "admission", "too many clients are (re)subscribing right now; keep routing on your cached view and come back after Retry-After")
+	p.retryAfter = int(retry / time.Second)
+	writeProblem(w, r, p)
 }
 
 // authority is what a watch stream stands on: who opened it, with which

@@ -110,6 +110,19 @@ func (a *Admission) SetPopulation(p Population, at time.Time) {
 // when the next slot frees, so refused callers spread out instead of
 // coming back together.
 func (a *Admission) Admit(current int) (ok bool, retryAfter time.Duration) {
+	return a.decide(current, true)
+}
+
+// Check is Admit without taking the slot: it refuses (counting the
+// refusal, with the same Retry-After) when Admit would, and otherwise
+// admits nothing. It lets a caller refuse before doing anything costly
+// (verifying a token), and spend a slot with Admit only on a
+// subscription it will serve.
+func (a *Admission) Check(current int) (ok bool, retryAfter time.Duration) {
+	return a.decide(current, false)
+}
+
+func (a *Admission) decide(current int, take bool) (ok bool, retryAfter time.Duration) {
 	now := a.cfg.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -118,6 +131,9 @@ func (a *Admission) Admit(current int) (ok bool, retryAfter time.Duration) {
 	pop := a.population(now)
 	budget := a.budget(pop)
 	if len(a.admits) < budget {
+		if !take {
+			return true, 0
+		}
 		a.admits = append(a.admits, now)
 		a.admitted++
 		a.maxWindow = max(a.maxWindow, len(a.admits))

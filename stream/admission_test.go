@@ -202,3 +202,23 @@ func TestAdmissionIsASlidingWindow(t *testing.T) {
 		t.Fatal("refused once the window had passed")
 	}
 }
+
+// Check refuses as Admit would but takes no slot.
+func TestAdmissionCheckTakesNoSlot(t *testing.T) {
+	a := NewAdmission(AdmissionConfig{Floor: 1, Window: time.Hour, Rand: func() float64 { return 0 }})
+	for range 3 {
+		if ok, _ := a.Check(0); !ok {
+			t.Fatal("Check refused with a free slot")
+		}
+	}
+	if ok, _ := a.Admit(0); !ok {
+		t.Fatal("Admit refused the one slot after Checks")
+	}
+	ok, retry := a.Check(0)
+	if ok || retry < time.Second {
+		t.Fatalf("Check with no slot: ok %v, retry %v", ok, retry)
+	}
+	if st := a.Stats(); st.Admitted != 1 || st.Refused != 1 || st.InWindow != 1 {
+		t.Fatalf("stats %+v; want 1 admitted, 1 refused, 1 in window", st)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -88,6 +89,50 @@ type Stack struct {
 	Issuer2 *identity.DevIssuer
 
 	jwksFetches atomic.Int64
+	queries     queryCounter
+}
+
+// RequestQueries counts the queries run on the stack's pool on behalf of
+// requests to path (made with the request's context) since the stack
+// started. Zero for a stack on Options.Pool, which it does not trace.
+func (s *Stack) RequestQueries(path string) int64 { return s.queries.count(path) }
+
+// queryCounter is a pgx tracer counting queries by the path of the request
+// whose context they run with.
+type queryCounter struct {
+	mu     sync.Mutex
+	byPath map[string]int64
+}
+
+type requestPathKey struct{}
+
+// handler marks each request's context with its path, for the tracer.
+func (q *queryCounter) handler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestPathKey{}, r.URL.Path)))
+	})
+}
+
+// TraceQueryStart implements pgx.QueryTracer.
+func (q *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	if path, ok := ctx.Value(requestPathKey{}).(string); ok {
+		q.mu.Lock()
+		if q.byPath == nil {
+			q.byPath = map[string]int64{}
+		}
+		q.byPath[path]++
+		q.mu.Unlock()
+	}
+	return ctx
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (q *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (q *queryCounter) count(path string) int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.byPath[path]
 }
 
 // JWKSFetches counts the requests for the key sets of the stack's dev
@@ -126,6 +171,9 @@ type Options struct {
 	// Limits are the server's per-identity and per-address limits; zero
 	// fields take the defaults.
 	Limits server.Limits
+	// Admission configures watch admission; zero fields take the
+	// defaults.
+	Admission stream.AdmissionConfig
 	// SecondIssuer serves a second dev issuer at /dev/issuer2, trusted
 	// after the first (so not the home issuer): Stack.Issuer2.
 	SecondIssuer bool
@@ -134,6 +182,7 @@ type Options struct {
 // New starts a Stack that is torn down when t ends.
 func New(t testing.TB, opts Options) *Stack {
 	t.Helper()
+	st := &Stack{}
 	pool, monPool := opts.Pool, opts.Pool
 	if pool == nil {
 		url := opts.DatabaseURL
@@ -144,7 +193,7 @@ func New(t testing.TB, opts Options) *Stack {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		var err error
-		if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: url}); err != nil {
+		if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: url, Tracer: &st.queries}); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(pool.Close)
@@ -245,7 +294,7 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &Stack{Issuer2: iss2}
+	st.Issuer2 = iss2
 	// The dev issuers' handlers, counting key set requests.
 	issuerHandler := func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -261,7 +310,7 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	srvCfg := server.Config{
 		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(stream.AdmissionConfig{}), Alarms: pub, Probers: ev, Shifts: shifts, Leases: reaper,
+		Hub: hub, Admission: stream.NewAdmission(opts.Admission), Alarms: pub, Probers: ev, Shifts: shifts, Leases: reaper,
 		Ready: server.ServingReady(ev, hub), Authz: authz, Database: mon, DBTimeout: opts.DBTimeout,
 		DevIssuer: issuerHandler(iss.Handler()), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 		WatchHeartbeat: opts.WatchHeartbeat, Limits: opts.Limits,
@@ -287,7 +336,7 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs.Config.Handler = srv
+	hs.Config.Handler = st.queries.handler(srv)
 	if iss2 != nil {
 		// Routed before the server, which mounts one dev issuer only.
 		second := http.StripPrefix("/dev/issuer2", issuerHandler(iss2.Handler()))
@@ -296,7 +345,7 @@ func New(t testing.TB, opts Options) *Stack {
 				second.ServeHTTP(w, r)
 				return
 			}
-			srv.ServeHTTP(w, r)
+			st.queries.handler(srv).ServeHTTP(w, r)
 		})
 	}
 	// Load the copy of services and grants before serving, so a test's
