@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,6 +44,7 @@ type fleet struct {
 	override   string
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
+	mu         sync.Mutex // guards ids and stopped while registering
 }
 
 func newFleet(t *testing.T, url, admin string, n int, ttl time.Duration) *fleet {
@@ -51,6 +53,39 @@ func newFleet(t *testing.T, url, admin string, n int, ttl time.Duration) *fleet 
 	if code, body := call(t, "PUT", url+"/v1/services/web", admin, `{"owner":"payments","capabilities":[]}`); code != 201 {
 		t.Fatalf("create web: %d %s", code, body)
 	}
+	// The workloads renew from the moment they are registered: under load
+	// registering 200 instances may take longer than a lease.
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	client := &http.Client{Timeout: 2 * time.Second}
+	const workers = 8
+	for w := range workers {
+		f.wg.Go(func() {
+			tick := time.NewTicker(ttl / 3)
+			defer tick.Stop()
+			for {
+				f.mu.Lock()
+				ids, stopped := slices.Clone(f.ids), f.stopped
+				f.mu.Unlock()
+				for i := w; i < len(ids); i += workers {
+					if ids[i] == stopped {
+						continue
+					}
+					req, _ := http.NewRequestWithContext(ctx, "PUT", url+"/v1/instances/"+ids[i]+"/lease", nil)
+					req.Header.Set("Authorization", "Bearer "+admin)
+					if res, err := client.Do(req); err == nil {
+						res.Body.Close() // refused or failed while muster is away: keep trying
+					}
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+			}
+		})
+	}
+	t.Cleanup(f.stop)
 	for i := range n {
 		code, body := call(t, "POST", url+"/v1/services/web/instances", admin,
 			fmt.Sprintf(`{"address":"10.7.%d.%d","port":8080,"zone":"az%d"}`, i/250, i%250+1, i%2+1))
@@ -61,9 +96,13 @@ func newFleet(t *testing.T, url, admin string, n int, ttl time.Duration) *fleet 
 		if err := json.Unmarshal(body, &in); err != nil {
 			t.Fatal(err)
 		}
+		f.mu.Lock()
+		if i == 0 {
+			f.stopped = in.ID // the one that never renews
+		}
 		f.ids = append(f.ids, in.ID)
+		f.mu.Unlock()
 	}
-	f.stopped = f.ids[0]
 	// An operator's override on another instance must survive too. Until
 	// the evaluator's next refresh has seen the instances (within a
 	// second) admission answers 503 not-ready: try again, as a client would.
@@ -83,33 +122,6 @@ func newFleet(t *testing.T, url, admin string, n int, ttl time.Duration) *fleet 
 	_ = json.Unmarshal(body, &o)
 	f.override = o.ID
 
-	ctx, cancel := context.WithCancel(context.Background())
-	f.cancel = cancel
-	client := &http.Client{Timeout: 2 * time.Second}
-	const workers = 8
-	for w := range workers {
-		f.wg.Go(func() {
-			tick := time.NewTicker(ttl / 3)
-			defer tick.Stop()
-			for {
-				for i := w; i < len(f.ids); i += workers {
-					if f.ids[i] == f.stopped {
-						continue
-					}
-					req, _ := http.NewRequestWithContext(ctx, "PUT", url+"/v1/instances/"+f.ids[i]+"/lease", nil)
-					req.Header.Set("Authorization", "Bearer "+admin)
-					if res, err := client.Do(req); err == nil {
-						res.Body.Close() // refused or failed while muster is away: keep trying
-					}
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-			}
-		})
-	}
 	t.Cleanup(f.stop)
 	return f
 }
