@@ -21,6 +21,14 @@ import (
 // passed. A real key rotation is seen within it.
 const keyRefetchInterval = 10 * time.Second
 
+// keyRetryAfterFailure is the least time between fetches while the last
+// one failed. A failure is not a reason to hold off as long as a forged
+// key ID is: at a start, or after an issuer's blip, muster holds no
+// usable key and refuses every token until a fetch succeeds, and a
+// 10 s lockout would let leases lapse for want of a renewal that could
+// have landed (fail-static, issue 11).
+const keyRetryAfterFailure = time.Second
+
 // maxKeySetBytes bounds a key set document; real ones are a few KiB.
 const maxKeySetBytes = 1 << 20
 
@@ -106,11 +114,15 @@ func verifyWith(jws *jose.JSONWebSignature, keys []jose.JSONWebKey, kid string) 
 func (k *keySet) refresh(ctx context.Context) ([]jose.JSONWebKey, error) {
 	k.mu.Lock()
 	if k.pending == nil {
-		if !k.lastFetch.IsZero() && k.now().Sub(k.lastFetch) < keyRefetchInterval {
+		wait := keyRefetchInterval
+		if k.lastErr != nil {
+			wait = keyRetryAfterFailure
+		}
+		if !k.lastFetch.IsZero() && k.now().Sub(k.lastFetch) < wait {
 			err := k.lastErr
 			k.mu.Unlock()
 			if err != nil {
-				return nil, fmt.Errorf("fetching keys (retried after %s): %w", keyRefetchInterval, err)
+				return nil, fmt.Errorf("fetching keys (retried after %s): %w", keyRetryAfterFailure, err)
 			}
 			return nil, errUnknownKey
 		}
