@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -237,6 +238,15 @@ func optional(s string) *string {
 // Log reads the audit log through a pool.
 type Log struct {
 	pool *pgxpool.Pool
+}
+
+// Clip bounds s to n runes, marking the cut, for what an entry keeps of a
+// caller's input: a refused request may carry a whole body of junk.
+func Clip(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n]) + "…"
 }
 
 // NewLog returns a Log over pool.

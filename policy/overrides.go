@@ -354,12 +354,7 @@ func (a *attempt) accept(ctx context.Context, q *db.Queries, now time.Time, chec
 }
 
 // clip bounds s to n runes for the audit log, marking the cut.
-func clip(s string, n int) string {
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	return string([]rune(s)[:n]) + "…"
-}
+func clip(s string, n int) string { return audit.Clip(s, n) }
 
 func nonNil(s []string) []string {
 	if s == nil {

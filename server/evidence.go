@@ -88,7 +88,7 @@ func (s *Server) auditRefusedEvidence(ctx context.Context, actor identity.Princi
 	var items []item
 	for _, r := range refused[:min(len(refused), 10)] {
 		rep := reports[r.Index]
-		items = append(items, item{InstanceID: rep.InstanceID.String(), Class: clip(rep.Class, 32), Outcome: clip(rep.Outcome, 32), Code: r.Code, Reason: r.Reason})
+		items = append(items, item{InstanceID: rep.InstanceID.String(), Class: audit.Clip(rep.Class, 32), Outcome: audit.Clip(rep.Outcome, 32), Code: r.Code, Reason: r.Reason})
 	}
 	first := reports[refused[0].Index].InstanceID.String()
 	entry := audit.Entry{
@@ -104,11 +104,4 @@ func (s *Server) auditRefusedEvidence(ctx context.Context, actor identity.Princi
 		s.metrics.evidenceUnaudited.Add(float64(len(refused)))
 		s.log.Warn("audit refused evidence", "actor", key, "err", err)
 	}
-}
-
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }
