@@ -39,6 +39,18 @@ func startProcess(t *testing.T, dir, addr string, env ...string) *exec.Cmd {
 	}
 	cmd := exec.Command(exe, "dev", "--addr", addr, "--data", dir)
 	cmd.Env = append(append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1"), env...)
+	// The process's output is kept in a file; a failing test prints what
+	// it said about leases, the database and errors.
+	logf, err := os.CreateTemp(t.TempDir(), "muster-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = logf
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpProcessLog(t, logf.Name())
+		}
+	})
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +62,7 @@ func startProcess(t *testing.T, dir, addr string, env ...string) *exec.Cmd {
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
+			_, _ = logf.WriteString(sc.Text() + "\n")
 			if strings.Contains(sc.Text(), "serving on") {
 				served <- true
 			}
@@ -66,6 +79,28 @@ func startProcess(t *testing.T, dir, addr string, env ...string) *exec.Cmd {
 		t.Fatal("muster dev did not serve within 90 s")
 	}
 	return cmd
+}
+
+// dumpProcessLog logs the lines of a muster process's log that speak of
+// leases, the database, warnings or errors (at most the last 300).
+func dumpProcessLog(t *testing.T, path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("muster log %s: %v", path, err)
+		return
+	}
+	var keep []string
+	for line := range strings.Lines(string(b)) {
+		l := strings.ToLower(line)
+		if strings.Contains(l, "lease") || strings.Contains(l, "database") || strings.Contains(l, "warn") ||
+			strings.Contains(l, "error") || strings.Contains(l, "expire") || strings.Contains(l, "serving") {
+			keep = append(keep, strings.TrimRight(line, "\n"))
+		}
+	}
+	if len(keep) > 300 {
+		keep = keep[len(keep)-300:]
+	}
+	t.Logf("muster log %s (%d of its lines):\n%s", filepath.Base(path), len(keep), strings.Join(keep, "\n"))
 }
 
 func freeAddr(t *testing.T) string {

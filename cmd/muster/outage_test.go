@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"slices"
@@ -45,12 +46,20 @@ type fleet struct {
 	override   string
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
-	mu         sync.Mutex // guards ids and stopped while registering
+	mu         sync.Mutex // guards ids, stopped and last
+	// last is each instance's last renewal attempt: when, and how it
+	// went; a failing test prints it for the instances that expired.
+	last map[string]renewal
+}
+
+type renewal struct {
+	okAt, failAt time.Time
+	fail         string
 }
 
 func newFleet(t *testing.T, url, admin string, n int, ttl time.Duration) *fleet {
 	t.Helper()
-	f := &fleet{url: url, admin: admin}
+	f := &fleet{url: url, admin: admin, last: map[string]renewal{}}
 	if code, body := call(t, "PUT", url+"/v1/services/web", admin, `{"owner":"payments","capabilities":[]}`); code != 201 {
 		t.Fatalf("create web: %d %s", code, body)
 	}
@@ -74,9 +83,27 @@ func newFleet(t *testing.T, url, admin string, n int, ttl time.Duration) *fleet 
 					}
 					req, _ := http.NewRequestWithContext(ctx, "PUT", url+"/v1/instances/"+ids[i]+"/lease", nil)
 					req.Header.Set("Authorization", "Bearer "+admin)
-					if res, err := client.Do(req); err == nil {
-						res.Body.Close() // refused or failed while muster is away: keep trying
+					res, err := client.Do(req)
+					// Refused or failed while muster is away: keep trying.
+					at, fail := time.Now(), ""
+					if err != nil {
+						fail = err.Error()
+					} else {
+						if res.StatusCode != 200 {
+							b, _ := io.ReadAll(io.LimitReader(res.Body, 300))
+							fail = fmt.Sprintf("%d %s", res.StatusCode, b)
+						}
+						res.Body.Close()
 					}
+					f.mu.Lock()
+					r := f.last[ids[i]]
+					if fail == "" {
+						r.okAt = at
+					} else {
+						r.failAt, r.fail = at, fail
+					}
+					f.last[ids[i]] = r
+					f.mu.Unlock()
 				}
 				select {
 				case <-ctx.Done():
@@ -190,6 +217,14 @@ func (f *fleet) check(t *testing.T, back time.Time, ttl time.Duration) {
 		}
 	}
 	if len(other) > 0 || len(st) != len(f.ids) {
+		f.mu.Lock()
+		for _, o := range other {
+			id, _, _ := strings.Cut(o, "=")
+			r := f.last[id]
+			t.Logf("%s: last renewed %s after muster heard again; last refused %s after (%s)",
+				id, r.okAt.Sub(back).Round(time.Millisecond), r.failAt.Sub(back).Round(time.Millisecond), r.fail)
+		}
+		f.mu.Unlock()
 		t.Fatalf("after the outage %d of %d renewing instances are active (ids kept); not: %s; %d instances listed",
 			len(active), len(f.ids)-1, strings.Join(other, ", "), len(st))
 	}
