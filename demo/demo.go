@@ -227,6 +227,46 @@ func (d *Demo) call(ctx context.Context, method, path, token string, body, out a
 	return nil
 }
 
+// transient says whether err is worth retrying: the request never got an
+// answer, or the answer was one a busy or recovering server gives (429,
+// 502, 503, 504). It also returns the wait the server asked for, if any.
+func transient(err error) (bool, time.Duration) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		return true, 0 // transport error: no answer at all
+	}
+	switch ae.Status {
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		secs, _ := strconv.Atoi(ae.Header.Get("Retry-After"))
+		return true, time.Duration(secs) * time.Second
+	}
+	return false, 0
+}
+
+// setupCall is call for the estate's setup, which a busy or recovering
+// server must not end: a transient refusal (see transient) is retried
+// with capped exponential backoff, or after the Retry-After asked for,
+// until ctx ends. Every setup write is idempotent (PUTs, and a
+// registration of the same address replaces the earlier one).
+func (d *Demo) setupCall(ctx context.Context, method, path, token string, body, out any) error {
+	backoff := 250 * time.Millisecond
+	for {
+		err := d.call(ctx, method, path, token, body, out)
+		retry, after := transient(err)
+		if err == nil || !retry || ctx.Err() != nil {
+			return err
+		}
+		wait := max(after, backoff)
+		d.log.Warn("demo: setup call failed; retrying", "method", method, "path", path, "in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
 // setup creates (or adopts) the services, contracts, instances and
 // prober assignments.
 func (d *Demo) setup(ctx context.Context) error {
@@ -235,7 +275,7 @@ func (d *Demo) setup(ctx context.Context) error {
 		return err
 	}
 	for si, s := range estate {
-		err := d.call(ctx, http.MethodPut, "/v1/services/"+s.name, admin, map[string]any{"owner": s.owner, "capabilities": s.caps}, nil)
+		err := d.setupCall(ctx, http.MethodPut, "/v1/services/"+s.name, admin, map[string]any{"owner": s.owner, "capabilities": s.caps}, nil)
 		if err != nil {
 			return fmt.Errorf("service %s: %w", s.name, err)
 		}
@@ -254,7 +294,7 @@ func (d *Demo) setup(ctx context.Context) error {
 				var inst struct {
 					ID string `json:"id"`
 				}
-				err = d.call(ctx, http.MethodPost, "/v1/services/"+s.name+"/instances", tok,
+				err = d.setupCall(ctx, http.MethodPost, "/v1/services/"+s.name+"/instances", tok,
 					map[string]any{"address": addr, "port": 8080, "zone": z}, &inst)
 				if err != nil {
 					return fmt.Errorf("register %s in %s: %w", s.name, z, err)
@@ -270,7 +310,7 @@ func (d *Demo) setup(ctx context.Context) error {
 				ids = append(ids, in.id)
 			}
 		}
-		if err := d.call(ctx, http.MethodPut, "/v1/probers/prober-"+z+"/assignments", admin, map[string]any{"services": []string{}, "instances": ids}, nil); err != nil {
+		if err := d.setupCall(ctx, http.MethodPut, "/v1/probers/prober-"+z+"/assignments", admin, map[string]any{"services": []string{}, "instances": ids}, nil); err != nil {
 			return fmt.Errorf("assign prober-%s: %w", z, err)
 		}
 	}
@@ -279,7 +319,7 @@ func (d *Demo) setup(ctx context.Context) error {
 		if s.name == "storefront" {
 			continue
 		}
-		if err := d.call(ctx, http.MethodPut, "/v1/services/"+s.name+"/grants", admin, map[string]any{"callers": []string{"storefront"}}, nil); err != nil {
+		if err := d.setupCall(ctx, http.MethodPut, "/v1/services/"+s.name+"/grants", admin, map[string]any{"callers": []string{"storefront"}}, nil); err != nil {
 			return fmt.Errorf("grant %s: %w", s.name, err)
 		}
 	}
@@ -292,13 +332,13 @@ func (d *Demo) putContract(ctx context.Context, name, admin, patch string) error
 		Version  int64          `json:"version"`
 		Contract map[string]any `json:"contract"`
 	}
-	if err := d.call(ctx, http.MethodGet, "/v1/services/"+name+"/contract", admin, nil, &cur); err != nil {
+	if err := d.setupCall(ctx, http.MethodGet, "/v1/services/"+name+"/contract", admin, nil, &cur); err != nil {
 		return fmt.Errorf("contract of %s: %w", name, err)
 	}
 	if err := json.Unmarshal([]byte(patch), &cur.Contract); err != nil {
 		return err
 	}
-	if err := d.call(ctx, http.MethodPut, "/v1/services/"+name+"/contract", admin, cur.Contract, nil); err != nil {
+	if err := d.setupCall(ctx, http.MethodPut, "/v1/services/"+name+"/contract", admin, cur.Contract, nil); err != nil {
 		return fmt.Errorf("contract of %s: %w", name, err)
 	}
 	return nil

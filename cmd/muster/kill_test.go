@@ -82,25 +82,32 @@ func startProcess(t *testing.T, dir, addr string, env ...string) *exec.Cmd {
 }
 
 // dumpProcessLog logs the lines of a muster process's log that speak of
-// leases, the database, warnings or errors (at most the last 300).
+// leases, the database, the demo, warnings or errors (at most the last 300).
 func dumpProcessLog(t *testing.T, path string) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Logf("muster log %s: %v", path, err)
 		return
 	}
+	logNotable(t, filepath.Base(path), string(b))
+}
+
+// logNotable logs the lines of a muster log that speak of leases, the
+// database, the demo, warnings or errors (at most the last 300).
+func logNotable(t *testing.T, name, log string) {
 	var keep []string
-	for line := range strings.Lines(string(b)) {
+	for line := range strings.Lines(log) {
 		l := strings.ToLower(line)
 		if strings.Contains(l, "lease") || strings.Contains(l, "database") || strings.Contains(l, "warn") ||
-			strings.Contains(l, "error") || strings.Contains(l, "expire") || strings.Contains(l, "serving") {
+			strings.Contains(l, "error") || strings.Contains(l, "expire") || strings.Contains(l, "serving") ||
+			strings.Contains(l, "demo") {
 			keep = append(keep, strings.TrimRight(line, "\n"))
 		}
 	}
 	if len(keep) > 300 {
 		keep = keep[len(keep)-300:]
 	}
-	t.Logf("muster log %s (%d of its lines):\n%s", filepath.Base(path), len(keep), strings.Join(keep, "\n"))
+	t.Logf("muster log %s (%d of its lines):\n%s", name, len(keep), strings.Join(keep, "\n"))
 }
 
 func freeAddr(t *testing.T) string {

@@ -98,6 +98,13 @@ func startDev(t *testing.T, dir string, extra ...string) *devServer {
 		})
 	}
 	t.Cleanup(d.stop)
+	// Registered after stop, so it runs first: a failing test shows what
+	// the process said (the demo's refusals and retries included).
+	t.Cleanup(func() {
+		if t.Failed() {
+			logNotable(t, "muster dev", errw.String())
+		}
+	})
 	return d
 }
 
