@@ -176,13 +176,20 @@ func get(t *testing.T, c *http.Client, url, token string) *http.Response {
 
 // TestUnauthenticatedFloodPerAddress: once an address has had its share
 // of 401s, it is answered 429 without its token being verified (a valid
-// token too), while another address is served as usual.
+// token never seen before too), while another address is served as
+// usual, and so is a token the address presented successfully before the
+// flood: a flood from an address real clients share does not lock them
+// out.
 func TestUnauthenticatedFloodPerAddress(t *testing.T) {
 	t.Parallel()
 	lim := policy.Limit{Max: 5, Window: time.Minute}
 	s := servertest.New(t, servertest.Options{Limits: server.Limits{Unauthenticated: lim}})
 	good := s.Token(t, servertest.Viewer)
+	known := s.Token(t, servertest.Admin)
 	a, b := fromAddr("127.0.0.1"), fromAddr("127.0.0.2")
+	if res := get(t, a, s.URL+"/v1/services", known); res.StatusCode != http.StatusOK {
+		t.Fatalf("a valid token before the flood: %d, want 200", res.StatusCode)
+	}
 	for i := range 5 {
 		tok := ""
 		if i%2 == 1 {
@@ -201,6 +208,9 @@ func TestUnauthenticatedFloodPerAddress(t *testing.T) {
 	}
 	if res := get(t, b, s.URL+"/v1/services", good); res.StatusCode != http.StatusOK {
 		t.Fatalf("a valid token from 127.0.0.2: %d, want 200", res.StatusCode)
+	}
+	if res := get(t, a, s.URL+"/v1/services", known); res.StatusCode != http.StatusOK {
+		t.Fatalf("from the flooded 127.0.0.1, the token it used before the flood: %d, want 200", res.StatusCode)
 	}
 	// Scraped without a token: 127.0.0.1 is still refused.
 	rec := httptest.NewRecorder()

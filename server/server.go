@@ -32,6 +32,15 @@ type Authenticator interface {
 	Verify(ctx context.Context, raw string) (identity.Principal, error)
 }
 
+// KnownTokens is what an Authenticator may also offer: the principal of
+// a token it accepted before and may still reuse, without verifying it
+// again (identity.Verifier does). While a source address is refused for
+// a flood of invalid tokens (Limits.Unauthenticated), its known tokens are
+// still served.
+type KnownTokens interface {
+	Known(raw string) (identity.Principal, bool)
+}
+
 // Evaluator ingests evidence and shows verdicts.
 type Evaluator interface {
 	Ingest(ctx context.Context, actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
