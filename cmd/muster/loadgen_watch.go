@@ -60,6 +60,7 @@ func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	fs.IntVar(&o.additions, "additions", 50, "new instances to register, spread over the run")
 	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long to inject for, once every stream is held")
 	fs.IntVar(&o.connectConcurrency, "connect-concurrency", 200, "watch requests in flight while connecting")
+	fs.IntVar(&o.setupRate, "setup-rate", 1000, "instances made eligible per second during setup: kept under muster's change budget (2,000/s) so the setup causes no addition-shedding episode of its own")
 	fs.DurationVar(&o.connectTimeout, "connect-timeout", 5*time.Minute, "give up waiting for every stream to be held after this long")
 	fs.BoolVar(&o.restart, "restart", false, "instead of injecting changes: run muster dev on --data as a child process, connect the subscribers (default 10,000), restart muster, and measure readmission through the default admission settings (--url is not used)")
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:0", "--restart: address the child muster listens on (both processes)")
@@ -74,8 +75,8 @@ func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	if o.restart && !clientsSet {
 		o.clients = 10000
 	}
-	if o.clients < 1 || o.perClient < 1 || o.perClient > 100 || o.failures < 0 || o.burst < 0 || o.additions < 0 || o.duration <= 0 || o.connectConcurrency < 1 {
-		fmt.Fprintln(stderr, "muster loadgen watch: --clients, --connect-concurrency and --duration must be positive, --services-per-client 1 to 100, --failures, --burst and --additions not negative")
+	if o.clients < 1 || o.perClient < 1 || o.perClient > 100 || o.failures < 0 || o.burst < 0 || o.additions < 0 || o.duration <= 0 || o.connectConcurrency < 1 || o.setupRate < 1 {
+		fmt.Fprintln(stderr, "muster loadgen watch: --clients, --connect-concurrency, --setup-rate and --duration must be positive, --services-per-client 1 to 100, --failures, --burst and --additions not negative")
 		return o, errUsage
 	}
 	if o.restart && (o.admissionWindow < time.Second || o.admissionFloor < 1 || o.readmitTimeout <= 0) {
@@ -102,6 +103,7 @@ type lgwOptions struct {
 	burst                    int // hard failures in the one-minute burst; 0: paced failures instead
 	duration, connectTimeout time.Duration
 	connectConcurrency       int
+	setupRate                int // instances made eligible per second during setup
 
 	// --restart: run muster as a child process and restart it.
 	restart         bool
@@ -173,6 +175,9 @@ type lgWatch struct {
 	lagMu        sync.Mutex
 	withdrawLags []time.Duration
 	additionLags []time.Duration
+	// withdrawAllLags: per withdrawal, first failed sample -> applied by
+	// the last of its service's subscribers.
+	withdrawAllLags []time.Duration
 }
 
 // lgwService is one watched service: its instances interned to small local
@@ -376,10 +381,11 @@ func (w *lgWatch) run(ctx context.Context) error {
 
 	// Report.
 	w.lagMu.Lock()
-	wl, al := slices.Clone(w.withdrawLags), slices.Clone(w.additionLags)
+	wl, al, wall := slices.Clone(w.withdrawLags), slices.Clone(w.additionLags), slices.Clone(w.withdrawAllLags)
 	w.lagMu.Unlock()
 	slices.Sort(wl)
 	slices.Sort(al)
+	slices.Sort(wall)
 	var wantW, wantA int64
 	w.injMu.Lock()
 	for _, in := range w.injections {
@@ -417,6 +423,8 @@ func (w *lgWatch) run(ctx context.Context) error {
 		fmt.Fprintf(w.stdout, "withdrawal lag (first failed sample -> applied by subscriber): p50 %s p99 %s p99.9 %s max %s over %d applications of %d failures (%d expected; %d skipped for zone headroom, %d refused)\n",
 			pctOf(wl, 0.50), pctOf(wl, 0.99), pctOf(wl, 0.999), pctOf(wl, 1), len(wl), failuresSent.Load(), wantW, failuresSkipped.Load(), failuresRefused.Load())
 	}
+	fmt.Fprintf(w.stdout, "withdrawal time to all (first failed sample -> applied by the last of the service's subscribers): p50 %s p99 %s max %s over %d withdrawals\n",
+		pctOf(wall, 0.50), pctOf(wall, 0.99), pctOf(wall, 1), len(wall))
 	fmt.Fprintf(w.stdout, "addition lag (registered -> applied by subscriber): p50 %s p99 %s max %s over %d applications of %d additions (%d expected)\n",
 		pctOf(al, 0.50), pctOf(al, 0.99), pctOf(al, 1), len(al), additionsSent.Load(), wantA)
 	v, d, h := frames1[0]-frames0[0], frames1[1]-frames0[1], frames1[2]-frames0[2]
@@ -467,10 +475,10 @@ func (w *lgWatch) setup(ctx context.Context) error {
 	// silent probe class would leave instances unknown, and a hard failure
 	// of an unknown instance is not corroborated (ADR-05).
 	began := time.Now()
-	start := began
-	if err := w.sendSuccesses(ctx, w.liveInstances()); err != nil {
+	if err := w.rampSuccesses(ctx, w.liveInstances()); err != nil {
 		return err
 	}
+	start := time.Now()
 	// Every service, not a sample: 'unknown -> eligible' travels on the
 	// addition queue, which sheds (grows its window) when thousands of
 	// instances change at once, so services come round at different times.
@@ -507,7 +515,10 @@ func (w *lgWatch) setup(ctx context.Context) error {
 			start = time.Now()
 		}
 	}
-	fmt.Fprintf(w.stdout, "instances made eligible in %s\n", time.Since(began).Round(time.Millisecond))
+	fmt.Fprintf(w.stdout, "instances made eligible in %s (at most %d a second)\n", time.Since(began).Round(time.Millisecond), w.setupRate)
+	if err := w.waitUnshed(ctx); err != nil {
+		return err
+	}
 
 	// Snapshot every view for the failure targets and zone headroom.
 	w.zones = nil
@@ -604,8 +615,11 @@ type lgwZone struct {
 // applied, and stays a whole instance above its guard's minimum after one
 // more failure, so the guard does not trip and the failure is a real
 // withdrawal.
+//
+// Only watched services are failed: a withdrawal nobody subscribes to
+// measures nothing (with --clients 1, only 3 of 450 services are).
 func (z *lgwZone) usable(now time.Time) bool {
-	if len(z.targets) == 0 {
+	if len(z.targets) == 0 || z.svc.watchers == 0 {
 		return false
 	}
 	if z.last != nil && z.last.applied.Load() < int64(z.svc.watchers) && now.Sub(z.lastAt) < 10*time.Second {
@@ -842,6 +856,60 @@ func (w *lgWatch) liveInstances() []uuid.UUID {
 	return append(ids, w.added...)
 }
 
+// rampSuccesses sends one probe success for each of ids at no more than
+// --setup-rate a second, so that making a seeded estate eligible stays
+// under muster's change budget and the run does not measure a shed
+// episode it caused itself.
+func (w *lgWatch) rampSuccesses(ctx context.Context, ids []uuid.UUID) error {
+	const batch = 250
+	every := time.Duration(float64(time.Second) * batch / float64(w.setupRate))
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for len(ids) > 0 {
+		n := min(len(ids), batch)
+		if err := w.sendSuccesses(ctx, ids[:n]); err != nil {
+			return err
+		}
+		ids = ids[n:]
+		if len(ids) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// waitUnshed waits (up to 2 minutes) until muster's addition window is
+// back at its base, so that what the run measures starts outside any
+// shed episode, and says how many episodes the setup saw.
+func (w *lgWatch) waitUnshed(ctx context.Context) error {
+	began := time.Now()
+	for {
+		s, err := w.scrape(ctx)
+		if err != nil {
+			return err
+		}
+		if s.shedding == 0 {
+			fmt.Fprintf(w.stdout, "muster is not shedding additions (muster_shed_episodes_total %.0f before measuring; waited %s)\n",
+				s.shedEpisodes, time.Since(began).Round(time.Millisecond))
+			return nil
+		}
+		if time.Since(began) > 2*time.Minute {
+			fmt.Fprintf(w.stderr, "warning: muster still sheds additions 2 min after setup; going on\n")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
 func (w *lgWatch) sendSuccesses(ctx context.Context, ids []uuid.UUID) error {
 	reports := make([]evaluator.Report, 0, 1000)
 	for len(ids) > 0 {
@@ -1061,12 +1129,17 @@ func (w *lgWatch) streamFailed(err error) {
 }
 
 func (w *lgWatch) record(in *lgwInjection, lag time.Duration) {
-	in.applied.Add(1)
+	all := in.applied.Add(1) == int64(in.svc.watchers)
 	w.lagMu.Lock()
 	if in.addition {
 		w.additionLags = append(w.additionLags, lag)
 	} else {
 		w.withdrawLags = append(w.withdrawLags, lag)
+		if all {
+			// The last of the service's subscribers has it: the
+			// withdrawal's time to all.
+			w.withdrawAllLags = append(w.withdrawAllLags, lag)
+		}
 	}
 	w.lagMu.Unlock()
 }
