@@ -1265,3 +1265,63 @@ func TestPassivePopulation(t *testing.T) {
 		}
 	})
 }
+
+// TestTwoBrokenProbersRemoveNothing is issue 13's finding: two probers
+// that report failure for every target (instead of going silent) while
+// the targets say they are healthy took a service's six instances out.
+// Now neither removes anything, and both are found suspect against a
+// healthy peer prober.
+func TestTwoBrokenProbersRemoveNothing(t *testing.T) {
+	t.Parallel()
+	const brokenA, brokenB, healthy eligibility.ReporterID = 7, 8, 9
+	s := newSim(t, eligibility.Options{})
+	s.service("web", contract(probeSelf))
+	s.service("api", contract(probeSelf))
+	var web, api []eligibility.InstanceID
+	for n := range 6 {
+		web = append(web, s.add(n, "web"))
+		api = append(api, s.add(10+n, "api"))
+	}
+	s.e.AssignProber(brokenA, append(slices.Clone(web[:3]), api[:1]...))
+	s.e.AssignProber(brokenB, append(slices.Clone(web[3:]), api[1:2]...))
+	s.e.AssignProber(healthy, api[2:])
+	s.e.NameReporter(brokenA, "prober-az1")
+	s.e.NameReporter(brokenB, "prober-az2")
+	s.e.NameReporter(healthy, "prober-az3")
+	broken := false
+	feed := every(5*time.Second, func(time.Time) {
+		for i, id := range append(slices.Clone(web), api...) {
+			p := healthy
+			switch {
+			case i < 3 || i == 6:
+				p = brokenA
+			case i < 6 || i == 7:
+				p = brokenB
+			}
+			o := ok
+			if broken && p != healthy {
+				o = fail
+			}
+			s.obs(id, probe, o, p)
+			s.obs(id, self, ok, 2)
+		}
+	})
+	s.run(time.Minute, time.Second, feed)
+	broken = true
+	for range 60 {
+		s.run(time.Second, time.Second, feed)
+		for _, id := range append(slices.Clone(web), api...) {
+			if st := s.state(id); st == eligibility.Ineligible {
+				t.Fatalf("instance %v removed by two broken probers against its own healthy reports: %+v", id, s.verdict(id))
+			}
+		}
+	}
+	sus := s.e.ProberSuspects()
+	names := []string{}
+	for _, p := range sus {
+		names = append(names, p.Name)
+	}
+	if !slices.Equal(names, []string{"prober-az1", "prober-az2"}) {
+		t.Fatalf("suspect probers %v, want prober-az1 and prober-az2", names)
+	}
+}

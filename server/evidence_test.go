@@ -20,7 +20,8 @@ import (
 // rotation. A viewer's and an unrelated workload's passive hard failures
 // are refused and audited; a sibling's self-report is refused; a prober
 // failing its targets while each instance reports itself healthy removes
-// none of them (they are degraded, reason naming the prober) and is named
+// none of them while their own reports and their callers say they are
+// healthy (they are degraded, reason naming the prober) and is named
 // in a prober_suspect alarm.
 func TestEvidenceSideDoors(t *testing.T) {
 	t.Parallel()
@@ -104,12 +105,18 @@ func TestEvidenceSideDoors(t *testing.T) {
 	}
 
 	// A prober failing every target while each instance says it is
-	// healthy: degraded, never removed; the prober is suspect.
+	// healthy and its callers see it succeed: degraded, never removed;
+	// the prober is suspect.
+	if r := s.JSON(t, "PUT", "/v1/services/web/grants", admin, `{"callers":["api"]}`); r.Status != http.StatusOK {
+		t.Fatalf("grant api: %d %s", r.Status, r.Body)
+	}
+	caller := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "api"})
 	selves := make([]string, len(ids))
 	for i := range ids {
 		selves[i] = s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{fmt.Sprintf("10.0.0.%d", i+1)}})
 	}
 	prober := s.Token(t, identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"})
+	degraded := map[string]bool{}
 	for range 8 {
 		s.Clock.Advance(time.Second)
 		for i, id := range ids {
@@ -117,19 +124,34 @@ func TestEvidenceSideDoors(t *testing.T) {
 				t.Fatalf("web[%d]'s own report: %+v", i, res)
 			}
 		}
-		var fails []string
+		var fails, calls []string
 		for _, id := range ids {
 			fails = append(fails, item(id, "probe", "failure"))
+			calls = append(calls, fmt.Sprintf(`{"instance_id":%q,"class":"passive","successes":50,"failures":0}`, id))
+		}
+		if res := post(caller, calls...); res.Accepted != len(ids) {
+			t.Fatalf("the caller's outcomes: %+v", res)
 		}
 		if res := post(prober, fails...); res.Accepted != len(ids) {
 			t.Fatalf("the prober's reports: %+v", res)
 		}
 		s.Evaluator.EvaluateNow()
 		for i, id := range ids {
-			if !inRotation(id) {
-				t.Fatalf("web[%d] removed by one prober against its own healthy reports: %+v", i, verdicts()[id])
+			// In rotation throughout: degraded while the prober's
+			// failures are contradicted, eligible once the prober is
+			// suspect and its probes no longer count.
+			switch v := verdicts()[id]; {
+			case v.State == "degraded":
+				degraded[id] = true
+			case v.State == "eligible" && strings.Contains(strings.Join(v.Reasons, "; "), "ignored: suspect"):
+			default:
+				t.Fatalf("web[%d] under one prober's failures against healthy self and passive evidence: %s %v, want degraded, or eligible with the prober ignored as suspect",
+					i, v.State, v.Reasons)
 			}
 		}
+	}
+	if len(degraded) != len(ids) {
+		t.Errorf("%d of %d instances were degraded by the contradicted prober before it was found suspect, want all", len(degraded), len(ids))
 	}
 	v := verdicts()[ids[0]]
 	if joined := strings.Join(v.Reasons, "; "); !strings.Contains(joined, "prober-az1") {

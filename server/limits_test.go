@@ -150,6 +150,54 @@ func TestRegistrationsAreLimitedPerIdentity(t *testing.T) {
 	}
 }
 
+// TestRenewalsAndDeregistrationsAreLimitedPerIdentity: lease renewals and
+// the instance's own deregistrations each have a bucket per identity,
+// answering 429 past it, and another identity is unaffected.
+func TestRenewalsAndDeregistrationsAreLimitedPerIdentity(t *testing.T) {
+	t.Parallel()
+	lim := policy.Limit{Max: 2, Window: time.Minute}
+	s := servertest.New(t, servertest.Options{Limits: server.Limits{LeaseRenewals: lim, Deregistrations: lim}})
+	s.Seed(t)
+	web, api := s.Token(t, webReq), s.Token(t, apiReq)
+	register := func(tok, service string, port int) string {
+		t.Helper()
+		r := s.JSON(t, "POST", "/v1/services/"+service+"/instances", tok, fmt.Sprintf(`{"address":"127.0.0.1","port":%d,"zone":"az1"}`, port))
+		if r.Status != http.StatusCreated {
+			t.Fatalf("register %s: %d %s", service, r.Status, r.Body)
+		}
+		return servertest.Decode[registry.Instance](t, r).ID.String()
+	}
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, register(web, "web", 9000+i))
+	}
+	other := register(api, "api", 9100)
+	for i := range 2 {
+		if r := s.Do(t, "PUT", "/v1/instances/"+ids[0]+"/lease", web, "", ""); r.Status != http.StatusOK {
+			t.Fatalf("renewal %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	wantRateLimited(t, s.Do(t, "PUT", "/v1/instances/"+ids[0]+"/lease", web, "", ""), lim)
+	if r := s.Do(t, "PUT", "/v1/instances/"+other+"/lease", api, "", ""); r.Status != http.StatusOK {
+		t.Fatalf("another identity's renewal: %d %s", r.Status, r.Body)
+	}
+	// The instance deregistering itself (its address is the request's
+	// source): immediate, but bounded per identity too.
+	for i := range 2 {
+		if r := s.Do(t, "DELETE", "/v1/instances/"+ids[i], web, "", ""); r.Status != http.StatusNoContent {
+			t.Fatalf("deregistration %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	wantRateLimited(t, s.Do(t, "DELETE", "/v1/instances/"+ids[2], web, "", ""), lim)
+	if r := s.Do(t, "GET", "/v1/instances/"+ids[2], s.Token(t, adminReq), "", ""); r.Status != http.StatusOK ||
+		servertest.Decode[registry.Instance](t, r).State != registry.StateActive {
+		t.Fatalf("the instance whose deregistration was refused 429: %d %s, want it still active", r.Status, r.Body)
+	}
+	if r := s.Do(t, "DELETE", "/v1/instances/"+other, api, "", ""); r.Status != http.StatusNoContent {
+		t.Fatalf("another identity's deregistration: %d %s", r.Status, r.Body)
+	}
+}
+
 // fromAddr returns a client whose connections come from the loopback
 // address local, so a test can be two source addresses.
 func fromAddr(local string) *http.Client {
