@@ -170,6 +170,7 @@ type lgWatch struct {
 	injMu      sync.Mutex
 	injections []*lgwInjection
 	failed     map[uuid.UUID]bool // instances hard-failed: no more successes for them
+	ramped     []uuid.UUID        // instances setup has made eligible so far
 	added      []uuid.UUID        // instances registered: kept alive and their leases renewed
 
 	lagMu        sync.Mutex
@@ -225,6 +226,18 @@ type lgwInjection struct {
 }
 
 func (w *lgWatch) run(ctx context.Context) error {
+	// Successes are repeated from the start of setup to the end of the
+	// run: a probe class silent for its interval would leave instances
+	// unknown (and, arriving back, they would be additions the run did
+	// not mean to make).
+	if err := w.prepare(ctx); err != nil {
+		return err
+	}
+	keepCtx, stopKeep := context.WithCancel(ctx)
+	defer stopKeep()
+	var keep sync.WaitGroup
+	defer keep.Wait()
+	keep.Go(func() { w.keepAlive(keepCtx) })
 	if err := w.setup(ctx); err != nil {
 		return err
 	}
@@ -290,10 +303,6 @@ func (w *lgWatch) run(ctx context.Context) error {
 			injErrOnce.Do(func() { injErr = err })
 		}
 	}
-	keepCtx, stopKeep := context.WithCancel(ctx)
-	defer stopKeep()
-	var keep sync.WaitGroup
-	keep.Go(func() { w.keepAlive(keepCtx) })
 	var burst lgwBurstResult
 	var shedSamples, shedSeen atomic.Int64
 	if w.burst > 0 {
@@ -458,12 +467,11 @@ func (w *lgWatch) newClients() []*lgwClient {
 	return clients
 }
 
-// setup mints tokens, lists the loadgen services and instances, makes every
-// instance eligible and snapshots the views to choose failures from.
+// setup makes every instance eligible (ramped, see rampSuccesses) and
+// snapshots the views to choose failures from. It runs after prepare
+// (which mints tokens and lists the loadgen services and instances) and
+// with keepAlive repeating the successes.
 func (w *lgWatch) setup(ctx context.Context) error {
-	if err := w.prepare(ctx); err != nil {
-		return err
-	}
 	total := 0
 	for _, s := range w.services {
 		total += len(s.instances)
@@ -826,7 +834,7 @@ func (w *lgWatch) keepAlive(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := w.sendSuccesses(ctx, w.liveInstances()); err != nil && ctx.Err() == nil {
+		if err := w.sendSuccesses(ctx, w.rampedInstances()); err != nil && ctx.Err() == nil {
 			fmt.Fprintln(w.stderr, "keep-alive reports:", err)
 		}
 		if n%2 == 1 {
@@ -860,6 +868,8 @@ func (w *lgWatch) liveInstances() []uuid.UUID {
 // --setup-rate a second, so that making a seeded estate eligible stays
 // under muster's change budget and the run does not measure a shed
 // episode it caused itself.
+//
+// keepAlive repeats the successes of those ramped so far (ramped).
 func (w *lgWatch) rampSuccesses(ctx context.Context, ids []uuid.UUID) error {
 	const batch = 250
 	every := time.Duration(float64(time.Second) * batch / float64(w.setupRate))
@@ -870,6 +880,9 @@ func (w *lgWatch) rampSuccesses(ctx context.Context, ids []uuid.UUID) error {
 		if err := w.sendSuccesses(ctx, ids[:n]); err != nil {
 			return err
 		}
+		w.injMu.Lock()
+		w.ramped = append(w.ramped, ids[:n]...)
+		w.injMu.Unlock()
 		ids = ids[n:]
 		if len(ids) == 0 {
 			break
@@ -908,6 +921,27 @@ func (w *lgWatch) waitUnshed(ctx context.Context) error {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// rampedInstances are the live instances made eligible so far: every
+// one once setup's ramp is done.
+func (w *lgWatch) rampedInstances() []uuid.UUID {
+	w.injMu.Lock()
+	n := len(w.ramped)
+	w.injMu.Unlock()
+	live := w.liveInstances()
+	if n >= len(live) {
+		return live
+	}
+	w.injMu.Lock()
+	defer w.injMu.Unlock()
+	out := make([]uuid.UUID, 0, n)
+	for _, id := range w.ramped {
+		if !w.failed[id] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func (w *lgWatch) sendSuccesses(ctx context.Context, ids []uuid.UUID) error {
