@@ -65,7 +65,7 @@ var errUnknownKey = errors.New("no key of the issuer verifies the token (key set
 func (k *keySet) VerifySignature(ctx context.Context, raw string) ([]byte, error) {
 	// go-oidc has parsed the token and checked its algorithm already; it
 	// is parsed again here because the parsed form is private to go-oidc.
-	jws, err := jose.ParseSigned(raw, routingAlgs())
+	jws, err := jose.ParseSignedCompact(raw, routingAlgs())
 	if err != nil || len(jws.Signatures) != 1 {
 		return nil, errors.New("malformed jwt")
 	}

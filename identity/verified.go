@@ -95,11 +95,5 @@ func (c *verifiedCache) put(key [sha256.Size]byte, p Principal, now time.Time) {
 	c.entries[key] = verifiedEntry{p: p, until: until}
 }
 
-func (c *verifiedCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.entries)
-}
-
 // tokenKey is the cache key of a raw token.
 func tokenKey(raw string) [sha256.Size]byte { return sha256.Sum256([]byte(raw)) }

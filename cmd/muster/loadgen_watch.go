@@ -608,15 +608,14 @@ func (w *lgWatch) prepare(ctx context.Context) error {
 
 // lgwZone is one zone of one service, as the setup snapshot saw it.
 type lgwZone struct {
-	svc              *lgwService
-	name             string
-	total, eligible  int
-	minFraction      float64
-	targets          []uuid.UUID // eligible at setup, shuffled
-	failed           int
-	last             *lgwInjection
-	lastAt           time.Time
-	lastWithdrawnAll bool
+	svc             *lgwService
+	name            string
+	total, eligible int
+	minFraction     float64
+	targets         []uuid.UUID // eligible at setup, shuffled
+	failed          int
+	last            *lgwInjection
+	lastAt          time.Time
 }
 
 // usable: the zone has a target left, no failure of its own still being
