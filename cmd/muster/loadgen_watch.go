@@ -60,6 +60,7 @@ func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	fs.IntVar(&o.additions, "additions", 50, "new instances to register, spread over the run")
 	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long to inject for, once every stream is held")
 	fs.IntVar(&o.connectConcurrency, "connect-concurrency", 200, "watch requests in flight while connecting")
+	fs.IntVar(&o.onlyServices, "services", 0, "watch (and fail and add to) only the first N loadgen services; --services 1 --services-per-client 1 delivers every change to every subscriber (0 = all)")
 	fs.IntVar(&o.setupRate, "setup-rate", 1000, "instances made eligible per second during setup: kept under muster's change budget (2,000/s) so the setup causes no addition-shedding episode of its own")
 	fs.DurationVar(&o.connectTimeout, "connect-timeout", 5*time.Minute, "give up waiting for every stream to be held after this long")
 	fs.BoolVar(&o.restart, "restart", false, "instead of injecting changes: run muster dev on --data as a child process, connect the subscribers (default 10,000), restart muster, and measure readmission through the default admission settings (--url is not used)")
@@ -75,7 +76,7 @@ func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	if o.restart && !clientsSet {
 		o.clients = 10000
 	}
-	if o.clients < 1 || o.perClient < 1 || o.perClient > 100 || o.failures < 0 || o.burst < 0 || o.additions < 0 || o.duration <= 0 || o.connectConcurrency < 1 || o.setupRate < 1 {
+	if o.clients < 1 || o.perClient < 1 || o.perClient > 100 || o.failures < 0 || o.burst < 0 || o.additions < 0 || o.duration <= 0 || o.connectConcurrency < 1 || o.setupRate < 1 || o.onlyServices < 0 {
 		fmt.Fprintln(stderr, "muster loadgen watch: --clients, --connect-concurrency, --setup-rate and --duration must be positive, --services-per-client 1 to 100, --failures, --burst and --additions not negative")
 		return o, errUsage
 	}
@@ -104,6 +105,7 @@ type lgwOptions struct {
 	duration, connectTimeout time.Duration
 	connectConcurrency       int
 	setupRate                int // instances made eligible per second during setup
+	onlyServices             int // watch only the first N services (0: all)
 
 	// --restart: run muster as a child process and restart it.
 	restart         bool
@@ -135,6 +137,7 @@ type lgWatch struct {
 	streams        *http.Client // watch streams only
 	connectSem     chan struct{}
 	services       []*lgwService
+	others         []*lgwService // loadgen services not watched (--services): kept eligible only
 	servicesByName map[string]*lgwService
 	zones          []*lgwZone // failure targets; used by the failure injector only
 
@@ -603,6 +606,12 @@ func (w *lgWatch) prepare(ctx context.Context) error {
 	if len(w.services) == 0 {
 		return errors.New("no loadgen services: run `muster loadgen seed` first, then start muster on the same data")
 	}
+	if w.onlyServices > 0 && w.onlyServices < len(w.services) {
+		// The rest are not watched, failed or added to; every instance
+		// is still kept eligible (liveInstances lists them all).
+		w.others = w.services[w.onlyServices:]
+		w.services = w.services[:w.onlyServices]
+	}
 	return nil
 }
 
@@ -853,7 +862,7 @@ func (w *lgWatch) liveInstances() []uuid.UUID {
 	w.injMu.Lock()
 	defer w.injMu.Unlock()
 	var ids []uuid.UUID
-	for _, s := range w.services {
+	for _, s := range slices.Concat(w.services, w.others) {
 		for _, in := range s.instances {
 			if !w.failed[in.ID] {
 				ids = append(ids, in.ID)
