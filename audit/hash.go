@@ -107,4 +107,3 @@ func appendHex(b, src []byte) []byte {
 	}
 	return b
 }
-
