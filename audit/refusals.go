@@ -65,6 +65,9 @@ type RefusalSummaries struct {
 	log    *slog.Logger
 	runner worker.Runner
 
+	// running serialises RunOnce (the loop's and a caller's), so that
+	// when RunOnce returns, what was due is written.
+	running sync.Mutex
 	mu      sync.Mutex
 	pending map[string]*refusalSummary
 	lastRow map[string]time.Time // by identity: when its last summary was written
@@ -183,6 +186,8 @@ func (s *RefusalSummaries) loop(ctx context.Context) {
 // and returns how many refused items are still pending after it because
 // their rows could not be written.
 func (s *RefusalSummaries) RunOnce(ctx context.Context, all bool) int {
+	s.running.Lock()
+	defer s.running.Unlock()
 	now := s.cfg.Now()
 	var due []*refusalSummary
 	s.mu.Lock()
