@@ -450,3 +450,27 @@ func TestKeyFileReadableByOthersIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestTwoProcessesMakeOneKey: muster processes starting together on one
+// data folder end up signing with the same key.
+func TestTwoProcessesMakeOneKey(t *testing.T) {
+	t.Parallel()
+	p := filepath.Join(t.TempDir(), "k")
+	ids := make(chan string, 8)
+	for range 8 {
+		go func() {
+			s, err := audit.LoadOrCreateKeyFile(p)
+			if err != nil {
+				ids <- err.Error()
+				return
+			}
+			ids <- s.KeyID()
+		}()
+	}
+	first := <-ids
+	for range 7 {
+		if id := <-ids; id != first {
+			t.Fatalf("keys %s and %s", first, id)
+		}
+	}
+}

@@ -212,39 +212,66 @@ func LoadKeyFile(path string) (*KeyFileSigner, error) {
 
 // LoadOrCreateKeyFile loads the key at path, or (for muster dev) makes a
 // new one there with mode 0600, and a copy of its public key beside it
-// (path + ".pub") for verifiers.
+// (path + ".pub") for verifiers. Two processes starting on one data folder
+// end up with the same key: the new key is linked into place, which fails
+// for the second, which then loads the first's.
 func LoadOrCreateKeyFile(path string) (*KeyFileSigner, error) {
-	if _, err := os.Stat(path); err == nil {
-		return LoadKeyFile(path)
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		if err := createKeyFile(path); err != nil {
+			return nil, err
+		}
+	} else if err != nil {
 		return nil, fmt.Errorf("audit signing key: %w", err)
 	}
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	s, err := LoadKeyFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("generate audit signing key: %w", err)
+		return nil, err
+	}
+	if _, err := os.Stat(path + ".pub"); errors.Is(err, fs.ErrNotExist) {
+		pder, err := x509.MarshalPKIXPublicKey(s.Public())
+		if err != nil {
+			return nil, fmt.Errorf("encode audit public key: %w", err)
+		}
+		if err := writeLinked(path+".pub", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pder}), 0o644); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("write audit public key: %w", err)
+		}
+	}
+	return s, nil
+}
+
+func createKeyFile(path string) error {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return fmt.Errorf("generate audit signing key: %w", err)
 	}
 	der, err := x509.MarshalPKCS8PrivateKey(priv)
 	if err != nil {
-		return nil, fmt.Errorf("encode audit signing key: %w", err)
+		return fmt.Errorf("encode audit signing key: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("audit signing key: %w", err)
+		return fmt.Errorf("audit signing key: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	err = writeLinked(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+	if err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("write audit signing key: %w", err)
+	}
+	return nil
+}
+
+// writeLinked writes data to a new file at path, whole or not at all: a
+// temporary file beside it, synced, then hard-linked into place (which
+// fails with fs.ErrExist if path exists).
+func writeLinked(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
 	if err != nil {
-		return nil, fmt.Errorf("create audit signing key: %w", err)
+		return err
 	}
-	if err := errors.Join(pem.Encode(f, &pem.Block{Type: "PRIVATE KEY", Bytes: der}), f.Sync(), f.Close()); err != nil {
-		return nil, fmt.Errorf("write audit signing key: %w", err)
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(data)
+	if err = errors.Join(err, tmp.Chmod(mode), tmp.Sync(), tmp.Close()); err != nil {
+		return err
 	}
-	pder, err := x509.MarshalPKIXPublicKey(pub)
-	if err != nil {
-		return nil, fmt.Errorf("encode audit public key: %w", err)
-	}
-	if err := os.WriteFile(path+".pub", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pder}), 0o644); err != nil {
-		return nil, fmt.Errorf("write audit public key: %w", err)
-	}
-	return LoadKeyFile(path)
+	return os.Link(tmp.Name(), path)
 }
 
 // LoadPublicKeys reads the keys a verifier trusts from PEM files, each a
@@ -316,19 +343,7 @@ func (d DirSink) Put(_ context.Context, name string, data []byte) error {
 	if err := os.MkdirAll(d.Dir, 0o755); err != nil {
 		return fmt.Errorf("checkpoint directory: %w", err)
 	}
-	tmp, err := os.CreateTemp(d.Dir, ".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write checkpoint %s: %w", name, err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(data)
-	if err = errors.Join(err, tmp.Sync(), tmp.Close()); err != nil {
-		return fmt.Errorf("write checkpoint %s: %w", name, err)
-	}
-	if err := os.Chmod(tmp.Name(), 0o444); err != nil {
-		return fmt.Errorf("write checkpoint %s: %w", name, err)
-	}
-	if err := os.Link(tmp.Name(), filepath.Join(d.Dir, name)); err != nil {
+	if err := writeLinked(filepath.Join(d.Dir, name), data, 0o444); err != nil {
 		return fmt.Errorf("write checkpoint %s: %w", name, err)
 	}
 	if dir, err := os.Open(d.Dir); err == nil {

@@ -297,6 +297,9 @@ func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		return err
 	}
 	sinkSpec, keyFiles := af.resolve(&cfg)
+	if (export != "" || sinkSpec != "") && len(keyFiles) == 0 {
+		return errors.New("checking against checkpoints needs the public key they are signed with: --key FILE (or MUSTER_AUDIT_PUBLIC_KEY_FILES)")
+	}
 	if export != "" {
 		keys, err := audit.LoadPublicKeys(keyFiles...)
 		if err != nil {
@@ -393,6 +396,9 @@ func cmdAuditExport(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 	}
 	sinkSpec, keyFiles := af.resolve(&cfg)
+	if len(keyFiles) == 0 {
+		return errors.New("muster audit export needs the public key the checkpoints are signed with: --key FILE (or MUSTER_AUDIT_PUBLIC_KEY_FILES)")
+	}
 	if sinkSpec == "" {
 		return errors.New("muster audit export needs the checkpoint sink (--checkpoints): an export without checkpoints proves nothing")
 	}
