@@ -37,7 +37,7 @@ func VerifyCheckpoints(ctx context.Context, q *db.Queries, cps []Checkpoint) (Re
 					}
 				}
 				return &BrokenError{Seq: r.Seq, Checkpoint: c.Name(), Kind: "rewritten", Reason: fmt.Sprintf(
-					"checkpoint %d (%s) recorded row %d hashing %x; the table's row %d hashes %x and its columns agree, so a row after seq %d, up to seq %d, was rewritten and every later row re-chained",
+					"checkpoint %d (%s) recorded row %d hashing %x; the table's row %d hashes %x and its columns agree, so a row after seq %d, up to seq %d, was rewritten and every later row re-chained (or the database was restored to an earlier point and has written new rows since)",
 					c.N, c.At.Format("2006-01-02T15:04:05Z07:00"), r.Seq, c.Head, r.Seq, r.Hash, after, r.Seq)}
 			}
 		}

@@ -336,6 +336,8 @@ func TestCheckpointsSurviveARestart(t *testing.T) {
 	t.Parallel()
 	a := newAnchored(t)
 	a.append(t, a.pool, 3)
+	a.checkpoint(t)
+	a.append(t, a.pool, 1)
 	first := a.checkpoint(t)
 	a.cp = a.checkpointer(t, a.pool)
 	a.append(t, a.pool, 3)
@@ -343,7 +345,7 @@ func TestCheckpointsSurviveARestart(t *testing.T) {
 	if second.N != first.N+1 || !bytes.Equal(second.Prev, first.Hash()) {
 		t.Fatalf("after a restart: checkpoint %d prev %x, want %d prev %x", second.N, second.Prev, first.N+1, first.Hash())
 	}
-	if rep, err := a.verify(t, a.pool); err != nil || rep.Checkpoints != 2 {
+	if rep, err := a.verify(t, a.pool); err != nil || rep.Checkpoints != 3 {
 		t.Fatalf("verify after restart: %+v %v", rep, err)
 	}
 }

@@ -214,7 +214,13 @@ func (c *Checkpointer) catchUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list checkpoints in %s: %w", c.cfg.Sink, err)
 	}
-	for _, name := range names {
+	if c.last == nil && len(names) > 1 {
+		// At start only the newest checkpoint matters to the writer:
+		// the chain before it is the verifier's to check, and reading
+		// years of checkpoints at every start would cost as much.
+		names = names[len(names)-1:]
+	}
+	for i, name := range names {
 		data, err := c.cfg.Sink.Get(ctx, name)
 		if err != nil {
 			return fmt.Errorf("read checkpoint %s: %w", name, err)
@@ -223,8 +229,12 @@ func (c *Checkpointer) catchUp(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("checkpoint %s in %s: %w", name, c.cfg.Sink, err)
 		}
-		if err := checkLink(name, c.last, cp); err != nil {
-			return err
+		if c.last != nil || i > 0 || cp.N == 1 {
+			if err := checkLink(name, c.last, cp); err != nil {
+				return err
+			}
+		} else if name != cp.Name() {
+			return &BrokenError{Seq: cp.Seq, Checkpoint: name, Kind: "checkpoint-chain", Reason: fmt.Sprintf("the object holds checkpoint %d", cp.N)}
 		}
 		c.last = &cp
 		c.seq.Set(float64(cp.Seq))
