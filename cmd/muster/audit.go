@@ -28,7 +28,7 @@ import (
 // README: audit checkpoints).
 type AuditConfig struct {
 	// Checkpoints is the sink: a directory, or s3://bucket/prefix
-	// (--audit-checkpoints, MUSTER_AUDIT_CHECKPOINTS). muster dev
+	// (MUSTER_AUDIT_CHECKPOINTS; no flag on serve/dev). muster dev
 	// defaults to DATA/audit-checkpoints; muster serve without one writes
 	// no checkpoints and says so at start.
 	Checkpoints string
