@@ -148,54 +148,111 @@ func List(ctx context.Context, q *db.Queries, f Filter) ([]Event, error) {
 	return out, nil
 }
 
-// BrokenError names the first row at which the chain does not verify.
+// BrokenError names the first place at which the chain does not verify:
+// the row (Seq), and the checkpoint when one was involved.
 type BrokenError struct {
-	Seq    int64
+	Seq int64
+	// Checkpoint names the checkpoint that disagrees, when one does.
+	Checkpoint string
+	// Kind says what broke: "gap", "link", "content" (a row's columns do
+	// not hash to its hash), "rewritten" (the chain is consistent but
+	// disagrees with a checkpoint: rows were rewritten and re-chained),
+	// "rollback" (rows a checkpoint saw are gone), "signature",
+	// "checkpoint-chain" (a checkpoint is missing or out of order).
+	Kind   string
 	Reason string
+	// LostFrom and LostTo are the seqs lost in a rollback (Kind
+	// "rollback"): rows a checkpoint saw that the table no longer has.
+	LostFrom, LostTo int64
 }
 
 func (e *BrokenError) Error() string {
-	return fmt.Sprintf("audit chain broken at seq %d: %s", e.Seq, e.Reason)
+	if e.Checkpoint != "" {
+		return fmt.Sprintf("audit chain broken at seq %d (checkpoint %s): %s: %s", e.Seq, e.Checkpoint, e.Kind, e.Reason)
+	}
+	return fmt.Sprintf("audit chain broken at seq %d: %s: %s", e.Seq, e.Kind, e.Reason)
 }
 
 // Report summarises a successful verification.
 type Report struct {
 	Rows int64
 	Head string // hex hash of the newest row; keep it elsewhere to anchor the chain
+	// HeadSeq is the seq of the newest row.
+	HeadSeq int64
+	// Checkpoints is how many checkpoints the chain was checked against
+	// (VerifyCheckpoints), and AnchoredSeq the seq of the newest one:
+	// rows after it are not anchored yet.
+	Checkpoints int
+	AnchoredSeq int64
 }
 
-// Verify walks the whole chain oldest first and returns a *BrokenError for
-// the first row whose content does not match its hash, whose prev_hash does
-// not match the row before it, or whose seq leaves a gap.
+// Verify walks the whole chain oldest first, rehashing every row in Go
+// (Row.Digest), and returns a *BrokenError for the first row whose content
+// does not match its hash, whose prev_hash does not match the row before
+// it, or whose seq leaves a gap. Alone it proves only that the table is
+// self-consistent; VerifyCheckpoints anchors it.
 func Verify(ctx context.Context, q *db.Queries) (Report, error) {
+	return walk(ctx, q, 0, genesis, nil)
+}
+
+// walk verifies the rows after fromSeq, the first of which must link to
+// prev, calling at (when set) with each row after it verified.
+func walk(ctx context.Context, q *db.Queries, fromSeq int64, prev []byte, at func(Row) error) (Report, error) {
 	const page = 1000
-	var (
-		rep     Report
-		prev    = genesis
-		lastSeq int64
-	)
+	var rep Report
+	lastSeq := fromSeq
 	for {
-		rows, err := q.AuditVerifyPage(ctx, db.AuditVerifyPageParams{AfterSeq: lastSeq, Lim: page})
+		rows, err := q.AuditPage(ctx, db.AuditPageParams{AfterSeq: lastSeq, Lim: page})
 		if err != nil {
 			return rep, fmt.Errorf("verify audit chain after seq %d: %w", lastSeq, err)
 		}
-		for _, r := range rows {
-			switch {
-			case r.Seq != lastSeq+1:
-				return rep, &BrokenError{Seq: r.Seq, Reason: fmt.Sprintf("gap: row %d follows row %d", r.Seq, lastSeq)}
-			case !bytes.Equal(r.PrevHash, prev):
-				return rep, &BrokenError{Seq: r.Seq, Reason: fmt.Sprintf("prev_hash %x does not match the hash of row %d (%x)", r.PrevHash, lastSeq, prev)}
-			case !bytes.Equal(r.Digest, r.Hash):
-				return rep, &BrokenError{Seq: r.Seq, Reason: fmt.Sprintf("content does not match its hash: stored %x, computed %x", r.Hash, r.Digest)}
+		for _, dr := range rows {
+			r := rowFrom(dr)
+			if err := checkRow(r, lastSeq, prev); err != nil {
+				return rep, err
+			}
+			if at != nil {
+				if err := at(r); err != nil {
+					return rep, err
+				}
 			}
 			prev, lastSeq = r.Hash, r.Seq
 			rep.Rows++
 		}
 		if len(rows) < page {
-			rep.Head = hex.EncodeToString(prev)
+			rep.Head, rep.HeadSeq = hex.EncodeToString(prev), lastSeq
 			return rep, nil
 		}
 	}
+}
+
+// checkRow checks one row against the seq and hash of the row before it.
+func checkRow(r Row, lastSeq int64, prev []byte) error {
+	switch {
+	case r.Seq != lastSeq+1:
+		return &BrokenError{Seq: r.Seq, Kind: "gap", Reason: fmt.Sprintf("row %d follows row %d", r.Seq, lastSeq)}
+	case !bytes.Equal(r.PrevHash, prev):
+		return &BrokenError{Seq: r.Seq, Kind: "link", Reason: fmt.Sprintf("prev_hash %x does not match the hash of row %d (%x)", r.PrevHash, lastSeq, prev)}
+	}
+	if d := r.Digest(); !bytes.Equal(d, r.Hash) {
+		return &BrokenError{Seq: r.Seq, Kind: "content", Reason: fmt.Sprintf("the row's columns do not hash to its hash: stored %x, computed %x", r.Hash, d)}
+	}
+	return nil
+}
+
+func rowFrom(r db.AuditEvent) Row {
+	return Row{
+		Seq: r.Seq, At: r.At, ActorKind: r.ActorKind, Actor: r.Actor, Action: r.Action,
+		TargetKind: r.TargetKind, Target: r.Target, Outcome: r.Outcome, Reason: r.Reason,
+		Before: nilIfEmpty(r.Before), After: nilIfEmpty(r.After), PrevHash: r.PrevHash, Hash: r.Hash,
+	}
+}
+
+func nilIfEmpty(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
 }
 
 func fromRow(r db.AuditEvent) Event {
@@ -265,4 +322,23 @@ func (l *Log) List(ctx context.Context, f Filter) ([]Event, error) {
 // Verify walks the whole chain; see the package function Verify.
 func (l *Log) Verify(ctx context.Context) (Report, error) {
 	return Verify(ctx, db.New(l.pool))
+}
+
+// Rows returns the rows from seq first to last, oldest first.
+func Rows(ctx context.Context, q *db.Queries, first, last int64) ([]Row, error) {
+	var out []Row
+	for after := first - 1; after < last; {
+		page, err := q.AuditPage(ctx, db.AuditPageParams{AfterSeq: after, Lim: int32(min(1000, last-after))})
+		if err != nil {
+			return nil, fmt.Errorf("read audit rows after seq %d: %w", after, err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, r := range page {
+			out = append(out, rowFrom(r))
+		}
+		after = page[len(page)-1].Seq
+	}
+	return out, nil
 }

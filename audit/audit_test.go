@@ -210,3 +210,27 @@ func TestListFiltersAndPages(t *testing.T) {
 		t.Fatalf("by actor and target: %+v", byActor)
 	}
 }
+
+// TestTransitionsRefuseTruncate: the evaluation transitions are on the
+// record too (ADR-02), and TRUNCATE fires no row trigger, so it has a
+// statement trigger of its own (issue 15).
+func TestTransitionsRefuseTruncate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	// Row triggers fire only on rows: give them one.
+	if _, err := pool.Exec(ctx, `INSERT INTO transitions (instance_id, service, from_state, to_state, weight, at, reason)
+		VALUES (gen_random_uuid(), 'web', 'eligible', 'ineligible', 0, now(), 'test')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{
+		"TRUNCATE transitions",
+		"DELETE FROM transitions",
+		"UPDATE transitions SET reason = 'x'",
+	} {
+		_, err := pool.Exec(ctx, stmt)
+		if err == nil || !strings.Contains(err.Error(), "append-only") {
+			t.Errorf("%s: err = %v, want append-only refusal", stmt, err)
+		}
+	}
+}

@@ -11,6 +11,20 @@ import (
 	"time"
 )
 
+const auditCheckpointLock = `-- name: AuditCheckpointLock :one
+SELECT pg_try_advisory_xact_lock(7150305420616002)
+`
+
+// One replica writes checkpoints at a time: the others find this taken and
+// skip their tick. Held until the transaction ends, which is after the
+// checkpoint reached its sink.
+func (q *Queries) AuditCheckpointLock(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, auditCheckpointLock)
+	var pg_try_advisory_xact_lock bool
+	err := row.Scan(&pg_try_advisory_xact_lock)
+	return pg_try_advisory_xact_lock, err
+}
+
 const auditHead = `-- name: AuditHead :one
 SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1
 `
@@ -169,42 +183,43 @@ func (q *Queries) AuditLock(ctx context.Context) error {
 	return err
 }
 
-const auditVerifyPage = `-- name: AuditVerifyPage :many
-SELECT seq, prev_hash, hash, audit_event_digest(audit_events.*)::bytea AS digest
-FROM audit_events
+const auditPage = `-- name: AuditPage :many
+SELECT seq, at, actor_kind, actor, action, target_kind, target, outcome, reason, before, after, prev_hash, hash FROM audit_events
 WHERE seq > $1::bigint
 ORDER BY seq
 LIMIT $2
 `
 
-type AuditVerifyPageParams struct {
+type AuditPageParams struct {
 	AfterSeq int64
 	Lim      int32
 }
 
-type AuditVerifyPageRow struct {
-	Seq      int64
-	PrevHash []byte
-	Hash     []byte
-	Digest   []byte
-}
-
-// Oldest first from after_seq, with the digest recomputed by the same SQL
-// function the insert trigger used.
-func (q *Queries) AuditVerifyPage(ctx context.Context, arg AuditVerifyPageParams) ([]AuditVerifyPageRow, error) {
-	rows, err := q.db.Query(ctx, auditVerifyPage, arg.AfterSeq, arg.Lim)
+// Oldest first from after_seq: the rows Verify rehashes in Go. It never
+// asks the database to hash (a replaced audit_event_digest could lie).
+func (q *Queries) AuditPage(ctx context.Context, arg AuditPageParams) ([]AuditEvent, error) {
+	rows, err := q.db.Query(ctx, auditPage, arg.AfterSeq, arg.Lim)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []AuditVerifyPageRow
+	var items []AuditEvent
 	for rows.Next() {
-		var i AuditVerifyPageRow
+		var i AuditEvent
 		if err := rows.Scan(
 			&i.Seq,
+			&i.At,
+			&i.ActorKind,
+			&i.Actor,
+			&i.Action,
+			&i.TargetKind,
+			&i.Target,
+			&i.Outcome,
+			&i.Reason,
+			&i.Before,
+			&i.After,
 			&i.PrevHash,
 			&i.Hash,
-			&i.Digest,
 		); err != nil {
 			return nil, err
 		}
@@ -214,4 +229,56 @@ func (q *Queries) AuditVerifyPage(ctx context.Context, arg AuditVerifyPageParams
 		return nil, err
 	}
 	return items, nil
+}
+
+const auditRowGet = `-- name: AuditRowGet :one
+SELECT seq, at, actor_kind, actor, action, target_kind, target, outcome, reason, before, after, prev_hash, hash FROM audit_events WHERE seq = $1
+`
+
+func (q *Queries) AuditRowGet(ctx context.Context, seq int64) (AuditEvent, error) {
+	row := q.db.QueryRow(ctx, auditRowGet, seq)
+	var i AuditEvent
+	err := row.Scan(
+		&i.Seq,
+		&i.At,
+		&i.ActorKind,
+		&i.Actor,
+		&i.Action,
+		&i.TargetKind,
+		&i.Target,
+		&i.Outcome,
+		&i.Reason,
+		&i.Before,
+		&i.After,
+		&i.PrevHash,
+		&i.Hash,
+	)
+	return i, err
+}
+
+const auditSeqRange = `-- name: AuditSeqRange :one
+SELECT coalesce(min(seq) FILTER (WHERE at >= $1::timestamptz), 0)::bigint AS first_seq,
+       coalesce(max(seq) FILTER (WHERE at < $2::timestamptz), 0)::bigint AS last_seq
+FROM audit_events
+`
+
+type AuditSeqRangeParams struct {
+	Since time.Time
+	Until time.Time
+}
+
+type AuditSeqRangeRow struct {
+	FirstSeq int64
+	LastSeq  int64
+}
+
+// The seqs an export from since to until covers: the first row at or after
+// since and the last row before until (0 when there is none). Rows are
+// exported as the contiguous seq range between, because only a contiguous
+// range can be verified.
+func (q *Queries) AuditSeqRange(ctx context.Context, arg AuditSeqRangeParams) (AuditSeqRangeRow, error) {
+	row := q.db.QueryRow(ctx, auditSeqRange, arg.Since, arg.Until)
+	var i AuditSeqRangeRow
+	err := row.Scan(&i.FirstSeq, &i.LastSeq)
+	return i, err
 }

@@ -32,11 +32,28 @@ WHERE (sqlc.arg(before_seq)::bigint = 0 OR seq < sqlc.arg(before_seq)::bigint)
 ORDER BY seq DESC
 LIMIT sqlc.arg(lim);
 
--- name: AuditVerifyPage :many
--- Oldest first from after_seq, with the digest recomputed by the same SQL
--- function the insert trigger used.
-SELECT seq, prev_hash, hash, audit_event_digest(audit_events.*)::bytea AS digest
-FROM audit_events
+-- name: AuditPage :many
+-- Oldest first from after_seq: the rows Verify rehashes in Go. It never
+-- asks the database to hash (a replaced audit_event_digest could lie).
+SELECT * FROM audit_events
 WHERE seq > sqlc.arg(after_seq)::bigint
 ORDER BY seq
 LIMIT sqlc.arg(lim);
+
+-- name: AuditRowGet :one
+SELECT * FROM audit_events WHERE seq = $1;
+
+-- name: AuditSeqRange :one
+-- The seqs an export from since to until covers: the first row at or after
+-- since and the last row before until (0 when there is none). Rows are
+-- exported as the contiguous seq range between, because only a contiguous
+-- range can be verified.
+SELECT coalesce(min(seq) FILTER (WHERE at >= sqlc.arg(since)::timestamptz), 0)::bigint AS first_seq,
+       coalesce(max(seq) FILTER (WHERE at < sqlc.arg(until)::timestamptz), 0)::bigint AS last_seq
+FROM audit_events;
+
+-- name: AuditCheckpointLock :one
+-- One replica writes checkpoints at a time: the others find this taken and
+-- skip their tick. Held until the transaction ends, which is after the
+-- checkpoint reached its sink.
+SELECT pg_try_advisory_xact_lock(7150305420616002);

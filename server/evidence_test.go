@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -83,9 +84,10 @@ func TestEvidenceSideDoors(t *testing.T) {
 	if !inRotation(ids[0]) {
 		t.Fatalf("web[0] left rotation through a side door: %+v", verdicts()[ids[0]])
 	}
-	// Each attempt is on the audit record, by who tried.
-	for actor, code := range map[string]string{"operator:vera": "wrong_identity_kind", "workload:other": "not_granted", "workload:web": "not_own_instance"} {
-		r := s.Do(t, "GET", "/v1/audit?action=evidence.report&limit=50", admin, "", "")
+	// Each attempt is on the audit record, by who tried, summarised off
+	// the request path within a tick (1 s) of the refusal.
+	missing := func() []string {
+		r := s.Do(t, "GET", "/v1/audit?action=evidence.report&outcome=refused&limit=50", admin, "", "")
 		if r.Status != http.StatusOK {
 			t.Fatalf("audit: %d %s", r.Status, r.Body)
 		}
@@ -93,15 +95,29 @@ func TestEvidenceSideDoors(t *testing.T) {
 		if err := json.Unmarshal(r.Body, &page); err != nil {
 			t.Fatal(err)
 		}
-		found := false
-		for _, e := range page.Items {
-			if strings.HasPrefix(e.Actor, actor) && e.Outcome == audit.Refused && strings.Contains(e.Reason, code) && e.Target == ids[0] {
-				found = true
+		var out []string
+		for actor, code := range map[string]string{"operator:vera": "wrong_identity_kind", "workload:other": "not_granted", "workload:web": "not_own_instance"} {
+			found := false
+			for _, e := range page.Items {
+				if strings.HasPrefix(e.Actor, actor) && e.Outcome == audit.Refused && strings.Contains(e.Reason, code) && e.Target == ids[0] {
+					found = true
+				}
+			}
+			if !found {
+				out = append(out, fmt.Sprintf("%s (%s) in %s", actor, code, r.Body))
 			}
 		}
-		if !found {
-			t.Errorf("no refused evidence.report row by %s (%s) in %s", actor, code, r.Body)
+		return out
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		m := missing()
+		if len(m) == 0 {
+			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no refused evidence.report summary by %v", m)
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
 	}
 
 	// A prober failing every target while each instance says it is
@@ -160,5 +176,87 @@ func TestEvidenceSideDoors(t *testing.T) {
 	r := s.Do(t, "GET", "/v1/alarms", admin, "", "")
 	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"prober_suspect"`) || !strings.Contains(string(r.Body), "prober-az1") {
 		t.Fatalf("alarms: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestRefusedEvidenceSummaryIsRateBounded (issue 15): a workload probing
+// another service's instances is on the audit record within a tick of its
+// first refused report, as one refused evidence.report row per minute
+// however many items it sends, found by GET /v1/audit?outcome=refused;
+// the next minute's row carries the rest, so no refusal goes uncounted.
+func TestRefusedEvidenceSummaryIsRateBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newStack(t)
+	s.Seed(t)
+	admin, oscar := s.Token(t, adminReq), s.Token(t, oscarReq)
+	if r := s.JSON(t, "PUT", "/v1/services/other", admin, `{"owner":"search","capabilities":["passive"]}`); r.Status != http.StatusCreated {
+		t.Fatalf("create other: %d %s", r.Status, r.Body)
+	}
+	r := s.JSON(t, "POST", "/v1/services/web/instances", oscar, `{"address":"10.0.0.1","port":8080,"zone":"az1"}`)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("register: %d %s", r.Status, r.Body)
+	}
+	id := servertest.Decode[registry.Instance](t, r).ID.String()
+	s.Admit(t, id)
+	stranger := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "other"})
+	items := make([]string, 1000)
+	for i := range items {
+		items[i] = fmt.Sprintf(`{"instance_id":%q,"class":"passive","outcome":"hard_failure"}`, id)
+	}
+	body := `{"reports":[` + strings.Join(items, ",") + `]}`
+	flood := func(batches int) {
+		t.Helper()
+		for range batches {
+			r := s.JSON(t, "POST", "/v1/reports", stranger, body)
+			if res := servertest.Decode[evaluator.Result](t, r); r.Status != http.StatusOK || len(res.Refused) != len(items) {
+				t.Fatalf("POST /v1/reports: %d %s", r.Status, r.Body)
+			}
+		}
+	}
+	summaries := func() (rows, refused int) {
+		t.Helper()
+		r := s.Do(t, "GET", "/v1/audit?outcome=refused&action=evidence.report&limit=50", admin, "", "")
+		var page struct{ Items []audit.Event }
+		if err := json.Unmarshal(r.Body, &page); r.Status != http.StatusOK || err != nil {
+			t.Fatalf("audit: %d %s", r.Status, r.Body)
+		}
+		for _, e := range page.Items {
+			if !strings.HasPrefix(e.Actor, "workload:other") {
+				continue
+			}
+			var after struct {
+				Total  int            `json:"refused_total"`
+				ByCode map[string]int `json:"by_code"`
+			}
+			if err := json.Unmarshal(e.After, &after); err != nil || after.ByCode["not_granted"] != after.Total || e.Target != id {
+				t.Fatalf("summary %s (target %s): %v", e.After, e.Target, err)
+			}
+			rows, refused = rows+1, refused+after.Total
+		}
+		return rows, refused
+	}
+
+	flood(10)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if n, _ := summaries(); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no refused-evidence summary within 10 s of the refusals")
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+	// More within the minute: still one row.
+	flood(10)
+	s.Refusals.RunOnce(ctx, false)
+	if n, _ := summaries(); n != 1 {
+		t.Fatalf("%d summaries within a minute, want 1", n)
+	}
+	// A minute on, the rest is written, in one more row.
+	s.Clock.Advance(time.Minute)
+	s.Refusals.RunOnce(ctx, false)
+	if n, total := summaries(); n != 2 || total != 20*len(items) {
+		t.Fatalf("after a minute: %d summaries counting %d refused items, want 2 counting %d", n, total, 20*len(items))
 	}
 }

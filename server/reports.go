@@ -57,7 +57,7 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.auditRefusedEvidence(r.Context(), actor, b.Reports, res)
+	s.auditRefusedEvidence(actor, b.Reports, res)
 	writeJSON(w, http.StatusOK, res)
 }
 

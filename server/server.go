@@ -87,10 +87,14 @@ type Config struct {
 	Logger   *slog.Logger
 	Registry *registry.Registry
 	// Policy admits overrides and rate-limits policy writes per actor.
-	Policy        *policy.Service
-	Audit         AuditLog
-	Evaluator     Evaluator
-	Authenticator Authenticator
+	Policy *policy.Service
+	Audit  AuditLog
+	// RefusedEvidence, when set, puts evidence refused for want of
+	// authority on the audit record (audit.RefusalSummaries: one row per
+	// identity per minute); nil, such refusals are only answered.
+	RefusedEvidence RefusedEvidence
+	Evaluator       Evaluator
+	Authenticator   Authenticator
 	// Ready reports whether this replica can serve views (see
 	// ServingReady); it is what /readyz answers.
 	Ready func(ctx context.Context) error
@@ -199,8 +203,6 @@ type Server struct {
 	router  chi.Router
 	metrics serverMetrics
 	limits  limiters
-	// evidence audits refused evidence (see evidence.go).
-	evidence evidenceAudit
 	// metricsHandler serves cfg.Metrics.
 	metricsHandler http.Handler
 	// streams counts watch streams running on hijacked connections, which
@@ -217,10 +219,6 @@ type serverMetrics struct {
 	rateLimited      *prometheus.CounterVec
 	unauthenticated  *prometheus.CounterVec
 	streamsEnded     *prometheus.CounterVec
-	// evidenceUnaudited counts evidence refused for want of authority
-	// that went into no audit row of its own (folded into the identity's
-	// next row, or the database was away).
-	evidenceUnaudited prometheus.Counter
 }
 
 // New builds the router.
@@ -255,10 +253,6 @@ func New(cfg Config) (*Server, error) {
 			Name: "muster_watch_streams_ended_total", Help: "Watch streams ended by muster with a drain event because their authority lapsed, by reason (token_expired, grant_revoked).",
 		}, []string{"reason"}),
 	}
-	s.metrics.evidenceUnaudited = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "muster_evidence_refusals_unaudited_total",
-		Help: "Report items refused for want of authority that no audit row was written for at once: folded into the identity's next row (at most one row per identity per 10 s), or written while PostgreSQL was away.",
-	})
 	s.metrics.admissionRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "muster_watch_admission_refused_total", Help: "Watch (re)subscriptions refused by reconnect admission.",
 	})
@@ -300,7 +294,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	for _, c := range append([]prometheus.Collector{s.metrics.requests, s.metrics.duration, s.metrics.authFailures,
 		s.metrics.admissionRefused, s.metrics.framesSent, s.metrics.rateLimited, s.metrics.unauthenticated, s.metrics.streamsEnded,
-		s.metrics.evidenceUnaudited, subscribers}, admission...) {
+		subscribers}, admission...) {
 		if err := cfg.Metrics.Register(c); err != nil {
 			return nil, err
 		}

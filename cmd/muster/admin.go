@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
 )
@@ -68,30 +67,6 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		fmt.Fprint(stdout, " (dirty: a migration failed half-way; fix it and force the version)")
 	}
 	fmt.Fprintln(stdout)
-	return nil
-}
-
-func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	if len(args) == 0 || args[0] != "verify" {
-		fmt.Fprintln(stderr, "usage: muster audit verify [--data DIR]")
-		return errUsage
-	}
-	cfg := Config{}
-	fs := newFlags("audit verify", stderr)
-	dataFlag(fs, &cfg)
-	if err := parse(fs, args[1:]); err != nil {
-		return err
-	}
-	pool, closeDB, err := toolPool(ctx, &cfg, stderr)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, closeDB()) }()
-	rep, err := audit.NewLog(pool).Verify(ctx)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "audit chain intact: %d rows, head %s\n", rep.Rows, rep.Head)
 	return nil
 }
 

@@ -88,6 +88,8 @@ type Config struct {
 	// ":port" listens on loopback. The API listener's /metrics needs an
 	// operator or tool token.
 	MetricsAddr string
+	// Audit configures the audit checkpoints (audit.go).
+	Audit AuditConfig
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".
@@ -268,6 +270,9 @@ func loadEnv(c *Config) error {
 	if c.MetricsAddr == "" {
 		c.MetricsAddr = os.Getenv("MUSTER_METRICS_ADDR")
 	}
+	if err := loadAuditEnv(c); err != nil {
+		return err
+	}
 	if v := os.Getenv("MUSTER_LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			return fmt.Errorf("MUSTER_LOG_LEVEL: %w", err)
@@ -301,6 +306,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPendingWindows <= 0 {
 		return fmt.Errorf("MUSTER_MAX_PENDING_WINDOWS %d must be above 0", c.MaxPendingWindows)
+	}
+	if err := c.Audit.Validate(); err != nil {
+		return err
 	}
 	if c.LeaseTTL < time.Second {
 		return fmt.Errorf("MUSTER_LEASE_TTL %s is below 1s", c.LeaseTTL)

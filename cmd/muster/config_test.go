@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,5 +123,49 @@ func TestServeMetricsOnLoopback(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != http.StatusNotFound {
 		t.Fatalf("the metrics listener serves /v1/services: %d, want 404", res.StatusCode)
+	}
+}
+
+func TestLoadEnvAuditCheckpoints(t *testing.T) {
+	c := Config{Dev: true, DataDir: "/data"}
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Audit.Checkpoints != "/data/audit-checkpoints" || c.Audit.SigningKeyFile != "/data/audit-signing.key" ||
+		c.Audit.Interval != time.Minute || c.Audit.Heartbeat != time.Hour || c.Audit.S3Retention != 5*365*24*time.Hour {
+		t.Fatalf("dev defaults: %+v", c.Audit)
+	}
+	t.Setenv("MUSTER_AUDIT_CHECKPOINTS", "s3://audit/muster/prod")
+	t.Setenv("MUSTER_AUDIT_S3_RETENTION", "3650d")
+	t.Setenv("MUSTER_AUDIT_CHECKPOINT_INTERVAL", "30s")
+	c = Config{}
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Audit.Checkpoints != "s3://audit/muster/prod" || c.Audit.S3Retention != 3650*24*time.Hour || c.Audit.Interval != 30*time.Second {
+		t.Fatalf("from the environment: %+v", c.Audit)
+	}
+	if err := c.Audit.Validate(); err == nil || !strings.Contains(err.Error(), "MUSTER_AUDIT_SIGNING_KEY_FILE") {
+		t.Fatalf("a sink without a signing key: %v", err)
+	}
+	c.Audit.SigningKeyFile = "/k"
+	if err := c.Audit.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []func(a *AuditConfig){
+		func(a *AuditConfig) { a.Checkpoints = "s3://" },
+		func(a *AuditConfig) { a.Interval = time.Millisecond },
+		func(a *AuditConfig) { a.Heartbeat = time.Second },
+		func(a *AuditConfig) { a.S3Retention = time.Hour },
+	} {
+		a := c.Audit
+		bad(&a)
+		if err := a.Validate(); err == nil {
+			t.Errorf("validated %+v", a)
+		}
+	}
+	t.Setenv("MUSTER_AUDIT_S3_RETENTION", "five years")
+	if err := loadEnv(&Config{}); err == nil {
+		t.Fatal("a bad retention loaded")
 	}
 }

@@ -4,7 +4,8 @@
 //	muster serve   [--addr :8080]                                production: DATABASE_URL, MUSTER_ISSUERS
 //	muster migrate up|down|version [--data DIR]
 //	muster token   --data DIR --kind K [--service S] [--subject X] [--team T] [--role R] [--address IP]... [--ttl D]
-//	muster audit verify [--data DIR]
+//	muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]
+//	muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
 //	muster loadgen seed|rebuild|reports
 package main
 
@@ -27,7 +28,8 @@ usage:
   muster migrate up|down|version [--data DIR]
   muster token   --data DIR --kind workload|prober|tool|operator [--service S] [--subject X]
                  [--team T] [--role viewer|operator|admin] [--address IP]... [--ttl 1h]
-  muster audit verify [--data DIR]
+  muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]
+  muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
   muster resolve SERVICE [--server URL] [--cache DIR] [--token T] [--data DIR] [--watch] [--json] [--timeout 5s]
   muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)
 
@@ -37,6 +39,10 @@ environment: DATABASE_URL (or DATABASE_URL_FILE), MUSTER_ISSUERS, MUSTER_AUDIENC
 web UI (serve): MUSTER_UI_ISSUER, MUSTER_UI_CLIENT_ID, MUSTER_UI_CLIENT_SECRET (or _FILE),
              MUSTER_UI_REDIRECT_URL (https://HOST/ui/auth/callback), MUSTER_UI_ROLE_CLAIM (muster_role),
              MUSTER_UI_TEAM_CLAIM (muster_team), MUSTER_UI_INSECURE_COOKIE (0)
+audit:       MUSTER_AUDIT_CHECKPOINTS (a directory or s3://bucket/prefix; dev: DATA/audit-checkpoints),
+             MUSTER_AUDIT_SIGNING_KEY_FILE (dev: DATA/audit-signing.key), MUSTER_AUDIT_PUBLIC_KEY_FILES,
+             MUSTER_AUDIT_CHECKPOINT_INTERVAL (1m), MUSTER_AUDIT_CHECKPOINT_HEARTBEAT (1h),
+             MUSTER_AUDIT_S3_ENDPOINT, MUSTER_AUDIT_S3_RETENTION (1825d); AWS_REGION and credentials as the AWS SDK reads them
 `
 
 // errUsage marks a command line that could not be understood.

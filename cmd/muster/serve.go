@@ -221,6 +221,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	sweeper := policy.NewSweeper(pol, 0)
+	// Audit checkpoints and refused-evidence summaries (audit.go).
+	auditWork, err := newAuditWorkers(ctx, cfg, pool, log, metrics)
+	if err != nil {
+		return err
+	}
 
 	admission := stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow})
 	census, err := stream.NewCensus(stream.CensusConfig{
@@ -233,7 +238,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	var ready atomic.Bool
 	servingReady := server.ServingReady(eval, hub)
 	scfg := server.Config{
-		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: eval, Authenticator: verifier, Metrics: metrics,
+		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), RefusedEvidence: auditWork.refusals, Evaluator: eval, Authenticator: verifier, Metrics: metrics,
 		Hub: hub, Admission: admission, Alarms: pub, Probers: eval, Shifts: shifts, Leases: reaper,
 		Authz: authz, Database: dbHealth, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits,
 		// Whether this replica can serve views, not whether PostgreSQL
@@ -326,6 +331,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer eval.Stop()
+	// Stopped after the HTTP server (deferred): the last summaries and the
+	// last checkpoint cover everything served.
+	if err := auditWork.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	defer auditWork.Stop()
 
 	if cfg.DebugAddr != "" {
 		stopDebug, err := serveDebug(cfg.DebugAddr, log)

@@ -76,6 +76,10 @@ type Stack struct {
 	Guards *guardlog.Log
 	// UI is the admin web UI when Options.UI is set.
 	UI *webui.UI
+	// Refusals summarises refused evidence into the audit log on the
+	// stack's clock; it runs (1 s ticks), and tests may call RunOnce to
+	// write what is due at once.
+	Refusals *audit.RefusalSummaries
 	// Authz is the in-memory copy of services and grants watch and resolve
 	// authorise from; started, and loaded before New returns when the
 	// database answers.
@@ -308,8 +312,12 @@ func New(t testing.TB, opts Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	refusals, err := audit.NewRefusalSummaries(audit.RefusalSummariesConfig{Log: audit.NewLog(pool), Now: clk.Now, Registerer: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
 	srvCfg := server.Config{
-		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), Evaluator: ev, Authenticator: ver, Metrics: metrics,
+		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), RefusedEvidence: refusals, Evaluator: ev, Authenticator: ver, Metrics: metrics,
 		Hub: hub, Admission: stream.NewAdmission(opts.Admission), Alarms: pub, Probers: ev, Shifts: shifts, Leases: reaper,
 		Ready: server.ServingReady(ev, hub), Authz: authz, Database: mon, DBTimeout: opts.DBTimeout,
 		DevIssuer: issuerHandler(iss.Handler()), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
@@ -359,7 +367,7 @@ func New(t testing.TB, opts Options) *Stack {
 	for _, w := range []interface {
 		Start(context.Context) error
 		Stop()
-	}{authz, mon} {
+	}{authz, mon, refusals} {
 		if err := w.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -378,6 +386,7 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	st.URL, st.Pool, st.Registry, st.Evaluator, st.Issuer, st.Clock, st.Client, st.Metrics = base, pool, reg, ev, iss, clk, hs.Client(), metrics
 	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = hub, pub, pol, shifts, srv, guards, ui
+	st.Refusals = refusals
 	st.Authz, st.Monitor, st.Reaper = authz, mon, reaper
 	return st
 }

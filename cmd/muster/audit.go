@@ -1,0 +1,437 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/audit/s3sink"
+	"github.com/musterhq/muster/db"
+)
+
+// AuditConfig configures the audit log's signed checkpoints (issue 15;
+// README: audit checkpoints).
+type AuditConfig struct {
+	// Checkpoints is the sink: a directory, or s3://bucket/prefix
+	// (MUSTER_AUDIT_CHECKPOINTS; no flag on serve/dev). muster dev
+	// defaults to DATA/audit-checkpoints; muster serve without one writes
+	// no checkpoints and says so at start.
+	Checkpoints string
+	// SigningKeyFile is the Ed25519 private key (PKCS #8 PEM, mode 0600)
+	// checkpoints are signed with (MUSTER_AUDIT_SIGNING_KEY_FILE); muster
+	// dev makes DATA/audit-signing.key. PostgreSQL never holds it.
+	SigningKeyFile string
+	// PublicKeyFiles are more keys earlier checkpoints may be signed by
+	// (MUSTER_AUDIT_PUBLIC_KEY_FILES, comma-separated), for a rotation.
+	PublicKeyFiles []string
+	// Interval between checkpoints (MUSTER_AUDIT_CHECKPOINT_INTERVAL, 1m)
+	// and Heartbeat, the longest gap while the chain does not move
+	// (MUSTER_AUDIT_CHECKPOINT_HEARTBEAT, 1h).
+	Interval, Heartbeat time.Duration
+	// S3Endpoint is an S3-compatible endpoint to use instead of AWS's
+	// (MUSTER_AUDIT_S3_ENDPOINT; path-style addressing). Region and
+	// credentials come from the AWS SDK's default chain (AWS_REGION,
+	// AWS_ACCESS_KEY_ID…, the instance or pod role).
+	S3Endpoint string
+	// S3Retention is each checkpoint's Object Lock retention
+	// (MUSTER_AUDIT_S3_RETENTION: a duration, or days as "1825d"; 5 years).
+	S3Retention time.Duration
+}
+
+func (c *AuditConfig) devDefaults(dataDir string) {
+	if c.Checkpoints == "" {
+		c.Checkpoints = filepath.Join(dataDir, "audit-checkpoints")
+	}
+	if c.SigningKeyFile == "" {
+		c.SigningKeyFile = filepath.Join(dataDir, "audit-signing.key")
+	}
+}
+
+// loadAuditEnv fills c.Audit from the environment (flags already parsed
+// win), with muster dev's defaults under the data folder.
+func loadAuditEnv(c *Config) error {
+	a := &c.Audit
+	a.Checkpoints = cmpOr(a.Checkpoints, os.Getenv("MUSTER_AUDIT_CHECKPOINTS"))
+	a.SigningKeyFile = cmpOr(a.SigningKeyFile, os.Getenv("MUSTER_AUDIT_SIGNING_KEY_FILE"))
+	for _, f := range strings.Split(os.Getenv("MUSTER_AUDIT_PUBLIC_KEY_FILES"), ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			a.PublicKeyFiles = append(a.PublicKeyFiles, f)
+		}
+	}
+	a.S3Endpoint = os.Getenv("MUSTER_AUDIT_S3_ENDPOINT")
+	var err error
+	a.Interval, a.Heartbeat, a.S3Retention = time.Minute, time.Hour, s3sink.DefaultRetention
+	for _, d := range []struct {
+		env string
+		dst *time.Duration
+	}{
+		{"MUSTER_AUDIT_CHECKPOINT_INTERVAL", &a.Interval},
+		{"MUSTER_AUDIT_CHECKPOINT_HEARTBEAT", &a.Heartbeat},
+		{"MUSTER_AUDIT_S3_RETENTION", &a.S3Retention},
+	} {
+		if v := os.Getenv(d.env); v != "" {
+			if *d.dst, err = parseDays(v); err != nil {
+				return fmt.Errorf("%s: %w", d.env, err)
+			}
+		}
+	}
+	if c.Dev && c.DataDir != "" {
+		a.devDefaults(c.DataDir)
+	}
+	return nil
+}
+
+// parseDays reads a Go duration, or a whole number of days ("1825d").
+func parseDays(v string) (time.Duration, error) {
+	if n, ok := strings.CutSuffix(v, "d"); ok {
+		d, err := strconv.Atoi(n)
+		if err != nil {
+			return 0, fmt.Errorf("%q: want a duration or a number of days, e.g. 1825d", v)
+		}
+		return time.Duration(d) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(v)
+}
+
+// Validate checks the audit settings.
+func (a *AuditConfig) Validate() error {
+	if a.Interval == 0 {
+		a.Interval = time.Minute
+	}
+	if a.Heartbeat == 0 {
+		a.Heartbeat = time.Hour
+	}
+	if a.S3Retention == 0 {
+		a.S3Retention = s3sink.DefaultRetention
+	}
+	if a.Interval < time.Second || a.Heartbeat < a.Interval {
+		return fmt.Errorf("MUSTER_AUDIT_CHECKPOINT_INTERVAL (%s) must be 1s or more and MUSTER_AUDIT_CHECKPOINT_HEARTBEAT (%s) no shorter", a.Interval, a.Heartbeat)
+	}
+	if a.S3Retention < 24*time.Hour {
+		return fmt.Errorf("MUSTER_AUDIT_S3_RETENTION %s is below a day (ADR-15 keeps the audit log 5 years)", a.S3Retention)
+	}
+	if a.Checkpoints == "" {
+		return nil
+	}
+	if a.SigningKeyFile == "" {
+		return errors.New("audit checkpoints (MUSTER_AUDIT_CHECKPOINTS) need a signing key: MUSTER_AUDIT_SIGNING_KEY_FILE")
+	}
+	if strings.HasPrefix(a.Checkpoints, "s3:") {
+		if _, _, err := s3sink.ParseURL(a.Checkpoints); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openSink opens a checkpoint sink: s3://bucket/prefix, or a directory.
+func openSink(ctx context.Context, a AuditConfig, spec string) (audit.Sink, error) {
+	if !strings.HasPrefix(spec, "s3:") {
+		return audit.DirSink{Dir: spec}, nil
+	}
+	bucket, prefix, err := s3sink.ParseURL(spec)
+	if err != nil {
+		return nil, err
+	}
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint sink %s: AWS configuration: %w", spec, err)
+	}
+	client := s3.NewFromConfig(awsCfg, func(o *s3.Options) {
+		if a.S3Endpoint != "" {
+			o.BaseEndpoint, o.UsePathStyle = aws.String(a.S3Endpoint), true
+		}
+	})
+	return s3sink.New(s3sink.Config{Client: client, Bucket: bucket, Prefix: prefix, Retention: a.S3Retention})
+}
+
+// auditWorkers are the audit log's background work in muster serve and
+// dev: the checkpointer (when a sink is configured) and the refused
+// evidence summaries. Kept in one place so that serve.go wires them with
+// a few lines.
+type auditWorkers struct {
+	checkpointer *audit.Checkpointer // nil: checkpoints are off
+	refusals     *audit.RefusalSummaries
+}
+
+func newAuditWorkers(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*auditWorkers, error) {
+	w := &auditWorkers{}
+	var err error
+	if w.refusals, err = audit.NewRefusalSummaries(audit.RefusalSummariesConfig{Log: audit.NewLog(pool), Logger: log, Registerer: reg}); err != nil {
+		return nil, err
+	}
+	a := cfg.Audit
+	if a.Checkpoints == "" {
+		log.Warn("audit checkpoints are off: nothing outside PostgreSQL anchors the audit chain (set MUSTER_AUDIT_CHECKPOINTS and MUSTER_AUDIT_SIGNING_KEY_FILE; README: audit checkpoints)")
+		return w, nil
+	}
+	var signer *audit.KeyFileSigner
+	if cfg.Dev {
+		signer, err = audit.LoadOrCreateKeyFile(a.SigningKeyFile)
+	} else {
+		signer, err = audit.LoadKeyFile(a.SigningKeyFile)
+	}
+	if err != nil {
+		return nil, err
+	}
+	keys := audit.Keys{}
+	if len(a.PublicKeyFiles) > 0 {
+		if keys, err = audit.LoadPublicKeys(a.PublicKeyFiles...); err != nil {
+			return nil, err
+		}
+	}
+	sink, err := openSink(ctx, a, a.Checkpoints)
+	if err != nil {
+		return nil, err
+	}
+	w.checkpointer, err = audit.NewCheckpointer(audit.CheckpointerConfig{
+		Pool: pool, Signer: signer, Sink: sink, Keys: keys, Interval: a.Interval, Heartbeat: a.Heartbeat, Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("audit checkpoints", "sink", sink.String(), "key_id", signer.KeyID(), "every", a.Interval)
+	return w, nil
+}
+
+// Start starts the workers.
+func (w *auditWorkers) Start(ctx context.Context) error {
+	if err := w.refusals.Start(ctx); err != nil {
+		return err
+	}
+	if w.checkpointer != nil {
+		return w.checkpointer.Start(ctx)
+	}
+	return nil
+}
+
+// Stop flushes the refused-evidence summaries, then writes the last
+// checkpoint, which so covers them.
+func (w *auditWorkers) Stop() {
+	w.refusals.Stop()
+	if w.checkpointer != nil {
+		w.checkpointer.Stop()
+	}
+}
+
+// keyList collects repeated --key flags.
+type keyList []string
+
+func (k *keyList) String() string     { return strings.Join(*k, ",") }
+func (k *keyList) Set(v string) error { *k = append(*k, v); return nil }
+
+// auditFlags are the flags verify and export share.
+type auditFlags struct {
+	checkpoints string
+	keys        keyList
+}
+
+func (f *auditFlags) add(fs *flag.FlagSet) {
+	fs.StringVar(&f.checkpoints, "checkpoints", "", "checkpoint sink: a directory or s3://bucket/prefix (MUSTER_AUDIT_CHECKPOINTS; muster dev's DATA/audit-checkpoints when it exists)")
+	fs.Var(&f.keys, "key", "a PEM file with a trusted public key (or the signing key itself); repeatable (MUSTER_AUDIT_PUBLIC_KEY_FILES, the signing key's .pub beside it, or muster dev's DATA/audit-signing.key.pub)")
+}
+
+// resolve works out the sink and keys: flags, then the environment, then
+// muster dev's files in the data folder.
+func (f *auditFlags) resolve(cfg *Config) (sinkSpec string, keys []string) {
+	sinkSpec = cmpOr(f.checkpoints, os.Getenv("MUSTER_AUDIT_CHECKPOINTS"))
+	keys = f.keys
+	if len(keys) == 0 {
+		for _, k := range strings.Split(os.Getenv("MUSTER_AUDIT_PUBLIC_KEY_FILES"), ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				keys = append(keys, k)
+			}
+		}
+	}
+	if len(keys) == 0 {
+		if k := os.Getenv("MUSTER_AUDIT_SIGNING_KEY_FILE"); k != "" {
+			keys = append(keys, k+".pub")
+		}
+	}
+	if cfg.DataDir != "" && os.Getenv("DATABASE_URL") == "" && os.Getenv("DATABASE_URL_FILE") == "" {
+		dev := AuditConfig{}
+		dev.devDefaults(cfg.DataDir)
+		if _, err := os.Stat(dev.Checkpoints); sinkSpec == "" && err == nil {
+			sinkSpec = dev.Checkpoints
+		}
+		if len(keys) == 0 {
+			keys = append(keys, dev.SigningKeyFile+".pub")
+		}
+	}
+	return sinkSpec, keys
+}
+
+func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	if len(args) == 0 || (args[0] != "verify" && args[0] != "export") {
+		fmt.Fprintln(stderr, "usage: muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE]... [--export FILE]\n       muster audit export --since TIME --until TIME [--data DIR] [--checkpoints SINK] [--key FILE]... [--out FILE]")
+		return errUsage
+	}
+	if args[0] == "export" {
+		return cmdAuditExport(ctx, args[1:], stdout, stderr)
+	}
+	cfg := Config{}
+	var (
+		af     auditFlags
+		export string
+	)
+	fs := newFlags("audit verify", stderr)
+	dataFlag(fs, &cfg)
+	af.add(fs)
+	fs.StringVar(&export, "export", "", "verify this export file (muster audit export) offline, without a database")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	sinkSpec, keyFiles := af.resolve(&cfg)
+	if (export != "" || sinkSpec != "") && len(keyFiles) == 0 {
+		return errors.New("checking against checkpoints needs the public key they are signed with: --key FILE (or MUSTER_AUDIT_PUBLIC_KEY_FILES)")
+	}
+	if export != "" {
+		keys, err := audit.LoadPublicKeys(keyFiles...)
+		if err != nil {
+			return err
+		}
+		f, err := os.Open(export)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		rep, err := audit.VerifyExport(f, keys)
+		if err != nil {
+			return err
+		}
+		if rep.FirstSeq == 0 {
+			fmt.Fprintln(stdout, "audit export intact: it holds no rows")
+			return nil
+		}
+		if rep.Checkpoints == 0 {
+			return fmt.Errorf("audit export rows %d to %d are self-consistent but no checkpoint anchors them", rep.FirstSeq, rep.LastSeq)
+		}
+		fmt.Fprintf(stdout, "audit export intact: rows %d to %d, anchored by %d checkpoints up to seq %d", rep.FirstSeq, rep.LastSeq, rep.Checkpoints, rep.AnchoredSeq)
+		if rep.Unanchored > 0 {
+			fmt.Fprintf(stdout, "; the last %d rows are NOT anchored (no checkpoint covered them yet when exported)", rep.Unanchored)
+		}
+		fmt.Fprintln(stdout)
+		return nil
+	}
+	pool, closeDB, err := toolPool(ctx, &cfg, stderr)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, closeDB()) }()
+	if sinkSpec == "" {
+		rep, err := audit.NewLog(pool).Verify(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "audit chain intact: %d rows, head %s\nnot checked against checkpoints (no --checkpoints): this shows only that the table is self-consistent, which whoever can write it can arrange\n", rep.Rows, rep.Head)
+		return nil
+	}
+	keys, err := audit.LoadPublicKeys(keyFiles...)
+	if err != nil {
+		return err
+	}
+	sink, err := openSink(ctx, cfg.Audit, sinkSpec)
+	if err != nil {
+		return err
+	}
+	cps, err := audit.LoadCheckpoints(ctx, sink, keys)
+	if err != nil {
+		return fmt.Errorf("checkpoints in %s: %w", sink, err)
+	}
+	rep, err := audit.VerifyCheckpoints(ctx, db.New(pool), cps)
+	if err != nil {
+		return fmt.Errorf("against the checkpoints in %s: %w", sink, err)
+	}
+	fmt.Fprintf(stdout, "audit chain intact: %d rows, head %s; checked against %d checkpoints in %s, the newest at seq %d", rep.Rows, rep.Head, rep.Checkpoints, sink, rep.AnchoredSeq)
+	if n := rep.HeadSeq - rep.AnchoredSeq; n > 0 {
+		fmt.Fprintf(stdout, " (%d newer rows are not anchored yet)", n)
+	}
+	fmt.Fprintln(stdout)
+	if rep.Checkpoints == 0 {
+		return fmt.Errorf("no checkpoints in %s: nothing anchors the chain", sink)
+	}
+	return nil
+}
+
+func cmdAuditExport(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	cfg := Config{}
+	var (
+		af                auditFlags
+		since, until, out string
+	)
+	fs := newFlags("audit export", stderr)
+	dataFlag(fs, &cfg)
+	af.add(fs)
+	fs.StringVar(&since, "since", "", "export rows at or after this time (RFC 3339, required)")
+	fs.StringVar(&until, "until", "", "export rows before this time (RFC 3339; default now)")
+	fs.StringVar(&out, "out", "", "write the export here instead of standard output")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	from, err := time.Parse(time.RFC3339, since)
+	if err != nil {
+		fmt.Fprintln(stderr, "muster audit export: --since wants an RFC 3339 time, e.g. 2026-11-01T00:00:00Z")
+		return errUsage
+	}
+	to := time.Now()
+	if until != "" {
+		if to, err = time.Parse(time.RFC3339, until); err != nil {
+			fmt.Fprintln(stderr, "muster audit export: --until wants an RFC 3339 time")
+			return errUsage
+		}
+	}
+	sinkSpec, keyFiles := af.resolve(&cfg)
+	if len(keyFiles) == 0 {
+		return errors.New("muster audit export needs the public key the checkpoints are signed with: --key FILE (or MUSTER_AUDIT_PUBLIC_KEY_FILES)")
+	}
+	if sinkSpec == "" {
+		return errors.New("muster audit export needs the checkpoint sink (--checkpoints): an export without checkpoints proves nothing")
+	}
+	keys, err := audit.LoadPublicKeys(keyFiles...)
+	if err != nil {
+		return err
+	}
+	pool, closeDB, err := toolPool(ctx, &cfg, stderr)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, closeDB()) }()
+	sink, err := openSink(ctx, cfg.Audit, sinkSpec)
+	if err != nil {
+		return err
+	}
+	cps, err := audit.LoadCheckpoints(ctx, sink, keys)
+	if err != nil {
+		return fmt.Errorf("checkpoints in %s: %w", sink, err)
+	}
+	w := stdout
+	if out != "" {
+		f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, f.Close()) }()
+		w = f
+	}
+	rep, err := audit.Export(ctx, db.New(pool), cps, sink, from, to, w)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "exported rows %d to %d with %d checkpoints (anchored up to seq %d, %d rows not anchored yet)\n", rep.FirstSeq, rep.LastSeq, rep.Checkpoints, rep.AnchoredSeq, rep.Unanchored)
+	return nil
+}
