@@ -11,6 +11,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server/servertest"
 )
@@ -70,11 +71,11 @@ func TestEvidenceSideDoors(t *testing.T) {
 	if res := post(vera, item(ids[0], "passive", "hard_failure")); res.Accepted != 0 || res.Refused[0].Code != "wrong_identity_kind" {
 		t.Fatalf("a viewer's passive hard failure: %+v", res)
 	}
-	stranger := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "other"})
+	stranger := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "other"})
 	if res := post(stranger, item(ids[0], "passive", "hard_failure")); res.Accepted != 0 || res.Refused[0].Code != "not_granted" {
 		t.Fatalf("an unrelated workload's passive hard failure: %+v", res)
 	}
-	sibling := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.2"}})
+	sibling := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.2"}})
 	if res := post(sibling, item(ids[0], "self", "hard_failure")); res.Accepted != 0 || res.Refused[0].Code != "not_own_instance" {
 		t.Fatalf("a sibling's self-report: %+v", res)
 	}
@@ -107,9 +108,9 @@ func TestEvidenceSideDoors(t *testing.T) {
 	// healthy: degraded, never removed; the prober is suspect.
 	selves := make([]string, len(ids))
 	for i := range ids {
-		selves[i] = s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{fmt.Sprintf("10.0.0.%d", i+1)}})
+		selves[i] = s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{fmt.Sprintf("10.0.0.%d", i+1)}})
 	}
-	prober := s.Token(t, identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"})
+	prober := s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"})
 	for range 8 {
 		s.Clock.Advance(time.Second)
 		for i, id := range ids {

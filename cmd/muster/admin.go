@@ -17,6 +17,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 )
 
 func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
@@ -127,7 +128,7 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 	if _, err := os.Stat(filepath.Join(dir, "dev-issuer-key.pem")); err != nil {
 		return fmt.Errorf("no dev issuer in %s: run `muster dev --data %s` first", dir, dir)
 	}
-	iss, err := identity.LoadOrCreateDevIssuer(dir)
+	iss, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
 		return err
 	}
@@ -141,7 +142,7 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	tok, err := iss.Mint(identity.TokenRequest{
+	tok, err := iss.Mint(devissuer.TokenRequest{
 		Kind: k, Subject: subject, Service: service, Team: team, Role: r, Addresses: addrs, TTL: ttl,
 	}, time.Now())
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -307,11 +308,11 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	iss, err := identity.LoadOrCreateDevIssuer(dir)
+	iss, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
 		return err
 	}
-	admin, err := iss.Mint(identity.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin}, time.Now())
+	admin, err := iss.Mint(devissuer.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin}, time.Now())
 	if err != nil {
 		return err
 	}
@@ -423,7 +424,7 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 // others. It then waits until muster takes a probe report from each about
 // one of its instances (the evaluator picks assignments up on its next
 // registry refresh).
-func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *identity.DevIssuer, admin string, services [][]string, pools [][]uuid.UUID) ([]string, error) {
+func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *devissuer.Issuer, admin string, services [][]string, pools [][]uuid.UUID) ([]string, error) {
 	tokens := make([]string, len(services))
 	for i := range tokens {
 		name := loadgenProber
@@ -438,7 +439,7 @@ func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *
 			}
 		}
 		var err error
-		if tokens[i], err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: name}, time.Now()); err != nil {
+		if tokens[i], err = iss.Mint(devissuer.TokenRequest{Kind: identity.KindProber, Subject: name}, time.Now()); err != nil {
 			return nil, err
 		}
 	}

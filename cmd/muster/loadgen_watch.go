@@ -28,6 +28,7 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -563,19 +564,19 @@ func (w *lgWatch) setup(ctx context.Context) error {
 // prepare mints tokens, builds the HTTP clients and lists the loadgen
 // services and their instances.
 func (w *lgWatch) prepare(ctx context.Context) error {
-	iss, err := identity.LoadOrCreateDevIssuer(w.dir)
+	iss, err := devissuer.LoadOrCreate(w.dir)
 	if err != nil {
 		return err
 	}
-	if w.adminToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin, TTL: 2 * time.Hour}, time.Now()); err != nil {
+	if w.adminToken, err = iss.Mint(devissuer.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin, TTL: 2 * time.Hour}, time.Now()); err != nil {
 		return err
 	}
-	if w.proberToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber, TTL: 2 * time.Hour}, time.Now()); err != nil {
+	if w.proberToken, err = iss.Mint(devissuer.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber, TTL: 2 * time.Hour}, time.Now()); err != nil {
 		return err
 	}
 	w.watchTokens = make([]string, (w.clients+lgwClientsPerIdentity-1)/lgwClientsPerIdentity)
 	for i := range w.watchTokens {
-		req := identity.TokenRequest{Kind: identity.KindTool, Subject: fmt.Sprintf("loadgen-watch-%d", i), TTL: 2 * time.Hour}
+		req := devissuer.TokenRequest{Kind: identity.KindTool, Subject: fmt.Sprintf("loadgen-watch-%d", i), TTL: 2 * time.Hour}
 		if w.watchTokens[i], err = iss.Mint(req, time.Now()); err != nil {
 			return err
 		}

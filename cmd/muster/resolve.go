@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -254,11 +255,11 @@ func devViewerToken(dir string) (string, error) {
 		}
 		return "", err
 	}
-	iss, err := identity.LoadOrCreateDevIssuer(dir)
+	iss, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
 		return "", err
 	}
-	return iss.Mint(identity.TokenRequest{
+	return iss.Mint(devissuer.TokenRequest{
 		Kind: identity.KindOperator, Subject: "muster-resolve", Role: identity.RoleViewer, TTL: time.Hour,
 	}, time.Now())
 }

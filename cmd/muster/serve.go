@@ -27,6 +27,7 @@ import (
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/guardlog"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
@@ -43,14 +44,14 @@ const uiPath = "/ui"
 
 // devUIClient registers the web UI as a client of the dev issuer, with a
 // secret made up for this process, and returns the UI's OIDC settings.
-func devUIClient(d *identity.DevIssuer, base string) (webui.OIDCConfig, error) {
+func devUIClient(d *devissuer.Issuer, base string) (webui.OIDCConfig, error) {
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
 		return webui.OIDCConfig{}, fmt.Errorf("dev UI client secret: %w", err)
 	}
 	c := webui.OIDCConfig{IssuerURL: d.URL(), ClientID: "muster-ui", ClientSecret: hex.EncodeToString(secret),
 		RedirectURL: base + uiPath + "/auth/callback"}
-	err := d.RegisterClient(identity.DevClient{ID: c.ClientID, Secret: c.ClientSecret, RedirectURIs: []string{c.RedirectURL}})
+	err := d.RegisterClient(devissuer.Client{ID: c.ClientID, Secret: c.ClientSecret, RedirectURIs: []string{c.RedirectURL}})
 	return c, err
 }
 
@@ -129,9 +130,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	base := "http://" + dialable(ln.Addr().(*net.TCPAddr))
 
 	issuers := cfg.Issuers
-	var devIssuer *identity.DevIssuer
+	var devIssuer *devissuer.Issuer
 	if cfg.Dev {
-		if devIssuer, err = identity.LoadOrCreateDevIssuer(cfg.DataDir); err != nil {
+		if devIssuer, err = devissuer.LoadOrCreate(cfg.DataDir); err != nil {
 			return err
 		}
 		if err := devIssuer.SetURL(base + devIssuerPath); err != nil {
@@ -362,7 +363,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 			defer close(demoDone)
 			err := demo.Run(demoCtx, demo.Config{
 				URL: base, Logger: log,
-				Mint: func(req identity.TokenRequest) (string, error) { return devIssuer.Mint(req, time.Now()) },
+				Mint: func(req devissuer.TokenRequest) (string, error) { return devIssuer.Mint(req, time.Now()) },
 			})
 			if err != nil {
 				log.Error("demo stopped", "err", err)
