@@ -27,6 +27,7 @@ import (
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/guardlog"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
@@ -61,7 +62,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		name, defAddr = "dev", "127.0.0.1:8080"
 	}
 	cfg := Config{Dev: dev}
-	fs := newFlags(name, stderr)
+	fs := cli.NewFlags(name, stderr)
 	fs.StringVar(&cfg.Addr, "addr", defAddr, "address to listen on")
 	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "if set, serve Go's pprof profiles on this (loopback) address")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "if set, serve /metrics without a token on this address (\":9464\" listens on loopback; MUSTER_METRICS_ADDR); the API address's /metrics needs an operator or tool token")
@@ -73,7 +74,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs.StringVar(&sf.steps, "shift-steps", "", "traffic weights a shift-back walks through, e.g. 0.1,0.25,0.5,1 (MUSTER_SHIFT_STEPS; default 0.1,0.25,0.5,1)")
 	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")
 	fs.StringVar(&sf.pendingAlarm, "shift-pending-alarm", "", "a manual shift-back pending confirmation longer than this raises shiftback_pending (MUSTER_SHIFT_PENDING_ALARM; default 10m)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := loadEnv(&cfg); err != nil {
