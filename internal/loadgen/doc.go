@@ -11,8 +11,9 @@
 //	ui       signs in to the admin UI and times its pages
 //
 // It is a client of muster like any other, through the HTTP API and the
-// dev issuer's tokens, except seed and rebuild, which work on the database
-// directly. The command gives it the one thing it cannot know, how to open
+// dev issuer's tokens; seed, rebuild and watch --restart also work on the
+// database directly (bulk copies, an in-process evaluator, the stream
+// census). The command gives it the one thing it cannot know, how to open
 // muster's database (Env.OpenDB), so DATABASE_URL and the dev cluster are
 // read in one place, cmd/muster.
 package loadgen
