@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 )
 
 // Config configures a demo run.
@@ -51,7 +52,7 @@ type Config struct {
 	// URL is muster's base URL.
 	URL string
 	// Mint mints a token with the dev issuer.
-	Mint func(identity.TokenRequest) (string, error)
+	Mint func(devissuer.TokenRequest) (string, error)
 	// Logger receives progress; nil discards.
 	Logger *slog.Logger
 	// Tick is the evidence period: 2 s by default (under the 5 s probe
@@ -154,7 +155,7 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // token returns a cached token for req (minted for 12 h).
-func (d *Demo) token(req identity.TokenRequest) (string, error) {
+func (d *Demo) token(req devissuer.TokenRequest) (string, error) {
 	key := fmt.Sprintf("%s/%s/%s/%s/%s/%s", req.Kind, req.Subject, req.Service, req.Team, req.Role, strings.Join(req.Addresses, ","))
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -171,15 +172,15 @@ func (d *Demo) token(req identity.TokenRequest) (string, error) {
 }
 
 func (d *Demo) admin() (string, error) {
-	return d.token(identity.TokenRequest{Kind: identity.KindOperator, Subject: "demo-admin", Role: identity.RoleAdmin})
+	return d.token(devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "demo-admin", Role: identity.RoleAdmin})
 }
 
-func workload(service string) identity.TokenRequest {
-	return identity.TokenRequest{Kind: identity.KindWorkload, Service: service}
+func workload(service string) devissuer.TokenRequest {
+	return devissuer.TokenRequest{Kind: identity.KindWorkload, Service: service}
 }
 
-func proberOf(zone string) identity.TokenRequest {
-	return identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-" + zone}
+func proberOf(zone string) devissuer.TokenRequest {
+	return devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-" + zone}
 }
 
 // apiError is a non-2xx answer.
@@ -287,7 +288,7 @@ func (d *Demo) setup(ctx context.Context) error {
 		for zi, z := range Zones {
 			for k := range 2 {
 				addr := fmt.Sprintf("10.%d.%d.%d", zi+1, si+1, k+10)
-				tok, err := d.token(identity.TokenRequest{Kind: identity.KindWorkload, Service: s.name, Addresses: []string{addr}})
+				tok, err := d.token(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: s.name, Addresses: []string{addr}})
 				if err != nil {
 					return err
 				}
@@ -417,7 +418,7 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 			passive = append(passive, report{InstanceID: in.id, Class: "passive", Successes: &s, Failures: &f})
 		}
 	}
-	send := func(who identity.TokenRequest, items []report) {
+	send := func(who devissuer.TokenRequest, items []report) {
 		if len(items) == 0 {
 			return
 		}
@@ -443,7 +444,7 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 	// all their addresses stands in for them (a host agent would do the
 	// same for the instances it runs).
 	for name, items := range selfs {
-		send(identity.TokenRequest{Kind: identity.KindWorkload, Service: name, Addresses: selfAddrs[name]}, items)
+		send(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: name, Addresses: selfAddrs[name]}, items)
 	}
 	send(workload("storefront"), passive)
 }
@@ -451,7 +452,7 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 // renew renews every instance's lease with its own workload identity.
 func (d *Demo) renew(ctx context.Context) {
 	for _, in := range d.instances {
-		tok, err := d.token(identity.TokenRequest{Kind: identity.KindWorkload, Service: in.service, Addresses: []string{in.addr}})
+		tok, err := d.token(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: in.service, Addresses: []string{in.addr}})
 		if err == nil {
 			err = d.call(ctx, http.MethodPut, "/v1/instances/"+in.id+"/lease", tok, nil, nil)
 		}
@@ -475,7 +476,7 @@ func (f *failover) advance(ctx context.Context, d *Demo, t time.Duration) {
 	if f.done || t < 10*time.Second || time.Now().Before(f.nextStep) {
 		return
 	}
-	tok, err := d.token(identity.TokenRequest{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator})
+	tok, err := d.token(devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator})
 	if err != nil {
 		return
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	st "github.com/musterhq/muster/server/servertest"
 )
@@ -25,8 +26,8 @@ import (
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
 var (
-	prober1 = identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"}
-	prober2 = identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az2"}
+	prober1 = devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"}
+	prober2 = devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-az2"}
 	admin   = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
 )
 
@@ -115,7 +116,7 @@ func TestIngestAttribution(t *testing.T) {
 	// api's own instance is at 10.0.1.1: a token vouching for that address
 	// is the instance itself (the test client's requests come from
 	// loopback, not from there).
-	apiSelf := f.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "api", Addresses: []string{"10.0.1.1"}})
+	apiSelf := f.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "api", Addresses: []string{"10.0.1.1"}})
 	res := f.post(t, apiSelf,
 		report(f.web[0], "self", "success"),                                  // 0: a neighbour's self-report
 		report(f.web[0], "passive", "failure"),                               // 1: passive from a caller web has not granted
@@ -149,7 +150,7 @@ func TestIngestAttribution(t *testing.T) {
 	if res := f.post(t, web, report(f.web[1], "self", "failure")); res.Accepted != 0 || len(res.Refused) != 1 || res.Refused[0].Code != "not_own_instance" {
 		t.Fatalf("a sibling's self-report: %+v", res)
 	}
-	web1 := f.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.2"}})
+	web1 := f.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.2"}})
 	if res := f.post(t, web1, report(f.web[1], "self", "success"), report(f.web[1], "self", "failure")); res.Accepted != 2 {
 		t.Fatalf("own self-reports: %+v", res)
 	}
@@ -531,7 +532,7 @@ func TestProberSuspectAlarm(t *testing.T) {
 	// One token vouching for the three instances' addresses stands in for
 	// the three instances, each reporting itself.
 	p1 := f.Token(t, prober1)
-	web := f.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}})
+	web := f.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}})
 	both := func(outcome string) {
 		var items []string
 		for _, id := range f.web {

@@ -58,8 +58,9 @@
 // A claim on a kind it does not apply to is refused rather than ignored: it
 // means the issuer is configured wrongly, and a silently dropped role is a
 // worse surprise than a clear refusal. "sub" is required; service names
-// follow the registry's rule (a lowercase DNS label). The same checks run in
-// DevIssuer.Mint, so it never mints a token Verify would refuse.
+// follow the registry's rule (a lowercase DNS label). The same checks (NewPrincipal) run
+// in the dev issuer's Mint (internal/devissuer), so it never mints a token
+// Verify would refuse.
 //
 // Error texts wrapping ErrInvalidToken are short reasons meant for the
 // caller ("token expired", `unknown kind "x"`); untrusted values in them are
@@ -67,13 +68,7 @@
 //
 // # Dev issuer
 //
-// DevIssuer is the issuer of `muster dev` and `muster token`. Its RSA key is
-// kept in a file so tokens survive restarts and so a separate process can
-// mint for the running server; the issuer URL is saved next to it for the
-// same reason. It is an OpenID Provider built on zitadel/oidc's op package:
-// discovery, JWKS, and the authorization code flow with PKCE, whose login
-// step is a sign-in page listing the development users (DevUsers) so the web
-// UI signs in exactly as it does against a production issuer. The server
-// verifies its tokens over HTTP like any other issuer's; there is no
-// shortcut.
+// The issuer of `muster dev` and `muster token` lives in internal/devissuer:
+// an OpenID Provider whose tokens the server verifies over HTTP like any
+// other issuer's, through this package's Verifier; there is no shortcut.
 package identity

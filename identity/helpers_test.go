@@ -20,6 +20,7 @@ import (
 	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 )
 
 const issuerPath = "/dev/issuer"
@@ -47,10 +48,10 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// devServer is a DevIssuer served on a loopback httptest server, with knobs
+// devServer is a devissuer.Issuer served on a loopback httptest server, with knobs
 // to break its endpoints and counters of the requests it saw.
 type devServer struct {
-	issuer *identity.DevIssuer
+	issuer *devissuer.Issuer
 	srv    *httptest.Server
 	key    *rsa.PrivateKey // only set by newDevServerWithKey
 
@@ -103,9 +104,9 @@ func newDevServerWithKey(t testing.TB) *devServer {
 
 func serveDevIssuer(t testing.TB, dir string, key *rsa.PrivateKey) *devServer {
 	t.Helper()
-	d, err := identity.LoadOrCreateDevIssuer(dir)
+	d, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
-		t.Fatalf("LoadOrCreateDevIssuer: %v", err)
+		t.Fatalf("devissuer.LoadOrCreate: %v", err)
 	}
 	s := &devServer{issuer: d, key: key}
 	h := http.StripPrefix(issuerPath, d.Handler())
@@ -141,7 +142,7 @@ func serveDevIssuer(t testing.TB, dir string, key *rsa.PrivateKey) *devServer {
 }
 
 // mint mints req at now or fails the test.
-func (s *devServer) mint(t testing.TB, req identity.TokenRequest, now time.Time) string {
+func (s *devServer) mint(t testing.TB, req devissuer.TokenRequest, now time.Time) string {
 	t.Helper()
 	tok, err := s.issuer.Mint(req, now)
 	if err != nil {

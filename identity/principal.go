@@ -35,7 +35,7 @@ func ParseKind(s string) (Kind, error) {
 	case KindWorkload, KindProber, KindTool, KindOperator:
 		return k, nil
 	}
-	return "", fmt.Errorf("unknown kind %s", quote(s))
+	return "", fmt.Errorf("unknown kind %s", QuoteClaim(s))
 }
 
 // Role is the privilege level of an operator or tool. Roles are ordered:
@@ -56,7 +56,7 @@ const (
 // exactly, as they are in tokens.
 func ParseRole(s string) (Role, error) {
 	if Role(s).rank() == 0 {
-		return "", fmt.Errorf("unknown role %s", quote(s))
+		return "", fmt.Errorf("unknown role %s", QuoteClaim(s))
 	}
 	return Role(s), nil
 }
@@ -149,13 +149,14 @@ func (p Principal) IsAdmin() bool {
 	return (p.Kind == KindOperator || p.Kind == KindTool) && p.Role == RoleAdmin
 }
 
-// Names of muster's custom token claims.
+// Names of muster's custom token claims, for issuers that write them (the
+// dev issuer) and the Verifier that reads them.
 const (
-	claimKind      = "muster_kind"
-	claimService   = "muster_service"
-	claimTeam      = "muster_team"
-	claimRole      = "muster_role"
-	claimAddresses = "muster_addresses"
+	ClaimKind      = "muster_kind"
+	ClaimService   = "muster_service"
+	ClaimTeam      = "muster_team"
+	ClaimRole      = "muster_role"
+	ClaimAddresses = "muster_addresses"
 )
 
 // Limits on claim values. They bound the work an issuer (or a bug in one) can
@@ -166,10 +167,11 @@ const (
 	maxAddresses  = 32
 )
 
-// claimSet holds muster's custom claims as strings, before validation. It is
-// the common ground of Verify (decoded from a token) and Mint (built from a
-// TokenRequest), so both apply the same rules through newPrincipal.
-type claimSet struct {
+// Claims holds muster's custom claims as strings, before validation. It is
+// the common ground of Verify (decoded from a token) and the dev issuer's
+// Mint (built from its token request), so both apply the same rules through
+// NewPrincipal.
+type Claims struct {
 	Kind      string
 	Service   string
 	Team      string
@@ -177,10 +179,10 @@ type claimSet struct {
 	Addresses []string
 }
 
-// newPrincipal validates claims for issuer iss and subject sub and returns
+// NewPrincipal validates claims for issuer iss and subject sub and returns
 // the principal they describe. Its errors are short reasons that are safe to
 // show the caller: they never contain more than a truncated, quoted claim.
-func newPrincipal(iss, sub string, c claimSet) (Principal, error) {
+func NewPrincipal(iss, sub string, c Claims) (Principal, error) {
 	if c.Kind == "" {
 		return Principal{}, errors.New("missing kind")
 	}
@@ -202,7 +204,7 @@ func newPrincipal(iss, sub string, c claimSet) (Principal, error) {
 			return Principal{}, errors.New("workload without service")
 		}
 		if c.Service != "" && !validServiceName(c.Service) {
-			return Principal{}, fmt.Errorf("invalid service name %s", quote(c.Service))
+			return Principal{}, fmt.Errorf("invalid service name %s", QuoteClaim(c.Service))
 		}
 		// A team or role on a workload would be honoured by nothing, but a
 		// caller that checks Role.AtLeast without looking at Kind could be
@@ -236,7 +238,7 @@ func newPrincipal(iss, sub string, c claimSet) (Principal, error) {
 	for _, s := range c.Addresses {
 		a, err := netip.ParseAddr(s)
 		if err != nil || a.Zone() != "" {
-			return Principal{}, fmt.Errorf("bad address %s", quote(s))
+			return Principal{}, fmt.Errorf("bad address %s", QuoteClaim(s))
 		}
 		p.Addresses = append(p.Addresses, a.Unmap())
 	}
@@ -272,9 +274,9 @@ func printable(s string, limit int) bool {
 	return strings.IndexFunc(s, unicode.IsControl) < 0
 }
 
-// quote renders an untrusted claim for an error message: truncated, then
-// quoted so control characters cannot forge log lines.
-func quote(s string) string {
+// QuoteClaim renders an untrusted claim for an error message: truncated,
+// then quoted so control characters cannot forge log lines.
+func QuoteClaim(s string) string {
 	const limit = 64
 	if len(s) > limit {
 		cut := limit
@@ -291,5 +293,5 @@ func quote(s string) string {
 // role are checked by the same rules as muster_team and muster_role in
 // bearer tokens, and an empty role means RoleViewer.
 func NewOperator(iss, sub, team, role string) (Principal, error) {
-	return newPrincipal(iss, sub, claimSet{Kind: string(KindOperator), Team: team, Role: role})
+	return NewPrincipal(iss, sub, Claims{Kind: string(KindOperator), Team: team, Role: role})
 }

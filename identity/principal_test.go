@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 )
 
 func TestRoleAtLeast(t *testing.T) {
@@ -77,7 +78,7 @@ func TestPrincipalNamesCarryTheIssuer(t *testing.T) {
 	home, other := newDevServer(t), newDevServer(t)
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: home.URL()}, identity.IssuerConfig{URL: other.URL()})
-	for _, req := range []identity.TokenRequest{
+	for _, req := range []devissuer.TokenRequest{
 		{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin},
 		{Kind: identity.KindWorkload, Service: "web"},
 		{Kind: identity.KindProber, Subject: "p1"},

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 )
 
 // TestVerifiedTokensAreKnown: a token accepted once is Known (no
@@ -16,8 +17,8 @@ func TestVerifiedTokensAreKnown(t *testing.T) {
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
 
-	long := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", TTL: time.Hour}, clock.Now())
-	short := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "api", TTL: 2 * time.Minute}, clock.Now())
+	long := s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", TTL: time.Hour}, clock.Now())
+	short := s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "api", TTL: 2 * time.Minute}, clock.Now())
 	if _, ok := v.Known(long); ok {
 		t.Fatal("a token never presented is known")
 	}

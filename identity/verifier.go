@@ -35,8 +35,11 @@ var (
 	ErrIssuerUnavailable = errors.New("issuer unavailable")
 )
 
+// DefaultAudience is the audience muster's tokens are addressed to unless
+// an issuer is configured with another.
+const DefaultAudience = "muster"
+
 const (
-	defaultAudience = "muster"
 	// discoveryTimeout bounds one discovery request, independent of the
 	// request that triggered it.
 	discoveryTimeout = 10 * time.Second
@@ -124,7 +127,7 @@ func newVerifier(issuers []IssuerConfig, client *http.Client, now func() time.Ti
 		verified: newVerifiedCache(verifiedMax),
 	}
 	for i, ic := range issuers {
-		if err := validateIssuerURL(ic.URL); err != nil {
+		if err := ValidateIssuerURL(ic.URL); err != nil {
 			return nil, fmt.Errorf("new verifier: issuer %d: %w", i, err)
 		}
 		if _, dup := v.issuers[ic.URL]; dup {
@@ -132,7 +135,7 @@ func newVerifier(issuers []IssuerConfig, client *http.Client, now func() time.Ti
 		}
 		aud := ic.Audience
 		if aud == "" {
-			aud = defaultAudience
+			aud = DefaultAudience
 		}
 		if strings.TrimSpace(aud) != aud {
 			return nil, fmt.Errorf("new verifier: issuer %q: audience %q has surrounding space", ic.URL, aud)
@@ -143,10 +146,10 @@ func newVerifier(issuers []IssuerConfig, client *http.Client, now func() time.Ti
 	return v, nil
 }
 
-// validateIssuerURL accepts an absolute https URL, or http on a loopback
+// ValidateIssuerURL accepts an absolute https URL, or http on a loopback
 // host: keys fetched over plain http from another host could be swapped in
 // transit, which would let anyone mint tokens.
-func validateIssuerURL(raw string) error {
+func ValidateIssuerURL(raw string) error {
 	if raw == "" {
 		return errors.New("issuer URL is empty")
 	}
@@ -208,7 +211,7 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Principal, error) {
 	}
 	st, ok := v.issuers[iss]
 	if !ok {
-		return Principal{}, fmt.Errorf("issuer %s: %w: %w", quote(iss), ErrUnknownIssuer, ErrInvalidToken)
+		return Principal{}, fmt.Errorf("issuer %s: %w: %w", QuoteClaim(iss), ErrUnknownIssuer, ErrInvalidToken)
 	}
 	idv, err := v.tokenVerifier(ctx, st)
 	if err != nil {
@@ -222,11 +225,11 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Principal, error) {
 	if err := tok.Claims(&claims); err != nil {
 		return Principal{}, invalid("malformed claims")
 	}
-	cs, err := decodeClaimSet(claims)
+	cs, err := decodeClaims(claims)
 	if err != nil {
 		return Principal{}, invalid(err.Error())
 	}
-	p, err := newPrincipal(tok.Issuer, tok.Subject, cs)
+	p, err := NewPrincipal(tok.Issuer, tok.Subject, cs)
 	if err != nil {
 		return Principal{}, invalid(err.Error())
 	}
@@ -398,27 +401,27 @@ func (v *Verifier) verifyError(ctx context.Context, st *issuerState, err error) 
 	return invalid("token rejected")
 }
 
-// decodeClaimSet extracts muster's claims by exact name. encoding/json would
+// decodeClaims extracts muster's claims by exact name. encoding/json would
 // match struct fields case-insensitively, letting "Muster_Role" stand in for
 // "muster_role" at an issuer that only guards the exact spelling.
-func decodeClaimSet(m map[string]json.RawMessage) (claimSet, error) {
-	var c claimSet
+func decodeClaims(m map[string]json.RawMessage) (Claims, error) {
+	var c Claims
 	for _, f := range []struct {
 		name string
 		dst  any
 	}{
-		{claimKind, &c.Kind},
-		{claimService, &c.Service},
-		{claimTeam, &c.Team},
-		{claimRole, &c.Role},
-		{claimAddresses, &c.Addresses},
+		{ClaimKind, &c.Kind},
+		{ClaimService, &c.Service},
+		{ClaimTeam, &c.Team},
+		{ClaimRole, &c.Role},
+		{ClaimAddresses, &c.Addresses},
 	} {
 		raw, ok := m[f.name]
 		if !ok {
 			continue
 		}
 		if err := json.Unmarshal(raw, f.dst); err != nil {
-			return claimSet{}, fmt.Errorf("claim %s has the wrong type", f.name)
+			return Claims{}, fmt.Errorf("claim %s has the wrong type", f.name)
 		}
 	}
 	return c, nil

@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 )
 
 // wantInvalid fails t unless err wraps ErrInvalidToken with reason in its
@@ -45,14 +46,14 @@ func TestVerifyKinds(t *testing.T) {
 
 	tests := []struct {
 		name      string
-		req       identity.TokenRequest
+		req       devissuer.TokenRequest
 		want      identity.Principal
 		wantStr   string
 		wantAdmin bool
 	}{
 		{
 			name: "workload",
-			req: identity.TokenRequest{Kind: identity.KindWorkload, Subject: "alice", Service: "web",
+			req: devissuer.TokenRequest{Kind: identity.KindWorkload, Subject: "alice", Service: "web",
 				Addresses: []string{"10.0.0.1", "::ffff:10.0.0.2", "2001:db8::1"}},
 			want: identity.Principal{Subject: "alice", Kind: identity.KindWorkload, Service: "web",
 				Addresses: []netip.Addr{
@@ -64,44 +65,44 @@ func TestVerifyKinds(t *testing.T) {
 		},
 		{
 			name:    "workload subject defaults to service",
-			req:     identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"},
+			req:     devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"},
 			want:    identity.Principal{Subject: "web", Kind: identity.KindWorkload, Service: "web"},
 			wantStr: "workload:web/web",
 		},
 		{
 			name:    "prober bound to a service",
-			req:     identity.TokenRequest{Kind: identity.KindProber, Service: "edge-probe"},
+			req:     devissuer.TokenRequest{Kind: identity.KindProber, Service: "edge-probe"},
 			want:    identity.Principal{Subject: "edge-probe", Kind: identity.KindProber, Service: "edge-probe"},
 			wantStr: "prober:edge-probe/edge-probe",
 		},
 		{
 			name:    "prober without service",
-			req:     identity.TokenRequest{Kind: identity.KindProber, Subject: "probe-eu-1"},
+			req:     devissuer.TokenRequest{Kind: identity.KindProber, Subject: "probe-eu-1"},
 			want:    identity.Principal{Subject: "probe-eu-1", Kind: identity.KindProber},
 			wantStr: "prober:probe-eu-1",
 		},
 		{
 			name:      "operator admin with team",
-			req:       identity.TokenRequest{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleAdmin},
+			req:       devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleAdmin},
 			want:      identity.Principal{Subject: "oscar", Kind: identity.KindOperator, Team: "payments", Role: identity.RoleAdmin},
 			wantStr:   "operator:oscar",
 			wantAdmin: true,
 		},
 		{
 			name:    "operator defaults to viewer",
-			req:     identity.TokenRequest{Kind: identity.KindOperator, Subject: "olga"},
+			req:     devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "olga"},
 			want:    identity.Principal{Subject: "olga", Kind: identity.KindOperator, Role: identity.RoleViewer},
 			wantStr: "operator:olga",
 		},
 		{
 			name:    "tool defaults to viewer",
-			req:     identity.TokenRequest{Kind: identity.KindTool, Subject: "tg-sync"},
+			req:     devissuer.TokenRequest{Kind: identity.KindTool, Subject: "tg-sync"},
 			want:    identity.Principal{Subject: "tg-sync", Kind: identity.KindTool, Role: identity.RoleViewer},
 			wantStr: "tool:tg-sync",
 		},
 		{
 			name:      "tool admin",
-			req:       identity.TokenRequest{Kind: identity.KindTool, Subject: "dns-sync", Role: identity.RoleAdmin, Team: "infra"},
+			req:       devissuer.TokenRequest{Kind: identity.KindTool, Subject: "dns-sync", Role: identity.RoleAdmin, Team: "infra"},
 			want:      identity.Principal{Subject: "dns-sync", Kind: identity.KindTool, Role: identity.RoleAdmin, Team: "infra"},
 			wantStr:   "tool:dns-sync",
 			wantAdmin: true,
@@ -136,7 +137,7 @@ func TestVerifyRefusesTimes(t *testing.T) {
 	s := newDevServer(t)
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
-	req := identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}
+	req := devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}
 
 	tests := []struct {
 		name    string
@@ -174,7 +175,7 @@ func TestVerifyWrongAudience(t *testing.T) {
 	s := newDevServer(t)
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL(), Audience: "other"})
-	tok := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
+	tok := s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
 	_, err := v.Verify(t.Context(), tok)
 	wantInvalid(t, err, tok, "wrong audience")
 }
@@ -187,14 +188,14 @@ func TestVerifyForeignKey(t *testing.T) {
 
 	// Another dev issuer (its own directory, so its own key) claiming the
 	// same URL: its tokens route to s but must not verify with s's key.
-	impostor, err := identity.LoadOrCreateDevIssuer(t.TempDir())
+	impostor, err := devissuer.LoadOrCreate(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := impostor.SetURL(s.URL()); err != nil {
 		t.Fatal(err)
 	}
-	tok, err := impostor.Mint(identity.TokenRequest{Kind: identity.KindOperator, Subject: "mallory", Role: identity.RoleAdmin}, clock.Now())
+	tok, err := impostor.Mint(devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "mallory", Role: identity.RoleAdmin}, clock.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestVerifyTampered(t *testing.T) {
 	s := newDevServer(t)
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
-	tok := s.mint(t, identity.TokenRequest{Kind: identity.KindOperator, Subject: "olga", Role: identity.RoleViewer}, clock.Now())
+	tok := s.mint(t, devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "olga", Role: identity.RoleViewer}, clock.Now())
 	if _, err := v.Verify(t.Context(), tok); err != nil {
 		t.Fatalf("untampered token: %v", err)
 	}
@@ -251,7 +252,7 @@ func TestVerifyUnknownIssuer(t *testing.T) {
 	// The configured issuer does not exist; contacting it would fail with
 	// ErrIssuerUnavailable instead of ErrUnknownIssuer.
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: "https://issuer.invalid"})
-	tok := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
+	tok := s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
 
 	_, err := v.Verify(t.Context(), tok)
 	if !errors.Is(err, identity.ErrUnknownIssuer) {
@@ -271,7 +272,7 @@ func TestVerifyMalformed(t *testing.T) {
 
 	b64 := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
 	payload := b64(`{"iss":"` + s.URL() + `","sub":"x","aud":"muster","exp":9999999999,"muster_kind":"tool"}`)
-	good := s.mint(t, identity.TokenRequest{Kind: identity.KindTool, Subject: "x"}, clock.Now())
+	good := s.mint(t, devissuer.TokenRequest{Kind: identity.KindTool, Subject: "x"}, clock.Now())
 	goodParts := strings.Split(good, ".")
 
 	tests := []struct {
@@ -402,7 +403,7 @@ func TestDiscoveryRetry(t *testing.T) {
 	s := newDevServer(t)
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
-	tok := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
+	tok := s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
 
 	verify := func(wantOK bool, wantDiscoveries int32) {
 		t.Helper()
@@ -436,7 +437,7 @@ func TestDiscoveryRetry(t *testing.T) {
 
 	s.failDiscovery.Store(true)
 	clock.Advance(time.Hour)
-	tok = s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
+	tok = s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
 	verify(true, 2) // success is never rediscovered
 }
 
@@ -447,7 +448,7 @@ func TestDiscoveryConcurrent(t *testing.T) {
 	s := newDevServer(t)
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
-	tok := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
+	tok := s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
 
 	arrived, release := s.hold()
 	const callers = 16
@@ -480,7 +481,7 @@ func TestDiscoveryCallerGivesUp(t *testing.T) {
 	s := newDevServer(t)
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
-	tok := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
+	tok := s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
 
 	arrived, release := s.hold()
 	ctx, cancel := context.WithCancel(t.Context())
@@ -511,7 +512,7 @@ func TestKeysUnavailable(t *testing.T) {
 	s := newDevServer(t)
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
-	tok := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
+	tok := s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
 
 	s.failJWKS.Store(true)
 	_, err := v.Verify(t.Context(), tok)
@@ -546,7 +547,7 @@ func TestUnknownKeyIDsFetchOncePer10s(t *testing.T) {
 	s := newDevServer(t)
 	clock := newFakeClock()
 	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
-	good := s.mint(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
+	good := s.mint(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}, clock.Now())
 	if _, err := v.Verify(t.Context(), good); err != nil {
 		t.Fatal(err)
 	}
@@ -657,7 +658,7 @@ func FuzzVerify(f *testing.F) {
 	clock := newFakeClock()
 	v := newVerifier(f, clock, identity.IssuerConfig{URL: s.URL()})
 
-	good := s.mint(f, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.1"}}, clock.Now())
+	good := s.mint(f, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.1"}}, clock.Now())
 	c := s.baseClaims(clock.Now())
 	c["muster_kind"] = "operator"
 	c["muster_addresses"] = []any{"::1", 3}

@@ -14,6 +14,7 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	st "github.com/musterhq/muster/server/servertest"
 )
@@ -48,7 +49,7 @@ func newPipeline(t *testing.T) *pipeline {
 	if _, err := s.Registry.PutProberAssignments(ctx, admin, "prober-az1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
 		t.Fatal(err)
 	}
-	p.prober = s.Token(t, identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"})
+	p.prober = s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"})
 	deadline := time.Now().Add(20 * time.Second)
 	for !s.Evaluator.Ready() {
 		if time.Now().After(deadline) {

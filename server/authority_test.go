@@ -14,6 +14,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/resolver"
 	"github.com/musterhq/muster/server/servertest"
@@ -185,7 +186,7 @@ func TestResolverResubscribesWithAFreshToken(t *testing.T) {
 func TestTwoIssuersSameSubjectAreTwoActors(t *testing.T) {
 	t.Parallel()
 	s := servertest.New(t, servertest.Options{SecondIssuer: true})
-	alice := identity.TokenRequest{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
+	alice := devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
 	home, other := s.Token(t, alice), s.Token2(t, alice)
 	if r := s.JSON(t, "PUT", "/v1/services/web", home, `{"owner":"payments","capabilities":["self"]}`); r.Status != http.StatusCreated {
 		t.Fatalf("home alice: %d %s", r.Status, r.Body)
@@ -214,7 +215,7 @@ func TestTwoIssuersSameSubjectAreTwoActors(t *testing.T) {
 	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	p1 := identity.TokenRequest{Kind: identity.KindProber, Subject: "p1"}
+	p1 := devissuer.TokenRequest{Kind: identity.KindProber, Subject: "p1"}
 	report := func(tok string) evaluator.Result {
 		r := s.JSON(t, "POST", "/v1/reports", tok, reportBody(id, "probe", 1))
 		if r.Status != http.StatusOK {

@@ -12,6 +12,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server/servertest"
 )
@@ -72,11 +73,11 @@ func TestEvidenceSideDoors(t *testing.T) {
 	if res := post(vera, item(ids[0], "passive", "hard_failure")); res.Accepted != 0 || res.Refused[0].Code != "wrong_identity_kind" {
 		t.Fatalf("a viewer's passive hard failure: %+v", res)
 	}
-	stranger := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "other"})
+	stranger := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "other"})
 	if res := post(stranger, item(ids[0], "passive", "hard_failure")); res.Accepted != 0 || res.Refused[0].Code != "not_granted" {
 		t.Fatalf("an unrelated workload's passive hard failure: %+v", res)
 	}
-	sibling := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.2"}})
+	sibling := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.2"}})
 	if res := post(sibling, item(ids[0], "self", "hard_failure")); res.Accepted != 0 || res.Refused[0].Code != "not_own_instance" {
 		t.Fatalf("a sibling's self-report: %+v", res)
 	}
@@ -126,12 +127,12 @@ func TestEvidenceSideDoors(t *testing.T) {
 	if r := s.JSON(t, "PUT", "/v1/services/web/grants", admin, `{"callers":["api"]}`); r.Status != http.StatusOK {
 		t.Fatalf("grant api: %d %s", r.Status, r.Body)
 	}
-	caller := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "api"})
+	caller := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "api"})
 	selves := make([]string, len(ids))
 	for i := range ids {
-		selves[i] = s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{fmt.Sprintf("10.0.0.%d", i+1)}})
+		selves[i] = s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{fmt.Sprintf("10.0.0.%d", i+1)}})
 	}
-	prober := s.Token(t, identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"})
+	prober := s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"})
 	degraded := map[string]bool{}
 	for range 8 {
 		s.Clock.Advance(time.Second)
@@ -199,7 +200,7 @@ func TestRefusedEvidenceSummaryIsRateBounded(t *testing.T) {
 	}
 	id := servertest.Decode[registry.Instance](t, r).ID.String()
 	s.Admit(t, id)
-	stranger := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "other"})
+	stranger := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "other"})
 	items := make([]string, 1000)
 	for i := range items {
 		items[i] = fmt.Sprintf(`{"instance_id":%q,"class":"passive","outcome":"hard_failure"}`, id)

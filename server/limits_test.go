@@ -19,6 +19,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
@@ -74,7 +75,7 @@ func TestReportFloodIsLimitedPerIdentity(t *testing.T) {
 	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	web, prober := s.Token(t, webReq), s.Token(t, identity.TokenRequest{Kind: identity.KindProber, Subject: "p1"})
+	web, prober := s.Token(t, webReq), s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "p1"})
 
 	var (
 		wg              sync.WaitGroup

@@ -11,6 +11,7 @@ import (
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/server/servertest"
@@ -129,7 +130,7 @@ func servesFromMemory(t *testing.T, s *stack, instance string) {
 	}
 	res.Body.Close()
 	// The instance itself (its token vouches for its address).
-	web := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.1"}})
+	web := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.1"}})
 	r := s.JSON(t, "POST", "/v1/reports", web, `{"reports":[{"instance_id":"`+instance+`","class":"self","outcome":"success"}]}`)
 	if r.Status != http.StatusOK || servertest.Decode[evaluator.Result](t, r).Accepted != 1 {
 		t.Errorf("reports during the outage: %d %s", r.Status, r.Body)

@@ -18,6 +18,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
@@ -26,9 +27,9 @@ import (
 
 var (
 	// samReq operates for another team; paulaReq is oscar's teammate.
-	samReq    = identity.TokenRequest{Kind: identity.KindOperator, Subject: "sam", Team: "search", Role: identity.RoleOperator}
-	paulaReq  = identity.TokenRequest{Kind: identity.KindOperator, Subject: "paula", Team: "payments", Role: identity.RoleOperator}
-	proberReq = identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"}
+	samReq    = devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "sam", Team: "search", Role: identity.RoleOperator}
+	paulaReq  = devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "paula", Team: "payments", Role: identity.RoleOperator}
+	proberReq = devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"}
 	adminP    = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
 )
 

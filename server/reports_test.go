@@ -12,13 +12,14 @@ import (
 
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server/servertest"
 )
 
 // readyReq is a workload of "ready", a service with a readiness signal: its
 // instances wait out of rotation until their first self-reported success.
-var readyReq = identity.TokenRequest{Kind: identity.KindWorkload, Service: "ready"}
+var readyReq = devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "ready"}
 
 // newReadyService creates "ready" through s once the evaluators of every
 // stack are rebuilt, so that they know neither the service nor its
@@ -197,7 +198,7 @@ func TestProbeRightAfterAssignment(t *testing.T) {
 	if r := s.JSON(t, "PUT", "/v1/probers/prober-az9/assignments", s.Token(t, adminReq), `{"services":["ready"]}`); r.Status != http.StatusOK {
 		t.Fatalf("assign: %d %s", r.Status, r.Body)
 	}
-	prober := s.Token(t, identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-az9"})
+	prober := s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-az9"})
 	res := postReports(t, s, prober, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":"success"}`, inst.ID))
 	if res.Accepted != 1 || len(res.Refused) != 0 {
 		t.Fatalf("first probe right after the assignment: %+v", res)

@@ -14,6 +14,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/server/servertest"
@@ -40,7 +41,7 @@ var (
 func TestAuthenticationIsRequired(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	other, err := identity.LoadOrCreateDevIssuer(t.TempDir())
+	other, err := devissuer.LoadOrCreate(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,13 +392,13 @@ func TestMetricsArePrivate(t *testing.T) {
 		bytes.Contains(r.Body, []byte("muster_")) {
 		t.Fatalf("/metrics without a token: %d %s, want a 401 problem", r.Status, r.Body)
 	}
-	for _, req := range []identity.TokenRequest{servertest.Web, {Kind: identity.KindProber, Subject: "p1"}} {
+	for _, req := range []devissuer.TokenRequest{servertest.Web, {Kind: identity.KindProber, Subject: "p1"}} {
 		r := s.Do(t, "GET", "/metrics", s.Token(t, req), "", "")
 		if r.Status != http.StatusForbidden || r.Problem(t).Type != server.ProblemBase+"forbidden" {
 			t.Errorf("/metrics as a %s: %d %s, want a 403 problem", req.Kind, r.Status, r.Body)
 		}
 	}
-	for _, req := range []identity.TokenRequest{servertest.Prometheus, servertest.Viewer} {
+	for _, req := range []devissuer.TokenRequest{servertest.Prometheus, servertest.Viewer} {
 		r := s.Do(t, "GET", "/metrics", s.Token(t, req), "", "")
 		if r.Status != http.StatusOK || !bytes.Contains(r.Body, []byte("muster_http_requests_total")) {
 			t.Errorf("/metrics as a %s: %d, want the metrics", req.Kind, r.Status)

@@ -15,6 +15,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server/servertest"
@@ -72,7 +73,7 @@ func newShiftStack(t *testing.T, opts servertest.Options, layout map[string][2]i
 	for _, id := range ids {
 		items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":"success"}`, id))
 	}
-	prober := s.Token(t, identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"})
+	prober := s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"})
 	if r := s.JSON(t, "POST", "/v1/reports", prober, `{"reports":[`+strings.Join(items, ",")+`]}`); r.Status != http.StatusOK || strings.Contains(string(r.Body), `"code"`) {
 		t.Fatalf("reports: %d %s", r.Status, r.Body)
 	}
@@ -125,7 +126,7 @@ func (s *shiftStack) wantWeights(service string, want map[string]float64) {
 	}
 }
 
-func (s *shiftStack) shift(method, path string, who identity.TokenRequest, body string, want int) (policy.Shift, servertest.Response) {
+func (s *shiftStack) shift(method, path string, who devissuer.TokenRequest, body string, want int) (policy.Shift, servertest.Response) {
 	s.t.Helper()
 	var r servertest.Response
 	if body != "" || method == "POST" {

@@ -13,8 +13,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/musterhq/muster/assembler"
-	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/browsertest"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server/servertest"
 )
@@ -87,7 +87,7 @@ func TestBrowserSignInEachRole(t *testing.T) {
 	st := servertest.New(t, servertest.Options{UI: true})
 	seedEstate(t, st)
 
-	for _, u := range identity.DevUsers() {
+	for _, u := range devissuer.Users() {
 		t.Run(u.Subject, func(t *testing.T) {
 			ctx := newChrome(t, chrome)
 			name := func(step string) string { return u.Subject + "-" + step }

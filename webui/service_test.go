@@ -16,6 +16,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server/servertest"
@@ -24,7 +25,7 @@ import (
 var (
 	adminP   = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
 	oscarP   = identity.Principal{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator}
-	proberTR = identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"}
+	proberTR = devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"}
 )
 
 // estate is a UI stack whose web service (payments) has instances per

@@ -14,6 +14,7 @@ import (
 
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server/servertest"
@@ -59,7 +60,7 @@ func newShiftUIStack(t *testing.T, dwell time.Duration) *servertest.Stack {
 	if err := st.Evaluator.SyncNow(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	prober := st.Token(t, identity.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"})
+	prober := st.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"})
 	if r := st.JSON(t, "POST", "/v1/reports", prober, `{"reports":[`+strings.Join(items, ",")+`]}`); r.Status != http.StatusOK || strings.Contains(string(r.Body), `"code"`) {
 		t.Fatalf("reports: %d %s", r.Status, r.Body)
 	}

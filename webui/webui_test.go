@@ -11,6 +11,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/server/servertest"
 	"github.com/musterhq/muster/webui"
 )
@@ -30,7 +31,7 @@ func TestSignInEachRole(t *testing.T) {
 	t.Parallel()
 	st := newUIStack(t)
 	st.Seed(t)
-	for _, u := range identity.DevUsers() {
+	for _, u := range devissuer.Users() {
 		b := newBrowser(t, st)
 		p := b.signIn(u.Subject)
 		if !strings.Contains(p.body, `Signed in as <strong>`+u.Subject+`</strong>`) ||

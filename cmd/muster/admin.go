@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,30 +14,32 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/devissuer"
 )
 
 func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "usage: muster migrate up|down|version [--data DIR]")
-		return errUsage
+		return cli.ErrUsage
 	}
 	verb := args[0]
 	switch verb {
 	case "up", "down", "version":
 	default:
 		fmt.Fprintf(stderr, "muster migrate: unknown verb %q (want up, down or version)\n", verb)
-		return errUsage
+		return cli.ErrUsage
 	}
 	cfg := Config{}
-	fs := newFlags("migrate "+verb, stderr)
-	dataFlag(fs, &cfg)
-	if err := parse(fs, args[1:]); err != nil {
+	fs := cli.NewFlags("migrate "+verb, stderr)
+	cli.DataFlag(fs, &cfg.DataDir)
+	if err := cli.Parse(fs, args[1:]); err != nil {
 		return err
 	}
 	if err := loadEnv(&cfg); err != nil {
 		return err
 	}
-	url, stop, err := openDatabase(ctx, cfg, quietLogger(stderr))
+	url, stop, err := openDatabase(ctx, cfg, cli.QuietLogger(stderr))
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,7 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 		addrs                                   addrList
 		ttl                                     time.Duration
 	)
-	fs := newFlags("token", stderr)
+	fs := cli.NewFlags("token", stderr)
 	fs.StringVar(&dir, "data", ".muster", "dev data folder holding the dev issuer's key")
 	fs.StringVar(&kind, "kind", "", "workload, prober, tool or operator (required)")
 	fs.StringVar(&service, "service", "", "service the workload or prober is bound to")
@@ -91,18 +91,18 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&role, "role", "", "viewer, operator or admin (operators and tools)")
 	fs.Var(&addrs, "address", "an IP address the token vouches for (repeatable)")
 	fs.DurationVar(&ttl, "ttl", time.Hour, "token lifetime, at most 24h")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if kind == "" {
 		fmt.Fprintln(stderr, "muster token: --kind is required")
 		fs.PrintDefaults()
-		return errUsage
+		return cli.ErrUsage
 	}
 	if _, err := os.Stat(filepath.Join(dir, "dev-issuer-key.pem")); err != nil {
 		return fmt.Errorf("no dev issuer in %s: run `muster dev --data %s` first", dir, dir)
 	}
-	iss, err := identity.LoadOrCreateDevIssuer(dir)
+	iss, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	tok, err := iss.Mint(identity.TokenRequest{
+	tok, err := iss.Mint(devissuer.TokenRequest{
 		Kind: k, Subject: subject, Service: service, Team: team, Role: r, Addresses: addrs, TTL: ttl,
 	}, time.Now())
 	if err != nil {
@@ -124,15 +124,6 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, tok)
 	return nil
-}
-
-func quietLogger(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-// dataFlag adds the --data flag of the commands that work on a database.
-func dataFlag(fs *flag.FlagSet, cfg *Config) {
-	fs.StringVar(&cfg.DataDir, "data", ".muster", "dev data folder (used when DATABASE_URL is not set)")
 }
 
 // toolPool reads the environment and opens a pool on the database a tool
@@ -143,7 +134,7 @@ func toolPool(ctx context.Context, cfg *Config, stderr io.Writer) (pool *pgxpool
 	if err := loadEnv(cfg); err != nil {
 		return nil, nil, err
 	}
-	url, stop, err := openDatabase(ctx, *cfg, quietLogger(stderr))
+	url, stop, err := openDatabase(ctx, *cfg, cli.QuietLogger(stderr))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -151,4 +142,12 @@ func toolPool(ctx context.Context, cfg *Config, stderr io.Writer) (pool *pgxpool
 		return nil, nil, errors.Join(err, stop())
 	}
 	return pool, func() error { pool.Close(); return stop() }, nil
+}
+
+// openToolDB is the load generator's loadgen.Env.OpenDB: toolPool on the
+// data folder dir, and the region the environment names.
+func openToolDB(ctx context.Context, dir string, stderr io.Writer) (*pgxpool.Pool, string, func() error, error) {
+	cfg := Config{DataDir: dir}
+	pool, closeDB, err := toolPool(ctx, &cfg, stderr)
+	return pool, cfg.Region, closeDB, err
 }

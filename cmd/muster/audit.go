@@ -22,6 +22,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/audit/s3sink"
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/cli"
 )
 
 // AuditConfig configures the audit log's signed checkpoints (issue 15;
@@ -279,7 +280,7 @@ func (f *auditFlags) resolve(cfg *Config) (sinkSpec string, keys []string) {
 func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	if len(args) == 0 || (args[0] != "verify" && args[0] != "export") {
 		fmt.Fprintln(stderr, "usage: muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE]... [--export FILE]\n       muster audit export --since TIME --until TIME [--data DIR] [--checkpoints SINK] [--key FILE]... [--out FILE]")
-		return errUsage
+		return cli.ErrUsage
 	}
 	if args[0] == "export" {
 		return cmdAuditExport(ctx, args[1:], stdout, stderr)
@@ -289,11 +290,11 @@ func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		af     auditFlags
 		export string
 	)
-	fs := newFlags("audit verify", stderr)
-	dataFlag(fs, &cfg)
+	fs := cli.NewFlags("audit verify", stderr)
+	cli.DataFlag(fs, &cfg.DataDir)
 	af.add(fs)
 	fs.StringVar(&export, "export", "", "verify this export file (muster audit export) offline, without a database")
-	if err := parse(fs, args[1:]); err != nil {
+	if err := cli.Parse(fs, args[1:]); err != nil {
 		return err
 	}
 	sinkSpec, keyFiles := af.resolve(&cfg)
@@ -374,25 +375,25 @@ func cmdAuditExport(ctx context.Context, args []string, stdout, stderr io.Writer
 		af                auditFlags
 		since, until, out string
 	)
-	fs := newFlags("audit export", stderr)
-	dataFlag(fs, &cfg)
+	fs := cli.NewFlags("audit export", stderr)
+	cli.DataFlag(fs, &cfg.DataDir)
 	af.add(fs)
 	fs.StringVar(&since, "since", "", "export rows at or after this time (RFC 3339, required)")
 	fs.StringVar(&until, "until", "", "export rows before this time (RFC 3339; default now)")
 	fs.StringVar(&out, "out", "", "write the export here instead of standard output")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	from, err := time.Parse(time.RFC3339, since)
 	if err != nil {
 		fmt.Fprintln(stderr, "muster audit export: --since wants an RFC 3339 time, e.g. 2026-11-01T00:00:00Z")
-		return errUsage
+		return cli.ErrUsage
 	}
 	to := time.Now()
 	if until != "" {
 		if to, err = time.Parse(time.RFC3339, until); err != nil {
 			fmt.Fprintln(stderr, "muster audit export: --until wants an RFC 3339 time")
-			return errUsage
+			return cli.ErrUsage
 		}
 	}
 	sinkSpec, keyFiles := af.resolve(&cfg)

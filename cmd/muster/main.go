@@ -12,12 +12,14 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/loadgen"
 )
 
 const usage = `muster: the discovery and health-eligibility control plane
@@ -45,15 +47,12 @@ audit:       MUSTER_AUDIT_CHECKPOINTS (a directory or s3://bucket/prefix; dev: D
              MUSTER_AUDIT_S3_ENDPOINT, MUSTER_AUDIT_S3_RETENTION (1825d); AWS_REGION and credentials as the AWS SDK reads them
 `
 
-// errUsage marks a command line that could not be understood.
-var errUsage = errors.New("usage")
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		if !errors.Is(err, errUsage) {
+		if !errors.Is(err, cli.ErrUsage) {
 			fmt.Fprintln(os.Stderr, "muster:", err)
 		}
 		os.Exit(exitCode(err))
@@ -62,7 +61,7 @@ func main() {
 
 // exitCode is 2 for usage errors and 1 for everything else.
 func exitCode(err error) int {
-	if errors.Is(err, errUsage) {
+	if errors.Is(err, cli.ErrUsage) {
 		return 2
 	}
 	return 1
@@ -71,7 +70,7 @@ func exitCode(err error) int {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return errUsage
+		return cli.ErrUsage
 	}
 	switch args[0] {
 	case "dev":
@@ -85,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "audit":
 		return cmdAudit(ctx, args[1:], stdout, stderr)
 	case "loadgen":
-		return cmdLoadgen(ctx, args[1:], stdout, stderr)
+		return loadgen.Run(ctx, loadgen.Env{OpenDB: openToolDB}, args[1:], stdout, stderr)
 	case "resolve":
 		return cmdResolve(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
@@ -93,27 +92,5 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	fmt.Fprintf(stderr, "muster: unknown command %q\n\n%s", args[0], usage)
-	return errUsage
-}
-
-// newFlags returns a flag set that reports errors to stderr and returns
-// errUsage instead of exiting.
-func newFlags(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("muster "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
-}
-
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errUsage
-		}
-		return errUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
-		return errUsage
-	}
-	return nil
+	return cli.ErrUsage
 }

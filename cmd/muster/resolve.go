@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -29,7 +31,7 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		watch, asJSON                       bool
 		timeout                             time.Duration
 	)
-	fs := newFlags("resolve", stderr)
+	fs := cli.NewFlags("resolve", stderr)
 	fs.StringVar(&serverURL, "server", "http://127.0.0.1:8080", "muster's base URL")
 	fs.StringVar(&cacheDir, "cache", "", "last-known-good cache folder (default DATA/resolver-cache)")
 	fs.StringVar(&token, "token", "", "bearer token (default: a viewer token minted by the dev issuer in --data)")
@@ -42,21 +44,21 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		service, args = args[0], args[1:]
 	}
 	if err := fs.Parse(args); err != nil {
-		return errUsage
+		return cli.ErrUsage
 	}
 	if service == "" && fs.NArg() > 0 {
 		service = fs.Arg(0)
 		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return errUsage
+			return cli.ErrUsage
 		}
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "muster resolve: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
+		return cli.ErrUsage
 	}
 	if service == "" {
 		fmt.Fprintln(stderr, resolveUsage)
-		return errUsage
+		return cli.ErrUsage
 	}
 	if cacheDir == "" {
 		cacheDir = filepath.Join(dataDir, "resolver-cache")
@@ -72,7 +74,7 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	c, err := resolver.New(ctx, resolver.Config{
 		URLs: []string{serverURL}, Services: []string{service}, CacheDir: cacheDir,
 		Token:  func(context.Context) (string, error) { return token, nil },
-		Logger: quietLogger(stderr),
+		Logger: cli.QuietLogger(stderr),
 	})
 	if err != nil {
 		return err
@@ -254,11 +256,11 @@ func devViewerToken(dir string) (string, error) {
 		}
 		return "", err
 	}
-	iss, err := identity.LoadOrCreateDevIssuer(dir)
+	iss, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
 		return "", err
 	}
-	return iss.Mint(identity.TokenRequest{
+	return iss.Mint(devissuer.TokenRequest{
 		Kind: identity.KindOperator, Subject: "muster-resolve", Role: identity.RoleViewer, TTL: time.Hour,
 	}, time.Now())
 }

@@ -27,6 +27,8 @@ import (
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/guardlog"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
@@ -43,14 +45,14 @@ const uiPath = "/ui"
 
 // devUIClient registers the web UI as a client of the dev issuer, with a
 // secret made up for this process, and returns the UI's OIDC settings.
-func devUIClient(d *identity.DevIssuer, base string) (webui.OIDCConfig, error) {
+func devUIClient(d *devissuer.Issuer, base string) (webui.OIDCConfig, error) {
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
 		return webui.OIDCConfig{}, fmt.Errorf("dev UI client secret: %w", err)
 	}
 	c := webui.OIDCConfig{IssuerURL: d.URL(), ClientID: "muster-ui", ClientSecret: hex.EncodeToString(secret),
 		RedirectURL: base + uiPath + "/auth/callback"}
-	err := d.RegisterClient(identity.DevClient{ID: c.ClientID, Secret: c.ClientSecret, RedirectURIs: []string{c.RedirectURL}})
+	err := d.RegisterClient(devissuer.Client{ID: c.ClientID, Secret: c.ClientSecret, RedirectURIs: []string{c.RedirectURL}})
 	return c, err
 }
 
@@ -60,7 +62,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		name, defAddr = "dev", "127.0.0.1:8080"
 	}
 	cfg := Config{Dev: dev}
-	fs := newFlags(name, stderr)
+	fs := cli.NewFlags(name, stderr)
 	fs.StringVar(&cfg.Addr, "addr", defAddr, "address to listen on")
 	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "if set, serve Go's pprof profiles on this (loopback) address")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "if set, serve /metrics without a token on this address (\":9464\" listens on loopback; MUSTER_METRICS_ADDR); the API address's /metrics needs an operator or tool token")
@@ -72,7 +74,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs.StringVar(&sf.steps, "shift-steps", "", "traffic weights a shift-back walks through, e.g. 0.1,0.25,0.5,1 (MUSTER_SHIFT_STEPS; default 0.1,0.25,0.5,1)")
 	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")
 	fs.StringVar(&sf.pendingAlarm, "shift-pending-alarm", "", "a manual shift-back pending confirmation longer than this raises shiftback_pending (MUSTER_SHIFT_PENDING_ALARM; default 10m)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := loadEnv(&cfg); err != nil {
@@ -129,9 +131,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	base := "http://" + dialable(ln.Addr().(*net.TCPAddr))
 
 	issuers := cfg.Issuers
-	var devIssuer *identity.DevIssuer
+	var devIssuer *devissuer.Issuer
 	if cfg.Dev {
-		if devIssuer, err = identity.LoadOrCreateDevIssuer(cfg.DataDir); err != nil {
+		if devIssuer, err = devissuer.LoadOrCreate(cfg.DataDir); err != nil {
 			return err
 		}
 		if err := devIssuer.SetURL(base + devIssuerPath); err != nil {
@@ -373,7 +375,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 			defer close(demoDone)
 			err := demo.Run(demoCtx, demo.Config{
 				URL: base, Logger: log,
-				Mint: func(req identity.TokenRequest) (string, error) { return devIssuer.Mint(req, time.Now()) },
+				Mint: func(req devissuer.TokenRequest) (string, error) { return devIssuer.Mint(req, time.Now()) },
 			})
 			if err != nil {
 				log.Error("demo stopped", "err", err)

@@ -29,6 +29,7 @@ import (
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/guardlog"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
@@ -59,7 +60,7 @@ type Stack struct {
 	Pool      *pgxpool.Pool
 	Registry  *registry.Registry
 	Evaluator *evaluator.Evaluator
-	Issuer    *identity.DevIssuer
+	Issuer    *devissuer.Issuer
 	Clock     *Clock
 	Client    *http.Client
 	Metrics   *prometheus.Registry
@@ -90,7 +91,7 @@ type Stack struct {
 	// RunOnce.
 	Reaper *registry.Reaper
 	// Issuer2 is the second dev issuer when Options.SecondIssuer is set.
-	Issuer2 *identity.DevIssuer
+	Issuer2 *devissuer.Issuer
 
 	jwksFetches atomic.Int64
 	queries     queryCounter
@@ -276,7 +277,7 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	hs := httptest.NewUnstartedServer(nil)
 	base := "http://" + hs.Listener.Addr().String()
-	iss, err := identity.LoadOrCreateDevIssuer(t.TempDir())
+	iss, err := devissuer.LoadOrCreate(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,9 +285,9 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Fatal(err)
 	}
 	issuers := []identity.IssuerConfig{{URL: iss.URL(), Audience: "muster"}}
-	var iss2 *identity.DevIssuer
+	var iss2 *devissuer.Issuer
 	if opts.SecondIssuer {
-		if iss2, err = identity.LoadOrCreateDevIssuer(t.TempDir()); err != nil {
+		if iss2, err = devissuer.LoadOrCreate(t.TempDir()); err != nil {
 			t.Fatal(err)
 		}
 		if err := iss2.SetURL(base + "/dev/issuer2"); err != nil {
@@ -328,7 +329,7 @@ func New(t testing.TB, opts Options) *Stack {
 	if opts.UI {
 		oc := webui.OIDCConfig{IssuerURL: iss.URL(), ClientID: "muster-ui", ClientSecret: "muster-ui-test-secret",
 			RedirectURL: base + "/ui/auth/callback"}
-		if err := iss.RegisterClient(identity.DevClient{ID: oc.ClientID, Secret: oc.ClientSecret, RedirectURIs: []string{oc.RedirectURL}}); err != nil {
+		if err := iss.RegisterClient(devissuer.Client{ID: oc.ClientID, Secret: oc.ClientSecret, RedirectURIs: []string{oc.RedirectURL}}); err != nil {
 			t.Fatal(err)
 		}
 		ui, err = webui.New(webui.Config{Pool: pool, Registry: reg, Evaluator: ev, Publisher: pub, Audit: audit.NewLog(pool),
@@ -392,7 +393,7 @@ func New(t testing.TB, opts Options) *Stack {
 }
 
 // Token2 mints a token from the second dev issuer (Options.SecondIssuer).
-func (s *Stack) Token2(t testing.TB, req identity.TokenRequest) string {
+func (s *Stack) Token2(t testing.TB, req devissuer.TokenRequest) string {
 	t.Helper()
 	if s.Issuer2 == nil {
 		t.Fatal("Token2 needs Options.SecondIssuer")
@@ -405,7 +406,7 @@ func (s *Stack) Token2(t testing.TB, req identity.TokenRequest) string {
 }
 
 // Token mints a token from the stack's dev issuer.
-func (s *Stack) Token(t testing.TB, req identity.TokenRequest) string {
+func (s *Stack) Token(t testing.TB, req devissuer.TokenRequest) string {
 	t.Helper()
 	tok, err := s.Issuer.Mint(req, time.Now())
 	if err != nil {
@@ -415,7 +416,7 @@ func (s *Stack) Token(t testing.TB, req identity.TokenRequest) string {
 }
 
 // Prometheus is the identity tests scrape /metrics with: a tool.
-var Prometheus = identity.TokenRequest{Kind: identity.KindTool, Subject: "prometheus"}
+var Prometheus = devissuer.TokenRequest{Kind: identity.KindTool, Subject: "prometheus"}
 
 // Scrape reads /metrics as a scraper would, with a tool token.
 func (s *Stack) Scrape(t testing.TB) []byte {
@@ -497,11 +498,11 @@ func Decode[T any](t testing.TB, r Response) T {
 
 // Common identities.
 var (
-	Admin    = identity.TokenRequest{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
-	Operator = identity.TokenRequest{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator}
-	Viewer   = identity.TokenRequest{Kind: identity.KindOperator, Subject: "vera", Team: "payments", Role: identity.RoleViewer}
-	Web      = identity.TokenRequest{Kind: identity.KindWorkload, Service: "web"}
-	API      = identity.TokenRequest{Kind: identity.KindWorkload, Service: "api"}
+	Admin    = devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
+	Operator = devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator}
+	Viewer   = devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "vera", Team: "payments", Role: identity.RoleViewer}
+	Web      = devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}
+	API      = devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "api"}
 )
 
 // Seed creates web (payments; probe, self, passive) and api (search; passive).
@@ -547,7 +548,7 @@ func (s *Stack) Admit(t testing.TB, ids ...string) {
 		items = append(items, `{"instance_id":"`+id+`","class":"self","outcome":"success"}`)
 		addrs = append(addrs, in.Address)
 	}
-	tok := s.Token(t, identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: addrs})
+	tok := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: addrs})
 	r := s.JSON(t, "POST", "/v1/reports", tok, `{"reports":[`+strings.Join(items, ",")+`]}`)
 	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), fmt.Sprintf(`"accepted":%d`, len(ids))) {
 		t.Fatalf("admit %v: %d %s", ids, r.Status, r.Body)

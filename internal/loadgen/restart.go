@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"bytes"
@@ -42,8 +42,7 @@ const lgwReplica = "loadgen-restart"
 func (w *lgWatch) runRestart(ctx context.Context) (err error) {
 	win := w.admissionWindow
 	w.baseBackoff, w.maxBackoff = win/40, 3*win
-	cfg := Config{DataDir: w.dir}
-	pool, closeDB, err := toolPool(ctx, &cfg, w.stderr)
+	pool, _, closeDB, err := w.env.OpenDB(ctx, w.dir, w.stderr)
 	if err != nil {
 		return err
 	}
@@ -326,12 +325,9 @@ type lgwMuster struct {
 // startMuster runs `muster dev` on w.dir and addr with env added to the
 // environment, and waits until it serves.
 func (w *lgWatch) startMuster(ctx context.Context, n int, addr string, env ...string) (*lgwMuster, error) {
-	exe := w.exe
-	if exe == "" {
-		var err error
-		if exe, err = os.Executable(); err != nil {
-			return nil, fmt.Errorf("find the muster binary: %w", err)
-		}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find the muster binary: %w", err)
 	}
 	logPath := filepath.Join(w.dir, fmt.Sprintf("loadgen-restart-muster%d.log", n))
 	logf, err := os.Create(logPath)
@@ -340,7 +336,7 @@ func (w *lgWatch) startMuster(ctx context.Context, n int, addr string, env ...st
 	}
 	cmd := exec.Command(exe, "dev", "--addr", addr, "--data", w.dir)
 	cmd.Env = append(os.Environ(), "MUSTER_REPLICA="+lgwReplica, "MUSTER_ADMISSION_WINDOW="+w.admissionWindow.String())
-	cmd.Env = append(append(cmd.Env, w.childEnv...), env...)
+	cmd.Env = append(append(cmd.Env, w.env.ChildEnv...), env...)
 	served := &servedWriter{ch: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = served, logf
 	if err := cmd.Start(); err != nil {

@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"bytes"
@@ -24,6 +24,8 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -42,44 +44,62 @@ const (
 	loadgenProber = "loadgen-prober"
 )
 
-func cmdLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Env is what the load generator takes from the muster command that runs
+// it.
+type Env struct {
+	// OpenDB opens a pool on the database muster on the data folder dir
+	// works on (DATABASE_URL, or the dev cluster in dir, started or
+	// adopted) and returns the region muster serves; closeDB closes the
+	// pool and stops what was started. seed, rebuild and watch --restart
+	// need it.
+	OpenDB func(ctx context.Context, dir string, stderr io.Writer) (pool *pgxpool.Pool, region string, closeDB func() error, err error)
+	// ChildEnv is added to the environment of the muster processes that
+	// watch --restart runs (this binary, as `muster dev`): tests make
+	// their test binary act as muster with it.
+	ChildEnv []string
+}
+
+// Run runs `muster loadgen args...`: seed, rebuild, reports, watch or ui.
+// A command line it cannot understand is cli.ErrUsage, explained on
+// stderr.
+func Run(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, loadgenUsage)
-		return errUsage
+		return cli.ErrUsage
 	}
 	switch args[0] {
 	case "seed":
-		return loadgenSeed(ctx, args[1:], stdout, stderr)
+		return loadgenSeed(ctx, env, args[1:], stdout, stderr)
 	case "rebuild":
-		return loadgenRebuild(ctx, args[1:], stdout, stderr)
+		return loadgenRebuild(ctx, env, args[1:], stdout, stderr)
 	case "reports":
 		return loadgenReports(ctx, args[1:], stdout, stderr)
 	case "watch":
-		return loadgenWatch(ctx, args[1:], stdout, stderr)
+		return loadgenWatch(ctx, env, args[1:], stdout, stderr)
 	case "ui":
 		return loadgenUI(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintln(stderr, loadgenUsage)
-	return errUsage
+	return cli.ErrUsage
 }
 
 // loadgenSeed creates services and instances in bulk, assigns the loadgen
 // prober to them, and writes minutes of observed windows, as a region at
 // scale would have retained before a restart.
-func loadgenSeed(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	cfg := Config{}
+func loadgenSeed(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) (err error) {
+	var dir string
 	var services, instances, minutes, history, quarantined int
-	fs := newFlags("loadgen seed", stderr)
-	dataFlag(fs, &cfg)
+	fs := cli.NewFlags("loadgen seed", stderr)
+	cli.DataFlag(fs, &dir)
 	fs.IntVar(&services, "services", 450, "services to create")
 	fs.IntVar(&instances, "instances", 60000, "instances to create, spread over the services")
 	fs.IntVar(&minutes, "minutes", 5, "minutes of observed windows (10 s each) per instance and class")
 	fs.IntVar(&history, "history", 10, "older transitions per instance on record (every fifth a quarantine, long over)")
 	fs.IntVar(&quarantined, "quarantined", 600, "instances in quarantine now (as many again came out of one within the hour)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	pool, closeDB, err := toolPool(ctx, &cfg, stderr)
+	pool, region, closeDB, err := env.OpenDB(ctx, dir, stderr)
 	if err != nil {
 		return err
 	}
@@ -87,7 +107,7 @@ func loadgenSeed(ctx context.Context, args []string, stdout, stderr io.Writer) (
 	if err := db.Migrate(pool.Config().ConnString()); err != nil {
 		return err
 	}
-	reg, err := registry.New(registry.Config{Pool: pool, Region: cfg.Region})
+	reg, err := registry.New(registry.Config{Pool: pool, Region: region})
 	if err != nil {
 		return err
 	}
@@ -231,25 +251,24 @@ func seedTransitions(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, s
 
 // loadgenRebuild measures what a restart costs: a fresh evaluator rebuilding
 // its state from the registry and the retained windows.
-func loadgenRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	cfg := Config{}
-	var cpuProfile string
-	fs := newFlags("loadgen rebuild", stderr)
-	dataFlag(fs, &cfg)
+func loadgenRebuild(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) (err error) {
+	var dir, cpuProfile string
+	fs := cli.NewFlags("loadgen rebuild", stderr)
+	cli.DataFlag(fs, &dir)
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the rebuild to this file")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	pool, closeDB, err := toolPool(ctx, &cfg, stderr)
+	pool, region, closeDB, err := env.OpenDB(ctx, dir, stderr)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, closeDB()) }()
-	reg, err := registry.New(registry.Config{Pool: pool, Region: cfg.Region})
+	reg, err := registry.New(registry.Config{Pool: pool, Region: region})
 	if err != nil {
 		return err
 	}
-	ev, err := evaluator.New(evaluator.Config{Registry: reg, Pool: pool, FlushEvery: time.Minute, Logger: quietLogger(stderr)})
+	ev, err := evaluator.New(evaluator.Config{Registry: reg, Pool: pool, FlushEvery: time.Minute, Logger: cli.QuietLogger(stderr)})
 	if err != nil {
 		return err
 	}
@@ -297,21 +316,21 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 		batch, concurrency, probers int
 		duration                    time.Duration
 	)
-	fs := newFlags("loadgen reports", stderr)
+	fs := cli.NewFlags("loadgen reports", stderr)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "muster to load")
 	fs.StringVar(&dir, "data", ".muster", "dev data folder, for minting tokens")
 	fs.IntVar(&batch, "batch", 1000, "reports per request")
 	fs.IntVar(&concurrency, "concurrency", 4, "requests in flight")
 	fs.IntVar(&probers, "probers", 8, "prober identities the load is spread over (muster limits the items one identity may report, 50,000 a second by default)")
 	fs.DurationVar(&duration, "duration", 20*time.Second, "how long to run")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	iss, err := identity.LoadOrCreateDevIssuer(dir)
+	iss, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
 		return err
 	}
-	admin, err := iss.Mint(identity.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin}, time.Now())
+	admin, err := iss.Mint(devissuer.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin}, time.Now())
 	if err != nil {
 		return err
 	}
@@ -423,7 +442,7 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 // others. It then waits until muster takes a probe report from each about
 // one of its instances (the evaluator picks assignments up on its next
 // registry refresh).
-func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *identity.DevIssuer, admin string, services [][]string, pools [][]uuid.UUID) ([]string, error) {
+func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *devissuer.Issuer, admin string, services [][]string, pools [][]uuid.UUID) ([]string, error) {
 	tokens := make([]string, len(services))
 	for i := range tokens {
 		name := loadgenProber
@@ -438,7 +457,7 @@ func loadgenProbers(ctx context.Context, client *http.Client, base string, iss *
 			}
 		}
 		var err error
-		if tokens[i], err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: name}, time.Now()); err != nil {
+		if tokens[i], err = iss.Mint(devissuer.TokenRequest{Kind: identity.KindProber, Subject: name}, time.Now()); err != nil {
 			return nil, err
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/musterhq/muster/internal/cli"
 )
 
 // loadgenUI signs in to the admin UI as a dev user through the dev
@@ -21,12 +23,12 @@ func loadgenUI(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		base, user, pages string
 		requests          int
 	)
-	fs := newFlags("loadgen ui", stderr)
+	fs := cli.NewFlags("loadgen ui", stderr)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "muster dev to measure")
 	fs.StringVar(&user, "user", "alice", "dev user to sign in as")
 	fs.StringVar(&pages, "pages", "/ui/,/ui/audit", "comma-separated pages to time")
 	fs.IntVar(&requests, "requests", 20, "fetches per page")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	client, err := uiSignIn(ctx, base, user)

@@ -1,4 +1,4 @@
-package identity_test
+package devissuer_test
 
 import (
 	"bytes"
@@ -18,12 +18,13 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 )
 
 func TestLoadOrCreateDevIssuerReusesKey(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	s := serveDevIssuer(t, dir, nil)
+	s := serveDevIssuer(t, dir)
 	keyPath := filepath.Join(dir, "dev-issuer-key.pem")
 	before, err := os.ReadFile(keyPath)
 	if err != nil {
@@ -32,7 +33,7 @@ func TestLoadOrCreateDevIssuerReusesKey(t *testing.T) {
 
 	// A second load of the same directory, as `muster token` or a restarted
 	// `muster dev` does, finds the same key and URL.
-	d2, err := identity.LoadOrCreateDevIssuer(dir)
+	d2, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
 		t.Fatalf("second load: %v", err)
 	}
@@ -48,9 +49,11 @@ func TestLoadOrCreateDevIssuerReusesKey(t *testing.T) {
 	}
 
 	// Its tokens verify against the first instance's published key.
-	clock := newFakeClock()
-	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL()})
-	tok, err := d2.Mint(identity.TokenRequest{Kind: identity.KindOperator, Subject: "oscar"}, clock.Now())
+	v, err := identity.NewVerifier([]identity.IssuerConfig{{URL: s.URL()}}, &http.Client{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := d2.Mint(devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "oscar"}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +77,7 @@ func TestLoadOrCreateDevIssuerReusesKey(t *testing.T) {
 func TestDevIssuerFileModes(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "state", "muster")
-	d, err := identity.LoadOrCreateDevIssuer(dir)
+	d, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +119,7 @@ func TestLoadOrCreateDevIssuerRefusesBadKeys(t *testing.T) {
 			content := []byte(tt.content)
 			if tt.content == "" {
 				// A valid key with a loose mode.
-				if _, err := identity.LoadOrCreateDevIssuer(dir); err != nil {
+				if _, err := devissuer.LoadOrCreate(dir); err != nil {
 					t.Fatal(err)
 				}
 				var err error
@@ -130,8 +133,8 @@ func TestLoadOrCreateDevIssuerRefusesBadKeys(t *testing.T) {
 			if err := os.Chmod(keyPath, tt.mode); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := identity.LoadOrCreateDevIssuer(dir); err == nil {
-				t.Fatal("LoadOrCreateDevIssuer succeeded")
+			if _, err := devissuer.LoadOrCreate(dir); err == nil {
+				t.Fatal("LoadOrCreate succeeded")
 			}
 			got, err := os.ReadFile(keyPath)
 			if err != nil {
@@ -146,7 +149,7 @@ func TestLoadOrCreateDevIssuerRefusesBadKeys(t *testing.T) {
 
 func TestDevIssuerSetURL(t *testing.T) {
 	t.Parallel()
-	d, err := identity.LoadOrCreateDevIssuer(t.TempDir())
+	d, err := devissuer.LoadOrCreate(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +164,7 @@ func TestDevIssuerSetURL(t *testing.T) {
 	if d.URL() != "" {
 		t.Errorf("URL() = %q after refused SetURL calls", d.URL())
 	}
-	if _, err := d.Mint(identity.TokenRequest{Kind: identity.KindTool, Subject: "x"}, time.Now()); err == nil {
+	if _, err := d.Mint(devissuer.TokenRequest{Kind: identity.KindTool, Subject: "x"}, time.Now()); err == nil {
 		t.Error("Mint without a URL succeeded")
 	}
 	const u = "https://muster.example/dev/issuer"
@@ -175,7 +178,7 @@ func TestDevIssuerSetURL(t *testing.T) {
 
 func TestDevIssuerHandler(t *testing.T) {
 	t.Parallel()
-	d, err := identity.LoadOrCreateDevIssuer(t.TempDir())
+	d, err := devissuer.LoadOrCreate(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +286,10 @@ func TestMint(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			raw := s.mint(t, identity.TokenRequest{Kind: identity.KindTool, Subject: "tg-sync", TTL: tt.ttl}, now)
+			raw, err := s.issuer.Mint(devissuer.TokenRequest{Kind: identity.KindTool, Subject: "tg-sync", TTL: tt.ttl}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
 			tok, err := jwt.ParseSigned(raw, []jose.SignatureAlgorithm{jose.RS256})
 			if err != nil {
 				t.Fatal(err)
@@ -339,23 +345,23 @@ func TestMintRefuses(t *testing.T) {
 	now := time.Now()
 	tests := []struct {
 		name    string
-		req     identity.TokenRequest
+		req     devissuer.TokenRequest
 		now     time.Time
 		wantErr string
 	}{
-		{"no kind", identity.TokenRequest{Subject: "x"}, now, "missing kind"},
-		{"unknown kind", identity.TokenRequest{Kind: "root", Subject: "x"}, now, `unknown kind "root"`},
-		{"workload without service", identity.TokenRequest{Kind: identity.KindWorkload, Subject: "x"}, now, "workload without service"},
-		{"prober without service or subject", identity.TokenRequest{Kind: identity.KindProber}, now, "missing subject"},
-		{"operator without subject", identity.TokenRequest{Kind: identity.KindOperator}, now, "missing subject"},
-		{"tool without subject", identity.TokenRequest{Kind: identity.KindTool, Role: identity.RoleAdmin}, now, "missing subject"},
-		{"bad service", identity.TokenRequest{Kind: identity.KindWorkload, Service: "-web"}, now, "invalid service name"},
-		{"bad role", identity.TokenRequest{Kind: identity.KindOperator, Subject: "o", Role: "root"}, now, `unknown role "root"`},
-		{"role on workload", identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Role: identity.RoleAdmin}, now, "role not allowed"},
-		{"bad address", identity.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"web.local"}}, now, "bad address"},
-		{"TTL too long", identity.TokenRequest{Kind: identity.KindTool, Subject: "x", TTL: 25 * time.Hour}, now, "exceeds the maximum"},
-		{"negative TTL", identity.TokenRequest{Kind: identity.KindTool, Subject: "x", TTL: -time.Second}, now, "negative TTL"},
-		{"zero time", identity.TokenRequest{Kind: identity.KindTool, Subject: "x"}, time.Time{}, "zero time"},
+		{"no kind", devissuer.TokenRequest{Subject: "x"}, now, "missing kind"},
+		{"unknown kind", devissuer.TokenRequest{Kind: "root", Subject: "x"}, now, `unknown kind "root"`},
+		{"workload without service", devissuer.TokenRequest{Kind: identity.KindWorkload, Subject: "x"}, now, "workload without service"},
+		{"prober without service or subject", devissuer.TokenRequest{Kind: identity.KindProber}, now, "missing subject"},
+		{"operator without subject", devissuer.TokenRequest{Kind: identity.KindOperator}, now, "missing subject"},
+		{"tool without subject", devissuer.TokenRequest{Kind: identity.KindTool, Role: identity.RoleAdmin}, now, "missing subject"},
+		{"bad service", devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "-web"}, now, "invalid service name"},
+		{"bad role", devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "o", Role: "root"}, now, `unknown role "root"`},
+		{"role on workload", devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Role: identity.RoleAdmin}, now, "role not allowed"},
+		{"bad address", devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"web.local"}}, now, "bad address"},
+		{"TTL too long", devissuer.TokenRequest{Kind: identity.KindTool, Subject: "x", TTL: 25 * time.Hour}, now, "exceeds the maximum"},
+		{"negative TTL", devissuer.TokenRequest{Kind: identity.KindTool, Subject: "x", TTL: -time.Second}, now, "negative TTL"},
+		{"zero time", devissuer.TokenRequest{Kind: identity.KindTool, Subject: "x"}, time.Time{}, "zero time"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,4 +1,4 @@
-package identity
+package devissuer
 
 import (
 	"crypto"
@@ -23,6 +23,8 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/zitadel/oidc/v3/pkg/op"
+
+	"github.com/musterhq/muster/identity"
 )
 
 const (
@@ -38,11 +40,12 @@ const (
 	maxTokenTTL     = 24 * time.Hour
 )
 
-// DevIssuer is the OIDC issuer built into `muster dev`. It signs tokens with
-// an RSA key kept on disk and publishes the public key through the standard
-// discovery documents, so its tokens go through the same Verifier as those
-// of production issuers. It is safe for concurrent use.
-type DevIssuer struct {
+// Issuer is the OIDC issuer built into `muster dev`. It signs tokens with
+// an RSA key kept on disk and publishes the public key through the
+// standard discovery documents, so its tokens go through the same
+// identity.Verifier as those of production issuers. It is safe for
+// concurrent use.
+type Issuer struct {
 	dir string
 	key *rsa.PrivateKey
 	kid string
@@ -54,12 +57,12 @@ type DevIssuer struct {
 	url string
 }
 
-// LoadOrCreateDevIssuer returns the dev issuer whose state lives in dir,
+// LoadOrCreate returns the dev issuer whose state lives in dir,
 // creating dir (mode 0700) and an RSA-2048 key in dir/dev-issuer-key.pem
 // (mode 0600) if they do not exist. An existing key is reused, so tokens
 // survive restarts; a key file readable by group or others is refused. The
 // issuer URL is loaded from dir/dev-issuer.json if SetURL saved one.
-func LoadOrCreateDevIssuer(dir string) (*DevIssuer, error) {
+func LoadOrCreate(dir string) (*Issuer, error) {
 	if dir == "" {
 		return nil, errors.New("load dev issuer: empty directory")
 	}
@@ -80,7 +83,7 @@ func LoadOrCreateDevIssuer(dir string) (*DevIssuer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load dev issuer: key thumbprint: %w", err)
 	}
-	d := &DevIssuer{dir: dir, key: key, kid: base64.RawURLEncoding.EncodeToString(thumb)}
+	d := &Issuer{dir: dir, key: key, kid: base64.RawURLEncoding.EncodeToString(thumb)}
 	if d.url, err = loadDevURL(filepath.Join(dir, devConfigFile)); err != nil {
 		return nil, fmt.Errorf("load dev issuer: %w", err)
 	}
@@ -196,7 +199,7 @@ func loadDevURL(path string) (string, error) {
 	if err := json.Unmarshal(data, &c); err != nil {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}
-	if err := validateIssuerURL(c.Issuer); err != nil {
+	if err := identity.ValidateIssuerURL(c.Issuer); err != nil {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}
 	return c.Issuer, nil
@@ -204,10 +207,10 @@ func loadDevURL(path string) (string, error) {
 
 // SetURL sets the issuer URL, e.g. "http://127.0.0.1:8080/dev/issuer", and
 // saves it to dir/dev-issuer.json so that `muster token`, a separate process,
-// mints tokens for the same issuer. The URL must be one NewVerifier accepts:
+// mints tokens for the same issuer. The URL must be one identity.NewVerifier accepts:
 // https, or http on a loopback host.
-func (d *DevIssuer) SetURL(url string) error {
-	if err := validateIssuerURL(url); err != nil {
+func (d *Issuer) SetURL(url string) error {
+	if err := identity.ValidateIssuerURL(url); err != nil {
 		return fmt.Errorf("set dev issuer URL: %w", err)
 	}
 	data, err := json.Marshal(devConfig{Issuer: url})
@@ -230,7 +233,7 @@ func (d *DevIssuer) SetURL(url string) error {
 
 // URL returns the issuer URL: the last one set, else the one saved in
 // dir/dev-issuer.json when the issuer was loaded, else "".
-func (d *DevIssuer) URL() string {
+func (d *Issuer) URL() string {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.url
@@ -242,8 +245,8 @@ func (d *DevIssuer) URL() string {
 // GET /jwks (discovery answers 503 while no URL is set), the authorization
 // code flow with PKCE (/authorize, /authorize/callback, POST /oauth/token,
 // /userinfo), and /login, the dev sign-in page where a development user is
-// picked (DevUsers). Clients are registered with RegisterClient.
-func (d *DevIssuer) Handler() http.Handler {
+// picked (Users). Clients are registered with RegisterClient.
+func (d *Issuer) Handler() http.Handler {
 	mux := http.NewServeMux()
 	public := func(w http.ResponseWriter, r *http.Request) {
 		if d.URL() == "" {
@@ -265,7 +268,7 @@ func (d *DevIssuer) Handler() http.Handler {
 
 // RegisterClient registers (or replaces) an OAuth client of the issuer,
 // e.g. the web UI of `muster dev`.
-func (d *DevIssuer) RegisterClient(c DevClient) error {
+func (d *Issuer) RegisterClient(c Client) error {
 	if c.ID == "" || c.Secret == "" || len(c.RedirectURIs) == 0 {
 		return errors.New("register dev client: ID, Secret and RedirectURIs are required")
 	}
@@ -276,7 +279,7 @@ func (d *DevIssuer) RegisterClient(c DevClient) error {
 // newProvider builds the OpenID Provider over the issuer's storage. Its
 // issuer is read on every request, since the URL is only known once the
 // server listens.
-func (d *DevIssuer) newProvider() error {
+func (d *Issuer) newProvider() error {
 	var cryptoKey [32]byte
 	if _, err := rand.Read(cryptoKey[:]); err != nil {
 		return fmt.Errorf("token encryption key: %w", err)
@@ -286,7 +289,7 @@ func (d *DevIssuer) newProvider() error {
 		CryptoKey:      cryptoKey,
 		CodeMethodS256: true,
 		SupportedClaims: append(slices.Clone(op.DefaultSupportedClaims),
-			claimKind, claimService, claimTeam, claimRole, claimAddresses),
+			identity.ClaimKind, identity.ClaimService, identity.ClaimTeam, identity.ClaimRole, identity.ClaimAddresses),
 	}
 	issuer := func(bool) (op.IssuerFromRequest, error) {
 		return func(*http.Request) string { return d.URL() }, nil
@@ -323,12 +326,12 @@ button:hover,button:focus{background:#e7edf3}.role{float:right;color:#4a5360}.er
 type loginData struct {
 	ID    string
 	Error string
-	Users []DevUser
+	Users []User
 }
 
-func (d *DevIssuer) serveLogin(w http.ResponseWriter, r *http.Request) {
+func (d *Issuer) serveLogin(w http.ResponseWriter, r *http.Request) {
 	id := r.URL.Query().Get("id")
-	data := loginData{ID: id, Users: DevUsers()}
+	data := loginData{ID: id, Users: Users()}
 	status := http.StatusOK
 	if _, err := d.storage.AuthRequestByID(r.Context(), id); err != nil {
 		data.Error, data.Users, status = "This sign-in has expired or is unknown; go back to the application and start again.", nil, http.StatusBadRequest
@@ -336,7 +339,7 @@ func (d *DevIssuer) serveLogin(w http.ResponseWriter, r *http.Request) {
 	renderLogin(w, status, data)
 }
 
-func (d *DevIssuer) login(w http.ResponseWriter, r *http.Request) {
+func (d *Issuer) login(w http.ResponseWriter, r *http.Request) {
 	id, user := r.PostFormValue("id"), r.PostFormValue("user")
 	if err := d.storage.signIn(id, user); err != nil {
 		renderLogin(w, http.StatusBadRequest, loginData{ID: id, Error: err.Error()})
@@ -353,11 +356,11 @@ func renderLogin(w http.ResponseWriter, status int, data loginData) {
 	_ = loginPage.Execute(w, data) // the client may be gone
 }
 
-// TokenRequest describes a token for DevIssuer.Mint. Fields mean what the
-// Principal fields of the same name mean.
+// TokenRequest describes a token for Issuer.Mint. Fields mean what the
+// identity.Principal fields of the same name mean.
 type TokenRequest struct {
 	// Kind is required.
-	Kind Kind
+	Kind identity.Kind
 	// Subject defaults to Service for workloads and probers; operators and
 	// tools must name one, since it becomes the audit actor.
 	Subject string
@@ -365,8 +368,8 @@ type TokenRequest struct {
 	Service string
 	// Team is for operators and tools.
 	Team string
-	// Role is for operators and tools; RoleViewer when empty.
-	Role Role
+	// Role is for operators and tools; identity.RoleViewer when empty.
+	Role identity.Role
 	// Addresses are IP addresses the token vouches for.
 	Addresses []string
 	// TTL is the token's lifetime: 1 h when zero, at most 24 h.
@@ -375,9 +378,9 @@ type TokenRequest struct {
 
 // Mint returns a token for req, valid from now for req.TTL, signed RS256
 // with the issuer's key and addressed to the audience "muster". req is
-// checked by the same rules Verify applies, so Mint never issues a token
+// checked by the same rules identity.Verifier applies, so Mint never issues a token
 // that Verify would refuse for its claims. The URL must be set.
-func (d *DevIssuer) Mint(req TokenRequest, now time.Time) (string, error) {
+func (d *Issuer) Mint(req TokenRequest, now time.Time) (string, error) {
 	iss := d.URL()
 	if iss == "" {
 		return "", errors.New("mint token: dev issuer URL not set")
@@ -395,10 +398,10 @@ func (d *DevIssuer) Mint(req TokenRequest, now time.Time) (string, error) {
 		return "", fmt.Errorf("mint token: TTL %s exceeds the maximum of %s", ttl, maxTokenTTL)
 	}
 	sub := req.Subject
-	if sub == "" && (req.Kind == KindWorkload || req.Kind == KindProber) {
+	if sub == "" && (req.Kind == identity.KindWorkload || req.Kind == identity.KindProber) {
 		sub = req.Service
 	}
-	p, err := newPrincipal(iss, sub, claimSet{
+	p, err := identity.NewPrincipal(iss, sub, identity.Claims{
 		Kind:      string(req.Kind),
 		Service:   req.Service,
 		Team:      req.Team,
@@ -415,14 +418,14 @@ func (d *DevIssuer) Mint(req TokenRequest, now time.Time) (string, error) {
 	for i, a := range p.Addresses {
 		addrs[i] = a.String()
 	}
-	custom := map[string]any{claimKind: p.Kind}
-	for name, v := range map[string]string{claimService: p.Service, claimTeam: p.Team, claimRole: string(p.Role)} {
+	custom := map[string]any{identity.ClaimKind: p.Kind}
+	for name, v := range map[string]string{identity.ClaimService: p.Service, identity.ClaimTeam: p.Team, identity.ClaimRole: string(p.Role)} {
 		if v != "" {
 			custom[name] = v
 		}
 	}
 	if len(addrs) > 0 {
-		custom[claimAddresses] = addrs
+		custom[identity.ClaimAddresses] = addrs
 	}
 
 	signer, err := jose.NewSigner(jose.SigningKey{
@@ -435,7 +438,7 @@ func (d *DevIssuer) Mint(req TokenRequest, now time.Time) (string, error) {
 	std := jwt.Claims{
 		Issuer:    iss,
 		Subject:   p.Subject,
-		Audience:  jwt.Audience{defaultAudience},
+		Audience:  jwt.Audience{identity.DefaultAudience},
 		IssuedAt:  jwt.NewNumericDate(now),
 		NotBefore: jwt.NewNumericDate(now),
 		Expiry:    jwt.NewNumericDate(now.Add(ttl)),

@@ -1,4 +1,4 @@
-package identity
+package devissuer
 
 import (
 	"context"
@@ -14,37 +14,39 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/zitadel/oidc/v3/pkg/oidc"
 	"github.com/zitadel/oidc/v3/pkg/op"
+
+	"github.com/musterhq/muster/identity"
 )
 
-// DevUser is a development user offered by the dev issuer's sign-in page.
-type DevUser struct {
+// User is a development user offered by the dev issuer's sign-in page.
+type User struct {
 	Subject string
-	Role    Role
+	Role    identity.Role
 	Team    string
 }
 
-// DevUsers are the users of the dev sign-in page: an admin, an operator of
+// Users are the users of the dev sign-in page: an admin, an operator of
 // the payments team and a viewer.
-func DevUsers() []DevUser {
-	return []DevUser{
-		{Subject: "alice", Role: RoleAdmin},
-		{Subject: "oscar", Role: RoleOperator, Team: "payments"},
-		{Subject: "otto", Role: RoleOperator, Team: "payments"},
-		{Subject: "vera", Role: RoleViewer},
+func Users() []User {
+	return []User{
+		{Subject: "alice", Role: identity.RoleAdmin},
+		{Subject: "oscar", Role: identity.RoleOperator, Team: "payments"},
+		{Subject: "otto", Role: identity.RoleOperator, Team: "payments"},
+		{Subject: "vera", Role: identity.RoleViewer},
 	}
 }
 
-func devUser(sub string) (DevUser, bool) {
-	for _, u := range DevUsers() {
+func findUser(sub string) (User, bool) {
+	for _, u := range Users() {
 		if u.Subject == sub {
 			return u, true
 		}
 	}
-	return DevUser{}, false
+	return User{}, false
 }
 
-// DevClient is an OAuth client of the dev issuer: the web UI of `muster dev`.
-type DevClient struct {
+// Client is an OAuth client of the dev issuer: the web UI of `muster dev`.
+type Client struct {
 	ID           string
 	Secret       string
 	RedirectURIs []string
@@ -64,18 +66,18 @@ const (
 // requests and codes are kept in memory, which is enough for one dev
 // process; the signing key is the issuer's key on disk.
 type devStorage struct {
-	issuer *DevIssuer
+	issuer *Issuer
 
 	mu       sync.Mutex
-	clients  map[string]DevClient
+	clients  map[string]Client
 	requests map[string]*devAuthRequest // by id
 	codes    map[string]string          // code -> request id
 }
 
-func newDevStorage(d *DevIssuer) *devStorage {
+func newDevStorage(d *Issuer) *devStorage {
 	return &devStorage{
 		issuer:   d,
-		clients:  map[string]DevClient{},
+		clients:  map[string]Client{},
 		requests: map[string]*devAuthRequest{},
 		codes:    map[string]string{},
 	}
@@ -130,7 +132,7 @@ func randomID() (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
-func (s *devStorage) registerClient(c DevClient) {
+func (s *devStorage) registerClient(c Client) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.clients[c.ID] = c
@@ -218,8 +220,8 @@ func (s *devStorage) DeleteAuthRequest(_ context.Context, id string) error {
 
 // signIn completes authorization request id for the dev user sub.
 func (s *devStorage) signIn(id, sub string) error {
-	if _, ok := devUser(sub); !ok {
-		return fmt.Errorf("unknown dev user %s", quote(sub))
+	if _, ok := findUser(sub); !ok {
+		return fmt.Errorf("unknown dev user %s", identity.QuoteClaim(sub))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -339,16 +341,16 @@ func (s *devStorage) SetUserinfoFromToken(_ context.Context, info *oidc.UserInfo
 }
 
 func setDevClaims(info *oidc.UserInfo, sub string) error {
-	u, ok := devUser(sub)
+	u, ok := findUser(sub)
 	if !ok {
-		return fmt.Errorf("unknown dev user %s", quote(sub))
+		return fmt.Errorf("unknown dev user %s", identity.QuoteClaim(sub))
 	}
 	info.Subject = u.Subject
 	info.PreferredUsername = u.Subject
-	info.AppendClaims(claimKind, string(KindOperator))
-	info.AppendClaims(claimRole, string(u.Role))
+	info.AppendClaims(identity.ClaimKind, string(identity.KindOperator))
+	info.AppendClaims(identity.ClaimRole, string(u.Role))
 	if u.Team != "" {
-		info.AppendClaims(claimTeam, u.Team)
+		info.AppendClaims(identity.ClaimTeam, u.Team)
 	}
 	return nil
 }
@@ -371,10 +373,10 @@ func (s *devStorage) ValidateJWTProfileScopes(context.Context, string, []string)
 
 func (s *devStorage) Health(context.Context) error { return nil }
 
-// devOPClient adapts a DevClient to op.Client: a confidential web client
+// devOPClient adapts a Client to op.Client: a confidential web client
 // using the authorization code flow.
 type devOPClient struct {
-	c        DevClient
+	c        Client
 	loginURL string
 }
 

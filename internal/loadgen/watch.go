@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"bufio"
@@ -28,6 +28,8 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -39,18 +41,19 @@ import (
 // started server: RSS a previous run freed is not given back at once, so a
 // warm server shows too little (the Go heap figure printed beside it does
 // not have that problem).
-func loadgenWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func loadgenWatch(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) error {
 	o, err := parseLoadgenWatch(args, stderr)
 	if err != nil {
 		return err
 	}
+	o.env = env
 	return o.run(ctx, stdout, stderr)
 }
 
 // parseLoadgenWatch reads loadgen watch's flags.
 func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	var o lgwOptions
-	fs := newFlags("loadgen watch", stderr)
+	fs := cli.NewFlags("loadgen watch", stderr)
 	fs.StringVar(&o.base, "url", "http://127.0.0.1:8080", "muster to watch")
 	fs.StringVar(&o.dir, "data", ".muster", "dev data folder, for minting tokens")
 	fs.IntVar(&o.clients, "clients", 1000, "watch streams to hold")
@@ -68,7 +71,7 @@ func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	fs.DurationVar(&o.admissionWindow, "admission-window", 10*time.Second, "--restart: muster's admission window (MUSTER_ADMISSION_WINDOW)")
 	fs.IntVar(&o.admissionFloor, "admission-floor", 50, "--restart: the restarted muster's admission floor (MUSTER_ADMISSION_FLOOR)")
 	fs.DurationVar(&o.readmitTimeout, "readmit-timeout", 20*time.Minute, "--restart: give up waiting for every subscriber to be readmitted after this long")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return o, err
 	}
 	clientsSet := false
@@ -78,11 +81,11 @@ func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	}
 	if o.clients < 1 || o.perClient < 1 || o.perClient > 100 || o.failures < 0 || o.burst < 0 || o.additions < 0 || o.duration <= 0 || o.connectConcurrency < 1 || o.setupRate < 1 || o.onlyServices < 0 {
 		fmt.Fprintln(stderr, "muster loadgen watch: --clients, --connect-concurrency, --setup-rate and --duration must be positive, --services-per-client 1 to 100, --failures, --burst and --additions not negative")
-		return o, errUsage
+		return o, cli.ErrUsage
 	}
 	if o.restart && (o.admissionWindow < time.Second || o.admissionFloor < 1 || o.readmitTimeout <= 0) {
 		fmt.Fprintln(stderr, "muster loadgen watch --restart: --admission-window must be at least 1s, --admission-floor and --readmit-timeout positive")
-		return o, errUsage
+		return o, cli.ErrUsage
 	}
 	o.base = strings.TrimRight(o.base, "/")
 	return o, nil
@@ -113,11 +116,9 @@ type lgwOptions struct {
 	admissionWindow time.Duration
 	admissionFloor  int
 	readmitTimeout  time.Duration
-	// childEnv is added to the child muster's environment (tests make
-	// their binary act as muster with it); exe is the binary to run
-	// (default: this one).
-	childEnv []string
-	exe      string
+	// env opens the database (--restart) and holds what is added to the
+	// child muster's environment.
+	env Env
 }
 
 // lgwClientsPerIdentity is how many subscribers share one identity.
@@ -574,19 +575,19 @@ func (w *lgWatch) setup(ctx context.Context) error {
 // prepare mints tokens, builds the HTTP clients and lists the loadgen
 // services and their instances.
 func (w *lgWatch) prepare(ctx context.Context) error {
-	iss, err := identity.LoadOrCreateDevIssuer(w.dir)
+	iss, err := devissuer.LoadOrCreate(w.dir)
 	if err != nil {
 		return err
 	}
-	if w.adminToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin, TTL: 2 * time.Hour}, time.Now()); err != nil {
+	if w.adminToken, err = iss.Mint(devissuer.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin, TTL: 2 * time.Hour}, time.Now()); err != nil {
 		return err
 	}
-	if w.proberToken, err = iss.Mint(identity.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber, TTL: 2 * time.Hour}, time.Now()); err != nil {
+	if w.proberToken, err = iss.Mint(devissuer.TokenRequest{Kind: identity.KindProber, Subject: loadgenProber, TTL: 2 * time.Hour}, time.Now()); err != nil {
 		return err
 	}
 	w.watchTokens = make([]string, (w.clients+lgwClientsPerIdentity-1)/lgwClientsPerIdentity)
 	for i := range w.watchTokens {
-		req := identity.TokenRequest{Kind: identity.KindTool, Subject: fmt.Sprintf("loadgen-watch-%d", i), TTL: 2 * time.Hour}
+		req := devissuer.TokenRequest{Kind: identity.KindTool, Subject: fmt.Sprintf("loadgen-watch-%d", i), TTL: 2 * time.Hour}
 		if w.watchTokens[i], err = iss.Mint(req, time.Now()); err != nil {
 			return err
 		}

@@ -1,8 +1,6 @@
-package main
+package loadgen
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -13,7 +11,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/assembler"
-	"github.com/musterhq/muster/db"
 )
 
 // TestLoadgenWatchClientAppliesFrames feeds one subscriber a view longer
@@ -106,53 +103,5 @@ func TestLoadgenWatchBurstTargets(t *testing.T) {
 	}
 	if some, headroom := w.burstTargets(rng, 10); len(some) != 10 || headroom != 30 {
 		t.Fatalf("%d targets of headroom %d; want 10 of 30", len(some), headroom)
-	}
-}
-
-// TestLoadgenWatchRestart runs `muster loadgen watch --restart` at small
-// scale: 300 subscribers of a real `muster dev` child process (this test
-// binary), a real restart (SIGTERM, a new process with no memory of
-// them), and readmission through 1 s admission windows at 5% of the
-// population (floor 1). It passes only if every client was admitted
-// exactly once by the new process, never more than 15 (5%) within one
-// window, and none got synced before its views.
-func TestLoadgenWatchRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs two muster processes for about half a minute")
-	}
-	t.Parallel()
-	dir := devDir(t)
-	ctx := context.Background()
-	cluster, err := db.StartCluster(ctx, db.ClusterConfig{Dir: dir, Fast: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cluster.Stop() })
-	var out, errb bytes.Buffer
-	if err := run(ctx, []string{"loadgen", "seed", "--data", dir, "--services", "12", "--instances", "120", "--minutes", "1"}, &out, &errb); err != nil {
-		t.Fatalf("seed: %v\n%s", err, errb.String())
-	}
-	o, err := parseLoadgenWatch([]string{"--restart", "--data", dir, "--clients", "300", "--services-per-client", "2",
-		"--admission-window", "1s", "--admission-floor", "1", "--readmit-timeout", "2m"}, &errb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.childEnv = []string{"MUSTER_TEST_BE_MUSTER=1"}
-	out.Reset()
-	err = o.run(ctx, &out, &errb)
-	t.Logf("loadgen watch --restart:\n%s", out.String())
-	if err != nil {
-		t.Fatalf("%v\nstderr:\n%s", err, errb.String())
-	}
-	for _, want := range []string{
-		"process 2 admission: expected population 300 (read from PostgreSQL), budget 15 per 1s",
-		"readmission: all 300 readmitted",
-		"assert exactly-once: ok",
-		"assert 5%-per-window: ok",
-		"assert synced-after-view: ok",
-	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q", want)
-		}
 	}
 }

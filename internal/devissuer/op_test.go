@@ -1,4 +1,4 @@
-package identity_test
+package devissuer_test
 
 import (
 	"net/http"
@@ -10,7 +10,7 @@ import (
 	"github.com/coreos/go-oidc/v3/oidc"
 	"golang.org/x/oauth2"
 
-	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/devissuer"
 )
 
 // TestDevIssuerCodeFlow runs the authorization code flow with PKCE against
@@ -18,12 +18,12 @@ import (
 // page, exchange the code, verify the ID token with go-oidc.
 func TestDevIssuerCodeFlow(t *testing.T) {
 	t.Parallel()
-	for _, u := range identity.DevUsers() {
+	for _, u := range devissuer.Users() {
 		t.Run(u.Subject, func(t *testing.T) {
 			t.Parallel()
 			s := newDevServer(t)
 			const redirect = "http://127.0.0.1:1/auth/callback"
-			if err := s.issuer.RegisterClient(identity.DevClient{ID: "web", Secret: "s3cret", RedirectURIs: []string{redirect}}); err != nil {
+			if err := s.issuer.RegisterClient(devissuer.Client{ID: "web", Secret: "s3cret", RedirectURIs: []string{redirect}}); err != nil {
 				t.Fatal(err)
 			}
 			ctx := oidc.ClientContext(t.Context(), s.srv.Client())
