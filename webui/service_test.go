@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/audit"
-	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
@@ -140,8 +140,7 @@ func (e *estate) waitQuarantineWritten(t *testing.T, id string) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		rows, err := db.New(e.Pool).TransitionsQuarantines(context.Background(), db.TransitionsQuarantinesParams{
-			Service: "web", Since: e.Clock.Now().Add(-time.Hour), Lim: 10})
+		rows, _, err := evaluator.QuarantineHistory(context.Background(), e.Pool, "web", e.Clock.Now().Add(-time.Hour), 10)
 		if err != nil {
 			t.Fatal(err)
 		}

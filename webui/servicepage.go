@@ -2,7 +2,6 @@ package webui
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"maps"
 	"net/http"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
@@ -205,15 +203,6 @@ func (u *UI) addresses(ctx context.Context, actor identity.Principal, name strin
 	}
 }
 
-// historyEntry is a transition in a quarantine's history as the evaluator
-// stores it (transitions.history).
-type historyEntry struct {
-	From   string    `json:"from"`
-	To     string    `json:"to"`
-	At     time.Time `json:"at"`
-	Reason string    `json:"reason"`
-}
-
 // flapReport lists the quarantines of the last day (the transitions that
 // started them carry their histories), currently quarantined instances
 // first; an instance quarantined now whose transition is not written yet
@@ -225,8 +214,10 @@ func (u *UI) flapReport(ctx context.Context, service string, now time.Time, inst
 			until[in.ID] = in.QuarantineUntil
 		}
 	}
-	rows, err := db.New(u.cfg.Pool).TransitionsQuarantines(ctx, db.TransitionsQuarantinesParams{
-		Service: service, Since: now.Add(-flapWindow), Lim: flapLimit})
+	rows, bad, err := evaluator.QuarantineHistory(ctx, u.cfg.Pool, service, now.Add(-flapWindow), flapLimit)
+	if bad > 0 {
+		u.log.Warn("flap report: quarantine histories that could not be read", "service", service, "count", bad)
+	}
 	var out []views.Flap
 	seen := map[string]bool{}
 	for _, t := range rows {
@@ -236,11 +227,7 @@ func (u *UI) flapReport(ctx context.Context, service string, now time.Time, inst
 			f.Until, f.Current = until[id], !until[id].IsZero()
 		}
 		seen[id] = true
-		var hist []historyEntry
-		if err := json.Unmarshal(t.History, &hist); err != nil {
-			u.log.Warn("flap report: history", "transition", t.ID, "err", err)
-		}
-		for _, h := range hist {
+		for _, h := range t.History {
 			f.History = append(f.History, views.FlapStep{From: h.From, To: h.To, At: h.At, Reason: h.Reason})
 		}
 		out = append(out, f)
