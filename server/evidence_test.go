@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // TestEvidenceSideDoors (issue 13): one ordinary token cannot remove
@@ -36,7 +36,7 @@ func TestEvidenceSideDoors(t *testing.T) {
 		if r.Status != http.StatusCreated {
 			t.Fatalf("register: %d %s", r.Status, r.Body)
 		}
-		ids = append(ids, servertest.Decode[registry.Instance](t, r).ID.String())
+		ids = append(ids, apptest.Decode[registry.Instance](t, r).ID.String())
 	}
 	if r := s.JSON(t, "PUT", "/v1/probers/prober-az1/assignments", admin, `{"services":["web"]}`); r.Status != http.StatusOK {
 		t.Fatalf("assign: %d %s", r.Status, r.Body)
@@ -49,7 +49,7 @@ func TestEvidenceSideDoors(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Fatalf("POST /v1/reports: %d %s", r.Status, r.Body)
 		}
-		return servertest.Decode[evaluator.Result](t, r)
+		return apptest.Decode[evaluator.Result](t, r)
 	}
 	item := func(id, class, outcome string) string {
 		return fmt.Sprintf(`{"instance_id":%q,"class":%q,"outcome":%q}`, id, class, outcome)
@@ -58,7 +58,7 @@ func TestEvidenceSideDoors(t *testing.T) {
 		t.Helper()
 		r := s.Do(t, "GET", "/v1/services/web/eligibility", admin, "", "")
 		out := map[string]evaluator.InstanceVerdict{}
-		for _, v := range servertest.Decode[evaluator.ServiceEligibility](t, r).Instances {
+		for _, v := range apptest.Decode[evaluator.ServiceEligibility](t, r).Instances {
 			out[v.InstanceID.String()] = v
 		}
 		return out
