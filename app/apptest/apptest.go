@@ -486,7 +486,7 @@ func (s *Stack) Admit(t testing.TB, ids ...string) {
 	// A self-report speaks for the instance that sends it: the token
 	// vouches for the instances' addresses, as an instance's own would.
 	var items, addrs []string
-	admin := identity.Principal{Kind: identity.KindOperator, Subject: "servertest", Role: identity.RoleAdmin}
+	admin := identity.Principal{Kind: identity.KindOperator, Subject: "apptest", Role: identity.RoleAdmin}
 	for _, id := range ids {
 		in, err := s.Registry.GetInstance(t.Context(), admin, uuid.MustParse(id))
 		if err != nil {
