@@ -13,6 +13,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -143,11 +144,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		}
 		defer stopMetrics()
 	}
-	stopDemo := func() {}
-	defer func() { stopDemo() }()
+	// The demo (muster dev --demo) is stopped after the shutdown, as it
+	// always was.
+	demoCtx, stopDemo := context.WithCancel(ctx)
+	var demoRuns sync.WaitGroup
+	defer func() { stopDemo(); demoRuns.Wait() }()
 	return a.Serve(ctx, ln, func() {
 		log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
-		stopDemo = announce(ctx, cfg, base, devIssuer, log, stdout)
+		announce(demoCtx, cfg, base, devIssuer, log, stdout, &demoRuns)
 	})
 }
 
@@ -203,31 +207,27 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 	return ac, devIssuer, nil
 }
 
-// announce prints where muster dev serves and starts the demo when asked;
-// it returns a function that stops the demo and waits for it.
-func announce(ctx context.Context, cfg Config, base string, devIssuer *identity.DevIssuer, log *slog.Logger, stdout io.Writer) (stop func()) {
+// announce prints where muster dev serves and, when asked, runs the demo
+// until ctx ends, in demoRuns.
+func announce(ctx context.Context, cfg Config, base string, devIssuer *identity.DevIssuer, log *slog.Logger, stdout io.Writer, demoRuns *sync.WaitGroup) {
 	if !cfg.Dev {
-		return func() {}
+		return
 	}
 	fmt.Fprintf(stdout, "muster dev is serving on %s\n  web UI: %s%s/ (sign in as alice, oscar, otto or vera)\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
 		base, base, uiPath, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
 	if !cfg.Demo {
-		return func() {}
+		return
 	}
-	demoDone := make(chan struct{})
-	demoCtx, stopDemo := context.WithCancel(ctx)
-	go func() {
-		defer close(demoDone)
-		err := demo.Run(demoCtx, demo.Config{
+	demoRuns.Go(func() {
+		err := demo.Run(ctx, demo.Config{
 			URL: base, Logger: log,
 			Mint: func(req identity.TokenRequest) (string, error) { return devIssuer.Mint(req, time.Now()) },
 		})
 		if err != nil {
 			log.Error("demo stopped", "err", err)
 		}
-	}()
+	})
 	fmt.Fprintf(stdout, "  demo:   a simulated estate of %d services is being set up and driven\n", len(demo.ServiceNames()))
-	return func() { stopDemo(); <-demoDone }
 }
 
 // openDatabase returns the database URL: DATABASE_URL when set, otherwise
