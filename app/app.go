@@ -16,13 +16,15 @@
 //	admission, census                          the streaming tier's intake
 //	UI, HTTP server                            the surfaces
 //
-// Where data flows upstream to downstream without a call back, the
-// downstream component pulls: the publisher takes the evaluator's changes
-// (evaluator.TakeChanges) and the shift-backs' revision; the evaluator
-// learns of local override changes from policy.InForce's signal. The two
-// hand-offs the other way are subscriptions made by the downstream at its
-// own construction (the evaluator follows its registry, as the authz copy
-// does), never closures assigned later.
+// Data flows downstream only, and where a downstream component must learn
+// of a change upstream it pulls: the publisher takes the evaluator's
+// changes (evaluator.TakeChanges) and reads the shift-backs' revision;
+// the evaluator learns of a local override change from policy.InForce's
+// signal and reads the overrides from it. The one push left, the
+// registration hand-off, is a subscription the downstream makes at its
+// own construction (evaluator.New calls registry.Follow, as
+// NewAuthzCache hands itself to its registry), not a closure assigned
+// later.
 //
 // Workers keep the project's one shape (Start, Stop) and stop in order:
 // stop admitting (not ready, the census reports a last time), drain the
