@@ -136,16 +136,6 @@ func newService(name string) *service {
 	}
 }
 
-func normFraction(f float64) float64 {
-	switch {
-	case !(f > 0): // also NaN
-		return DefaultMinHealthyFraction
-	case f > 1:
-		return 1
-	}
-	return f
-}
-
 func normWeight(w float64) float64 {
 	if !(w > 0) || math.IsInf(w, 0) {
 		return 0
@@ -178,13 +168,12 @@ func normState(s eligibility.State) eligibility.State {
 	return s
 }
 
-// tripped reports whether routable of total is below frac. The division is
-// correctly rounded, so a fraction met exactly (3 of 10 at 0.3) holds.
-func tripped(routable, total int, frac float64) bool {
-	return total > 0 && float64(routable)/float64(total) < frac
+// zoneCount is a zone's count: the guard's (Capacity) and what the view
+// reports beside it.
+type zoneCount struct {
+	Capacity
+	registered, awaiting int
 }
-
-type zoneCount struct{ routable, total, registered, awaiting int }
 
 // Update recomputes the service's endpoint set from s through the guard and
 // queues the difference against what was last published. s lists every
@@ -231,24 +220,22 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 		if !x.LeaseExpired {
 			zc.registered++
 		}
-		if counted(x) {
-			zc.total++
-		} else {
+		if !counted(x) {
 			zc.awaiting++
 		}
 		if routable(x) {
-			zc.routable++
 			routableAll++
 		}
+		zc.Add(x)
 		counts[x.Zone] = zc
 	}
 	old := sv.zones
 	zones := sv.spare
 	clear(zones)
 	for z, zc := range counts {
-		st := ZoneStatus{Guard: GuardOK, Eligible: zc.routable, Total: zc.total, Registered: zc.registered,
+		st := ZoneStatus{Guard: GuardOK, Eligible: zc.Routable, Total: zc.Counted, Registered: zc.registered,
 			MinHealthyFraction: sv.frac, TrafficWeight: trafficWeight(s.Traffic, z)}
-		if tripped(zc.routable, zc.total, sv.frac) {
+		if zc.Tripped(sv.frac) {
 			st.Guard = GuardTripped
 		}
 		zones[z] = st
@@ -335,82 +322,6 @@ func sameEndpoint(a, b *Endpoint) bool {
 		a.Zone == b.Zone && a.State == b.State && a.Weight == b.Weight && a.Health == b.Health &&
 		a.Quarantined == b.Quarantined && a.LeaseExpired == b.LeaseExpired && slices.Equal(a.Capabilities, b.Capabilities) &&
 		(a.Override == b.Override || (a.Override != nil && b.Override != nil && *a.Override == *b.Override))
-}
-
-// Routable reports whether the guard counts x as in rotation: never when
-// its lease expired; otherwise an override decides outright, and without
-// one the instance's own verdict, unless quarantined. It is the one rule
-// for "in rotation" that the guard, and anyone asking whether the guard
-// would trip (Capacity), use.
-func Routable(x *InstanceInput) bool { return routable(x) }
-
-// Counted reports whether the guard counts x as capacity, the
-// denominator of the minimum healthy fraction: everything in rotation,
-// and everything out of it except an instance awaiting its first success
-// (Awaiting), which was never capacity. A surge deploy's new instances do
-// not trip the guard, and a brand-new service is not "below its minimum".
-func Counted(x *InstanceInput) bool { return counted(x) }
-
-// Tripped reports whether a zone with routable of total (counted)
-// instances is below the minimum healthy fraction frac (normalised as the
-// guard does), i.e. whether the guard publishes the zone's capacity.
-func Tripped(routable, total int, frac float64) bool {
-	return tripped(routable, total, normFraction(frac))
-}
-
-// Capacity is a zone's (or, summed, a region's) count as the guard makes
-// it: the one rule the guard, the override budget and the drain budget
-// share, so that no check can allow what the guard then undoes.
-type Capacity struct {
-	Routable int // instances in rotation (Routable)
-	Counted  int // capacity that was there (Counted): the denominator
-}
-
-// Add counts x.
-func (c *Capacity) Add(x *InstanceInput) {
-	if counted(x) {
-		c.Counted++
-	}
-	if routable(x) {
-		c.Routable++
-	}
-}
-
-// Tripped reports whether the guard trips on c at fraction frac.
-func (c Capacity) Tripped(frac float64) bool { return Tripped(c.Routable, c.Counted, frac) }
-
-// Required returns the fewest routable instances of c.Counted that keep
-// the guard from tripping at fraction frac (normalised as the guard
-// does): the guard's own comparison, searched, so the two never differ
-// by rounding.
-func (c Capacity) Required(frac float64) int {
-	frac = normFraction(frac)
-	n := int(math.Ceil(frac * float64(c.Counted)))
-	n = min(max(n, 0), c.Counted)
-	for n > 0 && !tripped(n-1, c.Counted, frac) {
-		n--
-	}
-	for n < c.Counted && tripped(n, c.Counted, frac) {
-		n++
-	}
-	return n
-}
-
-func counted(x *InstanceInput) bool { return !x.Awaiting || routable(x) }
-
-func routable(x *InstanceInput) bool {
-	if x.LeaseExpired {
-		return false
-	}
-	if x.Override != nil {
-		switch x.Override.Action {
-		case OverrideIneligible:
-			return false
-		case OverrideEligible:
-			return true
-		}
-	}
-	return !x.Quarantined && normState(x.State).InRotation()
 }
 
 // requeue reconciles the queued change of an instance still in the input

@@ -6,10 +6,10 @@ import (
 
 	"github.com/google/uuid"
 
+	st "github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
-	st "github.com/musterhq/muster/server/servertest"
 )
 
 // An instance of a probe service that has served stays capacity across a

@@ -1,6 +1,7 @@
 // Package evaluator is the embedded evaluation worker: it feeds health
-// evidence into the pure eligibility core and hands verdicts and transitions
-// to the next stage.
+// evidence into the pure eligibility core and queues verdicts and
+// transitions for the next stage, which pulls them (Changed, TakeChanges)
+// and reads each service as the assembler takes it (Snapshot).
 //
 // One Evaluator owns one eligibility.Engine behind a mutex. Ingest attributes
 // each report to an authenticated identity (ADR-15) against an in-memory copy
@@ -11,8 +12,8 @@
 // State classes (ADR-02): the engine's state is computed and lives only in
 // memory. At start the evaluator rebuilds it from the registry plus the
 // observed windows retained in PostgreSQL (an UNLOGGED table written by COPY
-// every FlushEvery), and holds publication (Ready is false, the sink is not
-// called) until the rebuild is done. Losing the windows costs confidence, not
+// every FlushEvery), and holds publication (Ready is false, nothing is
+// queued for the publisher) until the rebuild is done. Losing the windows costs confidence, not
 // correctness: the instances come back as unknown and stay in rotation.
 //
 // Every eligibility transition after the rebuild is appended to the

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,20 +25,6 @@ import (
 // answer 503 with a short Retry-After.
 var ErrNotReady = errors.New("the evaluator is rebuilding its state after a start")
 
-// Sink receives what changed once the evaluator is ready: the next stage
-// (the assembler) implements it. Calls come from the evaluation loop, one
-// at a time, and must not block.
-type Sink interface {
-	// Transitions are eligibility changes, including an ended
-	// instance's last one.
-	Transitions(ts []eligibility.Transition)
-	// ServicesChanged names services whose view changed without a
-	// transition: the instance set or contract (an instance added, say),
-	// an override, or an instance's health (known, unknown) or quarantine
-	// (eligibility.Engine.Changed).
-	ServicesChanged(services []string)
-}
-
 // Config configures an Evaluator.
 type Config struct {
 	Registry *registry.Registry
@@ -56,7 +41,9 @@ type Config struct {
 	// Retention is how much observed history the rebuild replays (5 min);
 	// windows older than twice that are pruned.
 	Retention time.Duration
-	// TransitionBuffer bounds the transitions held while PostgreSQL is away.
+	// TransitionBuffer bounds the transitions held while PostgreSQL is
+	// away, and those held for the publisher (TakeChanges) if it stops
+	// taking them.
 	TransitionBuffer int
 	// MaxPendingWindows bounds the observed windows kept in memory while
 	// they cannot be written (2,000,000 rows, about 200 MB; at 60,000
@@ -78,7 +65,6 @@ type Config struct {
 	// and both are written once it says yes again.
 	DatabaseUp func() bool
 	Engine     eligibility.Options
-	Sink       Sink
 	// Overrides, when set, lists the overrides in force (policy).
 	Overrides OverrideSource
 	// MayResolve, when set, says whether a caller may resolve a service
@@ -202,6 +188,8 @@ type Evaluator struct {
 	reporters  map[string]eligibility.ReporterID
 
 	transitions *transitionWriter
+	// changes holds what evaluations changed until the publisher takes it.
+	changes *changeQueue
 	// flushMu serialises window flushes; pendingWindows (oldest first) are
 	// the windows earlier flushes could not write.
 	flushMu        sync.Mutex
@@ -251,6 +239,10 @@ func New(cfg Config) (*Evaluator, error) {
 		misses:      newMissCache(missCapacity, missTTL),
 		lookupSlots: make(chan struct{}, lookupSlots),
 	}
+	e.changes = newChangeQueue(cfg.TransitionBuffer)
+	// The registration hand-off: the registry tells its follower of what
+	// it commits (registry.Follower).
+	cfg.Registry.Follow(e)
 	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, cfg.DBTimeout, cfg.DatabaseUp, m, e.log)
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(newCollector(e)); err != nil {
@@ -366,6 +358,10 @@ func (e *Evaluator) databaseLoop(ctx context.Context) {
 	defer refresh.Stop()
 	defer flush.Stop()
 	var lastKick time.Time
+	var overridesChanged <-chan struct{}
+	if e.cfg.Overrides != nil {
+		overridesChanged = e.cfg.Overrides.Changed()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -384,6 +380,9 @@ func (e *Evaluator) databaseLoop(ctx context.Context) {
 				continue
 			}
 			lastKick = time.Now()
+			e.refreshBounded(ctx)
+		case <-overridesChanged:
+			// Overrides changed on this process: applied at once.
 			e.refreshBounded(ctx)
 		case <-flush.C:
 			if !e.cfg.DatabaseUp() {
@@ -426,7 +425,7 @@ const minKickInterval = 100 * time.Millisecond
 func (e *Evaluator) runOnce() {
 	// One evaluation at a time, publication included: whoever returns from
 	// runOnce (the loop, an early evaluation, EvaluateNow) knows that every
-	// transition computed before it has reached the sink.
+	// transition computed before it is queued for the publisher.
 	e.evalMu.Lock()
 	defer e.evalMu.Unlock()
 	start := time.Now()
@@ -447,14 +446,13 @@ func (e *Evaluator) runOnce() {
 	clear(e.changed)
 	e.mu.Unlock()
 	e.metrics.tick.Observe(time.Since(start).Seconds())
-	if len(changed) > 0 && e.cfg.Sink != nil {
-		slices.Sort(changed)
-		e.cfg.Sink.ServicesChanged(changed)
-	}
-	e.publish(ts)
+	e.publish(ts, changed)
 }
 
-func (e *Evaluator) publish(ts []eligibility.Transition) {
+// publish records the transitions and queues them, with the services
+// changed without one, for the publisher.
+func (e *Evaluator) publish(ts []eligibility.Transition, changed []string) {
+	defer e.changes.add(ts, changed)
 	if len(ts) == 0 {
 		return
 	}
@@ -465,9 +463,6 @@ func (e *Evaluator) publish(ts []eligibility.Transition) {
 		}
 	}
 	e.transitions.add(ts)
-	if e.cfg.Sink != nil {
-		e.cfg.Sink.Transitions(ts)
-	}
 }
 
 // rebuild loads the registry, replays retained observed windows and

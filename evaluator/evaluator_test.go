@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/uuid"
 
+	st "github.com/musterhq/muster/app/apptest"
+	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/eligibility"
@@ -20,7 +22,6 @@ import (
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
-	st "github.com/musterhq/muster/server/servertest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -275,26 +276,27 @@ func TestSilenceIsUnknownNotIneligible(t *testing.T) {
 	}
 }
 
-// recordingSink remembers what the evaluator published.
+// recordingSink remembers what the evaluator published: it takes the
+// changes queued for the publisher (which the stack does not run) as the
+// publisher would.
 type recordingSink struct {
+	ev      *evaluator.Evaluator
 	mu      sync.Mutex
 	ts      []eligibility.Transition
 	changed []string
 }
 
-func (r *recordingSink) Transitions(ts []eligibility.Transition) {
+// take pulls what the evaluator queued since the last take.
+func (r *recordingSink) take() {
+	c := r.ev.TakeChanges()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.ts = append(r.ts, ts...)
-}
-
-func (r *recordingSink) ServicesChanged(names []string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.changed = append(r.changed, names...)
+	r.ts = append(r.ts, c.Transitions...)
+	r.changed = append(r.changed, c.Services...)
 }
 
 func (r *recordingSink) count() int {
+	r.take()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.ts)
@@ -321,11 +323,10 @@ func TestRestartRebuildsBeforePublishing(t *testing.T) {
 
 	// A second muster on the same database: nothing published until the
 	// rebuild is done, then the same verdicts.
-	sink := &recordingSink{}
 	second := st.New(t, st.Options{Pool: f.Pool, NoStart: true, Evaluator: func(c *evaluator.Config) {
 		c.Now = f.Clock.Now
-		c.Sink = sink
 	}})
+	sink := &recordingSink{ev: second.Evaluator}
 	if r := second.Do(t, "GET", "/v1/services/web/eligibility", second.Token(t, st.Admin), "", ""); r.Status != http.StatusServiceUnavailable || r.Problem(t).Type != "https://muster.dev/problems/not-ready" {
 		t.Fatalf("before the rebuild: %d %s", r.Status, r.Body)
 	}
@@ -353,11 +354,12 @@ func TestRestartRebuildsBeforePublishing(t *testing.T) {
 
 func TestEndedInstanceLeavesATransition(t *testing.T) {
 	t.Parallel()
-	sink := &recordingSink{}
-	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Sink = sink }})
+	f := newFixture(t, st.Options{})
+	sink := &recordingSink{ev: f.Evaluator}
 	p1 := f.Token(t, prober1)
 	f.post(t, p1, report(f.web[0], "probe", "success"))
 	f.Evaluator.EvaluateNow()
+	sink.take()
 	if !slices.Contains(sink.changed, "web") {
 		t.Fatalf("services changed: %v, want web (instances were added)", sink.changed)
 	}
@@ -369,6 +371,7 @@ func TestEndedInstanceLeavesATransition(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Evaluator.EvaluateNow()
+	sink.take()
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	var last eligibility.Transition
@@ -411,7 +414,7 @@ func TestHardFailureDoesNotWaitForTheTick(t *testing.T) {
 }
 
 // inRotation reads an instance's state from the evaluator's snapshot.
-func inRotation(t *testing.T, ev *evaluator.Evaluator, service string, id uuid.UUID) (evaluator.EndpointVerdict, bool) {
+func inRotation(t *testing.T, ev *evaluator.Evaluator, service string, id uuid.UUID) (assembler.InstanceInput, bool) {
 	t.Helper()
 	snap, ok := ev.Snapshot(service)
 	if !ok {
@@ -423,7 +426,7 @@ func inRotation(t *testing.T, ev *evaluator.Evaluator, service string, id uuid.U
 		}
 	}
 	t.Fatalf("instance %s not in the snapshot of %s", id, service)
-	return evaluator.EndpointVerdict{}, false
+	return assembler.InstanceInput{}, false
 }
 
 // flapUntilQuarantined feeds the instance adversarial probe reports through
@@ -443,6 +446,7 @@ func flapUntilQuarantined(t *testing.T, ev *evaluator.Evaluator, clock *st.Clock
 			t.Fatalf("ingest: %+v %v", res, err)
 		}
 		ev.EvaluateNow()
+		sink.take()
 		sink.mu.Lock()
 		for _, tr := range sink.ts {
 			if uuid.UUID(tr.Instance) == id && !tr.QuarantinedUntil.IsZero() {
@@ -463,8 +467,8 @@ func flapUntilQuarantined(t *testing.T, ev *evaluator.Evaluator, clock *st.Clock
 // process, and its next quarantine escalates from where the last one was.
 func TestQuarantineSurvivesARestart(t *testing.T) {
 	t.Parallel()
-	sinkA := &recordingSink{}
-	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Sink = sinkA }})
+	f := newFixture(t, st.Options{})
+	sinkA := &recordingSink{ev: f.Evaluator}
 	id, _ := uuid.Parse(f.web[0])
 	q := flapUntilQuarantined(t, f.Evaluator, f.Clock, sinkA, id)
 	if d := q.QuarantinedUntil.Sub(q.At); d != time.Minute || q.QuarantineStep != 1 {
@@ -479,11 +483,10 @@ func TestQuarantineSurvivesARestart(t *testing.T) {
 	// Another process on the same database, 10 s into the quarantine, its
 	// evaluator on the first one's clock.
 	f.Clock.Advance(10 * time.Second)
-	sinkB := &recordingSink{}
 	second := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
 		c.Now = f.Clock.Now
-		c.Sink = sinkB
 	}})
+	sinkB := &recordingSink{ev: second.Evaluator}
 	g := &fixture{Stack: second, web: f.web}
 	g.waitReady(t)
 	if v, in := inRotation(t, second.Evaluator, "web", id); in || !v.Quarantined {

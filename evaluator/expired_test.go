@@ -9,8 +9,8 @@ import (
 
 	"github.com/google/uuid"
 
+	st "github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/registry"
-	st "github.com/musterhq/muster/server/servertest"
 )
 
 // TestLeaseExpiryCorroboration: health evidence heard by this process

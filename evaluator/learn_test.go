@@ -10,9 +10,9 @@ import (
 
 	"github.com/google/uuid"
 
+	st "github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/registry"
-	st "github.com/musterhq/muster/server/servertest"
 )
 
 // TestUnknownInstancesAreLookedUpWithinBounds (issue 12): ids a report

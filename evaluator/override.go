@@ -33,11 +33,13 @@ func (o Override) Reason() string {
 	return fmt.Sprintf("override %s: %s by %s until %s: %s", o.ID, o.Action, by, o.ExpiresAt.UTC().Format(time.RFC3339), o.Justification)
 }
 
-// OverrideSource lists the overrides in force (the policy package). It is
+// OverrideSource lists the overrides in force (policy.InForce). It is
 // read at rebuild and on every refresh, so every replica learns of
-// overrides written by any other within RefreshEvery.
+// overrides written by any other within RefreshEvery; Changed asks for an
+// early refresh when this process changed them.
 type OverrideSource interface {
 	InForce(ctx context.Context) ([]Override, error)
+	Changed() <-chan struct{}
 }
 
 // loadOverrides replaces the overrides held with those in force and marks
@@ -118,12 +120,3 @@ func (e *Evaluator) OverrideCounts() map[string]OverrideCount {
 // OverrideCount is how many of a service's instances overrides hold out of
 // (Out) or force into (In) rotation.
 type OverrideCount struct{ Out, In int }
-
-// RefreshSoon asks for an early refresh (overrides changed on this
-// replica); it never blocks.
-func (e *Evaluator) RefreshSoon() {
-	select {
-	case e.kick <- struct{}{}:
-	default:
-	}
-}

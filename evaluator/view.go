@@ -113,84 +113,45 @@ func (e *Evaluator) ServiceEligibility(service string) (ServiceEligibility, erro
 	return out, nil
 }
 
-// EndpointVerdict is one instance's endpoint and verdict, for the assembler.
-type EndpointVerdict struct {
-	ID          uuid.UUID
-	Address     string
-	Port        int
-	Zone        string
-	State       eligibility.State
-	Weight      float64
-	HealthKnown bool
-	Quarantined bool
-	// Override is the override in force, if any; State is still the
-	// instance's own verdict.
-	Override *Override
-	// LeaseExpired: the registry ended the instance by lease expiry; it is
-	// listed (State Ineligible) only while its zone's guard needs it.
-	LeaseExpired bool
-	// Awaiting: never in rotation since it registered (see
-	// assembler.InstanceInput.Awaiting).
-	Awaiting bool
-}
-
-// Input is v as the assembler's guard takes it (without FirstFailureAt,
-// which the publisher tracks). The override budget and the drain budget
-// count through it too, so the three cannot disagree.
-func (v EndpointVerdict) Input() assembler.InstanceInput {
-	in := assembler.InstanceInput{
-		ID: v.ID, Address: v.Address, Port: v.Port, Zone: v.Zone, State: v.State, Weight: v.Weight,
-		HealthKnown: v.HealthKnown, Quarantined: v.Quarantined, LeaseExpired: v.LeaseExpired, Awaiting: v.Awaiting,
-	}
-	if o := v.Override; o != nil {
-		in.Override = &assembler.Override{ID: o.ID, Action: o.Action, Reason: o.Reason()}
-	}
-	return in
-}
-
-// ServiceSnapshot is what the assembler needs of one service.
-type ServiceSnapshot struct {
-	Name               string
-	MinHealthyFraction float64
-	Capabilities       []string
-	// SlowStart is the contract's ramp, for endpoints the assembler puts
-	// into rotation itself (a tripped guard, a mark_eligible override).
-	SlowStart time.Duration
-	Instances []EndpointVerdict
-}
-
-// Snapshot returns a service's endpoints with their current verdicts, or
-// false when the evaluator does not know the service (or is not ready).
-func (e *Evaluator) Snapshot(service string) (ServiceSnapshot, bool) {
+// Snapshot returns a service as the assembler takes it: its endpoints
+// with their current verdicts and the overrides in force (each instance's
+// State stays its own verdict), without FirstFailureAt (the publisher
+// tracks it from the transitions) or Traffic (the shift-backs' weights).
+// It is false when the evaluator does not know the service (or is not
+// ready). The override budget and the drain budget count on the same
+// input, so they and the guard cannot disagree.
+func (e *Evaluator) Snapshot(service string) (assembler.ServiceInput, bool) {
 	if !e.ready.Load() {
-		return ServiceSnapshot{}, false
+		return assembler.ServiceInput{}, false
 	}
 	now := e.cfg.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	si := e.services[service]
 	if si == nil {
-		return ServiceSnapshot{}, false
+		return assembler.ServiceInput{}, false
 	}
-	out := ServiceSnapshot{Name: service, MinHealthyFraction: si.minFraction, Capabilities: si.capabilities, SlowStart: si.slowStart,
-		Instances: make([]EndpointVerdict, 0, len(e.byService[service]))}
+	out := assembler.ServiceInput{Name: service, MinHealthyFraction: si.minFraction, Capabilities: si.capabilities, SlowStart: si.slowStart,
+		Instances: make([]assembler.InstanceInput, 0, len(e.byService[service])+len(e.expired[service]))}
 	for id := range e.byService[service] {
 		v, ok := e.engine.Routing(eligibility.InstanceID(id), now)
 		if !ok {
 			continue
 		}
 		info := e.instances[id]
-		out.Instances = append(out.Instances, EndpointVerdict{
+		in := assembler.InstanceInput{
 			ID: id, Address: info.address, Port: info.port, Zone: info.zone,
-			State: v.State, Weight: v.Weight, HealthKnown: v.HealthKnown, Quarantined: v.Quarantined,
-			Override: e.override(id, now), Awaiting: v.Awaiting,
-		})
+			State: v.State, Weight: v.Weight, HealthKnown: v.HealthKnown, Quarantined: v.Quarantined, Awaiting: v.Awaiting,
+		}
+		if o := e.override(id, now); o != nil {
+			in.Override = &assembler.Override{ID: o.ID, Action: o.Action, Reason: o.Reason()}
+		}
+		out.Instances = append(out.Instances, in)
 	}
 	for id, x := range e.expired[service] {
-		out.Instances = append(out.Instances, EndpointVerdict{
-			ID: id, Address: x.info.address, Port: x.info.port, Zone: x.info.zone,
-			State: eligibility.Ineligible, LeaseExpired: true, Awaiting: x.awaiting,
-		})
+		in := x.input()
+		in.ID, in.Address, in.Port, in.Zone = id, x.info.address, x.info.port, x.info.zone
+		out.Instances = append(out.Instances, in)
 	}
 	return out, true
 }

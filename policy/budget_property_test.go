@@ -10,7 +10,6 @@ import (
 
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/eligibility"
-	"github.com/musterhq/muster/evaluator"
 )
 
 type fixedVersions struct{ n uint64 }
@@ -22,10 +21,10 @@ func (v *fixedVersions) Next(n int) (uint64, error) {
 
 // guardZones runs the assembler's guard on snap with the overrides in
 // force and returns its zone statuses.
-func guardZones(t *rapid.T, snap evaluator.ServiceSnapshot, forced map[uuid.UUID]Action) map[string]assembler.ZoneStatus {
+func guardZones(t *rapid.T, snap assembler.ServiceInput, forced map[uuid.UUID]Action) map[string]assembler.ZoneStatus {
 	in := assembler.ServiceInput{Name: snap.Name, MinHealthyFraction: snap.MinHealthyFraction}
 	for _, v := range snap.Instances {
-		x := v.Input()
+		x := v
 		if a, ok := forced[v.ID]; ok {
 			x.Override = &assembler.Override{Action: string(a)}
 		}
@@ -44,15 +43,15 @@ func guardZones(t *rapid.T, snap evaluator.ServiceSnapshot, forced map[uuid.UUID
 	return v.Zones
 }
 
-func drawSnapshot(t *rapid.T) (evaluator.ServiceSnapshot, map[uuid.UUID]Action) {
-	snap := evaluator.ServiceSnapshot{Name: "web",
+func drawSnapshot(t *rapid.T) (assembler.ServiceInput, map[uuid.UUID]Action) {
+	snap := assembler.ServiceInput{Name: "web",
 		MinHealthyFraction: rapid.SampledFrom([]float64{0, 0.2, 0.34, 0.5, 0.75, 1}).Draw(t, "frac")}
 	forced := map[uuid.UUID]Action{}
 	n := rapid.IntRange(1, 14).Draw(t, "n")
 	for i := range n {
 		var id uuid.UUID
 		id[0], id[15] = byte(i), 7
-		v := evaluator.EndpointVerdict{ID: id, Zone: fmt.Sprintf("az%d", rapid.IntRange(1, 3).Draw(t, "zone")),
+		v := assembler.InstanceInput{ID: id, Zone: fmt.Sprintf("az%d", rapid.IntRange(1, 3).Draw(t, "zone")),
 			State: eligibility.State(rapid.IntRange(0, 3).Draw(t, "state")), Weight: 1}
 		v.Quarantined = rapid.IntRange(0, 5).Draw(t, "q") == 0
 		v.Awaiting = v.State == eligibility.Ineligible && rapid.Bool().Draw(t, "awaiting")
@@ -89,7 +88,7 @@ func TestPropBudgetsAgreeWithTheGuard(t *testing.T) {
 		b := overrideBudget(snap, target.Zone, target.ID, forced)
 		refused := b.refusal() != nil
 
-		x := target.Input()
+		x := target
 		if a, ok := forced[target.ID]; ok {
 			x.Override = &assembler.Override{Action: string(a)}
 		}
@@ -109,12 +108,12 @@ func TestPropBudgetsAgreeWithTheGuard(t *testing.T) {
 
 		// The drain budget: the region as one zone, the drained zone out.
 		drainZone := fmt.Sprintf("az%d", rapid.IntRange(1, 3).Draw(t, "drain"))
-		region := evaluator.ServiceSnapshot{Name: snap.Name, MinHealthyFraction: snap.MinHealthyFraction}
+		region := assembler.ServiceInput{Name: snap.Name, MinHealthyFraction: snap.MinHealthyFraction}
 		drainForced := map[uuid.UUID]Action{}
 		for _, v := range snap.Instances {
 			v.Override = nil
 			if a, ok := forced[v.ID]; ok {
-				v.Override = &evaluator.Override{Action: string(a)}
+				v.Override = &assembler.Override{Action: string(a)}
 			}
 			if a, ok := forced[v.ID]; ok {
 				drainForced[v.ID] = a
@@ -127,10 +126,10 @@ func TestPropBudgetsAgreeWithTheGuard(t *testing.T) {
 			region.Instances = append(region.Instances, v)
 		}
 		rz := guardZones(t, region, drainForced)["region"]
-		withOverrides := evaluator.ServiceSnapshot{Name: snap.Name, MinHealthyFraction: snap.MinHealthyFraction}
+		withOverrides := assembler.ServiceInput{Name: snap.Name, MinHealthyFraction: snap.MinHealthyFraction}
 		for _, v := range snap.Instances {
 			if a, ok := forced[v.ID]; ok {
-				v.Override = &evaluator.Override{Action: string(a)}
+				v.Override = &assembler.Override{Action: string(a)}
 			}
 			withOverrides.Instances = append(withOverrides.Instances, v)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -47,7 +48,7 @@ func (d Deregistration) Quota() (Decision, bool) {
 
 // errHidden marks a refusal to a caller that may not see the instance's
 // service: audited with its reason, answered as not found.
-var errHidden = errors.New("hidden")
+var errHidden = refusal.Forbidden.Sub("hidden", "forbidden")
 
 // Deregister ends an instance. The instance itself (a workload of its
 // service calling from the address it registered, or whose token vouches
@@ -79,17 +80,17 @@ func (s *Service) Deregister(ctx context.Context, actor identity.Principal, sour
 	}
 	a := &attempt{actor: actor, action: "instance.deregister", target: id.String(), asked: asked}
 	var out Deregistration
-	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*Error, error) {
+	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*refusal.Error, error) {
 		cur, err := registry.LockInstance(ctx, q, id)
 		if errors.Is(err, registry.ErrNotFound) {
-			return refusal(ErrNotFound, CheckInstance, "no instance %s", id), nil
+			return refusal.New(ErrNotFound, CheckInstance, "no instance %s", id), nil
 		}
 		if err != nil {
 			return nil, err
 		}
 		out.Instance = cur
 		if !registry.CanReadService(actor, cur.Service) {
-			return refusal(errHidden, CheckAuthorization, "%s may not see instances of %s; answered as not found", actor, cur.Service), nil
+			return refusal.New(errHidden, CheckAuthorization, "%s may not see instances of %s; answered as not found", actor, cur.Service), nil
 		}
 		a.passed = append(a.passed, CheckInstance)
 		if isSelf(actor, source, cur) {
@@ -101,7 +102,7 @@ func (s *Service) Deregister(ctx context.Context, actor identity.Principal, sour
 		return e, err
 	})
 	if errors.Is(err, errHidden) {
-		return Deregistration{}, refusal(ErrNotFound, CheckInstance, "no instance %s", id)
+		return Deregistration{}, refusal.New(ErrNotFound, CheckInstance, "no instance %s", id)
 	}
 	if err != nil {
 		return Deregistration{}, err
@@ -146,7 +147,7 @@ func (s *Service) deregisterSelf(ctx context.Context, q *db.Queries, now time.Ti
 // deregisterOther runs Create's checks on a deregistration by someone
 // other than the instance.
 func (s *Service) deregisterOther(ctx context.Context, q *db.Queries, now time.Time, a *attempt, actor identity.Principal,
-	source netip.Addr, req DeregisterRequest, out *Deregistration) (*Error, error) {
+	source netip.Addr, req DeregisterRequest, out *Deregistration) (*refusal.Error, error) {
 	cur := out.Instance
 	svc, err := q.ServiceGet(ctx, cur.Service)
 	if err != nil {
@@ -154,11 +155,11 @@ func (s *Service) deregisterOther(ctx context.Context, q *db.Queries, now time.T
 	}
 	if !mayOverride(actor, svc.Owner) {
 		if actor.Kind == identity.KindWorkload {
-			return refusal(ErrForbidden, CheckAuthorization,
+			return refusal.New(ErrForbidden, CheckAuthorization,
 				"%s may deregister only its own instance (from the address it registered, or one its token vouches for); instance %s is %s:%d and the request came from %s. Deregistering another instance of %s is an override: it needs the %s team's operator role or admin",
 				actor, cur.ID, cur.Address, cur.Port, sourceWords(source), cur.Service, svc.Owner), nil
 		}
-		return refusal(ErrForbidden, CheckAuthorization,
+		return refusal.New(ErrForbidden, CheckAuthorization,
 			"deregistering instance %s of %s needs the instance itself, the %s team's operator role or admin; %s has none of these",
 			cur.ID, cur.Service, svc.Owner, actor), nil
 	}
@@ -216,7 +217,7 @@ func (s *Service) deregisterOther(ctx context.Context, q *db.Queries, now time.T
 				return nil, fmt.Errorf("store deregistration awaiting co-sign: %w", err)
 			}
 			o := fromRow(stored, now)
-			e.Override = &o
+			e.Subject = &o
 			e.Detail += fmt.Sprintf("; a second identity with the same authority may co-sign override %s before %s to deregister it anyway",
 				o.ID, o.CosignBy.Format(time.RFC3339))
 		}

@@ -147,10 +147,12 @@
 // # Propagation and expiry
 //
 // Every replica learns of overrides written by any other: the evaluator
-// loads the overrides in force (Service.InForce) at rebuild and on each
-// registry refresh (every second by default), marks the services whose
-// overrides changed, and the publisher re-assembles them. The replica that
-// wrote one is also told at once (Config.Changed). Overrides always expire:
+// loads the overrides in force (InForce) at rebuild and on each registry
+// refresh (every second by default), marks the services whose overrides
+// changed, and the publisher re-assembles them. On the replica that wrote
+// one, the Service signals InForce after the commit and the evaluator
+// loads them at once; InForce is built before both, so neither is bound to
+// the other. Overrides always expire:
 // expiry is evaluated at the time of use with the injected clock (the
 // evaluator drops an override at its expires_at on its next tick and
 // re-publishes the service; reads report it expired), and the Sweeper

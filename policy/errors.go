@@ -1,26 +1,24 @@
 package policy
 
 import (
-	"errors"
-	"fmt"
-
-	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/refusal"
 )
 
-// Sentinels for the kinds of refusal. Use errors.Is. Each maps to one
-// problem type in server/.
+// The kinds of refusal policy and the shift-backs return, as
+// *refusal.Error values. Use errors.Is. Each maps to one problem type in
+// server/ (refusal.Kind.ProblemType).
 var (
-	ErrInvalid       = errors.New("invalid")
-	ErrNotFound      = errors.New("not found")
-	ErrForbidden     = errors.New("forbidden")
-	ErrRateLimited   = errors.New("rate limited")
-	ErrJustification = errors.New("justification required")
-	ErrExpiry        = errors.New("invalid expiry")
-	ErrBudget        = errors.New("budget exceeded")
-	ErrLastInstance  = errors.New("last eligible instance")
-	ErrConflict      = errors.New("conflict")
-	ErrSelfCosign    = errors.New("self co-sign")
-	ErrCosignExpired = errors.New("co-sign window closed")
+	ErrInvalid       = refusal.Invalid
+	ErrNotFound      = refusal.NotFound
+	ErrForbidden     = refusal.Forbidden
+	ErrRateLimited   = refusal.RateLimited
+	ErrJustification = refusal.Invalid.Sub("justification required", "justification-required")
+	ErrExpiry        = refusal.Invalid.Sub("invalid expiry", "invalid-expiry")
+	ErrBudget        = refusal.Conflict.Sub("budget exceeded", "budget-exceeded")
+	ErrLastInstance  = refusal.Conflict.Sub("last eligible instance", "last-instance")
+	ErrConflict      = refusal.Conflict
+	ErrSelfCosign    = refusal.Forbidden.Sub("self co-sign", "self-cosign")
+	ErrCosignExpired = refusal.Gone.Sub("co-sign window closed", "cosign-expired")
 )
 
 // The checks an attempt passes through, as the audit log names the one
@@ -38,29 +36,9 @@ const (
 	CheckCosign        = "cosign"
 )
 
-// Error is a refusal with a reason a tired operator can act on.
-type Error struct {
-	Kind   error // one of the sentinels
-	Check  string
-	Detail string
-	Fields []registry.FieldError
-	// Figures are the numbers the deciding check used (budget counts,
-	// rate-limit state); the server also sends them as problem extension
-	// members.
-	Figures map[string]any
-	// RateLimit is set on ErrRateLimited (and on any refusal after the
-	// rate limit, for the RateLimit-* headers).
-	RateLimit *Decision
-	// Override is the attempt stored as pending_cosign when the budget
-	// refused it.
-	Override *Override
-}
-
-func (e *Error) Error() string { return fmt.Sprintf("%v: %s", e.Kind, e.Detail) }
-
-// Unwrap lets errors.Is match the sentinel.
-func (e *Error) Unwrap() error { return e.Kind }
-
-func refusal(kind error, check, format string, args ...any) *Error {
-	return &Error{Kind: kind, Check: check, Detail: fmt.Sprintf(format, args...)}
+// PendingOverride returns the attempt a budget refusal stored as
+// pending_cosign, if err is such a refusal.
+func PendingOverride(err *refusal.Error) (*Override, bool) {
+	o, ok := err.Subject.(*Override)
+	return o, ok && o != nil
 }

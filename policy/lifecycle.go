@@ -11,8 +11,8 @@ import (
 
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
-	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -28,7 +28,7 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 	a := &attempt{actor: actor, action: "override.cosign", target: id.String(), asked: req}
 	var out Override
 	var service string
-	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*Error, error) {
+	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*refusal.Error, error) {
 		row, svc, e, err := s.load(ctx, q, a, id)
 		if e != nil || err != nil {
 			return e, err
@@ -37,12 +37,12 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 		a.target = row.InstanceID.String()
 		a.asked = map[string]any{"override_id": id, "justification": clip(req.Justification, MaxJustificationLength)}
 		if !mayOverride(actor, svc.Owner) {
-			return refusal(ErrForbidden, CheckAuthorization,
+			return refusal.New(ErrForbidden, CheckAuthorization,
 				"co-signing an override of %s needs the %s team's operator role or admin; %s has neither", row.Service, svc.Owner, actor), nil
 		}
 		a.passed = append(a.passed, CheckAuthorization)
 		if actor.String() == row.Actor {
-			return refusal(ErrSelfCosign, CheckCosign,
+			return refusal.New(ErrSelfCosign, CheckCosign,
 				"%s asked for override %s and cannot co-sign it: a co-signature must come from a second identity", actor, id), nil
 		}
 		a.passed = append(a.passed, CheckCosign)
@@ -56,10 +56,10 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 		cur := fromRow(row, now)
 		switch {
 		case cur.State == StateExpired && row.State == string(StatePending):
-			return refusal(ErrCosignExpired, CheckState, "override %s waited for a co-signer until %s and has expired; ask again",
+			return refusal.New(ErrCosignExpired, CheckState, "override %s waited for a co-signer until %s and has expired; ask again",
 				id, row.CosignBy.Format(time.RFC3339)), nil
 		case cur.State != StatePending:
-			return refusal(ErrConflict, CheckState, "override %s is %s, not awaiting a co-signer", id, cur.State), nil
+			return refusal.New(ErrConflict, CheckState, "override %s is %s, not awaiting a co-signer", id, cur.State), nil
 		}
 		deregister := Action(row.Action) == Deregister
 		var insState string
@@ -78,7 +78,7 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 			insState = ins.State
 		}
 		if insState != registry.StateActive {
-			return refusal(ErrConflict, CheckState, "instance %s has ended (%s); there is nothing to override", row.InstanceID, insState), nil
+			return refusal.New(ErrConflict, CheckState, "instance %s has ended (%s); there is nothing to override", row.InstanceID, insState), nil
 		}
 		if err := q.OverrideServiceLock(ctx, row.Service); err != nil {
 			return nil, fmt.Errorf("lock overrides of %s: %w", row.Service, err)
@@ -91,7 +91,7 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 			// An override in force does not stand in the way of ending
 			// the instance.
 			if o.InstanceID == row.InstanceID && !deregister {
-				return refusal(ErrConflict, CheckState, "instance %s already has override %s in force; lift it first", o.InstanceID, o.ID), nil
+				return refusal.New(ErrConflict, CheckState, "instance %s already has override %s in force; lift it first", o.InstanceID, o.ID), nil
 			}
 		}
 		a.passed = append(a.passed, CheckState)
@@ -147,7 +147,7 @@ func (s *Service) Lift(ctx context.Context, actor identity.Principal, id uuid.UU
 	a := &attempt{actor: actor, action: "override.lift", target: id.String()}
 	var out Override
 	var service string
-	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*Error, error) {
+	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*refusal.Error, error) {
 		row, svc, e, err := s.load(ctx, q, a, id)
 		if e != nil || err != nil {
 			return e, err
@@ -156,13 +156,13 @@ func (s *Service) Lift(ctx context.Context, actor identity.Principal, id uuid.UU
 		a.target = row.InstanceID.String()
 		a.asked = map[string]any{"override_id": id}
 		if !mayOverride(actor, svc.Owner) {
-			return refusal(ErrForbidden, CheckAuthorization,
+			return refusal.New(ErrForbidden, CheckAuthorization,
 				"lifting an override of %s needs the %s team's operator role or admin; %s has neither", row.Service, svc.Owner, actor), nil
 		}
 		a.passed = append(a.passed, CheckAuthorization)
 		cur := fromRow(row, now)
 		if cur.State != StateActive && cur.State != StatePending {
-			return refusal(ErrConflict, CheckState, "override %s is already %s", id, cur.State), nil
+			return refusal.New(ErrConflict, CheckState, "override %s is already %s", id, cur.State), nil
 		}
 		a.passed = append(a.passed, CheckState)
 		by := actor.String()
@@ -181,10 +181,10 @@ func (s *Service) Lift(ctx context.Context, actor identity.Principal, id uuid.UU
 }
 
 // load reads an override for update with its service.
-func (s *Service) load(ctx context.Context, q *db.Queries, a *attempt, id uuid.UUID) (db.Override, db.Service, *Error, error) {
+func (s *Service) load(ctx context.Context, q *db.Queries, a *attempt, id uuid.UUID) (db.Override, db.Service, *refusal.Error, error) {
 	row, err := q.OverrideGetForUpdate(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return db.Override{}, db.Service{}, refusal(ErrNotFound, CheckRequest, "no override %s", id), nil
+		return db.Override{}, db.Service{}, refusal.New(ErrNotFound, CheckRequest, "no override %s", id), nil
 	}
 	if err != nil {
 		return db.Override{}, db.Service{}, nil, fmt.Errorf("read override %s: %w", id, err)
@@ -200,11 +200,11 @@ func (s *Service) load(ctx context.Context, q *db.Queries, a *attempt, id uuid.U
 // Get returns one override, to operator and tool identities.
 func (s *Service) Get(ctx context.Context, actor identity.Principal, id uuid.UUID) (Override, error) {
 	if !canRead(actor) {
-		return Override{}, refusal(ErrForbidden, CheckAuthorization, "overrides are for operator and tool identities with the viewer role or higher")
+		return Override{}, refusal.New(ErrForbidden, CheckAuthorization, "overrides are for operator and tool identities with the viewer role or higher")
 	}
 	row, err := db.New(s.cfg.Pool).OverrideGet(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Override{}, refusal(ErrNotFound, CheckRequest, "no override %s", id)
+		return Override{}, refusal.New(ErrNotFound, CheckRequest, "no override %s", id)
 	}
 	if err != nil {
 		return Override{}, fmt.Errorf("read override %s: %w", id, err)
@@ -229,12 +229,12 @@ type Filter struct {
 // List returns overrides newest first.
 func (s *Service) List(ctx context.Context, actor identity.Principal, f Filter) ([]Override, error) {
 	if !canRead(actor) {
-		return nil, refusal(ErrForbidden, CheckAuthorization, "overrides are for operator and tool identities with the viewer role or higher")
+		return nil, refusal.New(ErrForbidden, CheckAuthorization, "overrides are for operator and tool identities with the viewer role or higher")
 	}
 	switch f.State {
 	case "", StatePending, StateActive, StateLifted, StateExpired, StateApplied:
 	default:
-		e := refusal(ErrInvalid, CheckRequest, "state must be pending_cosign, active, lifted, expired or applied, got %q", f.State)
+		e := refusal.New(ErrInvalid, CheckRequest, "state must be pending_cosign, active, lifted, expired or applied, got %q", f.State)
 		e.Fields = []registry.FieldError{{Field: "state", Message: "unknown state"}}
 		return nil, e
 	}
@@ -259,26 +259,6 @@ func (s *Service) List(ctx context.Context, actor identity.Principal, f Filter) 
 	out := make([]Override, len(rows))
 	for i, r := range rows {
 		out[i] = fromRow(r, p.Now)
-	}
-	return out, nil
-}
-
-// InForce returns every override in force, for the evaluator, which
-// carries them beside the verdicts for the assembler to apply.
-func (s *Service) InForce(ctx context.Context) ([]evaluator.Override, error) {
-	rows, err := db.New(s.cfg.Pool).OverrideListInForce(ctx, s.now())
-	if err != nil {
-		return nil, fmt.Errorf("list overrides in force: %w", err)
-	}
-	out := make([]evaluator.Override, len(rows))
-	for i, r := range rows {
-		out[i] = evaluator.Override{
-			ID: r.ID, InstanceID: r.InstanceID, Service: r.Service, Action: r.Action,
-			Actor: r.Actor, Justification: r.Justification, ExpiresAt: r.ExpiresAt,
-		}
-		if r.Cosigner != nil {
-			out[i].Cosigner = *r.Cosigner
-		}
 	}
 	return out, nil
 }
@@ -327,22 +307,22 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 // write attempt counts, before the registry decides on it: the limit is
 // there to stop a runaway script churning the estate, whoever it speaks
 // for. A refusal is audited under the write's action and returned as an
-// *Error of kind ErrRateLimited; the decision is returned either way for
+// *refusal.Error of kind ErrRateLimited; the decision is returned either way for
 // the RateLimit-* headers.
 func (s *Service) LimitWrite(ctx context.Context, actor identity.Principal, scope, action, targetKind, target string) (Decision, error) {
 	var d Decision
 	now := s.now()
-	var refused *Error
+	var refused *refusal.Error
 	err := db.WithTx(ctx, s.cfg.Pool, func(q *db.Queries) error {
 		var err error
 		d, err = take(ctx, q, now, actor.String(), "policy:"+scope, s.cfg.WriteLimit)
 		if err != nil || d.Allowed {
 			return err
 		}
-		refused = refusal(ErrRateLimited, CheckRateLimit,
+		refused = refusal.New(ErrRateLimited, CheckRateLimit,
 			"%s has made %d %s writes in the last %s, the most allowed; retry in %d s",
 			actor, d.Limit.Max, scope, d.Limit.Window, d.ResetSeconds())
-		refused.RateLimit, refused.Figures = &d, d.figures()
+		refused.Quota, refused.Figures = d.Quota(), d.figures()
 		_, err = audit.Append(ctx, q, now, audit.Entry{
 			ActorKind: actorKind(actor), Actor: actor.String(), Action: action,
 			TargetKind: targetKind, Target: target, Outcome: audit.Refused,

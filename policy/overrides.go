@@ -20,6 +20,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -64,7 +65,7 @@ const (
 // Verdicts reads the evaluator's current verdicts of a service (the
 // evaluator's Snapshot): its own verdicts, before any override.
 type Verdicts interface {
-	Snapshot(service string) (evaluator.ServiceSnapshot, bool)
+	Snapshot(service string) (assembler.ServiceInput, bool)
 }
 
 // Config configures a Service.
@@ -84,10 +85,10 @@ type Config struct {
 	// CosignWindow is how long a budget-refused attempt waits for a
 	// co-signer: 5 min.
 	CosignWindow time.Duration
-	// Changed, when set, is told (after commit) which service's overrides
-	// changed, so the local evaluator can pick them up at once; other
-	// replicas find them by polling.
-	Changed func(service string)
+	// InForce, when set, is signalled (after commit) when overrides
+	// changed, so the local evaluator, which reads them from it, picks
+	// them up at once; other replicas find them by polling.
+	InForce *InForce
 	// Now defaults to time.Now; tests pass a fake clock.
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -260,7 +261,7 @@ func canRead(p identity.Principal) bool { return registry.CanReadEstate(p) }
 // checkJustification refuses an empty or token justification: at least
 // MinJustificationLength characters that are not spaces, and not one
 // character repeated ("xxxxxxxxxx").
-func checkJustification(field, j string) *Error {
+func checkJustification(field, j string) *refusal.Error {
 	var nonSpace []rune
 	for _, r := range j {
 		if !unicode.IsSpace(r) {
@@ -284,7 +285,7 @@ func checkJustification(field, j string) *Error {
 	default:
 		return nil
 	}
-	e := refusal(ErrJustification, CheckJustification, "%s", msg)
+	e := refusal.New(ErrJustification, CheckJustification, "%s", msg)
 	e.Fields = []registry.FieldError{{Field: field, Message: msg}}
 	return e
 }
@@ -322,18 +323,18 @@ func actorKind(p identity.Principal) string {
 
 // refuse writes the refusal's audit row with q (the attempt's transaction,
 // which commits, so a counted attempt stays counted).
-func (a *attempt) refuse(ctx context.Context, q *db.Queries, now time.Time, e *Error) error {
-	if e.RateLimit == nil {
-		e.RateLimit = a.rate
+func (a *attempt) refuse(ctx context.Context, q *db.Queries, now time.Time, e *refusal.Error) error {
+	if e.Quota == nil && a.rate != nil {
+		e.Quota = a.rate.Quota()
 	}
 	figures := e.Figures
-	if e.Kind == ErrRateLimited && e.RateLimit != nil {
-		figures = e.RateLimit.figures()
+	if e.Kind == ErrRateLimited && e.Quota != nil {
+		figures = quotaFigures(*e.Quota)
 		e.Figures = figures
 	}
 	d := decision{Check: e.Check, Passed: nonNil(a.passed), Figures: figures, Request: a.asked}
-	if e.Override != nil {
-		d.Result = e.Override
+	if o, ok := PendingOverride(e); ok {
+		d.Result = o
 	}
 	_, err := audit.Append(ctx, q, now, audit.Entry{
 		ActorKind: actorKind(a.actor), Actor: a.actor.String(), Action: a.action,
@@ -367,8 +368,8 @@ func nonNil(s []string) []string {
 // same transaction, which then commits: an attempt that passed
 // authorisation stays counted by the rate limit even when a later check
 // refuses it, and a budget refusal keeps its pending_cosign row.
-func (s *Service) run(ctx context.Context, a *attempt, fn func(q *db.Queries, now time.Time) (*Error, error)) error {
-	var refused *Error
+func (s *Service) run(ctx context.Context, a *attempt, fn func(q *db.Queries, now time.Time) (*refusal.Error, error)) error {
+	var refused *refusal.Error
 	now := s.now()
 	err := db.WithTx(ctx, s.cfg.Pool, func(q *db.Queries) error {
 		var err error
@@ -390,9 +391,9 @@ func (s *Service) run(ctx context.Context, a *attempt, fn func(q *db.Queries, no
 	return nil
 }
 
-func (s *Service) changed(service string) {
-	if s.cfg.Changed != nil {
-		s.cfg.Changed(service)
+func (s *Service) changed(string) {
+	if s.cfg.InForce != nil {
+		s.cfg.InForce.signal()
 	}
 }
 
@@ -401,7 +402,7 @@ func (s *Service) changed(service string) {
 // admin), the per-actor per-service rate limit (every attempt that passes
 // authorisation counts), a justification and an expiry within the maximum,
 // and, for mark_ineligible, the disruption budget. A budget refusal is
-// stored as pending_cosign (returned in Error.Override) for a second
+// stored as pending_cosign (the refusal's Subject: PendingOverride) for a second
 // identity to co-sign within CosignWindow. Every attempt is audited.
 func (s *Service) Create(ctx context.Context, actor identity.Principal, req Request) (Override, error) {
 	// The audit row keeps what was asked, bounded: a refused request may
@@ -412,20 +413,20 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 	a := &attempt{actor: actor, action: "override.create", target: asked.InstanceID, asked: asked}
 	var out Override
 	var service string
-	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*Error, error) {
+	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*refusal.Error, error) {
 		id, err := uuid.Parse(req.InstanceID)
 		if err != nil || id == uuid.Nil {
-			e := refusal(ErrInvalid, CheckRequest, "instance_id must be an instance's id (a UUID), got %q", req.InstanceID)
+			e := refusal.New(ErrInvalid, CheckRequest, "instance_id must be an instance's id (a UUID), got %q", req.InstanceID)
 			e.Fields = []registry.FieldError{{Field: "instance_id", Message: "not a UUID"}}
 			return e, nil
 		}
 		if req.Action == Deregister {
-			e := refusal(ErrInvalid, CheckRequest, "an instance is deregistered by deregistering it (DELETE /v1/instances/%s) with a justification, which goes through the same checks; action must be mark_ineligible or mark_eligible", id)
+			e := refusal.New(ErrInvalid, CheckRequest, "an instance is deregistered by deregistering it (DELETE /v1/instances/%s) with a justification, which goes through the same checks; action must be mark_ineligible or mark_eligible", id)
 			e.Fields = []registry.FieldError{{Field: "action", Message: "must be mark_ineligible or mark_eligible"}}
 			return e, nil
 		}
 		if req.Action != MarkIneligible && req.Action != MarkEligible {
-			e := refusal(ErrInvalid, CheckRequest, "action must be mark_ineligible or mark_eligible, got %q", req.Action)
+			e := refusal.New(ErrInvalid, CheckRequest, "action must be mark_ineligible or mark_eligible, got %q", req.Action)
 			e.Fields = []registry.FieldError{{Field: "action", Message: "must be mark_ineligible or mark_eligible"}}
 			return e, nil
 		}
@@ -433,7 +434,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		a.passed = append(a.passed, CheckRequest)
 		ins, err := q.InstanceGet(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return refusal(ErrNotFound, CheckInstance, "no instance %s", id), nil
+			return refusal.New(ErrNotFound, CheckInstance, "no instance %s", id), nil
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read instance %s: %w", id, err)
@@ -444,7 +445,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		}
 		service = ins.Service
 		if !mayOverride(actor, svc.Owner) {
-			return refusal(ErrForbidden, CheckAuthorization,
+			return refusal.New(ErrForbidden, CheckAuthorization,
 				"overriding instances of %s needs the %s team's operator role or admin; %s has neither", ins.Service, svc.Owner, actor), nil
 		}
 		a.passed = append(a.passed, CheckAuthorization)
@@ -461,7 +462,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		}
 		a.passed = append(a.passed, CheckExpiry)
 		if ins.State != registry.StateActive {
-			return refusal(ErrConflict, CheckState, "instance %s has ended (%s); there is nothing to override", id, ins.State), nil
+			return refusal.New(ErrConflict, CheckState, "instance %s has ended (%s); there is nothing to override", id, ins.State), nil
 		}
 		if err := q.OverrideServiceLock(ctx, ins.Service); err != nil {
 			return nil, fmt.Errorf("lock overrides of %s: %w", ins.Service, err)
@@ -472,7 +473,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		}
 		for _, o := range inForce {
 			if o.InstanceID == id {
-				return refusal(ErrConflict, CheckState, "instance %s already has override %s (%s by %s, until %s); lift it first",
+				return refusal.New(ErrConflict, CheckState, "instance %s already has override %s (%s by %s, until %s); lift it first",
 					id, o.ID, o.Action, o.Actor, o.ExpiresAt.Format(time.RFC3339)), nil
 			}
 		}
@@ -503,7 +504,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 						return nil, fmt.Errorf("store override awaiting co-sign: %w", err)
 					}
 					o := fromRow(stored, now)
-					e.Override = &o
+					e.Subject = &o
 					e.Detail += fmt.Sprintf("; a second identity with the same authority may co-sign override %s before %s to apply it anyway",
 						o.ID, o.CosignBy.Format(time.RFC3339))
 				}
@@ -531,30 +532,30 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 }
 
 // limit takes one attempt from the actor's quota for scope.
-func (s *Service) limit(ctx context.Context, q *db.Queries, now time.Time, a *attempt, scope string) (*Error, error) {
+func (s *Service) limit(ctx context.Context, q *db.Queries, now time.Time, a *attempt, scope string) (*refusal.Error, error) {
 	d, err := take(ctx, q, now, a.actor.String(), scope, s.cfg.OverrideLimit)
 	if err != nil {
 		return nil, err
 	}
 	a.rate = &d
 	if !d.Allowed {
-		e := refusal(ErrRateLimited, CheckRateLimit,
+		e := refusal.New(ErrRateLimited, CheckRateLimit,
 			"%s has made %d override attempts on %s in the last %s, the most allowed; retry in %d s",
 			a.actor, d.Limit.Max, strings.TrimPrefix(scope, "override:"), d.Limit.Window, d.ResetSeconds())
-		e.RateLimit = &d
+		e.Quota = d.Quota()
 		return e, nil
 	}
 	a.passed = append(a.passed, CheckRateLimit)
 	return nil, nil
 }
 
-func (s *Service) expiry(seconds int64) (time.Duration, *Error) {
+func (s *Service) expiry(seconds int64) (time.Duration, *refusal.Error) {
 	if seconds == 0 {
 		return s.cfg.DefaultExpiry, nil
 	}
 	max := s.cfg.MaxExpiry
 	if seconds < 0 || seconds > int64(max/time.Second) {
-		e := refusal(ErrExpiry, CheckExpiry, "expires_in must be between 1 and %d seconds (%s); overrides always expire, got %d",
+		e := refusal.New(ErrExpiry, CheckExpiry, "expires_in must be between 1 and %d seconds (%s); overrides always expire, got %d",
 			int64(max/time.Second), max, seconds)
 		e.Fields = []registry.FieldError{{Field: "expires_in", Message: fmt.Sprintf("must be 1 to %d seconds", int64(max/time.Second))}}
 		return 0, e
@@ -584,36 +585,24 @@ func (b budgetCheck) figures() map[string]any {
 	}
 }
 
-func (b budgetCheck) refusal() *Error {
+func (b budgetCheck) refusal() *refusal.Error {
 	if !b.counted {
 		return nil // removing what is not in rotation spends no budget
 	}
 	if b.regionAfter == 0 {
-		e := refusal(ErrLastInstance, CheckLastInstance,
+		e := refusal.New(ErrLastInstance, CheckLastInstance,
 			"would leave 0 of %d eligible in the region: this is the last eligible instance of %s, and muster never removes that, not even with a co-signer; restore capacity first",
 			b.regionTotal, b.service)
 		e.Figures = b.figures()
 		return e
 	}
 	if b.tripsAfter {
-		e := refusal(ErrBudget, CheckBudget, "would leave %d of %d eligible in zone %s; the contract requires %d (min_healthy_fraction %g)",
+		e := refusal.New(ErrBudget, CheckBudget, "would leave %d of %d eligible in zone %s; the contract requires %d (min_healthy_fraction %g)",
 			b.zoneAfter, b.zoneTotal, b.zone, b.required, b.fraction)
 		e.Figures = b.figures()
 		return e
 	}
 	return nil
-}
-
-// normFraction normalises a minimum healthy fraction as the guard does,
-// for the figures the refusals show.
-func normFraction(f float64) float64 {
-	switch {
-	case !(f > 0):
-		return assembler.DefaultMinHealthyFraction
-	case f > 1:
-		return 1
-	}
-	return f
 }
 
 // budget computes what removing target would do, from the evaluator's
@@ -643,8 +632,8 @@ func (s *Service) budget(ctx context.Context, q *db.Queries, service, zone strin
 // budgetOf is budget's arithmetic on a snapshot, the registry's states of
 // its instances (an instance missing from states is taken as the
 // evaluator holds it) and the overrides in force.
-func budgetOf(snap evaluator.ServiceSnapshot, states map[uuid.UUID]string, zone string, target uuid.UUID, inForce []db.Override) budgetCheck {
-	current := make([]evaluator.EndpointVerdict, 0, len(snap.Instances))
+func budgetOf(snap assembler.ServiceInput, states map[uuid.UUID]string, zone string, target uuid.UUID, inForce []db.Override) budgetCheck {
+	current := make([]assembler.InstanceInput, 0, len(snap.Instances))
 	for _, v := range snap.Instances {
 		switch states[v.ID] {
 		case registry.StateDeregistered, registry.StateReplaced:
@@ -664,7 +653,7 @@ func budgetOf(snap evaluator.ServiceSnapshot, states map[uuid.UUID]string, zone 
 
 // overrideBudget is the disruption budget of marking target ineligible,
 // counted by the guard's own rule (assembler.Capacity) on the guard's own
-// input (evaluator.EndpointVerdict.Input) with the overrides in force
+// input (the evaluator's snapshot) with the overrides in force
 // applied: in rotation is what the guard counts as routable (unknown
 // included: silence is not failure, and the guard keeps it serving), and
 // capacity excludes instances awaiting their first success. The removal
@@ -672,8 +661,8 @@ func budgetOf(snap evaluator.ServiceSnapshot, states map[uuid.UUID]string, zone 
 // i.e. exactly when the removal would not hold: the budget and the guard
 // cannot disagree (TestPropBudgetsAgreeWithTheGuard). An instance the
 // evaluator has not loaded yet (registered a moment ago) is not capacity.
-func overrideBudget(snap evaluator.ServiceSnapshot, zone string, target uuid.UUID, forced map[uuid.UUID]Action) budgetCheck {
-	b := budgetCheck{service: snap.Name, zone: zone, fraction: normFraction(snap.MinHealthyFraction)}
+func overrideBudget(snap assembler.ServiceInput, zone string, target uuid.UUID, forced map[uuid.UUID]Action) budgetCheck {
+	b := budgetCheck{service: snap.Name, zone: zone, fraction: assembler.NormFraction(snap.MinHealthyFraction)}
 	for _, v := range snap.Instances {
 		if v.ID == target {
 			zone, b.zone = v.Zone, v.Zone
@@ -681,7 +670,7 @@ func overrideBudget(snap evaluator.ServiceSnapshot, zone string, target uuid.UUI
 	}
 	var zoneBefore, zoneAfter, regionBefore, regionAfter assembler.Capacity
 	for _, v := range snap.Instances {
-		x := v.Input()
+		x := v
 		if a, ok := forced[v.ID]; ok {
 			x.Override = &assembler.Override{Action: string(a)}
 		}
@@ -704,15 +693,21 @@ func overrideBudget(snap evaluator.ServiceSnapshot, zone string, target uuid.UUI
 	return b
 }
 
-// VerdictsFunc adapts a function (the evaluator's Snapshot, bound late) to
-// Verdicts.
-type VerdictsFunc func(service string) (evaluator.ServiceSnapshot, bool)
+// VerdictsFunc adapts a function to Verdicts.
+type VerdictsFunc func(service string) (assembler.ServiceInput, bool)
 
 // Snapshot implements Verdicts.
-func (f VerdictsFunc) Snapshot(service string) (evaluator.ServiceSnapshot, bool) { return f(service) }
+func (f VerdictsFunc) Snapshot(service string) (assembler.ServiceInput, bool) { return f(service) }
 
 // MayOverride reports whether p may create, co-sign and lift overrides of
 // a service owned by team: the team's operators (people or tools) and
 // admins. The UI asks it to decide which buttons to show; the checks
 // themselves run in Create, Cosign and Lift.
 func MayOverride(p identity.Principal, team string) bool { return mayOverride(p, team) }
+
+// ProblemMembers are what a refusal that stored o pending a co-signature
+// tells its caller beside the problem: the override and where and until
+// when to co-sign it.
+func (o *Override) ProblemMembers() map[string]any {
+	return map[string]any{"override_id": o.ID, "cosign_by": o.CosignBy, "cosign_url": "/v1/overrides/" + o.ID.String() + "/cosign"}
+}

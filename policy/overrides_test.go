@@ -7,9 +7,9 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/eligibility"
-	"github.com/musterhq/muster/evaluator"
 )
 
 func TestJustification(t *testing.T) {
@@ -30,10 +30,10 @@ func TestJustification(t *testing.T) {
 	}
 }
 
-type snapshot evaluator.ServiceSnapshot
+type snapshot assembler.ServiceInput
 
-func (s snapshot) Snapshot(string) (evaluator.ServiceSnapshot, bool) {
-	return evaluator.ServiceSnapshot(s), true
+func (s snapshot) Snapshot(string) (assembler.ServiceInput, bool) {
+	return assembler.ServiceInput(s), true
 }
 
 // TestBudgetArithmetic: the budget counts what the guard counts (unknown
@@ -45,12 +45,12 @@ func TestBudgetArithmetic(t *testing.T) {
 	for i := range ids {
 		ids[i] = uuid.Must(uuid.NewV7())
 	}
-	ev := func(i int, zone string, st eligibility.State, quarantined bool) evaluator.EndpointVerdict {
-		return evaluator.EndpointVerdict{ID: ids[i], Zone: zone, State: st, Quarantined: quarantined}
+	ev := func(i int, zone string, st eligibility.State, quarantined bool) assembler.InstanceInput {
+		return assembler.InstanceInput{ID: ids[i], Zone: zone, State: st, Quarantined: quarantined}
 	}
 	waiting := ev(7, "az1", eligibility.Ineligible, false)
 	waiting.Awaiting = true
-	snap := snapshot{Name: "web", MinHealthyFraction: 0.5, Instances: []evaluator.EndpointVerdict{
+	snap := snapshot{Name: "web", MinHealthyFraction: 0.5, Instances: []assembler.InstanceInput{
 		ev(0, "az1", eligibility.Eligible, false),
 		ev(1, "az1", eligibility.Degraded, false),
 		ev(2, "az1", eligibility.Ineligible, false),
@@ -61,7 +61,7 @@ func TestBudgetArithmetic(t *testing.T) {
 		waiting,
 	}}
 	budget := func(zone string, target uuid.UUID, inForce []db.Override) (budgetCheck, error) {
-		return budgetOf(evaluator.ServiceSnapshot(snap), nil, zone, target, inForce), nil
+		return budgetOf(assembler.ServiceInput(snap), nil, zone, target, inForce), nil
 	}
 	// az1: 3 of 6 in rotation (eligible, degraded, unknown); the awaiting
 	// instance is not capacity; 3 required.
@@ -106,9 +106,9 @@ func TestBudgetFollowsTheRegistry(t *testing.T) {
 	for i := range ids {
 		ids[i] = uuid.Must(uuid.NewV7())
 	}
-	snap := evaluator.ServiceSnapshot{Name: "web", MinHealthyFraction: 0.5}
+	snap := assembler.ServiceInput{Name: "web", MinHealthyFraction: 0.5}
 	for _, id := range ids {
-		snap.Instances = append(snap.Instances, evaluator.EndpointVerdict{ID: id, Zone: "az1", State: eligibility.Eligible})
+		snap.Instances = append(snap.Instances, assembler.InstanceInput{ID: id, Zone: "az1", State: eligibility.Eligible})
 	}
 	// As the evaluator holds it: 4 of 5 left, 3 required.
 	if b := budgetOf(snap, nil, "az1", ids[0], nil); b.refusal() != nil || b.zoneAfter != 4 || b.zoneTotal != 5 {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/refusal"
 )
 
 // Limit is a quota: at most Max counted attempts in any sliding Window.
@@ -48,11 +49,19 @@ func (d Decision) ResetSeconds() int {
 	return max(1, int(math.Ceil(d.Reset.Seconds())))
 }
 
+// Quota is the decision as a refusal carries it (and the RateLimit-*
+// headers show it).
+func (d Decision) Quota() *refusal.Quota {
+	return &refusal.Quota{Max: d.Limit.Max, Window: d.Limit.Window, Remaining: d.Remaining, Reset: d.Reset}
+}
+
 // figures is the decision as the audit log records it.
-func (d Decision) figures() map[string]any {
+func (d Decision) figures() map[string]any { return quotaFigures(*d.Quota()) }
+
+func quotaFigures(q refusal.Quota) map[string]any {
 	return map[string]any{
-		"limit": d.Limit.Max, "window_seconds": d.Limit.Window.Seconds(),
-		"remaining": d.Remaining, "reset_seconds": d.ResetSeconds(),
+		"limit": q.Max, "window_seconds": q.Window.Seconds(),
+		"remaining": q.Remaining, "reset_seconds": q.ResetSeconds(),
 	}
 }
 

@@ -56,8 +56,8 @@ package policy
 // Replicas: the shifts live in PostgreSQL. Every write takes a fresh
 // revision from a sequence; each replica polls the newest revision on a
 // tick (default 1 s) and reloads the active shifts when it moved, then
-// tells the publisher (OnChange) so every affected service gets a new
-// version. The replica that made a change reloads at once. The automatic
+// bumps its Revision, which the publisher pulls, so every affected
+// service gets a new version. The replica that made a change reloads at once. The automatic
 // steps lock their rows (FOR UPDATE SKIP LOCKED), so two replicas never
 // take one step twice.
 
@@ -82,6 +82,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/worker"
 )
@@ -119,34 +120,31 @@ const (
 // DefaultShiftSteps is the ladder of traffic weights a shift walks back.
 var DefaultShiftSteps = []float64{0.10, 0.25, 0.50, 1.00}
 
-// Sentinels for the refusals particular to shifts; the others use the
-// registry's (ErrForbidden, ErrInvalid, ErrConflict, ErrNotFound).
+// The kinds of refusal particular to shifts, as *refusal.Error values; the
+// others are the broad kinds (ErrForbidden, ErrInvalid, ErrConflict,
+// ErrNotFound). A shift refusal's Check is authorisation, validation,
+// conflict, state, budget, dwell or confirmation, and its Figures are
+// written to the audit log too.
 var (
-	// ErrShiftDwell: the minimum dwell since the last move has not elapsed.
-	ErrShiftDwell = errors.New("dwell not elapsed")
-	// ErrShiftBudget: the drain would take a service below its minimum.
-	ErrShiftBudget = errors.New("budget exceeded")
+	// ErrShiftDwell: the minimum dwell since the last move has not
+	// elapsed; the refusal's RetryAfter says how long until it has.
+	ErrShiftDwell = refusal.Conflict.Sub("dwell not elapsed", "dwell-not-elapsed")
+	// ErrShiftBudget: the drain would take a service below its minimum;
+	// the refusal's Figures list them (figureServices).
+	ErrShiftBudget = refusal.Conflict.Sub("budget exceeded", "budget-exceeded")
 	// ErrShiftNeedsConfirm: the final step of a manual shift needs Confirm.
-	ErrShiftNeedsConfirm = errors.New("confirmation required")
+	ErrShiftNeedsConfirm = refusal.Conflict.Sub("confirmation required", "confirmation-required")
 )
 
-// ShiftError is a refused shift operation: which check decided, why, and
-// its figures (also written to the audit log).
-type ShiftError struct {
-	Kind   error  // ErrShift… or a registry sentinel
-	Check  string // authorisation, validation, conflict, state, budget, dwell, confirmation
-	Detail string
-	Fields []registry.FieldError
-	// RetryAfter is set for ErrShiftDwell: how long until the move is
-	// allowed.
-	RetryAfter time.Duration
-	Figures    any
+// figureServices is the figure of a drain's budget refusal that lists the
+// services it would take below their minimum ([]BudgetFigure).
+const figureServices = "services"
+
+// BudgetShortfall returns the services a drain's budget refusal lists.
+func BudgetShortfall(err *refusal.Error) []BudgetFigure {
+	f, _ := err.Figures[figureServices].([]BudgetFigure)
+	return f
 }
-
-func (e *ShiftError) Error() string { return fmt.Sprintf("%v: %s", e.Kind, e.Detail) }
-
-// Unwrap lets errors.Is match the sentinel.
-func (e *ShiftError) Unwrap() error { return e.Kind }
 
 // ShiftsConfig configures Shifts.
 type ShiftsConfig struct {
@@ -164,12 +162,9 @@ type ShiftsConfig struct {
 	PendingAlarmAfter time.Duration
 	// Poll is how often the worker takes due automatic steps and looks for
 	// changes made by other replicas (DefaultShiftPoll).
-	Poll time.Duration
-	// OnChange is called after the active shifts changed (the publisher's
-	// TrafficChanged). It must not block.
-	OnChange func()
-	Now      func() time.Time
-	Logger   *slog.Logger
+	Poll   time.Duration
+	Now    func() time.Time
+	Logger *slog.Logger
 	// Registerer, when set, receives muster_shifts_active and
 	// muster_shiftbacks_pending.
 	Registerer prometheus.Registerer
@@ -209,9 +204,6 @@ func (c *ShiftsConfig) Validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.OnChange == nil {
-		c.OnChange = func() {}
 	}
 	return nil
 }
@@ -292,6 +284,10 @@ type Shifts struct {
 	rev    int64
 	active []db.Shift
 	loaded bool
+	// loads counts the loads that found the active shifts changed
+	// (Revision); changed signals each (Changed).
+	loads   uint64
+	changed chan struct{}
 }
 
 // NewShifts returns a stopped Shifts.
@@ -299,7 +295,7 @@ func NewShifts(cfg ShiftsConfig) (*Shifts, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Shifts{cfg: cfg, log: cfg.Logger.With("worker", "shifts")}
+	s := &Shifts{cfg: cfg, log: cfg.Logger.With("worker", "shifts"), changed: make(chan struct{}, 1)}
 	if cfg.Registerer != nil {
 		count := func(pending bool) float64 {
 			s.mu.Lock()
@@ -396,7 +392,7 @@ func (s *Shifts) advanceDue(ctx context.Context) error {
 }
 
 // Reload reads the active shifts if the newest revision moved since the
-// last load, and calls OnChange when it did.
+// last load, and then bumps Revision and signals Changed.
 func (s *Shifts) Reload(ctx context.Context) error {
 	s.reload.Lock()
 	defer s.reload.Unlock()
@@ -417,10 +413,28 @@ func (s *Shifts) Reload(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.rev, s.active, s.loaded = rev, rows, true
+	s.loads++
 	s.mu.Unlock()
-	s.cfg.OnChange()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
 	return nil
 }
+
+// Revision counts the loads that found the active shifts (and so the
+// traffic weights) changed. The publisher pulls: it compares Revision
+// with the one it last assembled with, and re-assembles every service
+// when it moved.
+func (s *Shifts) Revision() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.loads
+}
+
+// Changed receives a value after a load found the active shifts changed
+// (one value may stand for several); it wakes the publisher.
+func (s *Shifts) Changed() <-chan struct{} { return s.changed }
 
 // Weights returns the traffic weights of the shifts loaded now: a zone's
 // weight is the lowest of its own shift's and the region's. The function
@@ -519,11 +533,11 @@ func (s *Shifts) auditShift(r db.Shift, check string, figures any) shiftAudit {
 // transaction of its own. A not-found refusal is returned unaudited:
 // there was nothing to act on.
 func (s *Shifts) write(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked shiftAudit,
-	fn func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *ShiftError, error)) (Shift, error) {
+	fn func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error)) (Shift, error) {
 	now := s.now()
 	var (
 		row     db.Shift
-		refused *ShiftError
+		refused *refusal.Error
 	)
 	err := db.WithTx(ctx, s.cfg.Pool, func(q *db.Queries) error {
 		var (
@@ -540,7 +554,7 @@ func (s *Shifts) write(ctx context.Context, actor identity.Principal, action, ta
 	})
 	switch {
 	case err != nil && db.IsUniqueViolation(err, "shifts_active_target_idx"):
-		refused = &ShiftError{Kind: registry.ErrConflict, Check: "conflict",
+		refused = &refusal.Error{Kind: registry.ErrConflict, Check: "conflict",
 			Detail: fmt.Sprintf("%s %s already has an active shift; step it back or confirm it before starting another", targetKind, target)}
 	case err != nil:
 		return Shift{}, err
@@ -553,7 +567,7 @@ func (s *Shifts) write(ctx context.Context, actor identity.Principal, action, ta
 	case errors.Is(refused, registry.ErrNotFound):
 		return Shift{}, refused
 	}
-	asked.Check, asked.Figures = refused.Check, refused.Figures
+	asked.Check, asked.Figures = refused.Check, auditFigures(refused.Figures)
 	detail := refused.Detail
 	if len(refused.Fields) > 0 {
 		detail = fmt.Sprintf("%s (%s: %s)", detail, refused.Fields[0].Field, refused.Fields[0].Message)
@@ -576,16 +590,16 @@ func (s *Shifts) Drain(ctx context.Context, actor identity.Principal, req ShiftR
 		kind = ScopeZone // refusals of a bad scope are filed under zone
 	}
 	asked := shiftAudit{Scope: req.Scope, Target: req.Target, Reason: req.Reason, Manual: req.Manual}
-	return s.write(ctx, actor, "shift.start", kind, req.Target, asked, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *ShiftError, error) {
+	return s.write(ctx, actor, "shift.start", kind, req.Target, asked, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
 		if !canShift(actor) {
-			return db.Shift{}, audit.Entry{}, &ShiftError{Kind: registry.ErrForbidden, Check: "authorisation",
+			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
 				Detail: fmt.Sprintf("%s may not shift traffic: draining a zone takes the operator or admin role", actor)}, nil
 		}
 		if fe := s.validate(req); len(fe) > 0 {
-			return db.Shift{}, audit.Entry{}, &ShiftError{Kind: registry.ErrInvalid, Check: "validation", Detail: "the shift is not valid", Fields: fe}, nil
+			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrInvalid, Check: "validation", Detail: "the shift is not valid", Fields: fe}, nil
 		}
 		if req.Scope == ScopeRegion && !actor.IsAdmin() {
-			return db.Shift{}, audit.Entry{}, &ShiftError{Kind: registry.ErrForbidden, Check: "authorisation",
+			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
 				Detail: fmt.Sprintf("draining the whole region %s sends its traffic to other regions and skips the in-region budget check, so it takes the admin role; %s is not an admin", req.Target, actor)}, nil
 		}
 		active, err := q.ShiftListActive(ctx)
@@ -594,7 +608,7 @@ func (s *Shifts) Drain(ctx context.Context, actor identity.Principal, req ShiftR
 		}
 		for _, r := range active {
 			if r.Scope == req.Scope && r.Target == req.Target {
-				return db.Shift{}, audit.Entry{}, &ShiftError{Kind: registry.ErrConflict, Check: "conflict",
+				return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrConflict, Check: "conflict",
 					Detail:  fmt.Sprintf("%s %s already has an active shift %s (%s, traffic weight %.2f); step it back or confirm it before starting another", r.Scope, r.Target, r.ID, r.State, r.Weight),
 					Figures: map[string]any{"active_shift": r.ID.String()}}, nil
 			}
@@ -648,6 +662,18 @@ func (s *Shifts) validate(req ShiftRequest) []registry.FieldError {
 	return fe
 }
 
+// auditFigures is a refusal's figures as the audit log has always
+// recorded them: a budget refusal's list of services as that list.
+func auditFigures(f map[string]any) any {
+	if s, ok := f[figureServices]; ok && len(f) == 1 {
+		return s
+	}
+	if len(f) == 0 {
+		return nil
+	}
+	return f
+}
+
 // BudgetFigure is one service's numbers in a drain's budget check.
 type BudgetFigure struct {
 	Service            string  `json:"service"`
@@ -659,7 +685,7 @@ type BudgetFigure struct {
 
 // budget checks a drain of zone against every service with live instances
 // there. Zones already drained to 0 by another zone shift count as gone.
-func (s *Shifts) budget(ctx context.Context, q *db.Queries, zone string, active []db.Shift) ([]BudgetFigure, *ShiftError, error) {
+func (s *Shifts) budget(ctx context.Context, q *db.Queries, zone string, active []db.Shift) ([]BudgetFigure, *refusal.Error, error) {
 	services, err := q.ShiftZoneServices(ctx, zone)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list services in zone %s: %w", zone, err)
@@ -679,7 +705,7 @@ func (s *Shifts) budget(ctx context.Context, q *db.Queries, zone string, active 
 			return nil, nil, fmt.Errorf("budget check for %s: %w", svc, evaluator.ErrNotReady)
 		}
 		c := drainCapacity(snap, drained)
-		frac := normFraction(snap.MinHealthyFraction)
+		frac := assembler.NormFraction(snap.MinHealthyFraction)
 		f := BudgetFigure{Service: svc, Total: c.Counted, InRotationOutside: c.Routable, Required: c.Required(frac), MinHealthyFraction: frac}
 		figures = append(figures, f)
 		if c.Tripped(frac) {
@@ -694,21 +720,21 @@ func (s *Shifts) budget(ctx context.Context, q *db.Queries, zone string, active 
 		parts = append(parts, fmt.Sprintf("%s would keep %d of %d instances in rotation outside the drained zones; its minimum healthy fraction %g needs %d",
 			f.Service, f.InRotationOutside, f.Total, f.MinHealthyFraction, f.Required))
 	}
-	return nil, &ShiftError{Kind: ErrShiftBudget, Check: "budget", Figures: short,
+	return nil, &refusal.Error{Kind: ErrShiftBudget, Check: "budget", Figures: map[string]any{figureServices: short},
 		Detail: fmt.Sprintf("draining zone %s would take %d service(s) below their minimum in the region: %s", zone, len(short), strings.Join(parts, "; "))}, nil
 }
 
 // drainCapacity is a service's region-wide capacity once the drained
 // zones serve nothing, counted by the guard's own rule
-// (assembler.Capacity on evaluator.EndpointVerdict.Input): an instance in
+// (assembler.Capacity on the evaluator's snapshot, the assembler's input): an instance in
 // a drained zone is counted as the guard counts one forced out (it stays
 // capacity if it ever served, but is not routable). The drain is refused
 // when the guard, looking at the region as one zone, would trip on it.
-func drainCapacity(snap evaluator.ServiceSnapshot, drained map[string]bool) assembler.Capacity {
+func drainCapacity(snap assembler.ServiceInput, drained map[string]bool) assembler.Capacity {
 	var c assembler.Capacity
 	out := &assembler.Override{Action: assembler.OverrideIneligible}
 	for _, v := range snap.Instances {
-		x := v.Input()
+		x := v
 		if drained[v.Zone] {
 			x.Override = out
 		}
@@ -751,25 +777,25 @@ func (s *Shifts) move(ctx context.Context, q *db.Queries, row db.Shift, by strin
 // lockForMove reads the shift for update and runs the checks common to a
 // step and a confirmation: it exists, the actor may shift, it is active,
 // and the dwell has elapsed.
-func (s *Shifts) lockForMove(ctx context.Context, q *db.Queries, actor identity.Principal, id uuid.UUID, now time.Time) (db.Shift, *ShiftError, error) {
+func (s *Shifts) lockForMove(ctx context.Context, q *db.Queries, actor identity.Principal, id uuid.UUID, now time.Time) (db.Shift, *refusal.Error, error) {
 	row, err := q.ShiftGetForUpdate(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return db.Shift{}, &ShiftError{Kind: registry.ErrNotFound, Check: "exists", Detail: fmt.Sprintf("no shift %s", id)}, nil
+		return db.Shift{}, &refusal.Error{Kind: registry.ErrNotFound, Check: "exists", Detail: fmt.Sprintf("no shift %s", id)}, nil
 	}
 	if err != nil {
 		return db.Shift{}, nil, fmt.Errorf("read shift %s: %w", id, err)
 	}
 	if !canShift(actor) {
-		return row, &ShiftError{Kind: registry.ErrForbidden, Check: "authorisation",
+		return row, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
 			Detail: fmt.Sprintf("%s may not shift traffic: returning traffic to %s %s takes the operator or admin role", actor, row.Scope, row.Target)}, nil
 	}
 	if row.State == ShiftCompleted || row.State == ShiftCancelled {
-		return row, &ShiftError{Kind: registry.ErrConflict, Check: "state",
+		return row, &refusal.Error{Kind: registry.ErrConflict, Check: "state",
 			Detail: fmt.Sprintf("shift %s of %s %s is %s; there is nothing left to return", id, row.Scope, row.Target, row.State)}, nil
 	}
 	if allowed := row.LastStepAt.Add(s.cfg.Dwell); now.Before(allowed) {
 		wait := allowed.Sub(now)
-		return row, &ShiftError{Kind: ErrShiftDwell, Check: "dwell", RetryAfter: wait,
+		return row, &refusal.Error{Kind: ErrShiftDwell, Check: "dwell", RetryAfter: wait,
 			Figures: map[string]any{"last_step_at": row.LastStepAt, "dwell_seconds": s.cfg.Dwell.Seconds(), "next_step_at": allowed, "traffic_weight": row.Weight},
 			Detail: fmt.Sprintf("%s %s moved to traffic weight %.2f at %s; the minimum dwell between steps is %s, so the next step is allowed at %s (in %s)",
 				row.Scope, row.Target, row.Weight, row.LastStepAt.Format(time.RFC3339), s.cfg.Dwell, allowed.Format(time.RFC3339), wait.Round(time.Second))}, nil
@@ -791,13 +817,13 @@ func (s *Shifts) target(ctx context.Context, id uuid.UUID) (string, string) {
 // manual shift is refused: it needs Confirm.
 func (s *Shifts) StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
 	kind, target := s.target(ctx, id)
-	return s.write(ctx, actor, "shift.step", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *ShiftError, error) {
+	return s.write(ctx, actor, "shift.step", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
 		row, serr, err := s.lockForMove(ctx, q, actor, id, now)
 		if err != nil || serr != nil {
 			return db.Shift{}, audit.Entry{}, serr, err
 		}
 		if next := s.nextWeight(row.Weight); row.Manual && next >= 1 {
-			return db.Shift{}, audit.Entry{}, &ShiftError{Kind: ErrShiftNeedsConfirm, Check: "confirmation",
+			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: ErrShiftNeedsConfirm, Check: "confirmation",
 				Figures: map[string]any{"traffic_weight": row.Weight, "next_weight": next},
 				Detail: fmt.Sprintf("%s %s was failed over manually, so the final step back to traffic weight %.2f needs an operator's confirmation: POST /v1/shifts/%s/confirm",
 					row.Scope, row.Target, next, row.ID)}, nil
@@ -816,7 +842,7 @@ func (s *Shifts) StepBack(ctx context.Context, actor identity.Principal, id uuid
 // completes it.
 func (s *Shifts) Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
 	kind, target := s.target(ctx, id)
-	return s.write(ctx, actor, "shift.confirm", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *ShiftError, error) {
+	return s.write(ctx, actor, "shift.confirm", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
 		row, serr, err := s.lockForMove(ctx, q, actor, id, now)
 		if err != nil || serr != nil {
 			return db.Shift{}, audit.Entry{}, serr, err
@@ -826,7 +852,7 @@ func (s *Shifts) Confirm(ctx context.Context, actor identity.Principal, id uuid.
 			if row.Manual {
 				why = fmt.Sprintf("it is at traffic weight %.2f; step it back to %.2f first", row.Weight, s.cfg.Steps[max(0, len(s.cfg.Steps)-2)])
 			}
-			return db.Shift{}, audit.Entry{}, &ShiftError{Kind: registry.ErrConflict, Check: "state",
+			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrConflict, Check: "state",
 				Detail: fmt.Sprintf("shift %s of %s %s is not waiting for confirmation: %s", id, row.Scope, row.Target, why)}, nil
 		}
 		by := actor.String()
@@ -852,11 +878,11 @@ func (s *Shifts) Confirm(ctx context.Context, actor identity.Principal, id uuid.
 // Get returns one shift.
 func (s *Shifts) Get(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
 	if !canRead(actor) {
-		return Shift{}, &ShiftError{Kind: registry.ErrForbidden, Check: "authorisation", Detail: "shifts are read by operator and tool identities"}
+		return Shift{}, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation", Detail: "shifts are read by operator and tool identities"}
 	}
 	row, err := db.New(s.cfg.Pool).ShiftGet(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Shift{}, &ShiftError{Kind: registry.ErrNotFound, Check: "exists", Detail: fmt.Sprintf("no shift %s", id)}
+		return Shift{}, &refusal.Error{Kind: registry.ErrNotFound, Check: "exists", Detail: fmt.Sprintf("no shift %s", id)}
 	}
 	if err != nil {
 		return Shift{}, fmt.Errorf("read shift %s: %w", id, err)
@@ -867,7 +893,7 @@ func (s *Shifts) Get(ctx context.Context, actor identity.Principal, id uuid.UUID
 // List returns shifts in creation order, optionally of one state.
 func (s *Shifts) List(ctx context.Context, actor identity.Principal, f ShiftFilter) ([]Shift, error) {
 	if !canRead(actor) {
-		return nil, &ShiftError{Kind: registry.ErrForbidden, Check: "authorisation", Detail: "shifts are read by operator and tool identities"}
+		return nil, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation", Detail: "shifts are read by operator and tool identities"}
 	}
 	var state *string
 	switch f.State {
@@ -875,7 +901,7 @@ func (s *Shifts) List(ctx context.Context, actor identity.Principal, f ShiftFilt
 	case ShiftDraining, ShiftReturning, ShiftPendingConfirmation, ShiftCompleted, ShiftCancelled:
 		state = &f.State
 	default:
-		return nil, &ShiftError{Kind: registry.ErrInvalid, Check: "validation", Detail: "unknown shift state",
+		return nil, &refusal.Error{Kind: registry.ErrInvalid, Check: "validation", Detail: "unknown shift state",
 			Fields: []registry.FieldError{{Field: "state", Message: fmt.Sprintf("must be one of draining, returning, pending_confirmation, completed, cancelled; got %q", f.State)}}}
 	}
 	n := f.Limit

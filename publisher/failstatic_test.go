@@ -17,7 +17,6 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/eligibility"
-	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/stream"
 )
@@ -68,33 +67,33 @@ func (c *clock) Advance(d time.Duration) {
 // their verdicts.
 type input struct {
 	mu  sync.Mutex
-	svc map[string][]evaluator.EndpointVerdict
+	svc map[string][]assembler.InstanceInput
 }
 
-func (in *input) set(service string, eps []evaluator.EndpointVerdict) {
+func (in *input) set(service string, eps []assembler.InstanceInput) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.svc == nil {
-		in.svc = map[string][]evaluator.EndpointVerdict{}
+		in.svc = map[string][]assembler.InstanceInput{}
 	}
 	in.svc[service] = eps
 }
 
-func (in *input) snapshot(service string) (evaluator.ServiceSnapshot, bool) {
+func (in *input) snapshot(service string) (assembler.ServiceInput, bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	eps, ok := in.svc[service]
 	if !ok {
-		return evaluator.ServiceSnapshot{}, false
+		return assembler.ServiceInput{}, false
 	}
-	return evaluator.ServiceSnapshot{Name: service, MinHealthyFraction: 0.5, Capabilities: []string{"probe"},
-		Instances: append([]evaluator.EndpointVerdict(nil), eps...)}, true
+	return assembler.ServiceInput{Name: service, MinHealthyFraction: 0.5, Capabilities: []string{"probe"},
+		Instances: append([]assembler.InstanceInput(nil), eps...)}, true
 }
 
-func endpoints(n int, st eligibility.State) []evaluator.EndpointVerdict {
-	out := make([]evaluator.EndpointVerdict, n)
+func endpoints(n int, st eligibility.State) []assembler.InstanceInput {
+	out := make([]assembler.InstanceInput, n)
 	for i := range out {
-		out[i] = evaluator.EndpointVerdict{ID: uuid.NewSHA1(uuid.NameSpaceOID, fmt.Appendf(nil, "i%d", i)), Address: fmt.Sprintf("10.1.0.%d", i),
+		out[i] = assembler.InstanceInput{ID: uuid.NewSHA1(uuid.NameSpaceOID, fmt.Appendf(nil, "i%d", i)), Address: fmt.Sprintf("10.1.0.%d", i),
 			Port: 8080, Zone: fmt.Sprintf("az%d", i%2+1), State: st, Weight: 1, HealthKnown: true}
 		if st == eligibility.Ineligible {
 			out[i].Weight = 0
@@ -203,7 +202,7 @@ func TestPublishesThroughADatabaseOutage(t *testing.T) {
 	for i := range n {
 		// Instance 0 fails and recovers in turn: a withdrawal, then an
 		// addition.
-		eps = append([]evaluator.EndpointVerdict(nil), eps...)
+		eps = append([]assembler.InstanceInput(nil), eps...)
 		if i%2 == 0 {
 			eps[0].State, eps[0].Weight = eligibility.Ineligible, 0
 		} else {
@@ -382,7 +381,7 @@ func TestSavedWhileUpCaughtUpAfter(t *testing.T) {
 	restore := outage(t, pool)
 	last := first
 	for i := range 4 { // one instance after the other fails
-		eps = append([]evaluator.EndpointVerdict(nil), eps...)
+		eps = append([]assembler.InstanceInput(nil), eps...)
 		eps[i].State, eps[i].Weight = eligibility.Ineligible, 0
 		in.set("web", eps)
 		r.ServicesChanged([]string{"web"})
@@ -427,7 +426,7 @@ func TestNextEpochOffThePublishingPath(t *testing.T) {
 	restore := outage(t, pool)
 	step := func(i int) (uint64, bool) {
 		t.Helper()
-		eps = append([]evaluator.EndpointVerdict(nil), eps...)
+		eps = append([]assembler.InstanceInput(nil), eps...)
 		eps[i].State, eps[i].Weight = eligibility.Ineligible, 0 // a withdrawal
 		in.set("web", eps)
 		r.ServicesChanged([]string{"web"})

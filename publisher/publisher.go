@@ -2,10 +2,14 @@
 // turns the evaluator's changes into assembled, versioned views (through the
 // pure assembler) and hands them to the streaming hub.
 //
-// The evaluator calls it as its Sink from the evaluation loop; those calls
-// only mark services dirty and wake the worker, so evaluation never waits
-// on assembly or on subscribers. The worker re-reads each dirty service's
-// snapshot, updates the assembler, and drains whatever the assembler says
+// Data flows one way: the publisher pulls. It takes the evaluator's changes
+// (Config.Changes: evaluator.TakeChanges, woken by its Changed channel)
+// and notices the shift-backs' new traffic weights (Config.Traffic: their
+// Revision, woken by their Changed channel); the evaluation loop only
+// queues and signals, so it never waits on assembly or on subscribers, and
+// neither upstream knows the publisher. RunOnce re-reads each dirty
+// service's snapshot (the assembler's input, as the evaluator hands it
+// out), updates the assembler, and drains whatever the assembler says
 // is due (a withdrawal at once when its service's withdrawal queue is idle,
 // otherwise at the end of the short window after the last one; additions
 // on their window). A transition wakes the worker at once, whatever timer
@@ -52,10 +56,13 @@ const AlarmWithdrawalBudget = "withdrawal_budget"
 
 // Config configures a Publisher.
 type Config struct {
-	// Snapshot reads a service's endpoints and verdicts (the evaluator's
-	// Snapshot).
-	Snapshot func(service string) (evaluator.ServiceSnapshot, bool)
-	Hub      *stream.Hub
+	// Snapshot reads a service's endpoints and verdicts, as the assembler
+	// takes them (the evaluator's Snapshot).
+	Snapshot func(service string) (assembler.ServiceInput, bool)
+	// Changes, when set, is where the publisher pulls what changed (the
+	// evaluator): RunOnce takes it first, and the worker wakes on Changed.
+	Changes Changes
+	Hub     *stream.Hub
 	// Pool is where version epochs come from and where each service's
 	// last published view is saved for a restart; the publishing path
 	// never waits for it.
@@ -75,17 +82,36 @@ type Config struct {
 	Now              func() time.Time
 	Logger           *slog.Logger
 	Registerer       prometheus.Registerer
-	// Traffic returns the current per-zone traffic weights (shift-backs,
-	// ADR-13); nil means 1 everywhere. It is read once per RunOnce, so
-	// every service assembled together sees one set of weights.
-	Traffic func() assembler.TrafficWeights
+	// Traffic, when set, gives the current per-zone traffic weights
+	// (shift-backs, ADR-13); without it they are 1 everywhere. They are
+	// read once per RunOnce, so every service assembled together sees one
+	// set of weights, and every known service is assembled again when its
+	// Revision moved.
+	Traffic Traffic
 	// GuardEvents, when set, is told of each zone whose fraction guard
 	// tripped or cleared since the last RunOnce (from the publisher's
 	// loop: it must not block), for the guard-trip history (guardlog).
 	GuardEvents func([]guardlog.Event)
 }
 
-// Publisher is the assembly worker. It implements evaluator.Sink.
+// Changes is the evaluator as the publisher pulls from it.
+type Changes interface {
+	// Changed receives a value when changes wait to be taken.
+	Changed() <-chan struct{}
+	// TakeChanges returns what changed since the last call.
+	TakeChanges() evaluator.Changes
+}
+
+// Traffic is the shift-backs (policy.Shifts) as the publisher reads them.
+type Traffic interface {
+	Weights() assembler.TrafficWeights
+	// Revision moves whenever the weights may have changed.
+	Revision() uint64
+	// Changed receives a value after Revision moved.
+	Changed() <-chan struct{}
+}
+
+// Publisher is the assembly worker.
 type Publisher struct {
 	cfg     Config
 	log     *slog.Logger
@@ -102,6 +128,8 @@ type Publisher struct {
 	// saved views: nothing is published before.
 	versions *assembler.Versions
 	wake     chan struct{}
+	// trafficRev is the Traffic revision last assembled with.
+	trafficRev uint64
 
 	store      viewStore
 	runner     worker.Runner
@@ -203,8 +231,32 @@ func New(cfg Config) (*Publisher, error) {
 	return p, nil
 }
 
-// Transitions implements evaluator.Sink.
-func (p *Publisher) Transitions(ts []eligibility.Transition) {
+// take pulls what changed upstream: the evaluator's changes, and every
+// known service when the traffic weights moved.
+func (p *Publisher) take() {
+	if p.cfg.Changes != nil {
+		c := p.cfg.Changes.TakeChanges()
+		p.transitions(c.Transitions)
+		p.markDirty(c.Services)
+	}
+	if p.cfg.Traffic != nil {
+		rev := p.cfg.Traffic.Revision()
+		p.mu.Lock()
+		moved := rev != p.trafficRev
+		p.trafficRev = rev
+		p.mu.Unlock()
+		if moved {
+			p.markKnownDirty()
+		}
+	}
+}
+
+// transitions marks the services of ts dirty and tracks each instance's
+// first failure, for the withdrawal lag.
+func (p *Publisher) transitions(ts []eligibility.Transition) {
+	if len(ts) == 0 {
+		return
+	}
 	p.mu.Lock()
 	for _, t := range ts {
 		id := uuid.UUID(t.Instance)
@@ -217,29 +269,41 @@ func (p *Publisher) Transitions(ts []eligibility.Transition) {
 		p.dirty[t.Service] = struct{}{}
 	}
 	p.mu.Unlock()
+}
+
+// ServicesChanged marks services dirty: their view may have changed (the
+// evaluator's changes say which; tests name them).
+func (p *Publisher) ServicesChanged(names []string) {
+	p.markDirty(names)
 	p.poke()
 }
 
-// ServicesChanged implements evaluator.Sink.
-func (p *Publisher) ServicesChanged(names []string) {
+func (p *Publisher) markDirty(names []string) {
+	if len(names) == 0 {
+		return
+	}
 	p.mu.Lock()
 	for _, n := range names {
 		p.dirty[n] = struct{}{}
 	}
 	p.mu.Unlock()
-	p.poke()
 }
 
 // TrafficChanged marks every known service dirty: a shift moved a zone's
 // traffic weight, and each service with instances there needs a new
 // version (the others assemble to no change and publish nothing).
+// RunOnce does the same when the Traffic revision moved.
 func (p *Publisher) TrafficChanged() {
+	p.markKnownDirty()
+	p.poke()
+}
+
+func (p *Publisher) markKnownDirty() {
 	p.mu.Lock()
 	for n := range p.known {
 		p.dirty[n] = struct{}{}
 	}
 	p.mu.Unlock()
-	p.poke()
 }
 
 func (p *Publisher) poke() {
@@ -340,6 +404,13 @@ func (p *Publisher) run(ctx context.Context) {
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var changes, traffic <-chan struct{}
+	if p.cfg.Changes != nil {
+		changes = p.cfg.Changes.Changed()
+	}
+	if p.cfg.Traffic != nil {
+		traffic = p.cfg.Traffic.Changed()
+	}
 	for {
 		p.RunOnce()
 		wait := time.Hour
@@ -351,6 +422,8 @@ func (p *Publisher) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-p.wake:
+		case <-changes:
+		case <-traffic:
 		case <-timer.C:
 		}
 	}
@@ -428,10 +501,12 @@ func (p *Publisher) nextDue() time.Time {
 	return p.asm.NextDue()
 }
 
-// RunOnce assembles every dirty service and publishes what is due. The
-// worker calls it; tests call it to step deterministically. Before Prepare
-// has succeeded it does nothing, and the dirty services wait.
+// RunOnce pulls what changed upstream, assembles every dirty service and
+// publishes what is due. The worker calls it; tests call it to step
+// deterministically. Before Prepare has succeeded it assembles nothing,
+// and the dirty services wait.
 func (p *Publisher) RunOnce() {
+	p.take()
 	p.mu.Lock()
 	if p.versions == nil {
 		p.mu.Unlock()
@@ -448,10 +523,10 @@ func (p *Publisher) RunOnce() {
 	now := p.cfg.Now()
 	var traffic assembler.TrafficWeights
 	if p.cfg.Traffic != nil && len(dirty) > 0 {
-		traffic = p.cfg.Traffic()
+		traffic = p.cfg.Traffic.Weights()
 	}
 	for _, name := range dirty {
-		snap, ok := p.cfg.Snapshot(name)
+		in, ok := p.cfg.Snapshot(name)
 		p.mu.Lock()
 		if !ok {
 			p.asm.RemoveService(name, now)
@@ -460,11 +535,11 @@ func (p *Publisher) RunOnce() {
 			continue
 		}
 		p.known[name] = struct{}{}
-		in := assembler.ServiceInput{Name: name, MinHealthyFraction: snap.MinHealthyFraction, Capabilities: snap.Capabilities,
-			Instances: make([]assembler.InstanceInput, len(snap.Instances)), Traffic: traffic, SlowStart: snap.SlowStart}
-		for i, ep := range snap.Instances {
-			in.Instances[i] = ep.Input()
-			in.Instances[i].FirstFailureAt = p.firstFail[ep.ID]
+		// The snapshot is the assembler's input, handed out fresh: only
+		// what the publisher itself tracks is added.
+		in.Traffic = traffic
+		for i := range in.Instances {
+			in.Instances[i].FirstFailureAt = p.firstFail[in.Instances[i].ID]
 		}
 		p.asm.Update(in, now)
 		p.mu.Unlock()

@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
+	st "github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
-	st "github.com/musterhq/muster/server/servertest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -17,7 +18,7 @@ import (
 // or both a refusal of the same kind and detail.
 func sameDecision(t *testing.T, what string, fromDB, fromCache error) {
 	t.Helper()
-	var a, b *registry.Error
+	var a, b *refusal.Error
 	switch {
 	case fromDB == nil && fromCache == nil:
 	case errors.As(fromDB, &a) && errors.As(fromCache, &b) && a.Kind == b.Kind && a.Detail == b.Detail:

@@ -13,6 +13,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 )
 
 // Authority is how much a degraded dependency named in a self-report may do
@@ -254,17 +255,17 @@ func (r *Registry) GetContract(ctx context.Context, actor identity.Principal, se
 func (r *Registry) PutContract(ctx context.Context, actor identity.Principal, service string, c Contract, ifVersion int64) (StoredContract, error) {
 	const action = "contract.put"
 	var out StoredContract
-	err := r.write(ctx, actor, action, "service", service, c, func(q *db.Queries) (*Error, error) {
+	err := r.write(ctx, actor, action, "service", service, c, func(q *db.Queries) (*refusal.Error, error) {
 		row, err := q.ServiceGetForUpdate(ctx, service)
 		if notFound(err) {
-			return refusal(ErrNotFound, "no service named %s", service), nil
+			return newRefusal(ErrNotFound, "no service named %s", service), nil
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
 		svc := serviceFromRow(row)
 		if !CanManage(actor, svc.Owner) {
-			return refusal(ErrForbidden, "editing the contract of %s needs the %s team's operator role or admin; %s has neither", service, svc.Owner, actor), nil
+			return newRefusal(ErrForbidden, "editing the contract of %s needs the %s team's operator role or admin; %s has neither", service, svc.Owner, actor), nil
 		}
 		c.normalize(svc)
 		if fe := ValidateContract(c, svc); len(fe) > 0 {
@@ -275,7 +276,7 @@ func (r *Registry) PutContract(ctx context.Context, actor identity.Principal, se
 			return nil, err
 		}
 		if ifVersion >= 0 && before.Version != ifVersion {
-			return refusal(ErrPrecondition, "the contract of %s is at version %d, not %d: someone changed it since you read it", service, before.Version, ifVersion), nil
+			return newRefusal(ErrPrecondition, "the contract of %s is at version %d, not %d: someone changed it since you read it", service, before.Version, ifVersion), nil
 		}
 		doc, err := json.Marshal(c)
 		if err != nil {
@@ -306,7 +307,7 @@ func (r *Registry) PutContract(ctx context.Context, actor identity.Principal, se
 func (r *Registry) contract(ctx context.Context, q *db.Queries, service string) (StoredContract, error) {
 	row, err := q.ContractGet(ctx, service)
 	if notFound(err) {
-		return StoredContract{}, refusal(ErrNotFound, "service %s has no contract", service)
+		return StoredContract{}, newRefusal(ErrNotFound, "service %s has no contract", service)
 	}
 	if err != nil {
 		return StoredContract{}, fmt.Errorf("read contract of %s: %w", service, err)

@@ -47,7 +47,7 @@
 // view only as far as each zone's minimum healthy fraction allows.
 // Deregistration (graceful shutdown) is never held.
 //
-// The package knows nothing of HTTP. Errors are *Error values wrapping one of
-// the sentinels (ErrNotFound, ErrForbidden, ...), which the server maps to
+// The package knows nothing of HTTP. Refusals are *refusal.Error values of
+// the kinds ErrNotFound, ErrForbidden, ... (refusal's), which the server maps to
 // status codes in one place.
 package registry

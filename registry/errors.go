@@ -1,43 +1,30 @@
 package registry
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/musterhq/muster/refusal"
 )
 
-// Sentinels for the kinds of refusal. Use errors.Is.
+// The kinds of refusal the registry returns, as *refusal.Error values. Use
+// errors.Is.
 var (
-	ErrNotFound  = errors.New("not found")
-	ErrForbidden = errors.New("forbidden")
-	ErrConflict  = errors.New("conflict")
-	ErrInvalid   = errors.New("invalid")
-	ErrGone      = errors.New("gone")
+	ErrNotFound  = refusal.NotFound
+	ErrForbidden = refusal.Forbidden
+	ErrConflict  = refusal.Conflict
+	ErrInvalid   = refusal.Invalid
+	ErrGone      = refusal.Gone
 	// ErrPrecondition: a conditional write (If-Match) found another version.
-	ErrPrecondition = errors.New("precondition failed")
+	ErrPrecondition = refusal.Precondition
 )
 
-// FieldError names one invalid field by its JSON path.
-type FieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
+// FieldError names one invalid field by its JSON path (refusal.Field).
+type FieldError = refusal.Field
+
+func newRefusal(kind *refusal.Kind, format string, args ...any) *refusal.Error {
+	return &refusal.Error{Kind: kind, Detail: fmt.Sprintf(format, args...)}
 }
 
-// Error is a refusal with a reason a person can act on.
-type Error struct {
-	Kind   error // one of the sentinels
-	Detail string
-	Fields []FieldError
-}
-
-func (e *Error) Error() string { return fmt.Sprintf("%v: %s", e.Kind, e.Detail) }
-
-// Unwrap lets errors.Is match the sentinel.
-func (e *Error) Unwrap() error { return e.Kind }
-
-func refusal(kind error, format string, args ...any) *Error {
-	return &Error{Kind: kind, Detail: fmt.Sprintf(format, args...)}
-}
-
-func invalid(detail string, fields []FieldError) *Error {
-	return &Error{Kind: ErrInvalid, Detail: detail, Fields: fields}
+func invalid(detail string, fields []FieldError) *refusal.Error {
+	return &refusal.Error{Kind: ErrInvalid, Detail: detail, Fields: fields}
 }

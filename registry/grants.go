@@ -8,6 +8,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 )
 
 // Grants lists the caller services whose workloads may resolve a service
@@ -33,26 +34,26 @@ func (r *Registry) PutGrants(ctx context.Context, actor identity.Principal, serv
 		callers = []string{}
 	}
 	g := Grants{Service: service, Callers: callers}
-	err := r.write(ctx, actor, action, "service", service, g, func(q *db.Queries) (*Error, error) {
+	err := r.write(ctx, actor, action, "service", service, g, func(q *db.Queries) (*refusal.Error, error) {
 		row, err := q.ServiceGetForUpdate(ctx, service)
 		if notFound(err) {
-			return refusal(ErrNotFound, "no service named %s", service), nil
+			return newRefusal(ErrNotFound, "no service named %s", service), nil
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
 		if !CanManage(actor, row.Owner) {
-			return refusal(ErrForbidden, "changing who may resolve %s needs the %s team's operator role or admin; %s has neither", service, row.Owner, actor), nil
+			return newRefusal(ErrForbidden, "changing who may resolve %s needs the %s team's operator role or admin; %s has neither", service, row.Owner, actor), nil
 		}
 		var fe []FieldError
 		if len(callers) > MaxGrants {
-			fe = append(fe, FieldError{"callers", fmt.Sprintf("at most %d callers, got %d", MaxGrants, len(callers))})
+			fe = append(fe, FieldError{Field: "callers", Message: fmt.Sprintf("at most %d callers, got %d", MaxGrants, len(callers))})
 		}
 		for i, c := range callers {
 			if !ValidName(c) {
-				fe = append(fe, FieldError{fmt.Sprintf("callers[%d]", i), fmt.Sprintf("must be a service name, got %q", c)})
+				fe = append(fe, FieldError{Field: fmt.Sprintf("callers[%d]", i), Message: fmt.Sprintf("must be a service name, got %q", c)})
 			} else if _, err := q.ServiceGet(ctx, c); notFound(err) {
-				fe = append(fe, FieldError{fmt.Sprintf("callers[%d]", i), fmt.Sprintf("no service named %q", c)})
+				fe = append(fe, FieldError{Field: fmt.Sprintf("callers[%d]", i), Message: fmt.Sprintf("no service named %q", c)})
 			} else if err != nil {
 				return nil, fmt.Errorf("read service %s: %w", c, err)
 			}
@@ -131,7 +132,7 @@ func mayResolve(actor identity.Principal, service string, granted func(caller st
 			return nil
 		}
 	}
-	return refusal(ErrForbidden, "%s may not resolve %s: its owners have not granted %s", actor, service, callerName(actor))
+	return newRefusal(ErrForbidden, "%s may not resolve %s: its owners have not granted %s", actor, service, callerName(actor))
 }
 
 func callerName(p identity.Principal) string {

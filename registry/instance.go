@@ -13,6 +13,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 )
 
 // SourceRegistered marks instances that came through the registration API;
@@ -59,24 +60,24 @@ func (r *Registry) validateRegistration(reg *Registration) (netip.Addr, []FieldE
 	var fe []FieldError
 	addr, err := netip.ParseAddr(reg.Address)
 	if err != nil || addr.Zone() != "" {
-		fe = append(fe, FieldError{"address", fmt.Sprintf("must be an IPv4 or IPv6 address, got %q", reg.Address)})
+		fe = append(fe, FieldError{Field: "address", Message: fmt.Sprintf("must be an IPv4 or IPv6 address, got %q", reg.Address)})
 	} else {
 		addr = addr.Unmap()
 		reg.Address = addr.String()
 		if addr.IsUnspecified() || addr.IsMulticast() {
-			fe = append(fe, FieldError{"address", fmt.Sprintf("%s cannot receive traffic", addr)})
+			fe = append(fe, FieldError{Field: "address", Message: fmt.Sprintf("%s cannot receive traffic", addr)})
 		}
 	}
 	if reg.Port < 1 || reg.Port > 65535 {
-		fe = append(fe, FieldError{"port", fmt.Sprintf("must be between 1 and 65535, got %d", reg.Port)})
+		fe = append(fe, FieldError{Field: "port", Message: fmt.Sprintf("must be between 1 and 65535, got %d", reg.Port)})
 	}
 	if !ValidName(reg.Zone) {
-		fe = append(fe, FieldError{"zone", fmt.Sprintf("must be a DNS label such as az1, got %q", reg.Zone)})
+		fe = append(fe, FieldError{Field: "zone", Message: fmt.Sprintf("must be a DNS label such as az1, got %q", reg.Zone)})
 	}
 	if reg.Region == "" {
 		reg.Region = r.cfg.Region
 	} else if reg.Region != r.cfg.Region {
-		fe = append(fe, FieldError{"region", fmt.Sprintf("this muster is the authority for region %s only, got %q", r.cfg.Region, reg.Region)})
+		fe = append(fe, FieldError{Field: "region", Message: fmt.Sprintf("this muster is the authority for region %s only, got %q", r.cfg.Region, reg.Region)})
 	}
 	return addr, fe
 }
@@ -95,10 +96,10 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 		out      Instance
 		replaced []Instance
 	)
-	err := r.write(ctx, actor, action, "service", target, reg, func(q *db.Queries) (*Error, error) {
+	err := r.write(ctx, actor, action, "service", target, reg, func(q *db.Queries) (*refusal.Error, error) {
 		row, err := q.ServiceGet(ctx, service)
 		if notFound(err) {
-			return refusal(ErrNotFound, "no service named %s", service), nil
+			return newRefusal(ErrNotFound, "no service named %s", service), nil
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read service %s: %w", service, err)
@@ -150,22 +151,22 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 		return Instance{}, err
 	}
 	r.metrics.registrations.Inc()
-	if r.cfg.Registered != nil {
-		r.cfg.Registered(ctx, append(replaced, out))
+	if f := r.following(); f != nil {
+		f.InstancesRegistered(ctx, append(replaced, out))
 	}
 	return out, nil
 }
 
 // mayRegister checks who may register into svc at all.
-func mayRegister(actor identity.Principal, svc Service) *Error {
+func mayRegister(actor identity.Principal, svc Service) *refusal.Error {
 	if actor.Kind != identity.KindWorkload {
 		if CanManage(actor, svc.Owner) {
 			return nil
 		}
-		return refusal(ErrForbidden, "registering into %s needs a workload identity of that service, or the %s team's operator role or admin; %s has none of these", svc.Name, svc.Owner, actor)
+		return newRefusal(ErrForbidden, "registering into %s needs a workload identity of that service, or the %s team's operator role or admin; %s has none of these", svc.Name, svc.Owner, actor)
 	}
 	if actor.Service != svc.Name {
-		return refusal(ErrForbidden, "workload %s belongs to service %s and may not register instances of %s", actor, actor.Service, svc.Name)
+		return newRefusal(ErrForbidden, "workload %s belongs to service %s and may not register instances of %s", actor, actor.Service, svc.Name)
 	}
 	return nil
 }
@@ -173,7 +174,7 @@ func mayRegister(actor identity.Principal, svc Service) *Error {
 // proveAddress checks that a workload registers an address it holds: the
 // request's source address, or one its token vouches for (ADR-15).
 // Operators and admins declaring endpoints need no proof.
-func proveAddress(actor identity.Principal, addr, source netip.Addr) *Error {
+func proveAddress(actor identity.Principal, addr, source netip.Addr) *refusal.Error {
 	if actor.Kind != identity.KindWorkload || HoldsAddress(actor, addr, source) {
 		return nil
 	}
@@ -181,7 +182,7 @@ func proveAddress(actor identity.Principal, addr, source netip.Addr) *Error {
 	if source.IsValid() {
 		src = source.Unmap().String()
 	}
-	return refusal(ErrForbidden, "address %s is not proved to belong to %s: the request came from %s and the token lists no such address; register from the instance itself or use a token whose muster_addresses claim includes it", addr, actor, src)
+	return newRefusal(ErrForbidden, "address %s is not proved to belong to %s: the request came from %s and the token lists no such address; register from the instance itself or use a token whose muster_addresses claim includes it", addr, actor, src)
 }
 
 // HoldsAddress reports whether actor is proved to hold addr: the request
@@ -212,7 +213,7 @@ func HoldsAddress(actor identity.Principal, addr, source netip.Addr) bool {
 func (r *Registry) Renew(ctx context.Context, actor identity.Principal, id uuid.UUID) (Instance, error) {
 	return r.changeInstance(ctx, actor, id, "lease.renew", func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error) {
 		if cur.Source != SourceRegistered || cur.LeaseExpiresAt == nil {
-			return Instance{}, false, refusal(ErrConflict, "instance %s comes from %s and has no lease to renew", id, cur.Source)
+			return Instance{}, false, newRefusal(ErrConflict, "instance %s comes from %s and has no lease to renew", id, cur.Source)
 		}
 		row, err := q.LeaseRenew(ctx, db.LeaseRenewParams{ID: id, LeaseExpiresAt: new(now.Add(r.cfg.LeaseTTL)), Now: now})
 		if err != nil {
@@ -242,7 +243,7 @@ func (r *Registry) Deregister(ctx context.Context, actor identity.Principal, id 
 func LockInstance(ctx context.Context, q *db.Queries, id uuid.UUID) (Instance, error) {
 	row, err := q.InstanceGetForUpdate(ctx, id)
 	if notFound(err) {
-		return Instance{}, refusal(ErrNotFound, "no instance %s", id)
+		return Instance{}, newRefusal(ErrNotFound, "no instance %s", id)
 	}
 	if err != nil {
 		return Instance{}, fmt.Errorf("read instance %s: %w", id, err)
@@ -270,7 +271,7 @@ func InstanceStates(ctx context.Context, q *db.Queries, ids []uuid.UUID) (map[uu
 func EndInstance(ctx context.Context, q *db.Queries, id uuid.UUID, now time.Time) (Instance, error) {
 	row, err := q.InstanceEnd(ctx, db.InstanceEndParams{ID: id, State: StateDeregistered, Now: now})
 	if notFound(err) {
-		return Instance{}, refusal(ErrGone, "instance %s has already ended", id)
+		return Instance{}, newRefusal(ErrGone, "instance %s has already ended", id)
 	}
 	if err != nil {
 		return Instance{}, fmt.Errorf("deregister %s: %w", id, err)
@@ -284,10 +285,10 @@ func EndInstance(ctx context.Context, q *db.Queries, id uuid.UUID, now time.Time
 func (r *Registry) changeInstance(ctx context.Context, actor identity.Principal, id uuid.UUID, action string,
 	change func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error)) (Instance, error) {
 	var out Instance
-	err := r.write(ctx, actor, action, "instance", id.String(), nil, func(q *db.Queries) (*Error, error) {
+	err := r.write(ctx, actor, action, "instance", id.String(), nil, func(q *db.Queries) (*refusal.Error, error) {
 		row, err := q.InstanceGetForUpdate(ctx, id)
 		if notFound(err) {
-			return refusal(ErrNotFound, "no instance %s", id), nil
+			return newRefusal(ErrNotFound, "no instance %s", id), nil
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read instance %s: %w", id, err)
@@ -300,21 +301,21 @@ func (r *Registry) changeInstance(ctx context.Context, actor identity.Principal,
 		if !canReadService(actor, cur.Service) {
 			// Answer as if the instance did not exist, so a workload cannot
 			// probe for other services' instances; the attempt is still audited.
-			return &Error{Kind: errHidden, Detail: fmt.Sprintf("%s may not see instances of %s", actor, cur.Service)}, nil
+			return &refusal.Error{Kind: errHidden, Detail: fmt.Sprintf("%s may not see instances of %s", actor, cur.Service)}, nil
 		}
 		if !mayActOnInstance(actor, serviceFromRow(svc)) {
-			return refusal(ErrForbidden, "%s may not change instances of %s: that needs a workload of %s, the %s team's operator role, or admin", actor, cur.Service, cur.Service, svc.Owner), nil
+			return newRefusal(ErrForbidden, "%s may not change instances of %s: that needs a workload of %s, the %s team's operator role, or admin", actor, cur.Service, cur.Service, svc.Owner), nil
 		}
 		if cur.State != StateActive {
 			if action == "instance.deregister" {
 				out = cur // already ended: nothing to do, nothing to audit
 				return nil, nil
 			}
-			return refusal(ErrGone, "instance %s has ended (%s); register again to get a new instance", id, cur.State), nil
+			return newRefusal(ErrGone, "instance %s has ended (%s); register again to get a new instance", id, cur.State), nil
 		}
 		now := r.now()
 		next, audited, err := change(q, cur, now)
-		var rerr *Error
+		var rerr *refusal.Error
 		if errors.As(err, &rerr) {
 			return rerr, nil
 		}
@@ -328,7 +329,7 @@ func (r *Registry) changeInstance(ctx context.Context, actor identity.Principal,
 		return nil, err
 	})
 	if errors.Is(err, errHidden) {
-		return Instance{}, refusal(ErrNotFound, "no instance %s", id)
+		return Instance{}, newRefusal(ErrNotFound, "no instance %s", id)
 	}
 	if err != nil {
 		return Instance{}, err
@@ -337,7 +338,7 @@ func (r *Registry) changeInstance(ctx context.Context, actor identity.Principal,
 }
 
 // errHidden is a forbidden attempt answered as not found.
-var errHidden = errors.New("forbidden (hidden)")
+var errHidden = refusal.Forbidden.Sub("forbidden (hidden)", "forbidden")
 
 func mayActOnInstance(actor identity.Principal, svc Service) bool {
 	if actor.Kind == identity.KindWorkload {
@@ -350,13 +351,13 @@ func mayActOnInstance(actor identity.Principal, svc Service) bool {
 func (r *Registry) GetInstance(ctx context.Context, actor identity.Principal, id uuid.UUID) (Instance, error) {
 	row, err := db.New(r.cfg.Pool).InstanceGet(ctx, id)
 	if notFound(err) {
-		return Instance{}, refusal(ErrNotFound, "no instance %s", id)
+		return Instance{}, newRefusal(ErrNotFound, "no instance %s", id)
 	}
 	if err != nil {
 		return Instance{}, fmt.Errorf("read instance %s: %w", id, err)
 	}
 	if !canReadService(actor, row.Service) {
-		return Instance{}, refusal(ErrNotFound, "no instance %s", id)
+		return Instance{}, newRefusal(ErrNotFound, "no instance %s", id)
 	}
 	return instanceFromRow(row), nil
 }
@@ -377,7 +378,7 @@ func (r *Registry) ListInstances(ctx context.Context, actor identity.Principal, 
 	if page.After != "" {
 		var err error
 		if after, err = uuid.Parse(page.After); err != nil {
-			return nil, invalid("bad page cursor", []FieldError{{"cursor", "not an instance id"}})
+			return nil, invalid("bad page cursor", []FieldError{{Field: "cursor", Message: "not an instance id"}})
 		}
 	}
 	rows, err := db.New(r.cfg.Pool).InstanceListByService(ctx, db.InstanceListByServiceParams{

@@ -11,6 +11,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 )
 
 // ProberAssignments says which instances a prober may report about (ADR-15):
@@ -38,14 +39,14 @@ func (r *Registry) PutProberAssignments(ctx context.Context, actor identity.Prin
 	}
 	if !actor.IsAdmin() {
 		return ProberAssignments{}, r.refuse(ctx, actor, action, "prober", prober, a,
-			refusal(ErrForbidden, "assigning probe targets needs admin; %s is not", actor))
+			newRefusal(ErrForbidden, "assigning probe targets needs admin; %s is not", actor))
 	}
 	var fe []FieldError
 	if prober == "" || len(prober) > 255 {
-		fe = append(fe, FieldError{"prober", "must be the prober's token subject, 1-255 characters"})
+		fe = append(fe, FieldError{Field: "prober", Message: "must be the prober's token subject, 1-255 characters"})
 	}
 	if n := len(a.Services) + len(a.Instances); n > MaxProberAssignments {
-		fe = append(fe, FieldError{"services", fmt.Sprintf("at most %d assignments, got %d", MaxProberAssignments, n)})
+		fe = append(fe, FieldError{Field: "services", Message: fmt.Sprintf("at most %d assignments, got %d", MaxProberAssignments, n)})
 	}
 	slices.Sort(a.Services)
 	a.Services = slices.Compact(a.Services)
@@ -54,17 +55,17 @@ func (r *Registry) PutProberAssignments(ctx context.Context, actor identity.Prin
 	if len(fe) > 0 {
 		return ProberAssignments{}, r.refuse(ctx, actor, action, "prober", prober, a, invalid("the assignments are not valid", fe))
 	}
-	err := r.write(ctx, actor, action, "prober", prober, a, func(q *db.Queries) (*Error, error) {
+	err := r.write(ctx, actor, action, "prober", prober, a, func(q *db.Queries) (*refusal.Error, error) {
 		for i, s := range a.Services {
 			if _, err := q.ServiceGet(ctx, s); notFound(err) {
-				fe = append(fe, FieldError{fmt.Sprintf("services[%d]", i), fmt.Sprintf("no service named %q", s)})
+				fe = append(fe, FieldError{Field: fmt.Sprintf("services[%d]", i), Message: fmt.Sprintf("no service named %q", s)})
 			} else if err != nil {
 				return nil, fmt.Errorf("read service %s: %w", s, err)
 			}
 		}
 		for i, id := range a.Instances {
 			if _, err := q.InstanceGet(ctx, id); notFound(err) {
-				fe = append(fe, FieldError{fmt.Sprintf("instances[%d]", i), fmt.Sprintf("no instance %s", id)})
+				fe = append(fe, FieldError{Field: fmt.Sprintf("instances[%d]", i), Message: fmt.Sprintf("no instance %s", id)})
 			} else if err != nil {
 				return nil, fmt.Errorf("read instance %s: %w", id, err)
 			}
@@ -96,8 +97,8 @@ func (r *Registry) PutProberAssignments(ctx context.Context, actor identity.Prin
 	if err != nil {
 		return ProberAssignments{}, err
 	}
-	if r.cfg.ProberAssigned != nil {
-		r.cfg.ProberAssigned(a)
+	if f := r.following(); f != nil {
+		f.ProberAssigned(a)
 	}
 	return a, nil
 }
@@ -106,7 +107,7 @@ func (r *Registry) PutProberAssignments(ctx context.Context, actor identity.Prin
 // to the prober itself.
 func (r *Registry) GetProberAssignments(ctx context.Context, actor identity.Principal, prober string) (ProberAssignments, error) {
 	if !CanReadEstate(actor) && (actor.Kind != identity.KindProber || actor.Subject != prober) {
-		return ProberAssignments{}, refusal(ErrForbidden, "%s may not read the assignments of prober %s", actor, prober)
+		return ProberAssignments{}, newRefusal(ErrForbidden, "%s may not read the assignments of prober %s", actor, prober)
 	}
 	return proberAssignments(ctx, db.New(r.cfg.Pool), prober)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/worker"
 )
 
@@ -501,29 +502,29 @@ func (r *Registry) ConfirmLeaseExpiry(ctx context.Context, actor identity.Princi
 	}
 	asked := map[string]string{"service": service, "reason": reason}
 	var out Confirmation
-	err := r.write(ctx, actor, action, kind, target, asked, func(q *db.Queries) (*Error, error) {
+	err := r.write(ctx, actor, action, kind, target, asked, func(q *db.Queries) (*refusal.Error, error) {
 		if service == "" {
 			if !actor.IsAdmin() {
-				return refusal(ErrForbidden, "confirming lease expiry for the whole region needs an admin; %s is not one", actor), nil
+				return newRefusal(ErrForbidden, "confirming lease expiry for the whole region needs an admin; %s is not one", actor), nil
 			}
 		} else {
 			row, err := q.ServiceGet(ctx, service)
 			if notFound(err) {
-				return refusal(ErrNotFound, "no service named %s", service), nil
+				return newRefusal(ErrNotFound, "no service named %s", service), nil
 			}
 			if err != nil {
 				return nil, fmt.Errorf("read service %s: %w", service, err)
 			}
 			if !CanManage(actor, row.Owner) {
-				return refusal(ErrForbidden, "confirming lease expiry of %s needs the %s team's operator role or admin; %s has neither", service, row.Owner, actor), nil
+				return newRefusal(ErrForbidden, "confirming lease expiry of %s needs the %s team's operator role or admin; %s has neither", service, row.Owner, actor), nil
 			}
 		}
 		reason = strings.TrimSpace(reason)
 		if reason == "" {
-			return invalid("a confirmation needs a reason", []FieldError{{"reason", "say why these leases are known to be gone"}}), nil
+			return invalid("a confirmation needs a reason", []FieldError{{Field: "reason", Message: "say why these leases are known to be gone"}}), nil
 		}
 		if len(reason) > 1000 {
-			return invalid("the reason is too long", []FieldError{{"reason", "at most 1000 characters"}}), nil
+			return invalid("the reason is too long", []FieldError{{Field: "reason", Message: "at most 1000 characters"}}), nil
 		}
 		now := r.now()
 		n, err := q.LeaseCountLapsed(ctx, db.LeaseCountLapsedParams{Now: now, Service: service})

@@ -15,6 +15,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 )
 
 // DefaultLeaseTTL is how long a registration lives without renewal (ADR-03).
@@ -32,19 +33,6 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the registry's metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
-	// Registered, when set, is told of every registration this registry
-	// commits, after the commit and before Register returns: the
-	// instances the registration replaced (state replaced), then the new
-	// one. muster serve hands them to the evaluator, so that the
-	// workload's first report, sent as soon as it has its id, finds its
-	// instance known (issue 12). It runs on the registering request and
-	// is given its context; it should return quickly.
-	Registered func(ctx context.Context, ins []Instance)
-	// ProberAssigned, when set, is told of every prober assignment this
-	// registry commits, after the commit: muster serve hands it to the
-	// evaluator, so a prober's first reports after its assignment are
-	// not refused as not assigned while the next refresh is due.
-	ProberAssigned func(a ProberAssignments)
 }
 
 // Validate checks the configuration and fills defaults.
@@ -78,6 +66,37 @@ type Registry struct {
 	// built on this registry: writes through this process update it at
 	// once, so a caller sees its own grant at the next watch.
 	authz atomic.Pointer[AuthzCache]
+	// follower is the evaluator built on this registry (Follow).
+	follower atomic.Pointer[followerRef]
+}
+
+// Follower is told of what this registry's writes committed, after the
+// commit and before the write returns, where its next poll would learn
+// it too late: the evaluator follows its registry (it calls Follow from
+// its constructor, as NewAuthzCache hands itself over), so the workload's
+// first report, sent as soon as it has its id, finds its instance known
+// (issue 12), and a prober's first reports after its assignment are not
+// refused as not assigned while the next refresh is due. Construction runs
+// upstream first and nothing is bound afterwards.
+type Follower interface {
+	// InstancesRegistered is told of each registration: the instances it
+	// replaced (state replaced), then the new one. It runs on the
+	// registering request, with its context, and should return quickly.
+	InstancesRegistered(ctx context.Context, ins []Instance)
+	// ProberAssigned is told of each prober assignment.
+	ProberAssigned(a ProberAssignments)
+}
+
+type followerRef struct{ f Follower }
+
+// Follow makes f this registry's follower (the last one given wins).
+func (r *Registry) Follow(f Follower) { r.follower.Store(&followerRef{f}) }
+
+func (r *Registry) following() Follower {
+	if ref := r.follower.Load(); ref != nil {
+		return ref.f
+	}
+	return nil
 }
 
 type metrics struct {
@@ -123,7 +142,7 @@ func (r *Registry) now() time.Time { return r.cfg.Now().UTC().Truncate(time.Micr
 // refuse audits a refused attempt in a transaction of its own and returns
 // the refusal. If the audit row cannot be written the refusal still stands,
 // but the caller learns that the database failed.
-func (r *Registry) refuse(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked any, rerr *Error) error {
+func (r *Registry) refuse(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked any, rerr *refusal.Error) error {
 	r.metrics.refusals.WithLabelValues(action, rerr.Kind.Error()).Inc()
 	detail := rerr.Detail
 	if len(rerr.Fields) > 0 {
@@ -190,8 +209,8 @@ func (r *Registry) withTx(ctx context.Context, fn func(q *db.Queries) error) err
 // transaction of its own and returned; a not-found refusal is returned
 // without an audit row, since there was nothing there to act on.
 func (r *Registry) write(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked any,
-	fn func(q *db.Queries) (*Error, error)) error {
-	var refused *Error
+	fn func(q *db.Queries) (*refusal.Error, error)) error {
+	var refused *refusal.Error
 	err := r.withTx(ctx, func(q *db.Queries) error {
 		var err error
 		refused, err = fn(q)

@@ -19,6 +19,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -89,11 +90,11 @@ func (e *env) events(t *testing.T, f audit.Filter) []audit.Event {
 	return evs
 }
 
-func wantKind(t *testing.T, err, kind error) *registry.Error {
+func wantKind(t *testing.T, err, kind error) *refusal.Error {
 	t.Helper()
-	var re *registry.Error
+	var re *refusal.Error
 	if !errors.As(err, &re) || !errors.Is(err, kind) {
-		t.Fatalf("err = %v, want a *registry.Error of kind %v", err, kind)
+		t.Fatalf("err = %v, want a *refusal.Error of kind %v", err, kind)
 	}
 	return re
 }
@@ -925,19 +926,27 @@ func TestGrantsAndResolution(t *testing.T) {
 	}
 }
 
-// TestRegisteredIsToldOfEachRegistration: the hand-off hook sees what each
+// recordingFollower remembers the registrations it was told of.
+type recordingFollower struct{ told [][]registry.Instance }
+
+func (f *recordingFollower) InstancesRegistered(_ context.Context, ins []registry.Instance) {
+	f.told = append(f.told, ins)
+}
+func (f *recordingFollower) ProberAssigned(registry.ProberAssignments) {}
+
+// TestRegisteredIsToldOfEachRegistration: the registry's follower sees what each
 // committed registration changed (the instances it replaced, then the new
 // one) and nothing of refused registrations; InstancesByID and
 // ServiceContractsNamed answer for the ids and names they are given.
 func TestRegisteredIsToldOfEachRegistration(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	var told [][]registry.Instance
-	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now,
-		Registered: func(_ context.Context, ins []registry.Instance) { told = append(told, ins) }})
+	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
+	f := &recordingFollower{}
+	reg.Follow(f)
 	ctx := context.Background()
 	at := registry.Registration{Address: "127.0.0.1", Port: 9000, Zone: "az1"}
 	first, err := reg.Register(ctx, webWL, loopback, "web", at)
@@ -955,7 +964,7 @@ func TestRegisteredIsToldOfEachRegistration(t *testing.T) {
 	ended := first
 	ended.State, ended.UpdatedAt, ended.EndedAt = registry.StateReplaced, second.CreatedAt, &second.CreatedAt
 	want := [][]registry.Instance{{first}, {ended, second}}
-	if d := cmp.Diff(want, told); d != "" {
+	if d := cmp.Diff(want, f.told); d != "" {
 		t.Fatalf("told (-want +got):\n%s", d)
 	}
 
@@ -965,8 +974,8 @@ func TestRegisteredIsToldOfEachRegistration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(told) != 2 {
-		t.Fatalf("told of a registration through another registry: %+v", told[2:])
+	if len(f.told) != 2 {
+		t.Fatalf("told of a registration through another registry: %+v", f.told[2:])
 	}
 	got, err := reg.InstancesByID(ctx, []uuid.UUID{first.ID, third.ID, uuid.New()})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/refusal"
 )
 
 // Capability is a kind of health evidence a service's runtime can supply
@@ -53,18 +54,18 @@ func ValidName(s string) bool { return labelRE.MatchString(s) }
 func validateService(name string, spec *ServiceSpec) []FieldError {
 	var fe []FieldError
 	if !ValidName(name) {
-		fe = append(fe, FieldError{"name", "must be a DNS label: 1-63 characters of a-z, 0-9 and '-', starting with a letter and not ending with '-'"})
+		fe = append(fe, FieldError{Field: "name", Message: "must be a DNS label: 1-63 characters of a-z, 0-9 and '-', starting with a letter and not ending with '-'"})
 	}
 	if !ValidName(spec.Owner) {
-		fe = append(fe, FieldError{"owner", "must name the owning team as a DNS label"})
+		fe = append(fe, FieldError{Field: "owner", Message: "must name the owning team as a DNS label"})
 	}
 	seen := map[Capability]bool{}
 	for i, c := range spec.Capabilities {
 		switch {
 		case !slices.Contains(allCapabilities, c):
-			fe = append(fe, FieldError{fmt.Sprintf("capabilities[%d]", i), fmt.Sprintf("unknown capability %q: want probe, self, passive or readiness", c)})
+			fe = append(fe, FieldError{Field: fmt.Sprintf("capabilities[%d]", i), Message: fmt.Sprintf("unknown capability %q: want probe, self, passive or readiness", c)})
 		case seen[c]:
-			fe = append(fe, FieldError{fmt.Sprintf("capabilities[%d]", i), fmt.Sprintf("capability %q listed twice", c)})
+			fe = append(fe, FieldError{Field: fmt.Sprintf("capabilities[%d]", i), Message: fmt.Sprintf("capability %q listed twice", c)})
 		}
 		seen[c] = true
 	}
@@ -89,12 +90,12 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 		out     Service
 		created bool
 	)
-	err := r.write(ctx, actor, action, "service", name, spec, func(q *db.Queries) (*Error, error) {
+	err := r.write(ctx, actor, action, "service", name, spec, func(q *db.Queries) (*refusal.Error, error) {
 		now := r.now()
 		cur, err := q.ServiceGetForUpdate(ctx, name)
 		if notFound(err) {
 			if !CanManage(actor, spec.Owner) {
-				return refusal(ErrForbidden, "creating service %s for team %s needs that team's operator role or admin; %s has neither", name, spec.Owner, actor), nil
+				return newRefusal(ErrForbidden, "creating service %s for team %s needs that team's operator role or admin; %s has neither", name, spec.Owner, actor), nil
 			}
 			row, err := q.ServiceInsert(ctx, db.ServiceInsertParams{Name: name, Owner: spec.Owner, Capabilities: capStrings(spec.Capabilities), Now: now})
 			if err != nil {
@@ -110,15 +111,15 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 		before := serviceFromRow(cur)
 		switch {
 		case !CanManage(actor, before.Owner):
-			return refusal(ErrForbidden, "changing service %s needs the %s team's operator role or admin; %s has neither", name, before.Owner, actor), nil
+			return newRefusal(ErrForbidden, "changing service %s needs the %s team's operator role or admin; %s has neither", name, before.Owner, actor), nil
 		case spec.Owner != before.Owner && !actor.IsAdmin():
-			return refusal(ErrForbidden, "moving service %s from team %s to %s needs admin", name, before.Owner, spec.Owner), nil
+			return newRefusal(ErrForbidden, "moving service %s from team %s to %s needs admin", name, before.Owner, spec.Owner), nil
 		}
 		if c, err := r.contract(ctx, q, name); err == nil {
 			narrowed := before
 			narrowed.Capabilities = spec.Capabilities
 			if fe := ValidateContract(c.Contract, narrowed); len(fe) > 0 {
-				return &Error{Kind: ErrConflict, Detail: fmt.Sprintf("the health contract of %s uses evidence these capabilities leave out; change the contract first", name), Fields: fe}, nil
+				return &refusal.Error{Kind: ErrConflict, Detail: fmt.Sprintf("the health contract of %s uses evidence these capabilities leave out; change the contract first", name), Fields: fe}, nil
 			}
 		} else if !isNotFound(err) {
 			return nil, err
@@ -143,11 +144,11 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 // GetService returns one service.
 func (r *Registry) GetService(ctx context.Context, actor identity.Principal, name string) (Service, error) {
 	if !canReadService(actor, name) {
-		return Service{}, refusal(ErrForbidden, "%s may not read service %s", actor, name)
+		return Service{}, newRefusal(ErrForbidden, "%s may not read service %s", actor, name)
 	}
 	row, err := db.New(r.cfg.Pool).ServiceGet(ctx, name)
 	if notFound(err) {
-		return Service{}, refusal(ErrNotFound, "no service named %s", name)
+		return Service{}, newRefusal(ErrNotFound, "no service named %s", name)
 	}
 	if err != nil {
 		return Service{}, fmt.Errorf("read service %s: %w", name, err)
@@ -163,7 +164,7 @@ type ServiceFilter struct {
 // ListServices returns services ordered by name, after page.After.
 func (r *Registry) ListServices(ctx context.Context, actor identity.Principal, f ServiceFilter, page Page) ([]Service, error) {
 	if !CanReadEstate(actor) {
-		return nil, refusal(ErrForbidden, "%s may not list the registry: workloads resolve only the services granted to them", actor)
+		return nil, newRefusal(ErrForbidden, "%s may not list the registry: workloads resolve only the services granted to them", actor)
 	}
 	var owner *string
 	if f.Owner != "" {

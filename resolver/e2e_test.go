@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/resolver"
-	"github.com/musterhq/muster/server/servertest"
 	"github.com/musterhq/muster/stream"
 )
 
@@ -40,11 +40,11 @@ func deltaFrame(t *testing.T, d resolver.Delta) *stream.Frame {
 // Retry-After) while routing carries on from the held view.
 func TestClientAgainstMuster(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{})
+	s := apptest.New(t, apptest.Options{})
 	s.Seed(t)
 	web10, web11 := view("web", 10, 4), view("web", 11, 5)
 	s.Hub.Publish([]stream.Update{{View: viewFrame(t, web10)}})
-	token := s.Token(t, servertest.Viewer)
+	token := s.Token(t, apptest.Viewer)
 	sl, dir := &sleeps{}, t.TempDir()
 	c := newClient(t, resolver.Config{
 		URLs: []string{s.URL}, Services: []string{"web"}, HTTPClient: s.Client, CacheDir: dir,
@@ -81,14 +81,14 @@ func TestClientAgainstMuster(t *testing.T) {
 // away they are dropped and counted, and Record never waits.
 func TestOutcomesReportedToMuster(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{})
+	s := apptest.New(t, apptest.Options{})
 	s.Seed(t)
-	r := s.JSON(t, "POST", "/v1/services/web/instances", s.Token(t, servertest.Web), `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
+	r := s.JSON(t, "POST", "/v1/services/web/instances", s.Token(t, apptest.Web), `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	inst := servertest.Decode[registry.Instance](t, r).ID.String()
-	if r := s.JSON(t, "PUT", "/v1/services/web/grants", s.Token(t, servertest.Admin), `{"callers":["api"]}`); r.Status != http.StatusOK {
+	inst := apptest.Decode[registry.Instance](t, r).ID.String()
+	if r := s.JSON(t, "PUT", "/v1/services/web/grants", s.Token(t, apptest.Admin), `{"callers":["api"]}`); r.Status != http.StatusOK {
 		t.Fatalf("grant api -> web: %d %s", r.Status, r.Body)
 	}
 	if err := s.Evaluator.SyncNow(context.Background()); err != nil {
@@ -98,7 +98,7 @@ func TestOutcomesReportedToMuster(t *testing.T) {
 	e.InstanceID = inst
 	ghost := ep(1, "az1", 1) // muster does not know it
 	s.Hub.Publish([]stream.Update{{View: viewFrame(t, viewOf("web", 1, []resolver.Endpoint{e, ghost}))}})
-	token := s.Token(t, servertest.API)
+	token := s.Token(t, apptest.API)
 	c := newClient(t, resolver.Config{
 		URLs: []string{s.URL}, Services: []string{"web"}, HTTPClient: s.Client, ReportInterval: -1,
 		Token: func(context.Context) (string, error) { return token, nil },
@@ -150,7 +150,7 @@ func TestOutcomesReportedToMuster(t *testing.T) {
 // and only then is it Synced.
 func TestClientNotSyncedUntilMusterHasAView(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{WatchHeartbeat: 20 * time.Millisecond})
+	s := apptest.New(t, apptest.Options{WatchHeartbeat: 20 * time.Millisecond})
 	s.Seed(t)
 	dir := t.TempDir()
 	cache, err := resolver.NewCache([]string{"web"}, resolver.WithDir(dir))
@@ -160,7 +160,7 @@ func TestClientNotSyncedUntilMusterHasAView(t *testing.T) {
 	if err := cache.ApplyView(view("web", 5, 3)); err != nil {
 		t.Fatal(err)
 	}
-	token := s.Token(t, servertest.Viewer)
+	token := s.Token(t, apptest.Viewer)
 	c := newClient(t, resolver.Config{
 		URLs: []string{s.URL}, Services: []string{"web"}, HTTPClient: s.Client, CacheDir: dir,
 		Token: func(context.Context) (string, error) { return token, nil },
@@ -186,9 +186,9 @@ func TestClientNotSyncedUntilMusterHasAView(t *testing.T) {
 // decommission empties the client's set.
 func TestScaleDownFollowedAcrossTheRealStack(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{})
+	s := apptest.New(t, apptest.Options{})
 	s.Seed(t)
-	apiTok := s.Token(t, servertest.API)
+	apiTok := s.Token(t, apptest.API)
 	var ids []string
 	for i := range 10 {
 		// A workload registers from the address it registers (loopback here).
@@ -196,7 +196,7 @@ func TestScaleDownFollowedAcrossTheRealStack(t *testing.T) {
 		if r.Status != http.StatusCreated {
 			t.Fatalf("register: %d %s", r.Status, r.Body)
 		}
-		ids = append(ids, servertest.Decode[registry.Instance](t, r).ID.String())
+		ids = append(ids, apptest.Decode[registry.Instance](t, r).ID.String())
 	}
 	publish := func() {
 		t.Helper()

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/musterhq/muster/assembler"
@@ -22,7 +24,7 @@ func (s *Server) alarmsGet(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, problem(http.StatusForbidden, "forbidden", "the alarms describe the whole estate; they are for operator and tool identities"))
 		return
 	}
-	alarms := s.allAlarms()
+	alarms := allAlarms(&s.cfg)
 	if alarms == nil {
 		alarms = []assembler.Alarm{}
 	}
@@ -35,8 +37,8 @@ const AlarmDatabaseUnreachable = "database_unreachable"
 
 // databaseAlarm is the database_unreachable alarm while the database is
 // down.
-func (s *Server) databaseAlarm() (assembler.Alarm, bool) {
-	db := s.cfg.Database
+func databaseAlarm(cfg *Config) (assembler.Alarm, bool) {
+	db := cfg.Database
 	if db == nil || db.Up() {
 		return assembler.Alarm{}, false
 	}
@@ -47,4 +49,36 @@ func (s *Server) databaseAlarm() (assembler.Alarm, bool) {
 	}
 	detail += "; writes answer 503 database-unavailable, views are served from memory, reports are held in memory"
 	return assembler.Alarm{Kind: AlarmDatabaseUnreachable, Since: since, Detail: detail}, true
+}
+
+// Alarms lists every open alarm, as GET /v1/alarms does: the guard's,
+// the shift-backs', the lease reaper's, the database's and the probers'.
+func (s *Server) Alarms() []assembler.Alarm { return allAlarms(&s.cfg) }
+
+// AlarmsOf returns the list of open alarms a server built on cfg answers
+// GET /v1/alarms with, from cfg's sources (Alarms, Shifts, Leases,
+// Database, Probers). The UI's banner is given it, so it shows the same
+// list without needing the server that mounts it.
+func AlarmsOf(cfg Config) func() []assembler.Alarm {
+	return func() []assembler.Alarm { return allAlarms(&cfg) }
+}
+
+func allAlarms(cfg *Config) []assembler.Alarm {
+	out := cfg.Alarms.Alarms()
+	if cfg.Shifts != nil {
+		out = append(out, cfg.Shifts.Alarms()...)
+	}
+	out = append(out, leaseAlarms(cfg)...)
+	if a, ok := databaseAlarm(cfg); ok {
+		out = append(out, a)
+	}
+	if cfg.Probers != nil {
+		for _, a := range cfg.Probers.ProberAlarms() {
+			out = append(out, a.Alarm())
+		}
+	}
+	slices.SortStableFunc(out, func(a, b assembler.Alarm) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Service, b.Service), cmp.Compare(a.Zone, b.Zone))
+	})
+	return out
 }

@@ -11,13 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/resolver"
-	"github.com/musterhq/muster/server/servertest"
 	"github.com/musterhq/muster/stream"
 )
 
@@ -75,7 +75,7 @@ func TestWatchEndsWhenTheGrantIsRevoked(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	s.Seed(t)
-	oscar := s.Token(t, servertest.Operator)
+	oscar := s.Token(t, apptest.Operator)
 	if r := s.JSON(t, "PUT", "/v1/services/web/grants", oscar, `{"callers":["api"]}`); r.Status != http.StatusOK {
 		t.Fatalf("grant: %d %s", r.Status, r.Body)
 	}
@@ -83,7 +83,7 @@ func TestWatchEndsWhenTheGrantIsRevoked(t *testing.T) {
 	api := s.Token(t, apiReq)
 	_, granted := openWatch(t, s, api, "service=web&service=api")
 	_, own := openWatch(t, s, api, "service=api")
-	_, viewer := openWatch(t, s, s.Token(t, servertest.Viewer), "service=web")
+	_, viewer := openWatch(t, s, s.Token(t, apptest.Viewer), "service=web")
 	for _, sc := range []*bufio.Scanner{granted, own, viewer} {
 		if evs := readEvents(t, sc, 1); evs[0].kind != "view" {
 			t.Fatalf("first event %+v", evs)
@@ -185,7 +185,7 @@ func TestResolverResubscribesWithAFreshToken(t *testing.T) {
 // for the rate limiters.
 func TestTwoIssuersSameSubjectAreTwoActors(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{SecondIssuer: true})
+	s := apptest.New(t, apptest.Options{SecondIssuer: true})
 	alice := devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
 	home, other := s.Token(t, alice), s.Token2(t, alice)
 	if r := s.JSON(t, "PUT", "/v1/services/web", home, `{"owner":"payments","capabilities":["self"]}`); r.Status != http.StatusCreated {
@@ -194,7 +194,7 @@ func TestTwoIssuersSameSubjectAreTwoActors(t *testing.T) {
 	if r := s.JSON(t, "PUT", "/v1/services/api", other, `{"owner":"search","capabilities":["self"]}`); r.Status != http.StatusCreated {
 		t.Fatalf("the other alice: %d %s", r.Status, r.Body)
 	}
-	evs := servertest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?action=service.put", home, "", "")).Items
+	evs := apptest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?action=service.put", home, "", "")).Items
 	actors := map[string]string{}
 	for _, e := range evs {
 		actors[e.Target] = e.Actor
@@ -211,7 +211,7 @@ func TestTwoIssuersSameSubjectAreTwoActors(t *testing.T) {
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	id := servertest.Decode[registry.Instance](t, r).ID.String()
+	id := apptest.Decode[registry.Instance](t, r).ID.String()
 	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestTwoIssuersSameSubjectAreTwoActors(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Fatalf("report: %d %s", r.Status, r.Body)
 		}
-		return servertest.Decode[evaluator.Result](t, r)
+		return apptest.Decode[evaluator.Result](t, r)
 	}
 	if res := report(s.Token(t, p1)); res.Accepted != 1 {
 		t.Fatalf("the home p1's probe: %+v, want accepted", res)
@@ -231,7 +231,7 @@ func TestTwoIssuersSameSubjectAreTwoActors(t *testing.T) {
 	}
 	name := s.Issuer2.URL() + "#p1"
 	if r := s.JSON(t, "PUT", "/v1/probers/"+url.PathEscape(name)+"/assignments", home, `{"services":["web"]}`); r.Status != http.StatusOK ||
-		servertest.Decode[registry.ProberAssignments](t, r).Prober != name {
+		apptest.Decode[registry.ProberAssignments](t, r).Prober != name {
 		t.Fatalf("assign %s: %d %s", name, r.Status, r.Body)
 	}
 	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
@@ -242,7 +242,7 @@ func TestTwoIssuersSameSubjectAreTwoActors(t *testing.T) {
 	}
 
 	// The audit filter tells the two alices apart too.
-	mine := servertest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?actor=operator:alice", home, "", "")).Items
+	mine := apptest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?actor=operator:alice", home, "", "")).Items
 	for _, e := range mine {
 		if e.Target == "api" {
 			t.Errorf("the home alice's events include the other alice's %s", e.Action)

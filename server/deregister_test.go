@@ -11,16 +11,16 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // deregister sends DELETE /v1/instances/{id}, with {"justification": j}
 // when j is not empty and no body otherwise.
-func (f *ofix) deregister(t *testing.T, tok, id, j string) servertest.Response {
+func (f *ofix) deregister(t *testing.T, tok, id, j string) apptest.Response {
 	t.Helper()
 	if j == "" {
 		return f.Do(t, "DELETE", "/v1/instances/"+id, tok, "", "")
@@ -30,7 +30,7 @@ func (f *ofix) deregister(t *testing.T, tok, id, j string) servertest.Response {
 
 // deregisterEvents returns the instance.deregister audit events about id,
 // oldest first.
-func deregisterEvents(t *testing.T, s *servertest.Stack, id string) []audit.Event {
+func deregisterEvents(t *testing.T, s *apptest.Stack, id string) []audit.Event {
 	t.Helper()
 	evs, err := audit.List(context.Background(), db.New(s.Pool), audit.Filter{Action: "instance.deregister", Target: id, Limit: 1000})
 	if err != nil {
@@ -48,7 +48,7 @@ func (f *ofix) instanceState(t *testing.T, id string) string {
 	if r.Status != http.StatusOK {
 		t.Fatalf("get instance %s: %d %s", id, r.Status, r.Body)
 	}
-	return servertest.Decode[registry.Instance](t, r).State
+	return apptest.Decode[registry.Instance](t, r).State
 }
 
 // setMinFraction sets web's minimum healthy fraction and lets the
@@ -71,7 +71,7 @@ func (f *ofix) setMinFraction(t *testing.T, frac float64) {
 // instance stays in the view.
 func TestDeregisterBySiblingIsRefused(t *testing.T) {
 	t.Parallel()
-	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 3})
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 3})
 	target := f.zones["az1"][0]
 	web, api := f.Token(t, webReq), f.Token(t, apiReq)
 	// The sibling is itself a registered instance of web (from 127.0.0.1):
@@ -128,7 +128,7 @@ func TestDeregisterBySiblingIsRefused(t *testing.T) {
 // count toward the operator's override quota. Every attempt is audited.
 func TestDeregisterByOperatorIsAnOverride(t *testing.T) {
 	t.Parallel()
-	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 3, "az2": 3})
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 3, "az2": 3})
 	f.setMinFraction(t, 0.6)
 	az1, az2 := f.zones["az1"], f.zones["az2"]
 	f.probe(t, "hard_failure", az1[2])
@@ -157,7 +157,7 @@ func TestDeregisterByOperatorIsAnOverride(t *testing.T) {
 		t.Fatalf("no co-sign offered: %v", m)
 	}
 	r = f.Do(t, "GET", "/v1/overrides/"+pending, oscar, "", "")
-	o := servertest.Decode[policy.Override](t, r)
+	o := apptest.Decode[policy.Override](t, r)
 	if o.Action != policy.Deregister || o.State != policy.StatePending || o.Actor != "operator:oscar" || o.Justification != just ||
 		o.CosignBy == nil || strings.Contains(string(r.Body), "expires_at") {
 		t.Fatalf("pending deregistration: %s", r.Body)
@@ -172,7 +172,7 @@ func TestDeregisterByOperatorIsAnOverride(t *testing.T) {
 
 	// The asker cannot co-sign; a second operator of the team can, and
 	// that deregisters the instance.
-	cosign := func(tok, j string) servertest.Response {
+	cosign := func(tok, j string) apptest.Response {
 		return f.JSON(t, "POST", "/v1/overrides/"+pending+"/cosign", tok, fmt.Sprintf(`{"justification":%q}`, j))
 	}
 	wantProblem(t, cosign(oscar, "yes, I really mean it"), http.StatusForbidden, "self-cosign")
@@ -180,7 +180,7 @@ func TestDeregisterByOperatorIsAnOverride(t *testing.T) {
 	if r.Status != http.StatusOK {
 		t.Fatalf("co-sign: %d %s", r.Status, r.Body)
 	}
-	o = servertest.Decode[policy.Override](t, r)
+	o = apptest.Decode[policy.Override](t, r)
 	if o.State != policy.StateApplied || o.Cosigner != "operator:paula" || o.EndedAt == nil {
 		t.Fatalf("co-signed deregistration: %s", r.Body)
 	}
@@ -200,7 +200,7 @@ func TestDeregisterByOperatorIsAnOverride(t *testing.T) {
 	if r.Status != http.StatusOK {
 		t.Fatalf("ineligible instance: %d %s", r.Status, r.Body)
 	}
-	if o := servertest.Decode[policy.Override](t, r); o.Action != policy.Deregister || o.State != policy.StateApplied ||
+	if o := apptest.Decode[policy.Override](t, r); o.Action != policy.Deregister || o.State != policy.StateApplied ||
 		r.Header.Get("Content-Location") != "/v1/overrides/"+o.ID.String() {
 		t.Errorf("ineligible instance's deregistration: %s %v", r.Body, r.Header)
 	}
@@ -289,13 +289,13 @@ func TestDeregisterByOperatorIsAnOverride(t *testing.T) {
 // was; the same workload identity is refused on a sibling.
 func TestDeregisterSelfIsImmediate(t *testing.T) {
 	t.Parallel()
-	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 2})
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 2})
 	web := f.Token(t, webReq)
 	r := f.JSON(t, "POST", "/v1/services/web/instances", web, `{"address":"127.0.0.1","port":9000,"zone":"az3"}`)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	self := servertest.Decode[registry.Instance](t, r).ID.String()
+	self := apptest.Decode[registry.Instance](t, r).ID.String()
 	f.Admit(t, self)
 
 	// The only instance in rotation in az3: an operator may not remove it
@@ -345,14 +345,14 @@ func TestDeregisterSelfIsImmediate(t *testing.T) {
 // the region is not removed by an operator, not even for a co-signer.
 func TestDeregisterNeverTheLastInstance(t *testing.T) {
 	t.Parallel()
-	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 1})
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 1})
 	id := f.zones["az1"][0]
 	m := wantProblem(t, f.deregister(t, f.Token(t, oscarReq), id, "decommissioning the last host"), http.StatusConflict, "last-instance")
 	if m["override_id"] != nil || m["region_eligible_after"] != 0.0 {
 		t.Errorf("last-instance refusal: %v", m)
 	}
 	r := f.Do(t, "GET", "/v1/overrides?instance_id="+id, f.Token(t, adminReq), "", "")
-	if l := servertest.Decode[struct{ Items []policy.Override }](t, r); len(l.Items) != 0 {
+	if l := apptest.Decode[struct{ Items []policy.Override }](t, r); len(l.Items) != 0 {
 		t.Errorf("a last-instance refusal was kept: %s", r.Body)
 	}
 	if st := f.instanceState(t, id); st != registry.StateActive {
@@ -371,7 +371,7 @@ func TestDeregisterNeverTheLastInstance(t *testing.T) {
 // exactly one goes through and the other waits for a co-signer.
 func TestConcurrentDeregistrationsCannotSpendTheSameHeadroom(t *testing.T) {
 	t.Parallel()
-	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 3, "az2": 1})
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 3, "az2": 1})
 	f.setMinFraction(t, 0.6)
 	az1 := f.zones["az1"]
 	toks := []string{f.Token(t, oscarReq), f.Token(t, paulaReq)}

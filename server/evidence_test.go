@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // TestEvidenceSideDoors (issue 13): one ordinary token cannot remove
@@ -39,7 +39,7 @@ func TestEvidenceSideDoors(t *testing.T) {
 		if r.Status != http.StatusCreated {
 			t.Fatalf("register: %d %s", r.Status, r.Body)
 		}
-		ids = append(ids, servertest.Decode[registry.Instance](t, r).ID.String())
+		ids = append(ids, apptest.Decode[registry.Instance](t, r).ID.String())
 	}
 	if r := s.JSON(t, "PUT", "/v1/probers/prober-az1/assignments", admin, `{"services":["web"]}`); r.Status != http.StatusOK {
 		t.Fatalf("assign: %d %s", r.Status, r.Body)
@@ -52,7 +52,7 @@ func TestEvidenceSideDoors(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Fatalf("POST /v1/reports: %d %s", r.Status, r.Body)
 		}
-		return servertest.Decode[evaluator.Result](t, r)
+		return apptest.Decode[evaluator.Result](t, r)
 	}
 	item := func(id, class, outcome string) string {
 		return fmt.Sprintf(`{"instance_id":%q,"class":%q,"outcome":%q}`, id, class, outcome)
@@ -61,7 +61,7 @@ func TestEvidenceSideDoors(t *testing.T) {
 		t.Helper()
 		r := s.Do(t, "GET", "/v1/services/web/eligibility", admin, "", "")
 		out := map[string]evaluator.InstanceVerdict{}
-		for _, v := range servertest.Decode[evaluator.ServiceEligibility](t, r).Instances {
+		for _, v := range apptest.Decode[evaluator.ServiceEligibility](t, r).Instances {
 			out[v.InstanceID.String()] = v
 		}
 		return out
@@ -198,7 +198,7 @@ func TestRefusedEvidenceSummaryIsRateBounded(t *testing.T) {
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	id := servertest.Decode[registry.Instance](t, r).ID.String()
+	id := apptest.Decode[registry.Instance](t, r).ID.String()
 	s.Admit(t, id)
 	stranger := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "other"})
 	items := make([]string, 1000)
@@ -210,7 +210,7 @@ func TestRefusedEvidenceSummaryIsRateBounded(t *testing.T) {
 		t.Helper()
 		for range batches {
 			r := s.JSON(t, "POST", "/v1/reports", stranger, body)
-			if res := servertest.Decode[evaluator.Result](t, r); r.Status != http.StatusOK || len(res.Refused) != len(items) {
+			if res := apptest.Decode[evaluator.Result](t, r); r.Status != http.StatusOK || len(res.Refused) != len(items) {
 				t.Fatalf("POST /v1/reports: %d %s", r.Status, r.Body)
 			}
 		}

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // TestHealthKnownReachesTheView (issue 14): api has no readiness signal
@@ -21,12 +21,12 @@ func TestHealthKnownReachesTheView(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	s.Seed(t)
-	admin, api := s.Token(t, adminReq), s.Token(t, servertest.API)
+	admin, api := s.Token(t, adminReq), s.Token(t, apptest.API)
 	r := s.JSON(t, "POST", "/v1/services/api/instances", admin, `{"address":"10.0.1.1","port":8080,"zone":"az1"}`)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	id := servertest.Decode[registry.Instance](t, r).ID.String()
+	id := apptest.Decode[registry.Instance](t, r).ID.String()
 	for deadline := time.Now().Add(20 * time.Second); !s.Evaluator.Ready(); {
 		if time.Now().After(deadline) {
 			t.Fatal("the evaluator did not become ready within 20 s")
@@ -49,7 +49,7 @@ func TestHealthKnownReachesTheView(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Fatalf("resolve: %d %s", r.Status, r.Body)
 		}
-		v := servertest.Decode[assembler.View](t, r)
+		v := apptest.Decode[assembler.View](t, r)
 		if len(v.Endpoints) != 1 || v.Endpoints[0].InstanceID.String() != id {
 			t.Fatalf("view %+v; want the one instance", v)
 		}
@@ -61,7 +61,7 @@ func TestHealthKnownReachesTheView(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Fatalf("eligibility: %d %s", r.Status, r.Body)
 		}
-		e := servertest.Decode[evaluator.ServiceEligibility](t, r)
+		e := apptest.Decode[evaluator.ServiceEligibility](t, r)
 		if len(e.Instances) != 1 {
 			t.Fatalf("eligibility %+v", e)
 		}
@@ -78,7 +78,7 @@ func TestHealthKnownReachesTheView(t *testing.T) {
 
 	// api's own workload reports a success of its instance.
 	r = s.JSON(t, "POST", "/v1/reports", api, fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"passive","outcome":"success"}]}`, id))
-	if r.Status != http.StatusOK || servertest.Decode[evaluator.Result](t, r).Accepted != 1 {
+	if r.Status != http.StatusOK || apptest.Decode[evaluator.Result](t, r).Accepted != 1 {
 		t.Fatalf("report: %d %s", r.Status, r.Body)
 	}
 	s.Evaluator.EvaluateNow()

@@ -78,12 +78,12 @@ func (s *Server) leaseExpiryConfirm(w http.ResponseWriter, r *http.Request) {
 }
 
 // leaseAlarms turns the reaper's suppressions into alarms.
-func (s *Server) leaseAlarms() []assembler.Alarm {
-	if s.cfg.Leases == nil {
+func leaseAlarms(cfg *Config) []assembler.Alarm {
+	if cfg.Leases == nil {
 		return nil
 	}
 	var out []assembler.Alarm
-	for _, sup := range s.cfg.Leases.Suppressions() {
+	for _, sup := range cfg.Leases.Suppressions() {
 		out = append(out, assembler.Alarm{Kind: AlarmLeaseExpirySuppressed, Service: sup.Service, Since: sup.Since, Detail: sup.Detail})
 	}
 	return out

@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // TestLeaseExpirySuppressedOverHTTP: 20% of the region's leases stop
@@ -23,7 +23,7 @@ import (
 func TestLeaseExpirySuppressedOverHTTP(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := servertest.New(t, servertest.Options{})
+	s := apptest.New(t, apptest.Options{})
 	s.Seed(t)
 	adminP := identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
 	var ins []registry.Instance
@@ -45,9 +45,9 @@ func TestLeaseExpirySuppressedOverHTTP(t *testing.T) {
 			t.Fatalf("reaper: expired %d, %v", n, err)
 		}
 	}
-	admin, viewer, web := s.Token(t, servertest.Admin), s.Token(t, servertest.Viewer), s.Token(t, servertest.Web)
+	admin, viewer, web := s.Token(t, apptest.Admin), s.Token(t, apptest.Viewer), s.Token(t, apptest.Web)
 
-	alarms := servertest.Decode[struct {
+	alarms := apptest.Decode[struct {
 		Alarms []struct{ Kind, Service, Detail string }
 	}](t, s.Do(t, "GET", "/v1/alarms", admin, "", ""))
 	var found bool
@@ -59,7 +59,7 @@ func TestLeaseExpirySuppressedOverHTTP(t *testing.T) {
 	if !found {
 		t.Fatalf("no lease_expiry_suppressed alarm with the numbers: %+v", alarms)
 	}
-	st := servertest.Decode[struct {
+	st := apptest.Decode[struct {
 		Grace        bool
 		Suppressions []registry.Suppression
 	}](t, s.Do(t, "GET", "/v1/leases/expiry", viewer, "", ""))
@@ -93,13 +93,13 @@ func TestLeaseExpirySuppressedOverHTTP(t *testing.T) {
 	if r.Status != http.StatusCreated {
 		t.Fatalf("confirm: %d %s", r.Status, r.Body)
 	}
-	if c := servertest.Decode[registry.Confirmation](t, r); c.Released != 4 || c.ConfirmedBy != adminP.String() {
+	if c := apptest.Decode[registry.Confirmation](t, r); c.Released != 4 || c.ConfirmedBy != adminP.String() {
 		t.Fatalf("confirmation %+v", c)
 	}
 	if n, err := s.Reaper.RunOnce(ctx); err != nil || n != 4 {
 		t.Fatalf("after the confirmation: expired %d, %v", n, err)
 	}
-	evs := servertest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?action=lease.expiry.confirm", admin, "", ""))
+	evs := apptest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?action=lease.expiry.confirm", admin, "", ""))
 	var refused, accepted int
 	for _, e := range evs.Items {
 		switch e.Outcome {

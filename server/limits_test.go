@@ -16,6 +16,7 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
@@ -23,7 +24,6 @@ import (
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // registerWeb registers an instance of web from loopback and returns its id.
@@ -33,7 +33,7 @@ func registerWeb(t *testing.T, s *stack, port int) string {
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	return servertest.Decode[registry.Instance](t, r).ID.String()
+	return apptest.Decode[registry.Instance](t, r).ID.String()
 }
 
 func reportBody(instance, class string, n int) string {
@@ -47,7 +47,7 @@ func reportBody(instance, class string, n int) string {
 // wantRateLimited checks a 429 as every limiter answers it: a
 // rate-limited problem with Retry-After and the RateLimit-* headers of
 // lim.
-func wantRateLimited(t *testing.T, r servertest.Response, lim policy.Limit) {
+func wantRateLimited(t *testing.T, r apptest.Response, lim policy.Limit) {
 	t.Helper()
 	if r.Status != http.StatusTooManyRequests || r.Problem(t).Type != server.ProblemBase+"rate-limited" {
 		t.Fatalf("status %d %s, want a 429 rate-limited problem", r.Status, r.Body)
@@ -65,9 +65,9 @@ func wantRateLimited(t *testing.T, r servertest.Response, lim policy.Limit) {
 func TestReportFloodIsLimitedPerIdentity(t *testing.T) {
 	t.Parallel()
 	items := policy.Limit{Max: 50, Window: 10 * time.Second}
-	s := servertest.New(t, servertest.Options{Limits: server.Limits{ReportItems: items}})
+	s := apptest.New(t, apptest.Options{Limits: server.Limits{ReportItems: items}})
 	s.Seed(t)
-	admin := s.Token(t, servertest.Admin)
+	admin := s.Token(t, apptest.Admin)
 	if r := s.JSON(t, "PUT", "/v1/probers/p1/assignments", admin, `{"services":["web"]}`); r.Status != http.StatusOK {
 		t.Fatalf("assign p1: %d %s", r.Status, r.Body)
 	}
@@ -81,7 +81,7 @@ func TestReportFloodIsLimitedPerIdentity(t *testing.T) {
 		wg              sync.WaitGroup
 		mu              sync.Mutex
 		limited, passed int
-		first429        *servertest.Response
+		first429        *apptest.Response
 	)
 	for range 4 {
 		wg.Go(func() {
@@ -110,7 +110,7 @@ func TestReportFloodIsLimitedPerIdentity(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Fatalf("the prober's batch %d during the flood: %d %s", i, r.Status, r.Body)
 		}
-		if res := servertest.Decode[evaluator.Result](t, r); res.Accepted != 4 {
+		if res := apptest.Decode[evaluator.Result](t, r); res.Accepted != 4 {
 			t.Fatalf("the prober's batch %d during the flood: %+v, want 4 accepted", i, res)
 		}
 	}
@@ -134,7 +134,7 @@ func TestReportFloodIsLimitedPerIdentity(t *testing.T) {
 func TestRegistrationsAreLimitedPerIdentity(t *testing.T) {
 	t.Parallel()
 	lim := policy.Limit{Max: 2, Window: time.Minute}
-	s := servertest.New(t, servertest.Options{Limits: server.Limits{Registrations: lim}})
+	s := apptest.New(t, apptest.Options{Limits: server.Limits{Registrations: lim}})
 	s.Seed(t)
 	web := s.Token(t, webReq)
 	for i := range 2 {
@@ -157,7 +157,7 @@ func TestRegistrationsAreLimitedPerIdentity(t *testing.T) {
 func TestRenewalsAndDeregistrationsAreLimitedPerIdentity(t *testing.T) {
 	t.Parallel()
 	lim := policy.Limit{Max: 2, Window: time.Minute}
-	s := servertest.New(t, servertest.Options{Limits: server.Limits{LeaseRenewals: lim, Deregistrations: lim}})
+	s := apptest.New(t, apptest.Options{Limits: server.Limits{LeaseRenewals: lim, Deregistrations: lim}})
 	s.Seed(t)
 	web, api := s.Token(t, webReq), s.Token(t, apiReq)
 	register := func(tok, service string, port int) string {
@@ -166,7 +166,7 @@ func TestRenewalsAndDeregistrationsAreLimitedPerIdentity(t *testing.T) {
 		if r.Status != http.StatusCreated {
 			t.Fatalf("register %s: %d %s", service, r.Status, r.Body)
 		}
-		return servertest.Decode[registry.Instance](t, r).ID.String()
+		return apptest.Decode[registry.Instance](t, r).ID.String()
 	}
 	var ids []string
 	for i := range 3 {
@@ -191,7 +191,7 @@ func TestRenewalsAndDeregistrationsAreLimitedPerIdentity(t *testing.T) {
 	}
 	wantRateLimited(t, s.Do(t, "DELETE", "/v1/instances/"+ids[2], web, "", ""), lim)
 	if r := s.Do(t, "GET", "/v1/instances/"+ids[2], s.Token(t, adminReq), "", ""); r.Status != http.StatusOK ||
-		servertest.Decode[registry.Instance](t, r).State != registry.StateActive {
+		apptest.Decode[registry.Instance](t, r).State != registry.StateActive {
 		t.Fatalf("the instance whose deregistration was refused 429: %d %s, want it still active", r.Status, r.Body)
 	}
 	if r := s.Do(t, "DELETE", "/v1/instances/"+other, api, "", ""); r.Status != http.StatusNoContent {
@@ -232,9 +232,9 @@ func get(t *testing.T, c *http.Client, url, token string) *http.Response {
 func TestUnauthenticatedFloodPerAddress(t *testing.T) {
 	t.Parallel()
 	lim := policy.Limit{Max: 5, Window: time.Minute}
-	s := servertest.New(t, servertest.Options{Limits: server.Limits{Unauthenticated: lim}})
-	good := s.Token(t, servertest.Viewer)
-	known := s.Token(t, servertest.Admin)
+	s := apptest.New(t, apptest.Options{Limits: server.Limits{Unauthenticated: lim}})
+	good := s.Token(t, apptest.Viewer)
+	known := s.Token(t, apptest.Admin)
 	a, b := fromAddr("127.0.0.1"), fromAddr("127.0.0.2")
 	if res := get(t, a, s.URL+"/v1/services", known); res.StatusCode != http.StatusOK {
 		t.Fatalf("a valid token before the flood: %d, want 200", res.StatusCode)
@@ -279,7 +279,7 @@ func TestUnknownKeyIDsCostOneKeySetFetch(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	start := time.Now()
-	if r := s.Do(t, "GET", "/v1/services", s.Token(t, servertest.Viewer), "", ""); r.Status != http.StatusOK {
+	if r := s.Do(t, "GET", "/v1/services", s.Token(t, apptest.Viewer), "", ""); r.Status != http.StatusOK {
 		t.Fatalf("a valid token: %d %s", r.Status, r.Body)
 	}
 	if n := s.JWKSFetches(); n != 1 {
@@ -326,7 +326,7 @@ func forge(t *testing.T, key *rsa.PrivateKey, kid, iss string) string {
 // streams; a closed one frees its place.
 func TestWatchStreamsPerIdentity(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{Limits: server.Limits{WatchStreams: 2}, WatchHeartbeat: 50 * time.Millisecond})
+	s := apptest.New(t, apptest.Options{Limits: server.Limits{WatchStreams: 2}, WatchHeartbeat: 50 * time.Millisecond})
 	s.Seed(t)
 	s.Hub.Publish(nil)
 	web := s.Token(t, webReq)
@@ -350,7 +350,7 @@ func TestWatchStreamsPerIdentity(t *testing.T) {
 		third.Header.Get("RateLimit-Limit") != "2" {
 		t.Fatalf("a third stream: %d %v, want 429 with Retry-After", third.StatusCode, third.Header)
 	}
-	if other := open(s.Token(t, servertest.Viewer)); other.StatusCode != http.StatusOK {
+	if other := open(s.Token(t, apptest.Viewer)); other.StatusCode != http.StatusOK {
 		t.Fatalf("another identity's stream: %d", other.StatusCode)
 	}
 	first.Body.Close()
@@ -368,9 +368,9 @@ func TestWatchStreamsPerIdentity(t *testing.T) {
 func TestShiftsAndLiftsCountAsPolicyWrites(t *testing.T) {
 	t.Parallel()
 	lim := policy.Limit{Max: 1, Window: time.Minute}
-	s := servertest.New(t, servertest.Options{Policy: func(c *policy.Config) { c.WriteLimit = lim }})
+	s := apptest.New(t, apptest.Options{Policy: func(c *policy.Config) { c.WriteLimit = lim }})
 	s.Seed(t)
-	oscar := s.Token(t, servertest.Operator)
+	oscar := s.Token(t, apptest.Operator)
 	drain := `{"scope":"zone","target":"az9","reason":"drill","manual":true}`
 	if r := s.JSON(t, "POST", "/v1/shifts", oscar, drain); r.Status == http.StatusTooManyRequests || r.Header.Get("RateLimit-Remaining") != "0" {
 		t.Fatalf("first shift operation: %d %v %s", r.Status, r.Header, r.Body)
@@ -381,7 +381,7 @@ func TestShiftsAndLiftsCountAsPolicyWrites(t *testing.T) {
 		t.Fatalf("first lift (of no override): %d %s, want 404", r.Status, r.Body)
 	}
 	wantRateLimited(t, s.Do(t, "DELETE", "/v1/overrides/"+id, oscar, "", ""), lim)
-	evs := servertest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?outcome=refused", s.Token(t, servertest.Admin), "", "")).Items
+	evs := apptest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?outcome=refused", s.Token(t, apptest.Admin), "", "")).Items
 	seen := map[string]bool{}
 	for _, e := range evs {
 		if strings.HasPrefix(e.Reason, "rate_limit") {

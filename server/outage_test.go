@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // outageHold is how long the outage tests keep PostgreSQL frozen or
@@ -39,14 +39,14 @@ func outageHold(t *testing.T) time.Duration {
 func outageStack(t *testing.T) (*stack, *dbtest.Cluster, string) {
 	t.Helper()
 	pc := dbtest.NewCluster(t)
-	s := servertest.New(t, servertest.Options{DatabaseURL: pc.URL()})
+	s := apptest.New(t, apptest.Options{DatabaseURL: pc.URL()})
 	s.Seed(t)
 	oscar := s.Token(t, oscarReq)
 	r := s.JSON(t, "POST", "/v1/services/web/instances", oscar, `{"address":"10.0.0.1","port":8080,"zone":"az1"}`)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	instance := servertest.Decode[registry.Instance](t, r).ID.String()
+	instance := apptest.Decode[registry.Instance](t, r).ID.String()
 	if r := s.JSON(t, "PUT", "/v1/services/web/grants", oscar, `{"callers":["api"]}`); r.Status != http.StatusOK {
 		t.Fatalf("grant: %d %s", r.Status, r.Body)
 	}
@@ -83,7 +83,7 @@ func databaseUp(t *testing.T, s *stack) string {
 }
 
 // timedWrite PUTs web's contract and says how long the answer took.
-func timedWrite(t *testing.T, s *stack, tok, body string) (servertest.Response, time.Duration) {
+func timedWrite(t *testing.T, s *stack, tok, body string) (apptest.Response, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	r := s.JSON(t, "PUT", "/v1/services/web/contract", tok, body)
@@ -92,7 +92,7 @@ func timedWrite(t *testing.T, s *stack, tok, body string) (servertest.Response, 
 
 // wantDatabaseUnavailable checks a 503 database-unavailable problem with
 // Retry-After, answered within budget.
-func wantDatabaseUnavailable(t *testing.T, what string, r servertest.Response, took, budget time.Duration) {
+func wantDatabaseUnavailable(t *testing.T, what string, r apptest.Response, took, budget time.Duration) {
 	t.Helper()
 	if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("%s: %d (Retry-After %q) %s", what, r.Status, r.Header.Get("Retry-After"), r.Body)
@@ -132,7 +132,7 @@ func servesFromMemory(t *testing.T, s *stack, instance string) {
 	// The instance itself (its token vouches for its address).
 	web := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.0.0.1"}})
 	r := s.JSON(t, "POST", "/v1/reports", web, `{"reports":[{"instance_id":"`+instance+`","class":"self","outcome":"success"}]}`)
-	if r.Status != http.StatusOK || servertest.Decode[evaluator.Result](t, r).Accepted != 1 {
+	if r.Status != http.StatusOK || apptest.Decode[evaluator.Result](t, r).Accepted != 1 {
 		t.Errorf("reports during the outage: %d %s", r.Status, r.Body)
 	}
 	if r := s.Do(t, "GET", "/v1/services", "", "", ""); r.Status != http.StatusUnauthorized {

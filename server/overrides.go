@@ -1,7 +1,6 @@
 package server
 
 import (
-	"errors"
 	"net/http"
 	"strconv"
 
@@ -9,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/policy"
+	"github.com/musterhq/muster/refusal"
 )
 
 func (s *Server) overrideCreate(w http.ResponseWriter, r *http.Request) {
@@ -144,64 +144,11 @@ func (s *Server) limitWrite(w http.ResponseWriter, r *http.Request, scope, actio
 
 // setRateLimit sends the quota as RateLimit-* headers (the IETF
 // httpapi-ratelimit-headers fields, with the policy as "5;w=600").
-func setRateLimit(h http.Header, d policy.Decision) {
-	h.Set("RateLimit-Limit", strconv.Itoa(d.Limit.Max))
-	h.Set("RateLimit-Remaining", strconv.Itoa(d.Remaining))
-	h.Set("RateLimit-Reset", strconv.Itoa(d.ResetSeconds()))
-	h.Set("RateLimit-Policy", d.Limit.Policy())
-}
+func setRateLimit(h http.Header, d policy.Decision) { setQuota(h, *d.Quota()) }
 
-// policyProblem maps a policy refusal to its problem, with the deciding
-// check and its figures as extension members.
-func policyProblem(w http.ResponseWriter, pe *policy.Error) *Problem {
-	var p *Problem
-	switch {
-	case errors.Is(pe.Kind, policy.ErrInvalid):
-		p = problem(http.StatusUnprocessableEntity, "validation", pe.Detail)
-	case errors.Is(pe.Kind, policy.ErrNotFound):
-		p = problem(http.StatusNotFound, "not-found", pe.Detail)
-	case errors.Is(pe.Kind, policy.ErrForbidden):
-		p = problem(http.StatusForbidden, "forbidden", pe.Detail)
-	case errors.Is(pe.Kind, policy.ErrRateLimited):
-		p = problem(http.StatusTooManyRequests, "rate-limited", pe.Detail)
-		if pe.RateLimit != nil {
-			p.retryAfter = pe.RateLimit.ResetSeconds()
-		}
-	case errors.Is(pe.Kind, policy.ErrJustification):
-		p = problem(http.StatusUnprocessableEntity, "justification-required", pe.Detail)
-	case errors.Is(pe.Kind, policy.ErrExpiry):
-		p = problem(http.StatusUnprocessableEntity, "invalid-expiry", pe.Detail)
-	case errors.Is(pe.Kind, policy.ErrBudget):
-		p = problem(http.StatusConflict, "budget-exceeded", pe.Detail)
-	case errors.Is(pe.Kind, policy.ErrLastInstance):
-		p = problem(http.StatusConflict, "last-instance", pe.Detail)
-	case errors.Is(pe.Kind, policy.ErrSelfCosign):
-		p = problem(http.StatusForbidden, "self-cosign", pe.Detail)
-	case errors.Is(pe.Kind, policy.ErrCosignExpired):
-		p = problem(http.StatusGone, "cosign-expired", pe.Detail)
-	case errors.Is(pe.Kind, policy.ErrConflict):
-		p = problem(http.StatusConflict, "conflict", pe.Detail)
-	default:
-		p = problem(http.StatusInternalServerError, "internal", pe.Detail)
-	}
-	p.Errors = pe.Fields
-	if pe.RateLimit != nil {
-		setRateLimit(w.Header(), *pe.RateLimit)
-	}
-	ext := map[string]any{}
-	if pe.Check != "" {
-		ext["check"] = pe.Check
-	}
-	for k, v := range pe.Figures {
-		ext[k] = v
-	}
-	if o := pe.Override; o != nil {
-		ext["override_id"] = o.ID
-		ext["cosign_by"] = o.CosignBy
-		ext["cosign_url"] = "/v1/overrides/" + o.ID.String() + "/cosign"
-	}
-	if len(ext) > 0 {
-		p.Extensions = ext
-	}
-	return p
+func setQuota(h http.Header, q refusal.Quota) {
+	h.Set("RateLimit-Limit", strconv.Itoa(q.Max))
+	h.Set("RateLimit-Remaining", strconv.Itoa(q.Remaining))
+	h.Set("RateLimit-Reset", strconv.Itoa(q.ResetSeconds()))
+	h.Set("RateLimit-Policy", q.Policy())
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
@@ -22,7 +23,6 @@ import (
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 var (
@@ -36,13 +36,13 @@ var (
 // ofix is a stack whose web service (payments) has instances per zone,
 // all eligible by a probe success.
 type ofix struct {
-	*servertest.Stack
+	*apptest.Stack
 	zones map[string][]string // web instance ids by zone
 }
 
-func newOverrideFixture(t *testing.T, opts servertest.Options, perZone map[string]int) *ofix {
+func newOverrideFixture(t *testing.T, opts apptest.Options, perZone map[string]int) *ofix {
 	t.Helper()
-	s := servertest.New(t, opts)
+	s := apptest.New(t, opts)
 	f := &ofix{Stack: s, zones: map[string][]string{}}
 	if opts.Pool == nil {
 		s.Seed(t)
@@ -104,7 +104,7 @@ func (f *ofix) probeAll(t *testing.T, outcome string) {
 	f.probe(t, outcome, ids...)
 }
 
-func (f *ofix) override(t *testing.T, tok, id, action, justification string, expiresIn int) servertest.Response {
+func (f *ofix) override(t *testing.T, tok, id, action, justification string, expiresIn int) apptest.Response {
 	t.Helper()
 	body := fmt.Sprintf(`{"instance_id":%q,"action":%q,"justification":%q`, id, action, justification)
 	if expiresIn != 0 {
@@ -114,7 +114,7 @@ func (f *ofix) override(t *testing.T, tok, id, action, justification string, exp
 }
 
 // problemMap decodes a problem with its extension members.
-func problemMap(t *testing.T, r servertest.Response) map[string]any {
+func problemMap(t *testing.T, r apptest.Response) map[string]any {
 	t.Helper()
 	r.Problem(t)
 	var m map[string]any
@@ -124,7 +124,7 @@ func problemMap(t *testing.T, r servertest.Response) map[string]any {
 	return m
 }
 
-func wantProblem(t *testing.T, r servertest.Response, status int, slug string) map[string]any {
+func wantProblem(t *testing.T, r apptest.Response, status int, slug string) map[string]any {
 	t.Helper()
 	if r.Status != status {
 		t.Fatalf("status %d, want %d (%s): %s", r.Status, status, slug, r.Body)
@@ -145,7 +145,7 @@ type auditDecision struct {
 }
 
 // overrideEvents returns the override audit events, oldest first.
-func overrideEvents(t *testing.T, s *servertest.Stack) []audit.Event {
+func overrideEvents(t *testing.T, s *apptest.Stack) []audit.Event {
 	t.Helper()
 	evs, err := audit.List(context.Background(), db.New(s.Pool), audit.Filter{Limit: 1000})
 	if err != nil {
@@ -169,7 +169,7 @@ func decisionOf(t *testing.T, ev audit.Event) auditDecision {
 	return d
 }
 
-func verifyAudit(t *testing.T, s *servertest.Stack) {
+func verifyAudit(t *testing.T, s *apptest.Stack) {
 	t.Helper()
 	rep, err := audit.Verify(context.Background(), db.New(s.Pool))
 	if err != nil {
@@ -185,7 +185,7 @@ func verifyAudit(t *testing.T, s *servertest.Stack) {
 // attempt after authentication left an audit event naming its check.
 func TestOverrideChecksInOrder(t *testing.T) {
 	t.Parallel()
-	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 6, "az2": 1})
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 6, "az2": 1})
 	az1 := f.zones["az1"]
 	oscar, sam, vera, web, alice := f.Token(t, oscarReq), f.Token(t, samReq), f.Token(t, veraReq), f.Token(t, webReq), f.Token(t, adminReq)
 	good := "instance serves stale prices after the cache incident INC-42"
@@ -223,7 +223,7 @@ func TestOverrideChecksInOrder(t *testing.T) {
 	if r.Status != http.StatusCreated {
 		t.Fatalf("accept: %d %s", r.Status, r.Body)
 	}
-	o := servertest.Decode[policy.Override](t, r)
+	o := apptest.Decode[policy.Override](t, r)
 	if o.State != policy.StateActive || o.Actor != "operator:oscar" || o.Zone != "az1" || r.Header.Get("Location") != "/v1/overrides/"+o.ID.String() {
 		t.Errorf("accepted override %+v, Location %q", o, r.Header.Get("Location"))
 	}
@@ -339,10 +339,10 @@ func TestOverrideChecksInOrder(t *testing.T) {
 // the limit exactly five times.
 func TestOverrideRateLimitIsSharedAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	a := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 2})
-	b := servertest.New(t, servertest.Options{Pool: a.Pool})
+	a := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 2})
+	b := apptest.New(t, apptest.Options{Pool: a.Pool})
 	id := a.zones["az1"][0]
-	stacks := []*servertest.Stack{a.Stack, b}
+	stacks := []*apptest.Stack{a.Stack, b}
 	const n = 12
 	statuses := make([]int, n)
 	var wg sync.WaitGroup
@@ -387,7 +387,7 @@ func TestOverrideRateLimitIsSharedAcrossReplicas(t *testing.T) {
 // refused.
 func TestCosignExceedsBudgetOnlyWithTwoIdentities(t *testing.T) {
 	t.Parallel()
-	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 4})
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 4})
 	az1 := f.zones["az1"]
 	oscar, alice, sam := f.Token(t, oscarReq), f.Token(t, adminReq), f.Token(t, samReq)
 	just := "these instances corrupt orders; see INC-77 timeline"
@@ -403,14 +403,14 @@ func TestCosignExceedsBudgetOnlyWithTwoIdentities(t *testing.T) {
 		t.Fatalf("budget refusal: %v", m)
 	}
 	r := f.Do(t, "GET", "/v1/overrides/"+pending, alice, "", "")
-	if o := servertest.Decode[policy.Override](t, r); o.State != policy.StatePending || o.CosignBy == nil {
+	if o := apptest.Decode[policy.Override](t, r); o.State != policy.StatePending || o.CosignBy == nil {
 		t.Fatalf("pending override: %s", r.Body)
 	}
 	// A second pending attempt by alice herself, left to expire.
 	m = wantProblem(t, f.override(t, alice, az1[3], "mark_ineligible", just, 0), http.StatusConflict, "budget-exceeded")
 	late, _ := m["override_id"].(string)
 
-	cosign := func(tok, id, j string) servertest.Response {
+	cosign := func(tok, id, j string) apptest.Response {
 		return f.JSON(t, "POST", "/v1/overrides/"+id+"/cosign", tok, fmt.Sprintf(`{"justification":%q}`, j))
 	}
 	wantProblem(t, cosign(oscar, pending, "I really mean it, see INC-77"), http.StatusForbidden, "self-cosign")
@@ -420,7 +420,7 @@ func TestCosignExceedsBudgetOnlyWithTwoIdentities(t *testing.T) {
 	if r.Status != http.StatusOK {
 		t.Fatalf("co-sign: %d %s", r.Status, r.Body)
 	}
-	o := servertest.Decode[policy.Override](t, r)
+	o := apptest.Decode[policy.Override](t, r)
 	if o.State != policy.StateActive || o.Cosigner != "operator:alice" || o.Actor != "operator:oscar" || o.CosignJustification == "" {
 		t.Fatalf("co-signed override %+v", o)
 	}
@@ -431,7 +431,7 @@ func TestCosignExceedsBudgetOnlyWithTwoIdentities(t *testing.T) {
 	f.Clock.Advance(policy.DefaultCosignWindow + time.Second)
 	wantProblem(t, cosign(oscar, late, "confirmed with alice on the INC-77 bridge"), http.StatusGone, "cosign-expired")
 	r = f.Do(t, "GET", "/v1/overrides?state=expired", alice, "", "")
-	if l := servertest.Decode[struct{ Items []policy.Override }](t, r); len(l.Items) != 1 || l.Items[0].ID.String() != late {
+	if l := apptest.Decode[struct{ Items []policy.Override }](t, r); len(l.Items) != 1 || l.Items[0].ID.String() != late {
 		t.Errorf("expired overrides: %s", r.Body)
 	}
 
@@ -472,7 +472,7 @@ func (f *ofix) view(t *testing.T) assembler.View {
 	if r.Status != http.StatusOK {
 		t.Fatalf("resolve web: %d %s", r.Status, r.Body)
 	}
-	return servertest.Decode[assembler.View](t, r)
+	return apptest.Decode[assembler.View](t, r)
 }
 
 func endpointOf(t *testing.T, v assembler.View, id string) (assembler.Endpoint, bool) {
@@ -488,7 +488,7 @@ func endpointOf(t *testing.T, v assembler.View, id string) (assembler.Endpoint, 
 func (f *ofix) verdict(t *testing.T, id string) evaluator.InstanceVerdict {
 	t.Helper()
 	r := f.Do(t, "GET", "/v1/services/web/eligibility", f.Token(t, adminReq), "", "")
-	for _, v := range servertest.Decode[evaluator.ServiceEligibility](t, r).Instances {
+	for _, v := range apptest.Decode[evaluator.ServiceEligibility](t, r).Instances {
 		if v.InstanceID.String() == id {
 			return v
 		}
@@ -502,7 +502,7 @@ func (f *ofix) verdict(t *testing.T, id string) evaluator.InstanceVerdict {
 // lifting it, or its expiry, restores the instance.
 func TestOverrideShowsInViewsAndEligibility(t *testing.T) {
 	t.Parallel()
-	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 4})
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 4})
 	az1 := f.zones["az1"]
 	oscar := f.Token(t, oscarReq)
 	f.publish(t)
@@ -515,7 +515,7 @@ func TestOverrideShowsInViewsAndEligibility(t *testing.T) {
 	if r.Status != http.StatusCreated {
 		t.Fatalf("override: %d %s", r.Status, r.Body)
 	}
-	o := servertest.Decode[policy.Override](t, r)
+	o := apptest.Decode[policy.Override](t, r)
 	f.publish(t)
 	e, ok := endpointOf(t, f.view(t), az1[0])
 	if !ok || e.Weight != 0 || e.State != "ineligible" || e.Override == nil || e.Override.ID != o.ID ||
@@ -529,7 +529,7 @@ func TestOverrideShowsInViewsAndEligibility(t *testing.T) {
 
 	// Lifting restores it in the next view.
 	r = f.Do(t, "DELETE", "/v1/overrides/"+o.ID.String(), oscar, "", "")
-	if r.Status != http.StatusOK || servertest.Decode[policy.Override](t, r).State != policy.StateLifted {
+	if r.Status != http.StatusOK || apptest.Decode[policy.Override](t, r).State != policy.StateLifted {
 		t.Fatalf("lift: %d %s", r.Status, r.Body)
 	}
 	wantProblem(t, f.Do(t, "DELETE", "/v1/overrides/"+o.ID.String(), oscar, "", ""), http.StatusConflict, "conflict")
@@ -563,7 +563,7 @@ func TestOverrideShowsInViewsAndEligibility(t *testing.T) {
 		t.Fatalf("after expiry: %+v", e)
 	}
 	r = f.Do(t, "GET", "/v1/overrides?instance_id="+az1[1], oscar, "", "")
-	if l := servertest.Decode[struct{ Items []policy.Override }](t, r); len(l.Items) != 1 || l.Items[0].State != policy.StateExpired {
+	if l := apptest.Decode[struct{ Items []policy.Override }](t, r); len(l.Items) != 1 || l.Items[0].State != policy.StateExpired {
 		t.Fatalf("listed after expiry: %s", r.Body)
 	}
 	// The sweep writes the expiry down and audits it.
@@ -581,7 +581,7 @@ func TestOverrideShowsInViewsAndEligibility(t *testing.T) {
 // instance, a page at a time, and refuses workloads.
 func TestOverrideListFiltersAndPages(t *testing.T) {
 	t.Parallel()
-	f := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 6})
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 6})
 	az1 := f.zones["az1"]
 	oscar, alice := f.Token(t, oscarReq), f.Token(t, adminReq)
 	just := "draining for the kernel patch rollout"
@@ -595,7 +595,7 @@ func TestOverrideListFiltersAndPages(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Fatalf("list %s: %d %s", q, r.Status, r.Body)
 		}
-		return servertest.Decode[struct{ Items []policy.Override }](t, r).Items
+		return apptest.Decode[struct{ Items []policy.Override }](t, r).Items
 	}
 	if l := list("?actor=operator:oscar"); len(l) != 2 || l[0].InstanceID.String() != az1[2] {
 		t.Errorf("by actor, newest first: %+v", l)
@@ -607,7 +607,7 @@ func TestOverrideListFiltersAndPages(t *testing.T) {
 		t.Errorf("lifted: %d", len(l))
 	}
 	r := f.Do(t, "GET", "/v1/overrides?limit=2", oscar, "", "")
-	page := servertest.Decode[struct {
+	page := apptest.Decode[struct {
 		Items      []policy.Override
 		NextCursor string `json:"next_cursor"`
 	}](t, r)
@@ -626,7 +626,7 @@ func TestOverrideListFiltersAndPages(t *testing.T) {
 // assignments share one limiter, each family its own quota.
 func TestPolicyWritesAreRateLimitedPerActor(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{Policy: func(c *policy.Config) {
+	s := apptest.New(t, apptest.Options{Policy: func(c *policy.Config) {
 		c.WriteLimit = policy.Limit{Max: 2, Window: time.Minute}
 	}})
 	s.Seed(t)
@@ -669,15 +669,15 @@ func TestPolicyWritesAreRateLimitedPerActor(t *testing.T) {
 // lift on the second reaches the first.
 func TestOverridesReachOtherReplicas(t *testing.T) {
 	t.Parallel()
-	a := newOverrideFixture(t, servertest.Options{}, map[string]int{"az1": 4})
-	b := &ofix{Stack: servertest.New(t, servertest.Options{Pool: a.Pool}), zones: a.zones}
+	a := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 4})
+	b := &ofix{Stack: apptest.New(t, apptest.Options{Pool: a.Pool}), zones: a.zones}
 	b.waitReady(t)
 	id := a.zones["az1"][0]
 	r := a.override(t, a.Token(t, oscarReq), id, "mark_ineligible", "draining for the disk replacement", 0)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("override on a: %d %s", r.Status, r.Body)
 	}
-	o := servertest.Decode[policy.Override](t, r)
+	o := apptest.Decode[policy.Override](t, r)
 	if v := b.verdict(t, id); v.Override != nil {
 		t.Fatalf("b knew before refreshing: %+v", v)
 	}

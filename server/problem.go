@@ -4,12 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
-	"github.com/musterhq/muster/policy"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
 )
 
@@ -73,33 +74,64 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
 	_ = json.NewEncoder(w).Encode(p)
 }
 
+// refusalProblem maps a refusal (registry's, policy's, the shift-backs')
+// to its problem: the broad kind decides the status, the kind names the
+// type; the deciding check, the figures and what the refusal left behind
+// (Subject's ProblemMembers) are extension members; a quota is sent as
+// RateLimit-* headers, and a wait as Retry-After.
+func refusalProblem(w http.ResponseWriter, re *refusal.Error) *Problem {
+	status, slug := http.StatusInternalServerError, "internal"
+	if re.Kind != nil {
+		if st, ok := refusalStatus[re.Kind.Broad()]; ok {
+			status, slug = st, re.Kind.ProblemType()
+		}
+	}
+	p := problem(status, slug, re.Detail)
+	p.Errors = re.Fields
+	if q := re.Quota; q != nil {
+		setQuota(w.Header(), *q)
+		if errors.Is(re, refusal.RateLimited) {
+			p.retryAfter = q.ResetSeconds()
+		}
+	}
+	if re.RetryAfter > 0 {
+		p.retryAfter = max(1, int(math.Ceil(re.RetryAfter.Seconds())))
+	}
+	ext := map[string]any{}
+	if re.Check != "" {
+		ext["check"] = re.Check
+	}
+	for k, v := range re.Figures {
+		ext[k] = v
+	}
+	if m, ok := re.Subject.(interface{ ProblemMembers() map[string]any }); ok {
+		for k, v := range m.ProblemMembers() {
+			ext[k] = v
+		}
+	}
+	if len(ext) > 0 {
+		p.Extensions = ext
+	}
+	return p
+}
+
+// refusalStatus is the HTTP status of each broad kind of refusal.
+var refusalStatus = map[*refusal.Kind]int{
+	refusal.Invalid:      http.StatusUnprocessableEntity,
+	refusal.NotFound:     http.StatusNotFound,
+	refusal.Forbidden:    http.StatusForbidden,
+	refusal.Conflict:     http.StatusConflict,
+	refusal.Gone:         http.StatusGone,
+	refusal.Precondition: http.StatusPreconditionFailed,
+	refusal.RateLimited:  http.StatusTooManyRequests,
+}
+
 // writeError maps a domain error to its problem, in one place.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	var (
-		re *registry.Error
-		pe *policy.Error
-	)
+	var re *refusal.Error
 	switch {
-	case errors.As(err, &pe):
-		writeProblem(w, r, policyProblem(w, pe))
 	case errors.As(err, &re):
-		p := problem(http.StatusInternalServerError, "internal", re.Detail)
-		switch {
-		case errors.Is(re.Kind, registry.ErrNotFound):
-			p = problem(http.StatusNotFound, "not-found", re.Detail)
-		case errors.Is(re.Kind, registry.ErrForbidden):
-			p = problem(http.StatusForbidden, "forbidden", re.Detail)
-		case errors.Is(re.Kind, registry.ErrConflict):
-			p = problem(http.StatusConflict, "conflict", re.Detail)
-		case errors.Is(re.Kind, registry.ErrPrecondition):
-			p = problem(http.StatusPreconditionFailed, "precondition-failed", re.Detail)
-		case errors.Is(re.Kind, registry.ErrGone):
-			p = problem(http.StatusGone, "gone", re.Detail)
-		case errors.Is(re.Kind, registry.ErrInvalid):
-			p = problem(http.StatusUnprocessableEntity, "validation", re.Detail)
-		}
-		p.Errors = re.Fields
-		writeProblem(w, r, p)
+		writeProblem(w, r, refusalProblem(w, re))
 	case notReadyProblem(err) != nil:
 		writeProblem(w, r, notReadyProblem(err))
 	case errors.Is(err, registry.ErrNotLoaded):

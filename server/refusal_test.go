@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/server"
-	"github.com/musterhq/muster/server/servertest"
 	"github.com/musterhq/muster/stream"
 )
 
@@ -17,9 +17,9 @@ import (
 // vacuous).
 func TestWatchRefusalsTouchNoDatabase(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{Admission: stream.AdmissionConfig{Floor: 1, Window: time.Hour}})
+	s := apptest.New(t, apptest.Options{Admission: stream.AdmissionConfig{Floor: 1, Window: time.Hour}})
 	s.Seed(t)
-	web, api := s.Token(t, servertest.Web), s.Token(t, servertest.API)
+	web, api := s.Token(t, apptest.Web), s.Token(t, apptest.API)
 	if r := s.Do(t, "GET", "/v1/services/web", s.Token(t, adminReq), "", ""); r.Status != http.StatusOK {
 		t.Fatalf("GET /v1/services/web: %d %s", r.Status, r.Body)
 	}

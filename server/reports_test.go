@@ -10,11 +10,11 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // readyReq is a workload of "ready", a service with a readiness signal: its
@@ -47,7 +47,7 @@ func register(t *testing.T, s *stack, token, body string) registry.Instance {
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	return servertest.Decode[registry.Instance](t, r)
+	return apptest.Decode[registry.Instance](t, r)
 }
 
 func postReports(t *testing.T, s *stack, token string, items ...string) evaluator.Result {
@@ -56,7 +56,7 @@ func postReports(t *testing.T, s *stack, token string, items ...string) evaluato
 	if r.Status != http.StatusOK {
 		t.Fatalf("POST /v1/reports: %d %s", r.Status, r.Body)
 	}
-	return servertest.Decode[evaluator.Result](t, r)
+	return apptest.Decode[evaluator.Result](t, r)
 }
 
 func selfReport(id uuid.UUID, outcome string) string {
@@ -71,7 +71,7 @@ func verdicts(t *testing.T, s *stack) map[uuid.UUID]evaluator.InstanceVerdict {
 		t.Fatalf("GET eligibility: %d %s", r.Status, r.Body)
 	}
 	out := map[uuid.UUID]evaluator.InstanceVerdict{}
-	for _, v := range servertest.Decode[evaluator.ServiceEligibility](t, r).Instances {
+	for _, v := range apptest.Decode[evaluator.ServiceEligibility](t, r).Instances {
 		out[v.InstanceID] = v
 	}
 	return out
@@ -164,7 +164,7 @@ func TestReportRightAfterRegistration(t *testing.T) {
 func TestReportThroughAnotherReplica(t *testing.T) {
 	t.Parallel()
 	a := newStack(t)
-	b := servertest.New(t, servertest.Options{Pool: a.Pool})
+	b := apptest.New(t, apptest.Options{Pool: a.Pool})
 	newReadyService(t, a, b)
 	wl := a.Token(t, readyReq)
 

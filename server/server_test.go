@@ -11,31 +11,31 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-type stack = servertest.Stack
+type stack = apptest.Stack
 
-func newStack(t *testing.T) *stack { return servertest.New(t, servertest.Options{}) }
+func newStack(t *testing.T) *stack { return apptest.New(t, apptest.Options{}) }
 
 func newStackOn(t *testing.T, pool *pgxpool.Pool) *stack {
-	return servertest.New(t, servertest.Options{Pool: pool, NoStart: true})
+	return apptest.New(t, apptest.Options{Pool: pool, NoStart: true})
 }
 
 var (
-	adminReq = servertest.Admin
-	oscarReq = servertest.Operator
-	veraReq  = servertest.Viewer
-	webReq   = servertest.Web
-	apiReq   = servertest.API
+	adminReq = apptest.Admin
+	oscarReq = apptest.Operator
+	veraReq  = apptest.Viewer
+	webReq   = apptest.Web
+	apiReq   = apptest.API
 )
 
 func TestAuthenticationIsRequired(t *testing.T) {
@@ -87,7 +87,7 @@ func TestAuthenticationIsRequired(t *testing.T) {
 
 func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{MaxBodyBytes: 4096})
+	s := apptest.New(t, apptest.Options{MaxBodyBytes: 4096})
 	s.Seed(t)
 	web := s.Token(t, webReq)
 	oscar := s.Token(t, oscarReq)
@@ -127,11 +127,11 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	}
 	// Nothing was registered or changed by any of it.
 	admin := s.Token(t, adminReq)
-	insts := servertest.Decode[struct{ Items []registry.Instance }](t, s.Do(t, "GET", "/v1/services/web/instances?state=all", admin, "", ""))
+	insts := apptest.Decode[struct{ Items []registry.Instance }](t, s.Do(t, "GET", "/v1/services/web/instances?state=all", admin, "", ""))
 	if len(insts.Items) != 0 {
 		t.Fatalf("bad input registered %d instances", len(insts.Items))
 	}
-	c := servertest.Decode[registry.StoredContract](t, s.Do(t, "GET", "/v1/services/web/contract", admin, "", ""))
+	c := apptest.Decode[registry.StoredContract](t, s.Do(t, "GET", "/v1/services/web/contract", admin, "", ""))
 	if c.Version != 0 {
 		t.Fatalf("bad input changed the contract to version %d", c.Version)
 	}
@@ -165,7 +165,7 @@ func TestContractOverREST(t *testing.T) {
 	if r.Status != http.StatusOK || r.Header.Get("ETag") != `"1"` {
 		t.Fatalf("good contract: %d %s %v", r.Status, r.Body, r.Header)
 	}
-	got := servertest.Decode[registry.StoredContract](t, r)
+	got := apptest.Decode[registry.StoredContract](t, r)
 	if got.Contract.MinHealthyFraction != 0.6 || got.Contract.IntervalSeconds != registry.DefaultIntervalSeconds || got.Contract.Dependencies[0].Authority != "weight" {
 		t.Fatalf("stored %+v", got)
 	}
@@ -209,7 +209,7 @@ func TestRegisterRenewExpire(t *testing.T) {
 		t.Fatalf("vouched address: %d %s", r.Status, r.Body)
 	}
 	// The instance itself deregisters with the same proof of address.
-	if r := s.Do(t, "DELETE", "/v1/instances/"+servertest.Decode[registry.Instance](t, r).ID.String(), vouchedTok, "", ""); r.Status != http.StatusNoContent {
+	if r := s.Do(t, "DELETE", "/v1/instances/"+apptest.Decode[registry.Instance](t, r).ID.String(), vouchedTok, "", ""); r.Status != http.StatusNoContent {
 		t.Fatalf("deregister: %d %s", r.Status, r.Body)
 	}
 
@@ -217,7 +217,7 @@ func TestRegisterRenewExpire(t *testing.T) {
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
-	inst := servertest.Decode[registry.Instance](t, r)
+	inst := apptest.Decode[registry.Instance](t, r)
 	if r.Header.Get("Location") != "/v1/instances/"+inst.ID.String() || inst.LeaseExpiresAt == nil {
 		t.Fatalf("register response %v %+v", r.Header, inst)
 	}
@@ -232,7 +232,7 @@ func TestRegisterRenewExpire(t *testing.T) {
 		t.Fatalf("renew: %d %s", r.Status, r.Body)
 	}
 	renewedAt := s.Clock.Now()
-	if got := servertest.Decode[registry.Instance](t, r); !got.LeaseExpiresAt.Equal(renewedAt.Add(30 * time.Second).Truncate(time.Microsecond)) {
+	if got := apptest.Decode[registry.Instance](t, r); !got.LeaseExpiresAt.Equal(renewedAt.Add(30 * time.Second).Truncate(time.Microsecond)) {
 		t.Fatalf("renewed lease %s, want %s", got.LeaseExpiresAt, renewedAt.Add(30*time.Second))
 	}
 
@@ -250,7 +250,7 @@ func TestRegisterRenewExpire(t *testing.T) {
 	if n, err := reaper.RunOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("30 s + delay after renewal: expired %d, %v", n, err)
 	}
-	got := servertest.Decode[registry.Instance](t, s.Do(t, "GET", "/v1/instances/"+inst.ID.String(), web, "", ""))
+	got := apptest.Decode[registry.Instance](t, s.Do(t, "GET", "/v1/instances/"+inst.ID.String(), web, "", ""))
 	if got.State != registry.StateExpired {
 		t.Fatalf("state %s", got.State)
 	}
@@ -260,7 +260,7 @@ func TestRegisterRenewExpire(t *testing.T) {
 	}
 
 	// Re-registration is a new id; deregistration is 204 and idempotent.
-	again := servertest.Decode[registry.Instance](t, s.JSON(t, "POST", "/v1/services/web/instances", web, body))
+	again := apptest.Decode[registry.Instance](t, s.JSON(t, "POST", "/v1/services/web/instances", web, body))
 	if again.ID == inst.ID {
 		t.Fatal("id reused")
 	}
@@ -272,16 +272,16 @@ func TestRegisterRenewExpire(t *testing.T) {
 
 	// The audit log shows the refusals and the changes, with reasons.
 	admin := s.Token(t, adminReq)
-	refused := servertest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?outcome=refused&action=instance.register", admin, "", ""))
+	refused := apptest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?outcome=refused&action=instance.register", admin, "", ""))
 	if len(refused.Items) != 2 || refused.Items[1].Actor != "workload:api/api" || !strings.Contains(refused.Items[0].Reason, "not proved") {
 		t.Fatalf("refused registrations: %+v", refused.Items)
 	}
-	expiredEv := servertest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?action=lease.expire&target="+inst.ID.String(), admin, "", ""))
+	expiredEv := apptest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?action=lease.expire&target="+inst.ID.String(), admin, "", ""))
 	if len(expiredEv.Items) != 1 || expiredEv.Items[0].Actor != "system:lease-reaper" {
 		t.Fatalf("lease expiry audit: %+v", expiredEv.Items)
 	}
 	// The service filter: web's own events and its instances', no other's.
-	ofWeb := servertest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?service=web&limit=100", admin, "", ""))
+	ofWeb := apptest.Decode[struct{ Items []audit.Event }](t, s.Do(t, "GET", "/v1/audit?service=web&limit=100", admin, "", ""))
 	seen := map[string]bool{}
 	for _, e := range ofWeb.Items {
 		seen[e.Action+" "+e.Target] = true
@@ -291,7 +291,7 @@ func TestRegisterRenewExpire(t *testing.T) {
 				t.Errorf("service=web lists %s on service %s", e.Action, e.Target)
 			}
 		case "instance":
-			if in := servertest.Decode[registry.Instance](t, s.Do(t, "GET", "/v1/instances/"+e.Target, admin, "", "")); in.Service != "web" {
+			if in := apptest.Decode[registry.Instance](t, s.Do(t, "GET", "/v1/instances/"+e.Target, admin, "", "")); in.Service != "web" {
 				t.Errorf("service=web lists %s on an instance of %q", e.Action, in.Service)
 			}
 		default:
@@ -321,7 +321,7 @@ func TestPagination(t *testing.T) {
 		if pages > 5 {
 			t.Fatal("pagination does not end")
 		}
-		page := servertest.Decode[struct {
+		page := apptest.Decode[struct {
 			Items      []registry.Service
 			NextCursor string `json:"next_cursor"`
 		}](t, s.Do(t, "GET", path, admin, "", ""))
@@ -340,7 +340,7 @@ func TestPagination(t *testing.T) {
 	var seqs []int64
 	path = "/v1/audit?limit=2"
 	for path != "" {
-		page := servertest.Decode[struct {
+		page := apptest.Decode[struct {
 			Items      []audit.Event
 			NextCursor string `json:"next_cursor"`
 		}](t, s.Do(t, "GET", path, admin, "", ""))
@@ -392,13 +392,13 @@ func TestMetricsArePrivate(t *testing.T) {
 		bytes.Contains(r.Body, []byte("muster_")) {
 		t.Fatalf("/metrics without a token: %d %s, want a 401 problem", r.Status, r.Body)
 	}
-	for _, req := range []devissuer.TokenRequest{servertest.Web, {Kind: identity.KindProber, Subject: "p1"}} {
+	for _, req := range []devissuer.TokenRequest{apptest.Web, {Kind: identity.KindProber, Subject: "p1"}} {
 		r := s.Do(t, "GET", "/metrics", s.Token(t, req), "", "")
 		if r.Status != http.StatusForbidden || r.Problem(t).Type != server.ProblemBase+"forbidden" {
 			t.Errorf("/metrics as a %s: %d %s, want a 403 problem", req.Kind, r.Status, r.Body)
 		}
 	}
-	for _, req := range []devissuer.TokenRequest{servertest.Prometheus, servertest.Viewer} {
+	for _, req := range []devissuer.TokenRequest{apptest.Prometheus, apptest.Viewer} {
 		r := s.Do(t, "GET", "/metrics", s.Token(t, req), "", "")
 		if r.Status != http.StatusOK || !bytes.Contains(r.Body, []byte("muster_http_requests_total")) {
 			t.Errorf("/metrics as a %s: %d, want the metrics", req.Kind, r.Status)
@@ -497,7 +497,7 @@ func TestGrantsOverHTTP(t *testing.T) {
 	if r.Status != http.StatusOK {
 		t.Fatalf("grant: %d %s", r.Status, r.Body)
 	}
-	g := servertest.Decode[registry.Grants](t, s.Do(t, "GET", "/v1/services/web/grants", s.Token(t, veraReq), "", ""))
+	g := apptest.Decode[registry.Grants](t, s.Do(t, "GET", "/v1/services/web/grants", s.Token(t, veraReq), "", ""))
 	if len(g.Callers) != 1 || g.Callers[0] != "api" {
 		t.Fatalf("grants %+v", g)
 	}

@@ -1,12 +1,8 @@
 package server
 
 import (
-	"cmp"
 	"context"
-	"errors"
-	"math"
 	"net/http"
-	"slices"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
@@ -14,7 +10,6 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
-	"github.com/musterhq/muster/registry"
 )
 
 // Shifts is the shift-back API (ADR-13), implemented by policy.Shifts.
@@ -67,7 +62,7 @@ func (s *Server) shiftStart(w http.ResponseWriter, r *http.Request) {
 	}
 	sh, err := s.cfg.Shifts.Drain(r.Context(), principal(r), req)
 	if err != nil {
-		s.writeShiftError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	w.Header().Set("Location", "/v1/shifts/"+sh.ID.String())
@@ -100,7 +95,7 @@ func (s *Server) shiftsList(w http.ResponseWriter, r *http.Request) {
 	}
 	items, err := s.cfg.Shifts.List(r.Context(), principal(r), f)
 	if err != nil {
-		s.writeShiftError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	out := list[policy.Shift]{Items: items}
@@ -117,7 +112,7 @@ func (s *Server) shiftGet(w http.ResponseWriter, r *http.Request) {
 	}
 	sh, err := s.cfg.Shifts.Get(r.Context(), principal(r), id)
 	if err != nil {
-		s.writeShiftError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, sh)
@@ -133,7 +128,7 @@ func (s *Server) shiftStep(w http.ResponseWriter, r *http.Request) {
 	}
 	sh, err := s.cfg.Shifts.StepBack(r.Context(), principal(r), id)
 	if err != nil {
-		s.writeShiftError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, sh)
@@ -149,60 +144,8 @@ func (s *Server) shiftConfirm(w http.ResponseWriter, r *http.Request) {
 	}
 	sh, err := s.cfg.Shifts.Confirm(r.Context(), principal(r), id)
 	if err != nil {
-		s.writeShiftError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, sh)
-}
-
-// writeShiftError maps a refused shift operation to its problem; anything
-// else goes through writeError.
-func (s *Server) writeShiftError(w http.ResponseWriter, r *http.Request, err error) {
-	var se *policy.ShiftError
-	if !errors.As(err, &se) {
 		s.writeError(w, r, err)
 		return
 	}
-	var p *Problem
-	switch {
-	case errors.Is(se.Kind, policy.ErrShiftDwell):
-		p = problem(http.StatusConflict, "dwell-not-elapsed", se.Detail)
-		p.retryAfter = max(1, int(math.Ceil(se.RetryAfter.Seconds())))
-	case errors.Is(se.Kind, policy.ErrShiftBudget):
-		p = problem(http.StatusConflict, "budget-exceeded", se.Detail)
-	case errors.Is(se.Kind, policy.ErrShiftNeedsConfirm):
-		p = problem(http.StatusConflict, "confirmation-required", se.Detail)
-	default:
-		s.writeError(w, r, &registry.Error{Kind: se.Kind, Detail: se.Detail, Fields: se.Fields})
-		return
-	}
-	p.Errors = se.Fields
-	writeProblem(w, r, p)
-}
-
-// allAlarms lists the publisher's open alarms, the shift-backs' and the
-// lease reaper's.
-// Alarms lists every open alarm, as GET /v1/alarms does: the guard's,
-// the shift-backs', the lease reaper's, the database's and the probers'.
-// The UI's banner shows the same list.
-func (s *Server) Alarms() []assembler.Alarm { return s.allAlarms() }
-
-func (s *Server) allAlarms() []assembler.Alarm {
-	out := s.cfg.Alarms.Alarms()
-	if s.cfg.Shifts != nil {
-		out = append(out, s.cfg.Shifts.Alarms()...)
-	}
-	out = append(out, s.leaseAlarms()...)
-	if a, ok := s.databaseAlarm(); ok {
-		out = append(out, a)
-	}
-	if s.cfg.Probers != nil {
-		for _, a := range s.cfg.Probers.ProberAlarms() {
-			out = append(out, a.Alarm())
-		}
-	}
-	slices.SortStableFunc(out, func(a, b assembler.Alarm) int {
-		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Service, b.Service), cmp.Compare(a.Zone, b.Zone))
-	})
-	return out
+	writeJSON(w, http.StatusOK, sh)
 }

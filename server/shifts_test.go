@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
@@ -18,7 +19,6 @@ import (
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 var shiftAdmin = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
@@ -32,9 +32,9 @@ type shiftStack struct {
 
 // newShiftStack registers, per zone, the given number of web and api
 // instances, and publishes the first views.
-func newShiftStack(t *testing.T, opts servertest.Options, layout map[string][2]int) *shiftStack {
+func newShiftStack(t *testing.T, opts apptest.Options, layout map[string][2]int) *shiftStack {
 	t.Helper()
-	s := &shiftStack{stack: servertest.New(t, opts), t: t}
+	s := &shiftStack{stack: apptest.New(t, opts), t: t}
 	s.Seed(t)
 	ctx := context.Background()
 	n := 0
@@ -99,11 +99,11 @@ func (s *shiftStack) publish() {
 
 func (s *shiftStack) view(service string) assembler.View {
 	s.t.Helper()
-	r := s.Do(s.t, "GET", "/v1/resolve/"+service, s.Token(s.t, servertest.Admin), "", "")
+	r := s.Do(s.t, "GET", "/v1/resolve/"+service, s.Token(s.t, apptest.Admin), "", "")
 	if r.Status != http.StatusOK {
 		s.t.Fatalf("resolve %s: %d %s", service, r.Status, r.Body)
 	}
-	return servertest.Decode[assembler.View](s.t, r)
+	return apptest.Decode[assembler.View](s.t, r)
 }
 
 // weights returns the traffic weight of each zone of a service's view.
@@ -126,9 +126,9 @@ func (s *shiftStack) wantWeights(service string, want map[string]float64) {
 	}
 }
 
-func (s *shiftStack) shift(method, path string, who devissuer.TokenRequest, body string, want int) (policy.Shift, servertest.Response) {
+func (s *shiftStack) shift(method, path string, who devissuer.TokenRequest, body string, want int) (policy.Shift, apptest.Response) {
 	s.t.Helper()
-	var r servertest.Response
+	var r apptest.Response
 	if body != "" || method == "POST" {
 		r = s.JSON(s.t, method, path, s.Token(s.t, who), body)
 	} else {
@@ -140,11 +140,11 @@ func (s *shiftStack) shift(method, path string, who devissuer.TokenRequest, body
 	if want >= 400 {
 		return policy.Shift{}, r
 	}
-	return servertest.Decode[policy.Shift](s.t, r), r
+	return apptest.Decode[policy.Shift](s.t, r), r
 }
 
 // problemType asserts a refusal's problem type.
-func problemType(t *testing.T, r servertest.Response, slug string) {
+func problemType(t *testing.T, r apptest.Response, slug string) {
 	t.Helper()
 	if p := r.Problem(t); p.Type != "https://muster.dev/problems/"+slug {
 		t.Fatalf("problem %s, want %s: %s", p.Type, slug, p.Detail)
@@ -153,11 +153,11 @@ func problemType(t *testing.T, r servertest.Response, slug string) {
 
 func (s *shiftStack) alarms() []assembler.Alarm {
 	s.t.Helper()
-	r := s.Do(s.t, "GET", "/v1/alarms", s.Token(s.t, servertest.Viewer), "", "")
+	r := s.Do(s.t, "GET", "/v1/alarms", s.Token(s.t, apptest.Viewer), "", "")
 	if r.Status != http.StatusOK {
 		s.t.Fatalf("alarms: %d %s", r.Status, r.Body)
 	}
-	return servertest.Decode[struct{ Alarms []assembler.Alarm }](s.t, r).Alarms
+	return apptest.Decode[struct{ Alarms []assembler.Alarm }](s.t, r).Alarms
 }
 
 func (s *shiftStack) pendingAlarms() []assembler.Alarm {
@@ -211,19 +211,19 @@ const drainAZ1 = `{"scope":"zone","target":"az1","reason":"az1 packet loss, fail
 
 func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	t.Parallel()
-	s := newShiftStack(t, servertest.Options{}, threeZones)
+	s := newShiftStack(t, apptest.Options{}, threeZones)
 	s.wantWeights("web", map[string]float64{"az1": 1, "az2": 1, "az3": 1})
 	before := s.view("web")
 
 	// Viewers and workloads may not shift traffic.
-	_, r := s.shift("POST", "/v1/shifts", servertest.Viewer, drainAZ1, http.StatusForbidden)
+	_, r := s.shift("POST", "/v1/shifts", apptest.Viewer, drainAZ1, http.StatusForbidden)
 	problemType(t, r, "forbidden")
-	_, r = s.shift("POST", "/v1/shifts", servertest.Web, drainAZ1, http.StatusForbidden)
+	_, r = s.shift("POST", "/v1/shifts", apptest.Web, drainAZ1, http.StatusForbidden)
 	problemType(t, r, "forbidden")
 
 	// The drain takes effect in the next published view: az1 at traffic
 	// weight 0, its endpoints still published, the guard untouched.
-	sh, r := s.shift("POST", "/v1/shifts", servertest.Operator, drainAZ1, http.StatusCreated)
+	sh, r := s.shift("POST", "/v1/shifts", apptest.Operator, drainAZ1, http.StatusCreated)
 	if sh.State != policy.ShiftDraining || sh.TrafficWeight != 0 || !sh.Manual || r.Header.Get("Location") != "/v1/shifts/"+sh.ID.String() {
 		t.Fatalf("drain: %+v", sh)
 	}
@@ -244,12 +244,12 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	}
 
 	// One active shift per target.
-	_, r = s.shift("POST", "/v1/shifts", servertest.Admin, drainAZ1, http.StatusConflict)
+	_, r = s.shift("POST", "/v1/shifts", apptest.Admin, drainAZ1, http.StatusConflict)
 	problemType(t, r, "conflict")
 
 	// Stepping back inside the dwell is refused, saying when it may.
 	step := "/v1/shifts/" + sh.ID.String() + "/step"
-	_, r = s.shift("POST", step, servertest.Operator, "", http.StatusConflict)
+	_, r = s.shift("POST", step, apptest.Operator, "", http.StatusConflict)
 	problemType(t, r, "dwell-not-elapsed")
 	if ra, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || ra < 110 || ra > 120 {
 		t.Fatalf("Retry-After %q, want about 119 s", r.Header.Get("Retry-After"))
@@ -261,26 +261,26 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	// Capped steps, each after the dwell, each seen in the views.
 	for i, w := range []float64{0.10, 0.25, 0.50} {
 		s.Clock.Advance(2 * time.Minute)
-		got, _ := s.shift("POST", step, servertest.Operator, "", http.StatusOK)
+		got, _ := s.shift("POST", step, apptest.Operator, "", http.StatusOK)
 		if got.TrafficWeight != w || got.Step != i+1 {
 			t.Fatalf("step %d: %+v, want weight %g", i+1, got, w)
 		}
 		s.publish()
 		s.wantWeights("web", map[string]float64{"az1": w, "az2": 1, "az3": 1})
 		if i == 0 {
-			_, r = s.shift("POST", step, servertest.Operator, "", http.StatusConflict)
+			_, r = s.shift("POST", step, apptest.Operator, "", http.StatusConflict)
 			problemType(t, r, "dwell-not-elapsed")
 		}
 	}
 
 	// At 0.50 a manual shift waits for confirmation: the step is refused
 	// even after the dwell, and the timer never completes it.
-	got, _ := s.shift("GET", "/v1/shifts/"+sh.ID.String(), servertest.Viewer, "", http.StatusOK)
+	got, _ := s.shift("GET", "/v1/shifts/"+sh.ID.String(), apptest.Viewer, "", http.StatusOK)
 	if got.State != policy.ShiftPendingConfirmation || got.PendingSince == nil || got.NextWeight == nil || *got.NextWeight != 1 || got.NextStepAt == nil {
 		t.Fatalf("after 0.50: %+v", got)
 	}
 	s.Clock.Advance(2 * time.Minute)
-	_, r = s.shift("POST", step, servertest.Operator, "", http.StatusConflict)
+	_, r = s.shift("POST", step, apptest.Operator, "", http.StatusConflict)
 	problemType(t, r, "confirmation-required")
 	if err := s.Shifts.RunOnce(context.Background()); err != nil {
 		t.Fatal(err)
@@ -296,7 +296,7 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	}
 	s.publish()
 	s.wantWeights("web", map[string]float64{"az1": 0.5})
-	got, _ = s.shift("GET", "/v1/shifts/"+sh.ID.String(), servertest.Operator, "", http.StatusOK)
+	got, _ = s.shift("GET", "/v1/shifts/"+sh.ID.String(), apptest.Operator, "", http.StatusOK)
 	if got.State != policy.ShiftPendingConfirmation || got.PendingSeconds == nil || *got.PendingSeconds < 660 {
 		t.Fatalf("the timer moved a manual shift, or the age is wrong: %+v", got)
 	}
@@ -308,16 +308,16 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 		!strings.Contains(string(m), "\nmuster_shifts_active 1\n") {
 		t.Errorf("metrics do not count the pending shift-back:\n%s", grepMetric(m, "muster_shift"))
 	}
-	list := servertest.Decode[struct{ Items []policy.Shift }](t, s.Do(t, "GET", "/v1/shifts?state=pending_confirmation", s.Token(t, servertest.Viewer), "", ""))
+	list := apptest.Decode[struct{ Items []policy.Shift }](t, s.Do(t, "GET", "/v1/shifts?state=pending_confirmation", s.Token(t, apptest.Viewer), "", ""))
 	if len(list.Items) != 1 || list.Items[0].ID != sh.ID {
 		t.Fatalf("pending list %+v", list.Items)
 	}
 
 	// A viewer cannot confirm; an operator can, and the alarm clears.
 	confirm := "/v1/shifts/" + sh.ID.String() + "/confirm"
-	_, r = s.shift("POST", confirm, servertest.Viewer, "", http.StatusForbidden)
+	_, r = s.shift("POST", confirm, apptest.Viewer, "", http.StatusForbidden)
 	problemType(t, r, "forbidden")
-	done, _ := s.shift("POST", confirm, servertest.Operator, "", http.StatusOK)
+	done, _ := s.shift("POST", confirm, apptest.Operator, "", http.StatusOK)
 	if done.State != policy.ShiftCompleted || done.TrafficWeight != 1 || done.ConfirmedBy == nil || *done.ConfirmedBy != "operator:oscar" || done.NextStepAt != nil {
 		t.Fatalf("confirmed: %+v", done)
 	}
@@ -326,7 +326,7 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	}
 	s.publish()
 	s.wantWeights("web", map[string]float64{"az1": 1, "az2": 1, "az3": 1})
-	_, r = s.shift("POST", confirm, servertest.Operator, "", http.StatusConflict)
+	_, r = s.shift("POST", confirm, apptest.Operator, "", http.StatusConflict)
 	problemType(t, r, "conflict")
 
 	// Every attempt left an audit event with its deciding check.
@@ -353,8 +353,8 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 
 func TestShiftAutomaticCompletesOnItsTimer(t *testing.T) {
 	t.Parallel()
-	s := newShiftStack(t, servertest.Options{}, threeZones)
-	sh, _ := s.shift("POST", "/v1/shifts", servertest.Operator,
+	s := newShiftStack(t, apptest.Options{}, threeZones)
+	sh, _ := s.shift("POST", "/v1/shifts", apptest.Operator,
 		`{"scope":"zone","target":"az2","reason":"automatic failover: az2 health checks","manual":false}`, http.StatusCreated)
 	ctx := context.Background()
 
@@ -367,7 +367,7 @@ func TestShiftAutomaticCompletesOnItsTimer(t *testing.T) {
 	s.wantWeights("web", map[string]float64{"az2": 0})
 
 	// The first step back is asked for; the rest follow each dwell.
-	got, _ := s.shift("POST", "/v1/shifts/"+sh.ID.String()+"/step", servertest.Operator, "", http.StatusOK)
+	got, _ := s.shift("POST", "/v1/shifts/"+sh.ID.String()+"/step", apptest.Operator, "", http.StatusOK)
 	if got.TrafficWeight != 0.10 {
 		t.Fatalf("first step: %+v", got)
 	}
@@ -386,7 +386,7 @@ func TestShiftAutomaticCompletesOnItsTimer(t *testing.T) {
 		s.publish()
 		s.wantWeights("web", map[string]float64{"az1": 1, "az2": w, "az3": 1})
 	}
-	got, _ = s.shift("GET", "/v1/shifts/"+sh.ID.String(), servertest.Viewer, "", http.StatusOK)
+	got, _ = s.shift("GET", "/v1/shifts/"+sh.ID.String(), apptest.Viewer, "", http.StatusOK)
 	if got.State != policy.ShiftCompleted || got.ConfirmedBy != nil || got.LastStepBy != "system:shifts" || got.Step != 4 {
 		t.Fatalf("automatic shift after its timer: %+v", got)
 	}
@@ -408,8 +408,8 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 	t.Parallel()
 	// api: 3 of its 4 instances in az3. Draining az3 would leave 1 in
 	// rotation; the default fraction 0.5 needs ceil(0.5 × 4) = 2.
-	s := newShiftStack(t, servertest.Options{}, map[string][2]int{"az1": {2, 1}, "az2": {2, 0}, "az3": {2, 3}})
-	_, r := s.shift("POST", "/v1/shifts", servertest.Operator,
+	s := newShiftStack(t, apptest.Options{}, map[string][2]int{"az1": {2, 1}, "az2": {2, 0}, "az3": {2, 3}})
+	_, r := s.shift("POST", "/v1/shifts", apptest.Operator,
 		`{"scope":"zone","target":"az3","reason":"az3 brownout, moving traffic","manual":true}`, http.StatusConflict)
 	problemType(t, r, "budget-exceeded")
 	p := r.Problem(t)
@@ -420,9 +420,9 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 	s.wantWeights("api", map[string]float64{"az3": 1})
 
 	// A zone whose drain the budget allows: web keeps 4 of 6, needs 3.
-	s.shift("POST", "/v1/shifts", servertest.Operator, `{"scope":"zone","target":"az2","reason":"az2 maintenance window","manual":true}`, http.StatusCreated)
+	s.shift("POST", "/v1/shifts", apptest.Operator, `{"scope":"zone","target":"az2","reason":"az2 maintenance window","manual":true}`, http.StatusCreated)
 	// With az2 drained, draining az1 too would leave web 2 of 6.
-	_, r = s.shift("POST", "/v1/shifts", servertest.Operator, drainAZ1, http.StatusConflict)
+	_, r = s.shift("POST", "/v1/shifts", apptest.Operator, drainAZ1, http.StatusConflict)
 	if p := r.Problem(t); !strings.Contains(p.Detail, "web would keep 2 of 6") || !strings.Contains(p.Detail, "needs 3") {
 		t.Fatalf("second drain: %q", p.Detail)
 	}
@@ -435,7 +435,7 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 		`{"scope":"zone","target":"az1","reason":"a good long reason"}`,
 		`{"scope":"region","target":"elsewhere","reason":"a good long reason","manual":true}`,
 	} {
-		_, r = s.shift("POST", "/v1/shifts", servertest.Admin, body, http.StatusUnprocessableEntity)
+		_, r = s.shift("POST", "/v1/shifts", apptest.Admin, body, http.StatusUnprocessableEntity)
 		if p := r.Problem(t); len(p.Errors) == 0 {
 			t.Fatalf("%s: no field errors: %+v", body, p)
 		}
@@ -443,9 +443,9 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 
 	// A region drain is admin only and skips the in-region budget.
 	region := `{"scope":"region","target":"local","reason":"regional evacuation drill","manual":true}`
-	_, r = s.shift("POST", "/v1/shifts", servertest.Operator, region, http.StatusForbidden)
+	_, r = s.shift("POST", "/v1/shifts", apptest.Operator, region, http.StatusForbidden)
 	problemType(t, r, "forbidden")
-	s.shift("POST", "/v1/shifts", servertest.Admin, region, http.StatusCreated)
+	s.shift("POST", "/v1/shifts", apptest.Admin, region, http.StatusCreated)
 	s.publish()
 	s.wantWeights("api", map[string]float64{"az1": 0, "az3": 0})
 	s.wantWeights("web", map[string]float64{"az1": 0, "az2": 0, "az3": 0})
@@ -455,8 +455,8 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 		Items      []policy.Shift
 		NextCursor string `json:"next_cursor"`
 	}
-	p1 := servertest.Decode[page](t, s.Do(t, "GET", "/v1/shifts?limit=1", s.Token(t, servertest.Viewer), "", ""))
-	p2 := servertest.Decode[page](t, s.Do(t, "GET", "/v1/shifts?limit=1&cursor="+p1.NextCursor, s.Token(t, servertest.Viewer), "", ""))
+	p1 := apptest.Decode[page](t, s.Do(t, "GET", "/v1/shifts?limit=1", s.Token(t, apptest.Viewer), "", ""))
+	p2 := apptest.Decode[page](t, s.Do(t, "GET", "/v1/shifts?limit=1&cursor="+p1.NextCursor, s.Token(t, apptest.Viewer), "", ""))
 	if len(p1.Items) != 1 || len(p2.Items) != 1 || p1.Items[0].Target != "az2" || p2.Items[0].Scope != "region" {
 		t.Fatalf("pages %+v then %+v", p1, p2)
 	}
@@ -484,8 +484,8 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 // learns a shift from its poll and publishes it.
 func TestShiftSeenByAnotherReplica(t *testing.T) {
 	t.Parallel()
-	a := newShiftStack(t, servertest.Options{}, threeZones)
-	b := &shiftStack{stack: servertest.New(t, servertest.Options{Pool: a.Pool}), t: t}
+	a := newShiftStack(t, apptest.Options{}, threeZones)
+	b := &shiftStack{stack: apptest.New(t, apptest.Options{Pool: a.Pool}), t: t}
 	deadline := time.Now().Add(20 * time.Second)
 	for !b.Evaluator.Ready() {
 		if time.Now().After(deadline) {
@@ -501,14 +501,14 @@ func TestShiftSeenByAnotherReplica(t *testing.T) {
 	b.publish()
 	b.wantWeights("web", map[string]float64{"az1": 1})
 
-	a.shift("POST", "/v1/shifts", servertest.Operator, drainAZ1, http.StatusCreated)
+	a.shift("POST", "/v1/shifts", apptest.Operator, drainAZ1, http.StatusCreated)
 	if err := b.Shifts.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	b.publish()
 	b.wantWeights("web", map[string]float64{"az1": 0, "az2": 1})
 	// And b's dwell refusal is computed from the shared row.
-	list := servertest.Decode[struct{ Items []policy.Shift }](t, b.Do(t, "GET", "/v1/shifts", b.Token(t, servertest.Admin), "", ""))
+	list := apptest.Decode[struct{ Items []policy.Shift }](t, b.Do(t, "GET", "/v1/shifts", b.Token(t, apptest.Admin), "", ""))
 	if len(list.Items) != 1 || list.Items[0].State != policy.ShiftDraining {
 		t.Fatalf("replica b lists %+v", list.Items)
 	}
@@ -532,7 +532,7 @@ func TestShiftReadsAndBadInput(t *testing.T) {
 		{"POST", "/v1/shifts", admin, `{"scope":"zone","target":"az1","reason":"a good long reason","manual":true,"force":true}`, http.StatusBadRequest, "unknown-field"},
 		{"POST", "/v1/shifts", admin, `{"scope":"zone","target":"az1","reason":"a good long reason","manual":"yes"}`, http.StatusBadRequest, "malformed-json"},
 	} {
-		var r servertest.Response
+		var r apptest.Response
 		if tc.body != "" {
 			r = s.JSON(t, tc.method, tc.path, tc.token, tc.body)
 		} else {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"io/fs"
 	"maps"
 	"net/http"
 	"os"
@@ -266,6 +267,13 @@ func TestSpecRouteResponses(t *testing.T) {
 // source.
 var problemCall = regexp.MustCompile(`problem\(\s*http\.Status\w+,\s*"([a-z0-9-]+)"`)
 
+// subKind matches kind.Sub("name", "slug") and broadKind the broad kinds'
+// literals in refusal/.
+var (
+	subKind   = regexp.MustCompile(`\.Sub\(\s*"[^"]*",\s*"([a-z0-9-]+)"\)`)
+	broadKind = regexp.MustCompile(`problem:\s*"([a-z0-9-]+)"`)
+)
+
 // TestSpecProblemTypes checks that every problem type the server can send
 // is documented and that the spec documents no other.
 func TestSpecProblemTypes(t *testing.T) {
@@ -288,6 +296,34 @@ func TestSpecProblemTypes(t *testing.T) {
 	}
 	if len(inCode) == 0 {
 		t.Fatal("found no problem(...) calls in the server's source; has the helper been renamed?")
+	}
+	// Refusals (registry's, policy's, the shift-backs') are sent with
+	// their kind's problem type: the broad kinds in refusal/, and every
+	// narrower kind made with Sub anywhere in the module.
+	kinds := 0
+	err = filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		re := subKind
+		if filepath.Base(filepath.Dir(path)) == "refusal" {
+			re = broadKind
+		}
+		for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+			inCode[m[1]] = true
+			kinds++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kinds == 0 {
+		t.Fatal("found no refusal kinds in the module's source; has refusal.Kind changed?")
 	}
 
 	inSpec := map[string]bool{}

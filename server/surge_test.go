@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // A surge deploy through the real stack (issue 12): web (a probe service)
@@ -20,16 +20,16 @@ import (
 // succeed enters at the slow start's first step and ramps.
 func TestSurgeDeployTripsNothing(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{})
+	s := apptest.New(t, apptest.Options{})
 	s.Seed(t)
-	oscar := s.Token(t, servertest.Operator)
+	oscar := s.Token(t, apptest.Operator)
 	register := func(n int) string {
 		t.Helper()
 		r := s.JSON(t, "POST", "/v1/services/web/instances", oscar, fmt.Sprintf(`{"address":"10.0.0.%d","port":8080,"zone":"az1"}`, n))
 		if r.Status != http.StatusCreated {
 			t.Fatalf("register: %d %s", r.Status, r.Body)
 		}
-		return servertest.Decode[registry.Instance](t, r).ID.String()
+		return apptest.Decode[registry.Instance](t, r).ID.String()
 	}
 	if r := s.JSON(t, "PUT", "/v1/services/web/grants", oscar, `{"callers":["api"]}`); r.Status != http.StatusOK {
 		t.Fatalf("grant: %d %s", r.Status, r.Body)
@@ -49,7 +49,7 @@ func TestSurgeDeployTripsNothing(t *testing.T) {
 	}
 	resolve := func() view {
 		t.Helper()
-		r := s.Do(t, "GET", "/v1/resolve/web", s.Token(t, servertest.API), "", "")
+		r := s.Do(t, "GET", "/v1/resolve/web", s.Token(t, apptest.API), "", "")
 		if r.Status != http.StatusOK {
 			t.Fatalf("resolve: %d %s", r.Status, r.Body)
 		}

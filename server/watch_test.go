@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/server/servertest"
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/stream"
 )
 
@@ -42,7 +42,7 @@ func readEvents(t *testing.T, sc *bufio.Scanner, n int) []event {
 	return out
 }
 
-func openWatch(t *testing.T, s *servertest.Stack, token, query string) (*http.Response, *bufio.Scanner) {
+func openWatch(t *testing.T, s *apptest.Stack, token, query string) (*http.Response, *bufio.Scanner) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
@@ -215,7 +215,7 @@ func TestWatchWithoutHijack(t *testing.T) {
 // published, and synced follows.
 func TestWatchNoSyncedBeforeAView(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{WatchHeartbeat: 20 * time.Millisecond})
+	s := apptest.New(t, apptest.Options{WatchHeartbeat: 20 * time.Millisecond})
 	s.Seed(t)
 	_, sc := openWatch(t, s, s.Token(t, webReq), "service=web&since=900")
 	for i, ev := range readEvents(t, sc, 3) {

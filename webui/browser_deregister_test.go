@@ -7,9 +7,9 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // TestBrowserDeregisterWithJustification drives Chromium through an
@@ -21,7 +21,7 @@ import (
 func TestBrowserDeregisterWithJustification(t *testing.T) {
 	chrome := chromiumPath(t)
 	dir := artifactDir(t)
-	e := newEstate(t, servertest.Options{}, map[string]int{"az1": 4, "az2": 2})
+	e := newEstate(t, apptest.Options{}, map[string]int{"az1": 4, "az2": 2})
 	az1 := e.zones["az1"]
 	// az1[3] is failing: 3 of 4 in rotation, 2 required.
 	e.probe(t, "hard_failure", az1[3])

@@ -7,8 +7,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/policy"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 // TestBrowserOverrideRefusedCosignedLifted drives Chromium through the
@@ -21,7 +21,7 @@ import (
 func TestBrowserOverrideRefusedCosignedLifted(t *testing.T) {
 	chrome := chromiumPath(t)
 	dir := artifactDir(t)
-	e := newEstate(t, servertest.Options{}, map[string]int{"az1": 4, "az2": 3})
+	e := newEstate(t, apptest.Options{}, map[string]int{"az1": 4, "az2": 3})
 	az1 := e.zones["az1"]
 	// Two instances of az1 are already out for maintenance (by alice):
 	// one more would leave 1 of 4, below the 2 the contract requires.

@@ -12,11 +12,11 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/internal/browsertest"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 func chromiumPath(t *testing.T) string                    { return browsertest.Chromium(t) }
@@ -52,10 +52,10 @@ func screenshot(t *testing.T, ctx context.Context, dir, name string) {
 
 // seedEstate gives the overview something to show: two services, a few
 // instances over two zones, one view published.
-func seedEstate(t *testing.T, st *servertest.Stack) {
+func seedEstate(t *testing.T, st *apptest.Stack) {
 	t.Helper()
 	st.Seed(t)
-	admin := st.Token(t, servertest.Admin)
+	admin := st.Token(t, apptest.Admin)
 	var ids []string
 	for i, zone := range []string{"az1", "az1", "az2"} {
 		body := fmt.Sprintf(`{"address":"10.0.0.%d","port":8080,"zone":"%s"}`, i+1, zone)
@@ -63,7 +63,7 @@ func seedEstate(t *testing.T, st *servertest.Stack) {
 		if r.Status != http.StatusCreated {
 			t.Fatalf("register: %d %s", r.Status, r.Body)
 		}
-		ids = append(ids, servertest.Decode[registry.Instance](t, r).ID.String())
+		ids = append(ids, apptest.Decode[registry.Instance](t, r).ID.String())
 	}
 	st.Admit(t, ids...) // web probes: new instances are not capacity before their first success
 	st.Publisher.ServicesChanged([]string{"web", "api"})
@@ -84,7 +84,7 @@ func seedEstate(t *testing.T, st *servertest.Stack) {
 func TestBrowserSignInEachRole(t *testing.T) {
 	chrome := chromiumPath(t)
 	dir := artifactDir(t)
-	st := servertest.New(t, servertest.Options{UI: true})
+	st := apptest.New(t, apptest.Options{UI: true})
 	seedEstate(t, st)
 
 	for _, u := range devissuer.Users() {

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/db/dbtest"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -25,7 +25,7 @@ type browser struct {
 	cookies map[string]string
 }
 
-func newBrowser(t testing.TB, st *servertest.Stack) *browser {
+func newBrowser(t testing.TB, st *apptest.Stack) *browser {
 	return &browser{t: t, base: st.URL, client: &http.Client{
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}, cookies: map[string]string{}}
@@ -161,7 +161,7 @@ func (b *browser) signIn(user string) page {
 }
 
 // newUIStack starts a stack with the UI mounted.
-func newUIStack(t testing.TB) *servertest.Stack {
+func newUIStack(t testing.TB) *apptest.Stack {
 	t.Helper()
-	return servertest.New(t, servertest.Options{UI: true})
+	return apptest.New(t, apptest.Options{UI: true})
 }

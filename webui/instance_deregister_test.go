@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 func (e *estate) instanceState(t *testing.T, id string) string {
@@ -34,7 +34,7 @@ func deregisterForm(justification string) url.Values {
 // policy path.
 func TestDeregisterFormBudgetCosign(t *testing.T) {
 	t.Parallel()
-	e := newEstate(t, servertest.Options{}, map[string]int{"az1": 4, "az2": 1})
+	e := newEstate(t, apptest.Options{}, map[string]int{"az1": 4, "az2": 1})
 	az1 := e.zones["az1"]
 	// az1[3] is failing: 3 of 4 in rotation.
 	e.probe(t, "hard_failure", az1[3])

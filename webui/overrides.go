@@ -11,6 +11,7 @@ import (
 
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/views"
 )
@@ -114,7 +115,7 @@ func (u *UI) confirmLift(w http.ResponseWriter, r *http.Request, pg views.Page) 
 	}
 	o, err := u.cfg.Overrides.Get(r.Context(), p, id)
 	if err != nil {
-		var pe *policy.Error
+		var pe *refusal.Error
 		if errors.As(err, &pe) {
 			u.message(w, r, http.StatusNotFound, "No such override", pe.Detail)
 			return
@@ -156,7 +157,7 @@ func actionWords(a policy.Action) string {
 // retry, for a create, is the form as sent: it is offered again, filled
 // in, when the refusal is one the operator can fix by editing it.
 func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.Principal, service, heading string, err error, retry *views.OverrideRetry) {
-	var pe *policy.Error
+	var pe *refusal.Error
 	if !errors.As(err, &pe) {
 		u.log.Error("override form", "err", err)
 		u.message(w, r, http.StatusServiceUnavailable, "Not done", "muster could not reach its database, so nothing was changed; try again in a moment.")
@@ -170,9 +171,10 @@ func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.
 	if retry != nil && retry.Action == string(policy.Deregister) {
 		what = "this deregistration"
 	}
-	if pe.Override != nil {
-		row := overrideRow(*pe.Override, p)
-		res.Override, res.Service = &row, pe.Override.Service
+	pending, _ := policy.PendingOverride(pe)
+	if pending != nil {
+		row := overrideRow(*pending, p)
+		res.Override, res.Service = &row, pending.Service
 	}
 	status := http.StatusUnprocessableEntity
 	switch {
@@ -180,7 +182,7 @@ func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.
 		status = http.StatusConflict
 		res.Heading = "Refused by the disruption budget"
 		res.Lines = []string{"Applied now, " + what + " " + budgetWords(pe.Figures) + "."}
-		if o := pe.Override; o != nil && o.CosignBy != nil {
+		if o := pending; o != nil && o.CosignBy != nil {
 			res.Outcome, res.CosignBy = "pending", *o.CosignBy
 			res.Lines = append(res.Lines,
 				fmt.Sprintf("It now waits for a co-signer: a second operator of the owning team (or an admin) may co-sign it on the %s page until %s (%s). A co-signature applies it anyway; without one it expires and nothing changes.",
@@ -193,11 +195,11 @@ func (u *UI) overrideRefused(w http.ResponseWriter, r *http.Request, p identity.
 	case errors.Is(pe, policy.ErrRateLimited):
 		status = http.StatusTooManyRequests
 		res.Heading = "Refused: too many override attempts"
-		if d := pe.RateLimit; d != nil {
+		if d := pe.Quota; d != nil {
 			wait := time.Duration(d.ResetSeconds()) * time.Second
 			res.RetryAt = res.Now.Add(wait)
 			w.Header().Set("Retry-After", strconv.Itoa(d.ResetSeconds()))
-			res.Lines = []string{fmt.Sprintf("You have made %d override attempts on this service within %s, the most allowed per operator; refused attempts and deregistrations count too.", d.Limit.Max, d.Limit.Window),
+			res.Lines = []string{fmt.Sprintf("You have made %d override attempts on this service within %s, the most allowed per operator; refused attempts and deregistrations count too.", d.Max, d.Window),
 				fmt.Sprintf("Retry in %d s, at %s.", d.ResetSeconds(), views.Absolute(res.RetryAt))}
 		} else {
 			res.Lines = []string{pe.Detail}

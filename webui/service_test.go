@@ -13,13 +13,13 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 )
 
 var (
@@ -31,15 +31,15 @@ var (
 // estate is a UI stack whose web service (payments) has instances per
 // zone, all eligible after a probe success.
 type estate struct {
-	*servertest.Stack
+	*apptest.Stack
 	zones map[string][]string // web instance ids by zone
 	all   []string
 }
 
-func newEstate(t *testing.T, opts servertest.Options, perZone map[string]int) *estate {
+func newEstate(t *testing.T, opts apptest.Options, perZone map[string]int) *estate {
 	t.Helper()
 	opts.UI = true
-	st := servertest.New(t, opts)
+	st := apptest.New(t, opts)
 	st.Seed(t)
 	e := &estate{Stack: st, zones: map[string][]string{}}
 	ctx := context.Background()
@@ -190,7 +190,7 @@ func section(body, id string) string {
 
 func TestServicePageShowsQuarantineTripAndOverride(t *testing.T) {
 	t.Parallel()
-	e := newEstate(t, servertest.Options{}, map[string]int{"az1": 4, "az2": 4})
+	e := newEstate(t, apptest.Options{}, map[string]int{"az1": 4, "az2": 4})
 	flapper := e.zones["az1"][0]
 	e.flapUntilQuarantined(t, flapper)
 	e.waitQuarantineWritten(t, flapper)
@@ -257,7 +257,7 @@ var pendingRE = regexp.MustCompile(`class="pending" data-override="([0-9a-f-]{36
 
 func TestOverrideFormsBudgetCosignLift(t *testing.T) {
 	t.Parallel()
-	e := newEstate(t, servertest.Options{}, map[string]int{"az1": 4, "az2": 2})
+	e := newEstate(t, apptest.Options{}, map[string]int{"az1": 4, "az2": 2})
 	az1 := e.zones["az1"]
 	oscar := newBrowser(t, e.Stack)
 	oscar.signIn("oscar")
@@ -370,7 +370,7 @@ func TestOverrideFormsBudgetCosignLift(t *testing.T) {
 
 func TestOverrideFormRateLimited(t *testing.T) {
 	t.Parallel()
-	e := newEstate(t, servertest.Options{Policy: func(c *policy.Config) {
+	e := newEstate(t, apptest.Options{Policy: func(c *policy.Config) {
 		c.OverrideLimit = policy.Limit{Max: 2, Window: 10 * time.Minute}
 	}}, map[string]int{"az1": 6})
 	oscar := newBrowser(t, e.Stack)
@@ -396,7 +396,7 @@ func TestOverrideFormRateLimited(t *testing.T) {
 
 func TestOverrideFormRefusesViewerAndCrossSite(t *testing.T) {
 	t.Parallel()
-	e := newEstate(t, servertest.Options{}, map[string]int{"az1": 4})
+	e := newEstate(t, apptest.Options{}, map[string]int{"az1": 4})
 	target := e.zones["az1"][0]
 	form := overrideForm("mark_ineligible", "forged request from a viewer", "900")
 

@@ -95,8 +95,8 @@ func BenchmarkServicePage(b *testing.B) {
 	if err := guards.Flush(ctx); err != nil {
 		b.Fatal(err)
 	}
-	pol, err := policy.New(policy.Config{Pool: pool, Verdicts: policy.VerdictsFunc(func(string) (evaluator.ServiceSnapshot, bool) {
-		return evaluator.ServiceSnapshot{}, false
+	pol, err := policy.New(policy.Config{Pool: pool, Verdicts: policy.VerdictsFunc(func(string) (assembler.ServiceInput, bool) {
+		return assembler.ServiceInput{}, false
 	})})
 	if err != nil {
 		b.Fatal(err)

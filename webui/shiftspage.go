@@ -15,6 +15,7 @@ import (
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/policy"
+	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/views"
 )
@@ -231,7 +232,7 @@ func (u *UI) shiftDone(w http.ResponseWriter, r *http.Request, msg string) {
 
 // shiftRefused renders the page again with the refusal explained.
 func (u *UI) shiftRefused(w http.ResponseWriter, r *http.Request, err error, form views.DrainForm) {
-	var se *policy.ShiftError
+	var se *refusal.Error
 	if !errors.As(err, &se) {
 		u.log.Error("shift action", "path", r.URL.Path, "err", err)
 		u.message(w, r, http.StatusServiceUnavailable, "Not done", "muster could not complete this right now (the database or the evaluator is not answering); nothing changed. Try again in a moment.")
@@ -249,27 +250,23 @@ func (u *UI) shiftRefused(w http.ResponseWriter, r *http.Request, err error, for
 
 // explainShift turns a refusal into plain words with its figures, and the
 // status the page answers with.
-func explainShift(se *policy.ShiftError, now time.Time) (views.ShiftRefusal, int) {
+func explainShift(se *refusal.Error, now time.Time) (views.ShiftRefusal, int) {
 	ref := views.ShiftRefusal{Text: se.Detail}
 	status := http.StatusConflict
 	switch {
 	case errors.Is(se, policy.ErrShiftDwell):
 		ref.Heading = "Not yet: the minimum dwell between steps has not elapsed"
-		if m, ok := se.Figures.(map[string]any); ok {
-			if at, ok := m["next_step_at"].(time.Time); ok {
-				ref.NextStepAt = at
-			}
+		if at, ok := se.Figures["next_step_at"].(time.Time); ok {
+			ref.NextStepAt = at
 		}
 		if ref.NextStepAt.IsZero() {
 			ref.NextStepAt = now.Add(se.RetryAfter)
 		}
 	case errors.Is(se, policy.ErrShiftBudget):
 		ref.Heading = "Refused: draining this zone would take services below their minimum"
-		if figs, ok := se.Figures.([]policy.BudgetFigure); ok {
-			for _, f := range figs {
-				ref.Budget = append(ref.Budget, views.BudgetRow{Service: f.Service, InRotationOutside: f.InRotationOutside,
-					Total: f.Total, Required: f.Required, MinHealthyFraction: f.MinHealthyFraction})
-			}
+		for _, f := range policy.BudgetShortfall(se) {
+			ref.Budget = append(ref.Budget, views.BudgetRow{Service: f.Service, InRotationOutside: f.InRotationOutside,
+				Total: f.Total, Required: f.Required, MinHealthyFraction: f.MinHealthyFraction})
 		}
 	case errors.Is(se, policy.ErrShiftNeedsConfirm):
 		ref.Heading = "This step needs a confirmation"

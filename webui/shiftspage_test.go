@@ -12,12 +12,12 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server/servertest"
 	"github.com/musterhq/muster/views"
 )
 
@@ -27,9 +27,9 @@ var uiAdmin = identity.Principal{Kind: identity.KindOperator, Subject: "alice", 
 // and az3, each probed once successfully (eligible), evaluated, and a
 // two-step ladder (50%, then 100%) so a manual shift is one step from its
 // confirmation.
-func newShiftUIStack(t *testing.T, dwell time.Duration) *servertest.Stack {
+func newShiftUIStack(t *testing.T, dwell time.Duration) *apptest.Stack {
 	t.Helper()
-	st := servertest.New(t, servertest.Options{UI: true, Shifts: func(c *policy.ShiftsConfig) {
+	st := apptest.New(t, apptest.Options{UI: true, Shifts: func(c *policy.ShiftsConfig) {
 		c.Steps, c.Dwell = []float64{0.5, 1}, dwell
 	}})
 	st.Seed(t)
@@ -190,7 +190,7 @@ func TestShiftsPageBudgetRefusal(t *testing.T) {
 
 // pendingShift drains az1 manually through the policy API (as the API
 // would) and steps it to its confirmation, past the dwell.
-func pendingShift(t *testing.T, st *servertest.Stack, dwell time.Duration) string {
+func pendingShift(t *testing.T, st *apptest.Stack, dwell time.Duration) string {
 	t.Helper()
 	oscar := identity.Principal{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator}
 	manual := true

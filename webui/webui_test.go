@@ -8,16 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
-	"github.com/musterhq/muster/server/servertest"
 	"github.com/musterhq/muster/webui"
 )
 
 // auditEvents lists audit events matching f, newest first.
-func auditEvents(t testing.TB, st *servertest.Stack, f audit.Filter) []audit.Event {
+func auditEvents(t testing.TB, st *apptest.Stack, f audit.Filter) []audit.Event {
 	t.Helper()
 	f.Limit = 100
 	evs, err := audit.List(t.Context(), db.New(st.Pool), f)
@@ -294,7 +294,7 @@ func TestAuditPage(t *testing.T) {
 	st := newUIStack(t)
 	st.Seed(t)
 	// A refused attempt through the API, to find on the page.
-	viewer := st.Token(t, servertest.Viewer)
+	viewer := st.Token(t, apptest.Viewer)
 	if r := st.JSON(t, "PUT", "/v1/services/web", viewer, `{"owner":"payments","capabilities":["probe"]}`); r.Status != http.StatusForbidden {
 		t.Fatalf("viewer PUT: %d", r.Status)
 	}

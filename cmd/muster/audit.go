@@ -161,27 +161,20 @@ func openSink(ctx context.Context, a AuditConfig, spec string) (audit.Sink, erro
 	return s3sink.New(s3sink.Config{Client: client, Bucket: bucket, Prefix: prefix, Retention: a.S3Retention})
 }
 
-// auditWorkers are the audit log's background work in muster serve and
-// dev: the checkpointer (when a sink is configured) and the refused
-// evidence summaries. Kept in one place so that serve.go wires them with
-// a few lines.
-type auditWorkers struct {
-	checkpointer *audit.Checkpointer // nil: checkpoints are off
-	refusals     *audit.RefusalSummaries
-}
-
-func newAuditWorkers(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*auditWorkers, error) {
-	w := &auditWorkers{}
-	var err error
-	if w.refusals, err = audit.NewRefusalSummaries(audit.RefusalSummariesConfig{Log: audit.NewLog(pool), Logger: log, Registerer: reg}); err != nil {
-		return nil, err
-	}
+// newAuditCheckpoints returns the worker that signs audit checkpoints
+// into the configured sink (issue 15), or nil when checkpoints are off,
+// which is said at start. Refused evidence is summarised by the app
+// (app.Config.Refusals).
+func newAuditCheckpoints(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*audit.Checkpointer, error) {
 	a := cfg.Audit
 	if a.Checkpoints == "" {
 		log.Warn("audit checkpoints are off: nothing outside PostgreSQL anchors the audit chain (set MUSTER_AUDIT_CHECKPOINTS and MUSTER_AUDIT_SIGNING_KEY_FILE; README: audit checkpoints)")
-		return w, nil
+		return nil, nil
 	}
-	var signer *audit.KeyFileSigner
+	var (
+		signer *audit.KeyFileSigner
+		err    error
+	)
 	if cfg.Dev {
 		signer, err = audit.LoadOrCreateKeyFile(a.SigningKeyFile)
 	} else {
@@ -200,34 +193,14 @@ func newAuditWorkers(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *s
 	if err != nil {
 		return nil, err
 	}
-	w.checkpointer, err = audit.NewCheckpointer(audit.CheckpointerConfig{
+	cp, err := audit.NewCheckpointer(audit.CheckpointerConfig{
 		Pool: pool, Signer: signer, Sink: sink, Keys: keys, Interval: a.Interval, Heartbeat: a.Heartbeat, Logger: log, Registerer: reg,
 	})
 	if err != nil {
 		return nil, err
 	}
 	log.Info("audit checkpoints", "sink", sink.String(), "key_id", signer.KeyID(), "every", a.Interval)
-	return w, nil
-}
-
-// Start starts the workers.
-func (w *auditWorkers) Start(ctx context.Context) error {
-	if err := w.refusals.Start(ctx); err != nil {
-		return err
-	}
-	if w.checkpointer != nil {
-		return w.checkpointer.Start(ctx)
-	}
-	return nil
-}
-
-// Stop flushes the refused-evidence summaries, then writes the last
-// checkpoint, which so covers them.
-func (w *auditWorkers) Stop() {
-	w.refusals.Stop()
-	if w.checkpointer != nil {
-		w.checkpointer.Stop()
-	}
+	return cp, nil
 }
 
 // keyList collects repeated --key flags.

@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	dbtest.Main(m) // stops the test cluster servertest stacks use
+	dbtest.Main(m) // stops the test cluster apptest stacks use
 }
 
 // startProcess runs `muster dev` as a child process on addr and waits for it

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/app/apptest"
 	"github.com/musterhq/muster/resolver"
-	"github.com/musterhq/muster/server/servertest"
 	"github.com/musterhq/muster/stream"
 )
 
@@ -84,9 +84,9 @@ func TestResolveDeadServerWithCache(t *testing.T) {
 // prints the view, live.
 func TestResolveWaitsForAView(t *testing.T) {
 	t.Parallel()
-	s := servertest.New(t, servertest.Options{WatchHeartbeat: 20 * time.Millisecond})
+	s := apptest.New(t, apptest.Options{WatchHeartbeat: 20 * time.Millisecond})
 	s.Seed(t)
-	tok := s.Token(t, servertest.Viewer)
+	tok := s.Token(t, apptest.Viewer)
 	ctx := context.Background()
 	var out, errb bytes.Buffer
 

@@ -13,24 +13,21 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"sync/atomic"
+	"sync"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/musterhq/muster/assembler"
-	"github.com/musterhq/muster/audit"
+	"github.com/musterhq/muster/app"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/demo"
 	"github.com/musterhq/muster/evaluator"
-	"github.com/musterhq/muster/guardlog"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/policy"
-	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
 	"github.com/musterhq/muster/stream"
@@ -97,15 +94,14 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	return serve(ctx, cfg, log, stdout)
 }
 
-// serve runs muster until ctx ends, then shuts down in order: stop
-// admitting requests, stop workers, close the pool, stop the cluster.
+// serve runs muster until ctx ends, then shuts down in order (app.App's
+// Shutdown), closes the pools and stops the local cluster.
 func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) (err error) {
 	dbURL, stopDB, err := openDatabase(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, stopDB()) }()
-
 	if err := db.Migrate(dbURL); err != nil {
 		return err
 	}
@@ -114,30 +110,75 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer pool.Close()
-	// The health monitor pings on a connection of its own: on the shared
-	// pool, a burst of slow requests holding every connection would read
-	// as an outage.
 	monPool, err := db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1})
 	if err != nil {
 		return err
 	}
 	defer monPool.Close()
-
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
 	defer ln.Close()
 	base := "http://" + dialable(ln.Addr().(*net.TCPAddr))
+	acfg, devIssuer, err := appConfig(cfg, base, pool, monPool, replicaName(cfg, ln), log)
+	if err != nil {
+		return err
+	}
+	// Audit checkpoints (audit.go): stopped after the HTTP server and
+	// the refused-evidence summaries, so the last one covers them.
+	checkpoints, err := newAuditCheckpoints(ctx, cfg, pool, log, acfg.Metrics)
+	if err != nil {
+		return err
+	}
+	if checkpoints != nil {
+		acfg.Workers = append(acfg.Workers, app.NamedWorker{Name: "audit-checkpoints", Worker: checkpoints})
+	}
+	a, err := app.New(acfg)
+	if err != nil {
+		return err
+	}
+	if err := a.Start(ctx); err != nil {
+		return err
+	}
+	if cfg.DebugAddr != "" {
+		stopDebug, err := serveDebug(cfg.DebugAddr, log)
+		if err != nil {
+			return errors.Join(err, a.Shutdown(ctx, nil))
+		}
+		defer stopDebug()
+	}
+	if cfg.MetricsAddr != "" {
+		_, stopMetrics, err := serveMetrics(cfg.MetricsAddr, a.Server.MetricsHandler(), log)
+		if err != nil {
+			return errors.Join(err, a.Shutdown(ctx, nil))
+		}
+		defer stopMetrics()
+	}
+	// The demo (muster dev --demo) is stopped after the shutdown, as it
+	// always was.
+	demoCtx, stopDemo := context.WithCancel(ctx)
+	var demoRuns sync.WaitGroup
+	defer func() { stopDemo(); demoRuns.Wait() }()
+	return a.Serve(ctx, ln, func() {
+		log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
+		announce(demoCtx, cfg, base, devIssuer, log, stdout, &demoRuns)
+	})
+}
 
+// appConfig turns the command's configuration into app's: the OIDC
+// issuers (and, for dev, the built-in issuer and the UI's client), the
+// component settings, the metrics registry.
+func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica string, log *slog.Logger) (app.Config, *devissuer.Issuer, error) {
 	issuers := cfg.Issuers
 	var devIssuer *devissuer.Issuer
 	if cfg.Dev {
+		var err error
 		if devIssuer, err = devissuer.LoadOrCreate(cfg.DataDir); err != nil {
-			return err
+			return app.Config{}, nil, err
 		}
 		if err := devIssuer.SetURL(base + devIssuerPath); err != nil {
-			return err
+			return app.Config{}, nil, err
 		}
 		// The dev issuer is the home issuer (principals named without
 		// their issuer) unless issuers are configured: then the first of
@@ -147,272 +188,57 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	verifier, err := identity.NewVerifier(issuers, &http.Client{Timeout: 10 * time.Second})
 	if err != nil {
-		return err
+		return app.Config{}, nil, err
 	}
-
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var (
-		eval   *evaluator.Evaluator
-		shifts *policy.Shifts
-	)
-	reg, err := registry.New(registry.Config{
-		Pool: pool, Region: cfg.Region, LeaseTTL: cfg.LeaseTTL,
-		Logger: log.With("component", "registry"), Registerer: metrics,
-		// The registration hand-off: a workload's first report, sent as
-		// soon as it has its id, finds its instance known.
-		Registered:     func(ctx context.Context, ins []registry.Instance) { eval.InstancesRegistered(ctx, ins) },
-		ProberAssigned: func(a registry.ProberAssignments) { eval.ProberAssigned(a) },
-	})
-	if err != nil {
-		return err
-	}
-	authz, err := registry.NewAuthzCache(registry.AuthzCacheConfig{Registry: reg, Logger: log, Registerer: metrics})
-	if err != nil {
-		return err
-	}
-	dbHealth, err := db.NewMonitor(db.MonitorConfig{Pool: monPool, Logger: log, Registerer: metrics})
-	if err != nil {
-		return err
-	}
-	reaper, err := registry.NewReaper(registry.ReaperConfig{
-		Registry: reg, Logger: log, Registerer: metrics,
-		Corroborated: func(ids []uuid.UUID) map[uuid.UUID]string { return eval.LeaseExpiriesCorroborated(ids) },
-		// A lease's clock runs only while renewals could land: from the
-		// moment PostgreSQL answers again after an outage.
-		UpSince: dbHealth.UpSince,
-	})
-	if err != nil {
-		return err
-	}
-	hub := stream.NewHub(stream.Config{})
-	guards := guardlog.New(pool, log)
-	pub, err := publisher.New(publisher.Config{
-		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) },
-		Hub:      hub, Pool: pool, Logger: log, Registerer: metrics,
-		Traffic:     func() assembler.TrafficWeights { return shifts.Weights() },
-		GuardEvents: guards.Record,
-	})
-	if err != nil {
-		return err
-	}
-	shifts, err = policy.NewShifts(policy.ShiftsConfig{
-		Pool: pool, Region: cfg.Region, Steps: cfg.ShiftSteps, Dwell: cfg.ShiftDwell, PendingAlarmAfter: cfg.ShiftPendingAlarm,
-		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) }),
-		OnChange: pub.TrafficChanged, Logger: log, Registerer: metrics,
-	})
-	if err != nil {
-		return err
-	}
-	pol, err := policy.New(policy.Config{
-		Pool: pool, Logger: log.With("component", "policy"), Registerer: metrics,
-		Verdicts:      policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return eval.Snapshot(s) }),
-		OverrideLimit: cfg.OverrideLimit, WriteLimit: cfg.WriteLimit, MaxExpiry: cfg.MaxExpiry, CosignWindow: cfg.CosignWindow,
-		Changed: func(string) { eval.RefreshSoon() },
-	})
-	if err != nil {
-		return err
-	}
-	eval, err = evaluator.New(evaluator.Config{
-		Registry: reg, Pool: pool, Logger: log, Registerer: metrics, Sink: pub, Overrides: pol,
-		MaxPendingWindows: cfg.MaxPendingWindows, DatabaseUp: dbHealth.Up,
-		// Passive evidence only from callers that may resolve the service.
-		MayResolve: authz.MayResolve,
-	})
-	if err != nil {
-		return err
-	}
-	sweeper := policy.NewSweeper(pol, 0)
-	// Audit checkpoints and refused-evidence summaries (audit.go).
-	auditWork, err := newAuditWorkers(ctx, cfg, pool, log, metrics)
-	if err != nil {
-		return err
-	}
-
-	admission := stream.NewAdmission(stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow})
-	census, err := stream.NewCensus(stream.CensusConfig{
-		Pool: pool, Replica: replicaName(cfg, ln), Hub: hub, Admission: admission, Logger: log,
-	})
-	if err != nil {
-		return err
-	}
-
-	var ready atomic.Bool
-	servingReady := server.ServingReady(eval, hub)
-	scfg := server.Config{
-		Logger: log, Registry: reg, Policy: pol, Audit: audit.NewLog(pool), RefusedEvidence: auditWork.refusals, Evaluator: eval, Authenticator: verifier, Metrics: metrics,
-		Hub: hub, Admission: admission, Alarms: pub, Probers: eval, Shifts: shifts, Leases: reaper,
-		Authz: authz, Database: dbHealth, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits,
-		// Whether this replica can serve views, not whether PostgreSQL
-		// answers (that is muster_database_up and database_unreachable).
-		Ready: func(ctx context.Context) error {
-			if !ready.Load() {
-				return errors.New("starting or stopping")
-			}
-			return servingReady(ctx)
-		},
+	ac := app.Config{
+		Pool: pool, MonitorPool: monPool, Region: cfg.Region, Replica: replica, Logger: log, Metrics: metrics,
+		Registry:  registry.Config{LeaseTTL: cfg.LeaseTTL},
+		Evaluator: evaluator.Config{MaxPendingWindows: cfg.MaxPendingWindows},
+		Policy: policy.Config{OverrideLimit: cfg.OverrideLimit, WriteLimit: cfg.WriteLimit, MaxExpiry: cfg.MaxExpiry,
+			CosignWindow: cfg.CosignWindow},
+		Shifts:    policy.ShiftsConfig{Steps: cfg.ShiftSteps, Dwell: cfg.ShiftDwell, PendingAlarmAfter: cfg.ShiftPendingAlarm},
+		Admission: stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow},
+		Server:    server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
 	}
 	if devIssuer != nil {
-		scfg.DevIssuer, scfg.DevIssuerPath = devIssuer.Handler(), devIssuerPath
+		ac.Server.DevIssuer, ac.Server.DevIssuerPath = devIssuer.Handler(), devIssuerPath
 	}
 	uiOIDC := cfg.UI
 	if cfg.Dev {
 		if uiOIDC, err = devUIClient(devIssuer, base); err != nil {
-			return err
+			return app.Config{}, nil, err
 		}
 	}
-	var srv *server.Server
 	if uiOIDC.IssuerURL != "" {
 		uiOIDC.HomeIssuer = verifier.Home()
-		ui, err := webui.New(webui.Config{
-			Logger: log, Pool: pool, Registry: reg, Evaluator: eval, Publisher: pub, Audit: audit.NewLog(pool),
-			Overrides: pol, Guards: guards, Shifts: shifts, OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie,
-			// The banner lists what GET /v1/alarms lists; srv is set below,
-			// before anything is served.
-			Alarms: func() []assembler.Alarm { return srv.Alarms() },
+		ac.UI = &webui.Config{OIDC: uiOIDC, BasePath: uiPath, InsecureCookie: cfg.UIInsecureCookie}
+	}
+	return ac, devIssuer, nil
+}
+
+// announce prints where muster dev serves and, when asked, runs the demo
+// until ctx ends, in demoRuns.
+func announce(ctx context.Context, cfg Config, base string, devIssuer *devissuer.Issuer, log *slog.Logger, stdout io.Writer, demoRuns *sync.WaitGroup) {
+	if !cfg.Dev {
+		return
+	}
+	fmt.Fprintf(stdout, "muster dev is serving on %s\n  web UI: %s%s/ (sign in as alice, oscar, otto or vera)\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
+		base, base, uiPath, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
+	if !cfg.Demo {
+		return
+	}
+	demoRuns.Go(func() {
+		err := demo.Run(ctx, demo.Config{
+			URL: base, Logger: log,
+			Mint: func(req devissuer.TokenRequest) (string, error) { return devIssuer.Mint(req, time.Now()) },
 		})
 		if err != nil {
-			return err
+			log.Error("demo stopped", "err", err)
 		}
-		defer ui.Close()
-		scfg.UI, scfg.UIPath = ui, uiPath
-	}
-	srv, err = server.New(scfg)
-	if err != nil {
-		return err
-	}
-	hs := &http.Server{
-		Handler:           srv,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-
-	if err := dbHealth.Start(ctx); err != nil {
-		return err
-	}
-	defer dbHealth.Stop()
-	if err := authz.Start(ctx); err != nil {
-		return err
-	}
-	defer authz.Stop()
-	// The census reads the expected population before the first watch
-	// request can arrive, so a restarted replica admits by the clients
-	// coming back, not by the nothing it remembers.
-	if err := census.Start(ctx); err != nil {
-		return err
-	}
-	defer census.Stop()
-	if err := reaper.Start(ctx); err != nil {
-		return err
-	}
-	defer reaper.Stop()
-	// Shifts load before the publisher starts, so the first views after a
-	// restart already carry every drained zone.
-	if err := shifts.Start(ctx); err != nil {
-		return err
-	}
-	defer shifts.Stop()
-	if err := sweeper.Start(ctx); err != nil {
-		return err
-	}
-	defer sweeper.Stop()
-	// The evaluator's context is not the signal context: on shutdown it
-	// is stopped explicitly after the HTTP server, so it can flush.
-	if err := guards.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	defer guards.Stop()
-	if err := pub.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	defer pub.Stop()
-	if err := eval.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	defer eval.Stop()
-	// Stopped after the HTTP server (deferred): the last summaries and the
-	// last checkpoint cover everything served.
-	if err := auditWork.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	defer auditWork.Stop()
-
-	if cfg.DebugAddr != "" {
-		stopDebug, err := serveDebug(cfg.DebugAddr, log)
-		if err != nil {
-			return err
-		}
-		defer stopDebug()
-	}
-	if cfg.MetricsAddr != "" {
-		_, stopMetrics, err := serveMetrics(cfg.MetricsAddr, srv.MetricsHandler(), log)
-		if err != nil {
-			return err
-		}
-		defer stopMetrics()
-	}
-
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
-	// Renewals can land from now on: every lease gets a full TTL from
-	// here, however long this process (or its database) was away.
-	reaper.HearingFrom(time.Now())
-	ready.Store(true)
-	log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
-	if cfg.Dev {
-		fmt.Fprintf(stdout, "muster dev is serving on %s\n  web UI: %s%s/ (sign in as alice, oscar, otto or vera)\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
-			base, base, uiPath, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
-	}
-	var demoDone chan struct{}
-	if cfg.Demo {
-		demoDone = make(chan struct{})
-		demoCtx, stopDemo := context.WithCancel(ctx)
-		defer func() { stopDemo(); <-demoDone }()
-		go func() {
-			defer close(demoDone)
-			err := demo.Run(demoCtx, demo.Config{
-				URL: base, Logger: log,
-				Mint: func(req devissuer.TokenRequest) (string, error) { return devIssuer.Mint(req, time.Now()) },
-			})
-			if err != nil {
-				log.Error("demo stopped", "err", err)
-			}
-		}()
-		fmt.Fprintf(stdout, "  demo:   a simulated estate of %d services is being set up and driven\n", len(demo.ServiceNames()))
-	}
-
-	select {
-	case err := <-serveErr:
-		return fmt.Errorf("http server: %w", err)
-	case <-ctx.Done():
-	}
-	log.Info("shutting down")
-	ready.Store(false)
-	// The census reports the subscriber count a last time while the
-	// streams are still open, so the next process knows who is coming.
-	census.Stop()
-	// Drain watch streams first: subscribers are told to reconnect
-	// elsewhere with jitter, and their handlers return.
-	hub.Close()
-	shutCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := srv.WaitStreams(shutCtx); err != nil {
-		log.Warn("watch streams still open at shutdown", "err", err)
-	}
-	if err := hs.Shutdown(shutCtx); err != nil {
-		return fmt.Errorf("http shutdown: %w", err)
-	}
-	eval.Stop()
-	pub.Stop()
-	shifts.Stop()
-	sweeper.Stop()
-	reaper.Stop()
-	authz.Stop()
-	dbHealth.Stop()
-	return nil
+	})
+	fmt.Fprintf(stdout, "  demo:   a simulated estate of %d services is being set up and driven\n", len(demo.ServiceNames()))
 }
 
 // openDatabase returns the database URL: DATABASE_URL when set, otherwise

@@ -1,8 +1,16 @@
-// Package servertest runs muster's HTTP surface for tests: real loopback
-// HTTP, a fresh PostgreSQL database from dbtest, the registry, a started
-// evaluator, and token verification through the production OIDC path
-// against muster's own dev issuer. Nothing is mocked.
-package servertest
+// Package apptest runs muster for tests, built by app exactly as muster
+// serve builds it: real loopback HTTP, a fresh PostgreSQL database from
+// dbtest, every component wired as in production, and token verification
+// through the production OIDC path against muster's own dev issuer.
+// Nothing is mocked.
+//
+// The workers are production's, started in production's order, but for
+// those a test steps itself (Held; Options.Run starts some of them too):
+// by default the database monitor, the authz copy and the evaluator run
+// (its tick set to an hour, so tests call EvaluateNow), and the publisher
+// (prepared), shift-backs, lease reaper, override sweeper, guard log and
+// census wait to be stepped with their RunOnce.
+package apptest
 
 import (
 	"context"
@@ -11,6 +19,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,7 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/musterhq/muster/assembler"
+	"github.com/musterhq/muster/app"
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
@@ -54,8 +63,10 @@ func (c *Clock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-// Stack is a running muster HTTP surface.
+// Stack is a running muster.
 type Stack struct {
+	// App is muster as app built it; the fields below are its components.
+	App       *app.App
 	URL       string
 	Pool      *pgxpool.Pool
 	Registry  *registry.Registry
@@ -65,8 +76,9 @@ type Stack struct {
 	Client    *http.Client
 	Metrics   *prometheus.Registry
 	Hub       *stream.Hub
-	// Publisher is prepared (unless Options.NoStart) but not started:
-	// tests step it with RunOnce, and SaveOnce to save its views.
+	// Publisher is prepared (unless Options.NoStart) but not started
+	// (unless Options.Run names it): tests step it with RunOnce, and
+	// SaveOnce to save its views.
 	Publisher *publisher.Publisher
 	// Shifts is not started: tests step it with RunOnce.
 	Shifts *policy.Shifts
@@ -182,7 +194,14 @@ type Options struct {
 	// SecondIssuer serves a second dev issuer at /dev/issuer2, trusted
 	// after the first (so not the home issuer): Stack.Issuer2.
 	SecondIssuer bool
+	// Run names workers of Held to start as muster serve does, instead
+	// of leaving them to the test.
+	Run []string
 }
+
+// Held lists the workers a Stack does not start by default: tests step
+// them (RunOnce, SaveOnce, Flush) to stay deterministic.
+var Held = []string{app.WorkerCensus, app.WorkerReaper, app.WorkerShifts, app.WorkerSweeper, app.WorkerGuards, app.WorkerPublisher}
 
 // New starts a Stack that is torn down when t ends.
 func New(t testing.TB, opts Options) *Stack {
@@ -208,73 +227,7 @@ func New(t testing.TB, opts Options) *Stack {
 		t.Cleanup(monPool.Close)
 	}
 	clk := &Clock{t: time.Now().UTC().Truncate(time.Microsecond)}
-	metrics := prometheus.NewRegistry()
-	var (
-		ev     *evaluator.Evaluator
-		shifts *policy.Shifts
-	)
-	// Registrations are handed to the evaluator, as in muster serve.
-	reg, err := registry.New(registry.Config{Pool: pool, Region: "local", Now: clk.Now, Registerer: metrics,
-		Registered:     func(ctx context.Context, ins []registry.Instance) { ev.InstancesRegistered(ctx, ins) },
-		ProberAssigned: func(a registry.ProberAssignments) { ev.ProberAssigned(a) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hub := stream.NewHub(stream.Config{Now: clk.Now})
-	guards := guardlog.New(pool, nil)
-	pub, err := publisher.New(publisher.Config{
-		Snapshot: func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) },
-		Hub:      hub, Pool: pool, Now: clk.Now, Registerer: metrics,
-		Traffic:     func() assembler.TrafficWeights { return shifts.Weights() },
-		GuardEvents: guards.Record,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg := policy.Config{
-		Pool: pool, Now: clk.Now, Registerer: metrics,
-		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) }),
-	}
-	if opts.Policy != nil {
-		opts.Policy(&pcfg)
-	}
-	pol, err := policy.New(pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	scfg := policy.ShiftsConfig{
-		Pool: pool, Region: "local", Now: clk.Now, OnChange: pub.TrafficChanged, Registerer: metrics,
-		Verdicts: policy.VerdictsFunc(func(s string) (evaluator.ServiceSnapshot, bool) { return ev.Snapshot(s) }),
-	}
-	if opts.Shifts != nil {
-		opts.Shifts(&scfg)
-	}
-	if shifts, err = policy.NewShifts(scfg); err != nil {
-		t.Fatal(err)
-	}
-	mon, err := db.NewMonitor(db.MonitorConfig{Pool: monPool, Registerer: metrics})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var authz *registry.AuthzCache // made below; asked only once serving
-	ecfg := evaluator.Config{
-		Registry: reg, Pool: pool, Now: clk.Now, Registerer: metrics, Sink: pub, Overrides: pol,
-		Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute, DatabaseUp: mon.Up,
-		MayResolve: func(a identity.Principal, s string) error { return authz.MayResolve(a, s) },
-	}
-	if opts.Evaluator != nil {
-		opts.Evaluator(&ecfg)
-	}
-	ev, err = evaluator.New(ecfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reaper, err := registry.NewReaper(registry.ReaperConfig{
-		Registry: reg, Corroborated: ev.LeaseExpiriesCorroborated,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+
 	hs := httptest.NewUnstartedServer(nil)
 	base := "http://" + hs.Listener.Addr().String()
 	iss, err := devissuer.LoadOrCreate(t.TempDir())
@@ -309,42 +262,42 @@ func New(t testing.TB, opts Options) *Stack {
 			h.ServeHTTP(w, r)
 		})
 	}
-	authz, err = registry.NewAuthzCache(registry.AuthzCacheConfig{Registry: reg, Registerer: metrics})
-	if err != nil {
-		t.Fatal(err)
+
+	cfg := app.Config{
+		Pool: pool, MonitorPool: monPool, Region: "local", Replica: "apptest", Now: clk.Now,
+		// The evaluator's tick never fires on its own: tests call
+		// EvaluateNow.
+		Evaluator: evaluator.Config{Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute},
+		Admission: opts.Admission,
+		// A test's admission window may be long; the census (held) reads
+		// it as its interval.
+		Census: stream.CensusConfig{Horizon: max(15*time.Minute, opts.Admission.Window)},
+		Server: server.Config{Authenticator: ver, DBTimeout: opts.DBTimeout,
+			DevIssuer: issuerHandler(iss.Handler()), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
+			WatchHeartbeat: opts.WatchHeartbeat, Limits: opts.Limits},
 	}
-	refusals, err := audit.NewRefusalSummaries(audit.RefusalSummariesConfig{Log: audit.NewLog(pool), Now: clk.Now, Registerer: metrics})
-	if err != nil {
-		t.Fatal(err)
+	if opts.Evaluator != nil {
+		opts.Evaluator(&cfg.Evaluator)
 	}
-	srvCfg := server.Config{
-		Registry: reg, Policy: pol, Audit: audit.NewLog(pool), RefusedEvidence: refusals, Evaluator: ev, Authenticator: ver, Metrics: metrics,
-		Hub: hub, Admission: stream.NewAdmission(opts.Admission), Alarms: pub, Probers: ev, Shifts: shifts, Leases: reaper,
-		Ready: server.ServingReady(ev, hub), Authz: authz, Database: mon, DBTimeout: opts.DBTimeout,
-		DevIssuer: issuerHandler(iss.Handler()), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
-		WatchHeartbeat: opts.WatchHeartbeat, Limits: opts.Limits,
+	if opts.Policy != nil {
+		opts.Policy(&cfg.Policy)
 	}
-	var ui *webui.UI
-	var srv *server.Server
+	if opts.Shifts != nil {
+		opts.Shifts(&cfg.Shifts)
+	}
 	if opts.UI {
 		oc := webui.OIDCConfig{IssuerURL: iss.URL(), ClientID: "muster-ui", ClientSecret: "muster-ui-test-secret",
 			RedirectURL: base + "/ui/auth/callback"}
 		if err := iss.RegisterClient(devissuer.Client{ID: oc.ClientID, Secret: oc.ClientSecret, RedirectURIs: []string{oc.RedirectURL}}); err != nil {
 			t.Fatal(err)
 		}
-		ui, err = webui.New(webui.Config{Pool: pool, Registry: reg, Evaluator: ev, Publisher: pub, Audit: audit.NewLog(pool),
-			Overrides: pol, Guards: guards, Shifts: shifts, OIDC: oc, Now: clk.Now, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second},
-			Alarms: func() []assembler.Alarm { return srv.Alarms() }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ui.Close() })
-		srvCfg.UI, srvCfg.UIPath = ui, ui.BasePath()
+		cfg.UI = &webui.Config{OIDC: oc, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}}
 	}
-	srv, err = server.New(srvCfg)
+	a, err := app.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	srv := a.Server
 	hs.Config.Handler = st.queries.handler(srv)
 	if iss2 != nil {
 		// Routed before the server, which mounts one dev issuer only.
@@ -362,33 +315,34 @@ func New(t testing.TB, opts Options) *Stack {
 	// the worker keeps trying.
 	{
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_ = authz.RunOnce(ctx)
+		_ = a.Authz.RunOnce(ctx)
 		cancel()
 	}
-	for _, w := range []interface {
-		Start(context.Context) error
-		Stop()
-	}{authz, mon, refusals} {
-		if err := w.Start(context.Background()); err != nil {
+	hold := slices.DeleteFunc(slices.Clone(Held), func(n string) bool { return slices.Contains(opts.Run, n) })
+	if opts.NoStart {
+		hold = append(hold, app.WorkerEvaluator)
+	} else if !slices.Contains(opts.Run, app.WorkerPublisher) {
+		if err := a.Publisher.Prepare(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(w.Stop)
 	}
+	if err := a.Start(context.Background(), hold...); err != nil {
+		t.Fatal(err)
+	}
+	// Torn down as muster serve shuts down: not ready, streams drained,
+	// HTTP closed, workers stopped in order, the UI closed.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx, func(context.Context) error { hs.Close(); return nil })
+	})
+	a.SetReady(true)
 	hs.Start()
-	t.Cleanup(hs.Close)
-	if !opts.NoStart {
-		if err := pub.Prepare(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if err := ev.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(ev.Stop)
-	}
-	st.URL, st.Pool, st.Registry, st.Evaluator, st.Issuer, st.Clock, st.Client, st.Metrics = base, pool, reg, ev, iss, clk, hs.Client(), metrics
-	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = hub, pub, pol, shifts, srv, guards, ui
-	st.Refusals = refusals
-	st.Authz, st.Monitor, st.Reaper = authz, mon, reaper
+	st.App = a
+	st.URL, st.Pool, st.Registry, st.Evaluator, st.Issuer, st.Clock, st.Client, st.Metrics = base, pool, a.Registry, a.Evaluator, iss, clk, hs.Client(), a.Metrics
+	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = a.Hub, a.Publisher, a.Policy, a.Shifts, srv, a.Guards, a.UI
+	st.Authz, st.Monitor, st.Reaper = a.Authz, a.Monitor, a.Reaper
+	st.Refusals = a.Refusals
 	return st
 }
 
@@ -539,7 +493,7 @@ func (s *Stack) Admit(t testing.TB, ids ...string) {
 	// A self-report speaks for the instance that sends it: the token
 	// vouches for the instances' addresses, as an instance's own would.
 	var items, addrs []string
-	admin := identity.Principal{Kind: identity.KindOperator, Subject: "servertest", Role: identity.RoleAdmin}
+	admin := identity.Principal{Kind: identity.KindOperator, Subject: "apptest", Role: identity.RoleAdmin}
 	for _, id := range ids {
 		in, err := s.Registry.GetInstance(t.Context(), admin, uuid.MustParse(id))
 		if err != nil {
