@@ -165,6 +165,11 @@ func (m *Monitor) failed(err error, timeout bool) {
 	}
 }
 
+// Unavailable reports whether err means PostgreSQL could not be reached
+// or did not answer in time (IsUnavailable), for callers that may not
+// import this package's classification themselves.
+func (m *Monitor) Unavailable(err error) bool { return IsUnavailable(err) }
+
 // Observe is told of an error a request met on the database. One that says
 // the database is unreachable (refused, broken) marks it down at once; one
 // that ran out of time asks for a ping now instead, since a single slow

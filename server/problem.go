@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
@@ -146,13 +145,11 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		p := problem(http.StatusServiceUnavailable, "unavailable", "muster cannot reach a token issuer right now; nothing was changed, retry later")
 		p.retryAfter = 5
 		writeProblem(w, r, p)
-	case db.IsUnavailable(err):
+	case s.cfg.Database != nil && s.cfg.Database.Unavailable(err):
 		// Refused, broken, or not answered within the request's database
 		// budget (DBTimeout): the monitor hears of it too.
 		s.log.Warn("database unavailable", "path", r.URL.Path, "err", err)
-		if s.cfg.Database != nil {
-			s.cfg.Database.Observe(err)
-		}
+		s.cfg.Database.Observe(err)
 		p := problem(http.StatusServiceUnavailable, "database-unavailable", "muster's database could not be reached or did not answer in time; "+
 			"the request did not complete (a write most likely changed nothing: read back before retrying one that is not idempotent). "+
 			"Views are still served (watch, resolve) and reports still taken; retry after Retry-After")

@@ -70,6 +70,10 @@ type Database interface {
 	Err() error
 	// Observe is told of errors requests met on the database.
 	Observe(err error)
+	// Unavailable reports whether err means the database could not be
+	// reached or did not answer in time (503, not 500): the database's
+	// own errors are its package's to classify, not the handlers'.
+	Unavailable(err error) bool
 }
 
 // DefaultDBTimeout is the database budget of an API request.
