@@ -47,7 +47,7 @@ func QuarantineHistory(ctx context.Context, pool *pgxpool.Pool, service string, 
 			bad++
 		}
 		for _, h := range hist {
-			q.History = append(q.History, HistoryStep{From: h.From, To: h.To, At: h.At, Reason: h.Reason})
+			q.History = append(q.History, HistoryStep(h))
 		}
 		out = append(out, q)
 	}
