@@ -220,9 +220,13 @@ type serverMetrics struct {
 	authFailures     *prometheus.CounterVec
 	admissionRefused prometheus.Counter
 	framesSent       *prometheus.CounterVec
-	rateLimited      *prometheus.CounterVec
-	unauthenticated  *prometheus.CounterVec
-	streamsEnded     *prometheus.CounterVec
+	// framesSentBy holds framesSent's counter of each frame kind, so the
+	// fan-out does not hash a label per frame (10,000 subscribers: 10,000
+	// lookups per change).
+	framesSentBy    map[stream.Kind]prometheus.Counter
+	rateLimited     *prometheus.CounterVec
+	unauthenticated *prometheus.CounterVec
+	streamsEnded    *prometheus.CounterVec
 }
 
 // New builds the router.
@@ -260,9 +264,11 @@ func New(cfg Config) (*Server, error) {
 	s.metrics.admissionRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "muster_watch_admission_refused_total", Help: "Watch (re)subscriptions refused by reconnect admission.",
 	})
-	s.metrics.framesSent = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "muster_watch_frames_sent_total", Help: "Frames written to watch streams, by kind.",
-	}, []string{"kind"})
+	s.metrics.framesSent = newFramesSent()
+	s.metrics.framesSentBy = map[stream.Kind]prometheus.Counter{}
+	for _, k := range []stream.Kind{stream.KindView, stream.KindDelta, stream.KindHeartbeat, stream.KindDrain, stream.KindSynced} {
+		s.metrics.framesSentBy[k] = s.metrics.framesSent.WithLabelValues(string(k))
+	}
 	subscribers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "muster_watch_subscribers", Help: "Open watch streams.",
 	}, func() float64 { n, _ := cfg.Hub.Subscribers(); return float64(n) })
@@ -465,4 +471,10 @@ func ServingReady(ev ReadyEvaluator, hub *stream.Hub) func(context.Context) erro
 		}
 		return nil
 	}
+}
+
+func newFramesSent() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "muster_watch_frames_sent_total", Help: "Frames written to watch streams, by kind.",
+	}, []string{"kind"})
 }
