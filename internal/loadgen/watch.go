@@ -237,10 +237,12 @@ func (w *lgWatch) run(ctx context.Context) error {
 	if err := w.prepare(ctx); err != nil {
 		return err
 	}
-	keepCtx, stopKeep := context.WithCancel(ctx)
-	defer stopKeep()
+	// Deferred in this order so that keepAlive is stopped, then waited
+	// for, on every return.
 	var keep sync.WaitGroup
 	defer keep.Wait()
+	keepCtx, stopKeep := context.WithCancel(ctx)
+	defer stopKeep()
 	keep.Go(func() { w.keepAlive(keepCtx) })
 	if err := w.setup(ctx); err != nil {
 		return err
@@ -490,7 +492,6 @@ func (w *lgWatch) setup(ctx context.Context) error {
 	if err := w.rampSuccesses(ctx, w.liveInstances()); err != nil {
 		return err
 	}
-	start := time.Now()
 	// Every service, not a sample: 'unknown -> eligible' travels on the
 	// addition queue, which sheds (grows its window) when thousands of
 	// instances change at once, so services come round at different times.
@@ -514,17 +515,11 @@ func (w *lgWatch) setup(ctx context.Context) error {
 			fmt.Fprintf(w.stderr, "warning: %d services still show under 90%% of endpoints eligible after 60 s; going on\n", len(waiting))
 			break
 		}
+		// keepAlive repeats the successes meanwhile.
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(500 * time.Millisecond):
-		}
-		if time.Since(start) > 4*time.Second {
-			// Successes count per sample; repeat them while waiting.
-			if err := w.sendSuccesses(ctx, w.liveInstances()); err != nil {
-				return err
-			}
-			start = time.Now()
 		}
 	}
 	fmt.Fprintf(w.stdout, "instances made eligible in %s (at most %d a second)\n", time.Since(began).Round(time.Millisecond), w.setupRate)
