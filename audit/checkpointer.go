@@ -127,16 +127,7 @@ func (c *Checkpointer) loop(ctx context.Context) {
 		c.tick(fctx, true)
 	}()
 	c.tick(ctx, false)
-	t := time.NewTicker(c.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c.tick(ctx, false)
-		}
-	}
+	worker.Every(ctx, c.cfg.Interval, func(ctx context.Context) { c.tick(ctx, false) })
 }
 
 func (c *Checkpointer) tick(ctx context.Context, final bool) {

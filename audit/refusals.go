@@ -170,16 +170,7 @@ func (s *RefusalSummaries) loop(ctx context.Context) {
 			s.unaudited.Add(float64(n))
 		}
 	}()
-	t := time.NewTicker(s.cfg.Tick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.RunOnce(ctx, false)
-		}
-	}
+	worker.Every(ctx, s.cfg.Tick, func(ctx context.Context) { s.RunOnce(ctx, false) })
 }
 
 // RunOnce writes the summaries that are due (all of them when all is set)

@@ -335,14 +335,7 @@ func (s *Shifts) Start(ctx context.Context) error {
 func (s *Shifts) Stop() { s.runner.Stop() }
 
 func (s *Shifts) run(ctx context.Context) {
-	t := time.NewTicker(s.cfg.Poll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	worker.Every(ctx, s.cfg.Poll, func(ctx context.Context) {
 		// A database that stops answering must not park the worker (the
 		// weights it serves are in memory); the next tick tries again.
 		rctx, cancel := context.WithTimeout(ctx, max(s.cfg.Poll, 5*time.Second))
@@ -351,7 +344,7 @@ func (s *Shifts) run(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn("shift worker", "err", err)
 		}
-	}
+	})
 }
 
 // RunOnce takes the automatic steps whose dwell has elapsed and reloads the

@@ -36,21 +36,14 @@ func (w *Sweeper) Stop() { w.runner.Stop() }
 
 func (w *Sweeper) run(ctx context.Context) {
 	log := w.svc.cfg.Logger.With("worker", "override-sweeper")
-	t := time.NewTicker(w.every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			sctx, cancel := context.WithTimeout(ctx, sweepTimeout)
-			n, err := w.svc.Sweep(sctx)
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				log.Warn("sweep overrides", "err", err)
-			} else if n > 0 {
-				log.Info("overrides expired", "count", n)
-			}
+	worker.Every(ctx, w.every, func(ctx context.Context) {
+		sctx, cancel := context.WithTimeout(ctx, sweepTimeout)
+		n, err := w.svc.Sweep(sctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			log.Warn("sweep overrides", "err", err)
+		} else if n > 0 {
+			log.Info("overrides expired", "count", n)
 		}
-	}
+	})
 }

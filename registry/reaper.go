@@ -208,18 +208,11 @@ func (rp *Reaper) Suppressions() []Suppression {
 }
 
 func (rp *Reaper) loop(ctx context.Context) {
-	t := time.NewTicker(rp.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if _, err := rp.RunOnce(ctx); err != nil && ctx.Err() == nil {
-				rp.log.Warn("expire leases", "err", err)
-			}
+	worker.Every(ctx, rp.cfg.Interval, func(ctx context.Context) {
+		if _, err := rp.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			rp.log.Warn("expire leases", "err", err)
 		}
-	}
+	})
 }
 
 // sweepTimeout bounds one sweep's database work.

@@ -145,18 +145,11 @@ func (c *Census) Stop() {
 }
 
 func (c *Census) loop(ctx context.Context) {
-	t := time.NewTicker(c.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := c.runOnce(ctx); err != nil && ctx.Err() == nil {
-				c.noteFailure(err, false)
-			}
+	worker.Every(ctx, c.cfg.Interval, func(ctx context.Context) {
+		if err := c.runOnce(ctx); err != nil && ctx.Err() == nil {
+			c.noteFailure(err, false)
 		}
-	}
+	})
 }
 
 // runOnce reports this replica's count, reads the region's expected

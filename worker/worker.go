@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
 // ErrStarted is returned by a second Start.
@@ -47,4 +48,20 @@ func (r *Runner) Stop() {
 	}
 	cancel()
 	<-done
+}
+
+// Every calls tick(ctx) every interval until ctx ends: the ticker loop
+// around a worker's RunOnce, written once. A tick that outlasts the
+// interval delays the next; ticks are never run concurrently.
+func Every(ctx context.Context, interval time.Duration, tick func(ctx context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			tick(ctx)
+		}
+	}
 }

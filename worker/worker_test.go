@@ -3,7 +3,9 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/musterhq/muster/worker"
 )
@@ -42,4 +44,40 @@ func TestRunnerEndsWithItsContext(t *testing.T) {
 	cancel()
 	<-returned
 	r.Stop() // after the loop ended on its own
+}
+
+// TestEvery: tick runs on every interval, never concurrently, and Every
+// returns once its context ends.
+func TestEvery(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	ticks := make(chan struct{})
+	var running atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		worker.Every(ctx, time.Millisecond, func(context.Context) {
+			if running.Add(1) != 1 {
+				t.Error("ticks ran concurrently")
+			}
+			defer running.Add(-1)
+			select {
+			case ticks <- struct{}{}:
+			case <-ctx.Done():
+			}
+		})
+	}()
+	for range 3 {
+		select {
+		case <-ticks:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no tick within 10 s")
+		}
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Every did not return after its context ended")
+	}
 }
