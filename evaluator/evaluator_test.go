@@ -72,13 +72,7 @@ func newFixture(t *testing.T, opts st.Options) *fixture {
 
 func (f *fixture) waitReady(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !f.Evaluator.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("the evaluator did not become ready within 20 s")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	f.WaitReady(t)
 }
 
 func report(id, class, outcome string) string {

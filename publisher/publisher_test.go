@@ -50,13 +50,7 @@ func newPipeline(t *testing.T) *pipeline {
 		t.Fatal(err)
 	}
 	p.prober = s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-az1"})
-	deadline := time.Now().Add(20 * time.Second)
-	for !s.Evaluator.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("evaluator not ready")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	s.WaitReady(t)
 	if err := s.Evaluator.SyncNow(ctx); err != nil {
 		t.Fatal(err)
 	}

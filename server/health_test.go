@@ -27,12 +27,7 @@ func TestHealthKnownReachesTheView(t *testing.T) {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
 	id := apptest.Decode[registry.Instance](t, r).ID.String()
-	for deadline := time.Now().Add(20 * time.Second); !s.Evaluator.Ready(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the evaluator did not become ready within 20 s")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	s.WaitReady(t)
 	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
 		t.Fatal(err)
 	}

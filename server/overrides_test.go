@@ -69,13 +69,7 @@ func newOverrideFixture(t *testing.T, opts apptest.Options, perZone map[string]i
 
 func (f *ofix) waitReady(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !f.Evaluator.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("the evaluator did not become ready within 20 s")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	f.WaitReady(t)
 	if err := f.Evaluator.SyncNow(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -26,14 +26,8 @@ var readyReq = devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "rea
 // instances (the stacks' refresh runs hourly).
 func newReadyService(t *testing.T, s *stack, others ...*stack) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
 	for _, st := range append(others, s) {
-		for !st.Evaluator.Ready() {
-			if time.Now().After(deadline) {
-				t.Fatal("the evaluator did not become ready within 20 s")
-			}
-			time.Sleep(5 * time.Millisecond) // polling with a deadline
-		}
+		st.WaitReady(t)
 	}
 	r := s.JSON(t, "PUT", "/v1/services/ready", s.Token(t, adminReq), `{"owner":"payments","capabilities":["self","readiness"]}`)
 	if r.Status != http.StatusCreated {

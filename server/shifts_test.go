@@ -55,13 +55,7 @@ func newShiftStack(t *testing.T, opts apptest.Options, layout map[string][2]int)
 			}
 		}
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for !s.Evaluator.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("evaluator not ready")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	s.WaitReady(t)
 	// web's instances enter rotation on their first probe.
 	if _, err := s.Registry.PutProberAssignments(ctx, shiftAdmin, "prober-1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
 		t.Fatal(err)
@@ -486,13 +480,7 @@ func TestShiftSeenByAnotherReplica(t *testing.T) {
 	t.Parallel()
 	a := newShiftStack(t, apptest.Options{}, threeZones)
 	b := &shiftStack{stack: apptest.New(t, apptest.Options{Pool: a.Pool}), t: t}
-	deadline := time.Now().Add(20 * time.Second)
-	for !b.Evaluator.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("replica b not ready")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	b.WaitReady(t)
 	ctx := context.Background()
 	if err := b.Shifts.Start(ctx); err != nil { // loads what is there
 		t.Fatal(err)

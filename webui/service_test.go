@@ -57,13 +57,7 @@ func newEstate(t *testing.T, opts apptest.Options, perZone map[string]int) *esta
 	if _, err := st.Registry.PutProberAssignments(ctx, adminP, "prober-1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for !st.Evaluator.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("the evaluator did not become ready within 20 s")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	st.WaitReady(t)
 	if err := st.Evaluator.SyncNow(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -46,13 +46,7 @@ func newShiftUIStack(t *testing.T, dwell time.Duration) *apptest.Stack {
 			items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":"success"}`, in.ID))
 		}
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for !st.Evaluator.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("evaluator not ready")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	st.WaitReady(t)
 	// web's instances enter rotation on their first probe.
 	if _, err := st.Registry.PutProberAssignments(t.Context(), uiAdmin, "prober-1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
 		t.Fatal(err)

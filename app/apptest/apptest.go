@@ -39,6 +39,7 @@ import (
 	"github.com/musterhq/muster/guardlog"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
@@ -473,6 +474,13 @@ func (s *Stack) Seed(t testing.TB) {
 	}
 }
 
+// WaitReady waits (20 s at most) until the evaluator has rebuilt its
+// state after the start: until then reports are refused 503 not-ready.
+func (s *Stack) WaitReady(t testing.TB) {
+	t.Helper()
+	wait.For(t, 20*time.Second, "the evaluator ready after its rebuild", s.Evaluator.Ready)
+}
+
 // Admit brings instances of web (a service with a readiness signal, whose
 // new instances await their first success and are not capacity until
 // then) into rotation the way a workload does: one self-reported success
@@ -481,12 +489,7 @@ func (s *Stack) Seed(t testing.TB) {
 // ago.
 func (s *Stack) Admit(t testing.TB, ids ...string) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !s.Evaluator.Ready(); {
-		if time.Now().After(deadline) {
-			t.Fatal("admit: the evaluator did not become ready within 20 s")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	s.WaitReady(t)
 	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
 		t.Fatalf("admit: sync the evaluator: %v", err)
 	}
