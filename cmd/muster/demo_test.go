@@ -17,6 +17,7 @@ func TestDemoStories(t *testing.T) {
 	t.Parallel()
 	dir := devDir(t)
 	d := startDev(t, dir, "--demo")
+	d.waitDemoReady(t)
 	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
 	// get decodes a 200 answer into out; a 404 (the demo has not created
 	// the service yet) or a 503 (not ready) leaves out empty.

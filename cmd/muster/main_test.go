@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/migrations"
 )
 
@@ -63,6 +64,22 @@ type devServer struct {
 }
 
 var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
+
+// waitDemoReady waits (5 min at most: under CI's load, with the race
+// detector, the demo's hundred setup calls can take minutes) until the
+// demo has set its estate up, so a test's deadline for the stories
+// counts from there and not from a setup still under way. It fails at
+// once if the demo stopped.
+func (d *devServer) waitDemoReady(t *testing.T) {
+	t.Helper()
+	wait.For(t, 5*time.Minute, "the demo estate set up", func() bool {
+		log := d.stderr.String()
+		if strings.Contains(log, "demo stopped") {
+			t.Fatalf("the demo stopped during its setup")
+		}
+		return strings.Contains(log, "demo estate ready")
+	})
+}
 
 func startDev(t *testing.T, dir string, extra ...string) *devServer {
 	t.Helper()

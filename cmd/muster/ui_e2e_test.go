@@ -145,6 +145,7 @@ func TestBrowserDemo(t *testing.T) {
 	shots := browsertest.Artifacts(t)
 	dir := devDir(t)
 	d := startDev(t, dir, "--demo")
+	d.waitDemoReady(t)
 	deadline := time.Now().Add(e2eDeadline)
 	apiToken := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
 
