@@ -56,6 +56,7 @@ import (
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
+	"github.com/musterhq/muster/shift"
 	"github.com/musterhq/muster/stream"
 	"github.com/musterhq/muster/webui"
 )
@@ -112,7 +113,7 @@ type Config struct {
 	Evaluator evaluator.Config
 	Reaper    registry.ReaperConfig
 	Policy    policy.Config
-	Shifts    policy.ShiftsConfig
+	Shifts    shift.Config
 	Hub       stream.Config
 	Publisher publisher.Config
 	Admission stream.AdmissionConfig
@@ -141,7 +142,7 @@ type App struct {
 	Reaper    *registry.Reaper
 	Policy    *policy.Service
 	Sweeper   *policy.Sweeper
-	Shifts    *policy.Shifts
+	Shifts    *shift.Service
 	Hub       *stream.Hub
 	Guards    *guardlog.Log
 	Publisher *publisher.Publisher
@@ -249,7 +250,7 @@ func New(cfg Config) (*App, error) {
 	sc.Pool, sc.Region, sc.Logger, sc.Registerer = pool, cfg.Region, log, metrics
 	sc.Now = orNow(sc.Now, now)
 	sc.Verdicts = a.Evaluator
-	if a.Shifts, err = policy.NewShifts(sc); err != nil {
+	if a.Shifts, err = shift.New(sc); err != nil {
 		return nil, err
 	}
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/eligibility"
+	"github.com/musterhq/muster/shift"
 )
 
 type fixedVersions struct{ n uint64 }
@@ -133,7 +134,7 @@ func TestPropBudgetsAgreeWithTheGuard(t *testing.T) {
 			}
 			withOverrides.Instances = append(withOverrides.Instances, v)
 		}
-		c := drainCapacity(withOverrides, map[string]bool{drainZone: true})
+		c := shift.DrainCapacity(withOverrides, map[string]bool{drainZone: true})
 		if got, want := c.Tripped(snap.MinHealthyFraction), rz.Guard == assembler.GuardTripped; got != want {
 			t.Fatalf("drain of %s: budget refuses=%v (%+v), the guard on the region says tripped=%v (%+v)", drainZone, got, c, want, rz)
 		}

@@ -102,7 +102,7 @@ type Changes interface {
 	TakeChanges() evaluator.Changes
 }
 
-// Traffic is the shift-backs (policy.Shifts) as the publisher reads them.
+// Traffic is the shift-backs (shift.Service) as the publisher reads them.
 type Traffic interface {
 	Weights() assembler.TrafficWeights
 	// Revision moves whenever the weights may have changed.

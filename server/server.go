@@ -137,7 +137,7 @@ type Config struct {
 	Probers interface {
 		ProberAlarms() []evaluator.ProberAlarm
 	}
-	// Shifts is the shift-back API (policy.Shifts); its alarms are listed
+	// Shifts is the shift-back API (shift.Service); its alarms are listed
 	// with the others. Nil: /v1/shifts answers 404.
 	Shifts Shifts
 	// Leases is the lease reaper; its lease_expiry_suppressed alarms are

@@ -9,16 +9,16 @@ import (
 
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/identity"
-	"github.com/musterhq/muster/policy"
+	"github.com/musterhq/muster/shift"
 )
 
-// Shifts is the shift-back API (ADR-13), implemented by policy.Shifts.
+// Shifts is the shift-back API (ADR-13), implemented by shift.Service.
 type Shifts interface {
-	Drain(ctx context.Context, actor identity.Principal, req policy.ShiftRequest) (policy.Shift, error)
-	StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (policy.Shift, error)
-	Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (policy.Shift, error)
-	Get(ctx context.Context, actor identity.Principal, id uuid.UUID) (policy.Shift, error)
-	List(ctx context.Context, actor identity.Principal, f policy.ShiftFilter) ([]policy.Shift, error)
+	Drain(ctx context.Context, actor identity.Principal, req shift.Request) (shift.Shift, error)
+	StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (shift.Shift, error)
+	Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (shift.Shift, error)
+	Get(ctx context.Context, actor identity.Principal, id uuid.UUID) (shift.Shift, error)
+	List(ctx context.Context, actor identity.Principal, f shift.Filter) ([]shift.Shift, error)
 	// Alarms lists the open shiftback_pending alarms.
 	Alarms() []assembler.Alarm
 }
@@ -48,14 +48,14 @@ func (s *Server) shiftStart(w http.ResponseWriter, r *http.Request) {
 	if !s.shiftsEnabled(w, r) {
 		return
 	}
-	var req policy.ShiftRequest
+	var req shift.Request
 	if p := s.decodeJSON(w, r, &req); p != nil {
 		writeProblem(w, r, p)
 		return
 	}
 	kind := req.Scope
-	if kind != policy.ScopeRegion {
-		kind = policy.ScopeZone // as Drain files refusals of a bad scope
+	if kind != shift.ScopeRegion {
+		kind = shift.ScopeZone // as Drain files refusals of a bad scope
 	}
 	if !s.limitWrite(w, r, "shifts", "shift.start", kind, req.Target) {
 		return
@@ -78,7 +78,7 @@ func (s *Server) shiftsList(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, p)
 		return
 	}
-	f := policy.ShiftFilter{Limit: limit, State: r.URL.Query().Get("state")}
+	f := shift.Filter{Limit: limit, State: r.URL.Query().Get("state")}
 	if after != "" {
 		id, err := uuid.Parse(after)
 		if err != nil {
@@ -88,7 +88,7 @@ func (s *Server) shiftsList(w http.ResponseWriter, r *http.Request) {
 		f.After = id
 	}
 	switch f.State {
-	case "", policy.ShiftDraining, policy.ShiftReturning, policy.ShiftPendingConfirmation, policy.ShiftCompleted, policy.ShiftCancelled:
+	case "", shift.Draining, shift.Returning, shift.PendingConfirmation, shift.Completed, shift.Cancelled:
 	default:
 		writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", "state must be one of draining, returning, pending_confirmation, completed, cancelled"))
 		return
@@ -98,7 +98,7 @@ func (s *Server) shiftsList(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	out := list[policy.Shift]{Items: items}
+	out := list[shift.Shift]{Items: items}
 	if len(items) > 0 {
 		out.NextCursor = nextCursor(len(items), limit, items[len(items)-1].ID.String())
 	}

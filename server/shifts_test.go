@@ -17,8 +17,8 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
-	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/shift"
 )
 
 var shiftAdmin = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
@@ -120,7 +120,7 @@ func (s *shiftStack) wantWeights(service string, want map[string]float64) {
 	}
 }
 
-func (s *shiftStack) shift(method, path string, who devissuer.TokenRequest, body string, want int) (policy.Shift, apptest.Response) {
+func (s *shiftStack) shift(method, path string, who devissuer.TokenRequest, body string, want int) (shift.Shift, apptest.Response) {
 	s.t.Helper()
 	var r apptest.Response
 	if body != "" || method == "POST" {
@@ -132,9 +132,9 @@ func (s *shiftStack) shift(method, path string, who devissuer.TokenRequest, body
 		s.t.Fatalf("%s %s as %s: %d %s, want %d", method, path, who.Subject, r.Status, r.Body, want)
 	}
 	if want >= 400 {
-		return policy.Shift{}, r
+		return shift.Shift{}, r
 	}
-	return apptest.Decode[policy.Shift](s.t, r), r
+	return apptest.Decode[shift.Shift](s.t, r), r
 }
 
 // problemType asserts a refusal's problem type.
@@ -157,7 +157,7 @@ func (s *shiftStack) alarms() []assembler.Alarm {
 func (s *shiftStack) pendingAlarms() []assembler.Alarm {
 	var out []assembler.Alarm
 	for _, a := range s.alarms() {
-		if a.Kind == policy.AlarmShiftbackPending {
+		if a.Kind == shift.AlarmShiftbackPending {
 			out = append(out, a)
 		}
 	}
@@ -218,7 +218,7 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	// The drain takes effect in the next published view: az1 at traffic
 	// weight 0, its endpoints still published, the guard untouched.
 	sh, r := s.shift("POST", "/v1/shifts", apptest.Operator, drainAZ1, http.StatusCreated)
-	if sh.State != policy.ShiftDraining || sh.TrafficWeight != 0 || !sh.Manual || r.Header.Get("Location") != "/v1/shifts/"+sh.ID.String() {
+	if sh.State != shift.Draining || sh.TrafficWeight != 0 || !sh.Manual || r.Header.Get("Location") != "/v1/shifts/"+sh.ID.String() {
 		t.Fatalf("drain: %+v", sh)
 	}
 	s.publish()
@@ -270,7 +270,7 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	// At 0.50 a manual shift waits for confirmation: the step is refused
 	// even after the dwell, and the timer never completes it.
 	got, _ := s.shift("GET", "/v1/shifts/"+sh.ID.String(), apptest.Viewer, "", http.StatusOK)
-	if got.State != policy.ShiftPendingConfirmation || got.PendingSince == nil || got.NextWeight == nil || *got.NextWeight != 1 || got.NextStepAt == nil {
+	if got.State != shift.PendingConfirmation || got.PendingSince == nil || got.NextWeight == nil || *got.NextWeight != 1 || got.NextStepAt == nil {
 		t.Fatalf("after 0.50: %+v", got)
 	}
 	s.Clock.Advance(2 * time.Minute)
@@ -291,7 +291,7 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	s.publish()
 	s.wantWeights("web", map[string]float64{"az1": 0.5})
 	got, _ = s.shift("GET", "/v1/shifts/"+sh.ID.String(), apptest.Operator, "", http.StatusOK)
-	if got.State != policy.ShiftPendingConfirmation || got.PendingSeconds == nil || *got.PendingSeconds < 660 {
+	if got.State != shift.PendingConfirmation || got.PendingSeconds == nil || *got.PendingSeconds < 660 {
 		t.Fatalf("the timer moved a manual shift, or the age is wrong: %+v", got)
 	}
 	al := s.pendingAlarms()
@@ -302,7 +302,7 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 		!strings.Contains(string(m), "\nmuster_shifts_active 1\n") {
 		t.Errorf("metrics do not count the pending shift-back:\n%s", grepMetric(m, "muster_shift"))
 	}
-	list := apptest.Decode[struct{ Items []policy.Shift }](t, s.Do(t, "GET", "/v1/shifts?state=pending_confirmation", s.Token(t, apptest.Viewer), "", ""))
+	list := apptest.Decode[struct{ Items []shift.Shift }](t, s.Do(t, "GET", "/v1/shifts?state=pending_confirmation", s.Token(t, apptest.Viewer), "", ""))
 	if len(list.Items) != 1 || list.Items[0].ID != sh.ID {
 		t.Fatalf("pending list %+v", list.Items)
 	}
@@ -312,7 +312,7 @@ func TestShiftManualDrainWalkBackAndConfirm(t *testing.T) {
 	_, r = s.shift("POST", confirm, apptest.Viewer, "", http.StatusForbidden)
 	problemType(t, r, "forbidden")
 	done, _ := s.shift("POST", confirm, apptest.Operator, "", http.StatusOK)
-	if done.State != policy.ShiftCompleted || done.TrafficWeight != 1 || done.ConfirmedBy == nil || *done.ConfirmedBy != "operator:oscar" || done.NextStepAt != nil {
+	if done.State != shift.Completed || done.TrafficWeight != 1 || done.ConfirmedBy == nil || *done.ConfirmedBy != "operator:oscar" || done.NextStepAt != nil {
 		t.Fatalf("confirmed: %+v", done)
 	}
 	if a := s.pendingAlarms(); len(a) != 0 {
@@ -381,7 +381,7 @@ func TestShiftAutomaticCompletesOnItsTimer(t *testing.T) {
 		s.wantWeights("web", map[string]float64{"az1": 1, "az2": w, "az3": 1})
 	}
 	got, _ = s.shift("GET", "/v1/shifts/"+sh.ID.String(), apptest.Viewer, "", http.StatusOK)
-	if got.State != policy.ShiftCompleted || got.ConfirmedBy != nil || got.LastStepBy != "system:shifts" || got.Step != 4 {
+	if got.State != shift.Completed || got.ConfirmedBy != nil || got.LastStepBy != "system:shifts" || got.Step != 4 {
 		t.Fatalf("automatic shift after its timer: %+v", got)
 	}
 	if a := s.pendingAlarms(); len(a) != 0 {
@@ -446,7 +446,7 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 
 	// Two active shifts, one page each.
 	type page struct {
-		Items      []policy.Shift
+		Items      []shift.Shift
 		NextCursor string `json:"next_cursor"`
 	}
 	p1 := apptest.Decode[page](t, s.Do(t, "GET", "/v1/shifts?limit=1", s.Token(t, apptest.Viewer), "", ""))
@@ -496,8 +496,8 @@ func TestShiftSeenByAnotherReplica(t *testing.T) {
 	b.publish()
 	b.wantWeights("web", map[string]float64{"az1": 0, "az2": 1})
 	// And b's dwell refusal is computed from the shared row.
-	list := apptest.Decode[struct{ Items []policy.Shift }](t, b.Do(t, "GET", "/v1/shifts", b.Token(t, apptest.Admin), "", ""))
-	if len(list.Items) != 1 || list.Items[0].State != policy.ShiftDraining {
+	list := apptest.Decode[struct{ Items []shift.Shift }](t, b.Do(t, "GET", "/v1/shifts", b.Token(t, apptest.Admin), "", ""))
+	if len(list.Items) != 1 || list.Items[0].State != shift.Draining {
 		t.Fatalf("replica b lists %+v", list.Items)
 	}
 }

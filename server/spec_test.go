@@ -26,6 +26,7 @@ import (
 	"github.com/musterhq/muster/openapi"
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/shift"
 )
 
 // These tests keep openapi/openapi.yaml and the router in step. They need
@@ -418,9 +419,9 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"ServiceList", reflect.TypeFor[list[registry.Service]](), true},
 		{"InstanceList", reflect.TypeFor[list[registry.Instance]](), true},
 		{"AuditEventList", reflect.TypeFor[list[audit.Event]](), true},
-		{"ShiftRequest", reflect.TypeFor[policy.ShiftRequest](), false},
-		{"Shift", reflect.TypeFor[policy.Shift](), true},
-		{"ShiftList", reflect.TypeFor[list[policy.Shift]](), true},
+		{"ShiftRequest", reflect.TypeFor[shift.Request](), false},
+		{"Shift", reflect.TypeFor[shift.Shift](), true},
+		{"ShiftList", reflect.TypeFor[list[shift.Shift]](), true},
 		{"OverrideRequest", reflect.TypeFor[policy.Request](), false},
 		{"CosignRequest", reflect.TypeFor[policy.CosignRequest](), false},
 		{"DeregisterRequest", reflect.TypeFor[policy.DeregisterRequest](), false},
@@ -495,13 +496,13 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 	ended.State, ended.LeaseExpiresAt, ended.EndedAt = registry.StateReplaced, nil, &now
 	half, one, by := 0.5, 1.0, "operator:oscar"
 	pendingFor := 61.5
-	shift := policy.Shift{
-		ID: uuid.Must(uuid.NewV7()), Scope: policy.ScopeZone, Target: "az1", Reason: "az1 packet loss", Manual: true,
-		State: policy.ShiftPendingConfirmation, Step: 3, TrafficWeight: half, NextWeight: &one, NextStepAt: &now,
+	sh := shift.Shift{
+		ID: uuid.Must(uuid.NewV7()), Scope: shift.ScopeZone, Target: "az1", Reason: "az1 packet loss", Manual: true,
+		State: shift.PendingConfirmation, Step: 3, TrafficWeight: half, NextWeight: &one, NextStepAt: &now,
 		PendingSince: &now, PendingSeconds: &pendingFor, StartedBy: by, StartedAt: now, LastStepBy: by, LastStepAt: now,
 	}
-	done := shift
-	done.State, done.TrafficWeight, done.NextWeight, done.NextStepAt, done.PendingSeconds = policy.ShiftCompleted, 1, nil, nil, nil
+	done := sh
+	done.State, done.TrafficWeight, done.NextWeight, done.NextStepAt, done.PendingSeconds = shift.Completed, 1, nil, nil, nil
 	done.ConfirmedBy, done.ConfirmedAt, done.EndedAt = &by, &now, &now
 	prob := problem(http.StatusUnprocessableEntity, "validation", "the registration is not valid")
 	prob.Instance, prob.Errors = "/v1/services/web/instances", []registry.FieldError{{Field: "port", Message: "must be between 1 and 65535, got 0"}}
@@ -526,8 +527,8 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 			After: json.RawMessage(`{"id":"x"}`), Hash: strings.Repeat("ab", 32),
 		}}}},
 		{"Problem", prob},
-		{"Shift", shift},
-		{"ShiftList", list[policy.Shift]{Items: []policy.Shift{shift, done}, NextCursor: "abc"}},
+		{"Shift", sh},
+		{"ShiftList", list[shift.Shift]{Items: []shift.Shift{sh, done}, NextCursor: "abc"}},
 		{"OverrideList", list[policy.Override]{Items: []policy.Override{{
 			ID: uuid.Must(uuid.NewV7()), InstanceID: inst.ID, Service: "web", Zone: "az1", Action: policy.MarkIneligible,
 			State: policy.StatePending, Actor: "operator:oscar", Justification: "serving stale prices, INC-42",

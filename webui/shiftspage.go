@@ -14,20 +14,20 @@ import (
 
 	"github.com/musterhq/muster/assembler"
 	"github.com/musterhq/muster/identity"
-	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/refusal"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/shift"
 	"github.com/musterhq/muster/views"
 )
 
 // ShiftBacks is the shift-back state machine as the UI uses it
-// (policy.Shifts): the same audited calls the /v1/shifts API makes, with
+// (shift.Service): the same audited calls the /v1/shifts API makes, with
 // the session's operator as the actor.
 type ShiftBacks interface {
-	Drain(ctx context.Context, actor identity.Principal, req policy.ShiftRequest) (policy.Shift, error)
-	StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (policy.Shift, error)
-	Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (policy.Shift, error)
-	List(ctx context.Context, actor identity.Principal, f policy.ShiftFilter) ([]policy.Shift, error)
+	Drain(ctx context.Context, actor identity.Principal, req shift.Request) (shift.Shift, error)
+	StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (shift.Shift, error)
+	Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (shift.Shift, error)
+	List(ctx context.Context, actor identity.Principal, f shift.Filter) ([]shift.Shift, error)
 	// Alarms lists the open shiftback_pending alarms.
 	Alarms() []assembler.Alarm
 }
@@ -68,19 +68,19 @@ func (u *UI) buildShifts(r *http.Request, pg views.Page, after string) views.Shi
 	pg.Title, pg.Nav, pg.Refresh = "Shift-backs", "shifts", 15
 	actor := principalFrom(r.Context())
 	s := views.Shifts{Page: pg, After: after, CanAct: actor.Role.AtLeast(identity.RoleOperator),
-		MinReason: policy.MinShiftReason, Form: views.DrainForm{Manual: true}}
+		MinReason: shift.MinReason, Form: views.DrainForm{Manual: true}}
 	ctx := r.Context()
 
 	alarmed := map[string]bool{} // scope/target with an open shiftback_pending
 	for _, a := range u.cfg.Shifts.Alarms() {
 		if a.Zone != "" {
-			alarmed[policy.ScopeZone+"/"+a.Zone] = true
+			alarmed[shift.ScopeZone+"/"+a.Zone] = true
 		} else {
-			alarmed[policy.ScopeRegion] = true
+			alarmed[shift.ScopeRegion] = true
 		}
 	}
-	for _, state := range []string{policy.ShiftPendingConfirmation, policy.ShiftDraining, policy.ShiftReturning} {
-		rows, err := u.cfg.Shifts.List(ctx, actor, policy.ShiftFilter{State: state, Limit: registry.MaxPageSize})
+	for _, state := range []string{shift.PendingConfirmation, shift.Draining, shift.Returning} {
+		rows, err := u.cfg.Shifts.List(ctx, actor, shift.Filter{State: state, Limit: registry.MaxPageSize})
 		if err != nil {
 			u.log.Error("shifts page: list", "state", state, "err", err)
 			s.Error = "The shifts could not be read; try again in a moment."
@@ -88,8 +88,8 @@ func (u *UI) buildShifts(r *http.Request, pg views.Page, after string) views.Shi
 		}
 		for _, sh := range rows {
 			row := shiftRow(sh)
-			row.Alarm = alarmed[sh.Scope+"/"+sh.Target] || (sh.Scope == policy.ScopeRegion && alarmed[policy.ScopeRegion])
-			if state == policy.ShiftPendingConfirmation {
+			row.Alarm = alarmed[sh.Scope+"/"+sh.Target] || (sh.Scope == shift.ScopeRegion && alarmed[shift.ScopeRegion])
+			if state == shift.PendingConfirmation {
 				s.Pending = append(s.Pending, row)
 			} else {
 				s.Active = append(s.Active, row)
@@ -98,7 +98,7 @@ func (u *UI) buildShifts(r *http.Request, pg views.Page, after string) views.Shi
 	}
 	slices.SortStableFunc(s.Active, func(a, b views.ShiftRow) int { return a.StartedAt.Compare(b.StartedAt) })
 
-	f := policy.ShiftFilter{State: policy.ShiftCompleted, Limit: completedPageSize + 1}
+	f := shift.Filter{State: shift.Completed, Limit: completedPageSize + 1}
 	if after != "" {
 		f.After = uuid.MustParse(after)
 	}
@@ -118,7 +118,7 @@ func (u *UI) buildShifts(r *http.Request, pg views.Page, after string) views.Shi
 	return s
 }
 
-func shiftRow(sh policy.Shift) views.ShiftRow {
+func shiftRow(sh shift.Shift) views.ShiftRow {
 	row := views.ShiftRow{ID: sh.ID.String(), Scope: sh.Scope, Target: sh.Target, Reason: sh.Reason, Manual: sh.Manual,
 		State: sh.State, Step: sh.Step, Weight: sh.TrafficWeight, StartedBy: sh.StartedBy, StartedAt: sh.StartedAt,
 		LastStepBy: sh.LastStepBy, LastStepAt: sh.LastStepAt}
@@ -171,7 +171,7 @@ func (u *UI) shiftDrain(w http.ResponseWriter, r *http.Request, p identity.Princ
 	form := views.DrainForm{Zone: strings.TrimSpace(r.PostFormValue("zone")), Reason: r.PostFormValue("reason"),
 		Manual: r.PostFormValue("manual") != ""}
 	manual := form.Manual
-	sh, err := u.cfg.Shifts.Drain(r.Context(), p, policy.ShiftRequest{Scope: policy.ScopeZone, Target: form.Zone,
+	sh, err := u.cfg.Shifts.Drain(r.Context(), p, shift.Request{Scope: shift.ScopeZone, Target: form.Zone,
 		Reason: form.Reason, Manual: &manual})
 	if err != nil {
 		u.shiftRefused(w, r, err, form)
@@ -195,7 +195,7 @@ func (u *UI) shiftStep(w http.ResponseWriter, r *http.Request, p identity.Princi
 		return
 	}
 	msg := fmt.Sprintf("%s %s stepped back: traffic weight now %s.", sh.Scope, sh.Target, percent(sh.TrafficWeight))
-	if sh.State == policy.ShiftPendingConfirmation {
+	if sh.State == shift.PendingConfirmation {
 		msg += " The final step back needs an operator's confirmation."
 	}
 	u.shiftDone(w, r, msg)
@@ -239,7 +239,7 @@ func (u *UI) shiftRefused(w http.ResponseWriter, r *http.Request, err error, for
 		return
 	}
 	ref, status := explainShift(se, u.cfg.Now())
-	if status == http.StatusConflict && errors.Is(se, policy.ErrShiftDwell) {
+	if status == http.StatusConflict && errors.Is(se, shift.ErrDwell) {
 		w.Header().Set("Retry-After", fmt.Sprint(max(1, int(se.RetryAfter.Round(time.Second).Seconds()))))
 	}
 	s := u.buildShifts(r, u.pageFor(principalFrom(r.Context())), "")
@@ -254,7 +254,7 @@ func explainShift(se *refusal.Error, now time.Time) (views.ShiftRefusal, int) {
 	ref := views.ShiftRefusal{Text: se.Detail}
 	status := http.StatusConflict
 	switch {
-	case errors.Is(se, policy.ErrShiftDwell):
+	case errors.Is(se, shift.ErrDwell):
 		ref.Heading = "Not yet: the minimum dwell between steps has not elapsed"
 		if at, ok := se.Figures["next_step_at"].(time.Time); ok {
 			ref.NextStepAt = at
@@ -262,13 +262,13 @@ func explainShift(se *refusal.Error, now time.Time) (views.ShiftRefusal, int) {
 		if ref.NextStepAt.IsZero() {
 			ref.NextStepAt = now.Add(se.RetryAfter)
 		}
-	case errors.Is(se, policy.ErrShiftBudget):
+	case errors.Is(se, shift.ErrBudget):
 		ref.Heading = "Refused: draining this zone would take services below their minimum"
-		for _, f := range policy.BudgetShortfall(se) {
+		for _, f := range shift.BudgetShortfall(se) {
 			ref.Budget = append(ref.Budget, views.BudgetRow{Service: f.Service, InRotationOutside: f.InRotationOutside,
 				Total: f.Total, Required: f.Required, MinHealthyFraction: f.MinHealthyFraction})
 		}
-	case errors.Is(se, policy.ErrShiftNeedsConfirm):
+	case errors.Is(se, shift.ErrNeedsConfirm):
 		ref.Heading = "This step needs a confirmation"
 		ref.Text = se.Detail + ". Press Confirm on the shift when the zone is known to be healthy."
 	case errors.Is(se, registry.ErrForbidden):

@@ -16,8 +16,8 @@ import (
 	"github.com/musterhq/muster/audit"
 	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
-	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/shift"
 	"github.com/musterhq/muster/views"
 )
 
@@ -29,7 +29,7 @@ var uiAdmin = identity.Principal{Kind: identity.KindOperator, Subject: "alice", 
 // confirmation.
 func newShiftUIStack(t *testing.T, dwell time.Duration) *apptest.Stack {
 	t.Helper()
-	st := apptest.New(t, apptest.Options{UI: true, Shifts: func(c *policy.ShiftsConfig) {
+	st := apptest.New(t, apptest.Options{UI: true, Shifts: func(c *shift.Config) {
 		c.Steps, c.Dwell = []float64{0.5, 1}, dwell
 	}})
 	st.Seed(t)
@@ -76,7 +76,7 @@ func activeShiftID(t *testing.T, body string) string {
 
 func TestShiftsPageDrainStepAndDwell(t *testing.T) {
 	t.Parallel()
-	st := newShiftUIStack(t, policy.DefaultShiftDwell)
+	st := newShiftUIStack(t, shift.DefaultDwell)
 	oscar := newBrowser(t, st)
 	oscar.signIn("oscar")
 
@@ -105,7 +105,7 @@ func TestShiftsPageDrainStepAndDwell(t *testing.T) {
 	}
 	id := activeShiftID(t, p.body)
 	drainedAt := st.Clock.Now()
-	nextAt := views.Absolute(drainedAt.Add(policy.DefaultShiftDwell))
+	nextAt := views.Absolute(drainedAt.Add(shift.DefaultDwell))
 	if !strings.Contains(p.body, `id="step-`+id+`"`) || !strings.Contains(p.body, "allowed") || !strings.Contains(p.body, nextAt) {
 		t.Fatalf("the active shift lacks its step button or the next allowed time %s:\n%s", nextAt, p.body)
 	}
@@ -133,7 +133,7 @@ func TestShiftsPageDrainStepAndDwell(t *testing.T) {
 
 	// After the dwell: the step is taken, and the manual shift now waits
 	// for its confirmation; a further step is refused and says so.
-	st.Clock.Advance(policy.DefaultShiftDwell)
+	st.Clock.Advance(shift.DefaultDwell)
 	if res = oscar.post("/ui/shifts/"+id+"/step", url.Values{}); res.status != http.StatusSeeOther {
 		t.Fatalf("step after the dwell: %d\n%s", res.status, res.body)
 	}
@@ -142,7 +142,7 @@ func TestShiftsPageDrainStepAndDwell(t *testing.T) {
 		!strings.Contains(p.body, `id="pending-shifts"`) || !strings.Contains(p.body, `id="confirm-`+id+`"`) || !strings.Contains(p.body, "pending for 0 s") {
 		t.Fatalf("after the step the shift is not shown waiting for confirmation:\n%s", p.body)
 	}
-	st.Clock.Advance(policy.DefaultShiftDwell + time.Second)
+	st.Clock.Advance(shift.DefaultDwell + time.Second)
 	res = oscar.post("/ui/shifts/"+id+"/step", url.Values{})
 	if res.status != http.StatusConflict || !strings.Contains(res.body, "This step needs a confirmation") {
 		t.Fatalf("step instead of confirm: %d\n%s", res.status, res.body)
@@ -154,7 +154,7 @@ func TestShiftsPageDrainStepAndDwell(t *testing.T) {
 
 func TestShiftsPageBudgetRefusal(t *testing.T) {
 	t.Parallel()
-	st := newShiftUIStack(t, policy.DefaultShiftDwell)
+	st := newShiftUIStack(t, shift.DefaultDwell)
 	alice := newBrowser(t, st)
 	alice.signIn("alice")
 	if res := alice.post("/ui/shifts", url.Values{"zone": {"az1"}, "reason": {"az1 drained for maintenance"}}); res.status != http.StatusSeeOther {
@@ -188,12 +188,12 @@ func pendingShift(t *testing.T, st *apptest.Stack, dwell time.Duration) string {
 	t.Helper()
 	oscar := identity.Principal{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator}
 	manual := true
-	sh, err := st.Shifts.Drain(t.Context(), oscar, policy.ShiftRequest{Scope: "zone", Target: "az1", Reason: "failover drill in az1", Manual: &manual})
+	sh, err := st.Shifts.Drain(t.Context(), oscar, shift.Request{Scope: "zone", Target: "az1", Reason: "failover drill in az1", Manual: &manual})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st.Clock.Advance(dwell)
-	if sh, err = st.Shifts.StepBack(t.Context(), oscar, sh.ID); err != nil || sh.State != policy.ShiftPendingConfirmation {
+	if sh, err = st.Shifts.StepBack(t.Context(), oscar, sh.ID); err != nil || sh.State != shift.PendingConfirmation {
 		t.Fatalf("step to pending: %+v %v", sh, err)
 	}
 	st.Clock.Advance(dwell)
@@ -202,11 +202,11 @@ func pendingShift(t *testing.T, st *apptest.Stack, dwell time.Duration) string {
 
 func TestShiftsPageConfirmByOperator(t *testing.T) {
 	t.Parallel()
-	st := newShiftUIStack(t, policy.DefaultShiftDwell)
+	st := newShiftUIStack(t, shift.DefaultDwell)
 	oscar := newBrowser(t, st)
 	oscar.signIn("oscar") // before the clock moves on: ID tokens carry the real time
-	id := pendingShift(t, st, policy.DefaultShiftDwell)
-	st.Clock.Advance(policy.DefaultShiftPendingAlarm) // the alarm opens
+	id := pendingShift(t, st, shift.DefaultDwell)
+	st.Clock.Advance(shift.DefaultPendingAlarm) // the alarm opens
 	over := oscar.get("/ui/")
 	if !strings.Contains(over.body, "shiftback_pending") || !strings.Contains(over.body, `href="/ui/shifts#pending"`) {
 		t.Fatalf("the overview's banner does not link the pending shift-back:\n%s", over.body)
@@ -239,10 +239,10 @@ func TestShiftsPageConfirmByOperator(t *testing.T) {
 
 func TestShiftsPageViewerCannotConfirm(t *testing.T) {
 	t.Parallel()
-	st := newShiftUIStack(t, policy.DefaultShiftDwell)
+	st := newShiftUIStack(t, shift.DefaultDwell)
 	vera := newBrowser(t, st)
 	vera.signIn("vera")
-	id := pendingShift(t, st, policy.DefaultShiftDwell)
+	id := pendingShift(t, st, shift.DefaultDwell)
 	p := vera.get("/ui/shifts")
 	if p.status != http.StatusOK || !strings.Contains(p.body, `data-shift="`+id+`"`) {
 		t.Fatalf("a viewer does not see the pending shift: %d\n%s", p.status, p.body)
@@ -264,18 +264,18 @@ func TestShiftsPageViewerCannotConfirm(t *testing.T) {
 	if res := vera.post("/ui/shifts", url.Values{"zone": {"az2"}, "reason": {"viewer tries to drain az2"}}); res.status != http.StatusForbidden {
 		t.Errorf("viewer's forged drain: %d", res.status)
 	}
-	shifts, err := st.Shifts.List(t.Context(), uiAdmin, policy.ShiftFilter{})
-	if err != nil || len(shifts) != 1 || shifts[0].State != policy.ShiftPendingConfirmation {
+	shifts, err := st.Shifts.List(t.Context(), uiAdmin, shift.Filter{})
+	if err != nil || len(shifts) != 1 || shifts[0].State != shift.PendingConfirmation {
 		t.Fatalf("after the viewer's attempts: %+v %v", shifts, err)
 	}
 }
 
 func TestShiftsPageCrossSiteConfirmRefused(t *testing.T) {
 	t.Parallel()
-	st := newShiftUIStack(t, policy.DefaultShiftDwell)
+	st := newShiftUIStack(t, shift.DefaultDwell)
 	oscar := newBrowser(t, st)
 	oscar.signIn("oscar")
-	id := pendingShift(t, st, policy.DefaultShiftDwell)
+	id := pendingShift(t, st, shift.DefaultDwell)
 	res := oscar.do("POST", "/ui/shifts/"+id+"/confirm", url.Values{}, map[string]string{"Sec-Fetch-Site": "cross-site"})
 	if res.status != http.StatusForbidden {
 		t.Fatalf("cross-site confirm: %d\n%s", res.status, res.body)
@@ -287,7 +287,7 @@ func TestShiftsPageCrossSiteConfirmRefused(t *testing.T) {
 	if evs := auditEvents(t, st, audit.Filter{Action: "shift.confirm"}); len(evs) != 0 {
 		t.Fatalf("a cross-site POST reached the confirmation: %+v", evs)
 	}
-	sh, err := st.Shifts.List(t.Context(), uiAdmin, policy.ShiftFilter{State: policy.ShiftPendingConfirmation})
+	sh, err := st.Shifts.List(t.Context(), uiAdmin, shift.Filter{State: shift.PendingConfirmation})
 	if err != nil || len(sh) != 1 {
 		t.Fatalf("the shift is no longer pending: %+v %v", sh, err)
 	}

@@ -31,7 +31,7 @@
 // # Shift-backs
 //
 // The shift-backs page (shiftspage.go) drains zones, steps traffic back and
-// confirms manual shift-backs through Config.Shifts (policy.Shifts), the
+// confirms manual shift-backs through Config.Shifts (shift.Service), the
 // same audited calls the /v1/shifts API makes, with the session's operator
 // as the actor. A refusal is shown on the page in plain words with its
 // figures; an accepted action redirects back to the page (post, redirect,

@@ -44,6 +44,7 @@ import (
 	"github.com/musterhq/muster/publisher"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
+	"github.com/musterhq/muster/shift"
 	"github.com/musterhq/muster/stream"
 	"github.com/musterhq/muster/webui"
 )
@@ -82,7 +83,7 @@ type Stack struct {
 	// SaveOnce to save its views.
 	Publisher *publisher.Publisher
 	// Shifts is not started: tests step it with RunOnce.
-	Shifts *policy.Shifts
+	Shifts *shift.Service
 	Policy *policy.Service
 	Server *server.Server
 	// Guards is the guard-trip history; it is not started: tests call
@@ -171,7 +172,7 @@ type Options struct {
 	MaxBodyBytes int64
 	// Shifts adjusts the shift-back configuration (steps, dwell, pending
 	// alarm) before it is built.
-	Shifts func(*policy.ShiftsConfig)
+	Shifts func(*shift.Config)
 	// Policy adjusts the policy service's configuration (limits, expiry).
 	Policy func(*policy.Config)
 	// UI mounts the admin web UI at /ui, signing in through the dev

@@ -15,6 +15,7 @@ import (
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
+	"github.com/musterhq/muster/shift"
 	"github.com/musterhq/muster/webui"
 )
 
@@ -100,19 +101,19 @@ type shiftFlags struct{ steps, dwell, pendingAlarm string }
 func (f shiftFlags) apply(c *Config) error {
 	var err error
 	steps := cmpOr(f.steps, os.Getenv("MUSTER_SHIFT_STEPS"))
-	c.ShiftSteps = slices.Clone(policy.DefaultShiftSteps)
+	c.ShiftSteps = slices.Clone(shift.DefaultSteps)
 	if steps != "" {
 		if c.ShiftSteps, err = parseSteps(steps); err != nil {
 			return fmt.Errorf("shift steps %q: %w", steps, err)
 		}
 	}
-	c.ShiftDwell = policy.DefaultShiftDwell
+	c.ShiftDwell = shift.DefaultDwell
 	if v := cmpOr(f.dwell, os.Getenv("MUSTER_SHIFT_DWELL")); v != "" {
 		if c.ShiftDwell, err = time.ParseDuration(v); err != nil {
 			return fmt.Errorf("shift dwell: %w", err)
 		}
 	}
-	c.ShiftPendingAlarm = policy.DefaultShiftPendingAlarm
+	c.ShiftPendingAlarm = shift.DefaultPendingAlarm
 	if v := cmpOr(f.pendingAlarm, os.Getenv("MUSTER_SHIFT_PENDING_ALARM")); v != "" {
 		if c.ShiftPendingAlarm, err = time.ParseDuration(v); err != nil {
 			return fmt.Errorf("shift pending alarm: %w", err)
@@ -138,7 +139,7 @@ func parseSteps(s string) ([]float64, error) {
 		}
 		out = append(out, w)
 	}
-	return out, policy.ValidShiftSteps(out)
+	return out, shift.ValidSteps(out)
 }
 
 // parseLimit reads "N/duration", e.g. "5/10m".
@@ -295,7 +296,7 @@ func (c *Config) Validate() error {
 	if c.AdmissionWindow < time.Second {
 		return fmt.Errorf("MUSTER_ADMISSION_WINDOW %s is below 1s (Retry-After counts whole seconds)", c.AdmissionWindow)
 	}
-	if err := policy.ValidShiftSteps(c.ShiftSteps); err != nil {
+	if err := shift.ValidSteps(c.ShiftSteps); err != nil {
 		return err
 	}
 	if c.ShiftDwell < 0 || c.ShiftPendingAlarm <= 0 {

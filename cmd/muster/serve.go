@@ -30,6 +30,7 @@ import (
 	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
 	"github.com/musterhq/muster/server"
+	"github.com/musterhq/muster/shift"
 	"github.com/musterhq/muster/stream"
 	"github.com/musterhq/muster/webui"
 )
@@ -198,7 +199,7 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		Evaluator: evaluator.Config{MaxPendingWindows: cfg.MaxPendingWindows},
 		Policy: policy.Config{OverrideLimit: cfg.OverrideLimit, WriteLimit: cfg.WriteLimit, MaxExpiry: cfg.MaxExpiry,
 			CosignWindow: cfg.CosignWindow},
-		Shifts:    policy.ShiftsConfig{Steps: cfg.ShiftSteps, Dwell: cfg.ShiftDwell, PendingAlarmAfter: cfg.ShiftPendingAlarm},
+		Shifts:    shift.Config{Steps: cfg.ShiftSteps, Dwell: cfg.ShiftDwell, PendingAlarmAfter: cfg.ShiftPendingAlarm},
 		Admission: stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow},
 		Server:    server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
 	}

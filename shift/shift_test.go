@@ -1,4 +1,4 @@
-package policy_test
+package shift_test
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 	"github.com/musterhq/muster/eligibility"
 	"github.com/musterhq/muster/evaluator"
 	"github.com/musterhq/muster/identity"
-	"github.com/musterhq/muster/policy"
 	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/shift"
 )
 
 var (
@@ -69,13 +69,13 @@ func fixture(t *testing.T) (*pgxpool.Pool, verdicts) {
 	return pool, verdicts{"web": snap}
 }
 
-func newShifts(t *testing.T, pool *pgxpool.Pool, v policy.Verdicts, clk *clock, adjust func(*policy.ShiftsConfig)) *policy.Shifts {
+func newShifts(t *testing.T, pool *pgxpool.Pool, v shift.Verdicts, clk *clock, adjust func(*shift.Config)) *shift.Service {
 	t.Helper()
-	cfg := policy.ShiftsConfig{Pool: pool, Region: "local", Verdicts: v, Now: clk.Now}
+	cfg := shift.Config{Pool: pool, Region: "local", Verdicts: v, Now: clk.Now}
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	s, err := policy.NewShifts(cfg)
+	s, err := shift.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestValidShiftSteps(t *testing.T) {
 		steps []float64
 		ok    bool
 	}{
-		{policy.DefaultShiftSteps, true},
+		{shift.DefaultSteps, true},
 		{[]float64{1}, true},
 		{[]float64{0.5, 1}, true},
 		{nil, false},
@@ -98,7 +98,7 @@ func TestValidShiftSteps(t *testing.T) {
 		{[]float64{0.5, 0.25, 1}, false},
 		{[]float64{0.5, 1.5}, false},
 	} {
-		if err := policy.ValidShiftSteps(tc.steps); (err == nil) != tc.ok {
+		if err := shift.ValidSteps(tc.steps); (err == nil) != tc.ok {
 			t.Errorf("ValidShiftSteps(%v) = %v, want ok=%v", tc.steps, err, tc.ok)
 		}
 	}
@@ -116,7 +116,7 @@ func TestWeightsTakeTheLowest(t *testing.T) {
 	if w := s.Weights(); w != nil {
 		t.Fatalf("no shifts: weights %v, want nil (1 everywhere)", w)
 	}
-	az1, err := s.Drain(ctx, operator, policy.ShiftRequest{Scope: "zone", Target: "az1", Reason: "az1 is losing packets", Manual: &no})
+	az1, err := s.Drain(ctx, operator, shift.Request{Scope: "zone", Target: "az1", Reason: "az1 is losing packets", Manual: &no})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestWeightsTakeTheLowest(t *testing.T) {
 	if w("az1") != 0.10 || w("az2") != 1 {
 		t.Fatalf("az1 %g az2 %g, want 0.10 and 1", w("az1"), w("az2"))
 	}
-	if _, err := s.Drain(ctx, admin, policy.ShiftRequest{Scope: "region", Target: "local", Reason: "regional evacuation", Manual: &yes}); err != nil {
+	if _, err := s.Drain(ctx, admin, shift.Request{Scope: "region", Target: "local", Reason: "regional evacuation", Manual: &yes}); err != nil {
 		t.Fatal(err)
 	}
 	w = s.Weights()
@@ -153,15 +153,15 @@ func TestShortLadderAndConfirm(t *testing.T) {
 	t.Parallel()
 	pool, v := fixture(t)
 	clk := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
-	s := newShifts(t, pool, v, clk, func(c *policy.ShiftsConfig) {
+	s := newShifts(t, pool, v, clk, func(c *shift.Config) {
 		c.Steps, c.Dwell, c.PendingAlarmAfter = []float64{0.5, 1}, time.Minute, 5*time.Minute
 	})
 	ctx := context.Background()
-	sh, err := s.Drain(ctx, operator, policy.ShiftRequest{Scope: "zone", Target: "az2", Reason: "az2 network partition", Manual: &yes})
+	sh, err := s.Drain(ctx, operator, shift.Request{Scope: "zone", Target: "az2", Reason: "az2 network partition", Manual: &yes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Confirm(ctx, operator, sh.ID); !errors.Is(err, policy.ErrShiftDwell) {
+	if _, err := s.Confirm(ctx, operator, sh.ID); !errors.Is(err, shift.ErrDwell) {
 		t.Fatalf("confirm inside the dwell: %v", err)
 	}
 	clk.Advance(time.Minute)
@@ -171,15 +171,15 @@ func TestShortLadderAndConfirm(t *testing.T) {
 		t.Fatalf("confirm from drained: %v", err)
 	}
 	got, err := s.StepBack(ctx, operator, sh.ID)
-	if err != nil || got.State != policy.ShiftPendingConfirmation || got.TrafficWeight != 0.5 {
+	if err != nil || got.State != shift.PendingConfirmation || got.TrafficWeight != 0.5 {
 		t.Fatalf("step: %+v %v", got, err)
 	}
 	clk.Advance(5 * time.Minute)
-	if al := s.Alarms(); len(al) != 1 || al[0].Kind != policy.AlarmShiftbackPending || al[0].Zone != "az2" {
+	if al := s.Alarms(); len(al) != 1 || al[0].Kind != shift.AlarmShiftbackPending || al[0].Zone != "az2" {
 		t.Fatalf("alarms %+v", al)
 	}
 	done, err := s.Confirm(ctx, admin, sh.ID)
-	if err != nil || done.State != policy.ShiftCompleted || done.TrafficWeight != 1 || *done.ConfirmedBy != "operator:alice" {
+	if err != nil || done.State != shift.Completed || done.TrafficWeight != 1 || *done.ConfirmedBy != "operator:alice" {
 		t.Fatalf("confirm: %+v %v", done, err)
 	}
 	if al := s.Alarms(); len(al) != 0 {
@@ -197,11 +197,11 @@ func TestDrainWithoutVerdictsIsRefused(t *testing.T) {
 	pool, _ := fixture(t)
 	clk := &clock{t: time.Now()}
 	s := newShifts(t, pool, verdicts{}, clk, nil)
-	_, err := s.Drain(context.Background(), operator, policy.ShiftRequest{Scope: "zone", Target: "az1", Reason: "az1 is losing packets", Manual: &yes})
+	_, err := s.Drain(context.Background(), operator, shift.Request{Scope: "zone", Target: "az1", Reason: "az1 is losing packets", Manual: &yes})
 	if !errors.Is(err, evaluator.ErrNotReady) {
 		t.Fatalf("drain with no verdicts: %v", err)
 	}
-	list, err := s.List(context.Background(), operator, policy.ShiftFilter{})
+	list, err := s.List(context.Background(), operator, shift.Filter{})
 	if err != nil || len(list) != 0 {
 		t.Fatalf("shifts after a failed drain: %+v %v", list, err)
 	}
@@ -216,7 +216,7 @@ func TestTwoReplicasTakeOneStep(t *testing.T) {
 	a := newShifts(t, pool, v, clk, nil)
 	b := newShifts(t, pool, v, clk, nil)
 	ctx := context.Background()
-	sh, err := a.Drain(ctx, operator, policy.ShiftRequest{Scope: "zone", Target: "az3", Reason: "automatic failover of az3", Manual: &no})
+	sh, err := a.Drain(ctx, operator, shift.Request{Scope: "zone", Target: "az3", Reason: "automatic failover of az3", Manual: &no})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestTwoReplicasTakeOneStep(t *testing.T) {
 	clk.Advance(2 * time.Minute)
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
-	for i, s := range []*policy.Shifts{a, b} {
+	for i, s := range []*shift.Service{a, b} {
 		wg.Go(func() { errs[i] = s.RunOnce(ctx) })
 	}
 	wg.Wait()
@@ -254,3 +254,5 @@ func TestTwoReplicasTakeOneStep(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestMain(m *testing.M) { dbtest.Main(m) }

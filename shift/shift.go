@@ -1,7 +1,6 @@
-package policy
-
-// Shift-backs (ADR-13): draining traffic away from a zone, or from this
-// muster's whole region, and returning it in capped steps.
+// Package shift is muster's shift-backs (ADR-13): draining traffic away
+// from a zone, or from this muster's whole region, and returning it in
+// capped steps.
 //
 // A shift moves topology preference, not health: the zone's endpoints stay
 // registered and keep their verdicts; every published view carries a
@@ -60,6 +59,7 @@ package policy
 // service gets a new version. The replica that made a change reloads at once. The automatic
 // steps lock their rows (FOR UPDATE SKIP LOCKED), so two replicas never
 // take one step twice.
+package shift
 
 import (
 	"cmp"
@@ -88,7 +88,7 @@ import (
 )
 
 // AlarmShiftbackPending is raised while a manual shift-back has waited for
-// its final confirmation longer than ShiftsConfig.PendingAlarmAfter.
+// its final confirmation longer than Config.PendingAlarmAfter.
 const AlarmShiftbackPending = "shiftback_pending"
 
 // Shift scopes.
@@ -99,26 +99,26 @@ const (
 
 // Shift states.
 const (
-	ShiftDraining            = "draining"
-	ShiftReturning           = "returning"
-	ShiftPendingConfirmation = "pending_confirmation"
-	ShiftCompleted           = "completed"
-	ShiftCancelled           = "cancelled"
+	Draining            = "draining"
+	Returning           = "returning"
+	PendingConfirmation = "pending_confirmation"
+	Completed           = "completed"
+	Cancelled           = "cancelled"
 )
 
-// Defaults for ShiftsConfig.
+// Defaults for Config.
 const (
-	DefaultShiftDwell        = 2 * time.Minute
-	DefaultShiftPendingAlarm = 10 * time.Minute
-	DefaultShiftPoll         = time.Second
-	// MinShiftReason and MaxShiftReason bound a shift's reason, in
+	DefaultDwell        = 2 * time.Minute
+	DefaultPendingAlarm = 10 * time.Minute
+	DefaultPoll         = time.Second
+	// MinReason and MaxReason bound a shift's reason, in
 	// characters after trimming.
-	MinShiftReason = 10
-	MaxShiftReason = 1000
+	MinReason = 10
+	MaxReason = 1000
 )
 
-// DefaultShiftSteps is the ladder of traffic weights a shift walks back.
-var DefaultShiftSteps = []float64{0.10, 0.25, 0.50, 1.00}
+// DefaultSteps is the ladder of traffic weights a shift walks back.
+var DefaultSteps = []float64{0.10, 0.25, 0.50, 1.00}
 
 // The kinds of refusal particular to shifts, as *refusal.Error values; the
 // others are the broad kinds (ErrForbidden, ErrInvalid, ErrConflict,
@@ -126,14 +126,14 @@ var DefaultShiftSteps = []float64{0.10, 0.25, 0.50, 1.00}
 // conflict, state, budget, dwell or confirmation, and its Figures are
 // written to the audit log too.
 var (
-	// ErrShiftDwell: the minimum dwell since the last move has not
+	// ErrDwell: the minimum dwell since the last move has not
 	// elapsed; the refusal's RetryAfter says how long until it has.
-	ErrShiftDwell = refusal.Conflict.Sub("dwell not elapsed", "dwell-not-elapsed")
-	// ErrShiftBudget: the drain would take a service below its minimum;
+	ErrDwell = refusal.Conflict.Sub("dwell not elapsed", "dwell-not-elapsed")
+	// ErrBudget: the drain would take a service below its minimum;
 	// the refusal's Figures list them (figureServices).
-	ErrShiftBudget = refusal.Conflict.Sub("budget exceeded", "budget-exceeded")
-	// ErrShiftNeedsConfirm: the final step of a manual shift needs Confirm.
-	ErrShiftNeedsConfirm = refusal.Conflict.Sub("confirmation required", "confirmation-required")
+	ErrBudget = refusal.Conflict.Sub("budget exceeded", "budget-exceeded")
+	// ErrNeedsConfirm: the final step of a manual shift needs Confirm.
+	ErrNeedsConfirm = refusal.Conflict.Sub("confirmation required", "confirmation-required")
 )
 
 // figureServices is the figure of a drain's budget refusal that lists the
@@ -146,22 +146,28 @@ func BudgetShortfall(err *refusal.Error) []BudgetFigure {
 	return f
 }
 
-// ShiftsConfig configures Shifts.
-type ShiftsConfig struct {
+// Verdicts reads the evaluator's current verdicts of a service, as the
+// assembler takes them (the evaluator is one).
+type Verdicts interface {
+	Snapshot(service string) (assembler.ServiceInput, bool)
+}
+
+// Config configures Service.
+type Config struct {
 	Pool *pgxpool.Pool
 	// Region is this muster's region, the only valid region-scope target.
 	Region   string
 	Verdicts Verdicts
 	// Steps are the traffic weights a shift walks back through, strictly
-	// increasing in (0,1] and ending at 1 (DefaultShiftSteps).
+	// increasing in (0,1] and ending at 1 (DefaultSteps).
 	Steps []float64
-	// Dwell is the minimum time between two moves (DefaultShiftDwell).
+	// Dwell is the minimum time between two moves (DefaultDwell).
 	Dwell time.Duration
 	// PendingAlarmAfter: a final confirmation pending longer raises
-	// shiftback_pending (DefaultShiftPendingAlarm).
+	// shiftback_pending (DefaultPendingAlarm).
 	PendingAlarmAfter time.Duration
 	// Poll is how often the worker takes due automatic steps and looks for
-	// changes made by other replicas (DefaultShiftPoll).
+	// changes made by other replicas (DefaultPoll).
 	Poll   time.Duration
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -171,33 +177,33 @@ type ShiftsConfig struct {
 }
 
 // Validate checks the configuration and fills defaults.
-func (c *ShiftsConfig) Validate() error {
+func (c *Config) Validate() error {
 	switch {
 	case c.Pool == nil:
-		return errors.New("policy: shifts: Pool is required")
+		return errors.New("shift: Pool is required")
 	case c.Region == "":
-		return errors.New("policy: shifts: Region is required")
+		return errors.New("shift: Region is required")
 	case c.Verdicts == nil:
-		return errors.New("policy: shifts: Verdicts is required")
+		return errors.New("shift: Verdicts is required")
 	}
 	if len(c.Steps) == 0 {
-		c.Steps = DefaultShiftSteps
+		c.Steps = DefaultSteps
 	}
-	if err := ValidShiftSteps(c.Steps); err != nil {
-		return fmt.Errorf("policy: shifts: %w", err)
+	if err := ValidSteps(c.Steps); err != nil {
+		return fmt.Errorf("shift: %w", err)
 	}
 	c.Steps = slices.Clone(c.Steps)
 	if c.Dwell == 0 {
-		c.Dwell = DefaultShiftDwell
+		c.Dwell = DefaultDwell
 	}
 	if c.PendingAlarmAfter == 0 {
-		c.PendingAlarmAfter = DefaultShiftPendingAlarm
+		c.PendingAlarmAfter = DefaultPendingAlarm
 	}
 	if c.Poll == 0 {
-		c.Poll = DefaultShiftPoll
+		c.Poll = DefaultPoll
 	}
 	if c.Dwell < 0 || c.PendingAlarmAfter < 0 || c.Poll < 0 {
-		return errors.New("policy: shifts: Dwell, PendingAlarmAfter and Poll must not be negative")
+		return errors.New("shift: Dwell, PendingAlarmAfter and Poll must not be negative")
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -208,9 +214,9 @@ func (c *ShiftsConfig) Validate() error {
 	return nil
 }
 
-// ValidShiftSteps checks a step ladder: strictly increasing weights in
+// ValidSteps checks a step ladder: strictly increasing weights in
 // (0,1], the last exactly 1.
-func ValidShiftSteps(steps []float64) error {
+func ValidSteps(steps []float64) error {
 	if len(steps) == 0 {
 		return errors.New("no shift steps")
 	}
@@ -225,8 +231,8 @@ func ValidShiftSteps(steps []float64) error {
 	return nil
 }
 
-// ShiftRequest is the body of POST /v1/shifts.
-type ShiftRequest struct {
+// Request is the body of POST /v1/shifts.
+type Request struct {
 	Scope  string `json:"scope"`
 	Target string `json:"target"`
 	Reason string `json:"reason"`
@@ -266,16 +272,16 @@ type Shift struct {
 	EndedAt        *time.Time `json:"ended_at,omitempty"`
 }
 
-// ShiftFilter selects shifts for List.
-type ShiftFilter struct {
+// Filter selects shifts for List.
+type Filter struct {
 	State string // empty: every state
 	After uuid.UUID
 	Limit int
 }
 
-// Shifts is the shift-back state machine, its store and its worker.
-type Shifts struct {
-	cfg    ShiftsConfig
+// Service is the shift-back state machine, its store and its worker.
+type Service struct {
+	cfg    Config
 	log    *slog.Logger
 	runner worker.Runner
 
@@ -290,26 +296,26 @@ type Shifts struct {
 	changed chan struct{}
 }
 
-// NewShifts returns a stopped Shifts.
-func NewShifts(cfg ShiftsConfig) (*Shifts, error) {
+// New returns a stopped Service.
+func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Shifts{cfg: cfg, log: cfg.Logger.With("worker", "shifts"), changed: make(chan struct{}, 1)}
+	s := &Service{cfg: cfg, log: cfg.Logger.With("worker", "shifts"), changed: make(chan struct{}, 1)}
 	if cfg.Registerer != nil {
 		count := func(pending bool) float64 {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			n := 0
 			for _, r := range s.active {
-				if !pending || r.State == ShiftPendingConfirmation {
+				if !pending || r.State == PendingConfirmation {
 					n++
 				}
 			}
 			return float64(n)
 		}
 		for _, c := range []prometheus.Collector{
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shifts_active", Help: "Shifts draining, returning or pending confirmation."},
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shifts_active", Help: "Service draining, returning or pending confirmation."},
 				func() float64 { return count(false) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shiftbacks_pending", Help: "Manual shift-backs waiting for their final confirmation."},
 				func() float64 { return count(true) }),
@@ -324,7 +330,7 @@ func NewShifts(cfg ShiftsConfig) (*Shifts, error) {
 
 // Start loads the active shifts (so the first views already carry them)
 // and runs the worker until ctx ends or Stop is called.
-func (s *Shifts) Start(ctx context.Context) error {
+func (s *Service) Start(ctx context.Context) error {
 	if err := s.Reload(ctx); err != nil {
 		return fmt.Errorf("load shifts: %w", err)
 	}
@@ -332,9 +338,9 @@ func (s *Shifts) Start(ctx context.Context) error {
 }
 
 // Stop ends the worker and waits. Safe to call twice or before Start.
-func (s *Shifts) Stop() { s.runner.Stop() }
+func (s *Service) Stop() { s.runner.Stop() }
 
-func (s *Shifts) run(ctx context.Context) {
+func (s *Service) run(ctx context.Context) {
 	worker.Every(ctx, s.cfg.Poll, func(ctx context.Context) {
 		// A database that stops answering must not park the worker (the
 		// weights it serves are in memory); the next tick tries again.
@@ -350,7 +356,7 @@ func (s *Shifts) run(ctx context.Context) {
 // RunOnce takes the automatic steps whose dwell has elapsed and reloads the
 // active shifts if any replica changed them. The worker calls it on every
 // tick; tests call it to step deterministically.
-func (s *Shifts) RunOnce(ctx context.Context) error {
+func (s *Service) RunOnce(ctx context.Context) error {
 	if err := s.advanceDue(ctx); err != nil {
 		return err
 	}
@@ -359,7 +365,7 @@ func (s *Shifts) RunOnce(ctx context.Context) error {
 
 // advanceDue takes the next step of every automatic shift on its way back
 // whose dwell has elapsed.
-func (s *Shifts) advanceDue(ctx context.Context) error {
+func (s *Service) advanceDue(ctx context.Context) error {
 	now := s.now()
 	return db.WithTx(ctx, s.cfg.Pool, func(q *db.Queries) error {
 		due, err := q.ShiftListDue(ctx, now.Add(-s.cfg.Dwell))
@@ -386,7 +392,7 @@ func (s *Shifts) advanceDue(ctx context.Context) error {
 
 // Reload reads the active shifts if the newest revision moved since the
 // last load, and then bumps Revision and signals Changed.
-func (s *Shifts) Reload(ctx context.Context) error {
+func (s *Service) Reload(ctx context.Context) error {
 	s.reload.Lock()
 	defer s.reload.Unlock()
 	q := db.New(s.cfg.Pool)
@@ -419,7 +425,7 @@ func (s *Shifts) Reload(ctx context.Context) error {
 // traffic weights) changed. The publisher pulls: it compares Revision
 // with the one it last assembled with, and re-assembles every service
 // when it moved.
-func (s *Shifts) Revision() uint64 {
+func (s *Service) Revision() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.loads
@@ -427,12 +433,12 @@ func (s *Shifts) Revision() uint64 {
 
 // Changed receives a value after a load found the active shifts changed
 // (one value may stand for several); it wakes the publisher.
-func (s *Shifts) Changed() <-chan struct{} { return s.changed }
+func (s *Service) Changed() <-chan struct{} { return s.changed }
 
 // Weights returns the traffic weights of the shifts loaded now: a zone's
 // weight is the lowest of its own shift's and the region's. The function
 // reads an immutable snapshot.
-func (s *Shifts) Weights() assembler.TrafficWeights {
+func (s *Service) Weights() assembler.TrafficWeights {
 	s.mu.Lock()
 	active := s.active
 	s.mu.Unlock()
@@ -466,14 +472,14 @@ func (s *Shifts) Weights() assembler.TrafficWeights {
 // final confirmation has been pending longer than PendingAlarmAfter. Zone
 // is the target zone (empty for a region shift); Service is empty, since a
 // shift concerns every service of the target.
-func (s *Shifts) Alarms() []assembler.Alarm {
+func (s *Service) Alarms() []assembler.Alarm {
 	s.mu.Lock()
 	active := s.active
 	s.mu.Unlock()
 	now := s.now()
 	var out []assembler.Alarm
 	for _, r := range active {
-		if r.State != ShiftPendingConfirmation || r.PendingSince == nil {
+		if r.State != PendingConfirmation || r.PendingSince == nil {
 			continue
 		}
 		due := r.PendingSince.Add(s.cfg.PendingAlarmAfter)
@@ -494,10 +500,19 @@ func (s *Shifts) Alarms() []assembler.Alarm {
 	return out
 }
 
-func (s *Shifts) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
 
 // canShift reports whether p may drain and return traffic: operators and
 // admins, people or tools. Zones are shared, so it is not team-scoped.
+// actorKind is the audit log's actor kind of p ("system" for muster
+// itself).
+func actorKind(p identity.Principal) string {
+	if p.Kind == "" {
+		return "system"
+	}
+	return string(p.Kind)
+}
+
 func canShift(p identity.Principal) bool {
 	return (p.Kind == identity.KindOperator || p.Kind == identity.KindTool) && p.Role.AtLeast(identity.RoleOperator)
 }
@@ -515,7 +530,7 @@ type shiftAudit struct {
 	Figures any     `json:"figures,omitempty"`
 }
 
-func (s *Shifts) auditShift(r db.Shift, check string, figures any) shiftAudit {
+func (s *Service) auditShift(r db.Shift, check string, figures any) shiftAudit {
 	m := r.Manual
 	return shiftAudit{ShiftID: r.ID.String(), Scope: r.Scope, Target: r.Target, Reason: r.Reason, Manual: &m,
 		State: r.State, Weight: r.Weight, Check: check, Figures: figures}
@@ -525,7 +540,7 @@ func (s *Shifts) auditShift(r db.Shift, check string, figures any) shiftAudit {
 // change in the same transaction (fn returns its entry), a refusal in a
 // transaction of its own. A not-found refusal is returned unaudited:
 // there was nothing to act on.
-func (s *Shifts) write(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked shiftAudit,
+func (s *Service) write(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked shiftAudit,
 	fn func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error)) (Shift, error) {
 	now := s.now()
 	var (
@@ -576,7 +591,7 @@ func (s *Shifts) write(ctx context.Context, actor identity.Principal, action, ta
 
 // Drain starts a shift: the target's traffic weight goes to 0 in the next
 // views.
-func (s *Shifts) Drain(ctx context.Context, actor identity.Principal, req ShiftRequest) (Shift, error) {
+func (s *Service) Drain(ctx context.Context, actor identity.Principal, req Request) (Shift, error) {
 	req.Reason = strings.TrimSpace(req.Reason)
 	kind := req.Scope
 	if kind != ScopeRegion {
@@ -632,7 +647,7 @@ func (s *Shifts) Drain(ctx context.Context, actor identity.Principal, req ShiftR
 	})
 }
 
-func (s *Shifts) validate(req ShiftRequest) []registry.FieldError {
+func (s *Service) validate(req Request) []registry.FieldError {
 	var fe []registry.FieldError
 	switch req.Scope {
 	case ScopeZone:
@@ -646,8 +661,8 @@ func (s *Shifts) validate(req ShiftRequest) []registry.FieldError {
 	default:
 		fe = append(fe, registry.FieldError{Field: "scope", Message: fmt.Sprintf(`must be "zone" or "region", got %q`, req.Scope)})
 	}
-	if n := len([]rune(req.Reason)); n < MinShiftReason || n > MaxShiftReason {
-		fe = append(fe, registry.FieldError{Field: "reason", Message: fmt.Sprintf("must say why in %d to %d characters, got %d", MinShiftReason, MaxShiftReason, n)})
+	if n := len([]rune(req.Reason)); n < MinReason || n > MaxReason {
+		fe = append(fe, registry.FieldError{Field: "reason", Message: fmt.Sprintf("must say why in %d to %d characters, got %d", MinReason, MaxReason, n)})
 	}
 	if req.Manual == nil {
 		fe = append(fe, registry.FieldError{Field: "manual", Message: "is required: true when a person declared the failover (the final step back then needs confirmation), false when it was automatic"})
@@ -678,7 +693,7 @@ type BudgetFigure struct {
 
 // budget checks a drain of zone against every service with live instances
 // there. Zones already drained to 0 by another zone shift count as gone.
-func (s *Shifts) budget(ctx context.Context, q *db.Queries, zone string, active []db.Shift) ([]BudgetFigure, *refusal.Error, error) {
+func (s *Service) budget(ctx context.Context, q *db.Queries, zone string, active []db.Shift) ([]BudgetFigure, *refusal.Error, error) {
 	services, err := q.ShiftZoneServices(ctx, zone)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list services in zone %s: %w", zone, err)
@@ -697,7 +712,7 @@ func (s *Shifts) budget(ctx context.Context, q *db.Queries, zone string, active 
 			// No verdicts to count: refuse rather than guess.
 			return nil, nil, fmt.Errorf("budget check for %s: %w", svc, evaluator.ErrNotReady)
 		}
-		c := drainCapacity(snap, drained)
+		c := DrainCapacity(snap, drained)
 		frac := assembler.NormFraction(snap.MinHealthyFraction)
 		f := BudgetFigure{Service: svc, Total: c.Counted, InRotationOutside: c.Routable, Required: c.Required(frac), MinHealthyFraction: frac}
 		figures = append(figures, f)
@@ -713,17 +728,17 @@ func (s *Shifts) budget(ctx context.Context, q *db.Queries, zone string, active 
 		parts = append(parts, fmt.Sprintf("%s would keep %d of %d instances in rotation outside the drained zones; its minimum healthy fraction %g needs %d",
 			f.Service, f.InRotationOutside, f.Total, f.MinHealthyFraction, f.Required))
 	}
-	return nil, &refusal.Error{Kind: ErrShiftBudget, Check: "budget", Figures: map[string]any{figureServices: short},
+	return nil, &refusal.Error{Kind: ErrBudget, Check: "budget", Figures: map[string]any{figureServices: short},
 		Detail: fmt.Sprintf("draining zone %s would take %d service(s) below their minimum in the region: %s", zone, len(short), strings.Join(parts, "; "))}, nil
 }
 
-// drainCapacity is a service's region-wide capacity once the drained
+// DrainCapacity is a service's region-wide capacity once the drained
 // zones serve nothing, counted by the guard's own rule
 // (assembler.Capacity on the evaluator's snapshot, the assembler's input): an instance in
 // a drained zone is counted as the guard counts one forced out (it stays
 // capacity if it ever served, but is not routable). The drain is refused
 // when the guard, looking at the region as one zone, would trip on it.
-func drainCapacity(snap assembler.ServiceInput, drained map[string]bool) assembler.Capacity {
+func DrainCapacity(snap assembler.ServiceInput, drained map[string]bool) assembler.Capacity {
 	var c assembler.Capacity
 	out := &assembler.Override{Action: assembler.OverrideIneligible}
 	for _, v := range snap.Instances {
@@ -737,7 +752,7 @@ func drainCapacity(snap assembler.ServiceInput, drained map[string]bool) assembl
 }
 
 // nextWeight is the step after w: the first configured weight above it.
-func (s *Shifts) nextWeight(w float64) float64 {
+func (s *Service) nextWeight(w float64) float64 {
 	for _, step := range s.cfg.Steps {
 		if step > w+1e-9 {
 			return step
@@ -748,17 +763,17 @@ func (s *Shifts) nextWeight(w float64) float64 {
 
 // move takes row one step back at now. The caller has checked the state
 // and the dwell.
-func (s *Shifts) move(ctx context.Context, q *db.Queries, row db.Shift, by string, now time.Time) (db.Shift, error) {
+func (s *Service) move(ctx context.Context, q *db.Queries, row db.Shift, by string, now time.Time) (db.Shift, error) {
 	p := db.ShiftUpdateParams{
-		ID: row.ID, State: ShiftReturning, Step: row.Step + 1, Weight: s.nextWeight(row.Weight),
+		ID: row.ID, State: Returning, Step: row.Step + 1, Weight: s.nextWeight(row.Weight),
 		LastStepAt: now, LastStepBy: by, PendingSince: row.PendingSince, ConfirmedBy: row.ConfirmedBy,
 		ConfirmedAt: row.ConfirmedAt, EndedAt: row.EndedAt, Now: now,
 	}
 	switch {
 	case p.Weight >= 1:
-		p.State, p.EndedAt = ShiftCompleted, &now
+		p.State, p.EndedAt = Completed, &now
 	case row.Manual && s.nextWeight(p.Weight) >= 1:
-		p.State, p.PendingSince = ShiftPendingConfirmation, &now
+		p.State, p.PendingSince = PendingConfirmation, &now
 	}
 	next, err := q.ShiftUpdate(ctx, p)
 	if err != nil {
@@ -770,7 +785,7 @@ func (s *Shifts) move(ctx context.Context, q *db.Queries, row db.Shift, by strin
 // lockForMove reads the shift for update and runs the checks common to a
 // step and a confirmation: it exists, the actor may shift, it is active,
 // and the dwell has elapsed.
-func (s *Shifts) lockForMove(ctx context.Context, q *db.Queries, actor identity.Principal, id uuid.UUID, now time.Time) (db.Shift, *refusal.Error, error) {
+func (s *Service) lockForMove(ctx context.Context, q *db.Queries, actor identity.Principal, id uuid.UUID, now time.Time) (db.Shift, *refusal.Error, error) {
 	row, err := q.ShiftGetForUpdate(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return db.Shift{}, &refusal.Error{Kind: registry.ErrNotFound, Check: "exists", Detail: fmt.Sprintf("no shift %s", id)}, nil
@@ -782,13 +797,13 @@ func (s *Shifts) lockForMove(ctx context.Context, q *db.Queries, actor identity.
 		return row, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
 			Detail: fmt.Sprintf("%s may not shift traffic: returning traffic to %s %s takes the operator or admin role", actor, row.Scope, row.Target)}, nil
 	}
-	if row.State == ShiftCompleted || row.State == ShiftCancelled {
+	if row.State == Completed || row.State == Cancelled {
 		return row, &refusal.Error{Kind: registry.ErrConflict, Check: "state",
 			Detail: fmt.Sprintf("shift %s of %s %s is %s; there is nothing left to return", id, row.Scope, row.Target, row.State)}, nil
 	}
 	if allowed := row.LastStepAt.Add(s.cfg.Dwell); now.Before(allowed) {
 		wait := allowed.Sub(now)
-		return row, &refusal.Error{Kind: ErrShiftDwell, Check: "dwell", RetryAfter: wait,
+		return row, &refusal.Error{Kind: ErrDwell, Check: "dwell", RetryAfter: wait,
 			Figures: map[string]any{"last_step_at": row.LastStepAt, "dwell_seconds": s.cfg.Dwell.Seconds(), "next_step_at": allowed, "traffic_weight": row.Weight},
 			Detail: fmt.Sprintf("%s %s moved to traffic weight %.2f at %s; the minimum dwell between steps is %s, so the next step is allowed at %s (in %s)",
 				row.Scope, row.Target, row.Weight, row.LastStepAt.Format(time.RFC3339), s.cfg.Dwell, allowed.Format(time.RFC3339), wait.Round(time.Second))}, nil
@@ -798,7 +813,7 @@ func (s *Shifts) lockForMove(ctx context.Context, q *db.Queries, actor identity.
 
 // target names the audit target of a shift operation on id before the row
 // is read: the shift's own scope and target when it exists.
-func (s *Shifts) target(ctx context.Context, id uuid.UUID) (string, string) {
+func (s *Service) target(ctx context.Context, id uuid.UUID) (string, string) {
 	row, err := db.New(s.cfg.Pool).ShiftGet(ctx, id)
 	if err != nil {
 		return "shift", id.String()
@@ -808,7 +823,7 @@ func (s *Shifts) target(ctx context.Context, id uuid.UUID) (string, string) {
 
 // StepBack moves the shift to its next traffic weight. The final step of a
 // manual shift is refused: it needs Confirm.
-func (s *Shifts) StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
+func (s *Service) StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
 	kind, target := s.target(ctx, id)
 	return s.write(ctx, actor, "shift.step", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
 		row, serr, err := s.lockForMove(ctx, q, actor, id, now)
@@ -816,7 +831,7 @@ func (s *Shifts) StepBack(ctx context.Context, actor identity.Principal, id uuid
 			return db.Shift{}, audit.Entry{}, serr, err
 		}
 		if next := s.nextWeight(row.Weight); row.Manual && next >= 1 {
-			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: ErrShiftNeedsConfirm, Check: "confirmation",
+			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: ErrNeedsConfirm, Check: "confirmation",
 				Figures: map[string]any{"traffic_weight": row.Weight, "next_weight": next},
 				Detail: fmt.Sprintf("%s %s was failed over manually, so the final step back to traffic weight %.2f needs an operator's confirmation: POST /v1/shifts/%s/confirm",
 					row.Scope, row.Target, next, row.ID)}, nil
@@ -833,7 +848,7 @@ func (s *Shifts) StepBack(ctx context.Context, actor identity.Principal, id uuid
 
 // Confirm takes the final step of a manual shift (to traffic weight 1) and
 // completes it.
-func (s *Shifts) Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
+func (s *Service) Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
 	kind, target := s.target(ctx, id)
 	return s.write(ctx, actor, "shift.confirm", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
 		row, serr, err := s.lockForMove(ctx, q, actor, id, now)
@@ -869,8 +884,8 @@ func (s *Shifts) Confirm(ctx context.Context, actor identity.Principal, id uuid.
 }
 
 // Get returns one shift.
-func (s *Shifts) Get(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
-	if !canRead(actor) {
+func (s *Service) Get(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
+	if !registry.CanReadEstate(actor) {
 		return Shift{}, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation", Detail: "shifts are read by operator and tool identities"}
 	}
 	row, err := db.New(s.cfg.Pool).ShiftGet(ctx, id)
@@ -884,14 +899,14 @@ func (s *Shifts) Get(ctx context.Context, actor identity.Principal, id uuid.UUID
 }
 
 // List returns shifts in creation order, optionally of one state.
-func (s *Shifts) List(ctx context.Context, actor identity.Principal, f ShiftFilter) ([]Shift, error) {
-	if !canRead(actor) {
+func (s *Service) List(ctx context.Context, actor identity.Principal, f Filter) ([]Shift, error) {
+	if !registry.CanReadEstate(actor) {
 		return nil, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation", Detail: "shifts are read by operator and tool identities"}
 	}
 	var state *string
 	switch f.State {
 	case "":
-	case ShiftDraining, ShiftReturning, ShiftPendingConfirmation, ShiftCompleted, ShiftCancelled:
+	case Draining, Returning, PendingConfirmation, Completed, Cancelled:
 		state = &f.State
 	default:
 		return nil, &refusal.Error{Kind: registry.ErrInvalid, Check: "validation", Detail: "unknown shift state",
@@ -918,7 +933,7 @@ func (s *Shifts) List(ctx context.Context, actor identity.Principal, f ShiftFilt
 
 // view converts a row for the API, with the next move and the pending age
 // as of now.
-func (s *Shifts) view(r db.Shift, now time.Time) Shift {
+func (s *Service) view(r db.Shift, now time.Time) Shift {
 	out := Shift{
 		ID: r.ID, Scope: r.Scope, Target: r.Target, Reason: r.Reason, Manual: r.Manual, State: r.State,
 		Step: int(r.Step), TrafficWeight: r.Weight, StartedBy: r.StartedBy, StartedAt: r.StartedAt,
@@ -926,11 +941,11 @@ func (s *Shifts) view(r db.Shift, now time.Time) Shift {
 		ConfirmedBy: r.ConfirmedBy, ConfirmedAt: r.ConfirmedAt, EndedAt: r.EndedAt,
 	}
 	switch r.State {
-	case ShiftDraining, ShiftReturning, ShiftPendingConfirmation:
+	case Draining, Returning, PendingConfirmation:
 		next, at := s.nextWeight(r.Weight), r.LastStepAt.Add(s.cfg.Dwell)
 		out.NextWeight, out.NextStepAt = &next, &at
 	}
-	if r.State == ShiftPendingConfirmation && r.PendingSince != nil {
+	if r.State == PendingConfirmation && r.PendingSince != nil {
 		age := now.Sub(*r.PendingSince).Seconds()
 		out.PendingSeconds = &age
 	}
