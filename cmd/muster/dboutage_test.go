@@ -43,6 +43,7 @@ func dbOutageScale(t *testing.T) int {
 // Retry-After within 1 s. After PostgreSQL returns, the transitions of the
 // outage are in it and `muster audit verify` passes.
 func TestServingThroughADatabaseOutage(t *testing.T) {
+	realTime(t, "PostgreSQL stopped under 200 subscribers")
 	t.Parallel()
 	n := dbOutageScale(t)
 	dir := devDir(t)

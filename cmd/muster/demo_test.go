@@ -14,6 +14,7 @@ import (
 // unknown (not drained) in az3, and a manual shift-back pending
 // confirmation with its alarm.
 func TestDemoStories(t *testing.T) {
+	realTime(t, "the demo stories, about 2 minutes")
 	t.Parallel()
 	dir := devDir(t)
 	d := startDev(t, dir, "--demo")

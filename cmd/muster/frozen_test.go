@@ -24,6 +24,7 @@ import (
 // listed; after SIGCONT the database is up again and writes succeed.
 // MUSTER_TEST_FREEZE (default 5s) sets how long it stays frozen.
 func TestDevSurvivesAFrozenDatabase(t *testing.T) {
+	realTime(t, "PostgreSQL frozen under muster dev")
 	hold := 5 * time.Second
 	if v := os.Getenv("MUSTER_TEST_FREEZE"); v != "" {
 		d, err := time.ParseDuration(v)

@@ -125,6 +125,7 @@ func freeAddr(t *testing.T) string {
 // the outage routes from the cache file, and after the server restarts the
 // resolvers re-subscribe and converge without a version going backwards.
 func TestResolverOutlivesAKilledServer(t *testing.T) {
+	realTime(t, "muster SIGKILLed under two resolvers")
 	dir := devDir(t)
 	addr := freeAddr(t)
 	url := "http://" + addr

@@ -65,6 +65,17 @@ type devServer struct {
 
 var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
 
+// realTime skips a test that runs muster (and PostgreSQL) through real
+// outages or stories in real time, for tens of seconds to minutes, when
+// the tests run with -short: the quick path for a developer. CI runs
+// without -short, so every one of them runs there.
+func realTime(t *testing.T, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("real-time test (" + what + "): skipped with -short")
+	}
+}
+
 // waitDemoReady waits (5 min at most: under CI's load, with the race
 // detector, the demo's hundred setup calls can take minutes) until the
 // demo has set its estate up, so a test's deadline for the stories

@@ -244,6 +244,7 @@ func (f *fleet) check(t *testing.T, back time.Time, ttl time.Duration) {
 // override is in force, and the one instance that really stopped renewing
 // expires within TTL + grace.
 func TestMusterKilledLongerThanALease(t *testing.T) {
+	realTime(t, "muster SIGKILLed for three leases")
 	t.Parallel()
 	outage, ttl := outageScale(t)
 	dir := devDir(t)
@@ -288,6 +289,7 @@ func TestMusterKilledLongerThanALease(t *testing.T) {
 // full TTL to be renewed: nothing expires but the instance that really
 // stopped, within TTL + grace of the database's return.
 func TestDatabaseStoppedLongerThanALease(t *testing.T) {
+	realTime(t, "PostgreSQL stopped for three leases")
 	t.Parallel()
 	outage, ttl := outageScale(t)
 	dir := devDir(t)

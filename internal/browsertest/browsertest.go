@@ -18,6 +18,11 @@ import (
 // fails when MUSTER_REQUIRE_BROWSER=1.
 func Chromium(t testing.TB) string {
 	t.Helper()
+	if testing.Short() {
+		// Browser tests drive real pages in real time (seconds to
+		// minutes); -short is the quick path. CI runs them in full.
+		t.Skip("browser test: skipped with -short")
+	}
 	for _, name := range []string{"chromium", "chromium-browser"} {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
