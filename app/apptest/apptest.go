@@ -345,6 +345,12 @@ func New(t testing.TB, opts Options) *Stack {
 	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = a.Hub, a.Publisher, a.Policy, a.Shifts, srv, a.Guards, a.UI
 	st.Authz, st.Monitor, st.Reaper = a.Authz, a.Monitor, a.Reaper
 	st.Refusals = a.Refusals
+	// A started evaluator rebuilds its state first, and refuses reports
+	// (503 not-ready) until it is done; a test's first request would race
+	// it. Tests of that state use NoStart.
+	if !slices.Contains(hold, app.WorkerEvaluator) {
+		st.WaitReady(t)
+	}
 	return st
 }
 
