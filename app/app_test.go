@@ -34,10 +34,6 @@ func TestProductionWorkersPublishUnstepped(t *testing.T) {
 		}
 	}
 	s.Seed(t)
-	// An evaluation before the evaluator's rebuild is done does nothing:
-	// wait for it, or the one below may be lost (then nothing publishes
-	// for the hour a test's tick lasts).
-	s.WaitReady(t)
 	r := s.JSON(t, "POST", "/v1/services/api/instances", s.Token(t, apptest.API), `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("register: %d %s", r.Status, r.Body)

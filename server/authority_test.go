@@ -212,8 +212,6 @@ func TestTwoIssuersSameSubjectAreTwoActors(t *testing.T) {
 		t.Fatalf("register: %d %s", r.Status, r.Body)
 	}
 	id := apptest.Decode[registry.Instance](t, r).ID.String()
-	// Reports are refused 503 until the evaluator has rebuilt its state.
-	s.WaitReady(t)
 	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
 		t.Fatal(err)
 	}
