@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/musterhq/muster/assembler"
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/resolver"
 )
 

@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/app/apptest"
-	"github.com/musterhq/muster/db/dbtest"
-	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/resolver"
-	"github.com/musterhq/muster/stream"
 )
 
 // TestMain stops the PostgreSQL cluster the end-to-end test starts.

@@ -12,10 +12,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/musterhq/muster/db"
-	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/identity"
 )
 
 func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {

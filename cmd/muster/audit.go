@@ -19,10 +19,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/musterhq/muster/audit"
-	"github.com/musterhq/muster/audit/s3sink"
-	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/audit/s3sink"
 	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/db"
 )
 
 // AuditConfig configures the audit log's signed checkpoints (issue 15;

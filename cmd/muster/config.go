@@ -10,13 +10,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/musterhq/muster/db"
-	"github.com/musterhq/muster/identity"
-	"github.com/musterhq/muster/policy"
-	"github.com/musterhq/muster/registry"
-	"github.com/musterhq/muster/server"
-	"github.com/musterhq/muster/shift"
-	"github.com/musterhq/muster/webui"
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/server"
+	"github.com/musterhq/muster/internal/shift"
+	"github.com/musterhq/muster/internal/webui"
 )
 
 // Config is everything muster reads from its environment and flags, parsed

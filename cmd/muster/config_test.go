@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/policy"
-	"github.com/musterhq/muster/server"
+	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/server"
 )
 
 func TestParseLimit(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/db"
 )
 
 // outageScale is the outage length and lease TTL of the outage tests. By

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/db"
 )
 
 // TestTwoProcessesShareTheRateLimit (issue 6): two muster processes on one

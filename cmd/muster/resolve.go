@@ -14,9 +14,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/resolver"
 )
 

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/app/apptest"
+	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/resolver"
-	"github.com/musterhq/muster/stream"
 )
 
 func deadServer(t *testing.T) string {

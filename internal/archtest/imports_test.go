@@ -17,7 +17,7 @@ const module = "github.com/musterhq/muster"
 
 // pkg is one package of the module as go list reports it.
 type pkg struct {
-	path    string   // relative to the module, e.g. "assembler"
+	path    string   // relative to the module, e.g. "internal/assembler"
 	imports []string // direct imports, full paths
 	deps    []string // every package it depends on, full paths
 }
@@ -76,8 +76,8 @@ func doesIO(path string) bool {
 func TestPureCoresDoNoIO(t *testing.T) {
 	pkgs := listPackages(t)
 	allowed := map[string][]string{
-		"eligibility": {"github.com/google/uuid"},
-		"assembler":   {"github.com/google/uuid", module + "/eligibility"},
+		"internal/eligibility": {"github.com/google/uuid"},
+		"internal/assembler":   {"github.com/google/uuid", module + "/internal/eligibility"},
 	}
 	for name, extra := range allowed {
 		p, ok := pkgs[name]
@@ -102,14 +102,14 @@ func TestPureCoresDoNoIO(t *testing.T) {
 func TestHandlersNeverImportDB(t *testing.T) {
 	pkgs := listPackages(t)
 	for name, p := range pkgs {
-		if name != "server" && name != "webui" && name != "views" && !strings.HasPrefix(name, "server/") && !strings.HasPrefix(name, "webui/") {
+		if name != "internal/server" && name != "internal/webui" && name != "internal/views" && !strings.HasPrefix(name, "internal/server/") && !strings.HasPrefix(name, "internal/webui/") {
 			continue
 		}
 		if strings.HasSuffix(name, "test") {
 			continue // test harnesses (servertest, apptest) build the stack
 		}
 		for _, imp := range p.imports {
-			if imp == module+"/db" {
+			if imp == module+"/internal/db" {
 				t.Errorf("%s imports %s: handlers call domain packages, never the database", name, imp)
 			}
 		}
@@ -128,6 +128,21 @@ func TestResolverIsALeaf(t *testing.T) {
 	for _, d := range p.deps {
 		if !std(d) {
 			t.Errorf("resolver depends on %s; it may depend on the standard library only", d)
+		}
+	}
+}
+
+// TestOnlyTheClientIsPublic: everything but the public client library
+// (resolver/) and the command (cmd/) lives under internal/, so no other
+// module can come to depend on muster's internals.
+func TestOnlyTheClientIsPublic(t *testing.T) {
+	for name := range listPackages(t) {
+		switch {
+		case name == "resolver", strings.HasPrefix(name, "resolver/"):
+		case strings.HasPrefix(name, "cmd/"):
+		case strings.HasPrefix(name, "internal/"):
+		default:
+			t.Errorf("package %s is importable by other modules; move it under internal/ (only resolver/ is public)", name)
 		}
 	}
 }

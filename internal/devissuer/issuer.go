@@ -24,7 +24,7 @@ import (
 	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/zitadel/oidc/v3/pkg/op"
 
-	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/identity"
 )
 
 const (

@@ -17,8 +17,8 @@ import (
 	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/identity"
 )
 
 func TestLoadOrCreateDevIssuerReusesKey(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 	"github.com/zitadel/oidc/v3/pkg/oidc"
 	"github.com/zitadel/oidc/v3/pkg/op"
 
-	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/identity"
 )
 
 // User is a development user offered by the dev issuer's sign-in page.

@@ -21,12 +21,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/musterhq/muster/db"
-	"github.com/musterhq/muster/evaluator"
-	"github.com/musterhq/muster/identity"
 	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/devissuer"
-	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/registry"
 )
 
 const loadgenUsage = `usage:

@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/musterhq/muster/db"
-	"github.com/musterhq/muster/stream"
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/stream"
 )
 
 // lgwReplica names the child muster in the stream census, in both of its

@@ -25,12 +25,12 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/musterhq/muster/assembler"
-	"github.com/musterhq/muster/evaluator"
-	"github.com/musterhq/muster/identity"
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/devissuer"
-	"github.com/musterhq/muster/registry"
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/registry"
 )
 
 // loadgenWatch holds real watch subscribers over loopback against a running

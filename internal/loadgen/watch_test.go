@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/musterhq/muster/assembler"
+	"github.com/musterhq/muster/internal/assembler"
 )
 
 // TestLoadgenWatchClientAppliesFrames feeds one subscriber a view longer

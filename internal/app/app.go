@@ -1,0 +1,474 @@
+// Package app builds muster: every component, in the order data flows
+// through them, and the workers that run them, started and stopped in one
+// order. It is the only place that knows that order; `muster serve`,
+// `muster dev` and the test harness (app/apptest) all build through it, so
+// tests run production's components, wired as in production.
+//
+// Construction runs upstream first, and nothing is bound after it: each
+// component is handed only components already built.
+//
+//	database monitor, registry, authz copy     desired state
+//	policy.InForce                             the overrides in force (read from policy's table)
+//	evaluator                                  verdicts; follows the registry, reads InForce
+//	lease reaper                               asks the evaluator to corroborate expiries
+//	policy (overrides), sweeper, shifts        budgets counted on the evaluator's snapshot
+//	hub, guard log, publisher                  pulls the evaluator's changes and the shifts' weights
+//	admission, census                          the streaming tier's intake
+//	UI, HTTP server                            the surfaces
+//
+// Data flows downstream only, and where a downstream component must learn
+// of a change upstream it pulls: the publisher takes the evaluator's
+// changes (evaluator.TakeChanges) and reads the shift-backs' revision;
+// the evaluator learns of a local override change from policy.InForce's
+// signal and reads the overrides from it. The one push left, the
+// registration hand-off, is a subscription the downstream makes at its
+// own construction (evaluator.New calls registry.Follow, as
+// NewAuthzCache hands itself to its registry), not a closure assigned
+// later.
+//
+// Workers keep the project's one shape (Start, Stop) and stop in order:
+// stop admitting (not ready, the census reports a last time), drain the
+// streams, stop HTTP, stop the workers (the evaluator first, so it
+// flushes its transitions and windows while the pool is open), and close
+// the UI; the caller closes the pool.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/guardlog"
+	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/publisher"
+	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/server"
+	"github.com/musterhq/muster/internal/shift"
+	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/webui"
+)
+
+// Names of the workers, for Start's hold list and Worker.
+const (
+	WorkerMonitor   = "database-monitor"
+	WorkerAuthz     = "authz"
+	WorkerCensus    = "census"
+	WorkerReaper    = "lease-reaper"
+	WorkerShifts    = "shifts"
+	WorkerSweeper   = "override-sweeper"
+	WorkerGuards    = "guardlog"
+	WorkerPublisher = "publisher"
+	WorkerEvaluator = "evaluator"
+	WorkerRefusals  = "refused-evidence"
+)
+
+// Worker is the project's one worker shape.
+type Worker interface {
+	Start(ctx context.Context) error
+	Stop()
+}
+
+// NamedWorker is a worker added by the caller (Config.Workers).
+type NamedWorker struct {
+	Name   string
+	Worker Worker
+}
+
+// Config configures an App. The component configurations carry their
+// tuning (limits, periods, thresholds); the fields that connect one
+// component to another are set by New and are ignored here, but for a
+// component's clock and the evaluator's DatabaseUp and MayResolve, which
+// a test may set to stand in for the app's.
+type Config struct {
+	// Pool is the shared pool. MonitorPool is the database monitor's own
+	// (one connection): on the shared pool, a burst of slow requests
+	// holding every connection would read as an outage.
+	Pool, MonitorPool *pgxpool.Pool
+	// Region is this muster's region.
+	Region string
+	// Replica is this replica's name in the stream census.
+	Replica string
+	// Now is the clock of the registry, evaluator, policy, shifts, hub,
+	// publisher and UI, unless their own configuration sets one (the
+	// database monitor keeps the wall clock); time.Now when nil.
+	Now     func() time.Time
+	Logger  *slog.Logger
+	Metrics *prometheus.Registry
+
+	Registry  registry.Config
+	Authz     registry.AuthzCacheConfig
+	Evaluator evaluator.Config
+	Reaper    registry.ReaperConfig
+	Policy    policy.Config
+	Shifts    shift.Config
+	Hub       stream.Config
+	Publisher publisher.Config
+	Admission stream.AdmissionConfig
+	Census    stream.CensusConfig
+	// Refusals tunes the summaries of refused evidence in the audit log
+	// (its Log, Logger and Registerer are the app's).
+	Refusals audit.RefusalSummariesConfig
+	// Server's Authenticator, DevIssuer, DevIssuerPath, DBTimeout,
+	// MaxBodyBytes, Limits and Watch* settings are used as given.
+	Server server.Config
+	// UI, when set, mounts the admin web UI at its BasePath.
+	UI *webui.Config
+	// Workers are started after muster's own and stopped right after the
+	// evaluator, before the publisher: an audit checkpoint, say.
+	Workers []NamedWorker
+}
+
+// App is muster, built. Its fields are the components, for the commands
+// and the tests that step them; they must not be replaced.
+type App struct {
+	Registry  *registry.Registry
+	Authz     *registry.AuthzCache
+	Monitor   *db.Monitor
+	InForce   *policy.InForce
+	Evaluator *evaluator.Evaluator
+	Reaper    *registry.Reaper
+	Policy    *policy.Service
+	Sweeper   *policy.Sweeper
+	Shifts    *shift.Service
+	Hub       *stream.Hub
+	Guards    *guardlog.Log
+	Publisher *publisher.Publisher
+	Admission *stream.Admission
+	Census    *stream.Census
+	Refusals  *audit.RefusalSummaries
+	UI        *webui.UI
+	Server    *server.Server
+	Metrics   *prometheus.Registry
+
+	log     *slog.Logger
+	ready   atomic.Bool
+	workers []worker // in start order
+
+	mu      sync.Mutex
+	started map[string]bool
+}
+
+type worker struct {
+	name string
+	w    Worker
+	// detached workers run on a context the caller's cancellation does
+	// not end: they are stopped explicitly, after HTTP, so they can flush.
+	detached bool
+}
+
+// stopOrder is the order workers stop in: the census (Shutdown stops it
+// before the streams drain), the evaluator (it flushes transitions and
+// windows), the refused-evidence summaries (their last rows, before the
+// caller's audit checkpoint covers them), the caller's (""), then the
+// rest downstream to upstream, the guard log last (it records the
+// publisher's last events).
+var stopOrder = []string{WorkerCensus, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerAuthz, WorkerMonitor, WorkerGuards}
+
+// New builds muster in data-flow order. Nothing is started.
+func New(cfg Config) (*App, error) {
+	if cfg.Pool == nil || cfg.MonitorPool == nil {
+		return nil, errors.New("app: Pool and MonitorPool are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = prometheus.NewRegistry()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	pool, log, metrics, now := cfg.Pool, cfg.Logger, cfg.Metrics, cfg.Now
+	a := &App{log: log, Metrics: metrics, started: map[string]bool{}}
+	var err error
+
+	// Desired state.
+	if a.Monitor, err = db.NewMonitor(db.MonitorConfig{Pool: cfg.MonitorPool, Logger: log, Registerer: metrics}); err != nil {
+		return nil, err
+	}
+	rc := cfg.Registry
+	rc.Pool, rc.Region, rc.Logger, rc.Registerer = pool, cfg.Region, log.With("component", "registry"), metrics
+	rc.Now = orNow(rc.Now, now)
+	if a.Registry, err = registry.New(rc); err != nil {
+		return nil, err
+	}
+	ac := cfg.Authz
+	ac.Registry, ac.Logger, ac.Registerer = a.Registry, log, metrics
+	if a.Authz, err = registry.NewAuthzCache(ac); err != nil {
+		return nil, err
+	}
+	a.InForce = policy.NewInForce(pool, now)
+
+	// Evaluation.
+	ec := cfg.Evaluator
+	ec.Registry, ec.Pool, ec.Logger, ec.Registerer = a.Registry, pool, log, metrics
+	ec.Now = orNow(ec.Now, now)
+	ec.Overrides = a.InForce
+	if ec.DatabaseUp == nil { // a test may stand in for the monitor
+		ec.DatabaseUp = a.Monitor.Up
+	}
+	if ec.MayResolve == nil {
+		// Passive evidence only from callers that may resolve the service.
+		ec.MayResolve = a.Authz.MayResolve
+	}
+	if a.Evaluator, err = evaluator.New(ec); err != nil {
+		return nil, err
+	}
+	rpc := cfg.Reaper
+	rpc.Registry, rpc.Logger, rpc.Registerer = a.Registry, log, metrics
+	rpc.Corroborated = a.Evaluator.LeaseExpiriesCorroborated
+	// A lease's clock runs only while renewals could land: from the
+	// moment PostgreSQL answers again after an outage.
+	rpc.UpSince = a.Monitor.UpSince
+	if a.Reaper, err = registry.NewReaper(rpc); err != nil {
+		return nil, err
+	}
+
+	// Policy: budgets count on the evaluator's snapshot.
+	pc := cfg.Policy
+	pc.Pool, pc.Logger, pc.Registerer = pool, log.With("component", "policy"), metrics
+	pc.Now = orNow(pc.Now, now)
+	pc.Verdicts, pc.InForce = a.Evaluator, a.InForce
+	if a.Policy, err = policy.New(pc); err != nil {
+		return nil, err
+	}
+	a.Sweeper = policy.NewSweeper(a.Policy, 0)
+	sc := cfg.Shifts
+	sc.Pool, sc.Region, sc.Logger, sc.Registerer = pool, cfg.Region, log, metrics
+	sc.Now = orNow(sc.Now, now)
+	sc.Verdicts = a.Evaluator
+	if a.Shifts, err = shift.New(sc); err != nil {
+		return nil, err
+	}
+
+	// Assembly and propagation.
+	hc := cfg.Hub
+	hc.Now = orNow(hc.Now, now)
+	a.Hub = stream.NewHub(hc)
+	a.Guards = guardlog.New(pool, log)
+	pbc := cfg.Publisher
+	pbc.Snapshot, pbc.Changes, pbc.Traffic = a.Evaluator.Snapshot, a.Evaluator, a.Shifts
+	pbc.Hub, pbc.Pool, pbc.Logger, pbc.Registerer = a.Hub, pool, log, metrics
+	pbc.Now = orNow(pbc.Now, now)
+	pbc.GuardEvents = a.Guards.Record
+	if a.Publisher, err = publisher.New(pbc); err != nil {
+		return nil, err
+	}
+	a.Admission = stream.NewAdmission(cfg.Admission)
+	cc := cfg.Census
+	cc.Pool, cc.Replica, cc.Hub, cc.Admission, cc.Logger = pool, cfg.Replica, a.Hub, a.Admission, log
+	if a.Census, err = stream.NewCensus(cc); err != nil {
+		return nil, err
+	}
+
+	// Surfaces.
+	sumc := cfg.Refusals
+	sumc.Log, sumc.Logger, sumc.Registerer = audit.NewLog(pool), log, metrics
+	sumc.Now = orNow(sumc.Now, now)
+	if a.Refusals, err = audit.NewRefusalSummaries(sumc); err != nil {
+		return nil, err
+	}
+	svc := cfg.Server
+	svc.RefusedEvidence = a.Refusals
+	servingReady := server.ServingReady(a.Evaluator, a.Hub)
+	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
+	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
+	svc.Authz, svc.Database = a.Authz, a.Monitor
+	// Whether this replica can serve views, not whether PostgreSQL
+	// answers (that is muster_database_up and database_unreachable).
+	svc.Ready = func(ctx context.Context) error {
+		if !a.ready.Load() {
+			return errors.New("starting or stopping")
+		}
+		return servingReady(ctx)
+	}
+	if cfg.UI != nil {
+		uc := *cfg.UI
+		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
+		uc.Overrides, uc.Guards, uc.Shifts = a.Policy, a.Guards, a.Shifts
+		uc.Now = orNow(uc.Now, now)
+		// The banner lists what GET /v1/alarms lists.
+		uc.Alarms = server.AlarmsOf(svc)
+		if a.UI, err = webui.New(uc); err != nil {
+			return nil, err
+		}
+		svc.UI, svc.UIPath = a.UI, a.UI.BasePath()
+	}
+	if a.Server, err = server.New(svc); err != nil {
+		a.closeUI()
+		return nil, err
+	}
+
+	// The workers, in start order. The census reads the expected
+	// population before the first watch request can arrive, so a
+	// restarted replica admits by the clients coming back, not by the
+	// nothing it remembers. Shifts load before the publisher starts, so
+	// the first views after a restart already carry every drained zone.
+	a.workers = []worker{
+		{name: WorkerMonitor, w: a.Monitor},
+		{name: WorkerAuthz, w: a.Authz},
+		{name: WorkerCensus, w: a.Census},
+		{name: WorkerReaper, w: a.Reaper},
+		{name: WorkerShifts, w: a.Shifts},
+		{name: WorkerSweeper, w: a.Sweeper},
+		{name: WorkerGuards, w: a.Guards, detached: true},
+		{name: WorkerPublisher, w: a.Publisher, detached: true},
+		{name: WorkerEvaluator, w: a.Evaluator, detached: true},
+		{name: WorkerRefusals, w: a.Refusals, detached: true},
+	}
+	for _, w := range cfg.Workers {
+		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {
+			return nil, fmt.Errorf("app: worker %q needs a name of its own and a worker", w.Name)
+		}
+		a.workers = append(a.workers, worker{name: w.Name, w: w.Worker, detached: true})
+	}
+	return a, nil
+}
+
+// Start starts the workers in order, but for those named in hold (tests
+// step them themselves). On a failure it stops those it started and
+// closes the UI.
+func (a *App) Start(ctx context.Context, hold ...string) error {
+	for _, w := range a.workers {
+		if slices.Contains(hold, w.name) {
+			continue
+		}
+		wctx := ctx
+		if w.detached {
+			// Not ended by the caller's cancellation: stopped explicitly
+			// after HTTP, so it can flush.
+			wctx = context.WithoutCancel(ctx)
+		}
+		if err := w.w.Start(wctx); err != nil {
+			a.stopWorkers()
+			a.closeUI()
+			return fmt.Errorf("start %s: %w", w.name, err)
+		}
+		a.mu.Lock()
+		a.started[w.name] = true
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+// SetReady says whether the replica admits traffic: /readyz answers ready
+// only while it is set and views can be served.
+func (a *App) SetReady(ready bool) { a.ready.Store(ready) }
+
+// Serve serves a's HTTP surface on ln until ctx ends or serving fails,
+// then shuts down (Shutdown). serving, when set, is called once requests
+// are being served and the replica is ready.
+func (a *App) Serve(ctx context.Context, ln net.Listener, serving func()) error {
+	hs := &http.Server{
+		Handler:           a.Server,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	// Renewals can land from now on: every lease gets a full TTL from
+	// here, however long this process (or its database) was away.
+	a.Reaper.HearingFrom(time.Now())
+	a.SetReady(true)
+	if serving != nil {
+		serving()
+	}
+	var err error
+	select {
+	case err = <-serveErr:
+		err = fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	a.log.Info("shutting down")
+	shutCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(err, a.Shutdown(shutCtx, hs.Shutdown))
+}
+
+// Shutdown stops a in order: stop admitting (not ready; the census
+// reports the subscriber count a last time while the streams are still
+// open, so the next process knows who is coming), drain the watch streams
+// (subscribers are told to reconnect elsewhere with jitter), stop HTTP
+// with stopHTTP, stop the workers (Config.Workers after the evaluator),
+// close the UI. Safe to call twice.
+func (a *App) Shutdown(ctx context.Context, stopHTTP func(context.Context) error) error {
+	a.SetReady(false)
+	a.Census.Stop()
+	a.Hub.Close()
+	if err := a.Server.WaitStreams(ctx); err != nil {
+		a.log.Warn("watch streams still open at shutdown", "err", err)
+	}
+	var err error
+	if stopHTTP != nil {
+		if herr := stopHTTP(ctx); herr != nil {
+			err = fmt.Errorf("http shutdown: %w", herr)
+		}
+	}
+	a.stopWorkers()
+	a.closeUI()
+	return err
+}
+
+// stopWorkers stops every worker in stopOrder (Stop is safe on a worker
+// that never started).
+func (a *App) stopWorkers() {
+	for _, name := range stopOrder {
+		for _, w := range a.workers {
+			own := slices.Contains(stopOrder, w.name)
+			if (name == "" && !own) || (name != "" && w.name == name) {
+				w.w.Stop()
+			}
+		}
+	}
+	a.mu.Lock()
+	clear(a.started)
+	a.mu.Unlock()
+}
+
+func (a *App) closeUI() {
+	if a.UI != nil {
+		if err := a.UI.Close(); err != nil {
+			a.log.Warn("close the web UI", "err", err)
+		}
+	}
+}
+
+// Running reports whether the named worker was started and not stopped.
+func (a *App) Running(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.started[name]
+}
+
+// Workers lists the workers' names in start order.
+func (a *App) Workers() []string {
+	out := make([]string, len(a.workers))
+	for i, w := range a.workers {
+		out[i] = w.name
+	}
+	return out
+}
+
+// orNow is a component's own clock if it has one, else the app's.
+func orNow(own, app func() time.Time) func() time.Time {
+	if own != nil {
+		return own
+	}
+	return app
+}

@@ -1,0 +1,521 @@
+// Package apptest runs muster for tests, built by app exactly as muster
+// serve builds it: real loopback HTTP, a fresh PostgreSQL database from
+// dbtest, every component wired as in production, and token verification
+// through the production OIDC path against muster's own dev issuer.
+// Nothing is mocked.
+//
+// The workers are production's, started in production's order, but for
+// those a test steps itself (Held; Options.Run starts some of them too):
+// by default the database monitor, the authz copy and the evaluator run
+// (its tick set to an hour, so tests call EvaluateNow), and the publisher
+// (prepared), shift-backs, lease reaper, override sweeper, guard log and
+// census wait to be stepped with their RunOnce.
+package apptest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/app"
+	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/guardlog"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/publisher"
+	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/server"
+	"github.com/musterhq/muster/internal/shift"
+	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/internal/webui"
+)
+
+// Clock is a settable clock shared by the registry and the evaluator.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+// Advance moves the clock forward.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// Stack is a running muster.
+type Stack struct {
+	// App is muster as app built it; the fields below are its components.
+	App       *app.App
+	URL       string
+	Pool      *pgxpool.Pool
+	Registry  *registry.Registry
+	Evaluator *evaluator.Evaluator
+	Issuer    *devissuer.Issuer
+	Clock     *Clock
+	Client    *http.Client
+	Metrics   *prometheus.Registry
+	Hub       *stream.Hub
+	// Publisher is prepared (unless Options.NoStart) but not started
+	// (unless Options.Run names it): tests step it with RunOnce, and
+	// SaveOnce to save its views.
+	Publisher *publisher.Publisher
+	// Shifts is not started: tests step it with RunOnce.
+	Shifts *shift.Service
+	Policy *policy.Service
+	Server *server.Server
+	// Guards is the guard-trip history; it is not started: tests call
+	// Flush after stepping the publisher.
+	Guards *guardlog.Log
+	// UI is the admin web UI when Options.UI is set.
+	UI *webui.UI
+	// Refusals summarises refused evidence into the audit log on the
+	// stack's clock; it runs (1 s ticks), and tests may call RunOnce to
+	// write what is due at once.
+	Refusals *audit.RefusalSummaries
+	// Authz is the in-memory copy of services and grants watch and resolve
+	// authorise from; started, and loaded before New returns when the
+	// database answers.
+	Authz *registry.AuthzCache
+	// Monitor watches the database (started), on a pool of its own.
+	Monitor *db.Monitor
+	// Reaper is the lease reaper; it is not started: tests step it with
+	// RunOnce.
+	Reaper *registry.Reaper
+	// Issuer2 is the second dev issuer when Options.SecondIssuer is set.
+	Issuer2 *devissuer.Issuer
+
+	jwksFetches atomic.Int64
+	queries     queryCounter
+}
+
+// RequestQueries counts the queries run on the stack's pool on behalf of
+// requests to path (made with the request's context) since the stack
+// started. Zero for a stack on Options.Pool, which it does not trace.
+func (s *Stack) RequestQueries(path string) int64 { return s.queries.count(path) }
+
+// queryCounter is a pgx tracer counting queries by the path of the request
+// whose context they run with.
+type queryCounter struct {
+	mu     sync.Mutex
+	byPath map[string]int64
+}
+
+type requestPathKey struct{}
+
+// handler marks each request's context with its path, for the tracer.
+func (q *queryCounter) handler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestPathKey{}, r.URL.Path)))
+	})
+}
+
+// TraceQueryStart implements pgx.QueryTracer.
+func (q *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	if path, ok := ctx.Value(requestPathKey{}).(string); ok {
+		q.mu.Lock()
+		if q.byPath == nil {
+			q.byPath = map[string]int64{}
+		}
+		q.byPath[path]++
+		q.mu.Unlock()
+	}
+	return ctx
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (q *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (q *queryCounter) count(path string) int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.byPath[path]
+}
+
+// JWKSFetches counts the requests for the key sets of the stack's dev
+// issuers, as their handlers saw them.
+func (s *Stack) JWKSFetches() int64 { return s.jwksFetches.Load() }
+
+// Options adjust a Stack.
+type Options struct {
+	// Pool replaces the fresh test database (to point at a dead one, say).
+	Pool *pgxpool.Pool
+	// Evaluator adjusts the evaluator's configuration before it starts.
+	// By default its tick never fires on its own: tests call EvaluateNow.
+	Evaluator func(*evaluator.Config)
+	// NoStart leaves the evaluator stopped (and so never ready) and the
+	// publisher unprepared (it publishes nothing until Prepare).
+	NoStart bool
+	// MaxBodyBytes is the server's body limit; 1 MiB by default.
+	MaxBodyBytes int64
+	// Shifts adjusts the shift-back configuration (steps, dwell, pending
+	// alarm) before it is built.
+	Shifts func(*shift.Config)
+	// Policy adjusts the policy service's configuration (limits, expiry).
+	Policy func(*policy.Config)
+	// UI mounts the admin web UI at /ui, signing in through the dev
+	// issuer (client "muster-ui") on the stack's clock.
+	UI bool
+	// DatabaseURL points the stack at this database instead of a fresh
+	// one from dbtest (a private cluster the test stops or freezes, say).
+	DatabaseURL string
+	// DBTimeout is the server's per-request database budget; the
+	// server's default when zero.
+	DBTimeout time.Duration
+	// WatchHeartbeat is the idle watch stream's heartbeat period; the
+	// server's default (15 s) when zero.
+	WatchHeartbeat time.Duration
+	// Limits are the server's per-identity and per-address limits; zero
+	// fields take the defaults.
+	Limits server.Limits
+	// Admission configures watch admission; zero fields take the
+	// defaults.
+	Admission stream.AdmissionConfig
+	// SecondIssuer serves a second dev issuer at /dev/issuer2, trusted
+	// after the first (so not the home issuer): Stack.Issuer2.
+	SecondIssuer bool
+	// Run names workers of Held to start as muster serve does, instead
+	// of leaving them to the test.
+	Run []string
+}
+
+// Held lists the workers a Stack does not start by default: tests step
+// them (RunOnce, SaveOnce, Flush) to stay deterministic.
+var Held = []string{app.WorkerCensus, app.WorkerReaper, app.WorkerShifts, app.WorkerSweeper, app.WorkerGuards, app.WorkerPublisher}
+
+// New starts a Stack that is torn down when t ends.
+func New(t testing.TB, opts Options) *Stack {
+	t.Helper()
+	st := &Stack{}
+	pool, monPool := opts.Pool, opts.Pool
+	if pool == nil {
+		url := opts.DatabaseURL
+		if url == "" {
+			url = dbtest.URL(t)
+		}
+		// The monitor pings on a connection of its own, as in muster serve.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var err error
+		if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: url, Tracer: &st.queries}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		if monPool, err = db.OpenPool(ctx, db.PoolConfig{URL: url, MaxConns: 1}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(monPool.Close)
+	}
+	clk := &Clock{t: time.Now().UTC().Truncate(time.Microsecond)}
+
+	hs := httptest.NewUnstartedServer(nil)
+	base := "http://" + hs.Listener.Addr().String()
+	iss, err := devissuer.LoadOrCreate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := iss.SetURL(base + "/dev/issuer"); err != nil {
+		t.Fatal(err)
+	}
+	issuers := []identity.IssuerConfig{{URL: iss.URL(), Audience: "muster"}}
+	var iss2 *devissuer.Issuer
+	if opts.SecondIssuer {
+		if iss2, err = devissuer.LoadOrCreate(t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+		if err := iss2.SetURL(base + "/dev/issuer2"); err != nil {
+			t.Fatal(err)
+		}
+		issuers = append(issuers, identity.IssuerConfig{URL: iss2.URL(), Audience: "muster"})
+	}
+	ver, err := identity.NewVerifier(issuers, &http.Client{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Issuer2 = iss2
+	// The dev issuers' handlers, counting key set requests.
+	issuerHandler := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/jwks" {
+				st.jwksFetches.Add(1)
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+
+	cfg := app.Config{
+		Pool: pool, MonitorPool: monPool, Region: "local", Replica: "apptest", Now: clk.Now,
+		// The evaluator's tick never fires on its own: tests call
+		// EvaluateNow.
+		Evaluator: evaluator.Config{Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute},
+		Admission: opts.Admission,
+		// A test's admission window may be long; the census (held) reads
+		// it as its interval.
+		Census: stream.CensusConfig{Horizon: max(15*time.Minute, opts.Admission.Window)},
+		Server: server.Config{Authenticator: ver, DBTimeout: opts.DBTimeout,
+			DevIssuer: issuerHandler(iss.Handler()), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
+			WatchHeartbeat: opts.WatchHeartbeat, Limits: opts.Limits},
+	}
+	if opts.Evaluator != nil {
+		opts.Evaluator(&cfg.Evaluator)
+	}
+	if opts.Policy != nil {
+		opts.Policy(&cfg.Policy)
+	}
+	if opts.Shifts != nil {
+		opts.Shifts(&cfg.Shifts)
+	}
+	if opts.UI {
+		oc := webui.OIDCConfig{IssuerURL: iss.URL(), ClientID: "muster-ui", ClientSecret: "muster-ui-test-secret",
+			RedirectURL: base + "/ui/auth/callback"}
+		if err := iss.RegisterClient(devissuer.Client{ID: oc.ClientID, Secret: oc.ClientSecret, RedirectURIs: []string{oc.RedirectURL}}); err != nil {
+			t.Fatal(err)
+		}
+		cfg.UI = &webui.Config{OIDC: oc, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}}
+	}
+	a, err := app.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := a.Server
+	hs.Config.Handler = st.queries.handler(srv)
+	if iss2 != nil {
+		// Routed before the server, which mounts one dev issuer only.
+		second := http.StripPrefix("/dev/issuer2", issuerHandler(iss2.Handler()))
+		hs.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, "/dev/issuer2/") {
+				second.ServeHTTP(w, r)
+				return
+			}
+			st.queries.handler(srv).ServeHTTP(w, r)
+		})
+	}
+	// Load the copy of services and grants before serving, so a test's
+	// first watch is not refused for want of it; with the database down
+	// the worker keeps trying.
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = a.Authz.RunOnce(ctx)
+		cancel()
+	}
+	hold := slices.DeleteFunc(slices.Clone(Held), func(n string) bool { return slices.Contains(opts.Run, n) })
+	if opts.NoStart {
+		hold = append(hold, app.WorkerEvaluator)
+	} else if !slices.Contains(opts.Run, app.WorkerPublisher) {
+		if err := a.Publisher.Prepare(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Start(context.Background(), hold...); err != nil {
+		t.Fatal(err)
+	}
+	// Torn down as muster serve shuts down: not ready, streams drained,
+	// HTTP closed, workers stopped in order, the UI closed.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx, func(context.Context) error { hs.Close(); return nil })
+	})
+	a.SetReady(true)
+	hs.Start()
+	st.App = a
+	st.URL, st.Pool, st.Registry, st.Evaluator, st.Issuer, st.Clock, st.Client, st.Metrics = base, pool, a.Registry, a.Evaluator, iss, clk, hs.Client(), a.Metrics
+	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = a.Hub, a.Publisher, a.Policy, a.Shifts, srv, a.Guards, a.UI
+	st.Authz, st.Monitor, st.Reaper = a.Authz, a.Monitor, a.Reaper
+	st.Refusals = a.Refusals
+	// A started evaluator rebuilds its state first, and refuses reports
+	// (503 not-ready) until it is done; a test's first request would race
+	// it. Tests of that state use NoStart.
+	if !slices.Contains(hold, app.WorkerEvaluator) {
+		st.WaitReady(t)
+	}
+	return st
+}
+
+// Token2 mints a token from the second dev issuer (Options.SecondIssuer).
+func (s *Stack) Token2(t testing.TB, req devissuer.TokenRequest) string {
+	t.Helper()
+	if s.Issuer2 == nil {
+		t.Fatal("Token2 needs Options.SecondIssuer")
+	}
+	tok, err := s.Issuer2.Mint(req, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// Token mints a token from the stack's dev issuer.
+func (s *Stack) Token(t testing.TB, req devissuer.TokenRequest) string {
+	t.Helper()
+	tok, err := s.Issuer.Mint(req, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// Prometheus is the identity tests scrape /metrics with: a tool.
+var Prometheus = devissuer.TokenRequest{Kind: identity.KindTool, Subject: "prometheus"}
+
+// Scrape reads /metrics as a scraper would, with a tool token.
+func (s *Stack) Scrape(t testing.TB) []byte {
+	t.Helper()
+	r := s.Do(t, "GET", "/metrics", s.Token(t, Prometheus), "", "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %s", r.Status, r.Body)
+	}
+	return r.Body
+}
+
+// Response is a read HTTP response.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Problem decodes a problem+json body, failing t if it is not one.
+func (r Response) Problem(t testing.TB) server.Problem {
+	t.Helper()
+	if ct := r.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type = %q, want application/problem+json; body %s", ct, r.Body)
+	}
+	var p server.Problem
+	if err := json.Unmarshal(r.Body, &p); err != nil {
+		t.Fatalf("problem body %s: %v", r.Body, err)
+	}
+	if p.Status != r.Status {
+		t.Fatalf("problem status %d, response status %d", p.Status, r.Status)
+	}
+	return p
+}
+
+// Do sends a request with an optional token, content type and body.
+func (s *Stack) Do(t testing.TB, method, path, token, contentType, body string) Response {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, s.URL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	res, err := s.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Response{Status: res.StatusCode, Header: res.Header, Body: b}
+}
+
+// JSON sends a JSON body.
+func (s *Stack) JSON(t testing.TB, method, path, token, body string) Response {
+	t.Helper()
+	return s.Do(t, method, path, token, "application/json", body)
+}
+
+// Decode unmarshals a response body into a T.
+func Decode[T any](t testing.TB, r Response) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(r.Body, &v); err != nil {
+		t.Fatalf("decode %s: %v", r.Body, err)
+	}
+	return v
+}
+
+// Common identities.
+var (
+	Admin    = devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
+	Operator = devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator}
+	Viewer   = devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "vera", Team: "payments", Role: identity.RoleViewer}
+	Web      = devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web"}
+	API      = devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "api"}
+)
+
+// Seed creates web (payments; probe, self, passive) and api (search; passive).
+func (s *Stack) Seed(t testing.TB) {
+	t.Helper()
+	admin := s.Token(t, Admin)
+	for _, b := range []struct{ name, body string }{
+		{"web", `{"owner":"payments","capabilities":["probe","self","passive"]}`},
+		{"api", `{"owner":"search","capabilities":["passive"]}`},
+	} {
+		if r := s.JSON(t, "PUT", "/v1/services/"+b.name, admin, b.body); r.Status != http.StatusCreated {
+			t.Fatalf("create %s: %d %s", b.name, r.Status, r.Body)
+		}
+	}
+}
+
+// WaitReady waits (20 s at most) until the evaluator has rebuilt its
+// state after the start: until then reports are refused 503 not-ready.
+func (s *Stack) WaitReady(t testing.TB) {
+	t.Helper()
+	wait.For(t, 20*time.Second, "the evaluator ready after its rebuild", s.Evaluator.Ready)
+}
+
+// Admit brings instances of web (a service with a readiness signal, whose
+// new instances await their first success and are not capacity until
+// then) into rotation the way a workload does: one self-reported success
+// each, sent as web's workload identity, then one evaluation. The
+// evaluator is synced first so it knows instances registered a moment
+// ago.
+func (s *Stack) Admit(t testing.TB, ids ...string) {
+	t.Helper()
+	s.WaitReady(t)
+	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
+		t.Fatalf("admit: sync the evaluator: %v", err)
+	}
+	// A self-report speaks for the instance that sends it: the token
+	// vouches for the instances' addresses, as an instance's own would.
+	var items, addrs []string
+	admin := identity.Principal{Kind: identity.KindOperator, Subject: "apptest", Role: identity.RoleAdmin}
+	for _, id := range ids {
+		in, err := s.Registry.GetInstance(t.Context(), admin, uuid.MustParse(id))
+		if err != nil {
+			t.Fatalf("admit: read instance %s: %v", id, err)
+		}
+		items = append(items, `{"instance_id":"`+id+`","class":"self","outcome":"success"}`)
+		addrs = append(addrs, in.Address)
+	}
+	tok := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: addrs})
+	r := s.JSON(t, "POST", "/v1/reports", tok, `{"reports":[`+strings.Join(items, ",")+`]}`)
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), fmt.Sprintf(`"accepted":%d`, len(ids))) {
+		t.Fatalf("admit %v: %d %s", ids, r.Status, r.Body)
+	}
+	s.Evaluator.EvaluateNow()
+}

@@ -1,0 +1,129 @@
+package db_test
+
+import (
+	"context"
+	"io/fs"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/internal/migrations"
+)
+
+// TestMigrationsDownAndUp walks every migration down and up again on a
+// migrated database, so a down migration that no longer matches its up
+// (or fails on a dependency) is caught here, not in an incident. Versions
+// are read from the file names, so a gap in the numbering (migrations
+// written on parallel branches) is walked correctly.
+func TestMigrationsDownAndUp(t *testing.T) {
+	t.Parallel()
+	ups, err := fs.Glob(migrations.FS, "*.up.sql")
+	if err != nil || len(ups) == 0 {
+		t.Fatalf("migrations: %v %v", ups, err)
+	}
+	versions := []int{0}
+	for _, f := range ups {
+		n, err := strconv.Atoi(f[:strings.IndexByte(f, '_')])
+		if err != nil {
+			t.Fatalf("migration %s: %v", f, err)
+		}
+		versions = append(versions, n)
+	}
+	slices.Sort(versions)
+	mg, err := db.NewMigrator(dbtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mg.Close()
+	for i := len(versions) - 2; i >= 0; i-- {
+		want := versions[i]
+		if err := mg.Down(); err != nil {
+			t.Fatalf("down to %d: %v", want, err)
+		}
+		if v, dirty, err := mg.Version(); err != nil || dirty || int(v) != want {
+			t.Fatalf("after down: version %d dirty %v err %v, want %d", v, dirty, err, want)
+		}
+	}
+	if err := mg.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if v, dirty, err := mg.Version(); err != nil || dirty || int(v) != versions[len(versions)-1] {
+		t.Fatalf("after up: version %d dirty %v err %v", v, dirty, err)
+	}
+}
+
+// TestEpochsStartAboveBlockVersions: migration 000008 replaces the block
+// sequence view_versions with ownership epochs (version = epoch<<32 |
+// counter). The first epoch's versions are above every version a block
+// handed out, and rolling back brings view_versions back above every
+// epoch's versions: versions never go back across the change, either way.
+func TestEpochsStartAboveBlockVersions(t *testing.T) {
+	t.Parallel()
+	u := dbtest.URL(t)
+	ctx := context.Background()
+	pool, err := db.Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	mg, err := db.NewMigrator(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mg.Close()
+	to := func(below uint) {
+		t.Helper()
+		for {
+			v, _, err := mg.Version()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v < below {
+				return
+			}
+			if err := mg.Down(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	to(8)
+	// An old server that used blocks past 2^32 (5 billion versions).
+	var block int64
+	if err := pool.QueryRow(ctx, "SELECT setval('view_versions', 5000000000)").Scan(&block); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, "SELECT nextval('view_versions')").Scan(&block); err != nil {
+		t.Fatal(err)
+	}
+	lastOld := uint64(block) + 999 // the end of the block it was handed
+	if err := mg.Up(); err != nil {
+		t.Fatal(err)
+	}
+	pool.Reset() // connections may have cached the dropped sequence
+	epoch, err := db.New(pool).PublisherEpochNext(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first := uint64(epoch) << 32; first <= lastOld {
+		t.Fatalf("first epoch %d starts at version %d, not above the old %d", epoch, first, lastOld)
+	}
+	if epoch != 2 {
+		t.Fatalf("epoch %d, want 2 (the first above 5,000,000,999 >> 32)", epoch)
+	}
+
+	// Rolled back: blocks start above the epoch's versions.
+	to(8)
+	pool.Reset()
+	if err := pool.QueryRow(ctx, "SELECT nextval('view_versions')").Scan(&block); err != nil {
+		t.Fatal(err)
+	}
+	if uint64(block) < uint64(epoch+1)<<32 {
+		t.Fatalf("after a rollback a block starts at %d, inside epoch %d", block, epoch)
+	}
+	if err := mg.Up(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,134 @@
+package db_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/db/dbtest"
+)
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestMonitorFollowsTheDatabase: stopping PostgreSQL flips the monitor
+// down (at once: the connection is refused), starting it again flips it
+// up with a later UpSince; freezing it (SIGSTOP) reads as down too, after
+// DownAfter pings time out.
+func TestMonitorFollowsTheDatabase(t *testing.T) {
+	t.Parallel()
+	pc := dbtest.NewCluster(t)
+	ctx := context.Background()
+	pool, err := db.OpenPool(ctx, db.PoolConfig{URL: pc.URL(), MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	reg := prometheus.NewRegistry()
+	m, err := db.NewMonitor(db.MonitorConfig{Pool: pool, Interval: 50 * time.Millisecond, Timeout: 300 * time.Millisecond, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil || len(mfs) != 1 {
+			t.Fatalf("gather: %v %v", mfs, err)
+		}
+		return mfs[0].GetMetric()[0].GetGauge().GetValue()
+	}
+	if !m.Up() || gauge() != 1 {
+		t.Fatal("a new monitor is not up")
+	}
+	firstUp := m.UpSince()
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Stop)
+
+	pc.Stop(t)
+	waitFor(t, "down after a stop", 5*time.Second, func() bool { return !m.Up() })
+	if gauge() != 0 || m.Err() == nil || m.DownSince().Before(firstUp) {
+		t.Fatalf("down: gauge %v, err %v, down since %s", gauge(), m.Err(), m.DownSince())
+	}
+	pc.Start(t)
+	waitFor(t, "up after a restart", 10*time.Second, m.Up)
+	if !m.UpSince().After(m.DownSince()) || gauge() != 1 || m.Err() != nil {
+		t.Fatalf("up again: up since %s, down since %s, gauge %v, err %v", m.UpSince(), m.DownSince(), gauge(), m.Err())
+	}
+
+	upAgain := m.UpSince()
+	thaw := pc.Freeze(t)
+	frozenAt := time.Now()
+	waitFor(t, "down while frozen", 5*time.Second, func() bool { return !m.Up() })
+	t.Logf("frozen server detected as down after %s", time.Since(frozenAt).Round(time.Millisecond))
+	thaw()
+	waitFor(t, "up after a thaw", 10*time.Second, m.Up)
+	if !m.UpSince().After(upAgain) {
+		t.Fatalf("UpSince did not move after the thaw: %s", m.UpSince())
+	}
+}
+
+// TestQueriesEndOnAFrozenServer: with every PostgreSQL process stopped, a
+// query under a context deadline returns when the deadline passes, one
+// without any returns after the I/O backstop, both reported as
+// unavailable; after the thaw the pool works again.
+func TestQueriesEndOnAFrozenServer(t *testing.T) {
+	t.Parallel()
+	pc := dbtest.NewCluster(t)
+	ctx := context.Background()
+	pool, err := db.OpenPool(ctx, db.PoolConfig{URL: pc.URL(), IOTimeout: time.Second, MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	// A connection idle longer than the backstop is still good.
+	if _, err := pool.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // idle past the backstop on purpose
+	if _, err := pool.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("after idling past the backstop: %v", err)
+	}
+
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	thaw := pc.Freeze(t)
+	start := time.Now()
+	_, err = held.Exec(ctx, "SELECT 1")
+	held.Release()
+	if took := time.Since(start); err == nil || took > 4*time.Second || !db.IsUnavailable(err) {
+		t.Fatalf("query without a deadline on a frozen server: %v after %s", err, took)
+	} else {
+		t.Logf("backstop: %v after %s", err, took.Round(time.Millisecond))
+	}
+	qctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	start = time.Now()
+	_, err = pool.Exec(qctx, "SELECT 1")
+	cancel()
+	if took := time.Since(start); err == nil || took > time.Second || !db.IsUnavailable(err) {
+		t.Fatalf("query under a 300 ms deadline on a frozen server: %v after %s", err, took)
+	} else {
+		t.Logf("deadline: %v after %s", err, took.Round(time.Millisecond))
+	}
+	thaw()
+	waitFor(t, "queries after the thaw", 15*time.Second, func() bool {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := pool.Exec(qctx, "SELECT 1")
+		return err == nil
+	})
+}

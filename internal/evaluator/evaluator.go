@@ -1,0 +1,783 @@
+package evaluator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/eligibility"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/worker"
+)
+
+// ErrNotReady means the evaluator is still rebuilding its state; callers
+// answer 503 with a short Retry-After.
+var ErrNotReady = errors.New("the evaluator is rebuilding its state after a start")
+
+// Config configures an Evaluator.
+type Config struct {
+	Registry *registry.Registry
+	Pool     *pgxpool.Pool
+	// Now defaults to time.Now.
+	Now func() time.Time
+	// Tick is the evaluation period: 200 ms by default.
+	Tick time.Duration
+	// RefreshEvery is how often registry changes are picked up: 1 s.
+	RefreshEvery time.Duration
+	// FlushEvery is how often observed windows are written: 10 s, so they
+	// are at most that far behind (ADR-02 allows 60 s).
+	FlushEvery time.Duration
+	// Retention is how much observed history the rebuild replays (5 min);
+	// windows older than twice that are pruned.
+	Retention time.Duration
+	// TransitionBuffer bounds the transitions held while PostgreSQL is
+	// away, and those held for the publisher (TakeChanges) if it stops
+	// taking them.
+	TransitionBuffer int
+	// MaxPendingWindows bounds the observed windows kept in memory while
+	// they cannot be written (2,000,000 rows, about 200 MB; at 60,000
+	// instances with three classes, some two minutes of flushes); the
+	// oldest beyond it are dropped and counted.
+	MaxPendingWindows int
+	// DBTimeout bounds each database call of the running loop: a registry
+	// refresh, one COPY of observed windows or of transitions (3 s).
+	// The refresh runs on the evaluation loop, so this is also the longest
+	// a database that stops answering can hold up an evaluation tick. The
+	// rebuild at start has no such bound (it may take long at region
+	// scale); the connections' I/O backstop still ends it if PostgreSQL
+	// stops answering.
+	DBTimeout time.Duration
+	// DatabaseUp, when set, says whether PostgreSQL answers (db.Monitor's
+	// Up). While it says no, the loop skips registry refreshes, window
+	// flushes and transition writes instead of waiting out their deadlines
+	// again and again; windows keep counting and transitions stay buffered,
+	// and both are written once it says yes again.
+	DatabaseUp func() bool
+	Engine     eligibility.Options
+	// Overrides, when set, lists the overrides in force (policy).
+	Overrides OverrideSource
+	// MayResolve, when set, says whether a caller may resolve a service
+	// (the registry's AuthzCache): passive evidence is accepted only from
+	// workloads it allows. Without it only a service's own workloads may
+	// report passive evidence about it.
+	MayResolve func(actor identity.Principal, service string) error
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *Config) Validate() error {
+	if c.Registry == nil || c.Pool == nil {
+		return errors.New("evaluator: Registry and Pool are required")
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.Tick, 200*time.Millisecond)
+	def(&c.RefreshEvery, time.Second)
+	def(&c.FlushEvery, 10*time.Second)
+	def(&c.Retention, 5*time.Minute)
+	if c.FlushEvery > time.Minute {
+		return fmt.Errorf("evaluator: FlushEvery %s exceeds the 60 s observed-state RPO", c.FlushEvery)
+	}
+	if c.TransitionBuffer == 0 {
+		c.TransitionBuffer = 100_000
+	}
+	if c.MaxPendingWindows == 0 {
+		c.MaxPendingWindows = 2_000_000
+	}
+	def(&c.DBTimeout, 3*time.Second)
+	if c.MaxPendingWindows < 0 || c.DBTimeout < 0 {
+		return fmt.Errorf("evaluator: MaxPendingWindows %d and DBTimeout %s must not be negative", c.MaxPendingWindows, c.DBTimeout)
+	}
+	if c.DatabaseUp == nil {
+		c.DatabaseUp = func() bool { return true }
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+type instanceInfo struct {
+	service string
+	zone    string
+	address string
+	port    int
+}
+
+type serviceInfo struct {
+	version      int64 // contract version applied (0: defaults)
+	caps         string
+	capabilities []string
+	minFraction  float64
+	slowStart    time.Duration
+}
+
+// readinessSignal reports whether the service's new instances start out
+// of rotation, awaiting their first success (see eligibility.AddInstance).
+func (si *serviceInfo) readinessSignal() bool {
+	if si == nil {
+		return false
+	}
+	for _, c := range si.capabilities {
+		if c == string(registry.CapProbe) || c == string(registry.CapReadiness) {
+			return true
+		}
+	}
+	return false
+}
+
+// Evaluator is the evaluation worker.
+type Evaluator struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+
+	ready atomic.Bool
+
+	evalMu sync.Mutex // serialises runOnce, publication included
+
+	mu        sync.Mutex // guards everything below
+	engine    *eligibility.Engine
+	instances map[uuid.UUID]instanceInfo
+	byService map[string]map[uuid.UUID]struct{}
+	services  map[string]*serviceInfo
+	// ended and changed collect what the next tick hands on: the last
+	// transitions of instances that left the registry, and services whose
+	// membership or contract changed.
+	ended   []eligibility.Transition
+	changed map[string]struct{}
+	probers map[string]*proberAssignment
+	// overrides in force, by instance (see override.go).
+	overrides map[uuid.UUID]Override
+	// expired holds, per service, instances whose lease expired while
+	// their zone's guard still needs them (expired.go).
+	expired  map[string]map[uuid.UUID]expiredInstance
+	windows  map[windowKey]*windowCounts
+	winStart time.Time
+	cursorAt time.Time // newest (updated_at, id) applied
+	cursorID uuid.UUID
+	members  uint64 // bumped whenever an instance is added or removed
+	replayed int
+	// quarantines restored by the rebuild (still in force then), and how
+	// long reading and restoring them took.
+	quarantines     int
+	quarantinesTook time.Duration
+	// admissions restored by the rebuild, and how long that took.
+	admissions     int
+	admissionsTook time.Duration
+
+	reporterMu sync.Mutex
+	reporters  map[string]eligibility.ReporterID
+
+	transitions *transitionWriter
+	// changes holds what evaluations changed until the publisher takes it.
+	changes *changeQueue
+	// flushMu serialises window flushes; pendingWindows (oldest first) are
+	// the windows earlier flushes could not write.
+	flushMu        sync.Mutex
+	pendingWindows []db.ObservedWindowsInsertParams
+	// kick asks the loop for an early registry refresh: ingest met an
+	// instance it does not know and could not look up (learn.go), most
+	// likely one registered a moment ago.
+	kick chan struct{}
+	// urgent asks for an evaluation before the next tick: a hard failure
+	// arrived, and withdrawing it should not wait up to a whole tick.
+	urgent chan struct{}
+	// misses remembers ids reports named that have no instance or whose
+	// instance ended; lookupSlots bounds the on-demand lookups running at
+	// once (learn.go).
+	misses      *missCache
+	lookupSlots chan struct{}
+
+	runner worker.Runner
+}
+
+// New returns a stopped Evaluator.
+func New(cfg Config) (*Evaluator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	e := &Evaluator{
+		cfg:       cfg,
+		log:       cfg.Logger.With("worker", "evaluator"),
+		metrics:   m,
+		engine:    eligibility.NewEngine(cfg.Engine),
+		instances: map[uuid.UUID]instanceInfo{},
+		byService: map[string]map[uuid.UUID]struct{}{},
+		services:  map[string]*serviceInfo{},
+		changed:   map[string]struct{}{},
+		probers:   map[string]*proberAssignment{},
+		overrides: map[uuid.UUID]Override{},
+		expired:   map[string]map[uuid.UUID]expiredInstance{},
+		windows:   map[windowKey]*windowCounts{},
+		reporters: map[string]eligibility.ReporterID{},
+		kick:      make(chan struct{}, 1),
+		urgent:    make(chan struct{}, 1),
+
+		misses:      newMissCache(missCapacity, missTTL),
+		lookupSlots: make(chan struct{}, lookupSlots),
+	}
+	e.changes = newChangeQueue(cfg.TransitionBuffer)
+	// The registration hand-off: the registry tells its follower of what
+	// it commits (registry.Follower).
+	cfg.Registry.Follow(e)
+	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, cfg.DBTimeout, cfg.DatabaseUp, m, e.log)
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(newCollector(e)); err != nil {
+			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
+		}
+	}
+	return e, nil
+}
+
+// Ready reports whether the rebuild is done and verdicts are published.
+func (e *Evaluator) Ready() bool { return e.ready.Load() }
+
+// Start rebuilds state in the background and then evaluates on every tick
+// until ctx ends or Stop is called.
+func (e *Evaluator) Start(ctx context.Context) error { return e.runner.Start(ctx, e.run) }
+
+// Stop ends the loops, flushes what it can, and waits. Safe to call twice
+// or before Start.
+func (e *Evaluator) Stop() { e.runner.Stop() }
+
+func (e *Evaluator) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { e.transitions.run(ctx) })
+	defer wg.Wait()
+
+	for {
+		err := e.rebuild(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		e.log.Warn("rebuild failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+
+	// Evaluation never waits on PostgreSQL: registry refreshes and window
+	// flushes run in a loop of their own, so a database that hangs delays
+	// what the registry says, never a withdrawal.
+	wg.Go(func() { e.databaseLoop(ctx) })
+	tick := time.NewTicker(e.cfg.Tick)
+	defer tick.Stop()
+	// A hard failure is evaluated at once unless an early evaluation ran
+	// within minUrgentInterval; then one more runs at the interval's end
+	// for all that arrived meanwhile (held: its timer), never a sleep, so
+	// the loop still answers ctx and the tick.
+	pace := urgentPacer{interval: minUrgentInterval}
+	held := time.NewTimer(time.Hour)
+	held.Stop()
+	defer held.Stop()
+	var heldC <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			e.runOnce()
+			if heldC != nil {
+				// This evaluation saw every hard failure the held one
+				// was for.
+				held.Stop()
+				heldC = nil
+			}
+		case <-e.urgent:
+			if heldC != nil {
+				continue // the held evaluation will see it
+			}
+			if wait := pace.wait(time.Now()); wait > 0 {
+				held.Reset(wait)
+				heldC = held.C
+				continue
+			}
+			e.runOnce()
+			pace.ran(time.Now())
+		case <-heldC:
+			heldC = nil
+			e.runOnce()
+			pace.ran(time.Now())
+		}
+	}
+}
+
+// urgentPacer paces the evaluations hard failures bring forward: the first
+// runs at once (the leading edge), and a burst costs at most one more per
+// interval. It takes every time as a parameter.
+type urgentPacer struct {
+	interval time.Duration
+	last     time.Time // when the last early evaluation ended; zero: none yet
+}
+
+// wait returns how long an early evaluation asked for at now must wait:
+// 0 if none ran within the interval before now.
+func (u *urgentPacer) wait(now time.Time) time.Duration {
+	if u.last.IsZero() {
+		return 0
+	}
+	return max(0, u.last.Add(u.interval).Sub(now))
+}
+
+// ran records that an early evaluation ended at now.
+func (u *urgentPacer) ran(now time.Time) { u.last = now }
+
+// databaseLoop picks up registry changes (on its ticker, or early when
+// ingest saw an instance it does not know) and flushes observed windows.
+func (e *Evaluator) databaseLoop(ctx context.Context) {
+	refresh := time.NewTicker(e.cfg.RefreshEvery)
+	flush := time.NewTicker(e.cfg.FlushEvery)
+	defer refresh.Stop()
+	defer flush.Stop()
+	var lastKick time.Time
+	var overridesChanged <-chan struct{}
+	if e.cfg.Overrides != nil {
+		overridesChanged = e.cfg.Overrides.Changed()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			// Flush what was observed since the last window, on a fresh
+			// context: shutdown is when it matters most.
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := e.flushWindows(fctx); err != nil {
+				e.log.Warn("final flush of observed windows", "err", err)
+			}
+			cancel()
+			return
+		case <-refresh.C:
+			e.refreshBounded(ctx)
+		case <-e.kick:
+			if time.Since(lastKick) < minKickInterval {
+				continue
+			}
+			lastKick = time.Now()
+			e.refreshBounded(ctx)
+		case <-overridesChanged:
+			// Overrides changed on this process: applied at once.
+			e.refreshBounded(ctx)
+		case <-flush.C:
+			if !e.cfg.DatabaseUp() {
+				continue // the windows keep counting; the next flush writes them
+			}
+			if err := e.flushWindows(ctx); err != nil && ctx.Err() == nil {
+				e.log.Warn("flush observed windows", "err", err)
+			}
+		}
+	}
+}
+
+// refreshBounded is the database loop's registry refresh: skipped while
+// the database is down, and given DBTimeout.
+func (e *Evaluator) refreshBounded(ctx context.Context) {
+	if !e.cfg.DatabaseUp() {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.DBTimeout)
+	defer cancel()
+	if err := e.refresh(rctx); err != nil && ctx.Err() == nil {
+		e.log.Warn("refresh from the registry", "err", err)
+	}
+}
+
+// refreshOverlap is how far behind its newest row each incremental
+// refresh starts reading again.
+const refreshOverlap = 10 * time.Second
+
+// minUrgentInterval bounds how often hard failures may bring an
+// evaluation forward (see urgentPacer): the first is immediate, a burst
+// gets one more per interval.
+const minUrgentInterval = 20 * time.Millisecond
+
+// minKickInterval bounds how often unknown instances in reports may force
+// an early registry refresh.
+const minKickInterval = 100 * time.Millisecond
+
+// runOnce evaluates every instance once and hands on the transitions.
+func (e *Evaluator) runOnce() {
+	// One evaluation at a time, publication included: whoever returns from
+	// runOnce (the loop, an early evaluation, EvaluateNow) knows that every
+	// transition computed before it is queued for the publisher.
+	e.evalMu.Lock()
+	defer e.evalMu.Unlock()
+	start := time.Now()
+	e.mu.Lock()
+	now := e.cfg.Now()
+	ts := append(e.ended, e.engine.Tick(now)...)
+	e.ended = nil
+	// Health becoming known or unknown, or a quarantine ending, changes
+	// the view without a transition.
+	for _, name := range e.engine.Changed() {
+		e.changed[name] = struct{}{}
+	}
+	e.expireOverrides(now)
+	var changed []string
+	for name := range e.changed {
+		changed = append(changed, name)
+	}
+	clear(e.changed)
+	e.mu.Unlock()
+	e.metrics.tick.Observe(time.Since(start).Seconds())
+	e.publish(ts, changed)
+}
+
+// publish records the transitions and queues them, with the services
+// changed without one, for the publisher.
+func (e *Evaluator) publish(ts []eligibility.Transition, changed []string) {
+	defer e.changes.add(ts, changed)
+	if len(ts) == 0 {
+		return
+	}
+	for _, t := range ts {
+		e.metrics.transitions.WithLabelValues(t.To.String()).Inc()
+		if t.To == eligibility.Ineligible && !t.FirstFailureAt.IsZero() {
+			e.metrics.damping.WithLabelValues(t.Service).Observe(t.At.Sub(t.FirstFailureAt).Seconds())
+		}
+	}
+	e.transitions.add(ts)
+}
+
+// rebuild loads the registry, replays retained observed windows and
+// restores recent quarantines, then marks the evaluator ready.
+func (e *Evaluator) rebuild(ctx context.Context) error {
+	start := time.Now()
+	if err := e.refresh(ctx); err != nil {
+		return err
+	}
+	loaded := time.Since(start)
+	astart := time.Now()
+	admitted, err := e.restoreAdmissions(ctx)
+	if err != nil {
+		return err
+	}
+	atook := time.Since(astart)
+	n, err := e.replayWindows(ctx)
+	if err != nil {
+		return err
+	}
+	qstart := time.Now()
+	held, err := e.restoreQuarantines(ctx)
+	if err != nil {
+		return err
+	}
+	qtook := time.Since(qstart)
+	e.mu.Lock()
+	// The first evaluation after a rebuild restates what was computed
+	// before the restart; it is not a change and is not published.
+	e.engine.Tick(e.cfg.Now())
+	e.ended = nil
+	count := len(e.instances)
+	e.replayed = n
+	e.quarantines, e.quarantinesTook = held, qtook
+	e.admissions, e.admissionsTook = admitted, atook
+	e.mu.Unlock()
+	e.ready.Store(true)
+	took := time.Since(start)
+	e.metrics.rebuild.Set(took.Seconds())
+	e.log.Info("rebuilt evaluation state", "instances", count, "admissions", admitted, "windows", n, "quarantines", held,
+		"registry", loaded.Round(time.Millisecond), "quarantines_took", qtook.Round(time.Millisecond),
+		"took", took.Round(time.Millisecond))
+	return nil
+}
+
+// refresh applies registry changes: contracts, prober assignments, and
+// instances changed since the last refresh.
+func (e *Evaluator) refresh(ctx context.Context) error {
+	scs, err := e.cfg.Registry.ServiceContracts(ctx)
+	if err != nil {
+		return err
+	}
+	assignments, err := e.cfg.Registry.AllProberAssignments(ctx)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	for _, sc := range scs {
+		e.applyService(sc)
+	}
+	e.mu.Unlock()
+
+	// updated_at comes from the writers' clocks and commits land out of
+	// order, so a row stamped just before the newest one seen may commit
+	// just after it. Such a row is stamped after now−refreshOverlap, so
+	// while the cursor is inside that window each refresh re-reads from
+	// its start (applying a row twice changes nothing); once the cursor is
+	// older than the window, reading past it exactly is enough.
+	e.mu.Lock()
+	since, after := e.cursorAt, e.cursorID
+	if low := e.cfg.Now().Add(-refreshOverlap); !since.IsZero() && since.After(low) {
+		since, after = low, uuid.Nil
+	}
+	e.mu.Unlock()
+	for {
+		batch, err := e.cfg.Registry.InstancesChangedSince(ctx, since, after, 5000)
+		if err != nil {
+			return err
+		}
+		now := e.cfg.Now()
+		e.mu.Lock()
+		for _, in := range batch {
+			e.applyInstance(in, now)
+			if in.UpdatedAt.After(e.cursorAt) || (in.UpdatedAt.Equal(e.cursorAt) && bytes.Compare(in.ID[:], e.cursorID[:]) > 0) {
+				e.cursorAt, e.cursorID = in.UpdatedAt, in.ID
+			}
+		}
+		e.mu.Unlock()
+		if len(batch) < 5000 {
+			break
+		}
+		since, after = batch[len(batch)-1].UpdatedAt, batch[len(batch)-1].ID
+	}
+
+	if e.ready.Load() {
+		// Not during the rebuild: verdicts are not replayed yet.
+		e.mu.Lock()
+		e.pruneExpired(e.cfg.Now())
+		e.mu.Unlock()
+	}
+
+	// Prober assignments last, so assigned services resolve to the
+	// instances just loaded.
+	// Re-assigning a prober rebuilds (and sorts) its target set in the
+	// engine, under the lock ingest and evaluation need; it is done only
+	// when the assignment or the membership of a service changed.
+	e.mu.Lock()
+	probers := make(map[string]*proberAssignment, len(assignments))
+	for _, a := range assignments {
+		probers[a.Prober] = e.applyAssignment(a)
+	}
+	e.probers = probers
+	e.mu.Unlock()
+	return e.loadOverrides(ctx)
+}
+
+// applyAssignment returns the in-memory copy of a prober's assignments,
+// re-assigning its targets in the engine only when the assignment or the
+// membership of a service changed. Called with e.mu held.
+func (e *Evaluator) applyAssignment(a registry.ProberAssignments) *proberAssignment {
+	key := fmt.Sprint(a.Services, a.Instances)
+	if old := e.probers[a.Prober]; old != nil && old.key == key && old.members == e.members {
+		return old
+	}
+	pa := &proberAssignment{id: e.internReporter("prober:" + a.Prober), services: map[string]bool{}, instances: map[uuid.UUID]bool{},
+		key: key, members: e.members}
+	var targets []eligibility.InstanceID
+	for _, s := range a.Services {
+		pa.services[s] = true
+		for id := range e.byService[s] {
+			targets = append(targets, eligibility.InstanceID(id))
+		}
+	}
+	for _, id := range a.Instances {
+		pa.instances[id] = true
+		targets = append(targets, eligibility.InstanceID(id))
+	}
+	e.assignProber(pa.id, a.Prober, targets)
+	return pa
+}
+
+// ProberAssigned applies a prober's new assignments at once, as the next
+// refresh would (the registry's ProberAssigned hook calls it after the
+// commit), so the prober's first reports are not refused as not assigned.
+func (e *Evaluator) ProberAssigned(a registry.ProberAssignments) {
+	if !e.ready.Load() {
+		return // the rebuild reads every assignment
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.probers[a.Prober] = e.applyAssignment(a)
+}
+
+// applyService sets a service's contract in the engine unless the same
+// version and capabilities are already applied. Called with e.mu held.
+func (e *Evaluator) applyService(sc registry.ServiceContract) {
+	key := fmt.Sprint(sc.Service.Capabilities)
+	if si, ok := e.services[sc.Service.Name]; ok && si.version == sc.ContractVersion && si.caps == key {
+		return
+	}
+	contract := contractOf(sc)
+	e.engine.SetService(sc.Service.Name, contract)
+	caps := make([]string, len(sc.Service.Capabilities))
+	for i, c := range sc.Service.Capabilities {
+		caps[i] = string(c)
+	}
+	e.services[sc.Service.Name] = &serviceInfo{version: sc.ContractVersion, caps: key, capabilities: caps,
+		minFraction: sc.Contract.MinHealthyFraction, slowStart: contract.SlowStart}
+	e.changed[sc.Service.Name] = struct{}{}
+}
+
+// applyInstance adds a new active instance or retires an ended one. An
+// instance already known and still active, or unknown and ended, changes
+// nothing, so the refresh, the registration hand-off and the on-demand
+// load may apply the same row in any order. Called with e.mu held.
+func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
+	_, known := e.instances[in.ID]
+	switch {
+	case in.State == registry.StateExpired && !known && !e.ready.Load():
+		// Expired before this process started (the rebuild reads every
+		// row): kept if recent, in case its zone's guard still needs it.
+		// Whether it ever served is not known yet: an instance of a
+		// service with a readiness signal counts as awaiting until the
+		// rebuild finds its admission on record (restoreAdmissions).
+		if _, kept := e.expired[in.Service][in.ID]; !kept {
+			e.keepExpired(in, instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port},
+				e.services[in.Service].readinessSignal(), now)
+		}
+	case in.State == registry.StateActive && !known:
+		if err := e.engine.AddInstance(eligibility.InstanceID(in.ID), in.Service, now); err != nil {
+			e.log.Warn("add instance", "instance", in.ID, "err", err)
+			return
+		}
+		e.instances[in.ID] = instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port}
+		e.changed[in.Service] = struct{}{}
+		e.members++
+		if e.byService[in.Service] == nil {
+			e.byService[in.Service] = map[uuid.UUID]struct{}{}
+		}
+		e.byService[in.Service][in.ID] = struct{}{}
+	case in.State != registry.StateActive && known:
+		// The instance leaves: its last transition goes on record (lease
+		// expiry is a hard failure, deregistration a graceful exit) before
+		// it is forgotten.
+		if v, ok := e.engine.Verdict(eligibility.InstanceID(in.ID), now); ok && v.State != eligibility.Ineligible {
+			reason := "deregistered"
+			switch in.State {
+			case registry.StateExpired:
+				reason = ReasonLeaseExpired
+			case registry.StateReplaced:
+				reason = "replaced by a new registration of its endpoint"
+			}
+			e.ended = append(e.ended, eligibility.Transition{
+				Instance: eligibility.InstanceID(in.ID), Service: in.Service,
+				From: v.State, To: eligibility.Ineligible, At: now, Reason: reason,
+			})
+		}
+		e.changed[in.Service] = struct{}{}
+		e.members++
+		if in.State == registry.StateExpired {
+			r, _ := e.engine.Routing(eligibility.InstanceID(in.ID), now)
+			e.keepExpired(in, e.instances[in.ID], r.Awaiting, now)
+		}
+		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
+		delete(e.instances, in.ID)
+		delete(e.byService[in.Service], in.ID)
+		// Its runtime and its callers may report on it a while longer;
+		// they are told it ended without a lookup.
+		e.misses.add(in.ID, in.State, now)
+	}
+}
+
+func (e *Evaluator) internReporter(name string) eligibility.ReporterID {
+	e.reporterMu.Lock()
+	defer e.reporterMu.Unlock()
+	id, ok := e.reporters[name]
+	if !ok {
+		id = eligibility.ReporterID(len(e.reporters) + 1)
+		e.reporters[name] = id
+	}
+	return id
+}
+
+// contractOf turns the registry's contract into the core's.
+func contractOf(sc registry.ServiceContract) eligibility.Contract {
+	var caps eligibility.Capabilities
+	for _, c := range sc.Service.Capabilities {
+		switch c {
+		case registry.CapProbe:
+			caps.Probe = true
+		case registry.CapSelf:
+			caps.Self = true
+		case registry.CapPassive:
+			caps.Passive = true
+		case registry.CapReadiness:
+			caps.Readiness = true
+		}
+	}
+	k := sc.Contract
+	sec := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+	c := eligibility.DefaultContract(caps)
+	c.Interval, c.HalfLife, c.MinDwell, c.SlowStart = sec(k.IntervalSeconds), sec(k.HalfLifeSeconds), sec(k.MinDwellSeconds), sec(k.SlowStartSeconds)
+	c.RemovalThreshold, c.ReentryThreshold = k.RemovalThreshold, k.ReentryThreshold
+	c.PassivePrimaryRPS = k.PassivePrimaryRPS
+	c.MinPassiveReporters = k.MinPassiveReporters // 0 (stored before the field) reads as the default
+	c.RequireReadiness = k.RequireReadiness
+	c.Weights = [3]float64{}
+	c.Weights[eligibility.Probe] = k.Weights[registry.CapProbe]
+	c.Weights[eligibility.Self] = k.Weights[registry.CapSelf]
+	c.Weights[eligibility.Passive] = k.Weights[registry.CapPassive]
+	c.Dependencies = make(map[string]eligibility.Dependency, len(k.Dependencies))
+	for _, d := range k.Dependencies {
+		a := eligibility.Weight
+		switch d.Authority {
+		case registry.AuthorityInformational:
+			a = eligibility.Informational
+		case registry.AuthorityUnready:
+			a = eligibility.Unready
+		}
+		c.Dependencies[d.Name] = eligibility.Dependency{Shared: d.Shared, Authority: a}
+	}
+	return c
+}
+
+// Stats is a summary for tools and logs.
+type Stats struct {
+	Services, Instances, WindowsReplayed int
+	// QuarantinesRestored counts the quarantines the rebuild found still in
+	// force; QuarantinesTook is how long reading and restoring every
+	// recent quarantine (ended ones set the next one's step) took.
+	QuarantinesRestored int
+	QuarantinesTook     time.Duration
+	// AdmissionsRestored counts the instances the rebuild found had been
+	// in rotation before the restart (see doc.go); AdmissionsTook is how
+	// long reading and restoring them took.
+	AdmissionsRestored int
+	AdmissionsTook     time.Duration
+}
+
+// Stats returns a summary of the evaluator's state.
+func (e *Evaluator) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return Stats{Services: len(e.services), Instances: len(e.instances), WindowsReplayed: e.replayed,
+		QuarantinesRestored: e.quarantines, QuarantinesTook: e.quarantinesTook,
+		AdmissionsRestored: e.admissions, AdmissionsTook: e.admissionsTook}
+}
+
+// EvaluateNow runs one evaluation tick at once, as the ticker would. Tools
+// and tests use it to step the evaluator deterministically.
+func (e *Evaluator) EvaluateNow() { e.runOnce() }
+
+// SyncNow picks up registry changes at once, as the refresh ticker would.
+func (e *Evaluator) SyncNow(ctx context.Context) error { return e.refresh(ctx) }
+
+// FlushNow writes the observed windows counted so far, as the flush ticker
+// would.
+func (e *Evaluator) FlushNow(ctx context.Context) error { return e.flushWindows(ctx) }

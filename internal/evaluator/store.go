@@ -1,0 +1,429 @@
+package evaluator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/eligibility"
+)
+
+type windowKey struct {
+	id    uuid.UUID
+	class eligibility.Class
+}
+
+type windowCounts struct {
+	successes, failures, hard, unobservable uint32
+	// reps holds the first distinct reporters of the window; the rebuild
+	// only needs to know whether one caller or several spoke.
+	nrep uint8
+	reps [4]eligibility.ReporterID
+}
+
+func (w *windowCounts) addReporter(r eligibility.ReporterID) {
+	for _, x := range w.reps[:w.nrep] {
+		if x == r {
+			return
+		}
+	}
+	if int(w.nrep) < len(w.reps) {
+		w.reps[w.nrep] = r
+		w.nrep++
+	}
+}
+
+// countWindow adds one accepted sample to the current observed window.
+// Called with e.mu held.
+func (e *Evaluator) countWindow(s eligibility.Sample) {
+	k := windowKey{uuid.UUID(s.Instance), s.Class}
+	w := e.windows[k]
+	if w == nil {
+		w = &windowCounts{}
+		e.windows[k] = w
+	}
+	switch {
+	case s.Successes > 0 || s.Failures > 0:
+		w.successes += s.Successes
+		w.failures += s.Failures
+	case s.Outcome == eligibility.Success:
+		w.successes++
+	case s.Outcome == eligibility.Failure:
+		w.failures++
+	case s.Outcome == eligibility.HardFailure:
+		w.hard++
+	case s.Outcome == eligibility.Unobservable:
+		w.unobservable++
+	}
+	w.addReporter(s.Reporter)
+}
+
+// flushWindows writes the windows counted since the last flush with COPY,
+// after any kept from flushes that failed, and prunes what the rebuild will
+// never read again. Windows that cannot be written are kept (bounded by
+// MaxPendingWindows, the oldest dropped first) and written by a later
+// flush, once PostgreSQL is back.
+//
+// A write that fails ambiguously (the reply lost after the COPY committed)
+// is written again by the next flush; observed_windows has no key, so the
+// rebuild then counts that window twice. Observed state is lossy by
+// contract (ADR-02), and a doubled window is a smaller error than a lost
+// outage's worth of them.
+func (e *Evaluator) flushWindows(ctx context.Context) error {
+	e.flushMu.Lock()
+	defer e.flushMu.Unlock()
+	now := e.cfg.Now()
+	e.mu.Lock()
+	windows, start := e.windows, e.winStart
+	e.windows, e.winStart = make(map[windowKey]*windowCounts, len(windows)), now
+	e.mu.Unlock()
+	if start.IsZero() {
+		start = now.Add(-e.cfg.FlushEvery)
+	}
+	batch := e.pendingWindows
+	e.pendingWindows = nil
+	for k, w := range windows {
+		batch = append(batch, db.ObservedWindowsInsertParams{
+			InstanceID: k.id, Class: int16(k.class), WindowStart: start, WindowEnd: now,
+			Successes: int32(w.successes), Failures: int32(w.failures), HardFailures: int32(w.hard),
+			Unobservable: int32(w.unobservable), Reporters: int32(max(w.nrep, 1)),
+		})
+	}
+	// What the prune below would delete at once is not worth writing.
+	horizon := now.Add(-2 * e.cfg.Retention)
+	stale := 0
+	for stale < len(batch) && batch[stale].WindowEnd.Before(horizon) {
+		stale++
+	}
+	if stale > 0 {
+		e.metrics.windowsDropped.Add(float64(stale))
+		batch = batch[stale:]
+	}
+	for len(batch) > 0 {
+		n := min(len(batch), windowChunk)
+		cctx, cancel := context.WithTimeout(ctx, e.cfg.DBTimeout)
+		_, err := db.New(e.cfg.Pool).ObservedWindowsInsert(cctx, batch[:n])
+		cancel()
+		if err != nil {
+			e.keepWindows(batch)
+			return fmt.Errorf("write %d observed windows (%d kept for the next flush): %w", n, len(e.pendingWindows), err)
+		}
+		e.metrics.windowsWritten.Add(float64(n))
+		batch = batch[n:]
+	}
+	e.keepWindows(nil)
+	pctx, cancel := context.WithTimeout(ctx, e.cfg.DBTimeout)
+	defer cancel()
+	if _, err := db.New(e.cfg.Pool).ObservedWindowsPrune(pctx, horizon); err != nil {
+		return fmt.Errorf("prune observed windows: %w", err)
+	}
+	return nil
+}
+
+// windowChunk is how many windows one COPY writes: a region's worth of
+// windows kept through an outage goes out in pieces, each within the
+// deadline, and what was written stays written if a later piece fails.
+const windowChunk = 20_000
+
+// keepWindows holds unwritten windows (oldest first) for the next flush,
+// dropping the oldest beyond MaxPendingWindows. Called with flushMu held.
+func (e *Evaluator) keepWindows(batch []db.ObservedWindowsInsertParams) {
+	if over := len(batch) - e.cfg.MaxPendingWindows; over > 0 {
+		e.metrics.windowsDropped.Add(float64(over))
+		batch = batch[over:]
+	}
+	if len(batch) == 0 {
+		batch = nil // let a region's worth of kept windows go
+	}
+	e.pendingWindows = batch
+	e.metrics.windowsPending.Set(float64(len(batch)))
+}
+
+// replayWindows feeds the retained windows into the engine, oldest first,
+// as aggregates stamped at each window's end. It reads in pages so a
+// region's worth of windows never sits in memory at once.
+func (e *Evaluator) replayWindows(ctx context.Context) (int, error) {
+	const page = 50_000
+	since := e.cfg.Now().Add(-e.cfg.Retention)
+	replayer := e.internReporter("system:rebuild")
+	q := db.New(e.cfg.Pool)
+	params := db.ObservedWindowsSinceParams{Since: since, AfterEnd: since, Lim: page}
+	n := 0
+	for {
+		rows, err := q.ObservedWindowsSince(ctx, params)
+		if err != nil {
+			return n, fmt.Errorf("read observed windows: %w", err)
+		}
+		e.mu.Lock()
+		for _, w := range rows {
+			e.replayWindow(w, replayer)
+		}
+		e.mu.Unlock()
+		n += len(rows)
+		if len(rows) < page {
+			return n, nil
+		}
+		last := rows[len(rows)-1]
+		params.AfterEnd, params.AfterID, params.AfterClass = last.WindowEnd, last.InstanceID, last.Class
+	}
+}
+
+// replayWindow applies one window. Called with e.mu held.
+func (e *Evaluator) replayWindow(w db.ObservedWindowsSinceRow, replayer eligibility.ReporterID) {
+	if _, ok := e.instances[w.InstanceID]; !ok {
+		return
+	}
+	s := eligibility.Sample{
+		Instance: eligibility.InstanceID(w.InstanceID), Class: eligibility.Class(w.Class),
+		At: w.WindowEnd, Reporter: replayer,
+	}
+	if w.HardFailures > 0 {
+		s.Outcome = eligibility.HardFailure
+		_ = e.engine.Observe(s)
+	}
+	switch {
+	case w.Successes > 0 || w.Failures > 0:
+		s.Outcome, s.Successes, s.Failures = eligibility.Success, uint32(w.Successes), uint32(w.Failures)
+		_ = e.engine.Observe(s)
+	case w.Unobservable > 0:
+		s.Outcome = eligibility.Unobservable
+		_ = e.engine.Observe(s)
+	}
+}
+
+// restoreQuarantines hands the engine back the newest quarantine of every
+// active instance that has not ended, or ended recently enough to set the
+// next one's step (see doc.go). Quarantines of instances the registry no
+// longer holds as active are skipped.
+func (e *Evaluator) restoreQuarantines(ctx context.Context) (int, error) {
+	now := e.cfg.Now()
+	since := now.Add(-e.engine.Options().QuarantineForgive)
+	rows, err := db.New(e.cfg.Pool).TransitionsLatestQuarantines(ctx, since)
+	if err != nil {
+		return 0, fmt.Errorf("read quarantines: %w", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, r := range rows {
+		if _, ok := e.instances[r.InstanceID]; !ok {
+			continue
+		}
+		q := eligibility.Quarantine{Start: r.At, Until: r.QuarantinedUntil, Step: int(r.QuarantineStep)}
+		if q.Step < 1 {
+			// The writer always records a step with an end; a row without
+			// one still holds its instance out, escalating from the first.
+			q.Step = 1
+		}
+		if err := e.engine.RestoreQuarantine(eligibility.InstanceID(r.InstanceID), q, now); err != nil {
+			e.log.Warn("restore quarantine", "instance", r.InstanceID, "err", err)
+			continue
+		}
+		if q.Until.After(now) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// transitionWriter appends transitions to PostgreSQL in batches, off the
+// evaluation path. While the database is away it keeps at most limit
+// transitions and counts the ones it drops.
+type transitionWriter struct {
+	pool    *pgxpool.Pool
+	limit   int
+	timeout time.Duration // bounds one COPY
+	up      func() bool   // whether PostgreSQL answers; no tries while not
+	metrics *metrics
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	pending []eligibility.Transition
+	wake    chan struct{}
+}
+
+func newTransitionWriter(pool *pgxpool.Pool, limit int, timeout time.Duration, up func() bool, m *metrics, log *slog.Logger) *transitionWriter {
+	if up == nil {
+		up = func() bool { return true }
+	}
+	return &transitionWriter{pool: pool, limit: limit, timeout: timeout, up: up, metrics: m, log: log, wake: make(chan struct{}, 1)}
+}
+
+func (w *transitionWriter) add(ts []eligibility.Transition) {
+	w.mu.Lock()
+	room := w.limit - len(w.pending)
+	if room < len(ts) {
+		w.metrics.transitionsDropped.Add(float64(len(ts) - max(room, 0)))
+		ts = ts[:max(room, 0)]
+	}
+	w.pending = append(w.pending, ts...)
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// requeue puts a failed batch back in front, without waking the writer: the
+// retry ticker paces the next attempt.
+func (w *transitionWriter) requeue(batch []eligibility.Transition) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	merged := append(batch, w.pending...)
+	if over := len(merged) - w.limit; over > 0 {
+		w.metrics.transitionsDropped.Add(float64(over))
+		merged = merged[over:] // drop the oldest
+	}
+	w.pending = merged
+}
+
+func (w *transitionWriter) run(ctx context.Context) {
+	retry := time.NewTicker(time.Second)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			w.flush(fctx)
+			cancel()
+			return
+		case <-w.wake:
+		case <-retry.C:
+		}
+		if w.up() {
+			w.flush(ctx)
+		}
+	}
+}
+
+func (w *transitionWriter) flush(ctx context.Context) {
+	w.mu.Lock()
+	batch := w.pending
+	w.pending = nil
+	w.mu.Unlock()
+	// In pieces, each within the deadline: what an outage held back goes
+	// out even when all of it would take longer than one deadline, and
+	// what was written stays written if a later piece fails.
+	for len(batch) > 0 {
+		n := min(len(batch), transitionChunk)
+		rows := make([]db.TransitionsInsertParams, n)
+		for i, t := range batch[:n] {
+			var hist json.RawMessage
+			if len(t.History) > 0 {
+				hist, _ = json.Marshal(historyOf(t.History))
+			}
+			rows[i] = db.TransitionsInsertParams{
+				InstanceID: uuid.UUID(t.Instance), Service: t.Service, FromState: t.From.String(), ToState: t.To.String(),
+				Weight: t.Weight, At: t.At, Reason: t.Reason, History: hist,
+			}
+			if !t.QuarantinedUntil.IsZero() {
+				until := t.QuarantinedUntil
+				rows[i].QuarantinedUntil = &until
+				rows[i].QuarantineStep = int16(min(t.QuarantineStep, math.MaxInt16))
+			}
+		}
+		fctx, cancel := context.WithTimeout(ctx, w.timeout)
+		_, err := db.New(w.pool).TransitionsInsert(fctx, rows)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("write transitions; keeping them for the next try", "count", len(batch), "err", err)
+			}
+			w.requeue(batch)
+			return
+		}
+		w.metrics.transitionsWritten.Add(float64(n))
+		batch = batch[n:]
+	}
+}
+
+// transitionChunk is how many transitions one COPY writes.
+const transitionChunk = 10_000
+
+// historyEntry is a transition in a quarantine's attached history.
+type historyEntry struct {
+	From   string    `json:"from"`
+	To     string    `json:"to"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+}
+
+func historyOf(ts []eligibility.Transition) []historyEntry {
+	out := make([]historyEntry, len(ts))
+	for i, t := range ts {
+		out[i] = historyEntry{From: t.From.String(), To: t.To.String(), At: t.At, Reason: t.Reason}
+	}
+	return out
+}
+
+// admissionBatch bounds the ids of one admissions query.
+const admissionBatch = 10_000
+
+// restoreAdmissions hands the engine back, for every active instance that
+// would otherwise start awaiting its first success, the fact that it had
+// been in rotation before the restart: the newest transition on record
+// says so and in which state it was left (see
+// eligibility.Engine.RestoreAdmission). Without it a restart would take
+// every instance of a probe or readiness service out of the guard's
+// count until it is heard again. Expired instances kept for the guard are
+// settled the same way. It returns how many instances were restored.
+func (e *Evaluator) restoreAdmissions(ctx context.Context) (int, error) {
+	now := e.cfg.Now()
+	e.mu.Lock()
+	var ids []uuid.UUID
+	for id := range e.instances {
+		if r, ok := e.engine.Routing(eligibility.InstanceID(id), now); ok && r.Awaiting {
+			ids = append(ids, id)
+		}
+	}
+	for _, kept := range e.expired {
+		for id, x := range kept {
+			if x.awaiting {
+				ids = append(ids, id)
+			}
+		}
+	}
+	e.mu.Unlock()
+	q := db.New(e.cfg.Pool)
+	n := 0
+	for len(ids) > 0 {
+		batch := ids[:min(len(ids), admissionBatch)]
+		ids = ids[len(batch):]
+		rows, err := q.TransitionsLatestFor(ctx, batch)
+		if err != nil {
+			return n, fmt.Errorf("read admissions: %w", err)
+		}
+		e.mu.Lock()
+		for _, r := range rows {
+			if info, ok := e.instances[r.InstanceID]; ok {
+				var last eligibility.State
+				if err := last.UnmarshalText([]byte(r.ToState)); err != nil {
+					last = eligibility.Unknown // unreadable: no evidence of failure
+				}
+				if err := e.engine.RestoreAdmission(eligibility.InstanceID(r.InstanceID), last, r.At, now); err != nil {
+					e.log.Warn("restore admission", "instance", r.InstanceID, "service", info.service, "err", err)
+					continue
+				}
+				n++
+				continue
+			}
+			for _, kept := range e.expired {
+				if x, ok := kept[r.InstanceID]; ok {
+					x.awaiting = false
+					kept[r.InstanceID] = x
+					n++
+				}
+			}
+		}
+		e.mu.Unlock()
+	}
+	return n, nil
+}

@@ -1,0 +1,680 @@
+// Package publisher is the worker between evaluation and propagation: it
+// turns the evaluator's changes into assembled, versioned views (through the
+// pure assembler) and hands them to the streaming hub.
+//
+// Data flows one way: the publisher pulls. It takes the evaluator's changes
+// (Config.Changes: evaluator.TakeChanges, woken by its Changed channel)
+// and notices the shift-backs' new traffic weights (Config.Traffic: their
+// Revision, woken by their Changed channel); the evaluation loop only
+// queues and signals, so it never waits on assembly or on subscribers, and
+// neither upstream knows the publisher. RunOnce re-reads each dirty
+// service's snapshot (the assembler's input, as the evaluator hands it
+// out), updates the assembler, and drains whatever the assembler says
+// is due (a withdrawal at once when its service's withdrawal queue is idle,
+// otherwise at the end of the short window after the last one; additions
+// on their window). A transition wakes the worker at once, whatever timer
+// it had set for the next due change, so a withdrawal due at once never
+// waits for one.
+//
+// Publication never waits for PostgreSQL. Versions come from an ownership
+// epoch taken once, before the first publication (Prepare), and a local
+// counter (assembler.Versions; the design is in assembler's doc.go): no
+// I/O is done under the publisher's lock, and the next epoch is taken in
+// the background long before the counter runs out. Each service's last
+// published view is saved to PostgreSQL (published_views) by a second
+// loop, coalesced per service and retried while the database is away, and
+// restored into the assembler by Prepare after a restart, so that
+// last_instance and the next delta compare with what clients hold. The
+// restored views are not handed to the streaming hub: it serves only what
+// this process publishes, after its rebuild.
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/eligibility"
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/guardlog"
+	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/worker"
+)
+
+// AlarmWithdrawalBudget is raised when a withdrawal reached subscribers
+// later than the propagation budget allows (ADR-11).
+const AlarmWithdrawalBudget = "withdrawal_budget"
+
+// Config configures a Publisher.
+type Config struct {
+	// Snapshot reads a service's endpoints and verdicts, as the assembler
+	// takes them (the evaluator's Snapshot).
+	Snapshot func(service string) (assembler.ServiceInput, bool)
+	// Changes, when set, is where the publisher pulls what changed (the
+	// evaluator): RunOnce takes it first, and the worker wakes on Changed.
+	Changes Changes
+	Hub     *stream.Hub
+	// Pool is where version epochs come from and where each service's
+	// last published view is saved for a restart; the publishing path
+	// never waits for it.
+	Pool    *pgxpool.Pool
+	Options assembler.Options
+	// DBTimeout bounds each database call (taking an epoch, loading or
+	// saving views): 5 s.
+	DBTimeout time.Duration
+	// SaveEvery is how often the published views not yet saved are
+	// written (coalesced: only each service's newest one): 1 s. While
+	// PostgreSQL is away the saves back off up to MaxSaveBackoff (10 s).
+	SaveEvery      time.Duration
+	MaxSaveBackoff time.Duration
+	// WithdrawalBudget is the lag (first failed sample -> published
+	// withdrawal) past which the withdrawal_budget alarm is raised: 5 s.
+	WithdrawalBudget time.Duration
+	Now              func() time.Time
+	Logger           *slog.Logger
+	Registerer       prometheus.Registerer
+	// Traffic, when set, gives the current per-zone traffic weights
+	// (shift-backs, ADR-13); without it they are 1 everywhere. They are
+	// read once per RunOnce, so every service assembled together sees one
+	// set of weights, and every known service is assembled again when its
+	// Revision moved.
+	Traffic Traffic
+	// GuardEvents, when set, is told of each zone whose fraction guard
+	// tripped or cleared since the last RunOnce (from the publisher's
+	// loop: it must not block), for the guard-trip history (guardlog).
+	GuardEvents func([]guardlog.Event)
+}
+
+// Changes is the evaluator as the publisher pulls from it.
+type Changes interface {
+	// Changed receives a value when changes wait to be taken.
+	Changed() <-chan struct{}
+	// TakeChanges returns what changed since the last call.
+	TakeChanges() evaluator.Changes
+}
+
+// Traffic is the shift-backs (shift.Service) as the publisher reads them.
+type Traffic interface {
+	Weights() assembler.TrafficWeights
+	// Revision moves whenever the weights may have changed.
+	Revision() uint64
+	// Changed receives a value after Revision moved.
+	Changed() <-chan struct{}
+}
+
+// Publisher is the assembly worker.
+type Publisher struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics metrics
+
+	mu        sync.Mutex
+	dirty     map[string]struct{}
+	known     map[string]struct{} // services assembled and not removed
+	firstFail map[uuid.UUID]time.Time
+	asm       *assembler.Assembler
+	budget    map[string]assembler.Alarm // open withdrawal_budget alarms by service
+	guards    map[[2]string]struct{}     // zones whose guard is tripped, as last told to GuardEvents
+	// versions is nil until Prepare has taken an epoch and restored the
+	// saved views: nothing is published before.
+	versions *assembler.Versions
+	wake     chan struct{}
+	// trafficRev is the Traffic revision last assembled with.
+	trafficRev uint64
+
+	store      viewStore
+	runner     worker.Runner
+	saveRunner worker.Runner
+}
+
+type metrics struct {
+	deltas  *prometheus.CounterVec
+	lag     *prometheus.HistogramVec
+	shed    prometheus.GaugeFunc
+	episode prometheus.CounterFunc
+	failed  prometheus.Counter
+	unsaved prometheus.GaugeFunc
+	saveErr prometheus.Counter
+	epoch   prometheus.GaugeFunc
+}
+
+// New returns a stopped Publisher.
+func New(cfg Config) (*Publisher, error) {
+	if cfg.Snapshot == nil || cfg.Hub == nil || cfg.Pool == nil {
+		return nil, errors.New("publisher: Snapshot, Hub and Pool are required")
+	}
+	if cfg.DBTimeout <= 0 {
+		cfg.DBTimeout = 5 * time.Second
+	}
+	if cfg.SaveEvery <= 0 {
+		cfg.SaveEvery = time.Second
+	}
+	if cfg.MaxSaveBackoff <= 0 {
+		cfg.MaxSaveBackoff = 10 * time.Second
+	}
+	cfg.MaxSaveBackoff = max(cfg.MaxSaveBackoff, cfg.SaveEvery)
+	if cfg.WithdrawalBudget == 0 {
+		cfg.WithdrawalBudget = 5 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Publisher{
+		cfg: cfg, log: cfg.Logger.With("worker", "publisher"),
+		dirty: map[string]struct{}{}, known: map[string]struct{}{}, firstFail: map[uuid.UUID]time.Time{},
+		asm: assembler.New(cfg.Options), budget: map[string]assembler.Alarm{}, guards: map[[2]string]struct{}{},
+		wake:  make(chan struct{}, 1),
+		store: viewStore{pool: cfg.Pool, timeout: cfg.DBTimeout, pending: map[string]savedView{}},
+	}
+	p.metrics = metrics{
+		deltas: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_view_deltas_total", Help: "Deltas published, by queue (withdrawal or addition).",
+		}, []string{"queue"}),
+		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "muster_withdrawal_lag_seconds",
+			Help: "First failed sample to published withdrawal, per service.",
+			// From 1 ms: a lone withdrawal is published at once (the
+			// withdrawal queue's leading edge), a batched one within 50 ms.
+			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60},
+		}, []string{"service"}),
+		shed: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_additions_shedding", Help: "1 while the addition window is grown under saturation (a shed episode).",
+		}, func() float64 {
+			if p.Stats().Shedding {
+				return 1
+			}
+			return 0
+		}),
+		episode: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "muster_shed_episodes_total", Help: "Shed episodes declared since start.",
+		}, func() float64 { return float64(p.Stats().ShedEpisodes) }),
+		failed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_publish_failures_total", Help: "Drains that could not publish (the version epoch was used up with no next one held); the changes stay queued.",
+		}),
+		unsaved: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_published_views_unsaved", Help: "Services whose last published view is not yet saved to PostgreSQL (for a restart).",
+		}, func() float64 { return float64(p.store.unsaved()) }),
+		saveErr: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_published_view_save_failures_total", Help: "Attempts to save published views (or take the next version epoch) that failed; they are retried.",
+		}),
+		epoch: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_view_version_epoch", Help: "The epoch in the high bits of the versions this process publishes (0 before it has one).",
+		}, func() float64 {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.versions == nil {
+				return 0
+			}
+			return float64(p.versions.Floor() >> assembler.CounterBits)
+		}),
+	}
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{p.metrics.deltas, p.metrics.lag, p.metrics.shed, p.metrics.episode, p.metrics.failed,
+			p.metrics.unsaved, p.metrics.saveErr, p.metrics.epoch} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// take pulls what changed upstream: the evaluator's changes, and every
+// known service when the traffic weights moved.
+func (p *Publisher) take() {
+	if p.cfg.Changes != nil {
+		c := p.cfg.Changes.TakeChanges()
+		p.transitions(c.Transitions)
+		p.markDirty(c.Services)
+	}
+	if p.cfg.Traffic != nil {
+		rev := p.cfg.Traffic.Revision()
+		p.mu.Lock()
+		moved := rev != p.trafficRev
+		p.trafficRev = rev
+		p.mu.Unlock()
+		if moved {
+			p.markKnownDirty()
+		}
+	}
+}
+
+// transitions marks the services of ts dirty and tracks each instance's
+// first failure, for the withdrawal lag.
+func (p *Publisher) transitions(ts []eligibility.Transition) {
+	if len(ts) == 0 {
+		return
+	}
+	p.mu.Lock()
+	for _, t := range ts {
+		id := uuid.UUID(t.Instance)
+		switch {
+		case t.To == eligibility.Ineligible && !t.FirstFailureAt.IsZero():
+			p.firstFail[id] = t.FirstFailureAt
+		case t.To.InRotation():
+			delete(p.firstFail, id)
+		}
+		p.dirty[t.Service] = struct{}{}
+	}
+	p.mu.Unlock()
+}
+
+// ServicesChanged marks services dirty: their view may have changed (the
+// evaluator's changes say which; tests name them).
+func (p *Publisher) ServicesChanged(names []string) {
+	p.markDirty(names)
+	p.poke()
+}
+
+func (p *Publisher) markDirty(names []string) {
+	if len(names) == 0 {
+		return
+	}
+	p.mu.Lock()
+	for _, n := range names {
+		p.dirty[n] = struct{}{}
+	}
+	p.mu.Unlock()
+}
+
+// TrafficChanged marks every known service dirty: a shift moved a zone's
+// traffic weight, and each service with instances there needs a new
+// version (the others assemble to no change and publish nothing).
+// RunOnce does the same when the Traffic revision moved.
+func (p *Publisher) TrafficChanged() {
+	p.markKnownDirty()
+	p.poke()
+}
+
+func (p *Publisher) markKnownDirty() {
+	p.mu.Lock()
+	for n := range p.known {
+		p.dirty[n] = struct{}{}
+	}
+	p.mu.Unlock()
+}
+
+func (p *Publisher) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Prepare takes this process's version epoch and restores each service's
+// last saved view into the assembler, so that the first publication after
+// a restart is compared with what clients hold and numbered above it.
+// Until it has succeeded RunOnce publishes nothing (the services it is told
+// about wait). Start calls it, retrying with backoff while PostgreSQL is
+// away; tests that step the publisher call it once. After a success it
+// does nothing.
+func (p *Publisher) Prepare(ctx context.Context) error {
+	p.mu.Lock()
+	done := p.versions != nil
+	p.mu.Unlock()
+	if done {
+		return nil
+	}
+	epoch, err := p.store.takeEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	vs, err := assembler.NewVersions(epoch)
+	if err != nil {
+		return err
+	}
+	lctx, cancel := context.WithTimeout(ctx, p.cfg.DBTimeout)
+	defer cancel()
+	views, skipped, err := p.store.load(lctx)
+	if err != nil {
+		return err
+	}
+	for _, err := range skipped {
+		p.log.Warn("a saved view cannot be restored; its service starts from nothing", "err", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.versions != nil {
+		return nil
+	}
+	restored := 0
+	for _, v := range views {
+		if v.Version >= vs.Floor() {
+			// Only a database restored out of step with its sequence
+			// can hold this; clients get a full view instead.
+			p.log.Warn("a saved view is not below this process's epoch; not restored",
+				"service", v.Service, "version", v.Version, "epoch", epoch)
+			continue
+		}
+		if err := p.asm.Restore(v); err != nil {
+			p.log.Warn("a saved view cannot be restored; its service starts from nothing", "err", err)
+			continue
+		}
+		restored++
+	}
+	p.versions = vs
+	p.log.Info("publisher prepared", "epoch", epoch, "first_version", vs.Floor(), "restored_views", restored)
+	return nil
+}
+
+// Start prepares (see Prepare) and then runs the worker until ctx ends or
+// Stop is called; a second loop saves published views and takes the next
+// version epoch when one is wanted.
+func (p *Publisher) Start(ctx context.Context) error {
+	if err := p.saveRunner.Start(ctx, p.saveLoop); err != nil {
+		return err
+	}
+	return p.runner.Start(ctx, p.run)
+}
+
+// Stop ends the worker and waits, saving what it can of the views not yet
+// saved. Safe to call twice or before Start.
+func (p *Publisher) Stop() {
+	p.runner.Stop()
+	p.saveRunner.Stop()
+}
+
+func (p *Publisher) run(ctx context.Context) {
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 10*time.Second) {
+		err := p.Prepare(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		p.log.Warn("prepare to publish; retrying", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var changes, traffic <-chan struct{}
+	if p.cfg.Changes != nil {
+		changes = p.cfg.Changes.Changed()
+	}
+	if p.cfg.Traffic != nil {
+		traffic = p.cfg.Traffic.Changed()
+	}
+	for {
+		p.RunOnce()
+		wait := time.Hour
+		if due := p.nextDue(); !due.IsZero() {
+			wait = max(due.Sub(p.cfg.Now()), time.Millisecond)
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		case <-changes:
+		case <-traffic:
+		case <-timer.C:
+		}
+	}
+}
+
+// saveLoop saves published views every SaveEvery, backing off while
+// PostgreSQL is away, and saves what it can once more when stopped.
+func (p *Publisher) saveLoop(ctx context.Context) {
+	tick := time.NewTicker(p.cfg.SaveEvery)
+	defer tick.Stop()
+	var retryAt time.Time
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), p.cfg.DBTimeout)
+			err := p.store.flush(fctx)
+			cancel()
+			if err != nil {
+				p.log.Warn("save published views at shutdown", "err", err, "unsaved", p.store.unsaved())
+			}
+			return
+		case now := <-tick.C:
+			if now.Before(retryAt) {
+				continue
+			}
+		}
+		if err := p.SaveOnce(ctx); err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			p.metrics.saveErr.Inc()
+			backoff = min(max(2*backoff, p.cfg.SaveEvery), p.cfg.MaxSaveBackoff)
+			retryAt = time.Now().Add(backoff)
+			p.log.Warn("save published views; retrying", "err", err, "in", backoff, "unsaved", p.store.unsaved())
+			continue
+		}
+		backoff, retryAt = 0, time.Time{}
+	}
+}
+
+// SaveOnce takes the next version epoch if one is wanted and writes the
+// published views not yet saved (each service's newest). The save loop
+// calls it; tests call it to step deterministically. On failure the views
+// stay pending.
+func (p *Publisher) SaveOnce(ctx context.Context) error {
+	return errors.Join(p.takeNextEpoch(ctx), p.store.flush(ctx))
+}
+
+// takeNextEpoch takes the next epoch when the current one is more than
+// half used, off the publisher's lock, and hands it in.
+func (p *Publisher) takeNextEpoch(ctx context.Context) error {
+	p.mu.Lock()
+	want := p.versions != nil && p.versions.WantEpoch()
+	p.mu.Unlock()
+	if !want {
+		return nil
+	}
+	e, err := p.store.takeEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.versions.AddEpoch(e); err != nil {
+		return fmt.Errorf("next version epoch: %w", err)
+	}
+	p.log.Info("took the next version epoch", "epoch", e)
+	return nil
+}
+
+func (p *Publisher) nextDue() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.asm.NextDue()
+}
+
+// RunOnce pulls what changed upstream, assembles every dirty service and
+// publishes what is due. The worker calls it; tests call it to step
+// deterministically. Before Prepare has succeeded it assembles nothing,
+// and the dirty services wait.
+func (p *Publisher) RunOnce() {
+	p.take()
+	p.mu.Lock()
+	if p.versions == nil {
+		p.mu.Unlock()
+		return
+	}
+	dirty := make([]string, 0, len(p.dirty))
+	for n := range p.dirty {
+		dirty = append(dirty, n)
+	}
+	clear(p.dirty)
+	p.mu.Unlock()
+	sort.Strings(dirty)
+
+	now := p.cfg.Now()
+	var traffic assembler.TrafficWeights
+	if p.cfg.Traffic != nil && len(dirty) > 0 {
+		traffic = p.cfg.Traffic.Weights()
+	}
+	for _, name := range dirty {
+		in, ok := p.cfg.Snapshot(name)
+		p.mu.Lock()
+		if !ok {
+			p.asm.RemoveService(name, now)
+			delete(p.known, name)
+			p.mu.Unlock()
+			continue
+		}
+		p.known[name] = struct{}{}
+		// The snapshot is the assembler's input, handed out fresh: only
+		// what the publisher itself tracks is added.
+		in.Traffic = traffic
+		for i := range in.Instances {
+			in.Instances[i].FirstFailureAt = p.firstFail[in.Instances[i].ID]
+		}
+		p.asm.Update(in, now)
+		p.mu.Unlock()
+	}
+
+	if len(dirty) > 0 {
+		p.noteGuards(now)
+	}
+
+	p.mu.Lock()
+	published, err := p.asm.Drain(now, p.versions)
+	saves := make([]savedView, len(published))
+	for i, pub := range published {
+		saves[i] = savedView{service: pub.View.Service, version: pub.View.Version, view: pub.ViewJSON, at: pub.View.GeneratedAt}
+		if _, held := p.asm.View(pub.View.Service); !held {
+			saves[i].view = nil // removed: the emptied view was its last
+		}
+	}
+	p.mu.Unlock()
+	if err != nil {
+		p.metrics.failed.Inc()
+		p.log.Warn("publish views; the changes stay queued", "err", err)
+		return
+	}
+	if len(published) == 0 {
+		return
+	}
+	p.store.put(saves)
+	updates := make([]stream.Update, 0, len(published))
+	for _, pub := range published {
+		u := stream.Update{View: &stream.Frame{Kind: stream.KindView, Service: pub.View.Service, Version: pub.View.Version, JSON: pub.ViewJSON}}
+		if pub.Delta != nil {
+			u.Delta = &stream.Frame{Kind: stream.KindDelta, Service: pub.Delta.Service, FromVersion: pub.Delta.FromVersion,
+				Version: pub.Delta.Version, JSON: pub.DeltaJSON, Withdrawal: pub.Delta.Withdrawal}
+			queue := "addition"
+			if pub.Delta.Withdrawal {
+				queue = "withdrawal"
+			}
+			p.metrics.deltas.WithLabelValues(queue).Inc()
+		}
+		updates = append(updates, u)
+		p.noteLags(pub.View.Service, pub.WithdrawalLags, now)
+	}
+	p.cfg.Hub.Publish(updates)
+}
+
+// noteGuards tells GuardEvents which zones' guards tripped or cleared:
+// the assembler decides the guard on Update, so its open fraction_guard
+// alarms are compared with those last told.
+func (p *Publisher) noteGuards(now time.Time) {
+	if p.cfg.GuardEvents == nil {
+		return
+	}
+	p.mu.Lock()
+	var events []guardlog.Event
+	open := map[[2]string]struct{}{}
+	for _, a := range p.asm.Alarms() {
+		if a.Kind != assembler.AlarmFractionGuard {
+			continue
+		}
+		k := [2]string{a.Service, a.Zone}
+		open[k] = struct{}{}
+		if _, seen := p.guards[k]; !seen {
+			events = append(events, guardlog.Event{Service: a.Service, Zone: a.Zone, Tripped: true, At: a.Since, Detail: a.Detail})
+		}
+	}
+	for k := range p.guards {
+		if _, still := open[k]; !still {
+			events = append(events, guardlog.Event{Service: k[0], Zone: k[1], At: now})
+		}
+	}
+	p.guards = open
+	p.mu.Unlock()
+	if len(events) > 0 {
+		sort.SliceStable(events, func(i, j int) bool { return events[i].At.Before(events[j].At) })
+		p.cfg.GuardEvents(events)
+	}
+}
+
+// noteLags records withdrawal lags and raises (or clears) the
+// withdrawal_budget alarm for the service.
+func (p *Publisher) noteLags(service string, lags []time.Duration, now time.Time) {
+	if len(lags) == 0 {
+		return
+	}
+	worst := time.Duration(0)
+	for _, l := range lags {
+		p.metrics.lag.WithLabelValues(service).Observe(l.Seconds())
+		worst = max(worst, l)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if worst > p.cfg.WithdrawalBudget {
+		if _, open := p.budget[service]; !open {
+			p.budget[service] = assembler.Alarm{Kind: AlarmWithdrawalBudget, Service: service, Since: now,
+				Detail: "a withdrawal was published " + worst.Round(time.Millisecond).String() + " after the first failed sample; the budget is " + p.cfg.WithdrawalBudget.String()}
+		}
+	} else {
+		delete(p.budget, service)
+	}
+}
+
+// Alarms returns the open alarms: the assembler's (fraction_guard,
+// last_instance) and withdrawal_budget.
+func (p *Publisher) Alarms() []assembler.Alarm {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.asm.Alarms()
+	for _, a := range p.budget {
+		out = append(out, a)
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Kind != out[j].Kind {
+			return out[i].Kind < out[j].Kind
+		}
+		if out[i].Service != out[j].Service {
+			return out[i].Service < out[j].Service
+		}
+		return out[i].Zone < out[j].Zone
+	})
+	return out
+}
+
+// Stats reports the assembler's queues.
+func (p *Publisher) Stats() assembler.Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.asm.Stats()
+}
+
+// View returns a service's last published view (shared and immutable), for
+// readers such as the admin UI that want its zones and version without
+// decoding the encoded frame.
+func (p *Publisher) View(service string) (*assembler.View, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.asm.View(service)
+}

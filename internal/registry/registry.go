@@ -1,0 +1,228 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/refusal"
+)
+
+// DefaultLeaseTTL is how long a registration lives without renewal (ADR-03).
+const DefaultLeaseTTL = 30 * time.Second
+
+// Config configures a Registry.
+type Config struct {
+	Pool *pgxpool.Pool
+	// Region is the region this muster is the authority for (ADR-14).
+	Region string
+	// LeaseTTL defaults to DefaultLeaseTTL.
+	LeaseTTL time.Duration
+	// Now defaults to time.Now; tests pass a fake clock.
+	Now    func() time.Time
+	Logger *slog.Logger
+	// Registerer receives the registry's metrics; nil registers nowhere.
+	Registerer prometheus.Registerer
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *Config) Validate() error {
+	if c.Pool == nil {
+		return errors.New("registry: Pool is required")
+	}
+	if c.Region == "" {
+		return errors.New("registry: Region is required")
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.LeaseTTL < time.Second {
+		return fmt.Errorf("registry: LeaseTTL %s is below 1s", c.LeaseTTL)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Registry is the desired-state store and its rules.
+type Registry struct {
+	cfg     Config
+	metrics metrics
+	// authz is the in-memory copy of services and grants, when one was
+	// built on this registry: writes through this process update it at
+	// once, so a caller sees its own grant at the next watch.
+	authz atomic.Pointer[AuthzCache]
+	// follower is the evaluator built on this registry (Follow).
+	follower atomic.Pointer[followerRef]
+}
+
+// Follower is told of what this registry's writes committed, after the
+// commit and before the write returns, where its next poll would learn
+// it too late: the evaluator follows its registry (it calls Follow from
+// its constructor, as NewAuthzCache hands itself over), so the workload's
+// first report, sent as soon as it has its id, finds its instance known
+// (issue 12), and a prober's first reports after its assignment are not
+// refused as not assigned while the next refresh is due. Construction runs
+// upstream first and nothing is bound afterwards.
+type Follower interface {
+	// InstancesRegistered is told of each registration: the instances it
+	// replaced (state replaced), then the new one. It runs on the
+	// registering request, with its context, and should return quickly.
+	InstancesRegistered(ctx context.Context, ins []Instance)
+	// ProberAssigned is told of each prober assignment.
+	ProberAssigned(a ProberAssignments)
+}
+
+type followerRef struct{ f Follower }
+
+// Follow makes f this registry's follower (the last one given wins).
+func (r *Registry) Follow(f Follower) { r.follower.Store(&followerRef{f}) }
+
+func (r *Registry) following() Follower {
+	if ref := r.follower.Load(); ref != nil {
+		return ref.f
+	}
+	return nil
+}
+
+type metrics struct {
+	refusals      *prometheus.CounterVec
+	registrations prometheus.Counter
+	expired       prometheus.Counter
+}
+
+// New returns a Registry.
+func New(cfg Config) (*Registry, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := metrics{
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_registry_refusals_total",
+			Help: "Registry writes refused, by action and reason kind.",
+		}, []string{"action", "kind"}),
+		registrations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_instances_registered_total",
+			Help: "Instances registered through the registration API.",
+		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_leases_expired_total",
+			Help: "Registered instances ended because their lease was not renewed.",
+		}),
+	}
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{m.refusals, m.registrations, m.expired} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("registry: register metrics: %w", err)
+			}
+		}
+	}
+	return &Registry{cfg: cfg, metrics: m}, nil
+}
+
+// Region is the region this registry is the authority for.
+func (r *Registry) Region() string { return r.cfg.Region }
+
+func (r *Registry) now() time.Time { return r.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// refuse audits a refused attempt in a transaction of its own and returns
+// the refusal. If the audit row cannot be written the refusal still stands,
+// but the caller learns that the database failed.
+func (r *Registry) refuse(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked any, rerr *refusal.Error) error {
+	r.metrics.refusals.WithLabelValues(action, rerr.Kind.Error()).Inc()
+	detail := rerr.Detail
+	if len(rerr.Fields) > 0 {
+		detail = fmt.Sprintf("%s (%s: %s)", detail, rerr.Fields[0].Field, rerr.Fields[0].Message)
+	}
+	_, err := audit.AppendAlone(ctx, r.cfg.Pool, r.now(), audit.Entry{
+		ActorKind: actorKind(actor), Actor: actor.String(), Action: action,
+		TargetKind: targetKind, Target: target, Outcome: audit.Refused,
+		Reason: detail, After: asked,
+	})
+	if err != nil {
+		return fmt.Errorf("audit refused %s: %w", action, err)
+	}
+	return rerr
+}
+
+// accepted is the audit entry of a change that took effect.
+func accepted(actor identity.Principal, action, targetKind, target string, before, after any) audit.Entry {
+	return audit.Entry{
+		ActorKind: actorKind(actor), Actor: actor.String(), Action: action,
+		TargetKind: targetKind, Target: target, Outcome: audit.Accepted,
+		Before: before, After: after,
+	}
+}
+
+func actorKind(p identity.Principal) string {
+	if p.Kind == "" {
+		return "system"
+	}
+	return string(p.Kind)
+}
+
+func notFound(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
+
+// Page bounds a list call. Limit is clamped to [1, MaxPageSize].
+type Page struct {
+	After string
+	Limit int
+}
+
+// Page sizes.
+const (
+	DefaultPageSize = 100
+	MaxPageSize     = 1000
+)
+
+func (p Page) limit() int32 {
+	switch {
+	case p.Limit <= 0:
+		return DefaultPageSize
+	case p.Limit > MaxPageSize:
+		return MaxPageSize
+	}
+	return int32(p.Limit)
+}
+
+// withTx runs fn in a transaction.
+func (r *Registry) withTx(ctx context.Context, fn func(q *db.Queries) error) error {
+	return db.WithTx(ctx, r.cfg.Pool, fn)
+}
+
+// write runs fn in one transaction. fn returns a refusal to refuse without
+// changing anything, or an error to fail. A refusal is audited in a
+// transaction of its own and returned; a not-found refusal is returned
+// without an audit row, since there was nothing there to act on.
+func (r *Registry) write(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked any,
+	fn func(q *db.Queries) (*refusal.Error, error)) error {
+	var refused *refusal.Error
+	err := r.withTx(ctx, func(q *db.Queries) error {
+		var err error
+		refused, err = fn(q)
+		return err
+	})
+	switch {
+	case err != nil:
+		return err
+	case refused == nil:
+		return nil
+	case errors.Is(refused, ErrNotFound):
+		return refused
+	}
+	return r.refuse(ctx, actor, action, targetKind, target, asked, refused)
+}

@@ -1,0 +1,84 @@
+package server
+
+import (
+	"cmp"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/identity"
+)
+
+// alarmList is the body of GET /v1/alarms.
+type alarmList struct {
+	Alarms []assembler.Alarm `json:"alarms"`
+}
+
+// alarmsGet lists the open alarms. Estate-wide information: operators and
+// tools only.
+func (s *Server) alarmsGet(w http.ResponseWriter, r *http.Request) {
+	p := principal(r)
+	if p.Kind != identity.KindOperator && p.Kind != identity.KindTool {
+		writeProblem(w, r, problem(http.StatusForbidden, "forbidden", "the alarms describe the whole estate; they are for operator and tool identities"))
+		return
+	}
+	alarms := allAlarms(&s.cfg)
+	if alarms == nil {
+		alarms = []assembler.Alarm{}
+	}
+	writeJSON(w, http.StatusOK, alarmList{Alarms: alarms})
+}
+
+// AlarmDatabaseUnreachable is open while PostgreSQL does not answer this
+// replica: writes answer 503, views are served from memory.
+const AlarmDatabaseUnreachable = "database_unreachable"
+
+// databaseAlarm is the database_unreachable alarm while the database is
+// down.
+func databaseAlarm(cfg *Config) (assembler.Alarm, bool) {
+	db := cfg.Database
+	if db == nil || db.Up() {
+		return assembler.Alarm{}, false
+	}
+	since := db.DownSince()
+	detail := fmt.Sprintf("PostgreSQL has not answered this replica since %s", since.UTC().Format(time.RFC3339))
+	if err := db.Err(); err != nil {
+		detail += " (" + err.Error() + ")"
+	}
+	detail += "; writes answer 503 database-unavailable, views are served from memory, reports are held in memory"
+	return assembler.Alarm{Kind: AlarmDatabaseUnreachable, Since: since, Detail: detail}, true
+}
+
+// Alarms lists every open alarm, as GET /v1/alarms does: the guard's,
+// the shift-backs', the lease reaper's, the database's and the probers'.
+func (s *Server) Alarms() []assembler.Alarm { return allAlarms(&s.cfg) }
+
+// AlarmsOf returns the list of open alarms a server built on cfg answers
+// GET /v1/alarms with, from cfg's sources (Alarms, Shifts, Leases,
+// Database, Probers). The UI's banner is given it, so it shows the same
+// list without needing the server that mounts it.
+func AlarmsOf(cfg Config) func() []assembler.Alarm {
+	return func() []assembler.Alarm { return allAlarms(&cfg) }
+}
+
+func allAlarms(cfg *Config) []assembler.Alarm {
+	out := cfg.Alarms.Alarms()
+	if cfg.Shifts != nil {
+		out = append(out, cfg.Shifts.Alarms()...)
+	}
+	out = append(out, leaseAlarms(cfg)...)
+	if a, ok := databaseAlarm(cfg); ok {
+		out = append(out, a)
+	}
+	if cfg.Probers != nil {
+		for _, a := range cfg.Probers.ProberAlarms() {
+			out = append(out, a.Alarm())
+		}
+	}
+	slices.SortStableFunc(out, func(a, b assembler.Alarm) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Service, b.Service), cmp.Compare(a.Zone, b.Zone))
+	})
+	return out
+}

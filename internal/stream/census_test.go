@@ -1,0 +1,130 @@
+package stream
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/musterhq/muster/internal/db/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// replicaProcess is one muster process's streaming tier: a hub with n
+// subscribers, its admission and its census, on a shared clock.
+type replicaProcess struct {
+	hub    *Hub
+	adm    *Admission
+	census *Census
+}
+
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func startReplica(t *testing.T, pool *pgxpool.Pool, clock *testClock, name string, subscribers int, logs *bytes.Buffer) *replicaProcess {
+	t.Helper()
+	hub := NewHub(Config{Now: clock.Now})
+	h := &replicaProcess{hub: hub, adm: NewAdmission(AdmissionConfig{Floor: 1, Now: clock.Now})}
+	for range subscribers {
+		sub, err := hub.Subscribe([]string{"web"}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(sub.Close)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	if logs != nil {
+		logger = slog.New(slog.NewTextHandler(logs, nil))
+	}
+	census, err := NewCensus(CensusConfig{Pool: pool, Replica: name, Hub: hub, Admission: h.adm, Now: clock.Now, Logger: logger, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.census = census
+	if err := census.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(census.Stop)
+	return h
+}
+
+// TestCensusCarriesThePopulationAcrossARestart: a replica with 400
+// subscribers reports them; the process restarts under the same name with
+// none, and its admission is sized by the 400 coming back (budget 20, not
+// the floor); a second live replica doubles the expected population and
+// halves each one's share; a peak not reached again within the horizon
+// is forgotten.
+func TestCensusCarriesThePopulationAcrossARestart(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	clock := &testClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	before := startReplica(t, pool, clock, "muster-0", 400, nil)
+	if st := before.adm.Stats(); st.Population.Expected != 400 || st.Budget != 20 {
+		t.Fatalf("before the restart: %+v", st)
+	}
+	before.census.Stop() // a graceful shutdown reports a last time
+
+	clock.Advance(30 * time.Second)
+	after := startReplica(t, pool, clock, "muster-0", 0, nil)
+	st := after.adm.Stats()
+	if !st.PopulationKnown || st.Population.Expected != 400 || st.Population.Replicas != 1 || st.Budget != 20 || st.Peak != 0 {
+		t.Fatalf("after the restart: %+v, want the 400 persisted to size a budget of 20", st)
+	}
+
+	other := startReplica(t, pool, clock, "muster-1", 400, nil)
+	if st := other.adm.Stats(); st.Population.Expected != 800 || st.Population.Live != 2 || st.Budget != 20 {
+		t.Fatalf("two live replicas: %+v, want 800 expected, shared by 2", st)
+	}
+
+	// 16 minutes later, muster-0 never got its clients back: its old
+	// peak is past the horizon and its count (0) stands.
+	clock.Advance(16 * time.Minute)
+	for _, r := range []*replicaProcess{other, after} {
+		if err := r.census.runOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := after.adm.Stats(); st.Population.Expected != 400 || st.Population.Live != 2 {
+		t.Fatalf("after the horizon: %+v, want muster-1's 400 alone", st)
+	}
+}
+
+// TestCensusWithoutDatabase: PostgreSQL away at start: Start returns
+// within its deadline, admission falls back to this process's peak, and
+// the log says so.
+func TestCensusWithoutDatabase(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://muster@127.0.0.1:1/muster?sslmode=disable&connect_timeout=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	clock := &testClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	var logs bytes.Buffer
+	began := time.Now()
+	r := startReplica(t, pool, clock, "muster-0", 0, &logs)
+	if took := time.Since(began); took > 5*time.Second {
+		t.Fatalf("Start took %s with the database away", took)
+	}
+	if st := r.adm.Stats(); st.PopulationKnown || st.Budget != 1 {
+		t.Fatalf("admission without a census reading: %+v, want the peak (none) and the floor", st)
+	}
+	if !strings.Contains(logs.String(), "expected population unknown") {
+		t.Fatalf("log does not say admission fell back:\n%s", logs.String())
+	}
+}
