@@ -1,6 +1,9 @@
 package resolver
 
 import (
+	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 )
@@ -302,3 +305,53 @@ func (r Result) Age() time.Duration { return r.Snapshot.Age(r.Now) }
 // Guarded reports whether a client guard is holding an older, larger
 // routable set than the newest update describes.
 func (r Result) Guarded() bool { return r.Held != r.Snapshot.Version() }
+
+// Target is an endpoint traffic is sent to, with the share of traffic it
+// gets: its weight multiplied by its zone's traffic weight.
+type Target struct {
+	Endpoint
+	// Share is the endpoint's weight times its zone's traffic weight
+	// (both as muster published them); always > 0.
+	Share float64
+}
+
+// Targets returns the endpoints Pick chooses from, in instance-id order,
+// with their shares: the endpoints in rotation (eligible, degraded, and
+// health unknown, ADR-16) and every endpoint of a zone whose guard
+// tripped, with a positive weight. A drained zone (traffic weight 0) has
+// none, unless every routable endpoint sits in a drained zone: then the
+// traffic weights are ignored, because muster must never be the reason
+// traffic stops.
+//
+// It is what a surface that is not a Go client (a load balancer's target
+// group, an xDS assignment, a DNS answer) publishes from a snapshot, so
+// every surface routes exactly as the resolver does. Local passive
+// ejection (a Cache's own observations) is not applied here.
+func (s *Snapshot) Targets() []Target {
+	out := make([]Target, 0, len(s.table.idx))
+	prev := 0.0
+	for i, k := range s.table.idx {
+		out = append(out, Target{Endpoint: *s.eps[k], Share: s.table.cum[i] - prev})
+		prev = s.table.cum[i]
+	}
+	return out
+}
+
+// SnapshotOf checks a full view (unique instance ids, its checksum) and
+// returns its snapshot, as a Cache would hold it, for programs that take
+// views from somewhere other than a Cache (muster's own surfaces read the
+// hub). It applies no client guard: that is a Cache's, across versions.
+func SnapshotOf(v View, receivedAt time.Time) (*Snapshot, error) {
+	eps := slices.Clone(v.Endpoints)
+	if !slices.IsSortedFunc(eps, compareEndpoints) {
+		slices.SortFunc(eps, compareEndpoints)
+	}
+	if err := checkUnique(eps); err != nil {
+		return nil, fmt.Errorf("view %s v%d: %w: %w", v.Service, v.Version, err, ErrInvalid)
+	}
+	sum := sumOf(eps)
+	if !sum.matches(v.Checksum) {
+		return nil, fmt.Errorf("view %s v%d: got %s, view says %s: %w", v.Service, v.Version, sum, v.Checksum, ErrChecksum)
+	}
+	return newSnapshot(v.Service, v.Version, pointers(eps), eps, maps.Clone(v.Zones), v.GeneratedAt, receivedAt, v.Checksum, sum), nil
+}
