@@ -172,9 +172,11 @@ func (q *Queries) AuditList(ctx context.Context, arg AuditListParams) ([]AuditEv
 }
 
 const auditLock = `-- name: AuditLock :exec
+
 SELECT pg_advisory_xact_lock(7150305420616001)
 `
 
+// Table audit_events, owned by internal/audit.
 // Serialises appends to the hash chain. Taken in its own statement before
 // AuditHead so that the head is read with a snapshot that sees every append
 // committed while this transaction waited for the lock.

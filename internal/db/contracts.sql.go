@@ -12,9 +12,11 @@ import (
 )
 
 const contractGet = `-- name: ContractGet :one
+
 SELECT service, version, document, updated_at, updated_by FROM health_contracts WHERE service = $1
 `
 
+// Table health_contracts, owned by internal/registry.
 func (q *Queries) ContractGet(ctx context.Context, service string) (HealthContract, error) {
 	row := q.db.QueryRow(ctx, contractGet, service)
 	var i HealthContract
@@ -62,4 +64,93 @@ func (q *Queries) ContractUpsert(ctx context.Context, arg ContractUpsertParams) 
 		&i.UpdatedBy,
 	)
 	return i, err
+}
+
+const serviceContractsAll = `-- name: ServiceContractsAll :many
+SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
+       c.version AS contract_version, c.document AS contract
+FROM services s LEFT JOIN health_contracts c ON c.service = s.name
+ORDER BY s.name
+`
+
+type ServiceContractsAllRow struct {
+	Name             string
+	Owner            string
+	Capabilities     []string
+	ServiceUpdatedAt time.Time
+	ContractVersion  *int64
+	Contract         json.RawMessage
+}
+
+func (q *Queries) ServiceContractsAll(ctx context.Context) ([]ServiceContractsAllRow, error) {
+	rows, err := q.db.Query(ctx, serviceContractsAll)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ServiceContractsAllRow
+	for rows.Next() {
+		var i ServiceContractsAllRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.Owner,
+			&i.Capabilities,
+			&i.ServiceUpdatedAt,
+			&i.ContractVersion,
+			&i.Contract,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const serviceContractsByName = `-- name: ServiceContractsByName :many
+SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
+       c.version AS contract_version, c.document AS contract
+FROM services s LEFT JOIN health_contracts c ON c.service = s.name
+WHERE s.name = ANY($1::text[])
+ORDER BY s.name
+`
+
+type ServiceContractsByNameRow struct {
+	Name             string
+	Owner            string
+	Capabilities     []string
+	ServiceUpdatedAt time.Time
+	ContractVersion  *int64
+	Contract         json.RawMessage
+}
+
+// ServiceContractsAll for the named services only: a service the
+// evaluator meets first through one of its instances.
+func (q *Queries) ServiceContractsByName(ctx context.Context, names []string) ([]ServiceContractsByNameRow, error) {
+	rows, err := q.db.Query(ctx, serviceContractsByName, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ServiceContractsByNameRow
+	for rows.Next() {
+		var i ServiceContractsByNameRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.Owner,
+			&i.Capabilities,
+			&i.ServiceUpdatedAt,
+			&i.ContractVersion,
+			&i.Contract,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

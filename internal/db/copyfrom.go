@@ -130,6 +130,7 @@ func (r iteratorForTransitionsInsert) Err() error {
 	return nil
 }
 
+// Table transitions, owned by internal/evaluator.
 func (q *Queries) TransitionsInsert(ctx context.Context, arg []TransitionsInsertParams) (int64, error) {
 	return q.db.CopyFrom(ctx, []string{"transitions"}, []string{"instance_id", "service", "from_state", "to_state", "weight", "at", "reason", "history", "quarantined_until", "quarantine_step"}, &iteratorForTransitionsInsert{rows: arg})
 }

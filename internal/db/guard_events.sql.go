@@ -71,6 +71,7 @@ func (q *Queries) GuardEventList(ctx context.Context, arg GuardEventListParams) 
 }
 
 const guardEventTrip = `-- name: GuardEventTrip :execrows
+
 INSERT INTO guard_events (service, zone, tripped_at, trip_detail)
 SELECT $1::text, $2::text, $3::timestamptz, $4::text
 WHERE NOT EXISTS (
@@ -88,6 +89,7 @@ type GuardEventTripParams struct {
 	TripDetail string
 }
 
+// Table guard_events, owned by internal/guardlog.
 // Records a trip unless the zone has an open episode, or one recorded as
 // cleared at or after this trip began (another replica saw it first).
 func (q *Queries) GuardEventTrip(ctx context.Context, arg GuardEventTripParams) (int64, error) {

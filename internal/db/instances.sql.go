@@ -203,6 +203,48 @@ func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) 
 	return i, err
 }
 
+const instanceListByIDs = `-- name: InstanceListByIDs :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+WHERE id = ANY($1::uuid[])
+`
+
+// The instances among ids, in any state: ingest looks up the ids a report
+// names that the evaluator has not loaded yet (registered a moment ago,
+// perhaps through another replica). Ids with no row are simply absent.
+func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceListByIDs, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const instanceListByService = `-- name: InstanceListByService :many
 SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
 WHERE service = $1
@@ -252,6 +294,84 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 			return nil, err
 		}
 		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const instanceListChangedSince = `-- name: InstanceListChangedSince :many
+
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+WHERE (updated_at, id) > ($1::timestamptz, $2::uuid)
+ORDER BY updated_at, id
+LIMIT $3
+`
+
+type InstanceListChangedSinceParams struct {
+	Since   time.Time
+	AfterID uuid.UUID
+	Lim     int32
+}
+
+// Table instances, owned by internal/registry (others read it through registry functions that take the transaction).
+// Instances changed after (updated_at, id), for incremental refresh; pass
+// the zero time and the nil UUID for a full load.
+func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceListChangedSinceParams) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceListChangedSince, arg.Since, arg.AfterID, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const instanceServicesInZone = `-- name: InstanceServicesInZone :many
+SELECT DISTINCT service FROM instances
+WHERE state = 'active' AND zone = $1
+ORDER BY service
+`
+
+// The services with live instances in a zone (a zone drain counts its budget over them).
+func (q *Queries) InstanceServicesInZone(ctx context.Context, zone string) ([]string, error) {
+	rows, err := q.db.Query(ctx, instanceServicesInZone, zone)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var service string
+		if err := rows.Scan(&service); err != nil {
+			return nil, err
+		}
+		items = append(items, service)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -423,70 +543,6 @@ func (q *Queries) LeaseExpire(ctx context.Context, arg LeaseExpireParams) (Insta
 		&i.EndedAt,
 	)
 	return i, err
-}
-
-const leaseExpiryConfirmationInsert = `-- name: LeaseExpiryConfirmationInsert :one
-INSERT INTO lease_expiry_confirmations (service, confirmed_at, confirmed_by, reason)
-VALUES ($1, $2, $3, $4)
-RETURNING id, service, confirmed_at, confirmed_by, reason
-`
-
-type LeaseExpiryConfirmationInsertParams struct {
-	Service     string
-	ConfirmedAt time.Time
-	ConfirmedBy string
-	Reason      string
-}
-
-func (q *Queries) LeaseExpiryConfirmationInsert(ctx context.Context, arg LeaseExpiryConfirmationInsertParams) (LeaseExpiryConfirmation, error) {
-	row := q.db.QueryRow(ctx, leaseExpiryConfirmationInsert,
-		arg.Service,
-		arg.ConfirmedAt,
-		arg.ConfirmedBy,
-		arg.Reason,
-	)
-	var i LeaseExpiryConfirmation
-	err := row.Scan(
-		&i.ID,
-		&i.Service,
-		&i.ConfirmedAt,
-		&i.ConfirmedBy,
-		&i.Reason,
-	)
-	return i, err
-}
-
-const leaseExpiryConfirmationsSince = `-- name: LeaseExpiryConfirmationsSince :many
-SELECT DISTINCT ON (service) id, service, confirmed_at, confirmed_by, reason FROM lease_expiry_confirmations
-WHERE confirmed_at > $1::timestamptz
-ORDER BY service, confirmed_at DESC
-`
-
-// The newest confirmation per scope (” = region) since a moment.
-func (q *Queries) LeaseExpiryConfirmationsSince(ctx context.Context, since time.Time) ([]LeaseExpiryConfirmation, error) {
-	rows, err := q.db.Query(ctx, leaseExpiryConfirmationsSince, since)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []LeaseExpiryConfirmation
-	for rows.Next() {
-		var i LeaseExpiryConfirmation
-		if err := rows.Scan(
-			&i.ID,
-			&i.Service,
-			&i.ConfirmedAt,
-			&i.ConfirmedBy,
-			&i.Reason,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
 
 const leaseListExpired = `-- name: LeaseListExpired :many

@@ -552,102 +552,14 @@ func (q *Queries) OverrideListInForceByService(ctx context.Context, arg Override
 }
 
 const overrideServiceLock = `-- name: OverrideServiceLock :exec
+
 SELECT pg_advisory_xact_lock(7150307, hashtext($1::text))
 `
 
+// Table overrides, owned by internal/policy.
 // Serialises budget decisions about one service across replicas, so two
 // overrides admitted at once cannot each spend the same headroom.
 func (q *Queries) OverrideServiceLock(ctx context.Context, service string) error {
 	_, err := q.db.Exec(ctx, overrideServiceLock, service)
 	return err
-}
-
-const rateLimitLock = `-- name: RateLimitLock :exec
-SELECT pg_advisory_xact_lock(7150306, hashtext($1::text))
-`
-
-// Serialises every decision about one rate-limit key (actor and scope)
-// across replicas, until the transaction ends. The two-key form keeps
-// these locks apart from the audit chain's one-key lock.
-func (q *Queries) RateLimitLock(ctx context.Context, key string) error {
-	_, err := q.db.Exec(ctx, rateLimitLock, key)
-	return err
-}
-
-const rateLimitPrune = `-- name: RateLimitPrune :exec
-DELETE FROM rate_limit_attempts
-WHERE actor = $1 AND scope = $2 AND at <= $3::timestamptz
-`
-
-type RateLimitPruneParams struct {
-	Actor  string
-	Scope  string
-	Before time.Time
-}
-
-// Forgets one key's attempts that have left its window.
-func (q *Queries) RateLimitPrune(ctx context.Context, arg RateLimitPruneParams) error {
-	_, err := q.db.Exec(ctx, rateLimitPrune, arg.Actor, arg.Scope, arg.Before)
-	return err
-}
-
-const rateLimitPruneAll = `-- name: RateLimitPruneAll :execrows
-DELETE FROM rate_limit_attempts WHERE at <= $1::timestamptz
-`
-
-// Forgets every attempt older than any window, for keys never used again.
-func (q *Queries) RateLimitPruneAll(ctx context.Context, before time.Time) (int64, error) {
-	result, err := q.db.Exec(ctx, rateLimitPruneAll, before)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const rateLimitRecord = `-- name: RateLimitRecord :exec
-INSERT INTO rate_limit_attempts (actor, scope, at) VALUES ($1, $2, $3)
-`
-
-type RateLimitRecordParams struct {
-	Actor string
-	Scope string
-	At    time.Time
-}
-
-func (q *Queries) RateLimitRecord(ctx context.Context, arg RateLimitRecordParams) error {
-	_, err := q.db.Exec(ctx, rateLimitRecord, arg.Actor, arg.Scope, arg.At)
-	return err
-}
-
-const rateLimitWindow = `-- name: RateLimitWindow :one
-SELECT count(*)::int AS attempts,
-       COALESCE(min(at), $1::timestamptz)::timestamptz AS oldest
-FROM rate_limit_attempts
-WHERE actor = $2 AND scope = $3 AND at > $4::timestamptz
-`
-
-type RateLimitWindowParams struct {
-	Now   time.Time
-	Actor string
-	Scope string
-	Since time.Time
-}
-
-type RateLimitWindowRow struct {
-	Attempts int32
-	Oldest   time.Time
-}
-
-// The attempts of one key inside the window, and the oldest of them (now
-// when there are none).
-func (q *Queries) RateLimitWindow(ctx context.Context, arg RateLimitWindowParams) (RateLimitWindowRow, error) {
-	row := q.db.QueryRow(ctx, rateLimitWindow,
-		arg.Now,
-		arg.Actor,
-		arg.Scope,
-		arg.Since,
-	)
-	var i RateLimitWindowRow
-	err := row.Scan(&i.Attempts, &i.Oldest)
-	return i, err
 }

@@ -87,9 +87,11 @@ func (q *Queries) ProberAssignmentsAll(ctx context.Context) ([]ProberAssignment,
 }
 
 const proberAssignmentsDelete = `-- name: ProberAssignmentsDelete :exec
+
 DELETE FROM prober_assignments WHERE prober = $1
 `
 
+// Table prober_assignments, owned by internal/registry.
 func (q *Queries) ProberAssignmentsDelete(ctx context.Context, prober string) error {
 	_, err := q.db.Exec(ctx, proberAssignmentsDelete, prober)
 	return err

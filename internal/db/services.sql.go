@@ -11,9 +11,11 @@ import (
 )
 
 const serviceGet = `-- name: ServiceGet :one
+
 SELECT name, owner, capabilities, created_at, updated_at FROM services WHERE name = $1
 `
 
+// Table services, owned by internal/registry.
 func (q *Queries) ServiceGet(ctx context.Context, name string) (Service, error) {
 	row := q.db.QueryRow(ctx, serviceGet, name)
 	var i Service
@@ -42,41 +44,6 @@ func (q *Queries) ServiceGetForUpdate(ctx context.Context, name string) (Service
 		&i.UpdatedAt,
 	)
 	return i, err
-}
-
-const serviceGrantsAll = `-- name: ServiceGrantsAll :many
-SELECT s.name, s.owner, g.caller
-FROM services s LEFT JOIN service_grants g ON g.service = s.name
-ORDER BY s.name, g.caller
-`
-
-type ServiceGrantsAllRow struct {
-	Name   string
-	Owner  string
-	Caller *string
-}
-
-// Every service with its owner and each caller it granted (a NULL caller:
-// it granted none), read in one snapshot for the in-memory copy that watch
-// and resolve authorise from.
-func (q *Queries) ServiceGrantsAll(ctx context.Context) ([]ServiceGrantsAllRow, error) {
-	rows, err := q.db.Query(ctx, serviceGrantsAll)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []ServiceGrantsAllRow
-	for rows.Next() {
-		var i ServiceGrantsAllRow
-		if err := rows.Scan(&i.Name, &i.Owner, &i.Caller); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
 
 const serviceInsert = `-- name: ServiceInsert :one

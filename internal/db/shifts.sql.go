@@ -73,6 +73,7 @@ func (q *Queries) ShiftGetForUpdate(ctx context.Context, id uuid.UUID) (Shift, e
 }
 
 const shiftInsert = `-- name: ShiftInsert :one
+
 INSERT INTO shifts (id, scope, target, reason, manual, state, step, weight,
                     started_by, started_at, last_step_at, last_step_by, updated_at)
 VALUES ($1, $2, $3, $4, $5, 'draining', 0, 0,
@@ -90,6 +91,7 @@ type ShiftInsertParams struct {
 	Now    time.Time
 }
 
+// Table shifts, owned by internal/shift.
 func (q *Queries) ShiftInsert(ctx context.Context, arg ShiftInsertParams) (Shift, error) {
 	row := q.db.QueryRow(ctx, shiftInsert,
 		arg.ID,
@@ -343,31 +345,4 @@ func (q *Queries) ShiftUpdate(ctx context.Context, arg ShiftUpdateParams) (Shift
 		&i.UpdatedAt,
 	)
 	return i, err
-}
-
-const shiftZoneServices = `-- name: ShiftZoneServices :many
-SELECT DISTINCT service FROM instances
-WHERE state = 'active' AND zone = $1
-ORDER BY service
-`
-
-// The services with live instances in a zone, for the drain's budget check.
-func (q *Queries) ShiftZoneServices(ctx context.Context, zone string) ([]string, error) {
-	rows, err := q.db.Query(ctx, shiftZoneServices, zone)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []string
-	for rows.Next() {
-		var service string
-		if err := rows.Scan(&service); err != nil {
-			return nil, err
-		}
-		items = append(items, service)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }

@@ -67,6 +67,7 @@ func (q *Queries) StreamPopulationPrune(ctx context.Context, before time.Time) (
 }
 
 const streamPopulationPut = `-- name: StreamPopulationPut :exec
+
 INSERT INTO stream_population (replica, subscribers, peak, peak_at, at)
 VALUES ($1::text, $2::integer, $2::integer,
         $3::timestamptz, $3::timestamptz)
@@ -88,6 +89,7 @@ type StreamPopulationPutParams struct {
 	PeakSince   time.Time
 }
 
+// Table stream_population, owned by internal/stream (the census).
 // Records a replica's subscriber count at at. Its peak stays while it was
 // reached after peak_since and is above the new count; otherwise the count
 // is the new peak.

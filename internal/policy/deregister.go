@@ -149,9 +149,9 @@ func (s *Service) deregisterSelf(ctx context.Context, q *db.Queries, now time.Ti
 func (s *Service) deregisterOther(ctx context.Context, q *db.Queries, now time.Time, a *attempt, actor identity.Principal,
 	source netip.Addr, req DeregisterRequest, out *Deregistration) (*refusal.Error, error) {
 	cur := out.Instance
-	svc, err := q.ServiceGet(ctx, cur.Service)
+	svc, err := readService(ctx, q, cur.Service)
 	if err != nil {
-		return nil, fmt.Errorf("read service %s: %w", cur.Service, err)
+		return nil, err
 	}
 	if !mayOverride(actor, svc.Owner) {
 		if actor.Kind == identity.KindWorkload {

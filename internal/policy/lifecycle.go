@@ -71,9 +71,12 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 			}
 			insState = ins.State
 		} else {
-			ins, err := q.InstanceGet(ctx, row.InstanceID)
+			ins, found, err := registry.ReadInstance(ctx, q, row.InstanceID)
 			if err != nil {
-				return nil, fmt.Errorf("read instance %s: %w", row.InstanceID, err)
+				return nil, err
+			}
+			if !found {
+				return nil, fmt.Errorf("override %s names instance %s, which the registry does not have", row.ID, row.InstanceID)
 			}
 			insState = ins.State
 		}
@@ -181,17 +184,17 @@ func (s *Service) Lift(ctx context.Context, actor identity.Principal, id uuid.UU
 }
 
 // load reads an override for update with its service.
-func (s *Service) load(ctx context.Context, q *db.Queries, a *attempt, id uuid.UUID) (db.Override, db.Service, *refusal.Error, error) {
+func (s *Service) load(ctx context.Context, q *db.Queries, a *attempt, id uuid.UUID) (db.Override, registry.Service, *refusal.Error, error) {
 	row, err := q.OverrideGetForUpdate(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return db.Override{}, db.Service{}, refusal.New(ErrNotFound, CheckRequest, "no override %s", id), nil
+		return db.Override{}, registry.Service{}, refusal.New(ErrNotFound, CheckRequest, "no override %s", id), nil
 	}
 	if err != nil {
-		return db.Override{}, db.Service{}, nil, fmt.Errorf("read override %s: %w", id, err)
+		return db.Override{}, registry.Service{}, nil, fmt.Errorf("read override %s: %w", id, err)
 	}
-	svc, err := q.ServiceGet(ctx, row.Service)
+	svc, err := readService(ctx, q, row.Service)
 	if err != nil {
-		return db.Override{}, db.Service{}, nil, fmt.Errorf("read service %s: %w", row.Service, err)
+		return db.Override{}, registry.Service{}, nil, err
 	}
 	a.passed = append(a.passed, CheckRequest)
 	return row, svc, nil, nil
@@ -338,4 +341,17 @@ func (s *Service) LimitWrite(ctx context.Context, actor identity.Principal, scop
 		return d, refused
 	}
 	return d, nil
+}
+
+// readService reads a service an override or deregistration names, in
+// the caller's transaction. Its instance exists, so the service does.
+func readService(ctx context.Context, q *db.Queries, name string) (registry.Service, error) {
+	svc, found, err := registry.ReadService(ctx, q, name)
+	if err != nil {
+		return registry.Service{}, err
+	}
+	if !found {
+		return registry.Service{}, fmt.Errorf("service %s is not registered", name)
+	}
+	return svc, nil
 }

@@ -11,7 +11,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -432,16 +431,16 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		}
 		a.target = id.String()
 		a.passed = append(a.passed, CheckRequest)
-		ins, err := q.InstanceGet(ctx, id)
-		if errors.Is(err, pgx.ErrNoRows) {
+		ins, found, err := registry.ReadInstance(ctx, q, id)
+		if err != nil {
+			return nil, err
+		}
+		if !found {
 			return refusal.New(ErrNotFound, CheckInstance, "no instance %s", id), nil
 		}
+		svc, err := readService(ctx, q, ins.Service)
 		if err != nil {
-			return nil, fmt.Errorf("read instance %s: %w", id, err)
-		}
-		svc, err := q.ServiceGet(ctx, ins.Service)
-		if err != nil {
-			return nil, fmt.Errorf("read service %s: %w", ins.Service, err)
+			return nil, err
 		}
 		service = ins.Service
 		if !mayOverride(actor, svc.Owner) {

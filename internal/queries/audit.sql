@@ -1,3 +1,5 @@
+-- Table audit_events, owned by internal/audit.
+
 -- name: AuditLock :exec
 -- Serialises appends to the hash chain. Taken in its own statement before
 -- AuditHead so that the head is read with a snapshot that sees every append

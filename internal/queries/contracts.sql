@@ -1,3 +1,5 @@
+-- Table health_contracts, owned by internal/registry.
+
 -- name: ContractGet :one
 SELECT * FROM health_contracts WHERE service = $1;
 
@@ -10,3 +12,18 @@ SET version = health_contracts.version + 1,
     updated_at = EXCLUDED.updated_at,
     updated_by = EXCLUDED.updated_by
 RETURNING *;
+
+-- name: ServiceContractsAll :many
+SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
+       c.version AS contract_version, c.document AS contract
+FROM services s LEFT JOIN health_contracts c ON c.service = s.name
+ORDER BY s.name;
+
+-- name: ServiceContractsByName :many
+-- ServiceContractsAll for the named services only: a service the
+-- evaluator meets first through one of its instances.
+SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
+       c.version AS contract_version, c.document AS contract
+FROM services s LEFT JOIN health_contracts c ON c.service = s.name
+WHERE s.name = ANY(sqlc.arg(names)::text[])
+ORDER BY s.name;

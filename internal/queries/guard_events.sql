@@ -1,3 +1,5 @@
+-- Table guard_events, owned by internal/guardlog.
+
 -- name: GuardEventTrip :execrows
 -- Records a trip unless the zone has an open episode, or one recorded as
 -- cleared at or after this trip began (another replica saw it first).

@@ -1,3 +1,20 @@
+-- Table instances, owned by internal/registry (others read it through registry functions that take the transaction).
+
+-- name: InstanceListChangedSince :many
+-- Instances changed after (updated_at, id), for incremental refresh; pass
+-- the zero time and the nil UUID for a full load.
+SELECT * FROM instances
+WHERE (updated_at, id) > (sqlc.arg(since)::timestamptz, sqlc.arg(after_id)::uuid)
+ORDER BY updated_at, id
+LIMIT sqlc.arg(lim);
+
+-- name: InstanceListByIDs :many
+-- The instances among ids, in any state: ingest looks up the ids a report
+-- names that the evaluator has not loaded yet (registered a moment ago,
+-- perhaps through another replica). Ids with no row are simply absent.
+SELECT * FROM instances
+WHERE id = ANY(sqlc.arg(ids)::uuid[]);
+
 -- name: InstanceGet :one
 SELECT * FROM instances WHERE id = $1;
 
@@ -88,20 +105,15 @@ SET state = 'expired', ended_at = sqlc.arg(now)::timestamptz, updated_at = sqlc.
 WHERE id = sqlc.arg(id) AND state = 'active' AND lease_expires_at <= sqlc.arg(cutoff)::timestamptz
 RETURNING *;
 
--- name: LeaseExpiryConfirmationInsert :one
-INSERT INTO lease_expiry_confirmations (service, confirmed_at, confirmed_by, reason)
-VALUES ($1, $2, $3, $4)
-RETURNING *;
-
--- name: LeaseExpiryConfirmationsSince :many
--- The newest confirmation per scope ('' = region) since a moment.
-SELECT DISTINCT ON (service) * FROM lease_expiry_confirmations
-WHERE confirmed_at > sqlc.arg(since)::timestamptz
-ORDER BY service, confirmed_at DESC;
-
 -- name: LeaseCountLapsed :one
 -- Active leases that ran out by now in a scope ('' = region).
 SELECT count(*)::int FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
   AND lease_expires_at <= sqlc.arg(now)::timestamptz
   AND (sqlc.arg(service)::text = '' OR service = sqlc.arg(service)::text);
+
+-- name: InstanceServicesInZone :many
+-- The services with live instances in a zone (a zone drain counts its budget over them).
+SELECT DISTINCT service FROM instances
+WHERE state = 'active' AND zone = $1
+ORDER BY service;

@@ -1,3 +1,5 @@
+-- Table prober_assignments, owned by internal/registry.
+
 -- name: ProberAssignmentsDelete :exec
 DELETE FROM prober_assignments WHERE prober = $1;
 

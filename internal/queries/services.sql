@@ -1,3 +1,5 @@
+-- Table services, owned by internal/registry.
+
 -- name: ServiceGet :one
 SELECT * FROM services WHERE name = $1;
 
@@ -21,11 +23,3 @@ RETURNING *;
 UPDATE services SET owner = $2, capabilities = $3, updated_at = sqlc.arg(now)
 WHERE name = $1
 RETURNING *;
-
--- name: ServiceGrantsAll :many
--- Every service with its owner and each caller it granted (a NULL caller:
--- it granted none), read in one snapshot for the in-memory copy that watch
--- and resolve authorise from.
-SELECT s.name, s.owner, g.caller
-FROM services s LEFT JOIN service_grants g ON g.service = s.name
-ORDER BY s.name, g.caller;

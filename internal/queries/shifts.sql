@@ -1,3 +1,5 @@
+-- Table shifts, owned by internal/shift.
+
 -- name: ShiftInsert :one
 INSERT INTO shifts (id, scope, target, reason, manual, state, step, weight,
                     started_by, started_at, last_step_at, last_step_by, updated_at)
@@ -44,9 +46,3 @@ SELECT * FROM shifts
 WHERE state = 'returning' AND NOT manual AND last_step_at <= sqlc.arg(cutoff)::timestamptz
 ORDER BY last_step_at
 FOR UPDATE SKIP LOCKED;
-
--- name: ShiftZoneServices :many
--- The services with live instances in a zone, for the drain's budget check.
-SELECT DISTINCT service FROM instances
-WHERE state = 'active' AND zone = $1
-ORDER BY service;

@@ -1,3 +1,5 @@
+-- Table stream_population, owned by internal/stream (the census).
+
 -- name: StreamPopulationPut :exec
 -- Records a replica's subscriber count at at. Its peak stays while it was
 -- reached after peak_since and is above the new count; otherwise the count

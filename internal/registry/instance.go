@@ -402,3 +402,28 @@ func instanceFromRow(row db.Instance) Instance {
 		CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt, EndedAt: row.EndedAt,
 	}
 }
+
+// ReadInstance returns an instance, ended or not, read with q (the
+// caller's transaction); found is false when there is no such instance.
+// Other packages read the registry's tables only through functions like
+// this one, so the registry alone knows its rows.
+func ReadInstance(ctx context.Context, q *db.Queries, id uuid.UUID) (ins Instance, found bool, err error) {
+	row, err := q.InstanceGet(ctx, id)
+	if notFound(err) {
+		return Instance{}, false, nil
+	}
+	if err != nil {
+		return Instance{}, false, fmt.Errorf("read instance %s: %w", id, err)
+	}
+	return instanceFromRow(row), true, nil
+}
+
+// ServicesInZone lists the services with live instances in zone, read
+// with q (the caller's transaction).
+func ServicesInZone(ctx context.Context, q *db.Queries, zone string) ([]string, error) {
+	services, err := q.InstanceServicesInZone(ctx, zone)
+	if err != nil {
+		return nil, fmt.Errorf("list services in zone %s: %w", zone, err)
+	}
+	return services, nil
+}

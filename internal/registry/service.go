@@ -210,3 +210,16 @@ func (r *Registry) ServiceExists(ctx context.Context, name string) (bool, error)
 	}
 	return true, nil
 }
+
+// ReadService returns a service, read with q (the caller's transaction);
+// found is false when there is no such service.
+func ReadService(ctx context.Context, q *db.Queries, name string) (svc Service, found bool, err error) {
+	row, err := q.ServiceGet(ctx, name)
+	if notFound(err) {
+		return Service{}, false, nil
+	}
+	if err != nil {
+		return Service{}, false, fmt.Errorf("read service %s: %w", name, err)
+	}
+	return serviceFromRow(row), true, nil
+}

@@ -694,9 +694,9 @@ type BudgetFigure struct {
 // budget checks a drain of zone against every service with live instances
 // there. Zones already drained to 0 by another zone shift count as gone.
 func (s *Service) budget(ctx context.Context, q *db.Queries, zone string, active []db.Shift) ([]BudgetFigure, *refusal.Error, error) {
-	services, err := q.ShiftZoneServices(ctx, zone)
+	services, err := registry.ServicesInZone(ctx, q, zone)
 	if err != nil {
-		return nil, nil, fmt.Errorf("list services in zone %s: %w", zone, err)
+		return nil, nil, err
 	}
 	drained := map[string]bool{zone: true}
 	for _, r := range active {

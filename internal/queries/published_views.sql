@@ -1,3 +1,5 @@
+-- Table published_views, owned by internal/publisher.
+
 -- name: PublisherEpochNext :one
 -- A fresh ownership epoch: above every epoch handed out before.
 SELECT nextval('publisher_epochs')::bigint AS epoch;

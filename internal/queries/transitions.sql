@@ -1,0 +1,45 @@
+-- Table transitions, owned by internal/evaluator.
+
+-- name: TransitionsInsert :copyfrom
+INSERT INTO transitions (instance_id, service, from_state, to_state, weight, at, reason, history,
+    quarantined_until, quarantine_step)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+
+-- name: TransitionsList :many
+SELECT * FROM transitions
+WHERE (sqlc.narg(service)::text IS NULL OR service = sqlc.narg(service)::text)
+  AND (sqlc.narg(instance_id)::uuid IS NULL OR instance_id = sqlc.narg(instance_id)::uuid)
+  AND (sqlc.arg(before_id)::bigint = 0 OR id < sqlc.arg(before_id)::bigint)
+ORDER BY id DESC
+LIMIT sqlc.arg(lim);
+
+-- name: TransitionsQuarantines :many
+-- A service's transitions that started a quarantine (they carry the
+-- history), newest first, for the flap report.
+SELECT * FROM transitions
+WHERE service = sqlc.arg(service)::text AND history IS NOT NULL AND at >= sqlc.arg(since)::timestamptz
+ORDER BY at DESC, id DESC
+LIMIT sqlc.arg(lim);
+
+-- name: TransitionsLatestQuarantines :many
+-- The newest quarantine of each instance among those ending after since,
+-- for the rebuild to restore (through the partial index on
+-- quarantined_until: it reads recent quarantines only).
+SELECT DISTINCT ON (instance_id) instance_id, at, quarantined_until::timestamptz AS quarantined_until, quarantine_step
+FROM transitions
+WHERE quarantined_until > sqlc.arg(since)::timestamptz
+ORDER BY instance_id, quarantined_until DESC, id DESC;
+
+-- name: TransitionsLatestFor :many
+-- The newest transition of each of the given instances that has one, for
+-- the rebuild to restore admissions (an instance with any transition has
+-- been in rotation). One index probe per instance through
+-- transitions_instance_idx, however long the log.
+SELECT t.instance_id, t.to_state, t.at
+FROM unnest(sqlc.arg(ids)::uuid[]) AS a(id)
+CROSS JOIN LATERAL (
+    SELECT instance_id, to_state, at FROM transitions
+    WHERE transitions.instance_id = a.id
+    ORDER BY at DESC
+    LIMIT 1
+) t;
