@@ -11,6 +11,7 @@ import (
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -42,19 +43,15 @@ func TestProductionWorkersPublishUnstepped(t *testing.T) {
 	// The evaluator's tick is an hour in tests: one evaluation, by hand;
 	// what follows it is the workers' own doing.
 	s.Evaluator.EvaluateNow()
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	wait.For(t, 20*time.Second, "the running publisher publishing the registered instance", func() bool {
 		if v, ok := s.Publisher.View("api"); ok && len(v.Endpoints) == 1 && v.Endpoints[0].InstanceID == id {
-			break
-		}
-		if time.Now().After(deadline) {
-			v, _ := s.Publisher.View("api")
-			t.Fatalf("the running publisher did not publish the registered instance within 20 s: %+v", v)
+			return true
 		}
 		// The stack's clock moves only when told: past the addition
 		// window, a little at a time.
 		s.Clock.Advance(100 * time.Millisecond)
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return false
+	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

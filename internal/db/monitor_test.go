@@ -9,19 +9,8 @@ import (
 
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/internal/wait"
 )
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // TestMonitorFollowsTheDatabase: stopping PostgreSQL flips the monitor
 // down (at once: the connection is refused), starting it again flips it
@@ -58,12 +47,12 @@ func TestMonitorFollowsTheDatabase(t *testing.T) {
 	t.Cleanup(m.Stop)
 
 	pc.Stop(t)
-	waitFor(t, "down after a stop", 5*time.Second, func() bool { return !m.Up() })
+	wait.For(t, 5*time.Second, "down after a stop", func() bool { return !m.Up() })
 	if gauge() != 0 || m.Err() == nil || m.DownSince().Before(firstUp) {
 		t.Fatalf("down: gauge %v, err %v, down since %s", gauge(), m.Err(), m.DownSince())
 	}
 	pc.Start(t)
-	waitFor(t, "up after a restart", 10*time.Second, m.Up)
+	wait.For(t, 10*time.Second, "up after a restart", m.Up)
 	if !m.UpSince().After(m.DownSince()) || gauge() != 1 || m.Err() != nil {
 		t.Fatalf("up again: up since %s, down since %s, gauge %v, err %v", m.UpSince(), m.DownSince(), gauge(), m.Err())
 	}
@@ -71,10 +60,10 @@ func TestMonitorFollowsTheDatabase(t *testing.T) {
 	upAgain := m.UpSince()
 	thaw := pc.Freeze(t)
 	frozenAt := time.Now()
-	waitFor(t, "down while frozen", 5*time.Second, func() bool { return !m.Up() })
+	wait.For(t, 5*time.Second, "down while frozen", func() bool { return !m.Up() })
 	t.Logf("frozen server detected as down after %s", time.Since(frozenAt).Round(time.Millisecond))
 	thaw()
-	waitFor(t, "up after a thaw", 10*time.Second, m.Up)
+	wait.For(t, 10*time.Second, "up after a thaw", m.Up)
 	if !m.UpSince().After(upAgain) {
 		t.Fatalf("UpSince did not move after the thaw: %s", m.UpSince())
 	}
@@ -125,7 +114,7 @@ func TestQueriesEndOnAFrozenServer(t *testing.T) {
 		t.Logf("deadline: %v after %s", err, took.Round(time.Millisecond))
 	}
 	thaw()
-	waitFor(t, "queries after the thaw", 15*time.Second, func() bool {
+	wait.For(t, 15*time.Second, "queries after the thaw", func() bool {
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		_, err := pool.Exec(qctx, "SELECT 1")

@@ -19,6 +19,7 @@ import (
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // outage takes the test database away the way a failed PostgreSQL looks to
@@ -359,13 +360,7 @@ func TestSavedWhileUpCaughtUpAfter(t *testing.T) {
 	r.ServicesChanged([]string{"web"})
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(5 * time.Millisecond) // polling with a deadline
-		}
+		wait.For(t, 20*time.Second, what, cond)
 	}
 	version := func() uint64 {
 		v, ok := r.View("web")

@@ -12,6 +12,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // sameDecision compares the cache's answer with the registry's: both nil,
@@ -148,16 +149,10 @@ func TestAuthzCacheWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Stop()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if ok, err := c.ServiceExists("web"); ok && err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the worker did not load the copy within 10 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "the worker loading the copy", func() bool {
+		ok, err := c.ServiceExists("web")
+		return ok && err == nil
+	})
 	c.Stop()
 	c.Stop()
 }

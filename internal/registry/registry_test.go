@@ -21,6 +21,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -816,17 +817,10 @@ func TestReaperWorkerStopsCleanly(t *testing.T) {
 	}
 	// After the start-up grace and the expiry delay.
 	e.clock.Advance(time.Minute)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.For(t, 10*time.Second, "the reaper expiring the instance", func() bool {
 		got, _ := e.reg.GetInstance(context.Background(), admin, inst.ID)
-		if got.State == registry.StateExpired {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reaper did not expire the instance within 10 s")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline, not waiting for a condition
-	}
+		return got.State == registry.StateExpired
+	})
 	rp.Stop()
 	rp.Stop()
 }

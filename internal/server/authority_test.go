@@ -18,6 +18,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -137,7 +138,7 @@ func TestResolverResubscribesWithAFreshToken(t *testing.T) {
 	s.Seed(t)
 	// A real view, which the client checks.
 	id := registerWeb(t, s, 9000)
-	poll(t, "the evaluator's rebuild", 20*time.Second, s.Evaluator.Ready)
+	wait.For(t, 20*time.Second, "the evaluator's rebuild", s.Evaluator.Ready)
 	s.Admit(t, id)
 	s.Publisher.RunOnce()
 	s.Clock.Advance(2 * time.Second) // past the additions' batching window
@@ -165,7 +166,7 @@ func TestResolverResubscribesWithAFreshToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	poll(t, "a second subscription, synced", 20*time.Second, func() bool { return c.Stats().Syncs >= 2 })
+	wait.For(t, 20*time.Second, "a second subscription, synced", func() bool { return c.Stats().Syncs >= 2 })
 	st := c.Stats()
 	if st.LastError == nil || !strings.Contains(st.LastError.Error(), "drain") {
 		t.Errorf("the first stream ended with %v, want the drain", st.LastError)

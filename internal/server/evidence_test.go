@@ -15,6 +15,7 @@ import (
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // TestEvidenceSideDoors (issue 13): one ordinary token cannot remove
@@ -110,16 +111,13 @@ func TestEvidenceSideDoors(t *testing.T) {
 		}
 		return out
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		m := missing()
-		if len(m) == 0 {
-			break
+	wait.For(t, 10*time.Second, "a refused evidence.report summary by every flooding actor", func() bool {
+		if m := missing(); len(m) > 0 {
+			t.Logf("no summary yet by %v", m)
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no refused evidence.report summary by %v", m)
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
-	}
+		return true
+	})
 
 	// A prober failing every target while each instance says it is
 	// healthy and its callers see it succeed: degraded, never removed;
@@ -239,15 +237,10 @@ func TestRefusedEvidenceSummaryIsRateBounded(t *testing.T) {
 	}
 
 	flood(10)
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if n, _ := summaries(); n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no refused-evidence summary within 10 s of the refusals")
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
-	}
+	wait.For(t, 10*time.Second, "one refused-evidence summary after the refusals", func() bool {
+		n, _ := summaries()
+		return n == 1
+	})
 	// More within the minute: still one row.
 	flood(10)
 	s.Refusals.RunOnce(ctx, false)

@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/server"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // registerWeb registers an instance of web from loopback and returns its id.
@@ -355,7 +356,7 @@ func TestWatchStreamsPerIdentity(t *testing.T) {
 	}
 	first.Body.Close()
 	// The stream ends at its next heartbeat, which finds the client gone.
-	poll(t, "a closed stream frees its place", 10*time.Second, func() bool {
+	wait.For(t, 10*time.Second, "a closed stream frees its place", func() bool {
 		res := open(web)
 		res.Body.Close()
 		return res.StatusCode == http.StatusOK

@@ -15,6 +15,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/server"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // outageHold is how long the outage tests keep PostgreSQL frozen or
@@ -50,25 +51,13 @@ func outageStack(t *testing.T) (*stack, *dbtest.Cluster, string) {
 	if r := s.JSON(t, "PUT", "/v1/services/web/grants", oscar, `{"callers":["api"]}`); r.Status != http.StatusOK {
 		t.Fatalf("grant: %d %s", r.Status, r.Body)
 	}
-	poll(t, "the evaluator's rebuild", 20*time.Second, s.Evaluator.Ready)
+	wait.For(t, 20*time.Second, "the evaluator's rebuild", s.Evaluator.Ready)
 	s.Admit(t, instance) // web probes: a new instance is not capacity before its first success
 	s.Publisher.RunOnce()
 	s.Clock.Advance(2 * time.Second) // past the additions' batching window
 	s.Publisher.RunOnce()
-	poll(t, "/readyz", 10*time.Second, func() bool { return s.Do(t, "GET", "/readyz", "", "", "").Status == http.StatusOK })
+	wait.For(t, 10*time.Second, "/readyz", func() bool { return s.Do(t, "GET", "/readyz", "", "", "").Status == http.StatusOK })
 	return s, pc, instance
-}
-
-// poll checks cond until it holds or within has passed.
-func poll(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 var databaseUpRE = regexp.MustCompile(`(?m)^muster_database_up (\d)`)
@@ -155,12 +144,12 @@ func alarmListed(t *testing.T, s *stack) bool {
 func recovers(t *testing.T, s *stack, oscar string) {
 	t.Helper()
 	back := time.Now()
-	poll(t, "muster_database_up 1", 30*time.Second, func() bool { return databaseUp(t, s) == "1" })
+	wait.For(t, 30*time.Second, "muster_database_up 1", func() bool { return databaseUp(t, s) == "1" })
 	t.Logf("database_up 1 again %s after PostgreSQL came back", time.Since(back).Round(time.Millisecond))
 	if alarmListed(t, s) {
 		t.Error("database_unreachable still listed after the recovery")
 	}
-	poll(t, "a write after the recovery", 20*time.Second, func() bool {
+	wait.For(t, 20*time.Second, "a write after the recovery", func() bool {
 		r, _ := timedWrite(t, s, oscar, `{"min_healthy_fraction":0.4}`)
 		return r.Status == http.StatusOK
 	})
@@ -184,7 +173,7 @@ func TestFrozenDatabase(t *testing.T) {
 	wantDatabaseUnavailable(t, "a write as PostgreSQL freezes", r, took, 2*time.Second)
 	t.Logf("a write as PostgreSQL freezes: 503 after %s", took.Round(time.Millisecond))
 	servesFromMemory(t, s, instance)
-	poll(t, "muster_database_up 0", 10*time.Second, func() bool { return databaseUp(t, s) == "0" })
+	wait.For(t, 10*time.Second, "muster_database_up 0", func() bool { return databaseUp(t, s) == "0" })
 	t.Logf("the monitor saw the freeze after %s", time.Since(frozen).Round(time.Millisecond))
 	if !alarmListed(t, s) {
 		t.Error("database_unreachable is not listed while PostgreSQL is frozen")
@@ -221,7 +210,7 @@ func TestStoppedDatabase(t *testing.T) {
 	r, took := timedWrite(t, s, oscar, `{"min_healthy_fraction":0.3}`)
 	wantDatabaseUnavailable(t, "a write as PostgreSQL stops", r, took, time.Second)
 	t.Logf("a write as PostgreSQL stops: 503 after %s", took.Round(time.Millisecond))
-	poll(t, "muster_database_up 0", 10*time.Second, func() bool { return databaseUp(t, s) == "0" })
+	wait.For(t, 10*time.Second, "muster_database_up 0", func() bool { return databaseUp(t, s) == "0" })
 	if !alarmListed(t, s) {
 		t.Error("database_unreachable is not listed while PostgreSQL is stopped")
 	}

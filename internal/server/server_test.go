@@ -18,6 +18,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/server"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -361,7 +362,7 @@ func TestOperationalEndpoints(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	// Ready once the evaluator has rebuilt (an empty registry needs no view).
-	poll(t, "/readyz", 20*time.Second, func() bool { return s.Do(t, "GET", "/readyz", "", "", "").Status == http.StatusOK })
+	wait.For(t, 20*time.Second, "/readyz", func() bool { return s.Do(t, "GET", "/readyz", "", "", "").Status == http.StatusOK })
 	for _, path := range []string{"/healthz", "/readyz", "/openapi.yaml"} {
 		if r := s.Do(t, "GET", path, "", "", ""); r.Status != http.StatusOK {
 			t.Errorf("%s: %d", path, r.Status)
@@ -418,7 +419,7 @@ func TestReadyWhenViewsArePublished(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	s.Seed(t)
-	poll(t, "the evaluator's rebuild", 20*time.Second, s.Evaluator.Ready)
+	wait.For(t, 20*time.Second, "the evaluator's rebuild", s.Evaluator.Ready)
 	if err := s.Evaluator.SyncNow(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 var (
@@ -132,22 +133,18 @@ func (e *estate) quarantined(t *testing.T, id string) bool {
 // the background.
 func (e *estate) waitQuarantineWritten(t *testing.T, id string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	wait.For(t, 20*time.Second, "the quarantine transition written", func() bool {
 		rows, _, err := evaluator.QuarantineHistory(context.Background(), e.Pool, "web", e.Clock.Now().Add(-time.Hour), 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, r := range rows {
 			if r.InstanceID.String() == id {
-				return
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the quarantine transition was not written within 20 s")
-		}
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return false
+	})
 }
 
 // post submits a form from the UI's own page.
