@@ -8,19 +8,20 @@
 // component is handed only components already built.
 //
 //	database monitor, registry, authz copy     desired state
-//	policy.InForce                             the overrides in force (read from policy's table)
-//	evaluator                                  verdicts; follows the registry, reads InForce
+//	policy.InForce                             the overrides in force (a copy of policy's table)
+//	evaluator                                  verdicts; follows the registry
 //	lease reaper                               asks the evaluator to corroborate expiries
 //	policy (overrides), sweeper, shifts        budgets counted on the evaluator's snapshot
-//	hub, guard log, publisher                  pulls the evaluator's changes and the shifts' weights
+//	hub, guard log, publisher                  assembles policy.Applied: verdicts + overrides in force
 //	admission, census                          the streaming tier's intake
 //	UI, HTTP server                            the surfaces
 //
 // Data flows downstream only, and where a downstream component must learn
 // of a change upstream it pulls: the publisher takes the evaluator's
-// changes (evaluator.TakeChanges) and reads the shift-backs' revision;
-// the evaluator learns of a local override change from policy.InForce's
-// signal and reads the overrides from it. The one push left, the
+// changes (evaluator.TakeChanges), reads the shift-backs' revision and
+// the services whose overrides changed (policy.InForce); the overrides
+// reach the assembler's input from policy directly (policy.Applied), and
+// the evaluator reads the same copy for what it shows. The one push left, the
 // registration hand-off, is a subscription the downstream makes at its
 // own construction (evaluator.New calls registry.Follow, as
 // NewAuthzCache hands itself to its registry), not a closure assigned
@@ -64,6 +65,7 @@ import (
 // Names of the workers, for Start's hold list and Worker.
 const (
 	WorkerMonitor   = "database-monitor"
+	WorkerOverrides = "overrides-in-force"
 	WorkerAuthz     = "authz"
 	WorkerCensus    = "census"
 	WorkerReaper    = "lease-reaper"
@@ -175,7 +177,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -210,7 +212,8 @@ func New(cfg Config) (*App, error) {
 	if a.Authz, err = registry.NewAuthzCache(ac); err != nil {
 		return nil, err
 	}
-	a.InForce = policy.NewInForce(pool, now)
+	a.InForce = policy.NewInForce(policy.InForceConfig{Pool: pool, Now: now, RefreshEvery: cfg.Evaluator.RefreshEvery,
+		DatabaseUp: a.Monitor.Up, Logger: log})
 
 	// Evaluation.
 	ec := cfg.Evaluator
@@ -249,7 +252,9 @@ func New(cfg Config) (*App, error) {
 	sc := cfg.Shifts
 	sc.Pool, sc.Region, sc.Logger, sc.Registerer = pool, cfg.Region, log, metrics
 	sc.Now = orNow(sc.Now, now)
-	sc.Verdicts = a.Evaluator
+	// A drain's budget counts the overrides in force, as the views do.
+	applied := policy.Applied{Verdicts: a.Evaluator, InForce: a.InForce, Now: now}
+	sc.Verdicts = applied
 	if a.Shifts, err = shift.New(sc); err != nil {
 		return nil, err
 	}
@@ -260,7 +265,7 @@ func New(cfg Config) (*App, error) {
 	a.Hub = stream.NewHub(hc)
 	a.Guards = guardlog.New(pool, log)
 	pbc := cfg.Publisher
-	pbc.Snapshot, pbc.Changes, pbc.Traffic = a.Evaluator.Snapshot, a.Evaluator, a.Shifts
+	pbc.Snapshot, pbc.Changes, pbc.Traffic, pbc.Overrides = applied.Snapshot, a.Evaluator, a.Shifts, a.InForce
 	pbc.Hub, pbc.Pool, pbc.Logger, pbc.Registerer = a.Hub, pool, log, metrics
 	pbc.Now = orNow(pbc.Now, now)
 	pbc.GuardEvents = a.Guards.Record
@@ -298,7 +303,7 @@ func New(cfg Config) (*App, error) {
 	if cfg.UI != nil {
 		uc := *cfg.UI
 		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
-		uc.Overrides, uc.Guards, uc.Shifts = a.Policy, a.Guards, a.Shifts
+		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
 		uc.Now = orNow(uc.Now, now)
 		// The banner lists what GET /v1/alarms lists.
 		uc.Alarms = server.AlarmsOf(svc)
@@ -320,6 +325,7 @@ func New(cfg Config) (*App, error) {
 	a.workers = []worker{
 		{name: WorkerMonitor, w: a.Monitor},
 		{name: WorkerAuthz, w: a.Authz},
+		{name: WorkerOverrides, w: a.InForce},
 		{name: WorkerCensus, w: a.Census},
 		{name: WorkerReaper, w: a.Reaper},
 		{name: WorkerShifts, w: a.Shifts},

@@ -65,7 +65,8 @@ type Config struct {
 	// and both are written once it says yes again.
 	DatabaseUp func() bool
 	Engine     eligibility.Options
-	// Overrides, when set, lists the overrides in force (policy).
+	// Overrides, when set, gives the overrides in force (policy.InForce),
+	// shown beside verdicts and counted around lease-expired instances.
 	Overrides OverrideSource
 	// MayResolve, when set, says whether a caller may resolve a service
 	// (the registry's AuthzCache): passive evidence is accepted only from
@@ -165,8 +166,6 @@ type Evaluator struct {
 	ended   []eligibility.Transition
 	changed map[string]struct{}
 	probers map[string]*proberAssignment
-	// overrides in force, by instance (see override.go).
-	overrides map[uuid.UUID]Override
 	// expired holds, per service, instances whose lease expired while
 	// their zone's guard still needs them (expired.go).
 	expired  map[string]map[uuid.UUID]expiredInstance
@@ -229,7 +228,6 @@ func New(cfg Config) (*Evaluator, error) {
 		services:  map[string]*serviceInfo{},
 		changed:   map[string]struct{}{},
 		probers:   map[string]*proberAssignment{},
-		overrides: map[uuid.UUID]Override{},
 		expired:   map[string]map[uuid.UUID]expiredInstance{},
 		windows:   map[windowKey]*windowCounts{},
 		reporters: map[string]eligibility.ReporterID{},
@@ -358,10 +356,6 @@ func (e *Evaluator) databaseLoop(ctx context.Context) {
 	defer refresh.Stop()
 	defer flush.Stop()
 	var lastKick time.Time
-	var overridesChanged <-chan struct{}
-	if e.cfg.Overrides != nil {
-		overridesChanged = e.cfg.Overrides.Changed()
-	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -380,9 +374,6 @@ func (e *Evaluator) databaseLoop(ctx context.Context) {
 				continue
 			}
 			lastKick = time.Now()
-			e.refreshBounded(ctx)
-		case <-overridesChanged:
-			// Overrides changed on this process: applied at once.
 			e.refreshBounded(ctx)
 		case <-flush.C:
 			if !e.cfg.DatabaseUp() {
@@ -438,7 +429,6 @@ func (e *Evaluator) runOnce() {
 	for _, name := range e.engine.Changed() {
 		e.changed[name] = struct{}{}
 	}
-	e.expireOverrides(now)
 	var changed []string
 	for name := range e.changed {
 		changed = append(changed, name)
@@ -576,7 +566,7 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	}
 	e.probers = probers
 	e.mu.Unlock()
-	return e.loadOverrides(ctx)
+	return nil
 }
 
 // applyAssignment returns the in-memory copy of a prober's assignments,

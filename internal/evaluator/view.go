@@ -114,8 +114,8 @@ func (e *Evaluator) ServiceEligibility(service string) (ServiceEligibility, erro
 }
 
 // Snapshot returns a service as the assembler takes it: its endpoints
-// with their current verdicts and the overrides in force (each instance's
-// State stays its own verdict), without FirstFailureAt (the publisher
+// with their current verdicts, without the overrides in force (policy's
+// InForce applies them: policy.Applied), FirstFailureAt (the publisher
 // tracks it from the transitions) or Traffic (the shift-backs' weights).
 // It is false when the evaluator does not know the service (or is not
 // ready). The override budget and the drain budget count on the same
@@ -142,9 +142,6 @@ func (e *Evaluator) Snapshot(service string) (assembler.ServiceInput, bool) {
 		in := assembler.InstanceInput{
 			ID: id, Address: info.address, Port: info.port, Zone: info.zone,
 			State: v.State, Weight: v.Weight, HealthKnown: v.HealthKnown, Quarantined: v.Quarantined, Awaiting: v.Awaiting,
-		}
-		if o := e.override(id, now); o != nil {
-			in.Override = &assembler.Override{ID: o.ID, Action: o.Action, Reason: o.Reason()}
 		}
 		out.Instances = append(out.Instances, in)
 	}

@@ -108,7 +108,7 @@ func (s *Service) Deregister(ctx context.Context, actor identity.Principal, sour
 		return Deregistration{}, err
 	}
 	if out.Self || out.Override != nil {
-		s.changed(out.Instance.Service)
+		s.changed(ctx)
 	}
 	return out, nil
 }

@@ -146,15 +146,19 @@
 //
 // # Propagation and expiry
 //
-// Every replica learns of overrides written by any other: the evaluator
-// loads the overrides in force (InForce) at rebuild and on each registry
-// refresh (every second by default), marks the services whose overrides
-// changed, and the publisher re-assembles them. On the replica that wrote
-// one, the Service signals InForce after the commit and the evaluator
-// loads them at once; InForce is built before both, so neither is bound to
-// the other. Overrides always expire:
-// expiry is evaluated at the time of use with the injected clock (the
-// evaluator drops an override at its expires_at on its next tick and
-// re-publishes the service; reads report it expired), and the Sweeper
+// Every replica holds one copy of the overrides in force (InForce), and
+// the rest of muster reads them only there: the views take them from it
+// directly (Applied: the evaluator's verdicts with the overrides applied
+// is the assembler's input, for the publisher and the drain budget), and
+// the evaluator reads it for the eligibility it shows. InForce re-reads
+// policy's table every second by default (so each replica learns of
+// overrides written by any other) and tells the publisher which services'
+// overrides changed. On the replica that wrote one, the Service refreshes
+// the copy after the commit and before it answers, so the next view there
+// carries it. While PostgreSQL is away the copy stands. Overrides always
+// expire: expiry is evaluated at the time of use with the injected clock
+// (InForce drops an override at its expires_at on its next tick, or when
+// the publisher next asks what changed, and the service is re-published;
+// reads report it expired), and the Sweeper
 // writes expirations down and audits them as system:policy.
 package policy

@@ -3,64 +3,319 @@ package policy
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/worker"
 )
 
-// InForce is where the evaluator reads the overrides in force
-// (evaluator.OverrideSource), and how it learns at once that this process
-// changed them: the policy Service signals it after each commit. It is
-// built before both, so neither is bound to the other after construction:
-// data flows from policy's table through InForce to the evaluator, and
-// from the evaluator's verdicts to the Service's budget. Other replicas'
-// changes reach the evaluator by its periodic refresh.
+// InForce is this process's copy of the overrides in force: the one
+// place the rest of muster reads them from. Policy's table is the truth;
+// InForce follows it and feeds the assembler's input directly (Applied,
+// which the publisher and the drain budget read), and the evaluator reads
+// it for what it shows and counts (evaluator.OverrideSource).
+//
+// It refreshes on its own worker: every RefreshEvery (other replicas'
+// changes), at once when this process's policy Service committed a change
+// (signal), and it drops an override whose time is up on the next tick
+// (or the next ServicesChangedSince) even before the sweeper has marked it
+// expired. While PostgreSQL is away it keeps the copy it has: an outage
+// never lifts or imposes an override. It is built before the evaluator,
+// the policy Service and the publisher, and calls none of them.
 type InForce struct {
-	pool    *pgxpool.Pool
-	now     func() time.Time
-	changed chan struct{}
+	cfg InForceConfig
+	log *slog.Logger
+
+	local   chan struct{} // this process committed a change
+	updated chan struct{} // the copy changed (the publisher listens)
+	runner  worker.Runner
+
+	mu         sync.RWMutex
+	loaded     bool
+	byInstance map[uuid.UUID]evaluator.Override
+	rev        uint64
+	// changedAt is, per service, the revision at which its overrides
+	// last changed.
+	changedAt map[string]uint64
 }
 
-// NewInForce returns an InForce reading pool on the clock now (time.Now
-// when nil).
-func NewInForce(pool *pgxpool.Pool, now func() time.Time) *InForce {
-	if now == nil {
-		now = time.Now
+// InForceConfig configures an InForce.
+type InForceConfig struct {
+	Pool *pgxpool.Pool
+	// Now is the clock overrides expire on; time.Now when nil.
+	Now func() time.Time
+	// RefreshEvery is how often the copy is re-read: 1 s, as the
+	// evaluator follows the registry.
+	RefreshEvery time.Duration
+	// Timeout bounds each read: 5 s.
+	Timeout time.Duration
+	// DatabaseUp, when set, says whether a read is worth trying.
+	DatabaseUp func() bool
+	Logger     *slog.Logger
+}
+
+// NewInForce returns an InForce that has loaded nothing yet.
+func NewInForce(cfg InForceConfig) *InForce {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
-	return &InForce{pool: pool, now: now, changed: make(chan struct{}, 1)}
+	if cfg.RefreshEvery <= 0 {
+		cfg.RefreshEvery = time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &InForce{
+		cfg: cfg, log: cfg.Logger.With("component", "overrides-in-force"),
+		local: make(chan struct{}, 1), updated: make(chan struct{}, 1),
+		byInstance: map[uuid.UUID]evaluator.Override{}, changedAt: map[string]uint64{},
+	}
 }
 
-// InForce returns every override in force, for the evaluator, which
-// carries them beside the verdicts for the assembler to apply.
-func (f *InForce) InForce(ctx context.Context) ([]evaluator.Override, error) {
-	rows, err := db.New(f.pool).OverrideListInForce(ctx, f.now())
+// Start loads the copy once before it returns (so the first views after
+// a restart already carry every override), then refreshes it in the
+// background. A failed first load is retried by the worker: until one
+// succeeds, Loaded is false and the publisher assembles nothing.
+func (f *InForce) Start(ctx context.Context) error {
+	if err := f.Refresh(ctx); err != nil {
+		f.log.Warn("first load of the overrides in force failed; retrying", "err", err)
+	}
+	return f.runner.Start(ctx, f.run)
+}
+
+// Stop stops the worker.
+func (f *InForce) Stop() { f.runner.Stop() }
+
+func (f *InForce) run(ctx context.Context) {
+	tick := time.NewTicker(f.cfg.RefreshEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-f.local:
+		}
+		if f.cfg.DatabaseUp != nil && !f.cfg.DatabaseUp() && f.Loaded() {
+			f.expire(f.cfg.Now())
+			continue // the copy stands until PostgreSQL answers again
+		}
+		if err := f.Refresh(ctx); err != nil && ctx.Err() == nil {
+			f.log.Warn("refresh the overrides in force", "err", err)
+			f.expire(f.cfg.Now())
+		}
+	}
+}
+
+// Refresh re-reads the overrides in force and records which services'
+// overrides changed. On an error the copy is kept as it was.
+func (f *InForce) Refresh(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	defer cancel()
+	now := f.cfg.Now()
+	rows, err := db.New(f.cfg.Pool).OverrideListInForce(ctx, now)
 	if err != nil {
-		return nil, fmt.Errorf("list overrides in force: %w", err)
+		return fmt.Errorf("list overrides in force: %w", err)
 	}
-	out := make([]evaluator.Override, len(rows))
-	for i, r := range rows {
-		out[i] = evaluator.Override{
+	next := make(map[uuid.UUID]evaluator.Override, len(rows))
+	for _, r := range rows {
+		o := evaluator.Override{
 			ID: r.ID, InstanceID: r.InstanceID, Service: r.Service, Action: r.Action,
 			Actor: r.Actor, Justification: r.Justification, ExpiresAt: r.ExpiresAt,
 		}
 		if r.Cosigner != nil {
-			out[i].Cosigner = *r.Cosigner
+			o.Cosigner = *r.Cosigner
+		}
+		next[o.InstanceID] = o
+	}
+	f.mu.Lock()
+	changed := map[string]struct{}{}
+	for id, o := range f.byInstance {
+		if n, ok := next[id]; !ok || n != o {
+			changed[o.Service] = struct{}{}
 		}
 	}
-	return out, nil
+	for id, o := range next {
+		if old, ok := f.byInstance[id]; !ok || old != o {
+			changed[o.Service] = struct{}{}
+		}
+	}
+	f.byInstance = next
+	first := !f.loaded
+	f.loaded = true
+	f.note(changed)
+	f.mu.Unlock()
+	if len(changed) > 0 || first {
+		f.notify()
+	}
+	return nil
 }
 
-// Changed receives a value after this process committed a change to the
-// overrides (one value may stand for several); it never blocks the
-// writer.
-func (f *InForce) Changed() <-chan struct{} { return f.changed }
+// expire drops the overrides whose time is up at now.
+func (f *InForce) expire(now time.Time) {
+	f.mu.Lock()
+	changed := map[string]struct{}{}
+	for id, o := range f.byInstance {
+		if !now.Before(o.ExpiresAt) {
+			delete(f.byInstance, id)
+			changed[o.Service] = struct{}{}
+		}
+	}
+	f.note(changed)
+	f.mu.Unlock()
+	if len(changed) > 0 {
+		f.notify()
+	}
+}
 
-func (f *InForce) signal() {
+// note records services whose overrides changed at a new revision.
+// Called with f.mu held.
+func (f *InForce) note(changed map[string]struct{}) {
+	if len(changed) == 0 {
+		return
+	}
+	f.rev++
+	for s := range changed {
+		f.changedAt[s] = f.rev
+	}
+}
+
+func (f *InForce) notify() {
 	select {
-	case f.changed <- struct{}{}:
+	case f.updated <- struct{}{}:
 	default:
 	}
+}
+
+// signal tells the worker that this process committed a change: it
+// re-reads at once.
+func (f *InForce) signal() {
+	select {
+	case f.local <- struct{}{}:
+	default:
+	}
+}
+
+// Loaded reports whether the copy has been read at least once.
+func (f *InForce) Loaded() bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.loaded
+}
+
+// Changed receives a value after the copy changed (one value may stand
+// for several changes); it never blocks the worker.
+func (f *InForce) Changed() <-chan struct{} { return f.updated }
+
+// ServicesChangedSince returns the services whose overrides changed after
+// revision rev (expiring those whose time is up first; rev 0 is before
+// the first load), and the current revision to pass next time.
+func (f *InForce) ServicesChangedSince(rev uint64) ([]string, uint64) {
+	f.expire(f.cfg.Now())
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if rev >= f.rev {
+		return nil, f.rev
+	}
+	var out []string
+	for s, at := range f.changedAt {
+		if at > rev {
+			out = append(out, s)
+		}
+	}
+	slices.Sort(out)
+	return out, f.rev
+}
+
+// For returns the override in force for an instance at now.
+func (f *InForce) For(id uuid.UUID, now time.Time) (evaluator.Override, bool) {
+	f.mu.RLock()
+	o, ok := f.byInstance[id]
+	f.mu.RUnlock()
+	if !ok || !now.Before(o.ExpiresAt) {
+		return evaluator.Override{}, false
+	}
+	return o, true
+}
+
+// All returns every override in force at now, by instance.
+func (f *InForce) All(now time.Time) map[uuid.UUID]evaluator.Override {
+	f.mu.RLock()
+	out := maps.Clone(f.byInstance)
+	f.mu.RUnlock()
+	maps.DeleteFunc(out, func(_ uuid.UUID, o evaluator.Override) bool { return !now.Before(o.ExpiresAt) })
+	return out
+}
+
+// OverrideCount is how many of a service's instances overrides hold out of
+// (Out) or force into (In) rotation.
+type OverrideCount struct{ Out, In int }
+
+// Counts returns, per service, how many instances an override in force
+// marks ineligible (Out) and eligible (In). Verdicts and their counts stay
+// the instances' own; these say how far the views differ from them.
+func (f *InForce) Counts() map[string]OverrideCount {
+	out := map[string]OverrideCount{}
+	for _, o := range f.All(f.cfg.Now()) {
+		c := out[o.Service]
+		if Action(o.Action) == MarkEligible {
+			c.In++
+		} else {
+			c.Out++
+		}
+		out[o.Service] = c
+	}
+	return out
+}
+
+// Apply sets each instance's override in force at now on in, the
+// assembler's input: this is how overrides reach the views.
+func (f *InForce) Apply(in *assembler.ServiceInput, now time.Time) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for i := range in.Instances {
+		x := &in.Instances[i]
+		if x.LeaseExpired {
+			continue // ended by the registry: kept only by a tripped guard, and no override brings it back
+		}
+		if o, ok := f.byInstance[x.ID]; ok && now.Before(o.ExpiresAt) {
+			x.Override = &assembler.Override{ID: o.ID, Action: o.Action, Reason: o.Reason()}
+		}
+	}
+}
+
+// Applied is a snapshot source with the overrides in force applied: the
+// evaluator's verdicts as the assembler takes them. The publisher and the
+// drain budget read it, so a view and a budget count the same overrides.
+type Applied struct {
+	Verdicts Verdicts
+	InForce  *InForce
+	// Now is the clock overrides expire on.
+	Now func() time.Time
+}
+
+// Snapshot returns the service's input with the overrides applied; false
+// while the evaluator has none, or before the copy has been loaded.
+func (a Applied) Snapshot(service string) (assembler.ServiceInput, bool) {
+	in, ok := a.Verdicts.Snapshot(service)
+	if !ok {
+		return in, false
+	}
+	if !a.InForce.Loaded() {
+		return assembler.ServiceInput{}, false
+	}
+	a.InForce.Apply(&in, a.Now())
+	return in, true
 }

@@ -27,13 +27,11 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 	req.Justification = clip(req.Justification, MaxJustificationLength+1)
 	a := &attempt{actor: actor, action: "override.cosign", target: id.String(), asked: req}
 	var out Override
-	var service string
 	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*refusal.Error, error) {
 		row, svc, e, err := s.load(ctx, q, a, id)
 		if e != nil || err != nil {
 			return e, err
 		}
-		service = row.Service
 		a.target = row.InstanceID.String()
 		a.asked = map[string]any{"override_id": id, "justification": clip(req.Justification, MaxJustificationLength)}
 		if !mayOverride(actor, svc.Owner) {
@@ -140,7 +138,7 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 	if err != nil {
 		return Override{}, err
 	}
-	s.changed(service)
+	s.changed(ctx)
 	return out, nil
 }
 
@@ -149,13 +147,11 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 func (s *Service) Lift(ctx context.Context, actor identity.Principal, id uuid.UUID) (Override, error) {
 	a := &attempt{actor: actor, action: "override.lift", target: id.String()}
 	var out Override
-	var service string
 	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*refusal.Error, error) {
 		row, svc, e, err := s.load(ctx, q, a, id)
 		if e != nil || err != nil {
 			return e, err
 		}
-		service = row.Service
 		a.target = row.InstanceID.String()
 		a.asked = map[string]any{"override_id": id}
 		if !mayOverride(actor, svc.Owner) {
@@ -179,7 +175,7 @@ func (s *Service) Lift(ctx context.Context, actor identity.Principal, id uuid.UU
 	if err != nil {
 		return Override{}, err
 	}
-	s.changed(service)
+	s.changed(ctx)
 	return out, nil
 }
 
@@ -299,8 +295,8 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, r := range ended {
-		s.changed(r.Service)
+	if len(ended) > 0 {
+		s.changed(ctx)
 	}
 	return len(ended), nil
 }

@@ -390,8 +390,16 @@ func (s *Service) run(ctx context.Context, a *attempt, fn func(q *db.Queries, no
 	return nil
 }
 
-func (s *Service) changed(string) {
-	if s.cfg.InForce != nil {
+// changed brings this process's copy of the overrides in force up to
+// date after a committed change, before the caller is answered: a view
+// this replica assembles next carries it (read your writes). Should the
+// read fail, the copy's worker retries at once.
+func (s *Service) changed(ctx context.Context) {
+	if s.cfg.InForce == nil {
+		return
+	}
+	if err := s.cfg.InForce.Refresh(ctx); err != nil {
+		s.cfg.Logger.Warn("refresh the overrides in force after a change; the worker retries", "err", err)
 		s.cfg.InForce.signal()
 	}
 }
@@ -411,7 +419,6 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 	asked.Action = Action(clip(string(req.Action), 64))
 	a := &attempt{actor: actor, action: "override.create", target: asked.InstanceID, asked: asked}
 	var out Override
-	var service string
 	err := s.run(ctx, a, func(q *db.Queries, now time.Time) (*refusal.Error, error) {
 		id, err := uuid.Parse(req.InstanceID)
 		if err != nil || id == uuid.Nil {
@@ -442,7 +449,6 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		if err != nil {
 			return nil, err
 		}
-		service = ins.Service
 		if !mayOverride(actor, svc.Owner) {
 			return refusal.New(ErrForbidden, CheckAuthorization,
 				"overriding instances of %s needs the %s team's operator role or admin; %s has neither", ins.Service, svc.Owner, actor), nil
@@ -526,7 +532,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 	if err != nil {
 		return Override{}, err
 	}
-	s.changed(service)
+	s.changed(ctx)
 	return out, nil
 }
 

@@ -5,11 +5,13 @@
 // Data flows one way: the publisher pulls. It takes the evaluator's changes
 // (Config.Changes: evaluator.TakeChanges, woken by its Changed channel)
 // and notices the shift-backs' new traffic weights (Config.Traffic: their
-// Revision, woken by their Changed channel); the evaluation loop only
-// queues and signals, so it never waits on assembly or on subscribers, and
-// neither upstream knows the publisher. RunOnce re-reads each dirty
-// service's snapshot (the assembler's input, as the evaluator hands it
-// out), updates the assembler, and drains whatever the assembler says
+// Revision, woken by their Changed channel) and the services whose
+// overrides in force changed (Config.Overrides: policy.InForce); the
+// evaluation loop only queues and signals, so it never waits on assembly
+// or on subscribers, and no upstream knows the publisher. RunOnce re-reads
+// each dirty service's snapshot (the assembler's input: the evaluator's
+// verdicts with policy's overrides in force applied, policy.Applied),
+// updates the assembler, and drains whatever the assembler says
 // is due (a withdrawal at once when its service's withdrawal queue is idle,
 // otherwise at the end of the short window after the last one; additions
 // on their window). A transition wakes the worker at once, whatever timer
@@ -88,6 +90,12 @@ type Config struct {
 	// set of weights, and every known service is assembled again when its
 	// Revision moved.
 	Traffic Traffic
+	// Overrides, when set, is the overrides in force (policy.InForce),
+	// which Snapshot has applied (policy.Applied): a service whose
+	// overrides changed is assembled again, and nothing is assembled
+	// before the copy has been loaded, so the first views after a
+	// restart already carry every override.
+	Overrides Overrides
 	// GuardEvents, when set, is told of each zone whose fraction guard
 	// tripped or cleared since the last RunOnce (from the publisher's
 	// loop: it must not block), for the guard-trip history (guardlog).
@@ -111,6 +119,18 @@ type Traffic interface {
 	Changed() <-chan struct{}
 }
 
+// Overrides is the overrides in force (policy.InForce) as the publisher
+// follows them.
+type Overrides interface {
+	// Loaded reports whether they have been read at least once.
+	Loaded() bool
+	// ServicesChangedSince names the services whose overrides changed
+	// after revision rev, and returns the revision to pass next.
+	ServicesChangedSince(rev uint64) ([]string, uint64)
+	// Changed receives a value after they changed.
+	Changed() <-chan struct{}
+}
+
 // Publisher is the assembly worker.
 type Publisher struct {
 	cfg     Config
@@ -128,8 +148,9 @@ type Publisher struct {
 	// saved views: nothing is published before.
 	versions *assembler.Versions
 	wake     chan struct{}
-	// trafficRev is the Traffic revision last assembled with.
-	trafficRev uint64
+	// trafficRev is the Traffic revision last assembled with;
+	// overridesRev the Overrides revision last taken.
+	trafficRev, overridesRev uint64
 
 	store      viewStore
 	runner     worker.Runner
@@ -248,6 +269,19 @@ func (p *Publisher) take() {
 		if moved {
 			p.markKnownDirty()
 		}
+	}
+	if p.cfg.Overrides != nil {
+		p.mu.Lock()
+		names, rev := p.cfg.Overrides.ServicesChangedSince(p.overridesRev)
+		p.overridesRev = rev
+		// Only services already assembled: the others carry the overrides
+		// in force from their first assembly.
+		for _, n := range names {
+			if _, ok := p.known[n]; ok {
+				p.dirty[n] = struct{}{}
+			}
+		}
+		p.mu.Unlock()
 	}
 }
 
@@ -404,12 +438,15 @@ func (p *Publisher) run(ctx context.Context) {
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	var changes, traffic <-chan struct{}
+	var changes, traffic, overrides <-chan struct{}
 	if p.cfg.Changes != nil {
 		changes = p.cfg.Changes.Changed()
 	}
 	if p.cfg.Traffic != nil {
 		traffic = p.cfg.Traffic.Changed()
+	}
+	if p.cfg.Overrides != nil {
+		overrides = p.cfg.Overrides.Changed()
 	}
 	for {
 		p.RunOnce()
@@ -424,6 +461,7 @@ func (p *Publisher) run(ctx context.Context) {
 		case <-p.wake:
 		case <-changes:
 		case <-traffic:
+		case <-overrides:
 		case <-timer.C:
 		}
 	}
@@ -507,6 +545,9 @@ func (p *Publisher) nextDue() time.Time {
 // and the dirty services wait.
 func (p *Publisher) RunOnce() {
 	p.take()
+	if p.cfg.Overrides != nil && !p.cfg.Overrides.Loaded() {
+		return // the dirty services wait for the overrides in force
+	}
 	p.mu.Lock()
 	if p.versions == nil {
 		p.mu.Unlock()

@@ -7,11 +7,15 @@ import (
 	"net/http"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/assembler"
@@ -451,9 +455,7 @@ func TestCosignExceedsBudgetOnlyWithTwoIdentities(t *testing.T) {
 // published.
 func (f *ofix) publish(t *testing.T) {
 	t.Helper()
-	if err := f.Evaluator.SyncNow(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	f.SyncNow(t)
 	f.Evaluator.EvaluateNow()
 	f.Publisher.RunOnce()
 	f.Clock.Advance(2 * time.Second)
@@ -701,4 +703,80 @@ func grepMetric(b []byte, name string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestOverridesInForceFollowTheTable: policy's copy of the overrides in
+// force (policy.InForce), which the views are assembled from. The
+// replica that admitted an override has it before answering (read your
+// writes), names the service as changed, drops it when its time is up
+// without waiting for the sweeper or a refresh, keeps what it has when
+// PostgreSQL cannot be read, and a replica started afterwards publishes
+// its first view with the override already applied.
+func TestOverridesInForceFollowTheTable(t *testing.T) {
+	t.Parallel()
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 4})
+	inForce := f.App.InForce
+	id := uuid.MustParse(f.zones["az1"][0])
+	_, rev := inForce.ServicesChangedSince(0)
+
+	r := f.override(t, f.Token(t, oscarReq), id.String(), "mark_ineligible", "draining for the disk replacement", 60)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("override: %d %s", r.Status, r.Body)
+	}
+	o := apptest.Decode[policy.Override](t, r)
+	// No SyncNow, no refresh: the admitting replica already has it.
+	if got, ok := inForce.For(id, f.Clock.Now()); !ok || got.ID != o.ID {
+		t.Fatalf("the admitting replica's copy right after 201: %+v %v", got, ok)
+	}
+	changed, rev2 := inForce.ServicesChangedSince(rev)
+	if !slices.Equal(changed, []string{"web"}) || rev2 <= rev {
+		t.Fatalf("changed since %d: %v at %d, want [web]", rev, changed, rev2)
+	}
+	if c := inForce.Counts()["web"]; c.Out != 1 || c.In != 0 {
+		t.Fatalf("counts %+v", c)
+	}
+
+	// A replica started now publishes its first view with the override.
+	b := &ofix{Stack: apptest.New(t, apptest.Options{Pool: f.Pool}), zones: f.zones}
+	b.WaitReady(t)
+	if err := b.Evaluator.SyncNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	b.Evaluator.EvaluateNow()
+	b.Publisher.RunOnce()
+	b.Clock.Advance(2 * time.Second)
+	b.Publisher.RunOnce()
+	if e, ok := endpointOf(t, b.view(t), id.String()); !ok || e.Override == nil || e.Override.ID != o.ID || e.Weight != 0 {
+		t.Fatalf("a new replica's first view: %+v %v", e, ok)
+	}
+
+	// PostgreSQL cannot be read (a closed pool stands for it): the copy
+	// stands, the override with it.
+	ctx := context.Background()
+	dead, err := pgxpool.New(ctx, f.Pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	isolated := policy.NewInForce(policy.InForceConfig{Pool: dead, Now: f.Clock.Now})
+	if err := isolated.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dead.Close()
+	if err := isolated.Refresh(ctx); err == nil {
+		t.Fatal("a refresh on a closed pool succeeded")
+	}
+	if got, ok := isolated.For(id, f.Clock.Now()); !ok || got.ID != o.ID || !isolated.Loaded() {
+		t.Fatalf("after a failed refresh: %+v %v (loaded %v)", got, ok, isolated.Loaded())
+	}
+
+	// Its time is up: gone from the copy, the service named as changed,
+	// before any refresh or sweep.
+	f.Clock.Advance(61 * time.Second)
+	changed, _ = inForce.ServicesChangedSince(rev2)
+	if _, ok := inForce.For(id, f.Clock.Now()); ok || !slices.Equal(changed, []string{"web"}) {
+		t.Fatalf("after expiry: in force %v, changed %v", ok, changed)
+	}
+	if _, ok := isolated.For(id, f.Clock.Now()); ok {
+		t.Fatal("an expired override outlived its time in the isolated copy")
+	}
 }

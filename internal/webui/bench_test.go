@@ -30,8 +30,6 @@ func (f *fakeEstate) AllServiceStats() ([]eligibility.ServiceStats, time.Time, e
 	return f.stats, time.Now(), nil
 }
 
-func (f *fakeEstate) OverrideCounts() map[string]evaluator.OverrideCount { return nil }
-
 func (f *fakeEstate) ServiceEligibility(s string) (evaluator.ServiceEligibility, error) {
 	return f.el[s], nil
 }

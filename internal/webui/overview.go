@@ -90,7 +90,10 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 	for i := range stats {
 		statsBy[stats[i].Service] = &stats[i]
 	}
-	overridden := u.cfg.Evaluator.OverrideCounts()
+	var overridden map[string]policy.OverrideCount
+	if u.cfg.InForce != nil {
+		overridden = u.cfg.InForce.Counts()
+	}
 	owners := map[string]bool{}
 	for _, s := range services {
 		owners[s.Owner] = true

@@ -71,7 +71,12 @@ import (
 type Eligibility interface {
 	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
 	AllServiceStats() ([]eligibility.ServiceStats, time.Time, error)
-	OverrideCounts() map[string]evaluator.OverrideCount
+}
+
+// OverrideCounts is the overrides in force (policy.InForce) as the
+// overview counts them per service.
+type OverrideCounts interface {
+	Counts() map[string]policy.OverrideCount
 }
 
 // Publication is the publisher as the overview reads it: open alarms and
@@ -114,6 +119,9 @@ type Config struct {
 	// Overrides, when set, offers the override forms (mark ineligible or
 	// eligible, co-sign, lift) through the same policy path as the API.
 	Overrides *policy.Service
+	// InForce, when set, counts the overrides in force per service for
+	// the overview.
+	InForce OverrideCounts
 	// Guards, when set, is the guard-trip history the service page shows.
 	Guards *guardlog.Log
 	// Shifts, when set, enables the shift-backs page and its actions.

@@ -488,6 +488,20 @@ func (s *Stack) WaitReady(t testing.TB) {
 	wait.For(t, 20*time.Second, "the evaluator ready after its rebuild", s.Evaluator.Ready)
 }
 
+// SyncNow brings the stack's copies of the database up to date now, as
+// their workers would on their next refresh (an hour away in tests): the
+// evaluator's registry state and the overrides in force (another replica
+// on the same database wrote them, say).
+func (s *Stack) SyncNow(t testing.TB) {
+	t.Helper()
+	if err := s.Evaluator.SyncNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.App.InForce.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Admit brings instances of web (a service with a readiness signal, whose
 // new instances await their first success and are not capacity until
 // then) into rotation the way a workload does: one self-reported success
