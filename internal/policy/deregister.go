@@ -203,27 +203,9 @@ func (s *Service) deregisterOther(ctx context.Context, q *db.Queries, now time.T
 		State: string(StateApplied), Actor: actor.String(), Justification: req.Justification,
 		CreatedAt: now, ExpiresAt: now.Add(s.cfg.CosignWindow), EndedAt: &now,
 	}
-	b, err := s.budget(ctx, q, cur.Service, cur.Zone, cur.ID, inForce)
-	if err != nil {
-		return nil, err
+	if e, err := s.withinBudget(ctx, q, now, a, row, inForce, "deregistration", "deregister it"); e != nil || err != nil {
+		return e, err
 	}
-	a.budget = b.figures()
-	if e := b.refusal(); e != nil {
-		if errors.Is(e, ErrBudget) {
-			row.State, row.EndedAt = string(StatePending), nil
-			row.CosignBy, row.BudgetDetail = new(now.Add(s.cfg.CosignWindow)), e.Detail
-			stored, err := q.OverrideInsert(ctx, row)
-			if err != nil {
-				return nil, fmt.Errorf("store deregistration awaiting co-sign: %w", err)
-			}
-			o := fromRow(stored, now)
-			e.Subject = &o
-			e.Detail += fmt.Sprintf("; a second identity with the same authority may co-sign override %s before %s to deregister it anyway",
-				o.ID, o.CosignBy.Format(time.RFC3339))
-		}
-		return e, nil
-	}
-	a.passed = append(a.passed, CheckBudget)
 	ended, err := registry.EndInstance(ctx, q, cur.ID, now)
 	if err != nil {
 		return nil, err

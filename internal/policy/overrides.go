@@ -495,27 +495,9 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		}
 		check := CheckState
 		if req.Action == MarkIneligible {
-			b, err := s.budget(ctx, q, ins.Service, ins.Zone, id, inForce)
-			if err != nil {
-				return nil, err
+			if e, err := s.withinBudget(ctx, q, now, a, row, inForce, "override", "apply it"); e != nil || err != nil {
+				return e, err
 			}
-			a.budget = b.figures()
-			if e := b.refusal(); e != nil {
-				if errors.Is(e, ErrBudget) {
-					// Break-glass: keep the attempt for a co-signer.
-					row.State, row.CosignBy, row.BudgetDetail = string(StatePending), new(now.Add(s.cfg.CosignWindow)), e.Detail
-					stored, err := q.OverrideInsert(ctx, row)
-					if err != nil {
-						return nil, fmt.Errorf("store override awaiting co-sign: %w", err)
-					}
-					o := fromRow(stored, now)
-					e.Subject = &o
-					e.Detail += fmt.Sprintf("; a second identity with the same authority may co-sign override %s before %s to apply it anyway",
-						o.ID, o.CosignBy.Format(time.RFC3339))
-				}
-				return e, nil
-			}
-			a.passed = append(a.passed, CheckBudget)
 			check = CheckBudget
 		}
 		stored, err := q.OverrideInsert(ctx, row)
@@ -534,6 +516,40 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 	}
 	s.changed(ctx)
 	return out, nil
+}
+
+// withinBudget runs the disruption budget check of taking row's instance
+// out of rotation (an override marking it ineligible, or a deregistration
+// by someone else). Within budget it records the check as passed and
+// returns nil. Over budget the attempt is kept, pending, for a second
+// identity to co-sign within CosignWindow (break-glass, ADR-15), and the
+// refusal says so: what names the attempt, and doing what the co-sign
+// would do.
+func (s *Service) withinBudget(ctx context.Context, q *db.Queries, now time.Time, a *attempt, row db.OverrideInsertParams,
+	inForce []db.Override, what, doing string) (*refusal.Error, error) {
+	b, err := s.budget(ctx, q, row.Service, row.Zone, row.InstanceID, inForce)
+	if err != nil {
+		return nil, err
+	}
+	a.budget = b.figures()
+	e := b.refusal()
+	if e == nil {
+		a.passed = append(a.passed, CheckBudget)
+		return nil, nil
+	}
+	if errors.Is(e, ErrBudget) {
+		row.State, row.EndedAt = string(StatePending), nil
+		row.CosignBy, row.BudgetDetail = new(now.Add(s.cfg.CosignWindow)), e.Detail
+		stored, err := q.OverrideInsert(ctx, row)
+		if err != nil {
+			return nil, fmt.Errorf("store %s awaiting co-sign: %w", what, err)
+		}
+		o := fromRow(stored, now)
+		e.Subject = &o
+		e.Detail += fmt.Sprintf("; a second identity with the same authority may co-sign override %s before %s to %s anyway",
+			o.ID, o.CosignBy.Format(time.RFC3339), doing)
+	}
+	return e, nil
 }
 
 // limit takes one attempt from the actor's quota for scope.
