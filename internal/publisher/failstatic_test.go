@@ -19,6 +19,7 @@ import (
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/testclock"
 	"github.com/musterhq/muster/internal/wait"
 )
 
@@ -49,19 +50,6 @@ func outage(t *testing.T, pool *pgxpool.Pool) (restore func()) {
 		t.Fatal("the database still answers during the outage")
 	}
 	return func() { exec("ALTER DATABASE " + ident + " WITH ALLOW_CONNECTIONS true") }
-}
-
-// clock is a settable clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
 }
 
 // input is a settable evaluator output: each service's instances with
@@ -105,13 +93,13 @@ func endpoints(n int, st eligibility.State) []assembler.InstanceInput {
 
 type rig struct {
 	*publisher.Publisher
-	clk     *clock
+	clk     *testclock.Clock
 	in      *input
 	hub     *stream.Hub
 	metrics *prometheus.Registry
 }
 
-func newRig(t *testing.T, pool *pgxpool.Pool, clk *clock, in *input, cfg func(*publisher.Config)) *rig {
+func newRig(t *testing.T, pool *pgxpool.Pool, clk *testclock.Clock, in *input, cfg func(*publisher.Config)) *rig {
 	t.Helper()
 	r := &rig{clk: clk, in: in, hub: stream.NewHub(stream.Config{Now: clk.Now}), metrics: prometheus.NewRegistry()}
 	c := publisher.Config{Snapshot: in.snapshot, Hub: r.hub, Pool: pool, Now: clk.Now, Registerer: r.metrics}
@@ -178,7 +166,7 @@ func TestPublishesThroughADatabaseOutage(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
-	clk := &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	in := &input{}
 	eps := endpoints(4, eligibility.Eligible)
 	in.set("web", eps)
@@ -269,7 +257,7 @@ func TestRestartComparesWithWhatClientsHold(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
-	clk := &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	in := &input{}
 	in.set("web", endpoints(4, eligibility.Eligible))
 	in.set("api", endpoints(2, eligibility.Ineligible)) // never in rotation
@@ -349,7 +337,7 @@ func TestSavedWhileUpCaughtUpAfter(t *testing.T) {
 	in := &input{}
 	eps := endpoints(4, eligibility.Eligible)
 	in.set("web", eps)
-	r := newRig(t, pool, &clock{}, in, func(c *publisher.Config) {
+	r := newRig(t, pool, testclock.New(time.Time{}), in, func(c *publisher.Config) {
 		c.Now, c.SaveEvery, c.MaxSaveBackoff = time.Now, 10*time.Millisecond, 200*time.Millisecond
 		c.Options = assembler.Options{AdditionWindow: 20 * time.Millisecond, WithdrawalWindow: 5 * time.Millisecond}
 	})
@@ -399,7 +387,7 @@ func TestNextEpochOffThePublishingPath(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	ctx := context.Background()
-	clk := &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	in := &input{}
 	eps := endpoints(8, eligibility.Eligible) // four per zone: three can go without tripping the guard
 	in.set("web", eps)

@@ -11,6 +11,7 @@ import (
 	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/publisher"
+	"github.com/musterhq/muster/internal/testclock"
 )
 
 // fakeOverrides stands in for policy.InForce: loaded or not, and a
@@ -56,7 +57,7 @@ func (f *fakeOverrides) change(services ...string) {
 // service never assembled does not conjure it.
 func TestNothingAssembledBeforeTheOverridesAreLoaded(t *testing.T) {
 	pool := dbtest.New(t)
-	clk := &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	in := &input{}
 	in.set("web", endpoints(4, eligibility.Eligible))
 	ov := &fakeOverrides{changed: map[string]uint64{}, c: make(chan struct{}, 1)}

@@ -21,23 +21,11 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/testclock"
 	"github.com/musterhq/muster/internal/wait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
-
-// clock is a settable clock for lease tests.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 var (
 	admin    = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
@@ -52,14 +40,14 @@ var (
 type env struct {
 	reg   *registry.Registry
 	pool  *pgxpool.Pool
-	clock *clock
+	clock *testclock.Clock
 	q     *db.Queries
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	pool := dbtest.New(t)
-	clk := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	reg, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/shift"
+	"github.com/musterhq/muster/internal/testclock"
 )
 
 var (
@@ -26,18 +27,6 @@ var (
 	operator = identity.Principal{Kind: identity.KindOperator, Subject: "oscar", Team: "payments", Role: identity.RoleOperator}
 	yes, no  = true, false
 )
-
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // verdicts serves fixed snapshots; a service it does not know reads as
 // "evaluator not ready".
@@ -69,7 +58,7 @@ func fixture(t *testing.T) (*pgxpool.Pool, verdicts) {
 	return pool, verdicts{"web": snap}
 }
 
-func newShifts(t *testing.T, pool *pgxpool.Pool, v shift.Verdicts, clk *clock, adjust func(*shift.Config)) *shift.Service {
+func newShifts(t *testing.T, pool *pgxpool.Pool, v shift.Verdicts, clk *testclock.Clock, adjust func(*shift.Config)) *shift.Service {
 	t.Helper()
 	cfg := shift.Config{Pool: pool, Region: "local", Verdicts: v, Now: clk.Now}
 	if adjust != nil {
@@ -109,7 +98,7 @@ func TestValidShiftSteps(t *testing.T) {
 func TestWeightsTakeTheLowest(t *testing.T) {
 	t.Parallel()
 	pool, v := fixture(t)
-	clk := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	s := newShifts(t, pool, v, clk, nil)
 	start := s.Revision()
 	ctx := context.Background()
@@ -152,7 +141,7 @@ func TestWeightsTakeTheLowest(t *testing.T) {
 func TestShortLadderAndConfirm(t *testing.T) {
 	t.Parallel()
 	pool, v := fixture(t)
-	clk := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	s := newShifts(t, pool, v, clk, func(c *shift.Config) {
 		c.Steps, c.Dwell, c.PendingAlarmAfter = []float64{0.5, 1}, time.Minute, 5*time.Minute
 	})
@@ -195,7 +184,7 @@ func TestShortLadderAndConfirm(t *testing.T) {
 func TestDrainWithoutVerdictsIsRefused(t *testing.T) {
 	t.Parallel()
 	pool, _ := fixture(t)
-	clk := &clock{t: time.Now()}
+	clk := testclock.New(time.Now())
 	s := newShifts(t, pool, verdicts{}, clk, nil)
 	_, err := s.Drain(context.Background(), operator, shift.Request{Scope: "zone", Target: "az1", Reason: "az1 is losing packets", Manual: &yes})
 	if !errors.Is(err, evaluator.ErrNotReady) {
@@ -212,7 +201,7 @@ func TestDrainWithoutVerdictsIsRefused(t *testing.T) {
 func TestTwoReplicasTakeOneStep(t *testing.T) {
 	t.Parallel()
 	pool, v := fixture(t)
-	clk := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	a := newShifts(t, pool, v, clk, nil)
 	b := newShifts(t, pool, v, clk, nil)
 	ctx := context.Background()

@@ -5,13 +5,13 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/internal/testclock"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -24,19 +24,7 @@ type replicaProcess struct {
 	census *Census
 }
 
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func startReplica(t *testing.T, pool *pgxpool.Pool, clock *testClock, name string, subscribers int, logs *bytes.Buffer) *replicaProcess {
+func startReplica(t *testing.T, pool *pgxpool.Pool, clock *testclock.Clock, name string, subscribers int, logs *bytes.Buffer) *replicaProcess {
 	t.Helper()
 	hub := NewHub(Config{Now: clock.Now})
 	h := &replicaProcess{hub: hub, adm: NewAdmission(AdmissionConfig{Floor: 1, Now: clock.Now})}
@@ -72,7 +60,7 @@ func startReplica(t *testing.T, pool *pgxpool.Pool, clock *testClock, name strin
 func TestCensusCarriesThePopulationAcrossARestart(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
-	clock := &testClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	clock := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	before := startReplica(t, pool, clock, "muster-0", 400, nil)
 	if st := before.adm.Stats(); st.Population.Expected != 400 || st.Budget != 20 {
 		t.Fatalf("before the restart: %+v", st)
@@ -114,7 +102,7 @@ func TestCensusWithoutDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	clock := &testClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	clock := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	var logs bytes.Buffer
 	began := time.Now()
 	r := startReplica(t, pool, clock, "muster-0", 0, &logs)

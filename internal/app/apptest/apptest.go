@@ -45,25 +45,13 @@ import (
 	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/testclock"
 	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/internal/webui"
 )
 
-// Clock is a settable clock shared by the registry and the evaluator.
-type Clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-
-// Advance moves the clock forward.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+// Clock is the stack's settable clock, shared by every component.
+type Clock = testclock.Clock
 
 // Stack is a running muster.
 type Stack struct {
@@ -228,7 +216,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		t.Cleanup(monPool.Close)
 	}
-	clk := &Clock{t: time.Now().UTC().Truncate(time.Microsecond)}
+	clk := testclock.New(time.Now().UTC().Truncate(time.Microsecond))
 
 	hs := httptest.NewUnstartedServer(nil)
 	base := "http://" + hs.Listener.Addr().String()
