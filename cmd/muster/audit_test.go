@@ -16,6 +16,7 @@ import (
 
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // TestAuditVerifyAgainstCheckpoints drives `muster audit verify
@@ -157,15 +158,10 @@ func TestDevCheckpointsSurviveARestart(t *testing.T) {
 		}
 		return c
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if c := cps(); len(c) > 0 && c[len(c)-1].Seq >= 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no checkpoint of seq 1 within 30 s: %+v", cps())
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
-	}
+	wait.For(t, 30*time.Second, "a checkpoint of seq 1", func() bool {
+		c := cps()
+		return len(c) > 0 && c[len(c)-1].Seq >= 1
+	})
 	if st, err := os.Stat(filepath.Join(dir, "audit-signing.key")); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("signing key: %v %v", st, err)
 	}

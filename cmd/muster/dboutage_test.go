@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -100,16 +101,10 @@ func TestServingThroughADatabaseOutage(t *testing.T) {
 	}
 	// Reports about an instance the evaluator has not picked up yet are
 	// refused (issue 12); wait until it lists them all.
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	wait.For(t, 30*time.Second, fmt.Sprintf("the evaluator listing the %d instances", n), func() bool {
 		_, b := call(t, "GET", url+"/v1/services/web/eligibility", admin, "")
-		if strings.Count(string(b), `"instance_id"`) == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the evaluator does not list the %d instances within 30 s", n)
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
-	}
+		return strings.Count(string(b), `"instance_id"`) == n
+	})
 	report("success", ids)
 
 	// 200 subscribers, each a real resolver client on its own stream.
@@ -289,21 +284,17 @@ func TestServingThroughADatabaseOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var got int
+	var got int
+	wait.For(t, 60*time.Second, fmt.Sprintf("all %d withdrawals of the outage in the transitions table after PostgreSQL returned", n), func() bool {
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM transitions WHERE at >= $1 AND at < $2 AND to_state = 'ineligible'`,
 			outageStart, outageStart.Add(outage)).Scan(&got); err != nil {
 			t.Fatal(err)
 		}
-		if got >= n {
-			break
+		if got < n {
+			t.Logf("%d of %d withdrawals of the outage in the transitions table so far", got, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d withdrawals of the outage are in the transitions table 60 s after PostgreSQL returned", got, n)
-		}
-		time.Sleep(100 * time.Millisecond) // polling with a deadline
-	}
+		return got >= n
+	})
 	out, errOut, err := runCmd(t, "audit", "verify", "--data", dir)
 	if err != nil {
 		t.Fatalf("muster audit verify after the outage: %v\n%s%s", err, out, errOut)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // TestDevSurvivesAFrozenDatabase runs `muster dev` as wired for
@@ -61,12 +62,12 @@ func TestDevSurvivesAFrozenDatabase(t *testing.T) {
 	}
 	// web probes, so its new instance is not capacity before its first
 	// success: the workload reports one.
-	waitUntil(t, "web's view holds the instance", 30*time.Second, func() bool {
+	wait.For(t, 30*time.Second, "web's view holds the instance", func() bool {
 		call(t, "POST", dev.url+"/v1/reports", web, `{"reports":[{"instance_id":"`+inst.ID+`","class":"self","outcome":"success"}]}`)
 		code, body := call(t, "GET", dev.url+"/v1/resolve/web", api, "")
 		return code == 200 && strings.Contains(string(body), `"127.0.0.1"`)
 	})
-	waitUntil(t, "/readyz", 30*time.Second, func() bool { code, _ := call(t, "GET", dev.url+"/readyz", "", ""); return code == 200 })
+	wait.For(t, 30*time.Second, "/readyz", func() bool { code, _ := call(t, "GET", dev.url+"/readyz", "", ""); return code == 200 })
 
 	thaw := dbtest.Freeze(t, filepath.Join(dir, "pgdata"))
 	frozen := time.Now()
@@ -96,7 +97,7 @@ func TestDevSurvivesAFrozenDatabase(t *testing.T) {
 		}
 		return ""
 	}
-	waitUntil(t, "muster_database_up 0", 10*time.Second, func() bool { return databaseUp() == "0" })
+	wait.For(t, 10*time.Second, "muster_database_up 0", func() bool { return databaseUp() == "0" })
 	t.Logf("muster_database_up 0 after %s", time.Since(frozen).Round(time.Millisecond))
 	if _, body := call(t, "GET", dev.url+"/v1/alarms", admin, ""); !strings.Contains(string(body), `"database_unreachable"`) {
 		t.Fatalf("alarms on a frozen database: %s", body)
@@ -111,8 +112,8 @@ func TestDevSurvivesAFrozenDatabase(t *testing.T) {
 	}
 
 	thaw()
-	waitUntil(t, "muster_database_up 1", 30*time.Second, func() bool { return databaseUp() == "1" })
-	waitUntil(t, "a write after the thaw", 30*time.Second, func() bool {
+	wait.For(t, 30*time.Second, "muster_database_up 1", func() bool { return databaseUp() == "1" })
+	wait.For(t, 30*time.Second, "a write after the thaw", func() bool {
 		code, _ := call(t, "PUT", dev.url+"/v1/services/web/contract", admin, `{"min_healthy_fraction":0.4}`)
 		return code == 200
 	})
@@ -170,17 +171,5 @@ func watchOnce(t *testing.T, base, tok string) {
 	}
 	if len(events) < 2 || events[0] != "view" || events[1] != "synced" {
 		t.Fatalf("a fresh watch on a frozen database: events %v (%v)", events, sc.Err())
-	}
-}
-
-// waitUntil polls cond until it holds or within has passed.
-func waitUntil(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
 	}
 }

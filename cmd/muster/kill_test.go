@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -168,15 +170,10 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 	// Routing switches to a view before its last-known-good file is
 	// written (the write must not delay routing), so wait for the file
 	// before pulling the plug.
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if v, err := resolver.LoadView(cacheDir, "web"); err == nil && v.Version >= before {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no last-known-good file of web v%d in %s within 30 s", before, cacheDir)
-		}
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+	wait.For(t, 30*time.Second, fmt.Sprintf("a last-known-good file of web v%d in %s", before, cacheDir), func() bool {
+		v, err := resolver.LoadView(cacheDir, "web")
+		return err == nil && v.Version >= before
+	})
 	endpoints := func(c *resolver.Client) string {
 		r, err := c.Resolve("web")
 		if err != nil {
@@ -228,13 +225,7 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 	// (a cold server admits its floor, 50 per 10 s) without a refusal, and
 	// both stream to a synced state.
 	for i, c := range []*resolver.Client{c1, c2} {
-		deadline := time.Now().Add(30 * time.Second)
-		for st := c.Stats(); !st.Synced; st = c.Stats() {
-			if time.Now().After(deadline) {
-				t.Fatalf("resolver %d never synced with the restarted server: %+v", i+1, st)
-			}
-			time.Sleep(20 * time.Millisecond) // polling with a deadline
-		}
+		wait.For(t, 30*time.Second, fmt.Sprintf("resolver %d synced with the restarted server", i+1), func() bool { return c.Stats().Synced })
 	}
 	code, metrics := call(t, "GET", url+"/metrics", admin, "")
 	if code != 200 || !regexp.MustCompile(`(?m)^muster_watch_admission_refused_total 0$`).Match(metrics) ||
@@ -260,24 +251,20 @@ func grepLines(b []byte, s string) string {
 // version of at least min, and checks that what it holds never goes back.
 func waitVersion(t *testing.T, c *resolver.Client, min uint64) uint64 {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
 	var last uint64
-	for {
-		if r, err := c.Resolve("web"); err == nil {
-			v := r.Version()
-			if v < last {
-				t.Fatalf("version went back from %d to %d", last, v)
-			}
-			last = v
-			if v >= min {
-				return v
-			}
+	wait.For(t, 60*time.Second, fmt.Sprintf("a view of web at version >= %d", min), func() bool {
+		r, err := c.Resolve("web")
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no view of web at version >= %d within 60 s (holding %d; %+v)", min, last, c.Stats())
+		v := r.Version()
+		if v < last {
+			t.Fatalf("version went back from %d to %d", last, v)
 		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		last = v
+		return v >= min
+	})
+	return last
 }
 
 // TestDevStopsAnAdoptedCluster (issue 11): a muster dev that adopted the

@@ -233,16 +233,10 @@ func TestDevEndToEnd(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling with a deadline
 	}
-	for {
+	wait.For(t, time.Until(deadline), "eligibility showing the instance eligible", func() bool {
 		code, body = call(t, "GET", dev.url+"/v1/services/web/eligibility", admin, "")
-		if code == 200 && bytes.Contains(body, []byte(`"state":"eligible"`)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("eligibility never showed the instance eligible: %d %s", code, body)
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline: the evaluator ticks every 200 ms
-	}
+		return code == 200 && bytes.Contains(body, []byte(`"state":"eligible"`))
+	})
 	// Shift-backs are wired: draining az1 would leave web no instance in
 	// rotation, so the budget refuses it; az2 holds nothing and drains.
 	code, body = call(t, "POST", dev.url+"/v1/shifts", admin, `{"scope":"zone","target":"az1","reason":"drill: drain az1","manual":true}`)
@@ -272,17 +266,11 @@ func TestDevEndToEnd(t *testing.T) {
 		State   string
 		EndedAt time.Time `json:"ended_at"`
 	}
-	for {
+	wait.For(t, time.Until(deadline), "the lease expired after registration", func() bool {
 		_, body = call(t, "GET", dev.url+"/v1/instances/"+inst.ID, admin, "")
 		_ = json.Unmarshal(body, &ended)
-		if ended.State == "expired" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lease not expired 30 s after registration: %s", body)
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
-	}
+		return ended.State == "expired"
+	})
 	if ended.EndedAt.Before(renewed.LeaseExpiresAt) {
 		t.Fatalf("expired at %s, before the lease ran out at %s", ended.EndedAt, renewed.LeaseExpiresAt)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // outageScale is the outage length and lease TTL of the outage tests. By
@@ -138,7 +139,7 @@ func newFleet(t *testing.T, url, admin string, n int, ttl time.Duration) *fleet 
 		code int
 		body []byte
 	)
-	waitUntil(t, "the override admitted or refused", 30*time.Second, func() bool {
+	wait.For(t, 30*time.Second, "the override admitted or refused", func() bool {
 		code, body = call(t, "POST", url+"/v1/overrides", admin,
 			fmt.Sprintf(`{"instance_id":%q,"action":"mark_ineligible","justification":"disk errors on the host","expires_in":86400}`, f.ids[1]))
 		return code != 503
@@ -162,12 +163,12 @@ func (f *fleet) states(t *testing.T) map[string]string {
 	// Just after PostgreSQL returns, muster may still answer 503
 	// database-unavailable until its monitor's next ping (within a
 	// second): try again for a while.
-	deadline := time.Now().Add(10 * time.Second)
-	code, body := call(t, "GET", f.url+"/v1/services/web/instances?state=all&limit=1000", f.admin, "")
-	for code == 503 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond) // polling with a deadline
+	var code int
+	var body []byte
+	wait.For(t, 10*time.Second, "an answer other than 503 to the instance list", func() bool {
 		code, body = call(t, "GET", f.url+"/v1/services/web/instances?state=all&limit=1000", f.admin, "")
-	}
+		return code != 503
+	})
 	if code != 200 {
 		t.Fatalf("list instances: %d %s", code, body)
 	}
@@ -190,19 +191,9 @@ func (f *fleet) states(t *testing.T) map[string]string {
 func (f *fleet) check(t *testing.T, back time.Time, ttl time.Duration) {
 	t.Helper()
 	budget := ttl + ttl/3 + 2*time.Second + 3*time.Second
-	deadline := back.Add(budget + 30*time.Second)
-	var expiredAt time.Time
-	for {
-		if st := f.states(t); st[f.stopped] == "expired" {
-			expiredAt = time.Now()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the instance that stopped renewing did not expire within %s of muster hearing again", deadline.Sub(back))
-		}
-		time.Sleep(100 * time.Millisecond) // polling with a deadline
-	}
-	took := expiredAt.Sub(back)
+	wait.For(t, time.Until(back.Add(budget+30*time.Second)), "the instance that stopped renewing expired after muster heard again",
+		func() bool { return f.states(t)[f.stopped] == "expired" })
+	took := time.Since(back)
 	if took > budget {
 		t.Errorf("the stopped instance expired %s after renewals could land again; TTL + grace is %s", took.Round(time.Millisecond), budget)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -117,15 +118,10 @@ func TestResolveWaitsForAView(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"resolve", "web", "--server", s.URL, "--token", tok, "--cache", t.TempDir(), "--timeout", "20s"}, &out, &errb)
 	}()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if n, _ := s.Hub.Subscribers(); n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("resolve never subscribed")
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	wait.For(t, 10*time.Second, "resolve subscribed", func() bool {
+		n, _ := s.Hub.Subscribers()
+		return n > 0
+	})
 	b, err := json.Marshal(webView(1001, time.Now()))
 	if err != nil {
 		t.Fatal(err)

@@ -38,6 +38,10 @@ type InForce struct {
 	local   chan struct{} // this process committed a change
 	updated chan struct{} // the copy changed (the publisher listens)
 	runner  worker.Runner
+	// refreshing serialises Refresh (the worker's and a committing
+	// request's): each read is applied after the one started before it,
+	// so an older read can never overwrite a newer one.
+	refreshing sync.Mutex
 
 	mu         sync.RWMutex
 	loaded     bool
@@ -122,6 +126,8 @@ func (f *InForce) run(ctx context.Context) {
 // Refresh re-reads the overrides in force and records which services'
 // overrides changed. On an error the copy is kept as it was.
 func (f *InForce) Refresh(ctx context.Context) error {
+	f.refreshing.Lock()
+	defer f.refreshing.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
 	now := f.cfg.Now()
