@@ -126,7 +126,7 @@ type binding struct {
 	adds     []stamp // stepped additions made
 	failures int
 	retryAt  time.Time
-	lastHold uint64 // NewestVersion of the last hold logged
+	lastHold uint64       // NewestVersion of the last hold logged
 	lastSync atomic.Int64 // unix nanoseconds of the last good cycle
 	pending  int          // deregistrations deferred by the last plan
 	unlogged int          // unmanaged count last logged
@@ -307,8 +307,8 @@ func (s *Syncer) reconcile(ctx context.Context, b *binding) Report {
 	registered, regKnown := snap.Registered()
 	p := Compute(Input{
 		Desired: desired, Current: g.Targets,
-		Known:  func(k Key) bool { return known[k] },
-		InView: func(k Key) bool { return inView[k] },
+		Known:      func(k Key) bool { return known[k] },
+		InView:     func(k Key) bool { return inView[k] },
 		Registered: registered, RegisteredKnown: regKnown, Policy: bd.Policy,
 		DeregisteredRecently: deregUsed, RegisteredRecently: addUsed, BackendRamps: g.Ramps,
 	})
