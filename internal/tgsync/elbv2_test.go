@@ -94,7 +94,9 @@ func addrs(f *elbFixture, idx ...int) []string {
 
 func upTo(n int) []int { return seq(0, n-1) }
 
-func (f *elbFixture) metric(g *prometheus.GaugeVec) float64 { return testutil.ToFloat64(g.WithLabelValues("alb")) }
+func (f *elbFixture) metric(g *prometheus.GaugeVec) float64 {
+	return testutil.ToFloat64(g.WithLabelValues("alb"))
+}
 
 // TestELBv2Diffs: the first view registers every target at once (an
 // empty group); a withdrawal deregisters it (the group's draining state
