@@ -12,8 +12,8 @@ import (
 
 // Key names a target in a group: its address and port.
 type Key struct {
-	Addr string
-	Port int
+	Addr string `json:"addr"`
+	Port int    `json:"port"`
 }
 
 // String is "addr:port".
@@ -26,12 +26,12 @@ func compareKeys(a, b Key) int {
 // Want is a target the view routes to.
 type Want struct {
 	Key
-	InstanceID string
-	Zone       string
+	InstanceID string `json:"instance_id"`
+	Zone       string `json:"zone"`
 	// Weight is the target's HAProxy weight (1..256): its share of
 	// traffic (endpoint weight x zone traffic weight) x 100. ELBv2 has no
 	// per-target weight and ignores it.
-	Weight int
+	Weight int `json:"weight"`
 }
 
 // Have is a target the group holds now.
@@ -39,13 +39,13 @@ type Have struct {
 	Key
 	// Weight is the backend's current weight (HAProxy), 0 when the backend
 	// has none (ELBv2).
-	Weight int
+	Weight int `json:"weight,omitempty"`
 	// Slot is the backend's own handle of the target (the HAProxy server
 	// name), "" for ELBv2.
-	Slot string
+	Slot string `json:"slot,omitempty"`
 	// State is the backend's word for the target (ELBv2 health state,
 	// HAProxy "ready"/"drain"), for the plan's table.
-	State string
+	State string `json:"state,omitempty"`
 }
 
 // MaxWeight is the largest HAProxy weight.
@@ -133,21 +133,21 @@ const (
 
 // Plan is one reconcile decision: what to change now, and what waits.
 type Plan struct {
-	Register   []Want
-	Reweight   []Want
-	Deregister []Have
+	Register   []Want `json:"register"`
+	Reweight   []Want `json:"reweight"`
+	Deregister []Have `json:"deregister"`
 	// DeferredDeregister waits for the next interval's budget (the cap);
 	// DeferredRegister for the next addition step.
-	DeferredDeregister []Have
-	DeferredRegister   []Want
+	DeferredDeregister []Have `json:"deferred_deregister"`
+	DeferredRegister   []Want `json:"deferred_register"`
 	// Explained counts the deregistrations the registry accounts for
 	// (not capped).
-	Explained int
+	Explained int `json:"explained"`
 	// Unmanaged are targets in the group that are not muster's, left
 	// alone.
-	Unmanaged []Have
+	Unmanaged []Have `json:"unmanaged"`
 	// Held is HeldEmpty when the plan refused to empty the group.
-	Held string
+	Held string `json:"held,omitempty"`
 }
 
 // Empty reports whether the plan changes nothing now.

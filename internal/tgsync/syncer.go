@@ -97,7 +97,7 @@ type Report struct {
 	Hold       *resolver.Hold `json:"-"`
 	Desired    int            `json:"desired"`
 	Registered int            `json:"registered"`
-	Plan       Plan           `json:"-"`
+	Plan       Plan           `json:"plan"`
 	// Applied: the plan's changes were made (not a dry run, no error).
 	Applied bool  `json:"applied"`
 	Err     error `json:"-"`
