@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/tgsync"
+	"github.com/musterhq/muster/internal/tgsync/elbv2standin"
 	"github.com/musterhq/muster/internal/tgsync/haproxytest"
 	"github.com/musterhq/muster/internal/wait"
 )
@@ -296,4 +298,116 @@ bindings:
 		t.Errorf("registered_targets{web} = %q, want %d", w, len(webBefore))
 	}
 	t.Logf("muster down %s: %d checks, HAProxy's %d web and %d api servers unchanged, no failed request", outage, checks, len(webBefore), len(apiBefore))
+}
+
+// TestTgsyncOnceAgainstTheELBv2StandIn: `muster tgsync --once` against a
+// real muster dev and the ELBv2 stand-in (the real AWS SDK, signing and
+// retryer, pointed at it with --endpoint-url): --dry-run prints the plan
+// as a table and as JSON and changes nothing; without it the group is
+// made to match the view, and a target registered by hand is left alone.
+func TestTgsyncOnceAgainstTheELBv2StandIn(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDSTANDIN")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "standin-secret")
+	t.Setenv("AWS_REGION", "eu-west-1")
+	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	dir := devDir(t)
+	dev := startDev(t, dir)
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	if code, b := call(t, "PUT", dev.url+"/v1/services/web", admin, `{"owner":"payments","capabilities":[]}`); code != 201 {
+		t.Fatalf("create web: %d %s", code, b)
+	}
+	for i := range 3 {
+		if code, b := call(t, "POST", dev.url+"/v1/services/web/instances", admin,
+			fmt.Sprintf(`{"address":"10.1.0.%d","port":9000,"zone":"az%d"}`, i+1, i%2+1)); code != 201 {
+			t.Fatalf("register: %d %s", code, b)
+		}
+	}
+	const arn = "arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/web/0123456789abcdef"
+	st := elbv2standin.New("AKIDSTANDIN")
+	st.AddGroup(arn, "ip", 80, 0)
+	st.Put(arn, "10.9.9.9", 8080) // registered by hand
+	srv := httptest.NewServer(st)
+	t.Cleanup(srv.Close)
+	cfg := filepath.Join(t.TempDir(), "tgsync.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`muster:
+  urls: [%s]
+  cache_dir: %s
+bindings:
+  - name: web-alb
+    service: web
+    elbv2:
+      target_group_arn: %s
+      port: 8080
+`, dev.url, t.TempDir(), arn)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"tgsync", "--config", cfg, "--data", dir, "--once", "--endpoint-url", srv.URL}
+
+	out, errOut, err := runCmd(t, append(base, "--dry-run")...)
+	if err != nil {
+		t.Fatalf("dry run: %v\n%s", err, errOut)
+	}
+	for _, want := range []string{"binding web-alb (elbv2 " + arn + "), service web, view v", "desired 3, registered 1 (dry run: nothing changed)",
+		"register", "10.1.0.1:8080", "10.1.0.3:8080", "leave alone", "10.9.9.9:8080"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry-run table lacks %q:\n%s", want, out)
+		}
+	}
+	if got := st.Registered(arn); !slices.Equal(got, []string{"10.9.9.9:8080"}) {
+		t.Fatalf("the dry run changed the group: %v", got)
+	}
+
+	out, errOut, err = runCmd(t, append(base, "--dry-run", "--json")...)
+	if err != nil {
+		t.Fatalf("dry run --json: %v\n%s", err, errOut)
+	}
+	var plans []struct {
+		Binding string
+		Desired int
+		Applied bool
+		Hold    any
+		Plan    struct {
+			Register  []struct{ Addr, InstanceID, Zone string }
+			Unmanaged []struct{ Addr string }
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &plans); err != nil {
+		t.Fatalf("--json: %v\n%s", err, out)
+	}
+	if len(plans) != 1 || plans[0].Binding != "web-alb" || plans[0].Applied || len(plans[0].Plan.Register) != 1 ||
+		len(plans[0].Plan.Unmanaged) != 1 || plans[0].Plan.Unmanaged[0].Addr != "10.9.9.9" {
+		t.Fatalf("--json plan: %s", out)
+	}
+	if _, total := st.Calls(); total == 0 {
+		t.Fatal("the stand-in was never called")
+	}
+	if calls, _ := st.Calls(); calls["RegisterTargets"]+calls["DeregisterTargets"] != 0 {
+		t.Fatalf("dry runs called %v", calls)
+	}
+
+	// For real: one step of the group (a quarter of 1, at least 1) per
+	// run without slow start; three runs leave the group in step.
+	for range 3 {
+		if _, errOut, err := runCmd(t, base...); err != nil {
+			t.Fatalf("--once: %v\n%s", err, errOut)
+		}
+	}
+	want := []string{"10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080", "10.9.9.9:8080"}
+	if got := st.Registered(arn); !slices.Equal(got, want) {
+		t.Fatalf("after --once: %v, want %v", got, want)
+	}
+	out, _, err = runCmd(t, base...)
+	if err != nil || !strings.Contains(out, "leave alone") || strings.Contains(out, "\n  register ") {
+		t.Fatalf("in step: %v\n%s", err, out)
+	}
+
+	// Bad input changes nothing and says where.
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	_ = os.WriteFile(bad, []byte("muster:\n  urls: [x]\nbindings: []\n"), 0o644)
+	_, _, err = runCmd(t, "tgsync", "--config", bad, "--once")
+	if err == nil || !strings.Contains(err.Error(), "bad.yaml:2: muster.urls[0]") {
+		t.Fatalf("bad config: %v", err)
+	}
 }
