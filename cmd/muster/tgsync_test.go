@@ -156,11 +156,9 @@ func TestTgsyncHAProxyEndToEnd(t *testing.T) {
 	must("PUT", "/v1/services/api", admin, `{"owner":"payments","capabilities":[]}`, 201)
 	must("PUT", "/v1/services/api/contract", admin, `{"slow_start_seconds":0}`, 200)
 
-	var web []*haproxytest.Backend
 	webIDs := map[string]string{} // backend id -> instance id
 	for i := range 6 {
 		be := haproxytest.NewBackend(t, fmt.Sprintf("web%d", i))
-		web = append(web, be)
 		webIDs[be.ID] = register("web", be, fmt.Sprintf("az%d", i/3+1)) // web0-2 in az1, web3-5 in az2
 	}
 	var api []*haproxytest.Backend
