@@ -188,7 +188,9 @@ func tgsyncBackends(ctx context.Context, cfg tgsync.Config) ([]tgsync.Bound, err
 		if err != nil {
 			return nil, fmt.Errorf("binding %s: %w", b.Name, err)
 		}
-		out = append(out, tgsync.Bound{Binding: b, Backend: be})
+		// DescribeTargetHealth once per interval, not once per view
+		// change: the periodic cycle compares with AWS's state.
+		out = append(out, tgsync.Bound{Binding: b, Backend: be, ReadEvery: cfg.Interval})
 	}
 	return out, nil
 }

@@ -84,15 +84,22 @@ func loadgenTgsync(ctx context.Context, args []string, stdout, stderr io.Writer)
 // endpoints, changes one-endpoint views (a withdrawal or a re-entry,
 // at most a fifth out at once), one per simulated second, each followed
 // by a cycle (tgsync reconciles on every view change); then the same
-// changes ten per view.
+// changes ten per view. Both with the group read once per interval (as
+// muster tgsync binds ELBv2) and on every cycle.
 func tgsyncELBCalls(ctx context.Context, stdout io.Writer, n, changes int) error {
-	for _, perView := range []int{1, 10} {
-		calls, err := elbCalls(ctx, n, changes, perView)
-		if err != nil {
-			return err
+	for _, readEvery := range []time.Duration{tgsync.DefaultInterval, 0} {
+		for _, perView := range []int{1, 10} {
+			calls, err := elbCalls(ctx, n, changes, perView, readEvery)
+			if err != nil {
+				return err
+			}
+			read := "the group read every interval (muster tgsync)"
+			if readEvery == 0 {
+				read = "the group read every cycle"
+			}
+			fmt.Fprintf(stdout, "ELBv2 (stand-in, real SDK), %s: %d endpoints, %d changes, %d per view: %d API calls, %.0f per 1,000 changes (%s)\n",
+				read, n, changes, perView, calls.total, float64(calls.total)*1000/float64(changes), calls.by)
 		}
-		fmt.Fprintf(stdout, "ELBv2 (stand-in, real SDK): %d endpoints, %d changes, %d per view: %d API calls, %.0f per 1,000 changes (%s)\n",
-			n, changes, perView, calls.total, float64(calls.total)*1000/float64(changes), calls.by)
 	}
 	return nil
 }
@@ -102,7 +109,7 @@ type callCount struct {
 	by    string
 }
 
-func elbCalls(ctx context.Context, n, changes, perView int) (callCount, error) {
+func elbCalls(ctx context.Context, n, changes, perView int, readEvery time.Duration) (callCount, error) {
 	const arn = "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/loadgen/0123456789abcdef"
 	st := elbv2standin.New("AKIDLOADGEN")
 	st.AddGroup(arn, "ip", 80, 60) // slow start set: the ALB ramps additions
@@ -123,7 +130,7 @@ func elbCalls(ctx context.Context, n, changes, perView int) (callCount, error) {
 	src := &cacheSource{Cache: cache, ch: make(chan struct{})}
 	s, err := tgsync.NewSyncer(tgsync.SyncerConfig{Source: src, Clock: clock, Registerer: prometheus.NewRegistry(),
 		Bindings: []tgsync.Bound{{Binding: tgsync.Binding{Name: "lg", Service: "lg", ELBv2: &tgsync.ELBv2Target{TargetGroupARN: arn},
-			Policy: tgsync.Policy{MaxDeregisterFraction: tgsync.DefaultMaxDeregisterFraction, AddStepFraction: tgsync.DefaultAddStepFraction}}, Backend: be}}})
+			Policy: tgsync.Policy{MaxDeregisterFraction: tgsync.DefaultMaxDeregisterFraction, AddStepFraction: tgsync.DefaultAddStepFraction}}, Backend: be, ReadEvery: readEvery}}})
 	if err != nil {
 		return callCount{}, err
 	}

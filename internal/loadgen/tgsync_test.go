@@ -16,7 +16,7 @@ func TestLoadgenTgsyncELBv2(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errw.String())
 	}
-	if got := strings.Count(out.String(), "per 1,000 changes"); got != 2 {
+	if got := strings.Count(out.String(), "per 1,000 changes"); got != 4 {
 		t.Fatalf("output:\n%s", out.String())
 	}
 }

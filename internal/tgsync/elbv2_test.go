@@ -37,6 +37,7 @@ type elbOpts struct {
 	dryRun    bool
 	policy    Policy
 	creds     string
+	readEvery time.Duration
 }
 
 func newELBFixture(t *testing.T, n int, o elbOpts) *elbFixture {
@@ -63,7 +64,7 @@ func newELBFixture(t *testing.T, n int, o elbOpts) *elbFixture {
 	f.src = newCacheSource(t, f.clk.Now, time.Minute, "web")
 	f.s, err = NewSyncer(SyncerConfig{Source: f.src, Clock: f.clk.Now, Registerer: prometheus.NewRegistry(), DryRun: o.dryRun,
 		Interval: 30 * time.Second, Rand: func() float64 { return 0.5 },
-		Bindings: []Bound{{Binding: Binding{Name: "alb", Service: "web", ELBv2: &ELBv2Target{TargetGroupARN: testARN, TargetType: "ip"}, Policy: o.policy}, Backend: be}}})
+		Bindings: []Bound{{Binding: Binding{Name: "alb", Service: "web", ELBv2: &ELBv2Target{TargetGroupARN: testARN, TargetType: "ip"}, Policy: o.policy}, Backend: be, ReadEvery: o.readEvery}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,5 +350,69 @@ func TestELBv2Refusals(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.key, err, c.want)
 		}
+	}
+}
+
+// TestELBv2ReadEvery: with ReadEvery, cycles on view changes inside it
+// plan against the state last read plus tgsync's own changes (no
+// DescribeTargetHealth), and still converge; a target someone removed
+// by hand is put back once the state is read again; a failed call makes
+// the next cycle read.
+func TestELBv2ReadEvery(t *testing.T) {
+	t.Parallel()
+	f := newELBFixture(t, 6, elbOpts{readEvery: 30 * time.Second})
+	if err := f.publish(t, nil); err != nil {
+		t.Fatal(err)
+	}
+	mustSync(t, f.s)
+	describes := func() int { c, _ := f.standin.Calls(); return c["DescribeTargetHealth"] }
+	if describes() != 1 {
+		t.Fatalf("first cycle: %d reads", describes())
+	}
+	for step := range 3 {
+		f.clk.Advance(time.Second)
+		f.eps[step].state = resolver.StateIneligible
+		if err := f.publish(t, nil); err != nil {
+			t.Fatal(err)
+		}
+		mustSync(t, f.s)
+		f.clk.Advance(8 * time.Second) // the cap: one deregistration per 30 s (10% of 6, at least 1)
+	}
+	if describes() != 1 {
+		t.Fatalf("view-change cycles read the group: %d reads", describes())
+	}
+	if got := f.registered(); len(got) != 5 {
+		t.Fatalf("after three withdrawals inside 30 s with a cap of 1: %v", got)
+	}
+	// Someone removes a target the view routes to by hand: a cycle
+	// inside ReadEvery does not know; the next read does, and puts it
+	// back (with the next interval's deregistration).
+	f.standin.Remove(testARN, f.eps[5].addr, 8080)
+	mustSync(t, f.s)
+	if describes() != 1 || slices.Contains(f.registered(), f.eps[5].addr+":8080") {
+		t.Fatalf("inside ReadEvery: %d reads, %v", describes(), f.registered())
+	}
+	f.clk.Advance(31 * time.Second)
+	mustSync(t, f.s)
+	if describes() != 2 {
+		t.Fatalf("after ReadEvery: %d reads", describes())
+	}
+	// 10.0.0.1 (0) went first, 10.0.0.3 (2) now; 10.0.1.2 (1) waits.
+	if got, want := f.registered(), addrs(f, 1, 3, 4, 5); !slices.Equal(got, want) {
+		t.Fatalf("after the read: %v, want %v", got, want)
+	}
+	f.standin.Fail("RegisterTargets", 1)
+	f.eps[0].state = ""
+	if err := f.publish(t, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.clk.Advance(31 * time.Second) // the next slow-start step (and a read)
+	if rep := f.s.RunOnce(context.Background())[0]; rep.Err == nil {
+		t.Fatal("the failed register did not fail the cycle")
+	}
+	f.clk.Advance(2 * time.Second)
+	mustSync(t, f.s)
+	if got := f.registered(); describes() != 4 || !slices.Contains(got, f.eps[0].addr+":8080") { // the retry reads again
+		t.Fatalf("after a failure: %d reads, %v", describes(), got)
 	}
 }

@@ -60,6 +60,13 @@ type Source interface {
 type Bound struct {
 	Binding Binding
 	Backend Backend
+	// ReadEvery, when positive, reads the group from the backend at most
+	// this often: a cycle in between (a view change) plans against the
+	// state last read plus the changes tgsync made since, which saves an
+	// ELBv2 DescribeTargetHealth per view change. A failed cycle reads
+	// again. 0 reads on every cycle (HAProxy: a local socket, and its
+	// slots are handles only a read can tell).
+	ReadEvery time.Duration
 }
 
 // SyncerConfig configures a Syncer.
@@ -131,6 +138,57 @@ type binding struct {
 	pending  int          // deregistrations deferred by the last plan
 	unlogged int          // unmanaged count last logged
 	stateErr bool
+	cached   Group     // the group as last read, with tgsync's changes since
+	cachedAt time.Time // when it was read; zero: read it next cycle
+}
+
+// state reads the group, or (ReadEvery) reuses the state last read.
+func (s *Syncer) state(ctx context.Context, b *binding) (Group, error) {
+	now := s.cfg.Clock()
+	if b.ReadEvery > 0 && !b.cachedAt.IsZero() && now.Sub(b.cachedAt) < b.ReadEvery {
+		return Group{Targets: slices.Clone(b.cached.Targets), Foreign: b.cached.Foreign, Ramps: b.cached.Ramps}, nil
+	}
+	g, err := b.Backend.State(ctx)
+	if err != nil {
+		return Group{}, err
+	}
+	if b.ReadEvery > 0 {
+		b.cached, b.cachedAt = g, now
+	}
+	return Group{Targets: slices.Clone(g.Targets), Foreign: g.Foreign, Ramps: g.Ramps}, nil
+}
+
+// remember applies a plan tgsync carried out to the cached state.
+func (b *binding) remember(g Group, p Plan) {
+	if b.cachedAt.IsZero() {
+		return
+	}
+	gone := map[Key]bool{}
+	for _, h := range p.Deregister {
+		gone[h.Key] = true
+	}
+	weight := map[Key]int{}
+	for _, w := range p.Reweight {
+		weight[w.Key] = w.Weight
+	}
+	out := make([]Have, 0, len(g.Targets)+len(p.Register))
+	for _, h := range g.Targets {
+		if gone[h.Key] {
+			continue
+		}
+		if w, ok := weight[h.Key]; ok {
+			h.Weight = w
+		}
+		out = append(out, h)
+	}
+	for _, w := range p.Register {
+		h := Have{Key: w.Key, State: "registered"}
+		if b.Binding.HAProxy != nil {
+			h.Weight = w.Weight // ELBv2 has no weights: 0
+		}
+		out = append(out, h)
+	}
+	b.cached.Targets = out
 }
 
 // NewSyncer validates cfg and builds the Syncer; Start runs it.
@@ -278,7 +336,7 @@ func (s *Syncer) reconcile(ctx context.Context, b *binding) Report {
 
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 	defer cancel()
-	g, err := b.Backend.State(cctx)
+	g, err := s.state(cctx, b)
 	if err != nil {
 		s.failed(b, &rep, "read the group", err)
 		return rep
@@ -363,6 +421,7 @@ func (s *Syncer) reconcile(ctx context.Context, b *binding) Report {
 	}
 	rep.Applied = true
 	rep.Registered = len(g.Targets) + len(p.Register) - len(p.Deregister)
+	b.remember(g, p)
 	s.m.registered.WithLabelValues(bd.Name).Set(float64(rep.Registered))
 	s.succeeded(b, now, known)
 	return rep
@@ -380,6 +439,7 @@ func (s *Syncer) succeeded(b *binding, now time.Time, known map[Key]bool) {
 // failed keeps the desired state (it is recomputed from the view next
 // time) and backs off: full jitter, 1 s doubling up to the interval.
 func (s *Syncer) failed(b *binding, rep *Report, what string, err error) {
+	b.cachedAt = time.Time{} // what the group holds is in doubt: read it
 	rep.Err = fmt.Errorf("%s %s: %w", what, b.Binding.Target(), err)
 	b.failures++
 	s.m.apiErrors.WithLabelValues(b.Binding.Name).Inc()

@@ -66,6 +66,14 @@ func (s *StandIn) Put(arn, id string, port int) {
 	s.groups[arn].targets[id+":"+strconv.Itoa(port)] = "healthy"
 }
 
+// Remove takes a target out at once, as if deregistered by hand and
+// drained.
+func (s *StandIn) Remove(arn, id string, port int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.groups[arn].targets, id+":"+strconv.Itoa(port))
+}
+
 // Forget ends every draining target's deregistration delay.
 func (s *StandIn) Forget(arn string) {
 	s.mu.Lock()
