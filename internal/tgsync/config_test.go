@@ -2,6 +2,7 @@ package tgsync
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -142,4 +143,42 @@ func FuzzParseConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestREADMEConfigParses: the ALB example in the README, with the
+// HAProxy binding added, is a valid configuration.
+func TestREADMEConfigParses(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	i := strings.Index(readme, "    # /etc/muster/tgsync.yaml")
+	if i < 0 {
+		t.Fatal("no tgsync.yaml example in the README")
+	}
+	var lines []string
+	for line := range strings.Lines(readme[i:]) {
+		if !strings.HasPrefix(line, "    ") {
+			break
+		}
+		lines = append(lines, strings.TrimPrefix(line, "    "))
+	}
+	j := strings.Index(readme, "    # tgsync.yaml, bindings:")
+	if j < 0 {
+		t.Fatal("no HAProxy binding example in the README")
+	}
+	for line := range strings.Lines(readme[j:]) {
+		if !strings.HasPrefix(line, "    ") {
+			break
+		}
+		lines = append(lines, strings.TrimPrefix(line, "    "))
+	}
+	cfg, err := ParseConfig("README.md", []byte(strings.Join(lines, "")))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, strings.Join(lines, ""))
+	}
+	if len(cfg.Bindings) != 2 || cfg.Bindings[0].ELBv2 == nil || cfg.Bindings[1].HAProxy == nil || cfg.Bindings[0].ELBv2.Port != 8443 {
+		t.Fatalf("README config: %+v", cfg.Bindings)
+	}
 }

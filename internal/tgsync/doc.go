@@ -36,9 +36,11 @@
 //     the binding owns the group (own_group, --own-group).
 //
 // Reconciliation is level-triggered: on every view change the resolver
-// reports and every interval (default 30 s), each binding reads the
-// group's state from the backend (DescribeTargetHealth, `show servers
-// state`), plans, and applies the difference. A failed call loses
+// reports and every interval (default 30 s), each binding takes the
+// group's state from the backend (`show servers state` every cycle;
+// DescribeTargetHealth at most once per interval, Bound.ReadEvery, with
+// the cycles in between planning against the state last read plus
+// tgsync's own changes), plans, and applies the difference. A failed call loses
 // nothing: the desired set is recomputed from the view each cycle, and a
 // failed cycle is tried again after a jittered backoff. AWS throttling and
 // transient errors are retried by the SDK's standard retryer (jittered
