@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/musterhq/muster/internal/tgsync/haproxytest"
+	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -189,4 +190,54 @@ func TestParseServersState(t *testing.T) {
 			t.Errorf("accepted %q", bad)
 		}
 	}
+}
+
+// FuzzParseServersState: whatever the Runtime API answers, the parser
+// neither panics nor returns a server without a name.
+func FuzzParseServersState(f *testing.F) {
+	f.Add("1\n# be_id be_name srv_id srv_name srv_addr\n3 web 2 slot1 127.0.0.1 2 4 50 1 0 1 0 0 8 0 0 0 - 18001 - 0 0 - - 0\n")
+	f.Add("Can't find backend.\n")
+	f.Add("1\n3 web 2 slot1 127.0.0.1 x 4 50 1 0 1 0 0 8 0 0 0 - 18001 - 0 0 - - 0\n")
+	f.Fuzz(func(t *testing.T, out string) {
+		servers, err := parseServersState(out, "web")
+		if err != nil {
+			return
+		}
+		for _, s := range servers {
+			if s.Name == "" {
+				t.Fatalf("a server without a name from %q", out)
+			}
+		}
+	})
+}
+
+// TestSyncerLoopFollowsViewChanges: the running loop reconciles on a view
+// change (its interval is an hour, so only the change can wake it), and
+// Stop is safe twice.
+func TestSyncerLoopFollowsViewChanges(t *testing.T) {
+	t.Parallel()
+	hp := haproxytest.Start(t, haproxytest.Options{Slots: 4})
+	be := haproxytest.NewBackend(t, "b0")
+	src := newCacheSource(t, time.Now, time.Minute, "web")
+	s, err := NewSyncer(SyncerConfig{Source: src, Interval: time.Hour, Bindings: []Bound{{
+		Binding: Binding{Name: "edge", Service: "web", HAProxy: &HAProxyTarget{Socket: hp.Socket, Backend: "web"},
+			Policy: Policy{MaxDeregisterFraction: 0.1, AddStepFraction: 0.25}},
+		Backend: NewHAProxy(HAProxyTarget{Socket: hp.Socket, Backend: "web"}),
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Stop() // before Start: nothing to stop
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	if err := src.apply(viewOf("web", 1, []ep{{addr: be.Addr, port: be.Port, zone: "az1"}}, nil)); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "the loop registering b0 after the view change", func() bool {
+		return hp.Spread(2)["b0"] == 2
+	})
+	s.Stop()
+	s.Stop()
 }
