@@ -268,8 +268,12 @@ func (s *Syncer) nextWake() time.Duration {
 		if !b.retryAt.IsZero() {
 			next = min(next, b.retryAt.Sub(now))
 		}
+		// The oldest capped deregistration leaving the window frees
+		// budget; one already out of it was freed for the next cycle.
 		if len(b.deregs) > 0 && b.pending > 0 {
-			next = min(next, b.deregs[0].at.Add(s.cfg.Interval).Sub(now))
+			if d := b.deregs[0].at.Add(s.cfg.Interval).Sub(now); d > 0 {
+				next = min(next, d)
+			}
 		}
 	}
 	return max(next, 10*time.Millisecond)
