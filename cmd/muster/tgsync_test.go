@@ -113,6 +113,7 @@ func pool(t *testing.T, hp *haproxytest.Proxy) []string {
 // server sets do not change and traffic keeps flowing.
 func TestTgsyncHAProxyEndToEnd(t *testing.T) {
 	realTime(t, "muster SIGKILLed for 2 min under tgsync and haproxy")
+	t.Parallel() // its own data folder, ports and processes; the 2 min overlap other tests
 	dir := devDir(t)
 	addr := freeAddr(t)
 	url := "http://" + addr
