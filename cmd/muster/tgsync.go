@@ -206,6 +206,18 @@ func printPlans(w io.Writer, reps []tgsync.Report, asJSON, dryRun bool) {
 	if asJSON {
 		out := make([]planJSON, 0, len(reps))
 		for _, r := range reps {
+			// Empty lists print as [], not null.
+			pl := &r.Plan
+			for _, l := range []*[]tgsync.Want{&pl.Register, &pl.Reweight, &pl.DeferredRegister} {
+				if *l == nil {
+					*l = []tgsync.Want{}
+				}
+			}
+			for _, l := range []*[]tgsync.Have{&pl.Deregister, &pl.DeferredDeregister, &pl.Unmanaged} {
+				if *l == nil {
+					*l = []tgsync.Have{}
+				}
+			}
 			p := planJSON{Report: r, Hold: newHoldJSON(r.Hold)}
 			if r.Err != nil {
 				p.Error = r.Err.Error()

@@ -229,6 +229,13 @@ func NewSyncer(cfg SyncerConfig) (*Syncer, error) {
 		return nil, err
 	}
 	s.m = m
+	for _, b := range s.bindings {
+		// The counters show from the start, at 0, for rate() and alerts.
+		m.apiErrors.WithLabelValues(b.Binding.Name)
+		for _, op := range []string{"register", "reweight", "deregister"} {
+			m.changes.WithLabelValues(b.Binding.Name, op)
+		}
+	}
 	return s, nil
 }
 
