@@ -6,6 +6,7 @@
 //	muster token   --data DIR --kind K [--service S] [--subject X] [--team T] [--role R] [--address IP]... [--ttl D]
 //	muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]
 //	muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
+//	muster tgsync  --config FILE [--once] [--dry-run] [--json]     target-group sync (ELBv2, HAProxy)
 //	muster loadgen seed|rebuild|reports
 package main
 
@@ -33,6 +34,7 @@ usage:
   muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]
   muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
   muster resolve SERVICE [--server URL] [--cache DIR] [--token T] [--data DIR] [--watch] [--json] [--timeout 5s]
+  muster tgsync  --config FILE [--once] [--dry-run] [--json] [--own-group] [--metrics-addr ADDR] [--endpoint-url URL]
   muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)
 
 environment: DATABASE_URL (or DATABASE_URL_FILE), MUSTER_ISSUERS, MUSTER_AUDIENCE (muster),
@@ -87,6 +89,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return loadgen.Run(ctx, loadgen.Env{OpenDB: openToolDB}, args[1:], stdout, stderr)
 	case "resolve":
 		return cmdResolve(ctx, args[1:], stdout, stderr)
+	case "tgsync":
+		return cmdTgsync(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
