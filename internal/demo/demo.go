@@ -38,6 +38,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,15 +132,33 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	d := &Demo{cfg: cfg, log: cfg.Logger.With("component", "demo"), tokens: map[string]string{}}
+	// Leases are renewed from the first registration on, on a loop of
+	// their own: setting the estate up takes minutes on a loaded machine,
+	// longer than a lease, and a slow tick of reports must not starve the
+	// renewals either.
+	renewals, stopRenewals := context.WithCancel(ctx)
+	renewing := make(chan struct{})
+	go func() {
+		defer close(renewing)
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-renewals.Done():
+				return
+			case <-t.C:
+				d.renew(renewals)
+			}
+		}
+	}()
+	defer func() { stopRenewals(); <-renewing }()
 	if err := d.setup(ctx); err != nil {
 		return fmt.Errorf("demo: set up the estate: %w", err)
 	}
 	d.start = time.Now()
-	d.log.Info("demo estate ready", "services", len(estate), "instances", len(d.instances))
+	d.log.Info("demo estate ready", "services", len(estate), "instances", len(d.all()))
 	tick := time.NewTicker(cfg.Tick)
 	defer tick.Stop()
-	leases := time.NewTicker(10 * time.Second)
-	defer leases.Stop()
 	var failover failover
 	for {
 		d.report(ctx, time.Since(d.start))
@@ -147,8 +166,6 @@ func Run(ctx context.Context, cfg Config) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-leases.C:
-			d.renew(ctx)
 		case <-tick.C:
 		}
 	}
@@ -300,13 +317,15 @@ func (d *Demo) setup(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("register %s in %s: %w", s.name, z, err)
 				}
+				d.mu.Lock()
 				d.instances = append(d.instances, instance{id: inst.ID, service: s.name, zone: z, addr: addr, ordinal: k})
+				d.mu.Unlock()
 			}
 		}
 	}
 	for _, z := range Zones {
 		var ids []string
-		for _, in := range d.instances {
+		for _, in := range d.all() {
 			if in.zone == z && has(in.service, "probe") {
 				ids = append(ids, in.id)
 			}
@@ -397,7 +416,7 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 	selfs := map[string][]report{}
 	selfAddrs := map[string][]string{} // a self-report speaks only for the instance at its address
 	var passive []report
-	for _, in := range d.instances {
+	for _, in := range d.all() {
 		ok, observable := health(in, t)
 		if has(in.service, "probe") {
 			o := outcome(ok)
@@ -449,17 +468,34 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 	send(workload("storefront"), passive)
 }
 
-// renew renews every instance's lease with its own workload identity.
+// all returns the instances registered so far.
+func (d *Demo) all() []instance {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.instances)
+}
+
+// renew renews every instance's lease with its own workload identity,
+// eight at a time: one slow call must not push the others past their
+// lease.
 func (d *Demo) renew(ctx context.Context) {
-	for _, in := range d.instances {
-		tok, err := d.token(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: in.service, Addresses: []string{in.addr}})
-		if err == nil {
-			err = d.call(ctx, http.MethodPut, "/v1/instances/"+in.id+"/lease", tok, nil, nil)
-		}
-		if err != nil && ctx.Err() == nil {
-			d.log.Warn("demo: lease renewal failed", "instance", in.id, "err", err)
-		}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for _, in := range d.all() {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			tok, err := d.token(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: in.service, Addresses: []string{in.addr}})
+			if err == nil {
+				err = d.call(ctx, http.MethodPut, "/v1/instances/"+in.id+"/lease", tok, nil, nil)
+			}
+			if err != nil && ctx.Err() == nil {
+				d.log.Warn("demo: lease renewal failed", "instance", in.id, "err", err)
+			}
+		}()
 	}
+	wg.Wait()
 }
 
 // failover is the manual failover story: drain az3 at 10 s, then step
