@@ -23,22 +23,46 @@ func chromiumPath(t *testing.T) string                    { return browsertest.C
 func artifactDir(t *testing.T) string                     { return browsertest.Artifacts(t) }
 func newChrome(t *testing.T, exec string) context.Context { return browsertest.New(t, exec) }
 
-// run runs one action with a deadline, failing the test on error.
+// run runs one read (text, location, a screenshot) with a deadline,
+// failing the test on error. The pages refresh their live parts in place
+// (static/refresh.js), so a node found by its id can be replaced before
+// it is read ("No node with given id"): the read is tried again, three
+// times at most. Reads only: an action that changes the page runs once
+// (do).
 func run[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
 	t.Helper()
-	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	v, err := chromedp.Run(tctx, a)
+	var v T
+	var err error
+	for range 3 {
+		if v, err = runOnce(ctx, a); err == nil || !staleNode(err) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
 	return v
 }
 
+func runOnce[T any](ctx context.Context, a chromedp.Action[T]) (T, error) {
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return chromedp.Run(tctx, a)
+}
+
+// staleNode reports whether err says a node went away between the query
+// that found it and the call that used it.
+func staleNode(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "No node with given id") || strings.Contains(msg, "Could not find node with given id")
+}
+
 // do runs steps with a deadline, failing the test on error.
 func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
-	run(t, ctx, what, chromedp.Steps(steps...))
+	if _, err := runOnce(ctx, chromedp.Steps(steps...)); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
 }
 
 // screenshot writes a full-page PNG of the tab to dir/name.png.
