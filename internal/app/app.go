@@ -14,7 +14,7 @@
 //	policy (overrides), sweeper, shifts        budgets counted on the evaluator's snapshot
 //	hub, guard log, publisher                  pulls the evaluator's changes and the shifts' weights
 //	admission, census                          the streaming tier's intake
-//	UI, HTTP server                            the surfaces
+//	UI, HTTP server, DNS zone                  the surfaces
 //
 // Data flows downstream only, and where a downstream component must learn
 // of a change upstream it pulls: the publisher takes the evaluator's
@@ -50,6 +50,7 @@ import (
 
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/policy"
@@ -73,6 +74,7 @@ const (
 	WorkerPublisher = "publisher"
 	WorkerEvaluator = "evaluator"
 	WorkerRefusals  = "refused-evidence"
+	WorkerDNS       = "dns"
 )
 
 // Worker is the project's one worker shape.
@@ -126,6 +128,9 @@ type Config struct {
 	Server server.Config
 	// UI, when set, mounts the admin web UI at its BasePath.
 	UI *webui.Config
+	// DNS, when set, serves the authoritative DNS zone (its Hub, Logger
+	// and Registerer are the app's); nil: no DNS.
+	DNS *dnszone.Config
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
@@ -151,7 +156,9 @@ type App struct {
 	Refusals  *audit.RefusalSummaries
 	UI        *webui.UI
 	Server    *server.Server
-	Metrics   *prometheus.Registry
+	// DNS is the DNS zone when Config.DNS is set.
+	DNS     *dnszone.Server
+	Metrics *prometheus.Registry
 
 	log     *slog.Logger
 	ready   atomic.Bool
@@ -170,12 +177,13 @@ type worker struct {
 }
 
 // stopOrder is the order workers stop in: the census (Shutdown stops it
-// before the streams drain), the evaluator (it flushes transitions and
+// before the streams drain), the DNS zone (a surface: it answers until
+// HTTP has stopped, then goes before what feeds it), the evaluator (it flushes transitions and
 // windows), the refused-evidence summaries (their last rows, before the
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerDNS, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -311,6 +319,14 @@ func New(cfg Config) (*App, error) {
 		a.closeUI()
 		return nil, err
 	}
+	if cfg.DNS != nil {
+		dc := *cfg.DNS
+		dc.Hub, dc.Logger, dc.Registerer = a.Hub, log, metrics
+		if a.DNS, err = dnszone.New(dc); err != nil {
+			a.closeUI()
+			return nil, err
+		}
+	}
 
 	// The workers, in start order. The census reads the expected
 	// population before the first watch request can arrive, so a
@@ -328,6 +344,9 @@ func New(cfg Config) (*App, error) {
 		{name: WorkerPublisher, w: a.Publisher, detached: true},
 		{name: WorkerEvaluator, w: a.Evaluator, detached: true},
 		{name: WorkerRefusals, w: a.Refusals, detached: true},
+	}
+	if a.DNS != nil {
+		a.workers = append(a.workers, worker{name: WorkerDNS, w: a.DNS, detached: true})
 	}
 	for _, w := range cfg.Workers {
 		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {
