@@ -68,6 +68,11 @@ type Config struct {
 	// Services is AllServices: 1 s.
 	Interval time.Duration
 
+	// Optional makes a failure to listen on Addr a logged warning that
+	// leaves DNS off, instead of failing Start: muster dev's default
+	// address, which a second muster dev on the machine finds taken.
+	Optional bool
+
 	// Hub is where views come from (set by app).
 	Hub    *stream.Hub
 	Logger *slog.Logger

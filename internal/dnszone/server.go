@@ -89,12 +89,16 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Addr is the address the zone is served on (UDP and TCP), once started.
+// Addr is the address the zone is served on (UDP and TCP), once started;
+// nil before, or when an Optional address could not be listened on.
 func (s *Server) Addr() net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.addr
 }
+
+// Services is how many services the zone serves now.
+func (s *Server) Services() int { return len(s.cur.Load().services) }
 
 // Serial is the zone's current SOA serial.
 func (s *Server) Serial() uint32 { return s.cur.Load().serial }
@@ -108,13 +112,18 @@ func (s *Server) Start(ctx context.Context) error {
 		return worker.ErrStarted
 	}
 	ln, err := net.Listen("tcp", s.cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("dns: listen on tcp %s: %w", s.cfg.Addr, err)
+	var pc net.PacketConn
+	if err == nil {
+		if pc, err = net.ListenPacket("udp", ln.Addr().String()); err != nil {
+			ln.Close()
+		}
 	}
-	pc, err := net.ListenPacket("udp", ln.Addr().String())
 	if err != nil {
-		ln.Close()
-		return fmt.Errorf("dns: listen on udp %s: %w", ln.Addr(), err)
+		if s.cfg.Optional {
+			s.log.Warn("dns: cannot listen; serving no DNS (give another address to serve it)", "addr", s.cfg.Addr, "err", err)
+			return nil
+		}
+		return fmt.Errorf("dns: listen on %s: %w", s.cfg.Addr, err)
 	}
 	s.addr = ln.Addr()
 	common := func(srv *dns.Server) *dns.Server {

@@ -24,6 +24,7 @@ type serviceRecords struct {
 	version uint64
 	names   map[string]rrsets // owner name (lower case, fully qualified) -> records
 	all     []dns.RR          // every record, in a stable order (for AXFR and diffs)
+	keys    []string          // all[i].String(), computed once (diffs compare them)
 }
 
 // buildService turns a view's routing targets into records:
@@ -50,16 +51,21 @@ func buildService(origin, service string, version uint64, targets []resolver.Tar
 			sr.names[name] = set
 		}
 		t := rr.Header().Rrtype
-		for _, have := range set[t] {
-			if dns.IsDuplicate(have, rr) {
-				return // two instances on one address: one A record
-			}
-		}
 		set[t] = append(set[t], rr)
 		sr.all = append(sr.all, rr)
 	}
+	type nameAddr struct {
+		name string
+		ip   netip.Addr
+	}
+	seen := map[nameAddr]bool{}
 	addr := func(name string, ip netip.Addr) {
-		if ip.Is4() || ip.Is4In6() {
+		ip = ip.Unmap()
+		if seen[nameAddr{name, ip}] {
+			return // two instances on one address: one A record
+		}
+		seen[nameAddr{name, ip}] = true
+		if ip.Is4() {
 			add(name, &dns.A{Hdr: hdr(name, dns.TypeA), A: ip.Unmap().AsSlice()})
 		} else {
 			add(name, &dns.AAAA{Hdr: hdr(name, dns.TypeAAAA), AAAA: ip.AsSlice()})
@@ -95,7 +101,17 @@ func buildService(origin, service string, version uint64, targets []resolver.Tar
 				Port: uint16(t.Port), Target: inst})
 		}
 	}
-	slices.SortStableFunc(sr.all, compareRR)
+	sr.keys = make([]string, len(sr.all))
+	order := make([]int, len(sr.all))
+	for i, rr := range sr.all {
+		sr.keys[i], order[i] = rr.String(), i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(sr.keys[a], sr.keys[b]) })
+	all, keys := make([]dns.RR, len(order)), make([]string, len(order))
+	for i, k := range order {
+		all[i], keys[i] = sr.all[k], sr.keys[k]
+	}
+	sr.all, sr.keys = all, keys
 	return sr
 }
 
@@ -126,16 +142,6 @@ func validLabel(s string) bool {
 	return true
 }
 
-func compareRR(a, b dns.RR) int {
-	if c := strings.Compare(a.Header().Name, b.Header().Name); c != 0 {
-		return c
-	}
-	if a.Header().Rrtype != b.Header().Rrtype {
-		return int(a.Header().Rrtype) - int(b.Header().Rrtype)
-	}
-	return strings.Compare(a.String(), b.String())
-}
-
 // zone is the whole zone at one serial: the apex records and each
 // service's records. Immutable: a commit builds a new zone that shares
 // every unchanged service's records, and queries load the current one
@@ -157,20 +163,20 @@ func (z *zone) lookup(qname string) (set rrsets, ok bool) {
 	if set, ok := z.apex[qname]; ok {
 		return set, true
 	}
-	rel := strings.TrimSuffix(qname, "."+z.origin)
-	if rel == qname {
+	if len(qname) <= len(z.origin) || !strings.HasSuffix(qname, z.origin) || qname[len(qname)-len(z.origin)-1] != '.' {
 		return nil, false
 	}
-	labels := strings.Split(rel, ".")
-	last := labels[len(labels)-1]
-	var svc string
-	switch {
-	case last == "_tcp" && len(labels) == 2 && strings.HasPrefix(labels[0], "_"):
-		svc = labels[0][1:]
-	case last == "_tcp":
-		return nil, false
-	default:
-		svc = last
+	rel := qname[:len(qname)-len(z.origin)-1]
+	last, rest := rel, ""
+	if i := strings.LastIndexByte(rel, '.'); i >= 0 {
+		last, rest = rel[i+1:], rel[:i]
+	}
+	svc := last
+	if last == "_tcp" {
+		if !strings.HasPrefix(rest, "_") || strings.Contains(rest, ".") {
+			return nil, false
+		}
+		svc = rest[1:]
 	}
 	sr := z.services[svc]
 	if sr == nil {
@@ -216,28 +222,24 @@ type diff struct {
 // diffServices compares one service's records before and after (either
 // may be nil).
 func diffServices(old, cur *serviceRecords) (removed, added []dns.RR) {
-	key := func(rr dns.RR) string { return rr.String() }
-	had := map[string]dns.RR{}
-	if old != nil {
-		for _, rr := range old.all {
-			had[key(rr)] = rr
-		}
+	if old == nil {
+		old = &serviceRecords{}
 	}
-	if cur != nil {
-		for _, rr := range cur.all {
-			k := key(rr)
-			if _, ok := had[k]; ok {
-				delete(had, k)
-				continue
-			}
-			added = append(added, rr)
-		}
+	if cur == nil {
+		cur = &serviceRecords{}
 	}
-	if old != nil {
-		for _, rr := range old.all {
-			if _, ok := had[key(rr)]; ok {
-				removed = append(removed, rr)
-			}
+	// Both are sorted by key: merge.
+	i, j := 0, 0
+	for i < len(old.keys) || j < len(cur.keys) {
+		switch {
+		case j == len(cur.keys) || (i < len(old.keys) && old.keys[i] < cur.keys[j]):
+			removed = append(removed, old.all[i])
+			i++
+		case i == len(old.keys) || cur.keys[j] < old.keys[i]:
+			added = append(added, cur.all[j])
+			j++
+		default:
+			i, j = i+1, j+1
 		}
 	}
 	return removed, added
