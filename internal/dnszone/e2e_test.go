@@ -268,7 +268,8 @@ func isNotFound(err error) bool {
 // end up with all 200.
 func TestLargeAnswerTruncatesThenTCP(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, dnszone.Config{Zone: zoneName})
+	// Answers of up to 4096 bytes over UDP (the default is 1232).
+	e := newEnv(t, dnszone.Config{Zone: zoneName, UDPSize: 4096})
 	var addrs []string
 	for i := range 200 {
 		addrs = append(addrs, fmt.Sprintf("10.1.%d.%d", i/100, i%100+1))
@@ -284,6 +285,16 @@ func TestLargeAnswerTruncatesThenTCP(t *testing.T) {
 	}
 	if big := e.exchange(t, "api."+zoneName, dns.TypeA, "udp", 4096); big.Truncated || len(big.Answer) != 200 || big.IsEdns0() == nil {
 		t.Errorf("UDP with a 4096-byte EDNS0 buffer: TC %v, %d answers, OPT %v; want all 200", big.Truncated, len(big.Answer), big.IsEdns0())
+	}
+	// A 1232-byte buffer: more than 512 bytes' worth, still truncated
+	// (sizes as sent: compressed).
+	compressedLen := func(m *dns.Msg) int { m.Compress = true; return m.Len() }
+	if mid := e.exchange(t, "api."+zoneName, dns.TypeA, "udp", 1232); !mid.Truncated || len(mid.Answer) <= len(udp.Answer) || compressedLen(mid) > 1232 {
+		t.Errorf("UDP with a 1232-byte EDNS0 buffer: TC %v, %d answers (%d without EDNS0), %d bytes", mid.Truncated, len(mid.Answer), len(udp.Answer), compressedLen(mid))
+	}
+	// A client asking for more than muster's own buffer gets at most that.
+	if huge := e.exchange(t, "_api._tcp."+zoneName, dns.TypeSRV, "udp", 65000); !huge.Truncated || compressedLen(huge) > 4096 {
+		t.Errorf("SRV over UDP, a 65000-byte buffer asked for: TC %v, %d bytes; want at most 4096, truncated", huge.Truncated, compressedLen(huge))
 	}
 	if out := e.dig(t, "+notcp", "+ignore", "+noedns", "A", "api."+zoneName); !strings.Contains(out, " tc") {
 		t.Errorf("dig over UDP, no retry: no TC flag\n%s", out)

@@ -63,7 +63,7 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		s.transfer(w, r, z, tcp, signed)
 		return
 	}
-	m := s.answer(r, z)
+	m := s.answer(r, z, tcp)
 	s.write(w, r, m, tcp, signed)
 }
 
@@ -73,7 +73,9 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 func (s *Server) write(w dns.ResponseWriter, r, m *dns.Msg, tcp, sign bool) {
 	size := dns.MinMsgSize
 	if opt := r.IsEdns0(); opt != nil {
-		size = max(int(opt.UDPSize()), dns.MinMsgSize)
+		// The client's buffer, up to muster's own (RFC 6891 6.2.5): a
+		// spoofed query asking for 64 KiB gets no more than UDPSize.
+		size = min(max(int(opt.UDPSize()), dns.MinMsgSize), s.cfg.UDPSize)
 		if m.IsEdns0() == nil {
 			m.SetEdns0(uint16(s.cfg.UDPSize), false)
 		}
@@ -100,7 +102,7 @@ func (s *Server) write(w dns.ResponseWriter, r, m *dns.Msg, tcp, sign bool) {
 }
 
 // answer is the reply to a query (anything but a transfer) from z.
-func (s *Server) answer(r *dns.Msg, z *zone) *dns.Msg {
+func (s *Server) answer(r *dns.Msg, z *zone, tcp bool) *dns.Msg {
 	m := new(dns.Msg)
 	m.SetReply(r)
 	m.RecursionAvailable = false
@@ -133,11 +135,17 @@ func (s *Server) answer(r *dns.Msg, z *zone) *dns.Msg {
 		return m
 	}
 	var ans []dns.RR
-	if q.Qtype == dns.TypeANY {
+	switch {
+	case q.Qtype == dns.TypeANY && !tcp && len(set) > 0:
+		// RFC 8482: no full ANY answers over UDP, which would make
+		// muster an amplifier; over TCP they are complete.
+		ans = []dns.RR{&dns.HINFO{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeHINFO, Class: dns.ClassINET,
+			Ttl: uint32(s.cfg.TTL / time.Second)}, Cpu: "RFC8482"}}
+	case q.Qtype == dns.TypeANY:
 		for _, t := range sortedKeys(set) {
 			ans = append(ans, set[t]...)
 		}
-	} else {
+	default:
 		ans = slices.Clone(set[q.Qtype])
 	}
 	if len(ans) == 0 {

@@ -338,3 +338,21 @@ func TestBadTSIGIsNotAuth(t *testing.T) {
 		t.Fatalf("bad TSIG: %v", w.msgs)
 	}
 }
+
+// TestANYIsMinimalOverUDP: RFC 8482: ANY over UDP gets one HINFO record
+// (no amplification); over TCP every record at the name.
+func TestANYIsMinimalOverUDP(t *testing.T) {
+	s := newTestServer(t, Config{})
+	s.apply(frame(t, viewOf("web", 1, nil, endpoint(0, "az1", 1), endpoint(1, "az1", 1))))
+	s.commit(tick(time.Now()))
+	if m := query(t, s, "web.muster.internal.", dns.TypeANY); len(m.Answer) != 1 || m.Answer[0].Header().Rrtype != dns.TypeHINFO {
+		t.Errorf("ANY over UDP: %v", m.Answer)
+	}
+	q := new(dns.Msg)
+	q.SetQuestion("web.muster.internal.", dns.TypeANY)
+	w := &recorder{remote: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 999}}
+	s.ServeDNS(w, q)
+	if len(w.msgs) != 1 || len(w.msgs[0].Answer) != 3 { // two A, one TXT
+		t.Errorf("ANY over TCP: %v", w.msgs)
+	}
+}
