@@ -156,9 +156,10 @@ type App struct {
 	Refusals  *audit.RefusalSummaries
 	UI        *webui.UI
 	Server    *server.Server
+	Metrics   *prometheus.Registry
+
 	// DNS is the DNS zone when Config.DNS is set.
-	DNS     *dnszone.Server
-	Metrics *prometheus.Registry
+	DNS *dnszone.Server
 
 	log     *slog.Logger
 	ready   atomic.Bool
@@ -178,7 +179,7 @@ type worker struct {
 
 // stopOrder is the order workers stop in: the census (Shutdown stops it
 // before the streams drain), the DNS zone (a surface: it answers until
-// HTTP has stopped, then goes before what feeds it), the evaluator (it flushes transitions and
+// HTTP has stopped), the evaluator (it flushes transitions and
 // windows), the refused-evidence summaries (their last rows, before the
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the

@@ -116,6 +116,7 @@ func (c *Config) Validate() error {
 	if len(c.Nameservers) == 0 {
 		c.Nameservers = []string{"ns." + c.Zone}
 	}
+	c.Nameservers = slices.Clone(c.Nameservers) // canonicalised below: not the caller's
 	for i, ns := range c.Nameservers {
 		c.Nameservers[i] = dns.CanonicalName(ns)
 		if _, ok := dns.IsDomainName(c.Nameservers[i]); !ok {
