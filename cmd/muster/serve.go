@@ -169,6 +169,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	return a.Serve(ctx, ln, func() {
 		log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
 		announce(demoCtx, cfg, base, devIssuer, log, stdout, &demoRuns)
+		if cfg.Dev && a.DNS != nil && a.DNS.Addr() != nil {
+			host, port, _ := net.SplitHostPort(a.DNS.Addr().String())
+			fmt.Fprintf(stdout, "  dns:    dig @%s -p %s SERVICE.%s (every service; `muster dev --dns-addr \"\"` for none)\n", host, port, a.DNS.Zone())
+		}
 	})
 }
 

@@ -97,6 +97,9 @@ func (s *Server) Addr() net.Addr {
 	return s.addr
 }
 
+// Zone is the zone's name (canonical, fully qualified).
+func (s *Server) Zone() string { return s.cfg.Zone }
+
 // Services is how many services the zone serves now.
 func (s *Server) Services() int { return len(s.cur.Load().services) }
 
