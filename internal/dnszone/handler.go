@@ -198,7 +198,7 @@ func (s *Server) transfer(w dns.ResponseWriter, r *dns.Msg, z *zone, tcp, signed
 		m := new(dns.Msg)
 		m.SetRcode(r, dns.RcodeRefused)
 		s.m.transfers.WithLabelValues(kind, "refused").Inc()
-		s.log.Info("dns: zone transfer refused", "kind", kind, "remote", w.RemoteAddr().String(), "why", why)
+		s.logRefusal(kind, w.RemoteAddr().String(), why)
 		s.write(w, r, m, tcp, signed && w.TsigStatus() == nil)
 	}
 	if !strings.EqualFold(q.Name, z.origin) {
@@ -345,4 +345,22 @@ func (s *Server) sendNotify(ctx context.Context, to netip.AddrPort, z *zone) {
 		}
 	}
 	s.m.notifies.WithLabelValues("failed").Inc()
+}
+
+// refusalLogEvery bounds the log lines of refused transfers: a scan of
+// the zone should cost a counter, not the log.
+const refusalLogEvery = 10 * time.Second
+
+// logRefusal logs a refused transfer, at most once per refusalLogEvery
+// (saying how many went unlogged since); muster_dns_transfers_total
+// counts them all.
+func (s *Server) logRefusal(kind, remote, why string) {
+	n := s.refusedQuiet.Add(1)
+	now := time.Now().UnixNano()
+	last := s.refusalLogged.Load()
+	if now-last < int64(refusalLogEvery) || !s.refusalLogged.CompareAndSwap(last, now) {
+		return
+	}
+	s.refusedQuiet.Add(-n)
+	s.log.Info("dns: zone transfer refused", "kind", kind, "remote", remote, "why", why, "refused_since_last_line", n-1)
 }

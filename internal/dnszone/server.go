@@ -38,12 +38,15 @@ type Server struct {
 	log *slog.Logger
 	m   *metrics
 
-	cur      atomic.Pointer[zone]
-	rotate   atomic.Uint32 // round-robin offset of address answers
-	served   map[string]bool
-	reserved map[string]bool // service labels taken by in-zone nameservers
-	xfrFrom  map[netip.Addr]bool
-	tsig     map[string]string
+	cur    atomic.Pointer[zone]
+	rotate atomic.Uint32 // round-robin offset of address answers
+	// refusalLogged is when a refused transfer was last logged (Unix ns);
+	// refusedQuiet counts those refused since.
+	refusalLogged, refusedQuiet atomic.Int64
+	served                      map[string]bool
+	reserved                    map[string]bool // service labels taken by in-zone nameservers
+	xfrFrom                     map[netip.Addr]bool
+	tsig                        map[string]string
 
 	follower worker.Runner
 	notifier worker.Runner
