@@ -141,12 +141,19 @@ func (s *Server) Start(ctx context.Context) error {
 		return srv
 	}
 	s.servers = []*dns.Server{common(&dns.Server{Listener: ln, Net: "tcp"}), common(&dns.Server{PacketConn: pc, Net: "udp"})}
+	// Wait until both serve: a Stop before then could not shut them down.
+	started := make(chan struct{}, len(s.servers))
 	for _, srv := range s.servers {
+		srv.NotifyStartedFunc = func() { started <- struct{}{} }
 		s.done.Go(func() {
 			if err := srv.ActivateAndServe(); err != nil {
 				s.log.Error("dns listener stopped", "net", srv.Net, "err", err)
+				started <- struct{}{}
 			}
 		})
+	}
+	for range s.servers {
+		<-started
 	}
 	if err := s.follower.Start(ctx, s.follow); err != nil {
 		return err

@@ -356,3 +356,42 @@ func TestANYIsMinimalOverUDP(t *testing.T) {
 		t.Errorf("ANY over TCP: %v", w.msgs)
 	}
 }
+
+// TestWorkerShape: Stop before Start and twice is safe, a second Start is
+// refused, an immediate Stop after Start returns; an address in use fails
+// Start, unless Optional, which serves nothing and says so.
+func TestWorkerShape(t *testing.T) {
+	s := newTestServer(t, Config{})
+	s.Stop()
+	if err := s.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(t.Context()); err == nil {
+		t.Error("a second Start succeeded")
+	}
+	s.Stop()
+	s.Stop()
+
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	hub := stream.NewHub(stream.Config{})
+	strict, err := New(Config{Addr: busy.Addr().String(), Services: []string{"web"}, Hub: hub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := strict.Start(t.Context()); err == nil {
+		strict.Stop()
+		t.Errorf("Start on an address in use (%s) succeeded", busy.Addr())
+	}
+	optional, err := New(Config{Addr: busy.Addr().String(), Services: []string{"web"}, Hub: hub, Optional: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := optional.Start(t.Context()); err != nil || optional.Addr() != nil {
+		t.Errorf("Optional on an address in use: %v, serving on %v", err, optional.Addr())
+	}
+	optional.Stop()
+}
