@@ -86,7 +86,7 @@ func (s *Server) write(w dns.ResponseWriter, r, m *dns.Msg, tcp, sign bool) {
 	if sign {
 		size -= tsigRoom
 	}
-	m.Truncate(size)
+	fit(m, size)
 	if sign {
 		t := r.IsTsig()
 		m.SetTsig(t.Hdr.Name, t.Algorithm, tsigFudge, time.Now().Unix())
@@ -363,4 +363,39 @@ func (s *Server) logRefusal(kind, remote, why string) {
 	}
 	s.refusedQuiet.Add(-n)
 	s.log.Info("dns: zone transfer refused", "kind", kind, "remote", remote, "why", why, "refused_since_last_line", n-1)
+}
+
+// fit cuts m to size bytes as sent (compressed). The answer and authority
+// sections are cut with TC set (the client asks again over TCP); the
+// additional section (SRV targets' addresses, glue) is only trimmed, as
+// RFC 2181 9 allows: missing extras are no reason to retry.
+func fit(m *dns.Msg, size int) {
+	var extra []dns.RR
+	var opt *dns.OPT
+	for _, rr := range m.Extra {
+		if o, ok := rr.(*dns.OPT); ok {
+			opt = o
+		} else {
+			extra = append(extra, rr)
+		}
+	}
+	only := func(rrs []dns.RR) []dns.RR {
+		if opt != nil {
+			rrs = append(rrs, opt)
+		}
+		return rrs
+	}
+	m.Extra = only(nil)
+	m.Truncate(size)
+	if m.Truncated || len(extra) == 0 {
+		return
+	}
+	m.Compress = true
+	for n := len(extra); n > 0; n /= 2 {
+		m.Extra = only(slices.Clone(extra[:n]))
+		if m.Len() <= size {
+			return
+		}
+	}
+	m.Extra = only(nil)
 }

@@ -395,3 +395,25 @@ func TestWorkerShape(t *testing.T) {
 	}
 	optional.Stop()
 }
+
+// TestAdditionalRecordsAreTrimmedWithoutTC: an SRV answer that fits 512
+// bytes while its targets' addresses do not comes without TC (RFC 2181
+// 9): the client has what it asked for. Room permitting, the addresses
+// come too.
+func TestAdditionalRecordsAreTrimmedWithoutTC(t *testing.T) {
+	for _, c := range []struct{ n, minExtra, maxExtra int }{{3, 3, 3}, {6, 0, 5}} {
+		s := newTestServer(t, Config{})
+		var eps []resolver.Endpoint
+		for i := range c.n {
+			eps = append(eps, endpoint(i, "az1", 1))
+		}
+		s.apply(frame(t, viewOf("web", 1, nil, eps...)))
+		s.commit(tick(time.Now()))
+		m := query(t, s, "_web._tcp.muster.internal.", dns.TypeSRV)
+		m.Compress = true
+		if m.Truncated || len(m.Answer) != c.n || len(m.Extra) < c.minExtra || len(m.Extra) > c.maxExtra || m.Len() > 512 {
+			t.Errorf("SRV of %d over UDP: TC %v, %d answers, %d additional, %d bytes; want all answers, %d to %d addresses, no TC, at most 512 bytes",
+				c.n, m.Truncated, len(m.Answer), len(m.Extra), m.Len(), c.minExtra, c.maxExtra)
+		}
+	}
+}
