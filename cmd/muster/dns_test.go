@@ -3,8 +3,12 @@ package main
 import (
 	"io"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/dnszone"
@@ -59,5 +63,23 @@ func TestDNSFlags(t *testing.T) {
 	t.Setenv("MUSTER_DNS_SERVICES", "web")
 	if c, err := dnsConfig(t, true); err != nil || c.Addr != "127.0.0.1:9053" || c.Optional || c.Services[0] != "web" {
 		t.Fatalf("dev from the environment: %+v, %v", c, err)
+	}
+}
+
+// TestDevServesDNS: muster dev (the binary's wiring, through app) serves
+// the zone on the address given, answering for the zone it is
+// authoritative for.
+func TestDevServesDNS(t *testing.T) {
+	t.Parallel()
+	d := startDev(t, devDir(t), "--dns-addr", "127.0.0.1:0")
+	m := regexp.MustCompile(`msg="dns zone serving" worker=dns addr=(\S+)`).FindStringSubmatch(d.stderr.String())
+	if m == nil {
+		t.Fatalf("no dns zone serving line:\n%s", d.stderr.String())
+	}
+	q := new(dns.Msg)
+	q.SetQuestion("_muster."+dnszone.DefaultZone, dns.TypeTXT)
+	r, _, err := (&dns.Client{Timeout: 3 * time.Second}).Exchange(q, m[1])
+	if err != nil || r.Rcode != dns.RcodeSuccess || !r.Authoritative || len(r.Answer) != 1 {
+		t.Fatalf("TXT _muster from muster dev: %v %v", r, err)
 	}
 }
