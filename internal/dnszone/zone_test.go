@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -416,4 +419,53 @@ func TestAdditionalRecordsAreTrimmedWithoutTC(t *testing.T) {
 				c.n, m.Truncated, len(m.Answer), len(m.Extra), m.Len(), c.minExtra, c.maxExtra)
 		}
 	}
+}
+
+// TestConcurrentQueriesShareTheZone: queries answered at once from one
+// zone (its records are shared, never copied per query) while commits
+// replace it; the race detector checks nobody writes what others read.
+func TestConcurrentQueriesShareTheZone(t *testing.T) {
+	s := newTestServer(t, Config{})
+	var eps []resolver.Endpoint
+	for i := range 40 {
+		eps = append(eps, endpoint(i, fmt.Sprintf("az%d", i%3), 1))
+	}
+	s.apply(frame(t, viewOf("web", 1, nil, eps...)))
+	s.commit(tick(time.Now()))
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var answered atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			names := []string{"web.muster.internal.", "_web._tcp.muster.internal.", "az1.web.muster.internal.", "nope.muster.internal.", "muster.internal."}
+			types := []uint16{dns.TypeA, dns.TypeSRV, dns.TypeA, dns.TypeA, dns.TypeNS}
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				m := new(dns.Msg)
+				m.SetQuestion(names[(i+g)%len(names)], types[(i+g)%len(names)])
+				if i%2 == 0 {
+					m.SetEdns0(1232, false)
+				}
+				w := &recorder{remote: udpFrom("127.0.0.1")}
+				if i%3 == 0 {
+					w.remote = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 999}
+				}
+				s.ServeDNS(w, m)
+				answered.Add(1)
+			}
+		})
+	}
+	for v := range 20 {
+		s.apply(frame(t, viewOf("web", uint64(v+2), nil, eps[v:]...)))
+		s.commit(tick(time.Now()) + uint32(v+1))
+		for n := answered.Load(); answered.Load() < n+50; { // let queries run against this zone
+			runtime.Gosched()
+		}
+	}
+	close(done)
+	wg.Wait()
 }
