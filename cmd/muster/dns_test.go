@@ -12,6 +12,7 @@ import (
 
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/dnszone"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 func dnsConfig(t *testing.T, dev bool, args ...string) (*dnszone.Config, error) {
@@ -76,10 +77,16 @@ func TestDevServesDNS(t *testing.T) {
 	if m == nil {
 		t.Fatalf("no dns zone serving line:\n%s", d.stderr.String())
 	}
-	q := new(dns.Msg)
-	q.SetQuestion("_muster."+dnszone.DefaultZone, dns.TypeTXT)
-	r, _, err := (&dns.Client{Timeout: 3 * time.Second}).Exchange(q, m[1])
-	if err != nil || r.Rcode != dns.RcodeSuccess || !r.Authoritative || len(r.Answer) != 1 {
-		t.Fatalf("TXT _muster from muster dev: %v %v", r, err)
+	// Served once muster is ready (a fresh dev has no service: at once).
+	var r *dns.Msg
+	wait.For(t, 10*time.Second, "TXT _muster answered by muster dev", func() bool {
+		q := new(dns.Msg)
+		q.SetQuestion("_muster."+dnszone.DefaultZone, dns.TypeTXT)
+		var err error
+		r, _, err = (&dns.Client{Timeout: 3 * time.Second}).Exchange(q, m[1])
+		return err == nil && r.Rcode == dns.RcodeSuccess
+	})
+	if !r.Authoritative || len(r.Answer) != 1 {
+		t.Fatalf("TXT _muster from muster dev: %v", r)
 	}
 }

@@ -323,6 +323,9 @@ func New(cfg Config) (*App, error) {
 	if cfg.DNS != nil {
 		dc := *cfg.DNS
 		dc.Hub, dc.Logger, dc.Registerer = a.Hub, log, metrics
+		// Served once views are, as /readyz says: a rebuilding muster's
+		// empty zone would say no service exists.
+		dc.Ready = func() bool { return servingReady(context.Background()) == nil }
 		if a.DNS, err = dnszone.New(dc); err != nil {
 			a.closeUI()
 			return nil, err

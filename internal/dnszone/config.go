@@ -73,6 +73,13 @@ type Config struct {
 	// address, which a second muster dev on the machine finds taken.
 	Optional bool
 
+	// Ready reports whether views have been published since muster
+	// started (set by app: what /readyz says). Until it first holds, the
+	// zone answers SERVFAIL and sends and serves no transfer, so neither
+	// clients nor secondaries take a rebuilding muster's empty zone for
+	// the truth. Nil: ready at once.
+	Ready func() bool
+
 	// Hub is where views come from (set by app).
 	Hub    *stream.Hub
 	Logger *slog.Logger

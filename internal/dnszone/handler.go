@@ -59,6 +59,18 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		s.log.Debug("dns: request with a bad TSIG refused", "remote", w.RemoteAddr().String(), "err", w.TsigStatus())
 		return
 	}
+	if !z.ready && r.Opcode == dns.OpcodeQuery && inZone(strings.ToLower(q.Name), z.origin) {
+		// Rebuilding after a start: no answer rather than a wrong one.
+		// Resolvers try another server or serve what they hold (RFC
+		// 8767); secondaries keep their copy and retry.
+		m := new(dns.Msg)
+		m.SetRcode(r, dns.RcodeServerFailure)
+		if q.Qtype == dns.TypeAXFR || q.Qtype == dns.TypeIXFR {
+			s.m.transfers.WithLabelValues(strings.ToLower(dns.TypeToString[q.Qtype]), "not_ready").Inc()
+		}
+		s.write(w, r, m, tcp, signed)
+		return
+	}
 	if r.Opcode == dns.OpcodeQuery && (q.Qtype == dns.TypeAXFR || q.Qtype == dns.TypeIXFR) {
 		s.transfer(w, r, z, tcp, signed)
 		return
@@ -310,7 +322,7 @@ func (s *Server) notifyLoop(ctx context.Context) {
 		case <-s.notify:
 		}
 		z := s.cur.Load()
-		if !first && z.serial == sent {
+		if !z.ready || (!first && z.serial == sent) {
 			continue
 		}
 		first, sent = false, z.serial

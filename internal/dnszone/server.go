@@ -61,6 +61,7 @@ type Server struct {
 	// that step it before Start).
 	held    map[string]*resolver.View
 	pending map[string]*serviceRecords // changed since the last commit; nil value: gone
+	ready   bool                       // Config.Ready has held: the zone may be served
 }
 
 // New validates cfg and returns a stopped Server holding an empty zone.
@@ -88,6 +89,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.TSIGKeyName != "" {
 		s.tsig = map[string]string{cfg.TSIGKeyName: cfg.TSIGSecret}
 	}
+	s.ready = cfg.Ready == nil
 	s.cur.Store(s.newZone(nil, nil, tick(time.Now()), true))
 	return s, nil
 }
@@ -224,12 +226,21 @@ func (s *Server) follow(ctx context.Context) {
 	commit.Stop()
 	armed := false
 	for {
+		if !s.ready && s.cfg.Ready() {
+			// Views are published since this start: take every one (a
+			// new subscription in "*" mode), then serve.
+			s.ready = true
+			if s.served[AllServices] {
+				resubscribe()
+			}
+			s.log.Info("dns zone ready: views are published", "services", len(s.held))
+		}
 		var frames <-chan *stream.Frame
 		var resync <-chan struct{}
 		if sub != nil {
 			frames, resync = sub.C(), sub.Resync()
 		}
-		if len(s.pending) > 0 && !armed {
+		if s.dirty() && !armed {
 			now := time.Now()
 			if t := tick(now); serialLess(s.cur.Load().serial, t) {
 				s.commit(t)
@@ -368,10 +379,14 @@ func applyDelta(v *resolver.View, d resolver.Delta) *resolver.View {
 	return &resolver.View{Service: v.Service, Version: d.Version, Endpoints: eps, Zones: zones, GeneratedAt: d.GeneratedAt, Checksum: d.Checksum}
 }
 
+// dirty: there is something to commit (changed services, or the zone
+// becoming ready).
+func (s *Server) dirty() bool { return len(s.pending) > 0 || s.ready != s.cur.Load().ready }
+
 // commit publishes the pending services as a new zone at the serial for
 // t, keeps the diff for IXFR and wakes the notifier.
 func (s *Server) commit(t uint32) {
-	if len(s.pending) == 0 {
+	if !s.dirty() {
 		return
 	}
 	old := s.cur.Load()
@@ -390,7 +405,7 @@ func (s *Server) commit(t uint32) {
 // newZone builds the zone after old with changed applied (old nil: the
 // empty zone). It shares every unchanged service's records with old.
 func (s *Server) newZone(old *zone, changed map[string]*serviceRecords, t uint32, first bool) *zone {
-	z := &zone{origin: s.cfg.Zone, services: map[string]*serviceRecords{}}
+	z := &zone{origin: s.cfg.Zone, services: map[string]*serviceRecords{}, ready: s.ready}
 	if old != nil {
 		maps.Copy(z.services, old.services)
 		z.serial = serialAfter(old.serial, t, false)

@@ -155,6 +155,10 @@ type zone struct {
 	// history holds the diffs of the last commits, oldest first, ending
 	// at serial (for IXFR).
 	history []diff
+	// ready: views have been published since muster started (Config.Ready).
+	// Until then the zone is not served: an empty zone would tell every
+	// client that no service exists, and a secondary would transfer it.
+	ready bool
 }
 
 // lookup finds the records at qname (lower case, fully qualified, inside

@@ -17,6 +17,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -468,4 +469,51 @@ func TestConcurrentQueriesShareTheZone(t *testing.T) {
 	}
 	close(done)
 	wg.Wait()
+}
+
+// TestNotServedUntilReady: until Config.Ready first holds (muster has
+// published views since it started, as /readyz says), names in the zone
+// are SERVFAIL, transfers too, and no NOTIFY goes out: no NXDOMAIN for
+// services that exist, no empty zone for a secondary to take. Then the
+// zone is served.
+func TestNotServedUntilReady(t *testing.T) {
+	var ready atomic.Bool
+	hub := stream.NewHub(stream.Config{})
+	s, err := New(Config{Addr: "127.0.0.1:0", Services: []string{AllServices}, Hub: hub, Interval: 10 * time.Millisecond,
+		Ready: ready.Load, TSIGKeyName: "k.", TSIGSecret: "MDEyMzQ1Njc4OWFiY2RlZg==", Secondaries: mustSecondaries(t, "127.0.0.1:1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	hub.Publish([]stream.Update{{View: frame(t, viewOf("web", 1, nil, endpoint(0, "az1", 1)))}})
+	ask := func(name string, qtype uint16) int {
+		m := new(dns.Msg)
+		m.SetQuestion(name, qtype)
+		r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Rcode
+	}
+	// The follower takes the view meanwhile; the zone stays unserved.
+	wait.For(t, 2*time.Second, "the view taken in", func() bool { return s.Services() == 1 })
+	for _, q := range []struct {
+		name  string
+		qtype uint16
+	}{{"web.muster.internal.", dns.TypeA}, {"nope.muster.internal.", dns.TypeA}, {"muster.internal.", dns.TypeSOA}} {
+		if rc := ask(q.name, q.qtype); rc != dns.RcodeServerFailure {
+			t.Errorf("%s %s before ready: %s, want SERVFAIL", dns.TypeToString[q.qtype], q.name, dns.RcodeToString[rc])
+		}
+	}
+	if rc := ask("example.com.", dns.TypeA); rc != dns.RcodeRefused {
+		t.Errorf("outside the zone before ready: %s, want REFUSED", dns.RcodeToString[rc])
+	}
+	ready.Store(true)
+	wait.For(t, 2*time.Second, "the zone served once ready", func() bool { return ask("web.muster.internal.", dns.TypeA) == dns.RcodeSuccess })
+	if rc := ask("nope.muster.internal.", dns.TypeA); rc != dns.RcodeNameError {
+		t.Errorf("unknown service once ready: %s", dns.RcodeToString[rc])
+	}
 }
