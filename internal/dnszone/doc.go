@@ -19,6 +19,14 @@
 // publisher is stuck. When the hub closes (shutdown) the zone stays as it
 // was until the server stops.
 //
+// Until views have been published since muster started (Config.Ready,
+// what /readyz waits for), the zone is not served: names in it answer
+// SERVFAIL, transfers too, and no NOTIFY goes out. A rebuilding muster's
+// empty zone would otherwise tell every client that no service exists
+// (NXDOMAIN, negatively cached) and hand secondaries an empty zone under
+// a newer serial; SERVFAIL sends resolvers to another server or to what
+// they hold, and secondaries keep their copy and retry.
+//
 // # Names
 //
 //	ZONE                   SOA, NS (and the in-zone nameserver's address)
