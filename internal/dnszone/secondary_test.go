@@ -165,9 +165,10 @@ func TestSecondaryFollowsByNotifyAndIXFR(t *testing.T) {
 	wait.For(t, 20*time.Second, "named serving the zone it transferred", func() bool {
 		return slices.Equal(atNamed("api."+zoneName), []string{"10.0.1.1", "10.0.1.2"})
 	})
-	if !strings.Contains(log.String(), "Transfer status: success") {
-		t.Errorf("named's log has no successful transfer:\n%s", log.String())
-	}
+	// named may answer from the zone a moment before it logs the transfer.
+	wait.For(t, 5*time.Second, "named logging a successful transfer", func() bool {
+		return strings.Contains(log.String(), "Transfer status: success")
+	})
 	if out := dig(t, np, "+short", "SOA", zoneName); !strings.Contains(out, strconv.FormatUint(uint64(e.s.DNS.Serial()), 10)) {
 		t.Errorf("named's SOA %q, muster's serial %d", out, e.s.DNS.Serial())
 	}
@@ -181,15 +182,14 @@ func TestSecondaryFollowsByNotifyAndIXFR(t *testing.T) {
 	if got := atNamed("az2.api." + zoneName); !slices.Equal(got, []string{"10.0.2.1"}) {
 		t.Errorf("named, az2.api: %v", got)
 	}
-	metrics := string(e.s.Scrape(t))
+	// muster counts a transfer once it has written it, which may be a
+	// moment after named has applied it.
 	for _, want := range []string{`muster_dns_transfers_total{kind="axfr",result="full"}`, `muster_dns_transfers_total{kind="ixfr",result="incremental"}`,
 		`muster_dns_notifies_total{result="acknowledged"}`} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("metrics lack %s; named's log:\n%s", want, log.String())
-		}
+		wait.For(t, 5*time.Second, "metric "+want, func() bool { return strings.Contains(string(e.s.Scrape(t)), want) })
 	}
-	if !strings.Contains(log.String(), "notify from 127.0.0.1") || !strings.Contains(log.String(), "IXFR") {
-		t.Errorf("named's log shows no NOTIFY and IXFR:\n%s", log.String())
+	if !strings.Contains(log.String(), "received notify for zone 'muster.internal': TSIG 'muster-xfr'") {
+		t.Errorf("named's log shows no signed NOTIFY:\n%s", log.String())
 	}
 
 	// Transfers to anyone else are refused.
@@ -211,7 +211,7 @@ func TestSecondaryFollowsByNotifyAndIXFR(t *testing.T) {
 	if out := e.dig(t, "-y", key, "AXFR", zoneName); !strings.Contains(out, "10.0.2.1") || !strings.Contains(out, "_api._tcp."+zoneName) {
 		t.Errorf("AXFR as the secondary:\n%s", out)
 	}
-	metrics = string(e.s.Scrape(t))
+	metrics := string(e.s.Scrape(t))
 	if !strings.Contains(metrics, `muster_dns_transfers_total{kind="axfr",result="refused"} 3`) ||
 		!strings.Contains(metrics, `muster_dns_transfers_total{kind="ixfr",result="refused"} 1`) {
 		t.Errorf("refused transfers not counted:\n%s", grepLines(metrics, "muster_dns_transfers_total"))
