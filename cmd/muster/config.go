@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
@@ -73,6 +74,9 @@ type Config struct {
 	// MaxPendingWindows bounds the observed windows kept in memory while
 	// PostgreSQL cannot take them (MUSTER_MAX_PENDING_WINDOWS, 2000000).
 	MaxPendingWindows int
+	// DNS configures the authoritative DNS zone (--dns-* flags,
+	// MUSTER_DNS_*; dns.go); nil: no DNS.
+	DNS *dnszone.Config
 	// UIInsecureCookie drops the session cookie's Secure attribute
 	// (MUSTER_UI_INSECURE_COOKIE=1), for plain-http development only.
 	UIInsecureCookie bool

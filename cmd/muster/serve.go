@@ -72,10 +72,15 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs.StringVar(&sf.steps, "shift-steps", "", "traffic weights a shift-back walks through, e.g. 0.1,0.25,0.5,1 (MUSTER_SHIFT_STEPS; default 0.1,0.25,0.5,1)")
 	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")
 	fs.StringVar(&sf.pendingAlarm, "shift-pending-alarm", "", "a manual shift-back pending confirmation longer than this raises shiftback_pending (MUSTER_SHIFT_PENDING_ALARM; default 10m)")
+	df := addDNSFlags(fs, dev)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := loadEnv(&cfg); err != nil {
+		return err
+	}
+	var err error
+	if cfg.DNS, err = df.config(fs, dev); err != nil {
 		return err
 	}
 	if cfg.Demo {
@@ -164,6 +169,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	return a.Serve(ctx, ln, func() {
 		log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
 		announce(demoCtx, cfg, base, devIssuer, log, stdout, &demoRuns)
+		if cfg.Dev && a.DNS != nil && a.DNS.Addr() != nil {
+			host, port, _ := net.SplitHostPort(a.DNS.Addr().String())
+			fmt.Fprintf(stdout, "  dns:    dig @%s -p %s SERVICE.%s (every service; `muster dev --dns-addr \"\"` for none)\n", host, port, a.DNS.Zone())
+		}
 	})
 }
 
@@ -202,6 +211,7 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		Shifts:    shift.Config{Steps: cfg.ShiftSteps, Dwell: cfg.ShiftDwell, PendingAlarmAfter: cfg.ShiftPendingAlarm},
 		Admission: stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow},
 		Server:    server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
+		DNS:       cfg.DNS,
 	}
 	if devIssuer != nil {
 		ac.Server.DevIssuer, ac.Server.DevIssuerPath = devIssuer.Handler(), devIssuerPath

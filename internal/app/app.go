@@ -14,7 +14,7 @@
 //	policy (overrides), sweeper, shifts        budgets counted on the evaluator's snapshot
 //	hub, guard log, publisher                  assembles policy.Applied: verdicts + overrides in force
 //	admission, census                          the streaming tier's intake
-//	UI, HTTP server                            the surfaces
+//	UI, HTTP server, DNS zone                  the surfaces
 //
 // Data flows downstream only, and where a downstream component must learn
 // of a change upstream it pulls: the publisher takes the evaluator's
@@ -51,6 +51,7 @@ import (
 
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/policy"
@@ -75,6 +76,7 @@ const (
 	WorkerPublisher = "publisher"
 	WorkerEvaluator = "evaluator"
 	WorkerRefusals  = "refused-evidence"
+	WorkerDNS       = "dns"
 )
 
 // Worker is the project's one worker shape.
@@ -128,6 +130,9 @@ type Config struct {
 	Server server.Config
 	// UI, when set, mounts the admin web UI at its BasePath.
 	UI *webui.Config
+	// DNS, when set, serves the authoritative DNS zone (its Hub, Logger
+	// and Registerer are the app's); nil: no DNS.
+	DNS *dnszone.Config
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
@@ -155,6 +160,9 @@ type App struct {
 	Server    *server.Server
 	Metrics   *prometheus.Registry
 
+	// DNS is the DNS zone when Config.DNS is set.
+	DNS *dnszone.Server
+
 	log     *slog.Logger
 	ready   atomic.Bool
 	workers []worker // in start order
@@ -172,12 +180,13 @@ type worker struct {
 }
 
 // stopOrder is the order workers stop in: the census (Shutdown stops it
-// before the streams drain), the evaluator (it flushes transitions and
+// before the streams drain), the DNS zone (a surface: it answers until
+// HTTP has stopped), the evaluator (it flushes transitions and
 // windows), the refused-evidence summaries (their last rows, before the
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerDNS, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -316,6 +325,17 @@ func New(cfg Config) (*App, error) {
 		a.closeUI()
 		return nil, err
 	}
+	if cfg.DNS != nil {
+		dc := *cfg.DNS
+		dc.Hub, dc.Logger, dc.Registerer = a.Hub, log, metrics
+		// Served once views are, as /readyz says: a rebuilding muster's
+		// empty zone would say no service exists.
+		dc.Ready = func() bool { return servingReady(context.Background()) == nil }
+		if a.DNS, err = dnszone.New(dc); err != nil {
+			a.closeUI()
+			return nil, err
+		}
+	}
 
 	// The workers, in start order. The census reads the expected
 	// population before the first watch request can arrive, so a
@@ -334,6 +354,9 @@ func New(cfg Config) (*App, error) {
 		{name: WorkerPublisher, w: a.Publisher, detached: true},
 		{name: WorkerEvaluator, w: a.Evaluator, detached: true},
 		{name: WorkerRefusals, w: a.Refusals, detached: true},
+	}
+	if a.DNS != nil {
+		a.workers = append(a.workers, worker{name: WorkerDNS, w: a.DNS, detached: true})
 	}
 	for _, w := range cfg.Workers {
 		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {

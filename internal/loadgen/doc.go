@@ -9,6 +9,8 @@
 //	         and additions take to reach every one; --restart restarts a
 //	         child `muster dev` under them and checks their readmission
 //	ui       signs in to the admin UI and times its pages
+//	dns      fires DNS queries at muster's zone (a running one, or one
+//	         built in process from a synthetic hub) and prints queries/s
 //
 // It is a client of muster like any other, through the HTTP API and the
 // dev issuer's tokens; seed, rebuild and watch --restart also work on the

@@ -36,7 +36,8 @@ const loadgenUsage = `usage:
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
   muster loadgen watch   --restart [--data DIR] [--clients 10000] [--admission-window 10s] [--admission-floor 50]
   muster loadgen ui      --url URL [--user alice] [--pages /ui/,/ui/audit] [--requests 20]
-  muster loadgen tgsync  --url URL [--data DIR] [--instances 60] [--withdrawals 100] [--endpoints 100] [--changes 1000] [--elbv2-only]`
+  muster loadgen tgsync  --url URL [--data DIR] [--instances 60] [--withdrawals 100] [--endpoints 100] [--changes 1000] [--elbv2-only]
+  muster loadgen dns     [--addr HOST:PORT [--names N,...]] [--services 450] [--endpoints 130] [--changes 40] [--clients 8] [--duration 10s]`
 
 // loadgenOwner owns every service loadgen creates, so its data is easy to
 // tell apart.
@@ -60,7 +61,7 @@ type Env struct {
 	ChildEnv []string
 }
 
-// Run runs `muster loadgen args...`: seed, rebuild, reports, watch or ui.
+// Run runs `muster loadgen args...`: seed, rebuild, reports, watch, ui or dns.
 // A command line it cannot understand is cli.ErrUsage, explained on
 // stderr.
 func Run(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) error {
@@ -81,6 +82,8 @@ func Run(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) 
 		return loadgenUI(ctx, args[1:], stdout, stderr)
 	case "tgsync":
 		return loadgenTgsync(ctx, args[1:], stdout, stderr)
+	case "dns":
+		return loadgenDNS(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintln(stderr, loadgenUsage)
 	return cli.ErrUsage

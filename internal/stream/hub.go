@@ -166,6 +166,21 @@ func (h *Hub) View(service string) (*Frame, bool) {
 	return st.view, true
 }
 
+// Services lists the services the hub holds a view of, sorted: how a
+// surface that serves every service (the DNS zone) learns of new ones.
+func (h *Hub) Services() []string {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]string, 0, h.views)
+	for name, st := range h.services {
+		if st.view != nil {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Views is how many services the hub holds a view of.
 func (h *Hub) Views() int {
 	h.mu.RLock()

@@ -13,6 +13,7 @@
 package apptest
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -36,6 +37,7 @@ import (
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
@@ -94,6 +96,9 @@ type Stack struct {
 	Reaper *registry.Reaper
 	// Issuer2 is the second dev issuer when Options.SecondIssuer is set.
 	Issuer2 *devissuer.Issuer
+	// DNS is the DNS zone when Options.DNS is set (started: it follows
+	// the hub and answers on DNS.Addr()).
+	DNS *dnszone.Server
 
 	jwksFetches atomic.Int64
 	queries     queryCounter
@@ -187,6 +192,9 @@ type Options struct {
 	// Run names workers of Held to start as muster serve does, instead
 	// of leaving them to the test.
 	Run []string
+	// DNS serves the DNS zone (Stack.DNS) with this configuration; its
+	// Addr defaults to 127.0.0.1:0.
+	DNS *dnszone.Config
 }
 
 // Held lists the workers a Stack does not start by default: tests step
@@ -269,6 +277,11 @@ func New(t testing.TB, opts Options) *Stack {
 	if opts.Evaluator != nil {
 		opts.Evaluator(&cfg.Evaluator)
 	}
+	if opts.DNS != nil {
+		dc := *opts.DNS
+		dc.Addr = cmp.Or(dc.Addr, "127.0.0.1:0")
+		cfg.DNS = &dc
+	}
 	if opts.Policy != nil {
 		opts.Policy(&cfg.Policy)
 	}
@@ -333,6 +346,7 @@ func New(t testing.TB, opts Options) *Stack {
 	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = a.Hub, a.Publisher, a.Policy, a.Shifts, srv, a.Guards, a.UI
 	st.Authz, st.Monitor, st.Reaper = a.Authz, a.Monitor, a.Reaper
 	st.Refusals = a.Refusals
+	st.DNS = a.DNS
 	// A started evaluator rebuilds its state first, and refuses reports
 	// (503 not-ready) until it is done; a test's first request would race
 	// it. Tests of that state use NoStart.
