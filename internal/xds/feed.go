@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/resolver"
@@ -132,7 +134,7 @@ func (s *Server) apply(frames []*stream.Frame) {
 			continue
 		}
 		built[name] = sr
-		s.notePublished(f.Version, f.PublishedAt)
+		s.notePublished(f.Version, f.PublishedAt, sr.claHash)
 	}
 	if len(built) == 0 {
 		return
@@ -168,18 +170,25 @@ func (s *Server) build(f *stream.Frame, have *serviceResources, now time.Time) (
 		return nil, err
 	}
 	sr := &serviceResources{name: v.Service, version: v.Version, cla: Assignment(snap)}
+	if sr.claHash, err = contentVersion(sr.cla); err != nil {
+		return nil, err
+	}
 	if have != nil {
-		sr.listener, sr.route, sr.cluster, sr.staticVersion = have.listener, have.route, have.cluster, have.staticVersion
+		sr.listener, sr.route, sr.cluster = have.listener, have.route, have.cluster
+		sr.listenerVersion, sr.routeVersion, sr.clusterVersion = have.listenerVersion, have.routeVersion, have.clusterVersion
 		return sr, nil
 	}
-	l, r, c, err := staticResources(v.Service)
-	if err != nil {
+	if sr.listener, sr.route, sr.cluster, err = staticResources(v.Service); err != nil {
 		return nil, err
 	}
-	if sr.staticVersion, err = contentVersion(l, r, c); err != nil {
-		return nil, err
+	for _, x := range []struct {
+		r types.Resource
+		v *string
+	}{{sr.listener, &sr.listenerVersion}, {sr.route, &sr.routeVersion}, {sr.cluster, &sr.clusterVersion}} {
+		if *x.v, err = contentVersion(x.r); err != nil {
+			return nil, err
+		}
 	}
-	sr.listener, sr.route, sr.cluster = l, r, c
 	return sr, nil
 }
 
@@ -239,19 +248,39 @@ func mapsEqual(a, b map[string]bool) bool {
 	return true
 }
 
-// notePublished remembers when the hub received a version, for the push
-// latency histogram (the last 4096 versions).
-func (s *Server) notePublished(version uint64, at time.Time) {
+// notePublished remembers, for the last 4096 assignments built, when the
+// hub received their version (for the push latency histogram) and which
+// version an assignment's bytes belong to: go-control-plane's delta
+// responses name a resource's version by a hash of its bytes, and muster
+// sends its view version instead (deltaVersions).
+func (s *Server) notePublished(version uint64, at time.Time, claHash string) {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
 	s.published[version] = at
-	s.pubOrder = append(s.pubOrder, version)
+	s.claVersions[claHash] = version
+	s.pubOrder = append(s.pubOrder, published{version, claHash})
 	if len(s.pubOrder) > 4096 {
-		for _, v := range s.pubOrder[:1024] {
-			delete(s.published, v)
+		for _, p := range s.pubOrder[:1024] {
+			delete(s.published, p.version)
+			if s.claVersions[p.hash] == p.version {
+				delete(s.claVersions, p.hash)
+			}
 		}
 		s.pubOrder = slices.Delete(s.pubOrder, 0, 1024)
 	}
+}
+
+type published struct {
+	version uint64
+	hash    string
+}
+
+// claVersion is the view version of the assignment whose bytes hash to h.
+func (s *Server) claVersion(h string) (uint64, bool) {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	v, ok := s.claVersions[h]
+	return v, ok
 }
 
 // publishedAt returns when the hub received version.

@@ -66,4 +66,3 @@ func (l quietLogger) Debugf(format string, args ...any) { l.log.Debug(fmt.Sprint
 func (l quietLogger) Infof(format string, args ...any)  { l.log.Debug(fmt.Sprintf(format, args...)) }
 func (l quietLogger) Warnf(format string, args ...any)  { l.log.Warn(fmt.Sprintf(format, args...)) }
 func (l quietLogger) Errorf(format string, args ...any) { l.log.Error(fmt.Sprintf(format, args...)) }
-

@@ -2,10 +2,8 @@ package xds
 
 import (
 	"fmt"
-	"hash/fnv"
 	"math"
 	"slices"
-	"strconv"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -15,7 +13,7 @@ import (
 	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	"google.golang.org/protobuf/proto"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -42,8 +40,12 @@ type serviceResources struct {
 	route    types.Resource
 	cluster  types.Resource
 	cla      types.Resource
-	// staticVersion is the listener's, route's and cluster's version.
-	staticVersion string
+	// The listener's, route's and cluster's versions: go-control-plane's
+	// hash of their bytes (what delta xDS sends as their version).
+	listenerVersion, routeVersion, clusterVersion string
+	// claHash is that hash of the assignment; delta responses carry the
+	// view version instead (Server.deltaVersions).
+	claHash string
 }
 
 // adsSource is "fetch it on the same ADS stream".
@@ -106,17 +108,14 @@ func staticResources(service string) (l *listener.Listener, r *route.RouteConfig
 	return l, r, c, nil
 }
 
-// contentVersion is a version for a resource that is a hash of its bytes.
-func contentVersion(msgs ...proto.Message) (string, error) {
-	h := fnv.New64a()
-	for _, m := range msgs {
-		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
-		if err != nil {
-			return "", fmt.Errorf("encode %T: %w", m, err)
-		}
-		_, _ = h.Write(b)
+// contentVersion is go-control-plane's version of a resource: a hash of
+// its deterministic encoding.
+func contentVersion(r types.Resource) (string, error) {
+	b, err := cachev3.MarshalResource(r)
+	if err != nil {
+		return "", fmt.Errorf("encode %T: %w", r, err)
 	}
-	return "s" + strconv.FormatUint(h.Sum64(), 36), nil
+	return cachev3.HashResource(b), nil
 }
 
 // Assignment builds the ClusterLoadAssignment of a snapshot: exactly the

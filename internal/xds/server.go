@@ -125,9 +125,10 @@ type Server struct {
 	rpcs     map[*rpc]struct{}
 	streams  map[streamKey]*rpc
 
-	pubMu     sync.Mutex
-	published map[uint64]time.Time
-	pubOrder  []uint64
+	pubMu       sync.Mutex
+	published   map[uint64]time.Time
+	claVersions map[string]uint64
+	pubOrder    []published
 }
 
 type streamKey struct {
@@ -161,7 +162,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger.With("component", "xds"),
 		services: map[string]*serviceResources{}, nodes: map[string]*node{},
-		rpcs: map[*rpc]struct{}{}, streams: map[streamKey]*rpc{}, published: map[uint64]time.Time{},
+		rpcs: map[*rpc]struct{}{}, streams: map[streamKey]*rpc{}, published: map[uint64]time.Time{}, claVersions: map[string]uint64{},
 	}
 	var err error
 	if s.m, err = newMetrics(cfg.Registerer, s); err != nil {
@@ -244,6 +245,18 @@ func (s *Server) Streams() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.rpcs)
+}
+
+// Version is the view version of the resources held for service (false:
+// none held yet).
+func (s *Server) Version(service string) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sr := s.services[service]
+	if sr == nil {
+		return 0, false
+	}
+	return sr.version, true
 }
 
 type rpcKey struct{}
@@ -439,9 +452,7 @@ func (s *Server) callbacks() serverv3.Callbacks {
 		StreamDeltaResponseFunc: func(_ int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
 			s.m.pushes.WithLabelValues("delta", typeName(resp.GetTypeUrl())).Inc()
 			if resp.GetTypeUrl() == resource.EndpointType {
-				for _, res := range resp.GetResources() {
-					s.observeLatency(res.GetVersion())
-				}
+				s.deltaVersions(resp)
 			}
 		},
 	}
@@ -518,6 +529,20 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 			r.denied[name] = true
 			s.m.denied.WithLabelValues("not_granted").Inc()
 			s.log.Info("xDS client asked for a service it may not resolve; it sees none", "principal", r.key, "service", name)
+		}
+	}
+}
+
+// deltaVersions gives each assignment of a delta response its view
+// version, where go-control-plane put the hash of its bytes (the delta
+// protocol's versions are opaque to the client, which sends them back on
+// reconnecting, where they are compared with the same view versions), and
+// records the push latency.
+func (s *Server) deltaVersions(resp *discovery.DeltaDiscoveryResponse) {
+	for _, res := range resp.GetResources() {
+		if v, ok := s.claVersion(res.GetVersion()); ok {
+			res.Version = strconv.FormatUint(v, 10)
+			s.observeLatency(res.Version)
 		}
 	}
 }

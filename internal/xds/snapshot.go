@@ -60,14 +60,14 @@ func newNodeSnapshot(services []*serviceResources) *nodeSnapshot {
 		newest = max(newest, sr.version)
 		for _, t := range typeURLs {
 			var r types.Resource
-			v := sr.staticVersion
+			var v string
 			switch t {
 			case resource.ListenerType:
-				r = sr.listener
+				r, v = sr.listener, sr.listenerVersion
 			case resource.RouteType:
-				r = sr.route
+				r, v = sr.route, sr.routeVersion
 			case resource.ClusterType:
-				r = sr.cluster
+				r, v = sr.cluster, sr.clusterVersion
 			case resource.EndpointType:
 				r, v = sr.cla, claVersion
 			}

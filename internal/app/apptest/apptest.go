@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -47,6 +48,7 @@ import (
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/internal/webui"
+	"github.com/musterhq/muster/internal/xds"
 )
 
 // Clock is a settable clock shared by the registry and the evaluator.
@@ -106,6 +108,10 @@ type Stack struct {
 	Reaper *registry.Reaper
 	// Issuer2 is the second dev issuer when Options.SecondIssuer is set.
 	Issuer2 *devissuer.Issuer
+	// XDS and XDSAddr are the xDS server and its address when
+	// Options.XDS is set.
+	XDS     *xds.Server
+	XDSAddr string
 
 	jwksFetches atomic.Int64
 	queries     queryCounter
@@ -199,6 +205,11 @@ type Options struct {
 	// Run names workers of Held to start as muster serve does, instead
 	// of leaving them to the test.
 	Run []string
+	// XDS serves xDS on a loopback listener (Stack.XDSAddr), its streams
+	// drained over 200 ms at teardown; XDSConfig adjusts its
+	// configuration first.
+	XDS       bool
+	XDSConfig func(*xds.Config)
 }
 
 // Held lists the workers a Stack does not start by default: tests step
@@ -287,6 +298,12 @@ func New(t testing.TB, opts Options) *Stack {
 	if opts.Shifts != nil {
 		opts.Shifts(&cfg.Shifts)
 	}
+	if opts.XDS {
+		cfg.XDS = &xds.Config{DrainWindow: 200 * time.Millisecond}
+		if opts.XDSConfig != nil {
+			opts.XDSConfig(cfg.XDS)
+		}
+	}
 	if opts.UI {
 		oc := webui.OIDCConfig{IssuerURL: iss.URL(), ClientID: "muster-ui", ClientSecret: "muster-ui-test-secret",
 			RedirectURL: base + "/ui/auth/callback"}
@@ -340,6 +357,14 @@ func New(t testing.TB, opts Options) *Stack {
 	})
 	a.SetReady(true)
 	hs.Start()
+	if a.XDS != nil {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = a.ServeXDS(ln) }()
+		st.XDS, st.XDSAddr = a.XDS, ln.Addr().String()
+	}
 	st.App = a
 	st.URL, st.Pool, st.Registry, st.Evaluator, st.Issuer, st.Clock, st.Client, st.Metrics = base, pool, a.Registry, a.Evaluator, iss, clk, hs.Client(), a.Metrics
 	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = a.Hub, a.Publisher, a.Policy, a.Shifts, srv, a.Guards, a.UI
