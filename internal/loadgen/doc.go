@@ -9,6 +9,8 @@
 //	         and additions take to reach every one; --restart restarts a
 //	         child `muster dev` under them and checks their readmission
 //	ui       signs in to the admin UI and times its pages
+//	xds      holds ADS streams on one service's assignment and times how
+//	         long a change takes to reach every one
 //
 // It is a client of muster like any other, through the HTTP API and the
 // dev issuer's tokens; seed, rebuild and watch --restart also work on the

@@ -35,7 +35,8 @@ const loadgenUsage = `usage:
   muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--probers 8] [--duration 20s]
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
   muster loadgen watch   --restart [--data DIR] [--clients 10000] [--admission-window 10s] [--admission-floor 50]
-  muster loadgen ui      --url URL [--user alice] [--pages /ui/,/ui/audit] [--requests 20]`
+  muster loadgen ui      --url URL [--user alice] [--pages /ui/,/ui/audit] [--requests 20]
+  muster loadgen xds     --url URL --xds ADDR [--data DIR] [--clients 1000] [--changes 20] [--interval 2s] [--delta]`
 
 // loadgenOwner owns every service loadgen creates, so its data is easy to
 // tell apart.
@@ -59,7 +60,7 @@ type Env struct {
 	ChildEnv []string
 }
 
-// Run runs `muster loadgen args...`: seed, rebuild, reports, watch or ui.
+// Run runs `muster loadgen args...`: seed, rebuild, reports, watch, ui or xds.
 // A command line it cannot understand is cli.ErrUsage, explained on
 // stderr.
 func Run(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) error {
@@ -78,6 +79,8 @@ func Run(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) 
 		return loadgenWatch(ctx, env, args[1:], stdout, stderr)
 	case "ui":
 		return loadgenUI(ctx, args[1:], stdout, stderr)
+	case "xds":
+		return loadgenXDS(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintln(stderr, loadgenUsage)
 	return cli.ErrUsage
