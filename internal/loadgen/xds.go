@@ -12,20 +12,23 @@ import (
 	"sync"
 	"time"
 
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/identity"
 )
 
-// lgXDSService is the service loadgen xds creates and changes.
-const lgXDSService = "lgxds"
+// lgXDSPrefix names the services loadgen xds creates and changes, one per
+// run.
+const lgXDSPrefix = "lgxds-"
 
 // loadgenXDS holds --clients ADS streams (state of the world, or delta
 // with --delta) subscribed to one service's assignment, makes --changes
@@ -58,6 +61,9 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return cli.ErrUsage
 	}
 	base = strings.TrimRight(base, "/")
+	// A service of its own per run, its instances numbered from first.
+	first := int(time.Now().Unix() % 100000)
+	lgXDSService := lgXDSPrefix + strconv.Itoa(first)
 	iss, err := devissuer.LoadOrCreate(dir)
 	if err != nil {
 		return err
@@ -74,23 +80,16 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := apiCall(ctx, client, "PUT", base+"/v1/services/"+lgXDSService, admin, []byte(`{"owner":"loadgen","capabilities":[]}`), nil); err != nil {
 		return fmt.Errorf("create %s: %w", lgXDSService, err)
 	}
+	// Each change is a new instance; a stream has the change once an
+	// assignment it received lists the instance's address (view versions
+	// also move for other reasons: slow-start weights).
+	address := func(i int) string { return fmt.Sprintf("10.250.%d.%d", (i-first)/250, (i-first)%250+1) }
 	register := func(i int) error {
-		body := fmt.Sprintf(`{"address":"10.250.%d.%d","port":8080,"zone":"az%d"}`, i/250, i%250+1, i%3+1)
+		body := fmt.Sprintf(`{"address":%q,"port":8080,"zone":"az%d"}`, address(i), i%3+1)
 		return apiCall(ctx, client, "POST", base+"/v1/services/"+lgXDSService+"/instances", admin, []byte(body), nil)
 	}
-	// A run of its own: instance numbers past what earlier runs took.
-	first := int(time.Now().Unix() % 10000 * 10)
 	if err := register(first); err != nil {
 		return fmt.Errorf("register: %w", err)
-	}
-	version := func() (uint64, error) {
-		var v struct{ Version uint64 }
-		err := apiCall(ctx, client, "GET", base+"/v1/resolve/"+lgXDSService, admin, nil, &v)
-		return v.Version, err
-	}
-	v0, err := waitVersion(ctx, version, 0, timeout)
-	if err != nil {
-		return err
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -109,7 +108,7 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	refused := 0
 	start := time.Now()
 	for i := range streams {
-		streams[i] = &lgXDSStream{delta: delta}
+		streams[i] = &lgXDSStream{delta: delta, service: lgXDSService}
 		for {
 			err := streams[i].open(ctx, discovery.NewAggregatedDiscoveryServiceClient(cc[i%conns]))
 			if err == nil {
@@ -123,32 +122,27 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		wg.Go(func() { streams[i].run(ctx) })
 	}
-	if err := waitAll(ctx, streams, v0, start, timeout); err != nil {
+	if err := waitAll(ctx, streams, address(first), start, timeout); err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	fmt.Fprintf(stdout, "%d %s ADS streams over %d connections hold %s v%d (connected in %s, %d admission refusals)\n",
-		clients, map[bool]string{false: "state-of-the-world", true: "delta"}[delta], conns, lgXDSService, v0,
+	fmt.Fprintf(stdout, "%d %s ADS streams over %d connections hold %s (connected in %s, %d admission refusals)\n",
+		clients, map[bool]string{false: "state-of-the-world", true: "delta"}[delta], conns, lgXDSService,
 		time.Since(start).Round(time.Millisecond), refused)
 
 	var toAll, toFirst []time.Duration
 	var deliveries []time.Duration
-	prev := v0
 	for k := range changes {
 		t0 := time.Now()
+		addr := address(first + 1 + k)
 		if err := register(first + 1 + k); err != nil {
 			return fmt.Errorf("change %d: %w", k+1, err)
 		}
-		v, err := waitVersion(ctx, version, prev, timeout)
-		if err != nil {
-			return fmt.Errorf("change %d: %w", k+1, err)
-		}
-		prev = v
-		if err := waitAll(ctx, streams, v, t0, timeout); err != nil {
+		if err := waitAll(ctx, streams, addr, t0, timeout); err != nil {
 			return fmt.Errorf("change %d: %w", k+1, err)
 		}
 		var lo, hi time.Duration
 		for i, s := range streams {
-			d := s.arrival(v).Sub(t0)
+			d := s.arrival(addr).Sub(t0)
 			deliveries = append(deliveries, d)
 			if i == 0 || d < lo {
 				lo = d
@@ -156,7 +150,7 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			hi = max(hi, d)
 		}
 		toFirst, toAll = append(toFirst, lo), append(toAll, hi)
-		fmt.Fprintf(stdout, "change %2d: v%d  first stream %8s  all %d streams %8s\n", k+1, v, lo.Round(100*time.Microsecond), clients, hi.Round(100*time.Microsecond))
+		fmt.Fprintf(stdout, "change %2d: %-14s first stream %8s  all %d streams %8s\n", k+1, addr, lo.Round(100*time.Microsecond), clients, hi.Round(100*time.Microsecond))
 		if k+1 < changes {
 			select {
 			case <-ctx.Done():
@@ -181,34 +175,14 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-// waitVersion polls the resolve API until the view version passes after
-// (a change is published after the addition window).
-func waitVersion(ctx context.Context, version func() (uint64, error), after uint64, timeout time.Duration) (uint64, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		v, err := version()
-		if err == nil && v > after {
-			return v, nil
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("no view of %s past v%d within %s (last error: %v)", lgXDSService, after, timeout, err)
-		}
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(20 * time.Millisecond): // polling with a deadline
-		}
-	}
-}
-
-// waitAll waits until every stream holds version v.
-func waitAll(ctx context.Context, streams []*lgXDSStream, v uint64, t0 time.Time, timeout time.Duration) error {
+// waitAll waits until every stream has seen addr.
+func waitAll(ctx context.Context, streams []*lgXDSStream, addr string, t0 time.Time, timeout time.Duration) error {
 	deadline := t0.Add(timeout)
 	for {
 		missing := 0
 		var failed error
 		for _, s := range streams {
-			if s.arrival(v).IsZero() {
+			if s.arrival(addr).IsZero() {
 				missing++
 				failed = cmpOrErr(failed, s.failed())
 			}
@@ -220,7 +194,7 @@ func waitAll(ctx context.Context, streams []*lgXDSStream, v uint64, t0 time.Time
 			return fmt.Errorf("a stream failed: %w", failed)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d streams lack v%d after %s", missing, len(streams), v, timeout)
+			return fmt.Errorf("%d of %d streams lack %s after %s", missing, len(streams), addr, timeout)
 		}
 		select {
 		case <-ctx.Done():
@@ -237,20 +211,16 @@ func cmpOrErr(a, b error) error {
 	return b
 }
 
-// lgXDSStream is one ADS stream and when each view version reached it.
+// lgXDSStream is one ADS stream and when each address first reached it.
 type lgXDSStream struct {
-	delta bool
-	sotw  grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse]
-	dlt   grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]
+	delta   bool
+	service string
+	sotw    grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse]
+	dlt     grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]
 
 	mu   sync.Mutex
-	seen []lgArrival // in arrival order; versions increase
+	seen map[string]time.Time
 	err  error
-}
-
-type lgArrival struct {
-	version uint64
-	at      time.Time
 }
 
 // open opens the stream and subscribes to the service's assignment; it
@@ -262,7 +232,7 @@ func (s *lgXDSStream) open(ctx context.Context, c discovery.AggregatedDiscoveryS
 		if s.dlt, err = c.DeltaAggregatedResources(ctx); err != nil {
 			return err
 		}
-		if err := s.dlt.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{lgXDSService}}); err != nil && !errors.Is(err, io.EOF) {
+		if err := s.dlt.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{s.service}}); err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
 		return s.recv()
@@ -270,15 +240,15 @@ func (s *lgXDSStream) open(ctx context.Context, c discovery.AggregatedDiscoveryS
 	if s.sotw, err = c.StreamAggregatedResources(ctx); err != nil {
 		return err
 	}
-	if err := s.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{lgXDSService}}); err != nil && !errors.Is(err, io.EOF) {
+	if err := s.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{s.service}}); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	return s.recv()
 }
 
-// recv takes one response, notes its view version and ACKs it.
+// recv takes one response, notes when each address first arrived in an
+// assignment, and ACKs it.
 func (s *lgXDSStream) recv() error {
-	var v uint64
 	if s.delta {
 		r, err := s.dlt.Recv()
 		if err != nil {
@@ -286,11 +256,8 @@ func (s *lgXDSStream) recv() error {
 		}
 		at := time.Now()
 		for _, res := range r.GetResources() {
-			if n, err := strconv.ParseUint(res.GetVersion(), 10, 64); err == nil {
-				v = max(v, n)
-			}
+			s.note(res.GetResource(), at)
 		}
-		s.note(v, at)
 		return s.dlt.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()})
 	}
 	r, err := s.sotw.Recv()
@@ -298,16 +265,30 @@ func (s *lgXDSStream) recv() error {
 		return err
 	}
 	at := time.Now()
-	lead, _, _ := strings.Cut(r.GetVersionInfo(), ".")
-	v, _ = strconv.ParseUint(lead, 10, 64)
-	s.note(v, at)
-	return s.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: []string{lgXDSService}, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()})
+	for _, res := range r.GetResources() {
+		s.note(res, at)
+	}
+	return s.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: []string{s.service}, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()})
 }
 
-func (s *lgXDSStream) note(v uint64, at time.Time) {
+func (s *lgXDSStream) note(a *anypb.Any, at time.Time) {
+	var cla endpoint.ClusterLoadAssignment
+	if a.UnmarshalTo(&cla) != nil {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.seen = append(s.seen, lgArrival{v, at})
+	if s.seen == nil {
+		s.seen = map[string]time.Time{}
+	}
+	for _, loc := range cla.GetEndpoints() {
+		for _, e := range loc.GetLbEndpoints() {
+			addr := e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+			if _, ok := s.seen[addr]; !ok {
+				s.seen[addr] = at
+			}
+		}
+	}
 }
 
 func (s *lgXDSStream) run(ctx context.Context) {
@@ -323,16 +304,11 @@ func (s *lgXDSStream) run(ctx context.Context) {
 	}
 }
 
-// arrival is when the stream first held version v or later (zero: not yet).
-func (s *lgXDSStream) arrival(v uint64) time.Time {
+// arrival is when addr first reached the stream (zero: not yet).
+func (s *lgXDSStream) arrival(addr string) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, a := range s.seen {
-		if a.version >= v {
-			return a.at
-		}
-	}
-	return time.Time{}
+	return s.seen[addr]
 }
 
 func (s *lgXDSStream) failed() error {
