@@ -300,6 +300,27 @@ func (d *deltaStream) recv() *discovery.DeltaDiscoveryResponse {
 	return nil
 }
 
+// end waits (within) for the stream to end and returns its error.
+func (d *deltaStream) end(within time.Duration) error {
+	d.t.Helper()
+	ch := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := d.s.Recv(); err != nil {
+				ch <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(within):
+		d.t.Fatalf("the stream did not end within %s", within)
+	}
+	return nil
+}
+
 func names(r *discovery.DeltaDiscoveryResponse) string {
 	var out []string
 	for _, res := range r.GetResources() {
@@ -409,7 +430,7 @@ func TestUngrantedAndTokenlessSeeNothing(t *testing.T) {
 	anon := openDelta(t, rawConn(t, e.XDSAddr, ""))
 	// The refusal may end the stream before the request is sent.
 	_ = anon.s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}})
-	if _, err := anon.s.Recv(); status.Code(err) != codes.Unauthenticated {
+	if err := anon.end(10 * time.Second); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("token-less stream: %v, want Unauthenticated", err)
 	}
 
@@ -499,10 +520,9 @@ func TestAdmissionRefusesWithARetryDelay(t *testing.T) {
 	d.recv()
 	refused := openDelta(t, c)
 	refused.send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}})
-	_, err := refused.s.Recv()
-	st := status.Convert(err)
+	st := status.Convert(refused.end(10 * time.Second))
 	if st.Code() != codes.ResourceExhausted {
-		t.Fatalf("second stream: %v, want ResourceExhausted", err)
+		t.Fatalf("second stream: %v, want ResourceExhausted", st.Err())
 	}
 	var retry *errdetails.RetryInfo
 	for _, det := range st.Details() {
@@ -516,7 +536,27 @@ func TestAdmissionRefusesWithARetryDelay(t *testing.T) {
 	metric(t, e.Stack, `^muster_xds_admission_refused_total 1$`)
 
 	go e.XDS.Drain(context.Background())
-	if _, err := d.s.Recv(); status.Code(err) != codes.Unavailable {
+	if err := d.end(10 * time.Second); status.Code(err) != codes.Unavailable {
 		t.Fatalf("drained stream: %v, want Unavailable", err)
 	}
+}
+
+// TestStreamEndsWhenItsTokenExpires: a stream follows its authority: it
+// ends UNAUTHENTICATED when the token it was opened with expires.
+func TestStreamEndsWhenItsTokenExpires(t *testing.T) {
+	t.Parallel()
+	e := newEstate(t, apptest.Options{}, map[string][]string{"az1": {"a1"}})
+	tok, err := e.Issuer.Mint(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", TTL: 3 * time.Second}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := openDelta(t, rawConn(t, e.XDSAddr, tok))
+	d.send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}})
+	d.recv()
+	start := time.Now()
+	err = d.end(15 * time.Second)
+	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("at expiry: %v, want Unauthenticated (expired)", err)
+	}
+	t.Logf("ended %s after its first response", time.Since(start).Round(10*time.Millisecond))
 }
