@@ -326,6 +326,14 @@ func New(cfg Config) (*App, error) {
 			xc.Authenticator = cfg.Server.Authenticator
 		}
 		xc.Now = orNow(xc.Now, now)
+		if xc.Ready == nil {
+			// Answer for what exists only once it is known: a node told
+			// nothing exists drops what it routes on.
+			xc.Ready = func() bool {
+				_, loaded := a.Authz.Age()
+				return loaded && servingReady(context.Background()) == nil
+			}
+		}
 		if a.XDS, err = xds.New(xc); err != nil {
 			a.closeUI()
 			return nil, err

@@ -50,6 +50,13 @@
 // is rebuilt when a service it sees changes; building shares the
 // services' resources, so it costs a few maps per node.
 //
+// # Readiness
+//
+// After a start nothing is answered until Config.Ready holds (app: the
+// evaluator rebuilt, views published, the authorisation copy loaded): a
+// snapshot set earlier would tell clients that services they route to do
+// not exist, and a gRPC client drops a listener it is told is gone.
+//
 // # Streams
 //
 // Each stream passes the watch stream's reconnect admission (checked

@@ -57,6 +57,9 @@ func (s *Server) follow(ctx context.Context) {
 		s.apply(sub.Initial)
 	}
 	resubscribe()
+	if s.cfg.Ready() {
+		s.becomeReady()
+	}
 	rescan := time.NewTicker(s.cfg.Rescan)
 	defer rescan.Stop()
 	revoked := s.cfg.Authz.Revoked()
@@ -92,6 +95,9 @@ func (s *Server) follow(ctx context.Context) {
 			s.apply(sub.TakeResync())
 		case <-rescan.C:
 			resubscribe()
+			if !s.ready.Load() && s.cfg.Ready() {
+				s.becomeReady()
+			}
 			s.reauthorise()
 		case <-revoked:
 			revoked = s.cfg.Authz.Revoked()
@@ -223,8 +229,25 @@ func (s *Server) mayResolve(p identity.Principal, service string) bool {
 	return s.cfg.Authz.MayResolve(p, service) == nil
 }
 
-// setSnapshot gives n's streams the resources it may see. s.mu held.
+// becomeReady gives every node its snapshot, once muster can answer for
+// what exists (Config.Ready).
+func (s *Server) becomeReady() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ready.Store(true)
+	for _, n := range s.nodes {
+		n.visible = s.visibleTo(n.principal)
+		s.setSnapshot(n)
+	}
+	s.log.Info("xDS answering: views and authorisations are in", "services", len(s.services), "nodes", len(s.nodes))
+}
+
+// setSnapshot gives n's streams the resources it may see; nothing until
+// the server is ready. s.mu held.
 func (s *Server) setSnapshot(n *node) {
+	if !s.ready.Load() {
+		return
+	}
 	list := make([]*serviceResources, 0, len(n.visible))
 	for name := range n.visible {
 		if sr := s.services[name]; sr != nil {

@@ -60,6 +60,13 @@ type Config struct {
 	Admission     *stream.Admission
 	Authenticator Authenticator
 	Authz         Authz
+	// Ready reports whether muster can answer for what exists: the
+	// evaluator rebuilt, views published, the authorisation copy loaded.
+	// Until it is, no node gets a snapshot: its streams are held without
+	// an answer and clients keep what they have, rather than being told
+	// that nothing exists (which a gRPC client would act on by dropping
+	// its listener). Nil: always ready.
+	Ready func() bool
 	// TLS, when set, is the listener's TLS configuration (clients that send
 	// their token as JWT call credentials, gRFC A97, need one).
 	TLS *tls.Config
@@ -97,6 +104,9 @@ func (c *Config) validate() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.Ready == nil {
+		c.Ready = func() bool { return true }
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -118,6 +128,8 @@ type Server struct {
 	m      metrics
 
 	draining atomic.Bool
+	// ready: Config.Ready was seen true; snapshots are set from then on.
+	ready atomic.Bool
 
 	mu       sync.Mutex
 	services map[string]*serviceResources
@@ -246,6 +258,10 @@ func (s *Server) Streams() int {
 	defer s.mu.Unlock()
 	return len(s.rpcs)
 }
+
+// Answering reports whether nodes get snapshots yet (Config.Ready has
+// been seen true).
+func (s *Server) Answering() bool { return s.ready.Load() }
 
 // Version is the view version of the resources held for service (false:
 // none held yet).

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/internal/xds"
 	"github.com/musterhq/muster/internal/xds/xdstest"
 )
 
@@ -559,4 +561,45 @@ func TestStreamEndsWhenItsTokenExpires(t *testing.T) {
 		t.Fatalf("at expiry: %v, want Unauthenticated (expired)", err)
 	}
 	t.Logf("ended %s after its first response", time.Since(start).Round(10*time.Millisecond))
+}
+
+// TestNoAnswerBeforeReady: until muster can answer for what exists
+// (Config.Ready: after a restart, the evaluator rebuilt and views out,
+// the authorisation copy loaded) a stream is held without an answer, not
+// told that nothing exists; once ready it gets its resources.
+func TestNoAnswerBeforeReady(t *testing.T) {
+	t.Parallel()
+	var ready atomic.Bool
+	e := newEstate(t, apptest.Options{XDSConfig: func(c *xds.Config) {
+		c.Ready = ready.Load
+		c.Rescan = 50 * time.Millisecond
+	}}, map[string][]string{"az1": {"a1"}})
+	d := openDelta(t, rawConn(t, e.XDSAddr, e.Token(t, apptest.Web)))
+	d.send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}})
+	wait.For(t, 10*time.Second, "the stream open", func() bool { return e.XDS.Streams() == 1 })
+	got := make(chan *discovery.DeltaDiscoveryResponse, 1)
+	go func() {
+		r, err := d.s.Recv()
+		if err == nil {
+			got <- r
+		}
+		close(got)
+	}()
+	select {
+	case r := <-got:
+		t.Fatalf("answered before ready: %v", names(r))
+	default:
+	}
+	if e.XDS.Answering() {
+		t.Fatal("answering before Ready")
+	}
+	ready.Store(true)
+	select {
+	case r := <-got:
+		if want := fmt.Sprintf("ClusterLoadAssignment/web@%d", viewVersion(t, e.Stack, "web")); names(r) != want {
+			t.Fatalf("once ready: %q, want %q", names(r), want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer within 10 s of ready")
+	}
 }
