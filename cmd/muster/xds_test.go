@@ -25,6 +25,7 @@ import (
 // (a backend registered then starts getting calls).
 func TestProxylessGRPCOutlivesAKilledMuster(t *testing.T) {
 	realTime(t, "muster SIGKILLed for 2 min under a proxyless gRPC client")
+	t.Parallel() // mostly waiting: its own cluster, ports and backends
 	outage := 2 * time.Minute
 	if v := os.Getenv("MUSTER_TEST_XDS_OUTAGE"); v != "" {
 		d, err := time.ParseDuration(v)
