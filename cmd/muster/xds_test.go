@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -110,4 +111,54 @@ func TestProxylessGRPCOutlivesAKilledMuster(t *testing.T) {
 		return slices.Equal(got, want)
 	})
 	t.Logf("the client followed the restarted muster %s after it served", time.Since(restarted).Round(time.Second))
+}
+
+// TestGRPCClientDropsAHardFailureWithin2s: on a real `muster dev` (its
+// own evaluator tick, publisher and clock), a grpc-go xds:/// client
+// reaching three eligible backends stops sending to one within 2 s of a
+// prober reporting its hard failure.
+func TestGRPCClientDropsAHardFailureWithin2s(t *testing.T) {
+	realTime(t, "muster dev under a proxyless gRPC client")
+	t.Parallel()
+	dir := devDir(t)
+	xaddr := freeAddr(t)
+	d := startDev(t, dir, "--xds-addr", xaddr)
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	if code, body := call(t, "PUT", d.url+"/v1/services/web", admin, `{"owner":"payments","capabilities":["probe"]}`); code != 201 {
+		t.Fatalf("create web: %d %s", code, body)
+	}
+	if code, body := call(t, "PUT", d.url+"/v1/probers/prober-1/assignments", admin, `{"services":["web"]}`); code != 200 {
+		t.Fatalf("assign: %d %s", code, body)
+	}
+	prober := token(t, dir, "--kind", "prober", "--subject", "prober-1")
+	ids := map[string]string{}
+	for _, id := range []string{"b1", "b2", "b3"} {
+		b := xdstest.StartBackend(t, id)
+		code, body := call(t, "POST", d.url+"/v1/services/web/instances", admin, fmt.Sprintf(`{"address":"127.0.0.1","port":%d,"zone":"az1"}`, b.Addr.Port))
+		if code != 201 {
+			t.Fatalf("register %s: %d %s", id, code, body)
+		}
+		ids[id] = string(regexp.MustCompile(`"id":"([^"]+)"`).FindSubmatch(body)[1])
+	}
+	report := func(outcome string, backends ...string) {
+		t.Helper()
+		var items []string
+		for _, b := range backends {
+			items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":%q}`, ids[b], outcome))
+		}
+		if code, body := call(t, "POST", d.url+"/v1/reports", prober, `{"reports":[`+strings.Join(items, ",")+`]}`); code != 200 || strings.Contains(string(body), `"code"`) {
+			t.Fatalf("report: %d %s", code, body)
+		}
+	}
+	// Probes succeed until a first success admits each instance.
+	conn := xdstest.Dial(t, xaddr, token(t, dir, "--kind", "workload", "--service", "web"), "web")
+	reaches := func(n int) []string { return slices.Sorted(maps.Keys(xdstest.Tally(t.Context(), conn, n))) }
+	wait.For(t, time.Minute, "the client reaching b1, b2 and b3", func() bool {
+		report("success", "b1", "b2", "b3")
+		return slices.Equal(reaches(60), []string{"b1", "b2", "b3"})
+	})
+	start := time.Now()
+	report("hard_failure", "b3")
+	wait.For(t, 2*time.Second, "no call reaching b3", func() bool { return slices.Equal(reaches(30), []string{"b1", "b2"}) })
+	t.Logf("b3 out of the client's rotation %s after its hard failure was reported", time.Since(start).Round(time.Millisecond))
 }
