@@ -95,6 +95,10 @@ type Config struct {
 	MetricsAddr string
 	// Audit configures the audit checkpoints (audit.go).
 	Audit AuditConfig
+	// XDSAddr, when set, serves xDS there (--xds-addr, xds.go), with TLS
+	// from XDSTLSCert and XDSTLSKey when they are set.
+	XDSAddr, XDSTLSCert, XDSTLSKey string
+	xdsExplicit                    bool // --xds-addr was given
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".

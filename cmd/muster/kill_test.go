@@ -102,7 +102,7 @@ func logNotable(t *testing.T, name, log string) {
 		l := strings.ToLower(line)
 		if strings.Contains(l, "lease") || strings.Contains(l, "database") || strings.Contains(l, "warn") ||
 			strings.Contains(l, "error") || strings.Contains(l, "expire") || strings.Contains(l, "serving") ||
-			strings.Contains(l, "demo") {
+			strings.Contains(l, "demo") || strings.Contains(l, "xds") {
 			keep = append(keep, strings.TrimRight(line, "\n"))
 		}
 	}

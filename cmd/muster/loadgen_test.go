@@ -55,3 +55,30 @@ func TestLoadgenWatchRestart(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadgenXDS runs `muster loadgen xds` at small scale against a real
+// `muster dev`: 20 ADS streams per protocol (under the admission floor), two changes,
+// both protocols; each must reach every stream and print its figures.
+func TestLoadgenXDS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs muster dev and 40 xDS streams for about 20 s")
+	}
+	t.Parallel()
+	dir := devDir(t)
+	xaddr := freeAddr(t)
+	d := startDev(t, dir, "--xds-addr", xaddr)
+	for _, proto := range [][]string{nil, {"--delta"}} {
+		var out, errb bytes.Buffer
+		args := append([]string{"loadgen", "xds", "--url", d.url, "--xds", xaddr, "--data", dir, "--clients", "20", "--conns", "2",
+			"--changes", "2", "--interval", "100ms"}, proto...)
+		if err := run(context.Background(), args, &out, &errb); err != nil {
+			t.Fatalf("%v: %v\n%s%s", args, err, out.String(), errb.String())
+		}
+		t.Logf("loadgen xds %v:\n%s", proto, out.String())
+		for _, want := range []string{"20 ", "change  2:", "time to all 20 streams, from the API call (2 changes): p50"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("output lacks %q", want)
+			}
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -68,6 +69,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		fs.StringVar(&cfg.DataDir, "data", ".muster", "folder for the local PostgreSQL cluster and the dev issuer's key")
 		fs.BoolVar(&cfg.Demo, "demo", false, "fill the database with a simulated estate and drive it with simulated evidence")
 	}
+	xdsFlags(fs, &cfg, dev)
 	var sf shiftFlags
 	fs.StringVar(&sf.steps, "shift-steps", "", "traffic weights a shift-back walks through, e.g. 0.1,0.25,0.5,1 (MUSTER_SHIFT_STEPS; default 0.1,0.25,0.5,1)")
 	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")
@@ -97,6 +99,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	fs.Visit(func(f *flag.Flag) { cfg.xdsExplicit = cfg.xdsExplicit || f.Name == "xds-addr" }) // xds.go
 	return serve(ctx, cfg, log, stdout)
 }
 
@@ -140,12 +143,29 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if checkpoints != nil {
 		acfg.Workers = append(acfg.Workers, app.NamedWorker{Name: "audit-checkpoints", Worker: checkpoints})
 	}
+	xln, xcfg, err := listenXDS(cfg, cfg.xdsExplicit, log)
+	if err != nil {
+		return err
+	}
+	if xln != nil {
+		defer xln.Close()
+	}
+	acfg.XDS = xcfg
 	a, err := app.New(acfg)
 	if err != nil {
 		return err
 	}
 	if err := a.Start(ctx); err != nil {
 		return err
+	}
+	if xln != nil {
+		// Ends when Shutdown drains xDS.
+		go func() {
+			if err := a.ServeXDS(xln); err != nil {
+				log.Error("xDS stopped serving", "err", err)
+			}
+		}()
+		log.Info("serving xDS", "addr", xln.Addr().String(), "tls", xcfg.TLS != nil)
 	}
 	if cfg.DebugAddr != "" {
 		stopDebug, err := serveDebug(cfg.DebugAddr, log)

@@ -14,7 +14,7 @@
 //	policy (overrides), sweeper, shifts        budgets counted on the evaluator's snapshot
 //	hub, guard log, publisher                  assembles policy.Applied: verdicts + overrides in force
 //	admission, census                          the streaming tier's intake
-//	UI, HTTP server, DNS zone                  the surfaces
+//	UI, HTTP server, DNS zone, xDS             the surfaces
 //
 // Data flows downstream only, and where a downstream component must learn
 // of a change upstream it pulls: the publisher takes the evaluator's
@@ -29,7 +29,7 @@
 //
 // Workers keep the project's one shape (Start, Stop) and stop in order:
 // stop admitting (not ready, the census reports a last time), drain the
-// streams, stop HTTP, stop the workers (the evaluator first, so it
+// streams (watch and xDS), stop HTTP, stop the workers (the evaluator first, so it
 // flushes its transitions and windows while the pool is open), and close
 // the UI; the caller closes the pool.
 package app
@@ -61,6 +61,7 @@ import (
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/webui"
+	"github.com/musterhq/muster/internal/xds"
 )
 
 // Names of the workers, for Start's hold list and Worker.
@@ -77,6 +78,7 @@ const (
 	WorkerEvaluator = "evaluator"
 	WorkerRefusals  = "refused-evidence"
 	WorkerDNS       = "dns"
+	WorkerXDS       = "xds"
 )
 
 // Worker is the project's one worker shape.
@@ -133,6 +135,9 @@ type Config struct {
 	// DNS, when set, serves the authoritative DNS zone (its Hub, Logger
 	// and Registerer are the app's); nil: no DNS.
 	DNS *dnszone.Config
+	// XDS, when set, builds the xDS server (serve it with ServeXDS); its
+	// Authenticator is Server's unless set.
+	XDS *xds.Config
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
@@ -158,7 +163,9 @@ type App struct {
 	Refusals  *audit.RefusalSummaries
 	UI        *webui.UI
 	Server    *server.Server
-	Metrics   *prometheus.Registry
+	// XDS is nil unless Config.XDS was set.
+	XDS     *xds.Server
+	Metrics *prometheus.Registry
 
 	// DNS is the DNS zone when Config.DNS is set.
 	DNS *dnszone.Server
@@ -186,7 +193,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerDNS, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerXDS, WorkerDNS, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -337,6 +344,27 @@ func New(cfg Config) (*App, error) {
 		}
 	}
 
+	if cfg.XDS != nil {
+		xc := *cfg.XDS
+		xc.Hub, xc.Admission, xc.Authz, xc.Logger, xc.Registerer = a.Hub, a.Admission, a.Authz, log, metrics
+		if xc.Authenticator == nil {
+			xc.Authenticator = cfg.Server.Authenticator
+		}
+		xc.Now = orNow(xc.Now, now)
+		if xc.Ready == nil {
+			// Answer for what exists only once it is known: a node told
+			// nothing exists drops what it routes on.
+			xc.Ready = func() bool {
+				_, loaded := a.Authz.Age()
+				return loaded && servingReady(context.Background()) == nil
+			}
+		}
+		if a.XDS, err = xds.New(xc); err != nil {
+			a.closeUI()
+			return nil, err
+		}
+	}
+
 	// The workers, in start order. The census reads the expected
 	// population before the first watch request can arrive, so a
 	// restarted replica admits by the clients coming back, not by the
@@ -357,6 +385,9 @@ func New(cfg Config) (*App, error) {
 	}
 	if a.DNS != nil {
 		a.workers = append(a.workers, worker{name: WorkerDNS, w: a.DNS, detached: true})
+	}
+	if a.XDS != nil {
+		a.workers = append(a.workers, worker{name: WorkerXDS, w: a.XDS})
 	}
 	for _, w := range cfg.Workers {
 		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {
@@ -432,7 +463,7 @@ func (a *App) Serve(ctx context.Context, ln net.Listener, serving func()) error 
 
 // Shutdown stops a in order: stop admitting (not ready; the census
 // reports the subscriber count a last time while the streams are still
-// open, so the next process knows who is coming), drain the watch streams
+// open, so the next process knows who is coming), drain the watch and xDS streams
 // (subscribers are told to reconnect elsewhere with jitter), stop HTTP
 // with stopHTTP, stop the workers (Config.Workers after the evaluator),
 // close the UI. Safe to call twice.
@@ -440,9 +471,17 @@ func (a *App) Shutdown(ctx context.Context, stopHTTP func(context.Context) error
 	a.SetReady(false)
 	a.Census.Stop()
 	a.Hub.Close()
+	xdsDrained := make(chan struct{})
+	go func() {
+		defer close(xdsDrained)
+		if a.XDS != nil {
+			a.XDS.Drain(ctx)
+		}
+	}()
 	if err := a.Server.WaitStreams(ctx); err != nil {
 		a.log.Warn("watch streams still open at shutdown", "err", err)
 	}
+	<-xdsDrained
 	var err error
 	if stopHTTP != nil {
 		if herr := stopHTTP(ctx); herr != nil {
@@ -476,6 +515,14 @@ func (a *App) closeUI() {
 			a.log.Warn("close the web UI", "err", err)
 		}
 	}
+}
+
+// ServeXDS serves xDS on ln until Shutdown drains it (or serving fails).
+func (a *App) ServeXDS(ln net.Listener) error {
+	if a.XDS == nil {
+		return errors.New("app: xDS is not configured (Config.XDS)")
+	}
+	return a.XDS.Serve(ln)
 }
 
 // Running reports whether the named worker was started and not stopped.

@@ -11,6 +11,8 @@
 //	ui       signs in to the admin UI and times its pages
 //	dns      fires DNS queries at muster's zone (a running one, or one
 //	         built in process from a synthetic hub) and prints queries/s
+//	xds      holds ADS streams on one service's assignment and times how
+//	         long a change takes to reach every one
 //
 // It is a client of muster like any other, through the HTTP API and the
 // dev issuer's tokens; seed, rebuild and watch --restart also work on the

@@ -270,7 +270,7 @@ func New(cfg Config) (*Server, error) {
 		s.metrics.framesSentBy[k] = s.metrics.framesSent.WithLabelValues(string(k))
 	}
 	subscribers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "muster_watch_subscribers", Help: "Open watch streams.",
+		Name: "muster_watch_subscribers", Help: "Open watch streams, xDS streams included (the population admission and the census count).",
 	}, func() float64 { n, _ := cfg.Hub.Subscribers(); return float64(n) })
 	adm := func(f func(stream.AdmissionStats) float64) func() float64 {
 		return func() float64 { return f(cfg.Admission.Stats()) }

@@ -71,6 +71,39 @@ type Hub struct {
 	views    int // services with a view
 }
 
+// Services returns the names of the services the hub holds a view of,
+// sorted: what a surface that serves every service (xDS, the DNS zone)
+// follows to learn of new ones.
+func (h *Hub) Services() []string {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]string, 0, h.views)
+	for name, st := range h.services {
+		if st.view != nil {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// CountSubscriber counts a subscriber the hub does not serve itself (an
+// xDS stream, which reads views through a subscription of its own) in
+// Subscribers and the peak, until done is called (once; later calls do
+// nothing): the census and admission then size the population by every
+// client that will come back, whatever surface it follows.
+func (h *Hub) CountSubscriber() (done func()) {
+	h.mu.Lock()
+	h.subs++
+	h.peak = max(h.peak, h.subs)
+	h.mu.Unlock()
+	return sync.OnceFunc(func() {
+		h.mu.Lock()
+		h.subs--
+		h.mu.Unlock()
+	})
+}
+
 type serviceState struct {
 	view    *Frame
 	history []*Frame // deltas, oldest first
@@ -164,21 +197,6 @@ func (h *Hub) View(service string) (*Frame, bool) {
 		return nil, false
 	}
 	return st.view, true
-}
-
-// Services lists the services the hub holds a view of, sorted: how a
-// surface that serves every service (the DNS zone) learns of new ones.
-func (h *Hub) Services() []string {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	out := make([]string, 0, h.views)
-	for name, st := range h.services {
-		if st.view != nil {
-			out = append(out, name)
-		}
-	}
-	slices.Sort(out)
-	return out
 }
 
 // Views is how many services the hub holds a view of.

@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -50,6 +51,7 @@ import (
 	"github.com/musterhq/muster/internal/testclock"
 	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/internal/webui"
+	"github.com/musterhq/muster/internal/xds"
 )
 
 // Clock is the stack's settable clock, shared by every component.
@@ -99,6 +101,10 @@ type Stack struct {
 	// DNS is the DNS zone when Options.DNS is set (started: it follows
 	// the hub and answers on DNS.Addr()).
 	DNS *dnszone.Server
+	// XDS and XDSAddr are the xDS server and its address when
+	// Options.XDS is set.
+	XDS     *xds.Server
+	XDSAddr string
 
 	jwksFetches atomic.Int64
 	queries     queryCounter
@@ -195,6 +201,11 @@ type Options struct {
 	// DNS serves the DNS zone (Stack.DNS) with this configuration; its
 	// Addr defaults to 127.0.0.1:0.
 	DNS *dnszone.Config
+	// XDS serves xDS on a loopback listener (Stack.XDSAddr), its streams
+	// drained over 200 ms at teardown; XDSConfig adjusts its
+	// configuration first.
+	XDS       bool
+	XDSConfig func(*xds.Config)
 }
 
 // Held lists the workers a Stack does not start by default: tests step
@@ -288,6 +299,12 @@ func New(t testing.TB, opts Options) *Stack {
 	if opts.Shifts != nil {
 		opts.Shifts(&cfg.Shifts)
 	}
+	if opts.XDS {
+		cfg.XDS = &xds.Config{DrainWindow: 200 * time.Millisecond}
+		if opts.XDSConfig != nil {
+			opts.XDSConfig(cfg.XDS)
+		}
+	}
 	if opts.UI {
 		oc := webui.OIDCConfig{IssuerURL: iss.URL(), ClientID: "muster-ui", ClientSecret: "muster-ui-test-secret",
 			RedirectURL: base + "/ui/auth/callback"}
@@ -341,6 +358,14 @@ func New(t testing.TB, opts Options) *Stack {
 	})
 	a.SetReady(true)
 	hs.Start()
+	if a.XDS != nil {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = a.ServeXDS(ln) }()
+		st.XDS, st.XDSAddr = a.XDS, ln.Addr().String()
+	}
 	st.App = a
 	st.URL, st.Pool, st.Registry, st.Evaluator, st.Issuer, st.Clock, st.Client, st.Metrics = base, pool, a.Registry, a.Evaluator, iss, clk, hs.Client(), a.Metrics
 	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = a.Hub, a.Publisher, a.Policy, a.Shifts, srv, a.Guards, a.UI

@@ -1,0 +1,326 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/identity"
+)
+
+// lgXDSPrefix names the services loadgen xds creates and changes, one per
+// run.
+const lgXDSPrefix = "lgxds-"
+
+// loadgenXDS holds --clients ADS streams (state of the world, or delta
+// with --delta) subscribed to one service's assignment, makes --changes
+// changes to it (a new instance each, --interval apart) and prints, per
+// change, how long from the API call until every stream had the new view
+// version, then p50/p99 over the changes and over every delivery.
+func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var (
+		base, xdsAddr, dir string
+		clients, changes   int
+		conns              int
+		interval, timeout  time.Duration
+		delta              bool
+	)
+	fs := cli.NewFlags("loadgen xds", stderr)
+	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "muster dev's API")
+	fs.StringVar(&xdsAddr, "xds", "127.0.0.1:18000", "muster dev's xDS address")
+	fs.StringVar(&dir, "data", ".muster", "dev data folder, for minting tokens")
+	fs.IntVar(&clients, "clients", 1000, "ADS streams to hold")
+	fs.IntVar(&conns, "conns", 10, "gRPC connections the streams share")
+	fs.IntVar(&changes, "changes", 20, "changes to time")
+	fs.DurationVar(&interval, "interval", 2*time.Second, "time between changes")
+	fs.DurationVar(&timeout, "timeout", 30*time.Second, "give up on a change (or the connect) after this long")
+	fs.BoolVar(&delta, "delta", false, "delta xDS (DeltaAggregatedResources) instead of state of the world")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if clients < 1 || conns < 1 || changes < 1 || interval <= 0 || timeout <= 0 {
+		fmt.Fprintln(stderr, "muster loadgen xds: --clients, --conns, --changes, --interval and --timeout must be positive")
+		return cli.ErrUsage
+	}
+	base = strings.TrimRight(base, "/")
+	// A service of its own per run, its instances numbered from first.
+	first := int(time.Now().Unix() % 100000)
+	lgXDSService := lgXDSPrefix + strconv.Itoa(first)
+	iss, err := devissuer.LoadOrCreate(dir)
+	if err != nil {
+		return err
+	}
+	admin, err := iss.Mint(devissuer.TokenRequest{Kind: identity.KindTool, Subject: "loadgen", Role: identity.RoleAdmin, TTL: 2 * time.Hour}, time.Now())
+	if err != nil {
+		return err
+	}
+	workload, err := iss.Mint(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: lgXDSService, TTL: 2 * time.Hour}, time.Now())
+	if err != nil {
+		return err
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	if err := apiCall(ctx, client, "PUT", base+"/v1/services/"+lgXDSService, admin, []byte(`{"owner":"loadgen","capabilities":[]}`), nil); err != nil {
+		return fmt.Errorf("create %s: %w", lgXDSService, err)
+	}
+	// Each change is a new instance; a stream has the change once an
+	// assignment it received lists the instance's address (view versions
+	// also move for other reasons: slow-start weights).
+	address := func(i int) string { return fmt.Sprintf("10.250.%d.%d", (i-first)/250, (i-first)%250+1) }
+	register := func(i int) error {
+		body := fmt.Sprintf(`{"address":%q,"port":8080,"zone":"az%d"}`, address(i), i%3+1)
+		return apiCall(ctx, client, "POST", base+"/v1/services/"+lgXDSService+"/instances", admin, []byte(body), nil)
+	}
+	if err := register(first); err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cc := make([]*grpc.ClientConn, conns)
+	for i := range cc {
+		if cc[i], err = grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearerCreds(workload))); err != nil {
+			return err
+		}
+		defer cc[i].Close()
+	}
+	streams := make([]*lgXDSStream, clients)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	refused := 0
+	start := time.Now()
+	for i := range streams {
+		streams[i] = &lgXDSStream{delta: delta, service: lgXDSService}
+		for {
+			err := streams[i].open(ctx, discovery.NewAggregatedDiscoveryServiceClient(cc[i%conns]))
+			if err == nil {
+				break
+			}
+			if status.Code(err) != codes.ResourceExhausted || time.Since(start) > timeout {
+				return fmt.Errorf("open stream %d: %w (for 1,000 streams, run muster dev with MUSTER_ADMISSION_FLOOR=100000)", i, err)
+			}
+			refused++
+			time.Sleep(100 * time.Millisecond) // admission's retry: paced, bounded by --timeout
+		}
+		wg.Go(func() { streams[i].run(ctx) })
+	}
+	if err := waitAll(ctx, streams, address(first), start, timeout); err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	fmt.Fprintf(stdout, "%d %s ADS streams over %d connections hold %s (connected in %s, %d admission refusals)\n",
+		clients, map[bool]string{false: "state-of-the-world", true: "delta"}[delta], conns, lgXDSService,
+		time.Since(start).Round(time.Millisecond), refused)
+
+	var toAll, toFirst []time.Duration
+	var deliveries []time.Duration
+	for k := range changes {
+		t0 := time.Now()
+		addr := address(first + 1 + k)
+		if err := register(first + 1 + k); err != nil {
+			return fmt.Errorf("change %d: %w", k+1, err)
+		}
+		if err := waitAll(ctx, streams, addr, t0, timeout); err != nil {
+			return fmt.Errorf("change %d: %w", k+1, err)
+		}
+		var lo, hi time.Duration
+		for i, s := range streams {
+			d := s.arrival(addr).Sub(t0)
+			deliveries = append(deliveries, d)
+			if i == 0 || d < lo {
+				lo = d
+			}
+			hi = max(hi, d)
+		}
+		toFirst, toAll = append(toFirst, lo), append(toAll, hi)
+		fmt.Fprintf(stdout, "change %2d: %-14s first stream %8s  all %d streams %8s\n", k+1, addr, lo.Round(100*time.Microsecond), clients, hi.Round(100*time.Microsecond))
+		if k+1 < changes {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(interval): // pacing between changes
+			}
+		}
+	}
+	q := func(ds []time.Duration, f float64) time.Duration {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(f*float64(len(s))))].Round(100 * time.Microsecond)
+	}
+	fmt.Fprintf(stdout, "time to all %d streams, from the API call (%d changes): p50 %s  p99 %s  max %s\n", clients, changes, q(toAll, .5), q(toAll, .99), q(toAll, 1))
+	fmt.Fprintf(stdout, "time to the first stream: p50 %s  p99 %s\n", q(toFirst, .5), q(toFirst, .99))
+	spread := make([]time.Duration, len(toAll))
+	for i := range toAll {
+		spread[i] = toAll[i] - toFirst[i]
+	}
+	fmt.Fprintf(stdout, "fan-out, first stream to last: p50 %s  p99 %s\n", q(spread, .5), q(spread, .99))
+	fmt.Fprintf(stdout, "every delivery (%d): p50 %s  p99 %s\n", len(deliveries), q(deliveries, .5), q(deliveries, .99))
+	return nil
+}
+
+// waitAll waits until every stream has seen addr.
+func waitAll(ctx context.Context, streams []*lgXDSStream, addr string, t0 time.Time, timeout time.Duration) error {
+	deadline := t0.Add(timeout)
+	for {
+		missing := 0
+		var failed error
+		for _, s := range streams {
+			if s.arrival(addr).IsZero() {
+				missing++
+				failed = cmpOrErr(failed, s.failed())
+			}
+		}
+		if missing == 0 {
+			return nil
+		}
+		if failed != nil {
+			return fmt.Errorf("a stream failed: %w", failed)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d streams lack %s after %s", missing, len(streams), addr, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond): // polling with a deadline
+		}
+	}
+}
+
+func cmpOrErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// lgXDSStream is one ADS stream and when each address first reached it.
+type lgXDSStream struct {
+	delta   bool
+	service string
+	sotw    grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse]
+	dlt     grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]
+
+	mu   sync.Mutex
+	seen map[string]time.Time
+	err  error
+}
+
+// open opens the stream and subscribes to the service's assignment; it
+// returns the stream's first error (an admission refusal arrives as the
+// first receive's error, so open waits for the first response).
+func (s *lgXDSStream) open(ctx context.Context, c discovery.AggregatedDiscoveryServiceClient) error {
+	var err error
+	if s.delta {
+		if s.dlt, err = c.DeltaAggregatedResources(ctx); err != nil {
+			return err
+		}
+		if err := s.dlt.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{s.service}}); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		return s.recv()
+	}
+	if s.sotw, err = c.StreamAggregatedResources(ctx); err != nil {
+		return err
+	}
+	if err := s.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{s.service}}); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return s.recv()
+}
+
+// recv takes one response, notes when each address first arrived in an
+// assignment, and ACKs it.
+func (s *lgXDSStream) recv() error {
+	if s.delta {
+		r, err := s.dlt.Recv()
+		if err != nil {
+			return err
+		}
+		at := time.Now()
+		for _, res := range r.GetResources() {
+			s.note(res.GetResource(), at)
+		}
+		return s.dlt.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()})
+	}
+	r, err := s.sotw.Recv()
+	if err != nil {
+		return err
+	}
+	at := time.Now()
+	for _, res := range r.GetResources() {
+		s.note(res, at)
+	}
+	return s.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: []string{s.service}, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()})
+}
+
+func (s *lgXDSStream) note(a *anypb.Any, at time.Time) {
+	var cla endpoint.ClusterLoadAssignment
+	if a.UnmarshalTo(&cla) != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen == nil {
+		s.seen = map[string]time.Time{}
+	}
+	for _, loc := range cla.GetEndpoints() {
+		for _, e := range loc.GetLbEndpoints() {
+			addr := e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+			if _, ok := s.seen[addr]; !ok {
+				s.seen[addr] = at
+			}
+		}
+	}
+}
+
+func (s *lgXDSStream) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		if err := s.recv(); err != nil {
+			if ctx.Err() == nil {
+				s.mu.Lock()
+				s.err = err
+				s.mu.Unlock()
+			}
+			return
+		}
+	}
+}
+
+// arrival is when addr first reached the stream (zero: not yet).
+func (s *lgXDSStream) arrival(addr string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[addr]
+}
+
+func (s *lgXDSStream) failed() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// bearerCreds sends a token on every call.
+type bearerCreds string
+
+func (t bearerCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+func (bearerCreds) RequireTransportSecurity() bool { return false }

@@ -1,0 +1,72 @@
+// Package xds is muster's xDS surface (ADR-10): an aggregated discovery
+// service, state of the world and delta, that Envoy and proxyless gRPC
+// clients follow, built on go-control-plane's server and SnapshotCache
+// (no xDS protocol is written here).
+//
+// # Resources
+//
+// Every service SERVICE the hub holds a view of becomes four resources
+// named SERVICE: a Listener whose API listener is an HttpConnectionManager
+// taking its routes by RDS over ADS (what grpc-go asks for when it dials
+// xds:///SERVICE), a RouteConfiguration sending everything to the cluster
+// SERVICE, an EDS Cluster, and a ClusterLoadAssignment built from the
+// view's resolver.Snapshot.Targets, so xDS clients route exactly where
+// muster's Go resolver routes (see Assignment for the mapping of states
+// and weights). The first three depend only on the name; the assignment
+// is rebuilt whenever the service's view changes.
+//
+// # Versions
+//
+// An assignment's version is its view's version. The delta protocol
+// carries it per resource (go-control-plane names a resource's version by
+// a hash of its bytes; the server replaces that with the view version
+// before sending, and tracks the same versions), so one change sends that
+// service's assignment alone. A state-of-the-world response's version
+// leads with the newest view version it holds, followed by a hash of the
+// (name, version) pairs, since a node's set of services can change
+// without any view changing (a grant).
+//
+// # Who sees what
+//
+// Every stream presents a muster token ("authorization: Bearer" metadata),
+// verified by the HTTP server's authenticator; without a valid one it is
+// refused UNAUTHENTICATED before it can ask for anything. The cache is
+// keyed by principal: the callbacks replace each request's node with one
+// whose id is the principal's name, and each principal with an open stream
+// (a node) has a snapshot of its own holding the services it may resolve
+// (registry.AuthzCache's decision, as for /v1/watch). Any other service is
+// absent, as one that does not exist would be, and asking for it is
+// counted. The feeder re-reads every node's authority each Rescan (a
+// grant given) and at once when the authorisation copy signals a
+// withdrawal.
+//
+// # The feeder
+//
+// One hub subscription follows every service with a view (re-made when
+// the hub's set of services changes, within Rescan); each frame names a
+// service whose latest view the feeder reads from the hub, decodes and
+// turns into resources, so it never applies deltas itself and an
+// overflowed subscription costs a resync of full views. A node's snapshot
+// is rebuilt when a service it sees changes; building shares the
+// services' resources, so it costs a few maps per node.
+//
+// # Readiness
+//
+// After a start nothing is answered until Config.Ready holds (app: the
+// evaluator rebuilt, views published, the authorisation copy loaded): a
+// snapshot set earlier would tell clients that services they route to do
+// not exist, and a gRPC client drops a listener it is told is gone.
+//
+// # Streams
+//
+// Each stream passes the watch stream's reconnect admission (checked
+// before the token is verified, taken after), is counted in the hub's
+// subscriber population (Hub.CountSubscriber, which the census persists),
+// and ends when its token expires. A NACK is logged and counted; the
+// state-of-the-world cache would answer the rejected version at once, so
+// the server records the version it sent and hands the cache that one,
+// and the client gets nothing until the resources change (delta never
+// resends an unchanged resource). Drain (shutdown) sends GOAWAY and ends
+// the open streams spread over DrainWindow, UNAVAILABLE, so clients
+// reconnect elsewhere over the window rather than at once.
+package xds

@@ -1,0 +1,590 @@
+package xds
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/config"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/worker"
+)
+
+// connectTimeout is the clusters' connect timeout (Envoy's; gRPC ignores it).
+const connectTimeout = 5 * time.Second
+
+// Authenticator turns a bearer token into a principal: the HTTP server's
+// (identity.Verifier), so a token means the same on every surface.
+type Authenticator interface {
+	Verify(ctx context.Context, raw string) (identity.Principal, error)
+}
+
+// Authz is who may resolve what (registry.AuthzCache, the copy /v1/watch
+// and /v1/resolve authorise from).
+type Authz interface {
+	MayResolve(actor identity.Principal, service string) error
+	// Revoked is closed when authority is taken away.
+	Revoked() <-chan struct{}
+}
+
+// Config configures a Server. Hub, Admission, Authenticator and Authz
+// connect it to the rest of muster (internal/app sets them).
+type Config struct {
+	Hub           *stream.Hub
+	Admission     *stream.Admission
+	Authenticator Authenticator
+	Authz         Authz
+	// Ready reports whether muster can answer for what exists: the
+	// evaluator rebuilt, views published, the authorisation copy loaded.
+	// Until it is, no node gets a snapshot: its streams are held without
+	// an answer and clients keep what they have, rather than being told
+	// that nothing exists (which a gRPC client would act on by dropping
+	// its listener). Nil: always ready.
+	Ready func() bool
+	// TLS, when set, is the listener's TLS configuration (clients that send
+	// their token as JWT call credentials, gRFC A97, need one).
+	TLS *tls.Config
+	// DrainWindow spreads the end of the open streams at shutdown, so
+	// clients reconnect elsewhere over it rather than at once: 5 s.
+	DrainWindow time.Duration
+	// Rescan is how often the hub's services and every node's authority
+	// are re-read (a new service, a new grant): 1 s. A withdrawn grant is
+	// followed at once.
+	Rescan time.Duration
+	// VerifyTimeout bounds one token verification: 10 s.
+	VerifyTimeout time.Duration
+	Now           func() time.Time
+	Logger        *slog.Logger
+	// Registerer receives the muster_xds_* metrics; nil registers nowhere.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) validate() error {
+	if c.Hub == nil || c.Admission == nil || c.Authenticator == nil || c.Authz == nil {
+		return errors.New("xds: Hub, Admission, Authenticator and Authz are required")
+	}
+	if c.DrainWindow == 0 {
+		c.DrainWindow = 5 * time.Second
+	}
+	if c.Rescan == 0 {
+		c.Rescan = time.Second
+	}
+	if c.VerifyTimeout == 0 {
+		c.VerifyTimeout = 10 * time.Second
+	}
+	if c.DrainWindow < 0 || c.Rescan < 0 || c.VerifyTimeout < 0 {
+		return fmt.Errorf("xds: DrainWindow %s, Rescan %s and VerifyTimeout %s must not be negative", c.DrainWindow, c.Rescan, c.VerifyTimeout)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Ready == nil {
+		c.Ready = func() bool { return true }
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Server is muster's xDS surface: a gRPC server for ADS (state of the
+// world and delta) and the feeder that keeps its cache in step with the
+// hub. Start and Stop run the feeder (the project's worker shape); Serve
+// serves a listener until Drain or Close.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	cache  cachev3.SnapshotCache
+	grpc   *grpc.Server
+	ctx    context.Context // the xDS handlers' (Close ends every stream)
+	cancel context.CancelFunc
+	runner worker.Runner
+	m      metrics
+
+	draining atomic.Bool
+	// ready: Config.Ready was seen true; snapshots are set from then on.
+	ready atomic.Bool
+
+	mu       sync.Mutex
+	services map[string]*serviceResources
+	nodes    map[string]*node
+	rpcs     map[*rpc]struct{}
+	streams  map[streamKey]*rpc
+
+	pubMu       sync.Mutex
+	published   map[uint64]time.Time
+	claVersions map[string]uint64
+	pubOrder    []published
+}
+
+type streamKey struct {
+	delta bool
+	id    int64
+}
+
+// rpc is one xDS stream.
+type rpc struct {
+	principal identity.Principal
+	key       string
+	node      *core.Node
+	end       context.CancelCauseFunc
+
+	mu     sync.Mutex
+	sent   map[string]string // type URL -> version last sent (state of the world)
+	denied map[string]bool   // names already counted as denied
+}
+
+// nodeHash keys the cache by principal: the callbacks replace each
+// request's node with one whose id is the principal's name.
+type nodeHash struct{}
+
+func (nodeHash) ID(n *core.Node) string { return n.GetId() }
+
+// New builds a Server; nothing runs until Start and Serve.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, log: cfg.Logger.With("component", "xds"),
+		services: map[string]*serviceResources{}, nodes: map[string]*node{},
+		rpcs: map[*rpc]struct{}{}, streams: map[streamKey]*rpc{}, published: map[uint64]time.Time{}, claVersions: map[string]uint64{},
+	}
+	var err error
+	if s.m, err = newMetrics(cfg.Registerer, s); err != nil {
+		return nil, err
+	}
+	// Not in ADS mode: that mode answers only requests naming every
+	// resource a snapshot holds, and a node's snapshot holds what it may
+	// see, not what it asks for.
+	s.cache = cachev3.NewSnapshotCache(false, nodeHash{}, quietLogger{s.log})
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	xs := serverv3.NewServer(s.ctx, s.cache, s.callbacks(),
+		// Route configurations and assignments are asked for by name;
+		// an empty request for them means none, not all.
+		config.DeactivateLegacyWildcardForTypes([]string{resource.RouteType, resource.EndpointType}))
+	opts := []grpc.ServerOption{
+		grpc.StreamInterceptor(s.intercept),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	s.grpc = grpc.NewServer(opts...)
+	discovery.RegisterAggregatedDiscoveryServiceServer(s.grpc, xs)
+	return s, nil
+}
+
+// Start starts the feeder: it follows the hub until Stop.
+func (s *Server) Start(ctx context.Context) error { return s.runner.Start(ctx, s.follow) }
+
+// Stop stops the feeder and waits. Safe to call twice or before Start.
+// The streams keep what they hold; Drain ends them.
+func (s *Server) Stop() { s.runner.Stop() }
+
+// Serve serves xDS on ln until Drain or Close.
+func (s *Server) Serve(ln net.Listener) error {
+	if err := s.grpc.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("xds: serve: %w", err)
+	}
+	return nil
+}
+
+var errDraining = status.Error(codes.Unavailable, "muster is shutting down; keep routing on what you hold and reconnect elsewhere with jitter")
+
+// Drain stops accepting streams (GOAWAY on every connection, the
+// listener closed) and ends the open ones spread over DrainWindow with
+// UNAVAILABLE, so their clients reconnect elsewhere over the window
+// instead of all at once; it returns when they have ended, or ends what
+// is left when ctx does. Clients keep routing on what they hold.
+func (s *Server) Drain(ctx context.Context) {
+	s.draining.Store(true)
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	s.mu.Lock()
+	for r := range s.rpcs {
+		time.AfterFunc(time.Duration(rand.Float64()*float64(s.cfg.DrainWindow)), func() { r.end(errDraining) })
+	}
+	s.mu.Unlock()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-stopped
+	}
+	s.cancel()
+}
+
+// Close ends every stream and connection at once.
+func (s *Server) Close() {
+	s.draining.Store(true)
+	s.grpc.Stop()
+	s.cancel()
+}
+
+// Streams is how many xDS streams are open.
+func (s *Server) Streams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.rpcs)
+}
+
+// Answering reports whether nodes get snapshots yet (Config.Ready has
+// been seen true).
+func (s *Server) Answering() bool { return s.ready.Load() }
+
+// Version is the view version of the resources held for service (false:
+// none held yet).
+func (s *Server) Version(service string) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sr := s.services[service]
+	if sr == nil {
+		return 0, false
+	}
+	return sr.version, true
+}
+
+type rpcKey struct{}
+
+// intercept admits, authenticates and accounts for every stream: the
+// watch stream's reconnect admission (checked before the token is looked
+// at, taken once it is verified), then the token, then the stream runs
+// with a context its authority can end (token expiry, drain).
+func (s *Server) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if s.draining.Load() {
+		return errDraining
+	}
+	current, _ := s.cfg.Hub.Subscribers()
+	if ok, retry := s.cfg.Admission.Check(current); !ok {
+		return s.refuseAdmission(ss, retry)
+	}
+	p, err := s.authenticate(ss.Context())
+	if err != nil {
+		return err
+	}
+	current, _ = s.cfg.Hub.Subscribers()
+	if ok, retry := s.cfg.Admission.Admit(current); !ok {
+		return s.refuseAdmission(ss, retry)
+	}
+	done := s.cfg.Hub.CountSubscriber()
+	defer done()
+	ctx, end := context.WithCancelCause(ss.Context())
+	defer end(nil)
+	r := &rpc{principal: p, key: p.String(), end: end, sent: map[string]string{}, denied: map[string]bool{}}
+	r.node = &core.Node{Id: r.key}
+	s.register(r)
+	defer s.unregister(r)
+	if !p.Expiry.IsZero() {
+		t := time.AfterFunc(time.Until(p.Expiry), func() {
+			end(status.Error(codes.Unauthenticated, "the token this stream was opened with has expired; reconnect with a fresh one"))
+		})
+		defer t.Stop()
+	}
+	err = handler(srv, &stoppable{ServerStream: ss, ctx: context.WithValue(ctx, rpcKey{}, r)})
+	if cause := context.Cause(ctx); cause != nil && ss.Context().Err() == nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+func (s *Server) refuseAdmission(ss grpc.ServerStream, retry time.Duration) error {
+	s.m.admissionRefused.Inc()
+	secs := int(retry / time.Second)
+	_ = grpc.SetTrailer(ss.Context(), metadata.Pairs("retry-after", strconv.Itoa(secs)))
+	st := status.New(codes.ResourceExhausted, fmt.Sprintf(
+		"too many clients are (re)subscribing right now; keep routing on what you hold and come back in %d s", secs))
+	if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retry)}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// authenticate verifies the stream's "authorization: Bearer" metadata. A
+// stream without a valid token is refused UNAUTHENTICATED before it can
+// ask for anything, and counted.
+func (s *Server) authenticate(ctx context.Context) (identity.Principal, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	raw, err := identity.BearerToken(&http.Request{Header: http.Header{"Authorization": md.Get("authorization")}})
+	if err == nil {
+		vctx, cancel := context.WithTimeout(ctx, s.cfg.VerifyTimeout)
+		var p identity.Principal
+		p, err = s.cfg.Authenticator.Verify(vctx, raw)
+		cancel()
+		if err == nil {
+			return p, nil
+		}
+	}
+	switch {
+	case errors.Is(err, identity.ErrIssuerUnavailable):
+		s.m.denied.WithLabelValues("issuer_unavailable").Inc()
+		return identity.Principal{}, status.Error(codes.Unavailable, "the token's issuer cannot be reached to verify it; retry with backoff")
+	case errors.Is(err, identity.ErrNoToken):
+		s.m.denied.WithLabelValues("unauthenticated").Inc()
+		return identity.Principal{}, status.Error(codes.Unauthenticated, "present a muster token as \"authorization: Bearer TOKEN\" metadata")
+	}
+	s.m.denied.WithLabelValues("invalid_token").Inc()
+	return identity.Principal{}, status.Error(codes.Unauthenticated, "the bearer token was not accepted: "+err.Error())
+}
+
+// register adds r to its principal's node, giving a new node its
+// snapshot before the stream's first request can be answered.
+func (s *Server) register(r *rpc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rpcs[r] = struct{}{}
+	n := s.nodes[r.key]
+	if n == nil {
+		n = &node{key: r.key, principal: r.principal, visible: s.visibleTo(r.principal)}
+		s.nodes[r.key] = n
+		s.setSnapshot(n)
+	}
+	n.streams++
+}
+
+func (s *Server) unregister(r *rpc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.rpcs, r)
+	if n := s.nodes[r.key]; n != nil {
+		if n.streams--; n.streams == 0 {
+			delete(s.nodes, r.key)
+			s.cache.ClearSnapshot(r.key)
+		}
+	}
+}
+
+// stoppable is a server stream whose context its authority ends, and
+// whose RecvMsg returns when it does: go-control-plane's handlers end
+// when their receive fails.
+type stoppable struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *stoppable) Context() context.Context { return s.ctx }
+
+func (s *stoppable) RecvMsg(m any) error {
+	got := make(chan error, 1)
+	go func() { got <- s.ServerStream.RecvMsg(m) }()
+	select {
+	case err := <-got:
+		return err
+	case <-s.ctx.Done():
+		// The handler returns on this error and drops m; the receive
+		// above ends when the RPC does.
+		return context.Cause(s.ctx)
+	}
+}
+
+// callbacks account for every stream, keep each request's node the
+// principal's, count NACKs without answering them with the same
+// resources, and count requests for services the node may not see.
+func (s *Server) callbacks() serverv3.Callbacks {
+	return serverv3.CallbackFuncs{
+		StreamOpenFunc:      func(ctx context.Context, id int64, _ string) error { return s.opened(ctx, streamKey{false, id}) },
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error { return s.opened(ctx, streamKey{true, id}) },
+		StreamClosedFunc:    func(id int64, _ *core.Node) { s.closed(streamKey{false, id}) },
+		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
+			s.closed(streamKey{true, id})
+		},
+		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
+			r, err := s.stream(streamKey{false, id})
+			if err != nil {
+				return err
+			}
+			req.Node = r.node
+			if req.GetErrorDetail() != nil {
+				s.nack(r, req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage())
+				// The state-of-the-world cache answers a request whose
+				// version differs from its own at once: with the version
+				// the client rejected, it waits for the next change.
+				r.mu.Lock()
+				if v, ok := r.sent[req.GetTypeUrl()]; ok {
+					req.VersionInfo = v
+				}
+				r.mu.Unlock()
+			}
+			s.checkDenied(r, req.GetResourceNames())
+			return nil
+		},
+		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
+			r, err := s.stream(streamKey{true, id})
+			if err != nil {
+				return err
+			}
+			req.Node = r.node
+			if req.GetErrorDetail() != nil {
+				// Delta sends a resource only when its version changes:
+				// a NACK is never answered with the same resource.
+				s.nack(r, req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage())
+			}
+			s.checkDenied(r, req.GetResourceNamesSubscribe())
+			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+			if r, err := s.stream(streamKey{false, id}); err == nil {
+				r.mu.Lock()
+				r.sent[resp.GetTypeUrl()] = resp.GetVersionInfo()
+				r.mu.Unlock()
+			}
+			t := typeName(resp.GetTypeUrl())
+			s.m.pushes.WithLabelValues("sotw", t).Inc()
+			if resp.GetTypeUrl() == resource.EndpointType {
+				lead, _, _ := strings.Cut(resp.GetVersionInfo(), ".")
+				s.observeLatency(lead)
+			}
+		},
+		StreamDeltaResponseFunc: func(_ int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+			s.m.pushes.WithLabelValues("delta", typeName(resp.GetTypeUrl())).Inc()
+			if resp.GetTypeUrl() == resource.EndpointType {
+				s.deltaVersions(resp)
+			}
+		},
+	}
+}
+
+func (s *Server) opened(ctx context.Context, k streamKey) error {
+	r, ok := ctx.Value(rpcKey{}).(*rpc)
+	if !ok {
+		return status.Error(codes.Internal, "xds: stream without an rpc")
+	}
+	s.mu.Lock()
+	s.streams[k] = r
+	s.mu.Unlock()
+	s.m.streams.WithLabelValues(protocolOf(k)).Inc()
+	return nil
+}
+
+func (s *Server) closed(k streamKey) {
+	s.mu.Lock()
+	_, ok := s.streams[k]
+	delete(s.streams, k)
+	s.mu.Unlock()
+	if ok {
+		s.m.streams.WithLabelValues(protocolOf(k)).Dec()
+	}
+}
+
+func (s *Server) stream(k streamKey) (*rpc, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.streams[k]
+	if r == nil {
+		return nil, status.Error(codes.Internal, "xds: unknown stream")
+	}
+	return r, nil
+}
+
+func protocolOf(k streamKey) string {
+	if k.delta {
+		return "delta"
+	}
+	return "sotw"
+}
+
+// nack logs and counts a rejected response. It is logged once per
+// rejection; muster does not resend it (see the callbacks).
+func (s *Server) nack(r *rpc, typeURL, nonce, detail string) {
+	s.m.nacks.WithLabelValues(typeName(typeURL)).Inc()
+	s.log.Warn("xDS client rejected (NACKed) muster's resources; they are not resent until they change",
+		"principal", r.key, "type", typeName(typeURL), "nonce", nonce, "error", detail)
+}
+
+// checkDenied counts, once per stream, each name the stream asks for that
+// is a service muster holds and its principal may not resolve. The
+// stream is not told: to it the service is absent, like one that does
+// not exist.
+func (s *Server) checkDenied(r *rpc, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	s.mu.Lock()
+	n := s.nodes[r.key]
+	var denied []string
+	for _, name := range names {
+		if _, held := s.services[name]; held && n != nil && !n.visible[name] {
+			denied = append(denied, name)
+		}
+	}
+	s.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, name := range denied {
+		if !r.denied[name] {
+			r.denied[name] = true
+			s.m.denied.WithLabelValues("not_granted").Inc()
+			s.log.Info("xDS client asked for a service it may not resolve; it sees none", "principal", r.key, "service", name)
+		}
+	}
+}
+
+// deltaVersions gives each assignment of a delta response its view
+// version, where go-control-plane put the hash of its bytes (the delta
+// protocol's versions are opaque to the client, which sends them back on
+// reconnecting, where they are compared with the same view versions), and
+// records the push latency.
+func (s *Server) deltaVersions(resp *discovery.DeltaDiscoveryResponse) {
+	for _, res := range resp.GetResources() {
+		if v, ok := s.claVersion(res.GetVersion()); ok {
+			res.Version = strconv.FormatUint(v, 10)
+			s.observeLatency(res.Version)
+		}
+	}
+}
+
+// observeLatency records how long ago the hub received the view version
+// v (a decimal string) that was just sent.
+func (s *Server) observeLatency(v string) {
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return
+	}
+	if at, ok := s.publishedAt(n); ok {
+		s.m.latency.Observe(s.cfg.Now().Sub(at).Seconds())
+	}
+}
+
+func typeName(url string) string {
+	switch url {
+	case resource.ListenerType:
+		return "listener"
+	case resource.RouteType:
+		return "route"
+	case resource.ClusterType:
+		return "cluster"
+	case resource.EndpointType:
+		return "endpoint"
+	}
+	return "other"
+}
