@@ -204,7 +204,7 @@ func (s *Server) follow(ctx context.Context) {
 		if sub != nil && slices.Equal(want, subscribed) {
 			return
 		}
-		next, err := s.cfg.Hub.Subscribe(want, 0)
+		next, err := s.cfg.Hub.Follow(want, 0)
 		if err != nil {
 			if !errors.Is(err, stream.ErrClosed) {
 				s.log.Warn("dns: subscribe to the hub", "err", err)

@@ -213,12 +213,25 @@ func (h *Hub) Views() int {
 // no view of yet, the client keeps what it has: its first view arrives on
 // C when it is published, and synced after the last such view.
 func (h *Hub) Subscribe(services []string, since uint64) (*Subscription, error) {
+	return h.subscribe(services, since, true)
+}
+
+// Follow is Subscribe for muster's own surfaces that read the views to
+// serve them in another protocol (the DNS zone, the xDS server): the
+// subscription is not a client, so it is not counted in Subscribers, the
+// peak or the census. Those surfaces count their clients themselves
+// (CountSubscriber).
+func (h *Hub) Follow(services []string, since uint64) (*Subscription, error) {
+	return h.subscribe(services, since, false)
+}
+
+func (h *Hub) subscribe(services []string, since uint64, counted bool) (*Subscription, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return nil, ErrClosed
 	}
-	sub := &Subscription{hub: h, services: slices.Clone(services), c: make(chan *Frame, h.cfg.QueueLen), wake: make(chan struct{}, 1)}
+	sub := &Subscription{hub: h, services: slices.Clone(services), c: make(chan *Frame, h.cfg.QueueLen), wake: make(chan struct{}, 1), counted: counted}
 	for _, name := range sub.services {
 		st := h.state(name)
 		st.subs[sub] = struct{}{}
@@ -235,8 +248,10 @@ func (h *Hub) Subscribe(services []string, since uint64) (*Subscription, error) 
 	if len(sub.waiting) == 0 {
 		sub.Initial = append(sub.Initial, syncedFrame)
 	}
-	h.subs++
-	h.peak = max(h.peak, h.subs)
+	if counted {
+		h.subs++
+		h.peak = max(h.peak, h.subs)
+	}
 	return sub, nil
 }
 
@@ -300,6 +315,9 @@ func cmpVersion(a, b uint64) int {
 type Subscription struct {
 	hub      *Hub
 	services []string
+	// counted: a client's (Subscribe), in Subscribers; not one of
+	// muster's own surfaces (Follow).
+	counted bool
 	// Initial frames bring the client up to date at subscribe time.
 	Initial []*Frame
 
@@ -409,5 +427,7 @@ func (s *Subscription) Close() {
 			delete(st.subs, s)
 		}
 	}
-	h.subs--
+	if s.counted {
+		h.subs--
+	}
 }

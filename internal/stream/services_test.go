@@ -29,3 +29,38 @@ func TestServicesAndCountedSubscribers(t *testing.T) {
 		t.Fatalf("released (twice): %d open, peak %d; want 1, 2", now, peak)
 	}
 }
+
+// TestFollowersAreNotClients: muster's own surfaces follow the views
+// (Follow) without counting as subscribers, so the census and admission
+// size the population by clients alone; they still receive what is
+// published.
+func TestFollowersAreNotClients(t *testing.T) {
+	h := NewHub(Config{})
+	f, err := h.Follow([]string{"web"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := h.Subscribe([]string{"web"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now, peak := h.Subscribers(); now != 1 || peak != 1 {
+		t.Fatalf("a follower and a client: %d open, peak %d; want 1, 1", now, peak)
+	}
+	h.Publish([]Update{{View: view("web", 1)}})
+	for _, s := range []*Subscription{f, c} {
+		select {
+		case fr := <-s.C():
+			if fr.Service != "web" || fr.Version != 1 {
+				t.Fatalf("got %+v", fr)
+			}
+		default:
+			t.Fatal("a subscription got nothing of the publication")
+		}
+	}
+	f.Close()
+	c.Close()
+	if now, _ := h.Subscribers(); now != 0 {
+		t.Fatalf("after both closed: %d open", now)
+	}
+}

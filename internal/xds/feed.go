@@ -44,7 +44,7 @@ func (s *Server) follow(ctx context.Context) {
 		if hubClosed || (sub != nil && slices.Equal(names, subscribed)) {
 			return
 		}
-		next, err := s.cfg.Hub.Subscribe(names, 0)
+		next, err := s.cfg.Hub.Follow(names, 0)
 		if err != nil {
 			// The hub is closing: keep serving what is held.
 			hubClosed = true
