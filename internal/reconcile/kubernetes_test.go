@@ -44,7 +44,9 @@ type pod struct {
 	ready, serving, terminating bool
 }
 
-func running(uid, ip string) pod { return pod{uid: uid, ip: ip, zone: "az1", ready: true, serving: true} }
+func running(uid, ip string) pod {
+	return pod{uid: uid, ip: ip, zone: "az1", ready: true, serving: true}
+}
 
 func service(name, muster string) *corev1.Service {
 	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{reconcile.DefaultServiceAnnotation: muster}},

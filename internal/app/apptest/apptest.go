@@ -41,6 +41,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/publisher"
+	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
@@ -106,6 +107,8 @@ type Stack struct {
 	Reaper *registry.Reaper
 	// Issuer2 is the second dev issuer when Options.SecondIssuer is set.
 	Issuer2 *devissuer.Issuer
+	// Reconcile is the reconciler when Options.Reconcile has sources.
+	Reconcile *reconcile.Reconciler
 
 	jwksFetches atomic.Int64
 	queries     queryCounter
@@ -199,6 +202,13 @@ type Options struct {
 	// Run names workers of Held to start as muster serve does, instead
 	// of leaving them to the test.
 	Run []string
+	// Reconcile configures reconciliation sources (issue 19). Their
+	// workers are held (Stack.Reconcile; tests call RunOnce) unless Run
+	// names them ("reconcile <source>").
+	Reconcile reconcile.Config
+	// Issuers are trusted after the dev issuers (a test issuer with a
+	// claim mapping, say).
+	Issuers []identity.IssuerConfig
 }
 
 // Held lists the workers a Stack does not start by default: tests step
@@ -250,6 +260,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		issuers = append(issuers, identity.IssuerConfig{URL: iss2.URL(), Audience: "muster"})
 	}
+	issuers = append(issuers, opts.Issuers...)
 	ver, err := identity.NewVerifier(issuers, &http.Client{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -271,6 +282,7 @@ func New(t testing.TB, opts Options) *Stack {
 		// EvaluateNow.
 		Evaluator: evaluator.Config{Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute},
 		Admission: opts.Admission,
+		Reconcile: opts.Reconcile,
 		// A test's admission window may be long; the census (held) reads
 		// it as its interval.
 		Census: stream.CensusConfig{Horizon: max(15*time.Minute, opts.Admission.Window)},
@@ -321,6 +333,11 @@ func New(t testing.TB, opts Options) *Stack {
 		cancel()
 	}
 	hold := slices.DeleteFunc(slices.Clone(Held), func(n string) bool { return slices.Contains(opts.Run, n) })
+	for _, src := range opts.Reconcile.Sources {
+		if name := app.WorkerReconcilePrefix + src.Name(); !slices.Contains(opts.Run, name) {
+			hold = append(hold, name)
+		}
+	}
 	if opts.NoStart {
 		hold = append(hold, app.WorkerEvaluator)
 	} else if !slices.Contains(opts.Run, app.WorkerPublisher) {
@@ -345,6 +362,7 @@ func New(t testing.TB, opts Options) *Stack {
 	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = a.Hub, a.Publisher, a.Policy, a.Shifts, srv, a.Guards, a.UI
 	st.Authz, st.Monitor, st.Reaper = a.Authz, a.Monitor, a.Reaper
 	st.Refusals = a.Refusals
+	st.Reconcile = a.Reconcile
 	// A started evaluator rebuilds its state first, and refuses reports
 	// (503 not-ready) until it is done; a test's first request would race
 	// it. Tests of that state use NoStart.
