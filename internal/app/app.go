@@ -321,6 +321,9 @@ func New(cfg Config) (*App, error) {
 		uc := *cfg.UI
 		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.Guards, uc.Shifts = a.Policy, a.Guards, a.Shifts
+		if a.Reconcile != nil {
+			uc.Reconcile = a.Reconcile
+		}
 		uc.Now = orNow(uc.Now, now)
 		// The banner lists what GET /v1/alarms lists.
 		uc.Alarms = server.AlarmsOf(svc)
