@@ -76,6 +76,8 @@ const (
 	WorkerRefusals  = "refused-evidence"
 	// WorkerReconcilePrefix and a source's name name its worker.
 	WorkerReconcilePrefix = "reconcile "
+	// WorkerReconcileDiff keeps muster_reconcile_diff current.
+	WorkerReconcileDiff = "reconcile-diff"
 )
 
 // Worker is the project's one worker shape.
@@ -358,6 +360,7 @@ func New(cfg Config) (*App, error) {
 		for _, w := range a.Reconcile.Workers() {
 			a.workers = append(a.workers, worker{name: WorkerReconcilePrefix + w.Name(), w: w, detached: true})
 		}
+		a.workers = append(a.workers, worker{name: WorkerReconcileDiff, w: a.Reconcile.DiffWorker(), detached: true})
 	}
 	for _, w := range cfg.Workers {
 		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {

@@ -394,3 +394,28 @@ func TestKubernetesWatchLostKeepsLastState(t *testing.T) {
 		t.Fatalf("alarms = %+v, want reconcile_stale", al)
 	}
 }
+
+// TestKubernetesWorkerFollowsEvents: the worker as serve runs it (Start):
+// with a pass period of an hour, informer events alone bring a new
+// slice's pods in and a deleted pod's instance out.
+func TestKubernetesWorkerFollowsEvents(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, reconcile.Disbelief{}, service("web", "web"))
+	rc, err := reconcile.New(reconcile.Config{Sources: []reconcile.Source{c.src}, Registry: c.st.Registry, Evidence: c.st.Evaluator,
+		Every: time.Hour, Now: c.st.Clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := rc.Workers()[0]
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	sl := slice("web", "web-1", running("e1", "10.8.0.1"), running("e2", "10.8.0.2"))
+	if _, err := c.client.DiscoveryV1().EndpointSlices(ns).Create(t.Context(), sl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "two instances from the informer's events", func() bool { return len(c.live()) == 2 })
+	c.update(slice("web", "web-1", running("e1", "10.8.0.1")))
+	wait.For(t, 10*time.Second, "one instance after the pod left", func() bool { return len(c.live()) == 1 })
+}

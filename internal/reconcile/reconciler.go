@@ -14,6 +14,7 @@ import (
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/worker"
 )
 
 // AlarmSuspect is raised while a source's reading is not believed.
@@ -191,4 +192,40 @@ func (rc *Reconciler) Confirm(ctx context.Context, actor identity.Principal, sou
 		w.Kick()
 	}
 	return c, err
+}
+
+// DiffEvery is how often DiffWorker refreshes muster_reconcile_diff.
+const DiffEvery = 30 * time.Second
+
+// DiffWorker keeps muster_reconcile_diff current between diff requests,
+// so an alert on leaks or startup failures needs nobody to open the page:
+// one diff (one query over the covered services' live instances) every
+// DiffEvery.
+func (rc *Reconciler) DiffWorker() *DiffRefresher { return &DiffRefresher{rc: rc} }
+
+// DiffRefresher is the worker DiffWorker returns.
+type DiffRefresher struct {
+	rc     *Reconciler
+	runner worker.Runner
+}
+
+// Start refreshes the diff every DiffEvery until Stop.
+func (d *DiffRefresher) Start(ctx context.Context) error {
+	return d.runner.Start(ctx, func(ctx context.Context) {
+		worker.Every(ctx, DiffEvery, func(ctx context.Context) { _ = d.RunOnce(ctx) })
+	})
+}
+
+// Stop stops it. Safe to call twice.
+func (d *DiffRefresher) Stop() { d.runner.Stop() }
+
+// RunOnce computes the diff once, bounded by 10 s.
+func (d *DiffRefresher) RunOnce(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := d.rc.Diff(ctx)
+	if err != nil && d.rc.cfg.Logger != nil {
+		d.rc.cfg.Logger.Warn("reconcile diff", "err", err)
+	}
+	return err
 }

@@ -333,6 +333,9 @@ func New(t testing.TB, opts Options) *Stack {
 		cancel()
 	}
 	hold := slices.DeleteFunc(slices.Clone(Held), func(n string) bool { return slices.Contains(opts.Run, n) })
+	if len(opts.Reconcile.Sources) > 0 && !slices.Contains(opts.Run, app.WorkerReconcileDiff) {
+		hold = append(hold, app.WorkerReconcileDiff)
+	}
 	for _, src := range opts.Reconcile.Sources {
 		if name := app.WorkerReconcilePrefix + src.Name(); !slices.Contains(opts.Run, name) {
 			hold = append(hold, name)
