@@ -103,3 +103,26 @@ func TestConfigErrorsNameLineAndField(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigREADMEExample: the complete example in the README parses.
+func TestConfigREADMEExample(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	i := strings.Index(s, "A complete `--reconcile-config`")
+	if i < 0 {
+		t.Fatal("the README has no complete reconcile config example")
+	}
+	s = s[i:]
+	start := strings.Index(s, "```yaml\n") + len("```yaml\n")
+	end := strings.Index(s[start:], "```")
+	c, err := reconcile.ParseConfig("README.md", []byte(s[start:start+end]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Clusters) != 1 || len(c.Snapshots) != 2 || len(c.Issuers) != 1 || c.Clusters[0].Issuer == nil {
+		t.Fatalf("README example parsed to %+v", c)
+	}
+}
