@@ -178,13 +178,15 @@ func (s *KubernetesSource) watchLost(err error) {
 	}
 }
 
-// errNotSynced: the informers have not listed yet; nothing to believe.
-var errNotSynced = errors.New("the informers have not synced yet")
+// ErrNotSynced is Read's answer before a source's first full listing: no
+// reading yet, nothing to believe (the worker waits for the next pass
+// without counting an error).
+var ErrNotSynced = errors.New("the informers have not synced yet")
 
 // Read returns every endpoint of every mapped Service in the cache.
 func (s *KubernetesSource) Read(context.Context) (Reading, error) {
 	if !s.slices.HasSynced() || !s.services.HasSynced() {
-		return Reading{}, errNotSynced
+		return Reading{}, ErrNotSynced
 	}
 	type mapped struct{ service, port string }
 	svcs := map[string]mapped{}

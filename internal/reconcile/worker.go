@@ -185,7 +185,10 @@ func (w *Worker) RunOnce(ctx context.Context) error {
 	}
 	st := w.status
 	w.mu.Unlock()
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrNotSynced):
+		w.log.Debug("source not synced yet", "err", err)
+	case err != nil:
 		m.errors.WithLabelValues(name).Inc()
 		w.log.Warn("reconcile pass failed; the registry keeps the last applied state", "err", err)
 	}
