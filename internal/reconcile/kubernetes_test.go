@@ -254,6 +254,34 @@ func TestKubernetesDeploymentLifecycle(t *testing.T) {
 	c.publish()
 	want(t, "view after roll", addrs(c.view()), "10.1.0.2", "10.1.0.3", "10.1.0.4", "10.1.0.5")
 
+	// b fails its readiness probe: it stays an instance (readiness is
+	// evidence, not existence), and the evaluator hears it failing.
+	bUnready := b
+	bUnready.ready, bUnready.serving = false, false
+	c.update(slice("web", "web-1", bUnready, cc, d, a2))
+	wait.For(t, 10*time.Second, "b unready in the cache", func() bool {
+		r, _ := c.src.Read(t.Context())
+		return slices.ContainsFunc(r.Endpoints, func(e reconcile.Endpoint) bool { return e.Address == "10.1.0.2" && !e.Ready })
+	})
+	c.st.Clock.Advance(time.Second)
+	c.pass()
+	want(t, "instances with b unready", addrs(c.live()), "10.1.0.2", "10.1.0.3", "10.1.0.4", "10.1.0.5")
+	c.st.Evaluator.EvaluateNow()
+	el, err := c.st.Evaluator.ServiceEligibility("web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bID := c.live()["10.1.0.2"].ID
+	for _, iv := range el.Instances {
+		self := iv.Evidence["self"]
+		switch {
+		case iv.InstanceID == bID && self.FailureRate <= 0:
+			t.Fatalf("b unready: self evidence %+v, want failures heard", self)
+		case iv.InstanceID != bID && (!self.Present || self.FailureRate != 0):
+			t.Fatalf("instance %s ready: self evidence %+v, want present, no failures", iv.InstanceID, self)
+		}
+	}
+
 	// A pod restarted with a new UID at the same address is a new
 	// instance; the old one ends, and its id is never reused.
 	old := c.live()["10.1.0.2"].ID
