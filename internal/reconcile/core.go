@@ -1,7 +1,7 @@
 package reconcile
 
 import (
-	"cmp"
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -197,11 +197,12 @@ func Decide(d Disbelief, r Reading, live []Live, prev *Hold, confirmed, now time
 	sortIDs(p.End)
 	sortIDs(p.Held)
 	for _, es := range [][]Endpoint{p.Create, p.Readiness, p.Unready} {
-		slices.SortFunc(es, func(a, b Endpoint) int { return cmp.Compare(a.ID.String(), b.ID.String()) })
+		slices.SortFunc(es, func(a, b Endpoint) int { return bytes.Compare(a.ID[:], b.ID[:]) })
 	}
 	return p
 }
 
+// sortIDs orders ids by their bytes (the order of their text form too).
 func sortIDs(ids []uuid.UUID) {
-	slices.SortFunc(ids, func(a, b uuid.UUID) int { return cmp.Compare(a.String(), b.String()) })
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
 }

@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"slices"
@@ -81,8 +82,14 @@ func DiffOf(sources []SourceView, live []Registered) []DiffItem {
 	}
 	known := map[endpointKey]bool{}
 	names := map[string]SourceView{}
+	reported := map[string]map[uuid.UUID]bool{} // by source
 	for _, s := range sources {
 		names[s.Name] = s
+		ids := make(map[uuid.UUID]bool, len(s.Reading.Endpoints))
+		for _, e := range s.Reading.Endpoints {
+			ids[e.ID] = true
+		}
+		reported[s.Name] = ids
 		unready := map[uuid.UUID]bool{}
 		for _, e := range s.Plan.Unready {
 			unready[e.ID] = true
@@ -132,13 +139,13 @@ func DiffOf(sources []SourceView, live []Registered) []DiffItem {
 	}
 	for _, l := range live {
 		item := DiffItem{Source: l.Source, Service: l.Service, Instance: l.ID, Address: l.Address, Port: l.Port, Zone: l.Zone}
-		s, reconciled := names[l.Source]
+		_, reconciled := names[l.Source]
 		switch {
 		case held[l.ID] != "":
 			item.Kind = DiffHeld
 			item.Detail = fmt.Sprintf("%s no longer reports it; the disbelief threshold holds its removal until a second reading after the dwell or an operator confirms", held[l.ID])
 		case reconciled:
-			if slices.ContainsFunc(s.Reading.Endpoints, func(e Endpoint) bool { return e.ID == l.ID }) {
+			if reported[l.Source][l.ID] {
 				continue
 			}
 			item.Kind, item.Detail = DiffLeak, fmt.Sprintf("%s no longer reports it", l.Source)
@@ -154,7 +161,7 @@ func DiffOf(sources []SourceView, live []Registered) []DiffItem {
 	slices.SortFunc(out, func(a, b DiffItem) int {
 		return cmp.Or(cmp.Compare(a.Source, b.Source), cmp.Compare(a.Service, b.Service),
 			cmp.Compare(slices.Index(DiffKinds, a.Kind), slices.Index(DiffKinds, b.Kind)),
-			cmp.Compare(a.Address, b.Address), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Instance.String(), b.Instance.String()))
+			cmp.Compare(a.Address, b.Address), cmp.Compare(a.Port, b.Port), bytes.Compare(a.Instance[:], b.Instance[:]))
 	})
 	return out
 }
