@@ -28,6 +28,9 @@ const (
 	DefaultPortAnnotation = "muster.io/port"
 )
 
+// NoZone is the zone of an endpoint whose node has no zone label.
+const NoZone = "unzoned"
+
 // KubernetesConfig configures one cluster.
 type KubernetesConfig struct {
 	// Cluster makes the source k8s/<Cluster>.
@@ -207,6 +210,9 @@ func (s *KubernetesSource) Read(context.Context) (Reading, error) {
 		if !ok {
 			continue
 		}
+		if sl.AddressType != discoveryv1.AddressTypeIPv4 && sl.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue // FQDN slices name no address muster can route to
+		}
 		owner := sl.Labels[discoveryv1.LabelServiceName]
 		m, ok := svcs[sl.Namespace+"/"+owner]
 		if !ok || !validName(m.service) {
@@ -229,7 +235,10 @@ func (s *KubernetesSource) Read(context.Context) (Reading, error) {
 				e.Serving = *ep.Conditions.Serving
 			}
 			e.Terminating = ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
-			if ep.Zone != nil {
+			// The endpoint's zone (the node's topology.kubernetes.io/zone);
+			// a cluster without zones is one zone as far as the guard goes.
+			e.Zone = NoZone
+			if ep.Zone != nil && validName(*ep.Zone) {
 				e.Zone = *ep.Zone
 			}
 			// The pod's UID: never reused, so a restarted pod (a new UID)

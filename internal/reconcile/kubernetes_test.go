@@ -447,3 +447,56 @@ func TestKubernetesWorkerFollowsEvents(t *testing.T) {
 	c.update(slice("web", "web-1", running("e1", "10.8.0.1")))
 	wait.For(t, 10*time.Second, "one instance after the pod left", func() bool { return len(c.live()) == 1 })
 }
+
+// TestKubernetesReadMapping: which Services are muster services, which
+// port, and what an endpoint's missing fields mean, on the fake clientset
+// (no database).
+func TestKubernetesReadMapping(t *testing.T) {
+	t.Parallel()
+	annotated := service("web", "web")
+	annotated.Labels = map[string]string{"tier": "backend"}
+	annotated.Annotations[reconcile.DefaultPortAnnotation] = "admin"
+	unlabelled := service("api", "api") // fails the selector
+	plain := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db"}}
+	sl := slice("web", "web-1", running("w1", "10.9.0.1"))
+	admin, adminPort := "admin", int32(9090)
+	sl.Ports = append(sl.Ports, discoveryv1.EndpointPort{Name: &admin, Port: &adminPort})
+	// Conditions left nil: ready; no zone; no pod behind it.
+	sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.9.0.2"}})
+	fqdn := slice("web", "web-fqdn", running("w3", "web.example.com"))
+	fqdn.AddressType = discoveryv1.AddressTypeFQDN
+	client := fake.NewClientset(annotated, unlabelled, plain, sl, fqdn,
+		slice("api", "api-1", running("a1", "10.9.1.1")), slice("db", "db-1", running("d1", "10.9.2.1")))
+	src, err := reconcile.NewKubernetesSource(reconcile.KubernetesConfig{Cluster: "test", Client: client, Selector: "tier=backend"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Read(t.Context()); !errors.Is(err, reconcile.ErrNotSynced) {
+		t.Fatalf("read before the start: %v, want ErrNotSynced", err)
+	}
+	if err := src.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(src.Stop)
+	var r reconcile.Reading
+	wait.For(t, 10*time.Second, "the informers synced", func() bool {
+		r, err = src.Read(t.Context())
+		return err == nil
+	})
+	got := map[string]reconcile.Endpoint{}
+	for _, e := range r.Endpoints {
+		got[e.Address] = e
+	}
+	if len(got) != 2 {
+		t.Fatalf("endpoints %+v, want web's two IP endpoints only", r.Endpoints)
+	}
+	if e := got["10.9.0.1"]; e.Service != "web" || e.Port != 9090 || e.Key != "w1" || e.Zone != "az1" {
+		t.Errorf("pod endpoint %+v, want web, the admin port 9090, key w1, az1", e)
+	}
+	if e := got["10.9.0.2"]; !e.Ready || !e.Serving || e.Terminating || e.Zone != reconcile.NoZone || e.Key != "address/10.9.0.2" {
+		t.Errorf("bare endpoint %+v, want ready and serving (nil conditions), unzoned, keyed by address", e)
+	}
+	if _, err := reconcile.NewKubernetesSource(reconcile.KubernetesConfig{Cluster: "test", Client: client, Selector: "tier in ("}); err == nil {
+		t.Error("a bad selector accepted")
+	}
+}
