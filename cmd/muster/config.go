@@ -14,6 +14,7 @@ import (
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
@@ -29,9 +30,12 @@ type Config struct {
 	DatabaseURL string
 	Region      string
 	Issuers     []identity.IssuerConfig
-	LeaseTTL    time.Duration
-	LogLevel    slog.Level
-	Dev         bool
+	// Reconcile is the file --reconcile-config names, parsed (issue 19);
+	// nil without one.
+	Reconcile *reconcile.FileConfig
+	LeaseTTL  time.Duration
+	LogLevel  slog.Level
+	Dev       bool
 	// Demo (dev only): fill the database with a simulated estate and
 	// drive it with simulated evidence (package demo).
 	Demo bool

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -167,5 +169,21 @@ func TestLoadEnvAuditCheckpoints(t *testing.T) {
 	t.Setenv("MUSTER_AUDIT_S3_RETENTION", "five years")
 	if err := loadEnv(&Config{}); err == nil {
 		t.Fatal("a bad retention loaded")
+	}
+}
+
+// TestServeRefusesABadReconcileConfig: a reconcile config with a bad field
+// stops muster serve before it opens the database, naming file, line and
+// field.
+func TestServeRefusesABadReconcileConfig(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://127.0.0.1:1/never")
+	t.Setenv("MUSTER_ISSUERS", "https://issuer.example")
+	path := filepath.Join(t.TempDir(), "reconcile.yaml")
+	if err := os.WriteFile(path, []byte("snapshots:\n  - name: fleet\n    file: /x.json\n    format: xml\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := cmdServe(t.Context(), []string{"--reconcile-config", path}, false, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), path+":4: snapshots.0.format") {
+		t.Fatalf("serve with a bad reconcile config: %v", err)
 	}
 }

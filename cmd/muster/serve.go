@@ -14,6 +14,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
@@ -70,6 +72,8 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		fs.BoolVar(&cfg.Demo, "demo", false, "fill the database with a simulated estate and drive it with simulated evidence")
 	}
 	xdsFlags(fs, &cfg, dev)
+	var reconcileFile string
+	fs.StringVar(&reconcileFile, "reconcile-config", "", "YAML or JSON file of Kubernetes clusters and inventory snapshots to reconcile instances from, and their platform issuers (see the README)")
 	var sf shiftFlags
 	fs.StringVar(&sf.steps, "shift-steps", "", "traffic weights a shift-back walks through, e.g. 0.1,0.25,0.5,1 (MUSTER_SHIFT_STEPS; default 0.1,0.25,0.5,1)")
 	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")
@@ -97,6 +101,13 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
+	}
+	if reconcileFile != "" {
+		rc, err := reconcile.LoadConfig(reconcileFile)
+		if err != nil {
+			return err
+		}
+		cfg.Reconcile = &rc
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	fs.Visit(func(f *flag.Flag) { cfg.xdsExplicit = cfg.xdsExplicit || f.Name == "xds-addr" }) // xds.go
@@ -200,7 +211,16 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 // issuers (and, for dev, the built-in issuer and the UI's client), the
 // component settings, the metrics registry.
 func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica string, log *slog.Logger) (app.Config, *devissuer.Issuer, error) {
-	issuers := cfg.Issuers
+	issuers := slices.Clone(cfg.Issuers)
+	var rcfg reconcile.Config
+	if cfg.Reconcile != nil {
+		var platform []identity.IssuerConfig
+		var err error
+		if rcfg, platform, err = cfg.Reconcile.Build(time.Now); err != nil {
+			return app.Config{}, nil, err
+		}
+		issuers = append(issuers, platform...)
+	}
 	var devIssuer *devissuer.Issuer
 	if cfg.Dev {
 		var err error
@@ -232,6 +252,7 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		Admission: stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow},
 		Server:    server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
 		DNS:       cfg.DNS,
+		Reconcile: rcfg,
 	}
 	if devIssuer != nil {
 		ac.Server.DevIssuer, ac.Server.DevIssuerPath = devIssuer.Handler(), devIssuerPath

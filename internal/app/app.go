@@ -56,6 +56,7 @@ import (
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/publisher"
+	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
@@ -79,6 +80,10 @@ const (
 	WorkerRefusals  = "refused-evidence"
 	WorkerDNS       = "dns"
 	WorkerXDS       = "xds"
+	// WorkerReconcilePrefix and a source's name name its worker.
+	WorkerReconcilePrefix = "reconcile "
+	// WorkerReconcileDiff keeps muster_reconcile_diff current.
+	WorkerReconcileDiff = "reconcile-diff"
 )
 
 // Worker is the project's one worker shape.
@@ -138,6 +143,10 @@ type Config struct {
 	// XDS, when set, builds the xDS server (serve it with ServeXDS); its
 	// Authenticator is Server's unless set.
 	XDS *xds.Config
+	// Reconcile, when it has sources, reconciles them into the registry,
+	// one worker per source named "reconcile <source>" (issue 19); its
+	// Registry, Evidence, Logger and Registerer are the app's.
+	Reconcile reconcile.Config
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
@@ -161,6 +170,8 @@ type App struct {
 	Admission *stream.Admission
 	Census    *stream.Census
 	Refusals  *audit.RefusalSummaries
+	// Reconcile is nil unless Config.Reconcile has sources.
+	Reconcile *reconcile.Reconciler
 	UI        *webui.UI
 	Server    *server.Server
 	// XDS is nil unless Config.XDS was set.
@@ -246,6 +257,16 @@ func New(cfg Config) (*App, error) {
 	if a.Evaluator, err = evaluator.New(ec); err != nil {
 		return nil, err
 	}
+	// Reconciliation writes existence through the registry and hands
+	// readiness evidence to the evaluator.
+	if len(cfg.Reconcile.Sources) > 0 {
+		rcc := cfg.Reconcile
+		rcc.Registry, rcc.Evidence, rcc.Logger, rcc.Registerer = a.Registry, a.Evaluator, log, metrics
+		rcc.Now = orNow(rcc.Now, now)
+		if a.Reconcile, err = reconcile.New(rcc); err != nil {
+			return nil, err
+		}
+	}
 	rpc := cfg.Reaper
 	rpc.Registry, rpc.Logger, rpc.Registerer = a.Registry, log, metrics
 	rpc.Corroborated = a.Evaluator.LeaseExpiriesCorroborated
@@ -308,6 +329,9 @@ func New(cfg Config) (*App, error) {
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
 	svc.Authz, svc.Database = a.Authz, a.Monitor
+	if a.Reconcile != nil {
+		svc.Reconcile = a.Reconcile
+	}
 	// Whether this replica can serve views, not whether PostgreSQL
 	// answers (that is muster_database_up and database_unreachable).
 	svc.Ready = func(ctx context.Context) error {
@@ -320,6 +344,9 @@ func New(cfg Config) (*App, error) {
 		uc := *cfg.UI
 		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
+		if a.Reconcile != nil {
+			uc.Reconcile = a.Reconcile
+		}
 		uc.Now = orNow(uc.Now, now)
 		// The banner lists what GET /v1/alarms lists.
 		uc.Alarms = server.AlarmsOf(svc)
@@ -388,6 +415,12 @@ func New(cfg Config) (*App, error) {
 	}
 	if a.XDS != nil {
 		a.workers = append(a.workers, worker{name: WorkerXDS, w: a.XDS})
+	}
+	if a.Reconcile != nil {
+		for _, w := range a.Reconcile.Workers() {
+			a.workers = append(a.workers, worker{name: WorkerReconcilePrefix + w.Name(), w: w, detached: true})
+		}
+		a.workers = append(a.workers, worker{name: WorkerReconcileDiff, w: a.Reconcile.DiffWorker(), detached: true})
 	}
 	for _, w := range cfg.Workers {
 		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {

@@ -151,6 +151,40 @@ func (q *Queries) InstanceGetForUpdate(ctx context.Context, id uuid.UUID) (Insta
 	return i, err
 }
 
+const instanceGetLiveEndpoint = `-- name: InstanceGetLiveEndpoint :one
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
+`
+
+type InstanceGetLiveEndpointParams struct {
+	Service string
+	Address string
+	Port    int32
+}
+
+// The live instance holding an endpoint of a service, if any: a
+// registration colliding with a reconciled one is refused.
+func (q *Queries) InstanceGetLiveEndpoint(ctx context.Context, arg InstanceGetLiveEndpointParams) (Instance, error) {
+	row := q.db.QueryRow(ctx, instanceGetLiveEndpoint, arg.Service, arg.Address, arg.Port)
+	var i Instance
+	err := row.Scan(
+		&i.ID,
+		&i.Service,
+		&i.Address,
+		&i.Port,
+		&i.Zone,
+		&i.Region,
+		&i.Source,
+		&i.State,
+		&i.LeaseExpiresAt,
+		&i.RegisteredBy,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.EndedAt,
+	)
+	return i, err
+}
+
 const instanceInsert = `-- name: InstanceInsert :one
 INSERT INTO instances (id, service, address, port, zone, region, source,
                        lease_expires_at, registered_by, created_at, updated_at)
@@ -673,4 +707,119 @@ func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instanc
 		&i.EndedAt,
 	)
 	return i, err
+}
+
+const reconcileInstanceStates = `-- name: ReconcileInstanceStates :many
+SELECT id, state FROM instances WHERE id = ANY($1::uuid[])
+`
+
+type ReconcileInstanceStatesRow struct {
+	ID    uuid.UUID
+	State string
+}
+
+// Whether ids a reading derives already exist (ended ones too: an id is
+// never reused).
+func (q *Queries) ReconcileInstanceStates(ctx context.Context, ids []uuid.UUID) ([]ReconcileInstanceStatesRow, error) {
+	rows, err := q.db.Query(ctx, reconcileInstanceStates, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ReconcileInstanceStatesRow
+	for rows.Next() {
+		var i ReconcileInstanceStatesRow
+		if err := rows.Scan(&i.ID, &i.State); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const reconcileListLive = `-- name: ReconcileListLive :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+WHERE source = $1 AND state = 'active'
+ORDER BY service, id
+`
+
+// The live instances of one reconciliation source: what its last applied
+// reading left in the registry.
+func (q *Queries) ReconcileListLive(ctx context.Context, source string) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, reconcileListLive, source)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const reconcileListLiveInServices = `-- name: ReconcileListLiveInServices :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+WHERE service = ANY($1::text[]) AND state = 'active'
+ORDER BY service, id
+`
+
+// The live instances of some services, whatever their source: the
+// reconciliation diff compares them with what the sources report.
+func (q *Queries) ReconcileListLiveInServices(ctx context.Context, services []string) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, reconcileListLiveInServices, services)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -122,6 +122,14 @@ type RateLimitAttempt struct {
 	At    time.Time
 }
 
+type ReconcileConfirmation struct {
+	ID          int64
+	Source      string
+	ConfirmedAt time.Time
+	ConfirmedBy string
+	Reason      string
+}
+
 type Service struct {
 	Name         string
 	Owner        string

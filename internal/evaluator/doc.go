@@ -89,6 +89,19 @@
 // and muster_evaluator_instance_lookup_ids_total what became of each
 // unknown id.
 //
+// # Readiness from reconciliation (issue 19)
+//
+// A reconciled instance (package reconcile) has no token of its own to
+// report with until its workload presents one; its orchestrator relays
+// its readiness probe instead. ObserveReadiness takes that relay as
+// self-class samples attributed to the source ("reconcile:k8s/prod"):
+// serving is a success, not serving a failure, restated every pass so the
+// class is heard while the source reports the instance. It is an
+// in-process path from muster's own reconciler, so it needs no token, and
+// it reaches only instances the evaluator knows. A workload token bound to
+// a pod (identity.Principal.Pod) may self-report for that pod's instance
+// only.
+//
 // # Quarantines across a restart
 //
 // A flap quarantine (ADR-09) is computed state, but losing it on a restart

@@ -213,6 +213,17 @@ func (e *Evaluator) attribute(at *attribution, r Report, now time.Time) (eligibi
 		if actor.Service != inst.service {
 			return s, codeNotOwnInstance, fmt.Sprintf("%s may report only about instances of %s, not of %s", actor, actor.Service, inst.service)
 		}
+		// A token bound to one pod (a Kubernetes service-account token,
+		// issue 19) speaks for that pod's reconciled instance only,
+		// wherever the report comes from.
+		if actor.Pod != "" {
+			own := registry.ReconciledID(registry.SourcePrefixKubernetes+actor.Cluster, inst.service, actor.Pod)
+			if r.InstanceID != own {
+				return s, codeNotOwnInstance, fmt.Sprintf("the token is bound to pod %s of cluster %s, whose instance is %s; a self-report speaks for its own instance only, not %s",
+					actor.Pod, actor.Cluster, own, r.InstanceID)
+			}
+			break
+		}
 		// An instance speaks for itself only: the report must come from
 		// the address it registered, or the token must vouch for it, the
 		// proof registration asks (ADR-15). A sibling cannot report its

@@ -62,6 +62,20 @@
 // in the dev issuer's Mint (internal/devissuer), so it never mints a token
 // Verify would refuse.
 //
+// # Platform issuers (issue 19)
+//
+// A Kubernetes service-account issuer or an AWS web-identity issuer cannot
+// write muster's claims. An issuer configured with a ClaimMapping is read
+// by its own claims instead: kubernetes.io.namespace and
+// kubernetes.io.serviceaccount.name (or the IAM role of an AWS role
+// session ARN) name a muster service, and the principal is a workload of
+// it; kubernetes.io.pod.uid sets Principal.Pod and Cluster, which the
+// evaluator binds to that pod's reconciled instance (a self-report for any
+// other instance is refused). Such an issuer is trusted for those
+// workloads only: an unmapped account is refused, and so is any token of
+// it carrying muster_* claims, so it can never mint an operator, a tool, a
+// prober or a role. IssuerConfig.Kinds narrows a plain issuer the same way.
+//
 // Error texts wrapping ErrInvalidToken are short reasons meant for the
 // caller ("token expired", `unknown kind "x"`); untrusted values in them are
 // truncated and quoted. No error ever contains the token.

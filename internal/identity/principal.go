@@ -109,6 +109,12 @@ type Principal struct {
 	// Expiry is when the token that authenticated the principal expires
 	// (zero when unknown): a watch stream ends then.
 	Expiry time.Time
+	// Pod is, for a workload whose token a Kubernetes service-account
+	// issuer minted for one pod (ClaimMapping), the pod's UID; Cluster is
+	// the reconciliation cluster the issuer belongs to. Together they bind
+	// the principal to that pod's reconciled instance: it reports
+	// self-health for that instance only. Never read from muster claims.
+	Pod, Cluster string
 }
 
 // String returns the principal as the audit log, the rate limiters and

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -76,6 +77,14 @@ type IssuerConfig struct {
 	URL string
 	// Audience must appear in tokens' "aud"; "muster" when empty.
 	Audience string
+	// Mapping, when set, reads the platform's own claims instead of
+	// muster's (a Kubernetes service-account issuer, AWS web identity):
+	// the issuer is then trusted for mapped workloads only.
+	Mapping *ClaimMapping
+	// Kinds, when set, are the only kinds of principal the issuer is
+	// trusted for (an issuer of workload tokens should never mint an
+	// operator); a token claiming another kind is refused.
+	Kinds []Kind
 }
 
 // Verifier authenticates bearer tokens against a fixed set of OIDC issuers.
@@ -94,6 +103,8 @@ type Verifier struct {
 type issuerState struct {
 	url      string
 	audience string
+	mapping  *ClaimMapping
+	kinds    []Kind
 
 	mu       sync.Mutex
 	provider *oidc.Provider
@@ -140,7 +151,19 @@ func newVerifier(issuers []IssuerConfig, client *http.Client, now func() time.Ti
 		if strings.TrimSpace(aud) != aud {
 			return nil, fmt.Errorf("new verifier: issuer %q: audience %q has surrounding space", ic.URL, aud)
 		}
-		v.issuers[ic.URL] = &issuerState{url: ic.URL, audience: aud}
+		if ic.Mapping != nil {
+			m := *ic.Mapping
+			if err := m.Validate(); err != nil {
+				return nil, fmt.Errorf("new verifier: issuer %q: %w", ic.URL, err)
+			}
+			ic.Mapping = &m
+		}
+		for _, k := range ic.Kinds {
+			if _, err := ParseKind(string(k)); err != nil {
+				return nil, fmt.Errorf("new verifier: issuer %q: %w", ic.URL, err)
+			}
+		}
+		v.issuers[ic.URL] = &issuerState{url: ic.URL, audience: aud, mapping: ic.Mapping, kinds: ic.Kinds}
 	}
 	v.home = issuers[0].URL
 	return v, nil
@@ -225,13 +248,22 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Principal, error) {
 	if err := tok.Claims(&claims); err != nil {
 		return Principal{}, invalid("malformed claims")
 	}
-	cs, err := decodeClaims(claims)
-	if err != nil {
-		return Principal{}, invalid(err.Error())
+	var p Principal
+	if st.mapping != nil {
+		if p, err = st.mapping.principal(tok.Issuer, tok.Subject, claims); err != nil {
+			return Principal{}, invalid(err.Error())
+		}
+	} else {
+		cs, err := decodeClaims(claims)
+		if err != nil {
+			return Principal{}, invalid(err.Error())
+		}
+		if p, err = NewPrincipal(tok.Issuer, tok.Subject, cs); err != nil {
+			return Principal{}, invalid(err.Error())
+		}
 	}
-	p, err := NewPrincipal(tok.Issuer, tok.Subject, cs)
-	if err != nil {
-		return Principal{}, invalid(err.Error())
+	if len(st.kinds) > 0 && !slices.Contains(st.kinds, p.Kind) {
+		return Principal{}, invalid(fmt.Sprintf("issuer is not trusted for kind %s", p.Kind))
 	}
 	p.Home, p.Expiry = tok.Issuer == v.home, tok.Expiry
 	v.verified.put(key, p, v.now())

@@ -115,6 +115,9 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 		if rerr := proveAddress(actor, addr, source); rerr != nil {
 			return rerr, nil
 		}
+		if rerr, err := refuseReconciledEndpoint(ctx, q, service, reg.Address, reg.Port); rerr != nil || err != nil {
+			return rerr, err
+		}
 		now := r.now()
 		ended, err := q.InstanceEndLiveEndpoint(ctx, db.InstanceEndLiveEndpointParams{Service: service, Address: reg.Address, Port: int32(reg.Port), Now: now})
 		if err != nil {

@@ -72,6 +72,9 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	if a, ok := databaseAlarm(cfg); ok {
 		out = append(out, a)
 	}
+	if cfg.Reconcile != nil {
+		out = append(out, cfg.Reconcile.Alarms()...)
+	}
 	if cfg.Probers != nil {
 		for _, a := range cfg.Probers.ProberAlarms() {
 			out = append(out, a.Alarm())

@@ -143,6 +143,8 @@ type Config struct {
 	// Leases is the lease reaper; its lease_expiry_suppressed alarms are
 	// listed with the others. Nil: none.
 	Leases Leases
+	// Reconcile, when set, serves /v1/reconcile and lists its alarms.
+	Reconcile Reconcile
 	// WatchHeartbeat is the idle-stream heartbeat period: 15 s.
 	WatchHeartbeat time.Duration
 	// WatchWriteTimeout cuts off a subscriber that cannot take a frame:
@@ -385,6 +387,8 @@ func (s *Server) routes() chi.Router {
 				r.With(s.limitActor(s.limits.deregistrations, "deregistrations")).Delete("/v1/instances/{id}", s.instanceDeregister)
 				r.With(s.limitActor(s.limits.renewals, "lease_renewals")).Put("/v1/instances/{id}/lease", s.leaseRenew)
 				r.Post("/v1/leases/expiry-confirmations", s.leaseExpiryConfirm)
+				r.Get("/v1/reconcile/diff", s.reconcileDiffGet)
+				r.Post("/v1/reconcile/sources/{kind}/{name}/confirm", s.reconcileConfirm)
 				r.Get("/v1/audit", s.auditList)
 				r.Get("/v1/probers/{subject}/assignments", s.proberAssignmentsGet)
 				r.Put("/v1/probers/{subject}/assignments", s.proberAssignmentsPut)

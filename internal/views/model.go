@@ -13,7 +13,7 @@ import (
 type Page struct {
 	Title   string
 	Base    string // e.g. "/ui"
-	Nav     string // "overview", "shifts" or "audit"
+	Nav     string // "overview", "shifts", "reconcile" or "audit"
 	Subject string
 	Role    string
 	Team    string

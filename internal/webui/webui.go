@@ -126,6 +126,9 @@ type Config struct {
 	Guards *guardlog.Log
 	// Shifts, when set, enables the shift-backs page and its actions.
 	Shifts ShiftBacks
+	// Reconcile, when set, is what the reconciliation page shows; without
+	// it the page says no sources are reconciled.
+	Reconcile Reconciliation
 	// Alarms, when set, lists every open alarm for the overview's banner
 	// (the server's Alarms: guard, shift-backs, leases, database,
 	// probers); otherwise the banner shows the publisher's and the
@@ -289,6 +292,7 @@ func (u *UI) routes() {
 	u.mux.HandleFunc("GET "+b+"/signed-out", u.signedOut)
 	u.mux.Handle("GET "+b+"/{$}", u.page(u.overview))
 	u.mux.Handle("GET "+b+"/audit", u.page(u.auditPage))
+	u.mux.Handle("GET "+b+"/reconcile", u.page(u.reconcilePage))
 	u.mux.Handle("GET "+b+"/services/{name}", u.page(u.servicePage))
 	if u.cfg.Overrides != nil {
 		u.overrideRoutes()

@@ -44,6 +44,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/publisher"
+	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
@@ -105,6 +106,8 @@ type Stack struct {
 	// Options.XDS is set.
 	XDS     *xds.Server
 	XDSAddr string
+	// Reconcile is the reconciler when Options.Reconcile has sources.
+	Reconcile *reconcile.Reconciler
 
 	jwksFetches atomic.Int64
 	queries     queryCounter
@@ -206,6 +209,13 @@ type Options struct {
 	// configuration first.
 	XDS       bool
 	XDSConfig func(*xds.Config)
+	// Reconcile configures reconciliation sources (issue 19). Their
+	// workers are held (Stack.Reconcile; tests call RunOnce) unless Run
+	// names them ("reconcile <source>").
+	Reconcile reconcile.Config
+	// Issuers are trusted after the dev issuers (a test issuer with a
+	// claim mapping, say).
+	Issuers []identity.IssuerConfig
 }
 
 // Held lists the workers a Stack does not start by default: tests step
@@ -257,6 +267,7 @@ func New(t testing.TB, opts Options) *Stack {
 		}
 		issuers = append(issuers, identity.IssuerConfig{URL: iss2.URL(), Audience: "muster"})
 	}
+	issuers = append(issuers, opts.Issuers...)
 	ver, err := identity.NewVerifier(issuers, &http.Client{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -278,6 +289,7 @@ func New(t testing.TB, opts Options) *Stack {
 		// EvaluateNow.
 		Evaluator: evaluator.Config{Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute},
 		Admission: opts.Admission,
+		Reconcile: opts.Reconcile,
 		// A test's admission window may be long; the census (held) reads
 		// it as its interval.
 		Census: stream.CensusConfig{Horizon: max(15*time.Minute, opts.Admission.Window)},
@@ -339,6 +351,14 @@ func New(t testing.TB, opts Options) *Stack {
 		cancel()
 	}
 	hold := slices.DeleteFunc(slices.Clone(Held), func(n string) bool { return slices.Contains(opts.Run, n) })
+	if len(opts.Reconcile.Sources) > 0 && !slices.Contains(opts.Run, app.WorkerReconcileDiff) {
+		hold = append(hold, app.WorkerReconcileDiff)
+	}
+	for _, src := range opts.Reconcile.Sources {
+		if name := app.WorkerReconcilePrefix + src.Name(); !slices.Contains(opts.Run, name) {
+			hold = append(hold, name)
+		}
+	}
 	if opts.NoStart {
 		hold = append(hold, app.WorkerEvaluator)
 	} else if !slices.Contains(opts.Run, app.WorkerPublisher) {
@@ -372,6 +392,7 @@ func New(t testing.TB, opts Options) *Stack {
 	st.Authz, st.Monitor, st.Reaper = a.Authz, a.Monitor, a.Reaper
 	st.Refusals = a.Refusals
 	st.DNS = a.DNS
+	st.Reconcile = a.Reconcile
 	// A started evaluator rebuilds its state first, and refuses reports
 	// (503 not-ready) until it is done; a test's first request would race
 	// it. Tests of that state use NoStart.

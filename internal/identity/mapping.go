@@ -1,0 +1,155 @@
+package identity
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Claim mapping types: platform issuers whose tokens cannot carry muster's
+// claims (issue 19).
+const (
+	// MappingKubernetes reads a projected service-account token: the
+	// "kubernetes.io" claim's namespace and serviceaccount.name map to a
+	// muster service, and its pod.uid binds the token to that pod's
+	// reconciled instance.
+	MappingKubernetes = "kubernetes"
+	// MappingAWS reads an AWS web-identity token: the role of the role
+	// session ARN in Claim ("sub" by default) maps to a muster service.
+	MappingAWS = "aws"
+)
+
+// ClaimMapping turns a platform issuer's own claims into a workload
+// principal. An issuer with a mapping is trusted for workloads only, and
+// only for the services its mapping names: it can never mint an operator,
+// a tool, a prober or a role, and a token of it carrying muster's own
+// claims is refused as a misconfiguration (or a forgery attempt).
+type ClaimMapping struct {
+	// Type is MappingKubernetes or MappingAWS.
+	Type string
+	// Cluster is the reconciliation cluster (source k8s/<Cluster>) whose
+	// pods the issuer's tokens speak for (Kubernetes only).
+	Cluster string
+	// Services maps "namespace/serviceaccount" (Kubernetes) or an IAM role
+	// name (AWS) to a muster service.
+	Services map[string]string
+	// Claim is the claim holding the role session ARN (AWS; "sub" when
+	// empty).
+	Claim string
+}
+
+// Validate checks the mapping.
+func (m *ClaimMapping) Validate() error {
+	switch m.Type {
+	case MappingKubernetes:
+		if !validServiceName(m.Cluster) {
+			return fmt.Errorf("kubernetes mapping: cluster %q must be a DNS label (the reconcile source k8s/<cluster>)", m.Cluster)
+		}
+		for k := range m.Services {
+			if ns, sa, ok := strings.Cut(k, "/"); !ok || ns == "" || sa == "" || strings.Contains(sa, "/") {
+				return fmt.Errorf("kubernetes mapping: key %q must be namespace/serviceaccount", k)
+			}
+		}
+	case MappingAWS:
+		if m.Claim == "" {
+			m.Claim = "sub"
+		}
+	default:
+		return fmt.Errorf("mapping type %q: want kubernetes or aws", m.Type)
+	}
+	if len(m.Services) == 0 {
+		return errors.New("mapping names no services")
+	}
+	for k, s := range m.Services {
+		if !validServiceName(s) {
+			return fmt.Errorf("mapping %q: %q is not a service name", k, s)
+		}
+	}
+	return nil
+}
+
+// k8sClaims is the "kubernetes.io" claim of a projected service-account
+// token.
+type k8sClaims struct {
+	Namespace      string `json:"namespace"`
+	ServiceAccount struct {
+		Name string `json:"name"`
+		UID  string `json:"uid"`
+	} `json:"serviceaccount"`
+	Pod *struct {
+		Name string `json:"name"`
+		UID  string `json:"uid"`
+	} `json:"pod"`
+}
+
+// principal maps a verified token's claims.
+func (m *ClaimMapping) principal(iss, sub string, claims map[string]json.RawMessage) (Principal, error) {
+	for _, c := range []string{ClaimKind, ClaimService, ClaimTeam, ClaimRole, ClaimAddresses} {
+		if _, ok := claims[c]; ok {
+			return Principal{}, fmt.Errorf("claim %s from a %s-mapped issuer, which is trusted for mapped workloads only", c, m.Type)
+		}
+	}
+	var service, pod string
+	switch m.Type {
+	case MappingKubernetes:
+		raw, ok := claims["kubernetes.io"]
+		if !ok {
+			return Principal{}, errors.New("no kubernetes.io claim")
+		}
+		var k k8sClaims
+		if err := json.Unmarshal(raw, &k); err != nil {
+			return Principal{}, errors.New("claim kubernetes.io has the wrong type")
+		}
+		key := k.Namespace + "/" + k.ServiceAccount.Name
+		if service = m.Services[key]; service == "" {
+			return Principal{}, fmt.Errorf("service account %s is not mapped to a muster service", QuoteClaim(key))
+		}
+		if k.Pod != nil {
+			if k.Pod.UID == "" || !printable(k.Pod.UID, 64) {
+				return Principal{}, errors.New("bad pod uid")
+			}
+			pod = k.Pod.UID
+		}
+	case MappingAWS:
+		var arn string
+		if raw, ok := claims[m.Claim]; !ok || json.Unmarshal(raw, &arn) != nil {
+			return Principal{}, fmt.Errorf("no %s claim holding a role ARN", m.Claim)
+		}
+		role := awsRole(arn)
+		if service = m.Services[role]; role == "" || service == "" {
+			return Principal{}, fmt.Errorf("role %s is not mapped to a muster service", QuoteClaim(role))
+		}
+	}
+	p, err := NewPrincipal(iss, sub, Claims{Kind: string(KindWorkload), Service: service})
+	if err != nil {
+		return Principal{}, err
+	}
+	if pod != "" {
+		p.Pod, p.Cluster = pod, m.Cluster
+	}
+	return p, nil
+}
+
+// awsRole is the role name of an assumed-role session ARN
+// (arn:aws:sts::123456789012:assumed-role/ROLE/SESSION) or a role ARN
+// (arn:aws:iam::123456789012:role/path/ROLE); "" for anything else.
+func awsRole(arn string) string {
+	parts := strings.SplitN(arn, ":", 6)
+	if len(parts) != 6 || parts[0] != "arn" {
+		return ""
+	}
+	res := parts[5]
+	switch {
+	case parts[2] == "sts" && strings.HasPrefix(res, "assumed-role/"):
+		role, _, ok := strings.Cut(strings.TrimPrefix(res, "assumed-role/"), "/")
+		if !ok {
+			return ""
+		}
+		return role
+	case parts[2] == "iam" && strings.HasPrefix(res, "role/"):
+		segs := strings.Split(res, "/")
+		return segs[len(segs)-1]
+	}
+	return ""
+}

@@ -1,0 +1,165 @@
+package reconcile_test
+
+import (
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/reconcile"
+	"github.com/musterhq/muster/internal/registry"
+)
+
+// diffStack is muster as serve builds it (app), reconciling one snapshot
+// file of web: i-1 and i-2 in service, i-3 never ready (a startup
+// failure); and one instance of web registered by hand that no source
+// knows (a leak).
+func diffStack(t *testing.T) (*apptest.Stack, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "web.json")
+	writeAtomic(t, path, `{"instances":[
+		{"id":"i-1","service":"web","address":"10.6.0.1","port":8080,"zone":"az1"},
+		{"id":"i-2","service":"web","address":"10.6.0.2","port":8080,"zone":"az1"},
+		{"id":"i-3","service":"web","address":"10.6.0.3","port":8080,"zone":"az1","ready":false}]}`)
+	src, err := reconcile.NewSnapshotSource(reconcile.SnapshotConfig{Name: "fleet", File: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := apptest.New(t, apptest.Options{UI: true, Reconcile: reconcile.Config{Sources: []reconcile.Source{src}}})
+	st.Seed(t)
+	admin := st.Token(t, apptest.Admin)
+	r := st.JSON(t, "POST", "/v1/services/web/instances", admin, `{"address":"10.6.9.9","port":8080,"zone":"az1"}`)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("register the leak: %d %s", r.Status, r.Body)
+	}
+	w, ok := st.Reconcile.Worker("snapshot/fleet")
+	if !ok {
+		t.Fatal("no worker for snapshot/fleet")
+	}
+	if err := w.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return st, path
+}
+
+// TestDiffAPI: the diff lists the startup failure and the leak, and the
+// metrics count them per kind.
+func TestDiffAPI(t *testing.T) {
+	t.Parallel()
+	st, _ := diffStack(t)
+	admin := st.Token(t, apptest.Admin)
+	r := st.Do(t, "GET", "/v1/reconcile/diff", admin, "", "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("diff: %d %s", r.Status, r.Body)
+	}
+	d := apptest.Decode[reconcile.Diff](t, r)
+	if d.Counts[reconcile.DiffMissing] != 1 || d.Counts[reconcile.DiffLeak] != 1 || len(d.Items) != 2 {
+		t.Fatalf("diff = %+v; want one missing, one leak", d)
+	}
+	miss, leak := d.Items[1], d.Items[0] // "registered" sorts before "snapshot/fleet"
+	if miss.Kind != reconcile.DiffMissing || miss.Key != "i-3" || !strings.Contains(miss.Detail, "startup failure") {
+		t.Errorf("missing item = %+v", miss)
+	}
+	if leak.Kind != reconcile.DiffLeak || leak.Address != "10.6.9.9" || leak.Source != "registered" || !strings.Contains(leak.Detail, "registration leak") {
+		t.Errorf("leak item = %+v", leak)
+	}
+	metrics := string(st.Scrape(t))
+	for _, m := range []string{
+		`muster_reconcile_diff{kind="missing",source="snapshot/fleet"} 1`,
+		`muster_reconcile_diff{kind="leak",source="registered"} 1`,
+	} {
+		if !strings.Contains(metrics, m) {
+			t.Errorf("metrics lack %s", m)
+		}
+	}
+	// Estate-wide: a workload may not read it.
+	if r := st.Do(t, "GET", "/v1/reconcile/diff", st.Token(t, apptest.Web), "", ""); r.Status != http.StatusForbidden {
+		t.Errorf("diff as a workload: %d, want 403", r.Status)
+	}
+}
+
+// TestRegistrationCollidesWithReconciled: registering an endpoint a
+// reconciled instance holds is refused with the reason, and changes
+// nothing.
+func TestRegistrationCollidesWithReconciled(t *testing.T) {
+	t.Parallel()
+	st, _ := diffStack(t)
+	tok := st.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: []string{"10.6.0.1"}})
+	r := st.JSON(t, "POST", "/v1/services/web/instances", tok, `{"address":"10.6.0.1","port":8080,"zone":"az1"}`)
+	if r.Status != http.StatusConflict {
+		t.Fatalf("register over a reconciled instance: %d %s, want 409", r.Status, r.Body)
+	}
+	p := r.Problem(t)
+	if !strings.HasSuffix(p.Type, "/reconciled-endpoint") || !strings.Contains(p.Detail, "reconciled from snapshot/fleet") {
+		t.Fatalf("problem = %+v", p)
+	}
+	ins, err := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet")
+	if err != nil || len(ins) != 2 {
+		t.Fatalf("reconciled instances after the refusal: %d %v, want 2", len(ins), err)
+	}
+	if ins[0].State != registry.StateActive || ins[1].State != registry.StateActive {
+		t.Fatalf("a refused registration changed a reconciled instance: %+v", ins)
+	}
+}
+
+// TestConfirmAPI: a hold is confirmed by an operator through the API;
+// a workload's attempt and a viewer's are refused, and all three are
+// audited.
+func TestConfirmAPI(t *testing.T) {
+	t.Parallel()
+	st, path := diffStack(t)
+	// Three more instances, then all five vanish but one: held.
+	writeAtomic(t, path, snapshotJSON(5, 1))
+	w, _ := st.Reconcile.Worker("snapshot/fleet")
+	if err := w.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	writeAtomic(t, path, snapshotJSON(1, 1))
+	if err := w.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if h := w.Status().Hold; h == nil || h.Lacking < 4 {
+		t.Fatalf("status %+v, want a hold", w.Status())
+	}
+	admin := st.Token(t, apptest.Admin)
+	al := st.Do(t, "GET", "/v1/alarms", admin, "", "")
+	if !strings.Contains(string(al.Body), `"kind":"reconcile_suspect"`) || !strings.Contains(string(al.Body), "snapshot/fleet") {
+		t.Fatalf("alarms: %s", al.Body)
+	}
+	url := "/v1/reconcile/sources/snapshot/fleet/confirm"
+	body := `{"reason":"the fleet was scaled in by the ASG"}`
+	if r := st.JSON(t, "POST", url, st.Token(t, apptest.Web), body); r.Status != http.StatusForbidden {
+		t.Fatalf("confirm as a workload: %d %s", r.Status, r.Body)
+	}
+	if r := st.JSON(t, "POST", url, st.Token(t, apptest.Viewer), body); r.Status != http.StatusForbidden {
+		t.Fatalf("confirm as a viewer: %d %s", r.Status, r.Body)
+	}
+	if r := st.JSON(t, "POST", url, st.Token(t, apptest.Operator), `{"reason":" "}`); r.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("confirm without a reason: %d %s", r.Status, r.Body)
+	}
+	if r := st.JSON(t, "POST", "/v1/reconcile/sources/snapshot/nope/confirm", st.Token(t, apptest.Operator), body); r.Status != http.StatusNotFound {
+		t.Fatalf("confirm an unknown source: %d %s", r.Status, r.Body)
+	}
+	r := st.JSON(t, "POST", url, st.Token(t, apptest.Operator), body)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("confirm: %d %s", r.Status, r.Body)
+	}
+	st.Clock.Advance(1e9)
+	if err := w.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 1 || w.Status().Hold != nil {
+		t.Fatalf("after confirmation: %d live, hold %+v; want 1, none", len(ins), w.Status().Hold)
+	}
+	a := st.Do(t, "GET", "/v1/audit?action=reconcile.confirm", admin, "", "")
+	if a.Status != http.StatusOK {
+		t.Fatalf("audit: %d %s", a.Status, a.Body)
+	}
+	got := string(a.Body)
+	if strings.Count(got, `"outcome":"refused"`) != 3 || strings.Count(got, `"outcome":"accepted"`) != 1 || !strings.Contains(got, "operator:oscar") {
+		t.Fatalf("audit of reconcile.confirm: %s", got)
+	}
+}

@@ -1,0 +1,208 @@
+package reconcile
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Endpoint is one member of a source's reading: an EndpointSlice endpoint
+// of a mapped Service, or a row of an inventory snapshot.
+type Endpoint struct {
+	// Service is the muster service the endpoint belongs to.
+	Service string `json:"service"`
+	// Key is what the source identifies it by: a pod UID, a snapshot's
+	// instance id. With the source and service it derives the instance id.
+	Key     string `json:"key"`
+	Address string `json:"address"`
+	Port    int    `json:"port"`
+	Zone    string `json:"zone"`
+	// The EndpointSlice conditions (a snapshot's "ready" sets all three
+	// as a ready, non-terminating endpoint would have them).
+	Ready       bool `json:"ready"`
+	Serving     bool `json:"serving"`
+	Terminating bool `json:"terminating"`
+	// ID is the instance id the worker derived (registry.ReconciledID).
+	ID uuid.UUID `json:"instance_id"`
+}
+
+// routable: the endpoint can take traffic by the orchestrator's word.
+func (e Endpoint) routable() bool { return e.Ready || e.Serving }
+
+// Reading is a source's full desired set at one moment.
+type Reading struct {
+	Endpoints []Endpoint
+	// Stale, when set, says why the reading is the source's last state
+	// rather than a fresh one (an informer that lost its watch keeps its
+	// cache: fail-static).
+	Stale string
+	// At is when the source last confirmed the reading (an informer's
+	// last event or sync, a snapshot's read).
+	At time.Time
+}
+
+// Live is a live instance of the source in the registry.
+type Live struct {
+	ID      uuid.UUID
+	Service string
+	Address string
+	Port    int
+	Zone    string
+}
+
+// Disbelief is the threshold a reading is checked against before its
+// removals are applied (ADR-03's safety, the lease reaper's shape).
+type Disbelief struct {
+	// Fraction: a reading lacking more than this fraction of the source's
+	// live instances is held (default 0.2).
+	Fraction float64
+	// MinRemovals: fewer absences than this are always believed
+	// (default 3), so a scale-down of a small service is not alarmed.
+	MinRemovals int
+	// Dwell: a reading still lacking them this long after the hold began
+	// is believed (default 2 min).
+	Dwell time.Duration
+}
+
+// Validate fills defaults and checks the threshold.
+func (d *Disbelief) Validate() error {
+	if d.Fraction == 0 {
+		d.Fraction = 0.2
+	}
+	if d.MinRemovals == 0 {
+		d.MinRemovals = 3
+	}
+	if d.Dwell == 0 {
+		d.Dwell = 2 * time.Minute
+	}
+	switch {
+	case d.Fraction <= 0 || d.Fraction >= 1:
+		return fmt.Errorf("disbelief fraction %v must be above 0 and below 1", d.Fraction)
+	case d.MinRemovals < 1:
+		return errors.New("disbelief min_removals must be at least 1")
+	case d.Dwell < 0:
+		return errors.New("disbelief dwell must not be negative")
+	}
+	return nil
+}
+
+// Hold is a reading not believed: its absences are not applied.
+type Hold struct {
+	Since   time.Time `json:"since"`
+	Had     int       `json:"had"`
+	Lacking int       `json:"lacking"`
+	// ReleaseAt is when a reading still lacking them is believed.
+	ReleaseAt time.Time `json:"release_at"`
+}
+
+// Plan is what one reading means for the registry and the evaluator.
+type Plan struct {
+	// Create are routable endpoints with no live instance yet.
+	Create []Endpoint
+	// End are live instances the source no longer reports, or reports
+	// terminating and no longer serving.
+	End []uuid.UUID
+	// Held are absences not applied because the reading is disbelieved.
+	Held []uuid.UUID
+	// Readiness is the evidence of every instance left alive (and those
+	// created), from the endpoint's conditions.
+	Readiness []Endpoint
+	// Unready are endpoints the source has that are not instances: never
+	// ready since they appeared (in Kubernetes, a pod whose readiness
+	// probe never passed). The diff lists them as startup failures.
+	Unready []Endpoint
+	// Hold is set while the reading is disbelieved.
+	Hold *Hold
+	// Released says a hold ended by dwell or confirmation this pass.
+	Released string
+}
+
+// Decide is the pure core of a pass: reading r of a source against the
+// source's live instances, with the hold the previous pass left (nil for
+// none), the newest operator confirmation (zero for none), at now.
+//
+// An endpoint becomes an instance when it is first ready or serving (and
+// not terminating); it stays one while the source reports it, whatever
+// its readiness (readiness is evidence, not existence: one failing probe
+// never ends an instance), until the source reports it terminating and no
+// longer serving (KEP-1669: terminating but serving stays routable), or
+// stops reporting it. Absences are checked against the disbelief
+// threshold; explicit terminations are the source's positive word and are
+// always believed.
+func Decide(d Disbelief, r Reading, live []Live, prev *Hold, confirmed, now time.Time) Plan {
+	var p Plan
+	seen := make(map[uuid.UUID]Endpoint, len(r.Endpoints))
+	for _, e := range r.Endpoints {
+		// One endpoint in two slices (a slice being replaced): the serving
+		// copy wins.
+		if old, ok := seen[e.ID]; ok && (old.Serving || !e.Serving) {
+			continue
+		}
+		seen[e.ID] = e
+	}
+	liveBy := make(map[uuid.UUID]Live, len(live))
+	for _, l := range live {
+		liveBy[l.ID] = l
+	}
+	var absent []uuid.UUID
+	for _, l := range live {
+		e, ok := seen[l.ID]
+		switch {
+		case !ok:
+			absent = append(absent, l.ID)
+		case e.Terminating && !e.Serving:
+			p.End = append(p.End, l.ID)
+		default:
+			p.Readiness = append(p.Readiness, e)
+		}
+	}
+	for _, e := range seen {
+		if _, ok := liveBy[e.ID]; ok {
+			continue
+		}
+		switch {
+		case e.routable() && !e.Terminating:
+			p.Create = append(p.Create, e)
+			p.Readiness = append(p.Readiness, e)
+		case !e.routable() && !e.Terminating:
+			p.Unready = append(p.Unready, e)
+		}
+	}
+	had, lacking := len(live), len(absent)
+	suspect := lacking >= d.MinRemovals && had > 0 && float64(lacking) > d.Fraction*float64(had)
+	switch {
+	case !suspect:
+		p.End = append(p.End, absent...)
+		if prev != nil {
+			p.Released = "the source reports its instances again"
+		}
+	case prev != nil && !confirmed.IsZero() && !confirmed.Before(prev.Since):
+		p.End = append(p.End, absent...)
+		p.Released = "confirmed by an operator at " + confirmed.UTC().Format(time.RFC3339)
+	case prev != nil && !now.Before(prev.Since.Add(d.Dwell)):
+		p.End = append(p.End, absent...)
+		p.Released = fmt.Sprintf("a second reading %s after the first still lacks them", now.Sub(prev.Since).Round(time.Second))
+	default:
+		since := now
+		if prev != nil {
+			since = prev.Since
+		}
+		p.Held = absent
+		p.Hold = &Hold{Since: since, Had: had, Lacking: lacking, ReleaseAt: since.Add(d.Dwell)}
+	}
+	sortIDs(p.End)
+	sortIDs(p.Held)
+	for _, es := range [][]Endpoint{p.Create, p.Readiness, p.Unready} {
+		slices.SortFunc(es, func(a, b Endpoint) int { return bytes.Compare(a.ID[:], b.ID[:]) })
+	}
+	return p
+}
+
+// sortIDs orders ids by their bytes (the order of their text form too).
+func sortIDs(ids []uuid.UUID) {
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+}

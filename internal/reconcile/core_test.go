@@ -1,0 +1,269 @@
+package reconcile
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+)
+
+var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
+func id(n int) uuid.UUID { return uuid.NewSHA1(uuid.Nil, []byte(fmt.Sprint(n))) }
+
+func ep(n int, ready, serving, terminating bool) Endpoint {
+	return Endpoint{Service: "web", Key: fmt.Sprint(n), Address: fmt.Sprintf("10.0.0.%d", n), Port: 8080, Zone: "az1",
+		Ready: ready, Serving: serving, Terminating: terminating, ID: id(n)}
+}
+
+func live(ns ...int) []Live {
+	var out []Live
+	for _, n := range ns {
+		out = append(out, Live{ID: id(n), Service: "web", Address: fmt.Sprintf("10.0.0.%d", n), Port: 8080, Zone: "az1"})
+	}
+	return out
+}
+
+func ids(ns ...int) []uuid.UUID {
+	var out []uuid.UUID
+	for _, n := range ns {
+		out = append(out, id(n))
+	}
+	sortIDs(out)
+	return out
+}
+
+func idsOf(es []Endpoint) []uuid.UUID {
+	var out []uuid.UUID
+	for _, e := range es {
+		out = append(out, e.ID)
+	}
+	sortIDs(out)
+	return out
+}
+
+func readyN(from, to int) []Endpoint {
+	var out []Endpoint
+	for n := from; n <= to; n++ {
+		out = append(out, ep(n, true, true, false))
+	}
+	return out
+}
+
+func TestDecide(t *testing.T) {
+	d := Disbelief{}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	held := &Hold{Since: t0.Add(-time.Minute), Had: 10, Lacking: 3, ReleaseAt: t0.Add(time.Minute)}
+	cases := []struct {
+		name      string
+		reading   []Endpoint
+		live      []Live
+		prev      *Hold
+		confirmed time.Time
+		now       time.Time
+		create    []uuid.UUID
+		end       []uuid.UUID
+		held      []uuid.UUID
+		ready     []uuid.UUID
+		unready   []uuid.UUID
+		hold      bool
+		released  string
+	}{
+		{name: "new ready endpoints become instances", reading: readyN(1, 3),
+			create: ids(1, 2, 3), ready: ids(1, 2, 3)},
+		{name: "a not-ready endpoint is not an instance: a startup failure", reading: []Endpoint{ep(1, false, false, false)},
+			unready: ids(1)},
+		{name: "a terminating endpoint never becomes a new instance", reading: []Endpoint{ep(1, false, true, true)}},
+		{name: "an instance stays while unready: readiness is evidence", reading: []Endpoint{ep(1, false, false, false)}, live: live(1),
+			ready: ids(1)},
+		{name: "terminating but serving stays routable", reading: []Endpoint{ep(1, false, true, true)}, live: live(1),
+			ready: ids(1)},
+		{name: "terminating and no longer serving ends", reading: []Endpoint{ep(1, false, false, true)}, live: live(1),
+			end: ids(1)},
+		{name: "gone ends", reading: readyN(2, 10), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+			end: ids(1), ready: ids(2, 3, 4, 5, 6, 7, 8, 9, 10)},
+		{name: "a small service scaled down is believed (under MinRemovals)", reading: readyN(1, 1), live: live(1, 2, 3),
+			end: ids(2, 3), ready: ids(1)},
+		{name: "20% exactly is believed", reading: readyN(1, 12), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+			end: ids(13, 14, 15), ready: ids(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)},
+		{name: "30% gone is held", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+			held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), hold: true},
+		{name: "terminations are believed while absences are held", reading: append(readyN(1, 6), ep(7, false, false, true)), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+			end: ids(7), held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6), hold: true},
+		{name: "held, inside the dwell: still held", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
+			now: t0, held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), hold: true},
+		{name: "held, a second reading after the dwell: released", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
+			now: t0.Add(time.Minute), end: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), released: "second reading"},
+		{name: "held, confirmed by an operator: released", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
+			confirmed: t0, now: t0, end: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), released: "operator"},
+		{name: "a confirmation older than the hold releases nothing", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
+			confirmed: t0.Add(-time.Hour), now: t0, held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), hold: true},
+		{name: "held, the instances come back: released, nothing ends", reading: readyN(1, 10), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
+			now: t0, ready: ids(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), released: "again"},
+		{name: "an empty reading of a full source is held", reading: nil, live: live(1, 2, 3, 4, 5),
+			held: ids(1, 2, 3, 4, 5), hold: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			now := c.now
+			if now.IsZero() {
+				now = t0
+			}
+			p := Decide(d, Reading{Endpoints: c.reading}, c.live, c.prev, c.confirmed, now)
+			for _, x := range []struct {
+				what      string
+				got, want []uuid.UUID
+			}{
+				{"create", idsOf(p.Create), c.create}, {"end", p.End, c.end}, {"held", p.Held, c.held},
+				{"readiness", idsOf(p.Readiness), c.ready}, {"unready", idsOf(p.Unready), c.unready},
+			} {
+				if diff := cmp.Diff(x.want, x.got); diff != "" {
+					t.Errorf("%s (-want +got):\n%s", x.what, diff)
+				}
+			}
+			if (p.Hold != nil) != c.hold {
+				t.Errorf("hold = %+v, want held %v", p.Hold, c.hold)
+			}
+			if c.released == "" && p.Released != "" || !strings.Contains(p.Released, c.released) {
+				t.Errorf("released = %q, want it to mention %q", p.Released, c.released)
+			}
+		})
+	}
+}
+
+func TestDecideHoldNumbersAndDwell(t *testing.T) {
+	d := Disbelief{Fraction: 0.25, MinRemovals: 2, Dwell: 30 * time.Second}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), nil, time.Time{}, t0)
+	want := &Hold{Since: t0, Had: 8, Lacking: 3, ReleaseAt: t0.Add(30 * time.Second)}
+	if diff := cmp.Diff(want, p.Hold); diff != "" {
+		t.Fatalf("hold (-want +got):\n%s", diff)
+	}
+	// The hold keeps its start across readings: the dwell is counted from
+	// the first disbelieved reading.
+	p2 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), p.Hold, time.Time{}, t0.Add(29*time.Second))
+	if p2.Hold == nil || !p2.Hold.Since.Equal(t0) {
+		t.Fatalf("second reading inside the dwell: hold %+v, want one since %s", p2.Hold, t0)
+	}
+	p3 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), p2.Hold, time.Time{}, t0.Add(30*time.Second))
+	if p3.Hold != nil || len(p3.End) != 3 {
+		t.Fatalf("reading at the dwell: hold %+v, ended %d; want released, 3 ended", p3.Hold, len(p3.End))
+	}
+}
+
+func TestDisbeliefValidate(t *testing.T) {
+	for _, d := range []Disbelief{{Fraction: 1}, {Fraction: -0.1}, {MinRemovals: -1}, {Dwell: -time.Second}} {
+		if err := d.Validate(); err == nil {
+			t.Errorf("%+v: accepted", d)
+		}
+	}
+}
+
+func TestDiffOf(t *testing.T) {
+	src := SourceView{Name: "k8s/prod",
+		Reading: Reading{Endpoints: []Endpoint{ep(1, true, true, false), ep(2, false, false, false), ep(3, true, true, false), ep(4, true, true, false), ep(5, false, false, true)}},
+		Plan:    Plan{Unready: []Endpoint{ep(2, false, false, false)}, Held: ids(6)},
+		Skipped: map[uuid.UUID]string{id(4): "no service named web in the registry"},
+	}
+	zoned := live(3)[0]
+	zoned.Zone = "az2"
+	leak := Live{ID: id(100), Service: "web", Address: "10.9.9.9", Port: 8080, Zone: "az1"}
+	collide := Live{ID: id(101), Service: "web", Address: "10.0.0.1", Port: 8080, Zone: "az1"}
+	reg := []Registered{
+		{Live: live(1)[0], Source: "k8s/prod"},
+		{Live: zoned, Source: "k8s/prod"},
+		{Live: live(6)[0], Source: "k8s/prod"},
+		{Live: live(7)[0], Source: "k8s/prod"},
+		{Live: leak, Source: "registered"},
+		{Live: collide, Source: "registered"},
+		{Live: live(8)[0], Source: "k8s/gone"},
+	}
+	got := DiffOf([]SourceView{src}, reg)
+	type row struct {
+		Kind     DiffKind
+		Source   string
+		Instance uuid.UUID
+		Detail   string
+	}
+	var rows []row
+	for _, it := range got {
+		rows = append(rows, row{it.Kind, it.Source, it.Instance, it.Detail})
+	}
+	want := []struct {
+		kind   DiffKind
+		source string
+		id     uuid.UUID
+		detail string
+	}{
+		{DiffLeak, "k8s/gone", id(8), "not a configured source"},
+		{DiffMissing, "k8s/prod", id(2), "startup failure"},
+		{DiffMissing, "k8s/prod", id(4), "registry refused it: no service named web"},
+		{DiffLeak, "k8s/prod", id(7), "no longer reports it"},
+		{DiffMismatch, "k8s/prod", id(3), "zone az2 in the registry, az1 in k8s/prod"},
+		{DiffHeld, "k8s/prod", id(6), "disbelief threshold holds"},
+		{DiffLeak, "registered", id(100), "registration leak"},
+	}
+	if len(rows) != len(want) {
+		t.Fatalf("diff has %d items, want %d: %+v", len(rows), len(want), rows)
+	}
+	for i, w := range want {
+		r := rows[i]
+		if r.Kind != w.kind || r.Source != w.source || r.Instance != w.id || !strings.Contains(r.Detail, w.detail) {
+			t.Errorf("item %d = %+v, want %s %s %s ~%q", i, r, w.kind, w.source, w.id, w.detail)
+		}
+	}
+}
+
+// bigReading is n ready endpoints of 450 services and their live
+// instances, the region's scale (60,000 instances).
+func bigReading(n int) ([]Endpoint, []Live) {
+	es := make([]Endpoint, n)
+	ls := make([]Live, n)
+	for i := range n {
+		svc := fmt.Sprintf("svc-%d", i%450)
+		addr := fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
+		es[i] = Endpoint{Service: svc, Key: fmt.Sprint(i), Address: addr, Port: 8080, Zone: "az1", Ready: true, Serving: true, ID: id(i)}
+		ls[i] = Live{ID: id(i), Service: svc, Address: addr, Port: 8080, Zone: "az1"}
+	}
+	return es, ls
+}
+
+// BenchmarkDecide is one pass's pure work over a 60,000-instance source
+// (100 pods rolled: 100 new, 100 gone).
+func BenchmarkDecide(b *testing.B) {
+	es, ls := bigReading(60_100)
+	es, ls = es[100:], ls[:60_000]
+	d := Disbelief{}
+	_ = d.Validate()
+	r := Reading{Endpoints: es}
+	b.ResetTimer()
+	for b.Loop() {
+		p := Decide(d, r, ls, nil, time.Time{}, t0)
+		if len(p.Create) != 100 || len(p.End) != 100 {
+			b.Fatalf("created %d, ended %d", len(p.Create), len(p.End))
+		}
+	}
+}
+
+// BenchmarkDiffOf is the diff over a 60,000-instance source in step.
+func BenchmarkDiffOf(b *testing.B) {
+	es, ls := bigReading(60_000)
+	reg := make([]Registered, len(ls))
+	for i, l := range ls {
+		reg[i] = Registered{Live: l, Source: "k8s/prod"}
+	}
+	views := []SourceView{{Name: "k8s/prod", Reading: Reading{Endpoints: es}}}
+	b.ResetTimer()
+	for b.Loop() {
+		if items := DiffOf(views, reg); len(items) != 0 {
+			b.Fatalf("%d items", len(items))
+		}
+	}
+}

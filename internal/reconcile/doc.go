@@ -1,0 +1,38 @@
+// Package reconcile derives instance existence from the authorities that
+// already know it (ADR-03, issue 19): Kubernetes EndpointSlices and
+// inventory snapshots. Self-registration stays for runtimes nothing
+// watches.
+//
+// Every source has one shape (Source): a full desired set on each Read.
+// KubernetesSource reads client-go shared informers' caches over
+// EndpointSlices and Services; SnapshotSource reads a JSON or CSV file or
+// an HTTPS URL. One Worker per source runs passes (every Every, and on the
+// source's Changed): Read, Decide, apply through the registry
+// (registry.ApplyReconcile: instances with source k8s/<cluster> or
+// snapshot/<name>, ids derived from the pod UID or snapshot id with
+// registry.ReconciledID, no lease, every change audited), and hand the
+// endpoints' conditions to the evaluator as readiness evidence
+// (evaluator.ObserveReadiness).
+//
+// Decide and DiffOf are the pure core: functions of (reading, registry,
+// hold, confirmation, now), no I/O. An endpoint becomes an instance when it
+// is first ready or serving; it stays one while the source reports it
+// (readiness is evidence, not existence); it ends when the source reports
+// it terminating and not serving (KEP-1669: serving while terminating
+// stays routable), or stops reporting it. Absences pass the disbelief
+// threshold (Disbelief: more than 20% of the source's instances, at least
+// 3, are held until a reading after the dwell still lacks them, or an
+// operator confirms; alarm reconcile_suspect). A failed read changes
+// nothing (fail-static), and a Kubernetes source whose watch is lost keeps
+// its cache and says so (reconcile_stale).
+//
+// The Reconciler holds the workers and what spans them: the diff (missing,
+// leak, mismatch, held), alarms and confirmations. FileConfig is the file
+// `muster serve --reconcile-config` reads, sources and platform issuers
+// (identity.ClaimMapping) together.
+//
+// One process reconciles each source; several replicas each run every
+// source, and their writes are idempotent (an id is inserted once, an end
+// applies to an active row only), so a second replica's pass fails and
+// retries rather than doubling anything. Leader election is not done.
+package reconcile

@@ -1,0 +1,10 @@
+package reconcile_test
+
+import (
+	"testing"
+
+	"github.com/musterhq/muster/internal/db/dbtest"
+)
+
+// TestMain stops the package's PostgreSQL cluster after the tests.
+func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -1,0 +1,231 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/worker"
+)
+
+// AlarmSuspect is raised while a source's reading is not believed.
+const AlarmSuspect = "reconcile_suspect"
+
+// AlarmStale is raised while a source's reading is its last state (an
+// informer that lost its watch; a snapshot that cannot be read).
+const AlarmStale = "reconcile_stale"
+
+// Store is what the reconciler needs of the registry beyond its workers'.
+type Store interface {
+	Registry
+	LiveInstancesOf(ctx context.Context, services []string) ([]registry.Instance, error)
+	ConfirmReconcile(ctx context.Context, actor identity.Principal, source, reason string, known bool) (registry.ReconcileConfirmation, error)
+}
+
+// Config configures a Reconciler: its sources and their common settings.
+type Config struct {
+	Sources   []Source
+	Registry  Store
+	Evidence  Evidence
+	Every     time.Duration
+	Disbelief Disbelief
+	Now       func() time.Time
+	Logger    *slog.Logger
+	// Registerer receives the metrics; nil registers nowhere.
+	Registerer prometheus.Registerer
+}
+
+// Reconciler is the set of workers, one per source, and what spans them:
+// the diff, the alarms, confirmations.
+type Reconciler struct {
+	cfg     Config
+	workers []*Worker
+	metrics *metrics
+}
+
+// New builds a worker per source.
+func New(cfg Config) (*Reconciler, error) {
+	if cfg.Registry == nil {
+		return nil, errors.New("reconcile: Registry is required")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	m := newMetrics()
+	if err := m.register(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	rc := &Reconciler{cfg: cfg, metrics: m}
+	seen := map[string]bool{}
+	for _, s := range cfg.Sources {
+		if seen[s.Name()] {
+			return nil, fmt.Errorf("reconcile: source %s configured twice", s.Name())
+		}
+		seen[s.Name()] = true
+		w, err := NewWorker(WorkerConfig{Source: s, Registry: cfg.Registry, Evidence: cfg.Evidence, Every: cfg.Every,
+			Disbelief: cfg.Disbelief, Now: cfg.Now, Logger: cfg.Logger, metrics: m})
+		if err != nil {
+			return nil, err
+		}
+		rc.workers = append(rc.workers, w)
+	}
+	return rc, nil
+}
+
+// Workers are the reconciler's workers, one per source, to start and stop.
+func (rc *Reconciler) Workers() []*Worker { return rc.workers }
+
+// Worker returns the worker of the named source.
+func (rc *Reconciler) Worker(source string) (*Worker, bool) {
+	for _, w := range rc.workers {
+		if w.Name() == source {
+			return w, true
+		}
+	}
+	return nil, false
+}
+
+// Statuses lists each source's state.
+func (rc *Reconciler) Statuses() []Status {
+	out := make([]Status, len(rc.workers))
+	for i, w := range rc.workers {
+		out[i] = w.Status()
+	}
+	return out
+}
+
+// Diff is the body of GET /v1/reconcile/diff.
+type Diff struct {
+	At      time.Time        `json:"at"`
+	Sources []Status         `json:"sources"`
+	Counts  map[DiffKind]int `json:"counts"`
+	Items   []DiffItem       `json:"items"`
+}
+
+// Diff compares every source's last reading with the registry's live
+// instances of the services the sources cover, and sets
+// muster_reconcile_diff.
+func (rc *Reconciler) Diff(ctx context.Context) (Diff, error) {
+	views := make([]SourceView, len(rc.workers))
+	services := map[string]bool{}
+	for i, w := range rc.workers {
+		views[i] = w.View()
+		for _, s := range views[i].Services {
+			services[s] = true
+		}
+	}
+	var live []registry.Instance
+	if len(services) > 0 {
+		var err error
+		if live, err = rc.cfg.Registry.LiveInstancesOf(ctx, slices.Sorted(maps.Keys(services))); err != nil {
+			return Diff{}, err
+		}
+	}
+	reg := make([]Registered, len(live))
+	for i, in := range live {
+		reg[i] = Registered{Live: Live{ID: in.ID, Service: in.Service, Address: in.Address, Port: in.Port, Zone: in.Zone}, Source: in.Source}
+	}
+	items := DiffOf(views, reg)
+	d := Diff{At: rc.cfg.Now(), Sources: rc.Statuses(), Counts: map[DiffKind]int{}, Items: items}
+	if d.Items == nil {
+		d.Items = []DiffItem{}
+	}
+	per := map[string]map[DiffKind]int{}
+	for _, w := range rc.workers {
+		per[w.Name()] = map[DiffKind]int{}
+	}
+	for _, it := range items {
+		d.Counts[it.Kind]++
+		if per[it.Source] == nil {
+			per[it.Source] = map[DiffKind]int{}
+		}
+		per[it.Source][it.Kind]++
+	}
+	for _, k := range DiffKinds {
+		if _, ok := d.Counts[k]; !ok {
+			d.Counts[k] = 0
+		}
+	}
+	for src, counts := range per {
+		for _, k := range DiffKinds {
+			rc.metrics.diff.WithLabelValues(src, string(k)).Set(float64(counts[k]))
+		}
+	}
+	return d, nil
+}
+
+// Alarms lists reconcile_suspect for each source whose reading is held,
+// naming the numbers, and reconcile_stale for each whose reading is its
+// last state.
+func (rc *Reconciler) Alarms() []assembler.Alarm {
+	var out []assembler.Alarm
+	for _, w := range rc.workers {
+		st := w.Status()
+		if h := st.Hold; h != nil {
+			out = append(out, assembler.Alarm{Kind: AlarmSuspect, Since: h.Since, Detail: fmt.Sprintf(
+				"%s: the last reading lacks %d of the %d instances it had (%.0f%%, above the %.0f%% disbelief threshold); their removal is held until a reading still lacking them after %s, or an operator confirms (POST /v1/reconcile/sources/%s/confirm)",
+				st.Source, h.Lacking, h.Had, 100*float64(h.Lacking)/float64(h.Had), 100*w.cfg.Disbelief.Fraction, h.ReleaseAt.UTC().Format(time.RFC3339), st.Source)})
+		}
+		if st.Stale != "" {
+			out = append(out, assembler.Alarm{Kind: AlarmStale, Since: st.LastReading, Detail: fmt.Sprintf(
+				"%s: %s; its instances are kept as last read (fail-static)", st.Source, st.Stale)})
+		}
+	}
+	return out
+}
+
+// Confirm records actor's confirmation that source's held removals are
+// real (audited, refused ones too) and asks for a pass.
+func (rc *Reconciler) Confirm(ctx context.Context, actor identity.Principal, source, reason string) (registry.ReconcileConfirmation, error) {
+	w, ok := rc.Worker(source)
+	c, err := rc.cfg.Registry.ConfirmReconcile(ctx, actor, source, reason, ok)
+	if err == nil {
+		w.Kick()
+	}
+	return c, err
+}
+
+// DiffEvery is how often DiffWorker refreshes muster_reconcile_diff.
+const DiffEvery = 30 * time.Second
+
+// DiffWorker keeps muster_reconcile_diff current between diff requests,
+// so an alert on leaks or startup failures needs nobody to open the page:
+// one diff (one query over the covered services' live instances) every
+// DiffEvery.
+func (rc *Reconciler) DiffWorker() *DiffRefresher { return &DiffRefresher{rc: rc} }
+
+// DiffRefresher is the worker DiffWorker returns.
+type DiffRefresher struct {
+	rc     *Reconciler
+	runner worker.Runner
+}
+
+// Start refreshes the diff every DiffEvery until Stop.
+func (d *DiffRefresher) Start(ctx context.Context) error {
+	return d.runner.Start(ctx, func(ctx context.Context) {
+		worker.Every(ctx, DiffEvery, func(ctx context.Context) { _ = d.RunOnce(ctx) })
+	})
+}
+
+// Stop stops it. Safe to call twice.
+func (d *DiffRefresher) Stop() { d.runner.Stop() }
+
+// RunOnce computes the diff once, bounded by 10 s.
+func (d *DiffRefresher) RunOnce(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := d.rc.Diff(ctx)
+	if err != nil && d.rc.cfg.Logger != nil {
+		d.rc.cfg.Logger.Warn("reconcile diff", "err", err)
+	}
+	return err
+}

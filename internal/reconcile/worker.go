@@ -1,0 +1,355 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/worker"
+)
+
+// Source is one authority on what exists: a Kubernetes cluster's
+// EndpointSlices, an inventory snapshot. Every source has this one shape.
+type Source interface {
+	// Name is the source's name, the source of its instances
+	// ("k8s/<cluster>", "snapshot/<name>").
+	Name() string
+	// Start starts whatever the source runs (informers); Stop stops it.
+	Start(ctx context.Context) error
+	Stop()
+	// Read returns the source's full desired set. An error means no
+	// reading (not synced yet, an invalid snapshot): nothing is applied.
+	Read(ctx context.Context) (Reading, error)
+	// Changed fires when the source has news (nil: polled only).
+	Changed() <-chan struct{}
+}
+
+// Registry is what a worker needs of the registry.
+type Registry interface {
+	ReconciledInstances(ctx context.Context, source string) ([]registry.Instance, error)
+	ApplyReconcile(ctx context.Context, source string, ch registry.ReconcileChange) (registry.ReconcileResult, error)
+	LatestReconcileConfirmation(ctx context.Context, source string) (time.Time, bool, error)
+}
+
+// Evidence takes readiness evidence (the evaluator).
+type Evidence interface {
+	ObserveReadiness(source string, rs []evaluator.Readiness) int
+}
+
+// WorkerConfig configures one source's worker.
+type WorkerConfig struct {
+	Source   Source
+	Registry Registry
+	Evidence Evidence
+	// Every is the pass period (default 5 s): readiness evidence is
+	// restated each pass, so the self class never goes silent while the
+	// source reports the instance.
+	Every     time.Duration
+	Disbelief Disbelief
+	// Timeout bounds one pass's database and source work (default 10 s).
+	Timeout time.Duration
+	Now     func() time.Time
+	Logger  *slog.Logger
+	metrics *metrics
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *WorkerConfig) Validate() error {
+	if c.Source == nil || c.Registry == nil {
+		return errors.New("reconcile: Source and Registry are required")
+	}
+	if c.Every == 0 {
+		c.Every = 5 * time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c.Disbelief.Validate()
+}
+
+// Status is a source's state after its last pass.
+type Status struct {
+	Source string `json:"source"`
+	// LastPass is when the last pass ran; LastReading when the source
+	// last gave a reading.
+	LastPass    time.Time `json:"last_pass"`
+	LastReading time.Time `json:"last_reading"`
+	// Error is the last pass's error ("" when it applied).
+	Error string `json:"error,omitempty"`
+	// Stale says why the last reading is the source's last state.
+	Stale     string `json:"stale,omitempty"`
+	Endpoints int    `json:"endpoints"`
+	Live      int    `json:"live"`
+	Hold      *Hold  `json:"hold,omitempty"`
+}
+
+// Worker reconciles one source into the registry.
+type Worker struct {
+	cfg    WorkerConfig
+	log    *slog.Logger
+	runner worker.Runner
+	kick   chan struct{}
+
+	mu     sync.Mutex
+	status Status
+	view   SourceView
+	hold   *Hold
+}
+
+// NewWorker returns the worker of one source.
+func NewWorker(cfg WorkerConfig) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.metrics == nil {
+		cfg.metrics = newMetrics()
+	}
+	name := cfg.Source.Name()
+	return &Worker{cfg: cfg, log: cfg.Logger.With("worker", "reconcile", "source", name), kick: make(chan struct{}, 1),
+		status: Status{Source: name}, view: SourceView{Name: name}}, nil
+}
+
+// Name is the source's name.
+func (w *Worker) Name() string { return w.cfg.Source.Name() }
+
+// Start starts the source and the pass loop: a pass every Every, and one
+// soon after the source says it changed.
+func (w *Worker) Start(ctx context.Context) error {
+	if err := w.cfg.Source.Start(ctx); err != nil {
+		return fmt.Errorf("start source %s: %w", w.Name(), err)
+	}
+	return w.runner.Start(ctx, func(ctx context.Context) {
+		changed := w.cfg.Source.Changed()
+		t := time.NewTicker(w.cfg.Every)
+		defer t.Stop()
+		w.RunOnce(ctx)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-changed:
+			case <-w.kick:
+			}
+			w.RunOnce(ctx)
+		}
+	})
+}
+
+// Stop stops the loop, then the source. Safe to call twice.
+func (w *Worker) Stop() {
+	w.runner.Stop()
+	w.cfg.Source.Stop()
+}
+
+// Kick asks for a pass soon (after an operator's confirmation).
+func (w *Worker) Kick() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// RunOnce runs one pass: read the source, decide, apply through the
+// registry, hand readiness to the evaluator. A failed read or write
+// changes nothing and is retried at the next pass; the registry keeps
+// what the last good pass left (fail-static).
+func (w *Worker) RunOnce(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
+	defer cancel()
+	name := w.Name()
+	m := w.cfg.metrics
+	now := w.cfg.Now()
+	err := w.pass(ctx, now)
+	w.mu.Lock()
+	w.status.LastPass = now
+	w.status.Error = ""
+	if err != nil {
+		w.status.Error = err.Error()
+	}
+	st := w.status
+	w.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrNotSynced):
+		w.log.Debug("source not synced yet", "err", err)
+	case err != nil:
+		m.errors.WithLabelValues(name).Inc()
+		w.log.Warn("reconcile pass failed; the registry keeps the last applied state", "err", err)
+	}
+	held := 0.0
+	if st.Hold != nil {
+		held = float64(st.Hold.Lacking)
+	}
+	m.held.WithLabelValues(name).Set(held)
+	stale := 0.0
+	if st.Stale != "" {
+		stale = 1
+	}
+	m.stale.WithLabelValues(name).Set(stale)
+	m.endpoints.WithLabelValues(name).Set(float64(st.Endpoints))
+	if !st.LastReading.IsZero() {
+		m.lag.WithLabelValues(name).Set(now.Sub(st.LastReading).Seconds())
+	}
+	return err
+}
+
+func (w *Worker) pass(ctx context.Context, now time.Time) error {
+	name := w.Name()
+	r, err := w.cfg.Source.Read(ctx)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	for i := range r.Endpoints {
+		e := &r.Endpoints[i]
+		e.ID = registry.ReconciledID(name, e.Service, e.Key)
+	}
+	if r.At.IsZero() {
+		r.At = now
+	}
+	w.mu.Lock()
+	w.status.LastReading, w.status.Stale, w.status.Endpoints = r.At, r.Stale, len(r.Endpoints)
+	prev := w.hold
+	w.mu.Unlock()
+
+	rows, err := w.cfg.Registry.ReconciledInstances(ctx, name)
+	if err != nil {
+		return err
+	}
+	live := make([]Live, len(rows))
+	for i, in := range rows {
+		live[i] = Live{ID: in.ID, Service: in.Service, Address: in.Address, Port: in.Port, Zone: in.Zone}
+	}
+	var confirmed time.Time
+	if prev != nil {
+		at, ok, err := w.cfg.Registry.LatestReconcileConfirmation(ctx, name)
+		if err != nil {
+			return err
+		}
+		if ok {
+			confirmed = at
+		}
+	}
+	plan := Decide(w.cfg.Disbelief, r, live, prev, confirmed, now)
+	switch {
+	case plan.Hold != nil && prev == nil:
+		w.log.Warn("reading not believed: removals held", "had", plan.Hold.Had, "lacking", plan.Hold.Lacking, "release_at", plan.Hold.ReleaseAt)
+	case plan.Released != "":
+		w.log.Info("held removals released", "why", plan.Released, "ended", len(plan.End))
+	}
+	create := make([]registry.Instance, len(plan.Create))
+	for i, e := range plan.Create {
+		create[i] = registry.Instance{ID: e.ID, Service: e.Service, Address: e.Address, Port: e.Port, Zone: e.Zone}
+	}
+	var res registry.ReconcileResult
+	if len(create) > 0 || len(plan.End) > 0 {
+		if res, err = w.cfg.Registry.ApplyReconcile(ctx, name, registry.ReconcileChange{Create: create, End: plan.End}); err != nil {
+			return err
+		}
+	}
+	m := w.cfg.metrics
+	m.changes.WithLabelValues(name, "added").Add(float64(len(res.Created)))
+	m.changes.WithLabelValues(name, "ended").Add(float64(len(res.Ended)))
+	m.changes.WithLabelValues(name, "replaced").Add(float64(len(res.Replaced)))
+	if w.cfg.Evidence != nil {
+		rs := make([]evaluator.Readiness, 0, len(plan.Readiness))
+		for _, e := range plan.Readiness {
+			if _, skipped := res.Skipped[e.ID]; skipped {
+				continue
+			}
+			rs = append(rs, evaluator.Readiness{Instance: e.ID, Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating})
+		}
+		w.cfg.Evidence.ObserveReadiness(name, rs)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.hold = plan.Hold
+	w.status.Hold = plan.Hold
+	w.status.Live = len(live) + len(res.Created) - len(res.Ended)
+	services := map[string]bool{}
+	for _, e := range r.Endpoints {
+		services[e.Service] = true
+	}
+	for _, l := range live {
+		services[l.Service] = true
+	}
+	w.view = SourceView{Name: name, Reading: r, Plan: plan, Skipped: res.Skipped, Services: slices.Sorted(maps.Keys(services))}
+	return nil
+}
+
+// Status is the source's state after its last pass.
+func (w *Worker) Status() Status {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.status
+}
+
+// View is the source's last reading and plan, for the diff.
+func (w *Worker) View() SourceView {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.view
+}
+
+// Held are the ids whose removal the last pass held.
+func (w *Worker) Held() []uuid.UUID {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]uuid.UUID(nil), w.view.Plan.Held...)
+}
+
+type metrics struct {
+	errors    *prometheus.CounterVec
+	changes   *prometheus.CounterVec
+	held      *prometheus.GaugeVec
+	stale     *prometheus.GaugeVec
+	endpoints *prometheus.GaugeVec
+	lag       *prometheus.GaugeVec
+	diff      *prometheus.GaugeVec
+}
+
+func newMetrics() *metrics {
+	return &metrics{
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "muster_reconcile_errors_total",
+			Help: "Reconciliation passes that failed (an unreadable or invalid reading, the registry away), by source; nothing was applied."}, []string{"source"}),
+		changes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "muster_reconcile_changes_total",
+			Help: "Instances added, ended or replaced by reconciliation, by source."}, []string{"source", "change"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "muster_reconcile_held",
+			Help: "Removals a disbelief threshold holds, by source."}, []string{"source"}),
+		stale: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "muster_reconcile_stale",
+			Help: "1 while a source's reading is its last state (a lost watch), by source."}, []string{"source"}),
+		endpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "muster_reconcile_endpoints",
+			Help: "Endpoints in a source's last reading."}, []string{"source"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "muster_reconcile_lag_seconds",
+			Help: "Age of a source's last reading at the last pass (reconciliation lag)."}, []string{"source"}),
+		diff: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "muster_reconcile_diff",
+			Help: "Divergences between the sources and the registry at the last diff, by source and kind (missing, leak, mismatch, held)."}, []string{"source", "kind"}),
+	}
+}
+
+func (m *metrics) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{m.errors, m.changes, m.held, m.stale, m.endpoints, m.lag, m.diff} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("reconcile: register metrics: %w", err)
+		}
+	}
+	return nil
+}

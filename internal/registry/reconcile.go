@@ -1,0 +1,290 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/refusal"
+)
+
+// Reconciled instances (ADR-03, issue 19) exist because an orchestrator or
+// an inventory says so: their source is the reconciliation source's name
+// ("k8s/<cluster>", "snapshot/<name>"), they have no lease (the reaper
+// only ever reads instances with lease_expires_at set, so it can never
+// expire one), and they end when the source stops reporting them.
+
+// Source name prefixes of reconciled instances.
+const (
+	SourcePrefixKubernetes = "k8s/"
+	SourcePrefixSnapshot   = "snapshot/"
+)
+
+// ErrReconciledEndpoint refuses a registration of an endpoint a
+// reconciliation source already holds: instances the orchestrator knows
+// exist by reconciliation, not by registration.
+var ErrReconciledEndpoint = refusal.Conflict.Sub("endpoint held by a reconciled instance", "reconciled-endpoint")
+
+// reconcileNS is the UUID namespace of reconciled instance ids.
+var reconcileNS = uuid.MustParse("6b1f3c1e-5d0a-4c8e-9a51-7f2d4b9e0c19")
+
+// ReconciledID is the id of the instance source derives for key (a pod
+// UID, a snapshot's instance id) in service: a name-based (v5) UUID, so
+// every replica and every restart derives the same id, and a restarted
+// pod (a new UID) is a new instance.
+func ReconciledID(source, service, key string) uuid.UUID {
+	return uuid.NewSHA1(reconcileNS, []byte(source+"\x00"+service+"\x00"+key))
+}
+
+// IsReconciled reports whether source names a reconciliation source.
+func IsReconciled(source string) bool {
+	return strings.HasPrefix(source, SourcePrefixKubernetes) || strings.HasPrefix(source, SourcePrefixSnapshot)
+}
+
+// ReconcileChange is what one reconciliation pass asks of the registry.
+type ReconcileChange struct {
+	// Create are new instances (ID, Service, Address, Port, Zone set).
+	Create []Instance
+	// End are live instances of the source the source no longer reports.
+	End []uuid.UUID
+}
+
+// ReconcileResult is what a pass changed.
+type ReconcileResult struct {
+	Created, Ended, Replaced []Instance
+	// Skipped are creations not made, by id, with the reason (no such
+	// service; the id already ended and is never reused).
+	Skipped map[uuid.UUID]string
+}
+
+func reconcileActor(source string) string { return "reconcile:" + source }
+
+// ReconciledInstances lists the live instances of source.
+func (r *Registry) ReconciledInstances(ctx context.Context, source string) ([]Instance, error) {
+	rows, err := db.New(r.cfg.Pool).ReconcileListLive(ctx, source)
+	if err != nil {
+		return nil, fmt.Errorf("list live instances of %s: %w", source, err)
+	}
+	out := make([]Instance, len(rows))
+	for i, row := range rows {
+		out[i] = instanceFromRow(row)
+	}
+	return out, nil
+}
+
+// LiveInstancesOf lists the live instances of services, whatever their
+// source: the reconciliation diff compares them with the sources.
+func (r *Registry) LiveInstancesOf(ctx context.Context, services []string) ([]Instance, error) {
+	rows, err := db.New(r.cfg.Pool).ReconcileListLiveInServices(ctx, services)
+	if err != nil {
+		return nil, fmt.Errorf("list live instances of %d services: %w", len(services), err)
+	}
+	out := make([]Instance, len(rows))
+	for i, row := range rows {
+		out[i] = instanceFromRow(row)
+	}
+	return out, nil
+}
+
+// ApplyReconcile applies one pass of source in one transaction, auditing
+// each instance added, ended, or replaced (a registered instance holding
+// an endpoint the source now reports ends as replaced: the orchestrator
+// is the authority). The evaluator (the follower) is told after the
+// commit, as for a registration.
+func (r *Registry) ApplyReconcile(ctx context.Context, source string, ch ReconcileChange) (ReconcileResult, error) {
+	if !IsReconciled(source) {
+		return ReconcileResult{}, fmt.Errorf("apply reconcile: %q is not a reconciliation source", source)
+	}
+	actor := reconcileActor(source)
+	res := ReconcileResult{Skipped: map[uuid.UUID]string{}}
+	entry := func(action, id string, before, after any) audit.Entry {
+		return audit.Entry{ActorKind: "system", Actor: actor, Action: action, TargetKind: "instance", Target: id,
+			Outcome: audit.Accepted, Before: before, After: after}
+	}
+	err := r.withTx(ctx, func(q *db.Queries) error {
+		res = ReconcileResult{Skipped: map[uuid.UUID]string{}}
+		now := r.now()
+		for _, id := range ch.End {
+			row, err := q.InstanceEnd(ctx, db.InstanceEndParams{ID: id, State: StateDeregistered, Now: now})
+			if notFound(err) {
+				continue // ended meanwhile
+			}
+			if err != nil {
+				return fmt.Errorf("end %s: %w", id, err)
+			}
+			after := instanceFromRow(row)
+			before := after
+			before.State, before.EndedAt = StateActive, nil
+			if _, err := audit.Append(ctx, q, now, entry("instance.reconcile.end", id.String(), before, after)); err != nil {
+				return err
+			}
+			res.Ended = append(res.Ended, after)
+		}
+		if len(ch.Create) == 0 {
+			return nil
+		}
+		ids := make([]uuid.UUID, len(ch.Create))
+		for i, in := range ch.Create {
+			ids[i] = in.ID
+		}
+		states, err := q.ReconcileInstanceStates(ctx, ids)
+		if err != nil {
+			return fmt.Errorf("read existing ids: %w", err)
+		}
+		exists := map[uuid.UUID]string{}
+		for _, s := range states {
+			exists[s.ID] = s.State
+		}
+		services := map[string]bool{}
+		for _, in := range ch.Create {
+			if st, ok := exists[in.ID]; ok {
+				if st != StateActive {
+					res.Skipped[in.ID] = fmt.Sprintf("instance %s has ended (%s) and an id is never reused", in.ID, st)
+				}
+				continue
+			}
+			known, asked := services[in.Service]
+			if !asked {
+				_, err := q.ServiceGet(ctx, in.Service)
+				if err != nil && !notFound(err) {
+					return fmt.Errorf("read service %s: %w", in.Service, err)
+				}
+				known = err == nil
+				services[in.Service] = known
+			}
+			if !known {
+				res.Skipped[in.ID] = fmt.Sprintf("no service named %s in the registry", in.Service)
+				continue
+			}
+			ended, err := q.InstanceEndLiveEndpoint(ctx, db.InstanceEndLiveEndpointParams{Service: in.Service, Address: in.Address, Port: int32(in.Port), Now: now})
+			if err != nil {
+				return fmt.Errorf("end instances at %s:%d: %w", in.Address, in.Port, err)
+			}
+			for _, old := range ended {
+				after := instanceFromRow(old)
+				before := after
+				before.State, before.EndedAt = StateActive, nil
+				if _, err := audit.Append(ctx, q, now, entry("instance.replace", old.ID.String(), before, after)); err != nil {
+					return err
+				}
+				res.Replaced = append(res.Replaced, after)
+			}
+			row, err := q.InstanceInsert(ctx, db.InstanceInsertParams{
+				ID: in.ID, Service: in.Service, Address: in.Address, Port: int32(in.Port),
+				Zone: in.Zone, Region: r.cfg.Region, Source: source, RegisteredBy: actor, Now: now,
+			})
+			if err != nil {
+				return fmt.Errorf("insert instance %s: %w", in.ID, err)
+			}
+			out := instanceFromRow(row)
+			if _, err := audit.Append(ctx, q, now, entry("instance.reconcile.add", in.ID.String(), nil, out)); err != nil {
+				return err
+			}
+			res.Created = append(res.Created, out)
+		}
+		return nil
+	})
+	if err != nil {
+		return ReconcileResult{}, err
+	}
+	if f := r.following(); f != nil {
+		var all []Instance
+		all = append(all, res.Ended...)
+		all = append(all, res.Replaced...)
+		all = append(all, res.Created...)
+		if len(all) > 0 {
+			f.InstancesRegistered(ctx, all)
+		}
+	}
+	return res, nil
+}
+
+// refuseReconciledEndpoint refuses a registration of an endpoint a
+// reconciled instance holds (read with q, in the registration's
+// transaction).
+func refuseReconciledEndpoint(ctx context.Context, q *db.Queries, service, address string, port int) (*refusal.Error, error) {
+	row, err := q.InstanceGetLiveEndpoint(ctx, db.InstanceGetLiveEndpointParams{Service: service, Address: address, Port: int32(port)})
+	if notFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the live instance at %s:%d: %w", address, port, err)
+	}
+	if !IsReconciled(row.Source) {
+		return nil, nil
+	}
+	e := newRefusal(ErrReconciledEndpoint, "%s:%d of %s is instance %s, reconciled from %s: an instance the orchestrator or inventory knows exists by reconciliation and is not registered (ADR-03); registration is for runtimes nothing watches",
+		address, port, service, row.ID, row.Source)
+	e.Figures = map[string]any{"instance": row.ID.String(), "source": row.Source}
+	return e, nil
+}
+
+// ReconcileConfirmation is an operator's confirmation that a
+// reconciliation source really lost what its disbelief threshold holds.
+type ReconcileConfirmation struct {
+	ID          int64     `json:"id"`
+	Source      string    `json:"source"`
+	ConfirmedAt time.Time `json:"confirmed_at"`
+	ConfirmedBy string    `json:"confirmed_by"`
+	Reason      string    `json:"reason"`
+}
+
+// ConfirmReconcile records actor's confirmation of source's held removals,
+// audited as reconcile.confirm whether or not it is accepted. Removing
+// capacity is a privileged act: it needs an admin, or an operator or tool
+// with the operator role (a source spans teams).
+// known says whether source is configured; an unknown one is refused as
+// not found once the caller is authorised.
+func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principal, source, reason string, known bool) (ReconcileConfirmation, error) {
+	const action = "reconcile.confirm"
+	asked := map[string]string{"source": source, "reason": reason}
+	var out ReconcileConfirmation
+	err := r.write(ctx, actor, action, "reconcile-source", source, asked, func(q *db.Queries) (*refusal.Error, error) {
+		if !actor.IsAdmin() && !((actor.Kind == identity.KindOperator || actor.Kind == identity.KindTool) && actor.Role.AtLeast(identity.RoleOperator)) {
+			return newRefusal(ErrForbidden, "confirming the removals held from %s needs the operator role or admin; %s has neither", source, actor), nil
+		}
+		if !known {
+			return newRefusal(ErrNotFound, "no reconciliation source named %s", source), nil
+		}
+		reason = strings.TrimSpace(reason)
+		if reason == "" {
+			return invalid("a confirmation needs a reason", []FieldError{{Field: "reason", Message: "say why these instances are known to be gone"}}), nil
+		}
+		if len(reason) > 1000 {
+			return invalid("the reason is too long", []FieldError{{Field: "reason", Message: "at most 1000 characters"}}), nil
+		}
+		now := r.now()
+		row, err := q.ReconcileConfirmationInsert(ctx, db.ReconcileConfirmationInsertParams{
+			Source: source, ConfirmedAt: now, ConfirmedBy: actor.String(), Reason: reason,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("record confirmation: %w", err)
+		}
+		out = ReconcileConfirmation{ID: row.ID, Source: row.Source, ConfirmedAt: row.ConfirmedAt, ConfirmedBy: row.ConfirmedBy, Reason: row.Reason}
+		_, err = audit.Append(ctx, q, now, audit.Entry{
+			ActorKind: actorKind(actor), Actor: actor.String(), Action: action,
+			TargetKind: "reconcile-source", Target: source, Outcome: audit.Accepted, Reason: reason, After: out,
+		})
+		return nil, err
+	})
+	return out, err
+}
+
+// LatestReconcileConfirmation is the newest confirmation of source, and
+// whether there is one.
+func (r *Registry) LatestReconcileConfirmation(ctx context.Context, source string) (time.Time, bool, error) {
+	row, err := db.New(r.cfg.Pool).ReconcileConfirmationLatest(ctx, source)
+	if notFound(err) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("read the confirmations of %s: %w", source, err)
+	}
+	return row.ConfirmedAt, true, nil
+}

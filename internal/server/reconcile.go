@@ -1,0 +1,73 @@
+package server
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/reconcile"
+	"github.com/musterhq/muster/internal/registry"
+)
+
+// Reconcile is the reconciliation of orchestrators and inventories into
+// the registry (reconcile.Reconciler): its diff, its confirmations and its
+// alarms (reconcile_suspect, reconcile_stale).
+type Reconcile interface {
+	Diff(ctx context.Context) (reconcile.Diff, error)
+	Confirm(ctx context.Context, actor identity.Principal, source, reason string) (registry.ReconcileConfirmation, error)
+	Alarms() []assembler.Alarm
+}
+
+// reconcileDiffGet answers GET /v1/reconcile/diff: per source and
+// service, what the sources have that the registry lacks (startup
+// failures), what the registry has that no source knows (leaks), and
+// where they disagree. Estate-wide: operators and tools only.
+func (s *Server) reconcileDiffGet(w http.ResponseWriter, r *http.Request) {
+	if p := principal(r); p.Kind != identity.KindOperator && p.Kind != identity.KindTool {
+		writeProblem(w, r, problem(http.StatusForbidden, "forbidden", "the reconciliation diff describes the whole estate; it is for operator and tool identities"))
+		return
+	}
+	if s.cfg.Reconcile == nil {
+		writeJSON(w, http.StatusOK, reconcile.Diff{Sources: []reconcile.Status{}, Counts: map[reconcile.DiffKind]int{}, Items: []reconcile.DiffItem{}})
+		return
+	}
+	d, err := s.cfg.Reconcile.Diff(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// reconcileConfirmBody is the body of POST
+// /v1/reconcile/sources/{kind}/{name}/confirm.
+type reconcileConfirmBody struct {
+	Reason string `json:"reason"`
+}
+
+// reconcileConfirm records an operator's confirmation that the removals a
+// source's disbelief threshold holds are real. Audited, refusals too.
+func (s *Server) reconcileConfirm(w http.ResponseWriter, r *http.Request) {
+	var body reconcileConfirmBody
+	if p := s.decodeJSON(w, r, &body); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	source := chi.URLParam(r, "kind") + "/" + chi.URLParam(r, "name")
+	if s.cfg.Reconcile == nil {
+		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "this muster reconciles no sources"))
+		return
+	}
+	if !s.limitWrite(w, r, "reconcile", "reconcile.confirm", "reconcile-source", source) {
+		return
+	}
+	c, err := s.cfg.Reconcile.Confirm(r.Context(), principal(r), source, body.Reason)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, c)
+}
