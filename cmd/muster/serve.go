@@ -122,19 +122,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer func() { err = errors.Join(err, stopDB()) }()
-	if err := db.Migrate(dbURL); err != nil {
-		return err
-	}
-	pool, err := db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout})
+	pool, monPool, closePools, err := openPools(ctx, cfg, dbURL)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	monPool, err := db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1})
-	if err != nil {
-		return err
-	}
-	defer monPool.Close()
+	defer closePools()
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
@@ -158,40 +150,19 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	if xln != nil {
-		defer xln.Close()
-	}
 	acfg.XDS = xcfg
 	a, err := app.New(acfg)
 	if err != nil {
-		return err
+		return errors.Join(err, closeListener(xln))
 	}
 	if err := a.Start(ctx); err != nil {
-		return err
+		return errors.Join(err, closeListener(xln))
 	}
-	if xln != nil {
-		// Ends when Shutdown drains xDS.
-		go func() {
-			if err := a.ServeXDS(xln); err != nil {
-				log.Error("xDS stopped serving", "err", err)
-			}
-		}()
-		log.Info("serving xDS", "addr", xln.Addr().String(), "tls", xcfg.TLS != nil)
+	stopSide, err := serveBeside(cfg, a, xln, log)
+	if err != nil {
+		return errors.Join(err, a.Shutdown(ctx, nil))
 	}
-	if cfg.DebugAddr != "" {
-		stopDebug, err := serveDebug(cfg.DebugAddr, log)
-		if err != nil {
-			return errors.Join(err, a.Shutdown(ctx, nil))
-		}
-		defer stopDebug()
-	}
-	if cfg.MetricsAddr != "" {
-		_, stopMetrics, err := serveMetrics(cfg.MetricsAddr, a.Server.MetricsHandler(), log)
-		if err != nil {
-			return errors.Join(err, a.Shutdown(ctx, nil))
-		}
-		defer stopMetrics()
-	}
+	defer stopSide()
 	// The demo (muster dev --demo) is stopped after the shutdown, as it
 	// always was.
 	demoCtx, stopDemo := context.WithCancel(ctx)
@@ -199,12 +170,70 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	defer func() { stopDemo(); demoRuns.Wait() }()
 	return a.Serve(ctx, ln, func() {
 		log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
-		announce(demoCtx, cfg, base, devIssuer, log, stdout, &demoRuns)
-		if cfg.Dev && a.DNS != nil && a.DNS.Addr() != nil {
-			host, port, _ := net.SplitHostPort(a.DNS.Addr().String())
-			fmt.Fprintf(stdout, "  dns:    dig @%s -p %s SERVICE.%s (every service; `muster dev --dns-addr \"\"` for none)\n", host, port, a.DNS.Zone())
-		}
+		announce(demoCtx, cfg, a, base, devIssuer, log, stdout, &demoRuns)
 	})
+}
+
+// openPools migrates the database and opens the shared pool and the
+// database monitor's own one-connection pool.
+func openPools(ctx context.Context, cfg Config, dbURL string) (pool, monPool *pgxpool.Pool, closeAll func(), err error) {
+	if err := db.Migrate(dbURL); err != nil {
+		return nil, nil, nil, err
+	}
+	if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout}); err != nil {
+		return nil, nil, nil, err
+	}
+	if monPool, err = db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1}); err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
+	return pool, monPool, func() { monPool.Close(); pool.Close() }, nil
+}
+
+// serveBeside serves what runs beside the API on listeners of its own:
+// xDS on xln (when set; it ends when Shutdown drains it), Go's profiles on
+// --debug-addr and /metrics on --metrics-addr. stop closes them.
+func serveBeside(cfg Config, a *app.App, xln net.Listener, log *slog.Logger) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, s := range slices.Backward(stops) {
+			s()
+		}
+	}
+	if xln != nil {
+		stops = append(stops, func() { _ = xln.Close() })
+		go func() {
+			if err := a.ServeXDS(xln); err != nil {
+				log.Error("xDS stopped serving", "err", err)
+			}
+		}()
+		log.Info("serving xDS", "addr", xln.Addr().String(), "tls", cfg.XDSTLSCert != "")
+	}
+	if cfg.DebugAddr != "" {
+		stopDebug, err := serveDebug(cfg.DebugAddr, log)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		stops = append(stops, stopDebug)
+	}
+	if cfg.MetricsAddr != "" {
+		_, stopMetrics, err := serveMetrics(cfg.MetricsAddr, a.Server.MetricsHandler(), log)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		stops = append(stops, stopMetrics)
+	}
+	return stop, nil
+}
+
+// closeListener closes ln when there is one.
+func closeListener(ln net.Listener) error {
+	if ln == nil {
+		return nil
+	}
+	return ln.Close()
 }
 
 // appConfig turns the command's configuration into app's: the OIDC
@@ -272,12 +301,16 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 
 // announce prints where muster dev serves and, when asked, runs the demo
 // until ctx ends, in demoRuns.
-func announce(ctx context.Context, cfg Config, base string, devIssuer *devissuer.Issuer, log *slog.Logger, stdout io.Writer, demoRuns *sync.WaitGroup) {
+func announce(ctx context.Context, cfg Config, a *app.App, base string, devIssuer *devissuer.Issuer, log *slog.Logger, stdout io.Writer, demoRuns *sync.WaitGroup) {
 	if !cfg.Dev {
 		return
 	}
 	fmt.Fprintf(stdout, "muster dev is serving on %s\n  web UI: %s%s/ (sign in as alice, oscar, otto or vera)\n  data:   %s\n  issuer: %s\n  token:  go run ./cmd/muster token --data %s --kind operator --subject alice --role admin\n",
 		base, base, uiPath, cfg.DataDir, devIssuer.URL(), cfg.DataDir)
+	if a.DNS != nil && a.DNS.Addr() != nil {
+		host, port, _ := net.SplitHostPort(a.DNS.Addr().String())
+		fmt.Fprintf(stdout, "  dns:    dig @%s -p %s SERVICE.%s (every service; `muster dev --dns-addr \"\"` for none)\n", host, port, a.DNS.Zone())
+	}
 	if !cfg.Demo {
 		return
 	}
