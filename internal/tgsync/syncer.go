@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -441,7 +442,7 @@ func (s *Syncer) reconcile(ctx context.Context, b *binding) Report {
 func (s *Syncer) succeeded(b *binding, now time.Time, known map[Key]bool) {
 	b.failures, b.retryAt = 0, time.Time{}
 	b.lastSync.Store(now.UnixNano())
-	if !s.cfg.DryRun && !sameKeys(b.known, known) {
+	if !s.cfg.DryRun && !maps.Equal(b.known, known) {
 		b.known = known
 		s.saveKnown(b)
 	}
@@ -499,18 +500,6 @@ func (s *Syncer) logPlan(b *binding, rep Report) {
 	if s.cfg.DryRun && !p.Empty() {
 		b.log.Info("tgsync: dry run, nothing changed", "plan", p.Describe(), "version", rep.Version)
 	}
-}
-
-func sameKeys(a, b map[Key]bool) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if !b[k] {
-			return false
-		}
-	}
-	return true
 }
 
 func (s *Syncer) statePath(b *binding) string {

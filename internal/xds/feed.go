@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -205,7 +206,7 @@ func (s *Server) reauthorise() {
 	defer s.mu.Unlock()
 	for _, n := range s.nodes {
 		visible := s.visibleTo(n.principal)
-		if !mapsEqual(visible, n.visible) {
+		if !maps.Equal(visible, n.visible) {
 			n.visible = visible
 			s.setSnapshot(n)
 		}
@@ -257,18 +258,6 @@ func (s *Server) setSnapshot(n *node) {
 	if err := s.cache.SetSnapshot(context.Background(), n.key, newNodeSnapshot(list)); err != nil {
 		s.log.Error("set xDS snapshot", "node", n.key, "err", err)
 	}
-}
-
-func mapsEqual(a, b map[string]bool) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if !b[k] {
-			return false
-		}
-	}
-	return true
 }
 
 // notePublished remembers, for the last 4096 assignments built, when the
