@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -112,14 +113,26 @@ func logNotable(t *testing.T, name, log string) {
 	t.Logf("muster log %s (%d of its lines):\n%s", name, len(keep), strings.Join(keep, "\n"))
 }
 
+// freeAddr returns a loopback address nothing listens on, for a process
+// the test starts (and restarts on the same address) itself. The port is
+// drawn below Linux's ephemeral range (32768-60999 by default): a port
+// the kernel hands out (127.0.0.1:0) is one it may hand to any outgoing
+// connection of the tests running beside this one before the process
+// binds it, and a test lost its xDS listener so ("address already in
+// use"). Only another freeAddr can draw the same port, one in 12,000.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // taken: draw again
+		}
+		ln.Close()
+		return addr
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no free loopback port below the ephemeral range in 100 draws")
+	return ""
 }
 
 // TestResolverOutlivesAKilledServer (ADR-01): a resolver keeps routing on
