@@ -42,6 +42,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -198,13 +199,15 @@ type worker struct {
 }
 
 // stopOrder is the order workers stop in: the census (Shutdown stops it
-// before the streams drain), the DNS zone (a surface: it answers until
-// HTTP has stopped), the evaluator (it flushes transitions and
+// before the streams drain), the surfaces (xDS, the DNS zone: they answer
+// until HTTP has stopped), the reconciliation workers (they write the
+// registry and feed the evaluator readiness evidence, so they stop before
+// it), the evaluator (it flushes transitions and
 // windows), the refused-evidence summaries (their last rows, before the
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerXDS, WorkerDNS, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -531,8 +534,9 @@ func (a *App) Shutdown(ctx context.Context, stopHTTP func(context.Context) error
 func (a *App) stopWorkers() {
 	for _, name := range stopOrder {
 		for _, w := range a.workers {
-			own := slices.Contains(stopOrder, w.name)
-			if (name == "" && !own) || (name != "" && w.name == name) {
+			slot := stopSlot(w.name)
+			own := slices.Contains(stopOrder, slot)
+			if (name == "" && !own) || (name != "" && slot == name) {
 				w.w.Stop()
 			}
 		}
@@ -540,6 +544,18 @@ func (a *App) stopWorkers() {
 	a.mu.Lock()
 	clear(a.started)
 	a.mu.Unlock()
+}
+
+// stopReconcile is the stop slot of every reconciliation worker.
+const stopReconcile = "reconcile workers"
+
+// stopSlot is the name a worker stops under in stopOrder: its own, or
+// stopReconcile for the reconciliation workers (one per source).
+func stopSlot(name string) string {
+	if name == WorkerReconcileDiff || strings.HasPrefix(name, WorkerReconcilePrefix) {
+		return stopReconcile
+	}
+	return name
 }
 
 func (a *App) closeUI() {
