@@ -119,6 +119,11 @@ type Plan struct {
 	Hold *Hold
 	// Released says a hold ended by dwell or confirmation this pass.
 	Released string
+	// Believed is how many absences were ended because they stayed under
+	// the threshold (not by a release, not explicit terminations), net of
+	// the instances the same reading created: the worker counts them
+	// against the next passes within the dwell (DecideAfter).
+	Believed int
 }
 
 // Decide is the pure core of a pass: reading r of a source against the
@@ -134,6 +139,16 @@ type Plan struct {
 // threshold; explicit terminations are the source's positive word and are
 // always believed.
 func Decide(d Disbelief, r Reading, live []Live, prev *Hold, confirmed, now time.Time) Plan {
+	return DecideAfter(d, r, live, prev, confirmed, now, 0)
+}
+
+// DecideAfter is Decide for a source that, within the last dwell, already
+// had recent absences believed in passes of their own (Plan.Believed):
+// they count with this reading's against the threshold, measured on the
+// instances the source had before them. A source that lies a little at a
+// time (a fifth of the fleet each pass) is held just as one that lies at
+// once: no single signal may drain a service.
+func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed, now time.Time, recent int) Plan {
 	var p Plan
 	seen := make(map[uuid.UUID]Endpoint, len(r.Endpoints))
 	for _, e := range r.Endpoints {
@@ -172,11 +187,15 @@ func Decide(d Disbelief, r Reading, live []Live, prev *Hold, confirmed, now time
 			p.Unready = append(p.Unready, e)
 		}
 	}
-	had, lacking := len(live), len(absent)
-	suspect := lacking >= d.MinRemovals && had > 0 && float64(lacking) > d.Fraction*float64(had)
+	had, lacking := len(live)+recent, len(absent)+recent
+	suspect := len(absent) > 0 && lacking >= d.MinRemovals && had > 0 && float64(lacking) > d.Fraction*float64(had)
 	switch {
 	case !suspect:
 		p.End = append(p.End, absent...)
+		// Net of the instances this reading adds: a pod restarted (a new
+		// UID, so a new instance) or a rolled one is a replacement, not a
+		// loss.
+		p.Believed = max(0, len(absent)-len(p.Create))
 		if prev != nil {
 			p.Released = "the source reports its instances again"
 		}

@@ -267,3 +267,36 @@ func BenchmarkDiffOf(b *testing.B) {
 		}
 	}
 }
+
+// TestDecideAfterCountsRecentAbsences: a source that drops a little of
+// the fleet each pass is believed once (2 of 10, not above 20%), and the
+// next pass's 1 more, alone always believed (under min_removals), counted
+// with the 2 believed within the dwell (3 of the 10 there were) is held:
+// lying a little at a time drains nothing.
+func TestDecideAfterCountsRecentAbsences(t *testing.T) {
+	d := Disbelief{}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	d.MinRemovals = 2
+	p := DecideAfter(d, Reading{Endpoints: readyN(1, 8)}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, time.Time{}, t0, 0)
+	if p.Hold != nil || p.Believed != 2 || len(p.End) != 2 {
+		t.Fatalf("first pass: hold %+v, believed %d, ended %d; want none, 2, 2", p.Hold, p.Believed, len(p.End))
+	}
+	next := Reading{Endpoints: readyN(1, 7)}
+	// Alone, the next reading is believed, as Decide believes it.
+	if alone := Decide(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, time.Time{}, t0.Add(5*time.Second)); alone.Hold != nil || alone.Believed != 1 {
+		t.Fatalf("the next reading alone: hold %+v, believed %d; want none, 1", alone.Hold, alone.Believed)
+	}
+	p = DecideAfter(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, time.Time{}, t0.Add(5*time.Second), p.Believed)
+	want := &Hold{Since: t0.Add(5 * time.Second), Had: 10, Lacking: 3, ReleaseAt: t0.Add(5*time.Second + d.Dwell)}
+	if diff := cmp.Diff(want, p.Hold); diff != "" || len(p.End) != 0 || p.Believed != 0 {
+		t.Fatalf("after the first pass (-want +got hold):\n%s ended %d, believed %d", diff, len(p.End), p.Believed)
+	}
+	// A restarted pod (a new instance for an ended one) is a replacement,
+	// not a loss: nothing counts against the next passes.
+	restart := append(readyN(1, 9), ep(11, true, true, false))
+	if p := Decide(d, Reading{Endpoints: restart}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, time.Time{}, t0); p.Believed != 0 || len(p.End) != 1 {
+		t.Fatalf("a restart: believed %d, ended %d; want 0, 1", p.Believed, len(p.End))
+	}
+}

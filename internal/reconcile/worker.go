@@ -110,6 +110,26 @@ type Worker struct {
 	status Status
 	view   SourceView
 	hold   *Hold
+	// believed are the absences believed (under the threshold) within the
+	// last dwell, counted against the next readings (DecideAfter).
+	believed []believedAt
+}
+
+// believedAt is one pass's believed absences.
+type believedAt struct {
+	at time.Time
+	n  int
+}
+
+// recentBelieved drops believed absences older than the dwell and counts
+// the rest. Called with w.mu held.
+func (w *Worker) recentBelieved(now time.Time) int {
+	w.believed = slices.DeleteFunc(w.believed, func(b believedAt) bool { return !now.Before(b.at.Add(w.cfg.Disbelief.Dwell)) })
+	n := 0
+	for _, b := range w.believed {
+		n += b.n
+	}
+	return n
 }
 
 // NewWorker returns the worker of one source.
@@ -225,6 +245,7 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	w.mu.Lock()
 	w.status.LastReading, w.status.Stale, w.status.Endpoints = r.At, r.Stale, len(r.Endpoints)
 	prev := w.hold
+	recent := w.recentBelieved(now)
 	w.mu.Unlock()
 
 	rows, err := w.cfg.Registry.ReconciledInstances(ctx, name)
@@ -245,7 +266,7 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 			confirmed = at
 		}
 	}
-	plan := Decide(w.cfg.Disbelief, r, live, prev, confirmed, now)
+	plan := DecideAfter(w.cfg.Disbelief, r, live, prev, confirmed, now, recent)
 	switch {
 	case plan.Hold != nil && prev == nil:
 		w.log.Warn("reading not believed: removals held", "had", plan.Hold.Had, "lacking", plan.Hold.Lacking, "release_at", plan.Hold.ReleaseAt)
@@ -278,6 +299,12 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	switch {
+	case plan.Released != "":
+		w.believed = nil // a dwell or an operator vouched for what is gone
+	case plan.Believed > 0:
+		w.believed = append(w.believed, believedAt{at: now, n: plan.Believed})
+	}
 	w.hold = plan.Hold
 	w.status.Hold = plan.Hold
 	w.status.Live = len(live) + len(res.Created) - len(res.Ended)
