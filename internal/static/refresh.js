@@ -1,6 +1,8 @@
 // Progressive enhancement: pages marked data-refresh="N" reload their main
-// content every N seconds while the tab is visible and no form field has
-// focus. Without JavaScript the page is complete; reload it by hand.
+// content every N seconds while the tab is visible, no form field has
+// focus and no disclosure (an action's form in a <details>) is open: a
+// refresh must never take a form from under an operator about to fill
+// it in. Without JavaScript the page is complete; reload it by hand.
 (function () {
   "use strict";
   var main = document.querySelector("main[data-refresh]");
@@ -9,7 +11,8 @@
   if (!(every >= 5000)) return;
   function busy() {
     var a = document.activeElement;
-    return document.hidden || (a && /^(INPUT|SELECT|TEXTAREA|BUTTON)$/.test(a.tagName));
+    return document.hidden || (a && /^(INPUT|SELECT|TEXTAREA|BUTTON|SUMMARY)$/.test(a.tagName)) ||
+      main.querySelector("details[open]") !== null;
   }
   setInterval(function () {
     if (busy()) return;
