@@ -518,7 +518,18 @@ func (f *failover) advance(ctx context.Context, d *Demo, t time.Duration) {
 	}
 	if f.id == "" {
 		if f.attempted {
-			return
+			// An earlier drain got no clear answer: it may have been
+			// made. Read back before draining again (the API's advice
+			// for a write that is not idempotent).
+			id, err := f.readBack(ctx, d, tok)
+			if err != nil {
+				f.retryLater(d, err)
+				return
+			}
+			if id != "" {
+				f.id, f.nextStep = id, time.Now()
+				return
+			}
 		}
 		f.attempted = true
 		var shift struct {
@@ -534,6 +545,10 @@ func (f *failover) advance(ctx context.Context, d *Demo, t time.Duration) {
 			f.done = true
 			return
 		case err != nil:
+			if retry, _ := transient(err); retry {
+				f.retryLater(d, err)
+				return
+			}
 			d.log.Warn("demo: failover refused", "err", err)
 			f.done = true
 			return
@@ -559,4 +574,31 @@ func (f *failover) advance(ctx context.Context, d *Demo, t time.Duration) {
 		d.log.Warn("demo: shift step failed", "err", err)
 		f.nextStep = time.Now().Add(10 * time.Second)
 	}
+}
+
+// retryLater schedules the next attempt after a transient failure (a busy
+// or recovering server must not end the story): after the Retry-After
+// asked for, or 2 s.
+func (f *failover) retryLater(d *Demo, err error) {
+	_, after := transient(err)
+	wait := max(after, 2*time.Second)
+	d.log.Warn("demo: failover drain got no answer; trying again", "in", wait, "err", err)
+	f.nextStep = time.Now().Add(wait)
+}
+
+// readBack finds the drill's shift of az3 if an earlier drain made it: the
+// id of one not completed or cancelled, or "" when there is none.
+func (f *failover) readBack(ctx context.Context, d *Demo, tok string) (string, error) {
+	var page struct {
+		Items []struct{ ID, Target, State string } `json:"items"`
+	}
+	if err := d.call(ctx, http.MethodGet, "/v1/shifts?limit=100", tok, nil, &page); err != nil {
+		return "", err
+	}
+	for _, s := range page.Items {
+		if s.Target == "az3" && s.State != "completed" && s.State != "cancelled" {
+			return s.ID, nil
+		}
+	}
+	return "", nil
 }
