@@ -488,7 +488,7 @@ func (d *Demo) renew(ctx context.Context) {
 			defer func() { <-sem; wg.Done() }()
 			tok, err := d.token(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: in.service, Addresses: []string{in.addr}})
 			if err == nil {
-				err = d.call(ctx, http.MethodPut, "/v1/instances/"+in.id+"/lease", tok, nil, nil)
+				err = d.renewOne(ctx, in.id, tok)
 			}
 			if err != nil && ctx.Err() == nil {
 				d.log.Warn("demo: lease renewal failed", "instance", in.id, "err", err)
@@ -496,6 +496,28 @@ func (d *Demo) renew(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+}
+
+// renewOne renews one lease, trying a renewal a busy server refused
+// again at once, twice: the next pass is 10 s or more away and a lease
+// lasts 30 s, so two lost passes would end it.
+func (d *Demo) renewOne(ctx context.Context, id, tok string) error {
+	var err error
+	for attempt := range 3 {
+		if attempt > 0 {
+			_, after := transient(err)
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(max(after, 250*time.Millisecond)):
+			}
+		}
+		err = d.call(ctx, http.MethodPut, "/v1/instances/"+id+"/lease", tok, nil, nil)
+		if retry, _ := transient(err); err == nil || !retry {
+			return err
+		}
+	}
+	return err
 }
 
 // failover is the manual failover story: drain az3 at 10 s, then step

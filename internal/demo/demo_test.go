@@ -116,3 +116,45 @@ func TestFailoverEndsOnAFirmRefusal(t *testing.T) {
 		t.Fatalf("done=%v posts=%d, want the story ended after one refused drain", f.done, api.posts)
 	}
 }
+
+// A lease renewal a busy server refuses is tried again at once, up to
+// three attempts in all; a firm refusal is not.
+func TestRenewalRetriesTransientRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		refusals     int // answered 503 before a 200
+		status       int // the refusal's status
+		wantAttempts int
+		wantErr      bool
+	}{
+		{"one 503", 1, http.StatusServiceUnavailable, 2, false},
+		{"two 503s", 2, http.StatusServiceUnavailable, 3, false},
+		{"three 503s", 3, http.StatusServiceUnavailable, 3, true},
+		{"a 404", 1, http.StatusNotFound, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			attempts := 0
+			d := newDemo(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				defer mu.Unlock()
+				attempts++
+				if r.Method != http.MethodPut || r.URL.Path != "/v1/instances/i1/lease" {
+					http.Error(w, "not scripted", http.StatusTeapot)
+					return
+				}
+				if attempts <= tc.refusals {
+					http.Error(w, "{}", tc.status)
+					return
+				}
+				w.WriteHeader(http.StatusNoContent)
+			}))
+			err := d.renewOne(context.Background(), "i1", "tok")
+			mu.Lock()
+			defer mu.Unlock()
+			if (err != nil) != tc.wantErr || attempts != tc.wantAttempts {
+				t.Fatalf("err=%v attempts=%d, want error %v after %d", err, attempts, tc.wantErr, tc.wantAttempts)
+			}
+		})
+	}
+}
