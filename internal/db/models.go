@@ -128,6 +128,7 @@ type ReconcileConfirmation struct {
 	ConfirmedAt time.Time
 	ConfirmedBy string
 	Reason      string
+	Instances   []uuid.UUID
 }
 
 type Service struct {

@@ -8,13 +8,15 @@ package db
 import (
 	"context"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 const reconcileConfirmationInsert = `-- name: ReconcileConfirmationInsert :one
 
-INSERT INTO reconcile_confirmations (source, confirmed_at, confirmed_by, reason)
-VALUES ($1, $2, $3, $4)
-RETURNING id, source, confirmed_at, confirmed_by, reason
+INSERT INTO reconcile_confirmations (source, confirmed_at, confirmed_by, reason, instances)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING id, source, confirmed_at, confirmed_by, reason, instances
 `
 
 type ReconcileConfirmationInsertParams struct {
@@ -22,6 +24,7 @@ type ReconcileConfirmationInsertParams struct {
 	ConfirmedAt time.Time
 	ConfirmedBy string
 	Reason      string
+	Instances   []uuid.UUID
 }
 
 // Table reconcile_confirmations, owned by internal/registry (the reconciliation source confirmations operators give).
@@ -31,6 +34,7 @@ func (q *Queries) ReconcileConfirmationInsert(ctx context.Context, arg Reconcile
 		arg.ConfirmedAt,
 		arg.ConfirmedBy,
 		arg.Reason,
+		arg.Instances,
 	)
 	var i ReconcileConfirmation
 	err := row.Scan(
@@ -39,12 +43,13 @@ func (q *Queries) ReconcileConfirmationInsert(ctx context.Context, arg Reconcile
 		&i.ConfirmedAt,
 		&i.ConfirmedBy,
 		&i.Reason,
+		&i.Instances,
 	)
 	return i, err
 }
 
 const reconcileConfirmationLatest = `-- name: ReconcileConfirmationLatest :one
-SELECT id, source, confirmed_at, confirmed_by, reason FROM reconcile_confirmations
+SELECT id, source, confirmed_at, confirmed_by, reason, instances FROM reconcile_confirmations
 WHERE source = $1
 ORDER BY confirmed_at DESC
 LIMIT 1
@@ -60,6 +65,7 @@ func (q *Queries) ReconcileConfirmationLatest(ctx context.Context, source string
 		&i.ConfirmedAt,
 		&i.ConfirmedBy,
 		&i.Reason,
+		&i.Instances,
 	)
 	return i, err
 }

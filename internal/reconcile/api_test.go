@@ -1,6 +1,7 @@
 package reconcile_test
 
 import (
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -161,5 +162,125 @@ func TestConfirmAPI(t *testing.T) {
 	got := string(a.Body)
 	if strings.Count(got, `"outcome":"refused"`) != 3 || strings.Count(got, `"outcome":"accepted"`) != 1 || !strings.Contains(got, "operator:oscar") {
 		t.Fatalf("audit of reconcile.confirm: %s", got)
+	}
+}
+
+// mixedSnapshot is a snapshot of web instances i-w1… (owned by payments)
+// and api instances i-a1… (owned by search).
+func mixedSnapshot(web, api int) string {
+	var rows []string
+	for i := 1; i <= web; i++ {
+		rows = append(rows, fmt.Sprintf(`{"id":"i-w%d","service":"web","address":"10.7.0.%d","port":8080,"zone":"az1"}`, i, i))
+	}
+	for i := 1; i <= api; i++ {
+		rows = append(rows, fmt.Sprintf(`{"id":"i-a%d","service":"api","address":"10.7.1.%d","port":8080,"zone":"az1"}`, i, i))
+	}
+	return `{"instances":[` + strings.Join(rows, ",") + `]}`
+}
+
+// TestConfirmNeedsTheOwnersOfWhatIsHeld: a source spans teams, so an
+// operator vouches only for removals of services their team owns. A hold
+// of web (payments) and api (search) is refused to payments' operator and
+// to search's, each told which services are not theirs, and all refusals
+// are audited; an admin's confirmation releases it. Before, any operator
+// of any team could end another team's instances through this door.
+func TestConfirmNeedsTheOwnersOfWhatIsHeld(t *testing.T) {
+	t.Parallel()
+	st, path := diffStack(t)
+	w, _ := st.Reconcile.Worker("snapshot/fleet")
+	run := func() {
+		t.Helper()
+		if err := w.RunOnce(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeAtomic(t, path, mixedSnapshot(5, 5))
+	run()
+	writeAtomic(t, path, mixedSnapshot(3, 3)) // 4 of 10 gone: held
+	run()
+	if h := w.Status().Hold; h == nil || h.Lacking != 4 {
+		t.Fatalf("status %+v, want a hold lacking 4", w.Status())
+	}
+	url := "/v1/reconcile/sources/snapshot/fleet/confirm"
+	body := `{"reason":"both teams scaled in"}`
+	sam := devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "sam", Team: "search", Role: identity.RoleOperator}
+	for _, c := range []struct {
+		who       string
+		tok       string
+		notTheirs string
+	}{
+		{"payments' operator", st.Token(t, apptest.Operator), "api (owned by search)"},
+		{"search's operator", st.Token(t, sam), "web (owned by payments)"},
+	} {
+		r := st.JSON(t, "POST", url, c.tok, body)
+		if r.Status != http.StatusForbidden || !strings.Contains(string(r.Body), c.notTheirs) || r.Header.Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("confirm as %s: %d %s, want 403 naming %s", c.who, r.Status, r.Body, c.notTheirs)
+		}
+	}
+	run()
+	if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 10 || w.Status().Hold == nil {
+		t.Fatalf("after refused confirmations: %d live, hold %+v; want 10, held", len(ins), w.Status().Hold)
+	}
+	admin := st.Token(t, apptest.Admin)
+	r := st.JSON(t, "POST", url, admin, body)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("confirm as admin: %d %s", r.Status, r.Body)
+	}
+	c := apptest.Decode[registry.ReconcileConfirmation](t, r)
+	if len(c.Instances) != 4 || strings.Join(c.Services, ",") != "api,web" {
+		t.Fatalf("confirmation %+v, want 4 instances of api and web", c)
+	}
+	st.Clock.Advance(1e9)
+	run()
+	if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 6 || w.Status().Hold != nil {
+		t.Fatalf("after the admin's confirmation: %d live, hold %+v; want 6, none", len(ins), w.Status().Hold)
+	}
+	// Nothing is held now: a confirmation would vouch for nothing.
+	if r := st.JSON(t, "POST", url, admin, body); r.Status != http.StatusConflict {
+		t.Fatalf("confirm with nothing held: %d %s, want 409", r.Status, r.Body)
+	}
+	a := st.Do(t, "GET", "/v1/audit?action=reconcile.confirm", admin, "", "")
+	got := string(a.Body)
+	if strings.Count(got, `"outcome":"refused"`) != 3 || strings.Count(got, `"outcome":"accepted"`) != 1 || !strings.Contains(got, "operator:sam") {
+		t.Fatalf("audit of reconcile.confirm: %s", got)
+	}
+}
+
+// TestConfirmationCoversOnlyWhatWasHeld: a confirmation names the
+// instances held when it was given. Absences the hold gains afterwards
+// are held until confirmed again, so an operator's word for three
+// instances is never taken for a fourth.
+func TestConfirmationCoversOnlyWhatWasHeld(t *testing.T) {
+	t.Parallel()
+	st, path := diffStack(t)
+	w, _ := st.Reconcile.Worker("snapshot/fleet")
+	run := func() {
+		t.Helper()
+		if err := w.RunOnce(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeAtomic(t, path, mixedSnapshot(10, 0))
+	run()
+	writeAtomic(t, path, mixedSnapshot(7, 0)) // 3 of 10 gone: held
+	run()
+	url := "/v1/reconcile/sources/snapshot/fleet/confirm"
+	if r := st.JSON(t, "POST", url, st.Token(t, apptest.Operator), `{"reason":"scaled in"}`); r.Status != http.StatusCreated {
+		t.Fatalf("confirm: %d %s", r.Status, r.Body)
+	}
+	writeAtomic(t, path, mixedSnapshot(6, 0)) // one more gone before the next pass
+	st.Clock.Advance(1e9)
+	run()
+	ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet")
+	if h := w.Status().Hold; len(ins) != 10 || h == nil || h.Lacking != 4 {
+		t.Fatalf("after the hold grew: %d live, hold %+v; want 10 live, held lacking 4", len(ins), h)
+	}
+	if r := st.JSON(t, "POST", url, st.Token(t, apptest.Operator), `{"reason":"scaled in further"}`); r.Status != http.StatusCreated {
+		t.Fatalf("confirm again: %d %s", r.Status, r.Body)
+	}
+	st.Clock.Advance(1e9)
+	run()
+	if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 6 || w.Status().Hold != nil {
+		t.Fatalf("after the second confirmation: %d live, hold %+v; want 6, none", len(ins), w.Status().Hold)
 	}
 }

@@ -99,6 +99,29 @@ type Hold struct {
 	ReleaseAt time.Time `json:"release_at"`
 }
 
+// Confirmation is an operator's word that a source's held absences are
+// real: given at At, for the instances listed.
+type Confirmation struct {
+	At        time.Time
+	Instances []uuid.UUID
+}
+
+// covers says whether c, given at or after since, vouches for every id
+// of absent: an operator confirms what they were shown, so absences a
+// hold gains afterwards (perhaps of services they do not operate) wait
+// for a confirmation of their own.
+func (c Confirmation) covers(absent []uuid.UUID, since time.Time) bool {
+	if c.At.IsZero() || c.At.Before(since) {
+		return false
+	}
+	for _, id := range absent {
+		if !slices.Contains(c.Instances, id) {
+			return false
+		}
+	}
+	return true
+}
+
 // Plan is what one reading means for the registry and the evaluator.
 type Plan struct {
 	// Create are routable endpoints with no live instance yet.
@@ -128,7 +151,9 @@ type Plan struct {
 
 // Decide is the pure core of a pass: reading r of a source against the
 // source's live instances, with the hold the previous pass left (nil for
-// none), the newest operator confirmation (zero for none), at now.
+// none), the newest operator confirmation (zero for none), at now. A
+// confirmation releases a hold only while it names every instance the
+// hold lacks.
 //
 // An endpoint becomes an instance when it is first ready or serving (and
 // not terminating); it stays one while the source reports it, whatever
@@ -138,7 +163,7 @@ type Plan struct {
 // stops reporting it. Absences are checked against the disbelief
 // threshold; explicit terminations are the source's positive word and are
 // always believed.
-func Decide(d Disbelief, r Reading, live []Live, prev *Hold, confirmed, now time.Time) Plan {
+func Decide(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Confirmation, now time.Time) Plan {
 	return DecideAfter(d, r, live, prev, confirmed, now, 0)
 }
 
@@ -148,7 +173,7 @@ func Decide(d Disbelief, r Reading, live []Live, prev *Hold, confirmed, now time
 // instances the source had before them. A source that lies a little at a
 // time (a fifth of the fleet each pass) is held just as one that lies at
 // once: no single signal may drain a service.
-func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed, now time.Time, recent int) Plan {
+func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Confirmation, now time.Time, recent int) Plan {
 	var p Plan
 	seen := make(map[uuid.UUID]Endpoint, len(r.Endpoints))
 	for _, e := range r.Endpoints {
@@ -199,9 +224,9 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed, now
 		if prev != nil {
 			p.Released = "the source reports its instances again"
 		}
-	case prev != nil && !confirmed.IsZero() && !confirmed.Before(prev.Since):
+	case prev != nil && confirmed.covers(absent, prev.Since):
 		p.End = append(p.End, absent...)
-		p.Released = "confirmed by an operator at " + confirmed.UTC().Format(time.RFC3339)
+		p.Released = "confirmed by an operator at " + confirmed.At.UTC().Format(time.RFC3339)
 	case prev != nil && !now.Before(prev.Since.Add(d.Dwell)):
 		p.End = append(p.End, absent...)
 		p.Released = fmt.Sprintf("a second reading %s after the first still lacks them", now.Sub(prev.Since).Round(time.Second))

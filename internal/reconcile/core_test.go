@@ -64,7 +64,7 @@ func TestDecide(t *testing.T) {
 		reading   []Endpoint
 		live      []Live
 		prev      *Hold
-		confirmed time.Time
+		confirmed Confirmation
 		now       time.Time
 		create    []uuid.UUID
 		end       []uuid.UUID
@@ -100,9 +100,11 @@ func TestDecide(t *testing.T) {
 		{name: "held, a second reading after the dwell: released", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
 			now: t0.Add(time.Minute), end: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), released: "second reading"},
 		{name: "held, confirmed by an operator: released", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
-			confirmed: t0, now: t0, end: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), released: "operator"},
+			confirmed: Confirmation{At: t0, Instances: ids(8, 9, 10)}, now: t0, end: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), released: "operator"},
+		{name: "a confirmation naming only some of the absent releases nothing: the hold grew after it", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
+			confirmed: Confirmation{At: t0, Instances: ids(8, 9)}, now: t0, held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), hold: true},
 		{name: "a confirmation older than the hold releases nothing", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
-			confirmed: t0.Add(-time.Hour), now: t0, held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), hold: true},
+			confirmed: Confirmation{At: t0.Add(-time.Hour), Instances: ids(8, 9, 10)}, now: t0, held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), hold: true},
 		{name: "held, the instances come back: released, nothing ends", reading: readyN(1, 10), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
 			now: t0, ready: ids(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), released: "again"},
 		{name: "an empty reading of a full source is held", reading: nil, live: live(1, 2, 3, 4, 5),
@@ -141,18 +143,18 @@ func TestDecideHoldNumbersAndDwell(t *testing.T) {
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), nil, time.Time{}, t0)
+	p := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), nil, Confirmation{}, t0)
 	want := &Hold{Since: t0, Had: 8, Lacking: 3, ReleaseAt: t0.Add(30 * time.Second)}
 	if diff := cmp.Diff(want, p.Hold); diff != "" {
 		t.Fatalf("hold (-want +got):\n%s", diff)
 	}
 	// The hold keeps its start across readings: the dwell is counted from
 	// the first disbelieved reading.
-	p2 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), p.Hold, time.Time{}, t0.Add(29*time.Second))
+	p2 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), p.Hold, Confirmation{}, t0.Add(29*time.Second))
 	if p2.Hold == nil || !p2.Hold.Since.Equal(t0) {
 		t.Fatalf("second reading inside the dwell: hold %+v, want one since %s", p2.Hold, t0)
 	}
-	p3 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), p2.Hold, time.Time{}, t0.Add(30*time.Second))
+	p3 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), p2.Hold, Confirmation{}, t0.Add(30*time.Second))
 	if p3.Hold != nil || len(p3.End) != 3 {
 		t.Fatalf("reading at the dwell: hold %+v, ended %d; want released, 3 ended", p3.Hold, len(p3.End))
 	}
@@ -245,7 +247,7 @@ func BenchmarkDecide(b *testing.B) {
 	r := Reading{Endpoints: es}
 	b.ResetTimer()
 	for b.Loop() {
-		p := Decide(d, r, ls, nil, time.Time{}, t0)
+		p := Decide(d, r, ls, nil, Confirmation{}, t0)
 		if len(p.Create) != 100 || len(p.End) != 100 {
 			b.Fatalf("created %d, ended %d", len(p.Create), len(p.End))
 		}
@@ -279,16 +281,16 @@ func TestDecideAfterCountsRecentAbsences(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.MinRemovals = 2
-	p := DecideAfter(d, Reading{Endpoints: readyN(1, 8)}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, time.Time{}, t0, 0)
+	p := DecideAfter(d, Reading{Endpoints: readyN(1, 8)}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, Confirmation{}, t0, 0)
 	if p.Hold != nil || p.Believed != 2 || len(p.End) != 2 {
 		t.Fatalf("first pass: hold %+v, believed %d, ended %d; want none, 2, 2", p.Hold, p.Believed, len(p.End))
 	}
 	next := Reading{Endpoints: readyN(1, 7)}
 	// Alone, the next reading is believed, as Decide believes it.
-	if alone := Decide(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, time.Time{}, t0.Add(5*time.Second)); alone.Hold != nil || alone.Believed != 1 {
+	if alone := Decide(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, Confirmation{}, t0.Add(5*time.Second)); alone.Hold != nil || alone.Believed != 1 {
 		t.Fatalf("the next reading alone: hold %+v, believed %d; want none, 1", alone.Hold, alone.Believed)
 	}
-	p = DecideAfter(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, time.Time{}, t0.Add(5*time.Second), p.Believed)
+	p = DecideAfter(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, Confirmation{}, t0.Add(5*time.Second), p.Believed)
 	want := &Hold{Since: t0.Add(5 * time.Second), Had: 10, Lacking: 3, ReleaseAt: t0.Add(5*time.Second + d.Dwell)}
 	if diff := cmp.Diff(want, p.Hold); diff != "" || len(p.End) != 0 || p.Believed != 0 {
 		t.Fatalf("after the first pass (-want +got hold):\n%s ended %d, believed %d", diff, len(p.End), p.Believed)
@@ -296,7 +298,7 @@ func TestDecideAfterCountsRecentAbsences(t *testing.T) {
 	// A restarted pod (a new instance for an ended one) is a replacement,
 	// not a loss: nothing counts against the next passes.
 	restart := append(readyN(1, 9), ep(11, true, true, false))
-	if p := Decide(d, Reading{Endpoints: restart}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, time.Time{}, t0); p.Believed != 0 || len(p.End) != 1 {
+	if p := Decide(d, Reading{Endpoints: restart}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, Confirmation{}, t0); p.Believed != 0 || len(p.End) != 1 {
 		t.Fatalf("a restart: believed %d, ended %d; want 0, 1", p.Believed, len(p.End))
 	}
 }

@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/internal/assembler"
@@ -28,7 +30,7 @@ const AlarmStale = "reconcile_stale"
 type Store interface {
 	Registry
 	LiveInstancesOf(ctx context.Context, services []string) ([]registry.Instance, error)
-	ConfirmReconcile(ctx context.Context, actor identity.Principal, source, reason string, known bool) (registry.ReconcileConfirmation, error)
+	ConfirmReconcile(ctx context.Context, actor identity.Principal, source, reason string, known bool, held map[uuid.UUID]string) (registry.ReconcileConfirmation, error)
 }
 
 // Config configures a Reconciler: its sources and their common settings.
@@ -172,8 +174,9 @@ func (rc *Reconciler) Alarms() []assembler.Alarm {
 		st := w.Status()
 		if h := st.Hold; h != nil {
 			out = append(out, assembler.Alarm{Kind: AlarmSuspect, Since: h.Since, Detail: fmt.Sprintf(
-				"%s: the last reading lacks %d of the %d instances it had (%.0f%%, above the %.0f%% disbelief threshold); their removal is held until a reading still lacking them after %s, or an operator confirms (POST /v1/reconcile/sources/%s/confirm)",
-				st.Source, h.Lacking, h.Had, 100*float64(h.Lacking)/float64(h.Had), 100*w.cfg.Disbelief.Fraction, h.ReleaseAt.UTC().Format(time.RFC3339), st.Source)})
+				"%s: the last reading lacks %d of the %d instances it had (%.0f%%, above the %.0f%% disbelief threshold); their removal is held until a reading still lacking them after %s, or a confirmation by an admin or by an operator of the team owning each held service (%s) (POST /v1/reconcile/sources/%s/confirm)",
+				st.Source, h.Lacking, h.Had, 100*float64(h.Lacking)/float64(h.Had), 100*w.cfg.Disbelief.Fraction, h.ReleaseAt.UTC().Format(time.RFC3339),
+				strings.Join(heldServices(w.HeldServices()), ", "), st.Source)})
 		}
 		if st.Stale != "" {
 			out = append(out, assembler.Alarm{Kind: AlarmStale, Since: st.LastReading, Detail: fmt.Sprintf(
@@ -183,11 +186,24 @@ func (rc *Reconciler) Alarms() []assembler.Alarm {
 	return out
 }
 
+// heldServices are the services of held, sorted.
+func heldServices(held map[uuid.UUID]string) []string {
+	set := map[string]bool{}
+	for _, svc := range held {
+		set[svc] = true
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
 // Confirm records actor's confirmation that source's held removals are
 // real (audited, refused ones too) and asks for a pass.
 func (rc *Reconciler) Confirm(ctx context.Context, actor identity.Principal, source, reason string) (registry.ReconcileConfirmation, error) {
 	w, ok := rc.Worker(source)
-	c, err := rc.cfg.Registry.ConfirmReconcile(ctx, actor, source, reason, ok)
+	var held map[uuid.UUID]string
+	if ok {
+		held = w.HeldServices()
+	}
+	c, err := rc.cfg.Registry.ConfirmReconcile(ctx, actor, source, reason, ok, held)
 	if err == nil {
 		w.Kick()
 	}

@@ -38,7 +38,7 @@ type Source interface {
 type Registry interface {
 	ReconciledInstances(ctx context.Context, source string) ([]registry.Instance, error)
 	ApplyReconcile(ctx context.Context, source string, ch registry.ReconcileChange) (registry.ReconcileResult, error)
-	LatestReconcileConfirmation(ctx context.Context, source string) (time.Time, bool, error)
+	LatestReconcileConfirmation(ctx context.Context, source string) (registry.ReconcileConfirmation, bool, error)
 }
 
 // Evidence takes readiness evidence (the evaluator).
@@ -110,6 +110,8 @@ type Worker struct {
 	status Status
 	view   SourceView
 	hold   *Hold
+	// heldServices are the last pass's held instances and their services.
+	heldServices map[uuid.UUID]string
 	// believed are the absences believed (under the threshold) within the
 	// last dwell, counted against the next readings (DecideAfter).
 	believed []believedAt
@@ -256,14 +258,14 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	for i, in := range rows {
 		live[i] = Live{ID: in.ID, Service: in.Service, Address: in.Address, Port: in.Port, Zone: in.Zone}
 	}
-	var confirmed time.Time
+	var confirmed Confirmation
 	if prev != nil {
-		at, ok, err := w.cfg.Registry.LatestReconcileConfirmation(ctx, name)
+		c, ok, err := w.cfg.Registry.LatestReconcileConfirmation(ctx, name)
 		if err != nil {
 			return err
 		}
 		if ok {
-			confirmed = at
+			confirmed = Confirmation{At: c.ConfirmedAt, Instances: c.Instances}
 		}
 	}
 	plan := DecideAfter(w.cfg.Disbelief, r, live, prev, confirmed, now, recent)
@@ -307,6 +309,12 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	}
 	w.hold = plan.Hold
 	w.status.Hold = plan.Hold
+	w.heldServices = make(map[uuid.UUID]string, len(plan.Held))
+	for _, l := range live {
+		if slices.Contains(plan.Held, l.ID) {
+			w.heldServices[l.ID] = l.Service
+		}
+	}
 	w.status.Live = len(live) + len(res.Created) - len(res.Ended)
 	services := map[string]bool{}
 	for _, e := range r.Endpoints {
@@ -338,6 +346,14 @@ func (w *Worker) Held() []uuid.UUID {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]uuid.UUID(nil), w.view.Plan.Held...)
+}
+
+// HeldServices are the instances whose removal the last pass held, with
+// their services: what an operator's confirmation vouches for.
+func (w *Worker) HeldServices() map[uuid.UUID]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.heldServices)
 }
 
 type metrics struct {

@@ -3,6 +3,8 @@ package registry
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -233,17 +235,32 @@ type ReconcileConfirmation struct {
 	ConfirmedAt time.Time `json:"confirmed_at"`
 	ConfirmedBy string    `json:"confirmed_by"`
 	Reason      string    `json:"reason"`
+	// Instances are the held instances it vouches for: it releases a hold
+	// only while the hold lacks none but these.
+	Instances []uuid.UUID `json:"instances"`
+	// Services are their services (in the answer, not stored).
+	Services []string `json:"services,omitempty"`
 }
 
 // ConfirmReconcile records actor's confirmation of source's held removals,
-// audited as reconcile.confirm whether or not it is accepted. Removing
-// capacity is a privileged act: it needs an admin, or an operator or tool
-// with the operator role (a source spans teams).
+// audited as reconcile.confirm whether or not it is accepted. held are the
+// instances the source's hold lacks now, with their services.
+//
+// Removing capacity is a privileged act: it needs an admin, or an
+// operator (person or tool, operator role) of the team that owns every
+// service held. A source spans teams, so an operator of one team cannot
+// vouch for another's removals: when the hold covers services of
+// several teams, each is named in the refusal and an admin confirms.
+// The confirmation names the instances it covers; absences the hold gains
+// afterwards are held until confirmed again.
+//
 // known says whether source is configured; an unknown one is refused as
-// not found once the caller is authorised.
-func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principal, source, reason string, known bool) (ReconcileConfirmation, error) {
+// not found once the caller is authorised, and a source holding nothing
+// is refused as a conflict (a confirmation vouches for what is held now,
+// never for what a later hold lacks).
+func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principal, source, reason string, known bool, held map[uuid.UUID]string) (ReconcileConfirmation, error) {
 	const action = "reconcile.confirm"
-	asked := map[string]string{"source": source, "reason": reason}
+	asked := map[string]any{"source": source, "reason": reason, "held": len(held)}
 	var out ReconcileConfirmation
 	err := r.write(ctx, actor, action, "reconcile-source", source, asked, func(q *db.Queries) (*refusal.Error, error) {
 		if !actor.IsAdmin() && !((actor.Kind == identity.KindOperator || actor.Kind == identity.KindTool) && actor.Role.AtLeast(identity.RoleOperator)) {
@@ -251,6 +268,31 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 		}
 		if !known {
 			return newRefusal(ErrNotFound, "no reconciliation source named %s", source), nil
+		}
+		if len(held) == 0 {
+			return newRefusal(ErrConflict, "%s holds no removals: there is nothing to confirm (a confirmation vouches for the instances held now)", source), nil
+		}
+		ids := slices.SortedFunc(maps.Keys(held), func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
+		services := slices.Sorted(maps.Keys(invert(held)))
+		var notOwned []string
+		for _, svc := range services {
+			row, err := q.ServiceGet(ctx, svc)
+			switch {
+			case notFound(err):
+				// A service deleted since: its instances are gone anyway,
+				// but only an admin vouches for what no team owns.
+				if !actor.IsAdmin() {
+					notOwned = append(notOwned, svc+" (no longer registered)")
+				}
+			case err != nil:
+				return nil, fmt.Errorf("read service %s: %w", svc, err)
+			case !CanManage(actor, row.Owner):
+				notOwned = append(notOwned, svc+" (owned by "+row.Owner+")")
+			}
+		}
+		if len(notOwned) > 0 {
+			return newRefusal(ErrForbidden, "the removals held from %s include services %s does not operate: %s; their owning team's operator or an admin confirms them",
+				source, actor, strings.Join(notOwned, ", ")), nil
 		}
 		reason = strings.TrimSpace(reason)
 		if reason == "" {
@@ -261,12 +303,13 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 		}
 		now := r.now()
 		row, err := q.ReconcileConfirmationInsert(ctx, db.ReconcileConfirmationInsertParams{
-			Source: source, ConfirmedAt: now, ConfirmedBy: actor.String(), Reason: reason,
+			Source: source, ConfirmedAt: now, ConfirmedBy: actor.String(), Reason: reason, Instances: ids,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("record confirmation: %w", err)
 		}
-		out = ReconcileConfirmation{ID: row.ID, Source: row.Source, ConfirmedAt: row.ConfirmedAt, ConfirmedBy: row.ConfirmedBy, Reason: row.Reason}
+		out = confirmationOf(row)
+		out.Services = services
 		_, err = audit.Append(ctx, q, now, audit.Entry{
 			ActorKind: actorKind(actor), Actor: actor.String(), Action: action,
 			TargetKind: "reconcile-source", Target: source, Outcome: audit.Accepted, Reason: reason, After: out,
@@ -276,15 +319,32 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 	return out, err
 }
 
+// invert maps each value of m to true.
+func invert[K comparable, V comparable](m map[K]V) map[V]bool {
+	out := make(map[V]bool, len(m))
+	for _, v := range m {
+		out[v] = true
+	}
+	return out
+}
+
+func confirmationOf(row db.ReconcileConfirmation) ReconcileConfirmation {
+	ids := row.Instances
+	if ids == nil {
+		ids = []uuid.UUID{}
+	}
+	return ReconcileConfirmation{ID: row.ID, Source: row.Source, ConfirmedAt: row.ConfirmedAt, ConfirmedBy: row.ConfirmedBy, Reason: row.Reason, Instances: ids}
+}
+
 // LatestReconcileConfirmation is the newest confirmation of source, and
 // whether there is one.
-func (r *Registry) LatestReconcileConfirmation(ctx context.Context, source string) (time.Time, bool, error) {
+func (r *Registry) LatestReconcileConfirmation(ctx context.Context, source string) (ReconcileConfirmation, bool, error) {
 	row, err := db.New(r.cfg.Pool).ReconcileConfirmationLatest(ctx, source)
 	if notFound(err) {
-		return time.Time{}, false, nil
+		return ReconcileConfirmation{}, false, nil
 	}
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("read the confirmations of %s: %w", source, err)
+		return ReconcileConfirmation{}, false, fmt.Errorf("read the confirmations of %s: %w", source, err)
 	}
-	return row.ConfirmedAt, true, nil
+	return confirmationOf(row), true, nil
 }

@@ -1,0 +1,1 @@
+ALTER TABLE reconcile_confirmations DROP COLUMN IF EXISTS instances;
