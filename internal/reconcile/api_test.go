@@ -284,3 +284,46 @@ func TestConfirmationCoversOnlyWhatWasHeld(t *testing.T) {
 		t.Fatalf("after the second confirmation: %d live, hold %+v; want 6, none", len(ins), w.Status().Hold)
 	}
 }
+
+// TestAServiceDrainedWithinASourceIsHeld: through the worker, the
+// registry and the API. A snapshot of 20 web and 3 api instances that
+// suddenly lacks every api instance lacks 13% of itself, under the
+// threshold, and was believed: api was drained by one reading. Now api's
+// absences are held and alarmed while web's ordinary churn goes ahead,
+// and the team that owns api (search) can confirm them on its own.
+func TestAServiceDrainedWithinASourceIsHeld(t *testing.T) {
+	t.Parallel()
+	st, path := diffStack(t)
+	w, _ := st.Reconcile.Worker("snapshot/fleet")
+	run := func() {
+		t.Helper()
+		if err := w.RunOnce(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeAtomic(t, path, mixedSnapshot(20, 3))
+	run()
+	writeAtomic(t, path, mixedSnapshot(19, 0))
+	run()
+	h := w.Status().Hold
+	if h == nil || h.Lacking != 3 || strings.Join(h.Services, ",") != "api" {
+		t.Fatalf("hold %+v, want api's 3 held", h)
+	}
+	if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 22 {
+		t.Fatalf("%d live, want 22 (web's one absence believed, api's three held)", len(ins))
+	}
+	admin := st.Token(t, apptest.Admin)
+	al := st.Do(t, "GET", "/v1/alarms", admin, "", "")
+	if !strings.Contains(string(al.Body), "lacks 3 of the 3 instances of api") {
+		t.Fatalf("alarms: %s", al.Body)
+	}
+	sam := devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "sam", Team: "search", Role: identity.RoleOperator}
+	if r := st.JSON(t, "POST", "/v1/reconcile/sources/snapshot/fleet/confirm", st.Token(t, sam), `{"reason":"api moved to the new cluster"}`); r.Status != http.StatusCreated {
+		t.Fatalf("confirm as search's operator: %d %s", r.Status, r.Body)
+	}
+	st.Clock.Advance(1e9)
+	run()
+	if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 19 || w.Status().Hold != nil {
+		t.Fatalf("after confirmation: %d live, hold %+v; want 19, none", len(ins), w.Status().Hold)
+	}
+}

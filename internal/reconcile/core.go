@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -97,6 +98,10 @@ type Hold struct {
 	Lacking int       `json:"lacking"`
 	// ReleaseAt is when a reading still lacking them is believed.
 	ReleaseAt time.Time `json:"release_at"`
+	// Services are the services whose absences are held. Had and Lacking
+	// count the whole source when it is suspect as a whole, else these
+	// services, each suspect on its own.
+	Services []string `json:"services"`
 }
 
 // Confirmation is an operator's word that a source's held absences are
@@ -142,11 +147,12 @@ type Plan struct {
 	Hold *Hold
 	// Released says a hold ended by dwell or confirmation this pass.
 	Released string
-	// Believed is how many absences were ended because they stayed under
-	// the threshold (not by a release, not explicit terminations), net of
-	// the instances the same reading created: the worker counts them
-	// against the next passes within the dwell (DecideAfter).
-	Believed int
+	// Believed counts, by service, the absences ended because they stayed
+	// under the threshold (not by a release, not explicit terminations),
+	// net of the instances the same reading created in that service: the
+	// worker counts them against the next passes within the dwell
+	// (DecideAfter).
+	Believed map[string]int
 }
 
 // Decide is the pure core of a pass: reading r of a source against the
@@ -164,16 +170,22 @@ type Plan struct {
 // threshold; explicit terminations are the source's positive word and are
 // always believed.
 func Decide(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Confirmation, now time.Time) Plan {
-	return DecideAfter(d, r, live, prev, confirmed, now, 0)
+	return DecideAfter(d, r, live, prev, confirmed, now, nil)
 }
 
 // DecideAfter is Decide for a source that, within the last dwell, already
-// had recent absences believed in passes of their own (Plan.Believed):
-// they count with this reading's against the threshold, measured on the
-// instances the source had before them. A source that lies a little at a
-// time (a fifth of the fleet each pass) is held just as one that lies at
-// once: no single signal may drain a service.
-func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Confirmation, now time.Time, recent int) Plan {
+// had recent absences believed in passes of their own (Plan.Believed, by
+// service): they count with this reading's against the threshold,
+// measured on the instances the source (or service) had before them. A
+// source that lies a little at a time (a fifth of the fleet each pass) is
+// held just as one that lies at once: no single signal may drain a
+// service.
+//
+// The threshold is checked on the whole source, then on each service: a
+// source suspect as a whole has all its absences held; otherwise only the
+// absences of the services suspect on their own are, and the rest are
+// believed.
+func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Confirmation, now time.Time, recent map[string]int) Plan {
 	var p Plan
 	seen := make(map[uuid.UUID]Endpoint, len(r.Endpoints))
 	for _, e := range r.Endpoints {
@@ -212,31 +224,89 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 			p.Unready = append(p.Unready, e)
 		}
 	}
-	had, lacking := len(live)+recent, len(absent)+recent
-	suspect := len(absent) > 0 && lacking >= d.MinRemovals && had > 0 && float64(lacking) > d.Fraction*float64(had)
+	// The threshold is checked on the whole source and on each service:
+	// a source spanning a thousand instances that loses all fifty of one
+	// service lacks 5% of itself, yet would drain that service.
+	hadBy, absentBy, createdBy := map[string]int{}, map[string][]uuid.UUID{}, map[string]int{}
+	for _, l := range live {
+		hadBy[l.Service]++
+	}
+	for _, id := range absent {
+		svc := liveBy[id].Service
+		absentBy[svc] = append(absentBy[svc], id)
+	}
+	for _, e := range p.Create {
+		createdBy[e.Service]++
+	}
+	suspect := func(had, lacking, absentNow int) bool {
+		return absentNow > 0 && lacking >= d.MinRemovals && had > 0 && float64(lacking) > d.Fraction*float64(had)
+	}
+	recentAll := 0
+	for _, n := range recent {
+		recentAll += n
+	}
+	var held []uuid.UUID
+	var heldServices []string
+	had, lacking := len(live)+recentAll, len(absent)+recentAll
+	if suspect(had, lacking, len(absent)) {
+		held = absent
+		heldServices = slices.Sorted(maps.Keys(absentBy))
+	} else {
+		had, lacking = 0, 0
+		for _, svc := range slices.Sorted(maps.Keys(absentBy)) {
+			h, l := hadBy[svc]+recent[svc], len(absentBy[svc])+recent[svc]
+			if suspect(h, l, len(absentBy[svc])) {
+				held = append(held, absentBy[svc]...)
+				heldServices = append(heldServices, svc)
+				had, lacking = had+h, lacking+l
+			}
+		}
+	}
+	// believe ends the absences of the services not held, counting them
+	// (net of the instances the reading adds to the same service: a pod
+	// restarted with a new UID, or a rolled one, is a replacement, not a
+	// loss) against the next passes within the dwell.
+	believe := func(all bool) {
+		for svc, ids := range absentBy {
+			if !all && slices.Contains(heldServices, svc) {
+				continue
+			}
+			p.End = append(p.End, ids...)
+			if all {
+				continue
+			}
+			if n := len(ids) - createdBy[svc]; n > 0 {
+				if p.Believed == nil {
+					p.Believed = map[string]int{}
+				}
+				p.Believed[svc] = n
+			}
+		}
+	}
 	switch {
-	case !suspect:
-		p.End = append(p.End, absent...)
-		// Net of the instances this reading adds: a pod restarted (a new
-		// UID, so a new instance) or a rolled one is a replacement, not a
-		// loss.
-		p.Believed = max(0, len(absent)-len(p.Create))
+	case len(held) == 0:
+		believe(false)
 		if prev != nil {
 			p.Released = "the source reports its instances again"
 		}
-	case prev != nil && confirmed.covers(absent, prev.Since):
-		p.End = append(p.End, absent...)
+	case prev != nil && confirmed.covers(held, prev.Since):
+		believe(true)
 		p.Released = "confirmed by an operator at " + confirmed.At.UTC().Format(time.RFC3339)
 	case prev != nil && !now.Before(prev.Since.Add(d.Dwell)):
-		p.End = append(p.End, absent...)
+		believe(true)
 		p.Released = fmt.Sprintf("a second reading %s after the first still lacks them", now.Sub(prev.Since).Round(time.Second))
 	default:
+		believe(false)
+		// The dwell counts from the first reading that held these
+		// services: a hold that now takes in a service it did not hold
+		// starts again, so a service just gone missing gets the whole
+		// dwell, not what an earlier hold had left of it.
 		since := now
-		if prev != nil {
+		if prev != nil && !slices.ContainsFunc(heldServices, func(s string) bool { return !slices.Contains(prev.Services, s) }) {
 			since = prev.Since
 		}
-		p.Held = absent
-		p.Hold = &Hold{Since: since, Had: had, Lacking: lacking, ReleaseAt: since.Add(d.Dwell)}
+		p.Held = held
+		p.Hold = &Hold{Since: since, Had: had, Lacking: lacking, ReleaseAt: since.Add(d.Dwell), Services: heldServices}
 	}
 	sortIDs(p.End)
 	sortIDs(p.Held)

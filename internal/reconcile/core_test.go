@@ -144,7 +144,7 @@ func TestDecideHoldNumbersAndDwell(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), nil, Confirmation{}, t0)
-	want := &Hold{Since: t0, Had: 8, Lacking: 3, ReleaseAt: t0.Add(30 * time.Second)}
+	want := &Hold{Since: t0, Had: 8, Lacking: 3, ReleaseAt: t0.Add(30 * time.Second), Services: []string{"web"}}
 	if diff := cmp.Diff(want, p.Hold); diff != "" {
 		t.Fatalf("hold (-want +got):\n%s", diff)
 	}
@@ -281,24 +281,82 @@ func TestDecideAfterCountsRecentAbsences(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.MinRemovals = 2
-	p := DecideAfter(d, Reading{Endpoints: readyN(1, 8)}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, Confirmation{}, t0, 0)
-	if p.Hold != nil || p.Believed != 2 || len(p.End) != 2 {
-		t.Fatalf("first pass: hold %+v, believed %d, ended %d; want none, 2, 2", p.Hold, p.Believed, len(p.End))
+	p := DecideAfter(d, Reading{Endpoints: readyN(1, 8)}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, Confirmation{}, t0, nil)
+	if p.Hold != nil || p.Believed["web"] != 2 || len(p.End) != 2 {
+		t.Fatalf("first pass: hold %+v, believed %v, ended %d; want none, 2, 2", p.Hold, p.Believed, len(p.End))
 	}
 	next := Reading{Endpoints: readyN(1, 7)}
 	// Alone, the next reading is believed, as Decide believes it.
-	if alone := Decide(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, Confirmation{}, t0.Add(5*time.Second)); alone.Hold != nil || alone.Believed != 1 {
-		t.Fatalf("the next reading alone: hold %+v, believed %d; want none, 1", alone.Hold, alone.Believed)
+	if alone := Decide(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, Confirmation{}, t0.Add(5*time.Second)); alone.Hold != nil || alone.Believed["web"] != 1 {
+		t.Fatalf("the next reading alone: hold %+v, believed %v; want none, 1", alone.Hold, alone.Believed)
 	}
 	p = DecideAfter(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, Confirmation{}, t0.Add(5*time.Second), p.Believed)
-	want := &Hold{Since: t0.Add(5 * time.Second), Had: 10, Lacking: 3, ReleaseAt: t0.Add(5*time.Second + d.Dwell)}
-	if diff := cmp.Diff(want, p.Hold); diff != "" || len(p.End) != 0 || p.Believed != 0 {
-		t.Fatalf("after the first pass (-want +got hold):\n%s ended %d, believed %d", diff, len(p.End), p.Believed)
+	want := &Hold{Since: t0.Add(5 * time.Second), Had: 10, Lacking: 3, ReleaseAt: t0.Add(5*time.Second + d.Dwell), Services: []string{"web"}}
+	if diff := cmp.Diff(want, p.Hold); diff != "" || len(p.End) != 0 || len(p.Believed) != 0 {
+		t.Fatalf("after the first pass (-want +got hold):\n%s ended %d, believed %v", diff, len(p.End), p.Believed)
 	}
 	// A restarted pod (a new instance for an ended one) is a replacement,
 	// not a loss: nothing counts against the next passes.
 	restart := append(readyN(1, 9), ep(11, true, true, false))
-	if p := Decide(d, Reading{Endpoints: restart}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, Confirmation{}, t0); p.Believed != 0 || len(p.End) != 1 {
-		t.Fatalf("a restart: believed %d, ended %d; want 0, 1", p.Believed, len(p.End))
+	if p := Decide(d, Reading{Endpoints: restart}, live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), nil, Confirmation{}, t0); len(p.Believed) != 0 || len(p.End) != 1 {
+		t.Fatalf("a restart: believed %v, ended %d; want none, 1", p.Believed, len(p.End))
+	}
+}
+
+// liveOf is live instances n… of service svc.
+func liveOf(svc string, from, to int) ([]Live, []Endpoint) {
+	var ls []Live
+	var es []Endpoint
+	for n := from; n <= to; n++ {
+		e := ep(n, true, true, false)
+		e.Service = svc
+		es = append(es, e)
+		ls = append(ls, Live{ID: e.ID, Service: svc, Address: e.Address, Port: e.Port, Zone: e.Zone})
+	}
+	return ls, es
+}
+
+// TestDecideHoldsAServiceDrainedWithinALargeSource: the threshold is
+// checked per service too. A source of 1,000 api instances and 50 web
+// instances whose reading lacks every web instance lacks under 5% of
+// itself, and was believed: web was drained by one signal. Now web's
+// absences are held (with the source's other, ordinary absences
+// believed), and a hold that takes in a further service restarts its
+// dwell for it.
+func TestDecideHoldsAServiceDrainedWithinALargeSource(t *testing.T) {
+	d := Disbelief{}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	web, _ := liveOf("web", 1, 50)
+	api, apiEPs := liveOf("api", 100, 1099)
+	all := append(append([]Live(nil), web...), api...)
+	// Every web instance gone, and two api instances (ordinary churn).
+	reading := Reading{Endpoints: apiEPs[2:]}
+	p := Decide(d, reading, all, nil, Confirmation{}, t0)
+	want := &Hold{Since: t0, Had: 50, Lacking: 50, ReleaseAt: t0.Add(d.Dwell), Services: []string{"web"}}
+	if diff := cmp.Diff(want, p.Hold); diff != "" {
+		t.Fatalf("hold (-want +got):\n%s", diff)
+	}
+	if len(p.Held) != 50 || len(p.End) != 2 || p.Believed["api"] != 2 || p.Believed["web"] != 0 {
+		t.Fatalf("held %d, ended %d, believed %v; want 50 web held, 2 api ended and believed", len(p.Held), len(p.End), p.Believed)
+	}
+	// The whole source seen as before (the old threshold): under it.
+	if lacking := 52; float64(lacking) > d.Fraction*float64(len(all)) {
+		t.Fatalf("the case no longer tests a per-service drain: %d of %d is above %v", lacking, len(all), d.Fraction)
+	}
+
+	// Thirty seconds on, api loses 300 more: the hold takes api in and
+	// counts its dwell from now, not from web's start.
+	later := t0.Add(30 * time.Second)
+	p2 := DecideAfter(d, Reading{Endpoints: apiEPs[302:]}, append(append([]Live(nil), web...), api[2:]...), p.Hold, Confirmation{}, later, p.Believed)
+	if p2.Hold == nil || !p2.Hold.Since.Equal(later) || len(p2.End) != 0 || len(p2.Held) != 350 {
+		t.Fatalf("hold %+v, ended %d, held %d; want a hold of web and api since %s, nothing ended", p2.Hold, len(p2.End), len(p2.Held), later)
+	}
+	// Web's absence alone, one more pass inside the dwell: its hold keeps
+	// its start.
+	p3 := Decide(d, reading, all, p.Hold, Confirmation{}, t0.Add(time.Minute))
+	if p3.Hold == nil || !p3.Hold.Since.Equal(t0) {
+		t.Fatalf("hold %+v, want it to keep its start %s", p3.Hold, t0)
 	}
 }

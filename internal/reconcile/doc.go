@@ -20,9 +20,10 @@
 // (readiness is evidence, not existence); it ends when the source reports
 // it terminating and not serving (KEP-1669: serving while terminating
 // stays routable), or stops reporting it. Absences pass the disbelief
-// threshold (Disbelief: more than 20% of the source's instances, at least
-// 3, are held until a reading after the dwell still lacks them, or an
-// operator confirms; alarm reconcile_suspect). A failed read changes
+// threshold (Disbelief: more than 20% of the source's instances, or of
+// one service's, at least 3, are held until a reading after the dwell
+// still lacks them, or an admin or the owning team's operator confirms
+// them; alarm reconcile_suspect). A failed read changes
 // nothing (fail-static), and a Kubernetes source whose watch is lost keeps
 // its cache and says so (reconcile_stale).
 //

@@ -348,7 +348,7 @@ func TestKubernetesDisappearanceHeld(t *testing.T) {
 		t.Fatalf("30%% gone: %d live, want all 10 held", n)
 	}
 	al := c.rc.Alarms()
-	if len(al) != 1 || al[0].Kind != "reconcile_suspect" || !strings.Contains(al[0].Detail, "k8s/test") || !strings.Contains(al[0].Detail, "lacks 3 of the 10 instances it had (30%") {
+	if len(al) != 1 || al[0].Kind != "reconcile_suspect" || !strings.Contains(al[0].Detail, "k8s/test") || !strings.Contains(al[0].Detail, "lacks 3 of the 10 instances of web it had (30%") {
 		t.Fatalf("alarms = %+v", al)
 	}
 	c.st.Clock.Advance(30 * time.Second)

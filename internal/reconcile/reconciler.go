@@ -174,9 +174,9 @@ func (rc *Reconciler) Alarms() []assembler.Alarm {
 		st := w.Status()
 		if h := st.Hold; h != nil {
 			out = append(out, assembler.Alarm{Kind: AlarmSuspect, Since: h.Since, Detail: fmt.Sprintf(
-				"%s: the last reading lacks %d of the %d instances it had (%.0f%%, above the %.0f%% disbelief threshold); their removal is held until a reading still lacking them after %s, or a confirmation by an admin or by an operator of the team owning each held service (%s) (POST /v1/reconcile/sources/%s/confirm)",
-				st.Source, h.Lacking, h.Had, 100*float64(h.Lacking)/float64(h.Had), 100*w.cfg.Disbelief.Fraction, h.ReleaseAt.UTC().Format(time.RFC3339),
-				strings.Join(heldServices(w.HeldServices()), ", "), st.Source)})
+				"%s: the last reading lacks %d of the %d instances of %s it had (%.0f%%, above the %.0f%% disbelief threshold); their removal is held until a reading still lacking them after %s, or a confirmation by an admin or by an operator of the team owning each held service (POST /v1/reconcile/sources/%s/confirm)",
+				st.Source, h.Lacking, h.Had, strings.Join(h.Services, ", "), 100*float64(h.Lacking)/float64(h.Had), 100*w.cfg.Disbelief.Fraction,
+				h.ReleaseAt.UTC().Format(time.RFC3339), st.Source)})
 		}
 		if st.Stale != "" {
 			out = append(out, assembler.Alarm{Kind: AlarmStale, Since: st.LastReading, Detail: fmt.Sprintf(
@@ -184,15 +184,6 @@ func (rc *Reconciler) Alarms() []assembler.Alarm {
 		}
 	}
 	return out
-}
-
-// heldServices are the services of held, sorted.
-func heldServices(held map[uuid.UUID]string) []string {
-	set := map[string]bool{}
-	for _, svc := range held {
-		set[svc] = true
-	}
-	return slices.Sorted(maps.Keys(set))
 }
 
 // Confirm records actor's confirmation that source's held removals are

@@ -117,19 +117,21 @@ type Worker struct {
 	believed []believedAt
 }
 
-// believedAt is one pass's believed absences.
+// believedAt is one pass's believed absences, by service.
 type believedAt struct {
 	at time.Time
-	n  int
+	by map[string]int
 }
 
 // recentBelieved drops believed absences older than the dwell and counts
-// the rest. Called with w.mu held.
-func (w *Worker) recentBelieved(now time.Time) int {
+// the rest by service. Called with w.mu held.
+func (w *Worker) recentBelieved(now time.Time) map[string]int {
 	w.believed = slices.DeleteFunc(w.believed, func(b believedAt) bool { return !now.Before(b.at.Add(w.cfg.Disbelief.Dwell)) })
-	n := 0
+	n := map[string]int{}
 	for _, b := range w.believed {
-		n += b.n
+		for svc, k := range b.by {
+			n[svc] += k
+		}
 	}
 	return n
 }
@@ -304,8 +306,8 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	switch {
 	case plan.Released != "":
 		w.believed = nil // a dwell or an operator vouched for what is gone
-	case plan.Believed > 0:
-		w.believed = append(w.believed, believedAt{at: now, n: plan.Believed})
+	case len(plan.Believed) > 0:
+		w.believed = append(w.believed, believedAt{at: now, by: plan.Believed})
 	}
 	w.hold = plan.Hold
 	w.status.Hold = plan.Hold
