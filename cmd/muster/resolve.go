@@ -81,7 +81,7 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer c.Close()
 
-	waitSynced(ctx, c, timeout)
+	waitSynced(ctx, c, timeout, []string{service})
 	r, err := c.Resolve(service)
 	if err != nil {
 		st := c.Stats()
@@ -126,18 +126,23 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 }
 
-// waitSynced waits until the client holds a current view (ClientStats.
-// Synced: a view of the service and the stream caught up; a synced event
-// without a view does not count), or a subscription failed, or timeout
-// passed. Either way the caller answers from whatever the cache holds.
-func waitSynced(ctx context.Context, c *resolver.Client, timeout time.Duration) {
+// waitSynced waits until the client holds a current view of services
+// (ClientStats.Synced: a view of each and the stream caught up; a synced
+// event without a view does not count), or timeout passed. A failed
+// subscription ends the wait early only when the cache already holds a
+// view of every service (muster is unreachable: answer from the cache
+// now); with nothing to answer from, the wait goes on while the client
+// resubscribes, since a muster that is starting (503, not ready yet) or
+// restarting is usually there within moments. Either way the caller
+// answers from whatever the cache holds.
+func waitSynced(ctx context.Context, c *resolver.Client, timeout time.Duration, services []string) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		st := c.Stats()
-		if st.Synced || (!st.Connected && st.LastError != nil) {
+		if st.Synced || (!st.Connected && st.LastError != nil && cachedAll(c, services)) {
 			return
 		}
 		select {
@@ -146,6 +151,16 @@ func waitSynced(ctx context.Context, c *resolver.Client, timeout time.Duration) 
 		case <-tick.C:
 		}
 	}
+}
+
+// cachedAll reports whether c can answer for every one of services.
+func cachedAll(c *resolver.Client, services []string) bool {
+	for _, s := range services {
+		if _, err := c.Resolve(s); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // resolveJSON is what --json prints: the view routing uses and, while a

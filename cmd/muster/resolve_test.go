@@ -8,7 +8,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,5 +240,55 @@ func TestHoldLine(t *testing.T) {
 		if got := holdLine(h, now); got != want {
 			t.Errorf("holdLine at %s:\n got %s\nwant %s", now, got, want)
 		}
+	}
+}
+
+// TestResolveWaitsThroughAStartingMuster: a muster that is still
+// starting answers its first watch 503 (not ready: it has not loaded who
+// may watch what). With nothing cached, muster resolve (and tgsync
+// --once, which waits the same way) kept no wait after that first
+// refusal and failed at once; it now waits through it while the client
+// resubscribes, up to --timeout. In front of a real muster, a proxy
+// answers the first watch as a starting muster does (named a stand-in
+// for that moment only).
+func TestResolveWaitsThroughAStartingMuster(t *testing.T) {
+	t.Parallel()
+	s := apptest.New(t, apptest.Options{})
+	s.Seed(t)
+	admin := s.Token(t, apptest.Admin)
+	if r := s.JSON(t, "POST", "/v1/services/web/instances", admin, `{"address":"10.8.0.1","port":8080,"zone":"az1"}`); r.Status != http.StatusCreated {
+		t.Fatalf("register: %d %s", r.Status, r.Body)
+	}
+	s.SyncNow(t)
+	s.Evaluator.EvaluateNow()
+	s.Publisher.RunOnce()
+	s.Clock.Advance(2 * time.Second)
+	s.Publisher.RunOnce()
+	target, err := url.Parse(s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.FlushInterval = -1 // a stream: pass every event on at once
+	var refused atomic.Int32
+	starting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/watch" && refused.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, `{"type":"https://muster.dev/problems/not-ready","title":"Service Unavailable","status":503,"detail":"muster has not yet loaded who may watch and resolve what; retry in a moment"}`)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(starting.Close)
+	var out, errb bytes.Buffer
+	err = run(context.Background(), []string{"resolve", "web", "--server", starting.URL, "--token", s.Token(t, apptest.Viewer),
+		"--cache", t.TempDir(), "--timeout", "30s"}, &out, &errb)
+	if err != nil {
+		t.Fatalf("resolve through a starting muster: %v\n%s", err, errb.String())
+	}
+	if got := out.String(); !strings.Contains(got, "web version") || !strings.Contains(got, "(live)") || refused.Load() < 2 {
+		t.Fatalf("output after %d watches:\n%s", refused.Load(), got)
 	}
 }

@@ -111,7 +111,7 @@ func cmdTgsync(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 
 	if once {
-		waitSynced(ctx, client, timeout)
+		waitSynced(ctx, client, timeout, cfg.Services())
 		reps := s.RunOnce(ctx)
 		printPlans(stdout, reps, asJSON, dryRun)
 		var errs []error

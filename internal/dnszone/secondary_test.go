@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -38,20 +39,24 @@ func newSecret(t *testing.T) string {
 // freePort finds a port free on 127.0.0.1 for both TCP and UDP.
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 20 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Drawn below Linux's ephemeral range (32768 up): a port the kernel
+	// hands out can go to any outgoing connection of the tests running
+	// beside this one before named binds it.
+	for range 100 {
+		port := 20000 + mrand.IntN(12000)
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			continue // taken: draw again
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", ln.Addr().String())
+		pc, err := net.ListenPacket("udp", addr)
 		ln.Close()
 		if err == nil {
 			pc.Close()
 			return port
 		}
 	}
-	t.Fatal("no free port for TCP and UDP")
+	t.Fatal("no loopback port free for TCP and UDP below the ephemeral range in 100 draws")
 	return 0
 }
 
