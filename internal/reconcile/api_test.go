@@ -165,6 +165,20 @@ func TestConfirmAPI(t *testing.T) {
 	}
 }
 
+// fleetStack is diffStack with its worker and a function that runs one
+// pass of it.
+func fleetStack(t *testing.T) (*apptest.Stack, string, *reconcile.Worker, func()) {
+	t.Helper()
+	st, path := diffStack(t)
+	w, _ := st.Reconcile.Worker("snapshot/fleet")
+	return st, path, w, func() {
+		t.Helper()
+		if err := w.RunOnce(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // mixedSnapshot is a snapshot of web instances i-w1… (owned by payments)
 // and api instances i-a1… (owned by search).
 func mixedSnapshot(web, api int) string {
@@ -186,14 +200,7 @@ func mixedSnapshot(web, api int) string {
 // of any team could end another team's instances through this door.
 func TestConfirmNeedsTheOwnersOfWhatIsHeld(t *testing.T) {
 	t.Parallel()
-	st, path := diffStack(t)
-	w, _ := st.Reconcile.Worker("snapshot/fleet")
-	run := func() {
-		t.Helper()
-		if err := w.RunOnce(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st, path, w, run := fleetStack(t)
 	writeAtomic(t, path, mixedSnapshot(5, 5))
 	run()
 	writeAtomic(t, path, mixedSnapshot(3, 3)) // 4 of 10 gone: held
@@ -252,14 +259,7 @@ func TestConfirmNeedsTheOwnersOfWhatIsHeld(t *testing.T) {
 // instances is never taken for a fourth.
 func TestConfirmationCoversOnlyWhatWasHeld(t *testing.T) {
 	t.Parallel()
-	st, path := diffStack(t)
-	w, _ := st.Reconcile.Worker("snapshot/fleet")
-	run := func() {
-		t.Helper()
-		if err := w.RunOnce(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st, path, w, run := fleetStack(t)
 	writeAtomic(t, path, mixedSnapshot(10, 0))
 	run()
 	writeAtomic(t, path, mixedSnapshot(7, 0)) // 3 of 10 gone: held
@@ -293,14 +293,7 @@ func TestConfirmationCoversOnlyWhatWasHeld(t *testing.T) {
 // and the team that owns api (search) can confirm them on its own.
 func TestAServiceDrainedWithinASourceIsHeld(t *testing.T) {
 	t.Parallel()
-	st, path := diffStack(t)
-	w, _ := st.Reconcile.Worker("snapshot/fleet")
-	run := func() {
-		t.Helper()
-		if err := w.RunOnce(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st, path, w, run := fleetStack(t)
 	writeAtomic(t, path, mixedSnapshot(20, 3))
 	run()
 	writeAtomic(t, path, mixedSnapshot(19, 0))
