@@ -823,3 +823,16 @@ func (q *Queries) ReconcileListLiveInServices(ctx context.Context, services []st
 	}
 	return items, nil
 }
+
+const reconcileSourceLock = `-- name: ReconcileSourceLock :exec
+SELECT pg_advisory_xact_lock(7150308, hashtext($1::text))
+`
+
+// Serialises one reconciliation source's passes across replicas for the
+// rest of the transaction: every replica reconciles every source, and the
+// second to apply a pass then reads what the first wrote (READ COMMITTED)
+// instead of inserting the same ids and failing its pass.
+func (q *Queries) ReconcileSourceLock(ctx context.Context, source string) error {
+	_, err := q.db.Exec(ctx, reconcileSourceLock, source)
+	return err
+}

@@ -132,6 +132,13 @@ SELECT * FROM instances
 WHERE service = ANY(sqlc.arg(services)::text[]) AND state = 'active'
 ORDER BY service, id;
 
+-- name: ReconcileSourceLock :exec
+-- Serialises one reconciliation source's passes across replicas for the
+-- rest of the transaction: every replica reconciles every source, and the
+-- second to apply a pass then reads what the first wrote (READ COMMITTED)
+-- instead of inserting the same ids and failing its pass.
+SELECT pg_advisory_xact_lock(7150308, hashtext(sqlc.arg(source)::text));
+
 -- name: ReconcileInstanceStates :many
 -- Whether ids a reading derives already exist (ended ones too: an id is
 -- never reused).

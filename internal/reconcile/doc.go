@@ -32,8 +32,11 @@
 // `muster serve --reconcile-config` reads, sources and platform issuers
 // (identity.ClaimMapping) together.
 //
-// One process reconciles each source; several replicas each run every
-// source, and their writes are idempotent (an id is inserted once, an end
-// applies to an active row only), so a second replica's pass fails and
-// retries rather than doubling anything. Leader election is not done.
+// Several replicas each run every source. Their passes of one source
+// apply one at a time (registry.ApplyReconcile takes an advisory lock on
+// the source for its transaction), and each reads what the one before
+// wrote, so the second of two passes at once finds the instances made and
+// skips them: an id is inserted and audited once, an end applies to an
+// active row only. Leader election is not done: each replica still reads
+// the source and decides.
 package reconcile

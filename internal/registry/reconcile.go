@@ -111,6 +111,11 @@ func (r *Registry) ApplyReconcile(ctx context.Context, source string, ch Reconci
 	}
 	err := r.withTx(ctx, func(q *db.Queries) error {
 		res = ReconcileResult{Skipped: map[uuid.UUID]string{}}
+		// Every replica reconciles every source: the passes of one source
+		// apply one at a time, and each reads what the one before wrote.
+		if err := q.ReconcileSourceLock(ctx, source); err != nil {
+			return fmt.Errorf("lock source %s: %w", source, err)
+		}
 		now := r.now()
 		for _, id := range ch.End {
 			row, err := q.InstanceEnd(ctx, db.InstanceEndParams{ID: id, State: StateDeregistered, Now: now})

@@ -975,3 +975,56 @@ func TestRegisteredIsToldOfEachRegistration(t *testing.T) {
 		t.Fatalf("ServiceContractsNamed: %+v", scs)
 	}
 }
+
+// TestTwoReplicasReconcileOneSource: every replica reconciles every
+// source, so two apply the same pass at once. They apply one at a time
+// (an advisory lock per source): both succeed, each instance is created
+// and audited once, and neither pass fails on the other's rows. Without
+// the lock both read "absent" and the second insert failed its pass.
+func TestTwoReplicasReconcileOneSource(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	other, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const source, rounds, per = "snapshot/fleet", 10, 20
+	ctx := context.Background()
+	created := 0
+	for round := range rounds {
+		var ch registry.ReconcileChange
+		for i := range per {
+			key := fmt.Sprintf("i-%d-%d", round, i)
+			ch.Create = append(ch.Create, registry.Instance{ID: registry.ReconciledID(source, "web", key), Service: "web",
+				Address: fmt.Sprintf("10.9.%d.%d", round, i+1), Port: 8080, Zone: "az1"})
+		}
+		start := make(chan struct{})
+		results := make(chan registry.ReconcileResult, 2)
+		errs := make(chan error, 2)
+		for _, r := range []*registry.Registry{e.reg, other} {
+			go func() {
+				<-start
+				res, err := r.ApplyReconcile(ctx, source, ch)
+				results <- res
+				errs <- err
+			}()
+		}
+		close(start)
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: a replica's pass failed: %v", round, err)
+			}
+			created += len((<-results).Created)
+		}
+	}
+	if created != rounds*per {
+		t.Fatalf("created %d across both replicas, want each of %d once", created, rounds*per)
+	}
+	ins, err := e.reg.ReconciledInstances(ctx, source)
+	if err != nil || len(ins) != rounds*per {
+		t.Fatalf("%d reconciled instances (%v), want %d", len(ins), err, rounds*per)
+	}
+	if n := len(e.events(t, audit.Filter{Action: "instance.reconcile.add"})); n != rounds*per {
+		t.Fatalf("%d instance.reconcile.add audit events, want %d", n, rounds*per)
+	}
+}
