@@ -53,6 +53,12 @@ type Live struct {
 	Address string
 	Port    int
 	Zone    string
+	// Since is when the registry made the instance. One made after the
+	// reading was taken (by another replica, from a newer reading of the
+	// same source) is not news to this reading, and its absence from it
+	// ends nothing: an id is never reused, so a replica whose informer
+	// lags the other's would otherwise end a new pod's instance for good.
+	Since time.Time
 }
 
 // Disbelief is the threshold a reading is checked against before its
@@ -204,6 +210,8 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 	for _, l := range live {
 		e, ok := seen[l.ID]
 		switch {
+		case !ok && !r.At.IsZero() && l.Since.After(r.At):
+			// Made after this reading: not news to it (see Live.Since).
 		case !ok:
 			absent = append(absent, l.ID)
 		case e.Terminating && !e.Serving:

@@ -360,3 +360,29 @@ func TestDecideHoldsAServiceDrainedWithinALargeSource(t *testing.T) {
 		t.Fatalf("hold %+v, want it to keep its start %s", p3.Hold, t0)
 	}
 }
+
+// TestDecideLeavesInstancesNewerThanTheReading: a replica whose reading
+// was taken before another replica made an instance (its informer lags)
+// does not end that instance for its absence: ids are never reused, so
+// the pod would stay invisible until it restarted. Once the reading is
+// newer than the instance, its absence counts.
+func TestDecideLeavesInstancesNewerThanTheReading(t *testing.T) {
+	d := Disbelief{}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ls := live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	for i := range ls {
+		ls[i].Since = t0.Add(-time.Hour)
+	}
+	ls[9].Since = t0.Add(time.Second) // made by the other replica after this reading
+	r := Reading{Endpoints: readyN(1, 9), At: t0}
+	p := Decide(d, r, ls, nil, Confirmation{}, t0.Add(2*time.Second))
+	if len(p.End) != 0 || len(p.Held) != 0 || p.Hold != nil {
+		t.Fatalf("ended %d, held %d: want instance 10 left alone", len(p.End), len(p.Held))
+	}
+	r.At = t0.Add(5 * time.Second)
+	if p := Decide(d, r, ls, nil, Confirmation{}, t0.Add(6*time.Second)); len(p.End) != 1 || p.End[0] != id(10) {
+		t.Fatalf("ended %v: want instance 10, its absence now news", p.End)
+	}
+}

@@ -258,7 +258,7 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	}
 	live := make([]Live, len(rows))
 	for i, in := range rows {
-		live[i] = Live{ID: in.ID, Service: in.Service, Address: in.Address, Port: in.Port, Zone: in.Zone}
+		live[i] = Live{ID: in.ID, Service: in.Service, Address: in.Address, Port: in.Port, Zone: in.Zone, Since: in.CreatedAt}
 	}
 	var confirmed Confirmation
 	if prev != nil {
