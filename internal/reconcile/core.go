@@ -270,19 +270,21 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 			}
 		}
 	}
-	// believe ends the absences of the services not held, counting them
-	// (net of the instances the reading adds to the same service: a pod
-	// restarted with a new UID, or a rolled one, is a replacement, not a
-	// loss) against the next passes within the dwell.
-	believe := func(all bool) {
+	// A hold continues while it holds no service the previous one did not:
+	// its dwell counts from the first reading that held them, and a hold
+	// that takes in another service starts again, so a service just gone
+	// missing gets the whole dwell, not what an earlier hold had left.
+	continues := prev != nil && !slices.ContainsFunc(heldServices, func(s string) bool { return !slices.Contains(prev.Services, s) })
+	// believeUnheld ends the absences of the services not held, counting
+	// them (net of the instances the reading adds to the same service: a
+	// pod restarted with a new UID, or a rolled one, is a replacement, not
+	// a loss) against the next passes within the dwell.
+	believeUnheld := func() {
 		for svc, ids := range absentBy {
-			if !all && slices.Contains(heldServices, svc) {
+			if slices.Contains(heldServices, svc) {
 				continue
 			}
 			p.End = append(p.End, ids...)
-			if all {
-				continue
-			}
 			if n := len(ids) - createdBy[svc]; n > 0 {
 				if p.Believed == nil {
 					p.Believed = map[string]int{}
@@ -293,24 +295,20 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 	}
 	switch {
 	case len(held) == 0:
-		believe(false)
+		believeUnheld()
 		if prev != nil {
 			p.Released = "the source reports its instances again"
 		}
 	case prev != nil && confirmed.covers(held, prev.Since):
-		believe(true)
+		p.End = append(p.End, absent...)
 		p.Released = "confirmed by an operator at " + confirmed.At.UTC().Format(time.RFC3339)
-	case prev != nil && !now.Before(prev.Since.Add(d.Dwell)):
-		believe(true)
+	case continues && !now.Before(prev.Since.Add(d.Dwell)):
+		p.End = append(p.End, absent...)
 		p.Released = fmt.Sprintf("a second reading %s after the first still lacks them", now.Sub(prev.Since).Round(time.Second))
 	default:
-		believe(false)
-		// The dwell counts from the first reading that held these
-		// services: a hold that now takes in a service it did not hold
-		// starts again, so a service just gone missing gets the whole
-		// dwell, not what an earlier hold had left of it.
+		believeUnheld()
 		since := now
-		if prev != nil && !slices.ContainsFunc(heldServices, func(s string) bool { return !slices.Contains(prev.Services, s) }) {
+		if continues {
 			since = prev.Since
 		}
 		p.Held = held

@@ -58,7 +58,7 @@ func TestDecide(t *testing.T) {
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	held := &Hold{Since: t0.Add(-time.Minute), Had: 10, Lacking: 3, ReleaseAt: t0.Add(time.Minute)}
+	held := &Hold{Since: t0.Add(-time.Minute), Had: 10, Lacking: 3, ReleaseAt: t0.Add(time.Minute), Services: []string{"web"}}
 	cases := []struct {
 		name      string
 		reading   []Endpoint
@@ -352,6 +352,13 @@ func TestDecideHoldsAServiceDrainedWithinALargeSource(t *testing.T) {
 	p2 := DecideAfter(d, Reading{Endpoints: apiEPs[302:]}, append(append([]Live(nil), web...), api[2:]...), p.Hold, Confirmation{}, later, p.Believed)
 	if p2.Hold == nil || !p2.Hold.Since.Equal(later) || len(p2.End) != 0 || len(p2.Held) != 350 {
 		t.Fatalf("hold %+v, ended %d, held %d; want a hold of web and api since %s, nothing ended", p2.Hold, len(p2.End), len(p2.Held), later)
+	}
+	// The same, once web's dwell is over: api's absences are new to the
+	// hold, so nothing is released on web's dwell; the hold starts again.
+	afterDwell := t0.Add(d.Dwell + time.Second)
+	p4 := DecideAfter(d, Reading{Endpoints: apiEPs[302:]}, append(append([]Live(nil), web...), api[2:]...), p.Hold, Confirmation{}, afterDwell, p.Believed)
+	if p4.Hold == nil || !p4.Hold.Since.Equal(afterDwell) || len(p4.End) != 0 || p4.Released != "" {
+		t.Fatalf("after web's dwell: hold %+v, ended %d, released %q; want a new hold since %s, nothing ended", p4.Hold, len(p4.End), p4.Released, afterDwell)
 	}
 	// Web's absence alone, one more pass inside the dwell: its hold keeps
 	// its start.
