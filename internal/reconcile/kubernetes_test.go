@@ -80,6 +80,9 @@ type cluster struct {
 	src    *reconcile.KubernetesSource
 	rc     *reconcile.Reconciler
 	w      *reconcile.Worker
+	// watches counts the informers' watches the fake has opened (nil: the
+	// test handles watches itself).
+	watches *atomic.Int32
 }
 
 func newCluster(t *testing.T, d reconcile.Disbelief, objs ...runtime.Object) *cluster {
@@ -91,7 +94,20 @@ func newCluster(t *testing.T, d reconcile.Disbelief, objs ...runtime.Object) *cl
 	if r := st.JSON(t, "PUT", "/v1/services/web", admin, `{"owner":"payments","capabilities":["self","readiness","passive"]}`); r.Status != http.StatusCreated {
 		t.Fatalf("create web: %d %s", r.Status, r.Body)
 	}
-	c := &cluster{t: t, st: st, client: fake.NewClientset(objs...)}
+	c := &cluster{t: t, st: st, client: fake.NewClientset(objs...), watches: &atomic.Int32{}}
+	// The fake clientset does not replay what changed between an
+	// informer's list and its watch (a known limit of the fake; a real API
+	// server resumes from the list's resourceVersion): a change made in
+	// that gap is lost for good. So start waits until both watches are
+	// open, counted here, before a test changes anything.
+	c.client.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		w, err := c.client.Tracker().Watch(a.GetResource(), a.GetNamespace())
+		if err != nil {
+			return false, nil, err
+		}
+		c.watches.Add(1)
+		return true, w, nil
+	})
 	return c.start(d)
 }
 
@@ -108,10 +124,17 @@ func (c *cluster) start(d reconcile.Disbelief) *cluster {
 	}
 	c.w = c.rc.Workers()[0]
 	// The source runs (informers); passes are stepped by the test.
+	var before int32
+	if c.watches != nil {
+		before = c.watches.Load()
+	}
 	if err := src.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(src.Stop)
+	if c.watches != nil {
+		wait.For(t, 10*time.Second, "the informers' watches of Services and EndpointSlices", func() bool { return c.watches.Load() >= before+2 })
+	}
 	return c
 }
 
