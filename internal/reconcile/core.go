@@ -125,8 +125,12 @@ func (c Confirmation) covers(absent []uuid.UUID, since time.Time) bool {
 	if c.At.IsZero() || c.At.Before(since) {
 		return false
 	}
+	vouched := make(map[uuid.UUID]struct{}, len(c.Instances))
+	for _, id := range c.Instances {
+		vouched[id] = struct{}{}
+	}
 	for _, id := range absent {
-		if !slices.Contains(c.Instances, id) {
+		if _, ok := vouched[id]; !ok {
 			return false
 		}
 	}

@@ -254,6 +254,27 @@ func BenchmarkDecide(b *testing.B) {
 	}
 }
 
+// BenchmarkDecideConfirmedRelease is the pass that releases a confirmed
+// hold of a 60,000-instance source that lost a quarter of itself (15,000
+// absences, each checked against the confirmation's 15,000 instances).
+func BenchmarkDecideConfirmedRelease(b *testing.B) {
+	es, ls := bigReading(60_000)
+	d := Disbelief{}
+	_ = d.Validate()
+	r := Reading{Endpoints: es[15_000:]}
+	first := Decide(d, r, ls, nil, Confirmation{}, t0)
+	if first.Hold == nil {
+		b.Fatal("no hold")
+	}
+	c := Confirmation{At: t0, Instances: first.Held}
+	b.ResetTimer()
+	for b.Loop() {
+		if p := Decide(d, r, ls, first.Hold, c, t0); len(p.End) != 15_000 {
+			b.Fatalf("ended %d", len(p.End))
+		}
+	}
+}
+
 // BenchmarkDiffOf is the diff over a 60,000-instance source in step.
 func BenchmarkDiffOf(b *testing.B) {
 	es, ls := bigReading(60_000)

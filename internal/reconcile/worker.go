@@ -312,8 +312,11 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	w.hold = plan.Hold
 	w.status.Hold = plan.Hold
 	w.heldServices = make(map[uuid.UUID]string, len(plan.Held))
+	for _, id := range plan.Held {
+		w.heldServices[id] = ""
+	}
 	for _, l := range live {
-		if slices.Contains(plan.Held, l.ID) {
+		if _, held := w.heldServices[l.ID]; held {
 			w.heldServices[l.ID] = l.Service
 		}
 	}

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
@@ -277,8 +278,12 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 		if len(held) == 0 {
 			return newRefusal(ErrConflict, "%s holds no removals: there is nothing to confirm (a confirmation vouches for the instances held now)", source), nil
 		}
-		ids := slices.SortedFunc(maps.Keys(held), func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
-		services := slices.Sorted(maps.Keys(invert(held)))
+		ids := slices.SortedFunc(maps.Keys(held), func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+		serviceSet := make(map[string]bool, len(held))
+		for _, svc := range held {
+			serviceSet[svc] = true
+		}
+		services := slices.Sorted(maps.Keys(serviceSet))
 		var notOwned []string
 		for _, svc := range services {
 			row, err := q.ServiceGet(ctx, svc)
@@ -322,15 +327,6 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 		return nil, err
 	})
 	return out, err
-}
-
-// invert maps each value of m to true.
-func invert[K comparable, V comparable](m map[K]V) map[V]bool {
-	out := make(map[V]bool, len(m))
-	for _, v := range m {
-		out[v] = true
-	}
-	return out
 }
 
 func confirmationOf(row db.ReconcileConfirmation) ReconcileConfirmation {
