@@ -216,10 +216,13 @@ bindings:
 		return slices.Equal(slices.Sorted(maps.Keys(apiHP.Spread(100))), all("api", 10))
 	})
 
-	// One hard failure: within 2 s HAProxy sends web5 nothing.
+	// One hard failure: HAProxy soon sends web5 nothing. How soon is a
+	// figure, logged here and measured by `muster loadgen tgsync`; the
+	// deadline is only a bound for a loaded machine (tests assert
+	// behaviour, not speed: at 2 s this failed a CI run under load).
 	start := time.Now()
 	report("hard_failure", "web5")
-	wait.For(t, 2*time.Second, "HAProxy stops sending web5 requests", func() bool {
+	wait.For(t, 30*time.Second, "HAProxy stops sending web5 requests", func() bool {
 		_, ok := webHP.Spread(30)["web5"]
 		return !ok
 	})
@@ -232,11 +235,11 @@ bindings:
 	// az1 keeps receiving traffic.
 	report("hard_failure", "web0", "web1", "web2")
 	viewer := token(t, dir, "--kind", "operator", "--subject", "vera", "--role", "viewer")
-	wait.For(t, 10*time.Second, "az1's guard tripped in web's view", func() bool {
+	wait.For(t, 30*time.Second, "az1's guard tripped in web's view", func() bool {
 		_, b := call(t, "GET", url+"/v1/resolve/web", viewer, "")
 		return regexp.MustCompile(`"az1":\{"guard":"tripped"`).Match(b)
 	})
-	wait.For(t, 5*time.Second, "HAProxy sending requests to every az1 backend", func() bool {
+	wait.For(t, 30*time.Second, "HAProxy sending requests to every az1 backend", func() bool {
 		got := webHP.Spread(60)
 		return got["web0"] > 0 && got["web1"] > 0 && got["web2"] > 0
 	})
