@@ -208,7 +208,7 @@ func TestBrowserDemo(t *testing.T) {
 	override := func(row, why string) string {
 		oscar.open("/ui/services/checkout", "#instances")
 		oscar.do("ask for an override",
-			chromedp.Click(chromedp.CSS(row+"details.act summary")),
+			browsertest.OpenDetails(row+"details.act:not(.deregister)"),
 			chromedp.SendKeys(chromedp.CSS(row+`input[name="justification"]`), why),
 			chromedp.Click(chromedp.CSS(row+`button[type="submit"]`)),
 			chromedp.WaitVisible(chromedp.ID("result")))

@@ -6,10 +6,13 @@ package browsertest
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 )
@@ -69,4 +72,49 @@ func New(t testing.TB, execPath string) context.Context {
 		t.Fatalf("start chromium: %v", err)
 	}
 	return ctx
+}
+
+// OpenDetails opens the <details> element sel as an operator does, by
+// clicking its summary, and returns once the page says it is open.
+//
+// Waiting for a field inside it to be visible is not enough: Chromium
+// lays out a closed disclosure's content when asked for its size, so
+// chromedp's visibility check passes on a field the operator cannot see,
+// and typing into it then fails with "Element is not focusable". And a
+// click can miss: it is aimed at where the summary was measured, and a
+// late layout shift (a stylesheet applied after the page was parsed)
+// moves it. So the open attribute is what is waited for, and a summary
+// still closed after a bound is clicked again; the caller's context
+// bounds the whole.
+func OpenDetails(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		q, err := json.Marshal(sel + "[open]")
+		if err != nil {
+			return err
+		}
+		isOpen := chromedp.Evaluate[bool](fmt.Sprintf("document.querySelector(%s) !== null", q))
+		for {
+			if open, err := isOpen(ctx, t); err != nil || open {
+				return err
+			}
+			if _, err := chromedp.Click(chromedp.CSS(sel+" > summary"))(ctx, t); err != nil {
+				return fmt.Errorf("click the summary of %s: %w", sel, err)
+			}
+			// The summary's activation toggles the element in the click's
+			// own task, so a click that landed shows at once; 2 s is
+			// a generous bound on a loaded machine before trying again
+			// (clicking sooner could close what a slow click opened).
+			deadline := time.Now().Add(2 * time.Second)
+			for time.Now().Before(deadline) {
+				if open, err := isOpen(ctx, t); err != nil || open {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("open %s: %w", sel, ctx.Err())
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/browsertest"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 )
@@ -25,17 +26,16 @@ func TestBrowserDeregisterWithJustification(t *testing.T) {
 	az1 := e.zones["az1"]
 	// az1[3] is failing: 3 of 4 in rotation, 2 required.
 	e.probe(t, "hard_failure", az1[3])
-	rowOf := func(id string) string { return `tr[data-instance="` + id + `"] details.deregister ` }
+	rowOf := func(id string) string { return `tr[data-instance="` + id + `"] details.deregister` }
 
 	oscar := newChrome(t, chrome)
 	do(t, oscar, "open the service page", chromedp.Navigate(e.URL+"/ui/services/web"), chromedp.WaitVisible(chromedp.ID("user-oscar")))
 	do(t, oscar, "sign in as oscar", chromedp.Click(chromedp.ID("user-oscar")), chromedp.WaitVisible(chromedp.ID("instances")))
 	do(t, oscar, "deregister az1[0]",
-		chromedp.Click(chromedp.CSS(rowOf(az1[0])+"summary")),
-		chromedp.WaitVisible(chromedp.CSS(rowOf(az1[0])+`input[name="justification"]`)),
-		chromedp.SendKeys(chromedp.CSS(rowOf(az1[0])+`input[name="justification"]`), "host is being decommissioned, CHG-7"))
+		browsertest.OpenDetails(rowOf(az1[0])),
+		chromedp.SendKeys(chromedp.CSS(rowOf(az1[0])+` input[name="justification"]`), "host is being decommissioned, CHG-7"))
 	screenshot(t, oscar, dir, "deregister-1-form")
-	do(t, oscar, "submit", chromedp.Click(chromedp.CSS(rowOf(az1[0])+`button[type="submit"]`)), chromedp.WaitVisible(chromedp.ID("result")))
+	do(t, oscar, "submit", chromedp.Click(chromedp.CSS(rowOf(az1[0])+` button[type="submit"]`)), chromedp.WaitVisible(chromedp.ID("result")))
 	done := run(t, oscar, "result", chromedp.Text(chromedp.ID("result")))
 	screenshot(t, oscar, dir, "deregister-2-done")
 	if !strings.Contains(done, "Instance deregistered") || !strings.Contains(done, az1[0]) {
@@ -57,10 +57,9 @@ func TestBrowserDeregisterWithJustification(t *testing.T) {
 
 	// Over budget: 1 of 3 would be left.
 	do(t, oscar, "deregister az1[1]",
-		chromedp.Click(chromedp.CSS(rowOf(az1[1])+"summary")),
-		chromedp.WaitVisible(chromedp.CSS(rowOf(az1[1])+`input[name="justification"]`)),
-		chromedp.SendKeys(chromedp.CSS(rowOf(az1[1])+`input[name="justification"]`), "same rack as the decommissioned host"),
-		chromedp.Click(chromedp.CSS(rowOf(az1[1])+`button[type="submit"]`)),
+		browsertest.OpenDetails(rowOf(az1[1])),
+		chromedp.SendKeys(chromedp.CSS(rowOf(az1[1])+` input[name="justification"]`), "same rack as the decommissioned host"),
+		chromedp.Click(chromedp.CSS(rowOf(az1[1])+` button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.ID("result")))
 	refusal := run(t, oscar, "refusal", chromedp.Text(chromedp.ID("result")))
 	screenshot(t, oscar, dir, "deregister-3-budget-refusal")

@@ -8,6 +8,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/browsertest"
 	"github.com/musterhq/muster/internal/policy"
 )
 
@@ -39,7 +40,7 @@ func TestBrowserOverrideRefusedCosignedLifted(t *testing.T) {
 	do(t, oscar, "sign in as oscar", chromedp.Click(chromedp.ID("user-oscar")), chromedp.WaitVisible(chromedp.ID("instances")))
 	screenshot(t, oscar, dir, "service-1-page")
 	do(t, oscar, "ask for the override",
-		chromedp.Click(chromedp.CSS(row+"details.act summary")),
+		browsertest.OpenDetails(row+"details.act:not(.deregister)"),
 		chromedp.SendKeys(chromedp.CSS(row+`input[name="justification"]`), "connection resets from this host since 02:10"),
 		chromedp.Click(chromedp.CSS(row+`button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.ID("result")))
