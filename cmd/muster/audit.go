@@ -19,10 +19,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/audit/s3sink"
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/policy"
 )
 
 // AuditConfig configures the audit log's signed checkpoints (issue 15;
@@ -161,15 +163,22 @@ func openSink(ctx context.Context, a AuditConfig, spec string) (audit.Sink, erro
 	return s3sink.New(s3sink.Config{Client: client, Bucket: bucket, Prefix: prefix, Retention: a.S3Retention})
 }
 
-// newAuditCheckpoints returns the worker that signs audit checkpoints
-// into the configured sink (issue 15), or nil when checkpoints are off,
-// which is said at start. Refused evidence is summarised by the app
-// (app.Config.Refusals).
-func newAuditCheckpoints(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*audit.Checkpointer, error) {
+// regionKey is the region's signing key, when one is configured
+// (MUSTER_AUDIT_SIGNING_KEY_FILE; muster dev makes one): it signs the
+// audit checkpoints and seals the overrides muster puts in force
+// (policy/seal.go). keys are the further public keys trusted for both
+// (MUSTER_AUDIT_PUBLIC_KEY_FILES, a rotation). A nil signer means no key.
+func regionKey(cfg Config) (*audit.KeyFileSigner, audit.Keys, error) {
 	a := cfg.Audit
-	if a.Checkpoints == "" {
-		log.Warn("audit checkpoints are off: nothing outside PostgreSQL anchors the audit chain (set MUSTER_AUDIT_CHECKPOINTS and MUSTER_AUDIT_SIGNING_KEY_FILE; README: audit checkpoints)")
-		return nil, nil
+	keys := audit.Keys{}
+	if len(a.PublicKeyFiles) > 0 {
+		var err error
+		if keys, err = audit.LoadPublicKeys(a.PublicKeyFiles...); err != nil {
+			return nil, nil, err
+		}
+	}
+	if a.SigningKeyFile == "" {
+		return nil, keys, nil
 	}
 	var (
 		signer *audit.KeyFileSigner
@@ -180,14 +189,33 @@ func newAuditCheckpoints(ctx context.Context, cfg Config, pool *pgxpool.Pool, lo
 	} else {
 		signer, err = audit.LoadKeyFile(a.SigningKeyFile)
 	}
-	if err != nil {
-		return nil, err
+	return signer, keys, err
+}
+
+// sealOverrides has the policy Service seal the overrides it puts in
+// force with the region's key, and the copy in force apply only sealed
+// ones; without a key, muster trusts its overrides table and says so.
+func sealOverrides(ac *app.Config, signer *audit.KeyFileSigner, keys audit.Keys, log *slog.Logger) {
+	if signer == nil {
+		log.Warn("overrides are not sealed: a row written into the overrides table by anyone who can write the database is applied (set MUSTER_AUDIT_SIGNING_KEY_FILE; README: overrides are sealed)")
+		return
 	}
-	keys := audit.Keys{}
-	if len(a.PublicKeyFiles) > 0 {
-		if keys, err = audit.LoadPublicKeys(a.PublicKeyFiles...); err != nil {
-			return nil, err
-		}
+	ac.Policy.Sealer, ac.Policy.SealKeys = signer, policy.SealKeys(keys)
+	log.Info("overrides are sealed", "key_id", signer.KeyID())
+}
+
+// newAuditCheckpoints returns the worker that signs audit checkpoints
+// into the configured sink (issue 15) with the region's key, or nil when
+// checkpoints are off, which is said at start. Refused evidence is
+// summarised by the app (app.Config.Refusals).
+func newAuditCheckpoints(ctx context.Context, cfg Config, signer *audit.KeyFileSigner, keys audit.Keys, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*audit.Checkpointer, error) {
+	a := cfg.Audit
+	if a.Checkpoints == "" {
+		log.Warn("audit checkpoints are off: nothing outside PostgreSQL anchors the audit chain (set MUSTER_AUDIT_CHECKPOINTS and MUSTER_AUDIT_SIGNING_KEY_FILE; README: audit checkpoints)")
+		return nil, nil
+	}
+	if signer == nil { // Validate refuses checkpoints without a key file
+		return nil, errors.New("audit checkpoints need a signing key: MUSTER_AUDIT_SIGNING_KEY_FILE")
 	}
 	sink, err := openSink(ctx, a, a.Checkpoints)
 	if err != nil {

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // TestTwoProcessesShareTheRateLimit (issue 6): two muster processes on one
@@ -65,6 +67,29 @@ func TestTwoProcessesShareTheRateLimit(t *testing.T) {
 		if code != want {
 			t.Fatalf("attempt %d via %s: %d %s, want %d", i+1, url, code, body, want)
 		}
+	}
+
+	// Both processes hold the data folder's signing key, so an override
+	// one puts in force is sealed and the other applies it (README:
+	// overrides are sealed): alice pins the instance in rotation through
+	// the first, and the second's copy in force has it, none unsealed.
+	pin := fmt.Sprintf(`{"instance_id":%q,"action":"mark_eligible","justification":"pinned while the prober is rebuilt","expires_in":600}`, inst.ID)
+	code, body = call(t, "POST", "http://"+a+"/v1/overrides", admin, pin)
+	if code != 201 {
+		t.Fatalf("override through the first: %d %s", code, body)
+	}
+	var o struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(body, &o); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 30*time.Second, "the second process's view carrying the first's sealed override", func() bool {
+		_, v := call(t, "GET", "http://"+b+"/v1/resolve/web", admin, "")
+		return strings.Contains(string(v), `"override":{"id":"`+o.ID+`"`)
+	})
+	if _, m := call(t, "GET", "http://"+b+"/metrics", admin, ""); !strings.Contains(string(m), "muster_overrides_unsealed 0\n") {
+		t.Error("the second process counts unsealed overrides")
 	}
 	out, _, err := runCmd(t, "audit", "verify", "--data", dir)
 	if err != nil {

@@ -137,9 +137,15 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	// Audit checkpoints (audit.go): stopped after the HTTP server and
-	// the refused-evidence summaries, so the last one covers them.
-	checkpoints, err := newAuditCheckpoints(ctx, cfg, pool, log, acfg.Metrics)
+	// The region's key (audit.go) seals overrides and signs the audit
+	// checkpoints, which stop after the HTTP server and the
+	// refused-evidence summaries, so the last one covers them.
+	signer, keys, err := regionKey(cfg)
+	if err != nil {
+		return err
+	}
+	sealOverrides(&acfg, signer, keys, log)
+	checkpoints, err := newAuditCheckpoints(ctx, cfg, signer, keys, pool, log, acfg.Metrics)
 	if err != nil {
 		return err
 	}

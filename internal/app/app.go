@@ -242,8 +242,10 @@ func New(cfg Config) (*App, error) {
 	if a.Authz, err = registry.NewAuthzCache(ac); err != nil {
 		return nil, err
 	}
+	// The overrides in force: only those muster sealed, when it has a key
+	// (policy/seal.go); the policy Service seals with the same one.
 	a.InForce = policy.NewInForce(policy.InForceConfig{Pool: pool, Now: now, RefreshEvery: cfg.Evaluator.RefreshEvery,
-		DatabaseUp: a.Monitor.Up, Logger: log})
+		DatabaseUp: a.Monitor.Up, Keys: cfg.Policy.SealKeys.With(cfg.Policy.Sealer), Logger: log, Registerer: metrics})
 
 	// Evaluation.
 	ec := cfg.Evaluator
@@ -331,7 +333,7 @@ func New(cfg Config) (*App, error) {
 	servingReady := server.ServingReady(a.Evaluator, a.Hub)
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
-	svc.Authz, svc.Database = a.Authz, a.Monitor
+	svc.Authz, svc.Database, svc.Overrides = a.Authz, a.Monitor, a.InForce
 	if a.Reconcile != nil {
 		svc.Reconcile = a.Reconcile
 	}

@@ -180,6 +180,12 @@ func (s *KeyFileSigner) Sign(_ context.Context, msg []byte) ([]byte, error) {
 	return ed25519.Sign(s.key, msg), nil
 }
 
+// NewKeySigner signs with key, held in memory (tests; a process that got
+// its key another way).
+func NewKeySigner(key ed25519.PrivateKey) *KeyFileSigner {
+	return &KeyFileSigner{key: key, id: KeyID(key.Public().(ed25519.PublicKey))}
+}
+
 // LoadKeyFile reads an Ed25519 private key (PKCS #8 PEM). It refuses a
 // file that its group or others may read or write: a signing key anyone
 // else on the host can read anchors nothing.
@@ -207,7 +213,7 @@ func LoadKeyFile(path string) (*KeyFileSigner, error) {
 	if !ok {
 		return nil, fmt.Errorf("audit signing key %s: %T is not an Ed25519 key", path, k)
 	}
-	return &KeyFileSigner{key: priv, id: KeyID(priv.Public().(ed25519.PublicKey))}, nil
+	return NewKeySigner(priv), nil
 }
 
 // LoadOrCreateKeyFile loads the key at path, or (for muster dev) makes a

@@ -99,6 +99,8 @@ type Override struct {
 	LiftedAt            *time.Time
 	LiftedBy            *string
 	EndedAt             *time.Time
+	Seal                []byte
+	SealKey             *string
 }
 
 type ProberAssignment struct {

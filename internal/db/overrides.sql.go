@@ -17,7 +17,7 @@ UPDATE overrides
 SET state = 'active', cosigner = $1, cosign_justification = $2,
     cosigned_at = $3::timestamptz
 WHERE id = $4 AND state = 'pending_cosign'
-RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at
+RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key
 `
 
 type OverrideActivateParams struct {
@@ -54,6 +54,8 @@ func (q *Queries) OverrideActivate(ctx context.Context, arg OverrideActivatePara
 		&i.LiftedAt,
 		&i.LiftedBy,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
@@ -63,7 +65,7 @@ UPDATE overrides
 SET state = 'applied', cosigner = $1, cosign_justification = $2,
     cosigned_at = $3::timestamptz, ended_at = $3::timestamptz
 WHERE id = $4 AND state = 'pending_cosign' AND action = 'deregister'
-RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at
+RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key
 `
 
 type OverrideCosignApplyParams struct {
@@ -102,6 +104,8 @@ func (q *Queries) OverrideCosignApply(ctx context.Context, arg OverrideCosignApp
 		&i.LiftedAt,
 		&i.LiftedBy,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
@@ -115,7 +119,7 @@ WHERE id IN (
     ORDER BY o.id
     LIMIT $2
     FOR UPDATE SKIP LOCKED)
-RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at
+RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key
 `
 
 type OverrideExpireDueParams struct {
@@ -154,6 +158,8 @@ func (q *Queries) OverrideExpireDue(ctx context.Context, arg OverrideExpireDuePa
 			&i.LiftedAt,
 			&i.LiftedBy,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -170,7 +176,7 @@ UPDATE overrides SET state = 'expired', ended_at = $1::timestamptz
 WHERE instance_id = $2
   AND ((state = 'active' AND expires_at <= $1::timestamptz)
     OR (state = 'pending_cosign' AND cosign_by <= $1::timestamptz))
-RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at
+RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key
 `
 
 type OverrideExpireDueForInstanceParams struct {
@@ -206,6 +212,8 @@ func (q *Queries) OverrideExpireDueForInstance(ctx context.Context, arg Override
 			&i.LiftedAt,
 			&i.LiftedBy,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -218,7 +226,7 @@ func (q *Queries) OverrideExpireDueForInstance(ctx context.Context, arg Override
 }
 
 const overrideGet = `-- name: OverrideGet :one
-SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at FROM overrides WHERE id = $1
+SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key FROM overrides WHERE id = $1
 `
 
 func (q *Queries) OverrideGet(ctx context.Context, id uuid.UUID) (Override, error) {
@@ -243,12 +251,14 @@ func (q *Queries) OverrideGet(ctx context.Context, id uuid.UUID) (Override, erro
 		&i.LiftedAt,
 		&i.LiftedBy,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
 const overrideGetForUpdate = `-- name: OverrideGetForUpdate :one
-SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at FROM overrides WHERE id = $1 FOR UPDATE
+SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key FROM overrides WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) OverrideGetForUpdate(ctx context.Context, id uuid.UUID) (Override, error) {
@@ -273,6 +283,8 @@ func (q *Queries) OverrideGetForUpdate(ctx context.Context, id uuid.UUID) (Overr
 		&i.LiftedAt,
 		&i.LiftedBy,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
@@ -281,7 +293,7 @@ const overrideInsert = `-- name: OverrideInsert :one
 INSERT INTO overrides (id, instance_id, service, zone, action, state, actor, justification,
                        cosign_by, budget_detail, created_at, expires_at, ended_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at
+RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key
 `
 
 type OverrideInsertParams struct {
@@ -337,6 +349,8 @@ func (q *Queries) OverrideInsert(ctx context.Context, arg OverrideInsertParams) 
 		&i.LiftedAt,
 		&i.LiftedBy,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
@@ -346,7 +360,7 @@ UPDATE overrides
 SET state = 'lifted', lifted_at = $1::timestamptz, lifted_by = $2,
     ended_at = $1::timestamptz
 WHERE id = $3 AND state IN ('active', 'pending_cosign')
-RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at
+RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key
 `
 
 type OverrideLiftParams struct {
@@ -377,12 +391,14 @@ func (q *Queries) OverrideLift(ctx context.Context, arg OverrideLiftParams) (Ove
 		&i.LiftedAt,
 		&i.LiftedBy,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
 const overrideList = `-- name: OverrideList :many
-SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at FROM overrides
+SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key FROM overrides
 WHERE ($1::uuid = '00000000-0000-0000-0000-000000000000'::uuid OR id < $1::uuid)
   AND ($2::text IS NULL OR service = $2::text)
   AND ($3::uuid IS NULL OR instance_id = $3::uuid)
@@ -444,6 +460,8 @@ func (q *Queries) OverrideList(ctx context.Context, arg OverrideListParams) ([]O
 			&i.LiftedAt,
 			&i.LiftedBy,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -456,7 +474,7 @@ func (q *Queries) OverrideList(ctx context.Context, arg OverrideListParams) ([]O
 }
 
 const overrideListInForce = `-- name: OverrideListInForce :many
-SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at FROM overrides
+SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key FROM overrides
 WHERE state = 'active' AND expires_at > $1::timestamptz
 ORDER BY id
 `
@@ -490,6 +508,8 @@ func (q *Queries) OverrideListInForce(ctx context.Context, now time.Time) ([]Ove
 			&i.LiftedAt,
 			&i.LiftedBy,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -502,7 +522,7 @@ func (q *Queries) OverrideListInForce(ctx context.Context, now time.Time) ([]Ove
 }
 
 const overrideListInForceByService = `-- name: OverrideListInForceByService :many
-SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at FROM overrides
+SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key FROM overrides
 WHERE service = $1 AND state = 'active' AND expires_at > $2::timestamptz
 ORDER BY id
 `
@@ -540,6 +560,8 @@ func (q *Queries) OverrideListInForceByService(ctx context.Context, arg Override
 			&i.LiftedAt,
 			&i.LiftedBy,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -549,6 +571,47 @@ func (q *Queries) OverrideListInForceByService(ctx context.Context, arg Override
 		return nil, err
 	}
 	return items, nil
+}
+
+const overrideSeal = `-- name: OverrideSeal :one
+UPDATE overrides SET seal = $1, seal_key = $2
+WHERE id = $3 AND state = 'active'
+RETURNING id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key
+`
+
+type OverrideSealParams struct {
+	Seal    []byte
+	SealKey *string
+	ID      uuid.UUID
+}
+
+// Seals an override put in force, in the transaction that did it.
+func (q *Queries) OverrideSeal(ctx context.Context, arg OverrideSealParams) (Override, error) {
+	row := q.db.QueryRow(ctx, overrideSeal, arg.Seal, arg.SealKey, arg.ID)
+	var i Override
+	err := row.Scan(
+		&i.ID,
+		&i.InstanceID,
+		&i.Service,
+		&i.Zone,
+		&i.Action,
+		&i.State,
+		&i.Actor,
+		&i.Justification,
+		&i.Cosigner,
+		&i.CosignJustification,
+		&i.CosignedAt,
+		&i.CosignBy,
+		&i.BudgetDetail,
+		&i.CreatedAt,
+		&i.ExpiresAt,
+		&i.LiftedAt,
+		&i.LiftedBy,
+		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+	)
+	return i, err
 }
 
 const overrideServiceLock = `-- name: OverrideServiceLock :exec

@@ -186,7 +186,7 @@ func (s *Service) deregisterOther(ctx context.Context, q *db.Queries, now time.T
 	if err := q.OverrideServiceLock(ctx, cur.Service); err != nil {
 		return nil, fmt.Errorf("lock overrides of %s: %w", cur.Service, err)
 	}
-	inForce, err := q.OverrideListInForceByService(ctx, db.OverrideListInForceByServiceParams{Service: cur.Service, Now: now})
+	inForce, err := s.inForce(ctx, q, cur.Service, now)
 	if err != nil {
 		return nil, fmt.Errorf("list overrides of %s: %w", cur.Service, err)
 	}

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/db"
@@ -31,6 +33,10 @@ import (
 // expired. While PostgreSQL is away it keeps the copy it has: an outage
 // never lifts or imposes an override. It is built before the evaluator,
 // the policy Service and the publisher, and calls none of them.
+//
+// With seal keys configured (Keys) it applies only the rows whose seal
+// verifies (seal.go): a row muster did not put in force is left out of
+// the copy, listed by Unsealed and counted in muster_overrides_unsealed.
 type InForce struct {
 	cfg InForceConfig
 	log *slog.Logger
@@ -50,7 +56,27 @@ type InForce struct {
 	// changedAt is, per service, the revision at which its overrides
 	// last changed.
 	changedAt map[string]uint64
+	// unsealed are the rows in force at the last read whose seal did
+	// not verify, by override id.
+	unsealed map[uuid.UUID]Unsealed
 }
+
+// Unsealed is a row of the overrides table in force by its state but not
+// applied: its seal does not verify, so muster did not put it there.
+type Unsealed struct {
+	ID         uuid.UUID `json:"id"`
+	InstanceID uuid.UUID `json:"instance_id"`
+	Service    string    `json:"service"`
+	Action     string    `json:"action"`
+	Actor      string    `json:"actor"` // as the row claims
+	Reason     string    `json:"reason"`
+	// Since is when this process first read it.
+	Since time.Time `json:"since"`
+}
+
+// AlarmOverrideUnsealed is open while a row of the overrides table is in
+// force by its state but not applied, because its seal does not verify.
+const AlarmOverrideUnsealed = "override_unsealed"
 
 // InForceConfig configures an InForce.
 type InForceConfig struct {
@@ -64,7 +90,12 @@ type InForceConfig struct {
 	Timeout time.Duration
 	// DatabaseUp, when set, says whether a read is worth trying.
 	DatabaseUp func() bool
-	Logger     *slog.Logger
+	// Keys are the keys seals are trusted from (SealKeys.With the
+	// Sealer). Empty: every row in force is applied, as the database says.
+	Keys   SealKeys
+	Logger *slog.Logger
+	// Registerer, when set, receives muster_overrides_unsealed.
+	Registerer prometheus.Registerer
 }
 
 // NewInForce returns an InForce that has loaded nothing yet.
@@ -81,11 +112,24 @@ func NewInForce(cfg InForceConfig) *InForce {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &InForce{
+	f := &InForce{
 		cfg: cfg, log: cfg.Logger.With("component", "overrides-in-force"),
 		local: make(chan struct{}, 1), updated: make(chan struct{}, 1),
 		byInstance: map[uuid.UUID]evaluator.Override{}, changedAt: map[string]uint64{},
+		unsealed: map[uuid.UUID]Unsealed{},
 	}
+	if cfg.Registerer != nil {
+		// A second registration (two InForce on one registry) keeps the first.
+		_ = cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_overrides_unsealed",
+			Help: "Rows of the overrides table in force by their state that muster does not apply because their seal does not verify: written outside muster (README: overrides are sealed). Anything above 0 deserves a look.",
+		}, func() float64 {
+			f.mu.RLock()
+			defer f.mu.RUnlock()
+			return float64(len(f.unsealed))
+		}))
+	}
+	return f
 }
 
 // Start loads the copy once before it returns (so the first views after
@@ -136,7 +180,13 @@ func (f *InForce) Refresh(ctx context.Context) error {
 		return fmt.Errorf("list overrides in force: %w", err)
 	}
 	next := make(map[uuid.UUID]evaluator.Override, len(rows))
+	unsealed := map[uuid.UUID]Unsealed{}
 	for _, r := range rows {
+		if err := f.cfg.Keys.verify(r); err != nil {
+			unsealed[r.ID] = Unsealed{ID: r.ID, InstanceID: r.InstanceID, Service: r.Service,
+				Action: r.Action, Actor: r.Actor, Reason: err.Error(), Since: now}
+			continue
+		}
 		o := evaluator.Override{
 			ID: r.ID, InstanceID: r.InstanceID, Service: r.Service, Action: r.Action,
 			Actor: r.Actor, Justification: r.Justification, ExpiresAt: r.ExpiresAt,
@@ -159,6 +209,16 @@ func (f *InForce) Refresh(ctx context.Context) error {
 		}
 	}
 	f.byInstance = next
+	for id, u := range unsealed {
+		if old, seen := f.unsealed[id]; seen {
+			u.Since = old.Since
+			unsealed[id] = u
+		} else {
+			f.log.Error("an override in force by the table is not applied: its seal does not verify, so muster did not put it there",
+				"override", id, "instance", u.InstanceID, "service", u.Service, "action", u.Action, "claimed_actor", u.Actor, "reason", u.Reason)
+		}
+	}
+	f.unsealed = unsealed
 	first := !f.loaded
 	f.loaded = true
 	f.note(changed)
@@ -219,6 +279,28 @@ func (f *InForce) Loaded() bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.loaded
+}
+
+// Unsealed returns the rows in force by the table at the last read that
+// are not applied because their seal does not verify, oldest first.
+func (f *InForce) Unsealed() []Unsealed {
+	f.mu.RLock()
+	out := slices.Collect(maps.Values(f.unsealed))
+	f.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Unsealed) int { return strings.Compare(a.ID.String(), b.ID.String()) })
+	return out
+}
+
+// Alarms returns an override_unsealed alarm for each row Unsealed lists:
+// someone wrote the overrides table outside muster.
+func (f *InForce) Alarms() []assembler.Alarm {
+	var out []assembler.Alarm
+	for _, u := range f.Unsealed() {
+		out = append(out, assembler.Alarm{Kind: AlarmOverrideUnsealed, Service: u.Service, Since: u.Since,
+			Detail: fmt.Sprintf("override %s (%s of instance %s, in the name of %s) is in force by the overrides table but not applied: %s; the table was written outside muster",
+				u.ID, u.Action, u.InstanceID, u.Actor, u.Reason)})
+	}
+	return out
 }
 
 // Changed receives a value after the copy changed (one value may stand

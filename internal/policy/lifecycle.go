@@ -84,7 +84,7 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 		if err := q.OverrideServiceLock(ctx, row.Service); err != nil {
 			return nil, fmt.Errorf("lock overrides of %s: %w", row.Service, err)
 		}
-		inForce, err := q.OverrideListInForceByService(ctx, db.OverrideListInForceByServiceParams{Service: row.Service, Now: now})
+		inForce, err := s.inForce(ctx, q, row.Service, now)
 		if err != nil {
 			return nil, fmt.Errorf("list overrides of %s: %w", row.Service, err)
 		}
@@ -126,6 +126,9 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 			active, err := q.OverrideActivate(ctx, db.OverrideActivateParams{Cosigner: &cosigner, CosignJustification: &just, Now: now, ID: id})
 			if err != nil {
 				return nil, fmt.Errorf("activate override %s: %w", id, err)
+			}
+			if active, err = seal(ctx, q, s.cfg.Sealer, active); err != nil {
+				return nil, err
 			}
 			out = fromRow(active, now)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -88,6 +89,11 @@ type Config struct {
 	// changed, so the local evaluator, which reads them from it, picks
 	// them up at once; other replicas find them by polling.
 	InForce *InForce
+	// Sealer, when set, seals every override put in force (seal.go);
+	// SealKeys are further keys seals are trusted from (a rotated-out
+	// key). With neither, muster trusts the overrides table as it is.
+	Sealer   Sealer
+	SealKeys SealKeys
 	// Now defaults to time.Now; tests pass a fake clock.
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -141,6 +147,7 @@ func (c *Config) Validate() error {
 // Service admits, lifts and lists overrides, and rate-limits policy writes.
 type Service struct {
 	cfg      Config
+	keys     SealKeys // the seals trusted: SealKeys and the Sealer's
 	attempts *prometheus.CounterVec
 }
 
@@ -149,7 +156,7 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+	s := &Service{cfg: cfg, keys: cfg.SealKeys.With(cfg.Sealer), attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "muster_policy_attempts_total",
 		Help: "Override attempts (override.create, override.cosign, override.lift, and instance.deregister, which counts instances deregistering themselves too) by action, outcome (accepted, refused, error) and the check that decided a refusal.",
 	}, []string{"action", "outcome", "check"})}
@@ -472,7 +479,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		if err := q.OverrideServiceLock(ctx, ins.Service); err != nil {
 			return nil, fmt.Errorf("lock overrides of %s: %w", ins.Service, err)
 		}
-		inForce, err := q.OverrideListInForceByService(ctx, db.OverrideListInForceByServiceParams{Service: ins.Service, Now: now})
+		inForce, err := s.inForce(ctx, q, ins.Service, now)
 		if err != nil {
 			return nil, fmt.Errorf("list overrides of %s: %w", ins.Service, err)
 		}
@@ -503,6 +510,9 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		stored, err := q.OverrideInsert(ctx, row)
 		if err != nil {
 			return nil, fmt.Errorf("store override: %w", err)
+		}
+		if stored, err = seal(ctx, q, s.cfg.Sealer, stored); err != nil {
+			return nil, err
 		}
 		out = fromRow(stored, now)
 		if err := a.accept(ctx, q, now, check, "", nil, out); err != nil {
@@ -550,6 +560,18 @@ func (s *Service) withinBudget(ctx context.Context, q *db.Queries, now time.Time
 			o.ID, o.CosignBy.Format(time.RFC3339), doing)
 	}
 	return e, nil
+}
+
+// inForce lists the overrides of service in force at now that muster
+// put there (their seal verifies): what the budget counts, as the views
+// do. A row written outside muster neither spends nor frees headroom,
+// and does not stand in an operator's way.
+func (s *Service) inForce(ctx context.Context, q *db.Queries, service string, now time.Time) ([]db.Override, error) {
+	rows, err := q.OverrideListInForceByService(ctx, db.OverrideListInForceByServiceParams{Service: service, Now: now})
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(rows, func(r db.Override) bool { return s.keys.verify(r) != nil }), nil
 }
 
 // limit takes one attempt from the actor's quota for scope.

@@ -57,6 +57,12 @@ SET state = 'active', cosigner = sqlc.arg(cosigner), cosign_justification = sqlc
 WHERE id = sqlc.arg(id) AND state = 'pending_cosign'
 RETURNING *;
 
+-- name: OverrideSeal :one
+-- Seals an override put in force, in the transaction that did it.
+UPDATE overrides SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE id = sqlc.arg(id) AND state = 'active'
+RETURNING *;
+
 -- name: OverrideCosignApply :one
 -- A co-signed deregistration: applied once (the caller ends the instance in
 -- the same transaction), never in force.

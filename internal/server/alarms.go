@@ -52,7 +52,8 @@ func databaseAlarm(cfg *Config) (assembler.Alarm, bool) {
 }
 
 // Alarms lists every open alarm, as GET /v1/alarms does: the guard's,
-// the shift-backs', the lease reaper's, the database's and the probers'.
+// the shift-backs', the lease reaper's, the database's, the probers' and
+// the overrides' (unsealed rows).
 func (s *Server) Alarms() []assembler.Alarm { return allAlarms(&s.cfg) }
 
 // AlarmsOf returns the list of open alarms a server built on cfg answers
@@ -74,6 +75,9 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	}
 	if cfg.Reconcile != nil {
 		out = append(out, cfg.Reconcile.Alarms()...)
+	}
+	if cfg.Overrides != nil {
+		out = append(out, cfg.Overrides.Alarms()...)
 	}
 	if cfg.Probers != nil {
 		for _, a := range cfg.Probers.ProberAlarms() {

@@ -15,6 +15,8 @@ package apptest
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -218,6 +220,16 @@ type Options struct {
 	Issuers []identity.IssuerConfig
 }
 
+// SealKey is the region's signing key of every Stack in this test process
+// (an in-memory Ed25519 key): what seals the overrides they put in force.
+var SealKey = sync.OnceValue(func() *audit.KeyFileSigner {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	return audit.NewKeySigner(priv)
+})
+
 // Held lists the workers a Stack does not start by default: tests step
 // them (RunOnce, SaveOnce, Flush) to stay deterministic.
 var Held = []string{app.WorkerCensus, app.WorkerReaper, app.WorkerShifts, app.WorkerSweeper, app.WorkerGuards, app.WorkerPublisher}
@@ -305,6 +317,9 @@ func New(t testing.TB, opts Options) *Stack {
 		dc.Addr = cmp.Or(dc.Addr, "127.0.0.1:0")
 		cfg.DNS = &dc
 	}
+	// Overrides are sealed as in production, by one key for every
+	// stack of the test process, so replicas trust each other's seals.
+	cfg.Policy.Sealer = SealKey()
 	if opts.Policy != nil {
 		opts.Policy(&cfg.Policy)
 	}

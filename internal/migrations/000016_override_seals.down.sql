@@ -1,0 +1,1 @@
+ALTER TABLE overrides DROP COLUMN seal, DROP COLUMN seal_key;

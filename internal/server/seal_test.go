@@ -1,0 +1,232 @@
+package server_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/policy"
+)
+
+// TestOverridesWrittenOutsideMusterRemoveNothing plays a hostile database
+// administrator against the overrides table: a row inserted by hand, a
+// budget-refused row set to 'active', and an admitted override's expiry
+// pushed out. None of them takes an instance out of the views or spends
+// the disruption budget; each is listed as unsealed and counted. The
+// overrides muster admitted (within budget and co-signed) are applied,
+// by a second replica holding the region's key too; a replica with
+// another key trusts them only once given the first key's public half
+// (a rotation).
+func TestOverridesWrittenOutsideMusterRemoveNothing(t *testing.T) {
+	t.Parallel()
+	// Six override attempts by oscar: over the default 5 per 10 min.
+	more := func(c *policy.Config) { c.OverrideLimit = policy.Limit{Max: 20, Window: 10 * time.Minute} }
+	f := newOverrideFixture(t, apptest.Options{Policy: more}, map[string]int{"az1": 6})
+	az1 := f.zones["az1"]
+	ctx := context.Background()
+	oscar, alice := f.Token(t, oscarReq), f.Token(t, adminReq)
+	just := "these instances corrupt orders; see INC-77 timeline"
+	refresh := func() {
+		t.Helper()
+		if err := f.App.InForce.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied := func(id string) bool {
+		_, ok := f.App.InForce.For(uuid.MustParse(id), f.Clock.Now())
+		return ok
+	}
+
+	// Admitted within budget: sealed and applied.
+	r := f.override(t, oscar, az1[0], "mark_ineligible", just, 0)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("within budget: %d %s", r.Status, r.Body)
+	}
+	admitted := apptest.Decode[policy.Override](t, r)
+	var seal []byte
+	var key *string
+	if err := f.Pool.QueryRow(ctx, `SELECT seal, seal_key FROM overrides WHERE id = $1`, admitted.ID).Scan(&seal, &key); err != nil {
+		t.Fatal(err)
+	}
+	if len(seal) != ed25519.SignatureSize || key == nil || *key != apptest.SealKey().KeyID() {
+		t.Fatalf("the admitted override's seal: %x by %v", seal, key)
+	}
+	refresh()
+	if !applied(az1[0]) {
+		t.Fatal("the admitted override is not applied")
+	}
+
+	// 1. An override inserted by hand, in oscar's name.
+	forged := uuid.Must(uuid.NewV7())
+	if _, err := f.Pool.Exec(ctx, `INSERT INTO overrides (id, instance_id, service, zone, action, state, actor, justification, created_at, expires_at)
+		VALUES ($1, $2, 'web', 'az1', 'mark_ineligible', 'active', 'operator:oscar', 'looks legitimate enough', $3, $4)`,
+		forged, az1[1], f.Clock.Now(), f.Clock.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	refresh()
+	if applied(az1[1]) {
+		t.Fatal("an override inserted by hand is applied")
+	}
+	un := f.App.InForce.Unsealed()
+	if len(un) != 1 || un[0].ID != forged || un[0].Reason != policy.ErrUnsealed.Error() || un[0].Actor != "operator:oscar" {
+		t.Fatalf("unsealed after the insert: %+v", un)
+	}
+
+	// The forged row spends no headroom: of 6, 5 are in rotation (the
+	// forged one counts as in), the contract requires 3, so two more
+	// overrides are within budget and the third is refused.
+	for _, id := range az1[2:4] {
+		if r := f.override(t, oscar, id, "mark_ineligible", just, 0); r.Status != http.StatusCreated {
+			t.Fatalf("within budget, the forged row not counted: %d %s", r.Status, r.Body)
+		}
+	}
+	m := wantProblem(t, f.override(t, oscar, az1[4], "mark_ineligible", just, 0), http.StatusConflict, "budget-exceeded")
+	if d, _ := m["detail"].(string); !strings.Contains(d, "would leave 2 of 6 eligible in zone az1; the contract requires 3") {
+		t.Fatalf("the refusal counts the forged row: %s", d)
+	}
+	pending, _ := m["override_id"].(string)
+
+	// 2. The budget-refused attempt set to 'active' by hand.
+	if _, err := f.Pool.Exec(ctx, `UPDATE overrides SET state = 'active' WHERE id = $1`, pending); err != nil {
+		t.Fatal(err)
+	}
+	// 3. The admitted override's expiry pushed out a day.
+	if _, err := f.Pool.Exec(ctx, `UPDATE overrides SET expires_at = expires_at + interval '1 day' WHERE id = $1`, admitted.ID); err != nil {
+		t.Fatal(err)
+	}
+	refresh()
+	if applied(az1[4]) {
+		t.Fatal("a pending override set to active by hand is applied")
+	}
+	if applied(az1[0]) {
+		t.Fatal("an override whose expiry was changed by hand is still applied")
+	}
+	reasons := map[string]string{}
+	for _, u := range f.App.InForce.Unsealed() {
+		reasons[u.ID.String()] = u.Reason
+	}
+	want := map[string]string{forged.String(): policy.ErrUnsealed.Error(), pending: policy.ErrUnsealed.Error(), admitted.ID.String(): policy.ErrBadSeal.Error()}
+	if len(reasons) != len(want) {
+		t.Fatalf("unsealed: %v, want %v", reasons, want)
+	}
+	for id, w := range want {
+		if reasons[id] != w {
+			t.Errorf("unsealed %s: %q, want %q", id, reasons[id], w)
+		}
+	}
+	if !strings.Contains(string(f.Scrape(t)), "muster_overrides_unsealed 3\n") {
+		t.Error("muster_overrides_unsealed is not 3")
+	}
+	// Each is an open alarm, on the API (and so on the UI's banner).
+	ar := f.Do(t, "GET", "/v1/alarms", alice, "", "")
+	var alarms struct {
+		Alarms []struct{ Kind, Service, Detail string }
+	}
+	if err := json.Unmarshal(ar.Body, &alarms); err != nil {
+		t.Fatalf("alarms: %d %s", ar.Status, ar.Body)
+	}
+	open := 0
+	for _, a := range alarms.Alarms {
+		if a.Kind == policy.AlarmOverrideUnsealed {
+			open++
+			if a.Service != "web" || !strings.Contains(a.Detail, "the table was written outside muster") {
+				t.Errorf("alarm %+v", a)
+			}
+		}
+	}
+	if open != 3 {
+		t.Errorf("%d override_unsealed alarms, want 3: %s", open, ar.Body)
+	}
+
+	// The views: the two overrides muster admitted take az1[2] and az1[3]
+	// out; nothing else is overridden.
+	f.publish(t)
+	v := f.view(t)
+	for i, id := range az1 {
+		e, ok := endpointOf(t, v, id)
+		if !ok {
+			t.Fatalf("az1[%d] is not in the view", i)
+		}
+		if out := e.Override != nil; out != (i == 2 || i == 3) {
+			t.Errorf("az1[%d]: override %+v in the view", i, e.Override)
+		}
+	}
+
+	// The rows changed by hand neither spend headroom nor stand in the
+	// way: with az1[0] back, 4 of 6 are in and az1[5] may go; then 3 are
+	// in, and az1[0] (whose tampered row is still 'active') is refused by
+	// the budget, co-signed, sealed at its co-sign and applied.
+	if r := f.override(t, oscar, az1[5], "mark_ineligible", just, 0); r.Status != http.StatusCreated {
+		t.Fatalf("within budget, the tampered rows not counted: %d %s", r.Status, r.Body)
+	}
+	m = wantProblem(t, f.override(t, oscar, az1[0], "mark_ineligible", just, 0), http.StatusConflict, "budget-exceeded")
+	second, _ := m["override_id"].(string)
+	if r := f.JSON(t, "POST", "/v1/overrides/"+second+"/cosign", alice, `{"justification":"confirmed with oscar: corrupting orders, INC-77"}`); r.Status != http.StatusOK {
+		t.Fatalf("co-sign: %d %s", r.Status, r.Body)
+	}
+	refresh()
+	if !applied(az1[5]) || !applied(az1[0]) {
+		t.Fatal("the overrides admitted after the tampering are not applied")
+	}
+	if o, _ := f.App.InForce.For(uuid.MustParse(az1[0]), f.Clock.Now()); o.ID.String() != second || o.Cosigner != "operator:alice" {
+		t.Fatalf("az1[0]'s override in force: %+v, want the co-signed %s", o, second)
+	}
+
+	// A second replica with the region's key applies what the first
+	// sealed, and nothing else.
+	b := apptest.New(t, apptest.Options{Pool: f.Pool})
+	b.WaitReady(t)
+	if err := b.App.InForce.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := b.App.InForce.All(b.Clock.Now())
+	if len(got) != 4 {
+		t.Fatalf("the second replica applies %d overrides, want 4: %v", len(got), got)
+	}
+	for _, id := range []string{az1[0], az1[2], az1[3], az1[5]} {
+		if _, ok := got[uuid.MustParse(id)]; !ok {
+			t.Errorf("the second replica does not apply the override of %s", id)
+		}
+	}
+
+	// A replica with another key trusts none of them, until given the
+	// old key's public half.
+	_, other, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated := audit.NewKeySigner(other)
+	for _, tc := range []struct {
+		name  string
+		keys  policy.SealKeys
+		count int
+	}{
+		{"another key only", nil, 0},
+		{"another key and the old one's public half", policy.SealKeys{apptest.SealKey().KeyID(): apptest.SealKey().Public()}, 4},
+	} {
+		c := apptest.New(t, apptest.Options{Pool: f.Pool, Policy: func(pc *policy.Config) { pc.Sealer, pc.SealKeys = rotated, tc.keys }})
+		c.WaitReady(t)
+		if err := c.App.InForce.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(c.App.InForce.All(c.Clock.Now())); n != tc.count {
+			t.Errorf("%s: %d overrides applied, want %d", tc.name, n, tc.count)
+		}
+		if tc.count == 0 {
+			for _, u := range c.App.InForce.Unsealed() {
+				if !strings.HasPrefix(u.Reason, policy.ErrUnknownKey.Error()) && u.Reason != policy.ErrUnsealed.Error() && u.Reason != policy.ErrBadSeal.Error() {
+					t.Errorf("%s: unsealed %s: %q", tc.name, u.ID, u.Reason)
+				}
+			}
+		}
+	}
+}
