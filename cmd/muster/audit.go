@@ -192,16 +192,17 @@ func regionKey(cfg Config) (*audit.KeyFileSigner, audit.Keys, error) {
 	return signer, keys, err
 }
 
-// sealOverrides has the policy Service seal the overrides it puts in
-// force with the region's key, and the copy in force apply only sealed
-// ones; without a key, muster trusts its overrides table and says so.
+// sealOverrides has muster seal the overrides it puts in force and the
+// shifts it writes with the region's key, and apply only sealed ones (the
+// app hands the policy configuration's key to shifts too); without a key,
+// muster trusts those tables and says so.
 func sealOverrides(ac *app.Config, signer *audit.KeyFileSigner, keys audit.Keys, log *slog.Logger) {
 	if signer == nil {
-		log.Warn("overrides are not sealed: a row written into the overrides table by anyone who can write the database is applied (set MUSTER_AUDIT_SIGNING_KEY_FILE; README: overrides are sealed)")
+		log.Warn("overrides and shifts are not sealed: a row written into those tables by anyone who can write the database is applied (set MUSTER_AUDIT_SIGNING_KEY_FILE; README: overrides and shifts are sealed)")
 		return
 	}
 	ac.Policy.Sealer, ac.Policy.SealKeys = signer, policy.SealKeys(keys)
-	log.Info("overrides are sealed", "key_id", signer.KeyID())
+	log.Info("overrides and shifts are sealed", "key_id", signer.KeyID())
 }
 
 // newAuditCheckpoints returns the worker that signs audit checkpoints

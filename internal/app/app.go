@@ -293,6 +293,8 @@ func New(cfg Config) (*App, error) {
 	a.Sweeper = policy.NewSweeper(a.Policy, 0)
 	sc := cfg.Shifts
 	sc.Pool, sc.Region, sc.Logger, sc.Registerer = pool, cfg.Region, log, metrics
+	// One key per region seals overrides and shifts alike.
+	sc.Sealer, sc.SealKeys = cfg.Policy.Sealer, cfg.Policy.SealKeys
 	sc.Now = orNow(sc.Now, now)
 	// A drain's budget counts the overrides in force, as the views do.
 	applied := policy.Applied{Verdicts: a.Evaluator, InForce: a.InForce, Now: now}

@@ -173,6 +173,8 @@ type Shift struct {
 	EndedAt      *time.Time
 	Revision     int64
 	UpdatedAt    time.Time
+	Seal         []byte
+	SealKey      *string
 }
 
 type StreamPopulation struct {

@@ -13,7 +13,7 @@ import (
 )
 
 const shiftGet = `-- name: ShiftGet :one
-SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at FROM shifts WHERE id = $1
+SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key FROM shifts WHERE id = $1
 `
 
 func (q *Queries) ShiftGet(ctx context.Context, id uuid.UUID) (Shift, error) {
@@ -38,12 +38,14 @@ func (q *Queries) ShiftGet(ctx context.Context, id uuid.UUID) (Shift, error) {
 		&i.EndedAt,
 		&i.Revision,
 		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
 const shiftGetForUpdate = `-- name: ShiftGetForUpdate :one
-SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at FROM shifts WHERE id = $1 FOR UPDATE
+SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key FROM shifts WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) ShiftGetForUpdate(ctx context.Context, id uuid.UUID) (Shift, error) {
@@ -68,6 +70,8 @@ func (q *Queries) ShiftGetForUpdate(ctx context.Context, id uuid.UUID) (Shift, e
 		&i.EndedAt,
 		&i.Revision,
 		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
@@ -78,7 +82,7 @@ INSERT INTO shifts (id, scope, target, reason, manual, state, step, weight,
                     started_by, started_at, last_step_at, last_step_by, updated_at)
 VALUES ($1, $2, $3, $4, $5, 'draining', 0, 0,
         $6, $7, $7, $6, $7)
-RETURNING id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at
+RETURNING id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key
 `
 
 type ShiftInsertParams struct {
@@ -122,12 +126,14 @@ func (q *Queries) ShiftInsert(ctx context.Context, arg ShiftInsertParams) (Shift
 		&i.EndedAt,
 		&i.Revision,
 		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
 const shiftList = `-- name: ShiftList :many
-SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at FROM shifts
+SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key FROM shifts
 WHERE id > $1::uuid
   AND ($2::text IS NULL OR state = $2::text)
 ORDER BY id
@@ -169,6 +175,8 @@ func (q *Queries) ShiftList(ctx context.Context, arg ShiftListParams) ([]Shift, 
 			&i.EndedAt,
 			&i.Revision,
 			&i.UpdatedAt,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -181,7 +189,7 @@ func (q *Queries) ShiftList(ctx context.Context, arg ShiftListParams) ([]Shift, 
 }
 
 const shiftListActive = `-- name: ShiftListActive :many
-SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at FROM shifts
+SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key FROM shifts
 WHERE state IN ('draining', 'returning', 'pending_confirmation')
 ORDER BY id
 `
@@ -214,6 +222,8 @@ func (q *Queries) ShiftListActive(ctx context.Context) ([]Shift, error) {
 			&i.EndedAt,
 			&i.Revision,
 			&i.UpdatedAt,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -226,7 +236,7 @@ func (q *Queries) ShiftListActive(ctx context.Context) ([]Shift, error) {
 }
 
 const shiftListDue = `-- name: ShiftListDue :many
-SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at FROM shifts
+SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key FROM shifts
 WHERE state = 'returning' AND NOT manual AND last_step_at <= $1::timestamptz
 ORDER BY last_step_at
 FOR UPDATE SKIP LOCKED
@@ -262,6 +272,8 @@ func (q *Queries) ShiftListDue(ctx context.Context, cutoff time.Time) ([]Shift, 
 			&i.EndedAt,
 			&i.Revision,
 			&i.UpdatedAt,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -285,13 +297,55 @@ func (q *Queries) ShiftRevision(ctx context.Context) (int64, error) {
 	return revision, err
 }
 
+const shiftSeal = `-- name: ShiftSeal :one
+UPDATE shifts SET seal = $1, seal_key = $2
+WHERE id = $3
+RETURNING id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key
+`
+
+type ShiftSealParams struct {
+	Seal    []byte
+	SealKey *string
+	ID      uuid.UUID
+}
+
+// Seals a shift as muster just wrote it, in the transaction that did; the
+// revision stays the write's own.
+func (q *Queries) ShiftSeal(ctx context.Context, arg ShiftSealParams) (Shift, error) {
+	row := q.db.QueryRow(ctx, shiftSeal, arg.Seal, arg.SealKey, arg.ID)
+	var i Shift
+	err := row.Scan(
+		&i.ID,
+		&i.Scope,
+		&i.Target,
+		&i.Reason,
+		&i.Manual,
+		&i.State,
+		&i.Step,
+		&i.Weight,
+		&i.StartedBy,
+		&i.StartedAt,
+		&i.LastStepAt,
+		&i.LastStepBy,
+		&i.PendingSince,
+		&i.ConfirmedBy,
+		&i.ConfirmedAt,
+		&i.EndedAt,
+		&i.Revision,
+		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
+	)
+	return i, err
+}
+
 const shiftUpdate = `-- name: ShiftUpdate :one
 UPDATE shifts
 SET state = $2, step = $3, weight = $4, last_step_at = $5, last_step_by = $6,
     pending_since = $7, confirmed_by = $8, confirmed_at = $9, ended_at = $10,
     updated_at = $11, revision = nextval('shift_revisions')
 WHERE id = $1
-RETURNING id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at
+RETURNING id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key
 `
 
 type ShiftUpdateParams struct {
@@ -343,6 +397,8 @@ func (q *Queries) ShiftUpdate(ctx context.Context, arg ShiftUpdateParams) (Shift
 		&i.EndedAt,
 		&i.Revision,
 		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }

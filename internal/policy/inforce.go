@@ -122,7 +122,7 @@ func NewInForce(cfg InForceConfig) *InForce {
 		// A second registration (two InForce on one registry) keeps the first.
 		_ = cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "muster_overrides_unsealed",
-			Help: "Rows of the overrides table in force by their state that muster does not apply because their seal does not verify: written outside muster (README: overrides are sealed). Anything above 0 deserves a look.",
+			Help: "Rows of the overrides table in force by their state that muster does not apply because their seal does not verify: written outside muster (README: overrides and shifts are sealed). Anything above 0 deserves a look.",
 		}, func() float64 {
 			f.mu.RLock()
 			defer f.mu.RUnlock()
@@ -182,7 +182,7 @@ func (f *InForce) Refresh(ctx context.Context) error {
 	next := make(map[uuid.UUID]evaluator.Override, len(rows))
 	unsealed := map[uuid.UUID]Unsealed{}
 	for _, r := range rows {
-		if err := f.cfg.Keys.verify(r); err != nil {
+		if err := verifyRow(f.cfg.Keys, r); err != nil {
 			unsealed[r.ID] = Unsealed{ID: r.ID, InstanceID: r.InstanceID, Service: r.Service,
 				Action: r.Action, Actor: r.Actor, Reason: err.Error(), Since: now}
 			continue

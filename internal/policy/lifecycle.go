@@ -127,7 +127,7 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 			if err != nil {
 				return nil, fmt.Errorf("activate override %s: %w", id, err)
 			}
-			if active, err = seal(ctx, q, s.cfg.Sealer, active); err != nil {
+			if active, err = sealRow(ctx, q, s.cfg.Sealer, active); err != nil {
 				return nil, err
 			}
 			out = fromRow(active, now)

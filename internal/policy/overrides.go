@@ -511,7 +511,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		if err != nil {
 			return nil, fmt.Errorf("store override: %w", err)
 		}
-		if stored, err = seal(ctx, q, s.cfg.Sealer, stored); err != nil {
+		if stored, err = sealRow(ctx, q, s.cfg.Sealer, stored); err != nil {
 			return nil, err
 		}
 		out = fromRow(stored, now)
@@ -571,7 +571,7 @@ func (s *Service) inForce(ctx context.Context, q *db.Queries, service string, no
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(rows, func(r db.Override) bool { return s.keys.verify(r) != nil }), nil
+	return slices.DeleteFunc(rows, func(r db.Override) bool { return verifyRow(s.keys, r) != nil }), nil
 }
 
 // limit takes one attempt from the actor's quota for scope.

@@ -2,13 +2,10 @@ package policy
 
 import (
 	"context"
-	"crypto/ed25519"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"maps"
 
 	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/seal"
 )
 
 // Seals (issue 16's hostile-administrator review; migration 000016).
@@ -31,32 +28,20 @@ import (
 // authorised for that window once); an override deleted or lifted by hand
 // is gone (that returns capacity, it never removes it).
 
-// Sealer signs seals: the region's signing key (audit.KeyFileSigner, or
-// a KMS behind the same interface).
-type Sealer interface {
-	KeyID() string
-	Public() ed25519.PublicKey
-	Sign(ctx context.Context, msg []byte) ([]byte, error)
-}
+// Sealer signs seals (package seal): the region's signing key.
+type Sealer = seal.Signer
 
-// SealKeys are the public keys seals are trusted from, by key ID
-// (audit.KeyID): the Sealer's own, and a rotated-out key's until the
-// overrides it sealed have expired.
-type SealKeys map[string]ed25519.PublicKey
+// SealKeys are the public keys seals are trusted from, by key ID.
+type SealKeys = seal.Keys
 
-// With returns k with s's key added (s may be nil).
-func (k SealKeys) With(s Sealer) SealKeys {
-	out := maps.Clone(k)
-	if out == nil {
-		out = SealKeys{}
-	}
-	if s != nil {
-		out[s.KeyID()] = s.Public()
-	}
-	return out
-}
+// Reasons a row's seal does not verify.
+var (
+	ErrUnsealed   = seal.ErrUnsealed
+	ErrUnknownKey = seal.ErrUnknownKey
+	ErrBadSeal    = seal.ErrBadSeal
+)
 
-const sealDomain = "muster override seal v1\x00"
+const sealDomain = "muster override seal v1"
 
 // sealed is what a seal covers, in a fixed order: everything that decides
 // which instance an override moves, which way and for how long, and who
@@ -75,8 +60,8 @@ type sealed struct {
 	ExpiresAt     int64  `json:"expires_at"`
 }
 
-// sealMessage is the exact bytes a seal signs for row r.
-func sealMessage(r db.Override) ([]byte, error) {
+// sealedOf is what row r's seal covers.
+func sealedOf(r db.Override) sealed {
 	s := sealed{
 		ID: r.ID.String(), InstanceID: r.InstanceID.String(), Service: r.Service, Zone: r.Zone,
 		Action: r.Action, Actor: r.Actor, Justification: r.Justification,
@@ -85,28 +70,19 @@ func sealMessage(r db.Override) ([]byte, error) {
 	if r.Cosigner != nil {
 		s.Cosigner = *r.Cosigner
 	}
-	b, err := json.Marshal(s)
-	if err != nil {
-		return nil, fmt.Errorf("seal of override %s: %w", r.ID, err)
-	}
-	return append([]byte(sealDomain), b...), nil
+	return s
 }
 
-// seal signs row r, just put in force in q's transaction, and stores the
-// seal in the same transaction. Without a Sealer it returns r unsealed.
-func seal(ctx context.Context, q *db.Queries, s Sealer, r db.Override) (db.Override, error) {
+// sealRow signs row r, just put in force in q's transaction, and stores
+// the seal in the same transaction. Without a Sealer it returns r unsealed.
+func sealRow(ctx context.Context, q *db.Queries, s Sealer, r db.Override) (db.Override, error) {
 	if s == nil {
 		return r, nil
 	}
-	msg, err := sealMessage(r)
-	if err != nil {
-		return db.Override{}, err
-	}
-	sig, err := s.Sign(ctx, msg)
+	sig, id, err := seal.Sign(ctx, s, sealDomain, sealedOf(r))
 	if err != nil {
 		return db.Override{}, fmt.Errorf("seal override %s: %w", r.ID, err)
 	}
-	id := s.KeyID()
 	out, err := q.OverrideSeal(ctx, db.OverrideSealParams{ID: r.ID, Seal: sig, SealKey: &id})
 	if err != nil {
 		return db.Override{}, fmt.Errorf("store the seal of override %s: %w", r.ID, err)
@@ -114,32 +90,8 @@ func seal(ctx context.Context, q *db.Queries, s Sealer, r db.Override) (db.Overr
 	return out, nil
 }
 
-// Reasons a row's seal does not verify.
-var (
-	ErrUnsealed   = errors.New("not sealed by muster")
-	ErrUnknownKey = errors.New("sealed by a key muster does not trust")
-	ErrBadSeal    = errors.New("its seal does not match the row (changed outside muster)")
-)
-
-// verify checks row r's seal against keys. With no keys (none configured:
-// muster trusts its database, and says so at start) every row passes.
-func (k SealKeys) verify(r db.Override) error {
-	if len(k) == 0 {
-		return nil
-	}
-	if len(r.Seal) == 0 || r.SealKey == nil {
-		return ErrUnsealed
-	}
-	pub, ok := k[*r.SealKey]
-	if !ok {
-		return fmt.Errorf("%w (key %q)", ErrUnknownKey, *r.SealKey)
-	}
-	msg, err := sealMessage(r)
-	if err != nil {
-		return err
-	}
-	if !ed25519.Verify(pub, msg, r.Seal) {
-		return ErrBadSeal
-	}
-	return nil
+// verifyRow checks row r's seal against keys; with no keys every row
+// passes (muster trusts its database, and says so at start).
+func verifyRow(k SealKeys, r db.Override) error {
+	return k.Verify(sealDomain, sealedOf(r), r.Seal, r.SealKey)
 }

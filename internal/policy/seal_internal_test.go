@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/seal"
 )
 
 type memSigner struct{ key ed25519.PrivateKey }
@@ -39,14 +40,12 @@ func TestSealCoversWhatAnOverrideDoes(t *testing.T) {
 		Action: "mark_ineligible", State: "active", Actor: "operator:oscar", Justification: "corrupting orders, INC-77",
 		Cosigner: &cosigner, CosignJustification: &why, CreatedAt: at, ExpiresAt: at.Add(time.Hour),
 	}
-	msg, err := sealMessage(base)
+	sig, kid, err := seal.Sign(context.Background(), s, sealDomain, sealedOf(base))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sig, _ := s.Sign(context.Background(), msg)
-	kid := s.KeyID()
 	base.Seal, base.SealKey = sig, &kid
-	if err := keys.verify(base); err != nil {
+	if err := verifyRow(keys, base); err != nil {
 		t.Fatalf("the sealed row: %v", err)
 	}
 	other := "operator:mallory"
@@ -76,13 +75,13 @@ func TestSealCoversWhatAnOverrideDoes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base
 			tc.change(&o)
-			if err := keys.verify(o); !errors.Is(err, tc.want) {
+			if err := verifyRow(keys, o); !errors.Is(err, tc.want) {
 				t.Fatalf("verify: %v, want %v", err, tc.want)
 			}
 		})
 	}
 	// No keys configured: muster trusts the table as it is.
-	if err := (SealKeys{}).verify(db.Override{}); err != nil {
+	if err := verifyRow(SealKeys{}, db.Override{}); err != nil {
 		t.Fatalf("without keys: %v", err)
 	}
 }

@@ -46,3 +46,10 @@ SELECT * FROM shifts
 WHERE state = 'returning' AND NOT manual AND last_step_at <= sqlc.arg(cutoff)::timestamptz
 ORDER BY last_step_at
 FOR UPDATE SKIP LOCKED;
+
+-- name: ShiftSeal :one
+-- Seals a shift as muster just wrote it, in the transaction that did; the
+-- revision stays the write's own.
+UPDATE shifts SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE id = sqlc.arg(id)
+RETURNING *;

@@ -84,6 +84,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/worker"
 )
 
@@ -168,9 +169,14 @@ type Config struct {
 	PendingAlarmAfter time.Duration
 	// Poll is how often the worker takes due automatic steps and looks for
 	// changes made by other replicas (DefaultPoll).
-	Poll   time.Duration
-	Now    func() time.Time
-	Logger *slog.Logger
+	Poll time.Duration
+	// Sealer, when set, seals every shift this Service writes; SealKeys
+	// are further keys seals are trusted from (seal.go). With neither,
+	// the shifts table is trusted as it is.
+	Sealer   seal.Signer
+	SealKeys seal.Keys
+	Now      func() time.Time
+	Logger   *slog.Logger
 	// Registerer, when set, receives muster_shifts_active and
 	// muster_shiftbacks_pending.
 	Registerer prometheus.Registerer
@@ -282,14 +288,17 @@ type Filter struct {
 // Service is the shift-back state machine, its store and its worker.
 type Service struct {
 	cfg    Config
+	keys   seal.Keys // the seals trusted: SealKeys and the Sealer's
 	log    *slog.Logger
 	runner worker.Runner
 
 	reload sync.Mutex // serialises reloads
 	mu     sync.Mutex
 	rev    int64
-	active []db.Shift
-	loaded bool
+	active []db.Shift // the active shifts applied: their seals verify
+	// unsealed are the active shifts by the table not applied (seal.go).
+	unsealed []Unsealed
+	loaded   bool
 	// loads counts the loads that found the active shifts changed
 	// (Revision); changed signals each (Changed).
 	loads   uint64
@@ -301,7 +310,7 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger.With("worker", "shifts"), changed: make(chan struct{}, 1)}
+	s := &Service{cfg: cfg, keys: cfg.SealKeys.With(cfg.Sealer), log: cfg.Logger.With("worker", "shifts"), changed: make(chan struct{}, 1)}
 	if cfg.Registerer != nil {
 		count := func(pending bool) float64 {
 			s.mu.Lock()
@@ -319,6 +328,9 @@ func New(cfg Config) (*Service, error) {
 				func() float64 { return count(false) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shiftbacks_pending", Help: "Manual shift-backs waiting for their final confirmation."},
 				func() float64 { return count(true) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shifts_unsealed",
+				Help: "Active shifts by the shifts table that muster does not apply because their seal does not verify: written outside muster (README: overrides and shifts are sealed). Anything above 0 deserves a look."},
+				func() float64 { s.mu.Lock(); defer s.mu.Unlock(); return float64(len(s.unsealed)) }),
 		} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, err
@@ -373,8 +385,14 @@ func (s *Service) advanceDue(ctx context.Context) error {
 			return fmt.Errorf("list due shifts: %w", err)
 		}
 		for _, row := range due {
+			if s.verify(row) != nil {
+				continue // not muster's: never stepped (and so sealed) by it
+			}
 			next, err := s.move(ctx, q, row, "system:shifts", now)
 			if err != nil {
+				return err
+			}
+			if next, err = s.sealRow(ctx, q, next); err != nil {
 				return err
 			}
 			if _, err := audit.Append(ctx, q, now, audit.Entry{
@@ -410,8 +428,30 @@ func (s *Service) Reload(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list active shifts: %w", err)
 	}
+	now := s.now()
+	var applied []db.Shift
+	var unsealed []Unsealed
 	s.mu.Lock()
-	s.rev, s.active, s.loaded = rev, rows, true
+	seen := map[string]Unsealed{}
+	for _, u := range s.unsealed {
+		seen[u.ID] = u
+	}
+	for _, r := range rows {
+		if err := s.verify(r); err != nil {
+			u := Unsealed{ID: r.ID.String(), Scope: r.Scope, Target: r.Target, Weight: r.Weight,
+				Actor: r.StartedBy, Reason: err.Error(), Since: now}
+			if old, ok := seen[u.ID]; ok {
+				u.Since = old.Since
+			} else {
+				s.log.Error("a shift active by the table is not applied: its seal does not verify, so muster did not write it as it stands",
+					"shift", r.ID, "scope", r.Scope, "target", r.Target, "weight", r.Weight, "claimed_actor", r.StartedBy, "reason", err)
+			}
+			unsealed = append(unsealed, u)
+			continue
+		}
+		applied = append(applied, r)
+	}
+	s.rev, s.active, s.unsealed, s.loaded = rev, applied, unsealed, true
 	s.loads++
 	s.mu.Unlock()
 	select {
@@ -496,7 +536,10 @@ func (s *Service) Alarms() []assembler.Alarm {
 		}
 		out = append(out, al)
 	}
-	slices.SortFunc(out, func(a, b assembler.Alarm) int { return cmp.Compare(a.Zone, b.Zone) })
+	out = append(out, s.unsealedAlarms()...)
+	slices.SortFunc(out, func(a, b assembler.Alarm) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Zone, b.Zone))
+	})
 	return out
 }
 
@@ -556,6 +599,9 @@ func (s *Service) write(ctx context.Context, actor identity.Principal, action, t
 		if err != nil || refused != nil {
 			return err
 		}
+		if row, err = s.sealRow(ctx, q, row); err != nil {
+			return err
+		}
 		e.ActorKind, e.Actor, e.Action, e.Outcome = actorKind(actor), actor.String(), action, audit.Accepted
 		_, err = audit.Append(ctx, q, now, e)
 		return err
@@ -610,10 +656,14 @@ func (s *Service) Drain(ctx context.Context, actor identity.Principal, req Reque
 			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
 				Detail: fmt.Sprintf("draining the whole region %s sends its traffic to other regions and skips the in-region budget check, so it takes the admin role; %s is not an admin", req.Target, actor)}, nil
 		}
-		active, err := q.ShiftListActive(ctx)
+		all, err := q.ShiftListActive(ctx)
 		if err != nil {
 			return db.Shift{}, audit.Entry{}, nil, fmt.Errorf("list active shifts: %w", err)
 		}
+		// A shift written outside muster drains nothing, so the budget
+		// does not count it (it does still hold the target's place in
+		// shifts_active_target_idx: the insert answers conflict).
+		active := s.sealedOnly(all)
 		for _, r := range active {
 			if r.Scope == req.Scope && r.Target == req.Target {
 				return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrConflict, Check: "conflict",
@@ -800,6 +850,11 @@ func (s *Service) lockForMove(ctx context.Context, q *db.Queries, actor identity
 	if row.State == Completed || row.State == Cancelled {
 		return row, &refusal.Error{Kind: registry.ErrConflict, Check: "state",
 			Detail: fmt.Sprintf("shift %s of %s %s is %s; there is nothing left to return", id, row.Scope, row.Target, row.State)}, nil
+	}
+	if err := s.verify(row); err != nil {
+		// Stepping it would seal a row muster never wrote.
+		return row, &refusal.Error{Kind: registry.ErrConflict, Check: "seal",
+			Detail: fmt.Sprintf("shift %s of %s %s is not applied: %s; the shifts table was written outside muster (alarm %s), so muster will not move it", id, row.Scope, row.Target, err, AlarmShiftUnsealed)}, nil
 	}
 	if allowed := row.LastStepAt.Add(s.cfg.Dwell); now.Before(allowed) {
 		wait := allowed.Sub(now)

@@ -317,7 +317,7 @@ func New(t testing.TB, opts Options) *Stack {
 		dc.Addr = cmp.Or(dc.Addr, "127.0.0.1:0")
 		cfg.DNS = &dc
 	}
-	// Overrides are sealed as in production, by one key for every
+	// Overrides and shifts are sealed as in production, by one key for every
 	// stack of the test process, so replicas trust each other's seals.
 	cfg.Policy.Sealer = SealKey()
 	if opts.Policy != nil {

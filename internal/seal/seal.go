@@ -1,0 +1,104 @@
+// Package seal signs the rows of desired state that take capacity out of
+// the views (overrides in force, shift-backs), so that muster applies only
+// what it wrote itself.
+//
+// PostgreSQL's administrators can write every table. The API's checks
+// (authorisation, rate limits, the disruption budget, the audit record)
+// guard muster's own writes; a row written straight into a table passes
+// none of them. So the package that owns such a table seals each row it
+// puts in force with an Ed25519 signature by the region's signing key
+// (the audit checkpoints' key, which PostgreSQL never holds) over the
+// fields that decide what the row does, and applies a row only if its
+// seal verifies. A row that does not verify is treated as absent: it
+// never removes capacity, and its owner raises an alarm.
+//
+// A seal is over a domain string (naming the table and the version of the
+// encoding) and the JSON of a struct the owner defines, so a seal of one
+// kind of row can never pass for another.
+package seal
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+)
+
+// Signer signs seals: the region's signing key (audit.KeyFileSigner, or a
+// KMS behind the same interface).
+type Signer interface {
+	KeyID() string
+	Public() ed25519.PublicKey
+	Sign(ctx context.Context, msg []byte) ([]byte, error)
+}
+
+// Keys are the public keys seals are trusted from, by key ID
+// (audit.KeyID): the Signer's own, and a rotated-out key's until the rows
+// it sealed are over. Empty Keys trust every row: no key is configured,
+// and muster says so at start.
+type Keys map[string]ed25519.PublicKey
+
+// With returns k with s's key added (s may be nil).
+func (k Keys) With(s Signer) Keys {
+	out := maps.Clone(k)
+	if out == nil {
+		out = Keys{}
+	}
+	if s != nil {
+		out[s.KeyID()] = s.Public()
+	}
+	return out
+}
+
+// Reasons a row's seal does not verify.
+var (
+	ErrUnsealed   = errors.New("not sealed by muster")
+	ErrUnknownKey = errors.New("sealed by a key muster does not trust")
+	ErrBadSeal    = errors.New("its seal does not match the row (changed outside muster)")
+)
+
+// Message is the exact bytes a seal of v signs in domain.
+func Message(domain string, v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("seal %s: %w", domain, err)
+	}
+	return append([]byte(domain+"\x00"), b...), nil
+}
+
+// Sign seals v in domain with s, returning the signature and the key's ID.
+func Sign(ctx context.Context, s Signer, domain string, v any) (sig []byte, keyID string, err error) {
+	msg, err := Message(domain, v)
+	if err != nil {
+		return nil, "", err
+	}
+	if sig, err = s.Sign(ctx, msg); err != nil {
+		return nil, "", fmt.Errorf("seal %s: %w", domain, err)
+	}
+	return sig, s.KeyID(), nil
+}
+
+// Verify checks sig, by the key named keyID, over v in domain. With no
+// keys every row passes.
+func (k Keys) Verify(domain string, v any, sig []byte, keyID *string) error {
+	if len(k) == 0 {
+		return nil
+	}
+	if len(sig) == 0 || keyID == nil {
+		return ErrUnsealed
+	}
+	pub, ok := k[*keyID]
+	if !ok {
+		return fmt.Errorf("%w (key %q)", ErrUnknownKey, *keyID)
+	}
+	msg, err := Message(domain, v)
+	if err != nil {
+		return err
+	}
+	if !ed25519.Verify(pub, msg, sig) {
+		return ErrBadSeal
+	}
+	return nil
+}
