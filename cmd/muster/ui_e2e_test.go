@@ -56,9 +56,14 @@ func get[T any](b *tab, what string, a chromedp.Action[T]) T {
 	return v
 }
 
-// do runs browser steps with a deadline, failing the test on error.
+// do runs browser steps with a deadline, failing the test on error. A
+// step that failed on a stale node is tried again (browsertest.Retry: it
+// never took effect); the steps before it are not.
 func (b *tab) do(what string, steps ...chromedp.Action[chromedp.Void]) {
 	b.t.Helper()
+	for i := range steps {
+		steps[i] = browsertest.Retry(steps[i])
+	}
 	get(b, what, chromedp.Steps(steps...))
 }
 

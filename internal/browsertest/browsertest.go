@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,4 +118,38 @@ func OpenDetails(sel string) chromedp.Action[chromedp.Void] {
 			}
 		}
 	})
+}
+
+// StaleNode reports whether err says a node went away between the query
+// that found it and the call that used it: the page replaced it (a live
+// refresh, a late navigation of a sign-in's redirects), or the DevTools
+// protocol renumbered the document's nodes under chromedp.
+func StaleNode(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "No node with given id") || strings.Contains(msg, "Could not find node with given id")
+}
+
+// Retry runs a, and runs it again (three times at most) when it failed
+// on a stale node (StaleNode). That is safe for reads, and for chromedp's
+// Click and SendKeys too, because every call of theirs that names a node
+// (the visibility check, scrolling it into view, measuring it, focusing
+// it) comes before the mouse or key events: a click or keystroke failed
+// on a stale node was never sent. It is not for an action that sends
+// input and then names a node.
+func Retry[T any](a chromedp.Action[T]) chromedp.Action[T] {
+	return func(ctx context.Context, t *chromedp.Target) (T, error) {
+		var (
+			v   T
+			err error
+		)
+		for range 3 {
+			if v, err = a(ctx, t); !StaleNode(err) {
+				break
+			}
+		}
+		return v, err
+	}
 }

@@ -2,6 +2,7 @@ package browsertest
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -75,6 +76,33 @@ func TestOpenDetails(t *testing.T) {
 			}
 			if v := typed(t, ctx); v != "CHG-7" {
 				t.Fatalf("typed %q, want CHG-7", v)
+			}
+		})
+	}
+}
+
+func TestRetryTriesAStaleNodeAgain(t *testing.T) {
+	stale := errors.New("Could not find node with given id (-32000)")
+	other := errors.New("Element is not focusable (-32000)")
+	for _, tc := range []struct {
+		name  string
+		errs  []error
+		calls int
+		want  error
+	}{
+		{"succeeds at once", []error{nil}, 1, nil},
+		{"stale, then succeeds", []error{stale, nil}, 2, nil},
+		{"stale three times", []error{stale, stale, stale, nil}, 3, stale},
+		{"another error is not tried again", []error{other, nil}, 1, other},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			a := Retry(chromedp.Action[chromedp.Void](func(context.Context, *chromedp.Target) (chromedp.Void, error) {
+				calls++
+				return chromedp.Void{}, tc.errs[calls-1]
+			}))
+			if _, err := a(context.Background(), nil); !errors.Is(err, tc.want) || calls != tc.calls {
+				t.Fatalf("err %v after %d calls, want %v after %d", err, calls, tc.want, tc.calls)
 			}
 		})
 	}

@@ -52,14 +52,16 @@ func runOnce[T any](ctx context.Context, a chromedp.Action[T]) (T, error) {
 
 // staleNode reports whether err says a node went away between the query
 // that found it and the call that used it.
-func staleNode(err error) bool {
-	msg := err.Error()
-	return strings.Contains(msg, "No node with given id") || strings.Contains(msg, "Could not find node with given id")
-}
+func staleNode(err error) bool { return browsertest.StaleNode(err) }
 
-// do runs steps with a deadline, failing the test on error.
+// do runs steps with a deadline, failing the test on error. A step that
+// failed on a stale node is tried again (browsertest.Retry: it never took
+// effect); the steps before it are not.
 func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
+	for i := range steps {
+		steps[i] = browsertest.Retry(steps[i])
+	}
 	if _, err := runOnce(ctx, chromedp.Steps(steps...)); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
