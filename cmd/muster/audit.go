@@ -25,6 +25,7 @@ import (
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/seal"
 )
 
 // AuditConfig configures the audit log's signed checkpoints (issue 15;
@@ -192,17 +193,32 @@ func regionKey(cfg Config) (*audit.KeyFileSigner, audit.Keys, error) {
 	return signer, keys, err
 }
 
-// sealOverrides has muster seal the overrides it puts in force and the
-// shifts it writes with the region's key, and apply only sealed ones (the
-// app hands the policy configuration's key to shifts too); without a key,
-// muster trusts those tables and says so.
+// toolSealKey is the region's key a tool working on the data folder dir
+// seals with: MUSTER_AUDIT_SIGNING_KEY_FILE, or the one muster dev makes
+// in dir (made now if missing, as muster dev would). Nil without either.
+func toolSealKey(dir string) (seal.Signer, error) {
+	cfg := Config{Dev: true, DataDir: dir}
+	if err := loadAuditEnv(&cfg); err != nil {
+		return nil, err
+	}
+	signer, _, err := regionKey(cfg)
+	if err != nil || signer == nil {
+		return nil, err
+	}
+	return signer, nil
+}
+
+// sealOverrides has muster seal the instances, overrides and shifts it
+// writes with the region's key, and act only on sealed ones (the app hands
+// the policy configuration's key to the registry and shifts too); without
+// a key, muster trusts those tables and says so.
 func sealOverrides(ac *app.Config, signer *audit.KeyFileSigner, keys audit.Keys, log *slog.Logger) {
 	if signer == nil {
-		log.Warn("overrides and shifts are not sealed: a row written into those tables by anyone who can write the database is applied (set MUSTER_AUDIT_SIGNING_KEY_FILE; README: overrides and shifts are sealed)")
+		log.Warn("instances, overrides and shifts are not sealed: a row written into those tables by anyone who can write the database is acted on (set MUSTER_AUDIT_SIGNING_KEY_FILE; README: what muster writes is sealed)")
 		return
 	}
 	ac.Policy.Sealer, ac.Policy.SealKeys = signer, policy.SealKeys(keys)
-	log.Info("overrides and shifts are sealed", "key_id", signer.KeyID())
+	log.Info("instances, overrides and shifts are sealed", "key_id", signer.KeyID())
 }
 
 // newAuditCheckpoints returns the worker that signs audit checkpoints

@@ -35,7 +35,7 @@ func TestLoadgenWatchRestart(t *testing.T) {
 	}
 	// Run as `muster loadgen watch` runs it, with the children this test
 	// binary acting as muster.
-	env := loadgen.Env{OpenDB: openToolDB, ChildEnv: []string{"MUSTER_TEST_BE_MUSTER=1"}}
+	env := loadgen.Env{OpenDB: openToolDB, SealKey: toolSealKey, ChildEnv: []string{"MUSTER_TEST_BE_MUSTER=1"}}
 	out.Reset()
 	err = loadgen.Run(ctx, env, []string{"watch", "--restart", "--data", dir, "--clients", "300", "--services-per-client", "2",
 		"--admission-window", "1s", "--admission-floor", "1", "--readmit-timeout", "2m"}, &out, &errb)

@@ -86,7 +86,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "audit":
 		return cmdAudit(ctx, args[1:], stdout, stderr)
 	case "loadgen":
-		return loadgen.Run(ctx, loadgen.Env{OpenDB: openToolDB}, args[1:], stdout, stderr)
+		return loadgen.Run(ctx, loadgen.Env{OpenDB: openToolDB, SealKey: toolSealKey}, args[1:], stdout, stderr)
 	case "resolve":
 		return cmdResolve(ctx, args[1:], stdout, stderr)
 	case "tgsync":

@@ -50,6 +50,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/dnszone"
@@ -233,6 +234,8 @@ func New(cfg Config) (*App, error) {
 	}
 	rc := cfg.Registry
 	rc.Pool, rc.Region, rc.Logger, rc.Registerer = pool, cfg.Region, log.With("component", "registry"), metrics
+	// One key per region seals instances, overrides and shifts alike.
+	rc.Sealer, rc.SealKeys = cfg.Policy.Sealer, cfg.Policy.SealKeys
 	rc.Now = orNow(rc.Now, now)
 	if a.Registry, err = registry.New(rc); err != nil {
 		return nil, err
@@ -293,7 +296,6 @@ func New(cfg Config) (*App, error) {
 	a.Sweeper = policy.NewSweeper(a.Policy, 0)
 	sc := cfg.Shifts
 	sc.Pool, sc.Region, sc.Logger, sc.Registerer = pool, cfg.Region, log, metrics
-	// One key per region seals overrides and shifts alike.
 	sc.Sealer, sc.SealKeys = cfg.Policy.Sealer, cfg.Policy.SealKeys
 	sc.Now = orNow(sc.Now, now)
 	// A drain's budget counts the overrides in force, as the views do.
@@ -335,7 +337,10 @@ func New(cfg Config) (*App, error) {
 	servingReady := server.ServingReady(a.Evaluator, a.Hub)
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
-	svc.Authz, svc.Database, svc.Overrides = a.Authz, a.Monitor, a.InForce
+	svc.Authz, svc.Database = a.Authz, a.Monitor
+	// Rows written outside muster: overrides and instances (shifts list
+	// theirs with their other alarms).
+	svc.Tampering = func() []assembler.Alarm { return append(a.InForce.Alarms(), a.Evaluator.InstanceAlarms()...) }
 	if a.Reconcile != nil {
 		svc.Reconcile = a.Reconcile
 	}

@@ -41,6 +41,8 @@ func (r iteratorForInstancesCopy) Values() ([]interface{}, error) {
 		r.rows[0].RegisteredBy,
 		r.rows[0].CreatedAt,
 		r.rows[0].UpdatedAt,
+		r.rows[0].Seal,
+		r.rows[0].SealKey,
 	}, nil
 }
 
@@ -48,9 +50,9 @@ func (r iteratorForInstancesCopy) Err() error {
 	return nil
 }
 
-// Bulk load, used by `muster loadgen seed` only.
+// Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy).
 func (q *Queries) InstancesCopy(ctx context.Context, arg []InstancesCopyParams) (int64, error) {
-	return q.db.CopyFrom(ctx, []string{"instances"}, []string{"id", "service", "address", "port", "zone", "region", "source", "state", "lease_expires_at", "registered_by", "created_at", "updated_at"}, &iteratorForInstancesCopy{rows: arg})
+	return q.db.CopyFrom(ctx, []string{"instances"}, []string{"id", "service", "address", "port", "zone", "region", "source", "state", "lease_expires_at", "registered_by", "created_at", "updated_at", "seal", "seal_key"}, &iteratorForInstancesCopy{rows: arg})
 }
 
 // iteratorForObservedWindowsInsert implements pgx.CopyFromSource.

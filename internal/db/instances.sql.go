@@ -16,7 +16,7 @@ const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
 SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz
 WHERE id = $1 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
 `
 
 type InstanceEndParams struct {
@@ -42,6 +42,10 @@ func (q *Queries) InstanceEnd(ctx context.Context, arg InstanceEndParams) (Insta
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+		&i.EndSeal,
+		&i.EndSealKey,
 	)
 	return i, err
 }
@@ -50,7 +54,7 @@ const instanceEndLiveEndpoint = `-- name: InstanceEndLiveEndpoint :many
 UPDATE instances
 SET state = 'replaced', ended_at = $4::timestamptz, updated_at = $4::timestamptz
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
 `
 
 type InstanceEndLiveEndpointParams struct {
@@ -90,6 +94,10 @@ func (q *Queries) InstanceEndLiveEndpoint(ctx context.Context, arg InstanceEndLi
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -102,7 +110,7 @@ func (q *Queries) InstanceEndLiveEndpoint(ctx context.Context, arg InstanceEndLi
 }
 
 const instanceGet = `-- name: InstanceGet :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances WHERE id = $1
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances WHERE id = $1
 `
 
 func (q *Queries) InstanceGet(ctx context.Context, id uuid.UUID) (Instance, error) {
@@ -122,12 +130,16 @@ func (q *Queries) InstanceGet(ctx context.Context, id uuid.UUID) (Instance, erro
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+		&i.EndSeal,
+		&i.EndSealKey,
 	)
 	return i, err
 }
 
 const instanceGetForUpdate = `-- name: InstanceGetForUpdate :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances WHERE id = $1 FOR UPDATE
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) InstanceGetForUpdate(ctx context.Context, id uuid.UUID) (Instance, error) {
@@ -147,12 +159,16 @@ func (q *Queries) InstanceGetForUpdate(ctx context.Context, id uuid.UUID) (Insta
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+		&i.EndSeal,
+		&i.EndSealKey,
 	)
 	return i, err
 }
 
 const instanceGetLiveEndpoint = `-- name: InstanceGetLiveEndpoint :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
 `
 
@@ -181,15 +197,19 @@ func (q *Queries) InstanceGetLiveEndpoint(ctx context.Context, arg InstanceGetLi
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+		&i.EndSeal,
+		&i.EndSealKey,
 	)
 	return i, err
 }
 
 const instanceInsert = `-- name: InstanceInsert :one
 INSERT INTO instances (id, service, address, port, zone, region, source,
-                       lease_expires_at, registered_by, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12)
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
 `
 
 type InstanceInsertParams struct {
@@ -203,8 +223,11 @@ type InstanceInsertParams struct {
 	LeaseExpiresAt *time.Time
 	RegisteredBy   string
 	Now            time.Time
+	Seal           []byte
+	SealKey        *string
 }
 
+// seal is the identity's seal, made before the insert (registry/seal.go).
 func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, instanceInsert,
 		arg.ID,
@@ -217,6 +240,8 @@ func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) 
 		arg.LeaseExpiresAt,
 		arg.RegisteredBy,
 		arg.Now,
+		arg.Seal,
+		arg.SealKey,
 	)
 	var i Instance
 	err := row.Scan(
@@ -233,12 +258,16 @@ func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) 
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+		&i.EndSeal,
+		&i.EndSealKey,
 	)
 	return i, err
 }
 
 const instanceListByIDs = `-- name: InstanceListByIDs :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
 WHERE id = ANY($1::uuid[])
 `
 
@@ -268,6 +297,10 @@ func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Ins
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -280,7 +313,7 @@ func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Ins
 }
 
 const instanceListByService = `-- name: InstanceListByService :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
 WHERE service = $1
   AND id > $2::uuid
   AND ($3::boolean OR state = 'active')
@@ -324,6 +357,10 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -337,7 +374,7 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 
 const instanceListChangedSince = `-- name: InstanceListChangedSince :many
 
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
 WHERE (updated_at, id) > ($1::timestamptz, $2::uuid)
 ORDER BY updated_at, id
 LIMIT $3
@@ -375,6 +412,10 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -384,6 +425,126 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 		return nil, err
 	}
 	return items, nil
+}
+
+const instanceListUnsealed = `-- name: InstanceListUnsealed :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
+ORDER BY id
+`
+
+// Rows from before the seals, for their one adoption.
+func (q *Queries) InstanceListUnsealed(ctx context.Context) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceListUnsealed)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const instanceSeal = `-- name: InstanceSeal :one
+UPDATE instances SET seal = $1, seal_key = $2
+WHERE id = $3
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+`
+
+type InstanceSealParams struct {
+	Seal    []byte
+	SealKey *string
+	ID      uuid.UUID
+}
+
+// Seals an instance's identity as muster inserted it, in that transaction.
+func (q *Queries) InstanceSeal(ctx context.Context, arg InstanceSealParams) (Instance, error) {
+	row := q.db.QueryRow(ctx, instanceSeal, arg.Seal, arg.SealKey, arg.ID)
+	var i Instance
+	err := row.Scan(
+		&i.ID,
+		&i.Service,
+		&i.Address,
+		&i.Port,
+		&i.Zone,
+		&i.Region,
+		&i.Source,
+		&i.State,
+		&i.LeaseExpiresAt,
+		&i.RegisteredBy,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+		&i.EndSeal,
+		&i.EndSealKey,
+	)
+	return i, err
+}
+
+const instanceSealEnd = `-- name: InstanceSealEnd :one
+UPDATE instances SET end_seal = $1, end_seal_key = $2
+WHERE id = $3
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+`
+
+type InstanceSealEndParams struct {
+	EndSeal    []byte
+	EndSealKey *string
+	ID         uuid.UUID
+}
+
+// Seals an instance's end as muster wrote it, in that transaction.
+func (q *Queries) InstanceSealEnd(ctx context.Context, arg InstanceSealEndParams) (Instance, error) {
+	row := q.db.QueryRow(ctx, instanceSealEnd, arg.EndSeal, arg.EndSealKey, arg.ID)
+	var i Instance
+	err := row.Scan(
+		&i.ID,
+		&i.Service,
+		&i.Address,
+		&i.Port,
+		&i.Zone,
+		&i.Region,
+		&i.Source,
+		&i.State,
+		&i.LeaseExpiresAt,
+		&i.RegisteredBy,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+		&i.EndSeal,
+		&i.EndSealKey,
+	)
+	return i, err
 }
 
 const instanceServicesInZone = `-- name: InstanceServicesInZone :many
@@ -457,6 +618,8 @@ type InstancesCopyParams struct {
 	RegisteredBy   string
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
+	Seal           []byte
+	SealKey        *string
 }
 
 const leaseCountExpiredSince = `-- name: LeaseCountExpiredSince :many
@@ -547,7 +710,7 @@ const leaseExpire = `-- name: LeaseExpire :one
 UPDATE instances
 SET state = 'expired', ended_at = $1::timestamptz, updated_at = $1::timestamptz
 WHERE id = $2 AND state = 'active' AND lease_expires_at <= $3::timestamptz
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
 `
 
 type LeaseExpireParams struct {
@@ -575,12 +738,16 @@ func (q *Queries) LeaseExpire(ctx context.Context, arg LeaseExpireParams) (Insta
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+		&i.EndSeal,
+		&i.EndSealKey,
 	)
 	return i, err
 }
 
 const leaseListExpired = `-- name: LeaseListExpired :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
   AND lease_expires_at <= $1::timestamptz
 ORDER BY lease_expires_at
@@ -618,6 +785,10 @@ func (q *Queries) LeaseListExpired(ctx context.Context, arg LeaseListExpiredPara
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -679,7 +850,7 @@ func (q *Queries) LeaseListLapsed(ctx context.Context, arg LeaseListLapsedParams
 const leaseRenew = `-- name: LeaseRenew :one
 UPDATE instances SET lease_expires_at = $2, updated_at = $3
 WHERE id = $1 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
 `
 
 type LeaseRenewParams struct {
@@ -705,6 +876,10 @@ func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instanc
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.EndedAt,
+		&i.Seal,
+		&i.SealKey,
+		&i.EndSeal,
+		&i.EndSealKey,
 	)
 	return i, err
 }
@@ -741,7 +916,7 @@ func (q *Queries) ReconcileInstanceStates(ctx context.Context, ids []uuid.UUID) 
 }
 
 const reconcileListLive = `-- name: ReconcileListLive :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
 WHERE source = $1 AND state = 'active'
 ORDER BY service, id
 `
@@ -771,6 +946,10 @@ func (q *Queries) ReconcileListLive(ctx context.Context, source string) ([]Insta
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -783,7 +962,7 @@ func (q *Queries) ReconcileListLive(ctx context.Context, source string) ([]Insta
 }
 
 const reconcileListLiveInServices = `-- name: ReconcileListLiveInServices :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
 WHERE service = ANY($1::text[]) AND state = 'active'
 ORDER BY service, id
 `
@@ -813,6 +992,10 @@ func (q *Queries) ReconcileListLiveInServices(ctx context.Context, services []st
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
 		); err != nil {
 			return nil, err
 		}

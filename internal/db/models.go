@@ -58,6 +58,10 @@ type Instance struct {
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 	EndedAt        *time.Time
+	Seal           []byte
+	SealKey        *string
+	EndSeal        []byte
+	EndSealKey     *string
 }
 
 type LeaseExpiryConfirmation struct {
@@ -131,6 +135,13 @@ type ReconcileConfirmation struct {
 	ConfirmedBy string
 	Reason      string
 	Instances   []uuid.UUID
+}
+
+type SealAdoption struct {
+	Name  string
+	KeyID string
+	Rows  int64
+	At    time.Time
 }
 
 type Service struct {

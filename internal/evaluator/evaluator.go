@@ -166,6 +166,9 @@ type Evaluator struct {
 	ended   []eligibility.Transition
 	changed map[string]struct{}
 	probers map[string]*proberAssignment
+	// unsealed are the instance rows not acted on as they stand, because
+	// their seal does not verify (seals.go).
+	unsealed map[uuid.UUID]unsealedInstance
 	// expired holds, per service, instances whose lease expired while
 	// their zone's guard still needs them (expired.go).
 	expired  map[string]map[uuid.UUID]expiredInstance
@@ -229,6 +232,7 @@ func New(cfg Config) (*Evaluator, error) {
 		changed:   map[string]struct{}{},
 		probers:   map[string]*proberAssignment{},
 		expired:   map[string]map[uuid.UUID]expiredInstance{},
+		unsealed:  map[uuid.UUID]unsealedInstance{},
 		windows:   map[windowKey]*windowCounts{},
 		reporters: map[string]eligibility.ReporterID{},
 		kick:      make(chan struct{}, 1),
@@ -244,6 +248,12 @@ func New(cfg Config) (*Evaluator, error) {
 	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, cfg.DBTimeout, cfg.DatabaseUp, m, e.log)
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(newCollector(e)); err != nil {
+			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
+		}
+		if err := cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_instances_unsealed",
+			Help: "Instance rows the evaluator does not act on as they stand because their seal does not verify: inserted or re-pointed outside muster (no traffic), or ended outside muster (traffic kept). README: what muster writes is sealed. Anything above 0 deserves a look.",
+		}, func() float64 { return float64(e.UnsealedInstances()) })); err != nil {
 			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
 		}
 	}
@@ -459,6 +469,11 @@ func (e *Evaluator) publish(ts []eligibility.Transition, changed []string) {
 // restores recent quarantines, then marks the evaluator ready.
 func (e *Evaluator) rebuild(ctx context.Context) error {
 	start := time.Now()
+	// Rows from before the instance seals are adopted (once per database)
+	// before any is read, so none of them is taken for a forgery.
+	if _, err := e.cfg.Registry.AdoptUnsealed(ctx); err != nil {
+		return err
+	}
 	if err := e.refresh(ctx); err != nil {
 		return err
 	}
@@ -630,6 +645,10 @@ func (e *Evaluator) applyService(sc registry.ServiceContract) {
 // load may apply the same row in any order. Called with e.mu held.
 func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 	_, known := e.instances[in.ID]
+	in, ok := e.sealed(in, known, now)
+	if !ok {
+		return
+	}
 	switch {
 	case in.State == registry.StateExpired && !known && !e.ready.Load():
 		// Expired before this process started (the rebuild reads every

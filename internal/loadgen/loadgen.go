@@ -27,6 +27,7 @@ import (
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/seal"
 )
 
 const loadgenUsage = `usage:
@@ -56,6 +57,13 @@ type Env struct {
 	// pool and stops what was started. seed, rebuild and watch --restart
 	// need it.
 	OpenDB func(ctx context.Context, dir string, stderr io.Writer) (pool *pgxpool.Pool, region string, closeDB func() error, err error)
+	// SealKey, when set, returns the region's signing key muster on dir
+	// seals with (the dev key in dir, or MUSTER_AUDIT_SIGNING_KEY_FILE):
+	// seed seals the instances it loads with it, as muster's registry
+	// would, so they are routed to. Nil: seed loads them unsealed, and
+	// only a muster that has not yet adopted the rows from before the
+	// seals (registry.AdoptUnsealed) routes to them.
+	SealKey func(dir string) (seal.Signer, error)
 	// ChildEnv is added to the environment of the muster processes that
 	// watch --restart runs (this binary, as `muster dev`): tests make
 	// their test binary act as muster with it.
@@ -131,7 +139,7 @@ func loadgenSeed(ctx context.Context, env Env, args []string, stdout, stderr io.
 			return fmt.Errorf("seed service %s: %w", names[i], err)
 		}
 	}
-	now := time.Now().UTC()
+	now := time.Now().UTC().Truncate(time.Microsecond) // as stored: the seals cover it
 	lease := now.Add(24 * time.Hour)
 	rows := make([]db.InstancesCopyParams, instances)
 	ids := make([]uuid.UUID, instances)
@@ -143,6 +151,17 @@ func loadgenSeed(ctx context.Context, env Env, args []string, stdout, stderr io.
 			// spans zones whatever the service count.
 			Port: 8080, Zone: fmt.Sprintf("az%d", (i/services)%3+1), Region: reg.Region(), Source: "loadgen", State: registry.StateActive,
 			LeaseExpiresAt: &lease, RegisteredBy: "tool:loadgen", CreatedAt: now, UpdatedAt: now,
+		}
+	}
+	if env.SealKey != nil {
+		key, err := env.SealKey(dir)
+		if err != nil {
+			return err
+		}
+		if key != nil {
+			if err := registry.SealCopy(ctx, key, rows); err != nil {
+				return err
+			}
 		}
 	}
 	if _, err := db.New(pool).InstancesCopy(ctx, rows); err != nil {

@@ -131,7 +131,7 @@ func (s *Service) deregisterSelf(ctx context.Context, q *db.Queries, now time.Ti
 	if cur.State != registry.StateActive {
 		return nil
 	}
-	ended, err := registry.EndInstance(ctx, q, cur.ID, now)
+	ended, err := registry.EndInstance(ctx, q, s.cfg.Sealer, cur.ID, now)
 	if err != nil {
 		return err
 	}
@@ -206,7 +206,7 @@ func (s *Service) deregisterOther(ctx context.Context, q *db.Queries, now time.T
 	if e, err := s.withinBudget(ctx, q, now, a, row, inForce, "deregistration", "deregister it"); e != nil || err != nil {
 		return e, err
 	}
-	ended, err := registry.EndInstance(ctx, q, cur.ID, now)
+	ended, err := registry.EndInstance(ctx, q, s.cfg.Sealer, cur.ID, now)
 	if err != nil {
 		return nil, err
 	}

@@ -111,7 +111,7 @@ func (s *Service) Cosign(ctx context.Context, actor identity.Principal, id uuid.
 		cosigner, just := actor.String(), req.Justification
 		note := fmt.Sprintf("co-signed by %s for %s, exceeding the budget: %s", cosigner, row.Actor, row.BudgetDetail)
 		if deregister {
-			ended, err := registry.EndInstance(ctx, q, row.InstanceID, now)
+			ended, err := registry.EndInstance(ctx, q, s.cfg.Sealer, row.InstanceID, now)
 			if err != nil {
 				return nil, err
 			}

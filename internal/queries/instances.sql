@@ -36,9 +36,10 @@ ORDER BY id
 LIMIT sqlc.arg(lim);
 
 -- name: InstanceInsert :one
+-- seal is the identity's seal, made before the insert (registry/seal.go).
 INSERT INTO instances (id, service, address, port, zone, region, source,
-                       lease_expires_at, registered_by, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, sqlc.arg(now), sqlc.arg(now))
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, sqlc.arg(now), sqlc.arg(now), sqlc.narg(seal), sqlc.narg(seal_key))
 RETURNING *;
 
 -- name: LeaseRenew :one
@@ -71,10 +72,10 @@ WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
 RETURNING *;
 
 -- name: InstancesCopy :copyfrom
--- Bulk load, used by `muster loadgen seed` only.
+-- Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy).
 INSERT INTO instances (id, service, address, port, zone, region, source, state,
-                       lease_expires_at, registered_by, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
 
 -- name: LeaseListLapsed :many
 -- Active leases that ran out by now, oldest first: the reaper's candidates.
@@ -149,3 +150,20 @@ SELECT id, state FROM instances WHERE id = ANY(sqlc.arg(ids)::uuid[]);
 -- registration colliding with a reconciled one is refused.
 SELECT * FROM instances
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active';
+
+-- name: InstanceSeal :one
+-- Seals an instance's identity as muster inserted it, in that transaction.
+UPDATE instances SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE id = sqlc.arg(id)
+RETURNING *;
+
+-- name: InstanceSealEnd :one
+-- Seals an instance's end as muster wrote it, in that transaction.
+UPDATE instances SET end_seal = sqlc.arg(end_seal), end_seal_key = sqlc.arg(end_seal_key)
+WHERE id = sqlc.arg(id)
+RETURNING *;
+
+-- name: InstanceListUnsealed :many
+-- Rows from before the seals, for their one adoption.
+SELECT * FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
+ORDER BY id;

@@ -14,6 +14,7 @@ import (
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
+	"github.com/musterhq/muster/internal/seal"
 )
 
 // SourceRegistered marks instances that came through the registration API;
@@ -44,6 +45,8 @@ type Instance struct {
 	CreatedAt      time.Time  `json:"created_at"`
 	UpdatedAt      time.Time  `json:"updated_at"`
 	EndedAt        *time.Time `json:"ended_at,omitempty"`
+
+	seals seals // as read: VerifyIdentity and VerifyEnd check them
 }
 
 // Registration is what a runtime asks to register.
@@ -123,6 +126,9 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 		if err != nil {
 			return nil, fmt.Errorf("end replaced instances: %w", err)
 		}
+		if ended, err = sealEndedAll(ctx, q, r.cfg.Sealer, ended); err != nil {
+			return nil, err
+		}
 		for _, old := range ended {
 			after := instanceFromRow(old)
 			before := after
@@ -138,7 +144,7 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 			return nil, fmt.Errorf("new instance id: %w", err)
 		}
 		expires := now.Add(r.cfg.LeaseTTL)
-		ins, err := q.InstanceInsert(ctx, db.InstanceInsertParams{
+		ins, err := insertSealed(ctx, q, r.cfg.Sealer, db.InstanceInsertParams{
 			ID: id, Service: service, Address: reg.Address, Port: int32(reg.Port),
 			Zone: reg.Zone, Region: reg.Region, Source: SourceRegistered,
 			LeaseExpiresAt: &expires, RegisteredBy: actor.String(), Now: now,
@@ -234,7 +240,7 @@ func (r *Registry) Renew(ctx context.Context, actor identity.Principal, id uuid.
 // This is for callers inside muster and its tests.
 func (r *Registry) Deregister(ctx context.Context, actor identity.Principal, id uuid.UUID) (Instance, error) {
 	return r.changeInstance(ctx, actor, id, "instance.deregister", func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error) {
-		out, err := EndInstance(ctx, q, id, now)
+		out, err := EndInstance(ctx, q, r.cfg.Sealer, id, now)
 		return out, true, err
 	})
 }
@@ -269,15 +275,19 @@ func InstanceStates(ctx context.Context, q *db.Queries, ids []uuid.UUID) (map[uu
 }
 
 // EndInstance ends an active instance as deregistered at now, with q (the
-// caller's transaction). An instance that has already ended is refused
+// caller's transaction), sealing the end with s (the region's key; nil
+// when none is configured). An instance that has already ended is refused
 // with ErrGone.
-func EndInstance(ctx context.Context, q *db.Queries, id uuid.UUID, now time.Time) (Instance, error) {
+func EndInstance(ctx context.Context, q *db.Queries, s seal.Signer, id uuid.UUID, now time.Time) (Instance, error) {
 	row, err := q.InstanceEnd(ctx, db.InstanceEndParams{ID: id, State: StateDeregistered, Now: now})
 	if notFound(err) {
 		return Instance{}, newRefusal(ErrGone, "instance %s has already ended", id)
 	}
 	if err != nil {
 		return Instance{}, fmt.Errorf("deregister %s: %w", id, err)
+	}
+	if row, err = sealEnded(ctx, q, s, row); err != nil {
+		return Instance{}, err
 	}
 	return instanceFromRow(row), nil
 }
@@ -403,6 +413,7 @@ func instanceFromRow(row db.Instance) Instance {
 		Zone: row.Zone, Region: row.Region, Source: row.Source, State: row.State,
 		LeaseExpiresAt: row.LeaseExpiresAt, RegisteredBy: row.RegisteredBy,
 		CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt, EndedAt: row.EndedAt,
+		seals: sealsOf(row),
 	}
 }
 

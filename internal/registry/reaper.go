@@ -445,6 +445,9 @@ func (r *Registry) expireLease(ctx context.Context, l lapsedLease, now time.Time
 		if err != nil {
 			return fmt.Errorf("expire %s: %w", l.ID, err)
 		}
+		if row, err = sealEnded(ctx, q, r.cfg.Sealer, row); err != nil {
+			return err
+		}
 		before := instanceFromRow(row)
 		before.State, before.EndedAt, before.UpdatedAt = StateActive, nil, before.CreatedAt
 		reason := fmt.Sprintf("lease expired at %s without renewal", l.LeaseExpiresAt.Format(time.RFC3339Nano))

@@ -126,6 +126,9 @@ func (r *Registry) ApplyReconcile(ctx context.Context, source string, ch Reconci
 			if err != nil {
 				return fmt.Errorf("end %s: %w", id, err)
 			}
+			if row, err = sealEnded(ctx, q, r.cfg.Sealer, row); err != nil {
+				return err
+			}
 			after := instanceFromRow(row)
 			before := after
 			before.State, before.EndedAt = StateActive, nil
@@ -174,6 +177,9 @@ func (r *Registry) ApplyReconcile(ctx context.Context, source string, ch Reconci
 			if err != nil {
 				return fmt.Errorf("end instances at %s:%d: %w", in.Address, in.Port, err)
 			}
+			if ended, err = sealEndedAll(ctx, q, r.cfg.Sealer, ended); err != nil {
+				return err
+			}
 			for _, old := range ended {
 				after := instanceFromRow(old)
 				before := after
@@ -183,7 +189,7 @@ func (r *Registry) ApplyReconcile(ctx context.Context, source string, ch Reconci
 				}
 				res.Replaced = append(res.Replaced, after)
 			}
-			row, err := q.InstanceInsert(ctx, db.InstanceInsertParams{
+			row, err := insertSealed(ctx, q, r.cfg.Sealer, db.InstanceInsertParams{
 				ID: in.ID, Service: in.Service, Address: in.Address, Port: int32(in.Port),
 				Zone: in.Zone, Region: r.cfg.Region, Source: source, RegisteredBy: actor, Now: now,
 			})

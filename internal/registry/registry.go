@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/internal/seal"
+
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/identity"
@@ -33,6 +35,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the registry's metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
+	// Sealer, when set, seals every instance row the registry writes
+	// (seal.go); SealKeys are further keys seals are trusted from. With
+	// neither, VerifyIdentity and VerifyEnd pass every row.
+	Sealer   seal.Signer
+	SealKeys seal.Keys
 }
 
 // Validate checks the configuration and fills defaults.
@@ -61,6 +68,7 @@ func (c *Config) Validate() error {
 // Registry is the desired-state store and its rules.
 type Registry struct {
 	cfg     Config
+	keys    seal.Keys // the seals trusted: SealKeys and the Sealer's
 	metrics metrics
 	// authz is the in-memory copy of services and grants, when one was
 	// built on this registry: writes through this process update it at
@@ -131,7 +139,7 @@ func New(cfg Config) (*Registry, error) {
 			}
 		}
 	}
-	return &Registry{cfg: cfg, metrics: m}, nil
+	return &Registry{cfg: cfg, keys: cfg.SealKeys.With(cfg.Sealer), metrics: m}, nil
 }
 
 // Region is the region this registry is the authority for.

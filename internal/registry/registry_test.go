@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -946,7 +947,7 @@ func TestRegisteredIsToldOfEachRegistration(t *testing.T) {
 	ended := first
 	ended.State, ended.UpdatedAt, ended.EndedAt = registry.StateReplaced, second.CreatedAt, &second.CreatedAt
 	want := [][]registry.Instance{{first}, {ended, second}}
-	if d := cmp.Diff(want, f.told); d != "" {
+	if d := cmp.Diff(want, f.told, cmpopts.IgnoreUnexported(registry.Instance{})); d != "" {
 		t.Fatalf("told (-want +got):\n%s", d)
 	}
 
@@ -964,7 +965,7 @@ func TestRegisteredIsToldOfEachRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 	slices.SortFunc(got, func(a, b registry.Instance) int { return strings.Compare(a.ID.String(), b.ID.String()) })
-	if d := cmp.Diff([]registry.Instance{ended, third}, got); d != "" {
+	if d := cmp.Diff([]registry.Instance{ended, third}, got, cmpopts.IgnoreUnexported(registry.Instance{})); d != "" {
 		t.Fatalf("InstancesByID (-want +got):\n%s", d)
 	}
 	scs, err := reg.ServiceContractsNamed(ctx, []string{"api", "nope"})

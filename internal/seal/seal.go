@@ -1,6 +1,6 @@
-// Package seal signs the rows of desired state that take capacity out of
-// the views (overrides in force, shift-backs), so that muster applies only
-// what it wrote itself.
+// Package seal signs the rows of desired state that decide where traffic
+// goes (an instance's identity and its end, overrides in force,
+// shift-backs), so that muster acts only on what it wrote itself.
 //
 // PostgreSQL's administrators can write every table. The API's checks
 // (authorisation, rate limits, the disruption budget, the audit record)

@@ -53,7 +53,7 @@ func databaseAlarm(cfg *Config) (assembler.Alarm, bool) {
 
 // Alarms lists every open alarm, as GET /v1/alarms does: the guard's,
 // the shift-backs', the lease reaper's, the database's, the probers' and
-// the overrides' (unsealed rows).
+// those of rows written outside muster.
 func (s *Server) Alarms() []assembler.Alarm { return allAlarms(&s.cfg) }
 
 // AlarmsOf returns the list of open alarms a server built on cfg answers
@@ -76,8 +76,8 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	if cfg.Reconcile != nil {
 		out = append(out, cfg.Reconcile.Alarms()...)
 	}
-	if cfg.Overrides != nil {
-		out = append(out, cfg.Overrides.Alarms()...)
+	if cfg.Tampering != nil {
+		out = append(out, cfg.Tampering()...)
 	}
 	if cfg.Probers != nil {
 		for _, a := range cfg.Probers.ProberAlarms() {

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,7 +14,10 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/policy"
 )
 
@@ -228,5 +232,158 @@ func TestOverridesWrittenOutsideMusterRemoveNothing(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestInstancesWrittenOutsideMusterMoveNoTraffic plays a hostile database
+// administrator against the instances table: an instance set to
+// 'deregistered' by hand keeps its traffic (on the running replica and on
+// one rebuilt from the table), an instance inserted by hand gets none, and
+// one re-pointed at another address by hand keeps its old address while
+// the replica runs and gets no traffic after a rebuild. Each is an
+// instance_unsealed alarm. A deregistration through muster is sealed and
+// honoured.
+func TestInstancesWrittenOutsideMusterMoveNoTraffic(t *testing.T) {
+	t.Parallel()
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 4})
+	f.waitReady(t)
+	az1 := f.zones["az1"]
+	ctx := context.Background()
+	alice := f.Token(t, adminReq)
+	addressOf := func(v assembler.View, id string) string {
+		t.Helper()
+		e, ok := endpointOf(t, v, id)
+		if !ok {
+			return ""
+		}
+		return e.Address
+	}
+	unsealedAlarms := func(s *apptest.Stack) map[string]string {
+		t.Helper()
+		r := s.Do(t, "GET", "/v1/alarms", s.Token(t, adminReq), "", "")
+		var body struct {
+			Alarms []struct{ Kind, Detail string }
+		}
+		if err := json.Unmarshal(r.Body, &body); err != nil {
+			t.Fatalf("alarms: %d %s", r.Status, r.Body)
+		}
+		out := map[string]string{}
+		for _, a := range body.Alarms {
+			if a.Kind == evaluator.AlarmInstanceUnsealed {
+				out[strings.Fields(a.Detail)[1]] = a.Detail
+			}
+		}
+		return out
+	}
+
+	// 1. az1[0] ended by hand; 2. an instance inserted by hand at an
+	// address of the attacker's; 3. az1[1] re-pointed there by hand.
+	now := f.Clock.Now()
+	forged := uuid.Must(uuid.NewV7())
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{`UPDATE instances SET state = 'deregistered', ended_at = $2, updated_at = $2 WHERE id = $1`, []any{az1[0], now}},
+		{`INSERT INTO instances (id, service, address, port, zone, region, source, lease_expires_at, registered_by, created_at, updated_at)
+		  VALUES ($1, 'web', '203.0.113.66', 8080, 'az1', 'local', 'registered', $2, 'workload:web', $3, $3)`, []any{forged, now.Add(time.Hour), now}},
+		{`UPDATE instances SET address = '203.0.113.7', updated_at = $2 WHERE id = $1`, []any{az1[1], now}},
+	} {
+		if _, err := f.Pool.Exec(ctx, q.sql, q.args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The prober vouches for the forged instance too: were it taken in,
+	// it would be routed to.
+	f.SyncNow(t)
+	r := f.JSON(t, "POST", "/v1/reports", f.Token(t, proberReq), fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"probe","outcome":"success"}]}`, forged))
+	if r.Status != http.StatusOK {
+		t.Fatalf("reports: %d %s", r.Status, r.Body)
+	}
+	f.Evaluator.EvaluateNow()
+	f.publish(t)
+	v := f.view(t)
+	if addressOf(v, az1[0]) == "" {
+		t.Error("the instance ended by hand left the view")
+	}
+	if addressOf(v, forged.String()) != "" {
+		t.Error("the instance inserted by hand is in the view")
+	}
+	if a := addressOf(v, az1[1]); a != "10.1.0.2" {
+		t.Errorf("the instance re-pointed by hand is at %q in the view, want its registered 10.1.0.2", a)
+	}
+	got := unsealedAlarms(f.Stack)
+	if len(got) != 2 || !strings.Contains(got[az1[0]], "it keeps its traffic") || !strings.Contains(got[forged.String()], "it gets no traffic") {
+		t.Fatalf("instance_unsealed alarms on the running replica: %v", got)
+	}
+	if !strings.Contains(string(f.Scrape(t)), "muster_instances_unsealed 2\n") {
+		t.Error("muster_instances_unsealed is not 2")
+	}
+
+	// A replica rebuilt from the table: az1[0] in, the forged one out, and
+	// az1[1] (whose row no longer says where muster registered it) out.
+	b := &ofix{Stack: apptest.New(t, apptest.Options{Pool: f.Pool}), zones: f.zones}
+	b.waitReady(t)
+	b.publish(t)
+	bv := b.view(t)
+	if addressOf(bv, az1[0]) == "" || addressOf(bv, forged.String()) != "" || addressOf(bv, az1[1]) != "" || addressOf(bv, az1[2]) == "" {
+		t.Fatalf("the rebuilt replica's view: %+v", bv.Endpoints)
+	}
+	if got := unsealedAlarms(b.Stack); len(got) != 3 {
+		t.Fatalf("instance_unsealed alarms on the rebuilt replica: %v (%d unsealed)", got, b.Evaluator.UnsealedInstances())
+	}
+
+	// A deregistration through muster is sealed, and honoured.
+	if r := f.deregister(t, alice, az1[3], "host fails its ECC checks, CHG-7"); r.Status != http.StatusOK {
+		t.Fatalf("deregister: %d %s", r.Status, r.Body)
+	}
+	f.publish(t)
+	if addressOf(f.view(t), az1[3]) != "" {
+		t.Error("an instance muster deregistered is still in the view")
+	}
+	if got := unsealedAlarms(f.Stack); len(got) != 2 {
+		t.Fatalf("alarms after a deregistration through muster: %v", got)
+	}
+}
+
+// TestInstancesFromBeforeTheSealsAreAdopted: instances registered by a
+// muster without a key are adopted, once, by the first muster with one,
+// which routes to them and audits the adoption; a row inserted by hand
+// after that is not adopted.
+func TestInstancesFromBeforeTheSealsAreAdopted(t *testing.T) {
+	t.Parallel()
+	unsealed := func(c *policy.Config) { c.Sealer = nil }
+	f := newOverrideFixture(t, apptest.Options{Policy: unsealed}, map[string]int{"az1": 3})
+	f.waitReady(t)
+	ctx := context.Background()
+	var n int
+	if err := f.Pool.QueryRow(ctx, `SELECT count(*) FROM instances WHERE seal IS NULL`).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("unsealed rows before the key: %d %v", n, err)
+	}
+	b := &ofix{Stack: apptest.New(t, apptest.Options{Pool: f.Pool}), zones: f.zones}
+	b.waitReady(t)
+	b.publish(t)
+	if v := b.view(t); len(v.Endpoints) != 3 {
+		t.Fatalf("the adopting replica routes to %d instances, want 3", len(v.Endpoints))
+	}
+	evs, err := audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Limit: 10})
+	if err != nil || len(evs) != 1 || !strings.Contains(evs[0].Reason, "sealed 3 instance rows") {
+		t.Fatalf("adoption audit: %+v %v", evs, err)
+	}
+	// Once only: a third replica adopts nothing, and a row inserted by
+	// hand now is not adopted.
+	if _, err := f.Pool.Exec(ctx, `INSERT INTO instances (id, service, address, port, zone, region, source, lease_expires_at, registered_by, created_at, updated_at)
+		VALUES ($1, 'web', '203.0.113.66', 8080, 'az1', 'local', 'registered', $2, 'workload:web', $3, $3)`,
+		uuid.Must(uuid.NewV7()), f.Clock.Now().Add(time.Hour), f.Clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	c := &ofix{Stack: apptest.New(t, apptest.Options{Pool: f.Pool}), zones: f.zones}
+	c.waitReady(t)
+	c.publish(t)
+	if v := c.view(t); len(v.Endpoints) != 3 {
+		t.Fatalf("a later replica routes to %d instances, want 3", len(v.Endpoints))
+	}
+	if evs, _ := audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Limit: 10}); len(evs) != 1 {
+		t.Fatalf("%d adoptions, want 1", len(evs))
 	}
 }

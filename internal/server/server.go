@@ -132,9 +132,9 @@ type Config struct {
 	Admission *stream.Admission
 	// Alarms lists the open alarms (the publisher).
 	Alarms interface{ Alarms() []assembler.Alarm }
-	// Overrides, when set, lists override_unsealed alarms (policy.InForce)
-	// with the others.
-	Overrides interface{ Alarms() []assembler.Alarm }
+	// Tampering, when set, lists the alarms of rows written outside muster
+	// (override_unsealed, instance_unsealed) with the others.
+	Tampering func() []assembler.Alarm
 	// Probers, when set, lists prober outages and suspect probers (the
 	// evaluator); they are listed with the other alarms.
 	Probers interface {

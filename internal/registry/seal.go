@@ -1,0 +1,228 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/internal/seal"
+)
+
+// Instance seals (package seal; migration 000017).
+//
+// An instance row is written by muster only: registration, reconciliation
+// and replacement insert it; a deregistration (by itself, or by another
+// identity through the disruption budget), a replacement, reconciliation
+// and the lease reaper end it. Each of those seals what it wrote, in its
+// own transaction, with the region's key: the identity when the row is
+// inserted (Seal), the end when it is ended (EndSeal). The evaluator asks
+// VerifyIdentity before it routes to an instance it does not know yet and
+// VerifyEnd before it lets one go, so a row inserted or re-pointed by hand
+// gets no traffic, and a row set to 'deregistered' (or 'expired') by hand
+// keeps its traffic. A renewal changes neither (the lease is not sealed:
+// a lease set into the past by hand is expired by the reaper, under its
+// disbelief threshold, like any lapsed lease).
+//
+// Rows from before the seals are adopted once (AdoptUnsealed).
+
+const (
+	identityDomain = "muster instance identity seal v1"
+	endDomain      = "muster instance end seal v1"
+	adoptionName   = "instances"
+)
+
+type sealedIdentity struct {
+	ID           string `json:"id"`
+	Service      string `json:"service"`
+	Address      string `json:"address"`
+	Port         int32  `json:"port"`
+	Zone         string `json:"zone"`
+	Region       string `json:"region"`
+	Source       string `json:"source"`
+	RegisteredBy string `json:"registered_by"`
+	CreatedAt    int64  `json:"created_at"` // microseconds since the epoch, as stored
+}
+
+type sealedEnd struct {
+	ID      string `json:"id"`
+	State   string `json:"state"`
+	EndedAt int64  `json:"ended_at"`
+}
+
+func identityOf(id, service, address string, port int32, zone, region, source, by string, created int64) sealedIdentity {
+	return sealedIdentity{ID: id, Service: service, Address: address, Port: port, Zone: zone, Region: region,
+		Source: source, RegisteredBy: by, CreatedAt: created}
+}
+
+func rowIdentity(r db.Instance) sealedIdentity {
+	return identityOf(r.ID.String(), r.Service, r.Address, r.Port, r.Zone, r.Region, r.Source, r.RegisteredBy, r.CreatedAt.UnixMicro())
+}
+
+func endOf(id, state string, ended int64) sealedEnd {
+	return sealedEnd{ID: id, State: state, EndedAt: ended}
+}
+
+func rowEnd(r db.Instance) sealedEnd {
+	var ended int64
+	if r.EndedAt != nil {
+		ended = r.EndedAt.UnixMicro()
+	}
+	return endOf(r.ID.String(), r.State, ended)
+}
+
+// insertSealed inserts p with its identity sealed by s (nil: unsealed).
+// p.Now must be what PostgreSQL will store (microseconds, as r.now()).
+func insertSealed(ctx context.Context, q *db.Queries, s seal.Signer, p db.InstanceInsertParams) (db.Instance, error) {
+	if s != nil {
+		sig, kid, err := seal.Sign(ctx, s, identityDomain, identityOf(p.ID.String(), p.Service, p.Address, p.Port, p.Zone, p.Region,
+			p.Source, p.RegisteredBy, p.Now.UnixMicro()))
+		if err != nil {
+			return db.Instance{}, fmt.Errorf("seal instance %s: %w", p.ID, err)
+		}
+		p.Seal, p.SealKey = sig, &kid
+	}
+	return q.InstanceInsert(ctx, p)
+}
+
+// SealCopy seals the identity of each row of a bulk load (muster loadgen
+// seed) with s; CreatedAt must be in microseconds.
+func SealCopy(ctx context.Context, s seal.Signer, rows []db.InstancesCopyParams) error {
+	for i := range rows {
+		r := &rows[i]
+		sig, kid, err := seal.Sign(ctx, s, identityDomain, identityOf(r.ID.String(), r.Service, r.Address, r.Port, r.Zone, r.Region,
+			r.Source, r.RegisteredBy, r.CreatedAt.UnixMicro()))
+		if err != nil {
+			return fmt.Errorf("seal instance %s: %w", r.ID, err)
+		}
+		r.Seal, r.SealKey = sig, &kid
+	}
+	return nil
+}
+
+// sealIdentity seals the identity of row as it stands (the adoption).
+func sealIdentity(ctx context.Context, q *db.Queries, s seal.Signer, row db.Instance) (db.Instance, error) {
+	sig, kid, err := seal.Sign(ctx, s, identityDomain, rowIdentity(row))
+	if err != nil {
+		return db.Instance{}, fmt.Errorf("seal instance %s: %w", row.ID, err)
+	}
+	out, err := q.InstanceSeal(ctx, db.InstanceSealParams{ID: row.ID, Seal: sig, SealKey: &kid})
+	if err != nil {
+		return db.Instance{}, fmt.Errorf("store the seal of instance %s: %w", row.ID, err)
+	}
+	return out, nil
+}
+
+// sealEnded seals the end of row, just ended with q.
+func sealEnded(ctx context.Context, q *db.Queries, s seal.Signer, row db.Instance) (db.Instance, error) {
+	if s == nil {
+		return row, nil
+	}
+	sig, kid, err := seal.Sign(ctx, s, endDomain, rowEnd(row))
+	if err != nil {
+		return db.Instance{}, fmt.Errorf("seal the end of instance %s: %w", row.ID, err)
+	}
+	out, err := q.InstanceSealEnd(ctx, db.InstanceSealEndParams{ID: row.ID, EndSeal: sig, EndSealKey: &kid})
+	if err != nil {
+		return db.Instance{}, fmt.Errorf("store the end seal of instance %s: %w", row.ID, err)
+	}
+	return out, nil
+}
+
+// sealEndedAll seals the end of every row.
+func sealEndedAll(ctx context.Context, q *db.Queries, s seal.Signer, rows []db.Instance) ([]db.Instance, error) {
+	for i := range rows {
+		var err error
+		if rows[i], err = sealEnded(ctx, q, s, rows[i]); err != nil {
+			return nil, err
+		}
+	}
+	return rows, nil
+}
+
+// seals are an instance's seals as read, kept with it (Instance.seals).
+type seals struct {
+	seal, endSeal       string
+	sealKey, endSealKey *string
+}
+
+func sealsOf(r db.Instance) seals {
+	return seals{seal: string(r.Seal), sealKey: r.SealKey, endSeal: string(r.EndSeal), endSealKey: r.EndSealKey}
+}
+
+// VerifyIdentity checks that muster inserted in as it stands (its
+// service, address, port, zone, region, source, registrant and creation).
+// Without keys configured every instance passes.
+func (r *Registry) VerifyIdentity(in Instance) error {
+	id := identityOf(in.ID.String(), in.Service, in.Address, int32(in.Port), in.Zone, in.Region, in.Source, in.RegisteredBy, in.CreatedAt.UnixMicro())
+	return r.keys.Verify(identityDomain, id, []byte(in.seals.seal), in.seals.sealKey)
+}
+
+// VerifyEnd checks that muster ended in as it stands (its state and end
+// time). Without keys configured every instance passes.
+func (r *Registry) VerifyEnd(in Instance) error {
+	var ended int64
+	if in.EndedAt != nil {
+		ended = in.EndedAt.UnixMicro()
+	}
+	return r.keys.Verify(endDomain, endOf(in.ID.String(), in.State, ended), []byte(in.seals.endSeal), in.seals.endSealKey)
+}
+
+// AdoptUnsealed seals, once per database, every instance row from before
+// the seals as it stands (trust on first use), and records the adoption
+// (seal_adoptions, and, when there was any, an accepted
+// registry.seal_adopt audit row with the count). Later calls, on any replica, do nothing. Without a Sealer it
+// does nothing: there is nothing to adopt with.
+func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
+	s := r.cfg.Sealer
+	if s == nil {
+		return 0, nil
+	}
+	err = db.WithTx(ctx, r.cfg.Pool, func(q *db.Queries) error {
+		if err := q.SealAdoptionLock(ctx, adoptionName); err != nil {
+			return fmt.Errorf("lock the seal adoption: %w", err)
+		}
+		if _, err := q.SealAdoptionGet(ctx, adoptionName); err == nil {
+			return nil
+		} else if !notFound(err) {
+			return fmt.Errorf("read the seal adoption: %w", err)
+		}
+		rows, err := q.InstanceListUnsealed(ctx)
+		if err != nil {
+			return fmt.Errorf("list unsealed instances: %w", err)
+		}
+		for _, row := range rows {
+			if row.Seal == nil {
+				if row, err = sealIdentity(ctx, q, s, row); err != nil {
+					return err
+				}
+			}
+			if row.State != StateActive && row.EndSeal == nil {
+				if _, err = sealEnded(ctx, q, s, row); err != nil {
+					return err
+				}
+			}
+		}
+		now := r.now()
+		if err := q.SealAdoptionInsert(ctx, db.SealAdoptionInsertParams{Name: adoptionName, KeyID: s.KeyID(), Rows: int64(len(rows)), At: now}); err != nil {
+			return fmt.Errorf("record the seal adoption: %w", err)
+		}
+		adopted = len(rows)
+		if adopted == 0 {
+			return nil // a new database: nothing was trusted on first use
+		}
+		_, err = audit.Append(ctx, q, now, audit.Entry{
+			ActorKind: "system", Actor: "system:registry", Action: "registry.seal_adopt",
+			TargetKind: "table", Target: adoptionName, Outcome: audit.Accepted,
+			Reason: fmt.Sprintf("sealed %d instance rows from before the seals with key %s (trust on first use); from now on an unsealed row gets no traffic and keeps its traffic when ended by hand", len(rows), s.KeyID()),
+		})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	if adopted > 0 {
+		r.cfg.Logger.Warn("adopted instance rows from before the seals", "rows", adopted, "key_id", s.KeyID())
+	}
+	return adopted, nil
+}
