@@ -292,7 +292,15 @@ func loadgenRebuild(ctx context.Context, env Env, args []string, stdout, stderr 
 		return err
 	}
 	defer func() { err = errors.Join(err, closeDB()) }()
-	reg, err := registry.New(registry.Config{Pool: pool, Region: region})
+	// The registry checks the instances' seals as muster's does, so the
+	// rebuild's time includes them.
+	var key seal.Signer
+	if env.SealKey != nil {
+		if key, err = env.SealKey(dir); err != nil {
+			return err
+		}
+	}
+	reg, err := registry.New(registry.Config{Pool: pool, Region: region, Sealer: key})
 	if err != nil {
 		return err
 	}
