@@ -12,6 +12,19 @@ import (
 	"github.com/google/uuid"
 )
 
+const instanceAnySealed = `-- name: InstanceAnySealed :one
+SELECT EXISTS (SELECT 1 FROM instances WHERE seal IS NOT NULL OR end_seal IS NOT NULL) AS sealed
+`
+
+// Whether any instance was ever sealed: a database that has been is never
+// adopted again (registry/seal.go).
+func (q *Queries) InstanceAnySealed(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, instanceAnySealed)
+	var sealed bool
+	err := row.Scan(&sealed)
+	return sealed, err
+}
+
 const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
 SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz

@@ -167,3 +167,8 @@ RETURNING *;
 -- Rows from before the seals, for their one adoption.
 SELECT * FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
 ORDER BY id;
+
+-- name: InstanceAnySealed :one
+-- Whether any instance was ever sealed: a database that has been is never
+-- adopted again (registry/seal.go).
+SELECT EXISTS (SELECT 1 FROM instances WHERE seal IS NOT NULL OR end_seal IS NOT NULL) AS sealed;

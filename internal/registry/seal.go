@@ -170,14 +170,19 @@ func (r *Registry) VerifyEnd(in Instance) error {
 
 // AdoptUnsealed seals, once per database, every instance row from before
 // the seals as it stands (trust on first use), and records the adoption
-// (seal_adoptions, and, when there was any, an accepted
-// registry.seal_adopt audit row with the count). Later calls, on any replica, do nothing. Without a Sealer it
-// does nothing: there is nothing to adopt with.
+// (seal_adoptions, and, when there was any row, an accepted
+// registry.seal_adopt audit row with the count). Later calls, on any
+// replica, do nothing. A database in which some instance is sealed
+// already is never adopted: its record of the adoption was deleted by
+// hand, so the attempt is refused and audited, and the unsealed rows stay
+// refused. Without a Sealer it does nothing: there is nothing to adopt
+// with.
 func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 	s := r.cfg.Sealer
 	if s == nil {
 		return 0, nil
 	}
+	refused := false
 	err = db.WithTx(ctx, r.cfg.Pool, func(q *db.Queries) error {
 		if err := q.SealAdoptionLock(ctx, adoptionName); err != nil {
 			return fmt.Errorf("lock the seal adoption: %w", err)
@@ -186,6 +191,18 @@ func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 			return nil
 		} else if !notFound(err) {
 			return fmt.Errorf("read the seal adoption: %w", err)
+		}
+		// No record of an adoption, yet rows muster sealed: the record was
+		// deleted, which only someone writing the database by hand does
+		// (to have rows of theirs adopted). Adopt nothing; the unsealed
+		// rows stay refused and alarmed.
+		sealed, err := q.InstanceAnySealed(ctx)
+		if err != nil {
+			return fmt.Errorf("look for sealed instances: %w", err)
+		}
+		if sealed {
+			refused = true
+			return nil
 		}
 		rows, err := q.InstanceListUnsealed(ctx)
 		if err != nil {
@@ -220,6 +237,17 @@ func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 	})
 	if err != nil {
 		return 0, err
+	}
+	if refused {
+		const why = "the record of the seal adoption is gone although instances were sealed: it was deleted by hand, so no unsealed row is adopted"
+		r.cfg.Logger.Error(why)
+		if _, err := audit.AppendAlone(ctx, r.cfg.Pool, r.now(), audit.Entry{
+			ActorKind: "system", Actor: "system:registry", Action: "registry.seal_adopt",
+			TargetKind: "table", Target: adoptionName, Outcome: audit.Refused, Reason: why,
+		}); err != nil {
+			return 0, fmt.Errorf("audit the refused seal adoption: %w", err)
+		}
+		return 0, nil
 	}
 	if adopted > 0 {
 		r.cfg.Logger.Warn("adopted instance rows from before the seals", "rows", adopted, "key_id", s.KeyID())

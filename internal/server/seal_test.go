@@ -386,4 +386,23 @@ func TestInstancesFromBeforeTheSealsAreAdopted(t *testing.T) {
 	if evs, _ := audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Limit: 10}); len(evs) != 1 {
 		t.Fatalf("%d adoptions, want 1", len(evs))
 	}
+
+	// The record of the adoption deleted by hand, to have the forged row
+	// adopted at the next start: refused, and audited.
+	if _, err := f.Pool.Exec(ctx, `DELETE FROM seal_adoptions`); err != nil {
+		t.Fatal(err)
+	}
+	d := &ofix{Stack: apptest.New(t, apptest.Options{Pool: f.Pool}), zones: f.zones}
+	d.waitReady(t)
+	d.publish(t)
+	if v := d.view(t); len(v.Endpoints) != 3 {
+		t.Fatalf("after the record was deleted, a replica routes to %d instances, want 3", len(v.Endpoints))
+	}
+	evs, err = audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Limit: 10})
+	if err != nil || len(evs) != 2 || evs[0].Outcome != audit.Refused {
+		t.Fatalf("adoption audit after the record was deleted: %+v %v", evs, err)
+	}
+	if d.Evaluator.UnsealedInstances() != 1 {
+		t.Fatalf("%d unsealed instances, want the forged one", d.Evaluator.UnsealedInstances())
+	}
 }
