@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/cli"
@@ -1076,56 +1078,64 @@ func (w *lgWatch) scrape(ctx context.Context) (lgwScrape, error) {
 	if res.StatusCode != http.StatusOK {
 		return lgwScrape{}, fmt.Errorf("GET /metrics: %d", res.StatusCode)
 	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(res.Body)
+	if err != nil {
+		return lgwScrape{}, fmt.Errorf("GET /metrics: %w", err)
+	}
+	// value is a family's one sample (a gauge, counter or untyped), and
+	// false when the family is absent.
+	value := func(name string) (float64, bool) {
+		f, ok := families[name]
+		if !ok || len(f.GetMetric()) == 0 {
+			return 0, false
+		}
+		m := f.GetMetric()[0]
+		switch {
+		case m.GetGauge() != nil:
+			return m.GetGauge().GetValue(), true
+		case m.GetCounter() != nil:
+			return m.GetCounter().GetValue(), true
+		case m.GetUntyped() != nil:
+			return m.GetUntyped().GetValue(), true
+		}
+		return 0, false
+	}
 	s := lgwScrape{lagBuckets: map[string]float64{}}
-	found := false
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok {
-			continue
-		}
-		switch name {
-		case "process_resident_memory_bytes":
-			s.rss, err = strconv.ParseFloat(val, 64)
-			found = err == nil
-		case "go_memstats_heap_inuse_bytes":
-			s.heap, _ = strconv.ParseFloat(val, 64)
-		case "process_cpu_seconds_total":
-			s.cpu, _ = strconv.ParseFloat(val, 64)
-		case "muster_watch_subscribers":
-			s.subscribers, _ = strconv.ParseFloat(val, 64)
-		case "muster_shed_episodes_total":
-			s.shedEpisodes, _ = strconv.ParseFloat(val, 64)
-		case "muster_additions_shedding":
-			s.shedding, _ = strconv.ParseFloat(val, 64)
-		case "muster_watch_expected_population":
-			s.expected, _ = strconv.ParseFloat(val, 64)
-		case "muster_watch_population_known":
-			s.populationKnown, _ = strconv.ParseFloat(val, 64)
-		case "muster_watch_admission_budget":
-			s.budget, _ = strconv.ParseFloat(val, 64)
-		case "muster_watch_admitted_total":
-			s.admitted, _ = strconv.ParseFloat(val, 64)
-		case "muster_watch_admitted_window_max":
-			s.admittedWindowMax, _ = strconv.ParseFloat(val, 64)
-		case "muster_watch_admission_refused_total":
-			s.refused, _ = strconv.ParseFloat(val, 64)
-		default:
-			if labels, ok := strings.CutPrefix(name, "muster_withdrawal_lag_seconds_bucket{"); ok {
-				if _, le, ok := strings.Cut(labels, `le="`); ok {
-					le, _, _ = strings.Cut(le, `"`)
-					v, _ := strconv.ParseFloat(val, 64)
-					s.lagBuckets[le] += v
-				}
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return s, err
-	}
+	rss, found := value("process_resident_memory_bytes")
 	if !found {
 		return s, errors.New("GET /metrics has no process_resident_memory_bytes")
+	}
+	s.rss = rss
+	for name, dst := range map[string]*float64{
+		"go_memstats_heap_inuse_bytes":         &s.heap,
+		"process_cpu_seconds_total":            &s.cpu,
+		"muster_watch_subscribers":             &s.subscribers,
+		"muster_shed_episodes_total":           &s.shedEpisodes,
+		"muster_additions_shedding":            &s.shedding,
+		"muster_watch_expected_population":     &s.expected,
+		"muster_watch_population_known":        &s.populationKnown,
+		"muster_watch_admission_budget":        &s.budget,
+		"muster_watch_admitted_total":          &s.admitted,
+		"muster_watch_admitted_window_max":     &s.admittedWindowMax,
+		"muster_watch_admission_refused_total": &s.refused,
+	} {
+		*dst, _ = value(name)
+	}
+	// The withdrawal lag's buckets, summed over services, by their bound
+	// as the text exposition writes it (le="0.5").
+	if f, ok := families["muster_withdrawal_lag_seconds"]; ok {
+		for _, m := range f.GetMetric() {
+			inf := false
+			for _, b := range m.GetHistogram().GetBucket() {
+				le := strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64) // +Inf for the last
+				inf = inf || le == "+Inf"
+				s.lagBuckets[le] += float64(b.GetCumulativeCount())
+			}
+			if !inf {
+				s.lagBuckets["+Inf"] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
 	}
 	return s, nil
 }
