@@ -338,9 +338,9 @@ func New(cfg Config) (*App, error) {
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
 	svc.Authz, svc.Database = a.Authz, a.Monitor
-	// Rows written outside muster: overrides and instances (shifts list
-	// theirs with their other alarms).
-	svc.Tampering = func() []assembler.Alarm { return append(a.InForce.Alarms(), a.Evaluator.InstanceAlarms()...) }
+	// Rows written outside muster: overrides, instances and contracts
+	// (shifts list theirs with their other alarms).
+	svc.Tampering = func() []assembler.Alarm { return append(a.InForce.Alarms(), a.Evaluator.SealAlarms()...) }
 	if a.Reconcile != nil {
 		svc.Reconcile = a.Reconcile
 	}

@@ -11,9 +11,20 @@ import (
 	"time"
 )
 
+const contractAnySealed = `-- name: ContractAnySealed :one
+SELECT EXISTS (SELECT 1 FROM health_contracts WHERE seal IS NOT NULL) AS sealed
+`
+
+func (q *Queries) ContractAnySealed(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, contractAnySealed)
+	var sealed bool
+	err := row.Scan(&sealed)
+	return sealed, err
+}
+
 const contractGet = `-- name: ContractGet :one
 
-SELECT service, version, document, updated_at, updated_by FROM health_contracts WHERE service = $1
+SELECT service, version, document, updated_at, updated_by, seal, seal_key FROM health_contracts WHERE service = $1
 `
 
 // Table health_contracts, owned by internal/registry.
@@ -26,6 +37,69 @@ func (q *Queries) ContractGet(ctx context.Context, service string) (HealthContra
 		&i.Document,
 		&i.UpdatedAt,
 		&i.UpdatedBy,
+		&i.Seal,
+		&i.SealKey,
+	)
+	return i, err
+}
+
+const contractListUnsealed = `-- name: ContractListUnsealed :many
+SELECT service, version, document, updated_at, updated_by, seal, seal_key FROM health_contracts WHERE seal IS NULL ORDER BY service
+`
+
+// Contracts from before the seals, for their one adoption.
+func (q *Queries) ContractListUnsealed(ctx context.Context) ([]HealthContract, error) {
+	rows, err := q.db.Query(ctx, contractListUnsealed)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []HealthContract
+	for rows.Next() {
+		var i HealthContract
+		if err := rows.Scan(
+			&i.Service,
+			&i.Version,
+			&i.Document,
+			&i.UpdatedAt,
+			&i.UpdatedBy,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const contractSeal = `-- name: ContractSeal :one
+UPDATE health_contracts SET seal = $1, seal_key = $2
+WHERE service = $3
+RETURNING service, version, document, updated_at, updated_by, seal, seal_key
+`
+
+type ContractSealParams struct {
+	Seal    []byte
+	SealKey *string
+	Service string
+}
+
+// Seals a contract as muster just wrote it, in that transaction.
+func (q *Queries) ContractSeal(ctx context.Context, arg ContractSealParams) (HealthContract, error) {
+	row := q.db.QueryRow(ctx, contractSeal, arg.Seal, arg.SealKey, arg.Service)
+	var i HealthContract
+	err := row.Scan(
+		&i.Service,
+		&i.Version,
+		&i.Document,
+		&i.UpdatedAt,
+		&i.UpdatedBy,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
@@ -38,7 +112,7 @@ SET version = health_contracts.version + 1,
     document = EXCLUDED.document,
     updated_at = EXCLUDED.updated_at,
     updated_by = EXCLUDED.updated_by
-RETURNING service, version, document, updated_at, updated_by
+RETURNING service, version, document, updated_at, updated_by, seal, seal_key
 `
 
 type ContractUpsertParams struct {
@@ -62,24 +136,32 @@ func (q *Queries) ContractUpsert(ctx context.Context, arg ContractUpsertParams) 
 		&i.Document,
 		&i.UpdatedAt,
 		&i.UpdatedBy,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
 const serviceContractsAll = `-- name: ServiceContractsAll :many
 SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
-       c.version AS contract_version, c.document AS contract
+       c.version AS contract_version, c.document AS contract,
+       c.updated_at AS contract_updated_at, c.updated_by AS contract_updated_by,
+       c.seal AS contract_seal, c.seal_key AS contract_seal_key
 FROM services s LEFT JOIN health_contracts c ON c.service = s.name
 ORDER BY s.name
 `
 
 type ServiceContractsAllRow struct {
-	Name             string
-	Owner            string
-	Capabilities     []string
-	ServiceUpdatedAt time.Time
-	ContractVersion  *int64
-	Contract         json.RawMessage
+	Name              string
+	Owner             string
+	Capabilities      []string
+	ServiceUpdatedAt  time.Time
+	ContractVersion   *int64
+	Contract          json.RawMessage
+	ContractUpdatedAt *time.Time
+	ContractUpdatedBy *string
+	ContractSeal      []byte
+	ContractSealKey   *string
 }
 
 func (q *Queries) ServiceContractsAll(ctx context.Context) ([]ServiceContractsAllRow, error) {
@@ -98,6 +180,10 @@ func (q *Queries) ServiceContractsAll(ctx context.Context) ([]ServiceContractsAl
 			&i.ServiceUpdatedAt,
 			&i.ContractVersion,
 			&i.Contract,
+			&i.ContractUpdatedAt,
+			&i.ContractUpdatedBy,
+			&i.ContractSeal,
+			&i.ContractSealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -111,19 +197,25 @@ func (q *Queries) ServiceContractsAll(ctx context.Context) ([]ServiceContractsAl
 
 const serviceContractsByName = `-- name: ServiceContractsByName :many
 SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
-       c.version AS contract_version, c.document AS contract
+       c.version AS contract_version, c.document AS contract,
+       c.updated_at AS contract_updated_at, c.updated_by AS contract_updated_by,
+       c.seal AS contract_seal, c.seal_key AS contract_seal_key
 FROM services s LEFT JOIN health_contracts c ON c.service = s.name
 WHERE s.name = ANY($1::text[])
 ORDER BY s.name
 `
 
 type ServiceContractsByNameRow struct {
-	Name             string
-	Owner            string
-	Capabilities     []string
-	ServiceUpdatedAt time.Time
-	ContractVersion  *int64
-	Contract         json.RawMessage
+	Name              string
+	Owner             string
+	Capabilities      []string
+	ServiceUpdatedAt  time.Time
+	ContractVersion   *int64
+	Contract          json.RawMessage
+	ContractUpdatedAt *time.Time
+	ContractUpdatedBy *string
+	ContractSeal      []byte
+	ContractSealKey   *string
 }
 
 // ServiceContractsAll for the named services only: a service the
@@ -144,6 +236,10 @@ func (q *Queries) ServiceContractsByName(ctx context.Context, names []string) ([
 			&i.ServiceUpdatedAt,
 			&i.ContractVersion,
 			&i.Contract,
+			&i.ContractUpdatedAt,
+			&i.ContractUpdatedBy,
+			&i.ContractSeal,
+			&i.ContractSealKey,
 		); err != nil {
 			return nil, err
 		}

@@ -42,6 +42,8 @@ type HealthContract struct {
 	Document  json.RawMessage
 	UpdatedAt time.Time
 	UpdatedBy string
+	Seal      []byte
+	SealKey   *string
 }
 
 type Instance struct {

@@ -167,8 +167,10 @@ type Evaluator struct {
 	changed map[string]struct{}
 	probers map[string]*proberAssignment
 	// unsealed are the instance rows not acted on as they stand, because
-	// their seal does not verify (seals.go).
-	unsealed map[uuid.UUID]unsealedInstance
+	// their seal does not verify, and unsealedContracts the services whose
+	// stored contract is not applied for the same reason (seals.go).
+	unsealed          map[uuid.UUID]unsealedInstance
+	unsealedContracts map[string]unsealedContract
 	// expired holds, per service, instances whose lease expired while
 	// their zone's guard still needs them (expired.go).
 	expired  map[string]map[uuid.UUID]expiredInstance
@@ -222,21 +224,22 @@ func New(cfg Config) (*Evaluator, error) {
 		return nil, err
 	}
 	e := &Evaluator{
-		cfg:       cfg,
-		log:       cfg.Logger.With("worker", "evaluator"),
-		metrics:   m,
-		engine:    eligibility.NewEngine(cfg.Engine),
-		instances: map[uuid.UUID]instanceInfo{},
-		byService: map[string]map[uuid.UUID]struct{}{},
-		services:  map[string]*serviceInfo{},
-		changed:   map[string]struct{}{},
-		probers:   map[string]*proberAssignment{},
-		expired:   map[string]map[uuid.UUID]expiredInstance{},
-		unsealed:  map[uuid.UUID]unsealedInstance{},
-		windows:   map[windowKey]*windowCounts{},
-		reporters: map[string]eligibility.ReporterID{},
-		kick:      make(chan struct{}, 1),
-		urgent:    make(chan struct{}, 1),
+		cfg:               cfg,
+		log:               cfg.Logger.With("worker", "evaluator"),
+		metrics:           m,
+		engine:            eligibility.NewEngine(cfg.Engine),
+		instances:         map[uuid.UUID]instanceInfo{},
+		byService:         map[string]map[uuid.UUID]struct{}{},
+		services:          map[string]*serviceInfo{},
+		changed:           map[string]struct{}{},
+		probers:           map[string]*proberAssignment{},
+		expired:           map[string]map[uuid.UUID]expiredInstance{},
+		unsealed:          map[uuid.UUID]unsealedInstance{},
+		unsealedContracts: map[string]unsealedContract{},
+		windows:           map[windowKey]*windowCounts{},
+		reporters:         map[string]eligibility.ReporterID{},
+		kick:              make(chan struct{}, 1),
+		urgent:            make(chan struct{}, 1),
 
 		misses:      newMissCache(missCapacity, missTTL),
 		lookupSlots: make(chan struct{}, lookupSlots),
@@ -254,6 +257,12 @@ func New(cfg Config) (*Evaluator, error) {
 			Name: "muster_instances_unsealed",
 			Help: "Instance rows the evaluator does not act on as they stand because their seal does not verify: inserted or re-pointed outside muster (no traffic), or ended outside muster (traffic kept). README: what muster writes is sealed. Anything above 0 deserves a look.",
 		}, func() float64 { return float64(e.UnsealedInstances()) })); err != nil {
+			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
+		}
+		if err := cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_contracts_unsealed",
+			Help: "Services whose stored health contract the evaluator does not apply because its seal does not verify: written outside muster. Anything above 0 deserves a look.",
+		}, func() float64 { return float64(e.UnsealedContracts()) })); err != nil {
 			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
 		}
 	}
@@ -624,6 +633,9 @@ func (e *Evaluator) ProberAssigned(a registry.ProberAssignments) {
 // applyService sets a service's contract in the engine unless the same
 // version and capabilities are already applied. Called with e.mu held.
 func (e *Evaluator) applyService(sc registry.ServiceContract) {
+	if !e.contractSealed(sc) {
+		return // keeps the contract it applied before
+	}
 	key := fmt.Sprint(sc.Service.Capabilities)
 	if si, ok := e.services[sc.Service.Name]; ok && si.version == sc.ContractVersion && si.caps == key {
 		return

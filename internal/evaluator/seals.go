@@ -17,6 +17,41 @@ import (
 // traffic, and one ended outside muster keeps its traffic.
 const AlarmInstanceUnsealed = "instance_unsealed"
 
+// AlarmContractUnsealed is open while a service's stored health contract
+// fails its seal: it is not applied.
+const AlarmContractUnsealed = "contract_unsealed"
+
+// unsealedContract is a stored contract not applied for its seal.
+type unsealedContract struct {
+	version int64 // the version muster applies instead (0: the defaults)
+	reason  string
+	since   time.Time
+}
+
+// contractSealed reports whether sc may be applied: its stored contract
+// is muster's, or (when it is not, and sc carries the platform defaults)
+// the service has no contract applied yet. Called with e.mu held.
+func (e *Evaluator) contractSealed(sc registry.ServiceContract) bool {
+	name := sc.Service.Name
+	if sc.SealErr == nil {
+		delete(e.unsealedContracts, name)
+		return true
+	}
+	si, known := e.services[name]
+	u := unsealedContract{reason: sc.SealErr.Error(), since: e.cfg.Now()}
+	if known {
+		u.version = si.version
+	}
+	if old, seen := e.unsealedContracts[name]; seen {
+		u.since = old.since
+	} else {
+		e.log.Error("a health contract is not applied: its seal does not verify, so muster did not write it",
+			"service", name, "reason", sc.SealErr, "applied_version", u.version)
+	}
+	e.unsealedContracts[name] = u
+	return !known
+}
+
 // unsealedInstance is an instance row the evaluator did not act on as it
 // stands, because muster did not write it so.
 type unsealedInstance struct {
@@ -69,10 +104,20 @@ func (e *Evaluator) noteUnsealed(in registry.Instance, part string, err error, n
 	e.unsealed[in.ID] = u
 }
 
-// InstanceAlarms lists an instance_unsealed alarm per instance row the
-// evaluator did not act on for its seal, by service and instance.
-func (e *Evaluator) InstanceAlarms() []assembler.Alarm {
+// SealAlarms lists an instance_unsealed alarm per instance row the
+// evaluator did not act on for its seal, and a contract_unsealed alarm per
+// service whose stored contract it does not apply, by service.
+func (e *Evaluator) SealAlarms() []assembler.Alarm {
 	e.mu.Lock()
+	var contracts []assembler.Alarm
+	for name, u := range e.unsealedContracts {
+		applied := fmt.Sprintf("version %d stays applied", u.version)
+		if u.version == 0 {
+			applied = "the platform defaults are applied"
+		}
+		contracts = append(contracts, assembler.Alarm{Kind: AlarmContractUnsealed, Service: name, Since: u.since,
+			Detail: fmt.Sprintf("the stored health contract of %s is not muster's (%s), so %s; the health_contracts table was written outside muster", name, u.reason, applied)})
+	}
 	ids := make([]uuid.UUID, 0, len(e.unsealed))
 	for id := range e.unsealed {
 		ids = append(ids, id)
@@ -88,8 +133,9 @@ func (e *Evaluator) InstanceAlarms() []assembler.Alarm {
 			Detail: fmt.Sprintf("instance %s (%s:%d): %s; the instances table was written outside muster", id, u.address, u.port, what)})
 	}
 	e.mu.Unlock()
+	out = append(out, contracts...)
 	slices.SortFunc(out, func(a, b assembler.Alarm) int {
-		return cmp.Or(cmp.Compare(a.Service, b.Service), cmp.Compare(a.Detail, b.Detail))
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Service, b.Service), cmp.Compare(a.Detail, b.Detail))
 	})
 	return out
 }
@@ -100,4 +146,12 @@ func (e *Evaluator) UnsealedInstances() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.unsealed)
+}
+
+// UnsealedContracts is how many services' stored contracts are not
+// applied for their seal (muster_contracts_unsealed).
+func (e *Evaluator) UnsealedContracts() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.unsealedContracts)
 }

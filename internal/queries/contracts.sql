@@ -13,9 +13,24 @@ SET version = health_contracts.version + 1,
     updated_by = EXCLUDED.updated_by
 RETURNING *;
 
+-- name: ContractSeal :one
+-- Seals a contract as muster just wrote it, in that transaction.
+UPDATE health_contracts SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE service = sqlc.arg(service)
+RETURNING *;
+
+-- name: ContractListUnsealed :many
+-- Contracts from before the seals, for their one adoption.
+SELECT * FROM health_contracts WHERE seal IS NULL ORDER BY service;
+
+-- name: ContractAnySealed :one
+SELECT EXISTS (SELECT 1 FROM health_contracts WHERE seal IS NOT NULL) AS sealed;
+
 -- name: ServiceContractsAll :many
 SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
-       c.version AS contract_version, c.document AS contract
+       c.version AS contract_version, c.document AS contract,
+       c.updated_at AS contract_updated_at, c.updated_by AS contract_updated_by,
+       c.seal AS contract_seal, c.seal_key AS contract_seal_key
 FROM services s LEFT JOIN health_contracts c ON c.service = s.name
 ORDER BY s.name;
 
@@ -23,7 +38,9 @@ ORDER BY s.name;
 -- ServiceContractsAll for the named services only: a service the
 -- evaluator meets first through one of its instances.
 SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
-       c.version AS contract_version, c.document AS contract
+       c.version AS contract_version, c.document AS contract,
+       c.updated_at AS contract_updated_at, c.updated_by AS contract_updated_by,
+       c.seal AS contract_seal, c.seal_key AS contract_seal_key
 FROM services s LEFT JOIN health_contracts c ON c.service = s.name
 WHERE s.name = ANY(sqlc.arg(names)::text[])
 ORDER BY s.name;

@@ -287,6 +287,9 @@ func (r *Registry) PutContract(ctx context.Context, actor identity.Principal, se
 		if err != nil {
 			return nil, fmt.Errorf("write contract of %s: %w", service, err)
 		}
+		if stored, err = sealContract(ctx, q, r.cfg.Sealer, stored); err != nil {
+			return nil, err
+		}
 		out, err = contractFromRow(stored)
 		if err != nil {
 			return nil, err

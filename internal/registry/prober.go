@@ -155,6 +155,11 @@ type ServiceContract struct {
 	Service         Service
 	Contract        Contract
 	ContractVersion int64
+	// SealErr is why the stored contract's seal does not verify (it was
+	// written outside muster): Contract and ContractVersion are then the
+	// platform defaults, and a reader that applied an earlier contract
+	// keeps that one instead (registry/seal.go).
+	SealErr error
 }
 
 // ServiceContracts returns every service with its contract, for the
@@ -164,7 +169,7 @@ func (r *Registry) ServiceContracts(ctx context.Context) ([]ServiceContract, err
 	if err != nil {
 		return nil, fmt.Errorf("list services and contracts: %w", err)
 	}
-	return serviceContractsFromRows(rows)
+	return r.serviceContractsFromRows(rows)
 }
 
 // ServiceContractsNamed returns the named services with their contracts,
@@ -179,20 +184,30 @@ func (r *Registry) ServiceContractsNamed(ctx context.Context, names []string) ([
 	for i, row := range rows {
 		all[i] = db.ServiceContractsAllRow(row)
 	}
-	return serviceContractsFromRows(all)
+	return r.serviceContractsFromRows(all)
 }
 
-func serviceContractsFromRows(rows []db.ServiceContractsAllRow) ([]ServiceContract, error) {
+func (r *Registry) serviceContractsFromRows(rows []db.ServiceContractsAllRow) ([]ServiceContract, error) {
 	out := make([]ServiceContract, 0, len(rows))
 	for _, row := range rows {
 		svc := serviceFromRow(db.Service{Name: row.Name, Owner: row.Owner, Capabilities: row.Capabilities, UpdatedAt: row.ServiceUpdatedAt})
 		sc := ServiceContract{Service: svc, Contract: DefaultContract()}
 		if row.ContractVersion != nil {
-			stored, err := contractFromRow(db.HealthContract{Service: row.Name, Version: *row.ContractVersion, Document: row.Contract})
-			if err != nil {
-				return nil, err
+			hc := db.HealthContract{Service: row.Name, Version: *row.ContractVersion, Document: row.Contract,
+				Seal: row.ContractSeal, SealKey: row.ContractSealKey}
+			if row.ContractUpdatedAt != nil {
+				hc.UpdatedAt = *row.ContractUpdatedAt
 			}
-			sc.Contract, sc.ContractVersion = stored.Contract, stored.Version
+			if row.ContractUpdatedBy != nil {
+				hc.UpdatedBy = *row.ContractUpdatedBy
+			}
+			if sc.SealErr = r.verifyContract(hc); sc.SealErr == nil {
+				stored, err := contractFromRow(hc)
+				if err != nil {
+					return nil, err
+				}
+				sc.Contract, sc.ContractVersion = stored.Contract, stored.Version
+			}
 		}
 		sc.Contract.normalize(svc)
 		out = append(out, sc)

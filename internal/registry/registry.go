@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -67,9 +68,12 @@ func (c *Config) Validate() error {
 
 // Registry is the desired-state store and its rules.
 type Registry struct {
-	cfg     Config
-	keys    seal.Keys // the seals trusted: SealKeys and the Sealer's
-	metrics metrics
+	cfg  Config
+	keys seal.Keys // the seals trusted: SealKeys and the Sealer's
+	// contractsVerified remembers, per service, the contract row whose
+	// seal last verified (seal.go).
+	contractsVerified sync.Map
+	metrics           metrics
 	// authz is the in-memory copy of services and grants, when one was
 	// built on this registry: writes through this process update it at
 	// once, so a caller sees its own grant at the next watch.

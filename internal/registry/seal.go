@@ -29,8 +29,70 @@ import (
 const (
 	identityDomain = "muster instance identity seal v1"
 	endDomain      = "muster instance end seal v1"
+	contractDomain = "muster health contract seal v1"
 	adoptionName   = "instances"
 )
+
+// Health contracts are sealed the same way: when muster writes one
+// (PutContract), over its service, version, document (as PostgreSQL
+// stores jsonb), author and time. The evaluator applies a contract only if
+// its seal verifies (ServiceContract.SealErr): one written by hand (a
+// threshold set to drain on the first failure, a minimum healthy fraction
+// lowered) is not applied, and the service keeps the contract it had, or
+// the platform defaults at a rebuild.
+
+type sealedContract struct {
+	Service   string `json:"service"`
+	Version   int64  `json:"version"`
+	Document  string `json:"document"`
+	UpdatedBy string `json:"updated_by"`
+	UpdatedAt int64  `json:"updated_at"` // microseconds since the epoch, as stored
+}
+
+func contractSealOf(c db.HealthContract) sealedContract {
+	return sealedContract{Service: c.Service, Version: c.Version, Document: string(c.Document),
+		UpdatedBy: c.UpdatedBy, UpdatedAt: c.UpdatedAt.UnixMicro()}
+}
+
+// sealContract seals c as just written with q; without a Sealer it
+// returns c unsealed.
+func sealContract(ctx context.Context, q *db.Queries, s seal.Signer, c db.HealthContract) (db.HealthContract, error) {
+	if s == nil {
+		return c, nil
+	}
+	sig, kid, err := seal.Sign(ctx, s, contractDomain, contractSealOf(c))
+	if err != nil {
+		return db.HealthContract{}, fmt.Errorf("seal the contract of %s: %w", c.Service, err)
+	}
+	out, err := q.ContractSeal(ctx, db.ContractSealParams{Service: c.Service, Seal: sig, SealKey: &kid})
+	if err != nil {
+		return db.HealthContract{}, fmt.Errorf("store the seal of the contract of %s: %w", c.Service, err)
+	}
+	return out, nil
+}
+
+// verifyContract checks c's seal. The evaluator reads every contract on
+// each refresh (every second), so a row that verified is remembered as it
+// stood and not verified again until it changes.
+func (r *Registry) verifyContract(c db.HealthContract) error {
+	if len(r.keys) == 0 {
+		return nil
+	}
+	kid := ""
+	if c.SealKey != nil {
+		kid = *c.SealKey
+	}
+	key := fmt.Sprintf("%d\x00%d\x00%s\x00%s\x00%s\x00%s", c.Version, c.UpdatedAt.UnixMicro(), c.UpdatedBy, kid, c.Seal, c.Document)
+	if v, ok := r.contractsVerified.Load(c.Service); ok && v.(string) == key {
+		return nil
+	}
+	if err := r.keys.Verify(contractDomain, contractSealOf(c), c.Seal, c.SealKey); err != nil {
+		r.contractsVerified.Delete(c.Service)
+		return err
+	}
+	r.contractsVerified.Store(c.Service, key)
+	return nil
+}
 
 type sealedIdentity struct {
 	ID           string `json:"id"`
@@ -200,13 +262,26 @@ func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 		if err != nil {
 			return fmt.Errorf("look for sealed instances: %w", err)
 		}
-		if sealed {
+		sealedContracts, err := q.ContractAnySealed(ctx)
+		if err != nil {
+			return fmt.Errorf("look for sealed contracts: %w", err)
+		}
+		if sealed || sealedContracts {
 			refused = true
 			return nil
 		}
 		rows, err := q.InstanceListUnsealed(ctx)
 		if err != nil {
 			return fmt.Errorf("list unsealed instances: %w", err)
+		}
+		contracts, err := q.ContractListUnsealed(ctx)
+		if err != nil {
+			return fmt.Errorf("list unsealed contracts: %w", err)
+		}
+		for _, c := range contracts {
+			if _, err := sealContract(ctx, q, s, c); err != nil {
+				return err
+			}
 		}
 		for _, row := range rows {
 			if row.Seal == nil {
@@ -221,17 +296,17 @@ func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 			}
 		}
 		now := r.now()
-		if err := q.SealAdoptionInsert(ctx, db.SealAdoptionInsertParams{Name: adoptionName, KeyID: s.KeyID(), Rows: int64(len(rows)), At: now}); err != nil {
+		if err := q.SealAdoptionInsert(ctx, db.SealAdoptionInsertParams{Name: adoptionName, KeyID: s.KeyID(), Rows: int64(len(rows) + len(contracts)), At: now}); err != nil {
 			return fmt.Errorf("record the seal adoption: %w", err)
 		}
-		adopted = len(rows)
+		adopted = len(rows) + len(contracts)
 		if adopted == 0 {
 			return nil // a new database: nothing was trusted on first use
 		}
 		_, err = audit.Append(ctx, q, now, audit.Entry{
 			ActorKind: "system", Actor: "system:registry", Action: "registry.seal_adopt",
 			TargetKind: "table", Target: adoptionName, Outcome: audit.Accepted,
-			Reason: fmt.Sprintf("sealed %d instance rows from before the seals with key %s (trust on first use); from now on an unsealed row gets no traffic and keeps its traffic when ended by hand", len(rows), s.KeyID()),
+			Reason: fmt.Sprintf("sealed %d instance rows and %d health contracts from before the seals with key %s (trust on first use); from now on an unsealed instance gets no traffic and keeps its traffic when ended by hand, and an unsealed contract is not applied", len(rows), len(contracts), s.KeyID()),
 		})
 		return err
 	})

@@ -406,3 +406,71 @@ func TestInstancesFromBeforeTheSealsAreAdopted(t *testing.T) {
 		t.Fatalf("%d unsealed instances, want the forged one", d.Evaluator.UnsealedInstances())
 	}
 }
+
+// TestContractsWrittenOutsideMusterAreNotApplied: a health contract
+// rewritten by hand (the minimum healthy fraction lowered to 0.01) is not
+// applied: the running replica keeps the contract muster wrote, a rebuilt
+// one applies the platform defaults, both raise contract_unsealed; the
+// next contract written through muster is sealed and applied.
+func TestContractsWrittenOutsideMusterAreNotApplied(t *testing.T) {
+	t.Parallel()
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 4})
+	f.waitReady(t)
+	ctx := context.Background()
+	minFraction := func(s *apptest.Stack) float64 {
+		t.Helper()
+		if err := s.Evaluator.SyncNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		in, ok := s.Evaluator.Snapshot("web")
+		if !ok {
+			t.Fatal("no snapshot of web")
+		}
+		return in.MinHealthyFraction
+	}
+	contractAlarm := func(s *apptest.Stack) string {
+		t.Helper()
+		for _, a := range s.App.Evaluator.SealAlarms() {
+			if a.Kind == evaluator.AlarmContractUnsealed && a.Service == "web" {
+				return a.Detail
+			}
+		}
+		return ""
+	}
+	f.setMinFraction(t, 0.75)
+	if got := minFraction(f.Stack); got != 0.75 {
+		t.Fatalf("the contract muster wrote: min healthy fraction %v", got)
+	}
+
+	if _, err := f.Pool.Exec(ctx, `UPDATE health_contracts
+		SET document = jsonb_set(document, '{min_healthy_fraction}', '0.01'), version = version + 1 WHERE service = 'web'`); err != nil {
+		t.Fatal(err)
+	}
+	if got := minFraction(f.Stack); got != 0.75 {
+		t.Errorf("after the contract was rewritten by hand, the running replica applies %v, want 0.75", got)
+	}
+	if d := contractAlarm(f.Stack); !strings.Contains(d, "stays applied") {
+		t.Errorf("contract_unsealed on the running replica: %q", d)
+	}
+	if !strings.Contains(string(f.Scrape(t)), "muster_contracts_unsealed 1\n") {
+		t.Error("muster_contracts_unsealed is not 1")
+	}
+	b := apptest.New(t, apptest.Options{Pool: f.Pool})
+	b.WaitReady(t)
+	if got := minFraction(b); got != 0.5 {
+		t.Errorf("a rebuilt replica applies %v, want the platform default 0.5", got)
+	}
+	if d := contractAlarm(b); !strings.Contains(d, "the platform defaults are applied") {
+		t.Errorf("contract_unsealed on the rebuilt replica: %q", d)
+	}
+
+	f.setMinFraction(t, 0.6)
+	for _, s := range []*apptest.Stack{f.Stack, b} {
+		if got := minFraction(s); got != 0.6 {
+			t.Errorf("the next contract muster wrote: %v, want 0.6", got)
+		}
+		if d := contractAlarm(s); d != "" {
+			t.Errorf("contract_unsealed after muster wrote the contract again: %q", d)
+		}
+	}
+}

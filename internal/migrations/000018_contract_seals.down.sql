@@ -1,0 +1,1 @@
+ALTER TABLE health_contracts DROP COLUMN seal, DROP COLUMN seal_key;
