@@ -214,11 +214,11 @@ func toolSealKey(dir string) (seal.Signer, error) {
 // a key, muster trusts those tables and says so.
 func sealOverrides(ac *app.Config, signer *audit.KeyFileSigner, keys audit.Keys, log *slog.Logger) {
 	if signer == nil {
-		log.Warn("instances, overrides and shifts are not sealed: a row written into those tables by anyone who can write the database is acted on (set MUSTER_AUDIT_SIGNING_KEY_FILE; README: what muster writes is sealed)")
+		log.Warn("instances, contracts, overrides and shifts are not sealed: a row written into those tables by anyone who can write the database is acted on (set MUSTER_AUDIT_SIGNING_KEY_FILE; README: what muster writes is sealed)")
 		return
 	}
 	ac.Policy.Sealer, ac.Policy.SealKeys = signer, policy.SealKeys(keys)
-	log.Info("instances, overrides and shifts are sealed", "key_id", signer.KeyID())
+	log.Info("instances, contracts, overrides and shifts are sealed", "key_id", signer.KeyID())
 }
 
 // newAuditCheckpoints returns the worker that signs audit checkpoints
