@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/seal"
@@ -76,18 +75,9 @@ func sealedOf(r db.Override) sealed {
 // sealRow signs row r, just put in force in q's transaction, and stores
 // the seal in the same transaction. Without a Sealer it returns r unsealed.
 func sealRow(ctx context.Context, q *db.Queries, s Sealer, r db.Override) (db.Override, error) {
-	if s == nil {
-		return r, nil
-	}
-	sig, id, err := seal.Sign(ctx, s, sealDomain, sealedOf(r))
-	if err != nil {
-		return db.Override{}, fmt.Errorf("seal override %s: %w", r.ID, err)
-	}
-	out, err := q.OverrideSeal(ctx, db.OverrideSealParams{ID: r.ID, Seal: sig, SealKey: &id})
-	if err != nil {
-		return db.Override{}, fmt.Errorf("store the seal of override %s: %w", r.ID, err)
-	}
-	return out, nil
+	return seal.Store(ctx, s, sealDomain, "override "+r.ID.String(), sealedOf(r), r, func(sig []byte, kid *string) (db.Override, error) {
+		return q.OverrideSeal(ctx, db.OverrideSealParams{ID: r.ID, Seal: sig, SealKey: kid})
+	})
 }
 
 // verifyRow checks row r's seal against keys; with no keys every row

@@ -57,18 +57,9 @@ func contractSealOf(c db.HealthContract) sealedContract {
 // sealContract seals c as just written with q; without a Sealer it
 // returns c unsealed.
 func sealContract(ctx context.Context, q *db.Queries, s seal.Signer, c db.HealthContract) (db.HealthContract, error) {
-	if s == nil {
-		return c, nil
-	}
-	sig, kid, err := seal.Sign(ctx, s, contractDomain, contractSealOf(c))
-	if err != nil {
-		return db.HealthContract{}, fmt.Errorf("seal the contract of %s: %w", c.Service, err)
-	}
-	out, err := q.ContractSeal(ctx, db.ContractSealParams{Service: c.Service, Seal: sig, SealKey: &kid})
-	if err != nil {
-		return db.HealthContract{}, fmt.Errorf("store the seal of the contract of %s: %w", c.Service, err)
-	}
-	return out, nil
+	return seal.Store(ctx, s, contractDomain, "the contract of "+c.Service, contractSealOf(c), c, func(sig []byte, kid *string) (db.HealthContract, error) {
+		return q.ContractSeal(ctx, db.ContractSealParams{Service: c.Service, Seal: sig, SealKey: kid})
+	})
 }
 
 // verifyContract checks c's seal. The evaluator reads every contract on
@@ -164,31 +155,16 @@ func SealCopy(ctx context.Context, s seal.Signer, rows []db.InstancesCopyParams)
 
 // sealIdentity seals the identity of row as it stands (the adoption).
 func sealIdentity(ctx context.Context, q *db.Queries, s seal.Signer, row db.Instance) (db.Instance, error) {
-	sig, kid, err := seal.Sign(ctx, s, identityDomain, rowIdentity(row))
-	if err != nil {
-		return db.Instance{}, fmt.Errorf("seal instance %s: %w", row.ID, err)
-	}
-	out, err := q.InstanceSeal(ctx, db.InstanceSealParams{ID: row.ID, Seal: sig, SealKey: &kid})
-	if err != nil {
-		return db.Instance{}, fmt.Errorf("store the seal of instance %s: %w", row.ID, err)
-	}
-	return out, nil
+	return seal.Store(ctx, s, identityDomain, "instance "+row.ID.String(), rowIdentity(row), row, func(sig []byte, kid *string) (db.Instance, error) {
+		return q.InstanceSeal(ctx, db.InstanceSealParams{ID: row.ID, Seal: sig, SealKey: kid})
+	})
 }
 
 // sealEnded seals the end of row, just ended with q.
 func sealEnded(ctx context.Context, q *db.Queries, s seal.Signer, row db.Instance) (db.Instance, error) {
-	if s == nil {
-		return row, nil
-	}
-	sig, kid, err := seal.Sign(ctx, s, endDomain, rowEnd(row))
-	if err != nil {
-		return db.Instance{}, fmt.Errorf("seal the end of instance %s: %w", row.ID, err)
-	}
-	out, err := q.InstanceSealEnd(ctx, db.InstanceSealEndParams{ID: row.ID, EndSeal: sig, EndSealKey: &kid})
-	if err != nil {
-		return db.Instance{}, fmt.Errorf("store the end seal of instance %s: %w", row.ID, err)
-	}
-	return out, nil
+	return seal.Store(ctx, s, endDomain, "the end of instance "+row.ID.String(), rowEnd(row), row, func(sig []byte, kid *string) (db.Instance, error) {
+		return q.InstanceSealEnd(ctx, db.InstanceSealEndParams{ID: row.ID, EndSeal: sig, EndSealKey: kid})
+	})
 }
 
 // sealEndedAll seals the end of every row.

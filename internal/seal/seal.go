@@ -80,6 +80,25 @@ func Sign(ctx context.Context, s Signer, domain string, v any) (sig []byte, keyI
 	return sig, s.KeyID(), nil
 }
 
+// Store seals v in domain with s and hands the seal to store, which
+// writes it beside the row in the caller's transaction and returns the
+// row as stored. what names the row in errors ("override 0190…"). A nil
+// Signer stores nothing and returns unsealed, unchanged.
+func Store[R any](ctx context.Context, s Signer, domain, what string, v any, unsealed R, store func(sig []byte, keyID *string) (R, error)) (R, error) {
+	if s == nil {
+		return unsealed, nil
+	}
+	sig, kid, err := Sign(ctx, s, domain, v)
+	if err != nil {
+		return unsealed, fmt.Errorf("seal %s: %w", what, err)
+	}
+	out, err := store(sig, &kid)
+	if err != nil {
+		return unsealed, fmt.Errorf("store the seal of %s: %w", what, err)
+	}
+	return out, nil
+}
+
 // Verify checks sig, by the key named keyID, over v in domain. With no
 // keys every row passes.
 func (k Keys) Verify(domain string, v any, sig []byte, keyID *string) error {

@@ -58,18 +58,9 @@ func sealedOf(r db.Shift) sealed {
 // sealRow seals row r as just written in q's transaction; without a
 // Sealer it returns r as it is.
 func (s *Service) sealRow(ctx context.Context, q *db.Queries, r db.Shift) (db.Shift, error) {
-	if s.cfg.Sealer == nil {
-		return r, nil
-	}
-	sig, id, err := seal.Sign(ctx, s.cfg.Sealer, sealDomain, sealedOf(r))
-	if err != nil {
-		return db.Shift{}, fmt.Errorf("seal shift %s: %w", r.ID, err)
-	}
-	out, err := q.ShiftSeal(ctx, db.ShiftSealParams{ID: r.ID, Seal: sig, SealKey: &id})
-	if err != nil {
-		return db.Shift{}, fmt.Errorf("store the seal of shift %s: %w", r.ID, err)
-	}
-	return out, nil
+	return seal.Store(ctx, s.cfg.Sealer, sealDomain, "shift "+r.ID.String(), sealedOf(r), r, func(sig []byte, kid *string) (db.Shift, error) {
+		return q.ShiftSeal(ctx, db.ShiftSealParams{ID: r.ID, Seal: sig, SealKey: kid})
+	})
 }
 
 // verify checks r's seal; with no keys configured every row passes.
