@@ -171,6 +171,9 @@ type Evaluator struct {
 	// stored contract is not applied for the same reason (seals.go).
 	unsealed          map[uuid.UUID]unsealedInstance
 	unsealedContracts map[string]unsealedContract
+	// prechecked holds the seal checks of the batch being applied during
+	// the rebuild, made in parallel beforehand (seals.go).
+	prechecked map[uuid.UUID]precheck
 	// expired holds, per service, instances whose lease expired while
 	// their zone's guard still needs them (expired.go).
 	expired  map[string]map[uuid.UUID]expiredInstance
@@ -557,13 +560,21 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 			return err
 		}
 		now := e.cfg.Now()
+		var pre map[uuid.UUID]precheck
+		if !e.ready.Load() {
+			// The rebuild meets every row, each needing a seal check:
+			// they run on every core, outside the lock (seals.go).
+			pre = e.precheck(batch)
+		}
 		e.mu.Lock()
+		e.prechecked = pre
 		for _, in := range batch {
 			e.applyInstance(in, now)
 			if in.UpdatedAt.After(e.cursorAt) || (in.UpdatedAt.Equal(e.cursorAt) && bytes.Compare(in.ID[:], e.cursorID[:]) > 0) {
 				e.cursorAt, e.cursorID = in.UpdatedAt, in.ID
 			}
 		}
+		e.prechecked = nil
 		e.mu.Unlock()
 		if len(batch) < 5000 {
 			break

@@ -292,6 +292,12 @@ func loadgenRebuild(ctx context.Context, env Env, args []string, stdout, stderr 
 		return err
 	}
 	defer func() { err = errors.Join(err, closeDB()) }()
+	// A database seeded by an earlier build is brought up to this one's
+	// schema first, as muster's start would (else the rebuild retries a
+	// query on a column the table lacks, for ever).
+	if err := db.Migrate(pool.Config().ConnString()); err != nil {
+		return err
+	}
 	// The registry checks the instances' seals as muster's does, so the
 	// rebuild's time includes them.
 	var key seal.Signer
