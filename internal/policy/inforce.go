@@ -17,6 +17,7 @@ import (
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/worker"
 )
 
@@ -59,6 +60,9 @@ type InForce struct {
 	// unsealed are the rows in force at the last read whose seal did
 	// not verify, by override id.
 	unsealed map[uuid.UUID]Unsealed
+	// seals remembers the seals that verified at the last read, so a
+	// refresh (every second) verifies only rows that changed.
+	seals seal.Memo
 }
 
 // Unsealed is a row of the overrides table in force by its state but not
@@ -181,8 +185,9 @@ func (f *InForce) Refresh(ctx context.Context) error {
 	}
 	next := make(map[uuid.UUID]evaluator.Override, len(rows))
 	unsealed := map[uuid.UUID]Unsealed{}
+	f.seals.Next()
 	for _, r := range rows {
-		if err := verifyRow(f.cfg.Keys, r); err != nil {
+		if err := f.seals.Verify(f.cfg.Keys, sealDomain, sealedOf(r), r.Seal, r.SealKey); err != nil {
 			unsealed[r.ID] = Unsealed{ID: r.ID, InstanceID: r.InstanceID, Service: r.Service,
 				Action: r.Action, Actor: r.Actor, Reason: err.Error(), Since: now}
 			continue

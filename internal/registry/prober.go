@@ -169,6 +169,7 @@ func (r *Registry) ServiceContracts(ctx context.Context) ([]ServiceContract, err
 	if err != nil {
 		return nil, fmt.Errorf("list services and contracts: %w", err)
 	}
+	r.contractSeals.Next() // a full read: what it does not meet is forgotten
 	return r.serviceContractsFromRows(rows)
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,10 +69,10 @@ func (c *Config) Validate() error {
 type Registry struct {
 	cfg  Config
 	keys seal.Keys // the seals trusted: SealKeys and the Sealer's
-	// contractsVerified remembers, per service, the contract row whose
-	// seal last verified (seal.go).
-	contractsVerified sync.Map
-	metrics           metrics
+	// contractSeals remembers the contract seals that verified, over the
+	// last full read of the contracts (seal.go).
+	contractSeals seal.Memo
+	metrics       metrics
 	// authz is the in-memory copy of services and grants, when one was
 	// built on this registry: writes through this process update it at
 	// once, so a caller sees its own grant at the next watch.

@@ -63,26 +63,10 @@ func sealContract(ctx context.Context, q *db.Queries, s seal.Signer, c db.Health
 }
 
 // verifyContract checks c's seal. The evaluator reads every contract on
-// each refresh (every second), so a row that verified is remembered as it
-// stood and not verified again until it changes.
+// each refresh (every second), so seals are remembered (contractSeals) and
+// a contract is verified once per change.
 func (r *Registry) verifyContract(c db.HealthContract) error {
-	if len(r.keys) == 0 {
-		return nil
-	}
-	kid := ""
-	if c.SealKey != nil {
-		kid = *c.SealKey
-	}
-	key := fmt.Sprintf("%d\x00%d\x00%s\x00%s\x00%s\x00%s", c.Version, c.UpdatedAt.UnixMicro(), c.UpdatedBy, kid, c.Seal, c.Document)
-	if v, ok := r.contractsVerified.Load(c.Service); ok && v.(string) == key {
-		return nil
-	}
-	if err := r.keys.Verify(contractDomain, contractSealOf(c), c.Seal, c.SealKey); err != nil {
-		r.contractsVerified.Delete(c.Service)
-		return err
-	}
-	r.contractsVerified.Store(c.Service, key)
-	return nil
+	return r.contractSeals.Verify(r.keys, contractDomain, contractSealOf(c), c.Seal, c.SealKey)
 }
 
 type sealedIdentity struct {

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"sync"
 )
 
 // Signer signs seals: the region's signing key (audit.KeyFileSigner, or a
@@ -119,5 +120,53 @@ func (k Keys) Verify(domain string, v any, sig []byte, keyID *string) error {
 	if !ed25519.Verify(pub, msg, sig) {
 		return ErrBadSeal
 	}
+	return nil
+}
+
+// Memo remembers the seals that verified, so that rows read again
+// unchanged (a refresh reads its whole table every second) are not
+// verified again: a row is remembered by its exact sealed bytes, seal and
+// key, so any change to it is verified afresh. A full read of a table
+// calls Next first; what that pass does not meet again is forgotten, so
+// the memo holds no more than one table's rows.
+type Memo struct {
+	mu        sync.Mutex
+	prev, cur map[string]struct{}
+}
+
+// Next starts a pass: only the seals it meets are kept after it.
+func (m *Memo) Next() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.prev, m.cur = m.cur, nil
+}
+
+// Verify is k.Verify, remembered.
+func (m *Memo) Verify(k Keys, domain string, v any, sig []byte, keyID *string) error {
+	if len(k) == 0 || len(sig) == 0 || keyID == nil {
+		return k.Verify(domain, v, sig, keyID)
+	}
+	msg, err := Message(domain, v)
+	if err != nil {
+		return err
+	}
+	seen := *keyID + "\x00" + string(sig) + "\x00" + string(msg)
+	m.mu.Lock()
+	_, ok := m.cur[seen]
+	if !ok {
+		_, ok = m.prev[seen]
+	}
+	m.mu.Unlock()
+	if !ok {
+		if err := k.Verify(domain, v, sig, keyID); err != nil {
+			return err
+		}
+	}
+	m.mu.Lock()
+	if m.cur == nil {
+		m.cur = map[string]struct{}{}
+	}
+	m.cur[seen] = struct{}{}
+	m.mu.Unlock()
 	return nil
 }

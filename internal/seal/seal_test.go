@@ -61,3 +61,59 @@ func TestSeal(t *testing.T) {
 		t.Fatalf("nil With nil: %v", got)
 	}
 }
+
+// TestMemo: a memo passes what verified and refuses what does not, a row
+// changed after it was remembered included, across passes.
+func TestMemo(t *testing.T) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := audit.NewKeySigner(priv)
+	keys := seal.Keys{}.With(s)
+	const domain = "muster test seal v1"
+	r := row{ID: "a", Weight: 0.25}
+	sig, kid, err := seal.Sign(context.Background(), s, domain, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m seal.Memo
+	for pass := range 3 {
+		m.Next()
+		if err := m.Verify(keys, domain, r, sig, &kid); err != nil {
+			t.Fatalf("pass %d, the sealed row: %v", pass, err)
+		}
+		if err := m.Verify(keys, domain, row{ID: "a", Weight: 0}, sig, &kid); !errors.Is(err, seal.ErrBadSeal) {
+			t.Fatalf("pass %d, the row changed after it was remembered: %v", pass, err)
+		}
+		if err := m.Verify(keys, domain, r, nil, &kid); !errors.Is(err, seal.ErrUnsealed) {
+			t.Fatalf("pass %d, no seal: %v", pass, err)
+		}
+	}
+	if err := m.Verify(seal.Keys{}, domain, row{}, nil, nil); err != nil {
+		t.Fatalf("without keys: %v", err)
+	}
+}
+
+// BenchmarkMemo is the cost of a refresh's check of an unchanged row,
+// against a verification.
+func BenchmarkMemo(b *testing.B) {
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	s := audit.NewKeySigner(priv)
+	keys := seal.Keys{}.With(s)
+	const domain = "muster test seal v1"
+	r := row{ID: "a", Weight: 0.25}
+	sig, kid, _ := seal.Sign(context.Background(), s, domain, r)
+	b.Run("verify", func(b *testing.B) {
+		for b.Loop() {
+			_ = keys.Verify(domain, r, sig, &kid)
+		}
+	})
+	b.Run("memo", func(b *testing.B) {
+		var m seal.Memo
+		for b.Loop() {
+			m.Next()
+			_ = m.Verify(keys, domain, r, sig, &kid)
+		}
+	})
+}

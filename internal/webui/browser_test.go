@@ -26,18 +26,11 @@ func newChrome(t *testing.T, exec string) context.Context { return browsertest.N
 // run runs one read (text, location, a screenshot) with a deadline,
 // failing the test on error. The pages refresh their live parts in place
 // (static/refresh.js), so a node found by its id can be replaced before
-// it is read ("No node with given id"): the read is tried again, three
-// times at most. Reads only: an action that changes the page runs once
-// (do).
+// it is read ("No node with given id"): the read is tried again
+// (browsertest.Retry).
 func run[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
 	t.Helper()
-	var v T
-	var err error
-	for range 3 {
-		if v, err = runOnce(ctx, a); err == nil || !staleNode(err) {
-			break
-		}
-	}
+	v, err := runOnce(ctx, browsertest.Retry(a))
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
@@ -49,10 +42,6 @@ func runOnce[T any](ctx context.Context, a chromedp.Action[T]) (T, error) {
 	defer cancel()
 	return chromedp.Run(tctx, a)
 }
-
-// staleNode reports whether err says a node went away between the query
-// that found it and the call that used it.
-func staleNode(err error) bool { return browsertest.StaleNode(err) }
 
 // do runs steps with a deadline, failing the test on error. A step that
 // failed on a stale node is tried again (browsertest.Retry: it never took
