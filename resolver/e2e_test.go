@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/resolver"

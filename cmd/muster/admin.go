@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/cli"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/identity"
 )

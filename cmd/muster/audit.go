@@ -19,11 +19,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/audit/s3sink"
 	"github.com/musterhq/muster/internal/cli"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/seal"
 )

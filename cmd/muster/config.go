@@ -10,15 +10,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/webui"
+	"github.com/musterhq/muster/server"
 )
 
 // Config is everything muster reads from its environment and flags, parsed

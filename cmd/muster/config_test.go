@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/policy"
-	"github.com/musterhq/muster/internal/server"
+	"github.com/musterhq/muster/server"
 )
 
 func TestParseLimit(t *testing.T) {

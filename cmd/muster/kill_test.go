@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/resolver"
 )

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/loadgen"
 )
 

@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/migrations"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/migrations"
 )
 
 // syncBuffer is a bytes.Buffer safe for the server goroutine and the test.

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/wait"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/wait"
 )
 

@@ -22,9 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/cli"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/demo"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/evaluator"
@@ -32,10 +32,10 @@ import (
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/webui"
+	"github.com/musterhq/muster/server"
 )
 
 // devIssuerPath is where `muster dev` serves its built-in OIDC issuer.

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/tgsync"
 	"github.com/musterhq/muster/internal/tgsync/elbv2standin"
 	"github.com/musterhq/muster/internal/tgsync/haproxytest"

@@ -50,9 +50,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
@@ -60,11 +60,11 @@ import (
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/webui"
 	"github.com/musterhq/muster/internal/xds"
+	"github.com/musterhq/muster/server"
 )
 
 // Names of the workers, for Start's hold list and Worker.

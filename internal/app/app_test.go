@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/wait"
 )

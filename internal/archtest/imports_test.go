@@ -7,6 +7,7 @@ package archtest
 import (
 	"bufio"
 	"bytes"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -95,25 +96,58 @@ func TestPureCoresDoNoIO(t *testing.T) {
 	}
 }
 
-// TestHandlersNeverImportDB: the HTTP surface and the UI decode, call a
-// domain package and encode; SQL and sqlc's types stay behind the
-// domain packages (STYLE.md habits 3 and 5). (webui holds a pool for its
-// session store, which needs a database/sql handle; it runs no query.)
+// TestHandlersNeverImportDB: the HTTP surface (server/), the UI's
+// handlers (internal/webui) and its components (views/) decode, call a
+// domain package and encode; SQL and sqlc's types stay behind the domain
+// packages (STYLE.md habits 3 and 5). (webui holds a pool for its session
+// store, which needs a database/sql handle; it runs no query.)
 func TestHandlersNeverImportDB(t *testing.T) {
 	pkgs := listPackages(t)
+	seen := 0
 	for name, p := range pkgs {
-		if name != "internal/server" && name != "internal/webui" && name != "internal/views" && !strings.HasPrefix(name, "internal/server/") && !strings.HasPrefix(name, "internal/webui/") {
+		if !under(name, "server") && !under(name, "views") && !under(name, "internal/webui") {
 			continue
 		}
 		if strings.HasSuffix(name, "test") {
 			continue // test harnesses (servertest, apptest) build the stack
 		}
+		seen++
 		for _, imp := range p.imports {
-			if imp == module+"/internal/db" {
+			if under(strings.TrimPrefix(imp, module+"/"), "db") && strings.HasPrefix(imp, module+"/") {
 				t.Errorf("%s imports %s: handlers call domain packages, never the database", name, imp)
 			}
 		}
 	}
+	if seen < 3 {
+		t.Fatalf("found %d handler packages; the rule checks nothing", seen)
+	}
+}
+
+// TestDomainKnowsNoHTTPSurface: the domain packages under internal/ know
+// nothing of HTTP's surface. Only the composition root (internal/app and
+// its test harness), the UI's handlers (internal/webui) and the command
+// import server/, views/, static/ or openapi/; server/ and views/ import
+// internal/ packages, never the other way round.
+func TestDomainKnowsNoHTTPSurface(t *testing.T) {
+	surface := []string{"server", "views", "static", "openapi"}
+	allowed := []string{"internal/app", "internal/webui", "cmd"}
+	for name, p := range listPackages(t) {
+		if !under(name, "internal") || slices.ContainsFunc(allowed, func(a string) bool { return under(name, a) }) {
+			continue
+		}
+		for _, imp := range p.imports {
+			rel, ok := strings.CutPrefix(imp, module+"/")
+			if ok && slices.ContainsFunc(surface, func(s string) bool { return under(rel, s) }) {
+				t.Errorf("%s imports %s: a domain package knows nothing of the HTTP surface; let server/ or internal/app call it instead", name, imp)
+			}
+		}
+	}
+}
+
+// under reports whether the module-relative package path is dir or a
+// package below it.
+func under(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, dir+"/")
 }
 
 // TestResolverIsALeaf: the client library other programs import pulls in
@@ -132,17 +166,54 @@ func TestResolverIsALeaf(t *testing.T) {
 	}
 }
 
-// TestOnlyTheClientIsPublic: everything but the public client library
-// (resolver/) and the command (cmd/) lives under internal/, so no other
-// module can come to depend on muster's internals.
-func TestOnlyTheClientIsPublic(t *testing.T) {
-	for name := range listPackages(t) {
+// cardTop is the design card's top level: the packages that stand at the
+// module's root. Everything else lives under internal/ (or is the public
+// client, resolver/, or the command, cmd/).
+var cardTop = []string{"server", "db", "queries", "views", "static", "openapi", "migrations"}
+
+// TestPackagesFollowTheCard: every package is one of the card's top-level
+// packages (or below one: db/dbtest), the public client, the command, or
+// under internal/, so no other package becomes importable by accident.
+func TestPackagesFollowTheCard(t *testing.T) {
+	pkgs := listPackages(t)
+	for name := range pkgs {
+		top, _, _ := strings.Cut(name, "/")
 		switch {
-		case name == "resolver", strings.HasPrefix(name, "resolver/"):
-		case strings.HasPrefix(name, "cmd/"):
-		case strings.HasPrefix(name, "internal/"):
+		case slices.Contains(cardTop, top), top == "resolver", top == "cmd", top == "internal":
 		default:
-			t.Errorf("package %s is importable by other modules; move it under internal/ (only resolver/ is public)", name)
+			t.Errorf("package %s stands outside the card's layout; move it under internal/ (the card's top level is %v, with resolver/ and cmd/)", name, cardTop)
+		}
+	}
+	for _, want := range []string{"server", "db", "db/dbtest", "views", "static", "openapi", "migrations", "resolver", "cmd/muster"} {
+		if _, ok := pkgs[want]; !ok {
+			t.Errorf("package %s is missing from the card's top level", want)
+		}
+	}
+}
+
+// TestTopLevelIsTheCard: a newcomer's ls shows the design card: its
+// folders and files are there, and no other folder is, but internal/
+// (every other package), resolver/ (the public client), docs/, scripts/
+// and the dot-folders.
+func TestTopLevelIsTheCard(t *testing.T) {
+	root := moduleRoot(t)
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, e := range entries {
+		have[e.Name()] = true
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if !slices.Contains(cardTop, e.Name()) && !slices.Contains([]string{"cmd", "internal", "resolver", "docs", "scripts"}, e.Name()) {
+			t.Errorf("folder %s/ at the top level is not on the design card; move it under internal/ (or docs/)", e.Name())
+		}
+	}
+	for _, want := range append(slices.Clone(cardTop), "cmd", "go.mod", "sqlc.yaml", "README.md") {
+		if !have[want] {
+			t.Errorf("%s is missing from the top level", want)
 		}
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 )
 
 // VerifyCheckpoints verifies the chain (as Verify does, in Go) and checks

@@ -14,9 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
 )
 
 // clock is a test clock the checkpointer reads.

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 )
 
 // Outcome says whether the audited attempt took effect.

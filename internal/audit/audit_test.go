@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -11,7 +11,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 )
 
 // An export is JSON Lines (doc.go: Export): a header line, then the rows of

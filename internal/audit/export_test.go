@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
 )
 
 func export(t *testing.T, a *anchored, since, until time.Time) (*bytes.Buffer, audit.ExportReport) {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/identity"

@@ -8,8 +8,8 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/wait"

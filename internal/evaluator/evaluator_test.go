@@ -13,10 +13,10 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	st "github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/assembler"
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"

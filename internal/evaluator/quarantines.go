@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 )
 
 // Quarantine is a transition that started a quarantine, as the evaluator

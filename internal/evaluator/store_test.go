@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/registry"
 )

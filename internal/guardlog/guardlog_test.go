@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/guardlog"
 )
 

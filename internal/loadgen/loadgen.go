@@ -21,8 +21,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/cli"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"

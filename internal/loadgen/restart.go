@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/stream"
 )
 

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/assembler"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/worker"

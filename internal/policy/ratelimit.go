@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/refusal"
 )
 

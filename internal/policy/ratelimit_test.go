@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -3,7 +3,7 @@ package policy
 import (
 	"context"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/seal"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/assembler"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/testclock"

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db/dbtest"
 	st "github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/assembler"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"

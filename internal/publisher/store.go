@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/assembler"
-	"github.com/musterhq/muster/internal/db"
 )
 
 // savedView is one service's last published view as it is kept in

@@ -3,7 +3,7 @@ package reconcile_test
 import (
 	"testing"
 
-	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/db/dbtest"
 )
 
 // TestMain stops the package's PostgreSQL cluster after the tests.

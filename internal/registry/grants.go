@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 )

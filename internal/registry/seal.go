@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/seal"
 )
 

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/assembler"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/seal"
 )
 

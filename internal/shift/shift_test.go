@@ -10,10 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"

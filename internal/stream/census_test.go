@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/testclock"
 )
 

@@ -8,7 +8,7 @@ import (
 
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 const auditPageSize = 50

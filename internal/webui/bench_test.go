@@ -9,14 +9,14 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 // fakeEstate stands in for the evaluator and publisher at region scale.

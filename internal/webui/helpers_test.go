@@ -8,8 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/db/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

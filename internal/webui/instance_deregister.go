@@ -9,7 +9,7 @@ import (
 
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 // deregisterInstance is the service page's "Deregister…" form. It goes

@@ -13,7 +13,7 @@ import (
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 // The override forms, and the deregistration form (an override of its own

@@ -14,7 +14,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 // Overview filters and sorts, as query parameters.

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 func TestSummariseAndSort(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"net/http"
 
 	"github.com/musterhq/muster/internal/reconcile"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 // Reconciliation is what the reconciliation page reads

@@ -15,7 +15,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 // What the service page reads back.

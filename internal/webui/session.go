@@ -10,7 +10,7 @@ import (
 	"github.com/a-h/templ"
 
 	"github.com/musterhq/muster/internal/identity"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 // Session keys. Times are stored as Unix nanoseconds of cfg.Now.

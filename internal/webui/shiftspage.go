@@ -17,7 +17,7 @@ import (
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/shift"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 // ShiftBacks is the shift-back state machine as the UI uses it

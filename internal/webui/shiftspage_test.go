@@ -18,7 +18,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/shift"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 var uiAdmin = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}

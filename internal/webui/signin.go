@@ -15,7 +15,7 @@ import (
 
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/identity"
-	"github.com/musterhq/muster/internal/views"
+	"github.com/musterhq/muster/views"
 )
 
 // Audit actions of the UI.

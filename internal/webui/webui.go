@@ -64,7 +64,7 @@ import (
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/static"
+	"github.com/musterhq/muster/static"
 )
 
 // Eligibility is the evaluator as the pages read it.

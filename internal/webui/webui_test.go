@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/webui"

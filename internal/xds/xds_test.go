@@ -23,8 +23,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"

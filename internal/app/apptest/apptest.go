@@ -35,10 +35,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
@@ -48,13 +48,13 @@ import (
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/testclock"
 	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/internal/webui"
 	"github.com/musterhq/muster/internal/xds"
+	"github.com/musterhq/muster/server"
 )
 
 // Clock is the stack's settable clock, shared by every component.

@@ -15,10 +15,10 @@ import (
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/audit/s3sink"
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

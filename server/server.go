@@ -21,10 +21,10 @@ import (
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
-	"github.com/musterhq/muster/internal/openapi"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/openapi"
 )
 
 // Authenticator turns a bearer token into a principal.

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/musterhq/muster/internal/db"
-	"github.com/musterhq/muster/internal/db/dbtest"
-	"github.com/musterhq/muster/internal/migrations"
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/db/dbtest"
+	"github.com/musterhq/muster/migrations"
 )
 
 // TestMigrationsDownAndUp walks every migration down and up again on a

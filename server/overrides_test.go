@@ -17,16 +17,16 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/server"
+	"github.com/musterhq/muster/server"
 )
 
 var (

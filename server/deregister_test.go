@@ -11,9 +11,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 )

@@ -23,8 +23,8 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/server"
 )
 
 // registerWeb registers an instance of web from loopback and returns its id.

@@ -23,10 +23,10 @@ import (
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/evaluator"
-	"github.com/musterhq/muster/internal/openapi"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/shift"
+	"github.com/musterhq/muster/openapi"
 )
 
 // These tests keep openapi/openapi.yaml and the router in step. They need

@@ -3,7 +3,7 @@ package db_test
 import (
 	"testing"
 
-	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/db/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -13,10 +13,10 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/db"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/policy"
 )

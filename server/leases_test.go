@@ -13,7 +13,7 @@ import (
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/server"
+	"github.com/musterhq/muster/server"
 )
 
 // TestLeaseExpirySuppressedOverHTTP: 20% of the region's leases stop

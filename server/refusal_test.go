@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/server"
 )
 
 // TestWatchRefusalsTouchNoDatabase (issue 14): refusing a watch is cheap.

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 )
 
 // Cluster is a PostgreSQL cluster of one test's own, for tests that stop

@@ -20,7 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/musterhq/muster/internal/db"
+	"github.com/musterhq/muster/db"
 )
 
 var (

@@ -10,7 +10,7 @@ import (
 	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // pgx5:// driver
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 
-	"github.com/musterhq/muster/internal/migrations"
+	"github.com/musterhq/muster/migrations"
 )
 
 // Migrator applies the embedded migrations to one database.

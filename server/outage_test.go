@@ -8,14 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/db/dbtest"
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/internal/server"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/server"
 )
 
 // outageHold is how long the outage tests keep PostgreSQL frozen or

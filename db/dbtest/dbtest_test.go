@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/musterhq/muster/internal/db/dbtest"
+	"github.com/musterhq/muster/db/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
