@@ -153,3 +153,38 @@ func Retry[T any](a chromedp.Action[T]) chromedp.Action[T] {
 		return v, err
 	}
 }
+
+// stepTimeout bounds one Read or Do.
+const stepTimeout = 30 * time.Second
+
+// Read runs one read (a node's text, the location, a screenshot) in the
+// tab ctx with a deadline, failing the test on error. muster's pages
+// refresh their live parts in place (static/refresh.js), so a node found
+// by its id can be replaced before it is read ("No node with given id"):
+// the read is tried again (Retry).
+func Read[T any](t testing.TB, ctx context.Context, what string, a chromedp.Action[T]) T {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	v, err := chromedp.Run(tctx, Retry(a))
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+// Do runs steps in the tab ctx with a deadline, failing the test on
+// error. A step that failed on a stale node is tried again (Retry: it
+// never took effect); the steps before it are not.
+func Do(t testing.TB, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	retried := make([]chromedp.Action[chromedp.Void], len(steps))
+	for i, s := range steps {
+		retried[i] = Retry(s)
+	}
+	tctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	if _, err := chromedp.Run(tctx, chromedp.Steps(retried...)); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}

@@ -1,12 +1,10 @@
 package reconcile_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -27,30 +25,17 @@ func TestBrowserReconcilePage(t *testing.T) {
 	ctx := browsertest.New(t, chrome)
 	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
-		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		if _, err := chromedp.Run(tctx, chromedp.Steps(steps...)); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
+		browsertest.Do(t, ctx, what, steps...)
 	}
+	// The page refreshes in place, so a read may meet a replaced node:
+	// browsertest.Read tries it again.
 	text := func(id string) string {
 		t.Helper()
-		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		v, err := chromedp.Run(tctx, chromedp.Text(chromedp.ID(id)))
-		if err != nil {
-			t.Fatalf("text of #%s: %v", id, err)
-		}
-		return v
+		return browsertest.Read(t, ctx, "text of #"+id, chromedp.Text(chromedp.ID(id)))
 	}
 	shot := func(name string) {
 		t.Helper()
-		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		png, err := chromedp.Run(tctx, chromedp.FullScreenshot(100))
-		if err != nil {
-			t.Fatal(err)
-		}
+		png := browsertest.Read(t, ctx, "screenshot "+name, chromedp.FullScreenshot(100))
 		if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
 			t.Fatal(err)
 		}

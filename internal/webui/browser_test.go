@@ -24,36 +24,19 @@ func artifactDir(t *testing.T) string                     { return browsertest.A
 func newChrome(t *testing.T, exec string) context.Context { return browsertest.New(t, exec) }
 
 // run runs one read (text, location, a screenshot) with a deadline,
-// failing the test on error. The pages refresh their live parts in place
-// (static/refresh.js), so a node found by its id can be replaced before
-// it is read ("No node with given id"): the read is tried again
-// (browsertest.Retry).
+// failing the test on error; a read that met a node the page's live
+// refresh replaced is tried again (browsertest.Read).
 func run[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
 	t.Helper()
-	v, err := runOnce(ctx, browsertest.Retry(a))
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	return v
+	return browsertest.Read(t, ctx, what, a)
 }
 
-func runOnce[T any](ctx context.Context, a chromedp.Action[T]) (T, error) {
-	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	return chromedp.Run(tctx, a)
-}
-
-// do runs steps with a deadline, failing the test on error. A step that
-// failed on a stale node is tried again (browsertest.Retry: it never took
-// effect); the steps before it are not.
+// do runs steps with a deadline, failing the test on error; a step that
+// failed on a stale node is tried again, the steps before it are not
+// (browsertest.Do).
 func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
-	for i := range steps {
-		steps[i] = browsertest.Retry(steps[i])
-	}
-	if _, err := runOnce(ctx, chromedp.Steps(steps...)); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
+	browsertest.Do(t, ctx, what, steps...)
 }
 
 // screenshot writes a full-page PNG of the tab to dir/name.png.
