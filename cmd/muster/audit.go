@@ -29,7 +29,7 @@ import (
 )
 
 // AuditConfig configures the audit log's signed checkpoints (issue 15;
-// README: audit checkpoints).
+// docs/audit.md).
 type AuditConfig struct {
 	// Checkpoints is the sink: a directory, or s3://bucket/prefix
 	// (MUSTER_AUDIT_CHECKPOINTS; no flag on serve/dev). muster dev
@@ -214,7 +214,7 @@ func toolSealKey(dir string) (seal.Signer, error) {
 // a key, muster trusts those tables and says so.
 func sealOverrides(ac *app.Config, signer *audit.KeyFileSigner, keys audit.Keys, log *slog.Logger) {
 	if signer == nil {
-		log.Warn("instances, contracts, overrides and shifts are not sealed: a row written into those tables by anyone who can write the database is acted on (set MUSTER_AUDIT_SIGNING_KEY_FILE; README: what muster writes is sealed)")
+		log.Warn("instances, contracts, overrides and shifts are not sealed: a row written into those tables by anyone who can write the database is acted on (set MUSTER_AUDIT_SIGNING_KEY_FILE; docs/overrides.md: what muster writes is sealed)")
 		return
 	}
 	ac.Policy.Sealer, ac.Policy.SealKeys = signer, policy.SealKeys(keys)
@@ -228,7 +228,7 @@ func sealOverrides(ac *app.Config, signer *audit.KeyFileSigner, keys audit.Keys,
 func newAuditCheckpoints(ctx context.Context, cfg Config, signer *audit.KeyFileSigner, keys audit.Keys, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*audit.Checkpointer, error) {
 	a := cfg.Audit
 	if a.Checkpoints == "" {
-		log.Warn("audit checkpoints are off: nothing outside PostgreSQL anchors the audit chain (set MUSTER_AUDIT_CHECKPOINTS and MUSTER_AUDIT_SIGNING_KEY_FILE; README: audit checkpoints)")
+		log.Warn("audit checkpoints are off: nothing outside PostgreSQL anchors the audit chain (set MUSTER_AUDIT_CHECKPOINTS and MUSTER_AUDIT_SIGNING_KEY_FILE; docs/audit.md)")
 		return nil, nil
 	}
 	if signer == nil { // Validate refuses checkpoints without a key file

@@ -70,7 +70,7 @@ func TestTwoProcessesShareTheRateLimit(t *testing.T) {
 	}
 
 	// Both processes hold the data folder's signing key, so an override
-	// one puts in force is sealed and the other applies it (README:
+	// one puts in force is sealed and the other applies it (docs/overrides.md:
 	// overrides and shifts are sealed): alice pins the instance in rotation through
 	// the first, and the second's copy in force has it, none unsealed.
 	pin := fmt.Sprintf(`{"instance_id":%q,"action":"mark_eligible","justification":"pinned while the prober is rebuilt","expires_in":600}`, inst.ID)

@@ -73,7 +73,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	}
 	xdsFlags(fs, &cfg, dev)
 	var reconcileFile string
-	fs.StringVar(&reconcileFile, "reconcile-config", "", "YAML or JSON file of Kubernetes clusters and inventory snapshots to reconcile instances from, and their platform issuers (see the README)")
+	fs.StringVar(&reconcileFile, "reconcile-config", "", "YAML or JSON file of Kubernetes clusters and inventory snapshots to reconcile instances from, and their platform issuers (see docs/reconciliation.md)")
 	var sf shiftFlags
 	fs.StringVar(&sf.steps, "shift-steps", "", "traffic weights a shift-back walks through, e.g. 0.1,0.25,0.5,1 (MUSTER_SHIFT_STEPS; default 0.1,0.25,0.5,1)")
 	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")

@@ -242,7 +242,7 @@ func (c *Checkpointer) extend(ctx context.Context, q *db.Queries) (int64, []byte
 		if errors.Is(err, pgx.ErrNoRows) {
 			h, _ := q.AuditHead(ctx)
 			return 0, nil, &BrokenError{Seq: h.Seq, Checkpoint: l.Name(), Kind: "rollback", LostFrom: h.Seq + 1, LostTo: l.Seq,
-				Reason: fmt.Sprintf("the table ends at seq %d, behind checkpoint %d's seq %d: seqs %d to %d are lost; no checkpoint is signed over a rolled-back chain (see README: audit checkpoints)", h.Seq, l.N, l.Seq, h.Seq+1, l.Seq)}
+				Reason: fmt.Sprintf("the table ends at seq %d, behind checkpoint %d's seq %d: seqs %d to %d are lost; no checkpoint is signed over a rolled-back chain (see docs/audit.md)", h.Seq, l.N, l.Seq, h.Seq+1, l.Seq)}
 		}
 		if err != nil {
 			return 0, nil, fmt.Errorf("read audit row %d: %w", l.Seq, err)

@@ -258,7 +258,7 @@ func New(cfg Config) (*Evaluator, error) {
 		}
 		if err := cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "muster_instances_unsealed",
-			Help: "Instance rows the evaluator does not act on as they stand because their seal does not verify: inserted or re-pointed outside muster (no traffic), or ended outside muster (traffic kept). README: what muster writes is sealed. Anything above 0 deserves a look.",
+			Help: "Instance rows the evaluator does not act on as they stand because their seal does not verify: inserted or re-pointed outside muster (no traffic), or ended outside muster (traffic kept). docs/overrides.md: what muster writes is sealed. Anything above 0 deserves a look.",
 		}, func() float64 { return float64(e.UnsealedInstances()) })); err != nil {
 			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
 		}

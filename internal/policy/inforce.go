@@ -126,7 +126,7 @@ func NewInForce(cfg InForceConfig) *InForce {
 		// A second registration (two InForce on one registry) keeps the first.
 		_ = cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "muster_overrides_unsealed",
-			Help: "Rows of the overrides table in force by their state that muster does not apply because their seal does not verify: written outside muster (README: what muster writes is sealed). Anything above 0 deserves a look.",
+			Help: "Rows of the overrides table in force by their state that muster does not apply because their seal does not verify: written outside muster (docs/overrides.md: what muster writes is sealed). Anything above 0 deserves a look.",
 		}, func() float64 {
 			f.mu.RLock()
 			defer f.mu.RUnlock()

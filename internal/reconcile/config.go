@@ -18,7 +18,7 @@ import (
 // FileConfig is the file `muster serve --reconcile-config FILE` reads
 // (YAML, or JSON, which is YAML too): the sources to reconcile, the
 // disbelief threshold, and the platform issuers whose tokens the
-// reconciled workloads present. See the README for a complete example.
+// reconciled workloads present. docs/reconciliation.md has a complete example.
 type FileConfig struct {
 	// Every is the pass period of every source (default 5 s).
 	Every     time.Duration     `yaml:"every"`

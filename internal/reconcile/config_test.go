@@ -104,25 +104,26 @@ func TestConfigErrorsNameLineAndField(t *testing.T) {
 	}
 }
 
-// TestConfigREADMEExample: the complete example in the README parses.
-func TestConfigREADMEExample(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+// TestConfigDocExample: the complete example in docs/reconciliation.md
+// parses.
+func TestConfigDocExample(t *testing.T) {
+	b, err := os.ReadFile("../../docs/reconciliation.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
 	i := strings.Index(s, "A complete `--reconcile-config`")
 	if i < 0 {
-		t.Fatal("the README has no complete reconcile config example")
+		t.Fatal("docs/reconciliation.md has no complete reconcile config example")
 	}
 	s = s[i:]
 	start := strings.Index(s, "```yaml\n") + len("```yaml\n")
 	end := strings.Index(s[start:], "```")
-	c, err := reconcile.ParseConfig("README.md", []byte(s[start:start+end]))
+	c, err := reconcile.ParseConfig("docs/reconciliation.md", []byte(s[start:start+end]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(c.Clusters) != 1 || len(c.Snapshots) != 2 || len(c.Issuers) != 1 || c.Clusters[0].Issuer == nil {
-		t.Fatalf("README example parsed to %+v", c)
+		t.Fatalf("docs/reconciliation.md example parsed to %+v", c)
 	}
 }

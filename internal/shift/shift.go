@@ -329,7 +329,7 @@ func New(cfg Config) (*Service, error) {
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shiftbacks_pending", Help: "Manual shift-backs waiting for their final confirmation."},
 				func() float64 { return count(true) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shifts_unsealed",
-				Help: "Active shifts by the shifts table that muster does not apply because their seal does not verify: written outside muster (README: what muster writes is sealed). Anything above 0 deserves a look."},
+				Help: "Active shifts by the shifts table that muster does not apply because their seal does not verify: written outside muster (docs/overrides.md: what muster writes is sealed). Anything above 0 deserves a look."},
 				func() float64 { s.mu.Lock(); defer s.mu.Unlock(); return float64(len(s.unsealed)) }),
 		} {
 			if err := cfg.Registerer.Register(c); err != nil {

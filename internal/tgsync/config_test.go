@@ -145,17 +145,17 @@ func FuzzParseConfig(f *testing.F) {
 	})
 }
 
-// TestREADMEConfigParses: the ALB example in the README, with the
+// TestDocConfigParses: the ALB example in docs/tgsync.md, with the
 // HAProxy binding added, is a valid configuration.
-func TestREADMEConfigParses(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+func TestDocConfigParses(t *testing.T) {
+	b, err := os.ReadFile("../../docs/tgsync.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := string(b)
 	i := strings.Index(readme, "    # /etc/muster/tgsync.yaml")
 	if i < 0 {
-		t.Fatal("no tgsync.yaml example in the README")
+		t.Fatal("no tgsync.yaml example in docs/tgsync.md")
 	}
 	var lines []string
 	for line := range strings.Lines(readme[i:]) {
@@ -166,7 +166,7 @@ func TestREADMEConfigParses(t *testing.T) {
 	}
 	j := strings.Index(readme, "    # tgsync.yaml, bindings:")
 	if j < 0 {
-		t.Fatal("no HAProxy binding example in the README")
+		t.Fatal("no HAProxy binding example in docs/tgsync.md")
 	}
 	for line := range strings.Lines(readme[j:]) {
 		if !strings.HasPrefix(line, "    ") {
@@ -174,11 +174,11 @@ func TestREADMEConfigParses(t *testing.T) {
 		}
 		lines = append(lines, strings.TrimPrefix(line, "    "))
 	}
-	cfg, err := ParseConfig("README.md", []byte(strings.Join(lines, "")))
+	cfg, err := ParseConfig("docs/tgsync.md", []byte(strings.Join(lines, "")))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, strings.Join(lines, ""))
 	}
 	if len(cfg.Bindings) != 2 || cfg.Bindings[0].ELBv2 == nil || cfg.Bindings[1].HAProxy == nil || cfg.Bindings[0].ELBv2.Port != 8443 {
-		t.Fatalf("README config: %+v", cfg.Bindings)
+		t.Fatalf("docs/tgsync.md config: %+v", cfg.Bindings)
 	}
 }

@@ -4,7 +4,7 @@
 // date, so that nobody, the bucket's owner and the account's root user
 // included, can delete or overwrite it before the retention ends (ADR-15:
 // five years). The bucket must have been created with Object Lock enabled
-// (which turns versioning on); the README lists the IAM permissions.
+// (which turns versioning on); docs/audit.md lists the IAM permissions.
 package s3sink
 
 import (

@@ -9,8 +9,8 @@
 // call to the xDS server). grpc-go's own JWT call credentials (gRFC A97,
 // bootstrap "call_creds" of type jwt_token_file) carry the same header
 // but need TLS and GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS=true read
-// at process start; the README gives that bootstrap for production. The
-// bootstrap here leaves out ignore_resource_deletion, which the README
+// at process start; docs/xds.md gives that bootstrap for production. The
+// bootstrap here leaves out ignore_resource_deletion, which docs/xds.md
 // recommends, so a resource muster wrongly stopped sending would show in
 // the tests.
 package xdstest
