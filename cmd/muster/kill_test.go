@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -202,6 +203,20 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 	if want != "10.1.2.3" {
 		t.Fatalf("endpoints before the outage: %q", want)
 	}
+	// muster resolve --json says where its answer came from, and how old
+	// it is: live while muster serves...
+	resolveJSON := func(cache string) resolveOutput {
+		t.Helper()
+		tok, _ := viewer(ctx)
+		var out, errb bytes.Buffer
+		if err := run(ctx, []string{"resolve", "web", "--json", "--server", url, "--token", tok, "--cache", cache, "--timeout", "10s"}, &out, &errb); err != nil {
+			t.Fatalf("muster resolve web --json: %v\n%s", err, errb.String())
+		}
+		return decodeResolveJSON(t, out.Bytes())
+	}
+	if r := resolveJSON(t.TempDir()); r.Source != "live" || r.Version < before || len(r.Endpoints) != 1 {
+		t.Fatalf("resolve --json while muster serves: %+v", r)
+	}
 
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -210,6 +225,13 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 	killed = true
 	if got := endpoints(c1); got != want {
 		t.Fatalf("after SIGKILL the resolver answers %q, want %q", got, want)
+	}
+	// ...and, with muster killed, the cached view, marked as the cache's,
+	// with its age.
+	if r := resolveJSON(cacheDir); r.Source != "cache" || !strings.Contains(r.SourceReason, "muster unreachable") ||
+		r.Version < before || len(r.Endpoints) != 1 || r.Endpoints[0].Address != "10.1.2.3" ||
+		r.AgeSeconds <= 0 || r.ResolvedAt.Before(r.GeneratedAt) {
+		t.Fatalf("resolve --json with muster killed: %+v", r)
 	}
 
 	// A resolver started during the outage routes from the file.

@@ -97,7 +97,9 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		return fmt.Errorf("no view of %s: muster at %s did not serve one (%s) and nothing is cached in %s", service, serverURL, why, cacheDir)
 	}
-	printResult(stdout, c, r, asJSON)
+	if err := printResult(stdout, c, r, asJSON); err != nil {
+		return err
+	}
 	if !watch {
 		return nil
 	}
@@ -116,7 +118,9 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		ch := c.Updated()
 		if r, err := c.Resolve(service); err == nil && seen(r) != last {
 			last = seen(r)
-			printResult(stdout, c, r, asJSON)
+			if err := printResult(stdout, c, r, asJSON); err != nil {
+				return err
+			}
 		}
 		select {
 		case <-ch:
@@ -163,11 +167,45 @@ func cachedAll(c *resolver.Client, services []string) bool {
 	return true
 }
 
-// resolveJSON is what --json prints: the view routing uses and, while a
-// client guard holds it, the hold.
+// resolveJSON is what --json prints: the view routing uses, where the
+// answer came from and how old it is (as the text output says), and,
+// while a client guard holds it, the hold.
 type resolveJSON struct {
 	resolver.View
-	Hold *holdJSON `json:"hold,omitempty"`
+	// Source is "live" (the open stream has caught up: this is what
+	// muster holds now) or "cache" (the last-known-good copy: muster is
+	// unreachable, or has not sent a current view yet; SourceReason
+	// says which).
+	Source       string `json:"source"`
+	SourceReason string `json:"source_reason,omitempty"`
+	// AgeSeconds is how old the view's data is: ResolvedAt minus the
+	// view's generated_at, in seconds (to the millisecond). ReceivedAt is
+	// when this client applied the view or loaded it from the cache.
+	AgeSeconds float64   `json:"age_seconds"`
+	ReceivedAt time.Time `json:"received_at"`
+	ResolvedAt time.Time `json:"resolved_at"`
+	Hold       *holdJSON `json:"hold,omitempty"`
+}
+
+// Where an answer came from, as resolve states it.
+const (
+	sourceLive  = "live"
+	sourceCache = "cache"
+)
+
+// answerSource says whether what the client holds is live (the stream has
+// caught up) or the cache's, and why the cache's.
+func answerSource(st resolver.ClientStats) (source, reason string) {
+	switch {
+	case st.Synced:
+		return sourceLive, ""
+	case st.Connected:
+		return sourceCache, "muster is connected but has not sent a current view yet"
+	case st.LastError != nil:
+		return sourceCache, "muster unreachable: " + st.LastError.Error()
+	default:
+		return sourceCache, "muster has not answered yet"
+	}
 }
 
 type holdJSON struct {
@@ -210,26 +248,31 @@ func holdLine(h *resolver.Hold, now time.Time) string {
 		h.Since.UTC().Format(time.RFC3339), now.Sub(h.Since).Truncate(time.Second), h.FollowAt.UTC().Format(time.RFC3339), follow)
 }
 
-func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool) {
+// printResult prints r for people, or as one line of JSON.
+func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool) error {
 	snap := r.Snapshot
+	source, reason := answerSource(c.Stats())
+	age := snap.Age(r.Now)
 	if asJSON {
-		b, _ := json.Marshal(resolveJSON{View: snap.View(), Hold: newHoldJSON(r.Hold)})
+		b, err := json.Marshal(resolveJSON{
+			View: snap.View(), Source: source, SourceReason: reason,
+			AgeSeconds: age.Round(time.Millisecond).Seconds(), ReceivedAt: snap.ReceivedAt().UTC(), ResolvedAt: r.Now.UTC(),
+			Hold: newHoldJSON(r.Hold),
+		})
+		if err != nil {
+			return fmt.Errorf("encode the view of %s: %w", snap.Service(), err)
+		}
 		fmt.Fprintf(w, "%s\n", b)
-		return
+		return nil
 	}
-	source := "live"
-	switch st := c.Stats(); {
-	case st.Synced:
-	case st.Connected:
-		source = "cached; muster is connected but has not sent a current view yet"
-	default:
-		source = "cached"
-		if st.LastError != nil {
-			source += "; muster unreachable: " + st.LastError.Error()
+	said := source
+	if source == sourceCache {
+		said = "cached"
+		if reason != "" {
+			said += "; " + reason
 		}
 	}
-	age := time.Since(snap.GeneratedAt()).Truncate(time.Second)
-	fmt.Fprintf(w, "%s version %d, age %s (%s)\n", snap.Service(), snap.Version(), age, source)
+	fmt.Fprintf(w, "%s version %d, age %s (%s)\n", snap.Service(), snap.Version(), age.Truncate(time.Second), said)
 	if r.Hold != nil {
 		fmt.Fprintln(w, "  "+holdLine(r.Hold, r.Now))
 	}
@@ -261,6 +304,7 @@ func printResult(w io.Writer, c *resolver.Client, r resolver.Result, asJSON bool
 	for _, o := range overrides {
 		fmt.Fprintln(w, "  "+o)
 	}
+	return nil
 }
 
 // devViewerToken mints an operator viewer token from the dev issuer in dir.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -58,10 +59,10 @@ func TestResolveDeadServerWithCache(t *testing.T) {
 	if err != nil {
 		t.Fatalf("resolve: %v\n%s", err, errb.String())
 	}
-	got := out.String()
+	text := out.String()
 	for _, want := range []string{"web version 7", "age 1m3", "cached", "00000000-0000-0000-0000-000000000001", "10.0.0.1:8080", "eligible", "known"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q:\n%s", want, got)
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q:\n%s", want, text)
 		}
 	}
 
@@ -69,8 +70,10 @@ func TestResolveDeadServerWithCache(t *testing.T) {
 	if err := run(context.Background(), []string{"resolve", "--json", "--server", dead, "--cache", dir, "--token", "x", "web"}, &out, &errb); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), `"version":7`) {
-		t.Fatalf("json output: %s", out.String())
+	got := decodeResolveJSON(t, out.Bytes())
+	if got.Version != 7 || len(got.Endpoints) != 1 || got.Source != "cache" || !strings.Contains(got.SourceReason, "muster unreachable") ||
+		got.AgeSeconds < 90 || got.AgeSeconds > 600 || math.Abs(got.ResolvedAt.Sub(got.GeneratedAt).Seconds()-got.AgeSeconds) > 0.001 {
+		t.Fatalf("json output from the cache, want version 7, source cache, age 90 s or a little more: %s", out.String())
 	}
 
 	// Neither muster nor a cache: a clear error, exit status 1.
@@ -136,6 +139,60 @@ func TestResolveWaitsForAView(t *testing.T) {
 	if got := out.String(); !strings.Contains(got, "web version 1001") || !strings.Contains(got, "(live)") {
 		t.Fatalf("after the view was published:\n%s", got)
 	}
+
+	// --json says the same: live, and how old.
+	out.Reset()
+	if err := run(ctx, []string{"resolve", "web", "--json", "--server", s.URL, "--token", tok, "--cache", t.TempDir(), "--timeout", "20s"}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if got := decodeResolveJSON(t, out.Bytes()); got.Version != 1001 || got.Source != "live" || got.SourceReason != "" || got.AgeSeconds < 0 || got.ReceivedAt.IsZero() {
+		t.Fatalf("--json of the live view: %s", out.String())
+	}
+	// And a cached view while muster holds none is the cache's.
+	out.Reset()
+	if err := run(ctx, []string{"resolve", "api", "--json", "--server", s.URL, "--token", tok, "--cache", apiCache(t), "--timeout", "1s"}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if got := decodeResolveJSON(t, out.Bytes()); got.Service != "api" || got.Source != "cache" || got.SourceReason != "muster is connected but has not sent a current view yet" {
+		t.Fatalf("--json of a cached view muster has not sent: %s", out.String())
+	}
+}
+
+// apiCache is a cache folder holding a view of api, version 3.
+func apiCache(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cache, err := resolver.NewCache([]string{"api"}, resolver.WithDir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := webView(3, time.Now())
+	v.Service = "api"
+	if err := cache.ApplyView(v); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// resolveOutput is what muster resolve --json prints, as a script reads it.
+type resolveOutput struct {
+	resolver.View
+	Source       string    `json:"source"`
+	SourceReason string    `json:"source_reason"`
+	AgeSeconds   float64   `json:"age_seconds"`
+	ReceivedAt   time.Time `json:"received_at"`
+	ResolvedAt   time.Time `json:"resolved_at"`
+}
+
+func decodeResolveJSON(t *testing.T, b []byte) resolveOutput {
+	t.Helper()
+	var r resolveOutput
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		t.Fatalf("resolve --json printed %s: %v", b, err)
+	}
+	return r
 }
 
 func webView(version uint64, at time.Time) resolver.View {
