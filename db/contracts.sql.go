@@ -104,6 +104,39 @@ func (q *Queries) ContractSeal(ctx context.Context, arg ContractSealParams) (Hea
 	return i, err
 }
 
+const contractSealCensus = `-- name: ContractSealCensus :many
+SELECT seal_key, count(*)::bigint AS rows
+FROM (SELECT DISTINCT ON (service) service, seal_key FROM health_contracts ORDER BY service, version DESC) AS current
+GROUP BY seal_key
+`
+
+type ContractSealCensusRow struct {
+	SealKey *string
+	Rows    int64
+}
+
+// How many services' current contracts each key sealed (seal_key NULL:
+// unsealed).
+func (q *Queries) ContractSealCensus(ctx context.Context) ([]ContractSealCensusRow, error) {
+	rows, err := q.db.Query(ctx, contractSealCensus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ContractSealCensusRow
+	for rows.Next() {
+		var i ContractSealCensusRow
+		if err := rows.Scan(&i.SealKey, &i.Rows); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const contractUpsert = `-- name: ContractUpsert :one
 INSERT INTO health_contracts (service, version, document, updated_at, updated_by)
 VALUES ($1, 1, $2, $3, $4)

@@ -522,6 +522,37 @@ func (q *Queries) InstanceSeal(ctx context.Context, arg InstanceSealParams) (Ins
 	return i, err
 }
 
+const instanceSealCensus = `-- name: InstanceSealCensus :many
+SELECT seal_key, count(*)::bigint AS rows FROM instances WHERE state = 'active' GROUP BY seal_key
+`
+
+type InstanceSealCensusRow struct {
+	SealKey *string
+	Rows    int64
+}
+
+// How many live instances each key sealed (seal_key NULL: unsealed), for
+// the start-up key check and muster seal status.
+func (q *Queries) InstanceSealCensus(ctx context.Context) ([]InstanceSealCensusRow, error) {
+	rows, err := q.db.Query(ctx, instanceSealCensus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []InstanceSealCensusRow
+	for rows.Next() {
+		var i InstanceSealCensusRow
+		if err := rows.Scan(&i.SealKey, &i.Rows); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const instanceSealEnd = `-- name: InstanceSealEnd :one
 UPDATE instances SET end_seal = $1, end_seal_key = $2
 WHERE id = $3

@@ -614,6 +614,37 @@ func (q *Queries) OverrideSeal(ctx context.Context, arg OverrideSealParams) (Ove
 	return i, err
 }
 
+const overrideSealCensus = `-- name: OverrideSealCensus :many
+SELECT seal_key, count(*)::bigint AS rows FROM overrides
+WHERE state = 'active' AND expires_at > $1::timestamptz GROUP BY seal_key
+`
+
+type OverrideSealCensusRow struct {
+	SealKey *string
+	Rows    int64
+}
+
+// How many overrides in force each key sealed (seal_key NULL: unsealed).
+func (q *Queries) OverrideSealCensus(ctx context.Context, now time.Time) ([]OverrideSealCensusRow, error) {
+	rows, err := q.db.Query(ctx, overrideSealCensus, now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []OverrideSealCensusRow
+	for rows.Next() {
+		var i OverrideSealCensusRow
+		if err := rows.Scan(&i.SealKey, &i.Rows); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const overrideServiceLock = `-- name: OverrideServiceLock :exec
 
 SELECT pg_advisory_xact_lock(7150307, hashtext($1::text))

@@ -47,6 +47,35 @@ func (q *Queries) SealAdoptionInsert(ctx context.Context, arg SealAdoptionInsert
 	return err
 }
 
+const sealAdoptionList = `-- name: SealAdoptionList :many
+SELECT name, key_id, rows, at FROM seal_adoptions ORDER BY at
+`
+
+func (q *Queries) SealAdoptionList(ctx context.Context) ([]SealAdoption, error) {
+	rows, err := q.db.Query(ctx, sealAdoptionList)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []SealAdoption
+	for rows.Next() {
+		var i SealAdoption
+		if err := rows.Scan(
+			&i.Name,
+			&i.KeyID,
+			&i.Rows,
+			&i.At,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const sealAdoptionLock = `-- name: SealAdoptionLock :exec
 
 SELECT pg_advisory_xact_lock(7150309, hashtext($1::text))

@@ -339,6 +339,37 @@ func (q *Queries) ShiftSeal(ctx context.Context, arg ShiftSealParams) (Shift, er
 	return i, err
 }
 
+const shiftSealCensus = `-- name: ShiftSealCensus :many
+SELECT seal_key, count(*)::bigint AS rows FROM shifts
+WHERE state IN ('draining', 'returning', 'pending_confirmation') GROUP BY seal_key
+`
+
+type ShiftSealCensusRow struct {
+	SealKey *string
+	Rows    int64
+}
+
+// How many shifts in force each key sealed (seal_key NULL: unsealed).
+func (q *Queries) ShiftSealCensus(ctx context.Context) ([]ShiftSealCensusRow, error) {
+	rows, err := q.db.Query(ctx, shiftSealCensus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ShiftSealCensusRow
+	for rows.Next() {
+		var i ShiftSealCensusRow
+		if err := rows.Scan(&i.SealKey, &i.Rows); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const shiftUpdate = `-- name: ShiftUpdate :one
 UPDATE shifts
 SET state = $2, step = $3, weight = $4, last_step_at = $5, last_step_by = $6,

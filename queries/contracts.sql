@@ -44,3 +44,10 @@ SELECT s.name, s.owner, s.capabilities, s.updated_at AS service_updated_at,
 FROM services s LEFT JOIN health_contracts c ON c.service = s.name
 WHERE s.name = ANY(sqlc.arg(names)::text[])
 ORDER BY s.name;
+
+-- name: ContractSealCensus :many
+-- How many services' current contracts each key sealed (seal_key NULL:
+-- unsealed).
+SELECT seal_key, count(*)::bigint AS rows
+FROM (SELECT DISTINCT ON (service) service, seal_key FROM health_contracts ORDER BY service, version DESC) AS current
+GROUP BY seal_key;

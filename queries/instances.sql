@@ -172,3 +172,8 @@ ORDER BY id;
 -- Whether any instance was ever sealed: a database that has been is never
 -- adopted again (registry/seal.go).
 SELECT EXISTS (SELECT 1 FROM instances WHERE seal IS NOT NULL OR end_seal IS NOT NULL) AS sealed;
+
+-- name: InstanceSealCensus :many
+-- How many live instances each key sealed (seal_key NULL: unsealed), for
+-- the start-up key check and muster seal status.
+SELECT seal_key, count(*)::bigint AS rows FROM instances WHERE state = 'active' GROUP BY seal_key;

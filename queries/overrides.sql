@@ -94,3 +94,8 @@ WHERE (sqlc.arg(before_id)::uuid = '00000000-0000-0000-0000-000000000000'::uuid 
         ELSE state END)
 ORDER BY id DESC
 LIMIT sqlc.arg(lim);
+
+-- name: OverrideSealCensus :many
+-- How many overrides in force each key sealed (seal_key NULL: unsealed).
+SELECT seal_key, count(*)::bigint AS rows FROM overrides
+WHERE state = 'active' AND expires_at > sqlc.arg(now)::timestamptz GROUP BY seal_key;

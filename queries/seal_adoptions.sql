@@ -9,3 +9,6 @@ SELECT * FROM seal_adoptions WHERE name = $1;
 
 -- name: SealAdoptionInsert :exec
 INSERT INTO seal_adoptions (name, key_id, rows, at) VALUES ($1, $2, $3, $4);
+
+-- name: SealAdoptionList :many
+SELECT * FROM seal_adoptions ORDER BY at;

@@ -53,3 +53,8 @@ FOR UPDATE SKIP LOCKED;
 UPDATE shifts SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
 WHERE id = sqlc.arg(id)
 RETURNING *;
+
+-- name: ShiftSealCensus :many
+-- How many shifts in force each key sealed (seal_key NULL: unsealed).
+SELECT seal_key, count(*)::bigint AS rows FROM shifts
+WHERE state IN ('draining', 'returning', 'pending_confirmation') GROUP BY seal_key;

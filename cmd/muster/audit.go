@@ -55,6 +55,10 @@ type AuditConfig struct {
 	// S3Retention is each checkpoint's Object Lock retention
 	// (MUSTER_AUDIT_S3_RETENTION: a duration, or days as "1825d"; 5 years).
 	S3Retention time.Duration
+	// MismatchShare is the share of the database's live sealed rows that
+	// may be sealed by keys this replica does not trust before it refuses
+	// to start (MUSTER_SEAL_MISMATCH_SHARE, 0.05; keys.go).
+	MismatchShare float64
 }
 
 func (c *AuditConfig) devDefaults(dataDir string) {
@@ -78,6 +82,14 @@ func loadAuditEnv(c *Config) error {
 		}
 	}
 	a.S3Endpoint = os.Getenv("MUSTER_AUDIT_S3_ENDPOINT")
+	a.MismatchShare = seal.DefaultMismatchShare
+	if v := os.Getenv("MUSTER_SEAL_MISMATCH_SHARE"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f >= 1 {
+			return fmt.Errorf("MUSTER_SEAL_MISMATCH_SHARE: %q: want a share in [0, 1), e.g. 0.05", v)
+		}
+		a.MismatchShare = f
+	}
 	var err error
 	a.Interval, a.Heartbeat, a.S3Retention = time.Minute, time.Hour, s3sink.DefaultRetention
 	for _, d := range []struct {

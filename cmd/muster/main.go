@@ -6,6 +6,7 @@
 //	muster token   --data DIR --kind K [--service S] [--subject X] [--team T] [--role R] [--address IP]... [--ttl D]
 //	muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]
 //	muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
+//	muster seal status [--data DIR]                              live rows per sealing key
 //	muster tgsync  --config FILE [--once] [--dry-run] [--json]     target-group sync (ELBv2, HAProxy)
 //	muster loadgen seed|rebuild|reports
 package main
@@ -33,6 +34,7 @@ usage:
                  [--team T] [--role viewer|operator|admin] [--address IP]... [--ttl 1h]
   muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]
   muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
+  muster seal status [--data DIR]
   muster resolve SERVICE [--server URL] [--cache DIR] [--token T] [--data DIR] [--watch] [--json] [--timeout 5s]
   muster tgsync  --config FILE [--once] [--dry-run] [--json] [--own-group] [--metrics-addr ADDR] [--endpoint-url URL]
   muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)
@@ -89,6 +91,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return loadgen.Run(ctx, loadgen.Env{OpenDB: openToolDB, SealKey: toolSealKey}, args[1:], stdout, stderr)
 	case "resolve":
 		return cmdResolve(ctx, args[1:], stdout, stderr)
+	case "seal":
+		return cmdSeal(ctx, args[1:], stdout, stderr)
 	case "tgsync":
 		return cmdTgsync(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":

@@ -127,6 +127,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer closePools()
+	// The region's key, checked against the database's sealed rows before
+	// anything listens (keys.go): a replica whose keys disagree with the
+	// rows refuses to start, and the replicas running keep serving.
+	signer, keys, err := startKeys(ctx, cfg, pool, log)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
@@ -140,10 +147,6 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	// The region's key (audit.go) seals overrides and signs the audit
 	// checkpoints, which stop after the HTTP server and the
 	// refused-evidence summaries, so the last one covers them.
-	signer, keys, err := regionKey(cfg)
-	if err != nil {
-		return err
-	}
 	sealOverrides(&acfg, signer, keys, log)
 	checkpoints, err := newAuditCheckpoints(ctx, cfg, signer, keys, pool, log, acfg.Metrics)
 	if err != nil {
