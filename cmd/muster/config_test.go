@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
 	"net"
@@ -185,5 +186,31 @@ func TestServeRefusesABadReconcileConfig(t *testing.T) {
 	err := cmdServe(t.Context(), []string{"--reconcile-config", path}, false, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), path+":4: snapshots.0.format") {
 		t.Fatalf("serve with a bad reconcile config: %v", err)
+	}
+}
+
+// TestUnauthenticatedListenersStayOnLoopback (issue 25): --debug-addr and
+// --metrics-addr serve without a token, so a bare :port listens on
+// loopback, and an explicit non-loopback address is served but warned
+// about.
+func TestUnauthenticatedListenersStayOnLoopback(t *testing.T) {
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	stop, err := serveDebug(":0", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if !strings.Contains(logs.String(), "msg=\"serving debug\" addr=127.0.0.1:") || strings.Contains(logs.String(), "WARN") {
+		t.Fatalf("a bare :0 for --debug-addr: %s", logs.String())
+	}
+	logs.Reset()
+	ln, err := listenUnauthenticated("debug", "0.0.0.0:0", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "non-loopback") {
+		t.Fatalf("an explicit 0.0.0.0 for --debug-addr is not warned about: %s", logs.String())
 	}
 }

@@ -65,7 +65,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	cfg := Config{Dev: dev}
 	fs := cli.NewFlags(name, stderr)
 	fs.StringVar(&cfg.Addr, "addr", defAddr, "address to listen on")
-	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "if set, serve Go's pprof profiles on this (loopback) address")
+	fs.StringVar(&cfg.DebugAddr, "debug-addr", "", "if set, serve Go's pprof profiles on this address, without authentication (a bare :port is loopback; another host is warned about)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "if set, serve /metrics without a token on this address (\":9464\" listens on loopback; MUSTER_METRICS_ADDR); the API address's /metrics needs an operator or tool token")
 	if dev {
 		fs.StringVar(&cfg.DataDir, "data", ".muster", "folder for the local PostgreSQL cluster and the dev issuer's key")
@@ -391,11 +391,12 @@ func dialable(a *net.TCPAddr) string {
 }
 
 // serveDebug serves net/http/pprof on its own listener, never on the API
-// address: profiles are for the operator at the machine, not for callers.
+// address: profiles are for the operator at the machine, not for callers
+// (a bare :port listens on loopback; another host is warned about).
 func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listenUnauthenticated("debug", addr, log)
 	if err != nil {
-		return nil, fmt.Errorf("listen on debug address %s: %w", addr, err)
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -403,8 +404,31 @@ func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
-	log.Info("serving pprof", "addr", ln.Addr().String())
 	return func() { _ = hs.Close() }, nil
+}
+
+// listenUnauthenticated listens for a listener that serves without
+// authentication (the metrics, Go's profiles): a bare ":port" listens on
+// loopback, and another host is the operator's explicit choice (a pod
+// address behind a network policy), logged as a warning.
+func listenUnauthenticated(what, addr string, log *slog.Logger) (net.Listener, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s address %q: %w", what, addr, err)
+	}
+	if host == "" {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s address %s: %w", what, addr, err)
+	}
+	if ip := net.ParseIP(host); host != "" && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		log.Warn("serving "+what+" without authentication on a non-loopback address", "addr", ln.Addr().String())
+	} else {
+		log.Info("serving "+what, "addr", ln.Addr().String())
+	}
+	return ln, nil
 }
 
 // serveMetrics serves the metrics without authentication on a listener of
@@ -413,25 +437,13 @@ func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
 // choice (a pod address behind a network policy), logged as such.
 // It returns the address it listens on.
 func serveMetrics(addr string, h http.Handler, log *slog.Logger) (bound string, stop func(), err error) {
-	host, port, err := net.SplitHostPort(addr)
+	ln, err := listenUnauthenticated("/metrics", addr, log)
 	if err != nil {
-		return "", nil, fmt.Errorf("metrics address %q: %w", addr, err)
-	}
-	if host == "" {
-		addr = net.JoinHostPort("127.0.0.1", port)
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", nil, fmt.Errorf("listen on metrics address %s: %w", addr, err)
+		return "", nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
-	if ip := net.ParseIP(host); host != "" && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		log.Warn("serving /metrics without authentication on a non-loopback address", "addr", ln.Addr().String())
-	} else {
-		log.Info("serving /metrics", "addr", ln.Addr().String())
-	}
 	return ln.Addr().String(), func() { _ = hs.Close() }, nil
 }
