@@ -166,6 +166,8 @@ type Evaluator struct {
 	ended   []eligibility.Transition
 	changed map[string]struct{}
 	probers map[string]*proberAssignment
+	// assignGen counts the assignments ProberAssigned applied.
+	assignGen uint64
 	// unsealed are the instance rows not acted on as they stand, because
 	// their seal does not verify, and unsealedContracts the services whose
 	// stored contract is not applied for the same reason (seals.go).
@@ -532,6 +534,11 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// An assignment ProberAssigned applies after this read is newer than
+	// what the read returns: the end of the refresh keeps it.
+	e.mu.Lock()
+	readGen := e.assignGen
+	e.mu.Unlock()
 	assignments, err := e.cfg.Registry.AllProberAssignments(ctx)
 	if err != nil {
 		return err
@@ -597,7 +604,17 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	e.mu.Lock()
 	probers := make(map[string]*proberAssignment, len(assignments))
 	for _, a := range assignments {
+		if cur := e.probers[a.Prober]; cur != nil && cur.gen > readGen {
+			continue // assigned after the read: kept below
+		}
 		probers[a.Prober] = e.applyAssignment(a)
+	}
+	for name, cur := range e.probers {
+		if cur.gen > readGen { // assigned after the read: newer than it
+			pa := e.applyAssignment(cur.src)
+			pa.gen = cur.gen
+			probers[name] = pa
+		}
 	}
 	e.probers = probers
 	e.mu.Unlock()
@@ -613,7 +630,7 @@ func (e *Evaluator) applyAssignment(a registry.ProberAssignments) *proberAssignm
 		return old
 	}
 	pa := &proberAssignment{id: e.internReporter("prober:" + a.Prober), services: map[string]bool{}, instances: map[uuid.UUID]bool{},
-		key: key, members: e.members}
+		key: key, members: e.members, src: a}
 	var targets []eligibility.InstanceID
 	for _, s := range a.Services {
 		pa.services[s] = true
@@ -638,7 +655,10 @@ func (e *Evaluator) ProberAssigned(a registry.ProberAssignments) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.probers[a.Prober] = e.applyAssignment(a)
+	e.assignGen++
+	pa := e.applyAssignment(a)
+	pa.gen = e.assignGen
+	e.probers[a.Prober] = pa
 }
 
 // applyService sets a service's contract in the engine unless the same

@@ -318,6 +318,12 @@ type proberAssignment struct {
 	// key and members say what the engine's target set was built from.
 	key     string
 	members uint64
+	// src is the assignment as the registry gave it; gen is the
+	// evaluator's assignGen when ProberAssigned applied it (0 when a
+	// refresh did), so a refresh that read the assignments before it
+	// does not put the older ones back.
+	src registry.ProberAssignments
+	gen uint64
 }
 
 func (a *proberAssignment) covers(id uuid.UUID, service string) bool {
