@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -156,7 +157,7 @@ func TestREADMETour(t *testing.T) {
 		status, rest, _ := strings.Cut(got[i], " ")
 		method, url, _ := strings.Cut(rest, " ")
 		path := strings.TrimPrefix(url, "http://"+addr)
-		if method != w.method || !pathMatches(w.path, path) || !contains(w.status, status) {
+		if method != w.method || !pathMatches(w.path, path) || !slices.Contains(w.status, status) {
 			t.Errorf("call %d: %s, want %s %s answered %v", i+1, got[i], w.method, w.path, w.status)
 		}
 	}
@@ -185,13 +186,4 @@ func pathMatches(pattern, path string) bool {
 		}
 	}
 	return true
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
