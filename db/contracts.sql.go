@@ -76,6 +76,80 @@ func (q *Queries) ContractListUnsealed(ctx context.Context) ([]HealthContract, e
 	return items, nil
 }
 
+const contractReseal = `-- name: ContractReseal :execrows
+UPDATE health_contracts SET seal = $1, seal_key = $2
+WHERE service = $3 AND version = $4 AND seal = $5
+`
+
+type ContractResealParams struct {
+	Seal    []byte
+	SealKey *string
+	Service string
+	Version int64
+	OldSeal []byte
+}
+
+// Replaces a contract's seal with one by the new key, only if the row
+// still carries the version and seal that were verified.
+func (q *Queries) ContractReseal(ctx context.Context, arg ContractResealParams) (int64, error) {
+	result, err := q.db.Exec(ctx, contractReseal,
+		arg.Seal,
+		arg.SealKey,
+		arg.Service,
+		arg.Version,
+		arg.OldSeal,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const contractResealBatch = `-- name: ContractResealBatch :many
+SELECT service, version, document, updated_at, updated_by, seal, seal_key FROM health_contracts
+WHERE seal IS NOT NULL AND seal_key IS DISTINCT FROM $1::text
+  AND service > $2::text
+ORDER BY service
+LIMIT $3
+FOR UPDATE
+`
+
+type ContractResealBatchParams struct {
+	KeyID string
+	After string
+	Lim   int32
+}
+
+// muster seal rotate: the next contracts, by service, sealed by a key
+// other than the new one, locked until their re-seal commits.
+func (q *Queries) ContractResealBatch(ctx context.Context, arg ContractResealBatchParams) ([]HealthContract, error) {
+	rows, err := q.db.Query(ctx, contractResealBatch, arg.KeyID, arg.After, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []HealthContract
+	for rows.Next() {
+		var i HealthContract
+		if err := rows.Scan(
+			&i.Service,
+			&i.Version,
+			&i.Document,
+			&i.UpdatedAt,
+			&i.UpdatedBy,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const contractSeal = `-- name: ContractSeal :one
 UPDATE health_contracts SET seal = $1, seal_key = $2
 WHERE service = $3

@@ -484,6 +484,89 @@ func (q *Queries) InstanceListUnsealed(ctx context.Context) ([]Instance, error) 
 	return items, nil
 }
 
+const instanceReseal = `-- name: InstanceReseal :execrows
+UPDATE instances SET seal = $1, seal_key = $2
+WHERE id = $3 AND seal = $4 AND state = 'active'
+`
+
+type InstanceResealParams struct {
+	Seal    []byte
+	SealKey *string
+	ID      uuid.UUID
+	OldSeal []byte
+}
+
+// Replaces an instance's identity seal with one by the new key, only if
+// the row still carries the seal that was verified.
+func (q *Queries) InstanceReseal(ctx context.Context, arg InstanceResealParams) (int64, error) {
+	result, err := q.db.Exec(ctx, instanceReseal,
+		arg.Seal,
+		arg.SealKey,
+		arg.ID,
+		arg.OldSeal,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const instanceResealBatch = `-- name: InstanceResealBatch :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+WHERE state = 'active' AND seal IS NOT NULL AND seal_key IS DISTINCT FROM $1::text
+  AND id > $2::uuid
+ORDER BY id
+LIMIT $3
+FOR UPDATE
+`
+
+type InstanceResealBatchParams struct {
+	KeyID string
+	After uuid.UUID
+	Lim   int32
+}
+
+// muster seal rotate: the next live instances, by id, whose identity is
+// sealed by a key other than the new one, locked until their re-seal
+// commits.
+func (q *Queries) InstanceResealBatch(ctx context.Context, arg InstanceResealBatchParams) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceResealBatch, arg.KeyID, arg.After, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const instanceSeal = `-- name: InstanceSeal :one
 UPDATE instances SET seal = $1, seal_key = $2
 WHERE id = $3

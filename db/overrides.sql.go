@@ -573,6 +573,98 @@ func (q *Queries) OverrideListInForceByService(ctx context.Context, arg Override
 	return items, nil
 }
 
+const overrideReseal = `-- name: OverrideReseal :execrows
+UPDATE overrides SET seal = $1, seal_key = $2
+WHERE id = $3 AND seal = $4 AND state = 'active'
+`
+
+type OverrideResealParams struct {
+	Seal    []byte
+	SealKey *string
+	ID      uuid.UUID
+	OldSeal []byte
+}
+
+// Replaces an override's seal with one by the new key, only if the row
+// is still in force with the seal that was verified.
+func (q *Queries) OverrideReseal(ctx context.Context, arg OverrideResealParams) (int64, error) {
+	result, err := q.db.Exec(ctx, overrideReseal,
+		arg.Seal,
+		arg.SealKey,
+		arg.ID,
+		arg.OldSeal,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const overrideResealBatch = `-- name: OverrideResealBatch :many
+SELECT id, instance_id, service, zone, action, state, actor, justification, cosigner, cosign_justification, cosigned_at, cosign_by, budget_detail, created_at, expires_at, lifted_at, lifted_by, ended_at, seal, seal_key FROM overrides
+WHERE state = 'active' AND expires_at > $1::timestamptz
+  AND seal IS NOT NULL AND seal_key IS DISTINCT FROM $2::text
+  AND id > $3::uuid
+ORDER BY id
+LIMIT $4
+FOR UPDATE
+`
+
+type OverrideResealBatchParams struct {
+	Now   time.Time
+	KeyID string
+	After uuid.UUID
+	Lim   int32
+}
+
+// muster seal rotate: the next overrides in force, by id, sealed by a key
+// other than the new one, locked until their re-seal commits.
+func (q *Queries) OverrideResealBatch(ctx context.Context, arg OverrideResealBatchParams) ([]Override, error) {
+	rows, err := q.db.Query(ctx, overrideResealBatch,
+		arg.Now,
+		arg.KeyID,
+		arg.After,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Override
+	for rows.Next() {
+		var i Override
+		if err := rows.Scan(
+			&i.ID,
+			&i.InstanceID,
+			&i.Service,
+			&i.Zone,
+			&i.Action,
+			&i.State,
+			&i.Actor,
+			&i.Justification,
+			&i.Cosigner,
+			&i.CosignJustification,
+			&i.CosignedAt,
+			&i.CosignBy,
+			&i.BudgetDetail,
+			&i.CreatedAt,
+			&i.ExpiresAt,
+			&i.LiftedAt,
+			&i.LiftedBy,
+			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const overrideSeal = `-- name: OverrideSeal :one
 UPDATE overrides SET seal = $1, seal_key = $2
 WHERE id = $3 AND state = 'active'

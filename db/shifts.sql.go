@@ -285,6 +285,93 @@ func (q *Queries) ShiftListDue(ctx context.Context, cutoff time.Time) ([]Shift, 
 	return items, nil
 }
 
+const shiftReseal = `-- name: ShiftReseal :execrows
+UPDATE shifts SET seal = $1, seal_key = $2
+WHERE id = $3 AND seal = $4
+`
+
+type ShiftResealParams struct {
+	Seal    []byte
+	SealKey *string
+	ID      uuid.UUID
+	OldSeal []byte
+}
+
+// Replaces a shift's seal with one by the new key, only if the row still
+// carries the seal that was verified. The revision stays: what the shift
+// does has not changed, so replicas need not reload it.
+func (q *Queries) ShiftReseal(ctx context.Context, arg ShiftResealParams) (int64, error) {
+	result, err := q.db.Exec(ctx, shiftReseal,
+		arg.Seal,
+		arg.SealKey,
+		arg.ID,
+		arg.OldSeal,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const shiftResealBatch = `-- name: ShiftResealBatch :many
+SELECT id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key FROM shifts
+WHERE state IN ('draining', 'returning', 'pending_confirmation')
+  AND seal IS NOT NULL AND seal_key IS DISTINCT FROM $1::text
+  AND id > $2::uuid
+ORDER BY id
+LIMIT $3
+FOR UPDATE
+`
+
+type ShiftResealBatchParams struct {
+	KeyID string
+	After uuid.UUID
+	Lim   int32
+}
+
+// muster seal rotate: the next shifts in force, by id, sealed by a key
+// other than the new one, locked until their re-seal commits.
+func (q *Queries) ShiftResealBatch(ctx context.Context, arg ShiftResealBatchParams) ([]Shift, error) {
+	rows, err := q.db.Query(ctx, shiftResealBatch, arg.KeyID, arg.After, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Shift
+	for rows.Next() {
+		var i Shift
+		if err := rows.Scan(
+			&i.ID,
+			&i.Scope,
+			&i.Target,
+			&i.Reason,
+			&i.Manual,
+			&i.State,
+			&i.Step,
+			&i.Weight,
+			&i.StartedBy,
+			&i.StartedAt,
+			&i.LastStepAt,
+			&i.LastStepBy,
+			&i.PendingSince,
+			&i.ConfirmedBy,
+			&i.ConfirmedAt,
+			&i.EndedAt,
+			&i.Revision,
+			&i.UpdatedAt,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const shiftRevision = `-- name: ShiftRevision :one
 SELECT coalesce(max(revision), 0)::bigint AS revision FROM shifts
 `

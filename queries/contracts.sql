@@ -51,3 +51,19 @@ ORDER BY s.name;
 SELECT seal_key, count(*)::bigint AS rows
 FROM (SELECT DISTINCT ON (service) service, seal_key FROM health_contracts ORDER BY service, version DESC) AS current
 GROUP BY seal_key;
+
+-- name: ContractResealBatch :many
+-- muster seal rotate: the next contracts, by service, sealed by a key
+-- other than the new one, locked until their re-seal commits.
+SELECT * FROM health_contracts
+WHERE seal IS NOT NULL AND seal_key IS DISTINCT FROM sqlc.arg(key_id)::text
+  AND service > sqlc.arg(after)::text
+ORDER BY service
+LIMIT sqlc.arg(lim)
+FOR UPDATE;
+
+-- name: ContractReseal :execrows
+-- Replaces a contract's seal with one by the new key, only if the row
+-- still carries the version and seal that were verified.
+UPDATE health_contracts SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE service = sqlc.arg(service) AND version = sqlc.arg(version) AND seal = sqlc.arg(old_seal);

@@ -177,3 +177,20 @@ SELECT EXISTS (SELECT 1 FROM instances WHERE seal IS NOT NULL OR end_seal IS NOT
 -- How many live instances each key sealed (seal_key NULL: unsealed), for
 -- the start-up key check and muster seal status.
 SELECT seal_key, count(*)::bigint AS rows FROM instances WHERE state = 'active' GROUP BY seal_key;
+
+-- name: InstanceResealBatch :many
+-- muster seal rotate: the next live instances, by id, whose identity is
+-- sealed by a key other than the new one, locked until their re-seal
+-- commits.
+SELECT * FROM instances
+WHERE state = 'active' AND seal IS NOT NULL AND seal_key IS DISTINCT FROM sqlc.arg(key_id)::text
+  AND id > sqlc.arg(after)::uuid
+ORDER BY id
+LIMIT sqlc.arg(lim)
+FOR UPDATE;
+
+-- name: InstanceReseal :execrows
+-- Replaces an instance's identity seal with one by the new key, only if
+-- the row still carries the seal that was verified.
+UPDATE instances SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE id = sqlc.arg(id) AND seal = sqlc.arg(old_seal) AND state = 'active';

@@ -99,3 +99,20 @@ LIMIT sqlc.arg(lim);
 -- How many overrides in force each key sealed (seal_key NULL: unsealed).
 SELECT seal_key, count(*)::bigint AS rows FROM overrides
 WHERE state = 'active' AND expires_at > sqlc.arg(now)::timestamptz GROUP BY seal_key;
+
+-- name: OverrideResealBatch :many
+-- muster seal rotate: the next overrides in force, by id, sealed by a key
+-- other than the new one, locked until their re-seal commits.
+SELECT * FROM overrides
+WHERE state = 'active' AND expires_at > sqlc.arg(now)::timestamptz
+  AND seal IS NOT NULL AND seal_key IS DISTINCT FROM sqlc.arg(key_id)::text
+  AND id > sqlc.arg(after)::uuid
+ORDER BY id
+LIMIT sqlc.arg(lim)
+FOR UPDATE;
+
+-- name: OverrideReseal :execrows
+-- Replaces an override's seal with one by the new key, only if the row
+-- is still in force with the seal that was verified.
+UPDATE overrides SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE id = sqlc.arg(id) AND seal = sqlc.arg(old_seal) AND state = 'active';

@@ -58,3 +58,21 @@ RETURNING *;
 -- How many shifts in force each key sealed (seal_key NULL: unsealed).
 SELECT seal_key, count(*)::bigint AS rows FROM shifts
 WHERE state IN ('draining', 'returning', 'pending_confirmation') GROUP BY seal_key;
+
+-- name: ShiftResealBatch :many
+-- muster seal rotate: the next shifts in force, by id, sealed by a key
+-- other than the new one, locked until their re-seal commits.
+SELECT * FROM shifts
+WHERE state IN ('draining', 'returning', 'pending_confirmation')
+  AND seal IS NOT NULL AND seal_key IS DISTINCT FROM sqlc.arg(key_id)::text
+  AND id > sqlc.arg(after)::uuid
+ORDER BY id
+LIMIT sqlc.arg(lim)
+FOR UPDATE;
+
+-- name: ShiftReseal :execrows
+-- Replaces a shift's seal with one by the new key, only if the row still
+-- carries the seal that was verified. The revision stays: what the shift
+-- does has not changed, so replicas need not reload it.
+UPDATE shifts SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE id = sqlc.arg(id) AND seal = sqlc.arg(old_seal);

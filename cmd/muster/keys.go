@@ -9,9 +9,11 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/db"
@@ -83,19 +85,21 @@ func startKeys(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Lo
 	return signer, keys, nil
 }
 
-// cmdSeal is muster seal status: how many live rows each key covers, and
-// whether this configuration trusts it, so a rotation can tell when the
-// old key covers nothing and can be retired.
+// cmdSeal is muster seal status and muster seal rotate.
 func cmdSeal(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "usage: muster seal status [--data DIR]"
-	if len(args) == 0 || args[0] != "status" {
+	const usage = "usage: muster seal status [--data DIR]\n       muster seal rotate [--data DIR] [--batch N]"
+	if len(args) == 0 || (args[0] != "status" && args[0] != "rotate") {
 		fmt.Fprintln(stderr, usage)
 		return cli.ErrUsage
 	}
 	var dataDir string
-	fs := cli.NewFlags("seal status", stderr)
+	batch := 500
+	fs := cli.NewFlags("seal "+args[0], stderr)
 	fs.StringVar(&dataDir, "data", ".muster", "dev data folder (without DATABASE_URL): its cluster and its key")
-	if err := fs.Parse(args[1:]); err != nil || fs.NArg() > 0 {
+	if args[0] == "rotate" {
+		fs.IntVar(&batch, "batch", batch, "rows re-sealed per transaction (1-10000)")
+	}
+	if err := fs.Parse(args[1:]); err != nil || fs.NArg() > 0 || batch < 1 || batch > 10000 {
 		fmt.Fprintln(stderr, usage)
 		return cli.ErrUsage
 	}
@@ -107,6 +111,17 @@ func cmdSeal(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer func() { _ = closeDB() }()
+	if args[0] == "rotate" {
+		if err := sealRotate(ctx, cfg, pool, batch, stdout); err != nil {
+			return err
+		}
+	}
+	return sealStatus(ctx, cfg, pool, stdout)
+}
+
+// sealStatus prints how many live rows each key covers, and whether this
+// configuration trusts it.
+func sealStatus(ctx context.Context, cfg Config, pool *pgxpool.Pool, stdout io.Writer) error {
 	census, err := sealCensus(ctx, pool, time.Now())
 	if err != nil {
 		return err
@@ -164,4 +179,90 @@ func keyIDs(ids []string) string {
 		return "(none)"
 	}
 	return fmt.Sprint(ids)
+}
+
+// sealRotate is muster seal rotate: it re-seals every live sealed row
+// (active instances, current contracts, overrides and shifts in force)
+// whose seal is by a key other than the signing key and verifies under
+// the trusted ones (the signing key and MUSTER_AUDIT_PUBLIC_KEY_FILES,
+// where the old key's public half must be), so the old key covers
+// nothing and can be retired. Each batch is one transaction: its rows
+// are locked, each is re-sealed only if it still carries the seal that
+// verified, and one audit row says what the batch did, so the rotation is
+// safe beside running replicas (which trust both keys) and resumable: a
+// run stopped half way leaves committed batches sealed by the new key,
+// and the next run takes what is left. A row whose seal does not verify
+// is left as it is (still refused and alarmed): a rotation never
+// launders a row written by hand into one the new key vouches for.
+func sealRotate(ctx context.Context, cfg Config, pool *pgxpool.Pool, batch int, stdout io.Writer) error {
+	if _, err := os.Stat(cfg.Audit.SigningKeyFile); cfg.Audit.SigningKeyFile == "" || err != nil {
+		return fmt.Errorf("muster seal rotate needs the new signing key (MUSTER_AUDIT_SIGNING_KEY_FILE) and the old key's public half (MUSTER_AUDIT_PUBLIC_KEY_FILES); docs/keys.md")
+	}
+	signer, keys, err := regionKey(Config{Audit: cfg.Audit})
+	if err != nil {
+		return err
+	}
+	trusted := seal.Keys(keys).With(signer)
+	actor := "tool:seal-rotate"
+	if u := os.Getenv("USER"); u != "" {
+		actor += ":" + u
+	}
+	type table struct {
+		name string
+		step func(q *db.Queries, after string, now time.Time) (seal.Batch, error)
+	}
+	uuidAfter := func(after string) uuid.UUID {
+		id, _ := uuid.Parse(after) // "" is the start: uuid.Nil
+		return id
+	}
+	tables := []table{
+		{seal.TableInstances, func(q *db.Queries, after string, _ time.Time) (seal.Batch, error) {
+			return registry.ResealInstances(ctx, q, signer, trusted, uuidAfter(after), batch)
+		}},
+		{seal.TableContracts, func(q *db.Queries, after string, _ time.Time) (seal.Batch, error) {
+			return registry.ResealContracts(ctx, q, signer, trusted, after, batch)
+		}},
+		{seal.TableOverrides, func(q *db.Queries, after string, now time.Time) (seal.Batch, error) {
+			return policy.Reseal(ctx, q, signer, trusted, uuidAfter(after), batch, now)
+		}},
+		{seal.TableShifts, func(q *db.Queries, after string, _ time.Time) (seal.Batch, error) {
+			return shift.Reseal(ctx, q, signer, trusted, uuidAfter(after), batch)
+		}},
+	}
+	for _, t := range tables {
+		var resealed, changed, refused int
+		for after, done := "", false; !done; {
+			err := db.WithTx(ctx, pool, func(q *db.Queries) error {
+				now := time.Now().UTC().Truncate(time.Microsecond)
+				b, err := t.step(q, after, now)
+				if err != nil {
+					return err
+				}
+				after, done = b.Next, b.Done
+				resealed, changed, refused = resealed+b.Resealed, changed+b.Changed, refused+len(b.Refused)
+				if b.Resealed == 0 && len(b.Refused) == 0 {
+					return nil
+				}
+				reason := fmt.Sprintf("re-sealed %d live %s rows under key %s (batch ending at %s)", b.Resealed, t.name, signer.KeyID(), b.Next)
+				if len(b.Refused) > 0 {
+					reason += fmt.Sprintf("; left %d whose seal does not verify, still refused: %s", len(b.Refused), strings.Join(b.Refused, "; "))
+				}
+				_, err = audit.Append(ctx, q, now, audit.Entry{ActorKind: "tool", Actor: actor, Action: "seal.rotate",
+					TargetKind: "table", Target: t.name, Outcome: audit.Accepted, Reason: reason})
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("re-seal %s (committed batches stay re-sealed; run again to go on): %w", t.name, err)
+			}
+		}
+		fmt.Fprintf(stdout, "%s: re-sealed %d under key %s", t.name, resealed, signer.KeyID())
+		if changed > 0 {
+			fmt.Fprintf(stdout, ", %d changed meanwhile (sealed anew by muster)", changed)
+		}
+		if refused > 0 {
+			fmt.Fprintf(stdout, ", %d left as they are: their seal does not verify (see the audit log, action seal.rotate)", refused)
+		}
+		fmt.Fprintln(stdout)
+	}
+	return nil
 }

@@ -7,6 +7,7 @@
 //	muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]
 //	muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
 //	muster seal status [--data DIR]                              live rows per sealing key
+//	muster seal rotate [--data DIR] [--batch N]                  re-seal live rows under the signing key
 //	muster tgsync  --config FILE [--once] [--dry-run] [--json]     target-group sync (ELBv2, HAProxy)
 //	muster loadgen seed|rebuild|reports
 package main
@@ -35,6 +36,7 @@ usage:
   muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]
   muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
   muster seal status [--data DIR]
+  muster seal rotate [--data DIR] [--batch N]
   muster resolve SERVICE [--server URL] [--cache DIR] [--token T] [--data DIR] [--watch] [--json] [--timeout 5s]
   muster tgsync  --config FILE [--once] [--dry-run] [--json] [--own-group] [--metrics-addr ADDR] [--endpoint-url URL]
   muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)

@@ -1,0 +1,66 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/seal"
+)
+
+// ResealInstances re-seals, with s, the identity of up to limit active
+// instances after the id after (uuid.Nil: from the start) whose seal is
+// by another key and verifies under keys (muster seal rotate). An ended
+// instance keeps its seals: it is never routed again whichever key they
+// are by, and its end is only read by replicas that knew it active.
+func ResealInstances(ctx context.Context, q *db.Queries, s seal.Signer, keys seal.Keys, after uuid.UUID, limit int) (seal.Batch, error) {
+	rows, err := q.InstanceResealBatch(ctx, db.InstanceResealBatchParams{KeyID: s.KeyID(), After: after, Lim: int32(limit)})
+	if err != nil {
+		return seal.Batch{}, fmt.Errorf("read instances to re-seal: %w", err)
+	}
+	batch := make([]seal.Row, len(rows))
+	for i, r := range rows {
+		batch[i] = seal.Row{Name: "instance " + r.ID.String(), Value: rowIdentity(r), Sig: r.Seal, KeyID: r.SealKey,
+			Store: func(sig []byte, kid string) (bool, error) {
+				n, err := q.InstanceReseal(ctx, db.InstanceResealParams{ID: r.ID, Seal: sig, SealKey: &kid, OldSeal: r.Seal})
+				return n == 1, err
+			}}
+	}
+	b, err := seal.Reseal(ctx, s, keys, identityDomain, batch)
+	if err != nil {
+		return b, err
+	}
+	if len(rows) > 0 {
+		b.Next = rows[len(rows)-1].ID.String()
+	}
+	b.Done = len(rows) < limit
+	return b, nil
+}
+
+// ResealContracts is ResealInstances for the services' health contracts,
+// by service name after after ("" from the start).
+func ResealContracts(ctx context.Context, q *db.Queries, s seal.Signer, keys seal.Keys, after string, limit int) (seal.Batch, error) {
+	rows, err := q.ContractResealBatch(ctx, db.ContractResealBatchParams{KeyID: s.KeyID(), After: after, Lim: int32(limit)})
+	if err != nil {
+		return seal.Batch{}, fmt.Errorf("read contracts to re-seal: %w", err)
+	}
+	batch := make([]seal.Row, len(rows))
+	for i, c := range rows {
+		batch[i] = seal.Row{Name: "the contract of " + c.Service, Value: contractSealOf(c), Sig: c.Seal, KeyID: c.SealKey,
+			Store: func(sig []byte, kid string) (bool, error) {
+				n, err := q.ContractReseal(ctx, db.ContractResealParams{Service: c.Service, Version: c.Version, Seal: sig, SealKey: &kid, OldSeal: c.Seal})
+				return n == 1, err
+			}}
+	}
+	b, err := seal.Reseal(ctx, s, keys, contractDomain, batch)
+	if err != nil {
+		return b, err
+	}
+	if len(rows) > 0 {
+		b.Next = rows[len(rows)-1].Service
+	}
+	b.Done = len(rows) < limit
+	return b, nil
+}
