@@ -372,6 +372,97 @@ func (q *Queries) ShiftResealBatch(ctx context.Context, arg ShiftResealBatchPara
 	return items, nil
 }
 
+const shiftRestore = `-- name: ShiftRestore :one
+INSERT INTO shifts (id, scope, target, reason, manual, state, step, weight, started_by, started_at,
+                    last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at,
+                    updated_at, seal, seal_key)
+VALUES ($1, $2, $3, $4, $5, $6,
+        $7, $8, $9, $10, $11,
+        $12, $13, $14, $15,
+        $16, $17, $18, $19)
+ON CONFLICT (id) DO UPDATE
+SET scope = EXCLUDED.scope, target = EXCLUDED.target, reason = EXCLUDED.reason, manual = EXCLUDED.manual,
+    state = EXCLUDED.state, step = EXCLUDED.step, weight = EXCLUDED.weight, started_by = EXCLUDED.started_by,
+    started_at = EXCLUDED.started_at, last_step_at = EXCLUDED.last_step_at, last_step_by = EXCLUDED.last_step_by,
+    pending_since = EXCLUDED.pending_since, confirmed_by = EXCLUDED.confirmed_by,
+    confirmed_at = EXCLUDED.confirmed_at, ended_at = EXCLUDED.ended_at, updated_at = EXCLUDED.updated_at,
+    seal = EXCLUDED.seal, seal_key = EXCLUDED.seal_key
+RETURNING id, scope, target, reason, manual, state, step, weight, started_by, started_at, last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at, revision, updated_at, seal, seal_key
+`
+
+type ShiftRestoreParams struct {
+	ID           uuid.UUID
+	Scope        string
+	Target       string
+	Reason       string
+	Manual       bool
+	State        string
+	Step         int32
+	Weight       float64
+	StartedBy    string
+	StartedAt    time.Time
+	LastStepAt   time.Time
+	LastStepBy   string
+	PendingSince *time.Time
+	ConfirmedBy  *string
+	ConfirmedAt  *time.Time
+	EndedAt      *time.Time
+	UpdatedAt    time.Time
+	Seal         []byte
+	SealKey      *string
+}
+
+// Writes back a held shift (one muster applied whose row was then deleted
+// or changed outside muster) exactly as muster last verified it, seal
+// included, before muster steps it: the step then moves muster's own row.
+func (q *Queries) ShiftRestore(ctx context.Context, arg ShiftRestoreParams) (Shift, error) {
+	row := q.db.QueryRow(ctx, shiftRestore,
+		arg.ID,
+		arg.Scope,
+		arg.Target,
+		arg.Reason,
+		arg.Manual,
+		arg.State,
+		arg.Step,
+		arg.Weight,
+		arg.StartedBy,
+		arg.StartedAt,
+		arg.LastStepAt,
+		arg.LastStepBy,
+		arg.PendingSince,
+		arg.ConfirmedBy,
+		arg.ConfirmedAt,
+		arg.EndedAt,
+		arg.UpdatedAt,
+		arg.Seal,
+		arg.SealKey,
+	)
+	var i Shift
+	err := row.Scan(
+		&i.ID,
+		&i.Scope,
+		&i.Target,
+		&i.Reason,
+		&i.Manual,
+		&i.State,
+		&i.Step,
+		&i.Weight,
+		&i.StartedBy,
+		&i.StartedAt,
+		&i.LastStepAt,
+		&i.LastStepBy,
+		&i.PendingSince,
+		&i.ConfirmedBy,
+		&i.ConfirmedAt,
+		&i.EndedAt,
+		&i.Revision,
+		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
+	)
+	return i, err
+}
+
 const shiftRevision = `-- name: ShiftRevision :one
 SELECT coalesce(max(revision), 0)::bigint AS revision FROM shifts
 `

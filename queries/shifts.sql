@@ -76,3 +76,23 @@ FOR UPDATE;
 -- does has not changed, so replicas need not reload it.
 UPDATE shifts SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
 WHERE id = sqlc.arg(id) AND seal = sqlc.arg(old_seal);
+
+-- name: ShiftRestore :one
+-- Writes back a held shift (one muster applied whose row was then deleted
+-- or changed outside muster) exactly as muster last verified it, seal
+-- included, before muster steps it: the step then moves muster's own row.
+INSERT INTO shifts (id, scope, target, reason, manual, state, step, weight, started_by, started_at,
+                    last_step_at, last_step_by, pending_since, confirmed_by, confirmed_at, ended_at,
+                    updated_at, seal, seal_key)
+VALUES (sqlc.arg(id), sqlc.arg(scope), sqlc.arg(target), sqlc.arg(reason), sqlc.arg(manual), sqlc.arg(state),
+        sqlc.arg(step), sqlc.arg(weight), sqlc.arg(started_by), sqlc.arg(started_at), sqlc.arg(last_step_at),
+        sqlc.arg(last_step_by), sqlc.arg(pending_since), sqlc.arg(confirmed_by), sqlc.arg(confirmed_at),
+        sqlc.arg(ended_at), sqlc.arg(updated_at), sqlc.arg(seal), sqlc.arg(seal_key))
+ON CONFLICT (id) DO UPDATE
+SET scope = EXCLUDED.scope, target = EXCLUDED.target, reason = EXCLUDED.reason, manual = EXCLUDED.manual,
+    state = EXCLUDED.state, step = EXCLUDED.step, weight = EXCLUDED.weight, started_by = EXCLUDED.started_by,
+    started_at = EXCLUDED.started_at, last_step_at = EXCLUDED.last_step_at, last_step_by = EXCLUDED.last_step_by,
+    pending_since = EXCLUDED.pending_since, confirmed_by = EXCLUDED.confirmed_by,
+    confirmed_at = EXCLUDED.confirmed_at, ended_at = EXCLUDED.ended_at, updated_at = EXCLUDED.updated_at,
+    seal = EXCLUDED.seal, seal_key = EXCLUDED.seal_key
+RETURNING *;

@@ -67,44 +67,45 @@ func TestShiftsWrittenOutsideMusterDrainNothing(t *testing.T) {
 	if err := s.Reload(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if w := s.Weights(); w != nil {
-		t.Fatalf("shifts written outside muster are applied: az1 %g, az2 %g", w("az1"), w("az2"))
+	// The forged region drain drains nothing; muster's az1 shift, which
+	// it applied verified, is held at the weight muster last verified
+	// (0.10): a drain is never ended, or deepened, by a verification
+	// failure.
+	if w := s.Weights(); w == nil || w("az1") != 0.10 || w("az2") != 1 {
+		t.Fatal("after the tampering: want az1 held at 0.10 and nothing else drained")
 	}
 	un := s.Unsealed()
-	if len(un) != 2 {
-		t.Fatalf("unsealed: %+v", un)
+	if len(un) != 1 || un[0].ID != forged.String() || un[0].Reason != seal.ErrUnsealed.Error() {
+		t.Fatalf("unsealed: %+v, want the forged region drain alone", un)
 	}
-	reasons := map[string]string{}
-	for _, u := range un {
-		reasons[u.ID] = u.Reason
+	held := s.Held()
+	if len(held) != 1 || held[0].Row.ID != az1.ID || held[0].Row.Weight != 0.10 || !strings.Contains(held[0].Reason, seal.ErrBadSeal.Error()) {
+		t.Fatalf("held: %+v, want az1 at 0.10, its row not verifying", held)
 	}
-	if reasons[forged.String()] != seal.ErrUnsealed.Error() || reasons[az1.ID.String()] != seal.ErrBadSeal.Error() {
-		t.Fatalf("unsealed reasons: %v", reasons)
-	}
-	alarms := 0
+	kinds := map[string]int{}
 	for _, a := range s.Alarms() {
-		if a.Kind == shift.AlarmShiftUnsealed && strings.Contains(a.Detail, "the table was written outside muster") {
-			alarms++
-		}
+		kinds[a.Kind]++
 	}
-	if alarms != 2 {
-		t.Fatalf("%d shift_unsealed alarms, want 2: %+v", alarms, s.Alarms())
+	if kinds[shift.AlarmShiftUnsealed] != 1 || kinds[shift.AlarmShiftHeld] != 1 {
+		t.Fatalf("alarms: %+v", s.Alarms())
 	}
 
-	// Neither can be moved by a person (which would seal it) ...
+	// The forged row cannot be moved by a person (which would seal it) ...
 	clk.Advance(2 * time.Minute)
-	for _, id := range []uuid.UUID{forged, az1.ID} {
-		if _, err := s.StepBack(ctx, admin, id); !errors.Is(err, registry.ErrConflict) || !strings.Contains(err.Error(), "written outside muster") {
-			t.Fatalf("step back of %s: %v", id, err)
-		}
+	if _, err := s.StepBack(ctx, admin, forged); !errors.Is(err, registry.ErrConflict) || !strings.Contains(err.Error(), "written outside muster") {
+		t.Fatalf("step back of the forged drain: %v", err)
 	}
-	// ... nor by the worker, due as it is.
+	// ... nor by the worker; the held az1 shift returns on the worker's
+	// timer from muster's own copy, written back and sealed anew.
 	if err := s.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.Get(ctx, admin, az1.ID)
-	if err != nil || got.TrafficWeight != 0 || got.Step != 0 {
-		t.Fatalf("the worker moved a tampered shift: %+v %v", got, err)
+	if err != nil || got.TrafficWeight != 0.25 || got.Step != 2 {
+		t.Fatalf("the held az1 shift after the worker's step: %+v %v, want step 2 at 0.25", got, err)
+	}
+	if w := s.Weights(); w == nil || w("az1") != 0.25 || len(s.Held()) != 0 {
+		t.Fatalf("after the step: az1 weight, held %+v", s.Held())
 	}
 
 	// The forged rows do not count against a zone drain's budget: az2
@@ -113,7 +114,7 @@ func TestShiftsWrittenOutsideMusterDrainNothing(t *testing.T) {
 	if _, err := s.Drain(ctx, operator, shift.Request{Scope: "zone", Target: "az2", Reason: "az2 maintenance, CHG-12", Manual: &yes}); err != nil {
 		t.Fatalf("drain az2 beside the forged rows: %v", err)
 	}
-	if w := s.Weights(); w == nil || w("az2") != 0 || w("az1") != 1 || w("az3") != 1 {
+	if w := s.Weights(); w == nil || w("az2") != 0 || w("az1") != 0.25 || w("az3") != 1 {
 		t.Fatal("after a sealed drain of az2: only az2 is drained")
 	}
 
@@ -123,7 +124,7 @@ func TestShiftsWrittenOutsideMusterDrainNothing(t *testing.T) {
 	if err := b.Reload(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if w := b.Weights(); w == nil || w("az2") != 0 || w("az1") != 1 || len(b.Unsealed()) != 2 {
+	if w := b.Weights(); w == nil || w("az2") != 0 || w("az1") != 0.25 || len(b.Unsealed()) != 1 {
 		t.Fatalf("replica b: unsealed %+v", b.Unsealed())
 	}
 	_, other, _ := ed25519.GenerateKey(rand.Reader)
@@ -133,5 +134,75 @@ func TestShiftsWrittenOutsideMusterDrainNothing(t *testing.T) {
 	}
 	if w := c.Weights(); w != nil || len(c.Unsealed()) != 3 {
 		t.Fatalf("a replica with another key: unsealed %+v", c.Unsealed())
+	}
+}
+
+// TestDrainNeverEndedByAVerificationFailure (issue 25): a drain muster
+// applied stays applied, as muster last verified it, when its row is
+// deleted by hand or set to an end muster did not seal; it is alarmed,
+// and it returns only in steps, which write muster's copy back. An end
+// muster sealed (the final confirmation) does end it.
+func TestDrainNeverEndedByAVerificationFailure(t *testing.T) {
+	t.Parallel()
+	pool, v := fixture(t)
+	clk := testclock.New(time.Date(2026, 12, 2, 2, 0, 0, 0, time.UTC))
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newShifts(t, pool, v, clk, func(c *shift.Config) { c.Sealer = audit.NewKeySigner(priv); c.Steps = []float64{0.5, 1} })
+	ctx := context.Background()
+	az1, err := s.Drain(ctx, operator, shift.Request{Scope: "zone", Target: "az1", Reason: "az1 packet loss, INC-9", Manual: &yes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained := func(want float64) {
+		t.Helper()
+		if err := s.Reload(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if w := s.Weights(); w == nil || w("az1") != want {
+			t.Fatalf("az1's traffic weight is not %g (held %+v, unsealed %+v)", want, s.Held(), s.Unsealed())
+		}
+	}
+	drained(0)
+
+	// Deleted by hand: held at 0, alarmed.
+	if _, err := pool.Exec(ctx, `DELETE FROM shifts WHERE id = $1`, az1.ID); err != nil {
+		t.Fatal(err)
+	}
+	drained(0)
+	if h := s.Held(); len(h) != 1 || !strings.Contains(h[0].Reason, "deleted outside muster") {
+		t.Fatalf("held after the delete: %+v", h)
+	}
+	// A step writes muster's copy back and moves it.
+	clk.Advance(2 * time.Minute)
+	if sh, err := s.StepBack(ctx, operator, az1.ID); err != nil || sh.TrafficWeight != 0.5 {
+		t.Fatalf("step the held drain: %+v %v", sh, err)
+	}
+	drained(0.5)
+	if len(s.Held()) != 0 {
+		t.Fatalf("still held after muster wrote it back: %+v", s.Held())
+	}
+
+	// Set to completed by hand (with the revision moved, as muster's
+	// writes do): not muster's end, so held at 0.5.
+	if _, err := pool.Exec(ctx, `UPDATE shifts SET state = 'completed', weight = 1, ended_at = now(), revision = nextval('shift_revisions') WHERE id = $1`, az1.ID); err != nil {
+		t.Fatal(err)
+	}
+	drained(0.5)
+	if h := s.Held(); len(h) != 1 || !strings.Contains(h[0].Reason, "that end does not verify") {
+		t.Fatalf("held after a forged end: %+v", h)
+	}
+	// The confirmation, muster's own sealed end, ends it.
+	clk.Advance(2 * time.Minute)
+	if sh, err := s.Confirm(ctx, operator, az1.ID); err != nil || sh.State != shift.Completed {
+		t.Fatalf("confirm the held drain: %+v %v", sh, err)
+	}
+	if err := s.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w := s.Weights(); w != nil || len(s.Held()) != 0 {
+		t.Fatalf("after muster's own end: weights applied, held %+v", s.Held())
 	}
 }

@@ -298,7 +298,11 @@ type Service struct {
 	active []db.Shift // the active shifts applied: their seals verify
 	// unsealed are the active shifts by the table not applied (seal.go).
 	unsealed []Unsealed
-	loaded   bool
+	// held are the shifts applied before whose rows then stopped
+	// verifying or went (held.go): they stay applied as muster last
+	// verified them, and are in active too.
+	held   map[uuid.UUID]Held
+	loaded bool
 	// loads counts the loads that found the active shifts changed
 	// (Revision); changed signals each (Changed).
 	loads   uint64
@@ -331,6 +335,9 @@ func New(cfg Config) (*Service, error) {
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shifts_unsealed",
 				Help: "Active shifts by the shifts table that muster does not apply because their seal does not verify: written outside muster (docs/overrides.md: what muster writes is sealed). Anything above 0 deserves a look."},
 				func() float64 { s.mu.Lock(); defer s.mu.Unlock(); return float64(len(s.unsealed)) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shifts_held",
+				Help: "Shifts muster applied whose rows then stopped verifying or were deleted: each stays applied as muster last verified it (a drain is never ended by a verification failure) and returns only in steps. Anything above 0 deserves a look."},
+				func() float64 { s.mu.Lock(); defer s.mu.Unlock(); return float64(len(s.held)) }),
 		} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, err
@@ -383,6 +390,21 @@ func (s *Service) advanceDue(ctx context.Context) error {
 		due, err := q.ShiftListDue(ctx, now.Add(-s.cfg.Dwell))
 		if err != nil {
 			return fmt.Errorf("list due shifts: %w", err)
+		}
+		// A held automatic shift returns on its timer too, from muster's
+		// own last verified copy, written back first.
+		for _, h := range s.dueHeld(now.Add(-s.cfg.Dwell)) {
+			if cur, err := q.ShiftGetForUpdate(ctx, h.Row.ID); err == nil && s.verify(cur) == nil {
+				continue // muster's own again (another replica wrote it back): the next load releases it
+			} else if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("read held shift %s: %w", h.Row.ID, err)
+			}
+			due = slices.DeleteFunc(due, func(r db.Shift) bool { return r.ID == h.Row.ID })
+			row, err := restore(ctx, q, h)
+			if err != nil {
+				return err
+			}
+			due = append(due, row)
 		}
 		for _, row := range due {
 			if s.verify(row) != nil {
@@ -451,6 +473,20 @@ func (s *Service) Reload(ctx context.Context) error {
 		}
 		applied = append(applied, r)
 	}
+	prev, held := s.active, s.held
+	s.mu.Unlock()
+	held, err = s.hold(ctx, q, prev, held, rows, applied, now)
+	if err != nil {
+		return err
+	}
+	for _, h := range held {
+		applied = append(applied, h.Row)
+		// A held shift whose row stands unverified is listed as held, not
+		// as unsealed: it is applied, as muster last verified it.
+		unsealed = slices.DeleteFunc(unsealed, func(u Unsealed) bool { return u.ID == h.Row.ID.String() })
+	}
+	s.mu.Lock()
+	s.held = held
 	s.rev, s.active, s.unsealed, s.loaded = rev, applied, unsealed, true
 	s.loads++
 	s.mu.Unlock()
@@ -537,6 +573,7 @@ func (s *Service) Alarms() []assembler.Alarm {
 		out = append(out, al)
 	}
 	out = append(out, s.unsealedAlarms()...)
+	out = append(out, s.heldAlarms()...)
 	slices.SortFunc(out, func(a, b assembler.Alarm) int {
 		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Zone, b.Zone))
 	})
@@ -837,6 +874,11 @@ func (s *Service) move(ctx context.Context, q *db.Queries, row db.Shift, by stri
 // and the dwell has elapsed.
 func (s *Service) lockForMove(ctx context.Context, q *db.Queries, actor identity.Principal, id uuid.UUID, now time.Time) (db.Shift, *refusal.Error, error) {
 	row, err := q.ShiftGetForUpdate(ctx, id)
+	h, held := s.heldRow(id)
+	gone := held && errors.Is(err, pgx.ErrNoRows) // deleted outside muster while applied
+	if gone {
+		row, err = h.Row, nil
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return db.Shift{}, &refusal.Error{Kind: registry.ErrNotFound, Check: "exists", Detail: fmt.Sprintf("no shift %s", id)}, nil
 	}
@@ -846,6 +888,13 @@ func (s *Service) lockForMove(ctx context.Context, q *db.Queries, actor identity
 	if !canShift(actor) {
 		return row, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
 			Detail: fmt.Sprintf("%s may not shift traffic: returning traffic to %s %s takes the operator or admin role", actor, row.Scope, row.Target)}, nil
+	}
+	if held && (gone || s.verify(row) != nil) {
+		// muster applies its own last verified copy of this shift: write
+		// that back, and move it from there.
+		if row, err = restore(ctx, q, h); err != nil {
+			return db.Shift{}, nil, err
+		}
 	}
 	if row.State == Completed || row.State == Cancelled {
 		return row, &refusal.Error{Kind: registry.ErrConflict, Check: "state",
