@@ -168,6 +168,9 @@ type Evaluator struct {
 	probers map[string]*proberAssignment
 	// assignGen counts the assignments ProberAssigned applied.
 	assignGen uint64
+	// afterAssignmentsRead, when set (tests only), runs in refresh just
+	// after it read the prober assignments.
+	afterAssignmentsRead atomic.Pointer[func(context.Context)]
 	// unsealed are the instance rows not acted on as they stand, because
 	// their seal does not verify, and unsealedContracts the services whose
 	// stored contract is not applied for the same reason (seals.go).
@@ -542,6 +545,9 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	assignments, err := e.cfg.Registry.AllProberAssignments(ctx)
 	if err != nil {
 		return err
+	}
+	if hook := e.afterAssignmentsRead.Load(); hook != nil {
+		(*hook)(ctx)
 	}
 	e.mu.Lock()
 	for _, sc := range scs {

@@ -623,3 +623,36 @@ func TestProberSuspectAlarm(t *testing.T) {
 		}
 	}
 }
+
+// TestRefreshKeepsANewerProberAssignment: an assignment committed (and
+// applied through ProberAssigned) after a refresh read the assignments is
+// not put back to the older one by that refresh's end: the prober's first
+// reports are accepted at once, not refused "not assigned" until the next
+// refresh (CI at f611d01).
+func TestRefreshKeepsANewerProberAssignment(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{})
+	ctx := context.Background()
+	type mine struct{}
+	assigned := false
+	f.Evaluator.SetAfterAssignmentsRead(func(c context.Context) {
+		if c.Value(mine{}) == nil || assigned {
+			return // another refresh, or done already
+		}
+		assigned = true
+		if _, err := f.Registry.PutProberAssignments(ctx, admin, "prober-az2", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Cleanup(func() { f.Evaluator.SetAfterAssignmentsRead(nil) })
+	if err := f.Evaluator.SyncNow(context.WithValue(ctx, mine{}, true)); err != nil {
+		t.Fatal(err)
+	}
+	if !assigned {
+		t.Fatal("the hook did not run")
+	}
+	p2 := f.Token(t, prober2)
+	if res := f.post(t, p2, report(f.web[0], "probe", "success")); res.Accepted != 1 {
+		t.Fatalf("prober-az2's report just after its assignment: %+v", res)
+	}
+}
