@@ -43,6 +43,7 @@ func (r iteratorForInstancesCopy) Values() ([]interface{}, error) {
 		r.rows[0].UpdatedAt,
 		r.rows[0].Seal,
 		r.rows[0].SealKey,
+		r.rows[0].SealedIdentity,
 	}, nil
 }
 
@@ -52,7 +53,7 @@ func (r iteratorForInstancesCopy) Err() error {
 
 // Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy).
 func (q *Queries) InstancesCopy(ctx context.Context, arg []InstancesCopyParams) (int64, error) {
-	return q.db.CopyFrom(ctx, []string{"instances"}, []string{"id", "service", "address", "port", "zone", "region", "source", "state", "lease_expires_at", "registered_by", "created_at", "updated_at", "seal", "seal_key"}, &iteratorForInstancesCopy{rows: arg})
+	return q.db.CopyFrom(ctx, []string{"instances"}, []string{"id", "service", "address", "port", "zone", "region", "source", "state", "lease_expires_at", "registered_by", "created_at", "updated_at", "seal", "seal_key", "sealed_identity"}, &iteratorForInstancesCopy{rows: arg})
 }
 
 // iteratorForObservedWindowsInsert implements pgx.CopyFromSource.

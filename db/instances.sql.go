@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,7 +30,7 @@ const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
 SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz
 WHERE id = $1 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
 `
 
 type InstanceEndParams struct {
@@ -59,6 +60,7 @@ func (q *Queries) InstanceEnd(ctx context.Context, arg InstanceEndParams) (Insta
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.SealedIdentity,
 	)
 	return i, err
 }
@@ -67,7 +69,7 @@ const instanceEndLiveEndpoint = `-- name: InstanceEndLiveEndpoint :many
 UPDATE instances
 SET state = 'replaced', ended_at = $4::timestamptz, updated_at = $4::timestamptz
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
 `
 
 type InstanceEndLiveEndpointParams struct {
@@ -111,6 +113,7 @@ func (q *Queries) InstanceEndLiveEndpoint(ctx context.Context, arg InstanceEndLi
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.SealedIdentity,
 		); err != nil {
 			return nil, err
 		}
@@ -123,7 +126,7 @@ func (q *Queries) InstanceEndLiveEndpoint(ctx context.Context, arg InstanceEndLi
 }
 
 const instanceGet = `-- name: InstanceGet :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances WHERE id = $1
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances WHERE id = $1
 `
 
 func (q *Queries) InstanceGet(ctx context.Context, id uuid.UUID) (Instance, error) {
@@ -147,12 +150,13 @@ func (q *Queries) InstanceGet(ctx context.Context, id uuid.UUID) (Instance, erro
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.SealedIdentity,
 	)
 	return i, err
 }
 
 const instanceGetForUpdate = `-- name: InstanceGetForUpdate :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances WHERE id = $1 FOR UPDATE
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) InstanceGetForUpdate(ctx context.Context, id uuid.UUID) (Instance, error) {
@@ -176,12 +180,13 @@ func (q *Queries) InstanceGetForUpdate(ctx context.Context, id uuid.UUID) (Insta
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.SealedIdentity,
 	)
 	return i, err
 }
 
 const instanceGetLiveEndpoint = `-- name: InstanceGetLiveEndpoint :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
 `
 
@@ -214,15 +219,17 @@ func (q *Queries) InstanceGetLiveEndpoint(ctx context.Context, arg InstanceGetLi
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.SealedIdentity,
 	)
 	return i, err
 }
 
 const instanceInsert = `-- name: InstanceInsert :one
 INSERT INTO instances (id, service, address, port, zone, region, source,
-                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12)
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12,
+        $13)
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
 `
 
 type InstanceInsertParams struct {
@@ -238,6 +245,7 @@ type InstanceInsertParams struct {
 	Now            time.Time
 	Seal           []byte
 	SealKey        *string
+	SealedIdentity json.RawMessage
 }
 
 // seal is the identity's seal, made before the insert (registry/seal.go).
@@ -255,6 +263,7 @@ func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) 
 		arg.Now,
 		arg.Seal,
 		arg.SealKey,
+		arg.SealedIdentity,
 	)
 	var i Instance
 	err := row.Scan(
@@ -275,12 +284,13 @@ func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) 
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.SealedIdentity,
 	)
 	return i, err
 }
 
 const instanceListByIDs = `-- name: InstanceListByIDs :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
 WHERE id = ANY($1::uuid[])
 `
 
@@ -314,6 +324,7 @@ func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Ins
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.SealedIdentity,
 		); err != nil {
 			return nil, err
 		}
@@ -326,7 +337,7 @@ func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Ins
 }
 
 const instanceListByService = `-- name: InstanceListByService :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
 WHERE service = $1
   AND id > $2::uuid
   AND ($3::boolean OR state = 'active')
@@ -374,6 +385,7 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.SealedIdentity,
 		); err != nil {
 			return nil, err
 		}
@@ -387,7 +399,7 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 
 const instanceListChangedSince = `-- name: InstanceListChangedSince :many
 
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
 WHERE (updated_at, id) > ($1::timestamptz, $2::uuid)
 ORDER BY updated_at, id
 LIMIT $3
@@ -429,6 +441,7 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.SealedIdentity,
 		); err != nil {
 			return nil, err
 		}
@@ -441,7 +454,7 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 }
 
 const instanceListUnsealed = `-- name: InstanceListUnsealed :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
 ORDER BY id
 `
 
@@ -473,6 +486,7 @@ func (q *Queries) InstanceListUnsealed(ctx context.Context) ([]Instance, error) 
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.SealedIdentity,
 		); err != nil {
 			return nil, err
 		}
@@ -485,15 +499,16 @@ func (q *Queries) InstanceListUnsealed(ctx context.Context) ([]Instance, error) 
 }
 
 const instanceReseal = `-- name: InstanceReseal :execrows
-UPDATE instances SET seal = $1, seal_key = $2
-WHERE id = $3 AND seal = $4 AND state = 'active'
+UPDATE instances SET seal = $1, seal_key = $2, sealed_identity = $3
+WHERE id = $4 AND seal = $5 AND state = 'active'
 `
 
 type InstanceResealParams struct {
-	Seal    []byte
-	SealKey *string
-	ID      uuid.UUID
-	OldSeal []byte
+	Seal           []byte
+	SealKey        *string
+	SealedIdentity json.RawMessage
+	ID             uuid.UUID
+	OldSeal        []byte
 }
 
 // Replaces an instance's identity seal with one by the new key, only if
@@ -502,6 +517,7 @@ func (q *Queries) InstanceReseal(ctx context.Context, arg InstanceResealParams) 
 	result, err := q.db.Exec(ctx, instanceReseal,
 		arg.Seal,
 		arg.SealKey,
+		arg.SealedIdentity,
 		arg.ID,
 		arg.OldSeal,
 	)
@@ -512,7 +528,7 @@ func (q *Queries) InstanceReseal(ctx context.Context, arg InstanceResealParams) 
 }
 
 const instanceResealBatch = `-- name: InstanceResealBatch :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
 WHERE state = 'active' AND seal IS NOT NULL AND seal_key IS DISTINCT FROM $1::text
   AND id > $2::uuid
 ORDER BY id
@@ -556,6 +572,7 @@ func (q *Queries) InstanceResealBatch(ctx context.Context, arg InstanceResealBat
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.SealedIdentity,
 		); err != nil {
 			return nil, err
 		}
@@ -568,20 +585,26 @@ func (q *Queries) InstanceResealBatch(ctx context.Context, arg InstanceResealBat
 }
 
 const instanceSeal = `-- name: InstanceSeal :one
-UPDATE instances SET seal = $1, seal_key = $2
-WHERE id = $3
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+UPDATE instances SET seal = $1, seal_key = $2, sealed_identity = $3
+WHERE id = $4
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
 `
 
 type InstanceSealParams struct {
-	Seal    []byte
-	SealKey *string
-	ID      uuid.UUID
+	Seal           []byte
+	SealKey        *string
+	SealedIdentity json.RawMessage
+	ID             uuid.UUID
 }
 
 // Seals an instance's identity as muster inserted it, in that transaction.
 func (q *Queries) InstanceSeal(ctx context.Context, arg InstanceSealParams) (Instance, error) {
-	row := q.db.QueryRow(ctx, instanceSeal, arg.Seal, arg.SealKey, arg.ID)
+	row := q.db.QueryRow(ctx, instanceSeal,
+		arg.Seal,
+		arg.SealKey,
+		arg.SealedIdentity,
+		arg.ID,
+	)
 	var i Instance
 	err := row.Scan(
 		&i.ID,
@@ -601,6 +624,7 @@ func (q *Queries) InstanceSeal(ctx context.Context, arg InstanceSealParams) (Ins
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.SealedIdentity,
 	)
 	return i, err
 }
@@ -639,7 +663,7 @@ func (q *Queries) InstanceSealCensus(ctx context.Context) ([]InstanceSealCensusR
 const instanceSealEnd = `-- name: InstanceSealEnd :one
 UPDATE instances SET end_seal = $1, end_seal_key = $2
 WHERE id = $3
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
 `
 
 type InstanceSealEndParams struct {
@@ -670,6 +694,7 @@ func (q *Queries) InstanceSealEnd(ctx context.Context, arg InstanceSealEndParams
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.SealedIdentity,
 	)
 	return i, err
 }
@@ -747,6 +772,7 @@ type InstancesCopyParams struct {
 	UpdatedAt      time.Time
 	Seal           []byte
 	SealKey        *string
+	SealedIdentity json.RawMessage
 }
 
 const leaseCountExpiredSince = `-- name: LeaseCountExpiredSince :many
@@ -837,7 +863,7 @@ const leaseExpire = `-- name: LeaseExpire :one
 UPDATE instances
 SET state = 'expired', ended_at = $1::timestamptz, updated_at = $1::timestamptz
 WHERE id = $2 AND state = 'active' AND lease_expires_at <= $3::timestamptz
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
 `
 
 type LeaseExpireParams struct {
@@ -869,12 +895,13 @@ func (q *Queries) LeaseExpire(ctx context.Context, arg LeaseExpireParams) (Insta
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.SealedIdentity,
 	)
 	return i, err
 }
 
 const leaseListExpired = `-- name: LeaseListExpired :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
   AND lease_expires_at <= $1::timestamptz
 ORDER BY lease_expires_at
@@ -916,6 +943,7 @@ func (q *Queries) LeaseListExpired(ctx context.Context, arg LeaseListExpiredPara
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.SealedIdentity,
 		); err != nil {
 			return nil, err
 		}
@@ -977,7 +1005,7 @@ func (q *Queries) LeaseListLapsed(ctx context.Context, arg LeaseListLapsedParams
 const leaseRenew = `-- name: LeaseRenew :one
 UPDATE instances SET lease_expires_at = $2, updated_at = $3
 WHERE id = $1 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
 `
 
 type LeaseRenewParams struct {
@@ -1007,6 +1035,7 @@ func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instanc
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.SealedIdentity,
 	)
 	return i, err
 }
@@ -1043,7 +1072,7 @@ func (q *Queries) ReconcileInstanceStates(ctx context.Context, ids []uuid.UUID) 
 }
 
 const reconcileListLive = `-- name: ReconcileListLive :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
 WHERE source = $1 AND state = 'active'
 ORDER BY service, id
 `
@@ -1077,6 +1106,7 @@ func (q *Queries) ReconcileListLive(ctx context.Context, source string) ([]Insta
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.SealedIdentity,
 		); err != nil {
 			return nil, err
 		}
@@ -1089,7 +1119,7 @@ func (q *Queries) ReconcileListLive(ctx context.Context, source string) ([]Insta
 }
 
 const reconcileListLiveInServices = `-- name: ReconcileListLiveInServices :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
 WHERE service = ANY($1::text[]) AND state = 'active'
 ORDER BY service, id
 `
@@ -1123,6 +1153,7 @@ func (q *Queries) ReconcileListLiveInServices(ctx context.Context, services []st
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.SealedIdentity,
 		); err != nil {
 			return nil, err
 		}

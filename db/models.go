@@ -64,6 +64,7 @@ type Instance struct {
 	SealKey        *string
 	EndSeal        []byte
 	EndSealKey     *string
+	SealedIdentity json.RawMessage
 }
 
 type LeaseExpiryConfirmation struct {

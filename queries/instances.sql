@@ -38,8 +38,9 @@ LIMIT sqlc.arg(lim);
 -- name: InstanceInsert :one
 -- seal is the identity's seal, made before the insert (registry/seal.go).
 INSERT INTO instances (id, service, address, port, zone, region, source,
-                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, sqlc.arg(now), sqlc.arg(now), sqlc.narg(seal), sqlc.narg(seal_key))
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, sqlc.arg(now), sqlc.arg(now), sqlc.narg(seal), sqlc.narg(seal_key),
+        sqlc.narg(sealed_identity))
 RETURNING *;
 
 -- name: LeaseRenew :one
@@ -74,8 +75,8 @@ RETURNING *;
 -- name: InstancesCopy :copyfrom
 -- Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy).
 INSERT INTO instances (id, service, address, port, zone, region, source, state,
-                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15);
 
 -- name: LeaseListLapsed :many
 -- Active leases that ran out by now, oldest first: the reaper's candidates.
@@ -153,7 +154,7 @@ WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active';
 
 -- name: InstanceSeal :one
 -- Seals an instance's identity as muster inserted it, in that transaction.
-UPDATE instances SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+UPDATE instances SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key), sealed_identity = sqlc.arg(sealed_identity)
 WHERE id = sqlc.arg(id)
 RETURNING *;
 
@@ -192,5 +193,5 @@ FOR UPDATE;
 -- name: InstanceReseal :execrows
 -- Replaces an instance's identity seal with one by the new key, only if
 -- the row still carries the seal that was verified.
-UPDATE instances SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+UPDATE instances SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key), sealed_identity = sqlc.arg(sealed_identity)
 WHERE id = sqlc.arg(id) AND seal = sqlc.arg(old_seal) AND state = 'active';

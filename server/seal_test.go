@@ -239,9 +239,9 @@ func TestOverridesWrittenOutsideMusterRemoveNothing(t *testing.T) {
 // administrator against the instances table: an instance set to
 // 'deregistered' by hand keeps its traffic (on the running replica and on
 // one rebuilt from the table), an instance inserted by hand gets none, and
-// one re-pointed at another address by hand keeps its old address while
-// the replica runs and gets no traffic after a rebuild. Each is an
-// instance_unsealed alarm. A deregistration through muster is sealed and
+// one re-pointed at another address by hand keeps its old address, while
+// the replica runs and after a rebuild too (issue 25: the identity muster
+// sealed is kept beside the row). Each is an instance_unsealed alarm. A deregistration through muster is sealed and
 // honoured.
 func TestInstancesWrittenOutsideMusterMoveNoTraffic(t *testing.T) {
 	t.Parallel()
@@ -321,16 +321,28 @@ func TestInstancesWrittenOutsideMusterMoveNoTraffic(t *testing.T) {
 	}
 
 	// A replica rebuilt from the table: az1[0] in, the forged one out, and
-	// az1[1] (whose row no longer says where muster registered it) out.
+	// az1[1] in at the address muster sealed, not the row's.
 	b := &ofix{Stack: apptest.New(t, apptest.Options{Pool: f.Pool}), zones: f.zones}
 	b.waitReady(t)
 	b.publish(t)
 	bv := b.view(t)
-	if addressOf(bv, az1[0]) == "" || addressOf(bv, forged.String()) != "" || addressOf(bv, az1[1]) != "" || addressOf(bv, az1[2]) == "" {
+	if addressOf(bv, az1[0]) == "" || addressOf(bv, forged.String()) != "" || addressOf(bv, az1[1]) != "10.1.0.2" || addressOf(bv, az1[2]) == "" {
 		t.Fatalf("the rebuilt replica's view: %+v", bv.Endpoints)
 	}
-	if got := unsealedAlarms(b.Stack); len(got) != 3 {
+	got = unsealedAlarms(b.Stack)
+	if len(got) != 3 || !strings.Contains(got[az1[1]], "re-pointed outside muster") || !strings.Contains(got[az1[1]], "203.0.113.7") {
 		t.Fatalf("instance_unsealed alarms on the rebuilt replica: %v (%d unsealed)", got, b.Evaluator.UnsealedInstances())
+	}
+	// Re-pointed along with its sealed identity: nothing verifies, so it
+	// gets no traffic (the hand that wrote both removed it, not muster).
+	if _, err := f.Pool.Exec(ctx, `UPDATE instances SET sealed_identity = jsonb_set(sealed_identity, '{address}', '"203.0.113.7"') WHERE id = $1`, az1[1]); err != nil {
+		t.Fatal(err)
+	}
+	c := &ofix{Stack: apptest.New(t, apptest.Options{Pool: f.Pool}), zones: f.zones}
+	c.waitReady(t)
+	c.publish(t)
+	if a := addressOf(c.view(t), az1[1]); a != "" {
+		t.Fatalf("an instance whose sealed identity was re-pointed too is routed at %q", a)
 	}
 
 	// A deregistration through muster is sealed, and honoured.

@@ -54,6 +54,11 @@ func (e *Evaluator) contractSealed(sc registry.ServiceContract) bool {
 	return !known
 }
 
+// partRepointed is the unsealedInstance part of a row whose columns were
+// changed outside muster but whose sealed identity verifies: it is routed
+// as muster sealed it.
+const partRepointed = "repointed"
+
 // unsealedInstance is an instance row the evaluator did not act on as it
 // stands, because muster did not write it so.
 type unsealedInstance struct {
@@ -83,9 +88,22 @@ func (e *Evaluator) sealed(in registry.Instance, known bool, now time.Time) (reg
 	}
 	if in.State == registry.StateActive && !known {
 		if err := e.verifyIdentity(in); err != nil {
-			e.noteUnsealed(in, "identity", err, now)
-			return in, false
+			// Re-pointed by hand: routed as muster sealed it, if the
+			// identity kept beside the row verifies; otherwise never
+			// routed.
+			fixed, ferr := e.cfg.Registry.SealedIdentity(in)
+			if ferr != nil {
+				e.noteUnsealed(in, "identity", err, now)
+				return in, false
+			}
+			e.noteUnsealed(fixed, partRepointed, fmt.Errorf("its row reads %s:%d in %s of %s, but %v", in.Address, in.Port, in.Zone, in.Service, err), now)
+			in, clean = fixed, false
 		}
+	}
+	if u, ok := e.unsealed[in.ID]; ok && clean && known && u.part == partRepointed && in.State == registry.StateActive {
+		// Routed where muster sealed it: the alarm stays until the row
+		// reads so again.
+		clean = e.cfg.Registry.VerifyIdentity(in) == nil
 	}
 	if clean {
 		delete(e.unsealed, in.ID) // the row, as it stands, is muster's
@@ -182,7 +200,10 @@ func (e *Evaluator) SealAlarms() []assembler.Alarm {
 	for _, id := range ids {
 		u := e.unsealed[id]
 		what := fmt.Sprintf("its %s is not muster's (%s), so it gets no traffic", u.part, u.reason)
-		if u.part == "end" {
+		switch u.part {
+		case partRepointed:
+			what = fmt.Sprintf("it was re-pointed outside muster (%s), so it is routed where muster sealed it", u.reason)
+		case "end":
 			what = fmt.Sprintf("it reads %s but its end is not muster's (%s), so it keeps its traffic until muster ends it", u.state, u.reason)
 		}
 		out = append(out, assembler.Alarm{Kind: AlarmInstanceUnsealed, Service: u.service, Zone: u.zone, Since: u.since,

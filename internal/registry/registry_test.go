@@ -2,8 +2,11 @@ package registry_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"slices"
 	"strings"
@@ -24,6 +27,7 @@ import (
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/testclock"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/migrations"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -1027,5 +1031,69 @@ func TestTwoReplicasReconcileOneSource(t *testing.T) {
 	}
 	if n := len(e.events(t, audit.Filter{Action: "instance.reconcile.add"})); n != rounds*per {
 		t.Fatalf("%d instance.reconcile.add audit events, want %d", n, rounds*per)
+	}
+}
+
+// TestSealedIdentityKeepsARepointedRow (issue 25): the identity muster
+// sealed is kept beside an instance row, so a row re-pointed by hand is
+// known where muster put it; the migration fills it for live rows from
+// before it, and what it fills verifies. Re-pointed together with the
+// kept identity, the row verifies nowhere.
+func TestSealedIdentityKeepsARepointedRow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now, Sealer: audit.NewKeySigner(priv)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := reg.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "10.0.0.1", Port: 8080, Zone: "az1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() registry.Instance {
+		t.Helper()
+		list, err := reg.ListInstances(ctx, admin, "web", registry.InstanceFilter{}, registry.Page{})
+		if err != nil || len(list) != 1 {
+			t.Fatalf("list: %+v %v", list, err)
+		}
+		return list[0]
+	}
+	// As a row from before the migration: no kept identity; the
+	// migration's fill gives it one.
+	up, err := fs.ReadFile(migrations.FS, "000019_sealed_identity.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill := string(up)[strings.Index(string(up), "UPDATE instances"):]
+	if _, err := e.pool.Exec(ctx, `UPDATE instances SET sealed_identity = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.SealedIdentity(read()); err == nil {
+		t.Fatal("a row without a kept identity was recovered")
+	}
+	if _, err := e.pool.Exec(ctx, fill); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE instances SET address = '203.0.113.7', zone = 'az9' WHERE id = $1`, in.ID); err != nil {
+		t.Fatal(err)
+	}
+	row := read()
+	if err := reg.VerifyIdentity(row); err == nil {
+		t.Fatal("a re-pointed row verifies")
+	}
+	got, err := reg.SealedIdentity(row)
+	if err != nil || got.Address != "10.0.0.1" || got.Zone != "az1" || got.Port != 8080 || got.Service != "web" || !got.CreatedAt.Equal(in.CreatedAt) {
+		t.Fatalf("the identity muster sealed: %+v %v", got, err)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE instances SET sealed_identity = jsonb_set(sealed_identity, '{address}', '"203.0.113.7"') WHERE id = $1`, in.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.SealedIdentity(read()); err == nil {
+		t.Fatal("a kept identity re-pointed by hand verifies")
 	}
 }

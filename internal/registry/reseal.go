@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -22,9 +23,19 @@ func ResealInstances(ctx context.Context, q *db.Queries, s seal.Signer, keys sea
 	}
 	batch := make([]seal.Row, len(rows))
 	for i, r := range rows {
-		batch[i] = seal.Row{Name: "instance " + r.ID.String(), Value: rowIdentity(r), Sig: r.Seal, KeyID: r.SealKey,
+		// A row re-pointed by hand keeps the identity muster sealed
+		// (sealed_identity): that is what is re-sealed, so the rotation
+		// does not drop it either.
+		id := rowIdentity(r)
+		if keys.Verify(identityDomain, id, r.Seal, r.SealKey) != nil {
+			var kept sealedIdentity
+			if json.Unmarshal(r.SealedIdentity, &kept) == nil && kept.ID == r.ID.String() {
+				id = kept
+			}
+		}
+		batch[i] = seal.Row{Name: "instance " + r.ID.String(), Value: id, Sig: r.Seal, KeyID: r.SealKey,
 			Store: func(sig []byte, kid string) (bool, error) {
-				n, err := q.InstanceReseal(ctx, db.InstanceResealParams{ID: r.ID, Seal: sig, SealKey: &kid, OldSeal: r.Seal})
+				n, err := q.InstanceReseal(ctx, db.InstanceResealParams{ID: r.ID, Seal: sig, SealKey: &kid, OldSeal: r.Seal, SealedIdentity: id.json()})
 				return n == 1, err
 			}}
 	}

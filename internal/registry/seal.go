@@ -2,7 +2,10 @@ package registry
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
@@ -92,6 +95,15 @@ func identityOf(id, service, address string, port int32, zone, region, source, b
 		Source: source, RegisteredBy: by, CreatedAt: created}
 }
 
+// json is id as the sealed_identity column keeps it.
+func (id sealedIdentity) json() []byte {
+	b, err := json.Marshal(id)
+	if err != nil {
+		panic(err) // strings and integers only
+	}
+	return b
+}
+
 func rowIdentity(r db.Instance) sealedIdentity {
 	return identityOf(r.ID.String(), r.Service, r.Address, r.Port, r.Zone, r.Region, r.Source, r.RegisteredBy, r.CreatedAt.UnixMicro())
 }
@@ -112,12 +124,12 @@ func rowEnd(r db.Instance) sealedEnd {
 // p.Now must be what PostgreSQL will store (microseconds, as r.now()).
 func insertSealed(ctx context.Context, q *db.Queries, s seal.Signer, p db.InstanceInsertParams) (db.Instance, error) {
 	if s != nil {
-		sig, kid, err := seal.Sign(ctx, s, identityDomain, identityOf(p.ID.String(), p.Service, p.Address, p.Port, p.Zone, p.Region,
-			p.Source, p.RegisteredBy, p.Now.UnixMicro()))
+		id := identityOf(p.ID.String(), p.Service, p.Address, p.Port, p.Zone, p.Region, p.Source, p.RegisteredBy, p.Now.UnixMicro())
+		sig, kid, err := seal.Sign(ctx, s, identityDomain, id)
 		if err != nil {
 			return db.Instance{}, fmt.Errorf("seal instance %s: %w", p.ID, err)
 		}
-		p.Seal, p.SealKey = sig, &kid
+		p.Seal, p.SealKey, p.SealedIdentity = sig, &kid, id.json()
 	}
 	return q.InstanceInsert(ctx, p)
 }
@@ -127,12 +139,12 @@ func insertSealed(ctx context.Context, q *db.Queries, s seal.Signer, p db.Instan
 func SealCopy(ctx context.Context, s seal.Signer, rows []db.InstancesCopyParams) error {
 	for i := range rows {
 		r := &rows[i]
-		sig, kid, err := seal.Sign(ctx, s, identityDomain, identityOf(r.ID.String(), r.Service, r.Address, r.Port, r.Zone, r.Region,
-			r.Source, r.RegisteredBy, r.CreatedAt.UnixMicro()))
+		id := identityOf(r.ID.String(), r.Service, r.Address, r.Port, r.Zone, r.Region, r.Source, r.RegisteredBy, r.CreatedAt.UnixMicro())
+		sig, kid, err := seal.Sign(ctx, s, identityDomain, id)
 		if err != nil {
 			return fmt.Errorf("seal instance %s: %w", r.ID, err)
 		}
-		r.Seal, r.SealKey = sig, &kid
+		r.Seal, r.SealKey, r.SealedIdentity = sig, &kid, id.json()
 	}
 	return nil
 }
@@ -140,7 +152,7 @@ func SealCopy(ctx context.Context, s seal.Signer, rows []db.InstancesCopyParams)
 // sealIdentity seals the identity of row as it stands (the adoption).
 func sealIdentity(ctx context.Context, q *db.Queries, s seal.Signer, row db.Instance) (db.Instance, error) {
 	return seal.Store(ctx, s, identityDomain, "instance "+row.ID.String(), rowIdentity(row), row, func(sig []byte, kid *string) (db.Instance, error) {
-		return q.InstanceSeal(ctx, db.InstanceSealParams{ID: row.ID, Seal: sig, SealKey: kid})
+		return q.InstanceSeal(ctx, db.InstanceSealParams{ID: row.ID, Seal: sig, SealKey: kid, SealedIdentity: rowIdentity(row).json()})
 	})
 }
 
@@ -166,10 +178,11 @@ func sealEndedAll(ctx context.Context, q *db.Queries, s seal.Signer, rows []db.I
 type seals struct {
 	seal, endSeal       string
 	sealKey, endSealKey *string
+	identity            string // sealed_identity: the identity as muster sealed it
 }
 
 func sealsOf(r db.Instance) seals {
-	return seals{seal: string(r.Seal), sealKey: r.SealKey, endSeal: string(r.EndSeal), endSealKey: r.EndSealKey}
+	return seals{seal: string(r.Seal), sealKey: r.SealKey, endSeal: string(r.EndSeal), endSealKey: r.EndSealKey, identity: string(r.SealedIdentity)}
 }
 
 // VerifyIdentity checks that muster inserted in as it stands (its
@@ -178,6 +191,32 @@ func sealsOf(r db.Instance) seals {
 func (r *Registry) VerifyIdentity(in Instance) error {
 	id := identityOf(in.ID.String(), in.Service, in.Address, int32(in.Port), in.Zone, in.Region, in.Source, in.RegisteredBy, in.CreatedAt.UnixMicro())
 	return r.keys.Verify(identityDomain, id, []byte(in.seals.seal), in.seals.sealKey)
+}
+
+// SealedIdentity returns in as muster sealed it, when its columns were
+// changed outside muster (VerifyIdentity fails) but the identity muster
+// sealed, kept beside them, verifies: a row re-pointed by hand (another
+// address, port, zone or service) is routed where muster put it, and
+// never left out for it. It fails when there is no sealed identity, or
+// it does not verify either.
+func (r *Registry) SealedIdentity(in Instance) (Instance, error) {
+	if in.seals.identity == "" {
+		return in, errors.New("no sealed identity kept beside the row")
+	}
+	var id sealedIdentity
+	if err := json.Unmarshal([]byte(in.seals.identity), &id); err != nil {
+		return in, fmt.Errorf("its sealed identity does not parse: %w", err)
+	}
+	if id.ID != in.ID.String() {
+		return in, fmt.Errorf("its sealed identity is another instance's (%s)", id.ID)
+	}
+	if err := r.keys.Verify(identityDomain, id, []byte(in.seals.seal), in.seals.sealKey); err != nil {
+		return in, fmt.Errorf("its sealed identity does not verify either: %w", err)
+	}
+	out := in
+	out.Service, out.Address, out.Port, out.Zone, out.Region = id.Service, id.Address, int(id.Port), id.Zone, id.Region
+	out.Source, out.RegisteredBy, out.CreatedAt = id.Source, id.RegisteredBy, time.UnixMicro(id.CreatedAt).UTC()
+	return out, nil
 }
 
 // VerifyEnd checks that muster ended in as it stands (its state and end
