@@ -111,8 +111,11 @@ func TestOverridesWrittenOutsideMusterRemoveNothing(t *testing.T) {
 	if applied(az1[4]) {
 		t.Fatal("a pending override set to active by hand is applied")
 	}
-	if applied(az1[0]) {
-		t.Fatal("an override whose expiry was changed by hand is still applied")
+	// muster applied it verified: the copy it verified stays applied, to
+	// its own expiry, not the one pushed out (issue 25: what a running
+	// replica verified, it keeps).
+	if o, ok := f.App.InForce.For(uuid.MustParse(az1[0]), f.Clock.Now()); !ok || !o.ExpiresAt.Equal(admitted.ExpiresAt) {
+		t.Fatalf("an override muster applied, whose expiry was then pushed out by hand: %+v %v, want kept to %s", o, ok, admitted.ExpiresAt)
 	}
 	reasons := map[string]string{}
 	for _, u := range f.App.InForce.Unsealed() {
@@ -149,6 +152,25 @@ func TestOverridesWrittenOutsideMusterRemoveNothing(t *testing.T) {
 	}
 	if open != 3 {
 		t.Errorf("%d override_unsealed alarms, want 3: %s", open, ar.Body)
+	}
+
+	// A second replica, which never verified the admitted override, does
+	// not apply its tampered row.
+	fresh := apptest.New(t, apptest.Options{Pool: f.Pool})
+	fresh.WaitReady(t)
+	if err := fresh.App.InForce.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := fresh.App.InForce.For(uuid.MustParse(az1[0]), fresh.Clock.Now()); ok {
+		t.Fatal("a replica that never verified it applies an override whose expiry was changed by hand")
+	}
+	// oscar lifts it: muster's own end ends it everywhere.
+	if r := f.Do(t, "DELETE", "/v1/overrides/"+admitted.ID.String(), oscar, "", ""); r.Status != http.StatusOK {
+		t.Fatalf("lift: %d %s", r.Status, r.Body)
+	}
+	refresh()
+	if applied(az1[0]) {
+		t.Fatal("a lifted override is applied")
 	}
 
 	// The views: the two overrides muster admitted take az1[2] and az1[3]

@@ -59,6 +59,10 @@ type AuditConfig struct {
 	// may be sealed by keys this replica does not trust before it refuses
 	// to start (MUSTER_SEAL_MISMATCH_SHARE, 0.05; keys.go).
 	MismatchShare float64
+	// KeyWatchEvery is how often a running replica counts the live rows
+	// by sealing key for seal_key_mismatch (MUSTER_SEAL_WATCH_INTERVAL,
+	// 30s; app.KeyWatch).
+	KeyWatchEvery time.Duration
 }
 
 func (c *AuditConfig) devDefaults(dataDir string) {
@@ -91,7 +95,7 @@ func loadAuditEnv(c *Config) error {
 		a.MismatchShare = f
 	}
 	var err error
-	a.Interval, a.Heartbeat, a.S3Retention = time.Minute, time.Hour, s3sink.DefaultRetention
+	a.Interval, a.Heartbeat, a.S3Retention, a.KeyWatchEvery = time.Minute, time.Hour, s3sink.DefaultRetention, 30*time.Second
 	for _, d := range []struct {
 		env string
 		dst *time.Duration
@@ -99,6 +103,7 @@ func loadAuditEnv(c *Config) error {
 		{"MUSTER_AUDIT_CHECKPOINT_INTERVAL", &a.Interval},
 		{"MUSTER_AUDIT_CHECKPOINT_HEARTBEAT", &a.Heartbeat},
 		{"MUSTER_AUDIT_S3_RETENTION", &a.S3Retention},
+		{"MUSTER_SEAL_WATCH_INTERVAL", &a.KeyWatchEvery},
 	} {
 		if v := os.Getenv(d.env); v != "" {
 			if *d.dst, err = parseDays(v); err != nil {

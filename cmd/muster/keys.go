@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/policy"
@@ -25,21 +26,9 @@ import (
 	"github.com/musterhq/muster/internal/shift"
 )
 
-// sealCensus counts the database's live sealed rows by key, each table
-// through the package that owns it.
+// sealCensus counts the database's live sealed rows by key (app.SealCensus).
 func sealCensus(ctx context.Context, pool *pgxpool.Pool, now time.Time) (seal.Census, error) {
-	var c seal.Census
-	err := db.WithTx(ctx, pool, func(q *db.Queries) error {
-		c = seal.Census{}
-		if err := registry.SealCensus(ctx, q, &c); err != nil {
-			return err
-		}
-		if err := policy.SealCensus(ctx, q, &c, now); err != nil {
-			return err
-		}
-		return shift.SealCensus(ctx, q, &c)
-	})
-	return c, err
+	return app.SealCensus(ctx, pool, now)
 }
 
 // startKeys loads the region's key and checks it against the database

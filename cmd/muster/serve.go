@@ -148,6 +148,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	// checkpoints, which stop after the HTTP server and the
 	// refused-evidence summaries, so the last one covers them.
 	sealOverrides(&acfg, signer, keys, log)
+	acfg.KeyWatch = app.KeyWatchConfig{Every: cfg.Audit.KeyWatchEvery, Share: cfg.Audit.MismatchShare}
 	checkpoints, err := newAuditCheckpoints(ctx, cfg, signer, keys, pool, log, acfg.Metrics)
 	if err != nil {
 		return err

@@ -60,6 +60,7 @@ import (
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/webui"
@@ -131,6 +132,9 @@ type Config struct {
 	Publisher publisher.Config
 	Admission stream.AdmissionConfig
 	Census    stream.CensusConfig
+	// KeyWatch tunes the running check of the region's keys against the
+	// live rows' seals (seal_key_mismatch).
+	KeyWatch KeyWatchConfig
 	// Refusals tunes the summaries of refused evidence in the audit log
 	// (its Log, Logger and Registerer are the app's).
 	Refusals audit.RefusalSummariesConfig
@@ -172,6 +176,7 @@ type App struct {
 	Admission *stream.Admission
 	Census    *stream.Census
 	Refusals  *audit.RefusalSummaries
+	KeyWatch  *KeyWatch
 	// Reconcile is nil unless Config.Reconcile has sources.
 	Reconcile *reconcile.Reconciler
 	UI        *webui.UI
@@ -340,7 +345,16 @@ func New(cfg Config) (*App, error) {
 	svc.Authz, svc.Database = a.Authz, a.Monitor
 	// Rows written outside muster: overrides, instances and contracts
 	// (shifts list theirs with their other alarms).
-	svc.Tampering = func() []assembler.Alarm { return append(a.InForce.Alarms(), a.Evaluator.SealAlarms()...) }
+	trusted := seal.Keys(nil)
+	if cfg.Policy.Sealer != nil {
+		trusted = cfg.Policy.SealKeys.With(cfg.Policy.Sealer)
+	}
+	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, now, log, metrics); err != nil {
+		return nil, err
+	}
+	svc.Tampering = func() []assembler.Alarm {
+		return slices.Concat(a.InForce.Alarms(), a.Evaluator.SealAlarms(), a.KeyWatch.Alarms())
+	}
 	if a.Reconcile != nil {
 		svc.Reconcile = a.Reconcile
 	}
@@ -421,6 +435,7 @@ func New(cfg Config) (*App, error) {
 		{name: WorkerPublisher, w: a.Publisher, detached: true},
 		{name: WorkerEvaluator, w: a.Evaluator, detached: true},
 		{name: WorkerRefusals, w: a.Refusals, detached: true},
+		{name: WorkerKeyWatch, w: a.KeyWatch},
 	}
 	if a.DNS != nil {
 		a.workers = append(a.workers, worker{name: WorkerDNS, w: a.DNS, detached: true})

@@ -74,6 +74,9 @@ type Unsealed struct {
 	Action     string    `json:"action"`
 	Actor      string    `json:"actor"` // as the row claims
 	Reason     string    `json:"reason"`
+	// Kept: muster applied this override verified before its row stopped
+	// verifying, and keeps applying the copy it verified.
+	Kept bool `json:"kept,omitempty"`
 	// Since is when this process first read it.
 	Since time.Time `json:"since"`
 }
@@ -185,11 +188,28 @@ func (f *InForce) Refresh(ctx context.Context) error {
 	}
 	next := make(map[uuid.UUID]evaluator.Override, len(rows))
 	unsealed := map[uuid.UUID]Unsealed{}
+	// What this process applied, verified, by override id: a row of one
+	// of those that stops verifying (changed outside muster, or re-sealed
+	// by a key this replica does not trust) keeps the copy muster
+	// verified, until it expires by that copy or leaves the table's
+	// overrides in force (lifted, expired).
+	f.mu.RLock()
+	applied := make(map[uuid.UUID]evaluator.Override, len(f.byInstance))
+	for _, o := range f.byInstance {
+		applied[o.ID] = o
+	}
+	f.mu.RUnlock()
 	f.seals.Next()
 	for _, r := range rows {
 		if err := f.seals.Verify(f.cfg.Keys, sealDomain, sealedOf(r), r.Seal, r.SealKey); err != nil {
-			unsealed[r.ID] = Unsealed{ID: r.ID, InstanceID: r.InstanceID, Service: r.Service,
+			u := Unsealed{ID: r.ID, InstanceID: r.InstanceID, Service: r.Service,
 				Action: r.Action, Actor: r.Actor, Reason: err.Error(), Since: now}
+			if o, ok := applied[r.ID]; ok && now.Before(o.ExpiresAt) {
+				u.InstanceID, u.Service, u.Action, u.Actor = o.InstanceID, o.Service, o.Action, o.Actor
+				u.Kept = true
+				next[o.InstanceID] = o
+			}
+			unsealed[r.ID] = u
 			continue
 		}
 		o := evaluator.Override{
@@ -301,9 +321,13 @@ func (f *InForce) Unsealed() []Unsealed {
 func (f *InForce) Alarms() []assembler.Alarm {
 	var out []assembler.Alarm
 	for _, u := range f.Unsealed() {
-		out = append(out, assembler.Alarm{Kind: AlarmOverrideUnsealed, Service: u.Service, Since: u.Since,
-			Detail: fmt.Sprintf("override %s (%s of instance %s, in the name of %s) is in force by the overrides table but not applied: %s; the table was written outside muster",
-				u.ID, u.Action, u.InstanceID, u.Actor, u.Reason)})
+		d := fmt.Sprintf("override %s (%s of instance %s, in the name of %s) is in force by the overrides table but not applied: %s; the table was written outside muster",
+			u.ID, u.Action, u.InstanceID, u.Actor, u.Reason)
+		if u.Kept {
+			d = fmt.Sprintf("override %s (%s of instance %s, in the name of %s) no longer verifies (%s), but muster applied it verified, so that copy stays applied until it expires or is lifted; the table was written outside muster, or re-sealed by a key this replica does not trust",
+				u.ID, u.Action, u.InstanceID, u.Actor, u.Reason)
+		}
+		out = append(out, assembler.Alarm{Kind: AlarmOverrideUnsealed, Service: u.Service, Since: u.Since, Detail: d})
 	}
 	return out
 }
