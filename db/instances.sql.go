@@ -29,7 +29,7 @@ const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
 SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz
 WHERE id = $1 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven
 `
 
 type InstanceEndParams struct {
@@ -59,6 +59,8 @@ func (q *Queries) InstanceEnd(ctx context.Context, arg InstanceEndParams) (Insta
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
@@ -67,7 +69,7 @@ const instanceEndLiveEndpoint = `-- name: InstanceEndLiveEndpoint :many
 UPDATE instances
 SET state = 'replaced', ended_at = $4::timestamptz, updated_at = $4::timestamptz
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven
 `
 
 type InstanceEndLiveEndpointParams struct {
@@ -111,6 +113,8 @@ func (q *Queries) InstanceEndLiveEndpoint(ctx context.Context, arg InstanceEndLi
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -123,7 +127,7 @@ func (q *Queries) InstanceEndLiveEndpoint(ctx context.Context, arg InstanceEndLi
 }
 
 const instanceGet = `-- name: InstanceGet :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances WHERE id = $1
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances WHERE id = $1
 `
 
 func (q *Queries) InstanceGet(ctx context.Context, id uuid.UUID) (Instance, error) {
@@ -147,12 +151,14 @@ func (q *Queries) InstanceGet(ctx context.Context, id uuid.UUID) (Instance, erro
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const instanceGetForUpdate = `-- name: InstanceGetForUpdate :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances WHERE id = $1 FOR UPDATE
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) InstanceGetForUpdate(ctx context.Context, id uuid.UUID) (Instance, error) {
@@ -176,12 +182,14 @@ func (q *Queries) InstanceGetForUpdate(ctx context.Context, id uuid.UUID) (Insta
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const instanceGetLiveEndpoint = `-- name: InstanceGetLiveEndpoint :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
 `
 
@@ -214,15 +222,17 @@ func (q *Queries) InstanceGetLiveEndpoint(ctx context.Context, arg InstanceGetLi
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const instanceInsert = `-- name: InstanceInsert :one
 INSERT INTO instances (id, service, address, port, zone, region, source,
-                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12)
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, credential_hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13)
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven
 `
 
 type InstanceInsertParams struct {
@@ -238,9 +248,11 @@ type InstanceInsertParams struct {
 	Now            time.Time
 	Seal           []byte
 	SealKey        *string
+	CredentialHash []byte
 }
 
-// seal is the identity's seal, made before the insert (registry/seal.go).
+// seal is the identity's seal, made before the insert (registry/seal.go);
+// credential_hash the SHA-256 of the instance's credential (NULL: none).
 func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, instanceInsert,
 		arg.ID,
@@ -255,6 +267,7 @@ func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) 
 		arg.Now,
 		arg.Seal,
 		arg.SealKey,
+		arg.CredentialHash,
 	)
 	var i Instance
 	err := row.Scan(
@@ -275,12 +288,14 @@ func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) 
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const instanceListByIDs = `-- name: InstanceListByIDs :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances
 WHERE id = ANY($1::uuid[])
 `
 
@@ -314,6 +329,8 @@ func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Ins
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -326,7 +343,7 @@ func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Ins
 }
 
 const instanceListByService = `-- name: InstanceListByService :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances
 WHERE service = $1
   AND id > $2::uuid
   AND ($3::boolean OR state = 'active')
@@ -374,6 +391,8 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -387,7 +406,7 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 
 const instanceListChangedSince = `-- name: InstanceListChangedSince :many
 
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances
 WHERE (updated_at, id) > ($1::timestamptz, $2::uuid)
 ORDER BY updated_at, id
 LIMIT $3
@@ -429,6 +448,8 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -441,7 +462,7 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 }
 
 const instanceListUnsealed = `-- name: InstanceListUnsealed :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
 ORDER BY id
 `
 
@@ -473,6 +494,8 @@ func (q *Queries) InstanceListUnsealed(ctx context.Context) ([]Instance, error) 
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -487,7 +510,7 @@ func (q *Queries) InstanceListUnsealed(ctx context.Context) ([]Instance, error) 
 const instanceSeal = `-- name: InstanceSeal :one
 UPDATE instances SET seal = $1, seal_key = $2
 WHERE id = $3
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven
 `
 
 type InstanceSealParams struct {
@@ -518,6 +541,8 @@ func (q *Queries) InstanceSeal(ctx context.Context, arg InstanceSealParams) (Ins
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
@@ -556,7 +581,7 @@ func (q *Queries) InstanceSealCensus(ctx context.Context) ([]InstanceSealCensusR
 const instanceSealEnd = `-- name: InstanceSealEnd :one
 UPDATE instances SET end_seal = $1, end_seal_key = $2
 WHERE id = $3
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven
 `
 
 type InstanceSealEndParams struct {
@@ -587,6 +612,8 @@ func (q *Queries) InstanceSealEnd(ctx context.Context, arg InstanceSealEndParams
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
@@ -754,7 +781,7 @@ const leaseExpire = `-- name: LeaseExpire :one
 UPDATE instances
 SET state = 'expired', ended_at = $1::timestamptz, updated_at = $1::timestamptz
 WHERE id = $2 AND state = 'active' AND lease_expires_at <= $3::timestamptz
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven
 `
 
 type LeaseExpireParams struct {
@@ -786,12 +813,14 @@ func (q *Queries) LeaseExpire(ctx context.Context, arg LeaseExpireParams) (Insta
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const leaseListExpired = `-- name: LeaseListExpired :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
   AND lease_expires_at <= $1::timestamptz
 ORDER BY lease_expires_at
@@ -833,6 +862,8 @@ func (q *Queries) LeaseListExpired(ctx context.Context, arg LeaseListExpiredPara
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -892,19 +923,28 @@ func (q *Queries) LeaseListLapsed(ctx context.Context, arg LeaseListLapsedParams
 }
 
 const leaseRenew = `-- name: LeaseRenew :one
-UPDATE instances SET lease_expires_at = $2, updated_at = $3
+UPDATE instances SET lease_expires_at = $2, updated_at = $3,
+                     credential_proven = credential_proven OR $4::boolean
 WHERE id = $1 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven
 `
 
 type LeaseRenewParams struct {
 	ID             uuid.UUID
 	LeaseExpiresAt *time.Time
 	Now            time.Time
+	Proven         bool
 }
 
+// proven: the renewal presented the instance's credential, which it then
+// needs from now on (registry.Renew).
 func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instance, error) {
-	row := q.db.QueryRow(ctx, leaseRenew, arg.ID, arg.LeaseExpiresAt, arg.Now)
+	row := q.db.QueryRow(ctx, leaseRenew,
+		arg.ID,
+		arg.LeaseExpiresAt,
+		arg.Now,
+		arg.Proven,
+	)
 	var i Instance
 	err := row.Scan(
 		&i.ID,
@@ -924,6 +964,8 @@ func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instanc
 		&i.SealKey,
 		&i.EndSeal,
 		&i.EndSealKey,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
@@ -960,7 +1002,7 @@ func (q *Queries) ReconcileInstanceStates(ctx context.Context, ids []uuid.UUID) 
 }
 
 const reconcileListLive = `-- name: ReconcileListLive :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances
 WHERE source = $1 AND state = 'active'
 ORDER BY service, id
 `
@@ -994,6 +1036,8 @@ func (q *Queries) ReconcileListLive(ctx context.Context, source string) ([]Insta
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -1006,7 +1050,7 @@ func (q *Queries) ReconcileListLive(ctx context.Context, source string) ([]Insta
 }
 
 const reconcileListLiveInServices = `-- name: ReconcileListLiveInServices :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, credential_hash, credential_proven FROM instances
 WHERE service = ANY($1::text[]) AND state = 'active'
 ORDER BY service, id
 `
@@ -1040,6 +1084,8 @@ func (q *Queries) ReconcileListLiveInServices(ctx context.Context, services []st
 			&i.SealKey,
 			&i.EndSeal,
 			&i.EndSealKey,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}

@@ -47,23 +47,25 @@ type HealthContract struct {
 }
 
 type Instance struct {
-	ID             uuid.UUID
-	Service        string
-	Address        string
-	Port           int32
-	Zone           string
-	Region         string
-	Source         string
-	State          string
-	LeaseExpiresAt *time.Time
-	RegisteredBy   string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	EndedAt        *time.Time
-	Seal           []byte
-	SealKey        *string
-	EndSeal        []byte
-	EndSealKey     *string
+	ID               uuid.UUID
+	Service          string
+	Address          string
+	Port             int32
+	Zone             string
+	Region           string
+	Source           string
+	State            string
+	LeaseExpiresAt   *time.Time
+	RegisteredBy     string
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+	EndedAt          *time.Time
+	Seal             []byte
+	SealKey          *string
+	EndSeal          []byte
+	EndSealKey       *string
+	CredentialHash   []byte
+	CredentialProven bool
 }
 
 type LeaseExpiryConfirmation struct {
