@@ -30,7 +30,7 @@ const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
 SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz
 WHERE id = $1 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
 
 type InstanceEndParams struct {
@@ -61,6 +61,8 @@ func (q *Queries) InstanceEnd(ctx context.Context, arg InstanceEndParams) (Insta
 		&i.EndSeal,
 		&i.EndSealKey,
 		&i.SealedIdentity,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
@@ -69,7 +71,7 @@ const instanceEndLiveEndpoint = `-- name: InstanceEndLiveEndpoint :many
 UPDATE instances
 SET state = 'replaced', ended_at = $4::timestamptz, updated_at = $4::timestamptz
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
 
 type InstanceEndLiveEndpointParams struct {
@@ -114,6 +116,8 @@ func (q *Queries) InstanceEndLiveEndpoint(ctx context.Context, arg InstanceEndLi
 			&i.EndSeal,
 			&i.EndSealKey,
 			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -126,7 +130,7 @@ func (q *Queries) InstanceEndLiveEndpoint(ctx context.Context, arg InstanceEndLi
 }
 
 const instanceGet = `-- name: InstanceGet :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances WHERE id = $1
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances WHERE id = $1
 `
 
 func (q *Queries) InstanceGet(ctx context.Context, id uuid.UUID) (Instance, error) {
@@ -151,12 +155,14 @@ func (q *Queries) InstanceGet(ctx context.Context, id uuid.UUID) (Instance, erro
 		&i.EndSeal,
 		&i.EndSealKey,
 		&i.SealedIdentity,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const instanceGetForUpdate = `-- name: InstanceGetForUpdate :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances WHERE id = $1 FOR UPDATE
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) InstanceGetForUpdate(ctx context.Context, id uuid.UUID) (Instance, error) {
@@ -181,12 +187,14 @@ func (q *Queries) InstanceGetForUpdate(ctx context.Context, id uuid.UUID) (Insta
 		&i.EndSeal,
 		&i.EndSealKey,
 		&i.SealedIdentity,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const instanceGetLiveEndpoint = `-- name: InstanceGetLiveEndpoint :one
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
 `
 
@@ -220,16 +228,19 @@ func (q *Queries) InstanceGetLiveEndpoint(ctx context.Context, arg InstanceGetLi
 		&i.EndSeal,
 		&i.EndSealKey,
 		&i.SealedIdentity,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const instanceInsert = `-- name: InstanceInsert :one
 INSERT INTO instances (id, service, address, port, zone, region, source,
-                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity)
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity,
+                       credential_hash)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $12,
-        $13)
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
+        $13, $14)
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
 
 type InstanceInsertParams struct {
@@ -246,9 +257,11 @@ type InstanceInsertParams struct {
 	Seal           []byte
 	SealKey        *string
 	SealedIdentity json.RawMessage
+	CredentialHash []byte
 }
 
-// seal is the identity's seal, made before the insert (registry/seal.go).
+// seal is the identity's seal, made before the insert (registry/seal.go);
+// credential_hash the SHA-256 of the instance's credential (NULL: none).
 func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, instanceInsert,
 		arg.ID,
@@ -264,6 +277,7 @@ func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) 
 		arg.Seal,
 		arg.SealKey,
 		arg.SealedIdentity,
+		arg.CredentialHash,
 	)
 	var i Instance
 	err := row.Scan(
@@ -285,12 +299,14 @@ func (q *Queries) InstanceInsert(ctx context.Context, arg InstanceInsertParams) 
 		&i.EndSeal,
 		&i.EndSealKey,
 		&i.SealedIdentity,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const instanceListByIDs = `-- name: InstanceListByIDs :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE id = ANY($1::uuid[])
 `
 
@@ -325,6 +341,8 @@ func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Ins
 			&i.EndSeal,
 			&i.EndSealKey,
 			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -337,7 +355,7 @@ func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Ins
 }
 
 const instanceListByService = `-- name: InstanceListByService :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE service = $1
   AND id > $2::uuid
   AND ($3::boolean OR state = 'active')
@@ -386,6 +404,8 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 			&i.EndSeal,
 			&i.EndSealKey,
 			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -399,7 +419,7 @@ func (q *Queries) InstanceListByService(ctx context.Context, arg InstanceListByS
 
 const instanceListChangedSince = `-- name: InstanceListChangedSince :many
 
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE (updated_at, id) > ($1::timestamptz, $2::uuid)
 ORDER BY updated_at, id
 LIMIT $3
@@ -442,6 +462,8 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 			&i.EndSeal,
 			&i.EndSealKey,
 			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -454,7 +476,7 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 }
 
 const instanceListUnsealed = `-- name: InstanceListUnsealed :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
 ORDER BY id
 `
 
@@ -487,6 +509,8 @@ func (q *Queries) InstanceListUnsealed(ctx context.Context) ([]Instance, error) 
 			&i.EndSeal,
 			&i.EndSealKey,
 			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -528,7 +552,7 @@ func (q *Queries) InstanceReseal(ctx context.Context, arg InstanceResealParams) 
 }
 
 const instanceResealBatch = `-- name: InstanceResealBatch :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE state = 'active' AND seal IS NOT NULL AND seal_key IS DISTINCT FROM $1::text
   AND id > $2::uuid
 ORDER BY id
@@ -573,6 +597,8 @@ func (q *Queries) InstanceResealBatch(ctx context.Context, arg InstanceResealBat
 			&i.EndSeal,
 			&i.EndSealKey,
 			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -587,7 +613,7 @@ func (q *Queries) InstanceResealBatch(ctx context.Context, arg InstanceResealBat
 const instanceSeal = `-- name: InstanceSeal :one
 UPDATE instances SET seal = $1, seal_key = $2, sealed_identity = $3
 WHERE id = $4
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
 
 type InstanceSealParams struct {
@@ -625,6 +651,8 @@ func (q *Queries) InstanceSeal(ctx context.Context, arg InstanceSealParams) (Ins
 		&i.EndSeal,
 		&i.EndSealKey,
 		&i.SealedIdentity,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
@@ -663,7 +691,7 @@ func (q *Queries) InstanceSealCensus(ctx context.Context) ([]InstanceSealCensusR
 const instanceSealEnd = `-- name: InstanceSealEnd :one
 UPDATE instances SET end_seal = $1, end_seal_key = $2
 WHERE id = $3
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
 
 type InstanceSealEndParams struct {
@@ -695,6 +723,8 @@ func (q *Queries) InstanceSealEnd(ctx context.Context, arg InstanceSealEndParams
 		&i.EndSeal,
 		&i.EndSealKey,
 		&i.SealedIdentity,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
@@ -863,7 +893,7 @@ const leaseExpire = `-- name: LeaseExpire :one
 UPDATE instances
 SET state = 'expired', ended_at = $1::timestamptz, updated_at = $1::timestamptz
 WHERE id = $2 AND state = 'active' AND lease_expires_at <= $3::timestamptz
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
 
 type LeaseExpireParams struct {
@@ -896,12 +926,14 @@ func (q *Queries) LeaseExpire(ctx context.Context, arg LeaseExpireParams) (Insta
 		&i.EndSeal,
 		&i.EndSealKey,
 		&i.SealedIdentity,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
 
 const leaseListExpired = `-- name: LeaseListExpired :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
   AND lease_expires_at <= $1::timestamptz
 ORDER BY lease_expires_at
@@ -944,6 +976,8 @@ func (q *Queries) LeaseListExpired(ctx context.Context, arg LeaseListExpiredPara
 			&i.EndSeal,
 			&i.EndSealKey,
 			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -1003,19 +1037,28 @@ func (q *Queries) LeaseListLapsed(ctx context.Context, arg LeaseListLapsedParams
 }
 
 const leaseRenew = `-- name: LeaseRenew :one
-UPDATE instances SET lease_expires_at = $2, updated_at = $3
+UPDATE instances SET lease_expires_at = $2, updated_at = $3,
+                     credential_proven = credential_proven OR $4::boolean
 WHERE id = $1 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity
+RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
 
 type LeaseRenewParams struct {
 	ID             uuid.UUID
 	LeaseExpiresAt *time.Time
 	Now            time.Time
+	Proven         bool
 }
 
+// proven: the renewal presented the instance's credential, which it then
+// needs from now on (registry.Renew).
 func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instance, error) {
-	row := q.db.QueryRow(ctx, leaseRenew, arg.ID, arg.LeaseExpiresAt, arg.Now)
+	row := q.db.QueryRow(ctx, leaseRenew,
+		arg.ID,
+		arg.LeaseExpiresAt,
+		arg.Now,
+		arg.Proven,
+	)
 	var i Instance
 	err := row.Scan(
 		&i.ID,
@@ -1036,6 +1079,8 @@ func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instanc
 		&i.EndSeal,
 		&i.EndSealKey,
 		&i.SealedIdentity,
+		&i.CredentialHash,
+		&i.CredentialProven,
 	)
 	return i, err
 }
@@ -1072,7 +1117,7 @@ func (q *Queries) ReconcileInstanceStates(ctx context.Context, ids []uuid.UUID) 
 }
 
 const reconcileListLive = `-- name: ReconcileListLive :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE source = $1 AND state = 'active'
 ORDER BY service, id
 `
@@ -1107,6 +1152,8 @@ func (q *Queries) ReconcileListLive(ctx context.Context, source string) ([]Insta
 			&i.EndSeal,
 			&i.EndSealKey,
 			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}
@@ -1119,7 +1166,7 @@ func (q *Queries) ReconcileListLive(ctx context.Context, source string) ([]Insta
 }
 
 const reconcileListLiveInServices = `-- name: ReconcileListLiveInServices :many
-SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity FROM instances
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE service = ANY($1::text[]) AND state = 'active'
 ORDER BY service, id
 `
@@ -1154,6 +1201,8 @@ func (q *Queries) ReconcileListLiveInServices(ctx context.Context, services []st
 			&i.EndSeal,
 			&i.EndSealKey,
 			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
 		); err != nil {
 			return nil, err
 		}

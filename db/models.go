@@ -47,24 +47,26 @@ type HealthContract struct {
 }
 
 type Instance struct {
-	ID             uuid.UUID
-	Service        string
-	Address        string
-	Port           int32
-	Zone           string
-	Region         string
-	Source         string
-	State          string
-	LeaseExpiresAt *time.Time
-	RegisteredBy   string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	EndedAt        *time.Time
-	Seal           []byte
-	SealKey        *string
-	EndSeal        []byte
-	EndSealKey     *string
-	SealedIdentity json.RawMessage
+	ID               uuid.UUID
+	Service          string
+	Address          string
+	Port             int32
+	Zone             string
+	Region           string
+	Source           string
+	State            string
+	LeaseExpiresAt   *time.Time
+	RegisteredBy     string
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+	EndedAt          *time.Time
+	Seal             []byte
+	SealKey          *string
+	EndSeal          []byte
+	EndSealKey       *string
+	SealedIdentity   json.RawMessage
+	CredentialHash   []byte
+	CredentialProven bool
 }
 
 type LeaseExpiryConfirmation struct {

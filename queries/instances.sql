@@ -36,15 +36,20 @@ ORDER BY id
 LIMIT sqlc.arg(lim);
 
 -- name: InstanceInsert :one
--- seal is the identity's seal, made before the insert (registry/seal.go).
+-- seal is the identity's seal, made before the insert (registry/seal.go);
+-- credential_hash the SHA-256 of the instance's credential (NULL: none).
 INSERT INTO instances (id, service, address, port, zone, region, source,
-                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity)
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity,
+                       credential_hash)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, sqlc.arg(now), sqlc.arg(now), sqlc.narg(seal), sqlc.narg(seal_key),
-        sqlc.narg(sealed_identity))
+        sqlc.narg(sealed_identity), sqlc.narg(credential_hash))
 RETURNING *;
 
 -- name: LeaseRenew :one
-UPDATE instances SET lease_expires_at = $2, updated_at = sqlc.arg(now)
+-- proven: the renewal presented the instance's credential, which it then
+-- needs from now on (registry.Renew).
+UPDATE instances SET lease_expires_at = $2, updated_at = sqlc.arg(now),
+                     credential_proven = credential_proven OR sqlc.arg(proven)::boolean
 WHERE id = $1 AND state = 'active'
 RETURNING *;
 

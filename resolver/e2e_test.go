@@ -223,7 +223,7 @@ func TestScaleDownFollowedAcrossTheRealStack(t *testing.T) {
 	eventually(t, "10 routable endpoints of api", func() bool { return routable() == 10 })
 
 	for _, id := range ids[:6] {
-		if r := s.Do(t, "DELETE", "/v1/instances/"+id, apiTok, "", ""); r.Status != http.StatusNoContent {
+		if r := s.DoWith(t, "DELETE", "/v1/instances/"+id, apiTok, "", "", s.AsInstance(id)); r.Status != http.StatusNoContent {
 			t.Fatalf("deregister %s: %d %s", id, r.Status, r.Body)
 		}
 	}
@@ -238,7 +238,7 @@ func TestScaleDownFollowedAcrossTheRealStack(t *testing.T) {
 	}
 
 	for _, id := range ids[6:] {
-		if r := s.Do(t, "DELETE", "/v1/instances/"+id, apiTok, "", ""); r.Status != http.StatusNoContent {
+		if r := s.DoWith(t, "DELETE", "/v1/instances/"+id, apiTok, "", "", s.AsInstance(id)); r.Status != http.StatusNoContent {
 			t.Fatalf("deregister %s: %d %s", id, r.Status, r.Body)
 		}
 	}

@@ -22,10 +22,16 @@ import (
 // when j is not empty and no body otherwise.
 func (f *ofix) deregister(t *testing.T, tok, id, j string) apptest.Response {
 	t.Helper()
+	return f.deregisterWith(t, tok, id, j, nil)
+}
+
+// deregisterWith is deregister with header h (an instance credential).
+func (f *ofix) deregisterWith(t *testing.T, tok, id, j string, h http.Header) apptest.Response {
+	t.Helper()
 	if j == "" {
-		return f.Do(t, "DELETE", "/v1/instances/"+id, tok, "", "")
+		return f.DoWith(t, "DELETE", "/v1/instances/"+id, tok, "", "", h)
 	}
-	return f.JSON(t, "DELETE", "/v1/instances/"+id, tok, fmt.Sprintf(`{"justification":%q}`, j))
+	return f.DoWith(t, "DELETE", "/v1/instances/"+id, tok, "application/json", fmt.Sprintf(`{"justification":%q}`, j), h)
 }
 
 // deregisterEvents returns the instance.deregister audit events about id,
@@ -305,7 +311,7 @@ func TestDeregisterSelfIsImmediate(t *testing.T) {
 	wantProblem(t, f.deregister(t, web, f.zones["az1"][0], ""), http.StatusForbidden, "forbidden")
 
 	before := len(deregisterEvents(t, f.Stack, self))
-	r = f.deregister(t, web, self, "")
+	r = f.deregisterWith(t, web, self, "", f.AsInstance(self))
 	if r.Status != http.StatusNoContent || len(r.Body) != 0 {
 		t.Fatalf("self-deregistration: %d %s", r.Status, r.Body)
 	}
@@ -328,7 +334,7 @@ func TestDeregisterSelfIsImmediate(t *testing.T) {
 		t.Errorf("self-deregistration audit: %+v", ev)
 	}
 	// Idempotent, and the repeat is not audited.
-	if r := f.deregister(t, web, self, ""); r.Status != http.StatusNoContent {
+	if r := f.deregisterWith(t, web, self, "", f.AsInstance(self)); r.Status != http.StatusNoContent {
 		t.Fatalf("repeat: %d %s", r.Status, r.Body)
 	}
 	if n := len(deregisterEvents(t, f.Stack, self)); n != before+1 {

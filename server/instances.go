@@ -28,13 +28,22 @@ func (s *Server) instanceRegister(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, p)
 		return
 	}
-	inst, err := s.cfg.Registry.Register(r.Context(), principal(r), sourceAddr(r), chi.URLParam(r, "name"), reg)
+	inst, err := s.cfg.Registry.RegisterWithCredential(r.Context(), principal(r), sourceAddr(r), chi.URLParam(r, "name"), reg)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	w.Header().Set("Location", "/v1/instances/"+inst.ID.String())
+	// The credential is in this body and nowhere else: not cached by
+	// anyone on the way.
+	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, http.StatusCreated, inst)
+}
+
+// instanceCredential is the instance credential the request presents
+// (registry.CredentialHeader), held as its hash from here on.
+func instanceCredential(r *http.Request) registry.Credential {
+	return registry.PresentedCredential(r.Header.Get(registry.CredentialHeader))
 }
 
 func (s *Server) instancesList(w http.ResponseWriter, r *http.Request) {
@@ -97,7 +106,7 @@ func (s *Server) leaseRenew(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	inst, err := s.cfg.Registry.Renew(r.Context(), principal(r), id)
+	inst, err := s.cfg.Registry.RenewWithCredential(r.Context(), principal(r), id, instanceCredential(r))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -123,7 +132,7 @@ func (s *Server) instanceDeregister(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	d, err := s.cfg.Policy.Deregister(r.Context(), principal(r), sourceAddr(r), id, req)
+	d, err := s.cfg.Policy.Deregister(r.Context(), principal(r), sourceAddr(r), instanceCredential(r), id, req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

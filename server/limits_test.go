@@ -186,16 +186,16 @@ func TestRenewalsAndDeregistrationsAreLimitedPerIdentity(t *testing.T) {
 	// The instance deregistering itself (its address is the request's
 	// source): immediate, but bounded per identity too.
 	for i := range 2 {
-		if r := s.Do(t, "DELETE", "/v1/instances/"+ids[i], web, "", ""); r.Status != http.StatusNoContent {
+		if r := s.DoWith(t, "DELETE", "/v1/instances/"+ids[i], web, "", "", s.AsInstance(ids[i])); r.Status != http.StatusNoContent {
 			t.Fatalf("deregistration %d: %d %s", i, r.Status, r.Body)
 		}
 	}
-	wantRateLimited(t, s.Do(t, "DELETE", "/v1/instances/"+ids[2], web, "", ""), lim)
+	wantRateLimited(t, s.DoWith(t, "DELETE", "/v1/instances/"+ids[2], web, "", "", s.AsInstance(ids[2])), lim)
 	if r := s.Do(t, "GET", "/v1/instances/"+ids[2], s.Token(t, adminReq), "", ""); r.Status != http.StatusOK ||
 		apptest.Decode[registry.Instance](t, r).State != registry.StateActive {
 		t.Fatalf("the instance whose deregistration was refused 429: %d %s, want it still active", r.Status, r.Body)
 	}
-	if r := s.Do(t, "DELETE", "/v1/instances/"+other, api, "", ""); r.Status != http.StatusNoContent {
+	if r := s.DoWith(t, "DELETE", "/v1/instances/"+other, api, "", "", s.AsInstance(other)); r.Status != http.StatusNoContent {
 		t.Fatalf("another identity's deregistration: %d %s", r.Status, r.Body)
 	}
 }

@@ -51,8 +51,10 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 	}
 	setRateLimit(w.Header(), s.limits.reportItems.Charge(key, len(b.Reports)))
 	// The TCP peer is what a self-report is checked against (forwarded
-	// headers prove nothing, ADR-15).
-	res, err := s.cfg.Evaluator.Ingest(evaluator.WithSourceAddr(r.Context(), sourceAddr(r)), actor, b.Reports)
+	// headers prove nothing, ADR-15), with the instance credential for an
+	// instance that has one (issue 25).
+	ctx := evaluator.WithInstanceCredential(evaluator.WithSourceAddr(r.Context(), sourceAddr(r)), instanceCredential(r))
+	res, err := s.cfg.Evaluator.Ingest(ctx, actor, b.Reports)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -46,7 +46,14 @@ func register(t *testing.T, s *stack, token, body string) registry.Instance {
 
 func postReports(t *testing.T, s *stack, token string, items ...string) evaluator.Result {
 	t.Helper()
-	r := s.JSON(t, "POST", "/v1/reports", token, `{"reports":[`+strings.Join(items, ",")+`]}`)
+	return postReportsWith(t, s, token, nil, items...)
+}
+
+// postReportsWith posts a batch with header h (an instance's credential,
+// apptest.Stack.AsInstance).
+func postReportsWith(t *testing.T, s *stack, token string, h http.Header, items ...string) evaluator.Result {
+	t.Helper()
+	r := s.DoWith(t, "POST", "/v1/reports", token, "application/json", `{"reports":[`+strings.Join(items, ",")+`]}`, h)
 	if r.Status != http.StatusOK {
 		t.Fatalf("POST /v1/reports: %d %s", r.Status, r.Body)
 	}
@@ -105,7 +112,7 @@ func TestReportRightAfterRegistration(t *testing.T) {
 	wl := s.Token(t, readyReq)
 
 	inst := register(t, s, wl, `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
-	res := postReports(t, s, wl, selfReport(inst.ID, "success"))
+	res := postReportsWith(t, s, wl, s.AsInstance(inst.ID.String()), selfReport(inst.ID, "success"))
 	if res.Accepted != 1 || len(res.Refused) != 0 {
 		t.Fatalf("first report right after registering: %+v", res)
 	}
@@ -137,7 +144,7 @@ func TestReportRightAfterRegistration(t *testing.T) {
 	// the old one leaves the verdicts without a refresh.
 	s.Clock.Advance(time.Second)
 	next := register(t, s, wl, `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
-	res = postReports(t, s, wl, selfReport(next.ID, "success"), selfReport(inst.ID, "success"))
+	res = postReportsWith(t, s, wl, s.AsInstance(next.ID.String()), selfReport(next.ID, "success"), selfReport(inst.ID, "success"))
 	if res.Accepted != 1 || len(res.Refused) != 1 || res.Refused[0].Index != 1 || res.Refused[0].Code != "unknown_instance" ||
 		!strings.Contains(res.Refused[0].Reason, "ended (replaced)") {
 		t.Fatalf("reports on the new and the replaced instance: %+v", res)
@@ -163,7 +170,7 @@ func TestReportThroughAnotherReplica(t *testing.T) {
 	wl := a.Token(t, readyReq)
 
 	inst := register(t, a, wl, `{"address":"127.0.0.1","port":9000,"zone":"az1"}`)
-	res := postReports(t, b, b.Token(t, readyReq), selfReport(inst.ID, "success"))
+	res := postReportsWith(t, b, b.Token(t, readyReq), a.AsInstance(inst.ID.String()), selfReport(inst.ID, "success"))
 	if res.Accepted != 1 || len(res.Refused) != 0 {
 		t.Fatalf("report to the other replica: %+v", res)
 	}

@@ -209,8 +209,10 @@ func TestRegisterRenewExpire(t *testing.T) {
 	if r.Status != http.StatusCreated {
 		t.Fatalf("vouched address: %d %s", r.Status, r.Body)
 	}
-	// The instance itself deregisters with the same proof of address.
-	if r := s.Do(t, "DELETE", "/v1/instances/"+apptest.Decode[registry.Instance](t, r).ID.String(), vouchedTok, "", ""); r.Status != http.StatusNoContent {
+	// The instance itself deregisters with the same proof of address and
+	// its credential.
+	vid := apptest.Decode[registry.Instance](t, r).ID.String()
+	if r := s.DoWith(t, "DELETE", "/v1/instances/"+vid, vouchedTok, "", "", s.AsInstance(vid)); r.Status != http.StatusNoContent {
 		t.Fatalf("deregister: %d %s", r.Status, r.Body)
 	}
 
@@ -266,7 +268,7 @@ func TestRegisterRenewExpire(t *testing.T) {
 		t.Fatal("id reused")
 	}
 	for range 2 {
-		if r := s.Do(t, "DELETE", "/v1/instances/"+again.ID.String(), web, "", ""); r.Status != http.StatusNoContent {
+		if r := s.DoWith(t, "DELETE", "/v1/instances/"+again.ID.String(), web, "", "", s.AsInstance(again.ID.String())); r.Status != http.StatusNoContent {
 			t.Fatalf("deregister: %d %s", r.Status, r.Body)
 		}
 	}

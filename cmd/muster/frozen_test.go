@@ -55,7 +55,8 @@ func TestDevSurvivesAFrozenDatabase(t *testing.T) {
 		t.Fatalf("register: %d %s", code, body)
 	}
 	var inst struct {
-		ID string `json:"id"`
+		ID         string `json:"id"`
+		Credential string `json:"credential"`
 	}
 	if err := json.Unmarshal(body, &inst); err != nil {
 		t.Fatal(err)
@@ -63,7 +64,7 @@ func TestDevSurvivesAFrozenDatabase(t *testing.T) {
 	// web probes, so its new instance is not capacity before its first
 	// success: the workload reports one.
 	wait.For(t, 30*time.Second, "web's view holds the instance", func() bool {
-		call(t, "POST", dev.url+"/v1/reports", web, `{"reports":[{"instance_id":"`+inst.ID+`","class":"self","outcome":"success"}]}`)
+		callAs(t, "POST", dev.url+"/v1/reports", web, inst.Credential, `{"reports":[{"instance_id":"`+inst.ID+`","class":"self","outcome":"success"}]}`)
 		code, body := call(t, "GET", dev.url+"/v1/resolve/web", api, "")
 		return code == 200 && strings.Contains(string(body), `"127.0.0.1"`)
 	})

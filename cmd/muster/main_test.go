@@ -154,6 +154,13 @@ func token(t *testing.T, dir string, args ...string) string {
 
 func call(t *testing.T, method, url, tok, body string) (int, []byte) {
 	t.Helper()
+	return callAs(t, method, url, tok, "", body)
+}
+
+// callAs is call by an instance presenting its credential (cred, as its
+// registration returned it; "" for none).
+func callAs(t *testing.T, method, url, tok, cred, body string) (int, []byte) {
+	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
@@ -167,6 +174,9 @@ func call(t *testing.T, method, url, tok, body string) (int, []byte) {
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if cred != "" {
+		req.Header.Set("Muster-Instance-Credential", cred)
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -214,9 +224,10 @@ func TestDevEndToEnd(t *testing.T) {
 	var inst struct {
 		ID             string
 		LeaseExpiresAt time.Time `json:"lease_expires_at"`
+		Credential     string
 	}
-	if err := json.Unmarshal(body, &inst); err != nil {
-		t.Fatal(err)
+	if err := json.Unmarshal(body, &inst); err != nil || inst.Credential == "" {
+		t.Fatalf("registration %s: %v", body, err)
 	}
 	// Evidence in, verdicts out, through the embedded evaluator. A report
 	// about an instance registered a moment ago may be refused as unknown
@@ -224,7 +235,7 @@ func TestDevEndToEnd(t *testing.T) {
 	// refresh when that happens, so a retry soon succeeds.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		code, body = call(t, "POST", dev.url+"/v1/reports", web, `{"reports":[{"instance_id":"`+inst.ID+`","class":"self","outcome":"success"}]}`)
+		code, body = callAs(t, "POST", dev.url+"/v1/reports", web, inst.Credential, `{"reports":[{"instance_id":"`+inst.ID+`","class":"self","outcome":"success"}]}`)
 		if code == 200 && bytes.Contains(body, []byte(`"accepted":1`)) {
 			break
 		}
@@ -249,7 +260,7 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Fatalf("drain az2: %d %s", code, body)
 	}
 
-	code, body = call(t, "PUT", dev.url+"/v1/instances/"+inst.ID+"/lease", web, "")
+	code, body = callAs(t, "PUT", dev.url+"/v1/instances/"+inst.ID+"/lease", web, inst.Credential, "")
 	if code != 200 {
 		t.Fatalf("renew: %d %s", code, body)
 	}

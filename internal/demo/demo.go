@@ -46,6 +46,7 @@ import (
 
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/registry"
 )
 
 // Config configures a demo run.
@@ -103,6 +104,9 @@ func ServiceNames() []string {
 type instance struct {
 	id, service, zone, addr string
 	ordinal                 int // 0 or 1 within its zone
+	// credential is what its registration returned: the instance sends
+	// it with its renewals and self-reports (issue 25).
+	credential string
 }
 
 // Demo is a running simulation.
@@ -211,6 +215,11 @@ func (e *apiError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status, 
 
 // call sends a JSON request and decodes a JSON answer into out (if not nil).
 func (d *Demo) call(ctx context.Context, method, path, token string, body, out any) error {
+	return d.callAs(ctx, method, path, token, "", body, out)
+}
+
+// callAs is call by an instance presenting its credential ("" for none).
+func (d *Demo) callAs(ctx context.Context, method, path, token, credential string, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -224,6 +233,9 @@ func (d *Demo) call(ctx context.Context, method, path, token string, body, out a
 		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
+	if credential != "" {
+		req.Header.Set(registry.CredentialHeader, credential)
+	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -310,7 +322,8 @@ func (d *Demo) setup(ctx context.Context) error {
 					return err
 				}
 				var inst struct {
-					ID string `json:"id"`
+					ID         string `json:"id"`
+					Credential string `json:"credential"`
 				}
 				err = d.setupCall(ctx, http.MethodPost, "/v1/services/"+s.name+"/instances", tok,
 					map[string]any{"address": addr, "port": 8080, "zone": z}, &inst)
@@ -318,7 +331,7 @@ func (d *Demo) setup(ctx context.Context) error {
 					return fmt.Errorf("register %s in %s: %w", s.name, z, err)
 				}
 				d.mu.Lock()
-				d.instances = append(d.instances, instance{id: inst.ID, service: s.name, zone: z, addr: addr, ordinal: k})
+				d.instances = append(d.instances, instance{id: inst.ID, service: s.name, zone: z, addr: addr, ordinal: k, credential: inst.Credential})
 				d.mu.Unlock()
 			}
 		}
@@ -413,8 +426,11 @@ func outcome(ok bool) string {
 // per service, passive aggregates from storefront.
 func (d *Demo) report(ctx context.Context, t time.Duration) {
 	probes := map[string][]report{}
-	selfs := map[string][]report{}
-	selfAddrs := map[string][]string{} // a self-report speaks only for the instance at its address
+	type selfReport struct {
+		in  instance
+		rep report
+	}
+	var selfs []selfReport // a self-report speaks only for the instance that sends it
 	var passive []report
 	for _, in := range d.all() {
 		ok, observable := health(in, t)
@@ -426,8 +442,7 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 			probes[in.zone] = append(probes[in.zone], report{InstanceID: in.id, Class: "probe", Outcome: o})
 		}
 		if has(in.service, "self") {
-			selfs[in.service] = append(selfs[in.service], report{InstanceID: in.id, Class: "self", Outcome: outcome(ok)})
-			selfAddrs[in.service] = append(selfAddrs[in.service], in.addr)
+			selfs = append(selfs, selfReport{in, report{InstanceID: in.id, Class: "self", Outcome: outcome(ok)}})
 		}
 		if has(in.service, "passive") && in.service != "storefront" {
 			s, f := uint32(20), uint32(0)
@@ -437,7 +452,7 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 			passive = append(passive, report{InstanceID: in.id, Class: "passive", Successes: &s, Failures: &f})
 		}
 	}
-	send := func(who devissuer.TokenRequest, items []report) {
+	send := func(who devissuer.TokenRequest, credential string, items []report) {
 		if len(items) == 0 {
 			return
 		}
@@ -446,7 +461,7 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 			Refused []struct{ Code, Reason string }
 		}
 		if err == nil {
-			err = d.call(ctx, http.MethodPost, "/v1/reports", tok, map[string]any{"reports": items}, &res)
+			err = d.callAs(ctx, http.MethodPost, "/v1/reports", tok, credential, map[string]any{"reports": items}, &res)
 		}
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("demo: report refused", "reporter", who.Subject+who.Service, "err", err)
@@ -457,15 +472,15 @@ func (d *Demo) report(ctx context.Context, t time.Duration) {
 		}
 	}
 	for _, z := range Zones {
-		send(proberOf(z), probes[z])
+		send(proberOf(z), "", probes[z])
 	}
-	// Each service's instances report themselves; one token vouching for
-	// all their addresses stands in for them (a host agent would do the
-	// same for the instances it runs).
-	for name, items := range selfs {
-		send(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: name, Addresses: selfAddrs[name]}, items)
+	// Each instance reports itself, with its own credential (the address
+	// alone proves a host, not an instance).
+	for _, sr := range selfs {
+		send(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: sr.in.service, Addresses: []string{sr.in.addr}}, sr.in.credential,
+			[]report{sr.rep})
 	}
-	send(workload("storefront"), passive)
+	send(workload("storefront"), "", passive)
 }
 
 // all returns the instances registered so far.
@@ -488,7 +503,7 @@ func (d *Demo) renew(ctx context.Context) {
 			defer func() { <-sem; wg.Done() }()
 			tok, err := d.token(devissuer.TokenRequest{Kind: identity.KindWorkload, Service: in.service, Addresses: []string{in.addr}})
 			if err == nil {
-				err = d.renewOne(ctx, in.id, tok)
+				err = d.renewOne(ctx, in, tok)
 			}
 			if err != nil && ctx.Err() == nil {
 				d.log.Warn("demo: lease renewal failed", "instance", in.id, "err", err)
@@ -501,7 +516,7 @@ func (d *Demo) renew(ctx context.Context) {
 // renewOne renews one lease, trying a renewal a busy server refused
 // again at once, twice: the next pass is 10 s or more away and a lease
 // lasts 30 s, so two lost passes would end it.
-func (d *Demo) renewOne(ctx context.Context, id, tok string) error {
+func (d *Demo) renewOne(ctx context.Context, in instance, tok string) error {
 	var err error
 	for attempt := range 3 {
 		if attempt > 0 {
@@ -512,7 +527,7 @@ func (d *Demo) renewOne(ctx context.Context, id, tok string) error {
 			case <-time.After(max(after, 250*time.Millisecond)):
 			}
 		}
-		err = d.call(ctx, http.MethodPut, "/v1/instances/"+id+"/lease", tok, nil, nil)
+		err = d.callAs(ctx, http.MethodPut, "/v1/instances/"+in.id+"/lease", tok, in.credential, nil, nil)
 		if retry, _ := transient(err); err == nil || !retry {
 			return err
 		}

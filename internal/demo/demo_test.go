@@ -139,7 +139,7 @@ func TestRenewalRetriesTransientRefusals(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				attempts++
-				if r.Method != http.MethodPut || r.URL.Path != "/v1/instances/i1/lease" {
+				if r.Method != http.MethodPut || r.URL.Path != "/v1/instances/i1/lease" || r.Header.Get("Muster-Instance-Credential") != "c1" {
 					http.Error(w, "not scripted", http.StatusTeapot)
 					return
 				}
@@ -149,7 +149,7 @@ func TestRenewalRetriesTransientRefusals(t *testing.T) {
 				}
 				w.WriteHeader(http.StatusNoContent)
 			}))
-			err := d.renewOne(context.Background(), "i1", "tok")
+			err := d.renewOne(context.Background(), instance{id: "i1", credential: "c1"}, "tok")
 			mu.Lock()
 			defer mu.Unlock()
 			if (err != nil) != tc.wantErr || attempts != tc.wantAttempts {

@@ -75,7 +75,7 @@ func (e *env) deregister(t *testing.T, addr string, ids ...string) {
 	t.Helper()
 	tok := e.s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "api", Addresses: []string{addr}})
 	for _, id := range ids {
-		if r := e.s.Do(t, "DELETE", "/v1/instances/"+id, tok, "", ""); r.Status != http.StatusNoContent {
+		if r := e.s.DoWith(t, "DELETE", "/v1/instances/"+id, tok, "", "", e.s.AsInstance(id)); r.Status != http.StatusNoContent {
 			t.Fatalf("deregister %s: %d %s", id, r.Status, r.Body)
 		}
 	}

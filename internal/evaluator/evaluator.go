@@ -121,6 +121,9 @@ type instanceInfo struct {
 	zone    string
 	address string
 	port    int
+	// credential is the hash of the instance's credential (unset: none),
+	// which a self-report about it must present (issue 25).
+	credential registry.CredentialHash
 }
 
 type serviceInfo struct {
@@ -714,7 +717,7 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 			e.log.Warn("add instance", "instance", in.ID, "err", err)
 			return
 		}
-		e.instances[in.ID] = instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port}
+		e.instances[in.ID] = instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port, credential: in.CredentialHash()}
 		e.changed[in.Service] = struct{}{}
 		e.members++
 		if e.byService[in.Service] == nil {

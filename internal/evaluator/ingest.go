@@ -75,7 +75,7 @@ func (e *Evaluator) Ingest(ctx context.Context, actor identity.Principal, report
 	}
 	reporter := e.internReporter(actor.String())
 	hard := false
-	at := attribution{actor: actor, reporter: reporter, source: SourceAddr(ctx)}
+	at := attribution{actor: actor, reporter: reporter, source: SourceAddr(ctx), credential: InstanceCredential(ctx)}
 
 	e.mu.Lock()
 	var (
@@ -237,6 +237,18 @@ func (e *Evaluator) attribute(at *attribution, r Report, now time.Time) (eligibi
 			return s, codeNotOwnInstance, fmt.Sprintf("a self-report speaks for the instance that sends it: instance %s is at %s, the report came from %s and the token vouches for no such address",
 				r.InstanceID, inst.address, src)
 		}
+		// On one host every instance of a service shares the address: an
+		// instance registered with a credential is itself only with it
+		// (issue 25), so a sibling's report is not its self-evidence, and
+		// is refused (and audited) as any report about another instance.
+		switch inst.credential.Check(at.credential) {
+		case registry.CredentialMissing:
+			return s, codeNotOwnInstance, fmt.Sprintf("instance %s was registered with an instance credential and the report presents none: a self-report speaks for its own instance only, which it proves with the credential its registration returned (the %s header)",
+				r.InstanceID, registry.CredentialHeader)
+		case registry.CredentialWrong:
+			return s, codeNotOwnInstance, fmt.Sprintf("the instance credential the report presents is not instance %s's: a self-report speaks for its own instance only, not for another instance on the same host",
+				r.InstanceID)
+		}
 	case eligibility.Probe:
 		if actor.Kind != identity.KindProber {
 			return s, codeWrongKind, fmt.Sprintf("probe evidence comes from prober identities, not a %s", actor.Kind)
@@ -266,10 +278,11 @@ func (e *Evaluator) attribute(at *attribution, r Report, now time.Time) (eligibi
 // address the request came from, with the batch's answers about which
 // services it may call.
 type attribution struct {
-	actor    identity.Principal
-	reporter eligibility.ReporterID
-	source   netip.Addr
-	calls    map[string]bool
+	actor      identity.Principal
+	reporter   eligibility.ReporterID
+	source     netip.Addr
+	credential registry.Credential
+	calls      map[string]bool
 }
 
 // mayCall reports whether the actor may resolve service (asked once per
@@ -303,6 +316,22 @@ func WithSourceAddr(ctx context.Context, addr netip.Addr) context.Context {
 func SourceAddr(ctx context.Context) netip.Addr {
 	a, _ := ctx.Value(sourceKey{}).(netip.Addr)
 	return a
+}
+
+type credentialKey struct{}
+
+// WithInstanceCredential returns ctx carrying the instance credential a
+// batch of reports presented (registry.CredentialHeader), which Ingest
+// checks a self-report about an instance with a credential against.
+func WithInstanceCredential(ctx context.Context, c registry.Credential) context.Context {
+	return context.WithValue(ctx, credentialKey{}, c)
+}
+
+// InstanceCredential is the credential WithInstanceCredential put in
+// ctx, or none.
+func InstanceCredential(ctx context.Context) registry.Credential {
+	c, _ := ctx.Value(credentialKey{}).(registry.Credential)
+	return c
 }
 
 const (

@@ -69,8 +69,14 @@ var errHidden = refusal.Forbidden.Sub("hidden", "forbidden")
 // service is answered as if the instance did not exist (audited all the
 // same).
 //
-// source is the request's TCP peer address (never a forwarded header).
-func (s *Service) Deregister(ctx context.Context, actor identity.Principal, source netip.Addr, id uuid.UUID, req DeregisterRequest) (Deregistration, error) {
+// An instance with a credential (issue 25; registry/credential.go) is
+// itself only when the caller also presents that credential: on one host
+// every instance of a service shares the address, so the address proves a
+// host, not an instance, and a sibling there is anyone else.
+//
+// source is the request's TCP peer address (never a forwarded header);
+// cred the instance credential the caller presented, if any.
+func (s *Service) Deregister(ctx context.Context, actor identity.Principal, source netip.Addr, cred registry.Credential, id uuid.UUID, req DeregisterRequest) (Deregistration, error) {
 	asked := map[string]any{"instance_id": id}
 	if req.Justification != "" {
 		asked["justification"] = clip(req.Justification, MaxJustificationLength)
@@ -93,11 +99,11 @@ func (s *Service) Deregister(ctx context.Context, actor identity.Principal, sour
 			return refusal.New(errHidden, CheckAuthorization, "%s may not see instances of %s; answered as not found", actor, cur.Service), nil
 		}
 		a.passed = append(a.passed, CheckInstance)
-		if isSelf(actor, source, cur) {
+		if isSelf(actor, source, cred, cur) {
 			out.Self = true
 			return nil, s.deregisterSelf(ctx, q, now, actor, &out)
 		}
-		e, err := s.deregisterOther(ctx, q, now, a, actor, source, req, &out)
+		e, err := s.deregisterOther(ctx, q, now, a, actor, source, cred, req, &out)
 		out.quota = a.rate
 		return e, err
 	})
@@ -114,13 +120,21 @@ func (s *Service) Deregister(ctx context.Context, actor identity.Principal, sour
 }
 
 // isSelf reports whether actor is the instance cur itself: a workload of
-// its service proved to hold its address.
-func isSelf(actor identity.Principal, source netip.Addr, cur registry.Instance) bool {
+// its service proved to hold its address and, when cur has a credential,
+// presenting it.
+func isSelf(actor identity.Principal, source netip.Addr, cred registry.Credential, cur registry.Instance) bool {
 	if actor.Kind != identity.KindWorkload || actor.Service != cur.Service {
 		return false
 	}
 	addr, err := netip.ParseAddr(cur.Address)
-	return err == nil && registry.HoldsAddress(actor, addr, source)
+	if err != nil || !registry.HoldsAddress(actor, addr, source) {
+		return false
+	}
+	switch cur.CredentialHash().Check(cred) {
+	case registry.CredentialNotNeeded, registry.CredentialMatches:
+		return true
+	}
+	return false
 }
 
 // deregisterSelf is the graceful shutdown: no checks beyond identity and
@@ -147,13 +161,26 @@ func (s *Service) deregisterSelf(ctx context.Context, q *db.Queries, now time.Ti
 // deregisterOther runs Create's checks on a deregistration by someone
 // other than the instance.
 func (s *Service) deregisterOther(ctx context.Context, q *db.Queries, now time.Time, a *attempt, actor identity.Principal,
-	source netip.Addr, req DeregisterRequest, out *Deregistration) (*refusal.Error, error) {
+	source netip.Addr, cred registry.Credential, req DeregisterRequest, out *Deregistration) (*refusal.Error, error) {
 	cur := out.Instance
 	svc, err := readService(ctx, q, cur.Service)
 	if err != nil {
 		return nil, err
 	}
 	if !mayOverride(actor, svc.Owner) {
+		if actor.Kind == identity.KindWorkload && actor.Service == cur.Service {
+			if addr, err := netip.ParseAddr(cur.Address); err == nil && registry.HoldsAddress(actor, addr, source) {
+				// The instance's host, but not the instance: a sibling, or
+				// the instance without its credential.
+				what := "presented none"
+				if cur.CredentialHash().Check(cred) == registry.CredentialWrong {
+					what = "presented another instance's"
+				}
+				return refusal.New(ErrForbidden, CheckAuthorization,
+					"%s may deregister only its own instance; instance %s (%s:%d) was registered with an instance credential and the request %s, so it is another instance on the same host. An instance deregisters itself with the credential its registration returned, in the %s header; deregistering another instance of %s is an override: it needs the %s team's operator role or admin",
+					actor, cur.ID, cur.Address, cur.Port, what, registry.CredentialHeader, cur.Service, svc.Owner), nil
+			}
+		}
 		if actor.Kind == identity.KindWorkload {
 			return refusal.New(ErrForbidden, CheckAuthorization,
 				"%s may deregister only its own instance (from the address it registered, or one its token vouches for); instance %s is %s:%d and the request came from %s. Deregistering another instance of %s is an override: it needs the %s team's operator role or admin",

@@ -47,6 +47,21 @@ type Instance struct {
 	EndedAt        *time.Time `json:"ended_at,omitempty"`
 
 	seals seals // as read: VerifyIdentity and VerifyEnd check them
+	// credential is the hash of the instance's credential (credential.go);
+	// credentialProven that the instance has presented it in a renewal.
+	credential       CredentialHash
+	credentialProven bool
+}
+
+// Registered is a registration's answer: the instance and, when a
+// workload registered it, its credential. The credential is shown once,
+// here; muster keeps only its hash.
+type Registered struct {
+	Instance
+	// Credential is the instance's secret, for the CredentialHeader of its
+	// renewals, its own deregistration and its self-reports; empty when
+	// the instance has none (an endpoint an operator declared).
+	Credential string `json:"credential,omitempty"`
 }
 
 // Registration is what a runtime asks to register.
@@ -85,18 +100,31 @@ func (r *Registry) validateRegistration(reg *Registration) (netip.Addr, []FieldE
 	return addr, fe
 }
 
-// Register records a new instance of service with a lease of LeaseTTL. A
+// Register is RegisterWithCredential without the credential, for callers
+// inside muster and its tests that act for no instance.
+func (r *Registry) Register(ctx context.Context, actor identity.Principal, source netip.Addr, service string, reg Registration) (Instance, error) {
+	out, err := r.RegisterWithCredential(ctx, actor, source, service, reg)
+	return out.Instance, err
+}
+
+// RegisterWithCredential records a new instance of service with a lease of LeaseTTL. A
 // workload may register only into its own service, and only an address it
 // is proved to hold: the request's source address, or one its token lists
 // (ADR-15). The service's own operators and admins may register endpoints
 // on its behalf (declared external endpoints). A live instance already
 // holding the same address and port is ended as replaced: a restarted
 // process is a new instance (ADR-03).
-func (r *Registry) Register(ctx context.Context, actor identity.Principal, source netip.Addr, service string, reg Registration) (Instance, error) {
+//
+// An instance a workload registers (the instance itself) gets a
+// credential (credential.go), returned here once and stored as its hash;
+// an endpoint an operator declares has no process of its own to hold one
+// and gets none.
+func (r *Registry) RegisterWithCredential(ctx context.Context, actor identity.Principal, source netip.Addr, service string, reg Registration) (Registered, error) {
 	const action = "instance.register"
 	target := service
 	var (
 		out      Instance
+		secret   string
 		replaced []Instance
 	)
 	err := r.write(ctx, actor, action, "service", target, reg, func(q *db.Queries) (*refusal.Error, error) {
@@ -143,11 +171,18 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 		if err != nil {
 			return nil, fmt.Errorf("new instance id: %w", err)
 		}
+		var hash []byte
+		if actor.Kind == identity.KindWorkload {
+			if secret, hash, err = newCredential(); err != nil {
+				return nil, err
+			}
+		}
 		expires := now.Add(r.cfg.LeaseTTL)
 		ins, err := insertSealed(ctx, q, r.cfg.Sealer, db.InstanceInsertParams{
 			ID: id, Service: service, Address: reg.Address, Port: int32(reg.Port),
 			Zone: reg.Zone, Region: reg.Region, Source: SourceRegistered,
 			LeaseExpiresAt: &expires, RegisteredBy: actor.String(), Now: now,
+			CredentialHash: hash,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("insert instance: %w", err)
@@ -157,13 +192,13 @@ func (r *Registry) Register(ctx context.Context, actor identity.Principal, sourc
 		return nil, err
 	})
 	if err != nil {
-		return Instance{}, err
+		return Registered{}, err
 	}
 	r.metrics.registrations.Inc()
 	if f := r.following(); f != nil {
 		f.InstancesRegistered(ctx, append(replaced, out))
 	}
-	return out, nil
+	return Registered{Instance: out, Credential: secret}, nil
 }
 
 // mayRegister checks who may register into svc at all.
@@ -219,17 +254,61 @@ func HoldsAddress(actor identity.Principal, addr, source netip.Addr) bool {
 // re-registering gives a new id. Successful renewals are not audited (they
 // are not policy changes and arrive every few seconds per instance);
 // refused ones are.
+//
+// Renew is RenewWithCredential with no credential presented.
 func (r *Registry) Renew(ctx context.Context, actor identity.Principal, id uuid.UUID) (Instance, error) {
-	return r.changeInstance(ctx, actor, id, "lease.renew", func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error) {
+	return r.RenewWithCredential(ctx, actor, id, Credential{})
+}
+
+// RenewWithCredential renews as Renew does, cred being the credential the
+// caller presented (credential.go). A workload renewing an instance that
+// has a credential:
+//
+//   - with the instance's credential renews it, and from then on the
+//     instance needs its credential to renew;
+//   - with another credential (a sibling's) is refused: it is not this
+//     instance;
+//   - with none is accepted, and counted in
+//     muster_lease_renewals_without_credential_total, until the instance
+//     has once renewed with its credential; after that it is refused.
+//
+// The last rule is for clients from before credentials, which register
+// (and get a credential they do not keep) and renew without one: muster
+// must never be what stops their traffic, and a renewal can only keep an
+// instance, never remove one, so such a renewal is let through. Once the
+// instance has shown it holds its credential a renewal without it cannot
+// be the instance's, and a sibling cannot keep a dead neighbour's lease
+// alive. Operators and admins renew as before, credential or not.
+func (r *Registry) RenewWithCredential(ctx context.Context, actor identity.Principal, id uuid.UUID, cred Credential) (Instance, error) {
+	without := false
+	out, err := r.changeInstance(ctx, actor, id, "lease.renew", func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error) {
 		if cur.Source != SourceRegistered || cur.LeaseExpiresAt == nil {
 			return Instance{}, false, newRefusal(ErrConflict, "instance %s comes from %s and has no lease to renew", id, cur.Source)
 		}
-		row, err := q.LeaseRenew(ctx, db.LeaseRenewParams{ID: id, LeaseExpiresAt: new(now.Add(r.cfg.LeaseTTL)), Now: now})
+		proven := false
+		if actor.Kind == identity.KindWorkload {
+			switch cur.credential.Check(cred) {
+			case CredentialWrong:
+				return Instance{}, false, newRefusal(ErrForbidden, "the %s presented is not instance %s's: an instance renews its own lease with the credential its registration returned", CredentialHeader, id)
+			case CredentialMissing:
+				if cur.credentialProven {
+					return Instance{}, false, newRefusal(ErrForbidden, "instance %s has renewed with its credential before, so a renewal without one is not the instance's: send the credential its registration returned in the %s header", id, CredentialHeader)
+				}
+				without = true
+			case CredentialMatches:
+				proven = true
+			}
+		}
+		row, err := q.LeaseRenew(ctx, db.LeaseRenewParams{ID: id, LeaseExpiresAt: new(now.Add(r.cfg.LeaseTTL)), Now: now, Proven: proven})
 		if err != nil {
 			return Instance{}, false, fmt.Errorf("renew lease %s: %w", id, err)
 		}
 		return instanceFromRow(row), false, nil
 	})
+	if err == nil && without {
+		r.metrics.renewalsWithoutCredential.Inc()
+	}
+	return out, err
 }
 
 // Deregister ends an instance gracefully; it is then never routed to again.
@@ -413,7 +492,8 @@ func instanceFromRow(row db.Instance) Instance {
 		Zone: row.Zone, Region: row.Region, Source: row.Source, State: row.State,
 		LeaseExpiresAt: row.LeaseExpiresAt, RegisteredBy: row.RegisteredBy,
 		CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt, EndedAt: row.EndedAt,
-		seals: sealsOf(row),
+		seals:      sealsOf(row),
+		credential: credentialHashOf(row.CredentialHash), credentialProven: row.CredentialProven,
 	}
 }
 

@@ -114,6 +114,9 @@ type metrics struct {
 	refusals      *prometheus.CounterVec
 	registrations prometheus.Counter
 	expired       prometheus.Counter
+	// renewalsWithoutCredential: renewals of instances that have a
+	// credential by a client that did not send it (RenewWithCredential).
+	renewalsWithoutCredential prometheus.Counter
 }
 
 // New returns a Registry.
@@ -134,9 +137,13 @@ func New(cfg Config) (*Registry, error) {
 			Name: "muster_leases_expired_total",
 			Help: "Registered instances ended because their lease was not renewed.",
 		}),
+		renewalsWithoutCredential: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_lease_renewals_without_credential_total",
+			Help: "Lease renewals accepted without the instance credential its registration returned (a client from before instance credentials).",
+		}),
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{m.refusals, m.registrations, m.expired} {
+		for _, c := range []prometheus.Collector{m.refusals, m.registrations, m.expired, m.renewalsWithoutCredential} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("registry: register metrics: %w", err)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/views"
 )
 
@@ -25,9 +26,9 @@ func (u *UI) deregisterInstance(w http.ResponseWriter, r *http.Request, p identi
 		return
 	}
 	just := r.PostFormValue("justification")
-	// No source address: the UI's peer is the operator's browser, never
-	// the instance.
-	d, err := u.cfg.Overrides.Deregister(r.Context(), p, netip.Addr{}, id, policy.DeregisterRequest{Justification: just})
+	// No source address and no instance credential: the UI's peer is the
+	// operator's browser, never the instance.
+	d, err := u.cfg.Overrides.Deregister(r.Context(), p, netip.Addr{}, registry.Credential{}, id, policy.DeregisterRequest{Justification: just})
 	if err != nil {
 		retry := &views.OverrideRetry{Service: service, InstanceID: id.String(), Action: string(policy.Deregister), Justification: just}
 		u.overrideRefused(w, r, p, service, "Deregistration refused", err, retry)

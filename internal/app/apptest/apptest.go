@@ -113,6 +113,41 @@ type Stack struct {
 
 	jwksFetches atomic.Int64
 	queries     queryCounter
+	// credentials keeps the instance credential of each instance
+	// registered through Do (id -> secret), as a client keeps its own.
+	credentials sync.Map
+}
+
+// Credential is the instance credential the registration of id through
+// Do returned; "" when there was none (an operator declared it, or it
+// was not registered through Do).
+func (s *Stack) Credential(id string) string {
+	c, _ := s.credentials.Load(id)
+	secret, _ := c.(string)
+	return secret
+}
+
+// AsInstance is the header an instance registered through Do presents
+// its credential in (registry.CredentialHeader); empty when it has none.
+func (s *Stack) AsInstance(id string) http.Header {
+	h := http.Header{}
+	if c := s.Credential(id); c != "" {
+		h.Set(registry.CredentialHeader, c)
+	}
+	return h
+}
+
+// keepCredential remembers the credential of an instance registered by
+// POST /v1/services/{name}/instances.
+func (s *Stack) keepCredential(method, path string, r Response) {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	if method != http.MethodPost || r.Status != http.StatusCreated || len(parts) != 4 || parts[0] != "v1" || parts[1] != "services" || parts[3] != "instances" {
+		return
+	}
+	var reg registry.Registered
+	if json.Unmarshal(r.Body, &reg) == nil && reg.Credential != "" {
+		s.credentials.Store(reg.ID.String(), reg.Credential)
+	}
 }
 
 // RequestQueries counts the queries run on the stack's pool on behalf of
@@ -479,6 +514,12 @@ func (r Response) Problem(t testing.TB) server.Problem {
 // Do sends a request with an optional token, content type and body.
 func (s *Stack) Do(t testing.TB, method, path, token, contentType, body string) Response {
 	t.Helper()
+	return s.DoWith(t, method, path, token, contentType, body, nil)
+}
+
+// DoWith is Do with more request headers (AsInstance's, say).
+func (s *Stack) DoWith(t testing.TB, method, path, token, contentType, body string, header http.Header) Response {
+	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
@@ -493,6 +534,9 @@ func (s *Stack) Do(t testing.TB, method, path, token, contentType, body string) 
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
 	res, err := s.Client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -502,7 +546,9 @@ func (s *Stack) Do(t testing.TB, method, path, token, contentType, body string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Response{Status: res.StatusCode, Header: res.Header, Body: b}
+	out := Response{Status: res.StatusCode, Header: res.Header, Body: b}
+	s.keepCredential(method, path, out)
+	return out
 }
 
 // JSON sends a JSON body.
@@ -578,21 +624,39 @@ func (s *Stack) Admit(t testing.TB, ids ...string) {
 		t.Fatalf("admit: sync the evaluator: %v", err)
 	}
 	// A self-report speaks for the instance that sends it: the token
-	// vouches for the instances' addresses, as an instance's own would.
+	// vouches for the instances' addresses, as an instance's own would,
+	// and an instance with a credential presents it, in a batch of its
+	// own (one credential a request).
 	var items, addrs []string
 	admin := identity.Principal{Kind: identity.KindOperator, Subject: "apptest", Role: identity.RoleAdmin}
+	type own struct{ id, item string }
+	var owns []own
 	for _, id := range ids {
 		in, err := s.Registry.GetInstance(t.Context(), admin, uuid.MustParse(id))
 		if err != nil {
 			t.Fatalf("admit: read instance %s: %v", id, err)
 		}
-		items = append(items, `{"instance_id":"`+id+`","class":"self","outcome":"success"}`)
+		item := `{"instance_id":"` + id + `","class":"self","outcome":"success"}`
 		addrs = append(addrs, in.Address)
+		if s.Credential(id) != "" {
+			owns = append(owns, own{id, item})
+			continue
+		}
+		items = append(items, item)
 	}
 	tok := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "web", Addresses: addrs})
-	r := s.JSON(t, "POST", "/v1/reports", tok, `{"reports":[`+strings.Join(items, ",")+`]}`)
-	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), fmt.Sprintf(`"accepted":%d`, len(ids))) {
-		t.Fatalf("admit %v: %d %s", ids, r.Status, r.Body)
+	post := func(items []string, n int, h http.Header) {
+		t.Helper()
+		r := s.DoWith(t, "POST", "/v1/reports", tok, "application/json", `{"reports":[`+strings.Join(items, ",")+`]}`, h)
+		if r.Status != http.StatusOK || !strings.Contains(string(r.Body), fmt.Sprintf(`"accepted":%d`, n)) {
+			t.Fatalf("admit %v: %d %s", ids, r.Status, r.Body)
+		}
+	}
+	if len(items) > 0 {
+		post(items, len(items), nil)
+	}
+	for _, o := range owns {
+		post([]string{o.item}, 1, s.AsInstance(o.id))
 	}
 	s.Evaluator.EvaluateNow()
 }
