@@ -658,10 +658,11 @@ func (e *Evaluator) applyAssignment(a registry.ProberAssignments) *proberAssignm
 // ProberAssigned applies a prober's new assignments at once, as the next
 // refresh would (the registry's ProberAssigned hook calls it after the
 // commit), so the prober's first reports are not refused as not assigned.
+//
+// It applies them during the rebuild too: the rebuild's refresh may have
+// read the assignments before this one committed, and its end keeps an
+// assignment stamped after its read (refresh), as any refresh's does.
 func (e *Evaluator) ProberAssigned(a registry.ProberAssignments) {
-	if !e.ready.Load() {
-		return // the rebuild reads every assignment
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.assignGen++

@@ -656,3 +656,33 @@ func TestRefreshKeepsANewerProberAssignment(t *testing.T) {
 		t.Fatalf("prober-az2's report just after its assignment: %+v", res)
 	}
 }
+
+// TestAssignmentDuringTheRebuildIsKept: an assignment committed while the
+// evaluator rebuilds, after the rebuild read the assignments, is not lost
+// until the next refresh (cmd/muster's TestTgsyncHAProxyEndToEnd met its
+// prober refused "not assigned" on a loaded machine).
+func TestAssignmentDuringTheRebuildIsKept(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{NoStart: true})
+	ctx := context.Background()
+	type mine struct{}
+	assigned := false
+	f.Evaluator.SetAfterAssignmentsRead(func(c context.Context) {
+		if c.Value(mine{}) == nil || assigned {
+			return
+		}
+		assigned = true
+		if _, err := f.Registry.PutProberAssignments(ctx, admin, "prober-az2", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := f.Evaluator.SyncNow(context.WithValue(ctx, mine{}, true)); err != nil {
+		t.Fatal(err)
+	}
+	if !assigned {
+		t.Fatal("the hook did not run")
+	}
+	if !f.Evaluator.ProberCovers("prober-az2", "web") {
+		t.Fatal("an assignment committed during the rebuild, after its read, is lost")
+	}
+}

@@ -11,3 +11,12 @@ func (e *Evaluator) SetAfterAssignmentsRead(f func(context.Context)) {
 	}
 	e.afterAssignmentsRead.Store(&f)
 }
+
+// ProberCovers says whether prober is assigned service, as ingest would
+// find it.
+func (e *Evaluator) ProberCovers(prober, service string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a := e.probers[prober]
+	return a != nil && a.services[service]
+}
