@@ -113,7 +113,9 @@ func newCluster(t *testing.T, d reconcile.Disbelief, objs ...runtime.Object) *cl
 
 func (c *cluster) start(d reconcile.Disbelief) *cluster {
 	t := c.t
-	src, err := reconcile.NewKubernetesSource(reconcile.KubernetesConfig{Cluster: "test", Client: c.client, Now: c.st.Clock.Now})
+	src, err := reconcile.NewKubernetesSource(reconcile.KubernetesConfig{Cluster: "test", Client: c.client, Now: c.st.Clock.Now,
+		// The reconcile config vouches for namespace shop for web (members:).
+		Members: map[string][]string{"web": {ns}}})
 	if err != nil {
 		t.Fatal(err)
 	}
