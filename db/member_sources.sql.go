@@ -106,6 +106,37 @@ func (q *Queries) MemberSourcesSeal(ctx context.Context, arg MemberSourcesSealPa
 	return i, err
 }
 
+const memberSourcesSealCensus = `-- name: MemberSourcesSealCensus :many
+SELECT seal_key, count(*)::bigint AS rows FROM member_sources GROUP BY seal_key
+`
+
+type MemberSourcesSealCensusRow struct {
+	SealKey *string
+	Rows    int64
+}
+
+// How many services' member sources each key sealed (seal_key NULL:
+// unsealed).
+func (q *Queries) MemberSourcesSealCensus(ctx context.Context) ([]MemberSourcesSealCensusRow, error) {
+	rows, err := q.db.Query(ctx, memberSourcesSealCensus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []MemberSourcesSealCensusRow
+	for rows.Next() {
+		var i MemberSourcesSealCensusRow
+		if err := rows.Scan(&i.SealKey, &i.Rows); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const memberSourcesUpsert = `-- name: MemberSourcesUpsert :one
 INSERT INTO member_sources (service, version, document, updated_by, updated_at)
 VALUES ($1, 1, $2, $3, $4::timestamptz)

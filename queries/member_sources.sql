@@ -27,3 +27,8 @@ SELECT s.name AS service, m.version, m.document, m.updated_by, m.updated_at, m.s
 FROM services s LEFT JOIN member_sources m ON m.service = s.name
 WHERE s.name = ANY(sqlc.arg(services)::text[])
 ORDER BY s.name;
+
+-- name: MemberSourcesSealCensus :many
+-- How many services' member sources each key sealed (seal_key NULL:
+-- unsealed).
+SELECT seal_key, count(*)::bigint AS rows FROM member_sources GROUP BY seal_key;

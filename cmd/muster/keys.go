@@ -129,7 +129,7 @@ func cmdSeal(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	byKey := census.ByKey()
 	ids := slices.Sorted(maps.Keys(byKey))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tTRUSTED\tINSTANCES\tCONTRACTS\tOVERRIDES\tSHIFTS\tTOTAL")
+	fmt.Fprintln(tw, "KEY\tTRUSTED\tINSTANCES\tCONTRACTS\tOVERRIDES\tSHIFTS\tMEMBER_SOURCES\tTOTAL")
 	for _, id := range ids {
 		name, trust := id, "no"
 		switch {
@@ -142,9 +142,10 @@ func cmdSeal(ctx context.Context, args []string, stdout, stderr io.Writer) error
 				trust = "yes"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", name, trust,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", name, trust,
 			census.Rows[seal.TableInstances][id], census.Rows[seal.TableContracts][id],
-			census.Rows[seal.TableOverrides][id], census.Rows[seal.TableShifts][id], byKey[id])
+			census.Rows[seal.TableOverrides][id], census.Rows[seal.TableShifts][id],
+			census.Rows[seal.TableMemberSources][id], byKey[id])
 	}
 	if err := tw.Flush(); err != nil {
 		return err
