@@ -62,11 +62,18 @@ func Authorise(source string, r Reading, live []Live, auth map[string]registry.M
 	}
 	claims := map[string]*Claim{}
 	selectors := map[string]labels.Selector{}
+	ok := make([]bool, len(r.Endpoints))
+	admitted := map[uuid.UUID]bool{}
+	for i, e := range r.Endpoints {
+		a, known := auth[e.Service]
+		if ok[i] = !known || authorised(source, e, a, selectors); ok[i] {
+			admitted[e.ID] = true
+		}
+	}
 	out := r
 	out.Endpoints = make([]Endpoint, 0, len(r.Endpoints))
-	for _, e := range r.Endpoints {
-		a, known := auth[e.Service]
-		if !known || authorised(source, e, a, selectors) {
+	for i, e := range r.Endpoints {
+		if ok[i] {
 			out.Endpoints = append(out.Endpoints, e)
 			continue
 		}
@@ -76,7 +83,11 @@ func Authorise(source string, r Reading, live []Live, auth map[string]registry.M
 			claims[k] = &c
 		}
 		claims[k].Endpoints++
-		if isLive[e.ID] {
+		// A member admitted before is kept, unless an authorised endpoint
+		// has its id (two Services reporting one address without a pod
+		// reference): the unauthorised copy must never speak for it, say
+		// to report it terminating.
+		if isLive[e.ID] && !admitted[e.ID] {
 			claims[k].Kept++
 			out.Endpoints = append(out.Endpoints, e)
 		}

@@ -78,6 +78,18 @@ func TestAuthorise(t *testing.T) {
 			claims: []Claim{{Source: src, Namespace: "attacker", KubeService: "web-svc", Service: "web", Endpoints: 1}},
 		},
 		{
+			name: "an unauthorised copy of an authorised member's id never speaks for it",
+			r: func() []Endpoint {
+				evil := k8s(1, "web", "attacker", nil, false)
+				evil.Terminating, evil.Serving, evil.Ready = true, false, false
+				return []Endpoint{k8s(1, "web", "shop", nil, true), evil}
+			}(),
+			live:   live(1),
+			auth:   map[string]registry.MemberAuthority{"web": {}},
+			keep:   []int{1},
+			claims: []Claim{{Source: src, Namespace: "attacker", KubeService: "web-svc", Service: "web", Endpoints: 1}},
+		},
+		{
 			name: "an unregistered service is left to the registry",
 			r:    []Endpoint{k8s(1, "ghost", "x", nil, false)},
 			auth: map[string]registry.MemberAuthority{},
@@ -92,6 +104,11 @@ func TestAuthorise(t *testing.T) {
 					if e.ID == id(n) {
 						kept = append(kept, n)
 					}
+				}
+			}
+			for _, e := range got.Endpoints {
+				if e.Namespace == "attacker" && e.Terminating {
+					t.Errorf("the unauthorised copy was kept: %+v", e)
 				}
 			}
 			if d := cmp.Diff(c.keep, kept); d != "" {
