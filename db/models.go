@@ -77,6 +77,16 @@ type LeaseExpiryConfirmation struct {
 	Reason      string
 }
 
+type MemberSource struct {
+	Service   string
+	Version   int64
+	Document  json.RawMessage
+	UpdatedBy string
+	UpdatedAt time.Time
+	Seal      []byte
+	SealKey   *string
+}
+
 type ObservedWindow struct {
 	InstanceID   uuid.UUID
 	Class        int16

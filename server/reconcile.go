@@ -14,7 +14,8 @@ import (
 
 // Reconcile is the reconciliation of orchestrators and inventories into
 // the registry (reconcile.Reconciler): its diff, its confirmations and its
-// alarms (reconcile_suspect, reconcile_stale).
+// alarms (reconcile_suspect, reconcile_stale, reconcile_unauthorised,
+// member_sources_unsealed, reconcile_replace_refused).
 type Reconcile interface {
 	Diff(ctx context.Context) (reconcile.Diff, error)
 	Confirm(ctx context.Context, actor identity.Principal, source, reason string) (registry.ReconcileConfirmation, error)

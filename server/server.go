@@ -398,6 +398,8 @@ func (s *Server) routes() chi.Router {
 				r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 				r.Get("/v1/services/{name}/grants", s.grantsGet)
 				r.Put("/v1/services/{name}/grants", s.grantsPut)
+				r.Get("/v1/services/{name}/member-sources", s.memberSourcesGet)
+				r.Put("/v1/services/{name}/member-sources", s.memberSourcesPut)
 				r.Get("/v1/shifts", s.shiftsList)
 				r.Post("/v1/shifts", s.shiftStart)
 				r.Get("/v1/shifts/{id}", s.shiftGet)

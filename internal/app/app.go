@@ -298,6 +298,9 @@ func New(cfg Config) (*App, error) {
 	if a.Policy, err = policy.New(pc); err != nil {
 		return nil, err
 	}
+	// A reconciled endpoint ends a live instance at its address only
+	// within the budget an operator's deregistration needs.
+	a.Registry.GateReplacements(a.Policy)
 	a.Sweeper = policy.NewSweeper(a.Policy, 0)
 	sc := cfg.Shifts
 	sc.Pool, sc.Region, sc.Logger, sc.Registerer = pool, cfg.Region, log, metrics

@@ -11,6 +11,7 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
@@ -253,4 +254,33 @@ func sourceWords(source netip.Addr) string {
 		return "an unknown address"
 	}
 	return source.Unmap().String()
+}
+
+// MayReplace is registry.ReplaceGate: a reconciled endpoint at a live
+// instance's address and port ends that instance only within the
+// disruption budget an operator's deregistration needs (issue 25),
+// counted the same way, under the same per-service lock, on the
+// evaluator's snapshot with the overrides in force. There is no co-signer
+// for reconciliation: over budget, the instance stays and the reconciled
+// endpoint waits (registry.ApplyReconcile skips it and audits the
+// refusal), as does one whose service the evaluator has not loaded yet.
+func (s *Service) MayReplace(ctx context.Context, q *db.Queries, now time.Time, victim registry.Instance) (string, map[string]any, error) {
+	if err := q.OverrideServiceLock(ctx, victim.Service); err != nil {
+		return "", nil, fmt.Errorf("lock overrides of %s: %w", victim.Service, err)
+	}
+	inForce, err := s.inForce(ctx, q, victim.Service, now)
+	if err != nil {
+		return "", nil, fmt.Errorf("list overrides of %s: %w", victim.Service, err)
+	}
+	b, err := s.budget(ctx, q, victim.Service, victim.Zone, victim.ID, inForce)
+	if errors.Is(err, evaluator.ErrNotReady) {
+		return "the evaluator has not loaded " + victim.Service + " yet, so its budget cannot be counted", nil, nil
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	if e := b.refusal(); e != nil {
+		return e.Detail, b.figures(), nil
+	}
+	return "", b.figures(), nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +46,12 @@ type ClusterFile struct {
 	Selector       string `yaml:"selector"`
 	Annotation     string `yaml:"annotation"`
 	PortAnnotation string `yaml:"port_annotation"`
+	// Members maps a muster service to the namespaces whose Services may
+	// supply its members from this cluster while the service names no
+	// member sources of its own (PUT /v1/services/{name}/member-sources).
+	// The issuer's service_accounts count too: "shop/web: web" lets
+	// namespace shop supply web.
+	Members map[string][]string `yaml:"members"`
 	// Issuer is the cluster's service-account token issuer, when its pods
 	// authenticate with their projected tokens.
 	Issuer *ClusterIssuer `yaml:"issuer"`
@@ -129,6 +136,19 @@ func ParseConfig(name string, b []byte) (FileConfig, error) {
 		seen["k8s/"+k.Cluster] = true
 		if k.Context != "" && k.Kubeconfig == "" {
 			bad(p+".context", "a context needs a kubeconfig")
+		}
+		for svc, nss := range k.Members {
+			if !validName(svc) {
+				bad(p+".members", "%q is not a service name", svc)
+			}
+			if len(nss) == 0 {
+				bad(p+".members."+svc, "name at least one namespace")
+			}
+			for _, n := range nss {
+				if !validName(n) {
+					bad(p+".members."+svc, "%q is not a namespace name", n)
+				}
+			}
 		}
 		if k.Issuer != nil {
 			m := identity.ClaimMapping{Type: identity.MappingKubernetes, Cluster: k.Cluster, Services: k.Issuer.ServiceAccounts}
@@ -225,7 +245,7 @@ func (c FileConfig) Build(now func() time.Time) (Config, []identity.IssuerConfig
 			return Config{}, nil, fmt.Errorf("cluster %s: %w", k.Cluster, err)
 		}
 		src, err := NewKubernetesSource(KubernetesConfig{Cluster: k.Cluster, Client: client, Namespace: k.Namespace, Selector: k.Selector,
-			Annotation: k.Annotation, PortAnnotation: k.PortAnnotation, Now: now})
+			Annotation: k.Annotation, PortAnnotation: k.PortAnnotation, Members: k.DefaultMembers(), Now: now})
 		if err != nil {
 			return Config{}, nil, err
 		}
@@ -255,4 +275,30 @@ func (c FileConfig) Build(now func() time.Time) (Config, []identity.IssuerConfig
 			Type: is.Type, Claim: is.Claim, Services: is.Roles}})
 	}
 	return cfg, issuers, nil
+}
+
+// DefaultMembers are the namespaces the cluster's configuration vouches
+// for, by muster service: its members, and the namespaces of its issuer's
+// service accounts mapped to each service. A service that names no member
+// sources takes members from this cluster from these namespaces only.
+func (k ClusterFile) DefaultMembers() map[string][]string {
+	out := map[string][]string{}
+	add := func(svc, ns string) {
+		if !slices.Contains(out[svc], ns) {
+			out[svc] = append(out[svc], ns)
+		}
+	}
+	for svc, nss := range k.Members {
+		for _, n := range nss {
+			add(svc, n)
+		}
+	}
+	if k.Issuer != nil {
+		for sa, svc := range k.Issuer.ServiceAccounts {
+			if ns, _, ok := strings.Cut(sa, "/"); ok {
+				add(svc, ns)
+			}
+		}
+	}
+	return out
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/musterhq/muster/internal/reconcile"
 )
 
@@ -96,6 +98,8 @@ func TestConfigErrorsNameLineAndField(t *testing.T) {
 		{"kubernetes:\n  - cluster: prod\n  - cluster: prod\n", "muster.yaml:3: kubernetes.1.cluster: cluster prod configured twice"},
 		{"issuers:\n  - url: https://i.example\n    type: gcp\nsnapshots: [{name: a, file: /x}]\n", "muster.yaml:3: issuers.0.type"},
 		{"every: 1s\n", "no sources"},
+		{"kubernetes:\n  - cluster: prod\n    members:\n      web: [Shop]\n", "muster.yaml:4: kubernetes.0.members.web: \"Shop\" is not a namespace name"},
+		{"kubernetes:\n  - cluster: prod\n    members:\n      web: []\n", "kubernetes.0.members.web: name at least one namespace"},
 	} {
 		_, err := reconcile.ParseConfig("muster.yaml", []byte(c.body))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -125,5 +129,30 @@ func TestConfigDocExample(t *testing.T) {
 	}
 	if len(c.Clusters) != 1 || len(c.Snapshots) != 2 || len(c.Issuers) != 1 || c.Clusters[0].Issuer == nil {
 		t.Fatalf("docs/reconciliation.md example parsed to %+v", c)
+	}
+}
+
+// TestConfigDefaultMembers: a cluster vouches, for a service that names
+// no member sources, for the namespaces its members list and those of
+// its issuer's service accounts mapped to the service; nothing else.
+func TestConfigDefaultMembers(t *testing.T) {
+	c, err := reconcile.ParseConfig("muster.yaml", []byte(`kubernetes:
+  - cluster: prod
+    members:
+      web: [shop, shop-canary]
+      api: [search]
+    issuer:
+      url: https://oidc.example
+      service_accounts:
+        shop/web: web
+        payments/checkout: checkout
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.Clusters[0].DefaultMembers()
+	want := map[string][]string{"web": {"shop", "shop-canary"}, "api": {"search"}, "checkout": {"payments"}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("default members (-want +got):\n%s", d)
 	}
 }

@@ -29,6 +29,19 @@ type Endpoint struct {
 	Terminating bool `json:"terminating"`
 	// ID is the instance id the worker derived (registry.ReconciledID).
 	ID uuid.UUID `json:"instance_id"`
+	// Namespace and KubeService name the Kubernetes Service that claims
+	// the endpoint for Service, and Labels are its labels: what a
+	// service's member sources authorise (Authorise). Empty for a
+	// snapshot.
+	Namespace   string            `json:"namespace,omitempty"`
+	KubeService string            `json:"kube_service,omitempty"`
+	Labels      map[string]string `json:"-"`
+	// Vouched: the source's own configuration names where the endpoint
+	// comes from for Service (a snapshot source's entries; a cluster's
+	// members or issuer mapping listing the namespace for the service).
+	// It is what authorises the endpoint of a service that names no
+	// member sources.
+	Vouched bool `json:"-"`
 }
 
 // routable: the endpoint can take traffic by the orchestrator's word.

@@ -14,6 +14,18 @@
 // endpoints' conditions to the evaluator as readiness evidence
 // (evaluator.ObserveReadiness).
 //
+// Membership is authorised where it enters (issue 25): before Decide, a
+// pass keeps only the endpoints their services take from where they came
+// (Authorise: a service's sealed member sources, registry.MemberAuthorities,
+// or, for a service naming none, what the source's configuration vouches
+// for, Endpoint.Vouched). An unauthorised endpoint adds nothing and
+// replaces nothing; one already an instance is kept (authorisation never
+// ends capacity); each claim is alarmed (reconcile_unauthorised) and
+// counted (muster_reconcile_unauthorised). A created endpoint at a live
+// instance's address ends it only within the disruption budget
+// (registry.ReplaceGate, policy.Service.MayReplace); over budget it waits,
+// audited once and alarmed (reconcile_replace_refused).
+//
 // Decide and DiffOf are the pure core: functions of (reading, registry,
 // hold, confirmation, now), no I/O. An endpoint becomes an instance when it
 // is first ready or serving; it stays one while the source reports it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -46,6 +47,12 @@ type KubernetesConfig struct {
 	// Annotation and PortAnnotation default to DefaultServiceAnnotation
 	// and DefaultPortAnnotation.
 	Annotation, PortAnnotation string
+	// Members are the namespaces whose Services may supply each muster
+	// service's members while that service names no member sources of
+	// its own (the default; docs/reconciliation.md), by muster service.
+	// The reconcile config's members and its issuer's service_accounts
+	// fill it.
+	Members map[string][]string
 	// Resync is the informers' resync period (0: none).
 	Resync time.Duration
 	Now    func() time.Time
@@ -191,7 +198,10 @@ func (s *KubernetesSource) Read(context.Context) (Reading, error) {
 	if !s.slices.HasSynced() || !s.services.HasSynced() {
 		return Reading{}, ErrNotSynced
 	}
-	type mapped struct{ service, port string }
+	type mapped struct {
+		service, port, namespace, name string
+		labels                         map[string]string
+	}
 	svcs := map[string]mapped{}
 	for _, o := range s.services.GetStore().List() {
 		svc, ok := o.(*corev1.Service)
@@ -202,7 +212,8 @@ func (s *KubernetesSource) Read(context.Context) (Reading, error) {
 		if name == "" || !s.selector.Matches(labels.Set(svc.Labels)) {
 			continue
 		}
-		svcs[svc.Namespace+"/"+svc.Name] = mapped{service: name, port: svc.Annotations[s.cfg.PortAnnotation]}
+		svcs[svc.Namespace+"/"+svc.Name] = mapped{service: name, port: svc.Annotations[s.cfg.PortAnnotation],
+			namespace: svc.Namespace, name: svc.Name, labels: svc.Labels}
 	}
 	var out []Endpoint
 	for _, o := range s.slices.GetStore().List() {
@@ -226,7 +237,8 @@ func (s *KubernetesSource) Read(context.Context) (Reading, error) {
 			if len(ep.Addresses) == 0 {
 				continue
 			}
-			e := Endpoint{Service: m.service, Address: ep.Addresses[0], Port: port}
+			e := Endpoint{Service: m.service, Address: ep.Addresses[0], Port: port, Namespace: m.namespace, KubeService: m.name,
+				Labels: m.labels, Vouched: slices.Contains(s.cfg.Members[m.service], m.namespace)}
 			// Conditions: nil ready means ready (the API's rule); nil
 			// serving follows ready; nil terminating is false.
 			e.Ready = ep.Conditions.Ready == nil || *ep.Conditions.Ready

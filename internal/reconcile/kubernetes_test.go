@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -83,6 +84,8 @@ type cluster struct {
 	// watches counts the informers' watches the fake has opened (nil: the
 	// test handles watches itself).
 	watches *atomic.Int32
+	// metrics holds the reconciler's metrics (a fresh registry per start).
+	metrics *prometheus.Registry
 }
 
 func newCluster(t *testing.T, d reconcile.Disbelief, objs ...runtime.Object) *cluster {
@@ -113,13 +116,16 @@ func newCluster(t *testing.T, d reconcile.Disbelief, objs ...runtime.Object) *cl
 
 func (c *cluster) start(d reconcile.Disbelief) *cluster {
 	t := c.t
-	src, err := reconcile.NewKubernetesSource(reconcile.KubernetesConfig{Cluster: "test", Client: c.client, Now: c.st.Clock.Now})
+	src, err := reconcile.NewKubernetesSource(reconcile.KubernetesConfig{Cluster: "test", Client: c.client, Now: c.st.Clock.Now,
+		// The reconcile config vouches for namespace shop for web (members:).
+		Members: map[string][]string{"web": {ns}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.src = src
+	c.metrics = prometheus.NewRegistry()
 	if c.rc, err = reconcile.New(reconcile.Config{Sources: []reconcile.Source{src}, Registry: c.st.Registry, Evidence: c.st.Evaluator,
-		Disbelief: d, Now: c.st.Clock.Now}); err != nil {
+		Disbelief: d, Now: c.st.Clock.Now, Registerer: c.metrics}); err != nil {
 		t.Fatal(err)
 	}
 	c.w = c.rc.Workers()[0]

@@ -182,6 +182,42 @@ func (rc *Reconciler) Alarms() []assembler.Alarm {
 			out = append(out, assembler.Alarm{Kind: AlarmStale, Since: st.LastReading, Detail: fmt.Sprintf(
 				"%s: %s; its instances are kept as last read (fail-static)", st.Source, st.Stale)})
 		}
+		out = append(out, w.membershipAlarms(st)...)
+	}
+	return out
+}
+
+// membershipAlarms are a source's reconcile_unauthorised,
+// member_sources_unsealed and reconcile_replace_refused alarms.
+func (w *Worker) membershipAlarms(st Status) []assembler.Alarm {
+	w.mu.Lock()
+	since := maps.Clone(w.claimedSince)
+	refusedSince := maps.Clone(w.refusedAudited)
+	w.mu.Unlock()
+	var out []assembler.Alarm
+	for _, c := range st.Unauthorised {
+		where := "its entries"
+		if c.Namespace != "" || c.KubeService != "" {
+			where = fmt.Sprintf("Service %s/%s", c.Namespace, c.KubeService)
+		}
+		kept := ""
+		if c.Kept > 0 {
+			kept = fmt.Sprintf(" (%d of them were members already and are kept until the source stops reporting them)", c.Kept)
+		}
+		out = append(out, assembler.Alarm{Kind: AlarmUnauthorised, Service: c.Service, Since: since[c.key()], Detail: fmt.Sprintf(
+			"source %s, namespace %q, service %q claims %d endpoints for %s, which does not take members from there; none was added%s. If they belong to %s, its owning team or an admin authorises them (PUT /v1/services/%s/member-sources); otherwise remove the annotation",
+			c.Source, c.Namespace, c.KubeService, c.Endpoints, c.Service, kept, c.Service, c.Service) + " (" + where + ")"})
+	}
+	for _, svc := range slices.Sorted(maps.Keys(st.Unsealed)) {
+		out = append(out, assembler.Alarm{Kind: AlarmMemberSourcesUnsealed, Service: svc, Since: st.LastPass, Detail: fmt.Sprintf(
+			"the member sources of %s were not written by muster (%s): they authorise nothing, and %s takes members only as the reconciliation config vouches; its owning team or an admin writes them again through PUT /v1/services/%s/member-sources",
+			svc, st.Unsealed[svc], svc, svc)})
+	}
+	for _, id := range slices.Sorted(maps.Keys(st.ReplaceRefused)) {
+		u, _ := uuid.Parse(id)
+		out = append(out, assembler.Alarm{Kind: AlarmReplaceRefused, Since: refusedSince[u], Detail: fmt.Sprintf(
+			"%s: reconciled instance %s is not added: %s; it is retried each pass (the registered instance can be deregistered through DELETE /v1/instances/{id}, under the same budget)",
+			st.Source, id, st.ReplaceRefused[id])})
 	}
 	return out
 }

@@ -281,7 +281,7 @@ func rowsToEndpoints(rows []snapshotRow) ([]Endpoint, error) {
 		}
 		ready := r.Ready == nil || *r.Ready
 		out = append(out, Endpoint{Service: r.Service, Key: r.ID, Address: a.Unmap().String(), Port: r.Port, Zone: r.Zone,
-			Ready: ready, Serving: ready})
+			Ready: ready, Serving: ready, Vouched: true})
 	}
 	return out, nil
 }

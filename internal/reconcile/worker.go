@@ -39,6 +39,7 @@ type Registry interface {
 	ReconciledInstances(ctx context.Context, source string) ([]registry.Instance, error)
 	ApplyReconcile(ctx context.Context, source string, ch registry.ReconcileChange) (registry.ReconcileResult, error)
 	LatestReconcileConfirmation(ctx context.Context, source string) (registry.ReconcileConfirmation, bool, error)
+	MemberAuthorities(ctx context.Context, services []string) (map[string]registry.MemberAuthority, error)
 }
 
 // Evidence takes readiness evidence (the evaluator).
@@ -97,6 +98,16 @@ type Status struct {
 	Endpoints int    `json:"endpoints"`
 	Live      int    `json:"live"`
 	Hold      *Hold  `json:"hold,omitempty"`
+	// Unauthorised are the last reading's claims of services that do not
+	// take members from where they came (alarm reconcile_unauthorised).
+	Unauthorised []Claim `json:"unauthorised,omitempty"`
+	// Unsealed are services of the last reading whose member sources row
+	// does not verify, with why (alarm member_sources_unsealed).
+	Unsealed map[string]string `json:"unsealed,omitempty"`
+	// ReplaceRefused are reconciled endpoints waiting because ending the
+	// live instance at their address would exceed the disruption budget,
+	// by instance id, with the refusal.
+	ReplaceRefused map[string]string `json:"replace_refused,omitempty"`
 }
 
 // Worker reconciles one source into the registry.
@@ -115,6 +126,11 @@ type Worker struct {
 	// believed are the absences believed (under the threshold) within the
 	// last dwell, counted against the next readings (DecideAfter).
 	believed []believedAt
+	// claimedSince is when each unauthorised claim (Claim.key) was first
+	// seen; refusedAudited are the creations whose refused replacement has
+	// been audited (registry.ReconcileChange.QuietRefusals), and since when.
+	claimedSince   map[string]time.Time
+	refusedAudited map[uuid.UUID]time.Time
 }
 
 // believedAt is one pass's believed absences, by service.
@@ -260,6 +276,27 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	for i, in := range rows {
 		live[i] = Live{ID: in.ID, Service: in.Service, Address: in.Address, Port: in.Port, Zone: in.Zone, Since: in.CreatedAt}
 	}
+	// Membership is authorised where it enters: an endpoint its service
+	// does not take from here adds nothing (and ends nothing).
+	claimed := map[string]bool{}
+	for _, e := range r.Endpoints {
+		claimed[e.Service] = true
+	}
+	var claims []Claim
+	unsealed := map[string]string{}
+	if len(claimed) > 0 {
+		auth, err := w.cfg.Registry.MemberAuthorities(ctx, slices.Sorted(maps.Keys(claimed)))
+		if err != nil {
+			return err
+		}
+		for svc, a := range auth {
+			if a.SealErr != nil {
+				unsealed[svc] = a.SealErr.Error()
+			}
+		}
+		r, claims = Authorise(name, r, live, auth)
+	}
+	w.noteClaims(now, claims, unsealed)
 	var confirmed Confirmation
 	if prev != nil {
 		c, ok, err := w.cfg.Registry.LatestReconcileConfirmation(ctx, name)
@@ -283,10 +320,17 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	}
 	var res registry.ReconcileResult
 	if len(create) > 0 || len(plan.End) > 0 {
-		if res, err = w.cfg.Registry.ApplyReconcile(ctx, name, registry.ReconcileChange{Create: create, End: plan.End}); err != nil {
+		w.mu.Lock()
+		quiet := make(map[uuid.UUID]bool, len(w.refusedAudited))
+		for id := range w.refusedAudited {
+			quiet[id] = true
+		}
+		w.mu.Unlock()
+		if res, err = w.cfg.Registry.ApplyReconcile(ctx, name, registry.ReconcileChange{Create: create, End: plan.End, QuietRefusals: quiet}); err != nil {
 			return err
 		}
 	}
+	w.noteRefusals(now, res.ReplaceRefused)
 	m := w.cfg.metrics
 	m.changes.WithLabelValues(name, "added").Add(float64(len(res.Created)))
 	m.changes.WithLabelValues(name, "ended").Add(float64(len(res.Ended)))
@@ -369,6 +413,9 @@ type metrics struct {
 	endpoints *prometheus.GaugeVec
 	lag       *prometheus.GaugeVec
 	diff      *prometheus.GaugeVec
+	// unauthorised counts the endpoints of the last reading claimed
+	// without their service's authority, by source and service.
+	unauthorised *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -387,6 +434,8 @@ func newMetrics() *metrics {
 			Help: "Age of a source's last reading at the last pass (reconciliation lag)."}, []string{"source"}),
 		diff: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "muster_reconcile_diff",
 			Help: "Divergences between the sources and the registry at the last diff, by source and kind (missing, leak, mismatch, held)."}, []string{"source", "kind"}),
+		unauthorised: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "muster_reconcile_unauthorised",
+			Help: "Endpoints of a source's last reading claimed for a service that does not take members from where they came (alarm reconcile_unauthorised), by source and service; none of them was added."}, []string{"source", "service"}),
 	}
 }
 
@@ -394,10 +443,87 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{m.errors, m.changes, m.held, m.stale, m.endpoints, m.lag, m.diff} {
+	for _, c := range []prometheus.Collector{m.errors, m.changes, m.held, m.stale, m.endpoints, m.lag, m.diff, m.unauthorised} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("reconcile: register metrics: %w", err)
 		}
 	}
 	return nil
 }
+
+// noteClaims records the pass's unauthorised claims and unverifiable
+// member sources (status, alarms, the metric), logging each new claim
+// once.
+func (w *Worker) noteClaims(now time.Time, claims []Claim, unsealed map[string]string) {
+	name := w.Name()
+	w.mu.Lock()
+	since := make(map[string]time.Time, len(claims))
+	var fresh []Claim
+	for _, c := range claims {
+		t, ok := w.claimedSince[c.key()]
+		if !ok {
+			t = now
+			fresh = append(fresh, c)
+		}
+		since[c.key()] = t
+	}
+	oldUnsealed := w.status.Unsealed
+	w.claimedSince = since
+	w.status.Unauthorised = claims
+	w.status.Unsealed = nil
+	if len(unsealed) > 0 {
+		w.status.Unsealed = unsealed
+	}
+	w.mu.Unlock()
+	for _, c := range fresh {
+		w.log.Warn("a source claims members for a service that does not take them from there; ignored",
+			"alarm", AlarmUnauthorised, "namespace", c.Namespace, "kube_service", c.KubeService, "service", c.Service, "endpoints", c.Endpoints, "kept", c.Kept)
+	}
+	for svc, why := range unsealed {
+		if _, ok := oldUnsealed[svc]; !ok {
+			w.log.Error("member sources written outside muster authorise nothing", "alarm", AlarmMemberSourcesUnsealed, "service", svc, "err", why)
+		}
+	}
+	m := w.cfg.metrics
+	m.unauthorised.DeletePartialMatch(prometheus.Labels{"source": name})
+	by := map[string]int{}
+	for _, c := range claims {
+		by[c.Service] += c.Endpoints
+	}
+	for svc, n := range by {
+		m.unauthorised.WithLabelValues(name, svc).Set(float64(n))
+	}
+}
+
+// noteRefusals records the replacements the budget refused this pass:
+// each is audited once (while it keeps being refused) and logged once.
+func (w *Worker) noteRefusals(now time.Time, refused map[uuid.UUID]string) {
+	w.mu.Lock()
+	audited := make(map[uuid.UUID]time.Time, len(refused))
+	var fresh []uuid.UUID
+	var status map[string]string
+	for id, why := range refused {
+		t, ok := w.refusedAudited[id]
+		if !ok {
+			t = now
+			fresh = append(fresh, id)
+		}
+		audited[id] = t
+		if status == nil {
+			status = map[string]string{}
+		}
+		status[id.String()] = why
+	}
+	w.refusedAudited = audited
+	w.status.ReplaceRefused = status
+	w.mu.Unlock()
+	for _, id := range fresh {
+		w.log.Warn("a reconciled endpoint waits: ending the instance at its address would exceed the disruption budget",
+			"alarm", AlarmReplaceRefused, "instance", id, "why", refused[id])
+	}
+}
+
+// AlarmReplaceRefused is raised while a reconciled endpoint waits because
+// ending the live instance at its address would exceed the disruption
+// budget an operator's deregistration needs.
+const AlarmReplaceRefused = "reconcile_replace_refused"

@@ -8,8 +8,8 @@ import (
 	"github.com/musterhq/muster/internal/seal"
 )
 
-// SealCensus counts, into c, the live instances and the current contracts
-// by the key that sealed them, and the seal adoptions recorded: the
+// SealCensus counts, into c, the live instances, the current contracts
+// and the member sources by the key that sealed them, and the seal adoptions recorded: the
 // registry's part of the start-up key check (seal.Census.Check) and of
 // muster seal status.
 func SealCensus(ctx context.Context, q *db.Queries, c *seal.Census) error {
@@ -26,6 +26,13 @@ func SealCensus(ctx context.Context, q *db.Queries, c *seal.Census) error {
 	}
 	for _, r := range contracts {
 		c.Add(seal.TableContracts, r.SealKey, r.Rows)
+	}
+	members, err := q.MemberSourcesSealCensus(ctx)
+	if err != nil {
+		return fmt.Errorf("count sealed member sources: %w", err)
+	}
+	for _, r := range members {
+		c.Add(seal.TableMemberSources, r.SealKey, r.Rows)
 	}
 	adoptions, err := q.SealAdoptionList(ctx)
 	if err != nil {

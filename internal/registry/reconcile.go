@@ -56,14 +56,100 @@ type ReconcileChange struct {
 	Create []Instance
 	// End are live instances of the source the source no longer reports.
 	End []uuid.UUID
+	// QuietRefusals are creations whose refused replacement was audited
+	// by an earlier pass: refused again, they are not audited again.
+	QuietRefusals map[uuid.UUID]bool
 }
 
 // ReconcileResult is what a pass changed.
 type ReconcileResult struct {
 	Created, Ended, Replaced []Instance
 	// Skipped are creations not made, by id, with the reason (no such
-	// service; the id already ended and is never reused).
+	// service; the id already ended and is never reused; the instance
+	// holding its endpoint could not be ended within the budget).
 	Skipped map[uuid.UUID]string
+	// ReplaceRefused are the creations skipped because ending the live
+	// instance at their endpoint would spend more than the disruption
+	// budget allows, with the refusal.
+	ReplaceRefused map[uuid.UUID]string
+}
+
+// ReplaceGate decides whether a reconciled endpoint may end the live
+// instance holding its address and port: the disruption budget an
+// operator's deregistration needs (policy.Service). It runs in the
+// reconciliation's transaction, with victim's row locked.
+type ReplaceGate interface {
+	// MayReplace returns "" to let victim end, or why not; figures are
+	// the budget's numbers, for the audit record.
+	MayReplace(ctx context.Context, q *db.Queries, now time.Time, victim Instance) (refused string, figures map[string]any, err error)
+}
+
+type gateRef struct{ g ReplaceGate }
+
+// GateReplacements makes g decide every replacement by reconciliation.
+// Without a gate none is made: a reconciled endpoint at a live
+// instance's address waits (skipped) rather than end it unchecked.
+func (r *Registry) GateReplacements(g ReplaceGate) { r.replaceGate.Store(&gateRef{g}) }
+
+// replaceAt ends the live instances holding in's endpoint, each only if
+// the gate lets it (the disruption budget), and audits each as
+// instance.replace. When the gate refuses one, nothing more is ended, the
+// refusal is returned, and (unless quiet) audited as refused.
+func (r *Registry) replaceAt(ctx context.Context, q *db.Queries, now time.Time, source string, in Instance, quiet bool) ([]Instance, string, error) {
+	actor := reconcileActor(source)
+	var out []Instance
+	for range 16 { // at most a few live instances share an endpoint
+		row, err := q.InstanceGetLiveEndpoint(ctx, db.InstanceGetLiveEndpointParams{Service: in.Service, Address: in.Address, Port: int32(in.Port)})
+		if notFound(err) {
+			return out, "", nil
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("read the live instance at %s:%d: %w", in.Address, in.Port, err)
+		}
+		// The row first, then the gate's locks: the order an operator's
+		// deregistration takes them in.
+		victim, err := LockInstance(ctx, q, row.ID)
+		if err != nil {
+			return nil, "", fmt.Errorf("lock instance %s: %w", row.ID, err)
+		}
+		if victim.State != StateActive {
+			continue
+		}
+		refused, figures := "no disruption budget is configured for reconciliation's replacements", map[string]any(nil)
+		if ref := r.replaceGate.Load(); ref != nil {
+			if refused, figures, err = ref.g.MayReplace(ctx, q, now, victim); err != nil {
+				return nil, "", fmt.Errorf("budget of replacing %s: %w", victim.ID, err)
+			}
+		}
+		if refused != "" {
+			refused = fmt.Sprintf("%s:%d of %s is held by instance %s (source %s); ending it for %s's endpoint %s would exceed the disruption budget an operator's deregistration needs: %s",
+				in.Address, in.Port, in.Service, victim.ID, victim.Source, source, in.ID, refused)
+			if !quiet {
+				_, err := audit.Append(ctx, q, now, audit.Entry{ActorKind: "system", Actor: actor, Action: "instance.replace",
+					TargetKind: "instance", Target: victim.ID.String(), Outcome: audit.Refused, Reason: refused,
+					Before: victim, After: map[string]any{"replacement": in.ID.String(), "source": source, "budget": figures}})
+				if err != nil {
+					return nil, "", err
+				}
+			}
+			return out, refused, nil
+		}
+		ended, err := q.InstanceEnd(ctx, db.InstanceEndParams{ID: victim.ID, State: StateReplaced, Now: now})
+		if err != nil {
+			return nil, "", fmt.Errorf("end instance %s: %w", victim.ID, err)
+		}
+		if ended, err = sealEnded(ctx, q, r.cfg.Sealer, ended); err != nil {
+			return nil, "", err
+		}
+		after := instanceFromRow(ended)
+		if _, err := audit.Append(ctx, q, now, audit.Entry{ActorKind: "system", Actor: actor, Action: "instance.replace",
+			TargetKind: "instance", Target: victim.ID.String(), Outcome: audit.Accepted, Before: victim,
+			After: map[string]any{"instance": after, "replacement": in.ID.String(), "budget": figures}}); err != nil {
+			return nil, "", err
+		}
+		out = append(out, after)
+	}
+	return out, "", fmt.Errorf("more than 16 live instances at %s:%d of %s", in.Address, in.Port, in.Service)
 }
 
 func reconcileActor(source string) string { return "reconcile:" + source }
@@ -173,21 +259,18 @@ func (r *Registry) ApplyReconcile(ctx context.Context, source string, ch Reconci
 				res.Skipped[in.ID] = fmt.Sprintf("no service named %s in the registry", in.Service)
 				continue
 			}
-			ended, err := q.InstanceEndLiveEndpoint(ctx, db.InstanceEndLiveEndpointParams{Service: in.Service, Address: in.Address, Port: int32(in.Port), Now: now})
+			replaced, refused, err := r.replaceAt(ctx, q, now, source, in, ch.QuietRefusals[in.ID])
 			if err != nil {
-				return fmt.Errorf("end instances at %s:%d: %w", in.Address, in.Port, err)
-			}
-			if ended, err = sealEndedAll(ctx, q, r.cfg.Sealer, ended); err != nil {
 				return err
 			}
-			for _, old := range ended {
-				after := instanceFromRow(old)
-				before := after
-				before.State, before.EndedAt = StateActive, nil
-				if _, err := audit.Append(ctx, q, now, entry("instance.replace", old.ID.String(), before, after)); err != nil {
-					return err
+			res.Replaced = append(res.Replaced, replaced...)
+			if refused != "" {
+				res.Skipped[in.ID] = refused
+				if res.ReplaceRefused == nil {
+					res.ReplaceRefused = map[uuid.UUID]string{}
 				}
-				res.Replaced = append(res.Replaced, after)
+				res.ReplaceRefused[in.ID] = refused
+				continue
 			}
 			row, err := insertSealed(ctx, q, r.cfg.Sealer, db.InstanceInsertParams{
 				ID: in.ID, Service: in.Service, Address: in.Address, Port: int32(in.Port),

@@ -79,6 +79,8 @@ type Registry struct {
 	authz atomic.Pointer[AuthzCache]
 	// follower is the evaluator built on this registry (Follow).
 	follower atomic.Pointer[followerRef]
+	// replaceGate decides reconciliation's replacements (GateReplacements).
+	replaceGate atomic.Pointer[gateRef]
 }
 
 // Follower is told of what this registry's writes committed, after the

@@ -75,3 +75,30 @@ func ResealContracts(ctx context.Context, q *db.Queries, s seal.Signer, keys sea
 	b.Done = len(rows) < limit
 	return b, nil
 }
+
+// ResealMemberSources is ResealInstances for the services' member
+// sources, by service name after after ("" from the start).
+func ResealMemberSources(ctx context.Context, q *db.Queries, s seal.Signer, keys seal.Keys, after string, limit int) (seal.Batch, error) {
+	rows, err := q.MemberSourcesResealBatch(ctx, db.MemberSourcesResealBatchParams{KeyID: s.KeyID(), After: after, Lim: int32(limit)})
+	if err != nil {
+		return seal.Batch{}, fmt.Errorf("read member sources to re-seal: %w", err)
+	}
+	batch := make([]seal.Row, len(rows))
+	for i, m := range rows {
+		batch[i] = seal.Row{Name: "the member sources of " + m.Service, Value: memberSourcesSealOf(m.Service, m.Version, m.Document, m.UpdatedBy, m.UpdatedAt),
+			Sig: m.Seal, KeyID: m.SealKey,
+			Store: func(sig []byte, kid string) (bool, error) {
+				n, err := q.MemberSourcesReseal(ctx, db.MemberSourcesResealParams{Service: m.Service, Version: m.Version, Seal: sig, SealKey: &kid, OldSeal: m.Seal})
+				return n == 1, err
+			}}
+	}
+	b, err := seal.Reseal(ctx, s, keys, memberSourcesDomain, batch)
+	if err != nil {
+		return b, err
+	}
+	if len(rows) > 0 {
+		b.Next = rows[len(rows)-1].Service
+	}
+	b.Done = len(rows) < limit
+	return b, nil
+}

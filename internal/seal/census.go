@@ -14,6 +14,9 @@ const (
 	TableContracts = "contracts"
 	TableOverrides = "overrides"
 	TableShifts    = "shifts"
+	// TableMemberSources are the services' member sources (who may
+	// supply their members from reconciliation).
+	TableMemberSources = "member_sources"
 )
 
 // Unsealed is the key id a Census files rows without a seal under.
@@ -138,7 +141,7 @@ func (c Census) Check(keys Keys, share float64) error {
 // sealed row).
 func (c Census) describe(only map[string]int64) string {
 	var parts []string
-	for _, table := range []string{TableInstances, TableContracts, TableOverrides, TableShifts} {
+	for _, table := range []string{TableInstances, TableContracts, TableOverrides, TableShifts, TableMemberSources} {
 		var n int64
 		for k, rows := range c.Rows[table] {
 			if k == Unsealed {
