@@ -133,3 +133,31 @@ func alarmKinds(alarms []assembler.Alarm) string {
 	}
 	return strings.Join(out, ",")
 }
+
+// TestAuthzReloadConfirmationIsForAdmins: POST
+// /v1/authz/reload-confirmations is refused to an operator and without a
+// reason, accepted from an admin, and every attempt is audited.
+func TestAuthzReloadConfirmationIsForAdmins(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.Seed(t)
+	const path = "/v1/authz/reload-confirmations"
+	if r := s.JSON(t, "POST", path, s.Token(t, oscarReq), `{"reason":"the restore lost them"}`); r.Status != http.StatusForbidden {
+		t.Errorf("an operator's confirmation: %d %s", r.Status, r.Body)
+	}
+	admin := s.Token(t, adminReq)
+	if r := s.JSON(t, "POST", path, admin, `{"reason":" "}`); r.Status != http.StatusUnprocessableEntity {
+		t.Errorf("a confirmation without a reason: %d %s", r.Status, r.Body)
+	}
+	if r := s.JSON(t, "POST", path, admin, `{"reason":"c1-c4 retired", "extra":1}`); r.Status != http.StatusBadRequest {
+		t.Errorf("an unknown field: %d %s", r.Status, r.Body)
+	}
+	r := s.JSON(t, "POST", path, admin, `{"reason":"c1-c4 were retired with the old cluster"}`)
+	if r.Status != http.StatusCreated || !strings.Contains(string(r.Body), `"confirmed_by":"operator:alice"`) {
+		t.Fatalf("an admin's confirmation: %d %s", r.Status, r.Body)
+	}
+	a := s.JSON(t, "GET", "/v1/audit?action=authz.reload.confirm", admin, "")
+	if got := strings.Count(string(a.Body), `"action":"authz.reload.confirm"`); got != 3 {
+		t.Errorf("%d audited confirmation attempts, want 3 (refused, invalid, accepted): %s", got, a.Body)
+	}
+}
