@@ -128,6 +128,9 @@ func TestWatchEndsWhenTheGrantIsRevoked(t *testing.T) {
 	if r := s.JSON(t, "GET", "/v1/alarms", oscar, ""); !strings.Contains(string(r.Body), `"kind":"authz_row_missing"`) {
 		t.Fatalf("alarms after the grant row was deleted by hand: %s", r.Body)
 	}
+	if r := s.JSON(t, "GET", "/v1/services/web/grants", oscar, ""); !strings.Contains(string(r.Body), `"callers":["api"]`) {
+		t.Fatalf("web's grants after the row was deleted by hand: %s", r.Body)
+	}
 	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 12), Delta: frame(stream.KindDelta, "web", 11, 12)}})
 	for {
 		ev := readEvents(t, again, 1)[0]

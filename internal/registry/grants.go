@@ -129,7 +129,9 @@ func (r *Registry) PutGrants(ctx context.Context, actor identity.Principal, serv
 	return g, nil
 }
 
-// GetGrants returns who may resolve service.
+// GetGrants returns who may resolve service: the grants whose seal
+// verifies and that are not revoked, and those the copy keeps although
+// their rows are gone.
 func (r *Registry) GetGrants(ctx context.Context, actor identity.Principal, service string) (Grants, error) {
 	if _, err := r.GetService(ctx, actor, service); err != nil {
 		return Grants{}, err
@@ -138,7 +140,15 @@ func (r *Registry) GetGrants(ctx context.Context, actor identity.Principal, serv
 	if err != nil {
 		return Grants{}, fmt.Errorf("read grants of %s: %w", service, err)
 	}
-	return Grants{Service: service, Callers: r.activeGrants(rows)}, nil
+	callers := r.activeGrants(rows)
+	if c := r.authz.Load(); c != nil {
+		// What this replica enforces: a grant whose row was deleted by
+		// hand stands until a sealed revocation (authzcache.go).
+		callers = append(callers, c.callers(service)...)
+		slices.Sort(callers)
+		callers = slices.Compact(callers)
+	}
+	return Grants{Service: service, Callers: callers}, nil
 }
 
 // MayResolve reports (as a refusal error) whether actor may resolve or
