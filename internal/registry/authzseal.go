@@ -14,7 +14,7 @@ import (
 	"github.com/musterhq/muster/internal/seal"
 )
 
-// Service and grant seals (package seal; migration 000019).
+// Service and grant seals (package seal; migration 000022).
 //
 // Who owns a service decides who may change its contract, its grants,
 // its instances and its overrides; a service's grants decide which
