@@ -27,6 +27,13 @@ type AuditEvent struct {
 	Hash       []byte
 }
 
+type AuthzReloadConfirmation struct {
+	ID          int64
+	ConfirmedAt time.Time
+	ConfirmedBy string
+	Reason      string
+}
+
 type GuardEvent struct {
 	ID         int64
 	Service    string
@@ -165,6 +172,8 @@ type Service struct {
 	Capabilities []string
 	CreatedAt    time.Time
 	UpdatedAt    time.Time
+	Seal         []byte
+	SealKey      *string
 }
 
 type ServiceGrant struct {
@@ -172,6 +181,11 @@ type ServiceGrant struct {
 	Caller    string
 	GrantedAt time.Time
 	GrantedBy string
+	Version   int64
+	RevokedAt *time.Time
+	RevokedBy *string
+	Seal      []byte
+	SealKey   *string
 }
 
 type Session struct {

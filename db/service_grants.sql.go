@@ -10,47 +10,41 @@ import (
 	"time"
 )
 
-const grantInsert = `-- name: GrantInsert :exec
-INSERT INTO service_grants (service, caller, granted_at, granted_by)
-VALUES ($1, $2, $3, $4)
+const grantAnySealed = `-- name: GrantAnySealed :one
+SELECT EXISTS (SELECT 1 FROM service_grants WHERE seal IS NOT NULL)
 `
 
-type GrantInsertParams struct {
-	Service   string
-	Caller    string
-	Now       time.Time
-	GrantedBy string
+func (q *Queries) GrantAnySealed(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, grantAnySealed)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
 }
 
-func (q *Queries) GrantInsert(ctx context.Context, arg GrantInsertParams) error {
-	_, err := q.db.Exec(ctx, grantInsert,
-		arg.Service,
-		arg.Caller,
-		arg.Now,
-		arg.GrantedBy,
-	)
-	return err
-}
-
-const grantsAll = `-- name: GrantsAll :many
-SELECT service, caller FROM service_grants ORDER BY service, caller
+const grantListUnsealed = `-- name: GrantListUnsealed :many
+SELECT service, caller, granted_at, granted_by, version, revoked_at, revoked_by, seal, seal_key FROM service_grants WHERE seal IS NULL ORDER BY service, caller
 `
 
-type GrantsAllRow struct {
-	Service string
-	Caller  string
-}
-
-func (q *Queries) GrantsAll(ctx context.Context) ([]GrantsAllRow, error) {
-	rows, err := q.db.Query(ctx, grantsAll)
+func (q *Queries) GrantListUnsealed(ctx context.Context) ([]ServiceGrant, error) {
+	rows, err := q.db.Query(ctx, grantListUnsealed)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []GrantsAllRow
+	var items []ServiceGrant
 	for rows.Next() {
-		var i GrantsAllRow
-		if err := rows.Scan(&i.Service, &i.Caller); err != nil {
+		var i ServiceGrant
+		if err := rows.Scan(
+			&i.Service,
+			&i.Caller,
+			&i.GrantedAt,
+			&i.GrantedBy,
+			&i.Version,
+			&i.RevokedAt,
+			&i.RevokedBy,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -61,32 +55,158 @@ func (q *Queries) GrantsAll(ctx context.Context) ([]GrantsAllRow, error) {
 	return items, nil
 }
 
-const grantsDelete = `-- name: GrantsDelete :exec
-DELETE FROM service_grants WHERE service = $1
+const grantRevoke = `-- name: GrantRevoke :one
+INSERT INTO service_grants (service, caller, granted_at, granted_by, revoked_at, revoked_by, version)
+VALUES ($1, $2, $3::timestamptz, $4::text, $3::timestamptz, $4::text, $5::bigint + 1)
+ON CONFLICT (service, caller) DO UPDATE
+SET revoked_at = EXCLUDED.revoked_at, revoked_by = EXCLUDED.revoked_by,
+    version = GREATEST(service_grants.version, $5::bigint) + 1,
+    seal = NULL, seal_key = NULL
+RETURNING service, caller, granted_at, granted_by, version, revoked_at, revoked_by, seal, seal_key
 `
 
-func (q *Queries) GrantsDelete(ctx context.Context, service string) error {
-	_, err := q.db.Exec(ctx, grantsDelete, service)
-	return err
+type GrantRevokeParams struct {
+	Service   string
+	Caller    string
+	Now       time.Time
+	RevokedBy string
+	Floor     int64
 }
 
-const grantsGet = `-- name: GrantsGet :many
-SELECT caller FROM service_grants WHERE service = $1 ORDER BY caller
+// A revocation is a tombstone, sealed by the caller: the row stays (or is
+// written, when the grant's row was deleted by hand and only the copy
+// still holds it).
+func (q *Queries) GrantRevoke(ctx context.Context, arg GrantRevokeParams) (ServiceGrant, error) {
+	row := q.db.QueryRow(ctx, grantRevoke,
+		arg.Service,
+		arg.Caller,
+		arg.Now,
+		arg.RevokedBy,
+		arg.Floor,
+	)
+	var i ServiceGrant
+	err := row.Scan(
+		&i.Service,
+		&i.Caller,
+		&i.GrantedAt,
+		&i.GrantedBy,
+		&i.Version,
+		&i.RevokedAt,
+		&i.RevokedBy,
+		&i.Seal,
+		&i.SealKey,
+	)
+	return i, err
+}
+
+const grantSeal = `-- name: GrantSeal :one
+UPDATE service_grants SET seal = $3, seal_key = $4
+WHERE service = $1 AND caller = $2
+RETURNING service, caller, granted_at, granted_by, version, revoked_at, revoked_by, seal, seal_key
 `
 
-func (q *Queries) GrantsGet(ctx context.Context, service string) ([]string, error) {
-	rows, err := q.db.Query(ctx, grantsGet, service)
+type GrantSealParams struct {
+	Service string
+	Caller  string
+	Seal    []byte
+	SealKey *string
+}
+
+func (q *Queries) GrantSeal(ctx context.Context, arg GrantSealParams) (ServiceGrant, error) {
+	row := q.db.QueryRow(ctx, grantSeal,
+		arg.Service,
+		arg.Caller,
+		arg.Seal,
+		arg.SealKey,
+	)
+	var i ServiceGrant
+	err := row.Scan(
+		&i.Service,
+		&i.Caller,
+		&i.GrantedAt,
+		&i.GrantedBy,
+		&i.Version,
+		&i.RevokedAt,
+		&i.RevokedBy,
+		&i.Seal,
+		&i.SealKey,
+	)
+	return i, err
+}
+
+const grantUpsert = `-- name: GrantUpsert :one
+INSERT INTO service_grants (service, caller, granted_at, granted_by, version)
+VALUES ($1, $2, $3, $4, $5::bigint + 1)
+ON CONFLICT (service, caller) DO UPDATE
+SET granted_at = EXCLUDED.granted_at, granted_by = EXCLUDED.granted_by,
+    version = GREATEST(service_grants.version, $5::bigint) + 1,
+    revoked_at = NULL, revoked_by = NULL, seal = NULL, seal_key = NULL
+RETURNING service, caller, granted_at, granted_by, version, revoked_at, revoked_by, seal, seal_key
+`
+
+type GrantUpsertParams struct {
+	Service   string
+	Caller    string
+	Now       time.Time
+	GrantedBy string
+	Floor     int64
+}
+
+// Grants (again): a tombstone of the same caller becomes a grant. The
+// version passes both the row's and floor (what the writer's copy holds,
+// for a row deleted by hand).
+func (q *Queries) GrantUpsert(ctx context.Context, arg GrantUpsertParams) (ServiceGrant, error) {
+	row := q.db.QueryRow(ctx, grantUpsert,
+		arg.Service,
+		arg.Caller,
+		arg.Now,
+		arg.GrantedBy,
+		arg.Floor,
+	)
+	var i ServiceGrant
+	err := row.Scan(
+		&i.Service,
+		&i.Caller,
+		&i.GrantedAt,
+		&i.GrantedBy,
+		&i.Version,
+		&i.RevokedAt,
+		&i.RevokedBy,
+		&i.Seal,
+		&i.SealKey,
+	)
+	return i, err
+}
+
+const grantsAllRows = `-- name: GrantsAllRows :many
+SELECT service, caller, granted_at, granted_by, version, revoked_at, revoked_by, seal, seal_key FROM service_grants ORDER BY service, caller
+`
+
+// Every grant row, revoked ones (sealed tombstones) included, for the
+// in-memory copy.
+func (q *Queries) GrantsAllRows(ctx context.Context) ([]ServiceGrant, error) {
+	rows, err := q.db.Query(ctx, grantsAllRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []string
+	var items []ServiceGrant
 	for rows.Next() {
-		var caller string
-		if err := rows.Scan(&caller); err != nil {
+		var i ServiceGrant
+		if err := rows.Scan(
+			&i.Service,
+			&i.Caller,
+			&i.GrantedAt,
+			&i.GrantedBy,
+			&i.Version,
+			&i.RevokedAt,
+			&i.RevokedBy,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
 			return nil, err
 		}
-		items = append(items, caller)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -94,33 +214,67 @@ func (q *Queries) GrantsGet(ctx context.Context, service string) ([]string, erro
 	return items, nil
 }
 
-const serviceGrantsAll = `-- name: ServiceGrantsAll :many
-
-SELECT s.name, s.owner, g.caller
-FROM services s LEFT JOIN service_grants g ON g.service = s.name
-ORDER BY s.name, g.caller
+const grantsOf = `-- name: GrantsOf :many
+SELECT service, caller, granted_at, granted_by, version, revoked_at, revoked_by, seal, seal_key FROM service_grants WHERE service = $1 ORDER BY caller
 `
 
-type ServiceGrantsAllRow struct {
-	Name   string
-	Owner  string
-	Caller *string
-}
-
-// Table service_grants, owned by internal/registry.
-// Every service with its owner and each caller it granted (a NULL caller:
-// it granted none), read in one snapshot for the in-memory copy that watch
-// and resolve authorise from.
-func (q *Queries) ServiceGrantsAll(ctx context.Context) ([]ServiceGrantsAllRow, error) {
-	rows, err := q.db.Query(ctx, serviceGrantsAll)
+// Every grant row of one service, revoked ones included.
+func (q *Queries) GrantsOf(ctx context.Context, service string) ([]ServiceGrant, error) {
+	rows, err := q.db.Query(ctx, grantsOf, service)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []ServiceGrantsAllRow
+	var items []ServiceGrant
 	for rows.Next() {
-		var i ServiceGrantsAllRow
-		if err := rows.Scan(&i.Name, &i.Owner, &i.Caller); err != nil {
+		var i ServiceGrant
+		if err := rows.Scan(
+			&i.Service,
+			&i.Caller,
+			&i.GrantedAt,
+			&i.GrantedBy,
+			&i.Version,
+			&i.RevokedAt,
+			&i.RevokedBy,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const servicesAll = `-- name: ServicesAll :many
+
+SELECT name, owner, capabilities, created_at, updated_at, seal, seal_key FROM services ORDER BY name
+`
+
+// Table service_grants, owned by internal/registry.
+// Every service with its seal, for the in-memory copy that watch and
+// resolve authorise from.
+func (q *Queries) ServicesAll(ctx context.Context) ([]Service, error) {
+	rows, err := q.db.Query(ctx, servicesAll)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Service
+	for rows.Next() {
+		var i Service
+		if err := rows.Scan(
+			&i.Name,
+			&i.Owner,
+			&i.Capabilities,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -10,9 +10,20 @@ import (
 	"time"
 )
 
+const serviceAnySealed = `-- name: ServiceAnySealed :one
+SELECT EXISTS (SELECT 1 FROM services WHERE seal IS NOT NULL)
+`
+
+func (q *Queries) ServiceAnySealed(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, serviceAnySealed)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
+}
+
 const serviceGet = `-- name: ServiceGet :one
 
-SELECT name, owner, capabilities, created_at, updated_at FROM services WHERE name = $1
+SELECT name, owner, capabilities, created_at, updated_at, seal, seal_key FROM services WHERE name = $1
 `
 
 // Table services, owned by internal/registry.
@@ -25,12 +36,14 @@ func (q *Queries) ServiceGet(ctx context.Context, name string) (Service, error) 
 		&i.Capabilities,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
 const serviceGetForUpdate = `-- name: ServiceGetForUpdate :one
-SELECT name, owner, capabilities, created_at, updated_at FROM services WHERE name = $1 FOR UPDATE
+SELECT name, owner, capabilities, created_at, updated_at, seal, seal_key FROM services WHERE name = $1 FOR UPDATE
 `
 
 func (q *Queries) ServiceGetForUpdate(ctx context.Context, name string) (Service, error) {
@@ -42,6 +55,8 @@ func (q *Queries) ServiceGetForUpdate(ctx context.Context, name string) (Service
 		&i.Capabilities,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
@@ -49,7 +64,7 @@ func (q *Queries) ServiceGetForUpdate(ctx context.Context, name string) (Service
 const serviceInsert = `-- name: ServiceInsert :one
 INSERT INTO services (name, owner, capabilities, created_at, updated_at)
 VALUES ($1, $2, $3, $4, $4)
-RETURNING name, owner, capabilities, created_at, updated_at
+RETURNING name, owner, capabilities, created_at, updated_at, seal, seal_key
 `
 
 type ServiceInsertParams struct {
@@ -73,12 +88,14 @@ func (q *Queries) ServiceInsert(ctx context.Context, arg ServiceInsertParams) (S
 		&i.Capabilities,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
 const serviceList = `-- name: ServiceList :many
-SELECT name, owner, capabilities, created_at, updated_at FROM services
+SELECT name, owner, capabilities, created_at, updated_at, seal, seal_key FROM services
 WHERE name > $1::text
   AND ($2::text IS NULL OR owner = $2::text)
 ORDER BY name
@@ -107,6 +124,8 @@ func (q *Queries) ServiceList(ctx context.Context, arg ServiceListParams) ([]Ser
 			&i.Capabilities,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}
@@ -118,10 +137,68 @@ func (q *Queries) ServiceList(ctx context.Context, arg ServiceListParams) ([]Ser
 	return items, nil
 }
 
+const serviceListUnsealed = `-- name: ServiceListUnsealed :many
+SELECT name, owner, capabilities, created_at, updated_at, seal, seal_key FROM services WHERE seal IS NULL ORDER BY name
+`
+
+func (q *Queries) ServiceListUnsealed(ctx context.Context) ([]Service, error) {
+	rows, err := q.db.Query(ctx, serviceListUnsealed)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Service
+	for rows.Next() {
+		var i Service
+		if err := rows.Scan(
+			&i.Name,
+			&i.Owner,
+			&i.Capabilities,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const serviceSeal = `-- name: ServiceSeal :one
+UPDATE services SET seal = $2, seal_key = $3 WHERE name = $1
+RETURNING name, owner, capabilities, created_at, updated_at, seal, seal_key
+`
+
+type ServiceSealParams struct {
+	Name    string
+	Seal    []byte
+	SealKey *string
+}
+
+func (q *Queries) ServiceSeal(ctx context.Context, arg ServiceSealParams) (Service, error) {
+	row := q.db.QueryRow(ctx, serviceSeal, arg.Name, arg.Seal, arg.SealKey)
+	var i Service
+	err := row.Scan(
+		&i.Name,
+		&i.Owner,
+		&i.Capabilities,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
+	)
+	return i, err
+}
+
 const serviceUpdate = `-- name: ServiceUpdate :one
 UPDATE services SET owner = $2, capabilities = $3, updated_at = $4
 WHERE name = $1
-RETURNING name, owner, capabilities, created_at, updated_at
+RETURNING name, owner, capabilities, created_at, updated_at, seal, seal_key
 `
 
 type ServiceUpdateParams struct {
@@ -145,6 +222,8 @@ func (q *Queries) ServiceUpdate(ctx context.Context, arg ServiceUpdateParams) (S
 		&i.Capabilities,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }

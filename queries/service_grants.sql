@@ -1,22 +1,50 @@
 -- Table service_grants, owned by internal/registry.
 
--- name: ServiceGrantsAll :many
--- Every service with its owner and each caller it granted (a NULL caller:
--- it granted none), read in one snapshot for the in-memory copy that watch
--- and resolve authorise from.
-SELECT s.name, s.owner, g.caller
-FROM services s LEFT JOIN service_grants g ON g.service = s.name
-ORDER BY s.name, g.caller;
+-- name: ServicesAll :many
+-- Every service with its seal, for the in-memory copy that watch and
+-- resolve authorise from.
+SELECT * FROM services ORDER BY name;
 
--- name: GrantsDelete :exec
-DELETE FROM service_grants WHERE service = $1;
+-- name: GrantsAllRows :many
+-- Every grant row, revoked ones (sealed tombstones) included, for the
+-- in-memory copy.
+SELECT * FROM service_grants ORDER BY service, caller;
 
--- name: GrantInsert :exec
-INSERT INTO service_grants (service, caller, granted_at, granted_by)
-VALUES ($1, $2, sqlc.arg(now), sqlc.arg(granted_by));
+-- name: GrantsOf :many
+-- Every grant row of one service, revoked ones included.
+SELECT * FROM service_grants WHERE service = $1 ORDER BY caller;
 
--- name: GrantsGet :many
-SELECT caller FROM service_grants WHERE service = $1 ORDER BY caller;
+-- name: GrantUpsert :one
+-- Grants (again): a tombstone of the same caller becomes a grant. The
+-- version passes both the row's and floor (what the writer's copy holds,
+-- for a row deleted by hand).
+INSERT INTO service_grants (service, caller, granted_at, granted_by, version)
+VALUES ($1, $2, sqlc.arg(now), sqlc.arg(granted_by), sqlc.arg(floor)::bigint + 1)
+ON CONFLICT (service, caller) DO UPDATE
+SET granted_at = EXCLUDED.granted_at, granted_by = EXCLUDED.granted_by,
+    version = GREATEST(service_grants.version, sqlc.arg(floor)::bigint) + 1,
+    revoked_at = NULL, revoked_by = NULL, seal = NULL, seal_key = NULL
+RETURNING *;
 
--- name: GrantsAll :many
-SELECT service, caller FROM service_grants ORDER BY service, caller;
+-- name: GrantRevoke :one
+-- A revocation is a tombstone, sealed by the caller: the row stays (or is
+-- written, when the grant's row was deleted by hand and only the copy
+-- still holds it).
+INSERT INTO service_grants (service, caller, granted_at, granted_by, revoked_at, revoked_by, version)
+VALUES ($1, $2, sqlc.arg(now)::timestamptz, sqlc.arg(revoked_by)::text, sqlc.arg(now)::timestamptz, sqlc.arg(revoked_by)::text, sqlc.arg(floor)::bigint + 1)
+ON CONFLICT (service, caller) DO UPDATE
+SET revoked_at = EXCLUDED.revoked_at, revoked_by = EXCLUDED.revoked_by,
+    version = GREATEST(service_grants.version, sqlc.arg(floor)::bigint) + 1,
+    seal = NULL, seal_key = NULL
+RETURNING *;
+
+-- name: GrantSeal :one
+UPDATE service_grants SET seal = $3, seal_key = $4
+WHERE service = $1 AND caller = $2
+RETURNING *;
+
+-- name: GrantListUnsealed :many
+SELECT * FROM service_grants WHERE seal IS NULL ORDER BY service, caller;
+
+-- name: GrantAnySealed :one
+SELECT EXISTS (SELECT 1 FROM service_grants WHERE seal IS NOT NULL);

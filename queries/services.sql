@@ -23,3 +23,13 @@ RETURNING *;
 UPDATE services SET owner = $2, capabilities = $3, updated_at = sqlc.arg(now)
 WHERE name = $1
 RETURNING *;
+
+-- name: ServiceSeal :one
+UPDATE services SET seal = $2, seal_key = $3 WHERE name = $1
+RETURNING *;
+
+-- name: ServiceListUnsealed :many
+SELECT * FROM services WHERE seal IS NULL ORDER BY name;
+
+-- name: ServiceAnySealed :one
+SELECT EXISTS (SELECT 1 FROM services WHERE seal IS NOT NULL);

@@ -69,9 +69,10 @@ func TestWatchEndsWhenTheTokenExpires(t *testing.T) {
 
 // TestWatchEndsWhenTheGrantIsRevoked: a workload watching another
 // service under a grant is drained (reason grant_revoked) when the grant
-// is withdrawn, whether through this replica's API or by another
-// replica (seen on the copy's next reload); streams that keep their
-// authority go on.
+// is revoked, whether through this replica's API or by another replica
+// (a sealed tombstone, seen on the copy's next reload); streams that keep
+// their authority go on, and so does one whose grant row was deleted by
+// hand (issue 25: a missing row is not a revocation).
 func TestWatchEndsWhenTheGrantIsRevoked(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
@@ -111,14 +112,45 @@ func TestWatchEndsWhenTheGrantIsRevoked(t *testing.T) {
 		}
 	}
 
-	// Granted again, then withdrawn behind this replica's back: the
-	// reload of the copy notices.
+	// Granted again, then its row deleted by hand: not a revocation (only
+	// a sealed tombstone is), so the stream goes on, alarmed.
 	if r := s.JSON(t, "PUT", "/v1/services/web/grants", oscar, `{"callers":["api"]}`); r.Status != http.StatusOK {
 		t.Fatalf("grant again: %d %s", r.Status, r.Body)
 	}
 	_, again := openWatch(t, s, api, "service=web")
 	readEvents(t, again, 1)
 	if _, err := s.Pool.Exec(t.Context(), `DELETE FROM service_grants WHERE service = 'web'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Authz.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.JSON(t, "GET", "/v1/alarms", oscar, ""); !strings.Contains(string(r.Body), `"kind":"authz_row_missing"`) {
+		t.Fatalf("alarms after the grant row was deleted by hand: %s", r.Body)
+	}
+	if r := s.JSON(t, "GET", "/v1/services/web/grants", oscar, ""); !strings.Contains(string(r.Body), `"callers":["api"]`) {
+		t.Fatalf("web's grants after the row was deleted by hand: %s", r.Body)
+	}
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 12), Delta: frame(stream.KindDelta, "web", 11, 12)}})
+	for {
+		ev := readEvents(t, again, 1)[0]
+		if ev.kind == "drain" {
+			t.Fatalf("the grant's row deleted by hand drained the stream: %q", ev.data)
+		}
+		if ev.kind == "delta" {
+			break
+		}
+	}
+
+	// Granted again through this replica (the row is back), then revoked
+	// by another replica (a sealed tombstone): this replica's reload
+	// notices and drains the stream.
+	if r := s.JSON(t, "PUT", "/v1/services/web/grants", oscar, `{"callers":["api"]}`); r.Status != http.StatusOK {
+		t.Fatalf("grant a third time: %d %s", r.Status, r.Body)
+	}
+	other := newStackOn(t, s.Pool)
+	alice := identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
+	if _, err := other.Registry.PutGrants(t.Context(), alice, "web", nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Authz.RunOnce(t.Context()); err != nil {

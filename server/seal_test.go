@@ -400,7 +400,7 @@ func TestInstancesFromBeforeTheSealsAreAdopted(t *testing.T) {
 	if v := b.view(t); len(v.Endpoints) != 3 {
 		t.Fatalf("the adopting replica routes to %d instances, want 3", len(v.Endpoints))
 	}
-	evs, err := audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Limit: 10})
+	evs, err := audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Target: "instances", Limit: 10})
 	if err != nil || len(evs) != 1 || !strings.Contains(evs[0].Reason, "sealed 3 instance rows") {
 		t.Fatalf("adoption audit: %+v %v", evs, err)
 	}
@@ -417,7 +417,7 @@ func TestInstancesFromBeforeTheSealsAreAdopted(t *testing.T) {
 	if v := c.view(t); len(v.Endpoints) != 3 {
 		t.Fatalf("a later replica routes to %d instances, want 3", len(v.Endpoints))
 	}
-	if evs, _ := audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Limit: 10}); len(evs) != 1 {
+	if evs, _ := audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Target: "instances", Limit: 10}); len(evs) != 1 {
 		t.Fatalf("%d adoptions, want 1", len(evs))
 	}
 
@@ -432,7 +432,7 @@ func TestInstancesFromBeforeTheSealsAreAdopted(t *testing.T) {
 	if v := d.view(t); len(v.Endpoints) != 3 {
 		t.Fatalf("after the record was deleted, a replica routes to %d instances, want 3", len(v.Endpoints))
 	}
-	evs, err = audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Limit: 10})
+	evs, err = audit.List(ctx, db.New(f.Pool), audit.Filter{Action: "registry.seal_adopt", Target: "instances", Limit: 10})
 	if err != nil || len(evs) != 2 || evs[0].Outcome != audit.Refused {
 		t.Fatalf("adoption audit after the record was deleted: %+v %v", evs, err)
 	}

@@ -390,6 +390,7 @@ func (s *Server) routes() chi.Router {
 				r.With(s.limitActor(s.limits.deregistrations, "deregistrations")).Delete("/v1/instances/{id}", s.instanceDeregister)
 				r.With(s.limitActor(s.limits.renewals, "lease_renewals")).Put("/v1/instances/{id}/lease", s.leaseRenew)
 				r.Post("/v1/leases/expiry-confirmations", s.leaseExpiryConfirm)
+				r.Post("/v1/authz/reload-confirmations", s.authzReloadConfirm)
 				r.Get("/v1/reconcile/diff", s.reconcileDiffGet)
 				r.Post("/v1/reconcile/sources/{kind}/{name}/confirm", s.reconcileConfirm)
 				r.Get("/v1/audit", s.auditList)

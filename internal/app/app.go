@@ -294,7 +294,7 @@ func New(cfg Config) (*App, error) {
 	pc := cfg.Policy
 	pc.Pool, pc.Logger, pc.Registerer = pool, log.With("component", "policy"), metrics
 	pc.Now = orNow(pc.Now, now)
-	pc.Verdicts, pc.InForce = a.Evaluator, a.InForce
+	pc.Verdicts, pc.InForce, pc.Services = a.Evaluator, a.InForce, a.Registry
 	if a.Policy, err = policy.New(pc); err != nil {
 		return nil, err
 	}
@@ -346,7 +346,8 @@ func New(cfg Config) (*App, error) {
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
 	svc.Authz, svc.Database = a.Authz, a.Monitor
-	// Rows written outside muster: overrides, instances and contracts
+	// Rows written outside muster: overrides, instances, contracts,
+	// services and grants, and the authorisation copy's held reloads
 	// (shifts list theirs with their other alarms).
 	trusted := seal.Keys(nil)
 	if cfg.Policy.Sealer != nil {
@@ -356,7 +357,7 @@ func New(cfg Config) (*App, error) {
 		return nil, err
 	}
 	svc.Tampering = func() []assembler.Alarm {
-		return slices.Concat(a.InForce.Alarms(), a.Evaluator.SealAlarms(), a.KeyWatch.Alarms())
+		return slices.Concat(a.InForce.Alarms(), a.Evaluator.SealAlarms(), a.Authz.Alarms(), a.KeyWatch.Alarms())
 	}
 	if a.Reconcile != nil {
 		svc.Reconcile = a.Reconcile

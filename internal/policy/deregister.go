@@ -164,7 +164,7 @@ func (s *Service) deregisterSelf(ctx context.Context, q *db.Queries, now time.Ti
 func (s *Service) deregisterOther(ctx context.Context, q *db.Queries, now time.Time, a *attempt, actor identity.Principal,
 	source netip.Addr, cred registry.Credential, req DeregisterRequest, out *Deregistration) (*refusal.Error, error) {
 	cur := out.Instance
-	svc, err := readService(ctx, q, cur.Service)
+	svc, err := s.readService(ctx, q, cur.Service)
 	if err != nil {
 		return nil, err
 	}

@@ -191,7 +191,7 @@ func (s *Service) load(ctx context.Context, q *db.Queries, a *attempt, id uuid.U
 	if err != nil {
 		return db.Override{}, registry.Service{}, nil, fmt.Errorf("read override %s: %w", id, err)
 	}
-	svc, err := readService(ctx, q, row.Service)
+	svc, err := s.readService(ctx, q, row.Service)
 	if err != nil {
 		return db.Override{}, registry.Service{}, nil, err
 	}
@@ -344,8 +344,12 @@ func (s *Service) LimitWrite(ctx context.Context, actor identity.Principal, scop
 
 // readService reads a service an override or deregistration names, in
 // the caller's transaction. Its instance exists, so the service does.
-func readService(ctx context.Context, q *db.Queries, name string) (registry.Service, error) {
-	svc, found, err := registry.ReadService(ctx, q, name)
+func (s *Service) readService(ctx context.Context, q *db.Queries, name string) (registry.Service, error) {
+	read := registry.ReadService
+	if s.cfg.Services != nil {
+		read = s.cfg.Services.ReadService
+	}
+	svc, found, err := read(ctx, q, name)
 	if err != nil {
 		return registry.Service{}, err
 	}

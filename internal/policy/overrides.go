@@ -68,6 +68,12 @@ type Verdicts interface {
 	Snapshot(service string) (assembler.ServiceInput, bool)
 }
 
+// ServiceReader reads a service in the caller's transaction
+// (registry.Registry).
+type ServiceReader interface {
+	ReadService(ctx context.Context, q *db.Queries, name string) (svc registry.Service, found bool, err error)
+}
+
 // Config configures a Service.
 type Config struct {
 	Pool     *pgxpool.Pool
@@ -94,6 +100,11 @@ type Config struct {
 	// key). With neither, muster trusts the overrides table as it is.
 	Sealer   Sealer
 	SealKeys SealKeys
+	// Services, when set, reads the services overrides and
+	// deregistrations name with the owner muster sealed
+	// (registry.Registry.ReadService), so an owner changed by hand gives
+	// its team no authority; without it the row's owner is believed.
+	Services ServiceReader
 	// Now defaults to time.Now; tests pass a fake clock.
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -452,7 +463,7 @@ func (s *Service) Create(ctx context.Context, actor identity.Principal, req Requ
 		if !found {
 			return refusal.New(ErrNotFound, CheckInstance, "no instance %s", id), nil
 		}
-		svc, err := readService(ctx, q, ins.Service)
+		svc, err := s.readService(ctx, q, ins.Service)
 		if err != nil {
 			return nil, err
 		}

@@ -263,7 +263,7 @@ func (r *Registry) PutContract(ctx context.Context, actor identity.Principal, se
 		if err != nil {
 			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
-		svc := serviceFromRow(row)
+		svc := r.service(row)
 		if !CanManage(actor, svc.Owner) {
 			return newRefusal(ErrForbidden, "editing the contract of %s needs the %s team's operator role or admin; %s has neither", service, svc.Owner, actor), nil
 		}

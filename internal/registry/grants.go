@@ -24,7 +24,8 @@ const MaxGrants = 1000
 
 // PutGrants replaces the callers allowed to resolve service. The owning
 // team's operators and admins may change it; every caller must be an
-// existing service.
+// existing service. A new grant is sealed; a caller left out gets a
+// sealed tombstone (revoked_at), never a deleted row (authzseal.go).
 func (r *Registry) PutGrants(ctx context.Context, actor identity.Principal, service string, callers []string) (Grants, error) {
 	const action = "grants.put"
 	callers = slices.Clone(callers)
@@ -34,6 +35,7 @@ func (r *Registry) PutGrants(ctx context.Context, actor identity.Principal, serv
 		callers = []string{}
 	}
 	g := Grants{Service: service, Callers: callers}
+	var written []db.ServiceGrant
 	err := r.write(ctx, actor, action, "service", service, g, func(q *db.Queries) (*refusal.Error, error) {
 		row, err := q.ServiceGetForUpdate(ctx, service)
 		if notFound(err) {
@@ -42,8 +44,8 @@ func (r *Registry) PutGrants(ctx context.Context, actor identity.Principal, serv
 		if err != nil {
 			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
-		if !CanManage(actor, row.Owner) {
-			return newRefusal(ErrForbidden, "changing who may resolve %s needs the %s team's operator role or admin; %s has neither", service, row.Owner, actor), nil
+		if owner := r.ownerOf(row); !CanManage(actor, owner) {
+			return newRefusal(ErrForbidden, "changing who may resolve %s needs the %s team's operator role or admin; %s has neither", service, owner, actor), nil
 		}
 		var fe []FieldError
 		if len(callers) > MaxGrants {
@@ -61,56 +63,108 @@ func (r *Registry) PutGrants(ctx context.Context, actor identity.Principal, serv
 		if len(fe) > 0 {
 			return invalid("the grants are not valid", fe), nil
 		}
-		before, err := q.GrantsGet(ctx, service)
+		rows, err := q.GrantsOf(ctx, service)
 		if err != nil {
 			return nil, fmt.Errorf("read grants of %s: %w", service, err)
 		}
-		if err := q.GrantsDelete(ctx, service); err != nil {
-			return nil, fmt.Errorf("clear grants of %s: %w", service, err)
-		}
-		now := r.now()
-		for _, c := range callers {
-			if err := q.GrantInsert(ctx, db.GrantInsertParams{Service: service, Caller: c, Now: now, GrantedBy: actor.String()}); err != nil {
-				return nil, fmt.Errorf("grant %s to %s: %w", service, c, err)
+		before := r.activeGrants(rows)
+		// Every caller not granted any more gets a sealed tombstone: any
+		// row not revoked (sealed or not), and any grant the copy still
+		// holds whose row was deleted by hand, since only a tombstone
+		// revokes.
+		var drop []string
+		for _, row := range rows {
+			if row.RevokedAt == nil {
+				drop = append(drop, row.Caller)
 			}
 		}
-		_, err = audit.Append(ctx, q, now, accepted(actor, action, "service", service, Grants{Service: service, Callers: nonNil(before)}, g))
+		if c := r.authz.Load(); c != nil {
+			drop = append(drop, c.callers(service)...)
+		}
+		slices.Sort(drop)
+		drop = slices.Compact(drop)
+		now := r.now()
+		copied := r.authz.Load()
+		floor := func(caller string) int64 {
+			if copied == nil {
+				return 0
+			}
+			return copied.version(service, caller)
+		}
+		for _, c := range drop {
+			if slices.Contains(callers, c) {
+				continue
+			}
+			row, err := q.GrantRevoke(ctx, db.GrantRevokeParams{Service: service, Caller: c, Now: now, RevokedBy: actor.String(), Floor: floor(c)})
+			if err != nil {
+				return nil, fmt.Errorf("revoke the grant of %s to %s: %w", service, c, err)
+			}
+			if row, err = sealGrant(ctx, q, r.cfg.Sealer, row); err != nil {
+				return nil, err
+			}
+			written = append(written, row)
+		}
+		for _, c := range callers {
+			if slices.Contains(before, c) {
+				continue // granted already: the seal stands
+			}
+			row, err := q.GrantUpsert(ctx, db.GrantUpsertParams{Service: service, Caller: c, Now: now, GrantedBy: actor.String(), Floor: floor(c)})
+			if err != nil {
+				return nil, fmt.Errorf("grant %s to %s: %w", service, c, err)
+			}
+			if row, err = sealGrant(ctx, q, r.cfg.Sealer, row); err != nil {
+				return nil, err
+			}
+			written = append(written, row)
+		}
+		_, err = audit.Append(ctx, q, now, accepted(actor, action, "service", service, Grants{Service: service, Callers: before}, g))
 		return nil, err
 	})
 	if err != nil {
 		return Grants{}, err
 	}
 	if c := r.authz.Load(); c != nil {
-		c.putGrants(service, callers)
+		c.putGrants(written)
 	}
 	return g, nil
 }
 
-// GetGrants returns who may resolve service.
+// GetGrants returns who may resolve service: the grants whose seal
+// verifies and that are not revoked, and those the copy keeps although
+// their rows are gone.
 func (r *Registry) GetGrants(ctx context.Context, actor identity.Principal, service string) (Grants, error) {
 	if _, err := r.GetService(ctx, actor, service); err != nil {
 		return Grants{}, err
 	}
-	callers, err := db.New(r.cfg.Pool).GrantsGet(ctx, service)
+	rows, err := db.New(r.cfg.Pool).GrantsOf(ctx, service)
 	if err != nil {
 		return Grants{}, fmt.Errorf("read grants of %s: %w", service, err)
 	}
-	return Grants{Service: service, Callers: nonNil(callers)}, nil
+	callers := r.activeGrants(rows)
+	if c := r.authz.Load(); c != nil {
+		// What this replica enforces: a grant whose row was deleted by
+		// hand stands until a sealed revocation (authzcache.go).
+		callers = append(callers, c.callers(service)...)
+		slices.Sort(callers)
+		callers = slices.Compact(callers)
+	}
+	return Grants{Service: service, Callers: callers}, nil
 }
 
 // MayResolve reports (as a refusal error) whether actor may resolve or
-// watch service, reading the grants from PostgreSQL: operators and tools by
+// watch service, reading the grants from PostgreSQL (only those whose
+// seal verifies and that are not revoked): operators and tools by
 // role, a workload for its own service or one that granted its service.
 // The error does not say whether the service exists, so it cannot be used
 // to enumerate the estate. AuthzCache.MayResolve decides the same from
 // memory.
 func (r *Registry) MayResolve(ctx context.Context, actor identity.Principal, service string) error {
 	return mayResolve(actor, service, func(caller string) (bool, error) {
-		callers, err := db.New(r.cfg.Pool).GrantsGet(ctx, service)
+		rows, err := db.New(r.cfg.Pool).GrantsOf(ctx, service)
 		if err != nil {
 			return false, fmt.Errorf("read grants of %s: %w", service, err)
 		}
-		return slices.Contains(callers, caller), nil
+		return slices.Contains(r.activeGrants(rows), caller), nil
 	})
 }
 

@@ -135,7 +135,7 @@ func (r *Registry) RegisterWithCredential(ctx context.Context, actor identity.Pr
 		if err != nil {
 			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
-		svc := serviceFromRow(row)
+		svc := r.service(row)
 		if rerr := mayRegister(actor, svc); rerr != nil {
 			return rerr, nil
 		}
@@ -395,8 +395,8 @@ func (r *Registry) changeInstance(ctx context.Context, actor identity.Principal,
 			// probe for other services' instances; the attempt is still audited.
 			return &refusal.Error{Kind: errHidden, Detail: fmt.Sprintf("%s may not see instances of %s", actor, cur.Service)}, nil
 		}
-		if !mayActOnInstance(actor, serviceFromRow(svc)) {
-			return newRefusal(ErrForbidden, "%s may not change instances of %s: that needs a workload of %s, the %s team's operator role, or admin", actor, cur.Service, cur.Service, svc.Owner), nil
+		if !mayActOnInstance(actor, r.service(svc)) {
+			return newRefusal(ErrForbidden, "%s may not change instances of %s: that needs a workload of %s, the %s team's operator role, or admin", actor, cur.Service, cur.Service, r.ownerOf(svc)), nil
 		}
 		if cur.State != StateActive {
 			if action == "instance.deregister" {

@@ -511,8 +511,8 @@ func (r *Registry) ConfirmLeaseExpiry(ctx context.Context, actor identity.Princi
 			if err != nil {
 				return nil, fmt.Errorf("read service %s: %w", service, err)
 			}
-			if !CanManage(actor, row.Owner) {
-				return newRefusal(ErrForbidden, "confirming lease expiry of %s needs the %s team's operator role or admin; %s has neither", service, row.Owner, actor), nil
+			if owner := r.ownerOf(row); !CanManage(actor, owner) {
+				return newRefusal(ErrForbidden, "confirming lease expiry of %s needs the %s team's operator role or admin; %s has neither", service, owner, actor), nil
 			}
 		}
 		reason = strings.TrimSpace(reason)

@@ -385,8 +385,8 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 				}
 			case err != nil:
 				return nil, fmt.Errorf("read service %s: %w", svc, err)
-			case !CanManage(actor, row.Owner):
-				notOwned = append(notOwned, svc+" (owned by "+row.Owner+")")
+			case !CanManage(actor, r.ownerOf(row)):
+				notOwned = append(notOwned, svc+" (owned by "+r.ownerOf(row)+")")
 			}
 		}
 		if len(notOwned) > 0 {

@@ -72,7 +72,10 @@ type Registry struct {
 	// contractSeals remembers the contract seals that verified, over the
 	// last full read of the contracts (seal.go).
 	contractSeals seal.Memo
-	metrics       metrics
+	// serviceSeals and grantSeals remember the service and grant seals
+	// that verified (authzseal.go), over the copy's last reload.
+	serviceSeals, grantSeals seal.Memo
+	metrics                  metrics
 	// authz is the in-memory copy of services and grants, when one was
 	// built on this registry: writes through this process update it at
 	// once, so a caller sees its own grant at the next watch.

@@ -101,6 +101,9 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 			if err != nil {
 				return nil, fmt.Errorf("create service %s: %w", name, err)
 			}
+			if row, err = sealService(ctx, q, r.cfg.Sealer, row); err != nil {
+				return nil, err
+			}
 			out, created = serviceFromRow(row), true
 			_, err = audit.Append(ctx, q, now, accepted(actor, action, "service", name, nil, out))
 			return nil, err
@@ -108,7 +111,9 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 		if err != nil {
 			return nil, fmt.Errorf("read service %s: %w", name, err)
 		}
-		before := serviceFromRow(cur)
+		// The owner as muster last sealed it: one changed by hand gives
+		// its team nothing (authzseal.go).
+		before := r.service(cur)
 		switch {
 		case !CanManage(actor, before.Owner):
 			return newRefusal(ErrForbidden, "changing service %s needs the %s team's operator role or admin; %s has neither", name, before.Owner, actor), nil
@@ -128,6 +133,9 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 		if err != nil {
 			return nil, fmt.Errorf("update service %s: %w", name, err)
 		}
+		if row, err = sealService(ctx, q, r.cfg.Sealer, row); err != nil {
+			return nil, err
+		}
 		out = serviceFromRow(row)
 		_, err = audit.Append(ctx, q, now, accepted(actor, action, "service", name, before, out))
 		return nil, err
@@ -136,7 +144,7 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 		return Service{}, false, err
 	}
 	if c := r.authz.Load(); c != nil {
-		c.putService(out.Name, out.Owner)
+		c.putService(out.Name, out.Owner, r.cfg.Sealer != nil || len(r.keys) == 0)
 	}
 	return out, created, nil
 }
@@ -153,7 +161,7 @@ func (r *Registry) GetService(ctx context.Context, actor identity.Principal, nam
 	if err != nil {
 		return Service{}, fmt.Errorf("read service %s: %w", name, err)
 	}
-	return serviceFromRow(row), nil
+	return r.service(row), nil
 }
 
 // ServiceFilter narrows ListServices.
@@ -176,7 +184,7 @@ func (r *Registry) ListServices(ctx context.Context, actor identity.Principal, f
 	}
 	out := make([]Service, len(rows))
 	for i, row := range rows {
-		out[i] = serviceFromRow(row)
+		out[i] = r.service(row)
 	}
 	return out, nil
 }
@@ -212,7 +220,8 @@ func (r *Registry) ServiceExists(ctx context.Context, name string) (bool, error)
 }
 
 // ReadService returns a service, read with q (the caller's transaction);
-// found is false when there is no such service.
+// found is false when there is no such service. Its owner is the row's,
+// sealed or not: decisions about authority use Registry.ReadService.
 func ReadService(ctx context.Context, q *db.Queries, name string) (svc Service, found bool, err error) {
 	row, err := q.ServiceGet(ctx, name)
 	if notFound(err) {
@@ -222,4 +231,17 @@ func ReadService(ctx context.Context, q *db.Queries, name string) (svc Service, 
 		return Service{}, false, fmt.Errorf("read service %s: %w", name, err)
 	}
 	return serviceFromRow(row), true, nil
+}
+
+// ReadService is the package's ReadService with the owner every authority
+// decision uses (ownerOf): the sealed one, never one changed by hand.
+func (r *Registry) ReadService(ctx context.Context, q *db.Queries, name string) (svc Service, found bool, err error) {
+	row, err := q.ServiceGet(ctx, name)
+	if notFound(err) {
+		return Service{}, false, nil
+	}
+	if err != nil {
+		return Service{}, false, fmt.Errorf("read service %s: %w", name, err)
+	}
+	return r.service(row), true, nil
 }
