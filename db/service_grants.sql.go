@@ -55,6 +55,88 @@ func (q *Queries) GrantListUnsealed(ctx context.Context) ([]ServiceGrant, error)
 	return items, nil
 }
 
+const grantReseal = `-- name: GrantReseal :execrows
+UPDATE service_grants SET seal = $1, seal_key = $2
+WHERE service = $3 AND caller = $4 AND version = $5 AND seal = $6
+`
+
+type GrantResealParams struct {
+	Seal    []byte
+	SealKey *string
+	Service string
+	Caller  string
+	Version int64
+	OldSeal []byte
+}
+
+func (q *Queries) GrantReseal(ctx context.Context, arg GrantResealParams) (int64, error) {
+	result, err := q.db.Exec(ctx, grantReseal,
+		arg.Seal,
+		arg.SealKey,
+		arg.Service,
+		arg.Caller,
+		arg.Version,
+		arg.OldSeal,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const grantResealBatch = `-- name: GrantResealBatch :many
+SELECT service, caller, granted_at, granted_by, version, revoked_at, revoked_by, seal, seal_key FROM service_grants
+WHERE seal IS NOT NULL AND seal_key IS DISTINCT FROM $1::text
+  AND (service, caller) > ($2::text, $3::text)
+ORDER BY service, caller
+LIMIT $4
+FOR UPDATE
+`
+
+type GrantResealBatchParams struct {
+	KeyID        string
+	AfterService string
+	AfterCaller  string
+	Lim          int32
+}
+
+// muster seal rotate: the next grant rows, by (service, caller), sealed by
+// a key other than the new one, locked until their re-seal commits.
+func (q *Queries) GrantResealBatch(ctx context.Context, arg GrantResealBatchParams) ([]ServiceGrant, error) {
+	rows, err := q.db.Query(ctx, grantResealBatch,
+		arg.KeyID,
+		arg.AfterService,
+		arg.AfterCaller,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ServiceGrant
+	for rows.Next() {
+		var i ServiceGrant
+		if err := rows.Scan(
+			&i.Service,
+			&i.Caller,
+			&i.GrantedAt,
+			&i.GrantedBy,
+			&i.Version,
+			&i.RevokedAt,
+			&i.RevokedBy,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const grantRevoke = `-- name: GrantRevoke :one
 INSERT INTO service_grants (service, caller, granted_at, granted_by, revoked_at, revoked_by, version)
 VALUES ($1, $2, $3::timestamptz, $4::text, $3::timestamptz, $4::text, $5::bigint + 1)
@@ -132,6 +214,37 @@ func (q *Queries) GrantSeal(ctx context.Context, arg GrantSealParams) (ServiceGr
 		&i.SealKey,
 	)
 	return i, err
+}
+
+const grantSealCensus = `-- name: GrantSealCensus :many
+SELECT seal_key, count(*)::bigint AS rows FROM service_grants GROUP BY seal_key
+`
+
+type GrantSealCensusRow struct {
+	SealKey *string
+	Rows    int64
+}
+
+// How many grant rows (grants and their sealed tombstones) each key
+// sealed (seal_key NULL: unsealed).
+func (q *Queries) GrantSealCensus(ctx context.Context) ([]GrantSealCensusRow, error) {
+	rows, err := q.db.Query(ctx, grantSealCensus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []GrantSealCensusRow
+	for rows.Next() {
+		var i GrantSealCensusRow
+		if err := rows.Scan(&i.SealKey, &i.Rows); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const grantUpsert = `-- name: GrantUpsert :one

@@ -169,6 +169,76 @@ func (q *Queries) ServiceListUnsealed(ctx context.Context) ([]Service, error) {
 	return items, nil
 }
 
+const serviceReseal = `-- name: ServiceReseal :execrows
+UPDATE services SET seal = $1, seal_key = $2
+WHERE name = $3 AND seal = $4
+`
+
+type ServiceResealParams struct {
+	Seal    []byte
+	SealKey *string
+	Name    string
+	OldSeal []byte
+}
+
+func (q *Queries) ServiceReseal(ctx context.Context, arg ServiceResealParams) (int64, error) {
+	result, err := q.db.Exec(ctx, serviceReseal,
+		arg.Seal,
+		arg.SealKey,
+		arg.Name,
+		arg.OldSeal,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const serviceResealBatch = `-- name: ServiceResealBatch :many
+SELECT name, owner, capabilities, created_at, updated_at, seal, seal_key FROM services
+WHERE seal IS NOT NULL AND seal_key IS DISTINCT FROM $1::text
+  AND name > $2::text
+ORDER BY name
+LIMIT $3
+FOR UPDATE
+`
+
+type ServiceResealBatchParams struct {
+	KeyID string
+	After string
+	Lim   int32
+}
+
+// muster seal rotate: the next services, by name, sealed by a key other
+// than the new one, locked until their re-seal commits.
+func (q *Queries) ServiceResealBatch(ctx context.Context, arg ServiceResealBatchParams) ([]Service, error) {
+	rows, err := q.db.Query(ctx, serviceResealBatch, arg.KeyID, arg.After, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Service
+	for rows.Next() {
+		var i Service
+		if err := rows.Scan(
+			&i.Name,
+			&i.Owner,
+			&i.Capabilities,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const serviceSeal = `-- name: ServiceSeal :one
 UPDATE services SET seal = $2, seal_key = $3 WHERE name = $1
 RETURNING name, owner, capabilities, created_at, updated_at, seal, seal_key
@@ -193,6 +263,37 @@ func (q *Queries) ServiceSeal(ctx context.Context, arg ServiceSealParams) (Servi
 		&i.SealKey,
 	)
 	return i, err
+}
+
+const serviceSealCensus = `-- name: ServiceSealCensus :many
+SELECT seal_key, count(*)::bigint AS rows FROM services GROUP BY seal_key
+`
+
+type ServiceSealCensusRow struct {
+	SealKey *string
+	Rows    int64
+}
+
+// How many services each key sealed (seal_key NULL: unsealed), for the
+// start-up key check and muster seal status.
+func (q *Queries) ServiceSealCensus(ctx context.Context) ([]ServiceSealCensusRow, error) {
+	rows, err := q.db.Query(ctx, serviceSealCensus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ServiceSealCensusRow
+	for rows.Next() {
+		var i ServiceSealCensusRow
+		if err := rows.Scan(&i.SealKey, &i.Rows); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const serviceUpdate = `-- name: ServiceUpdate :one

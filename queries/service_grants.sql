@@ -48,3 +48,22 @@ SELECT * FROM service_grants WHERE seal IS NULL ORDER BY service, caller;
 
 -- name: GrantAnySealed :one
 SELECT EXISTS (SELECT 1 FROM service_grants WHERE seal IS NOT NULL);
+
+-- name: GrantSealCensus :many
+-- How many grant rows (grants and their sealed tombstones) each key
+-- sealed (seal_key NULL: unsealed).
+SELECT seal_key, count(*)::bigint AS rows FROM service_grants GROUP BY seal_key;
+
+-- name: GrantResealBatch :many
+-- muster seal rotate: the next grant rows, by (service, caller), sealed by
+-- a key other than the new one, locked until their re-seal commits.
+SELECT * FROM service_grants
+WHERE seal IS NOT NULL AND seal_key IS DISTINCT FROM sqlc.arg(key_id)::text
+  AND (service, caller) > (sqlc.arg(after_service)::text, sqlc.arg(after_caller)::text)
+ORDER BY service, caller
+LIMIT sqlc.arg(lim)
+FOR UPDATE;
+
+-- name: GrantReseal :execrows
+UPDATE service_grants SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE service = sqlc.arg(service) AND caller = sqlc.arg(caller) AND version = sqlc.arg(version) AND seal = sqlc.arg(old_seal);

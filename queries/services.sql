@@ -33,3 +33,22 @@ SELECT * FROM services WHERE seal IS NULL ORDER BY name;
 
 -- name: ServiceAnySealed :one
 SELECT EXISTS (SELECT 1 FROM services WHERE seal IS NOT NULL);
+
+-- name: ServiceSealCensus :many
+-- How many services each key sealed (seal_key NULL: unsealed), for the
+-- start-up key check and muster seal status.
+SELECT seal_key, count(*)::bigint AS rows FROM services GROUP BY seal_key;
+
+-- name: ServiceResealBatch :many
+-- muster seal rotate: the next services, by name, sealed by a key other
+-- than the new one, locked until their re-seal commits.
+SELECT * FROM services
+WHERE seal IS NOT NULL AND seal_key IS DISTINCT FROM sqlc.arg(key_id)::text
+  AND name > sqlc.arg(after)::text
+ORDER BY name
+LIMIT sqlc.arg(lim)
+FOR UPDATE;
+
+-- name: ServiceReseal :execrows
+UPDATE services SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key)
+WHERE name = sqlc.arg(name) AND seal = sqlc.arg(old_seal);

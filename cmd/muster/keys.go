@@ -133,7 +133,7 @@ func sealStatus(ctx context.Context, cfg Config, pool *pgxpool.Pool, stdout io.W
 	byKey := census.ByKey()
 	ids := slices.Sorted(maps.Keys(byKey))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tTRUSTED\tINSTANCES\tCONTRACTS\tOVERRIDES\tSHIFTS\tMEMBER_SOURCES\tTOTAL")
+	fmt.Fprintln(tw, "KEY\tTRUSTED\tINSTANCES\tCONTRACTS\tOVERRIDES\tSHIFTS\tMEMBER_SOURCES\tSERVICES\tGRANTS\tTOTAL")
 	for _, id := range ids {
 		name, trust := id, "no"
 		switch {
@@ -146,10 +146,11 @@ func sealStatus(ctx context.Context, cfg Config, pool *pgxpool.Pool, stdout io.W
 				trust = "yes"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", name, trust,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", name, trust,
 			census.Rows[seal.TableInstances][id], census.Rows[seal.TableContracts][id],
 			census.Rows[seal.TableOverrides][id], census.Rows[seal.TableShifts][id],
-			census.Rows[seal.TableMemberSources][id], byKey[id])
+			census.Rows[seal.TableMemberSources][id], census.Rows[seal.TableServices][id],
+			census.Rows[seal.TableGrants][id], byKey[id])
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -220,6 +221,12 @@ func sealRotate(ctx context.Context, cfg Config, pool *pgxpool.Pool, batch int, 
 		}},
 		{seal.TableMemberSources, func(q *db.Queries, after string, _ time.Time) (seal.Batch, error) {
 			return registry.ResealMemberSources(ctx, q, signer, trusted, after, batch)
+		}},
+		{seal.TableServices, func(q *db.Queries, after string, _ time.Time) (seal.Batch, error) {
+			return registry.ResealServices(ctx, q, signer, trusted, after, batch)
+		}},
+		{seal.TableGrants, func(q *db.Queries, after string, _ time.Time) (seal.Batch, error) {
+			return registry.ResealGrants(ctx, q, signer, trusted, after, batch)
 		}},
 	}
 	for _, t := range tables {

@@ -83,6 +83,8 @@ func TestSealRotateRetiresTheOldKey(t *testing.T) {
 	for _, c := range []struct{ method, path, body string }{
 		{"PUT", "/v1/services/web", `{"owner":"payments","capabilities":[]}`},
 		{"PUT", "/v1/services/web/contract", `{"min_healthy_fraction":0.3}`},
+		{"PUT", "/v1/services/api", `{"owner":"search","capabilities":[]}`},
+		{"PUT", "/v1/services/web/grants", `{"callers":["api"]}`},
 	} {
 		if code, body := call(t, c.method, url+c.path, admin, c.body); code/100 != 2 {
 			t.Fatalf("%s %s: %d %s", c.method, c.path, code, body)
@@ -176,7 +178,7 @@ func TestSealRotateRetiresTheOldKey(t *testing.T) {
 		t.Fatalf("muster seal rotate: %v\n%s%s", err, out, errOut)
 	}
 	t.Logf("muster seal rotate:\n%s", out)
-	for _, w := range []string{"instances: re-sealed 5 under key " + newKey.KeyID(), "contracts: re-sealed 1", "overrides: re-sealed 1", "shifts: re-sealed 1"} {
+	for _, w := range []string{"instances: re-sealed 5 under key " + newKey.KeyID(), "contracts: re-sealed 1", "overrides: re-sealed 1", "shifts: re-sealed 1", "services: re-sealed 2", "grants: re-sealed 1"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("muster seal rotate does not say %q", w)
 		}
@@ -214,6 +216,9 @@ func TestSealRotateRetiresTheOldKey(t *testing.T) {
 	})
 	admin = token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
 	sameView(url, admin, "the replica trusting the new key alone")
+	if code, body := call(t, "GET", url+"/v1/services/web/grants", admin, ""); code != 200 || !strings.Contains(string(body), `"api"`) {
+		t.Errorf("web's grants under the new key alone: %d %s", code, body)
+	}
 	if code, body := call(t, "GET", url+"/v1/alarms", admin, ""); code != 200 || strings.Contains(string(body), "unsealed") {
 		t.Errorf("alarms after the old key was retired: %d %s", code, body)
 	}

@@ -34,6 +34,20 @@ func SealCensus(ctx context.Context, q *db.Queries, c *seal.Census) error {
 	for _, r := range members {
 		c.Add(seal.TableMemberSources, r.SealKey, r.Rows)
 	}
+	services, err := q.ServiceSealCensus(ctx)
+	if err != nil {
+		return fmt.Errorf("count sealed services: %w", err)
+	}
+	for _, r := range services {
+		c.Add(seal.TableServices, r.SealKey, r.Rows)
+	}
+	grants, err := q.GrantSealCensus(ctx)
+	if err != nil {
+		return fmt.Errorf("count sealed grants: %w", err)
+	}
+	for _, r := range grants {
+		c.Add(seal.TableGrants, r.SealKey, r.Rows)
+	}
 	adoptions, err := q.SealAdoptionList(ctx)
 	if err != nil {
 		return fmt.Errorf("list seal adoptions: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -98,6 +99,61 @@ func ResealMemberSources(ctx context.Context, q *db.Queries, s seal.Signer, keys
 	}
 	if len(rows) > 0 {
 		b.Next = rows[len(rows)-1].Service
+	}
+	b.Done = len(rows) < limit
+	return b, nil
+}
+
+// ResealServices is ResealInstances for the services (name, owner and
+// capabilities), by name after after ("" from the start).
+func ResealServices(ctx context.Context, q *db.Queries, s seal.Signer, keys seal.Keys, after string, limit int) (seal.Batch, error) {
+	rows, err := q.ServiceResealBatch(ctx, db.ServiceResealBatchParams{KeyID: s.KeyID(), After: after, Lim: int32(limit)})
+	if err != nil {
+		return seal.Batch{}, fmt.Errorf("read services to re-seal: %w", err)
+	}
+	batch := make([]seal.Row, len(rows))
+	for i, r := range rows {
+		batch[i] = seal.Row{Name: "service " + r.Name, Value: serviceSealOf(r), Sig: r.Seal, KeyID: r.SealKey,
+			Store: func(sig []byte, kid string) (bool, error) {
+				n, err := q.ServiceReseal(ctx, db.ServiceResealParams{Name: r.Name, Seal: sig, SealKey: &kid, OldSeal: r.Seal})
+				return n == 1, err
+			}}
+	}
+	b, err := seal.Reseal(ctx, s, keys, serviceDomain, batch)
+	if err != nil {
+		return b, err
+	}
+	if len(rows) > 0 {
+		b.Next = rows[len(rows)-1].Name
+	}
+	b.Done = len(rows) < limit
+	return b, nil
+}
+
+// ResealGrants is ResealInstances for the grant rows and their sealed
+// tombstones, after the cursor after ("" from the start; "service\ncaller"
+// as Batch.Next gives it).
+func ResealGrants(ctx context.Context, q *db.Queries, s seal.Signer, keys seal.Keys, after string, limit int) (seal.Batch, error) {
+	svc, caller, _ := strings.Cut(after, "\n")
+	rows, err := q.GrantResealBatch(ctx, db.GrantResealBatchParams{KeyID: s.KeyID(), AfterService: svc, AfterCaller: caller, Lim: int32(limit)})
+	if err != nil {
+		return seal.Batch{}, fmt.Errorf("read grants to re-seal: %w", err)
+	}
+	batch := make([]seal.Row, len(rows))
+	for i, g := range rows {
+		batch[i] = seal.Row{Name: "the grant of " + g.Service + " to " + g.Caller, Value: grantSealOf(g), Sig: g.Seal, KeyID: g.SealKey,
+			Store: func(sig []byte, kid string) (bool, error) {
+				n, err := q.GrantReseal(ctx, db.GrantResealParams{Service: g.Service, Caller: g.Caller, Version: g.Version, Seal: sig, SealKey: &kid, OldSeal: g.Seal})
+				return n == 1, err
+			}}
+	}
+	b, err := seal.Reseal(ctx, s, keys, grantDomain, batch)
+	if err != nil {
+		return b, err
+	}
+	if len(rows) > 0 {
+		last := rows[len(rows)-1]
+		b.Next = last.Service + "\n" + last.Caller
 	}
 	b.Done = len(rows) < limit
 	return b, nil

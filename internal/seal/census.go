@@ -17,6 +17,10 @@ const (
 	// TableMemberSources are the services' member sources (who may
 	// supply their members from reconciliation).
 	TableMemberSources = "member_sources"
+	// TableServices and TableGrants are who owns a service and who may
+	// resolve it (grants with their sealed tombstones).
+	TableServices = "services"
+	TableGrants   = "grants"
 )
 
 // Unsealed is the key id a Census files rows without a seal under.
@@ -141,7 +145,7 @@ func (c Census) Check(keys Keys, share float64) error {
 // sealed row).
 func (c Census) describe(only map[string]int64) string {
 	var parts []string
-	for _, table := range []string{TableInstances, TableContracts, TableOverrides, TableShifts, TableMemberSources} {
+	for _, table := range []string{TableInstances, TableContracts, TableOverrides, TableShifts, TableMemberSources, TableServices, TableGrants} {
 		var n int64
 		for k, rows := range c.Rows[table] {
 			if k == Unsealed {
