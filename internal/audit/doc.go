@@ -88,6 +88,13 @@
 // contiguous seq range (columns, prev_hash, hash), and the checkpoints that
 // cover them, byte for byte; VerifyExport checks such a file offline.
 //
+// # Records of ends
+//
+// Each end of an instance, an override or a shift is recorded by an
+// "end.record" row naming the row's id, sealed (RecordEnd, ends.go), and
+// the readers that put rows in force leave out the rows Ends finds: a
+// row written back after muster ended it is not applied.
+//
 // # Refused evidence
 //
 // Report items refused for want of authority (a workload reporting about
