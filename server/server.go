@@ -97,8 +97,13 @@ type Config struct {
 	// authority on the audit record (audit.RefusalSummaries: one row per
 	// identity per minute); nil, such refusals are only answered.
 	RefusedEvidence RefusedEvidence
-	Evaluator       Evaluator
-	Authenticator   Authenticator
+	// AuthFailures, when set, puts requests refused for a forged,
+	// expired, malformed or unknown issuer's token on the audit record
+	// (audit.NewAuthFailureSummaries: one row per source address per
+	// minute); nil, they are only answered and counted.
+	AuthFailures  AuthFailures
+	Evaluator     Evaluator
+	Authenticator Authenticator
 	// Ready reports whether this replica can serve views (see
 	// ServingReady); it is what /readyz answers.
 	Ready func(ctx context.Context) error

@@ -101,4 +101,11 @@
 // another service's instance, a prober outside its assignment) are
 // summarised per identity per minute into one refused "evidence.report" row
 // (RefusalSummaries): counts by refusal code and the first few items.
+//
+// # Authentication failures
+//
+// Requests refused for a token presented and not accepted (forged,
+// expired, from an unknown issuer, malformed) are summarised the same way,
+// per source address per minute, into one refused "auth.refuse" row with
+// the counts by failure code (NewAuthFailureSummaries).
 package audit
