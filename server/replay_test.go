@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -198,6 +199,23 @@ func TestEndedInstanceWrittenBackIsNotRouted(t *testing.T) {
 	}
 	if a := alarmsOf(t, b.Stack, evaluator.AlarmInstanceReplayed); len(a) != 1 {
 		t.Fatalf("instance_replayed alarms on the rebuilt replica: %v", a)
+	}
+
+	// Ended again by hand, with an end muster did not seal (which alone
+	// reads as active, so that a forged end keeps an instance's traffic):
+	// muster's record of its end still keeps it out, here and rebuilt.
+	if _, err := f.Pool.Exec(ctx, `UPDATE instances SET state = 'deregistered', ended_at = $2, updated_at = $2 WHERE id = $1`,
+		az1[0], f.Clock.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	f.publish(t)
+	c := &ofix{Stack: apptest.New(t, apptest.Options{Pool: f.Pool}), zones: f.zones}
+	c.waitReady(t)
+	c.publish(t)
+	for _, s := range []*ofix{f, c} {
+		if _, ok := endpointOf(t, s.view(t), az1[0]); ok {
+			t.Fatal("the instance ended again by hand, its end not muster's, is routed")
+		}
 	}
 	verifyAudit(t, f.Stack)
 }

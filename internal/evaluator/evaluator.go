@@ -579,16 +579,16 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		replays, err := e.replayCheck(ctx, batch)
-		if err != nil {
-			return err
-		}
 		now := e.cfg.Now()
 		var pre map[uuid.UUID]precheck
 		if !e.ready.Load() {
 			// The rebuild meets every row, each needing a seal check:
 			// they run on every core, outside the lock (seals.go).
 			pre = e.precheck(batch)
+		}
+		replays, err := e.replayCheck(ctx, batch, pre)
+		if err != nil {
+			return err
 		}
 		e.mu.Lock()
 		e.prechecked, e.replayChecked = pre, replays

@@ -87,7 +87,7 @@ func (e *Evaluator) learn(ctx context.Context, ins []registry.Instance, source s
 	var replays map[uuid.UUID]audit.End
 	var replayErr error
 	if source != sourceRegistration {
-		replays, replayErr = e.replayCheck(ctx, ins)
+		replays, replayErr = e.replayCheck(ctx, ins, nil)
 	}
 
 	now := e.cfg.Now()

@@ -74,14 +74,16 @@ type unsealedInstance struct {
 // routed to). Called with e.mu held.
 func (e *Evaluator) sealed(in registry.Instance, known bool, now time.Time) (registry.Instance, bool) {
 	clean := true
-	if in.State == registry.StateActive && !known {
-		if end, ok := e.replayChecked[in.ID]; ok {
+	if !known {
+		// Muster ended it, and the row says otherwise: it reads active,
+		// or ended by an end muster did not write (which would otherwise
+		// be read away as active, below).
+		if end, ok := e.replayChecked[in.ID]; ok && (in.State == registry.StateActive || e.verifyEnd(in) != nil) {
 			e.noteReplayed(in, end, now)
 			return in, false
 		}
-	} else {
-		delete(e.replays, in.ID) // ended again, or in rotation all along
 	}
+	delete(e.replays, in.ID) // ended by muster again, or in rotation all along
 	if in.State != registry.StateActive {
 		if err := e.verifyEnd(in); err != nil {
 			e.noteUnsealed(in, "end", err, now)
@@ -116,25 +118,37 @@ type replayedInstance struct {
 	since                  time.Time
 }
 
-// replayCheck asks the registry, in one query, which of batch's active
-// rows not in rotation here muster has a record of ending: those are
-// replays (an ended row written back to 'active'), which sealed keeps out
-// of rotation. Only rows about to be put in rotation are asked about, so
-// a refresh asks about the few new ones and a rebuild about every active
-// row, never about the ended ones (of which there may be millions). It
-// must be called without e.mu.
-func (e *Evaluator) replayCheck(ctx context.Context, batch []registry.Instance) (map[uuid.UUID]audit.End, error) {
+// replayCheck asks the registry, in one query, which of batch's rows
+// that sealed would put in rotation muster has a record of ending: those
+// are replays (an ended row written back), which sealed keeps out of
+// rotation. Only rows not in rotation here that read active, or ended by
+// an end muster did not seal, are asked about, so a refresh asks about
+// the few new ones and a rebuild about every active row, never about the
+// rows muster ended (of which there may be millions). pre holds the
+// rebuild's seal checks (nil: checked here). It must be called without
+// e.mu.
+func (e *Evaluator) replayCheck(ctx context.Context, batch []registry.Instance, pre map[uuid.UUID]precheck) (map[uuid.UUID]audit.End, error) {
 	e.mu.Lock()
-	var ids []uuid.UUID
+	var ask []registry.Instance
 	for _, in := range batch {
-		if in.State != registry.StateActive {
-			continue
-		}
 		if _, known := e.instances[in.ID]; !known {
-			ids = append(ids, in.ID)
+			ask = append(ask, in)
 		}
 	}
 	e.mu.Unlock()
+	var ids []uuid.UUID
+	for _, in := range ask {
+		if in.State != registry.StateActive {
+			if p, ok := pre[in.ID]; ok && p.hasEnd {
+				if p.end == nil {
+					continue
+				}
+			} else if e.cfg.Registry.VerifyEnd(in) == nil {
+				continue
+			}
+		}
+		ids = append(ids, in.ID)
+	}
 	ends, forged, err := e.cfg.Registry.Replayed(ctx, ids)
 	if err != nil {
 		return nil, err
