@@ -138,7 +138,8 @@ type Config struct {
 	// Alarms lists the open alarms (the publisher).
 	Alarms interface{ Alarms() []assembler.Alarm }
 	// Tampering, when set, lists the alarms of rows written outside muster
-	// (override_unsealed, instance_unsealed) with the others.
+	// (override_unsealed, instance_unsealed, their _replayed kinds) with
+	// the others.
 	Tampering func() []assembler.Alarm
 	// Probers, when set, lists prober outages and suspect probers (the
 	// evaluator); they are listed with the other alarms.
