@@ -25,6 +25,46 @@ func (q *Queries) AuditCheckpointLock(ctx context.Context) (bool, error) {
 	return pg_try_advisory_xact_lock, err
 }
 
+const auditEndRecords = `-- name: AuditEndRecords :many
+SELECT target, after FROM audit_events
+WHERE target_kind = $1::text
+  AND target = ANY($2::text[])
+  AND action = 'end.record' AND outcome = 'accepted'
+`
+
+type AuditEndRecordsParams struct {
+	TargetKind string
+	Ids        []string
+}
+
+type AuditEndRecordsRow struct {
+	Target string
+	After  json.RawMessage
+}
+
+// The records of ends (end.record rows, audit.RecordEnd) naming any of ids
+// as a target of target_kind: the readers that put rows in force ask for
+// the ids they are about to apply (audit_events_target_idx answers).
+func (q *Queries) AuditEndRecords(ctx context.Context, arg AuditEndRecordsParams) ([]AuditEndRecordsRow, error) {
+	rows, err := q.db.Query(ctx, auditEndRecords, arg.TargetKind, arg.Ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []AuditEndRecordsRow
+	for rows.Next() {
+		var i AuditEndRecordsRow
+		if err := rows.Scan(&i.Target, &i.After); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const auditHead = `-- name: AuditHead :one
 SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1
 `

@@ -59,3 +59,12 @@ FROM audit_events;
 -- skip their tick. Held until the transaction ends, which is after the
 -- checkpoint reached its sink.
 SELECT pg_try_advisory_xact_lock(7150305420616002);
+
+-- name: AuditEndRecords :many
+-- The records of ends (end.record rows, audit.RecordEnd) naming any of ids
+-- as a target of target_kind: the readers that put rows in force ask for
+-- the ids they are about to apply (audit_events_target_idx answers).
+SELECT target, after FROM audit_events
+WHERE target_kind = sqlc.arg(target_kind)::text
+  AND target = ANY(sqlc.arg(ids)::text[])
+  AND action = 'end.record' AND outcome = 'accepted';

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/identity"
 )
 
@@ -64,23 +64,36 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				return
 			}
 		}
-		reason := "invalid"
-		switch {
-		case errors.Is(err, identity.ErrNoToken):
-			reason = "missing"
-		case errors.Is(err, identity.ErrUnknownIssuer):
-			reason = "unknown_issuer"
-		case errors.Is(err, identity.ErrIssuerUnavailable):
-			s.metrics.authFailures.WithLabelValues("issuer_unavailable").Inc()
+		reason := identity.FailureCode(err)
+		if reason == identity.FailureUnavailable {
+			s.metrics.authFailures.WithLabelValues(reason).Inc()
 			s.writeError(w, r, err)
 			return
 		}
 		s.metrics.authFailures.WithLabelValues(reason).Inc()
+		s.auditAuthFailure(addr, reason)
 		s.metrics.unauthenticated.WithLabelValues("401").Inc()
 		s.limits.unauthenticated.Charge(addr, 1)
 		detail := "this call needs a valid bearer token: " + err.Error()
 		writeProblem(w, r, problem(http.StatusUnauthorized, "unauthenticated", detail))
 	})
+}
+
+// AuthFailures takes the requests refused for a token that was presented
+// and not accepted (audit.NewAuthFailureSummaries): one item per request,
+// its failure code as Code.
+type AuthFailures interface {
+	Record(actorKind, actor string, items []audit.RefusedItem)
+}
+
+// auditAuthFailure hands a refused token's failure code, by source
+// address, to the summaries. A request with no token at all is not on the
+// record (it claims nothing), only counted.
+func (s *Server) auditAuthFailure(addr, code string) {
+	if s.cfg.AuthFailures == nil || code == identity.FailureMissing {
+		return
+	}
+	s.cfg.AuthFailures.Record("anonymous", audit.AuthSourcePrefix+addr, []audit.RefusedItem{{Code: code}})
 }
 
 // authenticated serves r as p.

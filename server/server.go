@@ -97,8 +97,13 @@ type Config struct {
 	// authority on the audit record (audit.RefusalSummaries: one row per
 	// identity per minute); nil, such refusals are only answered.
 	RefusedEvidence RefusedEvidence
-	Evaluator       Evaluator
-	Authenticator   Authenticator
+	// AuthFailures, when set, puts requests refused for a forged,
+	// expired, malformed or unknown issuer's token on the audit record
+	// (audit.NewAuthFailureSummaries: one row per source address per
+	// minute); nil, they are only answered and counted.
+	AuthFailures  AuthFailures
+	Evaluator     Evaluator
+	Authenticator Authenticator
 	// Ready reports whether this replica can serve views (see
 	// ServingReady); it is what /readyz answers.
 	Ready func(ctx context.Context) error
@@ -133,7 +138,8 @@ type Config struct {
 	// Alarms lists the open alarms (the publisher).
 	Alarms interface{ Alarms() []assembler.Alarm }
 	// Tampering, when set, lists the alarms of rows written outside muster
-	// (override_unsealed, instance_unsealed) with the others.
+	// (override_unsealed, instance_unsealed, their _replayed kinds) with
+	// the others.
 	Tampering func() []assembler.Alarm
 	// Probers, when set, lists prober outages and suspect probers (the
 	// evaluator); they are listed with the other alarms.

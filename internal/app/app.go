@@ -81,8 +81,11 @@ const (
 	WorkerPublisher = "publisher"
 	WorkerEvaluator = "evaluator"
 	WorkerRefusals  = "refused-evidence"
-	WorkerDNS       = "dns"
-	WorkerXDS       = "xds"
+	// WorkerAuthFailures summarises authentication failures into the
+	// audit log.
+	WorkerAuthFailures = "auth-failures"
+	WorkerDNS          = "dns"
+	WorkerXDS          = "xds"
 	// WorkerReconcilePrefix and a source's name name its worker.
 	WorkerReconcilePrefix = "reconcile "
 	// WorkerReconcileDiff keeps muster_reconcile_diff current.
@@ -138,6 +141,10 @@ type Config struct {
 	// Refusals tunes the summaries of refused evidence in the audit log
 	// (its Log, Logger and Registerer are the app's).
 	Refusals audit.RefusalSummariesConfig
+	// AuthFailures tunes the summaries of authentication failures (a
+	// forged, expired, malformed or unknown issuer's token) in the audit
+	// log: per source address per minute.
+	AuthFailures audit.RefusalSummariesConfig
 	// Server's Authenticator, DevIssuer, DevIssuerPath, DBTimeout,
 	// MaxBodyBytes, Limits and Watch* settings are used as given.
 	Server server.Config
@@ -177,6 +184,8 @@ type App struct {
 	Census    *stream.Census
 	Refusals  *audit.RefusalSummaries
 	KeyWatch  *KeyWatch
+	// AuthFailures summarises authentication failures into the audit log.
+	AuthFailures *audit.RefusalSummaries
 	// Reconcile is nil unless Config.Reconcile has sources.
 	Reconcile *reconcile.Reconciler
 	UI        *webui.UI
@@ -209,11 +218,12 @@ type worker struct {
 // until HTTP has stopped), the reconciliation workers (they write the
 // registry and feed the evaluator readiness evidence, so they stop before
 // it), the evaluator (it flushes transitions and
-// windows), the refused-evidence summaries (their last rows, before the
+// windows), the refused-evidence and authentication-failure summaries
+// (their last rows, before the
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerRefusals, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerRefusals, WorkerAuthFailures, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -340,8 +350,14 @@ func New(cfg Config) (*App, error) {
 	if a.Refusals, err = audit.NewRefusalSummaries(sumc); err != nil {
 		return nil, err
 	}
+	afc := cfg.AuthFailures
+	afc.Log, afc.Logger, afc.Registerer = audit.NewLog(pool), log, metrics
+	afc.Now = orNow(afc.Now, now)
+	if a.AuthFailures, err = audit.NewAuthFailureSummaries(afc); err != nil {
+		return nil, err
+	}
 	svc := cfg.Server
-	svc.RefusedEvidence = a.Refusals
+	svc.RefusedEvidence, svc.AuthFailures = a.Refusals, a.AuthFailures
 	servingReady := server.ServingReady(a.Evaluator, a.Hub)
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
@@ -407,6 +423,9 @@ func New(cfg Config) (*App, error) {
 		if xc.Authenticator == nil {
 			xc.Authenticator = cfg.Server.Authenticator
 		}
+		if xc.AuthFailures == nil {
+			xc.AuthFailures = a.AuthFailures
+		}
 		xc.Now = orNow(xc.Now, now)
 		if xc.Ready == nil {
 			// Answer for what exists only once it is known: a node told
@@ -440,6 +459,7 @@ func New(cfg Config) (*App, error) {
 		{name: WorkerEvaluator, w: a.Evaluator, detached: true},
 		{name: WorkerRefusals, w: a.Refusals, detached: true},
 		{name: WorkerKeyWatch, w: a.KeyWatch},
+		{name: WorkerAuthFailures, w: a.AuthFailures, detached: true},
 	}
 	if a.DNS != nil {
 		a.workers = append(a.workers, worker{name: WorkerDNS, w: a.DNS, detached: true})

@@ -88,10 +88,24 @@
 // contiguous seq range (columns, prev_hash, hash), and the checkpoints that
 // cover them, byte for byte; VerifyExport checks such a file offline.
 //
+// # Records of ends
+//
+// Each end of an instance, an override or a shift is recorded by an
+// "end.record" row naming the row's id, sealed (RecordEnd, ends.go), and
+// the readers that put rows in force leave out the rows Ends finds: a
+// row written back after muster ended it is not applied.
+//
 // # Refused evidence
 //
 // Report items refused for want of authority (a workload reporting about
 // another service's instance, a prober outside its assignment) are
 // summarised per identity per minute into one refused "evidence.report" row
 // (RefusalSummaries): counts by refusal code and the first few items.
+//
+// # Authentication failures
+//
+// Requests refused for a token presented and not accepted (forged,
+// expired, from an unknown issuer, malformed) are summarised the same way,
+// per source address per minute, into one refused "auth.refuse" row with
+// the counts by failure code (NewAuthFailureSummaries).
 package audit

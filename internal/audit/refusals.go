@@ -47,6 +47,23 @@ type RefusalSummariesConfig struct {
 	Logger       *slog.Logger
 	Registerer   prometheus.Registerer
 	Now          func() time.Time
+	// Entry makes a summary's audit row; nil: the refused-evidence row
+	// ("evidence.report"). NewAuthFailureSummaries sets its own.
+	Entry func(Summary) Entry
+	// Unaudited and Rows name the metrics (counters) of what no summary
+	// will carry and of the rows written; empty Names: the refused
+	// evidence's.
+	Unaudited, Rows prometheus.CounterOpts
+}
+
+// Summary is what one summary row is made of: an identity's (or a
+// source's) refusals since its last row.
+type Summary struct {
+	ActorKind, Actor string
+	First, Last      time.Time
+	Total, Batches   int
+	Codes            map[string]int // counts by refusal code
+	Items            []RefusedItem  // the first few
 }
 
 // RefusalSummaries puts refused evidence on the record without flooding
@@ -112,10 +129,20 @@ func NewRefusalSummaries(cfg RefusalSummariesConfig) (*RefusalSummaries, error) 
 	}
 	s := &RefusalSummaries{cfg: cfg, log: cfg.Logger.With("worker", "refused-evidence-audit"),
 		pending: map[string]*refusalSummary{}, lastRow: map[string]time.Time{}}
-	s.unaudited = prometheus.NewCounter(prometheus.CounterOpts{Name: "muster_evidence_refusals_unaudited_total",
-		Help: "Report items refused for want of authority that no audit summary will carry: more identities refusing at once than summarised (100,000), or summaries still unwritten at shutdown."})
-	s.rows = prometheus.NewCounter(prometheus.CounterOpts{Name: "muster_evidence_refusal_summaries_total",
-		Help: "Refused-evidence summaries written to the audit log (at most one per identity per minute)."})
+	if cfg.Entry == nil {
+		cfg.Entry = evidenceEntry
+	}
+	if cfg.Unaudited.Name == "" {
+		cfg.Unaudited = prometheus.CounterOpts{Name: "muster_evidence_refusals_unaudited_total",
+			Help: "Report items refused for want of authority that no audit summary will carry: more identities refusing at once than summarised (100,000), or summaries still unwritten at shutdown."}
+	}
+	if cfg.Rows.Name == "" {
+		cfg.Rows = prometheus.CounterOpts{Name: "muster_evidence_refusal_summaries_total",
+			Help: "Refused-evidence summaries written to the audit log (at most one per identity per minute)."}
+	}
+	s.cfg = cfg
+	s.unaudited = prometheus.NewCounter(cfg.Unaudited)
+	s.rows = prometheus.NewCounter(cfg.Rows)
 	if cfg.Registerer != nil {
 		for _, m := range []prometheus.Collector{s.unaudited, s.rows} {
 			if err := cfg.Registerer.Register(m); err != nil {
@@ -197,7 +224,7 @@ func (s *RefusalSummaries) RunOnce(ctx context.Context, all bool) int {
 	slices.SortFunc(due, func(a, b *refusalSummary) int { return strings.Compare(a.actor, b.actor) })
 	failed := 0
 	for _, p := range due {
-		if _, err := s.cfg.Log.Append(ctx, now, p.entry()); err != nil {
+		if _, err := s.cfg.Log.Append(ctx, now, s.cfg.Entry(p.summary())); err != nil {
 			s.log.Warn("audit refused evidence", "actor", p.actor, "refused", p.total, "err", err)
 			s.putBack(p)
 			failed += p.total
@@ -230,11 +257,22 @@ func (s *RefusalSummaries) putBack(p *refusalSummary) {
 	s.pending[p.actor] = p
 }
 
-func (p *refusalSummary) entry() Entry {
+func (p *refusalSummary) summary() Summary {
+	return Summary{ActorKind: p.actorKind, Actor: p.actor, First: p.first, Last: p.last,
+		Total: p.total, Batches: p.batches, Codes: p.codes, Items: p.items}
+}
+
+// counts writes codes as "3 expired, 1 malformed", by code.
+func counts(codes map[string]int) string {
 	var parts []string
-	for _, c := range slices.Sorted(maps.Keys(p.codes)) {
-		parts = append(parts, fmt.Sprintf("%d %s", p.codes[c], c))
+	for _, c := range slices.Sorted(maps.Keys(codes)) {
+		parts = append(parts, fmt.Sprintf("%d %s", codes[c], c))
 	}
+	return strings.Join(parts, ", ")
+}
+
+// evidenceEntry is the "evidence.report" row of refused evidence.
+func evidenceEntry(p Summary) Entry {
 	type item struct {
 		InstanceID string `json:"instance_id"`
 		Class      string `json:"class,omitempty"`
@@ -242,22 +280,22 @@ func (p *refusalSummary) entry() Entry {
 		Code       string `json:"code"`
 		Reason     string `json:"reason"`
 	}
-	items := make([]item, len(p.items))
-	for i, it := range p.items {
+	items := make([]item, len(p.Items))
+	for i, it := range p.Items {
 		items[i] = item{InstanceID: it.Target, Class: Clip(it.Class, 32), Outcome: Clip(it.Outcome, 32), Code: it.Code, Reason: Clip(it.Reason, 200)}
 	}
 	first := ""
-	if len(p.items) > 0 {
-		first = p.items[0].Target
+	if len(p.Items) > 0 {
+		first = p.Items[0].Target
 	}
 	return Entry{
-		ActorKind: p.actorKind, Actor: p.actor, Action: "evidence.report", TargetKind: "instance", Target: first,
+		ActorKind: p.ActorKind, Actor: p.Actor, Action: "evidence.report", TargetKind: "instance", Target: first,
 		Outcome: Refused,
 		Reason: fmt.Sprintf("%d report items in %d batches refused for want of authority from %s to %s (%s)",
-			p.total, p.batches, p.first.UTC().Format(time.RFC3339), p.last.UTC().Format(time.RFC3339), strings.Join(parts, ", ")),
+			p.Total, p.Batches, p.First.UTC().Format(time.RFC3339), p.Last.UTC().Format(time.RFC3339), counts(p.Codes)),
 		After: map[string]any{
-			"refused_total": p.total, "batches": p.batches, "by_code": p.codes, "first_refused": items,
-			"from": p.first.UTC(), "to": p.last.UTC(),
+			"refused_total": p.Total, "batches": p.Batches, "by_code": p.Codes, "first_refused": items,
+			"from": p.First.UTC(), "to": p.Last.UTC(),
 		},
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
@@ -182,6 +183,11 @@ type Evaluator struct {
 	// prechecked holds the seal checks of the batch being applied during
 	// the rebuild, made in parallel beforehand (seals.go).
 	prechecked map[uuid.UUID]precheck
+	// replayChecked holds, for the batch being applied, the active rows
+	// muster has a record of ending (replayCheck), and replays the rows
+	// kept out of rotation for it (seals.go).
+	replayChecked map[uuid.UUID]audit.End
+	replays       map[uuid.UUID]replayedInstance
 	// expired holds, per service, instances whose lease expired while
 	// their zone's guard still needs them (expired.go).
 	expired  map[string]map[uuid.UUID]expiredInstance
@@ -246,6 +252,7 @@ func New(cfg Config) (*Evaluator, error) {
 		probers:           map[string]*proberAssignment{},
 		expired:           map[string]map[uuid.UUID]expiredInstance{},
 		unsealed:          map[uuid.UUID]unsealedInstance{},
+		replays:           map[uuid.UUID]replayedInstance{},
 		unsealedContracts: map[string]unsealedContract{},
 		windows:           map[windowKey]*windowCounts{},
 		reporters:         map[string]eligibility.ReporterID{},
@@ -268,6 +275,12 @@ func New(cfg Config) (*Evaluator, error) {
 			Name: "muster_instances_unsealed",
 			Help: "Instance rows the evaluator does not act on as they stand because their seal does not verify: inserted or re-pointed outside muster (no traffic), or ended outside muster (traffic kept). docs/overrides.md: what muster writes is sealed. Anything above 0 deserves a look.",
 		}, func() float64 { return float64(e.UnsealedInstances()) })); err != nil {
+			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
+		}
+		if err := cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_instances_replayed",
+			Help: "Instance rows that read active but are not routed because muster has a record of ending them (the audit log's end.record): an ended row written back outside muster. docs/keys.md: replays. Anything above 0 deserves a look.",
+		}, func() float64 { return float64(e.ReplayedInstances()) })); err != nil {
 			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
 		}
 		if err := cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -582,15 +595,19 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 			// they run on every core, outside the lock (seals.go).
 			pre = e.precheck(batch)
 		}
+		replays, err := e.replayCheck(ctx, batch, pre)
+		if err != nil {
+			return err
+		}
 		e.mu.Lock()
-		e.prechecked = pre
+		e.prechecked, e.replayChecked = pre, replays
 		for _, in := range batch {
 			e.applyInstance(in, now)
 			if in.UpdatedAt.After(e.cursorAt) || (in.UpdatedAt.Equal(e.cursorAt) && bytes.Compare(in.ID[:], e.cursorID[:]) > 0) {
 				e.cursorAt, e.cursorID = in.UpdatedAt, in.ID
 			}
 		}
-		e.prechecked = nil
+		e.prechecked, e.replayChecked = nil, nil
 		e.mu.Unlock()
 		if len(batch) < 5000 {
 			break

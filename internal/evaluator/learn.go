@@ -2,6 +2,7 @@ package evaluator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/registry"
 )
 
@@ -80,10 +82,19 @@ func (e *Evaluator) learn(ctx context.Context, ins []registry.Instance, source s
 		scs, svcErr = e.cfg.Registry.ServiceContractsNamed(ctx, missing)
 	}
 
+	// A row a report names may be an ended one written back to 'active'
+	// (a registration's rows are muster's own, just written).
+	var replays map[uuid.UUID]audit.End
+	var replayErr error
+	if source != sourceRegistration {
+		replays, replayErr = e.replayCheck(ctx, ins, nil)
+	}
+
 	now := e.cfg.Now()
 	var skipped []uuid.UUID
 	loaded := 0
 	e.mu.Lock()
+	e.replayChecked = replays
 	for _, sc := range scs {
 		// A refresh may have applied a newer contract meanwhile.
 		if _, ok := e.services[sc.Service.Name]; !ok {
@@ -99,7 +110,7 @@ func (e *Evaluator) learn(ctx context.Context, ins []registry.Instance, source s
 		case known:
 		case e.misses.ended(in.ID, now) != "":
 			// Retired since this row was read: the row is stale.
-		case e.services[in.Service] == nil:
+		case e.services[in.Service] == nil, replayErr != nil:
 			skipped = append(skipped, in.ID)
 		default:
 			e.applyInstance(in, now)
@@ -108,10 +119,11 @@ func (e *Evaluator) learn(ctx context.Context, ins []registry.Instance, source s
 			}
 		}
 	}
+	e.replayChecked = nil
 	e.mu.Unlock()
 	e.metrics.loadedOnDemand.WithLabelValues(source).Add(float64(loaded))
-	if svcErr != nil {
-		return skipped, svcErr
+	if err := errors.Join(svcErr, replayErr); err != nil {
+		return skipped, err
 	}
 	if len(skipped) > 0 {
 		return skipped, fmt.Errorf("services of instances %v not found", skipped)

@@ -2,6 +2,7 @@ package evaluator
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"runtime"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/registry"
 )
 
@@ -77,6 +79,16 @@ type unsealedInstance struct {
 // routed to). Called with e.mu held.
 func (e *Evaluator) sealed(in registry.Instance, known bool, now time.Time) (registry.Instance, bool) {
 	clean := true
+	if !known {
+		// Muster ended it, and the row says otherwise: it reads active,
+		// or ended by an end muster did not write (which would otherwise
+		// be read away as active, below).
+		if end, ok := e.replayChecked[in.ID]; ok && (in.State == registry.StateActive || e.verifyEnd(in) != nil) {
+			e.noteReplayed(in, end, now)
+			return in, false
+		}
+	}
+	delete(e.replays, in.ID) // ended by muster again, or in rotation all along
 	if in.State != registry.StateActive {
 		if err := e.verifyEnd(in); err != nil {
 			e.noteUnsealed(in, "end", err, now)
@@ -109,6 +121,71 @@ func (e *Evaluator) sealed(in registry.Instance, known bool, now time.Time) (reg
 		delete(e.unsealed, in.ID) // the row, as it stands, is muster's
 	}
 	return in, true
+}
+
+// AlarmInstanceReplayed is open while an instance row reads 'active'
+// although muster has a record of ending it (audit.Ends): its earlier
+// bytes were written back by hand. It is not routed.
+const AlarmInstanceReplayed = "instance_replayed"
+
+// replayedInstance is an active row muster ended before: not routed.
+type replayedInstance struct {
+	service, zone, address string
+	port                   int
+	end                    audit.End
+	since                  time.Time
+}
+
+// replayCheck asks the registry, in one query, which of batch's rows
+// that sealed would put in rotation muster has a record of ending: those
+// are replays (an ended row written back), which sealed keeps out of
+// rotation. Only rows not in rotation here that read active, or ended by
+// an end muster did not seal, are asked about, so a refresh asks about
+// the few new ones and a rebuild about every active row, never about the
+// rows muster ended (of which there may be millions). pre holds the
+// rebuild's seal checks (nil: checked here). It must be called without
+// e.mu.
+func (e *Evaluator) replayCheck(ctx context.Context, batch []registry.Instance, pre map[uuid.UUID]precheck) (map[uuid.UUID]audit.End, error) {
+	e.mu.Lock()
+	var ask []registry.Instance
+	for _, in := range batch {
+		if _, known := e.instances[in.ID]; !known {
+			ask = append(ask, in)
+		}
+	}
+	e.mu.Unlock()
+	var ids []uuid.UUID
+	for _, in := range ask {
+		if in.State != registry.StateActive {
+			if p, ok := pre[in.ID]; ok && p.hasEnd {
+				if p.end == nil {
+					continue
+				}
+			} else if e.cfg.Registry.VerifyEnd(in) == nil {
+				continue
+			}
+		}
+		ids = append(ids, in.ID)
+	}
+	ends, forged, err := e.cfg.Registry.Replayed(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	if forged > 0 {
+		e.log.Error("records of instance ends in the audit log do not verify and are not believed: they were appended outside muster", "records", forged)
+	}
+	return ends, nil
+}
+
+func (e *Evaluator) noteReplayed(in registry.Instance, end audit.End, now time.Time) {
+	r := replayedInstance{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port, end: end, since: now}
+	if old, seen := e.replays[in.ID]; seen {
+		r.since = old.since
+	} else {
+		e.log.Error("an instance row reads active but muster ended it: its earlier bytes were written back outside muster, so it is not routed",
+			"instance", in.ID, "service", in.Service, "address", in.Address, "ended", end.State, "ended_at", end.EndedAt)
+	}
+	e.replays[in.ID] = r
 }
 
 // precheck is a row's seal checks made ahead of applying it.
@@ -209,6 +286,11 @@ func (e *Evaluator) SealAlarms() []assembler.Alarm {
 		out = append(out, assembler.Alarm{Kind: AlarmInstanceUnsealed, Service: u.service, Zone: u.zone, Since: u.since,
 			Detail: fmt.Sprintf("instance %s (%s:%d): %s; the instances table was written outside muster", id, u.address, u.port, what)})
 	}
+	for id, r := range e.replays {
+		out = append(out, assembler.Alarm{Kind: AlarmInstanceReplayed, Service: r.service, Zone: r.zone, Since: r.since,
+			Detail: fmt.Sprintf("instance %s (%s:%d) reads active, but muster ended it (%s at %s, on record in the audit log), so it gets no traffic; the instances table was written back outside muster",
+				id, r.address, r.port, r.end.State, r.end.EndedAt.Format(time.RFC3339))})
+	}
 	e.mu.Unlock()
 	out = append(out, contracts...)
 	slices.SortFunc(out, func(a, b assembler.Alarm) int {
@@ -223,6 +305,14 @@ func (e *Evaluator) UnsealedInstances() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.unsealed)
+}
+
+// ReplayedInstances is how many active instance rows are not routed
+// because muster ended them before (muster_instances_replayed).
+func (e *Evaluator) ReplayedInstances() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.replays)
 }
 
 // UnsealedContracts is how many services' stored contracts are not

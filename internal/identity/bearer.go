@@ -20,7 +20,7 @@ func BearerToken(r *http.Request) (string, error) {
 		return "", fmt.Errorf("no Authorization header: %w", ErrNoToken)
 	case 1:
 	default:
-		return "", invalid("more than one Authorization header")
+		return "", invalidAs(FailureMalformed, "more than one Authorization header")
 	}
 	scheme, token, _ := strings.Cut(strings.TrimSpace(values[0]), " ")
 	if !strings.EqualFold(scheme, "Bearer") {
@@ -31,7 +31,7 @@ func BearerToken(r *http.Request) (string, error) {
 		return "", fmt.Errorf("empty bearer token: %w", ErrNoToken)
 	}
 	if err := checkToken68(token); err != nil {
-		return "", invalid(err.Error())
+		return "", invalidAs(FailureMalformed, err.Error())
 	}
 	return token, nil
 }

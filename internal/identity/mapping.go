@@ -16,7 +16,8 @@ const (
 	// reconciled instance.
 	MappingKubernetes = "kubernetes"
 	// MappingAWS reads an AWS web-identity token: the role of the role
-	// session ARN in Claim ("sub" by default) maps to a muster service.
+	// session ARN in Claim ("sub" by default), with its account
+	// ("ACCOUNT:role/NAME", AWSRoleKey), maps to a muster service.
 	MappingAWS = "aws"
 )
 
@@ -32,7 +33,9 @@ type ClaimMapping struct {
 	// pods the issuer's tokens speak for (Kubernetes only).
 	Cluster string
 	// Services maps "namespace/serviceaccount" (Kubernetes) or an IAM role
-	// name (AWS) to a muster service.
+	// with its account, "ACCOUNT:role/NAME" (AWS), to a muster service: a
+	// role name alone would let another account's role of the same name
+	// speak for the service.
 	Services map[string]string
 	// Claim is the claim holding the role session ARN (AWS; "sub" when
 	// empty).
@@ -54,6 +57,15 @@ func (m *ClaimMapping) Validate() error {
 	case MappingAWS:
 		if m.Claim == "" {
 			m.Claim = "sub"
+		}
+		for k := range m.Services {
+			if _, _, ok := parseAWSRoleKey(k); ok {
+				continue
+			}
+			if !strings.ContainsAny(k, ":/") {
+				return fmt.Errorf("aws mapping: key %q is a role name alone; name the role with its account, ACCOUNT:role/%s (e.g. 123456789012:role/%s), so that another account's role of the same name does not speak for the service", k, k, k)
+			}
+			return fmt.Errorf("aws mapping: key %q must be ACCOUNT:role/NAME (a 12-digit account id and the role's name, without its path)", k)
 		}
 	default:
 		return fmt.Errorf("mapping type %q: want kubernetes or aws", m.Type)
@@ -116,8 +128,12 @@ func (m *ClaimMapping) principal(iss, sub string, claims map[string]json.RawMess
 		if raw, ok := claims[m.Claim]; !ok || json.Unmarshal(raw, &arn) != nil {
 			return Principal{}, fmt.Errorf("no %s claim holding a role ARN", m.Claim)
 		}
-		role := awsRole(arn)
-		if service = m.Services[role]; role == "" || service == "" {
+		account, name := awsRole(arn)
+		if name == "" {
+			return Principal{}, fmt.Errorf("claim %s is not a role session or role ARN", m.Claim)
+		}
+		role := AWSRoleKey(account, name)
+		if service = m.Services[role]; service == "" {
 			return Principal{}, fmt.Errorf("role %s is not mapped to a muster service", QuoteClaim(role))
 		}
 	}
@@ -131,25 +147,55 @@ func (m *ClaimMapping) principal(iss, sub string, claims map[string]json.RawMess
 	return p, nil
 }
 
-// awsRole is the role name of an assumed-role session ARN
+// AWSRoleKey names an IAM role in an AWS mapping: "ACCOUNT:role/NAME",
+// as the role's ARN ends (arn:aws:iam::ACCOUNT:role/NAME) without its
+// path. Role names are unique within an account, not across accounts.
+func AWSRoleKey(account, name string) string { return account + ":role/" + name }
+
+// parseAWSRoleKey splits an AWSRoleKey.
+func parseAWSRoleKey(k string) (account, name string, ok bool) {
+	account, name, ok = strings.Cut(k, ":role/")
+	if !ok || !awsAccount(account) || name == "" || strings.ContainsAny(name, "/:") {
+		return "", "", false
+	}
+	return account, name, true
+}
+
+// awsAccount reports whether s is an AWS account id: 12 digits.
+func awsAccount(s string) bool {
+	if len(s) != 12 {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// awsRole is the account and role name of an assumed-role session ARN
 // (arn:aws:sts::123456789012:assumed-role/ROLE/SESSION) or a role ARN
 // (arn:aws:iam::123456789012:role/path/ROLE); "" for anything else.
-func awsRole(arn string) string {
+func awsRole(arn string) (account, name string) {
 	parts := strings.SplitN(arn, ":", 6)
-	if len(parts) != 6 || parts[0] != "arn" {
-		return ""
+	if len(parts) != 6 || parts[0] != "arn" || !awsAccount(parts[4]) {
+		return "", ""
 	}
-	res := parts[5]
+	account, res := parts[4], parts[5]
 	switch {
 	case parts[2] == "sts" && strings.HasPrefix(res, "assumed-role/"):
 		role, _, ok := strings.Cut(strings.TrimPrefix(res, "assumed-role/"), "/")
-		if !ok {
-			return ""
+		if !ok || role == "" {
+			return "", ""
 		}
-		return role
+		return account, role
 	case parts[2] == "iam" && strings.HasPrefix(res, "role/"):
 		segs := strings.Split(res, "/")
-		return segs[len(segs)-1]
+		if segs[len(segs)-1] == "" {
+			return "", ""
+		}
+		return account, segs[len(segs)-1]
 	}
-	return ""
+	return "", ""
 }

@@ -222,7 +222,7 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Principal, error) {
 		return Principal{}, ErrNoToken
 	}
 	if len(raw) > maxTokenBytes {
-		return Principal{}, invalid("token too large")
+		return Principal{}, invalidAs(FailureMalformed, "token too large")
 	}
 	key := tokenKey(raw)
 	if p, ok := v.verified.get(key, v.now()); ok {
@@ -230,7 +230,7 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Principal, error) {
 	}
 	iss, err := unverifiedIssuer(raw)
 	if err != nil {
-		return Principal{}, invalid(err.Error())
+		return Principal{}, invalidAs(FailureMalformed, err.Error())
 	}
 	st, ok := v.issuers[iss]
 	if !ok {
@@ -288,7 +288,49 @@ func (v *Verifier) Home() string { return v.home }
 
 // invalid returns an ErrInvalidToken error with a reason safe to show.
 func invalid(reason string) error {
-	return fmt.Errorf("%s: %w", reason, ErrInvalidToken)
+	return invalidAs(FailureInvalid, reason)
+}
+
+// invalidAs is invalid with the code FailureCode reports for it.
+func invalidAs(code, reason string) error {
+	return &invalidError{code: code, reason: reason}
+}
+
+// invalidError is an ErrInvalidToken with its failure code.
+type invalidError struct{ code, reason string }
+
+func (e *invalidError) Error() string { return e.reason + ": " + ErrInvalidToken.Error() }
+func (e *invalidError) Unwrap() error { return ErrInvalidToken }
+
+// Failure codes (FailureCode): why a token was refused, coarse enough to
+// count and to put on the audit record, never the token itself.
+const (
+	FailureMissing       = "missing"        // no bearer token
+	FailureMalformed     = "malformed"      // not a signed JWT, or no issuer
+	FailureBadSignature  = "bad_signature"  // a signature the issuer's keys do not verify: forged
+	FailureExpired       = "expired"        // past its exp
+	FailureUnknownIssuer = "unknown_issuer" // an issuer muster does not trust
+	FailureInvalid       = "invalid"        // any other refusal (audience, claims, kind, not yet valid)
+	FailureUnavailable   = "issuer_unavailable"
+)
+
+// FailureCode says why Verify refused a token, as one of the Failure
+// codes ("" for nil, FailureInvalid for an error it does not know).
+func FailureCode(err error) string {
+	var ie *invalidError
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, ErrNoToken):
+		return FailureMissing
+	case errors.Is(err, ErrUnknownIssuer):
+		return FailureUnknownIssuer
+	case errors.Is(err, ErrIssuerUnavailable):
+		return FailureUnavailable
+	case errors.As(err, &ie):
+		return ie.code
+	}
+	return FailureInvalid
 }
 
 // unverifiedIssuer reads "iss" without checking the signature. Its only use
@@ -407,7 +449,7 @@ func (v *Verifier) newTokenVerifier(provider *oidc.Provider, st *issuerState) (*
 func (v *Verifier) verifyError(ctx context.Context, st *issuerState, err error) error {
 	var expired *oidc.TokenExpiredError
 	if errors.As(err, &expired) {
-		return invalid("token expired")
+		return invalidAs(FailureExpired, "token expired")
 	}
 	msg := err.Error()
 	switch {
@@ -420,9 +462,9 @@ func (v *Verifier) verifyError(ctx context.Context, st *issuerState, err error) 
 		return fmt.Errorf("fetch keys of issuer %s: %w", st.url, ErrIssuerUnavailable)
 	case strings.Contains(msg, "malformed jwt"), strings.Contains(msg, "not signed"),
 		strings.Contains(msg, "multiple signatures"):
-		return invalid("malformed token")
+		return invalidAs(FailureMalformed, "malformed token")
 	case strings.Contains(msg, "failed to verify signature"):
-		return invalid("bad signature")
+		return invalidAs(FailureBadSignature, "bad signature")
 	case strings.Contains(msg, "expected audience"):
 		return invalid("wrong audience")
 	case strings.Contains(msg, "before the nbf"):

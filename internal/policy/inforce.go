@@ -38,6 +38,9 @@ import (
 // With seal keys configured (Keys) it applies only the rows whose seal
 // verifies (seal.go): a row muster did not put in force is left out of
 // the copy, listed by Unsealed and counted in muster_overrides_unsealed.
+// A sealed row muster has a record of ending (lifted or expired, then
+// written back by hand) is left out too, listed by Replayed and counted
+// in muster_overrides_replayed (seal.go).
 type InForce struct {
 	cfg InForceConfig
 	log *slog.Logger
@@ -60,6 +63,9 @@ type InForce struct {
 	// unsealed are the rows in force at the last read whose seal did
 	// not verify, by override id.
 	unsealed map[uuid.UUID]Unsealed
+	// replays are the rows in force at the last read, sealed, that muster
+	// has a record of ending (seal.go): written back by hand.
+	replays map[uuid.UUID]Unsealed
 	// seals remembers the seals that verified at the last read, so a
 	// refresh (every second) verifies only rows that changed.
 	seals seal.Memo
@@ -123,7 +129,7 @@ func NewInForce(cfg InForceConfig) *InForce {
 		cfg: cfg, log: cfg.Logger.With("component", "overrides-in-force"),
 		local: make(chan struct{}, 1), updated: make(chan struct{}, 1),
 		byInstance: map[uuid.UUID]evaluator.Override{}, changedAt: map[string]uint64{},
-		unsealed: map[uuid.UUID]Unsealed{},
+		unsealed: map[uuid.UUID]Unsealed{}, replays: map[uuid.UUID]Unsealed{},
 	}
 	if cfg.Registerer != nil {
 		// A second registration (two InForce on one registry) keeps the first.
@@ -134,6 +140,14 @@ func NewInForce(cfg InForceConfig) *InForce {
 			f.mu.RLock()
 			defer f.mu.RUnlock()
 			return float64(len(f.unsealed))
+		}))
+		_ = cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_overrides_replayed",
+			Help: "Rows of the overrides table in force by their state, sealed, that muster does not apply because it has a record of ending them (the audit log's end.record): a lifted or expired override written back outside muster (docs/keys.md: replays). Anything above 0 deserves a look.",
+		}, func() float64 {
+			f.mu.RLock()
+			defer f.mu.RUnlock()
+			return float64(len(f.replays))
 		}))
 	}
 	return f
@@ -186,6 +200,13 @@ func (f *InForce) Refresh(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list overrides in force: %w", err)
 	}
+	ended, forged, err := replayed(ctx, db.New(f.cfg.Pool), f.cfg.Keys, rows)
+	if err != nil {
+		return err
+	}
+	if forged > 0 {
+		f.log.Error("records of override ends in the audit log do not verify and are not believed: they were appended outside muster", "records", forged)
+	}
 	next := make(map[uuid.UUID]evaluator.Override, len(rows))
 	unsealed := map[uuid.UUID]Unsealed{}
 	// What this process applied, verified, by override id: a row of one
@@ -199,17 +220,23 @@ func (f *InForce) Refresh(ctx context.Context) error {
 		applied[o.ID] = o
 	}
 	f.mu.RUnlock()
+	replays := map[uuid.UUID]Unsealed{}
 	f.seals.Next()
 	for _, r := range rows {
 		if err := f.seals.Verify(f.cfg.Keys, sealDomain, sealedOf(r), r.Seal, r.SealKey); err != nil {
 			u := Unsealed{ID: r.ID, InstanceID: r.InstanceID, Service: r.Service,
 				Action: r.Action, Actor: r.Actor, Reason: err.Error(), Since: now}
-			if o, ok := applied[r.ID]; ok && now.Before(o.ExpiresAt) {
+			if o, ok := applied[r.ID]; ok && now.Before(o.ExpiresAt) && !isEnded(ended, r.ID) {
 				u.InstanceID, u.Service, u.Action, u.Actor = o.InstanceID, o.Service, o.Action, o.Actor
 				u.Kept = true
 				next[o.InstanceID] = o
 			}
 			unsealed[r.ID] = u
+			continue
+		}
+		if end, ok := ended[r.ID]; ok {
+			replays[r.ID] = Unsealed{ID: r.ID, InstanceID: r.InstanceID, Service: r.Service, Action: r.Action, Actor: r.Actor,
+				Reason: fmt.Sprintf("muster ended it (%s at %s, on record in the audit log)", end.State, end.EndedAt.Format(time.RFC3339)), Since: now}
 			continue
 		}
 		o := evaluator.Override{
@@ -244,6 +271,16 @@ func (f *InForce) Refresh(ctx context.Context) error {
 		}
 	}
 	f.unsealed = unsealed
+	for id, u := range replays {
+		if old, seen := f.replays[id]; seen {
+			u.Since = old.Since
+			replays[id] = u
+		} else {
+			f.log.Error("an override in force by the table is not applied: muster ended it, so its row was written back outside muster",
+				"override", id, "instance", u.InstanceID, "service", u.Service, "action", u.Action, "claimed_actor", u.Actor, "reason", u.Reason)
+		}
+	}
+	f.replays = replays
 	first := !f.loaded
 	f.loaded = true
 	f.note(changed)
@@ -316,10 +353,32 @@ func (f *InForce) Unsealed() []Unsealed {
 	return out
 }
 
-// Alarms returns an override_unsealed alarm for each row Unsealed lists:
-// someone wrote the overrides table outside muster.
+// Replayed returns the rows in force by the table at the last read that
+// are not applied because muster has a record of ending them, oldest
+// first; Reason says how they ended.
+func (f *InForce) Replayed() []Unsealed {
+	f.mu.RLock()
+	out := slices.Collect(maps.Values(f.replays))
+	f.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Unsealed) int { return strings.Compare(a.ID.String(), b.ID.String()) })
+	return out
+}
+
+// AlarmOverrideReplayed is open while a row of the overrides table is in
+// force by its state, with a seal that verifies, but not applied because
+// muster has a record of ending it: its earlier bytes were written back.
+const AlarmOverrideReplayed = "override_replayed"
+
+// Alarms returns an override_unsealed alarm for each row Unsealed lists
+// and an override_replayed alarm for each row Replayed lists: someone
+// wrote the overrides table outside muster.
 func (f *InForce) Alarms() []assembler.Alarm {
 	var out []assembler.Alarm
+	for _, u := range f.Replayed() {
+		out = append(out, assembler.Alarm{Kind: AlarmOverrideReplayed, Service: u.Service, Since: u.Since,
+			Detail: fmt.Sprintf("override %s (%s of instance %s, in the name of %s) is in force by the overrides table but not applied: %s; the table was written back outside muster",
+				u.ID, u.Action, u.InstanceID, u.Actor, u.Reason)})
+	}
 	for _, u := range f.Unsealed() {
 		d := fmt.Sprintf("override %s (%s of instance %s, in the name of %s) is in force by the overrides table but not applied: %s; the table was written outside muster",
 			u.ID, u.Action, u.InstanceID, u.Actor, u.Reason)
@@ -435,4 +494,10 @@ func (a Applied) Snapshot(service string) (assembler.ServiceInput, bool) {
 	}
 	a.InForce.Apply(&in, a.Now())
 	return in, true
+}
+
+// isEnded says whether muster's record of ends names override id.
+func isEnded[V any](ended map[uuid.UUID]V, id uuid.UUID) bool {
+	_, ok := ended[id]
+	return ok
 }

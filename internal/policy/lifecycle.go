@@ -172,6 +172,9 @@ func (s *Service) Lift(ctx context.Context, actor identity.Principal, id uuid.UU
 		if err != nil {
 			return nil, fmt.Errorf("lift override %s: %w", id, err)
 		}
+		if err := recordEnd(ctx, q, s.cfg.Sealer, lifted); err != nil {
+			return nil, err
+		}
 		out = fromRow(lifted, now)
 		return nil, a.accept(ctx, q, now, CheckState, "", cur, out)
 	})
@@ -285,6 +288,9 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 				Reason: fmt.Sprintf("override %s reached its expiry", r.ID), After: o,
 			})
 			if err != nil {
+				return err
+			}
+			if err := recordEnd(ctx, q, s.cfg.Sealer, r); err != nil {
 				return err
 			}
 		}

@@ -574,15 +574,20 @@ func (s *Service) withinBudget(ctx context.Context, q *db.Queries, now time.Time
 }
 
 // inForce lists the overrides of service in force at now that muster
-// put there (their seal verifies): what the budget counts, as the views
-// do. A row written outside muster neither spends nor frees headroom,
+// put there (their seal verifies) and has not ended since (a replay):
+// what the budget counts, as the views do. A row written outside muster neither spends nor frees headroom,
 // and does not stand in an operator's way.
 func (s *Service) inForce(ctx context.Context, q *db.Queries, service string, now time.Time) ([]db.Override, error) {
 	rows, err := q.OverrideListInForceByService(ctx, db.OverrideListInForceByServiceParams{Service: service, Now: now})
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(rows, func(r db.Override) bool { return verifyRow(s.keys, r) != nil }), nil
+	rows = slices.DeleteFunc(rows, func(r db.Override) bool { return verifyRow(s.keys, r) != nil })
+	ended, _, err := replayed(ctx, q, s.keys, rows)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(rows, func(r db.Override) bool { _, gone := ended[r.ID]; return gone }), nil
 }
 
 // limit takes one attempt from the actor's quota for scope.

@@ -3,7 +3,10 @@ package policy
 import (
 	"context"
 
+	"github.com/google/uuid"
+
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/seal"
 )
 
@@ -22,10 +25,15 @@ import (
 // (its instance keeps its own verdict: a forged row can remove nothing),
 // counted in muster_overrides_unsealed, and logged once.
 //
-// What a seal does not cover: a sealed override lifted and then set back
-// to 'active' by hand is applied again until its own expiry (it was
-// authorised for that window once); an override deleted or lifted by hand
-// is gone (that returns capacity, it never removes it).
+// A seal proves muster put a row in force once, not that it is still in
+// force: so every end of an override (lifted, expired) is recorded in the
+// audit chain in the transaction that ends it (recordEnd), and InForce
+// and the budget leave out every row muster has a record of ending
+// (replayed), whatever the row says: a lifted override set back to
+// 'active' by hand with its old seal changes nothing, is listed by
+// Replayed, counted in muster_overrides_replayed and raised as an
+// override_replayed alarm (docs/keys.md, "Replays"). An override deleted
+// by hand is gone (that returns capacity, it never removes it).
 
 // Sealer signs seals (package seal): the region's signing key.
 type Sealer = seal.Signer
@@ -78,6 +86,27 @@ func sealRow(ctx context.Context, q *db.Queries, s Sealer, r db.Override) (db.Ov
 	return seal.Store(ctx, s, sealDomain, "override "+r.ID.String(), sealedOf(r), r, func(sig []byte, kid *string) (db.Override, error) {
 		return q.OverrideSeal(ctx, db.OverrideSealParams{ID: r.ID, Seal: sig, SealKey: kid})
 	})
+}
+
+// recordEnd records the end of override r, just lifted or expired with q
+// (audit.RecordEnd), sealed by s.
+func recordEnd(ctx context.Context, q *db.Queries, s Sealer, r db.Override) error {
+	ended := r.CreatedAt
+	if r.EndedAt != nil {
+		ended = *r.EndedAt
+	}
+	return audit.RecordEnd(ctx, q, s, audit.End{Kind: audit.EndOverride, ID: r.ID, State: r.State, EndedAt: ended})
+}
+
+// replayed returns which of rows (read as in force) muster has a record
+// of ending, trusting the records sealed by keys, in one query; forged
+// counts records that do not verify (not believed).
+func replayed(ctx context.Context, q *db.Queries, keys SealKeys, rows []db.Override) (ends map[uuid.UUID]audit.End, forged int, err error) {
+	ids := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
+	return audit.Ends(ctx, q, keys, audit.EndOverride, ids)
 }
 
 // verifyRow checks row r's seal against keys; with no keys every row

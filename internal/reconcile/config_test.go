@@ -38,7 +38,7 @@ issuers:
   - url: https://sts.example.internal
     type: aws
     roles:
-      api-task-role: api
+      123456789012:role/api-task-role: api
 `
 
 func TestConfigExample(t *testing.T) {
@@ -73,7 +73,7 @@ current-context: prod
 	if strings.Join(names, ",") != "k8s/prod,snapshot/ec2-web,snapshot/ecs-api" {
 		t.Fatalf("sources %v", names)
 	}
-	if len(issuers) != 2 || issuers[0].Mapping.Cluster != "prod" || issuers[0].Mapping.Services["shop/web"] != "web" || issuers[1].Mapping.Services["api-task-role"] != "api" {
+	if len(issuers) != 2 || issuers[0].Mapping.Cluster != "prod" || issuers[0].Mapping.Services["shop/web"] != "web" || issuers[1].Mapping.Services["123456789012:role/api-task-role"] != "api" {
 		t.Fatalf("issuers %+v", issuers)
 	}
 	if cfg.Disbelief.Dwell != 2*time.Minute || cfg.Every != 5*time.Second {

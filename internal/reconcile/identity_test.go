@@ -144,29 +144,44 @@ func TestPodTokenReportsForItsOwnInstance(t *testing.T) {
 }
 
 // TestAWSWebIdentityMapping: an AWS web-identity token's role session maps
-// to a service; the issuer cannot mint anything else.
+// to a service by its account and role (ACCOUNT:role/NAME): another
+// account's role of the same name maps to nothing, and a mapping keyed by
+// a role name alone is refused at start. The issuer cannot mint anything
+// else.
 func TestAWSWebIdentityMapping(t *testing.T) {
 	t.Parallel()
 	iss := newPlatformIssuer(t)
 	v, err := identity.NewVerifier([]identity.IssuerConfig{{URL: iss.URL(), Mapping: &identity.ClaimMapping{
-		Type: identity.MappingAWS, Services: map[string]string{"web-role": "web"}}}}, nil)
+		Type: identity.MappingAWS, Services: map[string]string{"123456789012:role/web-role": "web", "210987654321:role/web-role": "api"}}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := v.Verify(t.Context(), iss.mint(t, "arn:aws:sts::123456789012:assumed-role/web-role/i-0abc", nil))
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct{ sub, service string }{
+		{"arn:aws:sts::123456789012:assumed-role/web-role/i-0abc", "web"},
+		{"arn:aws:iam::123456789012:role/team/web-role", "web"},
+		{"arn:aws:sts::210987654321:assumed-role/web-role/i-0def", "api"},
+	} {
+		p, err := v.Verify(t.Context(), iss.mint(t, tc.sub, nil))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.sub, err)
+		}
+		if p.Kind != identity.KindWorkload || p.Service != tc.service || p.Role != "" || p.Pod != "" || p.Subject != tc.sub {
+			t.Fatalf("%s: principal %+v, want a workload of %s", tc.sub, p, tc.service)
+		}
 	}
-	if p.Kind != identity.KindWorkload || p.Service != "web" || p.Role != "" || p.Pod != "" {
-		t.Fatalf("principal %+v, want workload of web", p)
-	}
-	for _, sub := range []string{"arn:aws:sts::123456789012:assumed-role/admin-role/s", "not-an-arn", "arn:aws:iam::123456789012:user/web-role"} {
+	for _, sub := range []string{
+		"arn:aws:sts::123456789012:assumed-role/admin-role/s",
+		"arn:aws:sts::999999999999:assumed-role/web-role/i-0abc", // the same role name in another account
+		"not-an-arn", "arn:aws:iam::123456789012:user/web-role", "arn:aws:sts::12345:assumed-role/web-role/s",
+	} {
 		if _, err := v.Verify(t.Context(), iss.mint(t, sub, nil)); err == nil {
 			t.Errorf("%s accepted", sub)
 		}
 	}
-	if _, err := identity.NewVerifier([]identity.IssuerConfig{{URL: iss.URL(), Mapping: &identity.ClaimMapping{Type: identity.MappingAWS}}}, nil); err == nil {
-		t.Error("a mapping without services accepted")
+	for _, services := range []map[string]string{nil, {"web-role": "web"}, {"123456789012:web-role": "web"}, {"123456789012:role/path/web-role": "web"}} {
+		if _, err := identity.NewVerifier([]identity.IssuerConfig{{URL: iss.URL(), Mapping: &identity.ClaimMapping{Type: identity.MappingAWS, Services: services}}}, nil); err == nil {
+			t.Errorf("a mapping of %v accepted", services)
+		}
 	}
 	// A plain issuer limited to workloads refuses an operator token.
 	v2, err := identity.NewVerifier([]identity.IssuerConfig{{URL: iss.URL(), Kinds: []identity.Kind{identity.KindWorkload}}}, nil)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/seal"
@@ -28,6 +30,11 @@ import (
 // disbelief threshold, like any lapsed lease).
 //
 // Rows from before the seals are adopted once (AdoptUnsealed).
+//
+// An end is also recorded in the audit chain (sealEnded, audit.RecordEnd),
+// because the seals alone let a row ended by muster be written back to
+// its earlier, sealed, active bytes: the evaluator asks Replayed about the
+// active rows it is about to route, and routes none muster ended.
 
 const (
 	identityDomain = "muster instance identity seal v1"
@@ -156,8 +163,27 @@ func sealIdentity(ctx context.Context, q *db.Queries, s seal.Signer, row db.Inst
 	})
 }
 
-// sealEnded seals the end of row, just ended with q.
+// sealEnded seals the end of row, just ended with q, and records the end
+// in the audit chain (audit.RecordEnd), so that the row written back to
+// 'active' is never routed again (Registry.Replayed).
 func sealEnded(ctx context.Context, q *db.Queries, s seal.Signer, row db.Instance) (db.Instance, error) {
+	row, err := sealEnd(ctx, q, s, row)
+	if err != nil {
+		return row, err
+	}
+	var ended time.Time
+	if row.EndedAt != nil {
+		ended = *row.EndedAt
+	}
+	if err := audit.RecordEnd(ctx, q, s, audit.End{Kind: audit.EndInstance, ID: row.ID, State: row.State, EndedAt: ended}); err != nil {
+		return row, err
+	}
+	return row, nil
+}
+
+// sealEnd seals the end of row, just ended with q (or, at the adoption,
+// ended before the seals).
+func sealEnd(ctx context.Context, q *db.Queries, s seal.Signer, row db.Instance) (db.Instance, error) {
 	return seal.Store(ctx, s, endDomain, "the end of instance "+row.ID.String(), rowEnd(row), row, func(sig []byte, kid *string) (db.Instance, error) {
 		return q.InstanceSealEnd(ctx, db.InstanceSealEndParams{ID: row.ID, EndSeal: sig, EndSealKey: kid})
 	})
@@ -289,7 +315,7 @@ func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 				}
 			}
 			if row.State != StateActive && row.EndSeal == nil {
-				if _, err = sealEnded(ctx, q, s, row); err != nil {
+				if _, err = sealEnd(ctx, q, s, row); err != nil {
 					return err
 				}
 			}
@@ -327,4 +353,14 @@ func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 		r.cfg.Logger.Warn("adopted instance rows from before the seals", "rows", adopted, "key_id", s.KeyID())
 	}
 	return adopted, nil
+}
+
+// Replayed returns, among ids, the instances muster has a record of
+// ending (audit.Ends): a row of one of them that reads 'active' was
+// written back by hand and must not be routed. One query; the evaluator
+// asks only for the active rows it is about to put in rotation. forged
+// counts records of ends that do not verify (appended by hand): they are
+// not believed.
+func (r *Registry) Replayed(ctx context.Context, ids []uuid.UUID) (ends map[uuid.UUID]audit.End, forged int, err error) {
+	return audit.Ends(ctx, db.New(r.cfg.Pool), r.keys, audit.EndInstance, ids)
 }

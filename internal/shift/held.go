@@ -56,6 +56,9 @@ func (s *Service) hold(ctx context.Context, q *db.Queries, prev []db.Shift, held
 		}
 		var reason string
 		if i := slices.IndexFunc(rows, func(r db.Shift) bool { return r.ID == p.ID }); i >= 0 {
+			if s.verify(rows[i]) == nil {
+				continue // verified yet not applied: muster's record says it ended it (a replay)
+			}
 			reason = fmt.Sprintf("its row (traffic weight %.2f, state %s) does not verify: %v", rows[i].Weight, rows[i].State, s.verify(rows[i]))
 		} else {
 			r, err := q.ShiftGet(ctx, p.ID)

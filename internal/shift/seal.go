@@ -7,8 +7,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/seal"
 )
 
@@ -23,7 +26,9 @@ import (
 // refused, and the worker leaves it alone, so no write of muster's ever
 // seals what someone else wrote. A row returned by hand to an earlier
 // sealed version of itself (a restore of its old bytes) still verifies:
-// the seal proves muster wrote it once, not that it is the newest.
+// the seal proves muster wrote it once, not that it is the newest. A
+// restored step is applied; a restored shift muster ended is not, by the
+// record of its end (sealRow, Reload; docs/keys.md, "Replays").
 
 // AlarmShiftUnsealed is open while an active shift is not applied
 // because its seal does not verify.
@@ -57,10 +62,45 @@ func sealedOf(r db.Shift) sealed {
 
 // sealRow seals row r as just written in q's transaction; without a
 // Sealer it returns r as it is.
+// A shift that ends (completed, cancelled) is also recorded as ended in
+// the audit chain (audit.RecordEnd), so that its row written back to an
+// earlier, sealed, draining version of itself is not applied (Reload).
 func (s *Service) sealRow(ctx context.Context, q *db.Queries, r db.Shift) (db.Shift, error) {
-	return seal.Store(ctx, s.cfg.Sealer, sealDomain, "shift "+r.ID.String(), sealedOf(r), r, func(sig []byte, kid *string) (db.Shift, error) {
+	r, err := seal.Store(ctx, s.cfg.Sealer, sealDomain, "shift "+r.ID.String(), sealedOf(r), r, func(sig []byte, kid *string) (db.Shift, error) {
 		return q.ShiftSeal(ctx, db.ShiftSealParams{ID: r.ID, Seal: sig, SealKey: kid})
 	})
+	if err != nil || (r.State != Completed && r.State != Cancelled) {
+		return r, err
+	}
+	ended := r.LastStepAt
+	if r.EndedAt != nil {
+		ended = *r.EndedAt
+	}
+	return r, audit.RecordEnd(ctx, q, s.cfg.Sealer, audit.End{Kind: audit.EndShift, ID: r.ID, State: r.State, EndedAt: ended})
+}
+
+// AlarmShiftReplayed is open while an active shift by the table, sealed,
+// is not applied because muster has a record of ending it: its earlier
+// bytes were written back by hand.
+const AlarmShiftReplayed = "shift_replayed"
+
+// replayed returns which of rows muster has a record of ending.
+func (s *Service) replayed(ctx context.Context, q *db.Queries, rows []db.Shift) (map[uuid.UUID]audit.End, int, error) {
+	ids := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
+	return audit.Ends(ctx, q, s.keys, audit.EndShift, ids)
+}
+
+// Replayed lists the active shifts by the table not applied because
+// muster ended them, oldest first.
+func (s *Service) Replayed() []Unsealed {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := slices.Clone(s.replays)
+	slices.SortFunc(out, func(a, b Unsealed) int { return strings.Compare(a.ID, b.ID) })
+	return out
 }
 
 // verify checks r's seal; with no keys configured every row passes.
@@ -101,6 +141,15 @@ func (s *Service) unsealedAlarms() []assembler.Alarm {
 	for _, u := range s.Unsealed() {
 		a := assembler.Alarm{Kind: AlarmShiftUnsealed, Since: u.Since,
 			Detail: fmt.Sprintf("shift %s (%s %s at traffic weight %.2f, started by %s by its row) is active by the shifts table but not applied: %s; the table was written outside muster",
+				u.ID, u.Scope, u.Target, u.Weight, u.Actor, u.Reason)}
+		if u.Scope == ScopeZone {
+			a.Zone = u.Target
+		}
+		out = append(out, a)
+	}
+	for _, u := range s.Replayed() {
+		a := assembler.Alarm{Kind: AlarmShiftReplayed, Since: u.Since,
+			Detail: fmt.Sprintf("shift %s (%s %s at traffic weight %.2f, started by %s) is active by the shifts table but not applied: %s; the table was written back outside muster",
 				u.ID, u.Scope, u.Target, u.Weight, u.Actor, u.Reason)}
 		if u.Scope == ScopeZone {
 			a.Zone = u.Target

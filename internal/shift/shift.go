@@ -301,8 +301,11 @@ type Service struct {
 	// held are the shifts applied before whose rows then stopped
 	// verifying or went (held.go): they stay applied as muster last
 	// verified them, and are in active too.
-	held   map[uuid.UUID]Held
-	loaded bool
+	held map[uuid.UUID]Held
+	// replays are the active shifts by the table, sealed, that muster
+	// has a record of ending (seal.go): not applied.
+	replays []Unsealed
+	loaded  bool
 	// loads counts the loads that found the active shifts changed
 	// (Revision); changed signals each (Changed).
 	loads   uint64
@@ -338,6 +341,9 @@ func New(cfg Config) (*Service, error) {
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shifts_held",
 				Help: "Shifts muster applied whose rows then stopped verifying or were deleted: each stays applied as muster last verified it (a drain is never ended by a verification failure) and returns only in steps. Anything above 0 deserves a look."},
 				func() float64 { s.mu.Lock(); defer s.mu.Unlock(); return float64(len(s.held)) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_shifts_replayed",
+				Help: "Active shifts by the shifts table, sealed, that muster does not apply because it has a record of ending them (the audit log's end.record): an ended shift written back outside muster (docs/keys.md: replays). Anything above 0 deserves a look."},
+				func() float64 { s.mu.Lock(); defer s.mu.Unlock(); return float64(len(s.replays)) }),
 		} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, err
@@ -450,13 +456,24 @@ func (s *Service) Reload(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list active shifts: %w", err)
 	}
+	ended, forged, err := s.replayed(ctx, q, rows)
+	if err != nil {
+		return fmt.Errorf("read the ends of active shifts: %w", err)
+	}
+	if forged > 0 {
+		s.log.Error("records of shift ends in the audit log do not verify and are not believed: they were appended outside muster", "records", forged)
+	}
 	now := s.now()
 	var applied []db.Shift
-	var unsealed []Unsealed
+	var unsealed, replays []Unsealed
 	s.mu.Lock()
 	seen := map[string]Unsealed{}
 	for _, u := range s.unsealed {
 		seen[u.ID] = u
+	}
+	seenReplays := map[string]Unsealed{}
+	for _, u := range s.replays {
+		seenReplays[u.ID] = u
 	}
 	for _, r := range rows {
 		if err := s.verify(r); err != nil {
@@ -469,6 +486,18 @@ func (s *Service) Reload(ctx context.Context) error {
 					"shift", r.ID, "scope", r.Scope, "target", r.Target, "weight", r.Weight, "claimed_actor", r.StartedBy, "reason", err)
 			}
 			unsealed = append(unsealed, u)
+			continue
+		}
+		if end, ok := ended[r.ID]; ok {
+			u := Unsealed{ID: r.ID.String(), Scope: r.Scope, Target: r.Target, Weight: r.Weight, Actor: r.StartedBy, Since: now,
+				Reason: fmt.Sprintf("muster ended it (%s at %s, on record in the audit log)", end.State, end.EndedAt.Format(time.RFC3339))}
+			if old, ok := seenReplays[u.ID]; ok {
+				u.Since = old.Since
+			} else {
+				s.log.Error("a shift active by the table is not applied: muster ended it, so its row was written back outside muster",
+					"shift", r.ID, "scope", r.Scope, "target", r.Target, "weight", r.Weight, "ended", end.State, "ended_at", end.EndedAt)
+			}
+			replays = append(replays, u)
 			continue
 		}
 		applied = append(applied, r)
@@ -487,7 +516,7 @@ func (s *Service) Reload(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.held = held
-	s.rev, s.active, s.unsealed, s.loaded = rev, applied, unsealed, true
+	s.rev, s.active, s.unsealed, s.replays, s.loaded = rev, applied, unsealed, replays, true
 	s.loads++
 	s.mu.Unlock()
 	select {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,9 +29,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/worker"
@@ -53,13 +56,43 @@ type Authz interface {
 	Revoked() <-chan struct{}
 }
 
+// AuthFailures takes the streams refused for a token presented and not
+// accepted, by source address (audit.NewAuthFailureSummaries).
+type AuthFailures interface {
+	Record(actorKind, actor string, items []audit.RefusedItem)
+}
+
+// peerAddress is the stream's source address as the HTTP server keys it:
+// the address, an IPv6 address's /64.
+func peerAddress(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "unknown"
+	}
+	ap, err := netip.ParseAddrPort(p.Addr.String())
+	if err != nil {
+		return p.Addr.String()
+	}
+	a := ap.Addr().Unmap()
+	if a.Is6() {
+		if pre, err := a.Prefix(64); err == nil {
+			return pre.String()
+		}
+	}
+	return a.String()
+}
+
 // Config configures a Server. Hub, Admission, Authenticator and Authz
 // connect it to the rest of muster (internal/app sets them).
 type Config struct {
 	Hub           *stream.Hub
 	Admission     *stream.Admission
 	Authenticator Authenticator
-	Authz         Authz
+	// AuthFailures, when set, puts streams refused for a forged, expired,
+	// malformed or unknown issuer's token on the audit record, by source
+	// address (audit.NewAuthFailureSummaries).
+	AuthFailures AuthFailures
+	Authz        Authz
 	// Ready reports whether muster can answer for what exists: the
 	// evaluator rebuilt, views published, the authorisation copy loaded.
 	// Until it is, no node gets a snapshot: its streams are held without
@@ -354,6 +387,9 @@ func (s *Server) authenticate(ctx context.Context) (identity.Principal, error) {
 		return identity.Principal{}, status.Error(codes.Unauthenticated, "present a muster token as \"authorization: Bearer TOKEN\" metadata")
 	}
 	s.m.denied.WithLabelValues("invalid_token").Inc()
+	if s.cfg.AuthFailures != nil {
+		s.cfg.AuthFailures.Record("anonymous", audit.AuthSourcePrefix+peerAddress(ctx), []audit.RefusedItem{{Code: identity.FailureCode(err)}})
+	}
 	return identity.Principal{}, status.Error(codes.Unauthenticated, "the bearer token was not accepted: "+err.Error())
 }
 

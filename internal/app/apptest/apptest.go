@@ -90,6 +90,9 @@ type Stack struct {
 	// stack's clock; it runs (1 s ticks), and tests may call RunOnce to
 	// write what is due at once.
 	Refusals *audit.RefusalSummaries
+	// AuthFailures summarises authentication failures into the audit
+	// log, like Refusals.
+	AuthFailures *audit.RefusalSummaries
 	// Authz is the in-memory copy of services and grants watch and resolve
 	// authorise from; started, and loaded before New returns when the
 	// database answers.
@@ -440,7 +443,7 @@ func New(t testing.TB, opts Options) *Stack {
 	st.URL, st.Pool, st.Registry, st.Evaluator, st.Issuer, st.Clock, st.Client, st.Metrics = base, pool, a.Registry, a.Evaluator, iss, clk, hs.Client(), a.Metrics
 	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = a.Hub, a.Publisher, a.Policy, a.Shifts, srv, a.Guards, a.UI
 	st.Authz, st.Monitor, st.Reaper = a.Authz, a.Monitor, a.Reaper
-	st.Refusals = a.Refusals
+	st.Refusals, st.AuthFailures = a.Refusals, a.AuthFailures
 	st.DNS = a.DNS
 	st.Reconcile = a.Reconcile
 	// A started evaluator rebuilds its state first, and refuses reports
