@@ -31,6 +31,11 @@ func TestEveryEndIsRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The services newEnv made without a key are adopted, as the first
+	// keyed replica's authorisation copy does at its start.
+	if _, err := reg.AdoptAuthzUnsealed(ctx); err != nil {
+		t.Fatal(err)
+	}
 	register := func(addr string, port int) registry.Instance {
 		t.Helper()
 		in, err := reg.Register(ctx, oscar, loopback, "web", registry.Registration{Address: addr, Port: port, Zone: "az1"})
