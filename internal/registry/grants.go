@@ -196,9 +196,3 @@ func callerName(p identity.Principal) string {
 	return "this identity"
 }
 
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
-}
