@@ -195,4 +195,3 @@ func callerName(p identity.Principal) string {
 	}
 	return "this identity"
 }
-
