@@ -20,21 +20,11 @@ func Reseal(ctx context.Context, q *db.Queries, s seal.Signer, keys seal.Keys, a
 	if err != nil {
 		return seal.Batch{}, fmt.Errorf("read overrides to re-seal: %w", err)
 	}
-	batch := make([]seal.Row, len(rows))
-	for i, r := range rows {
-		batch[i] = seal.Row{Name: "override " + r.ID.String(), Value: sealedOf(r), Sig: r.Seal, KeyID: r.SealKey,
+	return seal.ResealRows(ctx, s, keys, sealDomain, rows, limit, func(r db.Override) seal.Row {
+		return seal.Row{Name: "override " + r.ID.String(), Value: sealedOf(r), Sig: r.Seal, KeyID: r.SealKey,
 			Store: func(sig []byte, kid string) (bool, error) {
 				n, err := q.OverrideReseal(ctx, db.OverrideResealParams{ID: r.ID, Seal: sig, SealKey: &kid, OldSeal: r.Seal})
 				return n == 1, err
 			}}
-	}
-	b, err := seal.Reseal(ctx, s, keys, sealDomain, batch)
-	if err != nil {
-		return b, err
-	}
-	if len(rows) > 0 {
-		b.Next = rows[len(rows)-1].ID.String()
-	}
-	b.Done = len(rows) < limit
-	return b, nil
+	}, func(r db.Override) string { return r.ID.String() })
 }

@@ -77,3 +77,23 @@ func Reseal(ctx context.Context, s Signer, keys Keys, domain string, rows []Row)
 	}
 	return b, nil
 }
+
+// ResealRows is Reseal over one batch of a table as its owner read it
+// (up to limit rows, in cursor order): row describes each, and cursor
+// names a row for Batch.Next; a batch shorter than limit is the table's
+// last (Batch.Done).
+func ResealRows[R any](ctx context.Context, s Signer, keys Keys, domain string, rows []R, limit int, row func(R) Row, cursor func(R) string) (Batch, error) {
+	batch := make([]Row, len(rows))
+	for i, r := range rows {
+		batch[i] = row(r)
+	}
+	b, err := Reseal(ctx, s, keys, domain, batch)
+	if err != nil {
+		return b, err
+	}
+	if len(rows) > 0 {
+		b.Next = cursor(rows[len(rows)-1])
+	}
+	b.Done = len(rows) < limit
+	return b, nil
+}

@@ -19,21 +19,11 @@ func Reseal(ctx context.Context, q *db.Queries, s seal.Signer, keys seal.Keys, a
 	if err != nil {
 		return seal.Batch{}, fmt.Errorf("read shifts to re-seal: %w", err)
 	}
-	batch := make([]seal.Row, len(rows))
-	for i, r := range rows {
-		batch[i] = seal.Row{Name: "shift " + r.ID.String(), Value: sealedOf(r), Sig: r.Seal, KeyID: r.SealKey,
+	return seal.ResealRows(ctx, s, keys, sealDomain, rows, limit, func(r db.Shift) seal.Row {
+		return seal.Row{Name: "shift " + r.ID.String(), Value: sealedOf(r), Sig: r.Seal, KeyID: r.SealKey,
 			Store: func(sig []byte, kid string) (bool, error) {
 				n, err := q.ShiftReseal(ctx, db.ShiftResealParams{ID: r.ID, Seal: sig, SealKey: &kid, OldSeal: r.Seal})
 				return n == 1, err
 			}}
-	}
-	b, err := seal.Reseal(ctx, s, keys, sealDomain, batch)
-	if err != nil {
-		return b, err
-	}
-	if len(rows) > 0 {
-		b.Next = rows[len(rows)-1].ID.String()
-	}
-	b.Done = len(rows) < limit
-	return b, nil
+	}, func(r db.Shift) string { return r.ID.String() })
 }
