@@ -84,9 +84,25 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	// assignment it received lists the instance's address (view versions
 	// also move for other reasons: slow-start weights).
 	address := func(i int) string { return fmt.Sprintf("10.250.%d.%d", (i-first)/250, (i-first)%250+1) }
+	// A registration answered 503 (muster's database slow to answer,
+	// which the API says to retry) is tried again, as a workload would,
+	// within the timeout; the figures then include the wait. Registering
+	// the same endpoint again is safe: a second registration replaces
+	// the first.
 	register := func(i int) error {
 		body := fmt.Sprintf(`{"address":%q,"port":8080,"zone":"az%d"}`, address(i), i%3+1)
-		return apiCall(ctx, client, "POST", base+"/v1/services/"+lgXDSService+"/instances", admin, []byte(body), nil)
+		deadline := time.Now().Add(timeout)
+		for {
+			err := apiCall(ctx, client, "POST", base+"/v1/services/"+lgXDSService+"/instances", admin, []byte(body), nil)
+			if err == nil || !strings.Contains(err.Error(), ": 503 ") || time.Now().After(deadline) {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
 	}
 	if err := register(first); err != nil {
 		return fmt.Errorf("register: %w", err)
