@@ -110,6 +110,10 @@ func servesFromMemory(t *testing.T, s *stack, instance string) {
 	} else if took := time.Since(start); took > time.Second {
 		t.Errorf("resolve during the outage took %s", took)
 	}
+	// The verdicts the evaluator holds (issue 26).
+	if r := s.Do(t, "GET", "/v1/services/web/eligibility", s.Token(t, oscarReq), "", ""); r.Status != http.StatusOK || !strings.Contains(string(r.Body), instance) {
+		t.Errorf("eligibility during the outage: %d %s", r.Status, r.Body)
+	}
 	res, sc := openWatch(t, s, api, "service=web")
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("a fresh watch during the outage: %d", res.StatusCode)

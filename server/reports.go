@@ -8,6 +8,8 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/refusal"
+	"github.com/musterhq/muster/internal/registry"
 )
 
 // reportBatch is the body of POST /v1/reports.
@@ -65,10 +67,23 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) eligibilityGet(w http.ResponseWriter, r *http.Request) {
 	name := chi.URLParam(r, "name")
-	// The registry decides who may read the service, and whether it exists.
-	if _, err := s.cfg.Registry.GetService(r.Context(), principal(r), name); err != nil {
-		s.writeError(w, r, err)
+	actor := principal(r)
+	// Who may read the service is the registry's rule; that it exists is
+	// answered from the in-memory copy of services (Authz), so the
+	// verdicts the evaluator holds are served while PostgreSQL is away
+	// (issue 26). A service the copy does not hold (not loaded yet, or
+	// created through another replica since its last reload) is looked up
+	// in the registry.
+	if !registry.CanReadService(actor, name) {
+		s.writeError(w, r, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
+			Detail: fmt.Sprintf("%s may not read service %s", actor, name)})
 		return
+	}
+	if ok, err := s.cfg.Authz.ServiceExists(name); err != nil || !ok {
+		if _, err := s.cfg.Registry.GetService(r.Context(), actor, name); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
 	}
 	v, err := s.cfg.Evaluator.ServiceEligibility(name)
 	if err != nil {

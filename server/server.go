@@ -382,6 +382,7 @@ func (s *Server) routes() chi.Router {
 			r.Get("/v1/resolve/{service}", s.resolve)
 			r.Get("/v1/alarms", s.alarmsGet)
 			r.Get("/v1/leases/expiry", s.leaseExpiryGet)
+			r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 			// Everything else reads or writes PostgreSQL.
 			r.Group(func(r chi.Router) {
 				r.Use(s.needsDatabase)
@@ -402,7 +403,6 @@ func (s *Server) routes() chi.Router {
 				r.Get("/v1/audit", s.auditList)
 				r.Get("/v1/probers/{subject}/assignments", s.proberAssignmentsGet)
 				r.Put("/v1/probers/{subject}/assignments", s.proberAssignmentsPut)
-				r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 				r.Get("/v1/services/{name}/grants", s.grantsGet)
 				r.Put("/v1/services/{name}/grants", s.grantsPut)
 				r.Get("/v1/services/{name}/member-sources", s.memberSourcesGet)
