@@ -296,6 +296,9 @@ func New(cfg Config) (*App, error) {
 	// A lease's clock runs only while renewals could land: from the
 	// moment PostgreSQL answers again after an outage.
 	rpc.UpSince = a.Monitor.UpSince
+	// Nor while this replica is not ready (rebuilding after a start): the
+	// grace after a start counts from readiness.
+	rpc.Ready = func() bool { return a.ready.Load() && a.Evaluator.Ready() }
 	if a.Reaper, err = registry.NewReaper(rpc); err != nil {
 		return nil, err
 	}

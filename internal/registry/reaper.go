@@ -60,7 +60,13 @@ type ReaperConfig struct {
 	// without interruption (db.Monitor). A lease's clock only runs while
 	// a renewal could have landed.
 	UpSince func() time.Time
-	Logger  *slog.Logger
+	// Ready, when set, says whether the replica takes traffic (it is
+	// ready once its evaluation state is rebuilt): while it is not, load
+	// balancers send it no renewals, so a lease's clock does not run
+	// either, and the grace after a start counts from readiness, not
+	// from when HTTP began to listen (issue 26).
+	Ready  func() bool
+	Logger *slog.Logger
 	// Registerer receives the reaper's metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 }
@@ -127,10 +133,12 @@ type Reaper struct {
 
 	mu      sync.Mutex
 	hearing time.Time // renewals could land since then
-	failing bool      // the last sweep could not reach the database
-	grace   bool
-	sup     map[string]Suppression
-	held    int
+	// wasReady: Config.Ready said ready at the last sweep.
+	wasReady bool
+	failing  bool // the last sweep could not reach the database
+	grace    bool
+	sup      map[string]Suppression
+	held     int
 }
 
 // NewReaper returns a stopped Reaper.
@@ -250,6 +258,15 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 		if now.After(rp.hearing) {
 			rp.hearing = now
 		}
+	}
+	if rp.cfg.Ready != nil {
+		// Not ready, or ready since this sweep: renewals could not land
+		// before now.
+		ready := rp.cfg.Ready()
+		if (!ready || !rp.wasReady) && now.After(rp.hearing) {
+			rp.hearing = now
+		}
+		rp.wasReady = ready
 	}
 	hearing := rp.hearing
 	rp.mu.Unlock()

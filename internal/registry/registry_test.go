@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -535,6 +536,51 @@ func TestLeaseGraceAfterRestart(t *testing.T) {
 	}
 	if got := e.states(t, ins); got[registry.StateActive] != 39 || got[registry.StateExpired] != 1 {
 		t.Fatalf("states %v", got)
+	}
+}
+
+// TestLeaseGraceCountsFromReadiness (issue 26): a replica that listens but
+// is not ready yet (rebuilding its evaluation state for longer than a
+// lease) expires nothing while it is not, and the grace runs a full TTL
+// from readiness, not from the start.
+func TestLeaseGraceCountsFromReadiness(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ins := e.register(t, "web", 40, 1000)
+	e.clock.Advance(2 * time.Minute) // muster was away: every lease lapsed
+	var ready atomic.Bool
+	rp := e.reaper(t, registry.ReaperConfig{Ready: ready.Load})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := rp.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rp.Stop() // sweeps are stepped by hand
+	// The rebuild takes 90 s, three leases long. Most workloads get their
+	// renewals through (to another replica, say); two do not, too few to
+	// be held as a mass expiry: only readiness keeps them.
+	for i := range 90 {
+		if i%10 == 0 {
+			e.renew(t, ins[2:])
+		}
+		if n := e.reap(t, rp); n != 0 {
+			t.Fatalf("expired %d leases %d s into the start, before the replica was ready", n, i)
+		}
+		e.clock.Advance(time.Second)
+	}
+	ready.Store(true)
+	e.renew(t, ins[2:])
+	e.reap(t, rp) // the first sweep ready: the grace begins
+	for range 29 {
+		e.clock.Advance(time.Second)
+		if n := e.reap(t, rp); n != 0 {
+			t.Fatalf("expired %d leases inside the grace after readiness", n)
+		}
+	}
+	e.renew(t, ins[1:]) // one of the two renews once it can
+	e.clock.Advance(2 * time.Second)
+	if n := e.reap(t, rp); n != 1 {
+		t.Fatalf("after the grace: expired %d, want the one that stopped", n)
 	}
 }
 
