@@ -806,17 +806,18 @@ type InstancesCopyParams struct {
 }
 
 const leaseCountExpiredSince = `-- name: LeaseCountExpiredSince :many
-SELECT service, count(*)::int AS expired FROM instances
+SELECT service, zone, count(*)::int AS expired FROM instances
 WHERE state = 'expired' AND ended_at > $1::timestamptz
-GROUP BY service
+GROUP BY service, zone
 `
 
 type LeaseCountExpiredSinceRow struct {
 	Service string
+	Zone    string
 	Expired int32
 }
 
-// Instances ended by lease expiry since a moment, per service.
+// Instances ended by lease expiry since a moment, per service and zone.
 func (q *Queries) LeaseCountExpiredSince(ctx context.Context, since time.Time) ([]LeaseCountExpiredSinceRow, error) {
 	rows, err := q.db.Query(ctx, leaseCountExpiredSince, since)
 	if err != nil {
@@ -826,7 +827,7 @@ func (q *Queries) LeaseCountExpiredSince(ctx context.Context, since time.Time) (
 	var items []LeaseCountExpiredSinceRow
 	for rows.Next() {
 		var i LeaseCountExpiredSinceRow
-		if err := rows.Scan(&i.Service, &i.Expired); err != nil {
+		if err := rows.Scan(&i.Service, &i.Zone, &i.Expired); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -842,33 +843,38 @@ SELECT count(*)::int FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
   AND lease_expires_at <= $1::timestamptz
   AND ($2::text = '' OR service = $2::text)
+  AND ($3::text = '' OR zone = $3::text)
 `
 
 type LeaseCountLapsedParams struct {
 	Now     time.Time
 	Service string
+	Zone    string
 }
 
-// Active leases that ran out by now in a scope (” = region).
+// Active leases that ran out by now in a scope (service and zone ” for
+// any).
 func (q *Queries) LeaseCountLapsed(ctx context.Context, arg LeaseCountLapsedParams) (int32, error) {
-	row := q.db.QueryRow(ctx, leaseCountLapsed, arg.Now, arg.Service)
+	row := q.db.QueryRow(ctx, leaseCountLapsed, arg.Now, arg.Service, arg.Zone)
 	var column_1 int32
 	err := row.Scan(&column_1)
 	return column_1, err
 }
 
 const leaseCountLive = `-- name: LeaseCountLive :many
-SELECT service, count(*)::int AS live FROM instances
+SELECT service, zone, count(*)::int AS live FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
-GROUP BY service
+GROUP BY service, zone
 `
 
 type LeaseCountLiveRow struct {
 	Service string
+	Zone    string
 	Live    int32
 }
 
-// Active leased instances per service: the disbelief threshold's base.
+// Active leased instances per service and zone: the disbelief
+// threshold's base.
 func (q *Queries) LeaseCountLive(ctx context.Context) ([]LeaseCountLiveRow, error) {
 	rows, err := q.db.Query(ctx, leaseCountLive)
 	if err != nil {
@@ -878,7 +884,7 @@ func (q *Queries) LeaseCountLive(ctx context.Context) ([]LeaseCountLiveRow, erro
 	var items []LeaseCountLiveRow
 	for rows.Next() {
 		var i LeaseCountLiveRow
-		if err := rows.Scan(&i.Service, &i.Live); err != nil {
+		if err := rows.Scan(&i.Service, &i.Zone, &i.Live); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -12,13 +12,13 @@ import (
 
 const leaseExpiryConfirmationInsert = `-- name: LeaseExpiryConfirmationInsert :one
 
-INSERT INTO lease_expiry_confirmations (service, confirmed_at, confirmed_by, reason)
+INSERT INTO lease_expiry_confirmations (scope, confirmed_at, confirmed_by, reason)
 VALUES ($1, $2, $3, $4)
-RETURNING id, service, confirmed_at, confirmed_by, reason
+RETURNING id, scope, confirmed_at, confirmed_by, reason
 `
 
 type LeaseExpiryConfirmationInsertParams struct {
-	Service     string
+	Scope       string
 	ConfirmedAt time.Time
 	ConfirmedBy string
 	Reason      string
@@ -27,7 +27,7 @@ type LeaseExpiryConfirmationInsertParams struct {
 // Table lease_expiry_confirmations, owned by internal/registry (the lease reaper).
 func (q *Queries) LeaseExpiryConfirmationInsert(ctx context.Context, arg LeaseExpiryConfirmationInsertParams) (LeaseExpiryConfirmation, error) {
 	row := q.db.QueryRow(ctx, leaseExpiryConfirmationInsert,
-		arg.Service,
+		arg.Scope,
 		arg.ConfirmedAt,
 		arg.ConfirmedBy,
 		arg.Reason,
@@ -35,7 +35,7 @@ func (q *Queries) LeaseExpiryConfirmationInsert(ctx context.Context, arg LeaseEx
 	var i LeaseExpiryConfirmation
 	err := row.Scan(
 		&i.ID,
-		&i.Service,
+		&i.Scope,
 		&i.ConfirmedAt,
 		&i.ConfirmedBy,
 		&i.Reason,
@@ -44,9 +44,9 @@ func (q *Queries) LeaseExpiryConfirmationInsert(ctx context.Context, arg LeaseEx
 }
 
 const leaseExpiryConfirmationsSince = `-- name: LeaseExpiryConfirmationsSince :many
-SELECT DISTINCT ON (service) id, service, confirmed_at, confirmed_by, reason FROM lease_expiry_confirmations
+SELECT DISTINCT ON (scope) id, scope, confirmed_at, confirmed_by, reason FROM lease_expiry_confirmations
 WHERE confirmed_at > $1::timestamptz
-ORDER BY service, confirmed_at DESC
+ORDER BY scope, confirmed_at DESC
 `
 
 // The newest confirmation per scope (” = region) since a moment.
@@ -61,7 +61,7 @@ func (q *Queries) LeaseExpiryConfirmationsSince(ctx context.Context, since time.
 		var i LeaseExpiryConfirmation
 		if err := rows.Scan(
 			&i.ID,
-			&i.Service,
+			&i.Scope,
 			&i.ConfirmedAt,
 			&i.ConfirmedBy,
 			&i.Reason,

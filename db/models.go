@@ -78,7 +78,7 @@ type Instance struct {
 
 type LeaseExpiryConfirmation struct {
 	ID          int64
-	Service     string
+	Scope       string
 	ConfirmedAt time.Time
 	ConfirmedBy string
 	Reason      string

@@ -93,16 +93,17 @@ ORDER BY lease_expires_at
 LIMIT sqlc.arg(lim);
 
 -- name: LeaseCountLive :many
--- Active leased instances per service: the disbelief threshold's base.
-SELECT service, count(*)::int AS live FROM instances
+-- Active leased instances per service and zone: the disbelief
+-- threshold's base.
+SELECT service, zone, count(*)::int AS live FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
-GROUP BY service;
+GROUP BY service, zone;
 
 -- name: LeaseCountExpiredSince :many
--- Instances ended by lease expiry since a moment, per service.
-SELECT service, count(*)::int AS expired FROM instances
+-- Instances ended by lease expiry since a moment, per service and zone.
+SELECT service, zone, count(*)::int AS expired FROM instances
 WHERE state = 'expired' AND ended_at > sqlc.arg(since)::timestamptz
-GROUP BY service;
+GROUP BY service, zone;
 
 -- name: LeaseExpire :one
 -- Ends one instance whose lease ran out by cutoff, unless a renewal or
@@ -113,11 +114,13 @@ WHERE id = sqlc.arg(id) AND state = 'active' AND lease_expires_at <= sqlc.arg(cu
 RETURNING *;
 
 -- name: LeaseCountLapsed :one
--- Active leases that ran out by now in a scope ('' = region).
+-- Active leases that ran out by now in a scope (service and zone '' for
+-- any).
 SELECT count(*)::int FROM instances
 WHERE state = 'active' AND lease_expires_at IS NOT NULL
   AND lease_expires_at <= sqlc.arg(now)::timestamptz
-  AND (sqlc.arg(service)::text = '' OR service = sqlc.arg(service)::text);
+  AND (sqlc.arg(service)::text = '' OR service = sqlc.arg(service)::text)
+  AND (sqlc.arg(zone)::text = '' OR zone = sqlc.arg(zone)::text);
 
 -- name: InstanceServicesInZone :many
 -- The services with live instances in a zone (a zone drain counts its budget over them).

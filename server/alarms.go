@@ -69,7 +69,7 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	if cfg.Shifts != nil {
 		out = append(out, cfg.Shifts.Alarms()...)
 	}
-	out = append(out, leaseAlarms(cfg)...)
+	out = append(out, holdAlarms(cfg)...)
 	if a, ok := databaseAlarm(cfg); ok {
 		out = append(out, a)
 	}

@@ -1,56 +1,204 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/reconcile"
+	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
 )
 
-// AlarmLeaseExpirySuppressed is raised while a disbelief threshold holds
-// lease expiry in a scope (the region, or one service).
-const AlarmLeaseExpirySuppressed = "lease_expiry_suppressed"
-
 // Leases is the lease reaper's state (registry.Reaper).
 type Leases interface {
-	Suppressions() []registry.Suppression
+	Holds() []disbelief.Hold
 	InGrace() bool
 }
 
-// leaseExpiryStatus is the body of GET /v1/leases/expiry.
-type leaseExpiryStatus struct {
-	// Grace: every expiry waits, because renewals have not been able to
-	// land for a full TTL yet (after a start or a database outage).
-	Grace        bool                   `json:"grace"`
-	Suppressions []registry.Suppression `json:"suppressions"`
+// RemovalHolds lists every gate's held removals (the lease reaper's and
+// each reconciliation source's) as the one removal rule sees them: the
+// list GET /v1/removal-holds answers, the UI's holds page shows and the
+// removal_held alarms are made of.
+func RemovalHolds(cfg *Config) []disbelief.Hold {
+	var leases, sources []disbelief.Hold
+	if cfg.Leases != nil {
+		leases = cfg.Leases.Holds()
+	}
+	if cfg.Reconcile != nil {
+		sources = cfg.Reconcile.Holds()
+	}
+	return disbelief.Merge(leases, sources)
 }
 
-// leaseExpiryGet shows whether lease expiry is in its grace or held by a
-// disbelief threshold, and by how much. Operators and tools only.
-func (s *Server) leaseExpiryGet(w http.ResponseWriter, r *http.Request) {
+// removalHolds is the body of GET /v1/removal-holds.
+type removalHolds struct {
+	// LeaseGrace: every lease expiry waits, because renewals have not
+	// been able to land for a full TTL yet (after a start, readiness or
+	// a database outage).
+	LeaseGrace bool             `json:"lease_grace"`
+	Holds      []disbelief.Hold `json:"holds"`
+}
+
+// estateReader refuses identities other than operators and tools: held
+// removals describe the whole estate.
+func estateReader(w http.ResponseWriter, r *http.Request, what string) bool {
 	if p := principal(r); p.Kind != identity.KindOperator && p.Kind != identity.KindTool {
-		writeProblem(w, r, problem(http.StatusForbidden, "forbidden", "lease expiry describes the whole estate; it is for operator and tool identities"))
+		writeProblem(w, r, problem(http.StatusForbidden, "forbidden", what+" describes the whole estate; it is for operator and tool identities"))
+		return false
+	}
+	return true
+}
+
+// removalHoldsGet answers GET /v1/removal-holds from memory (it keeps
+// answering while PostgreSQL is away).
+func (s *Server) removalHoldsGet(w http.ResponseWriter, r *http.Request) {
+	if !estateReader(w, r, "the removal holds list") {
 		return
 	}
-	out := leaseExpiryStatus{Suppressions: []registry.Suppression{}}
+	out := removalHolds{Holds: RemovalHolds(&s.cfg)}
 	if s.cfg.Leases != nil {
-		out.Grace = s.cfg.Leases.InGrace()
-		out.Suppressions = append(out.Suppressions, s.cfg.Leases.Suppressions()...)
+		out.LeaseGrace = s.cfg.Leases.InGrace()
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
-// leaseConfirmation is the body of POST /v1/leases/expiry-confirmations.
+// removalConfirmation is the body of POST /v1/removal-holds/confirmations.
+type removalConfirmation struct {
+	// Gate is the hold's gate: "lease-expiry" or "reconcile/<source>".
+	Gate string `json:"gate"`
+	// Scope is the hold's scope as the hold names it ("zone az1",
+	// "service web", "region", "source k8s/prod").
+	Scope  string `json:"scope"`
+	Reason string `json:"reason"`
+}
+
+// ConfirmRemoval records actor's confirmation that the removals gate holds
+// in scope (as Hold.Scope's String names it) are real: the one
+// confirmation of every gate, for the API and the UI. The gate's own
+// confirmation authorises and audits the attempt, refusals too.
+func ConfirmRemoval(ctx context.Context, cfg *Config, actor identity.Principal, gate, scope, reason string) (any, error) {
+	sc, err := disbelief.ParseScope(scope)
+	if err != nil {
+		return nil, &refusal.Error{Kind: refusal.Invalid, Detail: "the scope is not valid", Fields: []refusal.Field{{Field: "scope", Message: err.Error()}}}
+	}
+	switch {
+	case gate == registry.GateLeaseExpiry:
+		return cfg.Registry.ConfirmLeaseExpiry(ctx, actor, sc, reason)
+	case strings.HasPrefix(gate, reconcile.GatePrefix):
+		if sc.Kind != disbelief.Source && sc.Kind != disbelief.Service {
+			return nil, &refusal.Error{Kind: refusal.Invalid, Detail: "the scope is not one reconciliation holds",
+				Fields: []refusal.Field{{Field: "scope", Message: "a reconciliation source holds in its source or its services"}}}
+		}
+		if cfg.Reconcile == nil {
+			return nil, refusal.New(refusal.NotFound, "", "this muster reconciles no sources")
+		}
+		return cfg.Reconcile.Confirm(ctx, actor, strings.TrimPrefix(gate, reconcile.GatePrefix), reason)
+	}
+	return nil, &refusal.Error{Kind: refusal.Invalid, Detail: "the gate is not valid", Fields: []refusal.Field{{Field: "gate",
+		Message: fmt.Sprintf("%q is neither %q nor %q followed by a source", gate, registry.GateLeaseExpiry, reconcile.GatePrefix)}}}
+}
+
+// removalConfirm answers POST /v1/removal-holds/confirmations
+// (ConfirmRemoval).
+func (s *Server) removalConfirm(w http.ResponseWriter, r *http.Request) {
+	var body removalConfirmation
+	if p := s.decodeJSON(w, r, &body); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	kind, target := "removal-hold", body.Gate+" "+body.Scope
+	if !s.limitWrite(w, r, "removals", "removal.confirm", kind, truncateTarget(target)) {
+		return
+	}
+	c, err := ConfirmRemoval(r.Context(), &s.cfg, principal(r), body.Gate, body.Scope, body.Reason)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, c)
+}
+
+// truncateTarget bounds an audit target taken from a request body.
+func truncateTarget(s string) string {
+	if len(s) > 300 {
+		return s[:300]
+	}
+	return s
+}
+
+// confirmLeases records a lease expiry confirmation in scope (the path
+// POST /v1/leases/expiry-confirmations keeps).
+func (s *Server) confirmLeases(w http.ResponseWriter, r *http.Request, scope disbelief.Scope, reason string) {
+	kind, target := string(scope.Kind), scope.Name
+	if scope.Kind == disbelief.Region {
+		target = "region:" + s.cfg.Registry.Region()
+	}
+	if !s.limitWrite(w, r, "leases", "lease.expiry.confirm", kind, target) {
+		return
+	}
+	c, err := s.cfg.Registry.ConfirmLeaseExpiry(r.Context(), principal(r), scope, reason)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, c)
+}
+
+// confirmSource records a confirmation of a reconciliation source's held
+// removals (the path POST /v1/reconcile/sources/{kind}/{name}/confirm
+// keeps).
+func (s *Server) confirmSource(w http.ResponseWriter, r *http.Request, source, reason string) {
+	if s.cfg.Reconcile == nil {
+		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "this muster reconciles no sources"))
+		return
+	}
+	if !s.limitWrite(w, r, "reconcile", "reconcile.confirm", "reconcile-source", source) {
+		return
+	}
+	c, err := s.cfg.Reconcile.Confirm(r.Context(), principal(r), source, reason)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, c)
+}
+
+// leaseExpiryStatus is the body of GET /v1/leases/expiry: the lease
+// gate's part of GET /v1/removal-holds.
+type leaseExpiryStatus struct {
+	Grace bool             `json:"grace"`
+	Holds []disbelief.Hold `json:"holds"`
+}
+
+// leaseExpiryGet shows whether lease expiry is in its grace or held, and
+// by how much. Operators and tools only.
+func (s *Server) leaseExpiryGet(w http.ResponseWriter, r *http.Request) {
+	if !estateReader(w, r, "lease expiry") {
+		return
+	}
+	out := leaseExpiryStatus{Holds: []disbelief.Hold{}}
+	if s.cfg.Leases != nil {
+		out.Grace = s.cfg.Leases.InGrace()
+		out.Holds = append(out.Holds, s.cfg.Leases.Holds()...)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// leaseConfirmation is the body of POST /v1/leases/expiry-confirmations,
+// kept for the clients written before POST /v1/removal-holds/confirmations.
 type leaseConfirmation struct {
 	// Service is the scope; empty or absent for the whole region.
 	Service string `json:"service"`
 	Reason  string `json:"reason"`
 }
 
-// leaseExpiryConfirm records an operator's confirmation that the leases
-// held in a scope really ran out, releasing them to the reaper.
+// leaseExpiryConfirm is POST /v1/removal-holds/confirmations for the
+// lease gate in a service or the region.
 func (s *Server) leaseExpiryConfirm(w http.ResponseWriter, r *http.Request) {
 	var body leaseConfirmation
 	if p := s.decodeJSON(w, r, &body); p != nil {
@@ -61,30 +209,18 @@ func (s *Server) leaseExpiryConfirm(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", fmt.Sprintf("%q is not a service name", body.Service)))
 		return
 	}
-	// Audited under the same target as the registry audits the attempt.
-	kind, target := "service", body.Service
-	if target == "" {
-		kind, target = "region", "region:"+s.cfg.Registry.Region()
+	scope := disbelief.Scope{Kind: disbelief.Region}
+	if body.Service != "" {
+		scope = disbelief.Scope{Kind: disbelief.Service, Name: body.Service}
 	}
-	if !s.limitWrite(w, r, "leases", "lease.expiry.confirm", kind, target) {
-		return
-	}
-	c, err := s.cfg.Registry.ConfirmLeaseExpiry(r.Context(), principal(r), body.Service, body.Reason)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, c)
+	s.confirmLeases(w, r, scope, body.Reason)
 }
 
-// leaseAlarms turns the reaper's suppressions into alarms.
-func leaseAlarms(cfg *Config) []assembler.Alarm {
-	if cfg.Leases == nil {
-		return nil
-	}
+// holdAlarms are the removal_held alarms, one per hold.
+func holdAlarms(cfg *Config) []assembler.Alarm {
 	var out []assembler.Alarm
-	for _, sup := range cfg.Leases.Suppressions() {
-		out = append(out, assembler.Alarm{Kind: AlarmLeaseExpirySuppressed, Service: sup.Service, Since: sup.Since, Detail: sup.Detail})
+	for _, h := range RemovalHolds(cfg) {
+		out = append(out, h.Alarm())
 	}
 	return out
 }

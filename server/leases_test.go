@@ -11,9 +11,9 @@ import (
 
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
-	"github.com/musterhq/muster/server"
 )
 
 // TestLeaseExpirySuppressedOverHTTP: 20% of the region's leases stop
@@ -52,19 +52,26 @@ func TestLeaseExpirySuppressedOverHTTP(t *testing.T) {
 	}](t, s.Do(t, "GET", "/v1/alarms", admin, "", ""))
 	var found bool
 	for _, a := range alarms.Alarms {
-		if a.Kind == server.AlarmLeaseExpirySuppressed && a.Service == "" && strings.Contains(a.Detail, "4 of 20 leases in the region") {
+		if a.Kind == disbelief.AlarmRemovalHeld && strings.Contains(a.Detail, "lease-expiry: 4 of 20 leases in region") {
 			found = true
 		}
 	}
 	if !found {
-		t.Fatalf("no lease_expiry_suppressed alarm with the numbers: %+v", alarms)
+		t.Fatalf("no removal_held alarm with the numbers: %+v", alarms)
 	}
 	st := apptest.Decode[struct {
-		Grace        bool
-		Suppressions []registry.Suppression
+		Grace bool
+		Holds []disbelief.Hold
 	}](t, s.Do(t, "GET", "/v1/leases/expiry", viewer, "", ""))
-	if st.Grace || len(st.Suppressions) != 1 || st.Suppressions[0].Held != 4 {
+	if st.Grace || len(st.Holds) != 1 || st.Holds[0].Held != 4 || st.Holds[0].Scope.Kind != disbelief.Region {
 		t.Fatalf("GET /v1/leases/expiry: %+v", st)
+	}
+	all := apptest.Decode[struct {
+		LeaseGrace bool `json:"lease_grace"`
+		Holds      []disbelief.Hold
+	}](t, s.Do(t, "GET", "/v1/removal-holds", viewer, "", ""))
+	if len(all.Holds) != 1 || all.Holds[0].Gate != "lease-expiry" || len(all.Holds[0].Instances) != 4 {
+		t.Fatalf("GET /v1/removal-holds: %+v", all)
 	}
 	if r := s.Do(t, "GET", "/v1/leases/expiry", web, "", ""); r.Status != http.StatusForbidden {
 		t.Fatalf("a workload reads lease expiry: %d", r.Status)

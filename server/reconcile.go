@@ -7,6 +7,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
@@ -14,12 +15,14 @@ import (
 
 // Reconcile is the reconciliation of orchestrators and inventories into
 // the registry (reconcile.Reconciler): its diff, its confirmations and its
-// alarms (reconcile_suspect, reconcile_stale, reconcile_unauthorised,
-// member_sources_unsealed, reconcile_replace_refused).
+// alarms (reconcile_stale, reconcile_unauthorised, member_sources_unsealed,
+// reconcile_replace_refused) and its held removals (Holds, listed with
+// the other removal holds).
 type Reconcile interface {
 	Diff(ctx context.Context) (reconcile.Diff, error)
 	Confirm(ctx context.Context, actor identity.Principal, source, reason string) (registry.ReconcileConfirmation, error)
 	Alarms() []assembler.Alarm
+	Holds() []disbelief.Hold
 }
 
 // reconcileDiffGet answers GET /v1/reconcile/diff: per source and
@@ -49,26 +52,14 @@ type reconcileConfirmBody struct {
 	Reason string `json:"reason"`
 }
 
-// reconcileConfirm records an operator's confirmation that the removals a
-// source's disbelief threshold holds are real. Audited, refusals too.
+// reconcileConfirm is POST /v1/removal-holds/confirmations for a
+// source's gate, at the path it had before that API. Audited, refusals
+// too.
 func (s *Server) reconcileConfirm(w http.ResponseWriter, r *http.Request) {
 	var body reconcileConfirmBody
 	if p := s.decodeJSON(w, r, &body); p != nil {
 		writeProblem(w, r, p)
 		return
 	}
-	source := chi.URLParam(r, "kind") + "/" + chi.URLParam(r, "name")
-	if s.cfg.Reconcile == nil {
-		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "this muster reconciles no sources"))
-		return
-	}
-	if !s.limitWrite(w, r, "reconcile", "reconcile.confirm", "reconcile-source", source) {
-		return
-	}
-	c, err := s.cfg.Reconcile.Confirm(r.Context(), principal(r), source, body.Reason)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, c)
+	s.confirmSource(w, r, chi.URLParam(r, "kind")+"/"+chi.URLParam(r, "name"), body.Reason)
 }

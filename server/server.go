@@ -149,8 +149,8 @@ type Config struct {
 	// Shifts is the shift-back API (shift.Service); its alarms are listed
 	// with the others. Nil: /v1/shifts answers 404.
 	Shifts Shifts
-	// Leases is the lease reaper; its lease_expiry_suppressed alarms are
-	// listed with the others. Nil: none.
+	// Leases is the lease reaper; its holds are listed with the other
+	// removal holds (GET /v1/removal-holds, alarm removal_held). Nil: none.
 	Leases Leases
 	// Reconcile, when set, serves /v1/reconcile and lists its alarms.
 	Reconcile Reconcile
@@ -382,6 +382,7 @@ func (s *Server) routes() chi.Router {
 			r.Get("/v1/resolve/{service}", s.resolve)
 			r.Get("/v1/alarms", s.alarmsGet)
 			r.Get("/v1/leases/expiry", s.leaseExpiryGet)
+			r.Get("/v1/removal-holds", s.removalHoldsGet)
 			r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 			// Everything else reads or writes PostgreSQL.
 			r.Group(func(r chi.Router) {
@@ -397,6 +398,7 @@ func (s *Server) routes() chi.Router {
 				r.With(s.limitActor(s.limits.deregistrations, "deregistrations")).Delete("/v1/instances/{id}", s.instanceDeregister)
 				r.With(s.limitActor(s.limits.renewals, "lease_renewals")).Put("/v1/instances/{id}/lease", s.leaseRenew)
 				r.Post("/v1/leases/expiry-confirmations", s.leaseExpiryConfirm)
+				r.Post("/v1/removal-holds/confirmations", s.removalConfirm)
 				r.Post("/v1/authz/reload-confirmations", s.authzReloadConfirm)
 				r.Get("/v1/reconcile/diff", s.reconcileDiffGet)
 				r.Post("/v1/reconcile/sources/{kind}/{name}/confirm", s.reconcileConfirm)

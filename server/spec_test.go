@@ -22,6 +22,7 @@ import (
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
@@ -429,7 +430,10 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"OverrideList", reflect.TypeFor[list[policy.Override]](), true},
 		{"OverrideMark", reflect.TypeFor[evaluator.Override](), true},
 		{"LeaseExpiryStatus", reflect.TypeFor[leaseExpiryStatus](), true},
-		{"LeaseSuppression", reflect.TypeFor[registry.Suppression](), true},
+		{"RemovalHold", reflect.TypeFor[disbelief.Hold](), true},
+		{"RemovalScope", reflect.TypeFor[disbelief.Scope](), true},
+		{"RemovalHolds", reflect.TypeFor[removalHolds](), true},
+		{"RemovalConfirmationRequest", reflect.TypeFor[removalConfirmation](), false},
 		{"LeaseConfirmationRequest", reflect.TypeFor[leaseConfirmation](), false},
 		{"LeaseConfirmation", reflect.TypeFor[registry.Confirmation](), true},
 	} {

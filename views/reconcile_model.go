@@ -26,9 +26,10 @@ type ReconcileSource struct {
 	Error       string
 	Stale       string
 	// Held, when positive, is how many removals a disbelief threshold
-	// holds, of Had, until ReleaseAt.
+	// holds, of Had, since HeldSince (until the source recovers or an
+	// operator confirms on the holds page).
 	Held, Had int
-	ReleaseAt time.Time
+	HeldSince time.Time
 }
 
 // ReconcileItem is one divergence.

@@ -53,9 +53,11 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
+	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
@@ -292,7 +294,7 @@ func New(cfg Config) (*App, error) {
 	}
 	rpc := cfg.Reaper
 	rpc.Registry, rpc.Logger, rpc.Registerer = a.Registry, log, metrics
-	rpc.Corroborated = a.Evaluator.LeaseExpiriesCorroborated
+	rpc.Evidence = a.Evaluator.LeaseExpiryEvidence
 	// A lease's clock runs only while renewals could land: from the
 	// moment PostgreSQL answers again after an outage.
 	rpc.UpSince = a.Monitor.UpSince
@@ -399,6 +401,13 @@ func New(cfg Config) (*App, error) {
 		uc.Now = orNow(uc.Now, now)
 		// The banner lists what GET /v1/alarms lists.
 		uc.Alarms = server.AlarmsOf(svc)
+		uc.Removals = &webui.Removals{
+			Holds:      func() []disbelief.Hold { return server.RemovalHolds(&svc) },
+			LeaseGrace: a.Reaper.InGrace,
+			Confirm: func(ctx context.Context, actor identity.Principal, gate, scope, reason string) (any, error) {
+				return server.ConfirmRemoval(ctx, &svc, actor, gate, scope, reason)
+			},
+		}
 		if a.UI, err = webui.New(uc); err != nil {
 			return nil, err
 		}

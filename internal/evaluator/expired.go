@@ -1,6 +1,8 @@
 package evaluator
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -101,57 +103,118 @@ func (e *Evaluator) pruneExpired(now time.Time) {
 	}
 }
 
-// LeaseExpiriesCorroborated says, for each instance whose lease lapsed,
-// whether health evidence this process has heard confirms that it is gone,
-// and why (the ids not in the result are not corroborated): it is
-// ineligible by its own evidence (failing on a class), or it is silent on
-// every class while a sibling of its service is heard. muster's own
-// deafness (a restart, an ingest outage) silences the siblings too, so it
-// is never corroboration. The lease reaper asks once per sweep and expires
-// a corroborated lease even while a disbelief threshold holds the others.
-// Whether a service has a heard instance is worked out once per service,
-// so a mass lapse costs one pass over each service, not one per lapse.
-func (e *Evaluator) LeaseExpiriesCorroborated(ids []uuid.UUID) map[uuid.UUID]string {
-	out := map[uuid.UUID]string{}
+// LeaseExpiryEvidence says what health evidence this process has heard
+// of instances whose leases lapsed (issue 26): which of them it
+// corroborates as gone, and which share an observation path muster cannot
+// hear (a prober in outage covering them, or a zone none of whose
+// instances is heard while another zone is).
+//
+// An instance's silence corroborates its death only where something
+// sharing its path is heard: a sibling of its service in its own zone,
+// with no prober covering it in outage. muster's own deafness (a restart,
+// an ingest outage, a zone or a prober cut off from it) silences the
+// siblings that share the path too, so it is never corroboration. An
+// instance failing on a class is corroborated by that evidence while it
+// is current and its observer is heard (no covering prober in outage).
+// The lease reaper asks once per sweep and expires a corroborated lease
+// even while a disbelief threshold holds the others. What is heard is
+// worked out once per service and zone, so a mass lapse costs one pass
+// over each, not one per lapse.
+func (e *Evaluator) LeaseExpiryEvidence(ids []uuid.UUID) registry.ExpiryEvidence {
+	out := registry.ExpiryEvidence{Corroborated: map[uuid.UUID]string{}, Partitioned: map[uuid.UUID]registry.Partition{}, Unheard: map[string]string{}}
 	if !e.ready.Load() || len(ids) == 0 {
 		return out
 	}
 	now := e.cfg.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	heard := map[string]bool{} // by service, computed on first need
+
+	// The probers in outage, by name.
+	var down []*proberAssignment
+	var downNames []string
+	for _, o := range e.engine.ProberOutages() {
+		for name, pa := range e.probers {
+			if pa.id == o.Prober {
+				down = append(down, pa)
+				downNames = append(downNames, name)
+			}
+		}
+	}
+	type key struct{ service, zone string }
+	heardIn := map[key]bool{}      // a sibling heard in the service's zone
+	zoneHeard := map[string]bool{} // any instance heard in the zone
+	zonesDone := false
+	heard := func(id uuid.UUID) bool {
+		r, ok := e.engine.Routing(eligibility.InstanceID(id), now)
+		return ok && r.HealthKnown
+	}
 	for _, id := range ids {
 		info, ok := e.instances[id]
 		if !ok {
 			continue
 		}
+		for i, pa := range down {
+			if pa.covers(id, info.service) {
+				out.Partitioned[id] = registry.Partition{Prober: downNames[i],
+					Why: fmt.Sprintf("prober %s, which covers it, is in outage (prober_outage): its silence is the prober's", downNames[i])}
+				break
+			}
+		}
 		r, ok := e.engine.Routing(eligibility.InstanceID(id), now)
-		switch {
-		case !ok:
-			continue
-		case r.State == eligibility.Ineligible:
-			out[id] = "corroborated: ineligible by its own health evidence"
-			continue
-		case r.HealthKnown:
+		if !ok {
 			continue
 		}
-		h, done := heard[info.service]
+		_, cut := out.Partitioned[id]
+		if r.State == eligibility.Ineligible && r.HealthKnown && !cut {
+			out.Corroborated[id] = "corroborated: ineligible by its own current health evidence"
+			continue
+		}
+		if r.HealthKnown {
+			continue
+		}
+		k := key{info.service, info.zone}
+		h, done := heardIn[k]
 		if !done {
 			// The instance itself is silent, so "a sibling is heard" is
-			// "any instance of the service is heard".
+			// "any instance of the service in the zone is heard".
 			for sib := range e.byService[info.service] {
-				if s, ok := e.engine.Routing(eligibility.InstanceID(sib), now); ok && s.HealthKnown {
+				if e.instances[sib].zone == info.zone && heard(sib) {
 					h = true
 					break
 				}
 			}
-			heard[info.service] = h
+			heardIn[k] = h
+		}
+		if h && !cut {
+			out.Corroborated[id] = "corroborated: silent on every evidence class while its siblings in zone " + info.zone + " are heard"
+			continue
 		}
 		if h {
-			out[id] = "corroborated: silent on every evidence class while its siblings are heard"
+			continue
+		}
+		if !zonesDone {
+			// Which zones are heard at all: one pass over the instances.
+			zonesDone = true
+			for iid, in := range e.instances {
+				if !zoneHeard[in.zone] && heard(iid) {
+					zoneHeard[in.zone] = true
+				}
+			}
+		}
+		if !zoneHeard[info.zone] && len(zoneHeard) > 0 {
+			why := "no instance in zone " + info.zone + " is heard on any evidence class while other zones are"
+			if len(downNames) > 0 {
+				why += "; probers in outage: " + strings.Join(downNames, ", ")
+			}
+			out.Unheard[info.zone] = why
 		}
 	}
 	return out
+}
+
+// LeaseExpiriesCorroborated is LeaseExpiryEvidence's corroborated ids.
+func (e *Evaluator) LeaseExpiriesCorroborated(ids []uuid.UUID) map[uuid.UUID]string {
+	return e.LeaseExpiryEvidence(ids).Corroborated
 }
 
 // LeaseExpiryCorroborated is LeaseExpiriesCorroborated for one instance.

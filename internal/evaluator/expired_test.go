@@ -66,7 +66,7 @@ func TestExpiredInstancesGoThroughTheGuard(t *testing.T) {
 	if err := f.Evaluator.SyncNow(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rp, err := registry.NewReaper(registry.ReaperConfig{Registry: f.Registry, RegionThreshold: 1, ServiceThreshold: 1})
+	rp, err := registry.NewReaper(registry.ReaperConfig{Registry: f.Registry, RegionThreshold: 1, ZoneThreshold: 1, ServiceThreshold: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,18 @@
 package reconcile_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
@@ -127,7 +131,7 @@ func TestConfirmAPI(t *testing.T) {
 	}
 	admin := st.Token(t, apptest.Admin)
 	al := st.Do(t, "GET", "/v1/alarms", admin, "", "")
-	if !strings.Contains(string(al.Body), `"kind":"reconcile_suspect"`) || !strings.Contains(string(al.Body), "snapshot/fleet") {
+	if !strings.Contains(string(al.Body), `"kind":"removal_held"`) || !strings.Contains(string(al.Body), "reconcile/snapshot/fleet") {
 		t.Fatalf("alarms: %s", al.Body)
 	}
 	url := "/v1/reconcile/sources/snapshot/fleet/confirm"
@@ -307,7 +311,7 @@ func TestAServiceDrainedWithinASourceIsHeld(t *testing.T) {
 	}
 	admin := st.Token(t, apptest.Admin)
 	al := st.Do(t, "GET", "/v1/alarms", admin, "", "")
-	if !strings.Contains(string(al.Body), "lacks 3 of the 3 instances of api") {
+	if !strings.Contains(string(al.Body), "3 of 3 instances in service api would be removed at once") {
 		t.Fatalf("alarms: %s", al.Body)
 	}
 	sam := devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "sam", Team: "search", Role: identity.RoleOperator}
@@ -319,4 +323,126 @@ func TestAServiceDrainedWithinASourceIsHeld(t *testing.T) {
 	if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 19 || w.Status().Hold != nil {
 		t.Fatalf("after confirmation: %d live, hold %+v; want 19, none", len(ins), w.Status().Hold)
 	}
+}
+
+// TestEmptyReadingHeldUntilConfirmed (issue 26): a snapshot exporter
+// starts writing a valid, empty list and keeps writing it for 10 minutes.
+// Nothing ends, however often the empty reading repeats; the view keeps
+// every instance; the hold is on GET /v1/removal-holds with one
+// removal_held alarm; a workload and a viewer cannot confirm it (refused,
+// audited); an operator of the owning team can, and only then do the
+// instances end. Before, a second empty reading 2 minutes later was
+// believed and every instance ended.
+func TestEmptyReadingHeldUntilConfirmed(t *testing.T) {
+	t.Parallel()
+	st, path, w, pass := fleetStack(t)
+	admin := st.Token(t, apptest.Admin)
+	writeAtomic(t, path, snapshotJSON(5, 1))
+	pass()
+	view := func() int {
+		t.Helper()
+		st.Evaluator.EvaluateNow()
+		st.Publisher.RunOnce()
+		st.Clock.Advance(assembler.DefaultAdditionWindow + 100*time.Millisecond)
+		st.Publisher.RunOnce()
+		r := st.Do(t, "GET", "/v1/resolve/web", st.Token(t, apptest.Web), "", "")
+		if r.Status != http.StatusOK {
+			t.Fatalf("resolve web: %d %s", r.Status, r.Body)
+		}
+		n := 0
+		for _, e := range apptest.Decode[assembler.View](t, r).Endpoints {
+			if strings.HasPrefix(e.Address, "10.4.0.") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := view(); n != 5 {
+		t.Fatalf("before: %d reconciled endpoints in the view, want 5", n)
+	}
+
+	writeAtomic(t, path, `{"instances":[]}`)
+	start := st.Clock.Now()
+	for minute := 0; minute <= 10; minute++ {
+		pass()
+		if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 5 {
+			t.Fatalf("minute %d of the empty reading: %d live, want 5", minute, len(ins))
+		}
+		if n := view(); n != 5 {
+			t.Fatalf("minute %d of the empty reading: %d reconciled endpoints in the view, want 5", minute, n)
+		}
+		st.Clock.Advance(time.Minute - assembler.DefaultAdditionWindow - 100*time.Millisecond)
+	}
+	if !st.Clock.Now().After(start.Add(10 * time.Minute)) {
+		t.Fatalf("the loop covered %s, want over 10 minutes", st.Clock.Now().Sub(start))
+	}
+
+	r := st.Do(t, "GET", "/v1/removal-holds", admin, "", "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("removal holds: %d %s", r.Status, r.Body)
+	}
+	var holds struct {
+		Holds []disbelief.Hold `json:"holds"`
+	}
+	if err := json.Unmarshal(r.Body, &holds); err != nil {
+		t.Fatal(err)
+	}
+	if len(holds.Holds) != 1 || holds.Holds[0].Gate != "reconcile/snapshot/fleet" || holds.Holds[0].Scope.String() != "source snapshot/fleet" ||
+		holds.Holds[0].Held != 5 || !holds.Holds[0].Since.Equal(start) || !strings.Contains(holds.Holds[0].Detail, "no endpoints at all") {
+		t.Fatalf("removal holds: %s", r.Body)
+	}
+	if got := alarmsOf(t, st, disbelief.AlarmRemovalHeld); len(got) != 1 {
+		t.Fatalf("removal_held alarms: %v, want one", got)
+	}
+
+	url := "/v1/removal-holds/confirmations"
+	body := `{"gate":"reconcile/snapshot/fleet","scope":"source snapshot/fleet","reason":"the fleet was retired"}`
+	for _, who := range []devissuer.TokenRequest{apptest.Web, apptest.Viewer} {
+		if r := st.JSON(t, "POST", url, st.Token(t, who), body); r.Status != http.StatusForbidden {
+			t.Fatalf("confirm as %s: %d %s", who.Subject, r.Status, r.Body)
+		}
+	}
+	for _, bad := range []string{
+		`{"gate":"reconcile/snapshot/fleet","scope":"galaxy far","reason":"x"}`,
+		`{"gate":"nonsense","scope":"region","reason":"x"}`,
+		`{"gate":"reconcile/snapshot/fleet","scope":"zone az1","reason":"x"}`,
+	} {
+		if r := st.JSON(t, "POST", url, st.Token(t, apptest.Operator), bad); r.Status != http.StatusUnprocessableEntity || r.Header.Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("confirm %s: %d %s", bad, r.Status, r.Body)
+		}
+	}
+	pass()
+	if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 5 {
+		t.Fatalf("after refused confirmations: %d live, want 5", len(ins))
+	}
+	if r := st.JSON(t, "POST", url, st.Token(t, apptest.Operator), body); r.Status != http.StatusCreated {
+		t.Fatalf("confirm as the owning team's operator: %d %s", r.Status, r.Body)
+	}
+	st.Clock.Advance(time.Second)
+	pass()
+	if ins, _ := st.Registry.ReconciledInstances(t.Context(), "snapshot/fleet"); len(ins) != 0 || w.Status().Hold != nil {
+		t.Fatalf("after confirmation: %d live, hold %+v; want 0, none", len(ins), w.Status().Hold)
+	}
+	a := st.Do(t, "GET", "/v1/audit?action=reconcile.confirm", admin, "", "")
+	if got := string(a.Body); strings.Count(got, `"outcome":"refused"`) != 2 || strings.Count(got, `"outcome":"accepted"`) != 1 {
+		t.Fatalf("audit of reconcile.confirm: %s", got)
+	}
+}
+
+// alarmsOf lists the details of the open alarms of kind.
+func alarmsOf(t *testing.T, st *apptest.Stack, kind string) []string {
+	t.Helper()
+	r := st.Do(t, "GET", "/v1/alarms", st.Token(t, apptest.Admin), "", "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("alarms: %d %s", r.Status, r.Body)
+	}
+	var out []string
+	for _, a := range apptest.Decode[struct {
+		Alarms []assembler.Alarm `json:"alarms"`
+	}](t, r).Alarms {
+		if a.Kind == kind {
+			out = append(out, a.Detail)
+		}
+	}
+	return out
 }

@@ -33,7 +33,20 @@ type FileConfig struct {
 type DisbeliefFile struct {
 	Fraction    float64       `yaml:"fraction"`
 	MinRemovals int           `yaml:"min_removals"`
-	Dwell       time.Duration `yaml:"dwell"`
+	Window      time.Duration `yaml:"window"`
+	// Dwell is the old name of Window. It once also released a hold when
+	// a later reading still lacked the instances; nothing but recovery
+	// or a confirmation releases one now (issue 26).
+	Dwell time.Duration `yaml:"dwell"`
+}
+
+// disbelief is the file's Disbelief.
+func (f DisbeliefFile) disbelief() Disbelief {
+	w := f.Window
+	if w == 0 {
+		w = f.Dwell
+	}
+	return Disbelief{Fraction: f.Fraction, MinRemovals: f.MinRemovals, Window: w}
 }
 
 // ClusterFile is one Kubernetes cluster.
@@ -115,7 +128,7 @@ func ParseConfig(name string, b []byte) (FileConfig, error) {
 	bad := func(path string, format string, args ...any) {
 		errs = append(errs, fmt.Sprintf("%s:%d: %s: %s", name, lineOf(&root, path), path, fmt.Sprintf(format, args...)))
 	}
-	d := Disbelief{Fraction: c.Disbelief.Fraction, MinRemovals: c.Disbelief.MinRemovals, Dwell: c.Disbelief.Dwell}
+	d := c.Disbelief.disbelief()
 	if err := d.Validate(); err != nil {
 		bad("disbelief", "%v", err)
 	}
@@ -237,7 +250,7 @@ func lineOf(root *yaml.Node, path string) int {
 // clients are built from each kubeconfig (or the in-cluster config); no
 // connection is made until the sources start.
 func (c FileConfig) Build(now func() time.Time) (Config, []identity.IssuerConfig, error) {
-	cfg := Config{Every: c.Every, Disbelief: Disbelief{Fraction: c.Disbelief.Fraction, MinRemovals: c.Disbelief.MinRemovals, Dwell: c.Disbelief.Dwell}, Now: now}
+	cfg := Config{Every: c.Every, Disbelief: c.Disbelief.disbelief(), Now: now}
 	var issuers []identity.IssuerConfig
 	for _, k := range c.Clusters {
 		client, err := KubernetesClient(k.Kubeconfig, k.Context)

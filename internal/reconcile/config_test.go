@@ -76,7 +76,7 @@ current-context: prod
 	if len(issuers) != 2 || issuers[0].Mapping.Cluster != "prod" || issuers[0].Mapping.Services["shop/web"] != "web" || issuers[1].Mapping.Services["123456789012:role/api-task-role"] != "api" {
 		t.Fatalf("issuers %+v", issuers)
 	}
-	if cfg.Disbelief.Dwell != 2*time.Minute || cfg.Every != 5*time.Second {
+	if cfg.Disbelief.Window != 2*time.Minute || cfg.Every != 5*time.Second {
 		t.Fatalf("config %+v", cfg)
 	}
 	// JSON is YAML too.

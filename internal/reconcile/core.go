@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/internal/disbelief"
 )
 
 // Endpoint is one member of a source's reading: an EndpointSlice endpoint
@@ -75,17 +77,23 @@ type Live struct {
 }
 
 // Disbelief is the threshold a reading is checked against before its
-// removals are applied (ADR-03's safety, the lease reaper's shape).
+// removals are applied: disbelief.Rule, the rule lease expiry follows too
+// (issue 26).
 type Disbelief struct {
 	// Fraction: a reading lacking more than this fraction of the source's
-	// live instances is held (default 0.2).
+	// live instances, or of one service's, is held (default 0.2).
 	Fraction float64
 	// MinRemovals: fewer absences than this are always believed
-	// (default 3), so a scale-down of a small service is not alarmed.
+	// (default 3), so a scale-down of a small service is not alarmed. A
+	// reading with no endpoints at all while the source has instances is
+	// held whatever their number: an empty list is what a broken exporter
+	// or a dropped annotation reads as.
 	MinRemovals int
-	// Dwell: a reading still lacking them this long after the hold began
-	// is believed (default 2 min).
-	Dwell time.Duration
+	// Window: absences believed within this long count with a later
+	// reading's against the threshold, so a source that lies a little at
+	// a time is held as one that lies at once (default 2 min). It never
+	// releases a hold: only recovery or a confirmation does.
+	Window time.Duration
 }
 
 // Validate fills defaults and checks the threshold.
@@ -96,59 +104,53 @@ func (d *Disbelief) Validate() error {
 	if d.MinRemovals == 0 {
 		d.MinRemovals = 3
 	}
-	if d.Dwell == 0 {
-		d.Dwell = 2 * time.Minute
+	if d.Window == 0 {
+		d.Window = 2 * time.Minute
 	}
 	switch {
 	case d.Fraction <= 0 || d.Fraction >= 1:
 		return fmt.Errorf("disbelief fraction %v must be above 0 and below 1", d.Fraction)
 	case d.MinRemovals < 1:
 		return errors.New("disbelief min_removals must be at least 1")
-	case d.Dwell < 0:
-		return errors.New("disbelief dwell must not be negative")
+	case d.Window < 0:
+		return errors.New("disbelief window must not be negative")
 	}
 	return nil
 }
 
-// Hold is a reading not believed: its absences are not applied.
+func (d Disbelief) rule() disbelief.Rule {
+	return disbelief.Rule{Fraction: d.Fraction, MinMass: d.MinRemovals}
+}
+
+// Hold is a reading not believed: its absences are not applied. It lasts
+// until a reading reports the instances again or an authorised operator
+// confirms the absences; no timer ends it.
 type Hold struct {
 	Since   time.Time `json:"since"`
 	Had     int       `json:"had"`
 	Lacking int       `json:"lacking"`
-	// ReleaseAt is when a reading still lacking them is believed.
-	ReleaseAt time.Time `json:"release_at"`
 	// Services are the services whose absences are held. Had and Lacking
-	// count the whole source when it is suspect as a whole, else these
-	// services, each suspect on its own.
+	// count the whole source when it is suspect as a whole (Whole), else
+	// these services, each suspect on its own.
 	Services []string `json:"services"`
+	// Whole: the source as a whole is suspect (its reading is empty, or
+	// lacks more than the threshold of it).
+	Whole bool `json:"whole,omitempty"`
+	// Empty: the reading had no endpoints at all.
+	Empty bool `json:"empty,omitempty"`
+	// ByService counts each held service on its own (when not Whole).
+	ByService map[string]Count `json:"by_service,omitempty"`
+}
+
+// Count is what a scope had and lacks.
+type Count struct {
+	Had     int `json:"had"`
+	Lacking int `json:"lacking"`
 }
 
 // Confirmation is an operator's word that a source's held absences are
-// real: given at At, for the instances listed.
-type Confirmation struct {
-	At        time.Time
-	Instances []uuid.UUID
-}
-
-// covers says whether c, given at or after since, vouches for every id
-// of absent: an operator confirms what they were shown, so absences a
-// hold gains afterwards (perhaps of services they do not operate) wait
-// for a confirmation of their own.
-func (c Confirmation) covers(absent []uuid.UUID, since time.Time) bool {
-	if c.At.IsZero() || c.At.Before(since) {
-		return false
-	}
-	vouched := make(map[uuid.UUID]struct{}, len(c.Instances))
-	for _, id := range c.Instances {
-		vouched[id] = struct{}{}
-	}
-	for _, id := range absent {
-		if _, ok := vouched[id]; !ok {
-			return false
-		}
-	}
-	return true
-}
+// real: given at At, for the instances listed (disbelief.Confirmation).
+type Confirmation = disbelief.Confirmation
 
 // Plan is what one reading means for the registry and the evaluator.
 type Plan struct {
@@ -168,12 +170,12 @@ type Plan struct {
 	Unready []Endpoint
 	// Hold is set while the reading is disbelieved.
 	Hold *Hold
-	// Released says a hold ended by dwell or confirmation this pass.
+	// Released says a hold ended by recovery or confirmation this pass.
 	Released string
 	// Believed counts, by service, the absences ended because they stayed
 	// under the threshold (not by a release, not explicit terminations),
 	// net of the instances the same reading created in that service: the
-	// worker counts them against the next passes within the dwell
+	// worker counts them against the next passes within the window
 	// (DecideAfter).
 	Believed map[string]int
 }
@@ -196,7 +198,7 @@ func Decide(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Confirmat
 	return DecideAfter(d, r, live, prev, confirmed, now, nil)
 }
 
-// DecideAfter is Decide for a source that, within the last dwell, already
+// DecideAfter is Decide for a source that, within the last window, already
 // had recent absences believed in passes of their own (Plan.Believed, by
 // service): they count with this reading's against the threshold,
 // measured on the instances the source (or service) had before them. A
@@ -263,8 +265,9 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 	for _, e := range p.Create {
 		createdBy[e.Service]++
 	}
+	rule := d.rule()
 	suspect := func(had, lacking, absentNow int) bool {
-		return absentNow > 0 && lacking >= d.MinRemovals && had > 0 && float64(lacking) > d.Fraction*float64(had)
+		return absentNow > 0 && rule.Over(had, lacking)
 	}
 	recentAll := 0
 	for _, n := range recent {
@@ -272,8 +275,14 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 	}
 	var held []uuid.UUID
 	var heldServices []string
+	var byService map[string]Count
 	had, lacking := len(live)+recentAll, len(absent)+recentAll
-	if suspect(had, lacking, len(absent)) {
+	// An empty reading of a source that has instances is never believed,
+	// whatever their number: no endpoints at all is how a broken exporter
+	// or a dropped annotation reads.
+	empty := len(r.Endpoints) == 0 && len(absent) > 0
+	whole := empty || suspect(had, lacking, len(absent))
+	if whole {
 		held = absent
 		heldServices = slices.Sorted(maps.Keys(absentBy))
 	} else {
@@ -284,18 +293,22 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 				held = append(held, absentBy[svc]...)
 				heldServices = append(heldServices, svc)
 				had, lacking = had+h, lacking+l
+				if byService == nil {
+					byService = map[string]Count{}
+				}
+				byService[svc] = Count{Had: h, Lacking: l}
 			}
 		}
 	}
 	// A hold continues while it holds no service the previous one did not:
-	// its dwell counts from the first reading that held them, and a hold
-	// that takes in another service starts again, so a service just gone
-	// missing gets the whole dwell, not what an earlier hold had left.
+	// it keeps the start of the first reading that held them, and a hold
+	// that takes in another service starts again, so a confirmation made
+	// before a service went missing does not vouch for it.
 	continues := prev != nil && !slices.ContainsFunc(heldServices, func(s string) bool { return !slices.Contains(prev.Services, s) })
 	// believeUnheld ends the absences of the services not held, counting
 	// them (net of the instances the reading adds to the same service: a
 	// pod restarted with a new UID, or a rolled one, is a replacement, not
-	// a loss) against the next passes within the dwell.
+	// a loss) against the next passes within the window.
 	believeUnheld := func() {
 		for svc, ids := range absentBy {
 			if slices.Contains(heldServices, svc) {
@@ -316,12 +329,9 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 		if prev != nil {
 			p.Released = "the source reports its instances again"
 		}
-	case prev != nil && confirmed.covers(held, prev.Since):
+	case prev != nil && confirmed.Instances != nil && confirmed.Covers(held, prev.Since):
 		p.End = append(p.End, absent...)
 		p.Released = "confirmed by an operator at " + confirmed.At.UTC().Format(time.RFC3339)
-	case continues && !now.Before(prev.Since.Add(d.Dwell)):
-		p.End = append(p.End, absent...)
-		p.Released = fmt.Sprintf("a second reading %s after the first still lacks them", now.Sub(prev.Since).Round(time.Second))
 	default:
 		believeUnheld()
 		since := now
@@ -329,7 +339,7 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 			since = prev.Since
 		}
 		p.Held = held
-		p.Hold = &Hold{Since: since, Had: had, Lacking: lacking, ReleaseAt: since.Add(d.Dwell), Services: heldServices}
+		p.Hold = &Hold{Since: since, Had: had, Lacking: lacking, Services: heldServices, Whole: whole, Empty: empty, ByService: byService}
 	}
 	sortIDs(p.End)
 	sortIDs(p.Held)

@@ -58,7 +58,7 @@ func TestDecide(t *testing.T) {
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	held := &Hold{Since: t0.Add(-time.Minute), Had: 10, Lacking: 3, ReleaseAt: t0.Add(time.Minute), Services: []string{"web"}}
+	held := &Hold{Since: t0.Add(-time.Minute), Had: 10, Lacking: 3, Services: []string{"web"}}
 	cases := []struct {
 		name      string
 		reading   []Endpoint
@@ -95,10 +95,10 @@ func TestDecide(t *testing.T) {
 			held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), hold: true},
 		{name: "terminations are believed while absences are held", reading: append(readyN(1, 6), ep(7, false, false, true)), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
 			end: ids(7), held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6), hold: true},
-		{name: "held, inside the dwell: still held", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
+		{name: "held: still held", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
 			now: t0, held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), hold: true},
-		{name: "held, a second reading after the dwell: released", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
-			now: t0.Add(time.Minute), end: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), released: "second reading"},
+		{name: "held, the same reading an hour later: still held (no timer releases a hold)", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
+			now: t0.Add(time.Hour), held: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), hold: true},
 		{name: "held, confirmed by an operator: released", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
 			confirmed: Confirmation{At: t0, Instances: ids(8, 9, 10)}, now: t0, end: ids(8, 9, 10), ready: ids(1, 2, 3, 4, 5, 6, 7), released: "operator"},
 		{name: "a confirmation naming only some of the absent releases nothing: the hold grew after it", reading: readyN(1, 7), live: live(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), prev: held,
@@ -109,6 +109,8 @@ func TestDecide(t *testing.T) {
 			now: t0, ready: ids(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), released: "again"},
 		{name: "an empty reading of a full source is held", reading: nil, live: live(1, 2, 3, 4, 5),
 			held: ids(1, 2, 3, 4, 5), hold: true},
+		{name: "an empty reading is held below the minimum mass too", reading: nil, live: live(1, 2),
+			held: ids(1, 2), hold: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -138,30 +140,34 @@ func TestDecide(t *testing.T) {
 	}
 }
 
-func TestDecideHoldNumbersAndDwell(t *testing.T) {
-	d := Disbelief{Fraction: 0.25, MinRemovals: 2, Dwell: 30 * time.Second}
+func TestDecideHoldNumbersAndNoTimer(t *testing.T) {
+	d := Disbelief{Fraction: 0.25, MinRemovals: 2, Window: 30 * time.Second}
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	p := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), nil, Confirmation{}, t0)
-	want := &Hold{Since: t0, Had: 8, Lacking: 3, ReleaseAt: t0.Add(30 * time.Second), Services: []string{"web"}}
+	want := &Hold{Since: t0, Had: 8, Lacking: 3, Services: []string{"web"}, Whole: true}
 	if diff := cmp.Diff(want, p.Hold); diff != "" {
 		t.Fatalf("hold (-want +got):\n%s", diff)
 	}
-	// The hold keeps its start across readings: the dwell is counted from
-	// the first disbelieved reading.
-	p2 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), p.Hold, Confirmation{}, t0.Add(29*time.Second))
-	if p2.Hold == nil || !p2.Hold.Since.Equal(t0) {
-		t.Fatalf("second reading inside the dwell: hold %+v, want one since %s", p2.Hold, t0)
+	// The hold keeps its start across readings, however long the same
+	// reading repeats: only recovery or a confirmation releases it.
+	prev := p.Hold
+	for _, after := range []time.Duration{29 * time.Second, 30 * time.Second, 10 * time.Minute, 24 * time.Hour} {
+		p2 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), prev, Confirmation{}, t0.Add(after))
+		if p2.Hold == nil || !p2.Hold.Since.Equal(t0) || len(p2.End) != 0 || p2.Released != "" {
+			t.Fatalf("the same reading %s later: hold %+v, ended %d, released %q; want still held since %s", after, p2.Hold, len(p2.End), p2.Released, t0)
+		}
+		prev = p2.Hold
 	}
-	p3 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), p2.Hold, Confirmation{}, t0.Add(30*time.Second))
+	p3 := Decide(d, Reading{Endpoints: readyN(1, 5)}, live(1, 2, 3, 4, 5, 6, 7, 8), prev, Confirmation{At: t0.Add(time.Hour), Instances: ids(6, 7, 8)}, t0.Add(25*time.Hour))
 	if p3.Hold != nil || len(p3.End) != 3 {
-		t.Fatalf("reading at the dwell: hold %+v, ended %d; want released, 3 ended", p3.Hold, len(p3.End))
+		t.Fatalf("confirmed: hold %+v, ended %d; want released, 3 ended", p3.Hold, len(p3.End))
 	}
 }
 
 func TestDisbeliefValidate(t *testing.T) {
-	for _, d := range []Disbelief{{Fraction: 1}, {Fraction: -0.1}, {MinRemovals: -1}, {Dwell: -time.Second}} {
+	for _, d := range []Disbelief{{Fraction: 1}, {Fraction: -0.1}, {MinRemovals: -1}, {Window: -time.Second}} {
 		if err := d.Validate(); err == nil {
 			t.Errorf("%+v: accepted", d)
 		}
@@ -294,7 +300,7 @@ func BenchmarkDiffOf(b *testing.B) {
 // TestDecideAfterCountsRecentAbsences: a source that drops a little of
 // the fleet each pass is believed once (2 of 10, not above 20%), and the
 // next pass's 1 more, alone always believed (under min_removals), counted
-// with the 2 believed within the dwell (3 of the 10 there were) is held:
+// with the 2 believed within the window (3 of the 10 there were) is held:
 // lying a little at a time drains nothing.
 func TestDecideAfterCountsRecentAbsences(t *testing.T) {
 	d := Disbelief{}
@@ -312,7 +318,7 @@ func TestDecideAfterCountsRecentAbsences(t *testing.T) {
 		t.Fatalf("the next reading alone: hold %+v, believed %v; want none, 1", alone.Hold, alone.Believed)
 	}
 	p = DecideAfter(d, next, live(1, 2, 3, 4, 5, 6, 7, 8), nil, Confirmation{}, t0.Add(5*time.Second), p.Believed)
-	want := &Hold{Since: t0.Add(5 * time.Second), Had: 10, Lacking: 3, ReleaseAt: t0.Add(5*time.Second + d.Dwell), Services: []string{"web"}}
+	want := &Hold{Since: t0.Add(5 * time.Second), Had: 10, Lacking: 3, Services: []string{"web"}, Whole: true}
 	if diff := cmp.Diff(want, p.Hold); diff != "" || len(p.End) != 0 || len(p.Believed) != 0 {
 		t.Fatalf("after the first pass (-want +got hold):\n%s ended %d, believed %v", diff, len(p.End), p.Believed)
 	}
@@ -342,8 +348,8 @@ func liveOf(svc string, from, to int) ([]Live, []Endpoint) {
 // instances whose reading lacks every web instance lacks under 5% of
 // itself, and was believed: web was drained by one signal. Now web's
 // absences are held (with the source's other, ordinary absences
-// believed), and a hold that takes in a further service restarts its
-// dwell for it.
+// believed), and a hold that takes in a further service starts again, so
+// a confirmation made before does not vouch for it.
 func TestDecideHoldsAServiceDrainedWithinALargeSource(t *testing.T) {
 	d := Disbelief{}
 	if err := d.Validate(); err != nil {
@@ -355,7 +361,7 @@ func TestDecideHoldsAServiceDrainedWithinALargeSource(t *testing.T) {
 	// Every web instance gone, and two api instances (ordinary churn).
 	reading := Reading{Endpoints: apiEPs[2:]}
 	p := Decide(d, reading, all, nil, Confirmation{}, t0)
-	want := &Hold{Since: t0, Had: 50, Lacking: 50, ReleaseAt: t0.Add(d.Dwell), Services: []string{"web"}}
+	want := &Hold{Since: t0, Had: 50, Lacking: 50, Services: []string{"web"}, ByService: map[string]Count{"web": {Had: 50, Lacking: 50}}}
 	if diff := cmp.Diff(want, p.Hold); diff != "" {
 		t.Fatalf("hold (-want +got):\n%s", diff)
 	}
@@ -368,21 +374,20 @@ func TestDecideHoldsAServiceDrainedWithinALargeSource(t *testing.T) {
 	}
 
 	// Thirty seconds on, api loses 300 more: the hold takes api in and
-	// counts its dwell from now, not from web's start.
+	// starts again from now, not from web's start.
 	later := t0.Add(30 * time.Second)
 	p2 := DecideAfter(d, Reading{Endpoints: apiEPs[302:]}, append(append([]Live(nil), web...), api[2:]...), p.Hold, Confirmation{}, later, p.Believed)
 	if p2.Hold == nil || !p2.Hold.Since.Equal(later) || len(p2.End) != 0 || len(p2.Held) != 350 {
 		t.Fatalf("hold %+v, ended %d, held %d; want a hold of web and api since %s, nothing ended", p2.Hold, len(p2.End), len(p2.Held), later)
 	}
-	// The same, once web's dwell is over: api's absences are new to the
-	// hold, so nothing is released on web's dwell; the hold starts again.
-	afterDwell := t0.Add(d.Dwell + time.Second)
+	// The same an hour on: api's absences are new to the hold, nothing is
+	// released, and the hold starts again.
+	afterDwell := t0.Add(time.Hour)
 	p4 := DecideAfter(d, Reading{Endpoints: apiEPs[302:]}, append(append([]Live(nil), web...), api[2:]...), p.Hold, Confirmation{}, afterDwell, p.Believed)
 	if p4.Hold == nil || !p4.Hold.Since.Equal(afterDwell) || len(p4.End) != 0 || p4.Released != "" {
-		t.Fatalf("after web's dwell: hold %+v, ended %d, released %q; want a new hold since %s, nothing ended", p4.Hold, len(p4.End), p4.Released, afterDwell)
+		t.Fatalf("an hour on: hold %+v, ended %d, released %q; want a new hold since %s, nothing ended", p4.Hold, len(p4.End), p4.Released, afterDwell)
 	}
-	// Web's absence alone, one more pass inside the dwell: its hold keeps
-	// its start.
+	// Web's absence alone, one more pass: its hold keeps its start.
 	p3 := Decide(d, reading, all, p.Hold, Confirmation{}, t0.Add(time.Minute))
 	if p3.Hold == nil || !p3.Hold.Since.Equal(t0) {
 		t.Fatalf("hold %+v, want it to keep its start %s", p3.Hold, t0)

@@ -31,11 +31,12 @@
 // is first ready or serving; it stays one while the source reports it
 // (readiness is evidence, not existence); it ends when the source reports
 // it terminating and not serving (KEP-1669: serving while terminating
-// stays routable), or stops reporting it. Absences pass the disbelief
-// threshold (Disbelief: more than 20% of the source's instances, or of
-// one service's, at least 3, are held until a reading after the dwell
-// still lacks them, or an admin or the owning team's operator confirms
-// them; alarm reconcile_suspect). A failed read changes
+// stays routable), or stops reporting it. Absences pass the one removal rule
+// (package disbelief; Disbelief: more than 20% of the source's
+// instances, or of one service's, at least 3, or a reading with no
+// endpoints at all, are held until the source reports them again or an
+// admin or the owning team's operator confirms them; no timer releases
+// them; Reconciler.Holds, alarm removal_held). A failed read changes
 // nothing (fail-static), and a Kubernetes source whose watch is lost keeps
 // its cache and says so (reconcile_stale).
 //

@@ -130,7 +130,7 @@ func TestKubernetesUnauthorisedNamespaceAddsNothing(t *testing.T) {
 }
 
 // TestKubernetesUnauthorisedAlarmInTheAPI: the alarm reaches GET
-// /v1/alarms through the app's reconciler, like reconcile_suspect.
+// /v1/alarms through the app's reconciler, like removal_held.
 func TestKubernetesUnauthorisedAlarmInTheAPI(t *testing.T) {
 	t.Parallel()
 	evilSvc, evilSlice := elsewhere(running("e1", "10.9.0.1"))

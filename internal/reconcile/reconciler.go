@@ -7,20 +7,17 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/worker"
 )
-
-// AlarmSuspect is raised while a source's reading is not believed.
-const AlarmSuspect = "reconcile_suspect"
 
 // AlarmStale is raised while a source's reading is its last state (an
 // informer that lost its watch; a snapshot that cannot be read).
@@ -165,19 +162,61 @@ func (rc *Reconciler) Diff(ctx context.Context) (Diff, error) {
 	return d, nil
 }
 
-// Alarms lists reconcile_suspect for each source whose reading is held,
-// naming the numbers, and reconcile_stale for each whose reading is its
-// last state.
+// GatePrefix begins the disbelief gate name of a source's removals:
+// "reconcile/<source>".
+const GatePrefix = "reconcile/"
+
+// Holds lists each source's held removals as the one removal rule's holds
+// (disbelief.Hold, gate reconcile/<source>): the source as a scope when
+// its reading is suspect as a whole, else each service suspect on its own.
+func (rc *Reconciler) Holds() []disbelief.Hold {
+	var out []disbelief.Hold
+	for _, w := range rc.workers {
+		st := w.Status()
+		h := st.Hold
+		if h == nil {
+			continue
+		}
+		byService := map[string][]uuid.UUID{}
+		for id, svc := range w.HeldServices() {
+			byService[svc] = append(byService[svc], id)
+		}
+		gate := GatePrefix + st.Source
+		what := "instances"
+		if h.Empty {
+			what = "instances (the reading has no endpoints at all)"
+		}
+		if h.Whole {
+			d := disbelief.Hold{Gate: gate, Scope: disbelief.Scope{Kind: disbelief.Source, Name: st.Source}, Since: h.Since,
+				Had: h.Had, Lacking: h.Lacking, Threshold: w.cfg.Disbelief.Fraction, Services: slices.Clone(h.Services)}
+			var ids []uuid.UUID
+			for _, svc := range h.Services {
+				ids = append(ids, byService[svc]...)
+			}
+			d.Name(ids)
+			d.Describe(what)
+			out = append(out, d)
+			continue
+		}
+		for _, svc := range h.Services {
+			c := h.ByService[svc]
+			d := disbelief.Hold{Gate: gate, Scope: disbelief.Scope{Kind: disbelief.Service, Name: svc}, Since: h.Since,
+				Had: c.Had, Lacking: c.Lacking, Threshold: w.cfg.Disbelief.Fraction, Services: []string{svc}}
+			d.Name(byService[svc])
+			d.Describe(what)
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// Alarms lists reconcile_stale for each source whose reading is its last
+// state, and the membership alarms; held removals are the removal rule's
+// (Holds, alarm removal_held).
 func (rc *Reconciler) Alarms() []assembler.Alarm {
 	var out []assembler.Alarm
 	for _, w := range rc.workers {
 		st := w.Status()
-		if h := st.Hold; h != nil {
-			out = append(out, assembler.Alarm{Kind: AlarmSuspect, Since: h.Since, Detail: fmt.Sprintf(
-				"%s: the last reading lacks %d of the %d instances of %s it had (%.0f%%, above the %.0f%% disbelief threshold); their removal is held until a reading still lacking them after %s, or a confirmation by an admin or by an operator of the team owning each held service (POST /v1/reconcile/sources/%s/confirm)",
-				st.Source, h.Lacking, h.Had, strings.Join(h.Services, ", "), 100*float64(h.Lacking)/float64(h.Had), 100*w.cfg.Disbelief.Fraction,
-				h.ReleaseAt.UTC().Format(time.RFC3339), st.Source)})
-		}
 		if st.Stale != "" {
 			out = append(out, assembler.Alarm{Kind: AlarmStale, Since: st.LastReading, Detail: fmt.Sprintf(
 				"%s: %s; its instances are kept as last read (fail-static)", st.Source, st.Stale)})

@@ -124,7 +124,7 @@ type Worker struct {
 	// heldServices are the last pass's held instances and their services.
 	heldServices map[uuid.UUID]string
 	// believed are the absences believed (under the threshold) within the
-	// last dwell, counted against the next readings (DecideAfter).
+	// last window, counted against the next readings (DecideAfter).
 	believed []believedAt
 	// claimedSince is when each unauthorised claim (Claim.key) was first
 	// seen; refusedAudited are the creations whose refused replacement has
@@ -139,10 +139,10 @@ type believedAt struct {
 	by map[string]int
 }
 
-// recentBelieved drops believed absences older than the dwell and counts
+// recentBelieved drops believed absences older than the window and counts
 // the rest by service. Called with w.mu held.
 func (w *Worker) recentBelieved(now time.Time) map[string]int {
-	w.believed = slices.DeleteFunc(w.believed, func(b believedAt) bool { return !now.Before(b.at.Add(w.cfg.Disbelief.Dwell)) })
+	w.believed = slices.DeleteFunc(w.believed, func(b believedAt) bool { return !now.Before(b.at.Add(w.cfg.Disbelief.Window)) })
 	n := map[string]int{}
 	for _, b := range w.believed {
 		for svc, k := range b.by {
@@ -310,7 +310,7 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	plan := DecideAfter(w.cfg.Disbelief, r, live, prev, confirmed, now, recent)
 	switch {
 	case plan.Hold != nil && prev == nil:
-		w.log.Warn("reading not believed: removals held", "had", plan.Hold.Had, "lacking", plan.Hold.Lacking, "release_at", plan.Hold.ReleaseAt)
+		w.log.Warn("reading not believed: removals held until the source recovers or an operator confirms", "had", plan.Hold.Had, "lacking", plan.Hold.Lacking, "empty", plan.Hold.Empty)
 	case plan.Released != "":
 		w.log.Info("held removals released", "why", plan.Released, "ended", len(plan.End))
 	}
@@ -349,7 +349,7 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	defer w.mu.Unlock()
 	switch {
 	case plan.Released != "":
-		w.believed = nil // a dwell or an operator vouched for what is gone
+		w.believed = nil // recovery or an operator vouched for what is gone
 	case len(plan.Believed) > 0:
 		w.believed = append(w.believed, believedAt{at: now, by: plan.Believed})
 	}

@@ -23,22 +23,29 @@
 //   - waits ExpiryDelay (TTL/3) after a lease lapses before ending it, so
 //     leases that stop renewing together (a client renewing three times a
 //     lease lapses them within one renewal period) are counted together;
-//   - applies a disbelief threshold per scope: if more than
-//     RegionThreshold (15%) of the region's leases, or ServiceThreshold
-//     (50%) of a service's, lapsed or were expired within one TTL, and at
-//     least MinMassExpiry (3) of them, uncorroborated expiry in that scope
-//     is held and Suppressions reports a lease_expiry_suppressed alarm with
-//     the numbers. It resumes when renewals recover (the lapsed leases
-//     renew and the fraction falls) or when an operator confirms
+//   - applies the one removal rule (package disbelief) per scope: if more
+//     than ZoneThreshold (50%) of a zone's leases, RegionThreshold (15%)
+//     of the region's, or ServiceThreshold (50%) of a service's lapsed or
+//     were expired within one TTL, and at least MinMassExpiry (3) of
+//     them, uncorroborated expiry in that scope is held (the zone first:
+//     a zone cut off from muster is one hold naming the zone); a lease a
+//     prober in outage covers is held in the prober's scope whatever the
+//     count. Holds reports them (disbelief.Hold, alarm removal_held).
+//     A hold ends when renewals recover or when an operator confirms
 //     (ConfirmLeaseExpiry, audited as lease.expiry.confirm): the leases
-//     lapsed by the confirmation may then expire; the region's covers every
-//     service. Unlike Eureka's self-preservation, which freezes all expiry,
-//     the hold is per scope and corroborated expiries go ahead;
-//   - never holds an expiry corroborated by health evidence gathered while
-//     muster could hear it (Corroborated, from the evaluator: the instance
-//     failing on a class, or silent on every class while its siblings are
-//     heard). muster's own deafness silences the siblings too, so it is
-//     never corroboration.
+//     lapsed by the confirmation may then expire; the region's covers
+//     every scope. No timer ends a hold. Unlike Eureka's
+//     self-preservation, which freezes all expiry, the hold is per scope
+//     and corroborated expiries go ahead;
+//   - never holds an expiry corroborated by health evidence muster hears
+//     (Evidence, from the evaluator: the instance failing on a class
+//     while its observer is heard, or silent on every class while its
+//     siblings in its own zone are heard and no prober covering it is in
+//     outage). muster's own deafness (a restart, a zone or a prober cut
+//     off) silences the instances that share the path too, so it is
+//     never corroboration;
+//   - never expires a lease whose renewal a rate limit refused within the
+//     last TTL (RenewalRefused): its workload renewed.
 //
 // Counting recently expired leases in the fraction is deliberately
 // conservative: for one TTL after a confirmation released a mass expiry,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/worker"
@@ -23,9 +25,36 @@ import (
 // Reaper defaults (see package doc, "Lease expiry").
 const (
 	DefaultRegionExpiryThreshold  = 0.15
+	DefaultZoneExpiryThreshold    = 0.5
 	DefaultServiceExpiryThreshold = 0.5
 	DefaultMinMassExpiry          = 3
 )
+
+// GateLeaseExpiry names the lease reaper's disbelief gate.
+const GateLeaseExpiry = "lease-expiry"
+
+// ExpiryEvidence is what health evidence says of lapsed leases (the
+// evaluator's LeaseExpiryEvidence).
+type ExpiryEvidence struct {
+	// Corroborated are the instances evidence muster hears confirms are
+	// gone, with why: their expiry is never held.
+	Corroborated map[uuid.UUID]string
+	// Partitioned are the instances a prober in outage covers: their
+	// silence is the prober's, and their expiry is held in the prober's
+	// scope whatever its size, until the prober is heard again or an
+	// operator confirms.
+	Partitioned map[uuid.UUID]Partition
+	// Unheard names the zones none of whose instances is heard while
+	// another zone is, with why: a zone hold there says it is a
+	// partition.
+	Unheard map[string]string
+}
+
+// Partition is why an instance's silence is muster's deafness.
+type Partition struct {
+	Prober string
+	Why    string
+}
 
 // ReaperConfig configures a Reaper.
 type ReaperConfig struct {
@@ -40,22 +69,29 @@ type ReaperConfig struct {
 	// leases that stop renewing together are counted together by the
 	// disbelief threshold before the first of them is ended.
 	ExpiryDelay time.Duration
-	// RegionThreshold and ServiceThreshold are the disbelief thresholds:
-	// if more than this fraction of the region's (or one service's) leases
-	// lapsed or expired within one TTL, uncorroborated expiry in that
-	// scope is held. 0.15 and 0.5 by default.
-	RegionThreshold, ServiceThreshold float64
+	// RegionThreshold, ZoneThreshold and ServiceThreshold are the
+	// disbelief thresholds (disbelief.Rule): if more than this fraction of
+	// the region's (one zone's, one service's) leases lapsed or expired
+	// within one TTL, uncorroborated expiry in that scope is held. 0.15,
+	// 0.5 and 0.5 by default. A zone is checked first: a zone cut off
+	// from muster is held as the zone, with one alarm naming it.
+	RegionThreshold, ZoneThreshold, ServiceThreshold float64
 	// MinMassExpiry: a scope is held only when at least this many of its
 	// leases lapsed or expired within the TTL; one or two instances
 	// stopping are not a mass event, whatever fraction of a small estate
 	// they are (the fraction guard and the last_instance alarm remain the
 	// backstop there). 3 by default.
 	MinMassExpiry int
-	// Corroborated says which of the lapsed instances health evidence
-	// gathered while muster could hear it confirms are gone (the
-	// evaluator), and why; it is asked once per sweep. Such an expiry is
-	// never held. Nil: nothing is corroborated.
-	Corroborated func(ids []uuid.UUID) map[uuid.UUID]string
+	// Evidence says which of the lapsed instances health evidence muster
+	// hears confirms are gone, and which are cut off from muster (the
+	// evaluator's LeaseExpiryEvidence); it is asked once per sweep. Nil:
+	// nothing is corroborated or partitioned.
+	Evidence func(ids []uuid.UUID) ExpiryEvidence
+	// RenewalRefused, when set, says when a renewal of the instance was
+	// last refused for load (a rate limit): such a lease was renewed as
+	// far as its workload can tell, and is not expired within a TTL of
+	// the refusal.
+	RenewalRefused func(id uuid.UUID) (time.Time, bool)
 	// UpSince, when set, says since when the database has been reachable
 	// without interruption (db.Monitor). A lease's clock only runs while
 	// a renewal could have landed.
@@ -91,7 +127,10 @@ func (c *ReaperConfig) Validate() error {
 	if c.ServiceThreshold == 0 {
 		c.ServiceThreshold = DefaultServiceExpiryThreshold
 	}
-	for _, f := range []float64{c.RegionThreshold, c.ServiceThreshold} {
+	if c.ZoneThreshold == 0 {
+		c.ZoneThreshold = DefaultZoneExpiryThreshold
+	}
+	for _, f := range []float64{c.RegionThreshold, c.ZoneThreshold, c.ServiceThreshold} {
 		if !(f > 0 && f <= 1) {
 			return fmt.Errorf("reaper: expiry threshold %g is outside (0,1]", f)
 		}
@@ -108,23 +147,6 @@ func (c *ReaperConfig) Validate() error {
 	return nil
 }
 
-// Suppression is an open lease_expiry_suppressed alarm: a disbelief
-// threshold holding the expiry of leases in one scope.
-type Suppression struct {
-	// Service is the scope; empty for the whole region.
-	Service string    `json:"service,omitempty"`
-	Since   time.Time `json:"since"`
-	// Lapsed counts the scope's leases that lapsed (not renewed) or were
-	// expired within the last TTL; Leases is the scope's leases (live plus
-	// those expired within the TTL).
-	Lapsed    int     `json:"lapsed"`
-	Leases    int     `json:"leases"`
-	Threshold float64 `json:"threshold"`
-	// Held counts the uncorroborated expiries the threshold is holding.
-	Held   int    `json:"held"`
-	Detail string `json:"detail"`
-}
-
 // Reaper is the worker that expires leases.
 type Reaper struct {
 	cfg    ReaperConfig
@@ -137,7 +159,7 @@ type Reaper struct {
 	wasReady bool
 	failing  bool // the last sweep could not reach the database
 	grace    bool
-	sup      map[string]Suppression
+	holds    []disbelief.Hold
 	held     int
 }
 
@@ -146,7 +168,7 @@ func NewReaper(cfg ReaperConfig) (*Reaper, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	rp := &Reaper{cfg: cfg, log: cfg.Logger.With("worker", "lease-reaper"), sup: map[string]Suppression{}}
+	rp := &Reaper{cfg: cfg, log: cfg.Logger.With("worker", "lease-reaper")}
 	if cfg.Registerer != nil {
 		gauge := func(name, help string, f func() float64) prometheus.Collector {
 			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
@@ -156,8 +178,8 @@ func NewReaper(cfg ReaperConfig) (*Reaper, error) {
 				func() float64 { return b2f(rp.InGrace()) }),
 			gauge("muster_leases_held", "Uncorroborated lease expiries held by a disbelief threshold.",
 				func() float64 { rp.mu.Lock(); defer rp.mu.Unlock(); return float64(rp.held) }),
-			gauge("muster_lease_expiry_suppressions", "Scopes (the region or a service) whose lease expiry is suppressed.",
-				func() float64 { return float64(len(rp.Suppressions())) }),
+			gauge("muster_lease_expiry_suppressions", "Scopes (the region, a zone, a prober or a service) whose lease expiry is held.",
+				func() float64 { return float64(len(rp.Holds())) }),
 		} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("reaper: register metrics: %w", err)
@@ -202,17 +224,12 @@ func (rp *Reaper) InGrace() bool {
 	return rp.grace
 }
 
-// Suppressions returns the open lease_expiry_suppressed alarms, the region
-// first, then by service.
-func (rp *Reaper) Suppressions() []Suppression {
+// Holds returns the scopes whose lease expiry a disbelief threshold or a
+// partition holds (disbelief.Hold, gate lease-expiry).
+func (rp *Reaper) Holds() []disbelief.Hold {
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
-	out := make([]Suppression, 0, len(rp.sup))
-	for _, s := range rp.sup {
-		out = append(out, s)
-	}
-	slices.SortFunc(out, func(a, b Suppression) int { return strings.Compare(a.Service, b.Service) })
-	return out
+	return slices.Clone(rp.holds)
 }
 
 func (rp *Reaper) loop(ctx context.Context) {
@@ -281,7 +298,7 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	rp.mu.Unlock()
 	if inGrace || len(lapsed) == 0 {
 		if len(lapsed) == 0 {
-			rp.setSuppressions(nil, 0)
+			rp.setHolds(nil, 0)
 		}
 		return 0, nil
 	}
@@ -301,58 +318,62 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	}
 	confirmed := map[string]time.Time{}
 	for _, c := range confs {
-		confirmed[c.Service] = c.ConfirmedAt
+		confirmed[c.Scope] = c.ConfirmedAt
 	}
 
-	// The disbelief threshold per scope: lapsed now or expired within one
-	// TTL, against the leases there were.
-	type count struct{ lapsed, leases int }
-	scopes := map[string]*count{"": {}}
-	at := func(s string) *count {
-		c := scopes[s]
-		if c == nil {
-			c = &count{}
-			scopes[s] = c
-		}
-		return c
+	// The disbelief rule (disbelief.Counter) in the region, each zone and
+	// each service: lapsed now or expired within one TTL, against the
+	// leases there were.
+	c := disbelief.NewCounter(map[disbelief.Kind]disbelief.Rule{
+		disbelief.Region:  {Fraction: rp.cfg.RegionThreshold, MinMass: rp.cfg.MinMassExpiry},
+		disbelief.Zone:    {Fraction: rp.cfg.ZoneThreshold, MinMass: rp.cfg.MinMassExpiry},
+		disbelief.Service: {Fraction: rp.cfg.ServiceThreshold, MinMass: rp.cfg.MinMassExpiry},
+	})
+	region := disbelief.Scope{Kind: disbelief.Region}
+	scopesOf := func(service, zone string) [3]disbelief.Scope {
+		return [3]disbelief.Scope{{Kind: disbelief.Zone, Name: zone}, region, {Kind: disbelief.Service, Name: service}}
 	}
 	for _, l := range live {
-		at(l.Service).leases += int(l.Live)
-		scopes[""].leases += int(l.Live)
+		for _, sc := range scopesOf(l.Service, l.Zone) {
+			c.Had(sc, int(l.Live))
+		}
 	}
 	for _, r := range recent {
-		for _, c := range []*count{at(r.Service), scopes[""]} {
-			c.lapsed += int(r.Expired)
-			c.leases += int(r.Expired)
+		for _, sc := range scopesOf(r.Service, r.Zone) {
+			c.Had(sc, int(r.Expired))
+			c.Lacking(sc, int(r.Expired))
 		}
 	}
 	for _, l := range lapsed {
-		at(l.Service).lapsed++
-		scopes[""].lapsed++
-	}
-	over := func(service string) bool {
-		c := scopes[service]
-		thr := rp.cfg.ServiceThreshold
-		if service == "" {
-			thr = rp.cfg.RegionThreshold
+		for _, sc := range scopesOf(l.Service, l.Zone) {
+			c.Lacking(sc, 1)
 		}
-		return c.lapsed >= rp.cfg.MinMassExpiry && float64(c.lapsed)/float64(c.leases) > thr
 	}
 
-	var corroborated map[uuid.UUID]string
-	if rp.cfg.Corroborated != nil {
+	var ev ExpiryEvidence
+	if rp.cfg.Evidence != nil {
 		ids := make([]uuid.UUID, len(lapsed))
 		for i, l := range lapsed {
 			ids[i] = l.ID
 		}
-		corroborated = rp.cfg.Corroborated(ids)
+		ev = rp.cfg.Evidence(ids)
 	}
 	var expire []lapsedLease
-	heldBy := map[string]int{}
+	heldIn := map[disbelief.Scope][]uuid.UUID{}
+	services := map[disbelief.Scope]map[string]bool{}
+	partitions := map[disbelief.Scope]string{}
 	held := 0
+	hold := func(sc disbelief.Scope, l db.LeaseListLapsedRow) {
+		heldIn[sc] = append(heldIn[sc], l.ID)
+		if services[sc] == nil {
+			services[sc] = map[string]bool{}
+		}
+		services[sc][l.Service] = true
+		held++
+	}
 	for _, l := range lapsed {
 		ll := lapsedLease{LeaseListLapsedRow: l}
-		if why, ok := corroborated[l.ID]; ok {
+		if why, ok := ev.Corroborated[l.ID]; ok {
 			ll.corroboration = why
 			expire = append(expire, ll)
 			continue
@@ -361,45 +382,64 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 		if now.Sub(exp) < rp.cfg.ExpiryDelay {
 			continue // settling: leases that stopped together lapse together
 		}
+		if rp.cfg.RenewalRefused != nil {
+			if at, ok := rp.cfg.RenewalRefused(l.ID); ok && now.Before(at.Add(ttl)) {
+				continue // its workload renewed; a limit refused it
+			}
+		}
 		// A confirmation covers leases lapsed by the moment it was made;
-		// the region's covers every service too.
-		released := func(scope string) bool {
-			for _, s := range []string{scope, ""} {
-				if c, ok := confirmed[s]; ok && !c.Before(exp) {
+		// the region's covers every scope.
+		released := func(sc disbelief.Scope) bool {
+			for _, k := range []string{confirmationKey(sc), ""} {
+				if t, ok := confirmed[k]; ok && (disbelief.Confirmation{At: t}).Covers(nil, exp) {
 					return true
 				}
 			}
 			return false
 		}
-		switch {
-		case over("") && !released(""):
-			heldBy[""]++
-			held++
-		case over(l.Service) && !released(l.Service):
-			heldBy[l.Service]++
-			held++
-		default:
-			if over("") || over(l.Service) {
-				ll.corroboration = "released by an operator's confirmation"
+		scopes := scopesOf(l.Service, l.Zone)
+		var by *disbelief.Scope
+		for i := range scopes {
+			if c.Over(scopes[i]) && !released(scopes[i]) {
+				by = &scopes[i]
+				break
 			}
-			expire = append(expire, ll)
 		}
+		if by == nil {
+			if p, ok := ev.Partitioned[l.ID]; ok {
+				sc := disbelief.Scope{Kind: disbelief.Prober, Name: p.Prober}
+				if !released(sc) {
+					partitions[sc] = p.Why
+					by = &sc
+				}
+			}
+		}
+		if by != nil {
+			hold(*by, l)
+			continue
+		}
+		if slices.ContainsFunc(scopes[:], c.Over) || ev.Partitioned[l.ID].Prober != "" {
+			ll.corroboration = "released by an operator's confirmation"
+		}
+		expire = append(expire, ll)
 	}
 
-	sups := map[string]Suppression{}
-	for scope, n := range heldBy {
-		c := scopes[scope]
-		thr, where := rp.cfg.RegionThreshold, "the region"
-		if scope != "" {
-			thr, where = rp.cfg.ServiceThreshold, "service "+scope
+	holds := make([]disbelief.Hold, 0, len(heldIn))
+	for sc, ids := range heldIn {
+		had, lacking := c.Count(sc)
+		h := disbelief.Hold{Gate: GateLeaseExpiry, Scope: sc, Had: had, Lacking: lacking,
+			Services: slices.Sorted(maps.Keys(services[sc]))}
+		if r, ok := c.Rule(sc); ok && sc.Kind != disbelief.Prober {
+			h.Threshold = r.Fraction
 		}
-		sups[scope] = Suppression{
-			Service: scope, Lapsed: c.lapsed, Leases: c.leases, Threshold: thr, Held: n,
-			Detail: fmt.Sprintf("%d of %d leases in %s lapsed or expired within %s (%.0f%%, above the %.0f%% disbelief threshold): expiry of %d uncorroborated leases is held until renewals recover or an operator confirms (POST /v1/leases/expiry-confirmations)",
-				c.lapsed, c.leases, where, ttl, 100*float64(c.lapsed)/float64(c.leases), 100*thr, n),
+		h.Partition = partitions[sc]
+		if sc.Kind == disbelief.Zone {
+			h.Partition = ev.Unheard[sc.Name]
 		}
+		h.Name(ids)
+		holds = append(holds, h)
 	}
-	rp.setSuppressions(sups, held)
+	rp.setHolds(holds, held)
 
 	n := 0
 	for _, l := range expire {
@@ -417,37 +457,45 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// setSuppressions replaces the open alarms, keeping the Since of those
-// still open and logging the ones that open or close.
-func (rp *Reaper) setSuppressions(next map[string]Suppression, held int) {
+// confirmationKey is how a scope is stored in lease_expiry_confirmations:
+// "" for the region, a service's name, "zone:<zone>", "prober:<name>".
+func confirmationKey(sc disbelief.Scope) string {
+	switch sc.Kind {
+	case disbelief.Region:
+		return ""
+	case disbelief.Service:
+		return sc.Name
+	}
+	return string(sc.Kind) + ":" + sc.Name
+}
+
+// setHolds replaces the holds, keeping the Since of those still held and
+// logging the ones that begin or end.
+func (rp *Reaper) setHolds(next []disbelief.Hold, held int) {
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
 	now := rp.cfg.Registry.now()
-	for scope, s := range next {
-		if old, open := rp.sup[scope]; open {
-			s.Since = old.Since
-		} else {
-			s.Since = now
-			rp.log.Warn("lease expiry suppressed", "scope", scopeName(scope), "detail", s.Detail)
+	prev := map[disbelief.Scope]time.Time{}
+	for _, h := range rp.holds {
+		prev[h.Scope] = h.Since
+	}
+	still := map[disbelief.Scope]bool{}
+	for i := range next {
+		h := &next[i]
+		h.Since = disbelief.Since(prev, h.Scope, now)
+		h.Describe("leases")
+		still[h.Scope] = true
+		if _, was := prev[h.Scope]; !was {
+			rp.log.Warn("lease expiry held", "scope", h.Scope.String(), "detail", h.Detail)
 		}
-		next[scope] = s
 	}
-	for scope := range rp.sup {
-		if _, still := next[scope]; !still {
-			rp.log.Info("lease expiry resumed", "scope", scopeName(scope))
+	for sc := range prev {
+		if !still[sc] {
+			rp.log.Info("lease expiry resumed", "scope", sc.String())
 		}
 	}
-	if next == nil {
-		next = map[string]Suppression{}
-	}
-	rp.sup, rp.held = next, held
-}
-
-func scopeName(service string) string {
-	if service == "" {
-		return "region"
-	}
-	return service
+	slices.SortFunc(next, func(a, b disbelief.Hold) int { return strings.Compare(a.Scope.String(), b.Scope.String()) })
+	rp.holds, rp.held = next, held
 }
 
 // expireLease ends one lapsed lease and audits it, unless it was renewed or
@@ -491,46 +539,56 @@ func (r *Registry) expireLease(ctx context.Context, l lapsedLease, now time.Time
 // Confirmation is an operator's confirmation that held lease expiries are
 // real (see Reaper).
 type Confirmation struct {
-	ID int64 `json:"id"`
-	// Service is the scope; empty for the whole region.
+	ID    int64           `json:"id"`
+	Gate  string          `json:"gate"`
+	Scope disbelief.Scope `json:"scope"`
+	// Service is the scope's service, when it is one (kept for clients of
+	// POST /v1/leases/expiry-confirmations).
 	Service     string    `json:"service,omitempty"`
 	ConfirmedAt time.Time `json:"confirmed_at"`
 	ConfirmedBy string    `json:"confirmed_by"`
 	Reason      string    `json:"reason"`
 	// Released counts the leases in the scope that had lapsed when the
-	// confirmation was made: the reaper may now expire them.
+	// confirmation was made (for a prober, in the region): the reaper may
+	// now expire them.
 	Released int `json:"released"`
 }
 
 // ConfirmLeaseExpiry records that the leases lapsed by now in a scope
-// (service, or "" for the region) really ran out, releasing the expiries a
-// disbelief threshold holds there. The region needs an admin; a service its
-// team's operators or an admin. A reason is required. Every attempt is
-// audited.
-func (r *Registry) ConfirmLeaseExpiry(ctx context.Context, actor identity.Principal, service, reason string) (Confirmation, error) {
+// really ran out, releasing the expiries a disbelief threshold or a
+// partition holds there. The region, a zone and a prober need an admin; a
+// service its team's operators or an admin. A reason is required. Every
+// attempt is audited.
+func (r *Registry) ConfirmLeaseExpiry(ctx context.Context, actor identity.Principal, scope disbelief.Scope, reason string) (Confirmation, error) {
 	const action = "lease.expiry.confirm"
-	target, kind := "region:"+r.cfg.Region, "region"
-	if service != "" {
-		target, kind = service, "service"
+	target, kind := scope.Name, string(scope.Kind)
+	if scope.Kind == disbelief.Region {
+		target = "region:" + r.cfg.Region
 	}
-	asked := map[string]string{"service": service, "reason": reason}
+	asked := map[string]string{"scope": scope.String(), "reason": reason}
 	var out Confirmation
 	err := r.write(ctx, actor, action, kind, target, asked, func(q *db.Queries) (*refusal.Error, error) {
-		if service == "" {
-			if !actor.IsAdmin() {
-				return newRefusal(ErrForbidden, "confirming lease expiry for the whole region needs an admin; %s is not one", actor), nil
-			}
-		} else {
-			row, err := q.ServiceGet(ctx, service)
+		if err := scope.Validate(); err != nil {
+			return invalid("the scope is not valid", []FieldError{{Field: "scope", Message: err.Error()}}), nil
+		}
+		switch scope.Kind {
+		case disbelief.Service:
+			row, err := q.ServiceGet(ctx, scope.Name)
 			if notFound(err) {
-				return newRefusal(ErrNotFound, "no service named %s", service), nil
+				return newRefusal(ErrNotFound, "no service named %s", scope.Name), nil
 			}
 			if err != nil {
-				return nil, fmt.Errorf("read service %s: %w", service, err)
+				return nil, fmt.Errorf("read service %s: %w", scope.Name, err)
 			}
 			if owner := r.ownerOf(row); !CanManage(actor, owner) {
-				return newRefusal(ErrForbidden, "confirming lease expiry of %s needs the %s team's operator role or admin; %s has neither", service, owner, actor), nil
+				return newRefusal(ErrForbidden, "confirming lease expiry of %s needs the %s team's operator role or admin; %s has neither", scope.Name, owner, actor), nil
 			}
+		case disbelief.Region, disbelief.Zone, disbelief.Prober:
+			if !actor.IsAdmin() {
+				return newRefusal(ErrForbidden, "confirming lease expiry in %s spans teams and needs an admin; %s is not one", scope, actor), nil
+			}
+		default:
+			return invalid("the scope is not one lease expiry holds", []FieldError{{Field: "scope", Message: "region, zone, prober or service"}}), nil
 		}
 		reason = strings.TrimSpace(reason)
 		if reason == "" {
@@ -540,18 +598,25 @@ func (r *Registry) ConfirmLeaseExpiry(ctx context.Context, actor identity.Princi
 			return invalid("the reason is too long", []FieldError{{Field: "reason", Message: "at most 1000 characters"}}), nil
 		}
 		now := r.now()
-		n, err := q.LeaseCountLapsed(ctx, db.LeaseCountLapsedParams{Now: now, Service: service})
+		var service, zone string
+		switch scope.Kind {
+		case disbelief.Service:
+			service = scope.Name
+		case disbelief.Zone:
+			zone = scope.Name
+		}
+		n, err := q.LeaseCountLapsed(ctx, db.LeaseCountLapsedParams{Now: now, Service: service, Zone: zone})
 		if err != nil {
 			return nil, fmt.Errorf("count lapsed leases: %w", err)
 		}
 		row, err := q.LeaseExpiryConfirmationInsert(ctx, db.LeaseExpiryConfirmationInsertParams{
-			Service: service, ConfirmedAt: now, ConfirmedBy: actor.String(), Reason: reason,
+			Scope: confirmationKey(scope), ConfirmedAt: now, ConfirmedBy: actor.String(), Reason: reason,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("record confirmation: %w", err)
 		}
-		out = Confirmation{ID: row.ID, Service: row.Service, ConfirmedAt: row.ConfirmedAt, ConfirmedBy: row.ConfirmedBy,
-			Reason: row.Reason, Released: int(n)}
+		out = Confirmation{ID: row.ID, Gate: GateLeaseExpiry, Scope: scope, Service: service, ConfirmedAt: row.ConfirmedAt,
+			ConfirmedBy: row.ConfirmedBy, Reason: row.Reason, Released: int(n)}
 		_, err = audit.Append(ctx, q, now, audit.Entry{
 			ActorKind: actorKind(actor), Actor: actor.String(), Action: action,
 			TargetKind: kind, Target: target, Outcome: audit.Accepted, Reason: reason, After: out,

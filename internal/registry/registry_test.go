@@ -23,6 +23,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
@@ -608,6 +609,11 @@ func TestLeaseGraceAfterDatabaseOutage(t *testing.T) {
 // TestLeaseDisbelief: 20% of the region's leases stop renewing at once.
 // Expiry is suppressed with an alarm that gives the numbers; renewals
 // recovering lift it; an operator's confirmation (audited) releases it.
+var (
+	region   = disbelief.Scope{Kind: disbelief.Region}
+	webScope = disbelief.Scope{Kind: disbelief.Service, Name: "web"}
+)
+
 func TestLeaseDisbelief(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -645,21 +651,21 @@ func TestLeaseDisbelief(t *testing.T) {
 			t.Fatalf("expired %d of 20 leases that stopped together", n)
 		}
 	}
-	sups := rp.Suppressions()
-	if len(sups) != 1 || sups[0].Service != "" || sups[0].Lapsed != 20 || sups[0].Leases != 100 || sups[0].Held != 20 {
-		t.Fatalf("suppressions %+v, want the region's 20 of 100 held", sups)
+	sups := rp.Holds()
+	if len(sups) != 1 || sups[0].Scope != region || sups[0].Lacking != 20 || sups[0].Had != 100 || sups[0].Held != 20 || sups[0].Gate != registry.GateLeaseExpiry {
+		t.Fatalf("holds %+v, want the region's 20 of 100 held", sups)
 	}
-	if !strings.Contains(sups[0].Detail, "20 of 100 leases in the region") || !strings.Contains(sups[0].Detail, "15%") {
+	if !strings.Contains(sups[0].Detail, "20 of 100 leases in region") || !strings.Contains(sups[0].Detail, "15%") || !strings.Contains(sups[0].Detail, "no timer") {
 		t.Errorf("alarm detail %q", sups[0].Detail)
 	}
 
 	// A viewer, a workload and an operator of the team may not release
 	// the region; each attempt is audited.
 	for _, p := range []identity.Principal{vera, webWL, oscar} {
-		_, err := e.reg.ConfirmLeaseExpiry(ctx, p, "", "they are gone")
+		_, err := e.reg.ConfirmLeaseExpiry(ctx, p, region, "they are gone")
 		wantKind(t, err, registry.ErrForbidden)
 	}
-	_, err := e.reg.ConfirmLeaseExpiry(ctx, admin, "", "  ")
+	_, err := e.reg.ConfirmLeaseExpiry(ctx, admin, region, "  ")
 	wantKind(t, err, registry.ErrInvalid)
 	if n := len(e.events(t, audit.Filter{Action: "lease.expiry.confirm", Outcome: audit.Refused})); n != 4 {
 		t.Fatalf("refused confirmations audited = %d, want 4", n)
@@ -667,11 +673,11 @@ func TestLeaseDisbelief(t *testing.T) {
 
 	// svc4's stopped instance comes back: one renewal, one fewer held.
 	e.renew(t, all[99:])
-	if e.reap(t, rp) != 0 || rp.Suppressions()[0].Held != 19 {
-		t.Fatalf("after one renewal: %+v", rp.Suppressions())
+	if e.reap(t, rp) != 0 || rp.Holds()[0].Held != 19 {
+		t.Fatalf("after one renewal: %+v", rp.Holds())
 	}
 
-	c, err := e.reg.ConfirmLeaseExpiry(ctx, admin, "", "az1 rack 7 lost power at 12:00; the instances are gone")
+	c, err := e.reg.ConfirmLeaseExpiry(ctx, admin, region, "az1 rack 7 lost power at 12:00; the instances are gone")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -681,8 +687,8 @@ func TestLeaseDisbelief(t *testing.T) {
 	if n := e.reap(t, rp); n != 19 {
 		t.Fatalf("after the confirmation: expired %d, want 19", n)
 	}
-	if len(rp.Suppressions()) != 0 {
-		t.Fatalf("suppressions after the release: %+v", rp.Suppressions())
+	if len(rp.Holds()) != 0 {
+		t.Fatalf("holds after the release: %+v", rp.Holds())
 	}
 	if evs := e.events(t, audit.Filter{Action: "lease.expiry.confirm", Outcome: audit.Accepted}); len(evs) != 1 || evs[0].Actor != admin.String() {
 		t.Fatalf("accepted confirmation audit: %+v", evs)
@@ -712,12 +718,12 @@ func TestLeaseDisbeliefPerServiceAndCorroboration(t *testing.T) {
 	pair := e.register(t, "pair", 2, 4000)
 	_ = e.register(t, "small", 1, 5000)
 	dead := web[0].ID
-	rp := e.reaper(t, registry.ReaperConfig{Corroborated: func(ids []uuid.UUID) map[uuid.UUID]string {
+	rp := e.reaper(t, registry.ReaperConfig{Evidence: func(ids []uuid.UUID) registry.ExpiryEvidence {
 		out := map[uuid.UUID]string{}
 		if slices.Contains(ids, dead) {
 			out[dead] = "silent on every evidence class while its siblings are heard"
 		}
-		return out
+		return registry.ExpiryEvidence{Corroborated: out}
 	}})
 	keep := append(append(big, web[6:]...), pair[1])
 	for range 6 {
@@ -737,9 +743,9 @@ func TestLeaseDisbeliefPerServiceAndCorroboration(t *testing.T) {
 	if got := e.states(t, pair); got[registry.StateExpired] != 1 {
 		t.Fatalf("pair states %v", got)
 	}
-	sups := rp.Suppressions()
-	if len(sups) != 1 || sups[0].Service != "web" || sups[0].Held != 5 || sups[0].Lapsed != 5 || sups[0].Leases != 9 {
-		t.Fatalf("suppressions %+v", sups)
+	sups := rp.Holds()
+	if len(sups) != 1 || sups[0].Scope != (disbelief.Scope{Kind: disbelief.Service, Name: "web"}) || sups[0].Held != 5 || sups[0].Lacking != 5 || sups[0].Had != 9 {
+		t.Fatalf("holds %+v", sups)
 	}
 	evs := e.events(t, audit.Filter{Action: "lease.expire"})
 	var corroborated bool
@@ -752,10 +758,10 @@ func TestLeaseDisbeliefPerServiceAndCorroboration(t *testing.T) {
 		t.Errorf("the corroborated expiry's audit does not say why: %+v", evs)
 	}
 	// The team's operator may release their own service.
-	if _, err := e.reg.ConfirmLeaseExpiry(ctx, olga, "web", "not theirs"); !errors.Is(err, registry.ErrForbidden) {
+	if _, err := e.reg.ConfirmLeaseExpiry(ctx, olga, webScope, "not theirs"); !errors.Is(err, registry.ErrForbidden) {
 		t.Fatalf("another team's operator: %v", err)
 	}
-	if c, err := e.reg.ConfirmLeaseExpiry(ctx, oscar, "web", "deploy 4411 killed them"); err != nil || c.Released != 5 {
+	if c, err := e.reg.ConfirmLeaseExpiry(ctx, oscar, webScope, "deploy 4411 killed them"); err != nil || c.Released != 5 {
 		t.Fatalf("confirm: %+v, %v", c, err)
 	}
 	if n := e.reap(t, rp); n != 5 {
@@ -781,7 +787,7 @@ func TestConcurrentReapersExpireOnce(t *testing.T) {
 		total int
 	)
 	for range 4 {
-		rp := e.reaper(t, registry.ReaperConfig{RegionThreshold: 1, ServiceThreshold: 1})
+		rp := e.reaper(t, registry.ReaperConfig{RegionThreshold: 1, ZoneThreshold: 1, ServiceThreshold: 1})
 		wg.Go(func() {
 			n, err := rp.RunOnce(ctx)
 			if err != nil {

@@ -36,7 +36,7 @@ func (u *UI) reconcilePage(w http.ResponseWriter, r *http.Request, pg views.Page
 		src := views.ReconcileSource{Name: s.Source, LastPass: s.LastPass, LastReading: s.LastReading, Endpoints: s.Endpoints,
 			Live: s.Live, Error: s.Error, Stale: s.Stale}
 		if s.Hold != nil {
-			src.Held, src.Had, src.ReleaseAt = s.Hold.Lacking, s.Hold.Had, s.Hold.ReleaseAt
+			src.Held, src.Had, src.HeldSince = s.Hold.Lacking, s.Hold.Had, s.Hold.Since
 		}
 		rc.Sources = append(rc.Sources, src)
 	}

@@ -129,6 +129,9 @@ type Config struct {
 	// Reconcile, when set, is what the reconciliation page shows; without
 	// it the page says no sources are reconciled.
 	Reconcile Reconciliation
+	// Removals, when set, enables the removal holds page and its
+	// confirmations.
+	Removals *Removals
 	// Alarms, when set, lists every open alarm for the overview's banner
 	// (the server's Alarms: guard, shift-backs, leases, database,
 	// probers); otherwise the banner shows the publisher's and the
@@ -298,6 +301,7 @@ func (u *UI) routes() {
 		u.overrideRoutes()
 	}
 	u.shiftRoutes()
+	u.holdRoutes()
 	u.mux.HandleFunc(b+"/", func(w http.ResponseWriter, r *http.Request) {
 		u.message(w, r, http.StatusNotFound, "Not found", "There is no page at "+r.URL.Path+".")
 	})

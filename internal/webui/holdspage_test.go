@@ -1,0 +1,108 @@
+package webui_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/registry"
+)
+
+// TestHoldsPage (issue 26): the removal holds page lists the lease gate's
+// region hold with its numbers; a viewer sees no confirmation form and a
+// forged post is refused (403, audited); a team operator's confirmation
+// of the region is refused with the reason on the page (audited); an
+// admin's is accepted, and the reaper then expires the held leases.
+func TestHoldsPage(t *testing.T) {
+	t.Parallel()
+	st := newUIStack(t)
+	st.Seed(t)
+	st.WaitReady(t)
+	ctx := t.Context()
+	var ins []registry.Instance
+	for i := range 20 {
+		in, err := st.Registry.Register(ctx, uiAdmin, netip.Addr{}, "web", registry.Registration{
+			Address: fmt.Sprintf("10.8.0.%d", i+1), Port: 8080, Zone: []string{"az1", "az2"}[i%2]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ins = append(ins, in)
+	}
+	// Four of twenty stop renewing: above the region's 15%.
+	for range 6 {
+		st.Clock.Advance(10 * time.Second)
+		for _, in := range ins[4:] {
+			if _, err := st.Registry.Renew(ctx, uiAdmin, in.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n, err := st.Reaper.RunOnce(ctx); err != nil || n != 0 {
+			t.Fatalf("reaper: expired %d, %v", n, err)
+		}
+	}
+
+	vera := newBrowser(t, st)
+	vera.signIn("vera")
+	p := vera.get("/ui/holds")
+	if p.status != http.StatusOK || !strings.Contains(p.body, `data-gate="lease-expiry" data-scope="region"`) ||
+		!strings.Contains(p.body, "4 of 20 would go at once (20%, above 15%)") {
+		t.Fatalf("holds page for a viewer: %d\n%s", p.status, p.body)
+	}
+	if strings.Contains(p.body, "Confirm removal") {
+		t.Error("a viewer is offered the confirmation form")
+	}
+	if !strings.Contains(p.body, `href="/ui/holds" aria-current="page"`) {
+		t.Error("the nav does not mark Holds as the current page")
+	}
+	form := url.Values{"gate": {"lease-expiry"}, "scope": {"region"}, "reason": {"rack 7 is gone"}}
+	if res := vera.do("POST", "/ui/holds/confirm", form, sameOrigin); res.status != http.StatusForbidden {
+		t.Fatalf("a viewer's forged confirmation: %d\n%s", res.status, res.body)
+	}
+
+	oscar := newBrowser(t, st)
+	oscar.signIn("oscar")
+	if p := oscar.get("/ui/holds"); !strings.Contains(p.body, "Confirm removal") {
+		t.Fatalf("an operator is not offered the confirmation form:\n%s", p.body)
+	}
+	res := oscar.do("POST", "/ui/holds/confirm", form, sameOrigin)
+	if res.status != http.StatusForbidden || !strings.Contains(res.body, "spans teams and needs an admin") {
+		t.Fatalf("a team operator confirms the region: %d\n%s", res.status, res.body)
+	}
+	if n, _ := st.Reaper.RunOnce(ctx); n != 0 {
+		t.Fatalf("refused confirmations released %d", n)
+	}
+
+	alice := newBrowser(t, st)
+	alice.signIn("alice")
+	res = alice.do("POST", "/ui/holds/confirm", form, sameOrigin)
+	if res.status != http.StatusSeeOther || res.location != "/ui/holds" {
+		t.Fatalf("an admin confirms: %d %q\n%s", res.status, res.location, res.body)
+	}
+	if p := alice.get("/ui/holds"); !strings.Contains(p.body, "Confirmed: the removals lease-expiry holds in region may go ahead.") {
+		t.Fatalf("after the confirmation the page does not say so:\n%s", p.body)
+	}
+	if n, err := st.Reaper.RunOnce(ctx); err != nil || n != 4 {
+		t.Fatalf("after the confirmation: expired %d, %v; want 4", n, err)
+	}
+	if p := alice.get("/ui/holds"); !strings.Contains(p.body, `id="no-holds"`) {
+		t.Fatalf("holds after the release:\n%s", p.body)
+	}
+	var refused, accepted int
+	for _, e := range auditEvents(t, st, audit.Filter{Action: "lease.expiry.confirm"}) {
+		switch e.Outcome {
+		case audit.Refused:
+			refused++
+		case audit.Accepted:
+			accepted++
+		}
+	}
+	forged := auditEvents(t, st, audit.Filter{Action: "removal.confirm", Outcome: audit.Refused})
+	if refused != 1 || accepted != 1 || len(forged) != 1 {
+		t.Fatalf("audited: %d refused and %d accepted confirmations, %d refused forms; want 1, 1, 1", refused, accepted, len(forged))
+	}
+}

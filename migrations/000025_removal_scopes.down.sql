@@ -1,0 +1,1 @@
+ALTER TABLE lease_expiry_confirmations RENAME COLUMN scope TO service;
