@@ -47,6 +47,18 @@
 // view only as far as each zone's minimum healthy fraction allows.
 // Deregistration (graceful shutdown) is never held.
 //
+// # Renewals at scale (issue 26)
+//
+// A renewal is never lost to a limit: the server's per-identity renewal
+// limit grows with the live leases the identity registered
+// (LeasesRegisteredBy), RenewBatch renews up to MaxRenewalBatch leases in
+// one transaction, each decided as a single renewal is, and a renewal a
+// rate limit refuses all the same is kept in memory
+// (NoteRefusedRenewals) and applied later in one statement, checked as
+// it would have been, as made when it was refused
+// (FlushRefusedRenewals, called by the reaper before it sweeps). See
+// renewal.go.
+//
 // The package knows nothing of HTTP. Refusals are *refusal.Error values of
 // the kinds ErrNotFound, ErrForbidden, ... (refusal's), which the server maps to
 // status codes in one place.
