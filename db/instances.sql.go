@@ -354,6 +354,57 @@ func (q *Queries) InstanceListByIDs(ctx context.Context, ids []uuid.UUID) ([]Ins
 	return items, nil
 }
 
+const instanceListByIDsForUpdate = `-- name: InstanceListByIDsForUpdate :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
+WHERE id = ANY($1::uuid[])
+ORDER BY id
+FOR UPDATE
+`
+
+// The instances among ids, locked in id order until the transaction ends:
+// a batch of lease renewals decides on each as a single renewal does
+// (InstanceGetForUpdate), and two batches lock in the same order.
+func (q *Queries) InstanceListByIDsForUpdate(ctx context.Context, ids []uuid.UUID) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceListByIDsForUpdate, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
+			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const instanceListByService = `-- name: InstanceListByService :many
 SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE service = $1
@@ -895,6 +946,20 @@ func (q *Queries) LeaseCountLive(ctx context.Context) ([]LeaseCountLiveRow, erro
 	return items, nil
 }
 
+const leaseCountRegisteredBy = `-- name: LeaseCountRegisteredBy :one
+SELECT count(*)::int FROM instances
+WHERE registered_by = $1 AND state = 'active' AND lease_expires_at IS NOT NULL
+`
+
+// The live leases one identity registered: its lease renewal limit grows
+// with them (instances_registered_by_live_idx).
+func (q *Queries) LeaseCountRegisteredBy(ctx context.Context, registeredBy string) (int32, error) {
+	row := q.db.QueryRow(ctx, leaseCountRegisteredBy, registeredBy)
+	var column_1 int32
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const leaseExpire = `-- name: LeaseExpire :one
 UPDATE instances
 SET state = 'expired', ended_at = $1::timestamptz, updated_at = $1::timestamptz
@@ -1089,6 +1154,75 @@ func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instanc
 		&i.CredentialProven,
 	)
 	return i, err
+}
+
+const leaseRenewMany = `-- name: LeaseRenewMany :many
+UPDATE instances AS i
+SET lease_expires_at = GREATEST(i.lease_expires_at, v.expires_at), updated_at = $1,
+    credential_proven = i.credential_proven OR v.proven
+FROM (SELECT unnest($2::uuid[]) AS id, unnest($3::timestamptz[]) AS expires_at,
+             unnest($4::boolean[]) AS proven) AS v
+WHERE i.id = v.id AND i.state = 'active' AND i.lease_expires_at IS NOT NULL
+RETURNING i.id, i.service, i.address, i.port, i.zone, i.region, i.source, i.state, i.lease_expires_at, i.registered_by, i.created_at, i.updated_at, i.ended_at, i.seal, i.seal_key, i.end_seal, i.end_seal_key, i.sealed_identity, i.credential_hash, i.credential_proven
+`
+
+type LeaseRenewManyParams struct {
+	Now       time.Time
+	Ids       []uuid.UUID
+	ExpiresAt []time.Time
+	Proven    []bool
+}
+
+// Renews many leases in one statement: each id's lease runs to its
+// expires_at unless it already runs longer (a later renewal through
+// another replica), and proven says that its renewal presented the
+// instance's credential (LeaseRenew). The three arrays are zipped (set-
+// returning functions in one select list run in step), so they must be
+// of one length. Ended instances are left alone.
+func (q *Queries) LeaseRenewMany(ctx context.Context, arg LeaseRenewManyParams) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, leaseRenewMany,
+		arg.Now,
+		arg.Ids,
+		arg.ExpiresAt,
+		arg.Proven,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
+			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const reconcileInstanceStates = `-- name: ReconcileInstanceStates :many

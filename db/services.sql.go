@@ -137,6 +137,40 @@ func (q *Queries) ServiceList(ctx context.Context, arg ServiceListParams) ([]Ser
 	return items, nil
 }
 
+const serviceListByNames = `-- name: ServiceListByNames :many
+SELECT name, owner, capabilities, created_at, updated_at, seal, seal_key FROM services WHERE name = ANY($1::text[])
+`
+
+// The services among names (a batch of lease renewals names instances of
+// a few).
+func (q *Queries) ServiceListByNames(ctx context.Context, names []string) ([]Service, error) {
+	rows, err := q.db.Query(ctx, serviceListByNames, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Service
+	for rows.Next() {
+		var i Service
+		if err := rows.Scan(
+			&i.Name,
+			&i.Owner,
+			&i.Capabilities,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const serviceListUnsealed = `-- name: ServiceListUnsealed :many
 SELECT name, owner, capabilities, created_at, updated_at, seal, seal_key FROM services WHERE seal IS NULL ORDER BY name
 `

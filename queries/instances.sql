@@ -53,6 +53,36 @@ UPDATE instances SET lease_expires_at = $2, updated_at = sqlc.arg(now),
 WHERE id = $1 AND state = 'active'
 RETURNING *;
 
+-- name: LeaseCountRegisteredBy :one
+-- The live leases one identity registered: its lease renewal limit grows
+-- with them (instances_registered_by_live_idx).
+SELECT count(*)::int FROM instances
+WHERE registered_by = sqlc.arg(registered_by) AND state = 'active' AND lease_expires_at IS NOT NULL;
+
+-- name: InstanceListByIDsForUpdate :many
+-- The instances among ids, locked in id order until the transaction ends:
+-- a batch of lease renewals decides on each as a single renewal does
+-- (InstanceGetForUpdate), and two batches lock in the same order.
+SELECT * FROM instances
+WHERE id = ANY(sqlc.arg(ids)::uuid[])
+ORDER BY id
+FOR UPDATE;
+
+-- name: LeaseRenewMany :many
+-- Renews many leases in one statement: each id's lease runs to its
+-- expires_at unless it already runs longer (a later renewal through
+-- another replica), and proven says that its renewal presented the
+-- instance's credential (LeaseRenew). The three arrays are zipped (set-
+-- returning functions in one select list run in step), so they must be
+-- of one length. Ended instances are left alone.
+UPDATE instances AS i
+SET lease_expires_at = GREATEST(i.lease_expires_at, v.expires_at), updated_at = sqlc.arg(now),
+    credential_proven = i.credential_proven OR v.proven
+FROM (SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(expires_at)::timestamptz[]) AS expires_at,
+             unnest(sqlc.arg(proven)::boolean[]) AS proven) AS v
+WHERE i.id = v.id AND i.state = 'active' AND i.lease_expires_at IS NOT NULL
+RETURNING i.*;
+
 -- name: InstanceEnd :one
 UPDATE instances
 SET state = sqlc.arg(state), ended_at = sqlc.arg(now)::timestamptz, updated_at = sqlc.arg(now)::timestamptz

@@ -3,6 +3,11 @@
 -- name: ServiceGet :one
 SELECT * FROM services WHERE name = $1;
 
+-- name: ServiceListByNames :many
+-- The services among names (a batch of lease renewals names instances of
+-- a few).
+SELECT * FROM services WHERE name = ANY(sqlc.arg(names)::text[]);
+
 -- name: ServiceGetForUpdate :one
 SELECT * FROM services WHERE name = $1 FOR UPDATE;
 

@@ -101,12 +101,19 @@ func (s *Server) instanceGet(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, inst)
 }
 
+// leaseRenew renews one lease. The renewal limit (allowRenewals) is
+// taken here rather than by limitActor, so that a renewal it refuses is
+// noted with its instance and credential and never expires the lease.
 func (s *Server) leaseRenew(w http.ResponseWriter, r *http.Request) {
 	id, ok := s.instanceID(w, r)
 	if !ok {
 		return
 	}
-	inst, err := s.cfg.Registry.RenewWithCredential(r.Context(), principal(r), id, instanceCredential(r))
+	actor, cred := principal(r), instanceCredential(r)
+	if !s.allowRenewals(w, r, actor, 1, []registry.LeaseRenewal{{ID: id, Credential: cred}}) {
+		return
+	}
+	inst, err := s.cfg.Registry.RenewWithCredential(r.Context(), actor, id, cred)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

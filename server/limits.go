@@ -1,13 +1,17 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"strconv"
 	"sync"
+	"time"
 
+	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/registry"
 )
 
 // Limits bound what one identity (or, before authentication, one source
@@ -36,7 +40,13 @@ type Limits struct {
 	Deregistrations policy.Limit
 	// LeaseRenewals bounds lease renewals per identity: 6000/10s (600 a
 	// second: 2,000 instances of one service renewing every 10 s use a
-	// third of it).
+	// third of it), and grows with the identity's fleet: each live lease
+	// it registered adds one renewal at once and renewalsPerLease (4) per
+	// lease TTL, so a fleet renewing every TTL/3 under one identity is
+	// never refused for its size (issue 26; renewalLimiter). A batch
+	// (POST /v1/leases/renewals) costs renewalBatchCost: 1, plus 1 per
+	// renewalsPerToken (10) leases it names, plus 1 per lease it names
+	// that it does not renew.
 	LeaseRenewals policy.Limit
 	// Unauthenticated bounds the requests refused 401 per source address
 	// (per /64 for IPv6): 120/1m. Past it, requests from the address are
@@ -93,27 +103,33 @@ func (l *Limits) validate() error {
 
 // limiters are the server's buckets.
 type limiters struct {
-	reportItems, reportRequests              *policy.Buckets
-	registrations, deregistrations, renewals *policy.Buckets
-	unauthenticated                          *policy.Buckets
-	streams                                  *streamCounts
+	reportItems, reportRequests    *policy.Buckets
+	registrations, deregistrations *policy.Buckets
+	unauthenticated                *policy.Buckets
+	renewals                       *renewalLimiter
+	streams                        *streamCounts
 }
 
-func newLimiters(l Limits) (limiters, error) {
-	var out limiters
+// newLimiters builds the buckets of l on the clock now.
+func newLimiters(l Limits, now func() time.Time) (limiters, error) {
+	var (
+		out      limiters
+		renewals *policy.Buckets
+	)
 	for _, b := range []struct {
 		dst **policy.Buckets
 		lim policy.Limit
 	}{
 		{&out.reportItems, l.ReportItems}, {&out.reportRequests, l.ReportRequests},
 		{&out.registrations, l.Registrations}, {&out.deregistrations, l.Deregistrations},
-		{&out.renewals, l.LeaseRenewals}, {&out.unauthenticated, l.Unauthenticated},
+		{&renewals, l.LeaseRenewals}, {&out.unauthenticated, l.Unauthenticated},
 	} {
 		var err error
-		if *b.dst, err = policy.NewBuckets(b.lim, nil); err != nil {
+		if *b.dst, err = policy.NewBuckets(b.lim, now); err != nil {
 			return limiters{}, err
 		}
 	}
+	out.renewals = &renewalLimiter{buckets: renewals, now: now, sized: map[string]*leaseCount{}}
 	out.streams = &streamCounts{max: l.WatchStreams, open: map[string]int{}}
 	return out, nil
 }
@@ -212,4 +228,177 @@ func (s *Server) refuseStreams(w http.ResponseWriter, r *http.Request, key strin
 	p.retryAfter = watchStreamsRetryAfter
 	p.Extensions = map[string]any{"check": policy.CheckRateLimit, "limit": max, "remaining": 0}
 	writeProblem(w, r, p)
+}
+
+// Lease renewals are limited per identity like the other hot paths, but a
+// renewal refused for load must never cost a live lease (issue 26): a
+// fleet of 10,000 instances renewing every 10 s under one workload
+// identity sends 1,000 renewals a second, past the 600 of the default
+// LeaseRenewals. So the identity's bucket grows with the live leases it
+// registered, counted in PostgreSQL (registry.LeasesRegisteredBy, an
+// index of live leases by identity): each adds one renewal to the
+// bucket's capacity (the whole fleet renewing at once) and
+// renewalsPerLease per lease TTL to its refill. The count is read only
+// when it matters: when the identity's bucket refuses a renewal and the
+// count it was sized by is older than renewalCountFresh (or there is
+// none), and when it is older than a lease TTL (an identity whose fleet
+// has gone does not keep its allowance). Growth is credited at once
+// (policy.Buckets.TakeSized). Each replica counts its own requests but
+// sizes by the region's count, so however a load balancer spreads an
+// identity's renewals, each replica allows the whole fleet.
+//
+// A client renewing each lease every TTL/3 (three per TTL) is then never
+// refused: it needs 3 per lease per TTL of the 4 it gets, on top of the
+// base limit, and a lease registered since the last count is counted
+// before its first renewal can be refused (renewalCountFresh is below
+// TTL/3). Leases renewed by an identity other than the one that
+// registered them are not counted for it: it has the base limit, and
+// batches (a batch of 1,000 costs 101). What is refused all the same is
+// noted (registry.NoteRefusedRenewals) and applied later, so that it
+// never expires a lease either.
+const (
+	// renewalsPerLease is the renewals per lease TTL each live lease adds
+	// to its identity's refill: a client renews every TTL/3, and one more
+	// is headroom for a retry.
+	renewalsPerLease = 4
+	// renewalCountFresh: a count younger than this is not read again when
+	// the identity is refused. Below a third of the default 30 s TTL.
+	renewalCountFresh = 5 * time.Second
+	// renewalsPerToken is how many leases of a batch one token pays for:
+	// a batch is one transaction of four statements, however many it
+	// names.
+	renewalsPerToken = 10
+)
+
+// renewalBatchCost is what a batch naming n leases costs up front.
+func renewalBatchCost(n int) int { return 1 + (n+renewalsPerToken-1)/renewalsPerToken }
+
+// leaseCounter counts the live leases an identity registered: the
+// registry.
+type leaseCounter interface {
+	LeasesRegisteredBy(ctx context.Context, registeredBy string) (int, error)
+	LeaseTTL() time.Duration
+}
+
+// renewalLimiter is the lease renewal limit: a bucket per identity of
+// Limits.LeaseRenewals, grown by the live leases the identity registered.
+type renewalLimiter struct {
+	buckets *policy.Buckets
+	now     func() time.Time
+
+	mu    sync.Mutex
+	sized map[string]*leaseCount // identities whose leases were counted
+}
+
+// leaseCount is one identity's count of live leases.
+type leaseCount struct {
+	reading sync.Mutex // one read of the count at a time
+
+	mu sync.Mutex
+	n  int
+	at time.Time // when n was read
+}
+
+func (c *leaseCount) get() (int, time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n, c.at
+}
+
+// maxSizedIdentities is the count of identities above which those whose
+// count is older than a lease TTL are forgotten (they are read again when
+// they next matter).
+const maxSizedIdentities = 10_000
+
+// allowance is what n live leases add to their identity's bucket.
+func allowance(n int, ttl time.Duration) policy.Limit {
+	if n <= 0 {
+		return policy.Limit{}
+	}
+	return policy.Limit{Max: n, Window: ttl / renewalsPerLease}
+}
+
+// take takes n tokens from key's bucket, sized by the leases key
+// registered (see renewalLimiter). A count that cannot be read leaves the
+// identity with the allowance it had; the error is returned with the
+// decision, to be logged.
+func (l *renewalLimiter) take(ctx context.Context, leases leaseCounter, key string, n int) (policy.Decision, error) {
+	ttl := leases.LeaseTTL()
+	l.mu.Lock()
+	c := l.sized[key]
+	l.mu.Unlock()
+	var (
+		count int
+		at    time.Time
+	)
+	if c != nil {
+		count, at = c.get()
+	}
+	d := l.buckets.TakeSized(key, n, allowance(count, ttl))
+	now := l.now()
+	switch {
+	case d.Allowed && (c == nil || now.Sub(at) < ttl):
+		return d, nil
+	case !d.Allowed && c != nil && now.Sub(at) < renewalCountFresh:
+		return d, nil
+	}
+	count, err := l.count(ctx, leases, key, ttl)
+	if d.Allowed || err != nil {
+		return d, err // refreshed for what comes next
+	}
+	return l.buckets.TakeSized(key, n, allowance(count, ttl)), nil
+}
+
+// count reads key's live leases, unless another request has just done so.
+func (l *renewalLimiter) count(ctx context.Context, leases leaseCounter, key string, ttl time.Duration) (int, error) {
+	now := l.now()
+	l.mu.Lock()
+	c := l.sized[key]
+	if c == nil {
+		if len(l.sized) >= maxSizedIdentities {
+			for k, c := range l.sized {
+				if _, at := c.get(); now.Sub(at) >= ttl {
+					delete(l.sized, k)
+				}
+			}
+		}
+		c = &leaseCount{}
+		l.sized[key] = c
+	}
+	l.mu.Unlock()
+	c.reading.Lock()
+	defer c.reading.Unlock()
+	if n, at := c.get(); !at.IsZero() && now.Sub(at) < renewalCountFresh {
+		return n, nil
+	}
+	n, err := leases.LeasesRegisteredBy(ctx, key)
+	if err != nil {
+		n, _ = c.get()
+		return n, err
+	}
+	c.mu.Lock()
+	c.n, c.at = n, now
+	c.mu.Unlock()
+	return n, nil
+}
+
+// allowRenewals takes cost tokens for actor's renewal of renewals (sized
+// by its leases), setting the RateLimit-* headers. Refused, it notes the
+// renewals as refused for load (the registry applies them later, as it
+// would have then: the request is shed, the lease is not) and answers
+// 429; false then.
+func (s *Server) allowRenewals(w http.ResponseWriter, r *http.Request, actor identity.Principal, cost int, renewals []registry.LeaseRenewal) bool {
+	key := actor.String()
+	d, err := s.limits.renewals.take(r.Context(), s.cfg.Registry, key, cost)
+	if err != nil {
+		s.log.Warn("count live leases for the renewal limit", "actor", key, "err", err)
+	}
+	setRateLimit(w.Header(), d)
+	if d.Allowed {
+		return true
+	}
+	s.cfg.Registry.NoteRefusedRenewals(actor, renewals)
+	s.refuseLimited(w, r, d, "lease_renewals", fmt.Sprintf("%s has made %d lease renewals within %s, the most allowed for it now (the limit grows with the live leases it registered); "+
+		"the refused renewals are kept and will be applied, but retry in %d s", actor, d.Limit.Max, d.Limit.Window.Round(time.Second), d.ResetSeconds()))
+	return false
 }

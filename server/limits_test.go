@@ -154,7 +154,9 @@ func TestRegistrationsAreLimitedPerIdentity(t *testing.T) {
 
 // TestRenewalsAndDeregistrationsAreLimitedPerIdentity: lease renewals and
 // the instance's own deregistrations each have a bucket per identity,
-// answering 429 past it, and another identity is unaffected.
+// answering 429 past it, and another identity is unaffected. The renewal
+// bucket grows with the live leases the identity registered (one more at
+// once for each), and a renewal it refuses is kept to be applied later.
 func TestRenewalsAndDeregistrationsAreLimitedPerIdentity(t *testing.T) {
 	t.Parallel()
 	lim := policy.Limit{Max: 2, Window: time.Minute}
@@ -174,12 +176,18 @@ func TestRenewalsAndDeregistrationsAreLimitedPerIdentity(t *testing.T) {
 		ids = append(ids, register(web, "web", 9000+i))
 	}
 	other := register(api, "api", 9100)
-	for i := range 2 {
+	// 2 of the limit and 3 for web's three leases; the bucket then
+	// refills at 2 a minute and 4 a lease TTL (30 s) per lease: 5 in
+	// 11.5 s.
+	for i := range 5 {
 		if r := s.Do(t, "PUT", "/v1/instances/"+ids[0]+"/lease", web, "", ""); r.Status != http.StatusOK {
 			t.Fatalf("renewal %d: %d %s", i, r.Status, r.Body)
 		}
 	}
-	wantRateLimited(t, s.Do(t, "PUT", "/v1/instances/"+ids[0]+"/lease", web, "", ""), lim)
+	wantRateLimited(t, s.Do(t, "PUT", "/v1/instances/"+ids[0]+"/lease", web, "", ""), policy.Limit{Max: 5, Window: 12 * time.Second})
+	if n := s.Registry.RefusedRenewalsPending(); n != 1 {
+		t.Fatalf("%d refused renewals kept, want the one refused", n)
+	}
 	if r := s.Do(t, "PUT", "/v1/instances/"+other+"/lease", api, "", ""); r.Status != http.StatusOK {
 		t.Fatalf("another identity's renewal: %d %s", r.Status, r.Body)
 	}

@@ -162,6 +162,8 @@ type Config struct {
 	// Limits bound what one identity or source address may ask; zero
 	// fields take DefaultLimits.
 	Limits Limits
+	// Now is the clock the limits refill by; time.Now when nil.
+	Now func() time.Time
 }
 
 // Validate checks the configuration and fills defaults.
@@ -208,6 +210,9 @@ func (c *Config) Validate() error {
 	if c.WatchWriteTimeout == 0 {
 		c.WatchWriteTimeout = 30 * time.Second
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return c.Limits.validate()
 }
 
@@ -247,7 +252,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "http")}
 	var err error
-	if s.limits, err = newLimiters(cfg.Limits); err != nil {
+	if s.limits, err = newLimiters(s.cfg.Limits, s.cfg.Now); err != nil {
 		return nil, err
 	}
 	s.metrics = serverMetrics{
@@ -396,7 +401,10 @@ func (s *Server) routes() chi.Router {
 				r.With(s.limitActor(s.limits.registrations, "registrations")).Post("/v1/services/{name}/instances", s.instanceRegister)
 				r.Get("/v1/instances/{id}", s.instanceGet)
 				r.With(s.limitActor(s.limits.deregistrations, "deregistrations")).Delete("/v1/instances/{id}", s.instanceDeregister)
-				r.With(s.limitActor(s.limits.renewals, "lease_renewals")).Put("/v1/instances/{id}/lease", s.leaseRenew)
+				// Renewals are limited in their handlers: a refused one is
+				// noted so that it never expires its lease.
+				r.Put("/v1/instances/{id}/lease", s.leaseRenew)
+				r.Post("/v1/leases/renewals", s.leaseRenewBatch)
 				r.Post("/v1/leases/expiry-confirmations", s.leaseExpiryConfirm)
 				r.Post("/v1/removal-holds/confirmations", s.removalConfirm)
 				r.Post("/v1/authz/reload-confirmations", s.authzReloadConfirm)

@@ -436,6 +436,10 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"RemovalConfirmationRequest", reflect.TypeFor[removalConfirmation](), false},
 		{"LeaseConfirmationRequest", reflect.TypeFor[leaseConfirmation](), false},
 		{"LeaseConfirmation", reflect.TypeFor[registry.Confirmation](), true},
+		{"RenewalBatch", reflect.TypeFor[renewalBatch](), false},
+		{"RenewalItem", reflect.TypeFor[renewalItem](), false},
+		{"RenewalResults", reflect.TypeFor[renewalResults](), true},
+		{"RenewalResult", reflect.TypeFor[registry.RenewalResult](), true},
 	} {
 		s := schema(tt.schema)
 		names, always := jsonFields(tt.typ)
@@ -546,6 +550,14 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"DeregisterRequest", policy.DeregisterRequest{Justification: "host is being decommissioned, CHG-7"}},
 		{"OverrideMark", evaluator.Override{ID: inst.ID, Action: "mark_eligible", Actor: "operator:oscar", Justification: "probe path broken", ExpiresAt: now}},
 		{"OverrideRequest", policy.Request{InstanceID: inst.ID.String(), Action: policy.MarkEligible, Justification: "probe path is broken", ExpiresIn: 600}},
+		{"RenewalBatch", renewalBatch{Renewals: []renewalItem{{InstanceID: inst.ID.String(), Credential: "c2VjcmV0"}, {InstanceID: ended.ID.String()}}}},
+		{"RenewalResults", renewalResults{Renewed: 1, Results: []registry.RenewalResult{
+			{InstanceID: inst.ID, Outcome: registry.RenewalRenewed, LeaseExpiresAt: &lease},
+			{InstanceID: ended.ID, Outcome: registry.RenewalEnded, Detail: "instance has ended (replaced); register again to get a new instance"},
+			{InstanceID: uuid.Must(uuid.NewV7()), Outcome: registry.RenewalNotFound, Detail: "no instance"},
+			{InstanceID: uuid.Must(uuid.NewV7()), Outcome: registry.RenewalForbidden, Detail: "wrong credential"},
+			{InstanceID: uuid.Must(uuid.NewV7()), Outcome: registry.RenewalNoLease, Detail: "reconciled"},
+		}}},
 	} {
 		raw, err := json.Marshal(tt.value)
 		if err != nil {
@@ -573,6 +585,9 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"ShiftRequest", `{"scope":"cell","target":"az1","reason":"a good long reason","manual":true}`},
 		{"OverrideRequest", `{"instance_id":"01a2283a-b7ac-755e-9d2d-ba88e0e589c9","action":"drain","justification":"because it is broken"}`},
 		{"OverrideRequest", `{"instance_id":"01a2283a-b7ac-755e-9d2d-ba88e0e589c9","action":"mark_eligible","justification":"because it is broken","expires_in":0.5}`},
+		{"RenewalBatch", `{"renewals":[]}`},
+		{"RenewalBatch", `{"renewals":[{"credential":"x"}]}`},
+		{"RenewalResult", `{"instance_id":"01a2283a-b7ac-755e-9d2d-ba88e0e589c9","outcome":"lost"}`},
 	} {
 		var v any
 		if err := json.Unmarshal([]byte(tt.value), &v); err != nil {

@@ -121,8 +121,9 @@ type Config struct {
 	// Replica is this replica's name in the stream census.
 	Replica string
 	// Now is the clock of the registry, evaluator, policy, shifts, hub,
-	// publisher and UI, unless their own configuration sets one (the
-	// database monitor keeps the wall clock); time.Now when nil.
+	// publisher, UI and the server's per-identity limits, unless their own
+	// configuration sets one (the database monitor keeps the wall clock);
+	// time.Now when nil.
 	Now     func() time.Time
 	Logger  *slog.Logger
 	Metrics *prometheus.Registry
@@ -367,6 +368,7 @@ func New(cfg Config) (*App, error) {
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
 	svc.Authz, svc.Database = a.Authz, a.Monitor
+	svc.Now = orNow(svc.Now, now)
 	// Rows written outside muster: overrides, instances, contracts,
 	// services and grants, and the authorisation copy's held reloads
 	// (shifts list theirs with their other alarms).

@@ -58,6 +58,56 @@ func TestBuckets(t *testing.T) {
 	}
 }
 
+// TestBucketsSized: a key's own allowance adds to the set's limit, its
+// growth is credited at once and its shrinking cuts what the bucket holds.
+func TestBucketsSized(t *testing.T) {
+	t.Parallel()
+	clk := &stepClock{t: time.Unix(1_700_000_000, 0)}
+	b, err := policy.NewBuckets(policy.Limit{Max: 10, Window: 10 * time.Second}, clk.now) // 1/s, burst 10
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := policy.Limit{Max: 20, Window: 10 * time.Second} // +2/s, +20 burst
+	for i := range 30 {
+		if d := b.TakeSized("fleet", 1, extra); !d.Allowed || d.Remaining != 29-i {
+			t.Fatalf("take %d: %+v, want allowed with %d remaining", i, d, 29-i)
+		}
+	}
+	d := b.TakeSized("fleet", 1, extra)
+	if d.Allowed || d.Limit != (policy.Limit{Max: 30, Window: 10 * time.Second}) || d.ResetSeconds() != 1 {
+		t.Fatalf("31st take: %+v, want refused under 30 per 10 s", d)
+	}
+	clk.t = clk.t.Add(time.Second) // 3 a second
+	for i := range 3 {
+		if d := b.TakeSized("fleet", 1, extra); !d.Allowed {
+			t.Fatalf("take %d after a second: %+v", i, d)
+		}
+	}
+	if d := b.TakeSized("fleet", 1, extra); d.Allowed {
+		t.Fatalf("a fourth take after a second: %+v", d)
+	}
+	// The fleet grows by 15: credited at once.
+	grown := policy.Limit{Max: 35, Window: 10 * time.Second}
+	if d := b.TakeSized("fleet", 15, grown); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("take 15 after growing by 15: %+v", d)
+	}
+	// Charge keeps the allowance and goes into debt.
+	if d := b.Charge("fleet", 9); d.Limit.Max != 45 || d.Remaining != 0 {
+		t.Fatalf("charge: %+v", d)
+	}
+	// It shrinks: the bucket refills to no more than the new capacity.
+	clk.t = clk.t.Add(time.Minute)
+	shrunk := policy.Limit{Max: 2, Window: 10 * time.Second}
+	if d := b.TakeSized("fleet", 1, shrunk); !d.Allowed || d.Remaining != 11 {
+		t.Fatalf("take after shrinking to 12: %+v, want 11 remaining", d)
+	}
+	// Take is the set's limit alone.
+	clk.t = clk.t.Add(time.Minute)
+	if d := b.Take("fleet", 1); !d.Allowed || d.Remaining != 9 || d.Limit != b.Limit() {
+		t.Fatalf("take without an allowance: %+v", d)
+	}
+}
+
 func TestBucketsSweepFullOnes(t *testing.T) {
 	t.Parallel()
 	clk := &stepClock{t: time.Unix(1_700_000_000, 0)}

@@ -44,8 +44,9 @@
 //     outage). muster's own deafness (a restart, a zone or a prober cut
 //     off) silences the instances that share the path too, so it is
 //     never corroboration;
-//   - never expires a lease whose renewal a rate limit refused within the
-//     last TTL (RenewalRefused): its workload renewed.
+//   - applies, before each sweep, the renewals a rate limit refused on
+//     this replica (FlushRefusedRenewals), as made when refused: a renewal
+//     refused for load never expires a lease.
 //
 // Counting recently expired leases in the fraction is deliberately
 // conservative: for one TTL after a confirmation released a mass expiry,
@@ -53,6 +54,18 @@
 // then go through the fraction guard (package assembler): they leave the
 // view only as far as each zone's minimum healthy fraction allows.
 // Deregistration (graceful shutdown) is never held.
+//
+// # Renewals at scale (issue 26)
+//
+// A renewal is never lost to a limit: the server's per-identity renewal
+// limit grows with the live leases the identity registered
+// (LeasesRegisteredBy), RenewBatch renews up to MaxRenewalBatch leases in
+// one transaction, each decided as a single renewal is, and a renewal a
+// rate limit refuses all the same is kept in memory
+// (NoteRefusedRenewals) and applied later in one statement, checked as
+// it would have been, as made when it was refused
+// (FlushRefusedRenewals, called by the reaper before it sweeps). See
+// renewal.go.
 //
 // The package knows nothing of HTTP. Refusals are *refusal.Error values of
 // the kinds ErrNotFound, ErrForbidden, ... (refusal's), which the server maps to

@@ -282,23 +282,11 @@ func (r *Registry) Renew(ctx context.Context, actor identity.Principal, id uuid.
 func (r *Registry) RenewWithCredential(ctx context.Context, actor identity.Principal, id uuid.UUID, cred Credential) (Instance, error) {
 	without := false
 	out, err := r.changeInstance(ctx, actor, id, "lease.renew", func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error) {
-		if cur.Source != SourceRegistered || cur.LeaseExpiresAt == nil {
-			return Instance{}, false, newRefusal(ErrConflict, "instance %s comes from %s and has no lease to renew", id, cur.Source)
+		proven, w, rerr := leaseCheck(actor, cur, cred)
+		if rerr != nil {
+			return Instance{}, false, rerr
 		}
-		proven := false
-		if actor.Kind == identity.KindWorkload {
-			switch cur.credential.Check(cred) {
-			case CredentialWrong:
-				return Instance{}, false, newRefusal(ErrForbidden, "the %s presented is not instance %s's: an instance renews its own lease with the credential its registration returned", CredentialHeader, id)
-			case CredentialMissing:
-				if cur.credentialProven {
-					return Instance{}, false, newRefusal(ErrForbidden, "instance %s has renewed with its credential before, so a renewal without one is not the instance's: send the credential its registration returned in the %s header", id, CredentialHeader)
-				}
-				without = true
-			case CredentialMatches:
-				proven = true
-			}
-		}
+		without = w
 		row, err := q.LeaseRenew(ctx, db.LeaseRenewParams{ID: id, LeaseExpiresAt: new(now.Add(r.cfg.LeaseTTL)), Now: now, Proven: proven})
 		if err != nil {
 			return Instance{}, false, fmt.Errorf("renew lease %s: %w", id, err)
@@ -390,13 +378,8 @@ func (r *Registry) changeInstance(ctx context.Context, actor identity.Principal,
 		if err != nil {
 			return nil, fmt.Errorf("read service %s: %w", cur.Service, err)
 		}
-		if !canReadService(actor, cur.Service) {
-			// Answer as if the instance did not exist, so a workload cannot
-			// probe for other services' instances; the attempt is still audited.
-			return &refusal.Error{Kind: errHidden, Detail: fmt.Sprintf("%s may not see instances of %s", actor, cur.Service)}, nil
-		}
-		if !mayActOnInstance(actor, r.service(svc)) {
-			return newRefusal(ErrForbidden, "%s may not change instances of %s: that needs a workload of %s, the %s team's operator role, or admin", actor, cur.Service, cur.Service, r.ownerOf(svc)), nil
+		if rerr := instanceAccess(actor, cur, r.service(svc)); rerr != nil {
+			return rerr, nil
 		}
 		if cur.State != StateActive {
 			if action == "instance.deregister" {
@@ -427,6 +410,46 @@ func (r *Registry) changeInstance(ctx context.Context, actor identity.Principal,
 		return Instance{}, err
 	}
 	return out, nil
+}
+
+// instanceAccess checks that actor may act on cur, an instance of svc.
+// An actor that may not even see the instance is answered as if it did
+// not exist (errHidden), so a workload cannot probe for other services'
+// instances; the attempt is still audited.
+func instanceAccess(actor identity.Principal, cur Instance, svc Service) *refusal.Error {
+	if !canReadService(actor, cur.Service) {
+		return &refusal.Error{Kind: errHidden, Detail: fmt.Sprintf("%s may not see instances of %s", actor, cur.Service)}
+	}
+	if !mayActOnInstance(actor, svc) {
+		return newRefusal(ErrForbidden, "%s may not change instances of %s: that needs a workload of %s, the %s team's operator role, or admin", actor, cur.Service, cur.Service, svc.Owner)
+	}
+	return nil
+}
+
+// leaseCheck decides a renewal of cur's lease by actor presenting cred,
+// once instanceAccess has let actor act on cur and cur is active (see
+// RenewWithCredential): proven when the renewal presents the instance's
+// credential, without when a workload renews an instance that has one
+// without it (and may, not having proven it yet).
+func leaseCheck(actor identity.Principal, cur Instance, cred Credential) (proven, without bool, rerr *refusal.Error) {
+	if cur.Source != SourceRegistered || cur.LeaseExpiresAt == nil {
+		return false, false, newRefusal(ErrConflict, "instance %s comes from %s and has no lease to renew", cur.ID, cur.Source)
+	}
+	if actor.Kind != identity.KindWorkload {
+		return false, false, nil
+	}
+	switch cur.credential.Check(cred) {
+	case CredentialWrong:
+		return false, false, newRefusal(ErrForbidden, "the %s presented is not instance %s's: an instance renews its own lease with the credential its registration returned", CredentialHeader, cur.ID)
+	case CredentialMissing:
+		if cur.credentialProven {
+			return false, false, newRefusal(ErrForbidden, "instance %s has renewed with its credential before, so a renewal without one is not the instance's: send the credential its registration returned in the %s header", cur.ID, CredentialHeader)
+		}
+		return false, true, nil
+	case CredentialMatches:
+		return true, false, nil
+	}
+	return false, false, nil
 }
 
 // errHidden is a forbidden attempt answered as not found.

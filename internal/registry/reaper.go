@@ -87,11 +87,6 @@ type ReaperConfig struct {
 	// evaluator's LeaseExpiryEvidence); it is asked once per sweep. Nil:
 	// nothing is corroborated or partitioned.
 	Evidence func(ids []uuid.UUID) ExpiryEvidence
-	// RenewalRefused, when set, says when a renewal of the instance was
-	// last refused for load (a rate limit): such a lease was renewed as
-	// far as its workload can tell, and is not expired within a TTL of
-	// the refusal.
-	RenewalRefused func(id uuid.UUID) (time.Time, bool)
 	// UpSince, when set, says since when the database has been reachable
 	// without interruption (db.Monitor). A lease's clock only runs while
 	// a renewal could have landed.
@@ -260,6 +255,13 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	now := reg.now()
 	q := db.New(reg.cfg.Pool)
 
+	// Renewals a rate limit refused on this replica count as renewals
+	// made when refused (issue 26): a renewal refused for load never
+	// expires a lease. A failure expires nothing this sweep (they are
+	// kept and retried) without restarting the grace.
+	if _, err := reg.FlushRefusedRenewals(ctx); err != nil {
+		return 0, fmt.Errorf("apply refused renewals: %w", err)
+	}
 	lapsed, err := q.LeaseListLapsed(ctx, db.LeaseListLapsedParams{Now: now, Lim: int32(rp.cfg.Batch)})
 	if err != nil {
 		rp.mu.Lock()
@@ -381,11 +383,6 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 		exp := *l.LeaseExpiresAt
 		if now.Sub(exp) < rp.cfg.ExpiryDelay {
 			continue // settling: leases that stopped together lapse together
-		}
-		if rp.cfg.RenewalRefused != nil {
-			if at, ok := rp.cfg.RenewalRefused(l.ID); ok && now.Before(at.Add(ttl)) {
-				continue // its workload renewed; a limit refused it
-			}
 		}
 		// A confirmation covers leases lapsed by the moment it was made;
 		// the region's covers every scope.

@@ -84,6 +84,9 @@ type Registry struct {
 	follower atomic.Pointer[followerRef]
 	// replaceGate decides reconciliation's replacements (GateReplacements).
 	replaceGate atomic.Pointer[gateRef]
+	// refused keeps the renewals a rate limit refused until they are
+	// flushed (renewal.go).
+	refused refusedRenewals
 }
 
 // Follower is told of what this registry's writes committed, after the
@@ -122,6 +125,10 @@ type metrics struct {
 	// renewalsWithoutCredential: renewals of instances that have a
 	// credential by a client that did not send it (RenewWithCredential).
 	renewalsWithoutCredential prometheus.Counter
+	// renewalsRefused: lease renewals (one per instance) a rate limit
+	// refused (NoteRefusedRenewals); refusedRenewals what became of them.
+	renewalsRefused prometheus.Counter
+	refusedRenewals *prometheus.CounterVec
 }
 
 // New returns a Registry.
@@ -146,9 +153,17 @@ func New(cfg Config) (*Registry, error) {
 			Name: "muster_lease_renewals_without_credential_total",
 			Help: "Lease renewals accepted without the instance credential its registration returned (a client from before instance credentials).",
 		}),
+		renewalsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_lease_renewals_refused_total",
+			Help: "Lease renewals (one per instance, a batch's each) refused by a rate limit; each is kept and applied later unless dropped (muster_lease_refused_renewals_total).",
+		}),
+		refusedRenewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_lease_refused_renewals_total",
+			Help: "Lease renewals refused by a rate limit, by what became of them: renewed (applied later, as made when refused), refused (not allowed as a renewal: someone else's instance, a wrong credential, ended), expired (older than a lease TTL when flushed), dropped (not kept: too many held).",
+		}, []string{"result"}),
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{m.refusals, m.registrations, m.expired, m.renewalsWithoutCredential} {
+		for _, c := range []prometheus.Collector{m.refusals, m.registrations, m.expired, m.renewalsWithoutCredential, m.renewalsRefused, m.refusedRenewals} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("registry: register metrics: %w", err)
 			}

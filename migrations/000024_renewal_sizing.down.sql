@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS instances_registered_by_live_idx;
