@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/assembler"
-	"github.com/musterhq/muster/internal/identity"
 )
 
 // alarmList is the body of GET /v1/alarms.
@@ -19,9 +18,7 @@ type alarmList struct {
 // alarmsGet lists the open alarms. Estate-wide information: operators and
 // tools only.
 func (s *Server) alarmsGet(w http.ResponseWriter, r *http.Request) {
-	p := principal(r)
-	if p.Kind != identity.KindOperator && p.Kind != identity.KindTool {
-		writeProblem(w, r, problem(http.StatusForbidden, "forbidden", "the alarms describe the whole estate; they are for operator and tool identities"))
+	if !estateReader(w, r, "the alarm list") {
 		return
 	}
 	alarms := allAlarms(&s.cfg)

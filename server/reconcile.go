@@ -30,8 +30,7 @@ type Reconcile interface {
 // failures), what the registry has that no source knows (leaks), and
 // where they disagree. Estate-wide: operators and tools only.
 func (s *Server) reconcileDiffGet(w http.ResponseWriter, r *http.Request) {
-	if p := principal(r); p.Kind != identity.KindOperator && p.Kind != identity.KindTool {
-		writeProblem(w, r, problem(http.StatusForbidden, "forbidden", "the reconciliation diff describes the whole estate; it is for operator and tool identities"))
+	if !estateReader(w, r, "the reconciliation diff") {
 		return
 	}
 	if s.cfg.Reconcile == nil {
