@@ -26,6 +26,37 @@ func (q *Queries) InstanceAnySealed(ctx context.Context) (bool, error) {
 	return sealed, err
 }
 
+const instanceCountByState = `-- name: InstanceCountByState :many
+SELECT state, count(*)::bigint AS rows FROM instances GROUP BY state ORDER BY state
+`
+
+type InstanceCountByStateRow struct {
+	State string
+	Rows  int64
+}
+
+// How many instance rows each state has (muster loadgen rebuild reports
+// what it rebuilt from). A full scan: tools only.
+func (q *Queries) InstanceCountByState(ctx context.Context) ([]InstanceCountByStateRow, error) {
+	rows, err := q.db.Query(ctx, instanceCountByState)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []InstanceCountByStateRow
+	for rows.Next() {
+		var i InstanceCountByStateRow
+		if err := rows.Scan(&i.State, &i.Rows); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
 SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz
@@ -803,6 +834,20 @@ type InstancesCopyParams struct {
 	Seal           []byte
 	SealKey        *string
 	SealedIdentity json.RawMessage
+	EndedAt        *time.Time
+	EndSeal        []byte
+	EndSealKey     *string
+}
+
+const instancesVacuum = `-- name: InstancesVacuum :exec
+VACUUM (ANALYZE) instances
+`
+
+// muster loadgen seed, after its bulk load: the visibility map set and the
+// planner's statistics fresh, as in a region's database long in service.
+func (q *Queries) InstancesVacuum(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, instancesVacuum)
+	return err
 }
 
 const leaseCountExpiredSince = `-- name: LeaseCountExpiredSince :many

@@ -78,10 +78,17 @@ WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
 RETURNING *;
 
 -- name: InstancesCopy :copyfrom
--- Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy).
+-- Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy):
+-- live rows, and ended ones with their end (ended_at, end_seal).
 INSERT INTO instances (id, service, address, port, zone, region, source, state,
-                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15);
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity,
+                       ended_at, end_seal, end_seal_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18);
+
+-- name: InstanceCountByState :many
+-- How many instance rows each state has (muster loadgen rebuild reports
+-- what it rebuilt from). A full scan: tools only.
+SELECT state, count(*)::bigint AS rows FROM instances GROUP BY state ORDER BY state;
 
 -- name: LeaseListLapsed :many
 -- Active leases that ran out by now, oldest first: the reaper's candidates.
@@ -200,3 +207,8 @@ FOR UPDATE;
 -- the row still carries the seal that was verified.
 UPDATE instances SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key), sealed_identity = sqlc.arg(sealed_identity)
 WHERE id = sqlc.arg(id) AND seal = sqlc.arg(old_seal) AND state = 'active';
+
+-- name: InstancesVacuum :exec
+-- muster loadgen seed, after its bulk load: the visibility map set and the
+-- planner's statistics fresh, as in a region's database long in service.
+VACUUM (ANALYZE) instances;

@@ -204,6 +204,10 @@ type Evaluator struct {
 	// admissions restored by the rebuild, and how long that took.
 	admissions     int
 	admissionsTook time.Duration
+	// rebuildRows counts the instance rows the rebuild read, and
+	// registryTook is how long loading the registry took.
+	rebuildRows  int
+	registryTook time.Duration
 
 	reporterMu sync.Mutex
 	reporters  map[string]eligibility.ReporterID
@@ -536,6 +540,7 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	e.replayed = n
 	e.quarantines, e.quarantinesTook = held, qtook
 	e.admissions, e.admissionsTook = admitted, atook
+	e.registryTook = loaded
 	e.mu.Unlock()
 	e.ready.Store(true)
 	took := time.Since(start)
@@ -600,6 +605,9 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 			return err
 		}
 		e.mu.Lock()
+		if !e.ready.Load() {
+			e.rebuildRows += len(batch)
+		}
 		e.prechecked, e.replayChecked = pre, replays
 		for _, in := range batch {
 			e.applyInstance(in, now)
@@ -839,6 +847,11 @@ type Stats struct {
 	// long reading and restoring them took.
 	AdmissionsRestored int
 	AdmissionsTook     time.Duration
+	// InstanceRowsRead counts the instance rows the rebuild read from the
+	// registry; RegistryTook is how long loading them (and the contracts
+	// and prober assignments) took.
+	InstanceRowsRead int
+	RegistryTook     time.Duration
 }
 
 // Stats returns a summary of the evaluator's state.
@@ -847,7 +860,8 @@ func (e *Evaluator) Stats() Stats {
 	defer e.mu.Unlock()
 	return Stats{Services: len(e.services), Instances: len(e.instances), WindowsReplayed: e.replayed,
 		QuarantinesRestored: e.quarantines, QuarantinesTook: e.quarantinesTook,
-		AdmissionsRestored: e.admissions, AdmissionsTook: e.admissionsTook}
+		AdmissionsRestored: e.admissions, AdmissionsTook: e.admissionsTook,
+		InstanceRowsRead: e.rebuildRows, RegistryTook: e.registryTook}
 }
 
 // EvaluateNow runs one evaluation tick at once, as the ticker would. Tools
