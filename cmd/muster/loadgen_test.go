@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -58,9 +60,9 @@ func TestLoadgenWatchRestart(t *testing.T) {
 
 // TestLoadgenRebuild runs `muster loadgen rebuild` at small scale: on an
 // empty database it seeds live and ended instances (sealed with the dev
-// key, as muster would have) and times a rebuild from them; run again it
-// rebuilds from what is there, and refuses seed flags that would no
-// longer apply.
+// key, as muster would have) and times a rebuild from them, which reads the
+// live ones and those ended within the hour only; run again it rebuilds
+// from what is there, and refuses seed flags that would no longer apply.
 func TestLoadgenRebuild(t *testing.T) {
 	if testing.Short() {
 		t.Skip("seeds and rebuilds a small region")
@@ -94,6 +96,15 @@ func TestLoadgenRebuild(t *testing.T) {
 	}
 	if strings.Contains(errb.String(), "seal does not verify") {
 		t.Errorf("the seeded rows are not sealed as muster seals them:\n%s", errb.String())
+	}
+	// The live ones and those ended within the last hour (at most 500):
+	// not every row ever written.
+	var read int
+	if m := regexp.MustCompile(`it read (\d+) instance rows`).FindStringSubmatch(out.String()); m != nil {
+		read, _ = strconv.Atoi(m[1])
+	}
+	if read < 200 || read > 700 {
+		t.Errorf("the rebuild read %d instance rows, want the 200 live and at most the 500 ended within the hour", read)
 	}
 
 	out.Reset()
