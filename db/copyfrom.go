@@ -44,6 +44,9 @@ func (r iteratorForInstancesCopy) Values() ([]interface{}, error) {
 		r.rows[0].Seal,
 		r.rows[0].SealKey,
 		r.rows[0].SealedIdentity,
+		r.rows[0].EndedAt,
+		r.rows[0].EndSeal,
+		r.rows[0].EndSealKey,
 	}, nil
 }
 
@@ -51,9 +54,10 @@ func (r iteratorForInstancesCopy) Err() error {
 	return nil
 }
 
-// Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy).
+// Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy):
+// live rows, and ended ones with their end (ended_at, end_seal).
 func (q *Queries) InstancesCopy(ctx context.Context, arg []InstancesCopyParams) (int64, error) {
-	return q.db.CopyFrom(ctx, []string{"instances"}, []string{"id", "service", "address", "port", "zone", "region", "source", "state", "lease_expires_at", "registered_by", "created_at", "updated_at", "seal", "seal_key", "sealed_identity"}, &iteratorForInstancesCopy{rows: arg})
+	return q.db.CopyFrom(ctx, []string{"instances"}, []string{"id", "service", "address", "port", "zone", "region", "source", "state", "lease_expires_at", "registered_by", "created_at", "updated_at", "seal", "seal_key", "sealed_identity", "ended_at", "end_seal", "end_seal_key"}, &iteratorForInstancesCopy{rows: arg})
 }
 
 // iteratorForObservedWindowsInsert implements pgx.CopyFromSource.

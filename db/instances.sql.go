@@ -26,6 +26,37 @@ func (q *Queries) InstanceAnySealed(ctx context.Context) (bool, error) {
 	return sealed, err
 }
 
+const instanceCountByState = `-- name: InstanceCountByState :many
+SELECT state, count(*)::bigint AS rows FROM instances GROUP BY state ORDER BY state
+`
+
+type InstanceCountByStateRow struct {
+	State string
+	Rows  int64
+}
+
+// How many instance rows each state has (muster loadgen rebuild reports
+// what it rebuilt from). A full scan: tools only.
+func (q *Queries) InstanceCountByState(ctx context.Context) ([]InstanceCountByStateRow, error) {
+	rows, err := q.db.Query(ctx, instanceCountByState)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []InstanceCountByStateRow
+	for rows.Next() {
+		var i InstanceCountByStateRow
+		if err := rows.Scan(&i.State, &i.Rows); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
 SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz
@@ -526,6 +557,185 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 	return items, nil
 }
 
+const instanceListEndedSince = `-- name: InstanceListEndedSince :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
+WHERE state <> 'active'
+  AND (ended_at, id) > ($1::timestamptz, $2::uuid)
+ORDER BY ended_at, id
+LIMIT $3
+`
+
+type InstanceListEndedSinceParams struct {
+	AfterAt time.Time
+	AfterID uuid.UUID
+	Lim     int32
+}
+
+// Ended instances after (ended_at, id), by end: the rebuild's read of the
+// recent ends it needs, from its horizon on (instances_ended_idx).
+func (q *Queries) InstanceListEndedSince(ctx context.Context, arg InstanceListEndedSinceParams) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceListEndedSince, arg.AfterAt, arg.AfterID, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
+			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const instanceListEndedUntimed = `-- name: InstanceListEndedUntimed :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
+WHERE state <> 'active' AND ended_at IS NULL AND id > $1::uuid
+ORDER BY ended_at, id
+LIMIT $2
+`
+
+type InstanceListEndedUntimedParams struct {
+	After uuid.UUID
+	Lim   int32
+}
+
+// Instances that read ended with no end time, by id: muster stamps every
+// end it writes, so these were ended by hand, and the rebuild reads them
+// to keep them in rotation. Ordered as instances_ended_idx is (ended_at
+// is NULL throughout), or the planner prefers walking the primary key
+// through every row.
+func (q *Queries) InstanceListEndedUntimed(ctx context.Context, arg InstanceListEndedUntimedParams) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceListEndedUntimed, arg.After, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
+			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const instanceListLive = `-- name: InstanceListLive :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
+WHERE state = 'active'
+  AND (service, address, port) > ($1::text, $2::text, $3::integer)
+ORDER BY service, address, port
+LIMIT $4
+`
+
+type InstanceListLiveParams struct {
+	AfterService string
+	AfterAddress string
+	AfterPort    int32
+	Lim          int32
+}
+
+// Live instances after an endpoint, by endpoint: the rebuild's read of what
+// is in rotation, through instances_live_endpoint_idx, which holds the
+// live rows only however many ended ones the table has.
+func (q *Queries) InstanceListLive(ctx context.Context, arg InstanceListLiveParams) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceListLive,
+		arg.AfterService,
+		arg.AfterAddress,
+		arg.AfterPort,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
+			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const instanceListUnsealed = `-- name: InstanceListUnsealed :many
 SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances WHERE seal IS NULL OR (state <> 'active' AND end_seal IS NULL)
 ORDER BY id
@@ -571,6 +781,19 @@ func (q *Queries) InstanceListUnsealed(ctx context.Context) ([]Instance, error) 
 		return nil, err
 	}
 	return items, nil
+}
+
+const instanceNewestChange = `-- name: InstanceNewestChange :one
+SELECT updated_at FROM instances ORDER BY updated_at DESC LIMIT 1
+`
+
+// The newest updated_at on record (instances_updated_idx, one entry): the
+// rebuild's incremental refreshes start from it.
+func (q *Queries) InstanceNewestChange(ctx context.Context) (time.Time, error) {
+	row := q.db.QueryRow(ctx, instanceNewestChange)
+	var updated_at time.Time
+	err := row.Scan(&updated_at)
+	return updated_at, err
 }
 
 const instanceReseal = `-- name: InstanceReseal :execrows
@@ -854,6 +1077,20 @@ type InstancesCopyParams struct {
 	Seal           []byte
 	SealKey        *string
 	SealedIdentity json.RawMessage
+	EndedAt        *time.Time
+	EndSeal        []byte
+	EndSealKey     *string
+}
+
+const instancesVacuum = `-- name: InstancesVacuum :exec
+VACUUM (ANALYZE) instances
+`
+
+// muster loadgen seed, after its bulk load: the visibility map set and the
+// planner's statistics fresh, as in a region's database long in service.
+func (q *Queries) InstancesVacuum(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, instancesVacuum)
+	return err
 }
 
 const leaseCountExpiredSince = `-- name: LeaseCountExpiredSince :many

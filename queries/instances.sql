@@ -8,6 +8,41 @@ WHERE (updated_at, id) > (sqlc.arg(since)::timestamptz, sqlc.arg(after_id)::uuid
 ORDER BY updated_at, id
 LIMIT sqlc.arg(lim);
 
+-- name: InstanceNewestChange :one
+-- The newest updated_at on record (instances_updated_idx, one entry): the
+-- rebuild's incremental refreshes start from it.
+SELECT updated_at FROM instances ORDER BY updated_at DESC LIMIT 1;
+
+-- name: InstanceListLive :many
+-- Live instances after an endpoint, by endpoint: the rebuild's read of what
+-- is in rotation, through instances_live_endpoint_idx, which holds the
+-- live rows only however many ended ones the table has.
+SELECT * FROM instances
+WHERE state = 'active'
+  AND (service, address, port) > (sqlc.arg(after_service)::text, sqlc.arg(after_address)::text, sqlc.arg(after_port)::integer)
+ORDER BY service, address, port
+LIMIT sqlc.arg(lim);
+
+-- name: InstanceListEndedSince :many
+-- Ended instances after (ended_at, id), by end: the rebuild's read of the
+-- recent ends it needs, from its horizon on (instances_ended_idx).
+SELECT * FROM instances
+WHERE state <> 'active'
+  AND (ended_at, id) > (sqlc.arg(after_at)::timestamptz, sqlc.arg(after_id)::uuid)
+ORDER BY ended_at, id
+LIMIT sqlc.arg(lim);
+
+-- name: InstanceListEndedUntimed :many
+-- Instances that read ended with no end time, by id: muster stamps every
+-- end it writes, so these were ended by hand, and the rebuild reads them
+-- to keep them in rotation. Ordered as instances_ended_idx is (ended_at
+-- is NULL throughout), or the planner prefers walking the primary key
+-- through every row.
+SELECT * FROM instances
+WHERE state <> 'active' AND ended_at IS NULL AND id > sqlc.arg(after)::uuid
+ORDER BY ended_at, id
+LIMIT sqlc.arg(lim);
+
 -- name: InstanceListByIDs :many
 -- The instances among ids, in any state: ingest looks up the ids a report
 -- names that the evaluator has not loaded yet (registered a moment ago,
@@ -108,10 +143,17 @@ WHERE service = $1 AND address = $2 AND port = $3 AND state = 'active'
 RETURNING *;
 
 -- name: InstancesCopy :copyfrom
--- Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy).
+-- Bulk load, used by `muster loadgen seed` only (sealed by registry.SealCopy):
+-- live rows, and ended ones with their end (ended_at, end_seal).
 INSERT INTO instances (id, service, address, port, zone, region, source, state,
-                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15);
+                       lease_expires_at, registered_by, created_at, updated_at, seal, seal_key, sealed_identity,
+                       ended_at, end_seal, end_seal_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18);
+
+-- name: InstanceCountByState :many
+-- How many instance rows each state has (muster loadgen rebuild reports
+-- what it rebuilt from). A full scan: tools only.
+SELECT state, count(*)::bigint AS rows FROM instances GROUP BY state ORDER BY state;
 
 -- name: LeaseListLapsed :many
 -- Active leases that ran out by now, oldest first: the reaper's candidates.
@@ -233,3 +275,8 @@ FOR UPDATE;
 -- the row still carries the seal that was verified.
 UPDATE instances SET seal = sqlc.arg(seal), seal_key = sqlc.arg(seal_key), sealed_identity = sqlc.arg(sealed_identity)
 WHERE id = sqlc.arg(id) AND seal = sqlc.arg(old_seal) AND state = 'active';
+
+-- name: InstancesVacuum :exec
+-- muster loadgen seed, after its bulk load: the visibility map set and the
+-- planner's statistics fresh, as in a region's database long in service.
+VACUUM (ANALYZE) instances;

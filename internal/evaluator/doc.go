@@ -38,6 +38,26 @@
 // muster_instances_suspect_probed; ProberAlarms lists both kinds, named and
 // dated, for the server's alarm list.
 //
+// # What the rebuild reads
+//
+// Instance ids are never reused, so ended rows only accumulate: a region
+// with ~900 deploys a day holds a million of them within weeks, and each
+// costs a seal check (some 40 us of CPU) if read. The rebuild reads what
+// the evaluator acts on (load; Registry.InstancesToRebuild): every live
+// row (by instances_live_endpoint_idx, which holds live rows only), the
+// rows that read ended with no end time (never muster's; kept in
+// rotation), and the rows ended within ExpiredHorizon (by
+// instances_ended_idx on the end time), which may still hold their zone's
+// guard. Nothing older matters: quarantines are restored for live
+// instances only, and a replay (an ended row written back to 'active') is
+// a live row, checked by id against muster's record of the end like every
+// live row. Measured with `muster loadgen rebuild` (docs/measuring.md).
+// An end written by hand with an end time older than the horizon is not
+// seen by a rebuilt replica, as a row deleted by hand is not
+// (docs/overrides.md). The incremental refreshes go on from
+// refreshOverlap before the read began (no later than the newest stamp on
+// record), so what committed during the read is read again.
+//
 // # Admissions across a restart
 //
 // A new instance of a service with a readiness signal starts out of

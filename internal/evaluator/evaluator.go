@@ -193,7 +193,11 @@ type Evaluator struct {
 	expired  map[string]map[uuid.UUID]expiredInstance
 	windows  map[windowKey]*windowCounts
 	winStart time.Time
-	cursorAt time.Time // newest (updated_at, id) applied
+	// loaded says the rebuild's read of the instances is done (load);
+	// refreshes then read the rows changed after the cursor, the newest
+	// (updated_at, id) applied.
+	loaded   bool
+	cursorAt time.Time
 	cursorID uuid.UUID
 	members  uint64 // bumped whenever an instance is added or removed
 	replayed int
@@ -204,6 +208,10 @@ type Evaluator struct {
 	// admissions restored by the rebuild, and how long that took.
 	admissions     int
 	admissionsTook time.Duration
+	// rebuildRows counts the instance rows the rebuild read, and
+	// registryTook is how long loading the registry took.
+	rebuildRows  int
+	registryTook time.Duration
 
 	reporterMu sync.Mutex
 	reporters  map[string]eligibility.ReporterID
@@ -536,6 +544,7 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 	e.replayed = n
 	e.quarantines, e.quarantinesTook = held, qtook
 	e.admissions, e.admissionsTook = admitted, atook
+	e.registryTook = loaded
 	e.mu.Unlock()
 	e.ready.Store(true)
 	took := time.Since(start)
@@ -571,48 +580,15 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	}
 	e.mu.Unlock()
 
-	// updated_at comes from the writers' clocks and commits land out of
-	// order, so a row stamped just before the newest one seen may commit
-	// just after it. Such a row is stamped after now−refreshOverlap, so
-	// while the cursor is inside that window each refresh re-reads from
-	// its start (applying a row twice changes nothing); once the cursor is
-	// older than the window, reading past it exactly is enough.
 	e.mu.Lock()
-	since, after := e.cursorAt, e.cursorID
-	if low := e.cfg.Now().Add(-refreshOverlap); !since.IsZero() && since.After(low) {
-		since, after = low, uuid.Nil
-	}
+	loaded := e.loaded
 	e.mu.Unlock()
-	for {
-		batch, err := e.cfg.Registry.InstancesChangedSince(ctx, since, after, 5000)
-		if err != nil {
+	if !loaded {
+		if err := e.load(ctx); err != nil {
 			return err
 		}
-		now := e.cfg.Now()
-		var pre map[uuid.UUID]precheck
-		if !e.ready.Load() {
-			// The rebuild meets every row, each needing a seal check:
-			// they run on every core, outside the lock (seals.go).
-			pre = e.precheck(batch)
-		}
-		replays, err := e.replayCheck(ctx, batch, pre)
-		if err != nil {
-			return err
-		}
-		e.mu.Lock()
-		e.prechecked, e.replayChecked = pre, replays
-		for _, in := range batch {
-			e.applyInstance(in, now)
-			if in.UpdatedAt.After(e.cursorAt) || (in.UpdatedAt.Equal(e.cursorAt) && bytes.Compare(in.ID[:], e.cursorID[:]) > 0) {
-				e.cursorAt, e.cursorID = in.UpdatedAt, in.ID
-			}
-		}
-		e.prechecked, e.replayChecked = nil, nil
-		e.mu.Unlock()
-		if len(batch) < 5000 {
-			break
-		}
-		since, after = batch[len(batch)-1].UpdatedAt, batch[len(batch)-1].ID
+	} else if err := e.refreshInstances(ctx); err != nil {
+		return err
 	}
 
 	if e.ready.Load() {
@@ -644,6 +620,117 @@ func (e *Evaluator) refresh(ctx context.Context) error {
 	}
 	e.probers = probers
 	e.mu.Unlock()
+	return nil
+}
+
+// refreshPage is how many instance rows one registry read returns.
+const refreshPage = 5000
+
+// load is the first read of the instances (the rebuild's): the live ones,
+// those that read ended without an end time, and those ended within
+// ExpiredHorizon, through indexes of those rows only
+// (Registry.InstancesToRebuild). Nothing older matters to the evaluator:
+// an instance that ended before the horizon holds no guard (keepExpired),
+// its quarantines are not restored (restoreQuarantines restores those of
+// live instances only), and a replay of one (its row written back to
+// 'active') is a live row, checked against muster's record of the end
+// like every live row (replayCheck). Ids are never reused, so the rows
+// left out are most of the table, and only grow.
+//
+// The cursor the incremental refreshes go on from is taken before the
+// read, refreshOverlap early (the overlap's reasoning, in
+// refreshInstances): a row committed after the read passed it, or stamped
+// just before the read began and committed after, is read again by the
+// next refresh. The newest stamp on record bounds it too, so an evaluator
+// clock running ahead of the writers' loses nothing.
+func (e *Evaluator) load(ctx context.Context) error {
+	begin := e.cfg.Now()
+	newest, found, err := e.cfg.Registry.NewestInstanceChange(ctx)
+	if err != nil {
+		return err
+	}
+	endedSince := begin.Add(-ExpiredHorizon)
+	var c registry.RebuildCursor
+	for !c.Done() {
+		var batch []registry.Instance
+		if batch, c, err = e.cfg.Registry.InstancesToRebuild(ctx, endedSince, c, refreshPage); err != nil {
+			return err
+		}
+		if err := e.applyBatch(ctx, batch, false); err != nil {
+			return err
+		}
+	}
+	var cursor time.Time // none on record: the next refresh reads from the start
+	if found {
+		cursor = begin
+		if newest.Before(cursor) {
+			cursor = newest
+		}
+		cursor = cursor.Add(-refreshOverlap)
+	}
+	e.mu.Lock()
+	e.cursorAt, e.cursorID, e.loaded = cursor, uuid.Nil, true
+	e.mu.Unlock()
+	return nil
+}
+
+// refreshInstances applies the instance rows changed since the last read.
+func (e *Evaluator) refreshInstances(ctx context.Context) error {
+	// updated_at comes from the writers' clocks and commits land out of
+	// order, so a row stamped just before the newest one seen may commit
+	// just after it. Such a row is stamped after now−refreshOverlap, so
+	// while the cursor is inside that window each refresh re-reads from
+	// its start (applying a row twice changes nothing); once the cursor is
+	// older than the window, reading past it exactly is enough.
+	e.mu.Lock()
+	since, after := e.cursorAt, e.cursorID
+	if low := e.cfg.Now().Add(-refreshOverlap); !since.IsZero() && since.After(low) {
+		since, after = low, uuid.Nil
+	}
+	e.mu.Unlock()
+	for {
+		batch, err := e.cfg.Registry.InstancesChangedSince(ctx, since, after, refreshPage)
+		if err != nil {
+			return err
+		}
+		if err := e.applyBatch(ctx, batch, true); err != nil {
+			return err
+		}
+		if len(batch) < refreshPage {
+			return nil
+		}
+		since, after = batch[len(batch)-1].UpdatedAt, batch[len(batch)-1].ID
+	}
+}
+
+// applyBatch applies instance rows read from the registry, after checking
+// them for replays; advance moves the refresh cursor past them (rows read
+// in updated_at order).
+func (e *Evaluator) applyBatch(ctx context.Context, batch []registry.Instance, advance bool) error {
+	now := e.cfg.Now()
+	var pre map[uuid.UUID]precheck
+	if !e.ready.Load() {
+		// The rebuild meets rows new to it, each needing a seal check:
+		// they run on every core, outside the lock (seals.go).
+		pre = e.precheck(batch)
+	}
+	replays, err := e.replayCheck(ctx, batch, pre)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.ready.Load() {
+		e.rebuildRows += len(batch)
+	}
+	e.prechecked, e.replayChecked = pre, replays
+	for _, in := range batch {
+		e.applyInstance(in, now)
+		if advance && (in.UpdatedAt.After(e.cursorAt) || (in.UpdatedAt.Equal(e.cursorAt) && bytes.Compare(in.ID[:], e.cursorID[:]) > 0)) {
+			e.cursorAt, e.cursorID = in.UpdatedAt, in.ID
+		}
+	}
+	e.prechecked, e.replayChecked = nil, nil
 	return nil
 }
 
@@ -721,8 +808,9 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 	}
 	switch {
 	case in.State == registry.StateExpired && !known && !e.ready.Load():
-		// Expired before this process started (the rebuild reads every
-		// row): kept if recent, in case its zone's guard still needs it.
+		// Expired before this process started (the rebuild reads those
+		// that ended within ExpiredHorizon): kept in case its zone's guard
+		// still needs it.
 		// Whether it ever served is not known yet: an instance of a
 		// service with a readiness signal counts as awaiting until the
 		// rebuild finds its admission on record (restoreAdmissions).
@@ -839,6 +927,11 @@ type Stats struct {
 	// long reading and restoring them took.
 	AdmissionsRestored int
 	AdmissionsTook     time.Duration
+	// InstanceRowsRead counts the instance rows the rebuild read from the
+	// registry; RegistryTook is how long loading them (and the contracts
+	// and prober assignments) took.
+	InstanceRowsRead int
+	RegistryTook     time.Duration
 }
 
 // Stats returns a summary of the evaluator's state.
@@ -847,7 +940,8 @@ func (e *Evaluator) Stats() Stats {
 	defer e.mu.Unlock()
 	return Stats{Services: len(e.services), Instances: len(e.instances), WindowsReplayed: e.replayed,
 		QuarantinesRestored: e.quarantines, QuarantinesTook: e.quarantinesTook,
-		AdmissionsRestored: e.admissions, AdmissionsTook: e.admissionsTook}
+		AdmissionsRestored: e.admissions, AdmissionsTook: e.admissionsTook,
+		InstanceRowsRead: e.rebuildRows, RegistryTook: e.registryTook}
 }
 
 // EvaluateNow runs one evaluation tick at once, as the ticker would. Tools

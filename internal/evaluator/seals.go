@@ -198,7 +198,8 @@ type precheck struct {
 // row of a rebuild's batch: every row is new to a rebuilding evaluator, so
 // an active row needs its identity checked, and an ended one its end
 // (and, when the end fails, its identity). One check is one Ed25519
-// verification (some 40 us), and the rebuild reads every row there is.
+// verification (some 40 us), and the rebuild reads every live row (and
+// the recently ended ones: load).
 func (e *Evaluator) precheck(batch []registry.Instance) map[uuid.UUID]precheck {
 	out := make([]precheck, len(batch))
 	workers := max(1, min(runtime.GOMAXPROCS(0), len(batch)/64))

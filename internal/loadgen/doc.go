@@ -4,6 +4,7 @@
 //	seed     bulk-creates services, instances, observed windows and
 //	         transitions in the database (as a region would have retained)
 //	rebuild  times a fresh evaluator rebuilding its state from them
+//	         (seeding an empty database first, with ended instances)
 //	reports  drives POST /v1/reports as a prober fleet would
 //	watch    holds watch subscribers and times how long injected failures
 //	         and additions take to reach every one; --restart restarts a

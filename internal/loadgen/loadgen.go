@@ -5,14 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"os"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -31,8 +30,8 @@ import (
 )
 
 const loadgenUsage = `usage:
-  muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--minutes 5] [--history 10] [--quarantined 600]
-  muster loadgen rebuild [--data DIR]
+  muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--ended 0] [--ended-per-hour 5000] [--minutes 5] [--history 10] [--quarantined 600]
+  muster loadgen rebuild [--data DIR] [--instances 60000] [--ended 1000000] [seed's other flags] [--cpuprofile FILE]
   muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--probers 8] [--duration 20s]
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
   muster loadgen watch   --restart [--data DIR] [--clients 10000] [--admission-window 10s] [--admission-floor 50]
@@ -100,20 +99,48 @@ func Run(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) 
 	return cli.ErrUsage
 }
 
+// seedOptions sizes what seed loads.
+type seedOptions struct {
+	services, instances, minutes, history, quarantined int
+	// ended instances are written beside the live ones, endedPerHour of
+	// them ended in each hour back from now (see seedEnded).
+	ended, endedPerHour int
+}
+
+// flags adds seed's flags to fs.
+func (o *seedOptions) flags(fs *flag.FlagSet, ended int) {
+	fs.IntVar(&o.services, "services", 450, "services to create")
+	fs.IntVar(&o.instances, "instances", 60000, "instances to create, spread over the services")
+	fs.IntVar(&o.minutes, "minutes", 5, "minutes of observed windows (10 s each) per instance and class")
+	fs.IntVar(&o.history, "history", 10, "older transitions per instance on record (every fifth a quarantine, long over)")
+	fs.IntVar(&o.quarantined, "quarantined", 600, "instances in quarantine now (as many again came out of one within the hour)")
+	fs.IntVar(&o.ended, "ended", ended, "ended instances on record besides the live ones (deregistered, replaced or expired; ids are never reused)")
+	fs.IntVar(&o.endedPerHour, "ended-per-hour", 5000, "how many of the ended instances ended in each hour back from now (900 deploys a day of 133 instances each: some 5,000)")
+}
+
+func (o seedOptions) validate() error {
+	if o.services < 1 || o.instances < 0 || o.ended < 0 || o.minutes < 0 || o.history < 0 || o.quarantined < 0 {
+		return fmt.Errorf("seed: --services must be at least 1 and the other counts not negative")
+	}
+	if o.ended > 0 && o.endedPerHour < 1 {
+		return fmt.Errorf("seed: --ended-per-hour %d: want at least 1", o.endedPerHour)
+	}
+	return nil
+}
+
 // loadgenSeed creates services and instances in bulk, assigns the loadgen
 // prober to them, and writes minutes of observed windows, as a region at
 // scale would have retained before a restart.
 func loadgenSeed(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) (err error) {
 	var dir string
-	var services, instances, minutes, history, quarantined int
+	var o seedOptions
 	fs := cli.NewFlags("loadgen seed", stderr)
 	cli.DataFlag(fs, &dir)
-	fs.IntVar(&services, "services", 450, "services to create")
-	fs.IntVar(&instances, "instances", 60000, "instances to create, spread over the services")
-	fs.IntVar(&minutes, "minutes", 5, "minutes of observed windows (10 s each) per instance and class")
-	fs.IntVar(&history, "history", 10, "older transitions per instance on record (every fifth a quarantine, long over)")
-	fs.IntVar(&quarantined, "quarantined", 600, "instances in quarantine now (as many again came out of one within the hour)")
+	o.flags(fs, 0)
 	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if err := o.validate(); err != nil {
 		return err
 	}
 	pool, region, closeDB, err := env.OpenDB(ctx, dir, stderr)
@@ -124,6 +151,19 @@ func loadgenSeed(ctx context.Context, env Env, args []string, stdout, stderr io.
 	if err := db.Migrate(pool.Config().ConnString()); err != nil {
 		return err
 	}
+	var key seal.Signer
+	if env.SealKey != nil {
+		if key, err = env.SealKey(dir); err != nil {
+			return err
+		}
+	}
+	return seed(ctx, pool, region, key, o, stdout)
+}
+
+// seed loads what o says into the database of pool, sealing the instances
+// with key (nil: unsealed).
+func seed(ctx context.Context, pool *pgxpool.Pool, region string, key seal.Signer, o seedOptions, stdout io.Writer) error {
+	services, instances, minutes, history, quarantined := o.services, o.instances, o.minutes, o.history, o.quarantined
 	reg, err := registry.New(registry.Config{Pool: pool, Region: region})
 	if err != nil {
 		return err
@@ -139,6 +179,18 @@ func loadgenSeed(ctx context.Context, env Env, args []string, stdout, stderr io.
 			return fmt.Errorf("seed service %s: %w", names[i], err)
 		}
 	}
+	// The ended instances first: a million of them take a minute to seal
+	// and copy, and what follows is stamped relative to now (windows the
+	// rebuild replays, quarantines in force), so it must not age meanwhile.
+	if o.ended > 0 {
+		estart := time.Now()
+		if err := seedEnded(ctx, pool, reg.Region(), key, names, time.Now().UTC().Truncate(time.Microsecond), o.ended, o.endedPerHour); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "seeded %d ended instances (%d a hour back from now, %d within the last hour) in %s\n",
+			o.ended, o.endedPerHour, min(o.ended, o.endedPerHour), time.Since(estart).Round(time.Millisecond))
+		start = start.Add(time.Since(estart)) // reported on its own
+	}
 	now := time.Now().UTC().Truncate(time.Microsecond) // as stored: the seals cover it
 	lease := now.Add(24 * time.Hour)
 	rows := make([]db.InstancesCopyParams, instances)
@@ -150,18 +202,15 @@ func loadgenSeed(ctx context.Context, env Env, args []string, stdout, stderr io.
 			// Zones rotate within a service (i/services), so every service
 			// spans zones whatever the service count.
 			Port: 8080, Zone: fmt.Sprintf("az%d", (i/services)%3+1), Region: reg.Region(), Source: "loadgen", State: registry.StateActive,
-			LeaseExpiresAt: &lease, RegisteredBy: "tool:loadgen", CreatedAt: now, UpdatedAt: now,
+			// Renewed within the last 10 s (a third of the lease TTL),
+			// as a live region's rows are.
+			LeaseExpiresAt: &lease, RegisteredBy: "tool:loadgen", CreatedAt: now.Add(-24 * time.Hour),
+			UpdatedAt: now.Add(-time.Duration(i) * (10 * time.Second / time.Duration(instances)).Truncate(time.Microsecond)),
 		}
 	}
-	if env.SealKey != nil {
-		key, err := env.SealKey(dir)
-		if err != nil {
+	if key != nil {
+		if err := registry.SealCopy(ctx, key, rows); err != nil {
 			return err
-		}
-		if key != nil {
-			if err := registry.SealCopy(ctx, key, rows); err != nil {
-				return err
-			}
 		}
 	}
 	if _, err := db.New(pool).InstancesCopy(ctx, rows); err != nil {
@@ -206,6 +255,12 @@ func loadgenSeed(ctx context.Context, env Env, args []string, stdout, stderr io.
 	}
 	fmt.Fprintf(stdout, "seeded %d transitions (%d per instance over the last 30 days, %d quarantines in force, %d ended within the hour) in %s\n",
 		n, history, min(quarantined, instances), min(quarantined, max(instances-quarantined, 0)), time.Since(start).Round(time.Millisecond))
+	// A region's instances table is long vacuumed and analysed; a bulk
+	// load is neither until autovacuum gets to it, and the planner may
+	// not yet know that most rows ended.
+	if err := db.New(pool).InstancesVacuum(ctx); err != nil {
+		return fmt.Errorf("vacuum the seeded instances: %w", err)
+	}
 	return nil
 }
 
@@ -275,78 +330,6 @@ func seedTransitions(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, s
 		}
 	}
 	return written, nil
-}
-
-// loadgenRebuild measures what a restart costs: a fresh evaluator rebuilding
-// its state from the registry and the retained windows.
-func loadgenRebuild(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) (err error) {
-	var dir, cpuProfile string
-	fs := cli.NewFlags("loadgen rebuild", stderr)
-	cli.DataFlag(fs, &dir)
-	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the rebuild to this file")
-	if err := cli.Parse(fs, args); err != nil {
-		return err
-	}
-	pool, region, closeDB, err := env.OpenDB(ctx, dir, stderr)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, closeDB()) }()
-	// A database seeded by an earlier build is brought up to this one's
-	// schema first, as muster's start would (else the rebuild retries a
-	// query on a column the table lacks, for ever).
-	if err := db.Migrate(pool.Config().ConnString()); err != nil {
-		return err
-	}
-	// The registry checks the instances' seals as muster's does, so the
-	// rebuild's time includes them.
-	var key seal.Signer
-	if env.SealKey != nil {
-		if key, err = env.SealKey(dir); err != nil {
-			return err
-		}
-	}
-	reg, err := registry.New(registry.Config{Pool: pool, Region: region, Sealer: key})
-	if err != nil {
-		return err
-	}
-	ev, err := evaluator.New(evaluator.Config{Registry: reg, Pool: pool, FlushEvery: time.Minute, Logger: cli.QuietLogger(stderr)})
-	if err != nil {
-		return err
-	}
-	var before, after memStats
-	before.read()
-	if cpuProfile != "" {
-		f, err := os.Create(cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-	start := time.Now()
-	if err := ev.Start(ctx); err != nil {
-		return err
-	}
-	defer ev.Stop()
-	for !ev.Ready() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	took := time.Since(start)
-	after.read()
-	stats := ev.Stats()
-	fmt.Fprintf(stdout, "rebuild: %d services, %d instances, %d admissions restored (in %s), %d windows replayed, %d quarantines restored (in %s) in %s (heap +%.1f MiB, %.0f B per instance)\n",
-		stats.Services, stats.Instances, stats.AdmissionsRestored, stats.AdmissionsTook.Round(time.Millisecond/10),
-		stats.WindowsReplayed, stats.QuarantinesRestored, stats.QuarantinesTook.Round(time.Millisecond/10),
-		took.Round(time.Millisecond), float64(after.heap-before.heap)/(1<<20), float64(after.heap-before.heap)/float64(max(stats.Instances, 1)))
-	return nil
 }
 
 // loadgenReports drives POST /v1/reports from this process against a

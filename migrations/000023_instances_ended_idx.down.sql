@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS instances_ended_idx;
