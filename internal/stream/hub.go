@@ -108,6 +108,13 @@ type serviceState struct {
 	view    *Frame
 	history []*Frame // deltas, oldest first
 	subs    map[*Subscription]struct{}
+	// foreign is the base of the service's first delta in this hub when
+	// that base was published by another process (the publisher restored
+	// it after a restart): the hub cannot vouch that nothing was
+	// published between it and a client's since, because the restored
+	// view may be older than the last one published (its save is
+	// asynchronous). 0: none.
+	foreign uint64
 }
 
 // NewHub returns an empty hub.
@@ -166,6 +173,8 @@ func (h *Hub) Publish(updates []Update) {
 			}
 			if !first {
 				send = u.Delta
+			} else {
+				st.foreign = u.Delta.FromVersion
 			}
 		} else {
 			st.history = st.history[:0]
@@ -258,6 +267,15 @@ func (h *Hub) subscribe(services []string, since uint64, counted bool) (*Subscri
 // catchUp returns what a client at version since needs: nothing if it is
 // current, the deltas after since if the history reaches back that far,
 // otherwise the full view. The service must have a view.
+//
+// since is the client's watermark across its services: it holds each at
+// some version at or below it. Deltas published by this hub form an
+// unbroken chain, so the chain's first delta from at or below since is
+// the client's base. A chain starting at a base another process
+// published (foreign) is used only by a client at exactly that base: one
+// above it may hold a later version the previous process published and
+// this one never saw (a crash before the save), and a delta from another
+// base would corrupt its copy. It gets the full view instead.
 func (st *serviceState) catchUp(since uint64) []*Frame {
 	if since != 0 && st.view.Version <= since {
 		return nil
@@ -269,7 +287,7 @@ func (st *serviceState) catchUp(since uint64) []*Frame {
 				out = append(out, d)
 			}
 		}
-		if len(out) > 0 && out[0].FromVersion <= since {
+		if len(out) > 0 && out[0].FromVersion <= since && (out[0].FromVersion != st.foreign || since == st.foreign) {
 			return out
 		}
 	}

@@ -163,3 +163,36 @@ func TestAdmissionFloorForSmallEstates(t *testing.T) {
 		t.Fatal("the 21st in one window admitted past the floor")
 	}
 }
+
+// TestCatchUpAfterARestartNeverSendsADeltaFromAnotherBase (issue 27): a
+// restarted process restores web's last saved view (10), which may be
+// older than the last one published before the crash (say 15: saves are
+// asynchronous), and publishes 20 as a delta from 10. A client at exactly
+// 10 can use the delta; a client whose watermark is above 10 may hold 15
+// and gets the full view, never the delta from 10. Later deltas chain
+// from versions this hub published and are used as before.
+func TestCatchUpAfterARestartNeverSendsADeltaFromAnotherBase(t *testing.T) {
+	h := NewHub(Config{History: 8})
+	h.Publish([]Update{{View: view("web", 20), Delta: delta("web", 10, 20)}})
+	h.Publish([]Update{{View: view("web", 30), Delta: delta("web", 20, 30)}})
+	for _, tc := range []struct {
+		since uint64
+		want  string
+	}{
+		{10, "[web:delta@20 web:delta@30 :synced@0]"}, // exactly the restored base
+		{15, "[web:view@30 :synced@0]"},                // may hold a lost 15
+		{5, "[web:view@30 :synced@0]"},
+		{20, "[web:delta@30 :synced@0]"}, // this hub's own chain
+		{25, "[web:delta@30 :synced@0]"},
+		{30, "[:synced@0]"},
+	} {
+		sub, err := h.Subscribe([]string{"web"}, tc.since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(versionsOrEmpty(sub.Initial)); got != tc.want {
+			t.Errorf("since %d: %s, want %s", tc.since, got, tc.want)
+		}
+		sub.Close()
+	}
+}
