@@ -180,7 +180,7 @@ func TestCatchUpAfterARestartNeverSendsADeltaFromAnotherBase(t *testing.T) {
 		want  string
 	}{
 		{10, "[web:delta@20 web:delta@30 :synced@0]"}, // exactly the restored base
-		{15, "[web:view@30 :synced@0]"},                // may hold a lost 15
+		{15, "[web:view@30 :synced@0]"},               // may hold a lost 15
 		{5, "[web:view@30 :synced@0]"},
 		{20, "[web:delta@30 :synced@0]"}, // this hub's own chain
 		{25, "[web:delta@30 :synced@0]"},
