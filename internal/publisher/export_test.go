@@ -9,3 +9,7 @@ func (p *Publisher) SetVersions(v *assembler.Versions) {
 	defer p.mu.Unlock()
 	p.versions = v
 }
+
+// SetBeforeLoad makes Prepare run f before it loads the saved views; an
+// error from f fails the load.
+func (p *Publisher) SetBeforeLoad(f func() error) { p.beforeLoad = f }

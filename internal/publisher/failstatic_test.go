@@ -3,6 +3,7 @@ package publisher_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -449,5 +450,56 @@ func TestNextEpochOffThePublishingPath(t *testing.T) {
 	v, _ := r.View("web")
 	if v.Version>>assembler.CounterBits <= epoch || v.Version&(1<<32-1) != 0 || len(v.Endpoints) != 5 {
 		t.Fatalf("after the next epoch was taken: version %d (epoch %d), %+v", v.Version, epoch, v.Zones)
+	}
+}
+
+// TestPrepareRetriesKeepTheirEpoch (issue 27): a start whose load of the
+// saved views fails (the database went away after the epoch was taken)
+// retries with the epoch it already took, so an outage at start spends
+// one epoch, not one per retry; the epochs left are reported.
+func TestPrepareRetriesKeepTheirEpoch(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	r := newRig(t, pool, clk, &input{}, nil)
+	var first int64
+	var called bool
+	if err := pool.QueryRow(ctx, `SELECT last_value, is_called FROM publisher_epochs`).Scan(&first, &called); err != nil {
+		t.Fatal(err)
+	}
+	if called {
+		first++ // the next nextval
+	}
+	fails := 3
+	r.SetBeforeLoad(func() error {
+		if fails > 0 {
+			fails--
+			return errors.New("the database went away")
+		}
+		return nil
+	})
+	for range 3 {
+		if err := r.Prepare(ctx); err == nil {
+			t.Fatal("Prepare succeeded while the load fails")
+		}
+	}
+	if r.EpochsLeft() != 0 {
+		t.Fatalf("epochs left before a success: %d, want 0 (none held)", r.EpochsLeft())
+	}
+	if err := r.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var last int64
+	if err := pool.QueryRow(ctx, `SELECT last_value FROM publisher_epochs`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	if want := assembler.MaxEpoch - uint64(last); r.EpochsLeft() != want || last != first {
+		t.Fatalf("after four tries the sequence is at %d and %d epochs are left; want %d (one epoch taken) and %d", last, r.EpochsLeft(), first, want)
+	}
+	for _, a := range r.Alarms() {
+		if a.Kind == publisher.AlarmEpochsLow {
+			t.Fatalf("version_epochs_low with %d left", r.EpochsLeft())
+		}
 	}
 }

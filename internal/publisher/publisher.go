@@ -147,7 +147,14 @@ type Publisher struct {
 	// versions is nil until Prepare has taken an epoch and restored the
 	// saved views: nothing is published before.
 	versions *assembler.Versions
-	wake     chan struct{}
+	// heldEpoch is an epoch Prepare took but could not use yet (loading
+	// the saved views failed): the retry uses it rather than another, so
+	// a database outage at start does not spend one epoch per retry.
+	heldEpoch uint64
+	// beforeLoad, when set (tests), runs before Prepare loads the saved
+	// views; an error fails the load.
+	beforeLoad func() error
+	wake       chan struct{}
 	// trafficRev is the Traffic revision last assembled with;
 	// overridesRev the Overrides revision last taken.
 	trafficRev, overridesRev uint64
@@ -155,6 +162,31 @@ type Publisher struct {
 	store      viewStore
 	runner     worker.Runner
 	saveRunner worker.Runner
+}
+
+// AlarmEpochsLow is raised while fewer than EpochsLowAt version epochs are
+// left: each start (and each epoch used up by 2^31 publications) takes
+// one of the 2^21−1 an epoch sequence holds, and once they run out no
+// version above what clients hold can be issued.
+const AlarmEpochsLow = "version_epochs_low"
+
+// EpochsLowAt is the number of version epochs left below which
+// version_epochs_low is raised: a week of restarts once a minute.
+const EpochsLowAt = 10_000
+
+// EpochsLeft is how many version epochs remain after the one this
+// process publishes under (0 before it has one, and when none is left).
+func (p *Publisher) EpochsLeft() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.epochsLeftLocked()
+}
+
+func (p *Publisher) epochsLeftLocked() uint64 {
+	if p.versions == nil {
+		return 0
+	}
+	return assembler.MaxEpoch - p.versions.Floor()>>assembler.CounterBits
 }
 
 type metrics struct {
@@ -166,6 +198,7 @@ type metrics struct {
 	unsaved prometheus.GaugeFunc
 	saveErr prometheus.Counter
 	epoch   prometheus.GaugeFunc
+	left    prometheus.GaugeFunc
 }
 
 // New returns a stopped Publisher.
@@ -240,10 +273,13 @@ func New(cfg Config) (*Publisher, error) {
 			}
 			return float64(p.versions.Floor() >> assembler.CounterBits)
 		}),
+		left: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_view_version_epochs_left", Help: "Version epochs left after the one this process publishes under (each start takes one; version_epochs_low is raised below 10,000).",
+		}, func() float64 { return float64(p.EpochsLeft()) }),
 	}
 	if cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{p.metrics.deltas, p.metrics.lag, p.metrics.shed, p.metrics.episode, p.metrics.failed,
-			p.metrics.unsaved, p.metrics.saveErr, p.metrics.epoch} {
+			p.metrics.unsaved, p.metrics.saveErr, p.metrics.epoch, p.metrics.left} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, err
 			}
@@ -361,9 +397,18 @@ func (p *Publisher) Prepare(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	epoch, err := p.store.takeEpoch(ctx)
-	if err != nil {
-		return err
+	p.mu.Lock()
+	epoch := p.heldEpoch
+	p.mu.Unlock()
+	if epoch == 0 {
+		e, err := p.store.takeEpoch(ctx)
+		if err != nil {
+			return err
+		}
+		epoch = e
+		p.mu.Lock()
+		p.heldEpoch = epoch
+		p.mu.Unlock()
 	}
 	vs, err := assembler.NewVersions(epoch)
 	if err != nil {
@@ -371,6 +416,11 @@ func (p *Publisher) Prepare(ctx context.Context) error {
 	}
 	lctx, cancel := context.WithTimeout(ctx, p.cfg.DBTimeout)
 	defer cancel()
+	if p.beforeLoad != nil {
+		if err := p.beforeLoad(); err != nil {
+			return err
+		}
+	}
 	views, skipped, err := p.store.load(lctx)
 	if err != nil {
 		return err
@@ -398,8 +448,12 @@ func (p *Publisher) Prepare(ctx context.Context) error {
 		}
 		restored++
 	}
-	p.versions = vs
-	p.log.Info("publisher prepared", "epoch", epoch, "first_version", vs.Floor(), "restored_views", restored)
+	p.versions, p.heldEpoch = vs, 0
+	left := assembler.MaxEpoch - epoch
+	p.log.Info("publisher prepared", "epoch", epoch, "epochs_left", left, "first_version", vs.Floor(), "restored_views", restored)
+	if left < EpochsLowAt {
+		p.log.Warn("few version epochs are left; see the version_epochs_low alarm", "epochs_left", left)
+	}
 	return nil
 }
 
@@ -691,6 +745,13 @@ func (p *Publisher) Alarms() []assembler.Alarm {
 	out := p.asm.Alarms()
 	for _, a := range p.budget {
 		out = append(out, a)
+	}
+	if p.versions != nil {
+		if left := p.epochsLeftLocked(); left < EpochsLowAt {
+			out = append(out, assembler.Alarm{Kind: AlarmEpochsLow, Detail: fmt.Sprintf(
+				"%d version epochs are left of %d: each start of a muster process takes one; when none is left no process can publish a version above what clients hold (renumbering needs every client to resubscribe from version 0)",
+				left, assembler.MaxEpoch)})
+		}
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Kind != out[j].Kind {
