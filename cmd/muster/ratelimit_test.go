@@ -27,9 +27,10 @@ func TestTwoProcessesShareTheRateLimit(t *testing.T) {
 	})
 	a, b := freeAddr(t), freeAddr(t)
 	// Each dev process runs its own issuer at its own address and `muster
-	// token` mints for the last one started, so the first also trusts the
-	// second's.
-	first := startProcess(t, dir, a, "MUSTER_ISSUERS=http://"+b+"/dev/issuer")
+	// token` mints for the last one started; dev processes on one data
+	// folder are one issuer (its key), so the first trusts the second's
+	// tokens with nothing configured.
+	first := startProcess(t, dir, a)
 	second := startProcess(t, dir, b) // adopts the cluster the first started
 	t.Cleanup(func() {
 		for _, p := range []interface {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -273,7 +274,12 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		// their issuer) unless issuers are configured: then the first of
 		// those is, so that processes trusting the same configured issuer
 		// name its principals alike, whatever their own dev issuer.
-		issuers = append(issuers, identity.IssuerConfig{URL: devIssuer.URL(), Audience: "muster"})
+		// Every dev process on this data folder signs with its key under
+		// its own address: they are one issuer, trusted by the key, so a
+		// token one of them (or `muster token`) minted is good at all of
+		// them, even once the one that minted it is gone.
+		issuers = append(issuers, identity.IssuerConfig{URL: devIssuer.URL(), Audience: "muster",
+			Keys: []crypto.PublicKey{devIssuer.PublicKey()}, LoopbackPath: devIssuerPath})
 	}
 	verifier, err := identity.NewVerifier(issuers, &http.Client{Timeout: 10 * time.Second})
 	if err != nil {

@@ -231,6 +231,11 @@ func (d *Issuer) SetURL(url string) error {
 	return nil
 }
 
+// PublicKey is the issuer's public key: every process on one data folder
+// signs with it, so a verifier given it trusts them all without
+// discovery (identity.IssuerConfig.Keys and LoopbackPath).
+func (d *Issuer) PublicKey() crypto.PublicKey { return &d.key.PublicKey }
+
 // URL returns the issuer URL: the last one set, else the one saved in
 // dir/dev-issuer.json when the issuer was loaded, else "".
 func (d *Issuer) URL() string {

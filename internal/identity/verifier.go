@@ -2,6 +2,7 @@ package identity
 
 import (
 	"context"
+	"crypto"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -85,6 +86,17 @@ type IssuerConfig struct {
 	// trusted for (an issuer of workload tokens should never mint an
 	// operator); a token claiming another kind is refused.
 	Kinds []Kind
+	// Keys, when set, are the issuer's public keys (RS256): tokens are
+	// checked against them and nothing is discovered or fetched. For the
+	// dev issuer, whose key is a file in the data folder.
+	Keys []crypto.PublicKey
+	// LoopbackPath, when set (with Keys), makes the issuer trusted under
+	// every http URL on a loopback host with this path, whatever the
+	// port: every `muster dev` process on one data folder signs with the
+	// folder's key under its own address, and they are one issuer, so a
+	// token one of them (or `muster token`) minted is good at all of them
+	// (issue 27). Its principals are home when URL is the home issuer.
+	LoopbackPath string
 }
 
 // Verifier authenticates bearer tokens against a fixed set of OIDC issuers.
@@ -105,6 +117,10 @@ type issuerState struct {
 	audience string
 	mapping  *ClaimMapping
 	kinds    []Kind
+	// keys, when set, verify every token (no discovery); loopbackPath
+	// extends the issuer to every loopback URL with that path.
+	keys         oidc.KeySet
+	loopbackPath string
 
 	mu       sync.Mutex
 	provider *oidc.Provider
@@ -163,10 +179,36 @@ func newVerifier(issuers []IssuerConfig, client *http.Client, now func() time.Ti
 				return nil, fmt.Errorf("new verifier: issuer %q: %w", ic.URL, err)
 			}
 		}
-		v.issuers[ic.URL] = &issuerState{url: ic.URL, audience: aud, mapping: ic.Mapping, kinds: ic.Kinds}
+		st := &issuerState{url: ic.URL, audience: aud, mapping: ic.Mapping, kinds: ic.Kinds}
+		if len(ic.Keys) > 0 {
+			st.keys = &oidc.StaticKeySet{PublicKeys: slices.Clone(ic.Keys)}
+		}
+		if ic.LoopbackPath != "" {
+			if st.keys == nil || !strings.HasPrefix(ic.LoopbackPath, "/") {
+				return nil, fmt.Errorf("new verifier: issuer %q: a loopback path needs Keys and must begin with /", ic.URL)
+			}
+			st.loopbackPath = ic.LoopbackPath
+		}
+		v.issuers[ic.URL] = st
 	}
 	v.home = issuers[0].URL
 	return v, nil
+}
+
+// loopbackFamily finds the issuer whose LoopbackPath covers iss: http on a
+// loopback host, any port, exactly that path, nothing else.
+func (v *Verifier) loopbackFamily(iss string) (*issuerState, bool) {
+	u, err := url.Parse(iss)
+	if err != nil || u.Scheme != "http" || !loopbackHost(u.Hostname()) || u.User != nil || u.RawQuery != "" ||
+		u.Fragment != "" || u.ForceQuery || strings.Contains(iss, "#") || u.Port() == "" {
+		return nil, false
+	}
+	for _, st := range v.issuers {
+		if st.loopbackPath != "" && u.Path == st.loopbackPath {
+			return st, true
+		}
+	}
+	return nil, false
 }
 
 // ValidateIssuerURL accepts an absolute https URL, or http on a loopback
@@ -234,10 +276,17 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Principal, error) {
 	}
 	st, ok := v.issuers[iss]
 	if !ok {
+		st, ok = v.loopbackFamily(iss)
+	}
+	if !ok {
 		return Principal{}, fmt.Errorf("issuer %s: %w: %w", QuoteClaim(iss), ErrUnknownIssuer, ErrInvalidToken)
 	}
-	idv, err := v.tokenVerifier(ctx, st)
-	if err != nil {
+	var idv *oidc.IDTokenVerifier
+	if st.keys != nil {
+		// Checked against iss itself: go-oidc requires the token's iss
+		// to equal it, and iss is one of the issuer's URLs.
+		idv = oidc.NewVerifier(iss, st.keys, &oidc.Config{ClientID: st.audience, Now: v.now, SupportedSigningAlgs: []string{oidc.RS256}})
+	} else if idv, err = v.tokenVerifier(ctx, st); err != nil {
 		return Principal{}, err
 	}
 	tok, err := idv.Verify(ctx, raw)
@@ -265,7 +314,7 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Principal, error) {
 	if len(st.kinds) > 0 && !slices.Contains(st.kinds, p.Kind) {
 		return Principal{}, invalid(fmt.Sprintf("issuer is not trusted for kind %s", p.Kind))
 	}
-	p.Home, p.Expiry = tok.Issuer == v.home, tok.Expiry
+	p.Home, p.Expiry = tok.Issuer == v.home || st == v.issuers[v.home], tok.Expiry
 	v.verified.put(key, p, v.now())
 	return p, nil
 }

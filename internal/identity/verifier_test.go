@@ -2,6 +2,7 @@ package identity_test
 
 import (
 	"context"
+	"crypto"
 	"crypto/rand"
 	"crypto/rsa"
 	"encoding/base64"
@@ -686,4 +687,51 @@ func FuzzVerify(f *testing.F) {
 			t.Fatalf("error text contains the token")
 		}
 	})
+}
+
+// TestLoopbackFamily (issue 27): every `muster dev` process on one data
+// folder signs with the folder's key under its own loopback address. A
+// verifier given the key and the path trusts all of them, with no
+// discovery (the process that minted may be gone), as home principals;
+// it refuses another key, another path, a non-loopback host and https.
+func TestLoopbackFamily(t *testing.T) {
+	t.Parallel()
+	s := newDevServerWithKey(t)
+	clock := newFakeClock()
+	v := newVerifier(t, clock, identity.IssuerConfig{URL: s.URL(), Keys: []crypto.PublicKey{&s.key.PublicKey}, LoopbackPath: issuerPath})
+	claims := func(iss string) map[string]any {
+		c := s.baseClaims(clock.Now())
+		c["iss"] = iss
+		c[identity.ClaimKind] = "operator"
+		c[identity.ClaimRole] = "admin"
+		return c
+	}
+	for _, iss := range []string{s.URL(), "http://127.0.0.1:1/dev/issuer", "http://localhost:65000/dev/issuer", "http://[::1]:8080/dev/issuer"} {
+		tok := s.sign(t, claims(iss))
+		p, err := v.Verify(t.Context(), tok)
+		if err != nil || !p.Home || p.String() != "operator:alice" {
+			t.Errorf("iss %s: %+v %v; want the home principal operator:alice", iss, p, err)
+		}
+	}
+	if n := s.discoveries.Load() + s.jwksFetches.Load(); n != 0 {
+		t.Errorf("%d discovery or key fetches; a verifier given the key needs none", n)
+	}
+	for _, iss := range []string{"http://10.0.0.1:8080/dev/issuer", "http://127.0.0.1:8080/other", "https://127.0.0.1:8080/dev/issuer",
+		"http://127.0.0.1/dev/issuer", "http://u@127.0.0.1:8080/dev/issuer", "http://127.0.0.1:8080/dev/issuer?x=1"} {
+		tok := s.sign(t, claims(iss))
+		if _, err := v.Verify(t.Context(), tok); !errors.Is(err, identity.ErrUnknownIssuer) {
+			t.Errorf("iss %s: %v, want unknown issuer", iss, err)
+		}
+	}
+	// Another data folder's key under a loopback URL: bad signature.
+	other := newDevServer(t)
+	if err := other.issuer.SetURL("http://127.0.0.1:2/dev/issuer"); err != nil {
+		t.Fatal(err)
+	}
+	tok := other.mint(t, devissuer.TokenRequest{Kind: identity.KindOperator, Subject: "mallory", Role: identity.RoleAdmin}, clock.Now())
+	_, err := v.Verify(t.Context(), tok)
+	wantInvalid(t, err, tok, "bad signature")
+	if _, err := identity.NewVerifier([]identity.IssuerConfig{{URL: s.URL(), LoopbackPath: issuerPath}}, nil); err == nil {
+		t.Error("a loopback path without keys was accepted")
+	}
 }
