@@ -159,6 +159,14 @@ type ReconcileConfirmation struct {
 	Instances   []uuid.UUID
 }
 
+type Replica struct {
+	ID        string
+	StartedAt time.Time
+	LastSeen  time.Time
+	Address   string
+	Region    string
+}
+
 type SealAdoption struct {
 	Name  string
 	KeyID string
@@ -192,6 +200,15 @@ type Session struct {
 	Token  string
 	Data   []byte
 	Expiry time.Time
+}
+
+type ShardLease struct {
+	Shard      int32
+	Owner      *string
+	Epoch      int64
+	AcquiredAt *time.Time
+	RenewedAt  *time.Time
+	ExpiresAt  time.Time
 }
 
 type Shift struct {

@@ -1,0 +1,660 @@
+package ownership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/worker"
+)
+
+// Defaults of Config (see doc.go, "Timing", for why these).
+const (
+	DefaultTTL      = 7 * time.Second
+	DefaultInterval = 2 * time.Second
+	DefaultMargin   = time.Second
+)
+
+// pruneAfter is how long a replica's row outlives its last heartbeat, for
+// the operators' view of recent replicas.
+const pruneAfter = time.Hour
+
+// stale stands, in what Balance is given, for this replica's own name on
+// a lease it did not take in this process (an earlier process under the
+// same id, or a tenure it has dropped): held by someone who is not live,
+// so nobody's to take until the database's clock frees it. A NUL byte
+// never appears in a replica id (PostgreSQL text cannot hold one).
+const stale = "\x00"
+
+// ErrNotOwner is returned by Fence when this replica does not hold the
+// shard under the given epoch: it never took it, it lost it, or a newer
+// owner has taken it since.
+var ErrNotOwner = errors.New("not the shard's owner")
+
+// Config configures a Manager.
+type Config struct {
+	Pool *pgxpool.Pool
+	// ID names this replica in the region. It must be unique among the
+	// running processes: two processes under one id never hold one
+	// tenure (every change names its epoch), but each counts the other's
+	// shards as its own in the balance.
+	ID string
+	// Address is where peers reach this replica (for relaying, later);
+	// Region names its region. Both are informational here.
+	Address, Region string
+	// TTL is how long a lease lasts past its last renewal, by the
+	// database's clock (DefaultTTL). A dead replica's shards are free
+	// after at most TTL and taken within one Interval after that.
+	TTL time.Duration
+	// Interval between rounds: renew, heartbeat, balance (DefaultInterval).
+	Interval time.Duration
+	// Margin is how much sooner than the database this replica gives up
+	// a lease it cannot renew (DefaultMargin): its local deadline is the
+	// time it sent the last renewal that landed, plus TTL, minus Margin.
+	// It absorbs the local clock's drift over a TTL, how late the
+	// deadline is noticed (Margin/4 at most), and the OnChange callbacks.
+	Margin time.Duration
+	Logger *slog.Logger
+	// Registerer receives the manager's metrics; nil registers nowhere.
+	Registerer prometheus.Registerer
+	// Now is the local clock (time.Now): local deadlines only, never
+	// compared with a time the database wrote.
+	Now func() time.Time
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *Config) Validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("ownership: Pool is required")
+	case c.ID == "":
+		return errors.New("ownership: ID is required")
+	case strings.ContainsRune(c.ID, 0):
+		return errors.New("ownership: ID must not contain a NUL byte")
+	case c.TTL < 0 || c.Interval < 0 || c.Margin < 0:
+		return errors.New("ownership: TTL, Interval and Margin must not be negative")
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.Margin == 0 {
+		c.Margin = DefaultMargin
+	}
+	// Two renewals must fit before the local deadline, so that one
+	// failed round never costs a shard.
+	if 2*c.Interval > c.TTL-c.Margin {
+		return fmt.Errorf("ownership: TTL (%s) must be at least twice Interval (%s) plus Margin (%s)", c.TTL, c.Interval, c.Margin)
+	}
+	if c.TTL%time.Millisecond != 0 {
+		return fmt.Errorf("ownership: TTL (%s) must be whole milliseconds", c.TTL)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// tenure is one shard this process took and holds.
+type tenure struct {
+	epoch    uint64
+	since    time.Time // acquired_at: the database's clock
+	expires  time.Time // expires_at after the last renewal: the database's clock
+	renewed  time.Time // local: when the last renewal that landed was sent
+	deadline time.Time // local: renewed + TTL - Margin
+}
+
+// Manager keeps this replica's share of the shards: it heartbeats,
+// renews what it holds, takes what the balance gives it and releases the
+// excess, every Interval. See doc.go for the protocol and its fencing
+// argument.
+type Manager struct {
+	cfg  Config
+	log  *slog.Logger
+	met  *metrics
+	loop worker.Runner // the rounds
+	dog  worker.Runner // the local deadlines, apart from the rounds
+
+	runMu  sync.Mutex // serialises rounds and Release
+	joined bool       // a heartbeat since the start (or the last Release); under runMu
+
+	emitMu sync.Mutex // serialises state changes with their callbacks
+
+	mu        sync.Mutex
+	shards    int // 0 until the first read of shard_leases
+	held      map[int]*tenure
+	abandoned map[int]uint64 // tenures this process took and dropped locally, perhaps still named in the database
+	callbacks []func(gained, lost []int)
+	lastRenew time.Time
+}
+
+// New returns a stopped Manager.
+func New(cfg Config) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{
+		cfg:       cfg,
+		log:       cfg.Logger.With("worker", "ownership", "replica", cfg.ID),
+		met:       met,
+		held:      map[int]*tenure{},
+		abandoned: map[int]uint64{},
+	}, nil
+}
+
+// ID is this replica's id.
+func (m *Manager) ID() string { return m.cfg.ID }
+
+// OnChange registers fn to be told, in order, of the shards this replica
+// starts and stops holding. A shard given up is reported before the
+// database lets anyone else take it: before the release statement, and
+// by the local deadline, which falls at least Margin before the lease's
+// expiry. fn runs on the manager's goroutine and must return quickly
+// (it eats into Margin); it may call Owns, Owned, Shards and Status, but
+// not RunOnce, Release or Stop. A tenure that ends and a new one of the
+// same shard begun in one change appear in both lost and gained.
+func (m *Manager) OnChange(fn func(gained, lost []int)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.callbacks = append(m.callbacks, fn)
+}
+
+// Start runs a round now and then every Interval, and watches the local
+// deadlines, until ctx ends or Stop is called. Either way the manager
+// releases what it holds as it ends (Release).
+func (m *Manager) Start(ctx context.Context) error {
+	if err := m.dog.Start(ctx, m.watch); err != nil {
+		return err
+	}
+	if err := m.loop.Start(ctx, m.run); err != nil {
+		m.dog.Stop()
+		return err
+	}
+	return nil
+}
+
+// Stop ends the rounds, releasing every shard held (Release), and then
+// the deadline watch. Safe to call twice or before Start (when it does
+// nothing: a manager driven by RunOnce alone releases with Release).
+func (m *Manager) Stop() {
+	m.loop.Stop()
+	m.dog.Stop()
+}
+
+func (m *Manager) run(ctx context.Context) {
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.Interval)
+		defer cancel()
+		if err := m.Release(rctx); err != nil {
+			m.log.Warn("shards not released at stop: they move when their leases expire", "err", err)
+		}
+	}()
+	m.tick(ctx)
+	worker.Every(ctx, m.cfg.Interval, m.tick)
+}
+
+func (m *Manager) tick(ctx context.Context) {
+	// A round never runs into the next one's turn: a renewal stuck on an
+	// unresponsive database is given up and the next round sends another.
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.Interval)
+	defer cancel()
+	if err := m.RunOnce(ctx); err != nil {
+		m.log.Warn("ownership round failed", "err", err)
+	}
+}
+
+// watch checks the local deadlines on its own goroutine, so a round
+// stuck on an unreachable database never keeps a lease counted as held
+// past its deadline.
+func (m *Manager) watch(ctx context.Context) {
+	worker.Every(ctx, max(m.cfg.Margin/4, time.Millisecond), func(context.Context) {
+		m.expire(m.cfg.Now())
+	})
+}
+
+// RunOnce runs one round: heartbeat, renew what is held, release tenures
+// dropped locally, read the region, then release the excess and take the
+// shards the balance deals to this replica. Local deadlines are checked
+// first, so a round also ends the tenures whose deadline passed.
+func (m *Manager) RunOnce(ctx context.Context) error {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.expire(m.cfg.Now())
+	q := db.New(m.cfg.Pool)
+	// The heartbeat goes first: a replica is live while its last heartbeat
+	// is within a TTL, and a lease expires a TTL after its last renewal,
+	// which comes after the heartbeat; so by the time a dead replica's
+	// leases expire, the others no longer count it and their targets
+	// already include its share.
+	if _, err := q.ReplicaHeartbeat(ctx, db.ReplicaHeartbeatParams{
+		ID: m.cfg.ID, Address: m.cfg.Address, Region: m.cfg.Region, Restart: !m.joined,
+	}); err != nil {
+		m.met.renewFailures.Inc()
+		return fmt.Errorf("heartbeat of replica %s: %w", m.cfg.ID, err)
+	}
+	m.joined = true
+	if err := m.renew(ctx, q); err != nil {
+		m.met.renewFailures.Inc()
+		return err
+	}
+	if err := m.releaseAbandoned(ctx, q); err != nil {
+		return err
+	}
+	rows, err := q.ShardLeaseList(ctx)
+	if err != nil {
+		return fmt.Errorf("read shard leases: %w", err)
+	}
+	replicas, err := q.ReplicaListLive(ctx, m.cfg.TTL.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("read live replicas: %w", err)
+	}
+	for i, r := range rows {
+		if int(r.Shard) != i {
+			return fmt.Errorf("shard_leases holds shard %d where %d belongs: the shards must be 0..n-1", r.Shard, i)
+		}
+	}
+	if len(rows) == 0 {
+		return errors.New("shard_leases is empty: migration 000026 seeds the shards")
+	}
+	if n := m.Shards(); n != 0 && n != len(rows) {
+		// Every service would hash elsewhere: holding on would make two
+		// owners. Give everything up and take nothing.
+		m.change(func(ev *event) {
+			for s, t := range m.held {
+				m.drop(ev, s, t, changeReleased)
+			}
+		})
+		err := fmt.Errorf("the region's shard count changed from %d to %d under a running replica: restart every replica", n, len(rows))
+		return errors.Join(err, m.releaseAbandoned(ctx, q))
+	}
+	leases := m.leases(rows)
+	live := make([]string, len(replicas))
+	for i, r := range replicas {
+		live[i] = r.ID
+	}
+	plan := Balance(m.cfg.ID, live, leases)
+	if len(plan.Release) > 0 {
+		m.change(func(ev *event) {
+			for _, s := range plan.Release {
+				if t := m.held[s]; t != nil {
+					m.drop(ev, s, t, changeReleased)
+				}
+			}
+		})
+		// The callbacks have run: the shards are given up locally before
+		// the database lets anyone else have them.
+		if err := m.releaseAbandoned(ctx, q); err != nil {
+			return err
+		}
+	}
+	if len(plan.Take) > 0 {
+		if err := m.take(ctx, q, plan.Take); err != nil {
+			return err
+		}
+	}
+	if _, err := q.ReplicaPrune(ctx, pruneAfter.Milliseconds()); err != nil {
+		return fmt.Errorf("prune replicas: %w", err)
+	}
+	return nil
+}
+
+// leases converts what the database says into Balance's input, and
+// records the shard count.
+func (m *Manager) leases(rows []db.ShardLeaseListRow) []Lease {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.shards = len(rows)
+	out := make([]Lease, len(rows))
+	for i, r := range rows {
+		out[i].Shard = int(r.Shard)
+		if !r.Held || r.Owner == nil {
+			continue
+		}
+		out[i].Owner = *r.Owner
+		if out[i].Owner == m.cfg.ID {
+			if t := m.held[i]; t == nil || t.epoch != uint64(r.Epoch) {
+				out[i].Owner = stale
+			}
+		}
+	}
+	return out
+}
+
+// renew extends every tenure held, in one statement. The local deadline
+// counts from the moment before the statement was sent, which is before
+// the database stamps the new expiry.
+func (m *Manager) renew(ctx context.Context, q *db.Queries) error {
+	m.mu.Lock()
+	shards, epochs := tenures(m.heldEpochs())
+	m.mu.Unlock()
+	sent := m.cfg.Now()
+	if len(shards) == 0 {
+		m.mu.Lock()
+		m.lastRenew = sent
+		m.mu.Unlock()
+		return nil
+	}
+	rows, err := q.ShardLeaseRenew(ctx, db.ShardLeaseRenewParams{
+		TtlMs: m.cfg.TTL.Milliseconds(), Shards: shards, Epochs: epochs, Owner: m.cfg.ID,
+	})
+	if err != nil {
+		return fmt.Errorf("renew %d shard leases: %w", len(shards), err)
+	}
+	var deposed []int
+	m.change(func(ev *event) {
+		now := m.cfg.Now()
+		deadline := sent.Add(m.cfg.TTL - m.cfg.Margin)
+		renewed := map[int]bool{}
+		for _, r := range rows {
+			s, e := int(r.Shard), uint64(r.Epoch)
+			renewed[s] = true
+			t := m.held[s]
+			switch {
+			case t == nil || t.epoch != e:
+				// Dropped locally while the statement ran (its deadline
+				// passed): the database still names it, so release it.
+				m.abandoned[s] = e
+			case !now.Before(deadline):
+				m.drop(ev, s, t, changeExpired)
+			default:
+				t.renewed, t.deadline, t.expires = sent, deadline, r.ExpiresAt
+			}
+		}
+		for i, s32 := range shards {
+			s := int(s32)
+			if t := m.held[s]; !renewed[s] && t != nil && t.epoch == uint64(epochs[i]) {
+				// The database refused the renewal: the lease expired by
+				// its clock, or a newer tenure exists. Nothing to release.
+				delete(m.held, s)
+				ev.lost = append(ev.lost, s)
+				deposed = append(deposed, s)
+				m.met.changes.WithLabelValues(changeDeposed).Inc()
+			}
+		}
+		m.lastRenew = sent
+	})
+	if len(deposed) > 0 {
+		m.log.Warn("shards lost: the database refused their renewal (expired by its clock, or taken)", "shards", deposed)
+	}
+	return nil
+}
+
+// take takes the shards the balance dealt to this replica.
+func (m *Manager) take(ctx context.Context, q *db.Queries, shards []int) error {
+	ids := make([]int32, len(shards))
+	for i, s := range shards {
+		ids[i] = int32(s)
+	}
+	sent := m.cfg.Now()
+	rows, err := q.ShardLeaseTake(ctx, db.ShardLeaseTakeParams{Owner: m.cfg.ID, TtlMs: m.cfg.TTL.Milliseconds(), Shards: ids})
+	if err != nil {
+		return fmt.Errorf("take %d shards: %w", len(shards), err)
+	}
+	late := false
+	m.change(func(ev *event) {
+		now := m.cfg.Now()
+		deadline := sent.Add(m.cfg.TTL - m.cfg.Margin)
+		for _, r := range rows {
+			s, e := int(r.Shard), uint64(r.Epoch)
+			delete(m.abandoned, s)
+			if !now.Before(deadline) {
+				m.abandoned[s], late = e, true
+				continue
+			}
+			var since time.Time
+			if r.AcquiredAt != nil {
+				since = *r.AcquiredAt
+			}
+			m.held[s] = &tenure{epoch: e, since: since, expires: r.ExpiresAt, renewed: sent, deadline: deadline}
+			ev.gained = append(ev.gained, s)
+			m.met.changes.WithLabelValues(changeGained).Inc()
+		}
+	})
+	if late {
+		return m.releaseAbandoned(ctx, q)
+	}
+	return nil
+}
+
+// releaseAbandoned releases in the database the tenures this process
+// dropped locally. A tenure the database no longer names (expired and
+// taken, or released already) is simply forgotten.
+func (m *Manager) releaseAbandoned(ctx context.Context, q *db.Queries) error {
+	m.mu.Lock()
+	shards, epochs := tenures(m.abandoned)
+	m.mu.Unlock()
+	if len(shards) == 0 {
+		return nil
+	}
+	if _, err := q.ShardLeaseRelease(ctx, db.ShardLeaseReleaseParams{Shards: shards, Epochs: epochs, Owner: m.cfg.ID}); err != nil {
+		return fmt.Errorf("release %d shard leases: %w", len(shards), err)
+	}
+	m.mu.Lock()
+	for i, s := range shards {
+		if e, ok := m.abandoned[int(s)]; ok && e == uint64(epochs[i]) {
+			delete(m.abandoned, int(s))
+		}
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// Release gives up every shard this replica holds, telling the callbacks
+// first, then frees the leases and removes the replica from the region,
+// so the others take its shards at their next round instead of a TTL
+// later. A later RunOnce joins the region again.
+func (m *Manager) Release(ctx context.Context) error {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.change(func(ev *event) {
+		for s, t := range m.held {
+			m.drop(ev, s, t, changeReleased)
+		}
+	})
+	q := db.New(m.cfg.Pool)
+	err := m.releaseAbandoned(ctx, q)
+	if ferr := q.ReplicaForget(ctx, m.cfg.ID); ferr != nil {
+		err = errors.Join(err, fmt.Errorf("forget replica %s: %w", m.cfg.ID, ferr))
+	}
+	m.joined = false
+	return err
+}
+
+// expire ends the tenures whose local deadline has passed.
+func (m *Manager) expire(now time.Time) {
+	var lost []int
+	m.change(func(ev *event) {
+		for s, t := range m.held {
+			if !now.Before(t.deadline) {
+				m.drop(ev, s, t, changeExpired)
+			}
+		}
+		lost = slices.Clone(ev.lost)
+	})
+	if len(lost) > 0 {
+		slices.Sort(lost)
+		m.log.Warn("shards given up: no renewal landed before their local deadline", "shards", lost)
+	}
+}
+
+// drop ends a tenure locally and keeps it for release in the database.
+// Under mu, within change.
+func (m *Manager) drop(ev *event, s int, t *tenure, why string) {
+	delete(m.held, s)
+	m.abandoned[s] = t.epoch
+	ev.lost = append(ev.lost, s)
+	m.met.changes.WithLabelValues(why).Inc()
+}
+
+// event is what one change gained and lost.
+type event struct{ gained, lost []int }
+
+// change applies fn to the state and then tells the callbacks, all
+// before another change may begin: callbacks see the changes in the
+// order they happened.
+func (m *Manager) change(fn func(ev *event)) {
+	m.emitMu.Lock()
+	defer m.emitMu.Unlock()
+	var ev event
+	m.mu.Lock()
+	fn(&ev)
+	m.met.owned.Set(float64(len(m.held)))
+	cbs := slices.Clone(m.callbacks)
+	m.mu.Unlock()
+	if len(ev.gained) == 0 && len(ev.lost) == 0 {
+		return
+	}
+	slices.Sort(ev.gained)
+	slices.Sort(ev.lost)
+	for _, fn := range cbs {
+		fn(ev.gained, ev.lost)
+	}
+}
+
+// tenures lists shard → epoch as the parallel arrays the queries take.
+func tenures(from map[int]uint64) (shards []int32, epochs []int64) {
+	for _, s := range slices.Sorted(maps.Keys(from)) {
+		shards = append(shards, int32(s))
+		epochs = append(epochs, int64(from[s]))
+	}
+	return shards, epochs
+}
+
+// heldEpochs is the tenures held, shard → epoch. Under mu.
+func (m *Manager) heldEpochs() map[int]uint64 {
+	out := make(map[int]uint64, len(m.held))
+	for s, t := range m.held {
+		out[s] = t.epoch
+	}
+	return out
+}
+
+// Shards is how many shards the region has: 0 until the first round has
+// read them.
+func (m *Manager) Shards() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.shards
+}
+
+// Owned returns the shards this replica holds now, with the epoch of
+// each tenure. A tenure past its local deadline is not held, whether or
+// not the deadline watch has noticed yet.
+func (m *Manager) Owned() map[int]uint64 {
+	now := m.cfg.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[int]uint64, len(m.held))
+	for s, t := range m.held {
+		if now.Before(t.deadline) {
+			out[s] = t.epoch
+		}
+	}
+	return out
+}
+
+// Owns reports whether this replica owns service now, and under which
+// epoch of its shard. Whoever acts for a service asks before acting (it
+// costs a lock and a hash), so a tenure is never acted on past its local
+// deadline even between the deadline and its callback.
+func (m *Manager) Owns(service string) (epoch uint64, ok bool) {
+	now := m.cfg.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.shards == 0 {
+		return 0, false
+	}
+	t := m.held[ShardOf(service, m.shards)]
+	if t == nil || !now.Before(t.deadline) {
+		return 0, false
+	}
+	return t.epoch, true
+}
+
+// Fence checks, inside the caller's transaction (q from db.WithTx), that
+// this replica still holds shard under epoch, and keeps it so until the
+// transaction ends: the lease row is locked FOR SHARE, so a takeover
+// waits (or, in ShardLeaseTake, skips the shard) until the writer has
+// committed or rolled back. A deposed owner's write therefore fails
+// with ErrNotOwner, and a write that passed commits before any new
+// tenure begins. Transactions that fence must be short: the owner's own
+// renewal waits for them too.
+func (m *Manager) Fence(ctx context.Context, q *db.Queries, shard int, epoch uint64) error {
+	now := m.cfg.Now()
+	m.mu.Lock()
+	t := m.held[shard]
+	local := t != nil && t.epoch == epoch && now.Before(t.deadline)
+	m.mu.Unlock()
+	if !local {
+		return fmt.Errorf("fence shard %d at epoch %d: %w", shard, epoch, ErrNotOwner)
+	}
+	_, err := q.ShardLeaseFence(ctx, db.ShardLeaseFenceParams{Shard: int32(shard), Epoch: int64(epoch), Owner: m.cfg.ID})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("fence shard %d at epoch %d: the database names another tenure: %w", shard, epoch, ErrNotOwner)
+	case err != nil:
+		return fmt.Errorf("fence shard %d at epoch %d: %w", shard, epoch, err)
+	}
+	return nil
+}
+
+// Status is one replica's ownership, for GET /v1/replicas.
+type Status struct {
+	Replica, Address, Region string
+	// Shards is how many shards the region has (0 before the first read).
+	Shards int
+	// Owned lists the tenures held now, by shard.
+	Owned []ShardStatus
+	// LastRenew is when (local clock) the last round whose renewal
+	// landed sent it (a round with nothing to renew counts); zero before
+	// the first.
+	LastRenew time.Time
+}
+
+// ShardStatus is one tenure held.
+type ShardStatus struct {
+	Shard int
+	Epoch uint64
+	// Since is when the tenure began and Expires when the lease runs
+	// out unless renewed, both by the database's clock.
+	Since, Expires time.Time
+	// Deadline is when (local clock) this replica stops counting the
+	// shard as its own unless a renewal lands first.
+	Deadline time.Time
+}
+
+// Status reports this replica's ownership now.
+func (m *Manager) Status() Status {
+	now := m.cfg.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := Status{Replica: m.cfg.ID, Address: m.cfg.Address, Region: m.cfg.Region, Shards: m.shards, LastRenew: m.lastRenew}
+	for _, s := range slices.Sorted(maps.Keys(m.held)) {
+		t := m.held[s]
+		if !now.Before(t.deadline) {
+			continue
+		}
+		st.Owned = append(st.Owned, ShardStatus{Shard: s, Epoch: t.epoch, Since: t.since, Expires: t.expires, Deadline: t.deadline})
+	}
+	return st
+}

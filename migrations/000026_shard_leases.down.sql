@@ -1,0 +1,2 @@
+DROP TABLE shard_leases;
+DROP TABLE replicas;

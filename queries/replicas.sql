@@ -1,0 +1,32 @@
+-- Table replicas, owned by internal/ownership (one owner per service).
+
+-- name: ReplicaHeartbeat :one
+-- Records that replica id is alive now (the database's clock). restart
+-- stamps started_at anew (the first heartbeat of a process); otherwise a
+-- replica keeps the started_at it has.
+INSERT INTO replicas (id, started_at, last_seen, address, region)
+VALUES (sqlc.arg(id)::text, clock_timestamp(), clock_timestamp(), sqlc.arg(address)::text, sqlc.arg(region)::text)
+ON CONFLICT (id) DO UPDATE SET
+    started_at = CASE WHEN sqlc.arg(restart)::boolean THEN EXCLUDED.started_at ELSE replicas.started_at END,
+    last_seen = EXCLUDED.last_seen,
+    address = EXCLUDED.address,
+    region = EXCLUDED.region
+RETURNING started_at, last_seen;
+
+-- name: ReplicaListLive :many
+-- The replicas seen within the last within_ms milliseconds (the
+-- database's clock), by id.
+SELECT id, started_at, last_seen, address, region
+FROM replicas
+WHERE last_seen > clock_timestamp() - sqlc.arg(within_ms)::bigint * interval '1 millisecond'
+ORDER BY id;
+
+-- name: ReplicaForget :exec
+-- Removes a replica that is leaving gracefully, so the others stop
+-- counting it in the balance at once instead of a TTL later.
+DELETE FROM replicas WHERE id = sqlc.arg(id)::text;
+
+-- name: ReplicaPrune :execrows
+-- Forgets replicas not seen for older_ms milliseconds.
+DELETE FROM replicas
+WHERE last_seen < clock_timestamp() - sqlc.arg(older_ms)::bigint * interval '1 millisecond';

@@ -1,0 +1,70 @@
+-- Table shard_leases, owned by internal/ownership (one owner per service).
+
+-- name: ShardLeaseList :many
+-- Every shard's lease; held says whether it is held now (owner set and
+-- not expired by the database's clock).
+SELECT shard, owner, epoch, acquired_at, renewed_at, expires_at,
+       (owner IS NOT NULL AND expires_at > clock_timestamp())::boolean AS held
+FROM shard_leases
+ORDER BY shard;
+
+-- name: ShardLeaseRenew :many
+-- Extends the given tenures of owner (epochs[i] is the epoch of
+-- shards[i]) by ttl_ms from now, each only while it is still held: same
+-- owner, same epoch, not yet expired. A tenure missing from the result is
+-- lost.
+UPDATE shard_leases AS l
+SET renewed_at = clock_timestamp(),
+    expires_at = clock_timestamp() + sqlc.arg(ttl_ms)::bigint * interval '1 millisecond'
+WHERE l.shard = ANY(sqlc.arg(shards)::integer[])
+  AND l.epoch = (sqlc.arg(epochs)::bigint[])[array_position(sqlc.arg(shards)::integer[], l.shard)]
+  AND l.owner = sqlc.arg(owner)::text
+  AND l.expires_at > clock_timestamp()
+RETURNING l.shard, l.epoch, l.acquired_at, l.expires_at;
+
+-- name: ShardLeaseTake :many
+-- Takes those of the given shards that are free (never taken, released,
+-- or expired by the database's clock) for owner, for ttl_ms, each under a
+-- new epoch. Rows another statement holds locked (a rival taker, or the
+-- old owner's fenced writer) are skipped, not waited for: the next round
+-- looks again.
+WITH free AS (
+    SELECT f.shard FROM shard_leases AS f
+    WHERE f.shard = ANY(sqlc.arg(shards)::integer[])
+      AND (f.owner IS NULL OR f.expires_at <= clock_timestamp())
+    ORDER BY f.shard
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE shard_leases AS l
+SET owner = sqlc.arg(owner)::text,
+    epoch = l.epoch + 1,
+    acquired_at = clock_timestamp(),
+    renewed_at = clock_timestamp(),
+    expires_at = clock_timestamp() + sqlc.arg(ttl_ms)::bigint * interval '1 millisecond'
+FROM free
+WHERE l.shard = free.shard
+RETURNING l.shard, l.epoch, l.acquired_at, l.expires_at;
+
+-- name: ShardLeaseRelease :many
+-- Gives up the given tenures of owner (epochs[i] is the epoch of
+-- shards[i]): the shard is free at once, and its epoch stays (the next
+-- take increments it).
+UPDATE shard_leases AS l
+SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp()
+WHERE l.shard = ANY(sqlc.arg(shards)::integer[])
+  AND l.epoch = (sqlc.arg(epochs)::bigint[])[array_position(sqlc.arg(shards)::integer[], l.shard)]
+  AND l.owner = sqlc.arg(owner)::text
+RETURNING l.shard;
+
+-- name: ShardLeaseFence :one
+-- The fencing check a writer runs inside its transaction: the row comes
+-- back only while owner holds shard under epoch, and FOR SHARE keeps any
+-- takeover (an UPDATE of the row) waiting until the writer's transaction
+-- ends, so the writer's changes commit before a new owner's tenure begins
+-- or not at all.
+SELECT shard FROM shard_leases
+WHERE shard = sqlc.arg(shard)::integer
+  AND epoch = sqlc.arg(epoch)::bigint
+  AND owner = sqlc.arg(owner)::text
+  AND expires_at > clock_timestamp()
+FOR SHARE;
