@@ -73,6 +73,9 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	if cfg.Reconcile != nil {
 		out = append(out, cfg.Reconcile.Alarms()...)
 	}
+	if cfg.Replicas != nil {
+		out = append(out, cfg.Replicas.Alarms()...)
+	}
 	if cfg.Tampering != nil {
 		out = append(out, cfg.Tampering()...)
 	}

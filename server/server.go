@@ -154,6 +154,9 @@ type Config struct {
 	Leases Leases
 	// Reconcile, when set, serves /v1/reconcile and lists its alarms.
 	Reconcile Reconcile
+	// Replicas, when set, is the region's shard ownership (GET
+	// /v1/replicas) and its shard_unowned alarm.
+	Replicas Replicas
 	// WatchHeartbeat is the idle-stream heartbeat period: 15 s.
 	WatchHeartbeat time.Duration
 	// WatchWriteTimeout cuts off a subscriber that cannot take a frame:
@@ -388,6 +391,7 @@ func (s *Server) routes() chi.Router {
 			r.Get("/v1/alarms", s.alarmsGet)
 			r.Get("/v1/leases/expiry", s.leaseExpiryGet)
 			r.Get("/v1/removal-holds", s.removalHoldsGet)
+			r.Get("/v1/replicas", s.replicasGet)
 			r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 			// Everything else reads or writes PostgreSQL.
 			r.Group(func(r chi.Router) {

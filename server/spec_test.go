@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/shift"
@@ -431,6 +432,9 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"OverrideMark", reflect.TypeFor[evaluator.Override](), true},
 		{"LeaseExpiryStatus", reflect.TypeFor[leaseExpiryStatus](), true},
 		{"RemovalHold", reflect.TypeFor[disbelief.Hold](), true},
+		{"RegionOwnership", reflect.TypeFor[ownership.RegionStatus](), true},
+		{"ReplicaOwnership", reflect.TypeFor[ownership.ReplicaStatus](), true},
+		{"ShardTenure", reflect.TypeFor[ownership.ShardStatus](), true},
 		{"RemovalScope", reflect.TypeFor[disbelief.Scope](), true},
 		{"RemovalHolds", reflect.TypeFor[removalHolds](), true},
 		{"RemovalConfirmationRequest", reflect.TypeFor[removalConfirmation](), false},

@@ -288,7 +288,7 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ac := app.Config{
-		Pool: pool, MonitorPool: monPool, Region: cfg.Region, Replica: replica, Logger: log, Metrics: metrics,
+		Pool: pool, MonitorPool: monPool, Region: cfg.Region, Replica: replica, Address: base, Logger: log, Metrics: metrics,
 		Registry:  registry.Config{LeaseTTL: cfg.LeaseTTL},
 		Evaluator: evaluator.Config{MaxPendingWindows: cfg.MaxPendingWindows},
 		Policy: policy.Config{OverrideLimit: cfg.OverrideLimit, WriteLimit: cfg.WriteLimit, MaxExpiry: cfg.MaxExpiry,

@@ -58,6 +58,7 @@ import (
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
@@ -76,6 +77,10 @@ const (
 	WorkerOverrides = "overrides-in-force"
 	WorkerAuthz     = "authz"
 	WorkerCensus    = "census"
+	// WorkerOwnership keeps this replica's share of the region's shards
+	// (internal/ownership). Issue 27: ownership is taken and shown (GET
+	// /v1/replicas, shard_unowned); the work does not follow it yet.
+	WorkerOwnership = "ownership"
 	WorkerReaper    = "lease-reaper"
 	WorkerShifts    = "shifts"
 	WorkerSweeper   = "override-sweeper"
@@ -118,8 +123,13 @@ type Config struct {
 	Pool, MonitorPool *pgxpool.Pool
 	// Region is this muster's region.
 	Region string
-	// Replica is this replica's name in the stream census.
+	// Replica is this replica's name in the stream census and in the
+	// region's shard ownership; Address is where peers reach it.
 	Replica string
+	Address string
+	// Ownership tunes the shard leases (TTL, Interval, Margin); the rest
+	// is filled in.
+	Ownership ownership.Config
 	// Now is the clock of the registry, evaluator, policy, shifts, hub,
 	// publisher, UI and the server's per-identity limits, unless their own
 	// configuration sets one (the database monitor keeps the wall clock);
@@ -185,6 +195,8 @@ type App struct {
 	Publisher *publisher.Publisher
 	Admission *stream.Admission
 	Census    *stream.Census
+	// Ownership keeps this replica's share of the region's shards.
+	Ownership *ownership.Manager
 	Refusals  *audit.RefusalSummaries
 	KeyWatch  *KeyWatch
 	// AuthFailures summarises authentication failures into the audit log.
@@ -226,7 +238,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerRefusals, WorkerAuthFailures, "", WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerRefusals, WorkerAuthFailures, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -348,6 +360,11 @@ func New(cfg Config) (*App, error) {
 	if a.Census, err = stream.NewCensus(cc); err != nil {
 		return nil, err
 	}
+	oc := cfg.Ownership
+	oc.Pool, oc.ID, oc.Address, oc.Region, oc.Logger, oc.Registerer = pool, cfg.Replica, cfg.Address, cfg.Region, log, metrics
+	if a.Ownership, err = ownership.New(oc); err != nil {
+		return nil, err
+	}
 
 	// Surfaces.
 	sumc := cfg.Refusals
@@ -367,6 +384,7 @@ func New(cfg Config) (*App, error) {
 	servingReady := server.ServingReady(a.Evaluator, a.Hub)
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
+	svc.Replicas = a.Ownership
 	svc.Authz, svc.Database = a.Authz, a.Monitor
 	svc.Now = orNow(svc.Now, now)
 	// Rows written outside muster: overrides, instances, contracts,
@@ -465,6 +483,7 @@ func New(cfg Config) (*App, error) {
 		{name: WorkerAuthz, w: a.Authz},
 		{name: WorkerOverrides, w: a.InForce},
 		{name: WorkerCensus, w: a.Census},
+		{name: WorkerOwnership, w: a.Ownership, detached: true},
 		{name: WorkerReaper, w: a.Reaper},
 		{name: WorkerShifts, w: a.Shifts},
 		{name: WorkerSweeper, w: a.Sweeper},

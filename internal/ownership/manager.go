@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/worker"
 )
 
@@ -142,6 +143,10 @@ type Manager struct {
 	abandoned map[int]uint64 // tenures this process took and dropped locally, perhaps still named in the database
 	callbacks []func(gained, lost []int)
 	lastRenew time.Time
+	// region is the last round's reading of the region; unownedSince
+	// says since when (local clock) each unowned shard has been so.
+	region       RegionStatus
+	unownedSince map[int]time.Time
 }
 
 // New returns a stopped Manager.
@@ -288,6 +293,7 @@ func (m *Manager) RunOnce(ctx context.Context) error {
 		return errors.Join(err, m.releaseAbandoned(ctx, q))
 	}
 	leases := m.leases(rows)
+	m.noteRegion(m.cfg.Now(), replicas, rows)
 	live := make([]string, len(replicas))
 	for i, r := range replicas {
 		live[i] = r.ID
@@ -311,6 +317,13 @@ func (m *Manager) RunOnce(ctx context.Context) error {
 		if err := m.take(ctx, q, plan.Take); err != nil {
 			return err
 		}
+	}
+	if len(plan.Take)+len(plan.Release) > 0 {
+		// The region as it stands after this round's moves.
+		if rows, err = q.ShardLeaseList(ctx); err != nil {
+			return fmt.Errorf("read shard leases: %w", err)
+		}
+		m.noteRegion(m.cfg.Now(), replicas, rows)
 	}
 	if _, err := q.ReplicaPrune(ctx, pruneAfter.Milliseconds()); err != nil {
 		return fmt.Errorf("prune replicas: %w", err)
@@ -633,14 +646,15 @@ type Status struct {
 
 // ShardStatus is one tenure held.
 type ShardStatus struct {
-	Shard int
-	Epoch uint64
+	Shard int    `json:"shard"`
+	Epoch uint64 `json:"epoch"`
 	// Since is when the tenure began and Expires when the lease runs
 	// out unless renewed, both by the database's clock.
-	Since, Expires time.Time
+	Since   time.Time `json:"since"`
+	Expires time.Time `json:"expires"`
 	// Deadline is when (local clock) this replica stops counting the
 	// shard as its own unless a renewal lands first.
-	Deadline time.Time
+	Deadline time.Time `json:"deadline"`
 }
 
 // Status reports this replica's ownership now.
@@ -657,4 +671,116 @@ func (m *Manager) Status() Status {
 		st.Owned = append(st.Owned, ShardStatus{Shard: s, Epoch: t.epoch, Since: t.since, Expires: t.expires, Deadline: t.deadline})
 	}
 	return st
+}
+
+// AlarmShardUnowned is raised for each shard no live replica has held
+// for longer than a move takes (TTL plus two rounds): the services that
+// hash to it have no owner.
+const AlarmShardUnowned = "shard_unowned"
+
+// RegionStatus is the region's ownership as this replica read it at its
+// last round: every live replica, what it holds, and the shards no one
+// holds. GET /v1/replicas answers it from memory.
+type RegionStatus struct {
+	// At is when (local clock) the reading was taken; zero before the
+	// first round that read it.
+	At time.Time `json:"at"`
+	// Self is this replica.
+	Self     string          `json:"self"`
+	Shards   int             `json:"shards"`
+	Replicas []ReplicaStatus `json:"replicas"`
+	// Unowned are the shards held by no one at the reading.
+	Unowned []int `json:"unowned"`
+	// Owned is this replica's own tenures now (Status).
+	Owned []ShardStatus `json:"owned"`
+}
+
+// ReplicaStatus is one live replica as the reading saw it.
+type ReplicaStatus struct {
+	ID        string    `json:"id"`
+	Address   string    `json:"address,omitempty"`
+	Region    string    `json:"region,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	LastSeen  time.Time `json:"last_seen"`
+	// Shards counts the shards it held at the reading.
+	Shards int `json:"shards"`
+}
+
+// noteRegion records a round's reading of the region, and since when
+// (local clock) each shard has been unowned.
+func (m *Manager) noteRegion(now time.Time, replicas []db.Replica, rows []db.ShardLeaseListRow) {
+	held := map[string]int{}
+	var unowned []int
+	for _, r := range rows {
+		if r.Held && r.Owner != nil {
+			held[*r.Owner]++
+			continue
+		}
+		unowned = append(unowned, int(r.Shard))
+	}
+	rs := make([]ReplicaStatus, len(replicas))
+	for i, r := range replicas {
+		rs[i] = ReplicaStatus{ID: r.ID, Address: r.Address, Region: r.Region, StartedAt: r.StartedAt, LastSeen: r.LastSeen, Shards: held[r.ID]}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	since := map[int]time.Time{}
+	for _, s := range unowned {
+		if t, ok := m.unownedSince[s]; ok {
+			since[s] = t
+		} else {
+			since[s] = now
+		}
+	}
+	m.unownedSince = since
+	m.region = RegionStatus{At: now, Self: m.cfg.ID, Shards: len(rows), Replicas: rs, Unowned: unowned}
+}
+
+// Region returns the region's ownership as the last round read it, with
+// this replica's tenures as they stand now.
+func (m *Manager) Region() RegionStatus {
+	own := m.Status().Owned
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.region
+	r.Self = m.cfg.ID
+	r.Replicas = slices.Clone(r.Replicas)
+	r.Unowned = slices.Clone(r.Unowned)
+	if r.Replicas == nil {
+		r.Replicas = []ReplicaStatus{}
+	}
+	if r.Unowned == nil {
+		r.Unowned = []int{}
+	}
+	r.Owned = own
+	if r.Owned == nil {
+		r.Owned = []ShardStatus{}
+	}
+	return r
+}
+
+// Alarms lists shard_unowned, one alarm naming every shard that has been
+// unowned for longer than a move takes (TTL plus two rounds) at the last
+// reading.
+func (m *Manager) Alarms() []assembler.Alarm {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	grace := m.cfg.TTL + 2*m.cfg.Interval
+	var late []int
+	var since time.Time
+	for s, t := range m.unownedSince {
+		if m.region.At.Sub(t) > grace {
+			late = append(late, s)
+			if since.IsZero() || t.Before(since) {
+				since = t
+			}
+		}
+	}
+	if len(late) == 0 {
+		return nil
+	}
+	slices.Sort(late)
+	return []assembler.Alarm{{Kind: AlarmShardUnowned, Since: since, Detail: fmt.Sprintf(
+		"%d of %d shards have had no owner for more than %s (shards %v): the services that hash to them have no owner; %d replicas are live",
+		len(late), m.region.Shards, grace, late, len(m.region.Replicas))}}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -809,5 +810,54 @@ func TestShardCountChangeGivesUpEverything(t *testing.T) {
 		if l.owner != "" {
 			t.Fatalf("shard %d still held by %q", s, l.owner)
 		}
+	}
+}
+
+// TestStuckReplicaRaisesShardUnowned (issue 27): a replica that
+// heartbeats but never takes its share (stuck) leaves its shards unowned:
+// the region's reading shows them, and once they have been unowned for
+// longer than a move takes (TTL plus two rounds) shard_unowned names
+// them. When the stuck replica is gone, the others take its share and
+// the alarm clears.
+func TestStuckReplicaRaisesShardUnowned(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	clk := testclock.New(time.Now())
+	a := newReplica(t, pool, "a", withClock(clk.Now))
+	stuck := func() {
+		t.Helper()
+		if _, err := pool.Exec(t.Context(), `INSERT INTO replicas (id, started_at, last_seen, address, region)
+			VALUES ('z', clock_timestamp(), clock_timestamp(), '', 'test')
+			ON CONFLICT (id) DO UPDATE SET last_seen = clock_timestamp()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stuck()
+	rounds(t, a)
+	r := a.Region()
+	if len(r.Replicas) != 2 || r.Shards != shards || len(r.Owned) != shards/2 || len(r.Unowned) != shards/2 || r.Self != "a" {
+		t.Fatalf("region with a stuck replica: %d replicas, %d shards, %d owned, %d unowned", len(r.Replicas), r.Shards, len(r.Owned), len(r.Unowned))
+	}
+	if al := a.Alarms(); len(al) != 0 {
+		t.Fatalf("alarms at once: %+v", al)
+	}
+	// Rounds every interval, a little past TTL plus two rounds.
+	for range int((testTTL+2*testInterval)/testInterval) + 1 {
+		clk.Advance(testInterval)
+		stuck()
+		rounds(t, a)
+	}
+	al := a.Alarms()
+	if len(al) != 1 || al[0].Kind != ownership.AlarmShardUnowned || !strings.Contains(al[0].Detail, "32 of 64 shards") {
+		t.Fatalf("alarms after the stuck replica's share stayed unowned: %+v", al)
+	}
+	// The stuck replica goes: a takes the whole region, the alarm clears.
+	if _, err := pool.Exec(t.Context(), `DELETE FROM replicas WHERE id = 'z'`); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(testInterval)
+	rounds(t, a)
+	if r := a.Region(); len(r.Unowned) != 0 || len(r.Owned) != shards || len(a.Alarms()) != 0 {
+		t.Fatalf("after the stuck replica left: %d unowned, %d owned, alarms %+v", len(r.Unowned), len(r.Owned), a.Alarms())
 	}
 }

@@ -1,0 +1,31 @@
+package server_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/ownership"
+)
+
+// TestReplicasAPI (issue 27): GET /v1/replicas shows the region's shard
+// ownership from memory: the one replica holds all 64 shards, none is
+// unowned; a workload may not read it.
+func TestReplicasAPI(t *testing.T) {
+	t.Parallel()
+	s := apptest.New(t, apptest.Options{})
+	if err := s.App.Ownership.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r := s.Do(t, "GET", "/v1/replicas", s.Token(t, apptest.Admin), "", "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET /v1/replicas: %d %s", r.Status, r.Body)
+	}
+	got := apptest.Decode[ownership.RegionStatus](t, r)
+	if got.Self != "apptest" || got.Shards != 64 || len(got.Replicas) != 1 || got.Replicas[0].Shards != 64 || len(got.Unowned) != 0 || len(got.Owned) != 64 {
+		t.Fatalf("region %+v", got)
+	}
+	if r := s.Do(t, "GET", "/v1/replicas", s.Token(t, apptest.Web), "", ""); r.Status != http.StatusForbidden {
+		t.Fatalf("a workload reads the replicas: %d", r.Status)
+	}
+}
