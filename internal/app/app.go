@@ -421,6 +421,7 @@ func New(cfg Config) (*App, error) {
 		uc.Now = orNow(uc.Now, now)
 		// The banner lists what GET /v1/alarms lists.
 		uc.Alarms = server.AlarmsOf(svc)
+		uc.Ownership = a.Ownership
 		uc.Removals = &webui.Removals{
 			Holds:      func() []disbelief.Hold { return server.RemovalHolds(&svc) },
 			LeaseGrace: a.Reaper.InGrace,

@@ -106,3 +106,23 @@ func TestHoldsPage(t *testing.T) {
 		t.Fatalf("audited: %d refused and %d accepted confirmations, %d refused forms; want 1, 1, 1", refused, accepted, len(forged))
 	}
 }
+
+// TestReplicasPage (issue 27): the replicas page shows the one replica
+// holding all 64 shards and lists its tenures.
+func TestReplicasPage(t *testing.T) {
+	t.Parallel()
+	st := newUIStack(t)
+	if err := st.App.Ownership.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	vera := newBrowser(t, st)
+	vera.signIn("vera")
+	p := vera.get("/ui/replicas")
+	if p.status != http.StatusOK || !strings.Contains(p.body, `data-replica="apptest"`) || !strings.Contains(p.body, "(this one)") ||
+		!strings.Contains(p.body, `data-shard="63"`) || strings.Contains(p.body, `id="unowned"`) {
+		t.Fatalf("replicas page: %d\n%s", p.status, p.body)
+	}
+	if !strings.Contains(p.body, `href="/ui/replicas" aria-current="page"`) {
+		t.Error("the nav does not mark Replicas as the current page")
+	}
+}

@@ -62,6 +62,7 @@ import (
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/static"
@@ -132,6 +133,9 @@ type Config struct {
 	// Removals, when set, enables the removal holds page and its
 	// confirmations.
 	Removals *Removals
+	// Ownership, when set, is the region's shard ownership the replicas
+	// page shows.
+	Ownership interface{ Region() ownership.RegionStatus }
 	// Alarms, when set, lists every open alarm for the overview's banner
 	// (the server's Alarms: guard, shift-backs, leases, database,
 	// probers); otherwise the banner shows the publisher's and the
@@ -302,6 +306,7 @@ func (u *UI) routes() {
 	}
 	u.shiftRoutes()
 	u.holdRoutes()
+	u.mux.Handle("GET "+b+"/replicas", u.page(u.replicasPage))
 	u.mux.HandleFunc(b+"/", func(w http.ResponseWriter, r *http.Request) {
 		u.message(w, r, http.StatusNotFound, "Not found", "There is no page at "+r.URL.Path+".")
 	})

@@ -1,0 +1,26 @@
+package webui
+
+import (
+	"net/http"
+
+	"github.com/musterhq/muster/views"
+)
+
+// replicasPage shows the region's shard ownership as this replica last
+// read it (GET /v1/replicas). Every signed-in role may read it.
+func (u *UI) replicasPage(w http.ResponseWriter, r *http.Request, pg views.Page) {
+	pg.Title, pg.Nav, pg.Refresh = "Replicas", "replicas", 15
+	rp := views.Replicas{Page: pg}
+	if u.cfg.Ownership != nil {
+		reg := u.cfg.Ownership.Region()
+		rp.Configured, rp.ReadAt, rp.Shards, rp.Unowned = true, reg.At, reg.Shards, reg.Unowned
+		for _, x := range reg.Replicas {
+			rp.Replicas = append(rp.Replicas, views.ReplicaRow{ID: x.ID, Address: x.Address, StartedAt: x.StartedAt,
+				LastSeen: x.LastSeen, Shards: x.Shards, Self: x.ID == reg.Self})
+		}
+		for _, t := range reg.Owned {
+			rp.Owned = append(rp.Owned, views.TenureRow{Shard: t.Shard, Epoch: t.Epoch, Since: t.Since, Expires: t.Expires, Deadline: t.Deadline})
+		}
+	}
+	u.render(w, r, http.StatusOK, views.ReplicasPage(rp))
+}
