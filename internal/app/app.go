@@ -314,6 +314,13 @@ func New(cfg Config) (*App, error) {
 	// Nor while this replica is not ready (rebuilding after a start): the
 	// grace after a start counts from readiness.
 	rpc.Ready = func() bool { return a.ready.Load() && a.Evaluator.Ready() }
+	// Only a service's owner expires its leases (issue 27). Until the
+	// ownership worker's first round (never past the reaper's grace in a
+	// running process) it expires nothing either.
+	rpc.Owns = func(service string) bool {
+		_, ok := a.Ownership.Owns(service)
+		return ok
+	}
 	if a.Reaper, err = registry.NewReaper(rpc); err != nil {
 		return nil, err
 	}

@@ -91,6 +91,12 @@ type ReaperConfig struct {
 	// without interruption (db.Monitor). A lease's clock only runs while
 	// a renewal could have landed.
 	UpSince func() time.Time
+	// Owns, when set, says whether this replica owns a service's lease
+	// expiry (internal/ownership, issue 27): a lapsed lease is expired,
+	// held or counted as held only by its service's owner, so two
+	// replicas never decide one lease on different evidence. A service
+	// no replica owns (a shard moving) is expired by no one meanwhile.
+	Owns func(service string) bool
 	// Ready, when set, says whether the replica takes traffic (it is
 	// ready once its evaluation state is rebuilt): while it is not, load
 	// balancers send it no renewals, so a lease's clock does not run
@@ -374,6 +380,9 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 		held++
 	}
 	for _, l := range lapsed {
+		if rp.cfg.Owns != nil && !rp.cfg.Owns(l.Service) {
+			continue // its owner decides
+		}
 		ll := lapsedLease{LeaseListLapsedRow: l}
 		if why, ok := ev.Corroborated[l.ID]; ok {
 			ll.corroboration = why

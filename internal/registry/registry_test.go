@@ -1149,3 +1149,31 @@ func TestSealedIdentityKeepsARepointedRow(t *testing.T) {
 		t.Fatal("a kept identity re-pointed by hand verifies")
 	}
 }
+
+// TestOnlyTheOwnerExpires (issue 27): a lapsed lease is decided by its
+// service's owner alone. A reaper that does not own web neither expires
+// nor holds web's lapsed leases (its owner, hearing other evidence, may
+// decide otherwise); it expires those of the services it owns.
+func TestOnlyTheOwnerExpires(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.mustService(t, "big", "payments")
+	web := e.register(t, "web", 2, 3000)
+	big := e.register(t, "big", 2, 4000)
+	// Thresholds opened: the test is about who decides, not how many.
+	rp := e.reaper(t, registry.ReaperConfig{RegionThreshold: 1, ZoneThreshold: 1, ServiceThreshold: 1,
+		Owns: func(service string) bool { return service == "big" }})
+	e.clock.Advance(time.Minute)
+	if n := e.reap(t, rp); n != 2 {
+		t.Fatalf("expired %d, want big's 2", n)
+	}
+	if got := e.states(t, web); got[registry.StateActive] != 2 {
+		t.Fatalf("web, owned elsewhere: %v; want both active", got)
+	}
+	if got := e.states(t, big); got[registry.StateExpired] != 2 {
+		t.Fatalf("big: %v; want both expired", got)
+	}
+	if h := rp.Holds(); len(h) != 0 {
+		t.Fatalf("holds %+v: a non-owner holds nothing either", h)
+	}
+}

@@ -401,6 +401,9 @@ func New(t testing.TB, opts Options) *Stack {
 	{
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = a.Authz.RunOnce(ctx)
+		// Take the shards before serving, so a test's first reaper step
+		// finds this replica the owner of every service (issue 27).
+		_ = a.Ownership.RunOnce(ctx)
 		cancel()
 	}
 	hold := slices.DeleteFunc(slices.Clone(Held), func(n string) bool { return slices.Contains(opts.Run, n) })
