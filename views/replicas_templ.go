@@ -68,14 +68,14 @@ func ReplicasPage(r Replicas) templ.Component {
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, " shards, each owned by one replica through a lease timed by the database's clock. Ownership is taken and shown; evaluation and publication do not follow it yet. Read at ")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, " shards, each owned by one replica through a lease timed by the database's clock. Lease expiry follows ownership; evaluation and publication do not yet. Read at ")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
 				var templ_7745c5c3_Var4 string
 				templ_7745c5c3_Var4, templ_7745c5c3_Err = templ.JoinStringErrs(Absolute(r.ReadAt))
 				if templ_7745c5c3_Err != nil {
-					return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/replicas.templ`, Line: 17, Col: 238}
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/replicas.templ`, Line: 17, Col: 230}
 				}
 				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var4))
 				if templ_7745c5c3_Err != nil {
