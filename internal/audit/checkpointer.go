@@ -121,13 +121,19 @@ func (c *Checkpointer) Start(ctx context.Context) error { return c.runner.Start(
 func (c *Checkpointer) Stop() { c.runner.Stop() }
 
 func (c *Checkpointer) loop(ctx context.Context) {
-	defer func() {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	// A round is never cut short by Stop: a round cancelled inside its
+	// transaction leaves the checkpoint lock held until the server has
+	// rolled it back, and the final round, finding the lock taken, would
+	// write nothing (as it must when another replica is the writer).
+	// Stop waits for the round instead (milliseconds; 15 s at most).
+	round := func(final bool) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 		defer cancel()
-		c.tick(fctx, true)
-	}()
-	c.tick(ctx, false)
-	worker.Every(ctx, c.cfg.Interval, func(ctx context.Context) { c.tick(ctx, false) })
+		c.tick(rctx, final)
+	}
+	defer round(true)
+	round(false)
+	worker.Every(ctx, c.cfg.Interval, func(context.Context) { round(false) })
 }
 
 func (c *Checkpointer) tick(ctx context.Context, final bool) {
