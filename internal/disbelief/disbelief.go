@@ -140,8 +140,8 @@ func NewCounter(rules map[Kind]Rule) *Counter {
 // Had adds n to what s had.
 func (c *Counter) Had(s Scope, n int) { c.had[s] += n }
 
-// Lacking adds n to what s would lose (n is counted in what it had too
-// when also is set: removals already made within the window).
+// Lacking adds n to what s would lose. Removals already made within the
+// window count in both: the caller adds them with Had and with Lacking.
 func (c *Counter) Lacking(s Scope, n int) { c.lacking[s] += n }
 
 // Count returns what s had and would lose.
