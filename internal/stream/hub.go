@@ -46,6 +46,13 @@ type Frame struct {
 type Update struct {
 	View  *Frame
 	Delta *Frame
+	// Rebased marks a delta whose base this publisher did not publish
+	// itself: it gained the service (issue 27) and restored the last view
+	// it had relayed or saved. The hub vouches for such a delta only to a
+	// client at exactly its base; one above it may hold a version the
+	// previous owner published and this replica never saw, and gets the
+	// full view.
+	Rebased bool
 }
 
 // Config configures a Hub.
@@ -69,6 +76,8 @@ type Hub struct {
 	subs     int
 	peak     int
 	views    int // services with a view
+	taps     map[*Tap]struct{}
+	relayed  uint64 // updates taken from peers (Relay)
 }
 
 // Services returns the names of the services the hub holds a view of,
@@ -134,50 +143,91 @@ func NewHub(cfg Config) *Hub {
 // ErrClosed is returned by Subscribe once the hub is draining.
 var ErrClosed = errors.New("the streaming tier is shutting down")
 
-// Publish records updates and delivers them to subscribers. Updates must
-// come in increasing version order (the assembler's publication order).
+// Publish records updates from this replica's own publisher and
+// delivers them to subscribers and to the taps (the relay to peers).
+// Updates must come in increasing version order per service (the
+// assembler's publication order).
 //
-// The first publication of a service in this hub goes to subscribers as
-// the full view even when it carries a delta: after a restart the
+// A delta goes to subscribers only when it applies to the view the hub
+// holds (its from_version is that view's version): otherwise, as for a
+// service's first publication in this hub (after a restart the
 // publisher's first version may be a delta from a version the previous
-// process published, which a subscriber that came in with nothing (or
-// with a version this process never saw) cannot apply. Subscribers that
-// were waiting for that view get synced after it once they hold a view of
-// every service they asked for.
+// process published), subscribers get the full view, and the delta is
+// kept only for a client resuming at exactly its base. Subscribers that
+// were waiting for a first view get synced after it once they hold a view
+// of every service they asked for.
 func (h *Hub) Publish(updates []Update) {
-	now := h.cfg.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	accepted := h.apply(updates)
+	for t := range h.taps {
+		t.offer(accepted)
+	}
+}
+
+// Relay records updates another replica published (issue 27: every
+// replica serves every view; versions are issued only by a service's
+// owner), as Publish does but for the taps: a replica relays only what it
+// published itself. Updates at or below the version held are dropped, so
+// the same update relayed twice, or a deposed owner's late one, changes
+// nothing. It returns how many were taken.
+func (h *Hub) Relay(updates []Update) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := len(h.apply(updates))
+	h.relayed += uint64(n)
+	return n
+}
+
+// Relayed is how many updates Relay has taken.
+func (h *Hub) Relayed() uint64 {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.relayed
+}
+
+// apply records updates, returning those taken. Called with h.mu held.
+func (h *Hub) apply(updates []Update) []Update {
+	now := h.cfg.Now()
+	var accepted []Update
 	for _, u := range updates {
 		if u.View == nil {
 			continue
 		}
-		u.View.PublishedAt = now
 		st := h.state(u.View.Service)
 		if st.view != nil && u.View.Version <= st.view.Version {
 			continue // never go backwards
 		}
+		accepted = append(accepted, u)
 		first := st.view == nil
 		if first {
 			h.views++
 		}
+		chained := !first && u.Delta != nil && u.Delta.FromVersion == st.view.Version
+		u.View.PublishedAt = now
 		st.view = u.View
 		send := u.View
-		if u.Delta != nil {
+		switch {
+		case u.Delta == nil:
+			st.history, st.foreign = st.history[:0], 0
+		case chained && !u.Rebased:
 			u.Delta.PublishedAt = now
-			// Kept even for a first publication: a client resuming at
-			// exactly the delta's from_version can still use it.
 			st.history = append(st.history, u.Delta)
 			if len(st.history) > h.cfg.History {
 				st.history = slices.Delete(st.history, 0, len(st.history)-h.cfg.History)
 			}
-			if !first {
+			send = u.Delta
+		default:
+			// A first publication, a delta from a base this hub does not
+			// hold, or a rebased one: kept only for a client at exactly
+			// its base. A chained rebased delta still goes to subscribers,
+			// who hold what the hub holds.
+			u.Delta.PublishedAt = now
+			st.history = append(st.history[:0], u.Delta)
+			st.foreign = u.Delta.FromVersion
+			if chained {
 				send = u.Delta
-			} else {
-				st.foreign = u.Delta.FromVersion
 			}
-		} else {
-			st.history = st.history[:0]
 		}
 		for sub := range st.subs {
 			sub.offer(send)
@@ -186,6 +236,105 @@ func (h *Hub) Publish(updates []Update) {
 			}
 		}
 	}
+	return accepted
+}
+
+// Snapshot returns the latest view of every service the hub holds, in
+// service order: what a peer starting to relay from this replica needs
+// first.
+func (h *Hub) Snapshot() []*Frame {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]*Frame, 0, h.views)
+	for _, st := range h.services {
+		if st.view != nil {
+			out = append(out, st.view)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Frame) int {
+		if a.Service < b.Service {
+			return -1
+		}
+		if a.Service > b.Service {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Tap follows what this replica's own publisher publishes (Publish, not
+// Relay), for relaying to a peer. Its queue is bounded: a tap that falls
+// behind by more than its limit drops the queue and is marked to resync
+// (Take reports it), after which its reader sends Snapshot again.
+type Tap struct {
+	hub   *Hub
+	limit int
+
+	mu     sync.Mutex
+	queue  []Update
+	resync bool
+	closed bool
+	wake   chan struct{}
+}
+
+// Tap returns a tap holding at most limit updates (4,096 when limit <= 0).
+func (h *Hub) Tap(limit int) *Tap {
+	if limit <= 0 {
+		limit = 4096
+	}
+	t := &Tap{hub: h, limit: limit, wake: make(chan struct{}, 1)}
+	h.mu.Lock()
+	if h.taps == nil {
+		h.taps = map[*Tap]struct{}{}
+	}
+	h.taps[t] = struct{}{}
+	h.mu.Unlock()
+	return t
+}
+
+// Wake receives a value when updates (or a resync) wait to be taken.
+func (t *Tap) Wake() <-chan struct{} { return t.wake }
+
+// Take returns the updates queued since the last call, and whether the
+// tap overflowed since (its reader must send a snapshot: updates were
+// lost).
+func (t *Tap) Take() (updates []Update, resync bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	updates, resync = t.queue, t.resync
+	t.queue, t.resync = nil, false
+	return updates, resync
+}
+
+func (t *Tap) offer(us []Update) {
+	if len(us) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
+	if len(t.queue)+len(us) > t.limit {
+		t.queue, t.resync = nil, true
+	} else {
+		t.queue = append(t.queue, us...)
+	}
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Close stops the tap.
+func (t *Tap) Close() {
+	t.hub.mu.Lock()
+	delete(t.hub.taps, t)
+	t.hub.mu.Unlock()
+	t.mu.Lock()
+	t.closed, t.queue = true, nil
+	t.mu.Unlock()
 }
 
 func (h *Hub) state(service string) *serviceState {
