@@ -368,6 +368,7 @@ func TestInstancesWrittenOutsideMusterMoveNoTraffic(t *testing.T) {
 	}
 
 	// A deregistration through muster is sealed, and honoured.
+	f.TakeOver(t)
 	if r := f.deregister(t, alice, az1[3], "host fails its ECC checks, CHG-7"); r.Status != http.StatusOK {
 		t.Fatalf("deregister: %d %s", r.Status, r.Body)
 	}

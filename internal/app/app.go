@@ -78,8 +78,8 @@ const (
 	WorkerAuthz     = "authz"
 	WorkerCensus    = "census"
 	// WorkerOwnership keeps this replica's share of the region's shards
-	// (internal/ownership). Issue 27: ownership is taken and shown (GET
-	// /v1/replicas, shard_unowned); the work does not follow it yet.
+	// (internal/ownership): only a service's owner reaps its leases,
+	// writes its windows and transitions, and publishes it (issue 27).
 	WorkerOwnership = "ownership"
 	WorkerReaper    = "lease-reaper"
 	WorkerShifts    = "shifts"
@@ -280,11 +280,28 @@ func New(cfg Config) (*App, error) {
 	a.InForce = policy.NewInForce(policy.InForceConfig{Pool: pool, Now: now, RefreshEvery: cfg.Evaluator.RefreshEvery,
 		DatabaseUp: a.Monitor.Up, Keys: cfg.Policy.SealKeys.With(cfg.Policy.Sealer), Logger: log, Registerer: metrics})
 
+	// Ownership: which services this replica evaluates for the record,
+	// reaps and publishes (issue 27).
+	oc := cfg.Ownership
+	oc.Pool, oc.ID, oc.Address, oc.Region, oc.Logger, oc.Registerer = pool, cfg.Replica, cfg.Address, cfg.Region, log, metrics
+	if a.Ownership, err = ownership.New(oc); err != nil {
+		return nil, err
+	}
+	owns := func(service string) bool {
+		_, ok := a.Ownership.Owns(service)
+		return ok
+	}
+
 	// Evaluation.
 	ec := cfg.Evaluator
 	ec.Registry, ec.Pool, ec.Logger, ec.Registerer = a.Registry, pool, log, metrics
 	ec.Now = orNow(ec.Now, now)
 	ec.Overrides = a.InForce
+	if ec.Owns == nil {
+		// Windows and transitions are written by the owner, or by anyone
+		// while no other replica is known to own the service.
+		ec.Owns = func(service string) bool { return !a.Ownership.OwnedElsewhere(service) }
+	}
 	if ec.DatabaseUp == nil { // a test may stand in for the monitor
 		ec.DatabaseUp = a.Monitor.Up
 	}
@@ -317,10 +334,7 @@ func New(cfg Config) (*App, error) {
 	// Only a service's owner expires its leases (issue 27). Until the
 	// ownership worker's first round (never past the reaper's grace in a
 	// running process) it expires nothing either.
-	rpc.Owns = func(service string) bool {
-		_, ok := a.Ownership.Owns(service)
-		return ok
-	}
+	rpc.Owns = owns
 	if a.Reaper, err = registry.NewReaper(rpc); err != nil {
 		return nil, err
 	}
@@ -358,18 +372,18 @@ func New(cfg Config) (*App, error) {
 	pbc.Hub, pbc.Pool, pbc.Logger, pbc.Registerer = a.Hub, pool, log, metrics
 	pbc.Now = orNow(pbc.Now, now)
 	pbc.GuardEvents = a.Guards.Record
+	// Only a service's owner publishes it; one whose tenure lapsed while
+	// PostgreSQL is unreachable goes on (ownership.Manager.Publishes).
+	pbc.Owns, pbc.Services = a.Ownership.Publishes, a.Evaluator.Services
 	if a.Publisher, err = publisher.New(pbc); err != nil {
 		return nil, err
 	}
+	a.Ownership.OnChange(a.Publisher.OwnershipChanged)
+	a.Ownership.OnLapseEnd(a.Publisher.LapseEnded)
 	a.Admission = stream.NewAdmission(cfg.Admission)
 	cc := cfg.Census
 	cc.Pool, cc.Replica, cc.Hub, cc.Admission, cc.Logger = pool, cfg.Replica, a.Hub, a.Admission, log
 	if a.Census, err = stream.NewCensus(cc); err != nil {
-		return nil, err
-	}
-	oc := cfg.Ownership
-	oc.Pool, oc.ID, oc.Address, oc.Region, oc.Logger, oc.Registerer = pool, cfg.Replica, cfg.Address, cfg.Region, log, metrics
-	if a.Ownership, err = ownership.New(oc); err != nil {
 		return nil, err
 	}
 

@@ -543,6 +543,37 @@ func (sv *service) aDue(w time.Duration) time.Time {
 	return sv.aSince.Add(w)
 }
 
+// Holds reports whether the assembler holds a service (assembled or
+// restored, and not forgotten).
+func (a *Assembler) Holds(name string) bool {
+	_, ok := a.svcs[name]
+	return ok
+}
+
+// Services lists the services held, in no order.
+func (a *Assembler) Services() []string {
+	out := make([]string, 0, len(a.svcs))
+	for name := range a.svcs {
+		out = append(out, name)
+	}
+	return out
+}
+
+// Forget drops a service without publishing anything: this replica no
+// longer owns its publication (issue 27), and the next owner publishes
+// from the view it restores. Its queued changes, alarms and slow starts go
+// with it; a later Restore or Update starts it afresh. Unknown services
+// are ignored.
+func (a *Assembler) Forget(name string) {
+	if _, ok := a.svcs[name]; !ok {
+		return
+	}
+	delete(a.svcs, name)
+	delete(a.dirty, name)
+	delete(a.ramping, name)
+	a.clearAlarms(name)
+}
+
 // View returns the service's last published view (or the one restored, see
 // Restore), shared and immutable.
 func (a *Assembler) View(service string) (*View, bool) {

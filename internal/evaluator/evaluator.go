@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +76,13 @@ type Config struct {
 	// workloads it allows. Without it only a service's own workloads may
 	// report passive evidence about it.
 	MayResolve func(actor identity.Principal, service string) error
+	// Owns, when set, says whether this replica writes a service's
+	// observations (issue 27): every replica evaluates every service on
+	// the evidence mirrored to it, but only the owner (or anyone, while no
+	// other replica is known to own it) writes the observed windows and
+	// the transitions, so the database holds each once. Nil: every
+	// service.
+	Owns       func(service string) bool
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -503,7 +512,31 @@ func (e *Evaluator) publish(ts []eligibility.Transition, changed []string) {
 			e.metrics.damping.WithLabelValues(t.Service).Observe(t.At.Sub(t.FirstFailureAt).Seconds())
 		}
 	}
+	if e.cfg.Owns != nil {
+		owned := ts[:0:0]
+		for _, t := range ts {
+			if e.cfg.Owns(t.Service) {
+				owned = append(owned, t)
+			}
+		}
+		ts = owned
+	}
 	e.transitions.add(ts)
+}
+
+// Services lists every service the evaluator knows (with a contract or an
+// instance), sorted.
+func (e *Evaluator) Services() []string {
+	e.mu.Lock()
+	set := make(map[string]struct{}, len(e.services))
+	for name := range e.services {
+		set[name] = struct{}{}
+	}
+	for _, in := range e.instances {
+		set[in.service] = struct{}{}
+	}
+	e.mu.Unlock()
+	return slices.Sorted(maps.Keys(set))
 }
 
 // rebuild loads the registry, replays retained observed windows and

@@ -84,6 +84,15 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 	e.mu.Lock()
 	windows, start := e.windows, e.winStart
 	e.windows, e.winStart = make(map[windowKey]*windowCounts, len(windows)), now
+	if e.cfg.Owns != nil {
+		// Only the owner writes a service's windows (every replica
+		// counts them: evidence is mirrored to all).
+		for k := range windows {
+			if in, ok := e.instances[k.id]; ok && !e.cfg.Owns(in.service) {
+				delete(windows, k)
+			}
+		}
+	}
 	e.mu.Unlock()
 	if start.IsZero() {
 		start = now.Add(-e.cfg.FlushEvery)

@@ -2,8 +2,8 @@
 // (issue 27, "One owner per service"): services hash onto a fixed set of
 // virtual shards, and each shard is held by one replica at a time through
 // a lease row in PostgreSQL, timed by the database's clock and carrying
-// an epoch that fences a deposed owner. It is the foundation only: muster
-// does not use it yet (see docs/replicas.md, "Ownership").
+// an epoch that fences a deposed owner. Muster uses it for lease expiry,
+// observation writes and publication (see docs/replicas.md).
 //
 // # Shards and the balance
 //

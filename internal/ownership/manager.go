@@ -141,12 +141,20 @@ type Manager struct {
 	shards    int // 0 until the first read of shard_leases
 	held      map[int]*tenure
 	abandoned map[int]uint64 // tenures this process took and dropped locally, perhaps still named in the database
+	// lapsed holds the shards whose local deadline passed with no
+	// reading of the leases since: nobody is known to have taken them
+	// (see Publishes).
+	lapsed    map[int]struct{}
 	callbacks []func(gained, lost []int)
+	// lapseEnds are told of lapsed shards that ended (see Publishes).
+	lapseEnds []func(shards []int)
 	lastRenew time.Time
 	// region is the last round's reading of the region; unownedSince
 	// says since when (local clock) each unowned shard has been so.
 	region       RegionStatus
 	unownedSince map[int]time.Time
+	// others are the shards another replica held at the last reading.
+	others map[int]string
 }
 
 // New returns a stopped Manager.
@@ -164,6 +172,7 @@ func New(cfg Config) (*Manager, error) {
 		met:       met,
 		held:      map[int]*tenure{},
 		abandoned: map[int]uint64{},
+		lapsed:    map[int]struct{}{},
 	}, nil
 }
 
@@ -325,6 +334,10 @@ func (m *Manager) RunOnce(ctx context.Context) error {
 		}
 		m.noteRegion(m.cfg.Now(), replicas, rows)
 	}
+	// The lapsed tenures were released and the leases read since: those
+	// the balance did not deal back (as a gain, under a new epoch) are
+	// lost now.
+	m.endLapses()
 	if _, err := q.ReplicaPrune(ctx, pruneAfter.Milliseconds()); err != nil {
 		return fmt.Errorf("prune replicas: %w", err)
 	}
@@ -484,6 +497,7 @@ func (m *Manager) Release(ctx context.Context) error {
 			m.drop(ev, s, t, changeReleased)
 		}
 	})
+	m.endLapses()
 	q := db.New(m.cfg.Pool)
 	err := m.releaseAbandoned(ctx, q)
 	if ferr := q.ReplicaForget(ctx, m.cfg.ID); ferr != nil {
@@ -500,6 +514,7 @@ func (m *Manager) expire(now time.Time) {
 		for s, t := range m.held {
 			if !now.Before(t.deadline) {
 				m.drop(ev, s, t, changeExpired)
+				m.lapsed[s] = struct{}{}
 			}
 		}
 		lost = slices.Clone(ev.lost)
@@ -602,6 +617,80 @@ func (m *Manager) Owns(service string) (epoch uint64, ok bool) {
 		return 0, false
 	}
 	return t.epoch, true
+}
+
+// OnLapseEnd registers fn to be told of shards whose lapse ended (see
+// Publishes): this replica no longer publishes their services. It is
+// called from a round (or Release) after the lapsed tenures were released
+// in the database, so a new owner may already hold them; its versions are
+// above the lapsed ones, so nothing regresses.
+func (m *Manager) OnLapseEnd(fn func(shards []int)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lapseEnds = append(m.lapseEnds, fn)
+}
+
+// endLapses ends every lapse and tells OnLapseEnd.
+func (m *Manager) endLapses() {
+	m.emitMu.Lock()
+	defer m.emitMu.Unlock()
+	m.mu.Lock()
+	var ended []int
+	for s := range m.lapsed {
+		if m.held[s] == nil {
+			ended = append(ended, s)
+		}
+	}
+	slices.Sort(ended)
+	clear(m.lapsed)
+	cbs := slices.Clone(m.lapseEnds)
+	m.mu.Unlock()
+	if len(ended) == 0 {
+		return
+	}
+	for _, fn := range cbs {
+		fn(ended)
+	}
+}
+
+// Publishes reports whether this replica goes on publishing service's
+// views: it owns it (Owns), or its tenure lapsed (the local deadline
+// passed without a renewal landing, PostgreSQL unreachable) and no
+// reading of the leases has happened since. A lapsed owner keeps
+// publishing so that a replica cut off from its database goes on serving
+// its subscribers (muster must never be the reason traffic stops), and
+// this is harmless to the others: a new owner publishes under a version
+// epoch taken after it gained the shard, above every version the lapsed
+// one can issue, and every hub keeps the higher version (see
+// docs/replicas.md, "Publication follows ownership"). Everything that
+// writes or ends something (lease expiry, window flushes) asks Owns.
+func (m *Manager) Publishes(service string) bool {
+	if _, ok := m.Owns(service); ok {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.shards == 0 {
+		return false
+	}
+	_, ok := m.lapsed[ShardOf(service, m.shards)]
+	return ok
+}
+
+// OwnedElsewhere reports whether the last reading of the leases showed
+// another replica holding service's shard. Whoever writes what every
+// replica observes (the evaluator's windows and transitions) leaves it to
+// that replica, and writes it otherwise: alone, while a shard moves, or
+// while the leases cannot be read, so nothing observed is lost for want
+// of an owner (a move may write a few seconds twice).
+func (m *Manager) OwnedElsewhere(service string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.shards == 0 {
+		return false
+	}
+	_, ok := m.others[ShardOf(service, m.shards)]
+	return ok
 }
 
 // Fence checks, inside the caller's transaction (q from db.WithTx), that
@@ -722,8 +811,15 @@ func (m *Manager) noteRegion(now time.Time, replicas []db.Replica, rows []db.Sha
 	for i, r := range replicas {
 		rs[i] = ReplicaStatus{ID: r.ID, Address: r.Address, Region: r.Region, StartedAt: r.StartedAt, LastSeen: r.LastSeen, Shards: held[r.ID]}
 	}
+	others := map[int]string{}
+	for _, r := range rows {
+		if r.Held && r.Owner != nil && *r.Owner != m.cfg.ID {
+			others[int(r.Shard)] = *r.Owner
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.others = others
 	since := map[int]time.Time{}
 	for _, s := range unowned {
 		if t, ok := m.unownedSince[s]; ok {

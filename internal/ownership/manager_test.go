@@ -861,3 +861,58 @@ func TestStuckReplicaRaisesShardUnowned(t *testing.T) {
 		t.Fatalf("after the stuck replica left: %d unowned, %d owned, alarms %+v", len(r.Unowned), len(r.Owned), a.Alarms())
 	}
 }
+
+// TestALapsedTenureGoesOnPublishing: a replica cut off from the database
+// stops owning its shards at the local deadline (nothing may be expired
+// or written) but goes on publishing them until a reading of the leases
+// tells it more; a round that takes the shards back ends the lapse as a
+// gain (a fresh adoption), with no loss in between.
+func TestALapsedTenureGoesOnPublishing(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t)
+	cut, g := gatedPool(t, url)
+	clk := testclock.New(time.Now())
+	r := newReplica(t, cut, "a", func(c *ownership.Config) { c.Now = clk.Now })
+	var (
+		mu     sync.Mutex
+		events []string
+	)
+	r.OnChange(func(gained, lost []int) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, fmt.Sprintf("gained %d lost %d", len(gained), len(lost)))
+	})
+	r.OnLapseEnd(func(shards []int) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, fmt.Sprintf("lapse ended %d", len(shards)))
+	})
+	rounds(t, r)
+	if _, ok := r.Owns("web"); !ok || !r.Publishes("web") {
+		t.Fatal("the only replica does not own web")
+	}
+	g.sever()
+	clk.Advance(testTTL)
+	if err := r.RunOnce(t.Context()); err == nil {
+		t.Fatal("a round without the database succeeded")
+	}
+	if _, ok := r.Owns("web"); ok {
+		t.Fatal("web is still owned past the local deadline")
+	}
+	if !r.Publishes("web") {
+		t.Fatal("a lapsed tenure stopped publishing before anything was known of the shard")
+	}
+	g.closed.Store(false)
+	rounds(t, r)
+	if _, ok := r.Owns("web"); !ok {
+		t.Fatal("web was not taken again once the database answered")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Taken back in the round that read the leases: the lapse ends
+	// without a loss, as a gain.
+	want := fmt.Sprint([]string{"gained 64 lost 0", "gained 0 lost 64", "gained 64 lost 0"})
+	if got := fmt.Sprint(events); got != want {
+		t.Fatalf("events %s, want %s", got, want)
+	}
+}

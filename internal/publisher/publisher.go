@@ -28,11 +28,19 @@
 // restored into the assembler by Prepare after a restart, so that
 // last_instance and the next delta compare with what clients hold. The
 // restored views are not handed to the streaming hub: it serves only what
-// this process publishes, after its rebuild.
+// is published after the rebuild.
+//
+// Several replicas (issue 27): only a service's owner publishes it
+// (Config.Owns). A loss forgets the service at once (OwnershipChanged); a
+// gain is adopted (adopt) with a fresh epoch and the newest of the saved
+// and the hub's view restored, so the new owner's first version is a
+// delta above everything the previous owner published, marked Rebased for
+// the hub. See docs/replicas.md, "Publication follows ownership".
 package publisher
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -100,6 +108,14 @@ type Config struct {
 	// tripped or cleared since the last RunOnce (from the publisher's
 	// loop: it must not block), for the guard-trip history (guardlog).
 	GuardEvents func([]guardlog.Event)
+	// Owns, when set, says whether this replica owns a service's
+	// publication now (issue 27, ownership.Manager): a service it does
+	// not own is neither assembled nor published. Nil: every service (a
+	// replica alone).
+	Owns func(service string) bool
+	// Services, with Owns, lists the services known upstream (the
+	// evaluator's), so that the services a gain brings are assembled.
+	Services func() []string
 }
 
 // Changes is the evaluator as the publisher pulls from it.
@@ -154,14 +170,24 @@ type Publisher struct {
 	// beforeLoad, when set (tests), runs before Prepare loads the saved
 	// views; an error fails the load.
 	beforeLoad func() error
-	wake       chan struct{}
+	// gained counts the gains of shards told by OwnershipChanged;
+	// adopted is the count the last adoption covered. While they differ,
+	// a service this process does not hold waits (see adopt).
+	gained, adopted uint64
+	// rebased holds the services restored by an adoption whose next
+	// publication is the first: its delta is Rebased for the hub.
+	rebased   map[string]struct{}
+	adoptMu   sync.Mutex // one adoption at a time
+	adoptWake chan struct{}
+	wake      chan struct{}
 	// trafficRev is the Traffic revision last assembled with;
 	// overridesRev the Overrides revision last taken.
 	trafficRev, overridesRev uint64
 
-	store      viewStore
-	runner     worker.Runner
-	saveRunner worker.Runner
+	store       viewStore
+	runner      worker.Runner
+	saveRunner  worker.Runner
+	adoptRunner worker.Runner
 }
 
 // AlarmEpochsLow is raised while fewer than EpochsLowAt version epochs are
@@ -229,7 +255,7 @@ func New(cfg Config) (*Publisher, error) {
 		cfg: cfg, log: cfg.Logger.With("worker", "publisher"),
 		dirty: map[string]struct{}{}, known: map[string]struct{}{}, firstFail: map[uuid.UUID]time.Time{},
 		asm: assembler.New(cfg.Options), budget: map[string]assembler.Alarm{}, guards: map[[2]string]struct{}{},
-		wake:  make(chan struct{}, 1),
+		wake: make(chan struct{}, 1), adoptWake: make(chan struct{}, 1), rebased: map[string]struct{}{},
 		store: viewStore{pool: cfg.Pool, timeout: cfg.DBTimeout, pending: map[string]savedView{}},
 	}
 	p.metrics = metrics{
@@ -389,17 +415,81 @@ func (p *Publisher) poke() {
 // Until it has succeeded RunOnce publishes nothing (the services it is told
 // about wait). Start calls it, retrying with backoff while PostgreSQL is
 // away; tests that step the publisher call it once. After a success it
-// does nothing.
-func (p *Publisher) Prepare(ctx context.Context) error {
+// does nothing until this replica gains shards again (OwnershipChanged),
+// when it adopts them (see adopt).
+func (p *Publisher) Prepare(ctx context.Context) error { return p.adopt(ctx) }
+
+// OwnershipChanged is told (ownership.Manager.OnChange) that this replica
+// gained or lost shards. A loss takes effect at once: every service no
+// longer owned is forgotten without publishing anything, so none of its
+// versions is published once the callback has returned (the manager calls
+// it before anyone else may take the shard). A gain is adopted in the
+// background (adopt): until then the services it brought wait.
+func (p *Publisher) OwnershipChanged(gained, lost []int) {
 	p.mu.Lock()
-	done := p.versions != nil
+	if len(lost) > 0 {
+		p.forgetUnownedLocked()
+	}
+	if len(gained) > 0 {
+		p.gained++
+	}
+	p.mu.Unlock()
+	if len(gained) > 0 {
+		select {
+		case p.adoptWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// LapseEnded is told (ownership.Manager.OnLapseEnd) that shards whose
+// tenure had lapsed are no longer this replica's to publish.
+func (p *Publisher) LapseEnded([]int) {
+	p.mu.Lock()
+	p.forgetUnownedLocked()
+	p.mu.Unlock()
+}
+
+// forgetUnownedLocked forgets every service held that Owns no longer
+// allows. Called with p.mu held.
+func (p *Publisher) forgetUnownedLocked() {
+	if p.cfg.Owns == nil {
+		return
+	}
+	for _, name := range p.asm.Services() {
+		if !p.cfg.Owns(name) {
+			p.asm.Forget(name)
+			delete(p.known, name)
+			delete(p.dirty, name)
+			delete(p.rebased, name)
+			delete(p.budget, name)
+		}
+	}
+}
+
+// adopt makes this replica ready to publish the services it owns and does
+// not hold: it takes a fresh version epoch (the sequence hands it out
+// above every epoch taken before, so above every version the previous
+// owner published: that owner stopped publishing before this replica
+// could take the shard) and restores each such service's last view, the
+// newer of the one saved in PostgreSQL and the one this replica's hub
+// holds (relayed from the previous owner), so that the next version is a
+// delta from what clients hold. The first delta after a restore is
+// Rebased: the hub vouches for it only at exactly its base.
+//
+// The first adoption is the start's (Prepare). An epoch taken while the
+// views cannot be loaded is kept for the retry, so a database outage
+// does not spend one epoch per attempt.
+func (p *Publisher) adopt(ctx context.Context) error {
+	p.adoptMu.Lock()
+	defer p.adoptMu.Unlock()
+	p.mu.Lock()
+	gen, done := p.gained, p.versions != nil && p.gained == p.adopted
+	epoch := p.heldEpoch
 	p.mu.Unlock()
 	if done {
 		return nil
 	}
-	p.mu.Lock()
-	epoch := p.heldEpoch
-	p.mu.Unlock()
 	if epoch == 0 {
 		e, err := p.store.takeEpoch(ctx)
 		if err != nil {
@@ -428,13 +518,35 @@ func (p *Publisher) Prepare(ctx context.Context) error {
 	for _, err := range skipped {
 		p.log.Warn("a saved view cannot be restored; its service starts from nothing", "err", err)
 	}
+	// The hub's views, relayed from their owners, may be newer than the
+	// saved ones (saved asynchronously: a SIGKILLed owner's last ones are
+	// not).
+	best := map[string]*assembler.View{}
+	for _, v := range views {
+		best[v.Service] = v
+	}
+	for _, f := range p.cfg.Hub.Snapshot() {
+		if b, ok := best[f.Service]; ok && b.Version >= f.Version {
+			continue
+		}
+		var v assembler.View
+		if err := json.Unmarshal(f.JSON, &v); err != nil || v.Service != f.Service || v.Version != f.Version {
+			p.log.Warn("a relayed view cannot be restored", "service", f.Service, "version", f.Version, "err", err)
+			continue
+		}
+		best[f.Service] = &v
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.versions != nil {
-		return nil
+	if p.versions != nil && epoch <= p.versions.Floor()>>assembler.CounterBits {
+		p.heldEpoch = 0
+		return fmt.Errorf("publisher: version epoch %d is not above the current one", epoch)
 	}
 	restored := 0
-	for _, v := range views {
+	for name, v := range best {
+		if p.cfg.Owns != nil && !p.cfg.Owns(name) || p.asm.Holds(name) {
+			continue
+		}
 		if v.Version >= vs.Floor() {
 			// Only a database restored out of step with its sequence
 			// can hold this; clients get a full view instead.
@@ -446,15 +558,66 @@ func (p *Publisher) Prepare(ctx context.Context) error {
 			p.log.Warn("a saved view cannot be restored; its service starts from nothing", "err", err)
 			continue
 		}
+		p.rebased[name] = struct{}{}
 		restored++
 	}
-	p.versions, p.heldEpoch = vs, 0
+	first := p.versions == nil
+	p.versions, p.heldEpoch, p.adopted = vs, 0, gen
+	// Every owned service is assembled afresh: those restored publish
+	// their first version from the restored base, the others their first
+	// view.
+	if p.cfg.Services != nil {
+		for _, name := range p.cfg.Services() {
+			if p.cfg.Owns == nil || p.cfg.Owns(name) {
+				p.dirty[name] = struct{}{}
+			}
+		}
+	}
 	left := assembler.MaxEpoch - epoch
-	p.log.Info("publisher prepared", "epoch", epoch, "epochs_left", left, "first_version", vs.Floor(), "restored_views", restored)
+	if first {
+		p.log.Info("publisher prepared", "epoch", epoch, "epochs_left", left, "first_version", vs.Floor(), "restored_views", restored)
+	} else {
+		p.log.Info("adopted the services of gained shards", "epoch", epoch, "epochs_left", left, "first_version", vs.Floor(), "restored_views", restored)
+	}
 	if left < EpochsLowAt {
 		p.log.Warn("few version epochs are left; see the version_epochs_low alarm", "epochs_left", left)
 	}
 	return nil
+}
+
+// adoptLoop adopts gains as they are told, retrying with backoff while
+// PostgreSQL is away.
+func (p *Publisher) adoptLoop(ctx context.Context) {
+	backoff := time.Duration(0)
+	for {
+		var retry <-chan time.Time
+		if backoff > 0 {
+			retry = time.After(backoff)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.adoptWake:
+		case <-retry:
+		}
+		p.mu.Lock()
+		pending := p.versions != nil && p.gained != p.adopted
+		p.mu.Unlock()
+		if !pending {
+			backoff = 0
+			continue
+		}
+		if err := p.adopt(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+			p.log.Warn("adopt gained shards; retrying", "err", err, "in", backoff)
+			continue
+		}
+		backoff = 0
+		p.poke()
+	}
 }
 
 // Start prepares (see Prepare) and then runs the worker until ctx ends or
@@ -464,6 +627,9 @@ func (p *Publisher) Start(ctx context.Context) error {
 	if err := p.saveRunner.Start(ctx, p.saveLoop); err != nil {
 		return err
 	}
+	if err := p.adoptRunner.Start(ctx, p.adoptLoop); err != nil {
+		return err
+	}
 	return p.runner.Start(ctx, p.run)
 }
 
@@ -471,6 +637,7 @@ func (p *Publisher) Start(ctx context.Context) error {
 // saved. Safe to call twice or before Start.
 func (p *Publisher) Stop() {
 	p.runner.Stop()
+	p.adoptRunner.Stop()
 	p.saveRunner.Stop()
 }
 
@@ -608,10 +775,20 @@ func (p *Publisher) RunOnce() {
 		return
 	}
 	dirty := make([]string, 0, len(p.dirty))
+	adopting := p.gained != p.adopted
 	for n := range p.dirty {
+		if p.cfg.Owns != nil && !p.cfg.Owns(n) {
+			// Not this replica's to publish: its owner does. A gain
+			// marks it again.
+			delete(p.dirty, n)
+			continue
+		}
+		if adopting && !p.asm.Holds(n) {
+			continue // waits for the adoption (it may restore a view)
+		}
 		dirty = append(dirty, n)
+		delete(p.dirty, n)
 	}
-	clear(p.dirty)
 	p.mu.Unlock()
 	sort.Strings(dirty)
 
@@ -647,7 +824,12 @@ func (p *Publisher) RunOnce() {
 	p.mu.Lock()
 	published, err := p.asm.Drain(now, p.versions)
 	saves := make([]savedView, len(published))
+	rebased := make([]bool, len(published))
 	for i, pub := range published {
+		if _, ok := p.rebased[pub.View.Service]; ok {
+			rebased[i] = pub.Delta != nil
+			delete(p.rebased, pub.View.Service)
+		}
 		saves[i] = savedView{service: pub.View.Service, version: pub.View.Version, view: pub.ViewJSON, at: pub.View.GeneratedAt}
 		if _, held := p.asm.View(pub.View.Service); !held {
 			saves[i].view = nil // removed: the emptied view was its last
@@ -664,8 +846,8 @@ func (p *Publisher) RunOnce() {
 	}
 	p.store.put(saves)
 	updates := make([]stream.Update, 0, len(published))
-	for _, pub := range published {
-		u := stream.Update{View: &stream.Frame{Kind: stream.KindView, Service: pub.View.Service, Version: pub.View.Version, JSON: pub.ViewJSON}}
+	for i, pub := range published {
+		u := stream.Update{View: &stream.Frame{Kind: stream.KindView, Service: pub.View.Service, Version: pub.View.Version, JSON: pub.ViewJSON}, Rebased: rebased[i]}
 		if pub.Delta != nil {
 			u.Delta = &stream.Frame{Kind: stream.KindDelta, Service: pub.Delta.Service, FromVersion: pub.Delta.FromVersion,
 				Version: pub.Delta.Version, JSON: pub.DeltaJSON, Withdrawal: pub.Delta.Withdrawal}

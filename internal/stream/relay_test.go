@@ -37,7 +37,7 @@ func TestADeltaFromAnotherBaseIsNotSent(t *testing.T) {
 		since uint64
 		want  string
 	}{
-		{10, "[web:view@12 :synced@0]"}, // holds 10, never told of 11
+		{10, "[web:view@12 :synced@0]"},  // holds 10, never told of 11
 		{11, "[web:delta@12 :synced@0]"}, // exactly the delta's base
 	} {
 		s, _ := h.Subscribe([]string{"web"}, tc.since)

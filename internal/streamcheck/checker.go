@@ -28,6 +28,11 @@ import (
 type Config struct {
 	// URL is muster's base URL (http://host:port).
 	URL string
+	// Replicas, when set, are the base URLs of several replicas of one
+	// region: each subscription goes to one of them at random, as a
+	// client behind a load balancer or rotating URLs does (issue 27).
+	// Compare reads URL.
+	Replicas []string
 	// Services are the services watched, on one stream.
 	Services []string
 	// Token is the bearer token of every request (watch and resolve).
@@ -60,6 +65,9 @@ func (c *Config) defaults() error {
 		return errors.New("streamcheck: at least one service is required")
 	}
 	c.URL = strings.TrimRight(c.URL, "/")
+	for i, u := range c.Replicas {
+		c.Replicas[i] = strings.TrimRight(u, "/")
+	}
 	c.Services = slices.Compact(slices.Sorted(slices.Values(c.Services)))
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: &http.Transport{DisableCompression: true}}
@@ -321,7 +329,11 @@ func (c *Checker) subscribe(ctx context.Context, since uint64) session {
 	if since != 0 {
 		q.Set("since", strconv.FormatUint(since, 10))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.URL+"/v1/watch?"+q.Encode(), nil)
+	base := c.cfg.URL
+	if n := len(c.cfg.Replicas); n > 0 {
+		base = c.cfg.Replicas[min(int(c.cfg.Rand()*float64(n)), n-1)]
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/watch?"+q.Encode(), nil)
 	if err != nil {
 		c.count(func(n *Counts) { n.Refused++ })
 		return session{}

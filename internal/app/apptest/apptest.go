@@ -272,6 +272,34 @@ var SealKey = sync.OnceValue(func() *audit.KeyFileSigner {
 // them (RunOnce, SaveOnce, Flush) to stay deterministic.
 var Held = []string{app.WorkerCensus, app.WorkerReaper, app.WorkerShifts, app.WorkerSweeper, app.WorkerGuards, app.WorkerPublisher}
 
+// owners is, per database, the app whose stack last took its shards.
+var owners = struct {
+	sync.Mutex
+	m map[string]*app.App
+}{m: map[string]*app.App{}}
+
+// takeOver makes a the owner of every shard of pool's database: the stack
+// that held them before stops its ownership worker (Stop releases them).
+// The returned function forgets a (at the end of the test).
+func takeOver(pool *pgxpool.Pool, a *app.App) (forget func()) {
+	c := pool.Config().ConnConfig
+	key := fmt.Sprintf("%s:%d/%s", c.Host, c.Port, c.Database)
+	owners.Lock()
+	prev := owners.m[key]
+	owners.m[key] = a
+	owners.Unlock()
+	if prev != nil && prev != a {
+		prev.Ownership.Stop()
+	}
+	return func() {
+		owners.Lock()
+		defer owners.Unlock()
+		if owners.m[key] == a {
+			delete(owners.m, key)
+		}
+	}
+}
+
 // New starts a Stack that is torn down when t ends.
 func New(t testing.TB, opts Options) *Stack {
 	t.Helper()
@@ -402,7 +430,14 @@ func New(t testing.TB, opts Options) *Stack {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = a.Authz.RunOnce(ctx)
 		// Take the shards before serving, so a test's first reaper step
-		// finds this replica the owner of every service (issue 27).
+		// finds this replica the owner of every service (issue 27). A
+		// stack built on a database another stack of this test process
+		// uses takes the shards over: the earlier one's ownership worker
+		// stops and releases them, so the newest stack owns, reaps and
+		// publishes every service, as a replica alone does. Tests of
+		// several owners run processes (cmd/muster).
+		release := takeOver(pool, a)
+		t.Cleanup(release)
 		_ = a.Ownership.RunOnce(ctx)
 		cancel()
 	}
@@ -593,6 +628,25 @@ func (s *Stack) Seed(t testing.TB) {
 		if r := s.JSON(t, "PUT", "/v1/services/"+b.name, admin, b.body); r.Status != http.StatusCreated {
 			t.Fatalf("create %s: %d %s", b.name, r.Status, r.Body)
 		}
+	}
+}
+
+// TakeOver makes this stack the owner of every service again, after a
+// later stack on its database took them (see New): the other stack's
+// ownership worker stops and releases them, and this one takes them. Its
+// own worker stopped when it was taken over, so the tenure it takes is
+// not renewed: it publishes on (a lapsed tenure does, ownership.Manager
+// Publishes) but expires no lease once the local deadline has passed.
+func (s *Stack) TakeOver(t testing.TB) {
+	t.Helper()
+	takeOver(s.Pool, s.App)
+	if err := s.App.Ownership.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The publisher adopts the gain (a stepped one is not running its
+	// adoption loop).
+	if err := s.Publisher.Prepare(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
 
