@@ -7,9 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/loadgen"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // TestLoadgenWatchRestart runs `muster loadgen watch --restart` at small
@@ -143,5 +145,127 @@ func TestLoadgenXDS(t *testing.T) {
 				t.Errorf("output lacks %q", want)
 			}
 		}
+	}
+}
+
+// TestLoadgenWatchReplicas runs `muster loadgen watch --replicas` at small
+// scale against a real `muster dev`, given twice in --replicas: a second
+// replica that serves every view and takes every report is not wired yet
+// (publication does not follow shard ownership), so both "replicas" are
+// one process, and each list entry is still a replica of its own to the
+// load generator (its subscribers, streams, reports and lags). It checks
+// that the per-replica lines parse and add up: subscribers to --clients,
+// reports to the failures injected, applications to the overall figure
+// and to the first-failed-sample lag's count, percentiles in order.
+func TestLoadgenWatchReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs muster dev and 40 watch streams for about half a minute")
+	}
+	t.Parallel()
+	dir := devDir(t)
+	ctx := context.Background()
+	cluster, err := db.StartCluster(ctx, db.ClusterConfig{Dir: dir, Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cluster.Stop() })
+	var out, errb bytes.Buffer
+	// 4 services of 30 instances, 10 a zone: room for several failures
+	// per zone above its guard's minimum.
+	if err := run(ctx, []string{"loadgen", "seed", "--data", dir, "--services", "4", "--instances", "120", "--minutes", "1"}, &out, &errb); err != nil {
+		t.Fatalf("seed: %v\n%s", err, errb.String())
+	}
+	d := startDev(t, dir)
+	wait.For(t, time.Minute, "/readyz", func() bool { code, _ := call(t, "GET", d.url+"/readyz", "", ""); return code == 200 })
+	out.Reset()
+	args := []string{"loadgen", "watch", "--replicas", d.url + "," + d.url + "/", "--data", dir, "--clients", "40",
+		"--services-per-client", "2", "--failures", "8", "--additions", "2", "--duration", "8s"}
+	err = run(ctx, args, &out, &errb)
+	t.Logf("loadgen watch --replicas:\n%s", out.String())
+	if err != nil {
+		t.Fatalf("%v\nstderr:\n%s", err, errb.String())
+	}
+	text := out.String()
+
+	dur := func(s string) time.Duration {
+		t.Helper()
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 {
+			t.Fatalf("%q is not a duration of at least 0: %v", s, err)
+		}
+		return d
+	}
+	num := func(s string) int {
+		t.Helper()
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ordered := func(what string, ps ...string) {
+		t.Helper()
+		for i := 1; i < len(ps); i++ {
+			if dur(ps[i-1]) > dur(ps[i]) {
+				t.Errorf("%s: percentiles out of order: %v", what, ps)
+			}
+		}
+	}
+	base := regexp.MustCompile(`withdrawal lag \(first failed sample -> applied by subscriber\): p50 \S+ p99 \S+ p99\.9 \S+ max \S+ over (\d+) applications of (\d+) failures \(\d+ expected; \d+ skipped for zone headroom, (\d+) refused\)`).FindStringSubmatch(text)
+	if base == nil {
+		t.Fatal("no withdrawal lag line")
+	}
+	applied, failures, refused := num(base[1]), num(base[2]), num(base[3])
+	all := regexp.MustCompile(`replicas: withdrawal lag \(report acknowledged -> seen by subscriber\): p50 (\S+) p99 (\S+) p99\.9 (\S+) max (\S+) over (\d+) applications \((\d+) seen before the acknowledgement, counted as 0\); (\d+) subscribers over (\d+) replicas`).FindStringSubmatch(text)
+	if all == nil {
+		t.Fatal("no overall replicas line")
+	}
+	ordered("overall", all[1:5]...)
+	if n := num(all[5]); n != applied {
+		t.Errorf("%d applications measured from the acknowledgement, %d from the first failed sample", n, applied)
+	}
+	if num(all[7]) != 40 || num(all[8]) != 2 {
+		t.Errorf("overall line: %s subscribers over %s replicas, want 40 over 2", all[7], all[8])
+	}
+	lines := regexp.MustCompile(`(?m)^replica (\d+) (\S+): (\d+) subscribers at the end, (\d+) streams admitted, (\d+) hard-failure reports sent; withdrawal lag \(report acknowledged -> seen by a subscriber on it\): p50 (\S+) p99 (\S+) p99\.9 (\S+) max (\S+) over (\d+) applications$`).FindAllStringSubmatch(text, -1)
+	if len(lines) != 2 {
+		t.Fatalf("%d per-replica lines, want 2", len(lines))
+	}
+	var subscribers, reports, apps int
+	for i, m := range lines {
+		if num(m[1]) != i+1 || m[2] != d.url {
+			t.Errorf("replica line %d names replica %s at %s, want %d at %s", i, m[1], m[2], i+1, d.url)
+		}
+		ordered("replica "+m[1], m[6:10]...)
+		subscribers += num(m[3])
+		// Every subscriber's first stream goes to its round-robin
+		// replica: 20 each at least.
+		if num(m[4]) < 20 {
+			t.Errorf("replica %s admitted %s streams, want at least 20", m[1], m[4])
+		}
+		reports += num(m[5])
+		apps += num(m[10])
+	}
+	if subscribers != 40 {
+		t.Errorf("subscribers per replica add up to %d, want 40", subscribers)
+	}
+	if reports != failures+refused {
+		t.Errorf("hard-failure reports per replica add up to %d, want the %d failures injected and %d refused", reports, failures, refused)
+	}
+	if d := num(lines[0][5]) - num(lines[1][5]); d < 0 || d > 1 {
+		t.Errorf("reports %s and %s: not sent in turn", lines[0][5], lines[1][5])
+	}
+	if apps != applied {
+		t.Errorf("applications per replica add up to %d, want %d", apps, applied)
+	}
+	if failures > 0 && applied == 0 {
+		t.Errorf("%d failures injected and acknowledged, none seen by a subscriber", failures)
+	}
+	if failures == 0 {
+		// Known gap: the seeded instances do not become eligible under
+		// this in-process muster dev (setup warns "still show under
+		// 90%"), so no zone has room for a failure and the lag figures
+		// are of nothing. Skipped, not passed, so that it shows.
+		t.Skipf("no hard failure could be injected (the seeded instances never became eligible), so the lags measured nothing; the counts above were checked\nstderr:\n%s", errb.String())
 	}
 }

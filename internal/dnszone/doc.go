@@ -51,16 +51,67 @@
 //
 // Every change of a served view's version is a change of the zone: the
 // follower commits the changed services at most once per tenth of a
-// second, and each commit takes the serial tick(now) = (Unix time in
-// tenths of a second) mod 2^32, or the previous serial + 1 when the clock
-// has not moved past it (it stepped back). Serials therefore increase in
-// RFC 1982 order with every view change, never run ahead of the wall
-// clock (one commit per tick at most), and a restarted muster starts above
-// every serial it served before, without remembering anything: view
-// versions themselves cannot be the serial, since their low 32 bits
-// restart with every process's epoch. Secondaries that see serials from
-// two muster replicas would see two unrelated sequences: point a
-// secondary at one replica (or one address in front of one).
+// second (timed by the monotonic clock), and each commit takes a serial
+// from the views it holds, not from this replica's clock (issue 27:
+// several replicas serve one zone, and a secondary may transfer from any
+// of them). The serial is the low 32 bits of a 64-bit point:
+//
+//	content point  c(M) = newest << 7 | (fp & 127)
+//	newest         the latest generated_at among the held views, in
+//	               tenths of a second of its owner's clock
+//	fp             XOR over the held views of FNV-64a(service, version)
+//	commit         point = c(M) if c(M) > the previous point, or if the
+//	               previous zone was never served (not ready);
+//	               otherwise previous point + 1 + (fp >> 7) mod 8
+//
+// (a) Same views, same serial: c depends only on M, the map service →
+// version (generated_at is part of the view its owner published, the
+// same bytes on every replica). Two replicas holding the same M serve the
+// same serial whenever each one's last commit took c(M), which is so
+// whenever the newest view of M arrived in that commit or later than
+// every earlier commit's newest view by a tenth of a second: the usual
+// case, since a change is published by its owner now, after what came
+// before. The second rule below is where (a) weakens.
+//
+// (b) Never backwards: the point rises with every commit by
+// construction (c(M), taken only when above, or a step of 1 to 8), so
+// the serial rises in RFC 1982 order while a step stays under 2^31, i.e.
+// while less than 2^24 tenths of a second (19 days) of owner time pass
+// between two commits; a zone unchanged for longer has expired at every
+// secondary (expire is 7 days) anyway. Neither clock stepping back
+// lowers it: this replica's wall clock is not read (but for the empty
+// zone below), and an owner whose clock stepped back stamps views that
+// do not raise c, so the commit steps on from the previous point.
+//
+// When the content changes but c does not rise (a view stamped earlier
+// than the newest held arrives late, as relayed views from another owner
+// do; a second change within the same tenth whose fingerprint bits
+// happen to be lower; an owner's clock stepped back), the replica steps
+// on locally. Its serial is then its own, not c(M): another replica with
+// the same M may serve a different serial (harmless: a secondary
+// transfers content it has, or waits for the next change), and another
+// replica with different content may, by chance, serve the same one
+// (the step is 1 to 8, chosen by the fingerprint, so two replicas
+// stepping from one serial with different content collide about one
+// time in 8; with c, different content under the same newest stamp
+// collides one time in 128). The next commit whose newest view is
+// stamped a tenth later than that local serial takes c again, and every
+// replica agrees again: a local step lasts until the next fresh change.
+//
+// (c) No coordination: replicas exchange nothing about serials; they
+// only need the same views, which the relay gives them.
+//
+// A restarted process keeps no serial: its first served commit takes
+// c(M) (the zone is not served before it is ready), which is below what
+// secondaries hold only if its views are not newer than before it
+// stopped (they then keep their copy, which is at least as new) or if
+// the previous process had stepped locally. A zone with no views at all
+// takes its point from the local clock (tenths of a second), its only
+// use of it. Versions could not be the serial themselves: they are 53
+// bits, and a new owner's epoch moves them by a multiple of 2^31, more
+// than RFC 1982 allows in one step; and a sum over services (which
+// would rise with every change, even a late one) grows without bound
+// as services are added.
 //
 // # Transfers and NOTIFY
 //

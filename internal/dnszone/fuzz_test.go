@@ -55,7 +55,7 @@ func FuzzServeDNS(f *testing.F) {
 	s := newTestServer(f, Config{TSIGKeyName: "k.", TSIGSecret: "MDEyMzQ1Njc4OWFiY2RlZg==", Secondaries: mustSecondaries(f, "127.0.0.1:5300")})
 	eps := []resolver.Endpoint{endpoint(0, "az1", 1), endpoint(1, "az2", 0.5)}
 	s.apply(frame(f, viewOf("web", 1, nil, eps...)))
-	s.commit(tick(time.Now()))
+	s.commit()
 
 	f.Fuzz(func(t *testing.T, packet []byte, how byte) {
 		m := new(dns.Msg)

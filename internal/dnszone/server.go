@@ -90,7 +90,7 @@ func New(cfg Config) (*Server, error) {
 		s.tsig = map[string]string{cfg.TSIGKeyName: cfg.TSIGSecret}
 	}
 	s.ready = cfg.Ready == nil
-	s.cur.Store(s.newZone(nil, nil, tick(time.Now()), true))
+	s.cur.Store(s.newZone(nil, nil))
 	return s, nil
 }
 
@@ -188,9 +188,14 @@ func (s *Server) Stop() {
 	s.notifier.Stop()
 }
 
+// commitEvery is how often the follower commits at most: the changes of
+// a tenth of a second make one serial.
+const commitEvery = 100 * time.Millisecond
+
 // follow is the follower's loop: subscribe to the served services,
 // apply each frame to the held views, and commit the zone at most once
-// per serial tick (a tenth of a second).
+// per commitEvery (timed by the monotonic clock: a step of the wall
+// clock neither holds commits back nor lets them through faster).
 func (s *Server) follow(ctx context.Context) {
 	var sub *stream.Subscription
 	var subscribed []string
@@ -225,6 +230,7 @@ func (s *Server) follow(ctx context.Context) {
 	commit := time.NewTimer(time.Hour)
 	commit.Stop()
 	armed := false
+	var last time.Time // the last commit (monotonic reading)
 	for {
 		if !s.ready && s.cfg.Ready() {
 			// Views are published since this start: take every one (a
@@ -241,11 +247,11 @@ func (s *Server) follow(ctx context.Context) {
 			frames, resync = sub.C(), sub.Resync()
 		}
 		if s.dirty() && !armed {
-			now := time.Now()
-			if t := tick(now); serialLess(s.cur.Load().serial, t) {
-				s.commit(t)
+			if d := commitEvery - time.Since(last); d <= 0 || last.IsZero() {
+				s.commit()
+				last = time.Now()
 			} else {
-				commit.Reset(tickTime(s.cur.Load().serial+1).Sub(now) + time.Millisecond)
+				commit.Reset(d)
 				armed = true
 			}
 		}
@@ -273,7 +279,8 @@ func (s *Server) follow(ctx context.Context) {
 			}
 		case <-commit.C:
 			armed = false
-			s.commit(tick(time.Now()))
+			s.commit()
+			last = time.Now()
 		}
 	}
 }
@@ -337,7 +344,7 @@ func (s *Server) apply(f *stream.Frame) {
 	}
 	s.held[f.Service] = next
 	zones := slices.Sorted(maps.Keys(next.Zones))
-	s.pending[f.Service] = buildService(s.cfg.Zone, f.Service, next.Version, snap.Targets(), zones, uint32(s.cfg.TTL/time.Second))
+	s.pending[f.Service] = buildService(s.cfg.Zone, f.Service, next.Version, next.GeneratedAt, snap.Targets(), zones, uint32(s.cfg.TTL/time.Second))
 }
 
 func (s *Server) decode(f *stream.Frame) *resolver.View {
@@ -383,14 +390,14 @@ func applyDelta(v *resolver.View, d resolver.Delta) *resolver.View {
 // becoming ready).
 func (s *Server) dirty() bool { return len(s.pending) > 0 || s.ready != s.cur.Load().ready }
 
-// commit publishes the pending services as a new zone at the serial for
-// t, keeps the diff for IXFR and wakes the notifier.
-func (s *Server) commit(t uint32) {
+// commit publishes the pending services as a new zone at its next
+// serial (nextPoint), keeps the diff for IXFR and wakes the notifier.
+func (s *Server) commit() {
 	if !s.dirty() {
 		return
 	}
 	old := s.cur.Load()
-	next := s.newZone(old, s.pending, t, false)
+	next := s.newZone(old, s.pending)
 	s.pending = map[string]*serviceRecords{}
 	s.cur.Store(next)
 	s.m.commits.Inc()
@@ -404,24 +411,39 @@ func (s *Server) commit(t uint32) {
 
 // newZone builds the zone after old with changed applied (old nil: the
 // empty zone). It shares every unchanged service's records with old.
-func (s *Server) newZone(old *zone, changed map[string]*serviceRecords, t uint32, first bool) *zone {
+func (s *Server) newZone(old *zone, changed map[string]*serviceRecords) *zone {
 	z := &zone{origin: s.cfg.Zone, services: map[string]*serviceRecords{}, ready: s.ready}
 	if old != nil {
 		maps.Copy(z.services, old.services)
-		z.serial = serialAfter(old.serial, t, false)
-	} else {
-		z.serial = serialAfter(0, t, first)
+		z.fp = old.fp
 	}
 	var removed, added []dns.RR
 	for name, sr := range changed {
 		r, a := diffServices(z.services[name], sr)
 		removed, added = append(removed, r...), append(added, a...)
+		if prev := z.services[name]; prev != nil {
+			z.fp ^= prev.hash
+		}
 		if sr == nil {
 			delete(z.services, name)
 		} else {
 			z.services[name] = sr
+			z.fp ^= sr.hash
 		}
 	}
+	if old == nil {
+		// No views: nothing to derive a serial from. The local clock
+		// (as the serial of an empty zone only) puts it above what a
+		// previous process's empty zone served.
+		z.point = uint64(max(0, time.Now().UnixMilli()/100)) << fpBits
+	} else {
+		var newest int64
+		for _, sr := range z.services {
+			newest = max(newest, sr.stamp)
+		}
+		z.point = nextPoint(old.point, contentPoint(newest, z.fp), z.fp, old.ready)
+	}
+	z.serial = uint32(z.point)
 	ttl := uint32(s.cfg.TTL / time.Second)
 	hdr := func(name string, t uint16) dns.RR_Header {
 		return dns.RR_Header{Name: name, Rrtype: t, Class: dns.ClassINET, Ttl: ttl}
@@ -463,18 +485,6 @@ func (s *Server) newZone(old *zone, changed map[string]*serviceRecords, t uint32
 		}
 	}
 	return z
-}
-
-// tick is t as a serial: tenths of a second since the Unix epoch, modulo
-// 2^32.
-func tick(t time.Time) uint32 { return uint32(t.UnixMilli() / 100) }
-
-// tickTime is when the wall clock reaches serial tick s next (within the
-// current 2^32-tick era).
-func tickTime(s uint32) time.Time {
-	now := time.Now()
-	d := int64(int32(s - tick(now)))
-	return time.UnixMilli((now.UnixMilli()/100 + d) * 100)
 }
 
 type metrics struct {

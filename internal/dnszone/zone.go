@@ -1,11 +1,14 @@
 package dnszone
 
 import (
+	"encoding/binary"
+	"hash/fnv"
 	"math"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -25,6 +28,12 @@ type serviceRecords struct {
 	names   map[string]rrsets // owner name (lower case, fully qualified) -> records
 	all     []dns.RR          // every record, in a stable order (for AXFR and diffs)
 	keys    []string          // all[i].String(), computed once (diffs compare them)
+	// stamp is the view's generated_at (set by the service's owner) in
+	// tenths of a second since the Unix epoch, 0 when unset; hash is
+	// the view's (service, version) hashed. Both make the serial (see
+	// contentPoint).
+	stamp int64
+	hash  uint64
 }
 
 // buildService turns a view's routing targets into records:
@@ -37,8 +46,15 @@ type serviceRecords struct {
 // targets is resolver.Snapshot.Targets: exactly the endpoints the Go
 // resolver routes to. zones names the view's zones (each gets a name even
 // when none of its endpoints is routable).
-func buildService(origin, service string, version uint64, targets []resolver.Target, zones []string, ttl uint32) *serviceRecords {
-	sr := &serviceRecords{service: service, version: version, names: map[string]rrsets{}}
+func buildService(origin, service string, version uint64, generatedAt time.Time, targets []resolver.Target, zones []string, ttl uint32) *serviceRecords {
+	sr := &serviceRecords{service: service, version: version, names: map[string]rrsets{}, stamp: max(0, generatedAt.UnixMilli()/100)}
+	if generatedAt.IsZero() {
+		sr.stamp = 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(service))
+	h.Write(binary.BigEndian.AppendUint64([]byte{0}, version))
+	sr.hash = h.Sum64()
 	base := service + "." + origin
 	srvName := "_" + service + "._tcp." + origin
 	hdr := func(name string, t uint16) dns.RR_Header {
@@ -147,8 +163,13 @@ func validLabel(s string) bool {
 // every unchanged service's records, and queries load the current one
 // atomically.
 type zone struct {
-	origin   string
-	serial   uint32
+	origin string
+	serial uint32
+	// point is the serial before it is cut to 32 bits (serial =
+	// uint32(point)), and fp the XOR of every service's hash: see
+	// contentPoint and nextPoint.
+	point    uint64
+	fp       uint64
 	soa      *dns.SOA
 	apex     map[string]rrsets // the origin, in-zone nameservers, _muster, _tcp
 	services map[string]*serviceRecords
@@ -249,15 +270,29 @@ func diffServices(old, cur *serviceRecords) (removed, added []dns.RR) {
 	return removed, added
 }
 
-// serialAfter is the serial of a commit made at tick (the wall clock in
-// tenths of a second since the Unix epoch, modulo 2^32) after prev: the
-// tick, unless prev is not before it in RFC 1982 order (the clock stepped
-// back), then prev+1.
-func serialAfter(prev uint32, tick uint32, first bool) uint32 {
-	if first || serialLess(prev, tick) {
-		return tick
+// fpBits is how many low bits of a serial point hold the content's
+// fingerprint.
+const fpBits = 7
+
+// contentPoint is the serial point a zone's content determines: the
+// newest view's stamp (tenths of a second of its owner's clock) above
+// fpBits of the fingerprint of every (service, version) it holds. Every
+// replica holding the same views computes the same point.
+func contentPoint(newest int64, fp uint64) uint64 {
+	return uint64(newest)<<fpBits | fp&(1<<fpBits-1)
+}
+
+// nextPoint is the serial point of a commit whose content gives point c
+// (with fingerprint fp), after a zone at prev: c when it is above prev,
+// or when prev was never served (a zone not ready yet: nobody holds its
+// serial); otherwise prev moved on by 1 to 8, the distance taken from
+// bits of fp above those in c, so that two replicas moving on from one
+// serial with different content rarely land on the same one.
+func nextPoint(prev, c, fp uint64, served bool) uint64 {
+	if !served || c > prev {
+		return c
 	}
-	return prev + 1
+	return prev + 1 + (fp>>fpBits)%8
 }
 
 // serialLess is RFC 1982's s1 < s2 for 32-bit serials.

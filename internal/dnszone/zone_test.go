@@ -125,7 +125,7 @@ func TestAnswersAreTheResolversTargets(t *testing.T) {
 		"az3": {Guard: resolver.GuardOK, TrafficWeight: ptr(0.0)},
 	}
 	s.apply(frame(t, viewOf("web", 10, zones, endpoint(0, "az1", 1), unknown, out, half, tripped, drained)))
-	s.commit(tick(time.Now()))
+	s.commit()
 
 	got := strings.Join(slices.Sorted(slices.Values(addrs(query(t, s, "web.muster.internal.", dns.TypeA)))), " ")
 	want := "10.0.0.1 10.0.0.2 10.0.0.4 10.0.0.5"
@@ -154,7 +154,7 @@ func TestAnswersAreTheResolversTargets(t *testing.T) {
 	// be the reason traffic stops).
 	all := map[string]resolver.Zone{"az1": {Guard: resolver.GuardOK, TrafficWeight: ptr(0.0)}}
 	s.apply(frame(t, viewOf("web", 11, all, endpoint(0, "az1", 1), endpoint(1, "az1", 1))))
-	s.commit(tick(time.Now()) + 1)
+	s.commit()
 	if got := addrs(query(t, s, "web.muster.internal.", dns.TypeA)); len(got) != 2 {
 		t.Errorf("every zone drained: %v, want both endpoints", got)
 	}
@@ -171,7 +171,7 @@ func TestDeltasAndStaleFrames(t *testing.T) {
 		Checksum: resolver.Checksum([]resolver.Endpoint{endpoint(1, "az1", 1)})}
 	b, _ := json.Marshal(d)
 	s.apply(&stream.Frame{Kind: stream.KindDelta, Service: "web", Version: 2, FromVersion: 1, JSON: b})
-	s.commit(tick(time.Now()))
+	s.commit()
 	if got := addrs(query(t, s, "web.muster.internal.", dns.TypeA)); strings.Join(got, ",") != "10.0.0.2" {
 		t.Fatalf("after the delta: %v", got)
 	}
@@ -191,7 +191,7 @@ func TestDeltasAndStaleFrames(t *testing.T) {
 	v4 := viewOf("web", 4, nil, endpoint(7, "az1", 1))
 	s.cfg.Hub.Publish([]stream.Update{{View: frame(t, v4)}})
 	s.apply(&stream.Frame{Kind: stream.KindDelta, Service: "web", Version: 4, FromVersion: 3, JSON: []byte(`{}`)})
-	s.commit(tick(time.Now()) + 5)
+	s.commit()
 	if got := addrs(query(t, s, "web.muster.internal.", dns.TypeA)); strings.Join(got, ",") != "10.0.0.8" {
 		t.Fatalf("after the gap: %v", got)
 	}
@@ -204,11 +204,10 @@ func TestIXFRHistoryAndFallback(t *testing.T) {
 	s := newTestServer(t, Config{History: 2, TSIGKeyName: "k.", TSIGSecret: "MDEyMzQ1Njc4OWFiY2RlZg==",
 		Secondaries: mustSecondaries(t, "127.0.0.1:5300")})
 	s0 := s.Serial()
-	base := tick(time.Now())
 	var serials []uint32
 	for i := range 3 {
 		s.apply(frame(t, viewOf("web", uint64(i+1), nil, endpoint(i, "az1", 1))))
-		s.commit(base + uint32(10*(i+1)))
+		s.commit()
 		serials = append(serials, s.Serial())
 	}
 	ixfr := func(from uint32) []dns.RR {
@@ -260,7 +259,8 @@ func mustSecondaries(t testing.TB, s string) []netip.AddrPort {
 }
 
 // TestSerialArithmetic: RFC 1982 order, across the wrap; a commit's
-// serial is its tick unless the clock went back.
+// serial point is its content's unless that is not above the previous
+// one.
 func TestSerialArithmetic(t *testing.T) {
 	for _, c := range []struct {
 		a, b uint32
@@ -270,17 +270,22 @@ func TestSerialArithmetic(t *testing.T) {
 			t.Errorf("serialLess(%d, %d) = %v", c.a, c.b, got)
 		}
 	}
-	if got := serialAfter(100, 200, false); got != 200 {
-		t.Errorf("serialAfter(100, tick 200) = %d", got)
+	for _, c := range []struct {
+		prev, c, fp uint64
+		served      bool
+		want        uint64
+	}{
+		{prev: 100, c: 200, served: true, want: 200},                  // the content's point, above
+		{prev: 200, c: 150, fp: 3 << fpBits, served: true, want: 204}, // not above: moved on by 1 + 3
+		{prev: 200, c: 200, fp: 7 << fpBits, served: true, want: 208},
+		{prev: 200, c: 150, served: false, want: 150}, // never served: the content's point
+	} {
+		if got := nextPoint(c.prev, c.c, c.fp, c.served); got != c.want {
+			t.Errorf("nextPoint(%d, %d, %#x, %v) = %d, want %d", c.prev, c.c, c.fp, c.served, got, c.want)
+		}
 	}
-	if got := serialAfter(200, 150, false); got != 201 {
-		t.Errorf("serialAfter(200, tick 150) (clock went back) = %d", got)
-	}
-	if got := serialAfter(0xffffffff, 3, false); got != 3 {
-		t.Errorf("serialAfter across the wrap = %d", got)
-	}
-	if tick(time.UnixMilli(1234567)) != 12345 {
-		t.Error("tick is not tenths of a second")
+	if got := contentPoint(12345, 0xff); got != 12345<<fpBits|0x7f {
+		t.Errorf("contentPoint(12345, 0xff) = %d", got)
 	}
 }
 
@@ -348,7 +353,7 @@ func TestBadTSIGIsNotAuth(t *testing.T) {
 func TestANYIsMinimalOverUDP(t *testing.T) {
 	s := newTestServer(t, Config{})
 	s.apply(frame(t, viewOf("web", 1, nil, endpoint(0, "az1", 1), endpoint(1, "az1", 1))))
-	s.commit(tick(time.Now()))
+	s.commit()
 	if m := query(t, s, "web.muster.internal.", dns.TypeANY); len(m.Answer) != 1 || m.Answer[0].Header().Rrtype != dns.TypeHINFO {
 		t.Errorf("ANY over UDP: %v", m.Answer)
 	}
@@ -412,7 +417,7 @@ func TestAdditionalRecordsAreTrimmedWithoutTC(t *testing.T) {
 			eps = append(eps, endpoint(i, "az1", 1))
 		}
 		s.apply(frame(t, viewOf("web", 1, nil, eps...)))
-		s.commit(tick(time.Now()))
+		s.commit()
 		m := query(t, s, "_web._tcp.muster.internal.", dns.TypeSRV)
 		m.Compress = true
 		if m.Truncated || len(m.Answer) != c.n || len(m.Extra) < c.minExtra || len(m.Extra) > c.maxExtra || m.Len() > 512 {
@@ -432,7 +437,7 @@ func TestConcurrentQueriesShareTheZone(t *testing.T) {
 		eps = append(eps, endpoint(i, fmt.Sprintf("az%d", i%3), 1))
 	}
 	s.apply(frame(t, viewOf("web", 1, nil, eps...)))
-	s.commit(tick(time.Now()))
+	s.commit()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	var answered atomic.Int64
@@ -462,7 +467,7 @@ func TestConcurrentQueriesShareTheZone(t *testing.T) {
 	}
 	for v := range 20 {
 		s.apply(frame(t, viewOf("web", uint64(v+2), nil, eps[v:]...)))
-		s.commit(tick(time.Now()) + uint32(v+1))
+		s.commit()
 		for n := answered.Load(); answered.Load() < n+50; { // let queries run against this zone
 			runtime.Gosched()
 		}

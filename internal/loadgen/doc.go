@@ -8,7 +8,10 @@
 //	reports  drives POST /v1/reports as a prober fleet would
 //	watch    holds watch subscribers and times how long injected failures
 //	         and additions take to reach every one; --restart restarts a
-//	         child `muster dev` under them and checks their readmission
+//	         child `muster dev` under them and checks their readmission;
+//	         --replicas spreads the subscribers and the hard-failure
+//	         reports over a region's replicas and prints the withdrawal
+//	         lag by the replica each subscriber was on
 //	ui       signs in to the admin UI and times its pages
 //	dns      fires DNS queries at muster's zone (a running one, or one
 //	         built in process from a synthetic hub) and prints queries/s

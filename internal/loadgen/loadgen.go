@@ -34,6 +34,7 @@ const loadgenUsage = `usage:
   muster loadgen rebuild [--data DIR] [--instances 60000] [--ended 1000000] [seed's other flags] [--cpuprofile FILE]
   muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--probers 8] [--duration 20s]
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
+  muster loadgen watch   --replicas URL,URL,... [watch's other flags]
   muster loadgen watch   --restart [--data DIR] [--clients 10000] [--admission-window 10s] [--admission-floor 50]
   muster loadgen ui      --url URL [--user alice] [--pages /ui/,/ui/audit] [--requests 20]
   muster loadgen tgsync  --url URL [--data DIR] [--instances 60] [--withdrawals 100] [--endpoints 100] [--changes 1000] [--elbv2-only]

@@ -57,6 +57,8 @@ func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	var o lgwOptions
 	fs := cli.NewFlags("loadgen watch", stderr)
 	fs.StringVar(&o.base, "url", "http://127.0.0.1:8080", "muster to watch")
+	var replicas string
+	fs.StringVar(&replicas, "replicas", "", "comma-separated base URLs of replicas of one region, instead of --url: subscribers are spread over them round-robin (a dropped stream reconnects to a random one), hard-failure reports go to each in turn, and the withdrawal lag is printed per replica; setup, additions, keep-alive reports and /metrics use the first (a URL may be given twice)")
 	fs.StringVar(&o.dir, "data", ".muster", "dev data folder, for minting tokens")
 	fs.IntVar(&o.clients, "clients", 1000, "watch streams to hold")
 	fs.IntVar(&o.perClient, "services-per-client", 3, "services each stream watches")
@@ -76,8 +78,26 @@ func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 	if err := cli.Parse(fs, args); err != nil {
 		return o, err
 	}
-	clientsSet := false
-	fs.Visit(func(f *flag.Flag) { clientsSet = clientsSet || f.Name == "clients" })
+	clientsSet, urlSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		clientsSet = clientsSet || f.Name == "clients"
+		urlSet = urlSet || f.Name == "url"
+	})
+	if replicas != "" {
+		if o.restart || urlSet {
+			fmt.Fprintln(stderr, "muster loadgen watch: --replicas replaces --url and does not go with --restart")
+			return o, cli.ErrUsage
+		}
+		for r := range strings.SplitSeq(replicas, ",") {
+			r = strings.TrimRight(strings.TrimSpace(r), "/")
+			if u, err := url.Parse(r); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				fmt.Fprintf(stderr, "muster loadgen watch: --replicas: %q is not an http(s) base URL\n", r)
+				return o, cli.ErrUsage
+			}
+			o.replicas = append(o.replicas, r)
+		}
+		o.base = o.replicas[0]
+	}
 	if o.restart && !clientsSet {
 		o.clients = 10000
 	}
@@ -95,7 +115,8 @@ func parseLoadgenWatch(args []string, stderr io.Writer) (lgwOptions, error) {
 
 // run runs loadgen watch with these options.
 func (o lgwOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
-	w := &lgWatch{lgwOptions: o, stdout: stdout, stderr: stderr, baseBackoff: 250 * time.Millisecond, maxBackoff: 30 * time.Second}
+	w := &lgWatch{lgwOptions: o, stdout: stdout, stderr: stderr, baseBackoff: 250 * time.Millisecond, maxBackoff: 30 * time.Second,
+		reportsTo: make([]atomic.Int64, len(o.replicas)), streamsTo: make([]atomic.Int64, len(o.replicas))}
 	if o.restart {
 		return w.runRestart(ctx)
 	}
@@ -111,6 +132,10 @@ type lgwOptions struct {
 	connectConcurrency       int
 	setupRate                int // instances made eligible per second during setup
 	onlyServices             int // watch only the first N services (0: all)
+	// replicas (--replicas) are the base URLs of a region's replicas:
+	// subscribers and hard-failure reports are spread over them. Empty:
+	// everything goes to base. Otherwise base is replicas[0].
+	replicas []string
 
 	// --restart: run muster as a child process and restart it.
 	restart         bool
@@ -179,12 +204,24 @@ type lgWatch struct {
 	ramped     []uuid.UUID        // instances setup has made eligible so far
 	added      []uuid.UUID        // instances registered: kept alive and their leases renewed
 
+	// --replicas: hard-failure reports go to the replicas in turn
+	// (reportTurn); reportsTo and streamsTo count the reports posted to
+	// and the streams admitted by each.
+	reportTurn           atomic.Uint64
+	successRefusedOnce   sync.Once
+	reportsTo, streamsTo []atomic.Int64
+
 	lagMu        sync.Mutex
 	withdrawLags []time.Duration
 	additionLags []time.Duration
 	// withdrawAllLags: per withdrawal, first failed sample -> applied by
 	// the last of its service's subscribers.
 	withdrawAllLags []time.Duration
+	// seen (--replicas only): every subscriber's first sight of a
+	// withdrawal, with the replica its stream was on; the lag from the
+	// report's acknowledgement is taken once the run is over, when every
+	// acknowledgement time is known.
+	seen []lgwSeen
 }
 
 // lgwService is one watched service: its instances interned to small local
@@ -227,8 +264,13 @@ type lgwInjection struct {
 	zone     *lgwZone // failures only
 	addition bool
 	at       time.Time // just before the POST
-	applied  atomic.Int64
-	void     atomic.Bool // the server refused it: not expected, not sampled
+	// acked is when the POST's answer arrived (zero if it failed), and
+	// replica the --replicas replica it went to. Written by the
+	// injector, read once injection is over.
+	acked   time.Time
+	replica int
+	applied atomic.Int64
+	void    atomic.Bool // the server refused it: not expected, not sampled
 }
 
 func (w *lgWatch) run(ctx context.Context) error {
@@ -249,7 +291,9 @@ func (w *lgWatch) run(ctx context.Context) error {
 	if err := w.setup(ctx); err != nil {
 		return err
 	}
-	raiseNoFile(w.clients+256, w.stderr)
+	// One socket per stream, and up to 16 idle API connections per
+	// replica besides.
+	raiseNoFile(w.clients+256+16*len(w.replicas), w.stderr)
 
 	// Subscribers.
 	before, err := w.scrape(ctx)
@@ -259,8 +303,12 @@ func (w *lgWatch) run(ctx context.Context) error {
 	streamCtx, stopStreams := context.WithCancel(ctx)
 	defer stopStreams()
 	clients := w.newClients()
+	where := w.base
+	if len(w.replicas) > 0 {
+		where = fmt.Sprintf("%d replicas (%s)", len(w.replicas), strings.Join(w.replicas, ", "))
+	}
 	fmt.Fprintf(w.stdout, "holding %d watch streams of %d services each over %d services at %s (%d connecting at once)\n",
-		w.clients, len(clients[0].copies), len(w.services), w.base, w.connectConcurrency)
+		w.clients, len(clients[0].copies), len(w.services), where, w.connectConcurrency)
 	var wg sync.WaitGroup
 	connectStart := time.Now()
 	for _, c := range clients {
@@ -442,6 +490,9 @@ func (w *lgWatch) run(ctx context.Context) error {
 	}
 	fmt.Fprintf(w.stdout, "withdrawal time to all (first failed sample -> applied by the last of the service's subscribers): p50 %s p99 %s max %s over %d withdrawals\n",
 		pctOf(wall, 0.50), pctOf(wall, 0.99), pctOf(wall, 1), len(wall))
+	if len(w.replicas) > 0 {
+		w.reportReplicas(clients)
+	}
 	fmt.Fprintf(w.stdout, "addition lag (registered -> applied by subscriber): p50 %s p99 %s max %s over %d applications of %d additions (%d expected)\n",
 		pctOf(al, 0.50), pctOf(al, 0.99), pctOf(al, 1), len(al), additionsSent.Load(), wantA)
 	v, d, h := frames1[0]-frames0[0], frames1[1]-frames0[1], frames1[2]-frames0[2]
@@ -463,6 +514,9 @@ func (w *lgWatch) newClients() []*lgwClient {
 	clients := make([]*lgwClient, w.clients)
 	for i := range clients {
 		c := &lgwClient{w: w, n: i}
+		if len(w.replicas) > 0 {
+			c.replica = i % len(w.replicas)
+		}
 		for j := range w.perClient {
 			svc := w.services[(i*w.perClient+j)%len(w.services)]
 			if !slices.ContainsFunc(c.copies, func(cp *lgwCopy) bool { return cp.svc == svc }) {
@@ -665,10 +719,13 @@ func (w *lgWatch) injectFailure(ctx context.Context, rng *rand.Rand) (bool, erro
 	in.at = time.Now()
 	w.addInjection(in)
 	z.last, z.lastAt = in, in.at
-	res, err := postReports(ctx, w.api, w.base, w.proberToken, body)
+	var base string
+	in.replica, base = w.reportTarget()
+	res, err := postReports(ctx, w.api, base, w.proberToken, body)
 	if err != nil {
 		return false, err
 	}
+	in.acked = time.Now()
 	if res.Accepted != 1 {
 		in.void.Store(true)
 		z.last = nil
@@ -678,6 +735,17 @@ func (w *lgWatch) injectFailure(ctx context.Context, rng *rand.Rand) (bool, erro
 }
 
 var errLgwRefused = errors.New("report refused")
+
+// reportTarget is the replica the next hard-failure report goes to (in
+// turn, with --replicas) and its base URL.
+func (w *lgWatch) reportTarget() (int, string) {
+	if len(w.replicas) == 0 {
+		return 0, w.base
+	}
+	i := int((w.reportTurn.Add(1) - 1) % uint64(len(w.replicas)))
+	w.reportsTo[i].Add(1)
+	return i, w.replicas[i]
+}
 
 const (
 	lgwBurstWindow = time.Minute
@@ -745,13 +813,18 @@ func (w *lgWatch) injectBurst(ctx context.Context, rng *rand.Rand, start time.Ti
 				w.addInjection(ins[i])
 			}
 			r.posts++
-			res, err := postReports(ctx, w.api, w.base, w.proberToken, body)
+			replica, base := w.reportTarget()
+			res, err := postReports(ctx, w.api, base, w.proberToken, body)
 			if err != nil {
 				for _, in := range ins {
 					in.void.Store(true)
 				}
 				setErr(err)
 				return r
+			}
+			acked := time.Now()
+			for _, in := range ins {
+				in.acked, in.replica = acked, replica
 			}
 			refusedBefore := r.refused
 			for _, ref := range res.Refused {
@@ -960,8 +1033,16 @@ func (w *lgWatch) sendSuccesses(ctx context.Context, ids []uuid.UUID) error {
 		}
 		ids = ids[n:]
 		body, _ := json.Marshal(map[string]any{"reports": reports})
-		if _, err := postReports(ctx, w.api, w.base, w.proberToken, body); err != nil {
+		res, err := postReports(ctx, w.api, w.base, w.proberToken, body)
+		if err != nil {
 			return err
+		}
+		if len(res.Refused) > 0 {
+			// Instances whose successes are refused never become
+			// eligible, and no failure can be injected into them.
+			w.successRefusedOnce.Do(func() {
+				fmt.Fprintf(w.stderr, "warning: %d of %d success reports refused, first: %+v\n", len(res.Refused), n, res.Refused[0])
+			})
 		}
 	}
 	return nil
@@ -1201,6 +1282,7 @@ type lgwClient struct {
 	since   uint64   // highest version applied, for resuming
 	applied []uint64 // bitset of injection numbers already recorded
 	held    bool
+	replica int // --replicas: the replica of its current (or next) stream
 
 	attempt     int       // subscriptions since the last admitted one, for backoff
 	streamGot   []bool    // copies that got a view or delta on the current stream
@@ -1244,11 +1326,21 @@ func (c *lgwClient) run(ctx context.Context) {
 	for _, cp := range c.copies {
 		q.Add("service", cp.svc.name)
 	}
-	for ctx.Err() == nil {
+	for first := true; ctx.Err() == nil; first = false {
+		base := w.base
+		if len(w.replicas) > 0 {
+			// The first stream goes where newClients placed it (round
+			// robin), every later one to a random replica, as a client
+			// behind a load balancer would be sent.
+			if !first {
+				c.replica = rng.IntN(len(w.replicas))
+			}
+			base = w.replicas[c.replica]
+		}
 		if c.since != 0 {
 			q.Set("since", strconv.FormatUint(c.since, 10))
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.base+"/v1/watch?"+q.Encode(), nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/watch?"+q.Encode(), nil)
 		if err != nil {
 			w.streamFailed(err)
 			return
@@ -1292,6 +1384,9 @@ func (c *lgwClient) run(ctx context.Context) {
 			continue
 		}
 		c.attempt = 0
+		if len(w.replicas) > 0 {
+			w.streamsTo[c.replica].Add(1)
+		}
 		if gen == 2 {
 			// Only the restarted muster answers once gen is 2: the first
 			// had exited before it was set.
@@ -1392,7 +1487,7 @@ func (c *lgwClient) read(body io.Reader) (drained bool) {
 		case bytes.HasPrefix(line, []byte("data: ")) && (event == "view" || event == "delta"):
 			// The first subscriber to see a version keeps its bytes to
 			// decode them; the rest skip them.
-			entry = w.parsed(event, version)
+			entry = w.parsed(event, version, c.replica)
 			collecting = !entry.done.Load()
 			if collecting {
 				data = append(data[:0], line[len("data: "):]...)
@@ -1419,7 +1514,9 @@ func (c *lgwClient) synced() {
 
 // lgwParsed is a frame decoded once and shared by every subscriber that
 // receives it: versions are region-wide, so (kind, version) names one
-// frame, and the server sends every subscriber the same bytes. Decoding
+// frame, and the server sends every subscriber the same bytes. Another
+// replica may send another delta to the same version (from another
+// base), so with --replicas the replica is part of the key. Decoding
 // once keeps this process's CPU, which shares the machine with the server,
 // out of the figures.
 type lgwParsed struct {
@@ -1442,10 +1539,11 @@ type lgwEndpoint struct {
 type lgwFrameKey struct {
 	view    bool
 	version uint64
+	replica int
 }
 
-func (w *lgWatch) parsed(event string, version uint64) *lgwParsed {
-	key := lgwFrameKey{view: event == "view", version: version}
+func (w *lgWatch) parsed(event string, version uint64, replica int) *lgwParsed {
+	key := lgwFrameKey{view: event == "view", version: version, replica: replica}
 	if v, ok := w.cache.Load(key); ok {
 		return v.(*lgwParsed)
 	}
@@ -1556,6 +1654,11 @@ func (c *lgwClient) apply(p *lgwParsed, now time.Time) {
 		if shows {
 			setBit(&c.applied, int32(in.n), true)
 			c.w.record(in, now.Sub(in.at))
+			if len(c.w.replicas) > 0 && !in.addition {
+				c.w.lagMu.Lock()
+				c.w.seen = append(c.w.seen, lgwSeen{in: in, replica: c.replica, at: now})
+				c.w.lagMu.Unlock()
+			}
 		}
 	}
 }
@@ -1608,4 +1711,55 @@ func pctOf(sorted []time.Duration, p float64) time.Duration {
 		return 0
 	}
 	return sorted[min(len(sorted)-1, int(float64(len(sorted))*p))].Round(time.Microsecond)
+}
+
+// lgwSeen is a subscriber's first sight of a withdrawal (--replicas).
+type lgwSeen struct {
+	in      *lgwInjection
+	replica int // of the subscriber's stream
+	at      time.Time
+}
+
+// reportReplicas prints, with --replicas, the withdrawal lag from each
+// hard-failure report's acknowledgement to each subscriber seeing the
+// withdrawal, overall and by the replica the subscriber's stream was on,
+// and how subscribers, streams and reports were spread. Call it once
+// the subscribers and injectors have stopped.
+//
+// A subscriber may see a withdrawal before the report's answer reaches
+// this process (the views are published before the POST returns); that
+// lag counts as 0, and how often it happened is printed.
+func (w *lgWatch) reportReplicas(clients []*lgwClient) {
+	w.lagMu.Lock()
+	seen := slices.Clone(w.seen)
+	w.lagMu.Unlock()
+	var all []time.Duration
+	per := make([][]time.Duration, len(w.replicas))
+	early := 0
+	for _, s := range seen {
+		if s.in.void.Load() || s.in.acked.IsZero() {
+			continue // refused, or its answer never came
+		}
+		lag := s.at.Sub(s.in.acked)
+		if lag < 0 {
+			early++
+			lag = 0
+		}
+		all = append(all, lag)
+		per[s.replica] = append(per[s.replica], lag)
+	}
+	subscribers := make([]int, len(w.replicas))
+	for _, c := range clients {
+		subscribers[c.replica]++
+	}
+	slices.Sort(all)
+	fmt.Fprintf(w.stdout, "replicas: withdrawal lag (report acknowledged -> seen by subscriber): p50 %s p99 %s p99.9 %s max %s over %d applications (%d seen before the acknowledgement, counted as 0); %d subscribers over %d replicas\n",
+		pctOf(all, 0.50), pctOf(all, 0.99), pctOf(all, 0.999), pctOf(all, 1), len(all), early, len(clients), len(w.replicas))
+	for i, r := range w.replicas {
+		lags := per[i]
+		slices.Sort(lags)
+		fmt.Fprintf(w.stdout, "replica %d %s: %d subscribers at the end, %d streams admitted, %d hard-failure reports sent; withdrawal lag (report acknowledged -> seen by a subscriber on it): p50 %s p99 %s p99.9 %s max %s over %d applications\n",
+			i+1, r, subscribers[i], w.streamsTo[i].Load(), w.reportsTo[i].Load(),
+			pctOf(lags, 0.50), pctOf(lags, 0.99), pctOf(lags, 0.999), pctOf(lags, 1), len(lags))
+	}
 }

@@ -2,8 +2,11 @@ package loadgen
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/cli"
 )
 
 // TestLoadgenWatchClientAppliesFrames feeds one subscriber a view longer
@@ -103,5 +107,32 @@ func TestLoadgenWatchBurstTargets(t *testing.T) {
 	}
 	if some, headroom := w.burstTargets(rng, 10); len(some) != 10 || headroom != 30 {
 		t.Fatalf("%d targets of headroom %d; want 10 of 30", len(some), headroom)
+	}
+}
+
+// TestLoadgenWatchReplicasFlag: --replicas takes a list of base URLs
+// (trailing slashes trimmed, one URL may come twice) and makes the first
+// the base; it is refused with --url, with --restart, and with anything
+// that is not an http(s) base URL.
+func TestLoadgenWatchReplicasFlag(t *testing.T) {
+	o, err := parseLoadgenWatch([]string{"--replicas", "http://a:1/, http://b:2,http://a:1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"http://a:1", "http://b:2", "http://a:1"}; !slices.Equal(o.replicas, want) || o.base != "http://a:1" {
+		t.Fatalf("replicas %q base %q, want %q based at the first", o.replicas, o.base, want)
+	}
+	if o, err := parseLoadgenWatch([]string{"--url", "http://a:1"}, io.Discard); err != nil || o.replicas != nil {
+		t.Fatalf("without --replicas: %v, replicas %q", err, o.replicas)
+	}
+	for _, args := range [][]string{
+		{"--replicas", "http://a:1", "--url", "http://b:2"},
+		{"--replicas", "http://a:1", "--restart"},
+		{"--replicas", "http://a:1,,http://b:2"},
+		{"--replicas", "a:1"},
+	} {
+		if _, err := parseLoadgenWatch(args, io.Discard); !errors.Is(err, cli.ErrUsage) {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
 	}
 }
