@@ -175,6 +175,7 @@ func TestOverridesWrittenOutsideMusterRemoveNothing(t *testing.T) {
 
 	// The views: the two overrides muster admitted take az1[2] and az1[3]
 	// out; nothing else is overridden.
+	f.TakeOver(t)
 	f.publish(t)
 	v := f.view(t)
 	for i, id := range az1 {

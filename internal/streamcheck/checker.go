@@ -619,10 +619,14 @@ func endpoints(m map[uuid.UUID]assembler.Endpoint) []assembler.Endpoint {
 // the copy: version, checksum, endpoints or zones. Call it once the
 // views stop changing (a difference while they change may be a frame
 // still on its way).
-func (c *Checker) Compare(ctx context.Context) error {
+func (c *Checker) Compare(ctx context.Context) error { return c.CompareWith(ctx, c.cfg.URL) }
+
+// CompareWith is Compare against the muster at base (one replica of
+// several).
+func (c *Checker) CompareWith(ctx context.Context, base string) error {
 	var diffs []string
 	for _, name := range c.cfg.Services {
-		v, err := c.resolve(ctx, name)
+		v, err := c.resolve(ctx, strings.TrimRight(base, "/"), name)
 		if err != nil {
 			return err
 		}
@@ -660,10 +664,10 @@ func (c *Checker) diff(name string, v *assembler.View) string {
 }
 
 // resolve reads one service's current view from muster.
-func (c *Checker) resolve(ctx context.Context, name string) (*assembler.View, error) {
+func (c *Checker) resolve(ctx context.Context, base, name string) (*assembler.View, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.URL+"/v1/resolve/"+url.PathEscape(name), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/resolve/"+url.PathEscape(name), nil)
 	if err != nil {
 		return nil, fmt.Errorf("streamcheck: resolve %s: %w", name, err)
 	}
