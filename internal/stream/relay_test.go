@@ -37,7 +37,7 @@ func TestADeltaFromAnotherBaseIsNotSent(t *testing.T) {
 		since uint64
 		want  string
 	}{
-		{10, "[web:view@12 :synced@0]"}, // holds 10, never told of 11
+		{10, "[web:view@12 :synced@0]"},  // holds 10, never told of 11
 		{11, "[web:delta@12 :synced@0]"}, // exactly the delta's base
 	} {
 		s, _ := h.Subscribe([]string{"web"}, tc.since)
@@ -121,5 +121,22 @@ func TestRelayAndTap(t *testing.T) {
 	}
 	if h.Relayed() != 1 {
 		t.Fatalf("relayed %d", h.Relayed())
+	}
+}
+
+// Closing is closed by Close (once: a second Close does not panic).
+func TestClosing(t *testing.T) {
+	h := NewHub(Config{})
+	select {
+	case <-h.Closing():
+		t.Fatal("closing before Close")
+	default:
+	}
+	h.Close()
+	h.Close()
+	select {
+	case <-h.Closing():
+	default:
+		t.Fatal("not closing after Close")
 	}
 }
