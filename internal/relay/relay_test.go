@@ -311,3 +311,6 @@ func TestStopEndsTheStreams(t *testing.T) {
 		t.Fatalf("status after Stop: %+v", st)
 	}
 }
+
+// signer signs as replica b with the region's key of the test process.
+func signer() peer.Signer { return peer.Signer{ID: "b", Key: apptest.SealKey()} }
