@@ -157,6 +157,9 @@ type Config struct {
 	// Replicas, when set, is the region's shard ownership (GET
 	// /v1/replicas) and its shard_unowned alarm.
 	Replicas Replicas
+	// Relay, when set, is the relay from peer replicas, listed by GET
+	// /v1/replicas.
+	Relay Relay
 	// Peers authenticates the replicas of the region that stream this
 	// replica's publications (GET /v1/peer/updates; peer.Verifier). Nil:
 	// every such request is refused (a region without a signing key).

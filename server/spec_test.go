@@ -376,6 +376,12 @@ func TestSpecProblemTypes(t *testing.T) {
 // always encoded (no omitempty or omitzero).
 func jsonFields(t reflect.Type) (names []string, always []string) {
 	for f := range t.Fields() {
+		if f.Anonymous && f.Type.Kind() == reflect.Struct && f.Tag.Get("json") == "" {
+			// encoding/json encodes an embedded struct's fields as its own.
+			n, a := jsonFields(f.Type)
+			names, always = append(names, n...), append(always, a...)
+			continue
+		}
 		if !f.IsExported() {
 			continue
 		}
@@ -453,7 +459,8 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"OverrideMark", reflect.TypeFor[evaluator.Override](), true},
 		{"LeaseExpiryStatus", reflect.TypeFor[leaseExpiryStatus](), true},
 		{"RemovalHold", reflect.TypeFor[disbelief.Hold](), true},
-		{"RegionOwnership", reflect.TypeFor[ownership.RegionStatus](), true},
+		{"RegionOwnership", reflect.TypeFor[replicasBody](), true},
+		{"RelayPeer", reflect.TypeFor[relay.PeerStatus](), true},
 		{"ReplicaOwnership", reflect.TypeFor[ownership.ReplicaStatus](), true},
 		{"ShardTenure", reflect.TypeFor[ownership.ShardStatus](), true},
 		{"RemovalScope", reflect.TypeFor[disbelief.Scope](), true},

@@ -405,7 +405,7 @@ func New(cfg Config) (*App, error) {
 	svc.Replicas = a.Ownership
 	svc.Authz, svc.Database = a.Authz, a.Monitor
 	if peers != nil {
-		svc.Peers = peers
+		svc.Peers, svc.Relay = peers, a.Relay
 	}
 	svc.Now = orNow(svc.Now, now)
 	// Rows written outside muster: overrides, instances, contracts,
