@@ -5,6 +5,7 @@ import (
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/ownership"
+	"github.com/musterhq/muster/internal/relay"
 )
 
 // Replicas is the region's shard ownership as this replica last read it
@@ -12,6 +13,20 @@ import (
 type Replicas interface {
 	Region() ownership.RegionStatus
 	Alarms() []assembler.Alarm
+}
+
+// Relay is the relay from peer replicas (relay.Relay).
+type Relay interface {
+	Status() []relay.PeerStatus
+}
+
+// replicasBody is GET /v1/replicas's answer: the ownership reading and
+// the relay from each peer followed.
+type replicasBody struct {
+	ownership.RegionStatus
+	// Relay lists the peers this replica follows (none without the
+	// region's signing key).
+	Relay []relay.PeerStatus `json:"relay"`
 }
 
 // replicasGet answers GET /v1/replicas from memory: the live replicas,
@@ -25,5 +40,9 @@ func (s *Server) replicasGet(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "this muster keeps no shard ownership"))
 		return
 	}
-	writeJSON(w, http.StatusOK, s.cfg.Replicas.Region())
+	body := replicasBody{RegionStatus: s.cfg.Replicas.Region(), Relay: []relay.PeerStatus{}}
+	if s.cfg.Relay != nil {
+		body.Relay = append(body.Relay, s.cfg.Relay.Status()...)
+	}
+	writeJSON(w, http.StatusOK, body)
 }

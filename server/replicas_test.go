@@ -6,6 +6,7 @@ import (
 
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/ownership"
+	"github.com/musterhq/muster/internal/relay"
 )
 
 // TestReplicasAPI (issue 27): GET /v1/replicas shows the region's shard
@@ -24,6 +25,12 @@ func TestReplicasAPI(t *testing.T) {
 	got := apptest.Decode[ownership.RegionStatus](t, r)
 	if got.Self != "apptest" || got.Shards != 64 || len(got.Replicas) != 1 || got.Replicas[0].Shards != 64 || len(got.Unowned) != 0 || len(got.Owned) != 64 {
 		t.Fatalf("region %+v", got)
+	}
+	// Alone in its region, it follows no peer.
+	if relay := apptest.Decode[struct {
+		Relay []relay.PeerStatus `json:"relay"`
+	}](t, r).Relay; relay == nil || len(relay) != 0 {
+		t.Fatalf("relay %v, want an empty list", relay)
 	}
 	if r := s.Do(t, "GET", "/v1/replicas", s.Token(t, apptest.Web), "", ""); r.Status != http.StatusForbidden {
 		t.Fatalf("a workload reads the replicas: %d", r.Status)

@@ -157,6 +157,19 @@ type Config struct {
 	// Replicas, when set, is the region's shard ownership (GET
 	// /v1/replicas) and its shard_unowned alarm.
 	Replicas Replicas
+	// Relay, when set, is the relay from peer replicas, listed by GET
+	// /v1/replicas.
+	Relay Relay
+	// Peers authenticates the replicas of the region that stream this
+	// replica's publications (GET /v1/peer/updates; peer.Verifier). Nil:
+	// every such request is refused (a region without a signing key).
+	Peers PeerVerifier
+	// PeerHeartbeat is the peer stream's heartbeat period:
+	// DefaultPeerHeartbeat (2 s).
+	PeerHeartbeat time.Duration
+	// PeerTapLimit is how many publications a peer stream may fall behind
+	// before it is sent a snapshot again (stream.Hub.Tap): 4,096.
+	PeerTapLimit int
 	// WatchHeartbeat is the idle-stream heartbeat period: 15 s.
 	WatchHeartbeat time.Duration
 	// WatchWriteTimeout cuts off a subscriber that cannot take a frame:
@@ -209,6 +222,9 @@ func (c *Config) Validate() error {
 	}
 	if c.WatchHeartbeat == 0 {
 		c.WatchHeartbeat = 15 * time.Second
+	}
+	if c.PeerHeartbeat == 0 {
+		c.PeerHeartbeat = DefaultPeerHeartbeat
 	}
 	if c.WatchWriteTimeout == 0 {
 		c.WatchWriteTimeout = 30 * time.Second
@@ -376,6 +392,9 @@ func (s *Server) routes() chi.Router {
 	// no signature check (the slot is taken only once the caller is
 	// authorised, so callers without a valid token cannot spend it).
 	r.With(s.watchAdmission, s.authenticate).Get("/v1/watch", s.watch)
+	// Replicas of the region stream each other's publications (issue
+	// 27): signed with the region's key, not a bearer token.
+	r.With(s.authenticatePeer).Get("/v1/peer/updates", s.peerUpdates)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		// Metrics describe the whole estate (service names, counts, who

@@ -27,6 +27,7 @@ import (
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/openapi"
 )
@@ -38,8 +39,10 @@ import (
 // specRoute is one method and path the router serves.
 type specRoute struct {
 	method, path string
-	// authenticated: the route runs behind Server.authenticate.
-	authenticated bool
+	// authenticated: the route runs behind Server.authenticate;
+	// peer: behind Server.authenticatePeer (replicas of the region,
+	// signed with its key, instead of a bearer token).
+	authenticated, peer bool
 }
 
 func (r specRoute) key() string { return r.method + " " + r.path }
@@ -54,6 +57,7 @@ func routerRoutes(t *testing.T) map[string]specRoute {
 	s := &Server{cfg: Config{Metrics: prometheus.NewRegistry()}}
 	r := s.routes()
 	authPC := reflect.ValueOf(s.authenticate).Pointer()
+	peerPC := reflect.ValueOf(s.authenticatePeer).Pointer()
 
 	out := map[string]specRoute{}
 	err := chi.Walk(r, func(method, path string, _ http.Handler, mws ...func(http.Handler) http.Handler) error {
@@ -70,8 +74,11 @@ func routerRoutes(t *testing.T) map[string]specRoute {
 		}
 		sr := specRoute{method: method, path: chiParam.ReplaceAllString(path, "{$1}")}
 		for _, mw := range mws {
-			if reflect.ValueOf(mw).Pointer() == authPC {
+			switch reflect.ValueOf(mw).Pointer() {
+			case authPC:
 				sr.authenticated = true
+			case peerPC:
+				sr.peer = true
 			}
 		}
 		out[sr.key()] = sr
@@ -189,12 +196,26 @@ func TestSpecRouteResponses(t *testing.T) {
 		o := ops[k]
 		op := o.op
 		rt, routed := routes[k]
-		authenticated := strings.HasPrefix(o.path, "/v1/") || (routed && rt.authenticated)
-		if routed && strings.HasPrefix(o.path, "/v1/") && !rt.authenticated {
+		peerOnly := routed && rt.peer && !rt.authenticated
+		authenticated := (strings.HasPrefix(o.path, "/v1/") && !peerOnly) || (routed && rt.authenticated)
+		if routed && strings.HasPrefix(o.path, "/v1/") && !rt.authenticated && !rt.peer {
 			t.Errorf("%s: the router serves it without authenticate", k)
 		}
 
-		if authenticated {
+		if peerOnly {
+			// authenticatePeer answers 401 for a missing, forged or
+			// replayed signature and 429 to an address with too many
+			// of those.
+			for _, code := range []string{"401", "429", "500"} {
+				if !hasStatus(op, code) {
+					t.Errorf("%s: runs behind authenticatePeer but declares no %s response", k, code)
+				}
+			}
+			reqs := effectiveSecurity(doc, op)
+			if len(reqs) != 1 || len(reqs[0]) != 1 || reqs[0]["peerSignature"] == nil {
+				t.Errorf("%s: runs behind authenticatePeer but does not require peerSignature alone", k)
+			}
+		} else if authenticated {
 			// authenticate answers 401 for a missing or refused token, 429
 			// to an address with too many of those, and 503 when the
 			// issuer cannot be reached; any handler behind it can fail
@@ -355,6 +376,12 @@ func TestSpecProblemTypes(t *testing.T) {
 // always encoded (no omitempty or omitzero).
 func jsonFields(t reflect.Type) (names []string, always []string) {
 	for f := range t.Fields() {
+		if f.Anonymous && f.Type.Kind() == reflect.Struct && f.Tag.Get("json") == "" {
+			// encoding/json encodes an embedded struct's fields as its own.
+			n, a := jsonFields(f.Type)
+			names, always = append(names, n...), append(always, a...)
+			continue
+		}
 		if !f.IsExported() {
 			continue
 		}
@@ -432,7 +459,8 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"OverrideMark", reflect.TypeFor[evaluator.Override](), true},
 		{"LeaseExpiryStatus", reflect.TypeFor[leaseExpiryStatus](), true},
 		{"RemovalHold", reflect.TypeFor[disbelief.Hold](), true},
-		{"RegionOwnership", reflect.TypeFor[ownership.RegionStatus](), true},
+		{"RegionOwnership", reflect.TypeFor[replicasBody](), true},
+		{"RelayPeer", reflect.TypeFor[relay.PeerStatus](), true},
 		{"ReplicaOwnership", reflect.TypeFor[ownership.ReplicaStatus](), true},
 		{"ShardTenure", reflect.TypeFor[ownership.ShardStatus](), true},
 		{"RemovalScope", reflect.TypeFor[disbelief.Scope](), true},
@@ -444,6 +472,7 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"RenewalItem", reflect.TypeFor[renewalItem](), false},
 		{"RenewalResults", reflect.TypeFor[renewalResults](), true},
 		{"RenewalResult", reflect.TypeFor[registry.RenewalResult](), true},
+		{"PeerRecord", reflect.TypeFor[relay.Record](), true},
 	} {
 		s := schema(tt.schema)
 		names, always := jsonFields(tt.typ)

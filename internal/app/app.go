@@ -63,6 +63,7 @@ import (
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
@@ -173,6 +174,9 @@ type Config struct {
 	// one worker per source named "reconcile <source>" (issue 19); its
 	// Registry, Evidence, Logger and Registerer are the app's.
 	Reconcile reconcile.Config
+	// Relay tunes the relay from peer replicas (its Hub, Signer, Logger
+	// and Registerer are the app's; Peers the live replicas unless set).
+	Relay relay.Config
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
@@ -197,8 +201,11 @@ type App struct {
 	Census    *stream.Census
 	// Ownership keeps this replica's share of the region's shards.
 	Ownership *ownership.Manager
-	Refusals  *audit.RefusalSummaries
-	KeyWatch  *KeyWatch
+	// Relay follows the peer replicas' publications; nil without the
+	// region's signing key.
+	Relay    *relay.Relay
+	Refusals *audit.RefusalSummaries
+	KeyWatch *KeyWatch
 	// AuthFailures summarises authentication failures into the audit log.
 	AuthFailures *audit.RefusalSummaries
 	// Reconcile is nil unless Config.Reconcile has sources.
@@ -238,7 +245,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerRefusals, WorkerAuthFailures, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerRelay, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerRefusals, WorkerAuthFailures, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -386,6 +393,10 @@ func New(cfg Config) (*App, error) {
 	if a.Census, err = stream.NewCensus(cc); err != nil {
 		return nil, err
 	}
+	peers, err := a.buildRelay(cfg)
+	if err != nil {
+		return nil, err
+	}
 
 	// Surfaces.
 	sumc := cfg.Refusals
@@ -407,6 +418,9 @@ func New(cfg Config) (*App, error) {
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
 	svc.Replicas = a.Ownership
 	svc.Authz, svc.Database = a.Authz, a.Monitor
+	if peers != nil {
+		svc.Peers, svc.Relay = peers, a.Relay
+	}
 	svc.Now = orNow(svc.Now, now)
 	// Rows written outside muster: overrides, instances, contracts,
 	// services and grants, and the authorisation copy's held reloads
@@ -515,6 +529,9 @@ func New(cfg Config) (*App, error) {
 		{name: WorkerRefusals, w: a.Refusals, detached: true},
 		{name: WorkerKeyWatch, w: a.KeyWatch},
 		{name: WorkerAuthFailures, w: a.AuthFailures, detached: true},
+	}
+	if a.Relay != nil {
+		a.workers = append(a.workers, worker{name: WorkerRelay, w: a.Relay, detached: true})
 	}
 	if a.DNS != nil {
 		a.workers = append(a.workers, worker{name: WorkerDNS, w: a.DNS, detached: true})

@@ -73,6 +73,7 @@ type Hub struct {
 	mu       sync.RWMutex
 	services map[string]*serviceState
 	closed   bool
+	closing  chan struct{} // closed by Close
 	subs     int
 	peak     int
 	views    int // services with a view
@@ -137,8 +138,13 @@ func NewHub(cfg Config) *Hub {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Hub{cfg: cfg, services: map[string]*serviceState{}}
+	return &Hub{cfg: cfg, services: map[string]*serviceState{}, closing: make(chan struct{})}
 }
+
+// Closing is closed once Close has been called: streams the hub does not
+// end with a drain frame (the relay to peers, which reads a Tap) end
+// when it is.
+func (h *Hub) Closing() <-chan struct{} { return h.closing }
 
 // ErrClosed is returned by Subscribe once the hub is draining.
 var ErrClosed = errors.New("the streaming tier is shutting down")
@@ -455,6 +461,9 @@ func (h *Hub) Subscribers() (now, peak int) {
 func (h *Hub) Close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if !h.closed {
+		close(h.closing)
+	}
 	h.closed = true
 	drain := &Frame{Kind: KindDrain, JSON: []byte(`{"reason":"server shutting down; reconnect with jitter"}`)}
 	seen := map[*Subscription]bool{}

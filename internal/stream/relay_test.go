@@ -123,3 +123,20 @@ func TestRelayAndTap(t *testing.T) {
 		t.Fatalf("relayed %d", h.Relayed())
 	}
 }
+
+// Closing is closed by Close (once: a second Close does not panic).
+func TestClosing(t *testing.T) {
+	h := NewHub(Config{})
+	select {
+	case <-h.Closing():
+		t.Fatal("closing before Close")
+	default:
+	}
+	h.Close()
+	h.Close()
+	select {
+	case <-h.Closing():
+	default:
+		t.Fatal("not closing after Close")
+	}
+}

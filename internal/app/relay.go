@@ -1,0 +1,44 @@
+package app
+
+import (
+	"github.com/musterhq/muster/internal/peer"
+	"github.com/musterhq/muster/internal/relay"
+	"github.com/musterhq/muster/internal/seal"
+)
+
+// WorkerRelay keeps a stream open to every live peer replica and hands
+// what each publishes to this replica's hub (issue 27: every replica
+// serves every view).
+const WorkerRelay = "relay"
+
+// buildRelay builds the relay from the live replicas of the region
+// (ownership) to the hub, and the verifier of peer streams the server
+// answers. Without the region's signing key replicas cannot prove
+// themselves to one another: both are left out, and muster says so once.
+func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
+	if cfg.Policy.Sealer == nil {
+		a.log.Warn("relaying between replicas is off: the region has no signing key, so replicas cannot authenticate each other; this replica serves only the views it publishes")
+		return nil, nil
+	}
+	trusted := cfg.Policy.SealKeys.With(cfg.Policy.Sealer)
+	rc := cfg.Relay
+	rc.Hub, rc.Logger, rc.Registerer = a.Hub, a.log, a.Metrics
+	rc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer}
+	if rc.Peers == nil {
+		region := cfg.Region
+		rc.Peers = func() []relay.Peer {
+			var out []relay.Peer
+			for _, r := range a.Ownership.Region().Replicas {
+				if r.ID != cfg.Replica && r.Address != "" && (r.Region == "" || region == "" || r.Region == region) {
+					out = append(out, relay.Peer{ID: r.ID, Address: r.Address})
+				}
+			}
+			return out
+		}
+	}
+	var err error
+	if a.Relay, err = relay.New(rc); err != nil {
+		return nil, err
+	}
+	return &peer.Verifier{Keys: func() seal.Keys { return trusted }}, nil
+}
