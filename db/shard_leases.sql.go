@@ -124,6 +124,48 @@ func (q *Queries) ShardLeaseRelease(ctx context.Context, arg ShardLeaseReleasePa
 	return items, nil
 }
 
+const shardLeaseReleaseOwner = `-- name: ShardLeaseReleaseOwner :many
+UPDATE shard_leases AS l
+SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp()
+WHERE l.owner = $1::text
+  AND NOT EXISTS (
+    SELECT 1 FROM replicas AS r
+    WHERE r.id = $1::text
+      AND r.last_seen > clock_timestamp() - $2::bigint * interval '1 millisecond'
+  )
+RETURNING l.shard
+`
+
+type ShardLeaseReleaseOwnerParams struct {
+	Owner   string
+	QuietMs int64
+}
+
+// Frees every shard the database names for owner when no process under
+// that id has heartbeated within quiet_ms: a replica starting under the
+// id of a killed process takes over its dead tenures at once instead of
+// waiting out their TTL. A live process under the same id (a
+// misconfiguration) keeps its tenures: it heartbeats every round.
+func (q *Queries) ShardLeaseReleaseOwner(ctx context.Context, arg ShardLeaseReleaseOwnerParams) ([]int32, error) {
+	rows, err := q.db.Query(ctx, shardLeaseReleaseOwner, arg.Owner, arg.QuietMs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int32
+	for rows.Next() {
+		var shard int32
+		if err := rows.Scan(&shard); err != nil {
+			return nil, err
+		}
+		items = append(items, shard)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const shardLeaseRenew = `-- name: ShardLeaseRenew :many
 UPDATE shard_leases AS l
 SET renewed_at = clock_timestamp(),

@@ -68,3 +68,19 @@ WHERE shard = sqlc.arg(shard)::integer
   AND owner = sqlc.arg(owner)::text
   AND expires_at > clock_timestamp()
 FOR SHARE;
+
+-- name: ShardLeaseReleaseOwner :many
+-- Frees every shard the database names for owner when no process under
+-- that id has heartbeated within quiet_ms: a replica starting under the
+-- id of a killed process takes over its dead tenures at once instead of
+-- waiting out their TTL. A live process under the same id (a
+-- misconfiguration) keeps its tenures: it heartbeats every round.
+UPDATE shard_leases AS l
+SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp()
+WHERE l.owner = sqlc.arg(owner)::text
+  AND NOT EXISTS (
+    SELECT 1 FROM replicas AS r
+    WHERE r.id = sqlc.arg(owner)::text
+      AND r.last_seen > clock_timestamp() - sqlc.arg(quiet_ms)::bigint * interval '1 millisecond'
+  )
+RETURNING l.shard;

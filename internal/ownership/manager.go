@@ -260,6 +260,26 @@ func (m *Manager) RunOnce(ctx context.Context) error {
 	// which comes after the heartbeat; so by the time a dead replica's
 	// leases expire, the others no longer count it and their targets
 	// already include its share.
+	if !m.joined {
+		// A start under the id of a killed process: its tenures are freed
+		// at once rather than after their TTL, so a restarted replica
+		// publishes again within a round, unless a process under this id
+		// heartbeated within the last round and a half (it may be alive).
+		m.mu.Lock()
+		fresh := len(m.held) == 0
+		m.mu.Unlock()
+		if fresh {
+			quiet := m.cfg.Interval + m.cfg.Interval/2
+			freed, err := q.ShardLeaseReleaseOwner(ctx, db.ShardLeaseReleaseOwnerParams{Owner: m.cfg.ID, QuietMs: quiet.Milliseconds()})
+			if err != nil {
+				m.met.renewFailures.Inc()
+				return fmt.Errorf("free the shards of %s's previous process: %w", m.cfg.ID, err)
+			}
+			if len(freed) > 0 {
+				m.log.Info("freed the shards a killed process of this replica held", "shards", len(freed))
+			}
+		}
+	}
 	if _, err := q.ReplicaHeartbeat(ctx, db.ReplicaHeartbeatParams{
 		ID: m.cfg.ID, Address: m.cfg.Address, Region: m.cfg.Region, Restart: !m.joined,
 	}); err != nil {

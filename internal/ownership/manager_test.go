@@ -916,3 +916,33 @@ func TestALapsedTenureGoesOnPublishing(t *testing.T) {
 		t.Fatalf("events %s, want %s", got, want)
 	}
 }
+
+// TestARestartedReplicaTakesItsShardsAtOnce: a replica killed without a
+// release and started again under the same id holds its shards after its
+// first round, not after their TTL.
+func TestARestartedReplicaTakesItsShardsAtOnce(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	long := withTiming(time.Minute, 10*time.Second, 5*time.Second)
+	first := newReplica(t, pool, "a", long)
+	rounds(t, first)
+	if len(first.Owned()) != 64 {
+		t.Fatalf("the first process holds %d shards", len(first.Owned()))
+	}
+	// Killed: no release, and no heartbeat for longer than a round and a
+	// half. The next process under the same id.
+	if _, err := pool.Exec(t.Context(), `UPDATE replicas SET last_seen = last_seen - interval '20 seconds' WHERE id = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	second := newReplica(t, pool, "a", long)
+	rounds(t, second)
+	if n := len(second.Owned()); n != 64 {
+		t.Fatalf("the restarted replica holds %d shards after its first round, want 64", n)
+	}
+	// The dead process's tenures are fenced: their epochs moved on.
+	for s, e := range first.Owned() {
+		if second.Owned()[s] == e {
+			t.Fatalf("shard %d kept epoch %d across the restart", s, e)
+		}
+	}
+}

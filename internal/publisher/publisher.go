@@ -589,6 +589,10 @@ func (p *Publisher) adopt(ctx context.Context) error {
 // PostgreSQL is away.
 func (p *Publisher) adoptLoop(ctx context.Context) {
 	backoff := time.Duration(0)
+	// A gain told while the start's Prepare was under way (it adopts only
+	// the gains it saw begin) is noticed by the next tick at the latest.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
 		var retry <-chan time.Time
 		if backoff > 0 {
@@ -599,9 +603,10 @@ func (p *Publisher) adoptLoop(ctx context.Context) {
 			return
 		case <-p.adoptWake:
 		case <-retry:
+		case <-tick.C:
 		}
 		p.mu.Lock()
-		pending := p.versions != nil && p.gained != p.adopted
+		pending := p.gained != p.adopted
 		p.mu.Unlock()
 		if !pending {
 			backoff = 0

@@ -65,9 +65,11 @@ func (c *Config) defaults() error {
 		return errors.New("streamcheck: at least one service is required")
 	}
 	c.URL = strings.TrimRight(c.URL, "/")
+	replicas := make([]string, len(c.Replicas))
 	for i, u := range c.Replicas {
-		c.Replicas[i] = strings.TrimRight(u, "/")
+		replicas[i] = strings.TrimRight(u, "/")
 	}
+	c.Replicas = replicas
 	c.Services = slices.Compact(slices.Sorted(slices.Values(c.Services)))
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: &http.Transport{DisableCompression: true}}
