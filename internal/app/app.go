@@ -382,6 +382,12 @@ func New(cfg Config) (*App, error) {
 	// Only a service's owner publishes it; one whose tenure lapsed while
 	// PostgreSQL is unreachable goes on (ownership.Manager.Publishes).
 	pbc.Owns, pbc.Services = a.Ownership.Publishes, a.Evaluator.Services
+	if cfg.Policy.Sealer == nil {
+		// Without the region's key replicas cannot relay to each other
+		// (buildRelay), so each publishes every service itself, as
+		// before issue 27: a subscriber's replica must hold every view.
+		pbc.Owns, pbc.Services = nil, nil
+	}
 	if a.Publisher, err = publisher.New(pbc); err != nil {
 		return nil, err
 	}

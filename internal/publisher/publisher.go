@@ -526,8 +526,8 @@ func (p *Publisher) adopt(ctx context.Context) error {
 		best[v.Service] = v
 	}
 	for _, f := range p.cfg.Hub.Snapshot() {
-		if b, ok := best[f.Service]; ok && b.Version >= f.Version {
-			continue
+		if b, ok := best[f.Service]; ok && b.Version >= f.Version || p.cfg.Owns != nil && !p.cfg.Owns(f.Service) {
+			continue // decode only what this adoption may restore
 		}
 		var v assembler.View
 		if err := json.Unmarshal(f.JSON, &v); err != nil || v.Service != f.Service || v.Version != f.Version {
