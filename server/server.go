@@ -20,6 +20,7 @@ import (
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
@@ -44,6 +45,9 @@ type KnownTokens interface {
 // Evaluator ingests evidence and shows verdicts.
 type Evaluator interface {
 	Ingest(ctx context.Context, actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
+	// IngestForwarded applies evidence another replica of the region
+	// accepted (POST /v1/peer/reports).
+	IngestForwarded(ctx context.Context, actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
 	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
 }
 
@@ -157,6 +161,14 @@ type Config struct {
 	// Replicas, when set, is the region's shard ownership (GET
 	// /v1/replicas) and its shard_unowned alarm.
 	Replicas Replicas
+	// Forwarder, when set, is offered the evidence this replica accepts,
+	// to mirror it to the region's other replicas (issue 27); nil, none
+	// is forwarded.
+	Forwarder Forwarder
+	// Peers, when set, verifies the requests of the region's other
+	// replicas (POST /v1/peer/reports); nil, every such request is
+	// refused 401.
+	Peers PeerVerifier
 	// WatchHeartbeat is the idle-stream heartbeat period: 15 s.
 	WatchHeartbeat time.Duration
 	// WatchWriteTimeout cuts off a subscriber that cannot take a frame:
@@ -376,6 +388,9 @@ func (s *Server) routes() chi.Router {
 	// no signature check (the slot is taken only once the caller is
 	// authorised, so callers without a valid token cannot spend it).
 	r.With(s.watchAdmission, s.authenticate).Get("/v1/watch", s.watch)
+	// Replicas of the region, and only they, by their signature: no bearer
+	// token is asked or looked at.
+	r.With(s.authenticatePeer, s.dbBudget).Post(forward.Path, s.peerReportsPost)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		// Metrics describe the whole estate (service names, counts, who

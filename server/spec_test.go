@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
@@ -40,6 +41,9 @@ type specRoute struct {
 	method, path string
 	// authenticated: the route runs behind Server.authenticate.
 	authenticated bool
+	// peer: the route runs behind Server.authenticatePeer (replicas of
+	// the region only, by their signature).
+	peer bool
 }
 
 func (r specRoute) key() string { return r.method + " " + r.path }
@@ -54,6 +58,7 @@ func routerRoutes(t *testing.T) map[string]specRoute {
 	s := &Server{cfg: Config{Metrics: prometheus.NewRegistry()}}
 	r := s.routes()
 	authPC := reflect.ValueOf(s.authenticate).Pointer()
+	peerPC := reflect.ValueOf(s.authenticatePeer).Pointer()
 
 	out := map[string]specRoute{}
 	err := chi.Walk(r, func(method, path string, _ http.Handler, mws ...func(http.Handler) http.Handler) error {
@@ -70,8 +75,11 @@ func routerRoutes(t *testing.T) map[string]specRoute {
 		}
 		sr := specRoute{method: method, path: chiParam.ReplaceAllString(path, "{$1}")}
 		for _, mw := range mws {
-			if reflect.ValueOf(mw).Pointer() == authPC {
+			switch reflect.ValueOf(mw).Pointer() {
+			case authPC:
 				sr.authenticated = true
+			case peerPC:
+				sr.peer = true
 			}
 		}
 		out[sr.key()] = sr
@@ -189,12 +197,28 @@ func TestSpecRouteResponses(t *testing.T) {
 		o := ops[k]
 		op := o.op
 		rt, routed := routes[k]
-		authenticated := strings.HasPrefix(o.path, "/v1/") || (routed && rt.authenticated)
-		if routed && strings.HasPrefix(o.path, "/v1/") && !rt.authenticated {
+		peerOnly := routed && rt.peer
+		authenticated := (strings.HasPrefix(o.path, "/v1/") && !peerOnly) || (routed && rt.authenticated)
+		if routed && strings.HasPrefix(o.path, "/v1/") && !rt.authenticated && !rt.peer {
 			t.Errorf("%s: the router serves it without authenticate", k)
 		}
+		if peerOnly && rt.authenticated {
+			t.Errorf("%s: runs behind both authenticate and authenticatePeer", k)
+		}
 
-		if authenticated {
+		if peerOnly {
+			// authenticatePeer answers 401 for a missing or refused
+			// signature and 429 to an address with too many of those.
+			for _, code := range []string{"401", "429", "500", "503"} {
+				if !hasStatus(op, code) {
+					t.Errorf("%s: runs behind authenticatePeer but declares no %s response", k, code)
+				}
+			}
+			reqs := effectiveSecurity(doc, op)
+			if len(reqs) != 1 || len(reqs[0]) != 1 || reqs[0]["replicaSignature"] == nil {
+				t.Errorf("%s: runs behind authenticatePeer; its security must be replicaSignature alone", k)
+			}
+		} else if authenticated {
 			// authenticate answers 401 for a missing or refused token, 429
 			// to an address with too many of those, and 503 when the
 			// issuer cannot be reached; any handler behind it can fail
@@ -406,6 +430,10 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"AuditEvent", reflect.TypeFor[audit.Event](), true},
 		{"ProberAssignments", reflect.TypeFor[registry.ProberAssignments](), false},
 		{"ReportBatch", reflect.TypeFor[reportBatch](), false},
+		{"PeerReports", reflect.TypeFor[forward.Body](), false},
+		{"PeerBatch", reflect.TypeFor[forward.Batch](), false},
+		{"PeerActor", reflect.TypeFor[forward.Actor](), false},
+		{"PeerReportResult", reflect.TypeFor[forward.Result](), true},
 		{"GrantsBody", reflect.TypeFor[grantsBody](), false},
 		{"AlarmList", reflect.TypeFor[alarmList](), true},
 		{"Alarm", reflect.TypeFor[assembler.Alarm](), true},
