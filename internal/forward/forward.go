@@ -121,8 +121,12 @@ type Forwarder struct {
 	runner worker.Runner
 	met    metrics
 
-	mu    sync.Mutex
-	peers map[string]*peerQueue
+	// runMu serialises RunOnce.
+	runMu sync.Mutex
+
+	mu      sync.Mutex
+	peers   map[string]*peerQueue
+	running bool // between Start and the end of its loop
 }
 
 // item is one report waiting for one peer.
@@ -142,6 +146,7 @@ type peerQueue struct {
 	address   string
 	items     []item // items[head:] wait, oldest first
 	head      int
+	inflight  int // taken by the sender, not yet settled
 	forgotten bool
 
 	forwarded, dropped prometheus.Counter
@@ -198,12 +203,15 @@ func (f *Forwarder) trim(p *peerQueue) {
 		clear(p.items[len(p.items):cap(p.items)])
 		p.head = 0
 	}
-	f.met.queue.WithLabelValues(p.id).Set(float64(len(p.items) - p.head))
+	f.met.queue.WithLabelValues(p.id).Set(float64(len(p.items) - p.head + p.inflight))
 }
 
 // Start reads the peers and starts a sender for each; it re-reads them
 // every RefreshPeers.
 func (f *Forwarder) Start(ctx context.Context) error {
+	f.mu.Lock()
+	f.running = true
+	f.mu.Unlock()
 	return f.runner.Start(ctx, func(ctx context.Context) {
 		f.RunOnce(ctx)
 		worker.Every(ctx, f.cfg.RefreshPeers, f.RunOnce)
@@ -217,8 +225,12 @@ func (f *Forwarder) Stop() { f.runner.Stop() }
 
 // RunOnce brings the senders in line with the peers now listed: a sender
 // for each new one (sent what is offered from now on), none for one no
-// longer listed (its queue is dropped).
+// longer listed (its queue is dropped). A sender runs until its peer is
+// forgotten or the Forwarder stops; before Start and after Stop, RunOnce
+// does nothing.
 func (f *Forwarder) RunOnce(ctx context.Context) {
+	f.runMu.Lock()
+	defer f.runMu.Unlock()
 	listed := map[string]string{}
 	for _, p := range f.cfg.Peers() {
 		if p.ID != "" && p.ID != f.cfg.Signer.ID && p.Address != "" {
@@ -227,6 +239,10 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 	}
 	var gone, added []*peerQueue
 	f.mu.Lock()
+	if !f.running {
+		f.mu.Unlock()
+		return
+	}
 	for id, p := range f.peers {
 		addr, ok := listed[id]
 		if !ok {
@@ -258,8 +274,10 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		p.runner.Stop()
 	}
 	for _, p := range added {
-		f.log.Info("forwarding evidence to peer", "peer", p.id, "address", p.address)
-		if err := p.runner.Start(ctx, func(ctx context.Context) { f.send(ctx, p) }); err != nil {
+		f.log.Info("forwarding evidence to peer", "peer", p.id, "address", listed[p.id])
+		// Stopped by Stop or when forgotten, not by the end of ctx (a
+		// caller's RunOnce may pass a short one).
+		if err := p.runner.Start(context.WithoutCancel(ctx), func(ctx context.Context) { f.send(ctx, p) }); err != nil {
 			f.log.Error("start a sender", "peer", p.id, "err", err)
 		}
 	}
@@ -267,7 +285,10 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 
 // stopAll stops every sender (each flushes) and forgets the peers.
 func (f *Forwarder) stopAll() {
+	f.runMu.Lock()
+	defer f.runMu.Unlock()
 	f.mu.Lock()
+	f.running = false
 	ps := make([]*peerQueue, 0, len(f.peers))
 	for _, p := range f.peers {
 		ps = append(ps, p)
@@ -283,14 +304,21 @@ func (f *Forwarder) stopAll() {
 	f.mu.Unlock()
 }
 
-// Queued is how many items wait for peer id.
+// Queued is how many items wait for peer id, those being sent included.
 func (f *Forwarder) Queued(id string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if p, ok := f.peers[id]; ok {
-		return len(p.items) - p.head
+		return len(p.items) - p.head + p.inflight
 	}
 	return 0
+}
+
+// waiting is how many items wait in p's queue, not yet taken.
+func (f *Forwarder) waiting(p *peerQueue) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(p.items) - p.head
 }
 
 // send is peer p's sender loop: wait for items, coalesce, deliver,
@@ -314,6 +342,9 @@ func (f *Forwarder) send(ctx context.Context, p *peerQueue) {
 			}
 			n, err := f.deliver(ctx, p, batch)
 			batch = batch[n:]
+			if err == nil || errors.Is(err, errRefused) {
+				f.settle(p)
+			}
 			if err == nil {
 				if failures > 0 {
 					f.log.Info("peer reachable again", "peer", p.id, "failed_attempts", failures)
@@ -343,7 +374,7 @@ func (f *Forwarder) send(ctx context.Context, p *peerQueue) {
 // coalesce waits up to BatchWait for a full batch. It reports false when
 // ctx ended.
 func (f *Forwarder) coalesce(ctx context.Context, p *peerQueue) bool {
-	if f.Queued(p.id) >= f.cfg.MaxBatch {
+	if f.waiting(p) >= f.cfg.MaxBatch {
 		return true
 	}
 	t := time.NewTimer(f.cfg.BatchWait)
@@ -355,7 +386,7 @@ func (f *Forwarder) coalesce(ctx context.Context, p *peerQueue) bool {
 		case <-t.C:
 			return true
 		case <-p.wake:
-			if f.Queued(p.id) >= f.cfg.MaxBatch {
+			if f.waiting(p) >= f.cfg.MaxBatch {
 				return true
 			}
 		}
@@ -376,6 +407,7 @@ func (f *Forwarder) flush(p *peerQueue) {
 			f.log.Warn("evidence not forwarded at stop", "peer", p.id, "items", f.Queued(p.id), "err", err)
 			return
 		}
+		f.settle(p)
 	}
 }
 
@@ -416,8 +448,20 @@ func (f *Forwarder) take(p *peerQueue, n int) []item {
 	copy(batch, p.items[p.head:p.head+n])
 	clear(p.items[p.head : p.head+n])
 	p.head += n
+	p.inflight = n
 	f.trim(p)
 	return batch
+}
+
+// settle ends the sender's hold on the batch it took: delivered, or
+// dropped.
+func (f *Forwarder) settle(p *peerQueue) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p.inflight = 0
+	if !p.forgotten {
+		f.trim(p)
+	}
 }
 
 // putBack returns batch, undelivered, to the head of p's queue; what no
@@ -425,6 +469,7 @@ func (f *Forwarder) take(p *peerQueue, n int) []item {
 func (f *Forwarder) putBack(p *peerQueue, batch []item) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	p.inflight = 0
 	if p.forgotten {
 		return
 	}
