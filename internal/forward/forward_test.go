@@ -159,7 +159,7 @@ func (h *harness) metric(t testing.TB, name, peer string) float64 {
 }
 
 var (
-	web    = identity.Principal{Kind: identity.KindWorkload, Service: "web", Subject: "web", Issuer: "https://issuer.example", Home: true,
+	web = identity.Principal{Kind: identity.KindWorkload, Service: "web", Subject: "web", Issuer: "https://issuer.example", Home: true,
 		Addresses: nil, Expiry: time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)}
 	prober = identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
 )
