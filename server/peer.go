@@ -1,59 +1,11 @@
 package server
 
 import (
-	"context"
-	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/musterhq/muster/internal/relay"
 )
-
-// PeerVerifier authenticates a request from another replica of the
-// region (peer.Verifier): it returns the replica's id, or an error
-// wrapping peer.ErrNotPeer.
-type PeerVerifier interface {
-	Verify(r *http.Request, body []byte) (string, error)
-}
-
-type replicaKey struct{}
-
-// authenticatePeer admits only requests signed by a replica of this
-// region (the Muster-Replica header; internal/peer), instead of a bearer
-// token: a replica has no token of its own. Without a verifier (a region
-// without a signing key) every request is refused. Refusals count
-// against the source address's unauthenticated budget, as a refused
-// token does.
-func (s *Server) authenticatePeer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		addr := addressKey(sourceAddr(r))
-		if d := s.limits.unauthenticated.Peek(addr); !d.Allowed {
-			s.metrics.unauthenticated.WithLabelValues("429").Inc()
-			s.refuseLimited(w, r, d, "unauthenticated", fmt.Sprintf(
-				"%d requests from %s were refused for want of valid credentials within %s, the most allowed; this one was not looked at: retry in %d s",
-				d.Limit.Max, addr, d.Limit.Window, d.ResetSeconds()))
-			return
-		}
-		var (
-			id  string
-			err = fmt.Errorf("this replica relays to no peer: the region has no signing key")
-		)
-		if s.cfg.Peers != nil {
-			id, err = s.cfg.Peers.Verify(r, nil)
-		}
-		if err != nil {
-			s.metrics.authFailures.WithLabelValues("peer").Inc()
-			s.metrics.unauthenticated.WithLabelValues("401").Inc()
-			s.limits.unauthenticated.Charge(addr, 1)
-			writeProblem(w, r, problem(http.StatusUnauthorized, "unauthenticated", "this call is for replicas of the region, signed with its key: "+err.Error()))
-			return
-		}
-		if ann, ok := r.Context().Value(annotationKey{}).(*annotation); ok {
-			ann.principal = "replica:" + id
-		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), replicaKey{}, id)))
-	})
-}
 
 // peerUpdates streams this replica's own publications to a peer (issue
 // 27; internal/relay): a snapshot record per view it holds, then an
@@ -97,7 +49,7 @@ func (s *Server) peerUpdates(w http.ResponseWriter, r *http.Request) {
 	if !send(nil) {
 		return
 	}
-	peerID, _ := r.Context().Value(replicaKey{}).(string)
+	peerID, _ := r.Context().Value(peerKey{}).(string)
 	const chunk = 256 << 10
 	var buf []byte
 	// flush sends buf once it holds a chunk (or always, when all).

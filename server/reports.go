@@ -62,6 +62,11 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.auditRefusedEvidence(actor, b.Reports, res)
+	// Mirrored to the region's other replicas, the owner among them
+	// (issue 27): only what was accepted, and without waiting.
+	if s.cfg.Forwarder != nil && res.Accepted > 0 {
+		s.cfg.Forwarder.Offer(actor, accepted(b.Reports, res))
+	}
 	writeJSON(w, http.StatusOK, res)
 }
 

@@ -20,11 +20,17 @@ import (
 // stricter: duplicate member names and invalid UTF-8 are refused, and
 // member names match exactly.
 func (s *Server) decodeReports(w http.ResponseWriter, r *http.Request, b *reportBatch) *Problem {
+	return decodeStrict(w, r, b, s.cfg.MaxBodyBytes)
+}
+
+// decodeStrict reads r's JSON body of at most limit bytes into v as
+// decodeReports does (POST /v1/peer/reports uses it too).
+func decodeStrict(w http.ResponseWriter, r *http.Request, v any, limit int64) *Problem {
 	if p := jsonContentType(r); p != nil {
 		return p
 	}
-	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-	err := jsonv2.UnmarshalRead(body, b, jsonv2.RejectUnknownMembers(true))
+	body := http.MaxBytesReader(w, r.Body, limit)
+	err := jsonv2.UnmarshalRead(body, v, jsonv2.RejectUnknownMembers(true))
 	if err == nil {
 		return nil
 	}
@@ -36,7 +42,7 @@ func (s *Server) decodeReports(w http.ResponseWriter, r *http.Request, b *report
 	switch {
 	case errors.As(err, &mbe):
 		return problem(http.StatusRequestEntityTooLarge, "body-too-large",
-			fmt.Sprintf("the body is larger than the %d-byte limit", s.cfg.MaxBodyBytes))
+			fmt.Sprintf("the body is larger than the %d-byte limit", limit))
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return problem(http.StatusBadRequest, "malformed-json", "the JSON body is empty or ends too early")
 	case errors.As(err, &se):

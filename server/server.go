@@ -20,6 +20,7 @@ import (
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
@@ -44,6 +45,9 @@ type KnownTokens interface {
 // Evaluator ingests evidence and shows verdicts.
 type Evaluator interface {
 	Ingest(ctx context.Context, actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
+	// IngestForwarded applies evidence another replica of the region
+	// accepted (POST /v1/peer/reports).
+	IngestForwarded(ctx context.Context, actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
 	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
 }
 
@@ -160,9 +164,14 @@ type Config struct {
 	// Relay, when set, is the relay from peer replicas, listed by GET
 	// /v1/replicas.
 	Relay Relay
-	// Peers authenticates the replicas of the region that stream this
-	// replica's publications (GET /v1/peer/updates; peer.Verifier). Nil:
-	// every such request is refused (a region without a signing key).
+	// Forwarder, when set, is offered the evidence this replica accepts,
+	// to mirror it to the region's other replicas (issue 27); nil, none
+	// is forwarded.
+	Forwarder Forwarder
+	// Peers authenticates the region's other replicas (peer.Verifier):
+	// GET /v1/peer/updates streams them this replica's publications, POST
+	// /v1/peer/reports takes the evidence they accepted. Nil: every such
+	// request is refused 401 (a region without a signing key).
 	Peers PeerVerifier
 	// PeerHeartbeat is the peer stream's heartbeat period:
 	// DefaultPeerHeartbeat (2 s).
@@ -392,9 +401,11 @@ func (s *Server) routes() chi.Router {
 	// no signature check (the slot is taken only once the caller is
 	// authorised, so callers without a valid token cannot spend it).
 	r.With(s.watchAdmission, s.authenticate).Get("/v1/watch", s.watch)
-	// Replicas of the region stream each other's publications (issue
-	// 27): signed with the region's key, not a bearer token.
+	// Replicas of the region, and only they, by their signature (issue
+	// 27): no bearer token is asked or looked at. They stream each
+	// other's publications and mirror the evidence they accepted.
 	r.With(s.authenticatePeer).Get("/v1/peer/updates", s.peerUpdates)
+	r.With(s.authenticatePeer, s.dbBudget).Post(forward.Path, s.peerReportsPost)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		// Metrics describe the whole estate (service names, counts, who

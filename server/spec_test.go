@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
@@ -39,10 +40,11 @@ import (
 // specRoute is one method and path the router serves.
 type specRoute struct {
 	method, path string
-	// authenticated: the route runs behind Server.authenticate;
-	// peer: behind Server.authenticatePeer (replicas of the region,
-	// signed with its key, instead of a bearer token).
-	authenticated, peer bool
+	// authenticated: the route runs behind Server.authenticate.
+	authenticated bool
+	// peer: the route runs behind Server.authenticatePeer (replicas of
+	// the region only, by their signature).
+	peer bool
 }
 
 func (r specRoute) key() string { return r.method + " " + r.path }
@@ -196,17 +198,19 @@ func TestSpecRouteResponses(t *testing.T) {
 		o := ops[k]
 		op := o.op
 		rt, routed := routes[k]
-		peerOnly := routed && rt.peer && !rt.authenticated
+		peerOnly := routed && rt.peer
 		authenticated := (strings.HasPrefix(o.path, "/v1/") && !peerOnly) || (routed && rt.authenticated)
 		if routed && strings.HasPrefix(o.path, "/v1/") && !rt.authenticated && !rt.peer {
 			t.Errorf("%s: the router serves it without authenticate", k)
 		}
+		if peerOnly && rt.authenticated {
+			t.Errorf("%s: runs behind both authenticate and authenticatePeer", k)
+		}
 
 		if peerOnly {
-			// authenticatePeer answers 401 for a missing, forged or
-			// replayed signature and 429 to an address with too many
-			// of those.
-			for _, code := range []string{"401", "429", "500"} {
+			// authenticatePeer answers 401 for a missing or refused
+			// signature and 429 to an address with too many of those.
+			for _, code := range []string{"401", "429", "500", "503"} {
 				if !hasStatus(op, code) {
 					t.Errorf("%s: runs behind authenticatePeer but declares no %s response", k, code)
 				}
@@ -433,6 +437,10 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"AuditEvent", reflect.TypeFor[audit.Event](), true},
 		{"ProberAssignments", reflect.TypeFor[registry.ProberAssignments](), false},
 		{"ReportBatch", reflect.TypeFor[reportBatch](), false},
+		{"PeerReports", reflect.TypeFor[forward.Body](), false},
+		{"PeerBatch", reflect.TypeFor[forward.Batch](), false},
+		{"PeerActor", reflect.TypeFor[forward.Actor](), false},
+		{"PeerReportResult", reflect.TypeFor[forward.Result](), true},
 		{"GrantsBody", reflect.TypeFor[grantsBody](), false},
 		{"AlarmList", reflect.TypeFor[alarmList](), true},
 		{"Alarm", reflect.TypeFor[assembler.Alarm](), true},

@@ -56,9 +56,11 @@ import (
 	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/ownership"
+	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
@@ -98,6 +100,10 @@ const (
 	WorkerReconcilePrefix = "reconcile "
 	// WorkerReconcileDiff keeps muster_reconcile_diff current.
 	WorkerReconcileDiff = "reconcile-diff"
+
+	// WorkerForward mirrors accepted evidence to the region's other
+	// replicas (internal/forward); built only with a signing key.
+	WorkerForward = "evidence-forward"
 )
 
 // Worker is the project's one worker shape.
@@ -177,6 +183,10 @@ type Config struct {
 	// Relay tunes the relay from peer replicas (its Hub, Signer, Logger
 	// and Registerer are the app's; Peers the live replicas unless set).
 	Relay relay.Config
+	// Forward tunes the mirroring of accepted evidence to the region's
+	// other replicas (its Signer, Peers, Logger and Registerer are the
+	// app's). Off without Policy.Sealer: replicas cannot prove themselves.
+	Forward forward.Config
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
@@ -203,9 +213,12 @@ type App struct {
 	Ownership *ownership.Manager
 	// Relay follows the peer replicas' publications; nil without the
 	// region's signing key.
-	Relay    *relay.Relay
-	Refusals *audit.RefusalSummaries
-	KeyWatch *KeyWatch
+	Relay *relay.Relay
+	// Forwarder mirrors accepted evidence to the other live replicas; nil
+	// without a signing key.
+	Forwarder *forward.Forwarder
+	Refusals  *audit.RefusalSummaries
+	KeyWatch  *KeyWatch
 	// AuthFailures summarises authentication failures into the audit log.
 	AuthFailures *audit.RefusalSummaries
 	// Reconcile is nil unless Config.Reconcile has sources.
@@ -245,7 +258,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerRelay, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerRefusals, WorkerAuthFailures, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerRelay, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -435,6 +448,20 @@ func New(cfg Config) (*App, error) {
 	if cfg.Policy.Sealer != nil {
 		trusted = cfg.Policy.SealKeys.With(cfg.Policy.Sealer)
 	}
+	// Evidence reaches every live replica, the owner among them (issue
+	// 27), signed and checked with the region's key.
+	if cfg.Policy.Sealer != nil {
+		fc := cfg.Forward
+		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer}
+		fc.Peers = func() []forward.Peer { return livePeers(a.Ownership.Region(), cfg.Region) }
+		fc.Logger, fc.Registerer, fc.Now = log, metrics, orNow(fc.Now, now)
+		if a.Forwarder, err = forward.New(fc); err != nil {
+			return nil, err
+		}
+		svc.Forwarder = a.Forwarder
+	} else {
+		log.Info("no signing key: evidence is neither forwarded to the region's other replicas nor taken from them")
+	}
 	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, now, log, metrics); err != nil {
 		return nil, err
 	}
@@ -538,6 +565,9 @@ func New(cfg Config) (*App, error) {
 	}
 	if a.Relay != nil {
 		a.workers = append(a.workers, worker{name: WorkerRelay, w: a.Relay, detached: true})
+	}
+	if a.Forwarder != nil {
+		a.workers = append(a.workers, worker{name: WorkerForward, w: a.Forwarder, detached: true})
 	}
 	if a.DNS != nil {
 		a.workers = append(a.workers, worker{name: WorkerDNS, w: a.DNS, detached: true})
@@ -712,6 +742,18 @@ func (a *App) Workers() []string {
 	out := make([]string, len(a.workers))
 	for i, w := range a.workers {
 		out[i] = w.name
+	}
+	return out
+}
+
+// livePeers are the live replicas of region other than this one, from
+// the ownership manager's last reading.
+func livePeers(r ownership.RegionStatus, region string) []forward.Peer {
+	var out []forward.Peer
+	for _, rep := range r.Replicas {
+		if rep.ID != r.Self && rep.Address != "" && (rep.Region == "" || rep.Region == region) {
+			out = append(out, forward.Peer{ID: rep.ID, Address: rep.Address})
+		}
 	}
 	return out
 }

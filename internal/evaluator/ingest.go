@@ -65,17 +65,43 @@ const (
 // up in PostgreSQL on ctx first (see loadUnknown), so a report may follow
 // its instance's registration, on any replica, at once.
 func (e *Evaluator) Ingest(ctx context.Context, actor identity.Principal, reports []Report) (Result, error) {
+	return e.ingest(ctx, actor, reports, false)
+}
+
+// IngestForwarded applies a batch another replica of the region accepted
+// from actor and forwarded (internal/forward, issue 27). That replica
+// proved what only the request it received could prove: the address a
+// self-report came from and the instance credential it presented. Those
+// proofs are not asked again (the forwarded batch carries neither); every
+// other check is, against this replica's own copy of the registry: the
+// item's validation, that the instance exists, the actor's kind, service,
+// pod binding, prober assignment and grants.
+//
+// What it applies is counted in the observed windows like evidence taken
+// here: only a service's owner writes its windows (Config.Owns), so the
+// owner writes the region's evidence once, wherever it landed. It is not
+// counted in muster_samples_accepted_total and
+// muster_samples_refused_total (the receiving replica counts it there),
+// but in muster_samples_forwarded_total by result. Its refusals are
+// answered, not audited (the receiving replica audited its own).
+func (e *Evaluator) IngestForwarded(ctx context.Context, actor identity.Principal, reports []Report) (Result, error) {
+	return e.ingest(ctx, actor, reports, true)
+}
+
+func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, reports []Report, forwarded bool) (Result, error) {
 	if !e.ready.Load() {
 		return Result{}, ErrNotReady
 	}
 	res := Result{Refused: []Refusal{}}
 	refuse := func(i int, code, format string, args ...any) {
 		res.Refused = append(res.Refused, Refusal{Index: i, Code: code, Reason: fmt.Sprintf(format, args...)})
-		e.metrics.refused.WithLabelValues(code).Inc()
+		if !forwarded {
+			e.metrics.refused.WithLabelValues(code).Inc()
+		}
 	}
 	reporter := e.internReporter(actor.String())
 	hard := false
-	at := attribution{actor: actor, reporter: reporter, source: SourceAddr(ctx), credential: InstanceCredential(ctx)}
+	at := attribution{actor: actor, reporter: reporter, source: SourceAddr(ctx), credential: InstanceCredential(ctx), proven: forwarded}
 
 	e.mu.Lock()
 	var (
@@ -123,7 +149,12 @@ func (e *Evaluator) Ingest(ctx context.Context, actor identity.Principal, report
 		res.Accepted++
 		hard = hard || s.Outcome == eligibility.HardFailure
 	}
-	e.metrics.accepted.Add(float64(res.Accepted))
+	if forwarded {
+		e.metrics.forwarded.WithLabelValues("accepted").Add(float64(res.Accepted))
+		e.metrics.forwarded.WithLabelValues("refused").Add(float64(len(res.Refused)))
+	} else {
+		e.metrics.accepted.Add(float64(res.Accepted))
+	}
 	if hard {
 		select {
 		case e.urgent <- struct{}{}:
@@ -224,6 +255,10 @@ func (e *Evaluator) attribute(at *attribution, r Report, now time.Time) (eligibi
 			}
 			break
 		}
+		// Proven by the replica that received the report (IngestForwarded).
+		if at.proven {
+			break
+		}
 		// An instance speaks for itself only: the report must come from
 		// the address it registered, or the token must vouch for it, the
 		// proof registration asks (ADR-15). A sibling cannot report its
@@ -282,7 +317,10 @@ type attribution struct {
 	reporter   eligibility.ReporterID
 	source     netip.Addr
 	credential registry.Credential
-	calls      map[string]bool
+	// proven: the source address and the instance credential were
+	// checked by the replica that received the batch (IngestForwarded).
+	proven bool
+	calls  map[string]bool
 }
 
 // mayCall reports whether the actor may resolve service (asked once per

@@ -7,6 +7,7 @@ import (
 type metrics struct {
 	accepted           prometheus.Counter
 	refused            *prometheus.CounterVec
+	forwarded          *prometheus.CounterVec
 	tick               prometheus.Histogram
 	transitions        *prometheus.CounterVec
 	damping            *prometheus.HistogramVec
@@ -29,6 +30,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_samples_refused_total", Help: "Health samples refused at ingest, by reason.",
 		}, []string{"reason"}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_samples_forwarded_total",
+			Help: "Health samples another replica of the region accepted and forwarded here (issue 27), by result here (accepted, refused); not counted in muster_samples_accepted_total or muster_samples_refused_total.",
+		}, []string{"result"}),
 		tick: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "muster_evaluation_tick_seconds", Help: "Time one evaluation tick takes.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
@@ -75,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.accepted, m.refused, m.tick, m.transitions, m.damping, m.rebuild,
+	for _, c := range []prometheus.Collector{m.accepted, m.refused, m.forwarded, m.tick, m.transitions, m.damping, m.rebuild,
 		m.windowsWritten, m.windowsDropped, m.windowsPending, m.transitionsWritten, m.transitionsDropped,
 		m.loadedOnDemand, m.lookups, m.lookupIDs} {
 		if err := reg.Register(c); err != nil {

@@ -42,6 +42,7 @@ import (
 	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
@@ -253,6 +254,13 @@ type Options struct {
 	// workers are held (Stack.Reconcile; tests call RunOnce) unless Run
 	// names them ("reconcile <source>").
 	Reconcile reconcile.Config
+	// Replica names the stack's replica ("apptest" by default): two stacks
+	// on one database (Options.Pool) are two replicas of one region, each
+	// announcing its own URL to the other.
+	Replica string
+	// Forward adjusts the configuration of the evidence forwarder
+	// (internal/forward).
+	Forward func(*forward.Config)
 	// Issuers are trusted after the dev issuers (a test issuer with a
 	// claim mapping, say).
 	Issuers []identity.IssuerConfig
@@ -362,7 +370,7 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 
 	cfg := app.Config{
-		Pool: pool, MonitorPool: monPool, Region: "local", Replica: "apptest", Now: clk.Now,
+		Pool: pool, MonitorPool: monPool, Region: "local", Replica: cmp.Or(opts.Replica, "apptest"), Address: base, Now: clk.Now,
 		// The evaluator's tick never fires on its own: tests call
 		// EvaluateNow.
 		Evaluator: evaluator.Config{Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute},
@@ -391,6 +399,9 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	if opts.Shifts != nil {
 		opts.Shifts(&cfg.Shifts)
+	}
+	if opts.Forward != nil {
+		opts.Forward(&cfg.Forward)
 	}
 	if opts.XDS {
 		cfg.XDS = &xds.Config{DrainWindow: 200 * time.Millisecond}

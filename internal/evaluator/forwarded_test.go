@@ -1,0 +1,75 @@
+package evaluator_test
+
+import (
+	"testing"
+
+	"github.com/google/uuid"
+
+	st "github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/identity"
+)
+
+// TestIngestForwarded (issue 27): evidence another replica accepted skips
+// only the proofs that replica made (the source address and the instance
+// credential of a self-report); the rest is checked again here, and what
+// is applied is counted as forwarded, not in the local accepted and
+// refused counts, and in the observed windows (only the owner writes them:
+// the region's evidence, once).
+func TestIngestForwarded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{})
+	web := identity.Principal{Kind: identity.KindWorkload, Service: "web", Subject: "web"}
+	prober2 := identity.Principal{Kind: identity.KindProber, Subject: "prober-az2"}
+	id := func(s string) uuid.UUID { return uuid.MustParse(s) }
+
+	// web's self-report about web[0], with no source address in the
+	// context: refused on Ingest, accepted forwarded.
+	items := []evaluator.Report{{InstanceID: id(f.web[0]), Class: "self", Outcome: "success"}}
+	if res, err := f.Evaluator.Ingest(t.Context(), web, items); err != nil || res.Accepted != 0 || res.Refused[0].Code != "not_own_instance" {
+		t.Fatalf("Ingest without proof: %+v %v", res, err)
+	}
+	if res, err := f.Evaluator.IngestForwarded(t.Context(), web, items); err != nil || res.Accepted != 1 || len(res.Refused) != 0 {
+		t.Fatalf("IngestForwarded: %+v %v", res, err)
+	}
+
+	// Everything else is checked: another service's instance, a bad
+	// outcome, an unknown instance, an unassigned prober.
+	res, err := f.Evaluator.IngestForwarded(t.Context(), web, []evaluator.Report{
+		{InstanceID: id(f.api[0]), Class: "self", Outcome: "success"},
+		{InstanceID: id(f.web[0]), Class: "self", Outcome: "meh"},
+		{InstanceID: uuid.Must(uuid.NewV7()), Class: "passive", Outcome: "success"},
+	})
+	if err != nil || res.Accepted != 0 || len(res.Refused) != 3 {
+		t.Fatalf("forwarded bad items: %+v %v", res, err)
+	}
+	for i, want := range []string{"not_own_instance", "invalid", "unknown_instance"} {
+		if res.Refused[i].Code != want {
+			t.Errorf("item %d refused %s, want %s", i, res.Refused[i].Code, want)
+		}
+	}
+	if res, err := f.Evaluator.IngestForwarded(t.Context(), prober2, []evaluator.Report{{InstanceID: id(f.web[0]), Class: "probe", Outcome: "success"}}); err != nil || res.Accepted != 0 || res.Refused[0].Code != "not_assigned" {
+		t.Fatalf("an unassigned prober, forwarded: %+v %v", res, err)
+	}
+
+	if got := metric(t, f, "muster_samples_forwarded_total", "result", "accepted"); got != 1 {
+		t.Errorf("muster_samples_forwarded_total{result=accepted} = %v, want 1", got)
+	}
+	if got := metric(t, f, "muster_samples_forwarded_total", "result", "refused"); got != 4 {
+		t.Errorf("muster_samples_forwarded_total{result=refused} = %v, want 4", got)
+	}
+	if got := metric(t, f, "muster_samples_accepted_total"); got != 0 {
+		t.Errorf("muster_samples_accepted_total = %v, want 0 (forwarded evidence is counted where it was received)", got)
+	}
+	if got := metric(t, f, "muster_samples_refused_total", "reason", "not_own_instance"); got != 1 {
+		t.Errorf("muster_samples_refused_total{not_own_instance} = %v, want 1 (the local Ingest only)", got)
+	}
+	// The forwarded evidence is in the owner's windows (this replica owns
+	// every service: Config.Owns is unset).
+	if err := f.Evaluator.FlushNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := metric(t, f, "muster_observed_windows_written_total"); n != 1 {
+		t.Errorf("%v observed windows written for the forwarded evidence, want 1", n)
+	}
+}

@@ -1,0 +1,551 @@
+package forward
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/peer"
+	"github.com/musterhq/muster/internal/worker"
+)
+
+// Peer is another live replica of the region.
+type Peer struct {
+	ID string
+	// Address is its base URL ("http://10.0.0.7:8080"), as it announces
+	// it in the replicas table.
+	Address string
+}
+
+// Defaults.
+const (
+	DefaultQueueLimit   = 100_000
+	DefaultBatchWait    = 50 * time.Millisecond
+	DefaultRefreshPeers = time.Second
+	DefaultMinBackoff   = 100 * time.Millisecond
+	DefaultMaxBackoff   = 5 * time.Second
+	DefaultFlushTimeout = 2 * time.Second
+	DefaultTimeout      = 5 * time.Second
+)
+
+// Config configures a Forwarder.
+type Config struct {
+	// Signer signs every request as this replica with the region's key.
+	Signer peer.Signer
+	// Peers lists the other live replicas of the region (this one is
+	// skipped if listed); read every RefreshPeers.
+	Peers func() []Peer
+	// Client sends the requests; one with DefaultTimeout when nil.
+	Client *http.Client
+	// QueueLimit bounds the items queued for one peer (DefaultQueueLimit);
+	// beyond it the oldest are dropped and counted.
+	QueueLimit int
+	// BatchWait is how long a sender waits for more items before it sends
+	// fewer than MaxBatch (DefaultBatchWait).
+	BatchWait time.Duration
+	// MaxBatch bounds the items of one request (evaluator.MaxBatch).
+	MaxBatch     int
+	RefreshPeers time.Duration
+	// MinBackoff and MaxBackoff bound the wait between attempts to reach
+	// a peer that failed.
+	MinBackoff, MaxBackoff time.Duration
+	// FlushTimeout bounds the last delivery attempt at Stop.
+	FlushTimeout time.Duration
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer
+	Now          func() time.Time
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *Config) Validate() error {
+	switch {
+	case c.Signer.ID == "" || c.Signer.Key == nil:
+		return errors.New("forward: Signer needs this replica's id and the region's signing key")
+	case c.Peers == nil:
+		return errors.New("forward: Peers is required")
+	case c.QueueLimit < 0 || c.BatchWait < 0 || c.MaxBatch < 0 || c.RefreshPeers < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.FlushTimeout < 0:
+		return errors.New("forward: limits and durations must not be negative")
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{Timeout: DefaultTimeout}
+	}
+	if c.QueueLimit == 0 {
+		c.QueueLimit = DefaultQueueLimit
+	}
+	if c.BatchWait == 0 {
+		c.BatchWait = DefaultBatchWait
+	}
+	if c.MaxBatch == 0 || c.MaxBatch > evaluator.MaxBatch {
+		c.MaxBatch = evaluator.MaxBatch
+	}
+	if c.RefreshPeers == 0 {
+		c.RefreshPeers = DefaultRefreshPeers
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = DefaultMinBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = DefaultMaxBackoff
+	}
+	c.MaxBackoff = max(c.MaxBackoff, c.MinBackoff)
+	if c.FlushTimeout == 0 {
+		c.FlushTimeout = DefaultFlushTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// Forwarder mirrors accepted evidence to the region's other replicas (see
+// the package documentation). It is a worker: Start, Stop.
+type Forwarder struct {
+	cfg    Config
+	log    *slog.Logger
+	runner worker.Runner
+	met    metrics
+
+	// runMu serialises RunOnce.
+	runMu sync.Mutex
+
+	mu      sync.Mutex
+	peers   map[string]*peerQueue
+	running bool // between Start and the end of its loop
+}
+
+// item is one report waiting for one peer.
+type item struct {
+	actor   *Actor // shared by the items of one Offer
+	report  evaluator.Report
+	offered time.Time
+}
+
+// peerQueue is one peer's queue and its sender.
+type peerQueue struct {
+	id     string
+	runner worker.Runner
+	wake   chan struct{}
+
+	// Guarded by Forwarder.mu.
+	address   string
+	items     []item // items[head:] wait, oldest first
+	head      int
+	inflight  int // taken by the sender, not yet settled
+	forgotten bool
+
+	forwarded, dropped prometheus.Counter
+}
+
+// New builds a Forwarder; nothing runs until Start.
+func New(cfg Config) (*Forwarder, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	f := &Forwarder{cfg: cfg, log: cfg.Logger.With("worker", "evidence-forward"), peers: map[string]*peerQueue{}}
+	var err error
+	if f.met, err = newMetrics(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Offer queues reports, accepted from actor, for every peer. It never
+// blocks on the network: a full queue drops its oldest items instead.
+// Reports with no time are stamped with now, when they were received.
+func (f *Forwarder) Offer(actor identity.Principal, reports []evaluator.Report) {
+	if len(reports) == 0 {
+		return
+	}
+	a := ActorOf(actor)
+	now := f.cfg.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range f.peers {
+		for _, r := range reports {
+			if r.At == nil {
+				r.At = &now
+			}
+			p.items = append(p.items, item{actor: &a, report: r, offered: now})
+		}
+		f.trim(p)
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// trim drops the oldest items beyond the limit. Called with f.mu held.
+func (f *Forwarder) trim(p *peerQueue) {
+	if over := len(p.items) - p.head - f.cfg.QueueLimit; over > 0 {
+		clear(p.items[p.head : p.head+over])
+		p.head += over
+		p.dropped.Add(float64(over))
+	}
+	if p.head > 0 && p.head >= len(p.items)/2 {
+		p.items = append(p.items[:0], p.items[p.head:]...)
+		clear(p.items[len(p.items):cap(p.items)])
+		p.head = 0
+	}
+	f.met.queue.WithLabelValues(p.id).Set(float64(len(p.items) - p.head + p.inflight))
+}
+
+// Start reads the peers and starts a sender for each; it re-reads them
+// every RefreshPeers.
+func (f *Forwarder) Start(ctx context.Context) error {
+	f.mu.Lock()
+	f.running = true
+	f.mu.Unlock()
+	return f.runner.Start(ctx, func(ctx context.Context) {
+		f.RunOnce(ctx)
+		worker.Every(ctx, f.cfg.RefreshPeers, f.RunOnce)
+		f.stopAll()
+	})
+}
+
+// Stop stops the senders, each after one last attempt (FlushTimeout) to
+// deliver what it holds. Safe to call twice or before Start.
+func (f *Forwarder) Stop() { f.runner.Stop() }
+
+// RunOnce brings the senders in line with the peers now listed: a sender
+// for each new one (sent what is offered from now on), none for one no
+// longer listed (its queue is dropped). A sender runs until its peer is
+// forgotten or the Forwarder stops; before Start and after Stop, RunOnce
+// does nothing.
+func (f *Forwarder) RunOnce(ctx context.Context) {
+	f.runMu.Lock()
+	defer f.runMu.Unlock()
+	listed := map[string]string{}
+	for _, p := range f.cfg.Peers() {
+		if p.ID != "" && p.ID != f.cfg.Signer.ID && p.Address != "" {
+			listed[p.ID] = strings.TrimSuffix(p.Address, "/")
+		}
+	}
+	var gone, added []*peerQueue
+	f.mu.Lock()
+	if !f.running {
+		f.mu.Unlock()
+		return
+	}
+	for id, p := range f.peers {
+		addr, ok := listed[id]
+		if !ok {
+			p.forgotten = true
+			if n := len(p.items) - p.head; n > 0 {
+				p.dropped.Add(float64(n))
+			}
+			p.items, p.head = nil, 0
+			delete(f.peers, id)
+			f.met.queue.DeleteLabelValues(id)
+			gone = append(gone, p)
+			continue
+		}
+		p.address = addr
+	}
+	for id, addr := range listed {
+		if _, ok := f.peers[id]; ok {
+			continue
+		}
+		p := &peerQueue{id: id, address: addr, wake: make(chan struct{}, 1),
+			forwarded: f.met.forwarded.WithLabelValues(id), dropped: f.met.dropped.WithLabelValues(id)}
+		f.met.queue.WithLabelValues(id).Set(0)
+		f.peers[id] = p
+		added = append(added, p)
+	}
+	f.mu.Unlock()
+	for _, p := range gone {
+		f.log.Info("peer no longer live; its queue is dropped", "peer", p.id)
+		p.runner.Stop()
+	}
+	for _, p := range added {
+		f.log.Info("forwarding evidence to peer", "peer", p.id, "address", listed[p.id])
+		// Stopped by Stop or when forgotten, not by the end of ctx (a
+		// caller's RunOnce may pass a short one).
+		if err := p.runner.Start(context.WithoutCancel(ctx), func(ctx context.Context) { f.send(ctx, p) }); err != nil {
+			f.log.Error("start a sender", "peer", p.id, "err", err)
+		}
+	}
+}
+
+// stopAll stops every sender (each flushes) and forgets the peers.
+func (f *Forwarder) stopAll() {
+	f.runMu.Lock()
+	defer f.runMu.Unlock()
+	f.mu.Lock()
+	f.running = false
+	ps := make([]*peerQueue, 0, len(f.peers))
+	for _, p := range f.peers {
+		ps = append(ps, p)
+	}
+	f.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Go(p.runner.Stop)
+	}
+	wg.Wait()
+	f.mu.Lock()
+	clear(f.peers)
+	f.mu.Unlock()
+}
+
+// Queued is how many items wait for peer id, those being sent included.
+func (f *Forwarder) Queued(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p, ok := f.peers[id]; ok {
+		return len(p.items) - p.head + p.inflight
+	}
+	return 0
+}
+
+// waiting is how many items wait in p's queue, not yet taken.
+func (f *Forwarder) waiting(p *peerQueue) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(p.items) - p.head
+}
+
+// send is peer p's sender loop: wait for items, coalesce, deliver,
+// retry with backoff; at the end, one last attempt.
+func (f *Forwarder) send(ctx context.Context, p *peerQueue) {
+	defer f.flush(p)
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		}
+		if !f.coalesce(ctx, p) {
+			return
+		}
+		for {
+			batch := f.take(p, f.cfg.MaxBatch)
+			if len(batch) == 0 {
+				break
+			}
+			n, err := f.deliver(ctx, p, batch)
+			batch = batch[n:]
+			if err == nil || errors.Is(err, errRefused) {
+				f.settle(p)
+			}
+			if err == nil {
+				if failures > 0 {
+					f.log.Info("peer reachable again", "peer", p.id, "failed_attempts", failures)
+				}
+				failures = 0
+				continue
+			}
+			if errors.Is(err, errRefused) {
+				// The peer will never take this body; retrying would
+				// only hold up what follows it.
+				p.dropped.Add(float64(len(batch)))
+				f.log.Error("peer refused forwarded evidence; dropped", "peer", p.id, "items", len(batch), "err", err)
+				continue
+			}
+			f.putBack(p, batch)
+			failures++
+			if failures == 1 {
+				f.log.Warn("cannot forward evidence to peer; retrying with backoff", "peer", p.id, "err", err)
+			}
+			if !sleep(ctx, f.backoff(failures)) {
+				return
+			}
+		}
+	}
+}
+
+// coalesce waits up to BatchWait for a full batch. It reports false when
+// ctx ended.
+func (f *Forwarder) coalesce(ctx context.Context, p *peerQueue) bool {
+	if f.waiting(p) >= f.cfg.MaxBatch {
+		return true
+	}
+	t := time.NewTimer(f.cfg.BatchWait)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-p.wake:
+			if f.waiting(p) >= f.cfg.MaxBatch {
+				return true
+			}
+		}
+	}
+}
+
+// flush makes one last attempt to deliver p's queue, within FlushTimeout.
+func (f *Forwarder) flush(p *peerQueue) {
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.FlushTimeout)
+	defer cancel()
+	for {
+		batch := f.take(p, f.cfg.MaxBatch)
+		if len(batch) == 0 {
+			return
+		}
+		if n, err := f.deliver(ctx, p, batch); err != nil {
+			f.putBack(p, batch[n:])
+			f.log.Warn("evidence not forwarded at stop", "peer", p.id, "items", f.Queued(p.id), "err", err)
+			return
+		}
+		f.settle(p)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// backoff is the wait after the nth failure in a row: doubling from
+// MinBackoff to MaxBackoff, with jitter so peers that come back are not
+// met by every replica at once.
+func (f *Forwarder) backoff(n int) time.Duration {
+	d := f.cfg.MinBackoff << min(n-1, 20)
+	if d <= 0 || d > f.cfg.MaxBackoff {
+		d = f.cfg.MaxBackoff
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// take removes up to n of p's oldest items.
+func (f *Forwarder) take(p *peerQueue, n int) []item {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p.forgotten {
+		return nil
+	}
+	n = min(n, len(p.items)-p.head)
+	if n == 0 {
+		return nil
+	}
+	batch := make([]item, n)
+	copy(batch, p.items[p.head:p.head+n])
+	clear(p.items[p.head : p.head+n])
+	p.head += n
+	p.inflight = n
+	f.trim(p)
+	return batch
+}
+
+// settle ends the sender's hold on the batch it took: delivered, or
+// dropped.
+func (f *Forwarder) settle(p *peerQueue) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p.inflight = 0
+	if !p.forgotten {
+		f.trim(p)
+	}
+}
+
+// putBack returns batch, undelivered, to the head of p's queue; what no
+// longer fits under the limit (the oldest) is dropped.
+func (f *Forwarder) putBack(p *peerQueue, batch []item) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p.inflight = 0
+	if p.forgotten {
+		return
+	}
+	p.items = append(batch, p.items[p.head:]...)
+	p.head = 0
+	f.trim(p)
+}
+
+// errRefused: the peer answered that the request itself is wrong (400,
+// 413, 415, 422), so sending it again cannot help.
+var errRefused = errors.New("refused by the peer")
+
+// deliver sends batch to p, in halves when its body would be over
+// MaxBodyBytes. It returns how many of the items (from the first) were
+// delivered.
+func (f *Forwarder) deliver(ctx context.Context, p *peerQueue, batch []item) (int, error) {
+	body, err := encode(batch)
+	if err != nil {
+		return 0, fmt.Errorf("%w: encode: %w", errRefused, err)
+	}
+	if len(body) > MaxBodyBytes && len(batch) > 1 {
+		half := len(batch) / 2
+		if n, err := f.deliver(ctx, p, batch[:half]); err != nil {
+			return n, err
+		}
+		n, err := f.deliver(ctx, p, batch[half:])
+		return half + n, err
+	}
+	f.mu.Lock()
+	addr := p.address
+	f.mu.Unlock()
+	if err := f.post(ctx, addr, body); err != nil {
+		return 0, err
+	}
+	now := f.cfg.Now()
+	p.forwarded.Add(float64(len(batch)))
+	for _, it := range batch {
+		f.met.lag.Observe(now.Sub(it.offered).Seconds())
+	}
+	return len(batch), nil
+}
+
+// encode groups consecutive items of one actor into one Batch.
+func encode(items []item) ([]byte, error) {
+	var b Body
+	for _, it := range items {
+		if n := len(b.Batches); n > 0 && b.Batches[n-1].Actor == *it.actor {
+			b.Batches[n-1].Reports = append(b.Batches[n-1].Reports, it.report)
+			continue
+		}
+		b.Batches = append(b.Batches, Batch{Actor: *it.actor, Reports: []evaluator.Report{it.report}})
+	}
+	return json.Marshal(b)
+}
+
+func (f *Forwarder) post(ctx context.Context, addr string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, addr+Path, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("%w: %w", errRefused, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if err := f.cfg.Signer.Sign(ctx, req, body); err != nil {
+		return fmt.Errorf("sign: %w", err)
+	}
+	res, err := f.cfg.Client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	detail, _ := io.ReadAll(io.LimitReader(res.Body, 1024))
+	switch {
+	case res.StatusCode/100 == 2:
+		return nil
+	case res.StatusCode == http.StatusBadRequest, res.StatusCode == http.StatusRequestEntityTooLarge,
+		res.StatusCode == http.StatusUnsupportedMediaType, res.StatusCode == http.StatusUnprocessableEntity:
+		return fmt.Errorf("%w: %s: %s", errRefused, res.Status, bytes.TrimSpace(detail))
+	}
+	return fmt.Errorf("%s: %s", res.Status, bytes.TrimSpace(detail))
+}

@@ -1,0 +1,38 @@
+package forward
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	forwarded *prometheus.CounterVec
+	dropped   *prometheus.CounterVec
+	lag       prometheus.Histogram
+	queue     *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) (metrics, error) {
+	m := metrics{
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_evidence_forwarded_total", Help: "Accepted evidence items delivered to another replica of the region, by peer.",
+		}, []string{"peer"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_evidence_forward_dropped_total",
+			Help: "Accepted evidence items never delivered to a peer: the oldest beyond its queue's bound, refused by it, or queued when it stopped being live.",
+		}, []string{"peer"}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "muster_evidence_forward_lag_seconds", Help: "Time from an evidence item's acceptance here to a peer's acknowledgement of it.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		queue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "muster_evidence_forward_queue", Help: "Evidence items waiting to be forwarded, by peer.",
+		}, []string{"peer"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.forwarded, m.dropped, m.lag, m.queue} {
+		if err := reg.Register(c); err != nil {
+			return metrics{}, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,171 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/peer"
+)
+
+// Forwarder takes the evidence this replica accepted, to mirror it to the
+// region's other replicas (forward.Forwarder). Offer must not block.
+type Forwarder interface {
+	Offer(actor identity.Principal, reports []evaluator.Report)
+}
+
+// PeerVerifier checks that a request comes from a replica of this region
+// (peer.Verifier).
+type PeerVerifier interface {
+	Verify(r *http.Request, body []byte) (string, error)
+}
+
+type peerKey struct{}
+
+// authenticatePeer admits only requests signed by a replica of this
+// region with the region's key (internal/peer); a bearer token counts for
+// nothing here. The body is read (bounded by forward.MaxBodyBytes) to check
+// the signature over it, and handed on. Refusals are answered and counted
+// as authenticate's are, per source address.
+func (s *Server) authenticatePeer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addr := addressKey(sourceAddr(r))
+		if d := s.limits.unauthenticated.Peek(addr); !d.Allowed {
+			s.metrics.unauthenticated.WithLabelValues("429").Inc()
+			s.refuseLimited(w, r, d, "unauthenticated", fmt.Sprintf(
+				"%d requests from %s were refused for want of a valid token or replica signature within %s, the most allowed; this one was not looked at: retry in %d s",
+				d.Limit.Max, addr, d.Limit.Window, d.ResetSeconds()))
+			return
+		}
+		var (
+			id   string
+			body []byte
+			err  = fmt.Errorf("%w: this replica has no signing key, so it takes nothing from peers", peer.ErrNotPeer)
+		)
+		switch {
+		case r.Header.Get(peer.Header) == "":
+			// Not worth reading the body of.
+			err = fmt.Errorf("%w: no %s header", peer.ErrNotPeer, peer.Header)
+		case s.cfg.Peers != nil:
+			body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, forward.MaxBodyBytes))
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				writeProblem(w, r, problem(http.StatusRequestEntityTooLarge, "body-too-large",
+					fmt.Sprintf("the body is larger than the %d-byte limit", int64(forward.MaxBodyBytes))))
+				return
+			}
+			if err == nil {
+				id, err = s.cfg.Peers.Verify(r, body)
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, peer.ErrNotPeer) {
+				// The body could not be read: the client went away.
+				writeProblem(w, r, problem(http.StatusBadRequest, "malformed-json", "the body could not be read: "+err.Error()))
+				return
+			}
+			const reason = "not_peer"
+			s.metrics.authFailures.WithLabelValues(reason).Inc()
+			s.auditAuthFailure(addr, reason)
+			s.metrics.unauthenticated.WithLabelValues("401").Inc()
+			s.limits.unauthenticated.Charge(addr, 1)
+			writeProblem(w, r, problem(http.StatusUnauthorized, "unauthenticated",
+				"this call is for replicas of this region, signed with its key: "+err.Error()))
+			return
+		}
+		if ann, ok := r.Context().Value(annotationKey{}).(*annotation); ok {
+			ann.principal = "replica:" + id
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, id)))
+	})
+}
+
+// peerBatch is one decoded, checked batch of a forwarded body.
+type peerBatch struct {
+	actor   identity.Principal
+	reports []evaluator.Report
+}
+
+// decodePeerReports reads and checks a POST /v1/peer/reports body: JSON
+// as decodeReports takes it (400, 413, 415), then 1 to evaluator.MaxBatch
+// items in all, none of its batches empty, every actor a principal (422).
+// A body refused is refused whole: nothing of it is applied.
+func decodePeerReports(w http.ResponseWriter, r *http.Request) ([]peerBatch, *Problem) {
+	var b forward.Body
+	if p := decodeStrict(w, r, &b, forward.MaxBodyBytes); p != nil {
+		return nil, p
+	}
+	p := problem(http.StatusUnprocessableEntity, "validation", "the forwarded evidence is not valid")
+	out := make([]peerBatch, 0, len(b.Batches))
+	total := 0
+	for i, g := range b.Batches {
+		actor, err := g.Actor.Principal()
+		if err != nil {
+			p.Errors = append(p.Errors, fieldError(fmt.Sprintf("batches/%d/actor", i), err.Error()))
+		}
+		if len(g.Reports) == 0 {
+			p.Errors = append(p.Errors, fieldError(fmt.Sprintf("batches/%d/reports", i), "a batch holds at least one report"))
+		}
+		total += len(g.Reports)
+		out = append(out, peerBatch{actor: actor, reports: g.Reports})
+	}
+	if total == 0 || total > evaluator.MaxBatch {
+		p.Errors = append(p.Errors, fieldError("batches", fmt.Sprintf("a body holds 1 to %d reports in all, got %d", evaluator.MaxBatch, total)))
+	}
+	if len(p.Errors) > 0 {
+		return nil, p
+	}
+	return out, nil
+}
+
+// peerReportsPost applies evidence another replica of the region
+// accepted and forwarded (internal/forward): each batch as its actor's,
+// already proven where only the receiving replica could prove it
+// (evaluator.IngestForwarded). Nothing is forwarded again, and refusals
+// are answered, not audited: the replica that received the evidence
+// audited its own.
+func (s *Server) peerReportsPost(w http.ResponseWriter, r *http.Request) {
+	batches, p := decodePeerReports(w, r)
+	if p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	var res forward.Result
+	for _, b := range batches {
+		got, err := s.cfg.Evaluator.IngestForwarded(r.Context(), b.actor, b.reports)
+		if err != nil {
+			// Not ready: only the first batch can meet it, so nothing
+			// was applied.
+			s.writeError(w, r, err)
+			return
+		}
+		res.Accepted += got.Accepted
+		res.Refused += len(got.Refused)
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// accepted returns the reports of a batch that res did not refuse.
+func accepted(reports []evaluator.Report, res evaluator.Result) []evaluator.Report {
+	if len(res.Refused) == 0 {
+		return reports
+	}
+	refused := make(map[int]bool, len(res.Refused))
+	for _, r := range res.Refused {
+		refused[r.Index] = true
+	}
+	out := make([]evaluator.Report, 0, res.Accepted)
+	for i, r := range reports {
+		if !refused[i] {
+			out = append(out, r)
+		}
+	}
+	return out
+}
