@@ -350,7 +350,7 @@ func (c *Client) run(ctx context.Context) {
 			since = 0
 		}
 		base := c.cfg.URLs[next%len(c.cfg.URLs)]
-		s := c.subscribe(ctx, base, since)
+		s := c.subscribe(ctx, base, since, full)
 		c.connected.Store(false)
 		c.synced.Store(false)
 		if ctx.Err() != nil {
@@ -402,12 +402,23 @@ var (
 )
 
 // subscribe runs one watch stream until it ends.
-func (c *Client) subscribe(ctx context.Context, base string, since uint64) session {
+func (c *Client) subscribe(ctx context.Context, base string, since uint64, full bool) session {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	q := url.Values{"service": c.cfg.Services}
 	if since != 0 {
 		q.Set("since", strconv.FormatUint(since, 10))
+	}
+	if !full {
+		// held names each service's exact version (issue 27): versions
+		// are unique in the region, so any replica resumes each service
+		// from exactly the copy held, where since (for a server that
+		// predates held) can only be the lowest across them.
+		for _, s := range c.cfg.Services {
+			if r, err := c.cache.Resolve(s); err == nil {
+				q.Add("held", s+":"+strconv.FormatUint(r.Held, 10))
+			}
+		}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/v1/watch?"+q.Encode(), nil)
 	if err != nil {

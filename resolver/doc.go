@@ -87,8 +87,11 @@
 //
 // Client keeps a Cache current from muster's watch stream
 // (GET /v1/watch, Server-Sent Events). One goroutine subscribes for all
-// configured services with since = the lowest version held (0, a full
-// view, when any service has none), applies views and deltas, and on a
+// configured services, naming the version it holds of each (held=, issue
+// 27: versions are unique in the region, so any replica resumes each
+// service from exactly that copy; since = the lowest version held for a
+// server that predates held, 0 when any service has none), applies views
+// and deltas, and on a
 // gap or checksum mismatch resubscribes for full views. When the stream is
 // lost (end, error, a drain event, or no frame within HeartbeatTimeout) it
 // resubscribes to the next URL after a full-jitter exponential backoff,

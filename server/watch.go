@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,8 +30,13 @@ const MaxWatchServices = 100
 //	id: <version>
 //	data: <one line of JSON>
 //
-// A client resumes with since=<the highest version it applied>. After the
-// catch-up frames (none when the client is current) comes one synced
+// A client resumes with held=<service>:<version> for each service it holds
+// a view of (issue 27): versions are unique in the region, so each service
+// resumes from exactly the client's copy, on any replica. since=<version>,
+// for the services not in held, is the lowest version the client holds
+// across them: a single number cannot name several owners' epochs, and
+// the highest would make a service published under an older epoch look
+// current. After the catch-up frames (none when the client is current) comes one synced
 // event, so a client knows it is current without waiting for a change.
 // synced never comes before the client holds a view of every service it
 // asked for: while the evaluator rebuilds (no view of a service yet) the
@@ -51,6 +57,11 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		since = n
+	}
+	held, p := parseHeld(q["held"], services)
+	if p != nil {
+		writeProblem(w, r, p)
+		return
 	}
 	// Taken before authorising, so a grant withdrawn from here on ends
 	// the stream.
@@ -76,7 +87,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		s.refuseAdmission(w, r, retry)
 		return
 	}
-	sub, err := s.cfg.Hub.Subscribe(services, since)
+	sub, err := s.cfg.Hub.SubscribeHeld(services, since, held)
 	if errors.Is(err, stream.ErrClosed) {
 		p := problem(http.StatusServiceUnavailable, "draining", "this server is shutting down; reconnect with jitter")
 		p.retryAfter = 1
@@ -132,6 +143,41 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		return rc.Flush() == nil
 	})
+}
+
+// parseHeld reads the held parameters of a watch: <service>:<version>,
+// one per service the client holds a view of, each a service it asks for
+// (issue 27). A version names one view in the region, so the server
+// resumes each service from exactly it, whichever replica published it.
+func parseHeld(values []string, services []string) (map[string]uint64, *Problem) {
+	if len(values) == 0 {
+		return nil, nil
+	}
+	bad := func(detail string) (map[string]uint64, *Problem) {
+		return nil, problem(http.StatusBadRequest, "bad-parameter", detail)
+	}
+	if len(values) > len(services) {
+		return bad(fmt.Sprintf("%d held parameters for %d services: at most one per service", len(values), len(services)))
+	}
+	held := make(map[string]uint64, len(values))
+	for _, v := range values {
+		name, ver, ok := strings.Cut(v, ":")
+		if !ok {
+			return bad(fmt.Sprintf("held %q: want <service>:<version>", v))
+		}
+		if _, found := slices.BinarySearch(services, name); !found {
+			return bad(fmt.Sprintf("held %q: %q is not a service this watch names", v, name))
+		}
+		if _, dup := held[name]; dup {
+			return bad(fmt.Sprintf("held names %q twice", name))
+		}
+		n, err := strconv.ParseUint(ver, 10, 64)
+		if err != nil || n == 0 {
+			return bad(fmt.Sprintf("held %q: the version must be a view version (a whole number above 0)", v))
+		}
+		held[name] = n
+	}
+	return held, nil
 }
 
 // watchAdmission refuses a watch at once, before its token is looked at,

@@ -97,9 +97,26 @@ func TestWatchStreamsViewsThenDeltas(t *testing.T) {
 		t.Fatalf("current client: %+v", ev)
 	}
 
+	// held (issue 27): each service from exactly the version named, so a
+	// client above since's reach is neither taken as current nor sent
+	// what it holds.
+	_, sc4 := openWatch(t, s, web, "service=web&since=99&held=web:11")
+	if evs := readEvents(t, sc4, 3); evs[0].kind != "delta" || evs[0].id != "12" || evs[1].id != "13" || evs[2].kind != "synced" {
+		t.Fatalf("held web:11: %+v", evs)
+	}
+	_, sc5 := openWatch(t, s, web, "service=web&held=web:14")
+	if ev := readEvents(t, sc5, 1)[0]; ev.kind != "synced" {
+		t.Fatalf("a client ahead of the server got %+v, want synced alone", ev)
+	}
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 14), Delta: frame(stream.KindDelta, "web", 13, 14)}})
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 15), Delta: frame(stream.KindDelta, "web", 14, 15)}})
+	if ev := readEvents(t, sc5, 1)[0]; ev.kind != "delta" || ev.id != "15" {
+		t.Fatalf("a client ahead got %+v first, want the delta to 15 (nothing at or below 14)", ev)
+	}
+
 	// Resolve serves the same bytes as the stream's view.
 	r := s.Do(t, "GET", "/v1/resolve/web", web, "", "")
-	if r.Status != http.StatusOK || r.Header.Get("ETag") != `"13"` || !strings.Contains(string(r.Body), `"version":13`) {
+	if r.Status != http.StatusOK || r.Header.Get("ETag") != `"15"` || !strings.Contains(string(r.Body), `"version":15`) {
 		t.Fatalf("resolve: %d %v %s", r.Status, r.Header, r.Body)
 	}
 }
@@ -130,9 +147,12 @@ func TestWatchAndResolveNeedAGrant(t *testing.T) {
 	if r := s.Do(t, "GET", "/v1/watch?service=wbe", s.Token(t, veraReq), "", ""); r.Status != http.StatusNotFound {
 		t.Errorf("unknown service: %d", r.Status)
 	}
-	for _, q := range []string{"", "service=web&since=-1", "service=Not_A_Name"} {
-		if r := s.Do(t, "GET", "/v1/watch?"+q, api, "", ""); r.Status != http.StatusBadRequest {
-			t.Errorf("watch?%s: %d", q, r.Status)
+	for _, q := range []string{"", "service=web&since=-1", "service=Not_A_Name",
+		"service=web&held=web", "service=web&held=web:", "service=web&held=web:0", "service=web&held=web:x",
+		"service=web&held=api:3", "service=web&held=web:3&held=web:4", "service=web&held=:3"} {
+		r := s.Do(t, "GET", "/v1/watch?"+q, api, "", "")
+		if r.Status != http.StatusBadRequest || r.Problem(t).Type != "https://muster.dev/problems/bad-parameter" {
+			t.Errorf("watch?%s: %d %s", q, r.Status, r.Body)
 		}
 	}
 }

@@ -236,7 +236,9 @@ func (h *Hub) apply(updates []Update) []Update {
 			}
 		}
 		for sub := range st.subs {
-			sub.offer(send)
+			if f := sub.pick(send, u.View); f != nil {
+				sub.offer(f)
+			}
 			if first {
 				sub.gotFirstView(u.View.Service)
 			}
@@ -377,7 +379,26 @@ func (h *Hub) Views() int {
 // no view of yet, the client keeps what it has: its first view arrives on
 // C when it is published, and synced after the last such view.
 func (h *Hub) Subscribe(services []string, since uint64) (*Subscription, error) {
-	return h.subscribe(services, since, true)
+	return h.subscribe(services, since, nil, true)
+}
+
+// SubscribeHeld is Subscribe for a client that says which version it
+// holds of each service in held (issue 27). A version names one view in
+// the region (an owner's epoch is its high half), so the client's base is
+// known exactly, whichever replica published it and whichever replica
+// it resumes on: it gets nothing if it holds the hub's view or a later
+// one, the deltas from exactly its version if the hub kept them, else the
+// full view; and the hub sends it nothing at or below the version it
+// holds (a replica whose relay lags behind the client). synced still
+// waits for the hub's first view of each service (only then can it say
+// the client is current), however old that view. since applies to the
+// services not in held.
+//
+// A single watermark cannot say this across owners: a service published
+// under an older epoch has versions below a watermark another owner's
+// newer epoch set, so "current by its since" would be wrong.
+func (h *Hub) SubscribeHeld(services []string, since uint64, held map[string]uint64) (*Subscription, error) {
+	return h.subscribe(services, since, held, true)
 }
 
 // Follow is Subscribe for muster's own surfaces that read the views to
@@ -386,10 +407,10 @@ func (h *Hub) Subscribe(services []string, since uint64) (*Subscription, error) 
 // peak or the census. Those surfaces count their clients themselves
 // (CountSubscriber).
 func (h *Hub) Follow(services []string, since uint64) (*Subscription, error) {
-	return h.subscribe(services, since, false)
+	return h.subscribe(services, since, nil, false)
 }
 
-func (h *Hub) subscribe(services []string, since uint64, counted bool) (*Subscription, error) {
+func (h *Hub) subscribe(services []string, since uint64, held map[string]uint64, counted bool) (*Subscription, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -399,6 +420,20 @@ func (h *Hub) subscribe(services []string, since uint64, counted bool) (*Subscri
 	for _, name := range sub.services {
 		st := h.state(name)
 		st.subs[sub] = struct{}{}
+		if v, ok := held[name]; ok && v != 0 {
+			switch {
+			case st.view == nil:
+				// The client holds one; synced still waits for this
+				// hub's, which alone can say the client is current.
+				sub.setFloor(name, v)
+			case v >= st.view.Version:
+				sub.setFloor(name, v)
+				continue
+			default:
+				sub.Initial = append(sub.Initial, st.catchUpFrom(v)...)
+				continue
+			}
+		}
 		if st.view == nil {
 			if sub.waiting == nil {
 				sub.waiting = map[string]struct{}{}
@@ -423,8 +458,9 @@ func (h *Hub) subscribe(services []string, since uint64, counted bool) (*Subscri
 // current, the deltas after since if the history reaches back that far,
 // otherwise the full view. The service must have a view.
 //
-// since is the client's watermark across its services: it holds each at
-// some version at or below it. Deltas published by this hub form an
+// since is a version at or below every version the client holds of its
+// services (the lowest it holds; a client naming each service's version
+// uses SubscribeHeld). Deltas the client already holds it drops. Deltas published by this hub form an
 // unbroken chain, so the chain's first delta from at or below since is
 // the client's base. A chain starting at a base another process
 // published (foreign) is used only by a client at exactly that base: one
@@ -444,6 +480,20 @@ func (st *serviceState) catchUp(since uint64) []*Frame {
 		}
 		if len(out) > 0 && out[0].FromVersion <= since && (out[0].FromVersion != st.foreign || since == st.foreign) {
 			return out
+		}
+	}
+	return []*Frame{st.view}
+}
+
+// catchUpFrom returns what a client holding exactly version v (below the
+// hub's view) needs: the deltas from v if the hub kept the chain from it,
+// otherwise the full view. Versions are unique in the region, so a chain
+// starting at v is the client's, even one from a base another process
+// published (foreign).
+func (st *serviceState) catchUpFrom(v uint64) []*Frame {
+	for i, d := range st.history {
+		if d.FromVersion == v {
+			return slices.Clone(st.history[i:])
 		}
 	}
 	return []*Frame{st.view}
@@ -501,6 +551,10 @@ type Subscription struct {
 	// subscribed and have not had one published since; synced goes out
 	// when it empties. Guarded by the hub's lock.
 	waiting map[string]struct{}
+	// floor holds, per service, a version the client said it holds above
+	// the hub's view (SubscribeHeld): frames at or below it are not sent;
+	// the first above it clears it. Guarded by the hub's lock.
+	floor map[string]uint64
 
 	c      chan *Frame
 	mu     sync.Mutex
@@ -523,6 +577,43 @@ func (s *Subscription) gotFirstView(service string) {
 	if len(s.waiting) == 0 {
 		s.offer(syncedFrame)
 	}
+}
+
+// setFloor notes that the client holds service at v. Called with the
+// hub's lock held.
+func (s *Subscription) setFloor(service string, v uint64) {
+	if s.floor == nil {
+		s.floor = map[string]uint64{}
+	}
+	s.floor[service] = v
+}
+
+// pick is what the client gets of a publication whose frame for
+// subscribers is send and whose view is view: send, unless the client
+// holds a later version than the hub did (a floor): then nothing at or
+// below it, and above it the view rather than a delta from another base;
+// the first frame above the floor clears it. Called with the hub's lock
+// held.
+func (s *Subscription) pick(send, view *Frame) *Frame {
+	v, ok := s.floor[view.Service]
+	if !ok {
+		return send
+	}
+	if view.Version <= v {
+		return nil
+	}
+	delete(s.floor, view.Service)
+	if send.Kind == KindDelta && send.FromVersion != v {
+		return view
+	}
+	return send
+}
+
+// belowFloor reports whether the client holds view's service at view's
+// version or later. Called with the hub's lock held, read or write.
+func (s *Subscription) belowFloor(view *Frame) bool {
+	v, ok := s.floor[view.Service]
+	return ok && view.Version <= v
 }
 
 // offer queues f without blocking. Called with the hub's lock held.
@@ -575,7 +666,7 @@ func (s *Subscription) TakeResync() []*Frame {
 	s.resync = false
 	var out []*Frame
 	for _, name := range s.services {
-		if st := s.hub.services[name]; st != nil && st.view != nil {
+		if st := s.hub.services[name]; st != nil && st.view != nil && !s.belowFloor(st.view) {
 			out = append(out, st.view)
 		}
 	}

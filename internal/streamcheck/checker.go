@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -174,8 +175,9 @@ type Event struct {
 	// Held is the version held for the service when the frame came (0:
 	// none); From a delta's from_version; Version the frame's version.
 	Held, From, Version uint64
-	// Since is the since of the subscription that brought the frame.
-	Since  uint64
+	// Told is the version of the service the subscription that brought
+	// the frame said it held (held=; 0: none, a full view asked for).
+	Told   uint64
 	Detail string
 	At     time.Time
 }
@@ -187,7 +189,7 @@ func (e Event) String() string {
 	} else {
 		s += fmt.Sprintf(" v%d", e.Version)
 	}
-	s += fmt.Sprintf(" holding v%d (since %d)", e.Held, e.Since)
+	s += fmt.Sprintf(" holding v%d (told the server v%d)", e.Held, e.Told)
 	if e.Detail != "" {
 		s += ": " + e.Detail
 	}
@@ -210,6 +212,8 @@ type Checker struct {
 	// checksum mismatch): subscriptions ask for full views until each
 	// has had one.
 	stale map[string]bool
+	// told is what the open subscription said it held (held=).
+	told map[string]uint64
 }
 
 // copyOf is the checker's copy of one service's view.
@@ -283,7 +287,7 @@ type session struct {
 func (c *Checker) Run(ctx context.Context) {
 	attempt := 0
 	for {
-		s := c.subscribe(ctx, c.since())
+		s := c.subscribe(ctx, c.resume())
 		c.mu.Lock()
 		c.synced = false
 		c.mu.Unlock()
@@ -309,27 +313,32 @@ func (c *Checker) Run(ctx context.Context) {
 	}
 }
 
-// since is the next subscription's since: the watermark, or 0 (full
-// views) while the copy of a service cannot be trusted, until a full view
-// of it arrives.
-func (c *Checker) since() uint64 {
+// resume is what the next subscription says it holds (issue 27): the
+// version of each service whose copy can be trusted, as held=; the others
+// (none held yet, or a copy after a gap or a checksum mismatch) get full
+// views. Versions name one view in the region, so this is exact on any
+// replica, where a single since cannot be across owners' epochs.
+func (c *Checker) resume() map[string]uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.stale) > 0 {
-		return 0
+	held := make(map[string]uint64, len(c.held))
+	for name, h := range c.held {
+		if !c.stale[name] {
+			held[name] = h.version
+		}
 	}
-	return c.watermark
+	return held
 }
 
 var errDeadStream = errors.New("streamcheck: no frame within the heartbeat timeout")
 
 // subscribe runs one watch stream until it ends.
-func (c *Checker) subscribe(ctx context.Context, since uint64) session {
+func (c *Checker) subscribe(ctx context.Context, held map[string]uint64) session {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	q := url.Values{"service": c.cfg.Services}
-	if since != 0 {
-		q.Set("since", strconv.FormatUint(since, 10))
+	for _, name := range slices.Sorted(maps.Keys(held)) {
+		q.Add("held", name+":"+strconv.FormatUint(held[name], 10))
 	}
 	base := c.cfg.URL
 	if n := len(c.cfg.Replicas); n > 0 {
@@ -364,7 +373,10 @@ func (c *Checker) subscribe(ctx context.Context, since uint64) session {
 			n.Reconnects++
 		}
 	})
-	return c.read(res.Body, since, dog)
+	c.mu.Lock()
+	c.told = held
+	c.mu.Unlock()
+	return c.read(res.Body, dog)
 }
 
 // maxLine bounds one SSE line (a view of a very large service is one).
@@ -372,7 +384,7 @@ const maxLine = 64 << 20
 
 // read parses SSE events and checks each until the stream ends or a
 // problem needs a new subscription.
-func (c *Checker) read(body io.Reader, since uint64, dog *time.Timer) (s session) {
+func (c *Checker) read(body io.Reader, dog *time.Timer) (s session) {
 	br := bufio.NewReaderSize(body, 64<<10)
 	var kind, id string
 	var data []byte
@@ -397,7 +409,7 @@ func (c *Checker) read(body io.Reader, since uint64, dog *time.Timer) (s session
 			}
 			dog.Reset(c.cfg.HeartbeatTimeout)
 			s.progress = true
-			if c.frame(kind, id, data, since) {
+			if c.frame(kind, id, data) {
 				return s
 			}
 			kind, id, data = "", "", nil
@@ -433,7 +445,7 @@ func (c *Checker) count(f func(*Counts)) {
 
 // frame checks and applies one event. end: the stream must end (a drain,
 // or a problem after which a copy cannot be trusted).
-func (c *Checker) frame(kind, id string, data []byte, since uint64) (end bool) {
+func (c *Checker) frame(kind, id string, data []byte) (end bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.counts.Frames++
@@ -452,32 +464,32 @@ func (c *Checker) frame(kind, id string, data []byte, since uint64) (end bool) {
 		c.counts.FullViews++
 		var v assembler.View
 		if err := json.Unmarshal(data, &v); err != nil {
-			c.problem(Event{Problem: Malformed, Kind: kind, Since: since, Detail: err.Error()})
+			c.problem(Event{Problem: Malformed, Kind: kind, Detail: err.Error()})
 			return true
 		}
-		if !c.wellFormed(kind, id, v.Service, v.Version, since) {
+		if !c.wellFormed(kind, id, v.Service, v.Version) {
 			return true
 		}
-		return c.view(&v, since)
+		return c.view(&v)
 	case "delta":
 		c.counts.Deltas++
 		var d assembler.Delta
 		if err := json.Unmarshal(data, &d); err != nil {
-			c.problem(Event{Problem: Malformed, Kind: kind, Since: since, Detail: err.Error()})
+			c.problem(Event{Problem: Malformed, Kind: kind, Detail: err.Error()})
 			return true
 		}
-		if !c.wellFormed(kind, id, d.Service, d.Version, since) {
+		if !c.wellFormed(kind, id, d.Service, d.Version) {
 			return true
 		}
-		return c.delta(&d, since)
+		return c.delta(&d)
 	}
 	return false // unknown events are ignored, as clients must
 }
 
 // wellFormed checks that a frame's id is its version and its service one
 // asked for, counting it malformed if not.
-func (c *Checker) wellFormed(kind, id, service string, version uint64, since uint64) bool {
-	e := Event{Problem: Malformed, Kind: kind, Service: service, Version: version, Since: since}
+func (c *Checker) wellFormed(kind, id, service string, version uint64) bool {
+	e := Event{Problem: Malformed, Kind: kind, Service: service, Version: version, Told: c.told[service]}
 	if id != strconv.FormatUint(version, 10) {
 		e.Detail = fmt.Sprintf("SSE id %q is not the version %d", id, version)
 		c.problem(e)
@@ -491,9 +503,9 @@ func (c *Checker) wellFormed(kind, id, service string, version uint64, since uin
 	return true
 }
 
-func (c *Checker) view(v *assembler.View, since uint64) (end bool) {
+func (c *Checker) view(v *assembler.View) (end bool) {
 	h := c.held[v.Service]
-	e := Event{Kind: "view", Service: v.Service, Version: v.Version, Since: since}
+	e := Event{Kind: "view", Service: v.Service, Version: v.Version, Told: c.told[v.Service]}
 	if h != nil {
 		e.Held = h.version
 		switch {
@@ -501,7 +513,7 @@ func (c *Checker) view(v *assembler.View, since uint64) (end bool) {
 			e.Problem = Regression
 			c.problem(e)
 			return false
-		case v.Version == h.version && since >= h.version:
+		case v.Version == h.version && c.told[v.Service] == h.version:
 			e.Problem, e.Detail = Duplicate, "a full view of the version held, on a subscription that said it held it"
 			c.problem(e)
 			return false
@@ -532,9 +544,9 @@ func (c *Checker) view(v *assembler.View, since uint64) (end bool) {
 	return false
 }
 
-func (c *Checker) delta(d *assembler.Delta, since uint64) (end bool) {
+func (c *Checker) delta(d *assembler.Delta) (end bool) {
 	h := c.held[d.Service]
-	e := Event{Kind: "delta", Service: d.Service, From: d.FromVersion, Version: d.Version, Since: since}
+	e := Event{Kind: "delta", Service: d.Service, From: d.FromVersion, Version: d.Version, Told: c.told[d.Service]}
 	if h == nil {
 		e.Problem, e.Detail = Gap, "a delta for a service with no view held"
 		c.problem(e)
