@@ -71,12 +71,12 @@ func TestSubscribeHeld(t *testing.T) {
 		held uint64
 		want string
 	}{
-		{epoch(9, 2), "[:synced@0]"},                                                          // current
-		{epoch(9, 1), fmt.Sprintf("[web:delta@%d :synced@0]", epoch(9, 2))},                   // on the chain
+		{epoch(9, 2), "[:synced@0]"},                                                         // current
+		{epoch(9, 1), fmt.Sprintf("[web:delta@%d :synced@0]", epoch(9, 2))},                  // on the chain
 		{12, fmt.Sprintf("[web:delta@%d web:delta@%d :synced@0]", epoch(9, 1), epoch(9, 2))}, // exactly the foreign base
-		{11, fmt.Sprintf("[web:view@%d :synced@0]", epoch(9, 2))},                             // before the kept chain
-		{13, fmt.Sprintf("[web:view@%d :synced@0]", epoch(9, 2))},                             // the old owner's 13, unseen here
-		{epoch(9, 3), "[:synced@0]"},                                                          // ahead of this hub
+		{11, fmt.Sprintf("[web:view@%d :synced@0]", epoch(9, 2))},                            // before the kept chain
+		{13, fmt.Sprintf("[web:view@%d :synced@0]", epoch(9, 2))},                            // the old owner's 13, unseen here
+		{epoch(9, 3), "[:synced@0]"},                                                         // ahead of this hub
 	} {
 		s, err := h.SubscribeHeld([]string{"web"}, 0, map[string]uint64{"web": tc.held})
 		if err != nil {
