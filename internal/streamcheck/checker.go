@@ -265,6 +265,19 @@ func (c *Checker) Watermark() uint64 {
 	return c.watermark
 }
 
+// Routable reports whether the copy held of service routes to instance
+// id (published with a weight above 0).
+func (c *Checker) Routable(service string, id uuid.UUID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.held[service]
+	if h == nil {
+		return false
+	}
+	ep, ok := h.endpoints[id]
+	return ok && ep.Weight > 0
+}
+
 // Held returns the version and checksum held for service.
 func (c *Checker) Held(service string) (version uint64, checksum string, ok bool) {
 	c.mu.Lock()

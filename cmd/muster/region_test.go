@@ -1,0 +1,502 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/ownership"
+	"github.com/musterhq/muster/internal/streamcheck"
+	"github.com/musterhq/muster/internal/wait"
+)
+
+// The region the three-replica test runs (issue 27, "Done when"): 2,000
+// instances over 50 services, 300 subscribers.
+const (
+	regionServices    = 50
+	regionInstances   = 40 // per service, over two zones
+	regionSubscribers = 300
+	regionWatched     = 5 // services per subscriber
+	// regionProbed is the service a prober reports on (round-robin to
+	// every replica); the others have no readiness signal.
+	regionProbed = "svc-00"
+)
+
+// regionInstance is an instance registered in the region test: its slot
+// (service and body) and what the registration answered.
+type regionInstance struct {
+	slot           endpointSlot
+	id, credential string
+}
+
+// TestThreeReplicasServeOneRegion (issue 27): three muster dev processes
+// on one data folder are three replicas of one region. Every replica
+// serves the same view (version and checksum) of every service; 300
+// stream checkers spread over the replicas, each resubscribing to a
+// random replica whenever its stream drops, watch while registrations,
+// lease renewals and a prober's reports go round-robin to all replicas.
+// A withdrawal reported to a replica that does not own the service
+// reaches every subscriber of it; the replica owning the most shards is
+// SIGKILLed and its shards move to the two others; then every replica is
+// restarted in turn (SIGTERM, start again). Throughout, the checkers see
+// no gap, duplicate, regression or checksum mismatch and end holding what
+// the replicas serve, and no lease is expired (every instance renews
+// through whichever replicas are up).
+func TestThreeReplicasServeOneRegion(t *testing.T) {
+	realTime(t, "three replicas of one region under 300 stream checkers")
+	t.Parallel()
+	began := time.Now()
+	dir := devDir(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = db.StopDir(ctx, dir)
+	})
+	// Leases of 30 s, renewed every 5 s: a replica away for a restart
+	// must not cost any instance its lease.
+	env := []string{"MUSTER_LEASE_TTL=30s", "MUSTER_REGISTRATION_LIMIT=1000000/1m", "MUSTER_ADMISSION_FLOOR=1000"}
+	addrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	var procsMu sync.Mutex
+	procs := make([]*exec.Cmd, len(addrs))
+	for i, a := range addrs {
+		procs[i] = startProcess(t, dir, a, env...)
+	}
+	t.Cleanup(func() {
+		procsMu.Lock()
+		defer procsMu.Unlock()
+		for _, p := range procs {
+			if p != nil {
+				_ = p.Process.Signal(os.Interrupt)
+			}
+		}
+		for _, p := range procs {
+			if p != nil {
+				_ = p.Wait()
+			}
+		}
+	})
+	// live is the base URLs of the replicas up, for the writers.
+	var live atomic.Pointer[[]string]
+	setLive := func() {
+		procsMu.Lock()
+		defer procsMu.Unlock()
+		var out []string
+		for i, a := range addrs {
+			if procs[i] != nil {
+				out = append(out, "http://"+a)
+			}
+		}
+		live.Store(&out)
+	}
+	setLive()
+	bases := func() []string { return *live.Load() }
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	viewer := token(t, dir, "--kind", "operator", "--subject", "vera", "--role", "viewer")
+	prober := token(t, dir, "--kind", "prober", "--subject", "prober-1")
+	region := func(base string) ownership.RegionStatus {
+		t.Helper()
+		code, body := call(t, "GET", base+"/v1/replicas", admin, "")
+		if code != 200 {
+			t.Fatalf("GET /v1/replicas at %s: %d %s", base, code, body)
+		}
+		var r ownership.RegionStatus
+		if err := json.Unmarshal(body, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	balanced := func(n int) func() bool {
+		return func() bool {
+			for _, b := range bases() {
+				r := region(b)
+				if len(r.Replicas) != n || len(r.Unowned) != 0 {
+					return false
+				}
+				for _, rp := range r.Replicas {
+					if rp.Shards < 64/n {
+						return false
+					}
+				}
+			}
+			return true
+		}
+	}
+	wait.For(t, time.Minute, "three replicas sharing the 64 shards", balanced(3))
+
+	// The estate, written through the replicas in turn. regionProbed has
+	// a prober; the rest are capacity on registration.
+	var services []string
+	var (
+		instMu    sync.Mutex
+		instances []*regionInstance
+	)
+	register := func(base string, in *regionInstance) bool {
+		code, body := call(t, "POST", base+"/v1/services/"+in.slot.service+"/instances", admin, in.slot.body)
+		if code != 201 {
+			return false
+		}
+		var r struct{ ID, Credential string }
+		if err := json.Unmarshal(body, &r); err != nil {
+			t.Errorf("registration answer %s: %v", body, err)
+			return false
+		}
+		instMu.Lock()
+		in.id, in.credential = r.ID, r.Credential
+		instMu.Unlock()
+		return true
+	}
+	for s := range regionServices {
+		name := fmt.Sprintf("svc-%02d", s)
+		services = append(services, name)
+		base := bases()[s%3]
+		caps := `[]`
+		if name == regionProbed {
+			caps = `["probe"]`
+		}
+		if code, body := call(t, "PUT", base+"/v1/services/"+name, admin, `{"owner":"payments","capabilities":`+caps+`}`); code != 201 {
+			t.Fatalf("create %s: %d %s", name, code, body)
+		}
+		for i := range regionInstances {
+			in := &regionInstance{slot: endpointSlot{name, fmt.Sprintf(`{"address":"10.%d.%d.%d","port":8080,"zone":"az%d"}`, 20+s/250, s%250, i+1, i%2+1)}}
+			if !register(bases()[i%3], in) {
+				t.Fatalf("register on %s failed", name)
+			}
+			instances = append(instances, in)
+		}
+	}
+	if code, body := call(t, "PUT", bases()[1]+"/v1/services/"+regionProbed+"/contract", admin, `{"min_dwell_seconds":5,"slow_start_seconds":0}`); code != 200 {
+		t.Fatalf("contract: %d %s", code, body)
+	}
+	if code, body := call(t, "PUT", bases()[2]+"/v1/probers/prober-1/assignments", admin, `{"services":["`+regionProbed+`"]}`); code != 200 {
+		t.Fatalf("assignment: %d %s", code, body)
+	}
+	probed := instances[:regionInstances] // regionProbed's, never churned
+	ctx, cancel := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	t.Cleanup(func() { cancel(); running.Wait() })
+
+	// Every instance renews its lease every 5 s, in batches sent to the
+	// replicas up in turn; the prober reports every 500 ms on
+	// regionProbed, success for all but those taken down.
+	hc := &http.Client{Timeout: 5 * time.Second}
+	post := func(base, path, tok, body string) int {
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := hc.Do(req)
+		if err != nil {
+			return 0
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	var renewals, renewFailures atomic.Int64
+	running.Go(func() {
+		tick := time.NewTicker(5 * time.Second)
+		defer tick.Stop()
+		for n := 0; ; {
+			instMu.Lock()
+			var items []string
+			for _, in := range instances {
+				items = append(items, fmt.Sprintf(`{"instance_id":%q,"credential":%q}`, in.id, in.credential))
+			}
+			instMu.Unlock()
+			for len(items) > 0 {
+				k := min(len(items), 1000)
+				to := bases()
+				if post(to[n%len(to)], "/v1/leases/renewals", admin, `{"renewals":[`+strings.Join(items[:k], ",")+`]}`) == 200 {
+					renewals.Add(int64(k))
+					items = items[k:]
+				} else {
+					renewFailures.Add(1)
+				}
+				n++
+				if ctx.Err() != nil {
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	var (
+		downMu sync.Mutex
+		down   = map[string]bool{}
+	)
+	var reports atomic.Int64
+	running.Go(func() {
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			var items []string
+			downMu.Lock()
+			for _, in := range probed {
+				if !down[in.id] {
+					items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":"success"}`, in.id))
+				}
+			}
+			downMu.Unlock()
+			to := bases()
+			if post(to[n%len(to)], "/v1/reports", prober, `{"reports":[`+strings.Join(items, ",")+`]}`) == 200 {
+				reports.Add(int64(len(items)))
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
+
+	same := sameViews(t, bases, services, viewer)
+	start := time.Now()
+	wait.For(t, 2*time.Minute, "every replica serving the same view of every service", func() bool { return same() == "" })
+	t.Logf("every replica served the same %d views %s after the last registration", len(services), time.Since(start).Round(time.Millisecond))
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: regionSubscribers, DisableCompression: true}}
+	urls := bases()
+	checkers := make([]*streamcheck.Checker, regionSubscribers)
+	var probedWatchers []*streamcheck.Checker
+	for i := range checkers {
+		watched := make([]string, regionWatched)
+		for j := range watched {
+			watched[j] = services[(i*regionWatched+j)%len(services)]
+		}
+		c, err := streamcheck.New(streamcheck.Config{URL: urls[i%3], Replicas: urls, Services: watched, Token: viewer, HTTPClient: client,
+			BaseBackoff: 50 * time.Millisecond, MaxBackoff: time.Second, HeartbeatTimeout: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkers[i] = c
+		if slices.Contains(watched, regionProbed) {
+			probedWatchers = append(probedWatchers, c)
+		}
+		running.Go(func() { c.Run(ctx) })
+	}
+	wait.For(t, 2*time.Minute, "every checker synced", func() bool {
+		for _, c := range checkers {
+			if !c.Synced() {
+				return false
+			}
+		}
+		return true
+	})
+	routableEverywhere := func(id string, want bool) func() bool {
+		u := uuid.MustParse(id)
+		return func() bool {
+			for _, c := range probedWatchers {
+				if c.Routable(regionProbed, u) != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	wait.For(t, time.Minute, "every subscriber of "+regionProbed+" routing to its first instance (probed)", routableEverywhere(probed[0].id, true))
+
+	// Churn: re-registrations (each replaces an instance: a new id in its
+	// view) round-robin to the replicas up, never of regionProbed's.
+	var ops, failed atomic.Int64
+	churnCtx, stopChurn := context.WithCancel(ctx)
+	churnDone := make(chan struct{})
+	running.Go(func() {
+		defer close(churnDone)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-churnCtx.Done():
+				return
+			case <-tick.C:
+			}
+			in := instances[regionInstances+rand.IntN(len(instances)-regionInstances)]
+			to := bases()
+			if register(to[n%len(to)], in) {
+				ops.Add(1)
+			} else {
+				failed.Add(1)
+			}
+		}
+	})
+	wait.For(t, 2*time.Minute, "100 re-registrations", func() bool { return ops.Load() >= 100 })
+
+	// A withdrawal reported to a replica that does not own regionProbed.
+	shard := ownership.ShardOf(regionProbed, 64)
+	var owner, other string
+	for _, b := range bases() {
+		if slices.ContainsFunc(region(b).Owned, func(s ownership.ShardStatus) bool { return s.Shard == shard }) {
+			owner = b
+		} else {
+			other = b
+		}
+	}
+	if owner == "" {
+		t.Fatalf("no replica owns %s's shard %d", regionProbed, shard)
+	}
+	target := probed[1].id
+	downMu.Lock()
+	down[target] = true
+	downMu.Unlock()
+	reported := time.Now()
+	if code := post(other, "/v1/reports", prober, fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"probe","outcome":"hard_failure"}]}`, target)); code != 200 {
+		t.Fatalf("hard failure reported to %s (not the owner, %s): %d", other, owner, code)
+	}
+	wait.For(t, 30*time.Second, fmt.Sprintf("the withdrawal of %s reported to a non-owner reaching every subscriber", target), routableEverywhere(target, false))
+	withdrawal := time.Since(reported)
+	t.Logf("a hard failure reported to %s (owner %s) withdrew %s at all %d subscribers of %s in %s (budget: 99%% within 5 s)",
+		other, owner, target, len(probedWatchers), regionProbed, withdrawal.Round(time.Millisecond))
+
+	// SIGKILL the replica that owns the most shards.
+	victim, most := 0, -1
+	for _, rp := range region(bases()[0]).Replicas {
+		for i, a := range addrs {
+			if strings.HasSuffix(rp.Address, a) && rp.Shards > most {
+				victim, most = i, rp.Shards
+			}
+		}
+	}
+	procsMu.Lock()
+	p := procs[victim]
+	procs[victim] = nil
+	procsMu.Unlock()
+	setLive()
+	killed := time.Now()
+	if err := p.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Wait()
+	wait.For(t, time.Minute, "the two survivors holding every shard", balanced(2))
+	moved := time.Since(killed)
+	after := ops.Load()
+	wait.For(t, 2*time.Minute, "100 re-registrations after the kill", func() bool { return ops.Load() >= after+100 })
+
+	// A rolling restart: the killed replica comes back, then each replica
+	// is stopped (SIGTERM) and started again, one at a time, each once
+	// the region is balanced again.
+	restart := func(i int, stop bool) {
+		t.Helper()
+		if stop {
+			procsMu.Lock()
+			p := procs[i]
+			procs[i] = nil
+			procsMu.Unlock()
+			setLive()
+			if err := p.Process.Signal(os.Interrupt); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Wait(); err != nil {
+				t.Errorf("replica %d after SIGTERM: %v", i, err)
+			}
+		}
+		np := startProcess(t, dir, addrs[i], env...)
+		procsMu.Lock()
+		procs[i] = np
+		procsMu.Unlock()
+		setLive()
+		wait.For(t, time.Minute, fmt.Sprintf("three replicas sharing the shards after replica %d started", i), balanced(3))
+	}
+	rolling := time.Now()
+	restart(victim, false)
+	for i := range addrs {
+		restart(i, true)
+	}
+	rolled := time.Since(rolling)
+	after = ops.Load()
+	wait.For(t, 2*time.Minute, "100 re-registrations after the rolling restart", func() bool { return ops.Load() >= after+100 })
+	stopChurn()
+	<-churnDone
+
+	wait.For(t, 2*time.Minute, "the replicas serving the same view of every service", func() bool { return same() == "" })
+	for i, c := range checkers {
+		base := bases()[i%3]
+		var last error
+		func() {
+			defer func() {
+				if last != nil {
+					t.Logf("checker %d: %v", i, last)
+				}
+			}()
+			wait.For(t, time.Minute, fmt.Sprintf("checker %d's copy equal to /v1/resolve at %s", i, base), func() bool {
+				last = c.CompareWith(ctx, base)
+				return last == nil
+			})
+		}()
+	}
+	cancel()
+	running.Wait()
+
+	// No lease was expired: every instance renewed through whichever
+	// replicas were up.
+	code, body := call(t, "GET", bases()[0]+"/v1/audit?action=lease.expire", admin, "")
+	if code != 200 {
+		t.Fatalf("GET /v1/audit: %d %s", code, body)
+	}
+	var audit struct{ Items []json.RawMessage }
+	if err := json.Unmarshal(body, &audit); err != nil {
+		t.Fatal(err)
+	}
+	if len(audit.Items) != 0 {
+		t.Errorf("%d leases expired while every instance renewed every 5 s with a 30 s TTL; first: %s", len(audit.Items), audit.Items[0])
+	}
+
+	var total streamcheck.Counts
+	for i, c := range checkers {
+		n := c.Counts()
+		total = total.Add(n)
+		if n.Problems() > 0 {
+			ev := c.Events()
+			t.Errorf("checker %d: %v; first problems: %v", i, n, ev[:min(len(ev), 5)])
+		}
+	}
+	t.Logf("3 replicas, %d services of %d instances, %d checkers: SIGKILL of the owner of %d shards, moved in %s; rolling restart of 3 in %s; churn %d re-registrations (%d refused); %d lease renewals (%d batches refused or lost); %d probe reports; run %s",
+		regionServices, regionInstances, regionSubscribers, most, moved.Round(time.Millisecond), rolled.Round(time.Second), ops.Load(), failed.Load(),
+		renewals.Load(), renewFailures.Load(), reports.Load(), time.Since(began).Round(time.Second))
+	t.Logf("totals: %v", total)
+	if total.Problems() != 0 {
+		t.Fatalf("%d gaps, %d duplicates, %d regressions, %d checksum mismatches, %d malformed frames across replica switches, a SIGKILL and a rolling restart",
+			total.Gaps, total.Duplicates, total.Regressions, total.ChecksumMismatches, total.Malformed)
+	}
+}
+
+// sameViews returns a check that every base serves the same version and
+// checksum of every service: "" when they do, else the first difference.
+func sameViews(t *testing.T, bases func() []string, services []string, tok string) func() string {
+	return func() string {
+		for _, name := range services {
+			var first *assembler.View
+			for _, b := range bases() {
+				code, body := call(t, "GET", b+"/v1/resolve/"+name, tok, "")
+				if code != 200 {
+					return fmt.Sprintf("%s at %s: %d", name, b, code)
+				}
+				var v assembler.View
+				if err := json.Unmarshal(body, &v); err != nil {
+					t.Fatal(err)
+				}
+				if first == nil {
+					first = &v
+				} else if v.Version != first.Version || v.Checksum != first.Checksum {
+					return fmt.Sprintf("%s: v%d %s at %s, v%d %s at another", name, v.Version, v.Checksum, b, first.Version, first.Checksum)
+				}
+			}
+		}
+		return ""
+	}
+}
