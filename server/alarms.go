@@ -76,6 +76,9 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	if cfg.Replicas != nil {
 		out = append(out, cfg.Replicas.Alarms()...)
 	}
+	if cfg.Relay != nil {
+		out = append(out, cfg.Relay.Alarms()...)
+	}
 	if cfg.Tampering != nil {
 		out = append(out, cfg.Tampering()...)
 	}

@@ -18,6 +18,8 @@ type Replicas interface {
 // Relay is the relay from peer replicas (relay.Relay).
 type Relay interface {
 	Status() []relay.PeerStatus
+	// Alarms are relay.AlarmRelayBehind, per peer not followed.
+	Alarms() []assembler.Alarm
 }
 
 // replicasBody is GET /v1/replicas's answer: the ownership reading and

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/worker"
@@ -60,6 +61,10 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Now is the clock of Status and the lag: time.Now.
 	Now func() time.Time
+	// AlarmAfter is how long a live peer may go unfollowed (no stream
+	// open) before AlarmRelayBehind is raised: 15 s. MaxLag is the relay
+	// lag above which it is raised while connected: 10 s.
+	AlarmAfter, MaxLag time.Duration
 }
 
 // Validate checks the configuration and fills defaults.
@@ -104,6 +109,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.AlarmAfter <= 0 {
+		c.AlarmAfter = 15 * time.Second
+	}
+	if c.MaxLag <= 0 {
+		c.MaxLag = 10 * time.Second
 	}
 	return nil
 }
@@ -202,7 +213,7 @@ func (r *Relay) RunOnce(ctx context.Context) {
 			continue
 		}
 		cctx, cancel := context.WithCancel(ctx)
-		c := &conn{peer: p, cancel: cancel, status: PeerStatus{Peer: p.ID, Address: p.Address}}
+		c := &conn{peer: p, cancel: cancel, status: PeerStatus{Peer: p.ID, Address: p.Address, Since: r.cfg.Now()}}
 		r.conns[id] = c
 		r.metrics.connected.WithLabelValues(id).Set(0)
 		r.wg.Add(1)
@@ -232,6 +243,37 @@ func (r *Relay) Status() []PeerStatus {
 		out = append(out, c.status)
 	}
 	slices.SortFunc(out, func(a, b PeerStatus) int { return strings.Compare(a.Peer, b.Peer) })
+	return out
+}
+
+// AlarmRelayBehind is raised, per peer, while this replica does not
+// follow a live peer's publications (no stream open for longer than
+// Config.AlarmAfter, or a lag above Config.MaxLag): the views of the
+// services that peer owns may differ here from the owner's, and
+// subscribers of this replica may be behind.
+const AlarmRelayBehind = "relay_behind"
+
+// Alarms returns an AlarmRelayBehind for each peer this replica does not
+// follow, or follows too far behind.
+func (r *Relay) Alarms() []assembler.Alarm {
+	now := r.cfg.Now()
+	var out []assembler.Alarm
+	for _, st := range r.Status() {
+		switch {
+		case !st.Connected && now.Sub(st.Since) > r.cfg.AlarmAfter:
+			why := "no stream has opened"
+			if st.LastError != "" {
+				why = "the last attempt: " + st.LastError
+			}
+			out = append(out, assembler.Alarm{Kind: AlarmRelayBehind, Since: st.Since, Detail: fmt.Sprintf(
+				"this replica has not followed replica %s (%s) for %s (%s): views of the services it owns may be behind here; subscribers of this replica hold them as they were",
+				st.Peer, st.Address, now.Sub(st.Since).Truncate(time.Second), why)})
+		case st.Connected && st.LagSeconds > r.cfg.MaxLag.Seconds():
+			out = append(out, assembler.Alarm{Kind: AlarmRelayBehind, Since: st.LastRecordAt, Detail: fmt.Sprintf(
+				"replica %s's publications reach this replica %.1f s after it published them (more than %s, clock skew included)",
+				st.Peer, st.LagSeconds, r.cfg.MaxLag)})
+		}
+	}
 	return out
 }
 

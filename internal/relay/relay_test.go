@@ -18,6 +18,7 @@ import (
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/testclock"
 	"github.com/musterhq/muster/internal/wait"
 )
 
@@ -317,3 +318,41 @@ func TestStopEndsTheStreams(t *testing.T) {
 
 // signer signs as replica b with the region's key of the test process.
 func signer() peer.Signer { return peer.Signer{ID: "b", Key: apptest.SealKey()} }
+
+// TestRelayBehindAlarm (issue 27): a live peer this replica cannot follow
+// raises relay_behind once it has gone unfollowed for AlarmAfter, naming
+// the peer; following it again clears the alarm.
+func TestRelayBehindAlarm(t *testing.T) {
+	t.Parallel()
+	a := apptest.New(t, apptest.Options{})
+	publish(a.Hub, "web", 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there: every attempt is refused
+	// Before any publication, so the relay lag (this clock minus the
+	// peer's) is never above MaxLag.
+	clock := testclock.New(time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC))
+	ps := &peers{}
+	ps.set(relay.Peer{ID: "a", Address: closed})
+	r, _, _ := newRelay(t, ps, func(c *relay.Config) { c.Now = clock.Now; c.MaxBackoff = 200 * time.Millisecond })
+	wait.For(t, 10*time.Second, "an attempt refused", func() bool { st := r.Status(); return len(st) == 1 && st[0].LastError != "" })
+	clock.Advance(14 * time.Second)
+	if al := r.Alarms(); len(al) != 0 {
+		t.Fatalf("alarms after 14 s unfollowed: %+v", al)
+	}
+	clock.Advance(2 * time.Second)
+	al := r.Alarms()
+	if len(al) != 1 || al[0].Kind != relay.AlarmRelayBehind || !strings.Contains(al[0].Detail, "replica a ("+closed+")") {
+		t.Fatalf("alarms after 16 s unfollowed: %+v", al)
+	}
+
+	// The peer back (at a listening address): followed, no alarm.
+	ps.set(relay.Peer{ID: "a", Address: a.URL})
+	wait.For(t, 10*time.Second, "a followed", func() bool { st := r.Status(); return len(st) == 1 && st[0].Connected })
+	if al := r.Alarms(); len(al) != 0 {
+		t.Fatalf("alarms while following: %+v", al)
+	}
+}
