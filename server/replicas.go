@@ -29,6 +29,8 @@ type replicasBody struct {
 	// Relay lists the peers this replica follows (none without the
 	// region's signing key).
 	Relay []relay.PeerStatus `json:"relay"`
+	// EpochsLeft is the region's version epochs left.
+	EpochsLeft *uint64 `json:"epochs_left,omitempty"`
 }
 
 // replicasGet answers GET /v1/replicas from memory: the live replicas,
@@ -45,6 +47,10 @@ func (s *Server) replicasGet(w http.ResponseWriter, r *http.Request) {
 	body := replicasBody{RegionStatus: s.cfg.Replicas.Region(), Relay: []relay.PeerStatus{}}
 	if s.cfg.Relay != nil {
 		body.Relay = append(body.Relay, s.cfg.Relay.Status()...)
+	}
+	if s.cfg.EpochsLeft != nil {
+		n := s.cfg.EpochsLeft()
+		body.EpochsLeft = &n
 	}
 	writeJSON(w, http.StatusOK, body)
 }

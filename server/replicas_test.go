@@ -32,6 +32,11 @@ func TestReplicasAPI(t *testing.T) {
 	}](t, r).Relay; relay == nil || len(relay) != 0 {
 		t.Fatalf("relay %v, want an empty list", relay)
 	}
+	if left := apptest.Decode[struct {
+		EpochsLeft *uint64 `json:"epochs_left"`
+	}](t, r).EpochsLeft; left == nil || *left != s.App.Publisher.EpochsLeft() || *left == 0 {
+		t.Fatalf("epochs_left %v, want the publisher's %d", left, s.App.Publisher.EpochsLeft())
+	}
 	if r := s.Do(t, "GET", "/v1/replicas", s.Token(t, apptest.Web), "", ""); r.Status != http.StatusForbidden {
 		t.Fatalf("a workload reads the replicas: %d", r.Status)
 	}

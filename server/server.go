@@ -164,6 +164,9 @@ type Config struct {
 	// Relay, when set, is the relay from peer replicas, listed by GET
 	// /v1/replicas.
 	Relay Relay
+	// EpochsLeft, when set, is the region's version epochs left
+	// (publisher.Publisher.EpochsLeft), in GET /v1/replicas.
+	EpochsLeft func() uint64
 	// Forwarder, when set, is offered the evidence this replica accepts,
 	// to mirror it to the region's other replicas (issue 27); nil, none
 	// is forwarded.

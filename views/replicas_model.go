@@ -8,6 +8,18 @@ type ReplicaRow struct {
 	StartedAt, LastSeen time.Time
 	Shards              int
 	Self                bool
+	// Relay is this replica's relay from it (nil: itself, or not
+	// followed).
+	Relay *RelayRow
+}
+
+// RelayRow is the relay from one peer.
+type RelayRow struct {
+	Connected  bool
+	Since      time.Time
+	LagSeconds float64
+	Updates    uint64
+	LastError  string
 }
 
 // TenureRow is one shard this replica holds.
@@ -28,4 +40,9 @@ type Replicas struct {
 	Replicas   []ReplicaRow
 	Unowned    []int
 	Owned      []TenureRow
+	// Relaying: this replica follows its peers (the region has a
+	// signing key). EpochsLeft is the region's version epochs left (-1:
+	// unknown).
+	Relaying   bool
+	EpochsLeft int64
 }

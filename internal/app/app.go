@@ -435,7 +435,7 @@ func New(cfg Config) (*App, error) {
 	servingReady := server.ServingReady(a.Evaluator, a.Hub)
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
-	svc.Replicas = a.Ownership
+	svc.Replicas, svc.EpochsLeft = a.Ownership, a.Publisher.EpochsLeft
 	svc.Authz, svc.Database = a.Authz, a.Monitor
 	if peers != nil {
 		svc.Peers, svc.Relay = peers, a.Relay
@@ -490,6 +490,10 @@ func New(cfg Config) (*App, error) {
 		// The banner lists what GET /v1/alarms lists.
 		uc.Alarms = server.AlarmsOf(svc)
 		uc.Ownership = a.Ownership
+		uc.EpochsLeft = a.Publisher.EpochsLeft
+		if a.Relay != nil {
+			uc.Relay = a.Relay
+		}
 		uc.Removals = &webui.Removals{
 			Holds:      func() []disbelief.Hold { return server.RemovalHolds(&svc) },
 			LeaseGrace: a.Reaper.InGrace,

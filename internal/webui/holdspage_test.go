@@ -122,6 +122,11 @@ func TestReplicasPage(t *testing.T) {
 		!strings.Contains(p.body, `data-shard="63"`) || strings.Contains(p.body, `id="unowned"`) {
 		t.Fatalf("replicas page: %d\n%s", p.status, p.body)
 	}
+	// Epochs left, and the relay: apptest has the region's signing key, so
+	// the replica follows its peers (none here).
+	if !strings.Contains(p.body, `id="epochs-left"`) || strings.Contains(p.body, `id="no-relay"`) {
+		t.Errorf("replicas page without epochs left, or claiming no relay:\n%s", p.body)
+	}
 	if !strings.Contains(p.body, `href="/ui/replicas" aria-current="page"`) {
 		t.Error("the nav does not mark Replicas as the current page")
 	}

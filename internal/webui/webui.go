@@ -65,6 +65,7 @@ import (
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/static"
 )
 
@@ -136,6 +137,12 @@ type Config struct {
 	// Ownership, when set, is the region's shard ownership the replicas
 	// page shows.
 	Ownership interface{ Region() ownership.RegionStatus }
+	// Relay, when set, is the relay from peer replicas the replicas page
+	// shows per peer (connected, lag, updates).
+	Relay interface{ Status() []relay.PeerStatus }
+	// EpochsLeft, when set, is the region's version epochs left, on the
+	// replicas page.
+	EpochsLeft func() uint64
 	// Alarms, when set, lists every open alarm for the overview's banner
 	// (the server's Alarms: guard, shift-backs, leases, database,
 	// probers); otherwise the banner shows the publisher's and the
