@@ -338,6 +338,11 @@ func New(cfg Config) (*App, error) {
 		rcc := cfg.Reconcile
 		rcc.Registry, rcc.Evidence, rcc.Logger, rcc.Registerer = a.Registry, a.Evaluator, log, metrics
 		rcc.Now = orNow(rcc.Now, now)
+		// Every replica reads every source; the owner of the source's
+		// shard alone applies it (issue 27).
+		if rcc.Owns == nil {
+			rcc.Owns = func(source string) bool { _, ok := a.Ownership.Owns(ReconcileOwnershipKey(source)); return ok }
+		}
 		if a.Reconcile, err = reconcile.New(rcc); err != nil {
 			return nil, err
 		}
@@ -761,6 +766,11 @@ func livePeers(r ownership.RegionStatus, region string) []forward.Peer {
 	}
 	return out
 }
+
+// ReconcileOwnershipKey is what a reconciliation source hashes onto the
+// region's shards as (ownership.ShardOf): the owner of that shard applies
+// the source. A service name cannot take this form (no colon).
+func ReconcileOwnershipKey(source string) string { return "reconcile-source:" + source }
 
 // orNow is a component's own clock if it has one, else the app's.
 func orNow(own, app func() time.Time) func() time.Time {

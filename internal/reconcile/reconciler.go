@@ -41,6 +41,9 @@ type Config struct {
 	Logger    *slog.Logger
 	// Registerer receives the metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
+	// Owns, when set, says whether this replica applies a source's
+	// readings (WorkerConfig.Owns), by source name.
+	Owns func(source string) bool
 }
 
 // Reconciler is the set of workers, one per source, and what spans them:
@@ -70,8 +73,13 @@ func New(cfg Config) (*Reconciler, error) {
 			return nil, fmt.Errorf("reconcile: source %s configured twice", s.Name())
 		}
 		seen[s.Name()] = true
+		var owns func() bool
+		if cfg.Owns != nil {
+			name := s.Name()
+			owns = func() bool { return cfg.Owns(name) }
+		}
 		w, err := NewWorker(WorkerConfig{Source: s, Registry: cfg.Registry, Evidence: cfg.Evidence, Every: cfg.Every,
-			Disbelief: cfg.Disbelief, Now: cfg.Now, Logger: cfg.Logger, metrics: m})
+			Disbelief: cfg.Disbelief, Now: cfg.Now, Logger: cfg.Logger, Owns: owns, metrics: m})
 		if err != nil {
 			return nil, err
 		}

@@ -59,7 +59,15 @@ type WorkerConfig struct {
 	Disbelief Disbelief
 	// Timeout bounds one pass's database and source work (default 10 s).
 	Timeout time.Duration
-	Now     func() time.Time
+	// Owns, when set, says whether this replica applies the source's
+	// readings (issue 27: one replica of the region does, the owner of
+	// the source's shard). Every replica reads the source and hands its
+	// readiness to its own evaluator (every replica evaluates every
+	// service); only the owner writes the registry and counts believed
+	// absences, so the disbelief threshold is the region's, not each
+	// replica's. Nil: this replica applies.
+	Owns func() bool
+	Now  func() time.Time
 	Logger  *slog.Logger
 	metrics *metrics
 }
@@ -104,6 +112,9 @@ type Status struct {
 	// Unsealed are services of the last reading whose member sources row
 	// does not verify, with why (alarm member_sources_unsealed).
 	Unsealed map[string]string `json:"unsealed,omitempty"`
+	// Applying: this replica applied the last pass (it owns the source;
+	// WorkerConfig.Owns). Every replica reads; one applies.
+	Applying bool `json:"applying"`
 	// ReplaceRefused are reconciled endpoints waiting because ending the
 	// live instance at their address would exceed the disruption budget,
 	// by instance id, with the refusal.
@@ -319,7 +330,11 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 		create[i] = registry.Instance{ID: e.ID, Service: e.Service, Address: e.Address, Port: e.Port, Zone: e.Zone}
 	}
 	var res registry.ReconcileResult
-	if len(create) > 0 || len(plan.End) > 0 {
+	owns := w.cfg.Owns == nil || w.cfg.Owns()
+	w.mu.Lock()
+	w.status.Applying = owns
+	w.mu.Unlock()
+	if owns && (len(create) > 0 || len(plan.End) > 0) {
 		w.mu.Lock()
 		quiet := make(map[uuid.UUID]bool, len(w.refusedAudited))
 		for id := range w.refusedAudited {
@@ -350,7 +365,9 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	switch {
 	case plan.Released != "":
 		w.believed = nil // recovery or an operator vouched for what is gone
-	case len(plan.Believed) > 0:
+	case len(plan.Believed) > 0 && owns:
+		// Counted only where applied: a replica that applies nothing
+		// ends nothing it believed.
 		w.believed = append(w.believed, believedAt{at: now, by: plan.Believed})
 	}
 	w.hold = plan.Hold
