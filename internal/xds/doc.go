@@ -24,7 +24,11 @@
 // service's assignment alone. A state-of-the-world response's version
 // leads with the newest view version it holds, followed by a hash of the
 // (name, version) pairs, since a node's set of services can change
-// without any view changing (a grant).
+// without any view changing (a grant). Every version is a function of
+// the views a node sees, never of the order they arrived in or of the
+// process, so replicas whose hubs hold the same views serve the same
+// versions and bytes, and a client moving between them with the versions
+// it holds is sent nothing again by delta (TestReplicasServeTheSameVersions).
 //
 // # Who sees what
 //

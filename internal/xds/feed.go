@@ -287,8 +287,20 @@ type published struct {
 	hash    string
 }
 
-// claVersion is the view version of the assignment whose bytes hash to h.
-func (s *Server) claVersion(h string) (uint64, bool) {
+// claVersion is the view version of service's assignment whose bytes
+// hash to h: the held assignment's when it is those bytes, else that of
+// one of the last 4096 built. The held one comes first because the
+// remembered hashes are this process's history: a service whose view has
+// not changed while 4096 others were built would otherwise be sent under
+// its hash on this replica and under its view version on one that built
+// it later (issue 27: every replica names a resource alike).
+func (s *Server) claVersion(service, h string) (uint64, bool) {
+	s.mu.Lock()
+	sr := s.services[service]
+	s.mu.Unlock()
+	if sr != nil && sr.claHash == h {
+		return sr.version, true
+	}
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
 	v, ok := s.claVersions[h]

@@ -592,7 +592,7 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 // records the push latency.
 func (s *Server) deltaVersions(resp *discovery.DeltaDiscoveryResponse) {
 	for _, res := range resp.GetResources() {
-		if v, ok := s.claVersion(res.GetVersion()); ok {
+		if v, ok := s.claVersion(res.GetName(), res.GetVersion()); ok {
 			res.Version = strconv.FormatUint(v, 10)
 			s.observeLatency(res.Version)
 		}
