@@ -14,6 +14,7 @@ import (
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -56,16 +57,27 @@ func adsSource() *core.ConfigSource {
 	}
 }
 
+// deterministicAny packs m with a deterministic encoding (anypb.New's is
+// not guaranteed to be), so every replica encodes, hashes and versions the
+// same resource alike should a map field ever be set in it (issue 27).
+func deterministicAny(m proto.Message) (*anypb.Any, error) {
+	a := &anypb.Any{}
+	if err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true}); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
 // staticResources builds the listener, route configuration and cluster
 // of service: all named after it, so a proxyless gRPC client dialling
 // xds:///SERVICE finds the listener SERVICE, its route SERVICE, the
 // cluster SERVICE and the assignment SERVICE.
 func staticResources(service string) (l *listener.Listener, r *route.RouteConfiguration, c *cluster.Cluster, err error) {
-	routerCfg, err := anypb.New(&router.Router{})
+	routerCfg, err := deterministicAny(&router.Router{})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("encode router filter: %w", err)
 	}
-	manager, err := anypb.New(&hcm.HttpConnectionManager{
+	manager, err := deterministicAny(&hcm.HttpConnectionManager{
 		StatPrefix: service,
 		RouteSpecifier: &hcm.HttpConnectionManager_Rds{Rds: &hcm.Rds{
 			ConfigSource: adsSource(), RouteConfigName: service,
