@@ -66,8 +66,8 @@ type WorkerConfig struct {
 	// service); only the owner writes the registry and counts believed
 	// absences, so the disbelief threshold is the region's, not each
 	// replica's. Nil: this replica applies.
-	Owns func() bool
-	Now  func() time.Time
+	Owns    func() bool
+	Now     func() time.Time
 	Logger  *slog.Logger
 	metrics *metrics
 }
