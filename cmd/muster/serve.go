@@ -226,23 +226,27 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	return err
 }
 
-// openPoolsOrPeers opens the pools (openPools). When PostgreSQL cannot be
-// reached and peers are configured, it opens them without connecting
-// instead, and says so (fromPeers): the replica starts from its peers.
+// openPoolsOrPeers opens the pools (openPools). With peers configured it
+// first probes PostgreSQL (a connection within 10 s): when that fails, it
+// opens the pools without connecting instead and says so (fromPeers), and
+// the replica starts from its peers. The probe comes first so that an
+// unreachable host costs its connect timeout, not the migration's.
 func openPoolsOrPeers(ctx context.Context, cfg Config, dbURL string, log *slog.Logger) (pool, monPool *pgxpool.Pool, closeAll func(), fromPeers bool, err error) {
-	pool, monPool, closeAll, err = openPools(ctx, cfg, dbURL)
-	if err == nil || len(cfg.Peers) == 0 {
+	if len(cfg.Peers) == 0 {
+		pool, monPool, closeAll, err = openPools(ctx, cfg, dbURL)
 		return pool, monPool, closeAll, false, err
 	}
-	// Only an unreachable database: a failed migration with PostgreSQL up
-	// is a fault to report, not an outage to ride out.
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if probe, perr := db.OpenPool(pctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1}); perr == nil {
+	probe, perr := db.OpenPool(pctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1})
+	cancel()
+	if perr == nil {
+		// PostgreSQL answers: the ordinary start (a migration that fails
+		// now is a fault to report, not an outage to ride out).
 		probe.Close()
-		return nil, nil, nil, false, err
+		pool, monPool, closeAll, err = openPools(ctx, cfg, dbURL)
+		return pool, monPool, closeAll, false, err
 	}
-	log.Warn("PostgreSQL cannot be reached at start: serving the peers' views read-only until it answers", "err", err, "peers", cfg.Peers)
+	log.Warn("PostgreSQL cannot be reached at start: serving the peers' views read-only until it answers", "err", perr, "peers", cfg.Peers)
 	if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, Lazy: true}); err != nil {
 		return nil, nil, nil, false, err
 	}
