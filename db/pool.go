@@ -33,6 +33,10 @@ type PoolConfig struct {
 	// Tracer, when set, traces every query on the pool's connections
 	// (tests count the queries a request makes with one).
 	Tracer pgx.QueryTracer
+	// Lazy skips the ping: the pool connects on first use. For a replica
+	// that starts while PostgreSQL is unreachable and serves its peers'
+	// views until it answers.
+	Lazy bool
 }
 
 // OpenPool connects a pool and pings it within the context's deadline.
@@ -73,6 +77,9 @@ func OpenPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	if c.Lazy {
+		return pool, nil
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()

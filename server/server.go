@@ -176,6 +176,11 @@ type Config struct {
 	// /v1/peer/reports takes the evidence they accepted. Nil: every such
 	// request is refused 401 (a region without a signing key).
 	Peers PeerVerifier
+	// ReadOnly, when set and true, refuses reports (and forwarded
+	// reports) 503 read-only: the replica serves views it took from its
+	// peers while its database is unreachable (issue 27). Requests that
+	// need the database are refused by Database already.
+	ReadOnly func() bool
 	// PeerHeartbeat is the peer stream's heartbeat period:
 	// DefaultPeerHeartbeat (2 s).
 	PeerHeartbeat time.Duration
@@ -408,7 +413,8 @@ func (s *Server) routes() chi.Router {
 	// 27): no bearer token is asked or looked at. They stream each
 	// other's publications and mirror the evidence they accepted.
 	r.With(s.authenticatePeer).Get("/v1/peer/updates", s.peerUpdates)
-	r.With(s.authenticatePeer, s.dbBudget).Post(forward.Path, s.peerReportsPost)
+	r.With(s.authenticatePeer).Get(PeerAuthzPath, s.peerAuthz)
+	r.With(s.authenticatePeer, s.readOnly, s.dbBudget).Post(forward.Path, s.peerReportsPost)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		// Metrics describe the whole estate (service names, counts, who
@@ -419,7 +425,7 @@ func (s *Server) routes() chi.Router {
 			r.Use(s.dbBudget)
 			// Served from memory: they keep working while PostgreSQL is
 			// away (reports are taken into memory and flushed later).
-			r.Post("/v1/reports", s.reportsPost)
+			r.With(s.readOnly).Post("/v1/reports", s.reportsPost)
 			r.Get("/v1/resolve/{service}", s.resolve)
 			r.Get("/v1/alarms", s.alarmsGet)
 			r.Get("/v1/leases/expiry", s.leaseExpiryGet)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -103,6 +104,12 @@ type Config struct {
 	// from XDSTLSCert and XDSTLSKey when they are set.
 	XDSAddr, XDSTLSCert, XDSTLSKey string
 	xdsExplicit                    bool // --xds-addr was given
+	// Peers are the base URLs of the region's other replicas (--peers,
+	// MUSTER_PEERS, comma-separated): with them, a replica that cannot
+	// reach PostgreSQL at start serves their views read-only until it
+	// can (app.App.StartFromPeers; docs/replicas.md). Needs the region's
+	// signing key.
+	Peers []string
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".
@@ -182,6 +189,7 @@ func loadEnv(c *Config) error {
 		return err
 	}
 	c.Region = envOr("MUSTER_REGION", "local")
+	c.Peers = splitList(os.Getenv("MUSTER_PEERS"))
 	aud := envOr("MUSTER_AUDIENCE", "muster")
 	for _, u := range strings.Split(os.Getenv("MUSTER_ISSUERS"), ",") {
 		if u = strings.TrimSpace(u); u != "" {
@@ -323,6 +331,11 @@ func (c *Config) Validate() error {
 	if err := c.Audit.Validate(); err != nil {
 		return err
 	}
+	for _, p := range c.Peers {
+		if u, err := url.Parse(p); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("MUSTER_PEERS: %q is not a replica's base URL (http://host:port)", p)
+		}
+	}
 	if c.LeaseTTL < time.Second {
 		return fmt.Errorf("MUSTER_LEASE_TTL %s is below 1s", c.LeaseTTL)
 	}
@@ -338,6 +351,17 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// splitList splits a comma-separated list, dropping blanks.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func envOr(k, def string) string {

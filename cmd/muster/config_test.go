@@ -214,3 +214,24 @@ func TestUnauthenticatedListenersStayOnLoopback(t *testing.T) {
 		t.Fatalf("an explicit 0.0.0.0 for --debug-addr is not warned about: %s", logs.String())
 	}
 }
+
+// TestLoadEnvPeers: MUSTER_PEERS is a comma-separated list of base URLs;
+// anything else is refused at start.
+func TestLoadEnvPeers(t *testing.T) {
+	t.Setenv("MUSTER_PEERS", " http://10.0.0.1:8080, ,https://m2.internal:8443/ ")
+	var c Config
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Peers) != 2 || c.Peers[0] != "http://10.0.0.1:8080" || c.Peers[1] != "https://m2.internal:8443/" {
+		t.Fatalf("peers: %q", c.Peers)
+	}
+	c.Addr, c.Region, c.ShiftSteps, c.ShiftPendingAlarm, c.AdmissionFloor, c.LeaseTTL, c.Dev = ":0", "local", []float64{1}, time.Minute, 1, time.Minute, true
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Peers = append(c.Peers, "10.0.0.3:8080")
+	if err := c.Validate(); err == nil {
+		t.Fatal("a peer without a scheme validated")
+	}
+}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/app"
+	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/demo"
 	"github.com/musterhq/muster/internal/devissuer"
@@ -33,6 +34,7 @@ import (
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/webui"
@@ -80,11 +82,16 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")
 	fs.StringVar(&sf.pendingAlarm, "shift-pending-alarm", "", "a manual shift-back pending confirmation longer than this raises shiftback_pending (MUSTER_SHIFT_PENDING_ALARM; default 10m)")
 	df := addDNSFlags(fs, dev)
+	var peers string
+	fs.StringVar(&peers, "peers", "", "comma-separated base URLs of the region's other replicas (MUSTER_PEERS): when PostgreSQL cannot be reached at start, serve their views read-only until it can (docs/replicas.md)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := loadEnv(&cfg); err != nil {
 		return err
+	}
+	if peers != "" {
+		cfg.Peers = splitList(peers)
 	}
 	var err error
 	if cfg.DNS, err = df.config(fs, dev); err != nil {
@@ -123,15 +130,26 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer func() { err = errors.Join(err, stopDB()) }()
-	pool, monPool, closePools, err := openPools(ctx, cfg, dbURL)
+	pool, monPool, closePools, fromPeers, err := openPoolsOrPeers(ctx, cfg, dbURL, log)
 	if err != nil {
 		return err
 	}
 	defer closePools()
 	// The region's key, checked against the database's sealed rows before
 	// anything listens (keys.go): a replica whose keys disagree with the
-	// rows refuses to start, and the replicas running keep serving.
-	signer, keys, err := startKeys(ctx, cfg, pool, log)
+	// rows refuses to start, and the replicas running keep serving. One
+	// started from its peers checks when the database answers.
+	var (
+		signer *audit.KeyFileSigner
+		keys   audit.Keys
+	)
+	if fromPeers {
+		if signer, keys, err = regionKey(cfg); err == nil && signer == nil {
+			err = errors.New("PostgreSQL cannot be reached, and without the region's signing key this replica cannot take its peers' views (docs/keys.md)")
+		}
+	} else {
+		signer, keys, err = startKeys(ctx, cfg, pool, log)
+	}
 	if err != nil {
 		return err
 	}
@@ -162,12 +180,31 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	acfg.XDS = xcfg
+	acfg.Peers = cfg.Peers
 	a, err := app.New(acfg)
 	if err != nil {
 		return errors.Join(err, closeListener(xln))
 	}
-	if err := a.Start(ctx); err != nil {
+	start := func(ctx context.Context) error { return a.Start(ctx) }
+	if fromPeers {
+		start = a.StartFromPeers
+	}
+	if err := start(ctx); err != nil {
 		return errors.Join(err, closeListener(xln))
+	}
+	// A replica started from its peers completes its start when the
+	// database answers; if it cannot (its keys disagree with the rows),
+	// it stops serving with that error.
+	serveCtx, stopServing := context.WithCancelCause(ctx)
+	defer stopServing(nil)
+	var resumer sync.WaitGroup
+	defer resumer.Wait()
+	if fromPeers {
+		resumer.Go(func() {
+			if err := resumeWhenDatabaseAnswers(serveCtx, ctx, cfg, dbURL, pool, a, log); err != nil {
+				stopServing(err)
+			}
+		})
 	}
 	stopSide, err := serveBeside(cfg, a, xln, log)
 	if err != nil {
@@ -179,10 +216,81 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	demoCtx, stopDemo := context.WithCancel(ctx)
 	var demoRuns sync.WaitGroup
 	defer func() { stopDemo(); demoRuns.Wait() }()
-	return a.Serve(ctx, ln, func() {
-		log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev)
+	err = a.Serve(serveCtx, ln, func() {
+		log.Info("muster is serving", "url", base, "region", cfg.Region, "dev", cfg.Dev, "read_only", a.ReadOnly())
 		announce(demoCtx, cfg, a, base, devIssuer, log, stdout, &demoRuns)
 	})
+	if cause := context.Cause(serveCtx); ctx.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = errors.Join(err, cause)
+	}
+	return err
+}
+
+// openPoolsOrPeers opens the pools (openPools). With peers configured it
+// first probes PostgreSQL (a connection within 10 s): when that fails, it
+// opens the pools without connecting instead and says so (fromPeers), and
+// the replica starts from its peers. The probe comes first so that an
+// unreachable host costs its connect timeout, not the migration's.
+func openPoolsOrPeers(ctx context.Context, cfg Config, dbURL string, log *slog.Logger) (pool, monPool *pgxpool.Pool, closeAll func(), fromPeers bool, err error) {
+	if len(cfg.Peers) == 0 {
+		pool, monPool, closeAll, err = openPools(ctx, cfg, dbURL)
+		return pool, monPool, closeAll, false, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	probe, perr := db.OpenPool(pctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1})
+	cancel()
+	if perr == nil {
+		// PostgreSQL answers: the ordinary start (a migration that fails
+		// now is a fault to report, not an outage to ride out).
+		probe.Close()
+		pool, monPool, closeAll, err = openPools(ctx, cfg, dbURL)
+		return pool, monPool, closeAll, false, err
+	}
+	log.Warn("PostgreSQL cannot be reached at start: serving the peers' views read-only until it answers", "err", perr, "peers", cfg.Peers)
+	if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, Lazy: true}); err != nil {
+		return nil, nil, nil, false, err
+	}
+	if monPool, err = db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1, Lazy: true}); err != nil {
+		pool.Close()
+		return nil, nil, nil, false, err
+	}
+	return pool, monPool, func() { monPool.Close(); pool.Close() }, true, nil
+}
+
+// resumeWhenDatabaseAnswers waits, every second until ctx ends, for
+// PostgreSQL to answer a replica started from its peers, then migrates,
+// checks the region's key against the rows (startKeys) and completes the
+// start (App.Resume; workers start on startCtx, as App.Start's would).
+// A key that disagrees with the rows is returned: the replica stops, as
+// it would have refused to start.
+func resumeWhenDatabaseAnswers(ctx, startCtx context.Context, cfg Config, dbURL string, pool *pgxpool.Pool, a *app.App, log *slog.Logger) error {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := pool.Ping(pctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		if err := db.Migrate(dbURL); err != nil {
+			log.Warn("PostgreSQL answers, but the migration failed; trying again", "err", err)
+			continue
+		}
+		if _, _, err := startKeys(ctx, cfg, pool, log); err != nil {
+			if errors.Is(err, seal.ErrKeyMismatch) {
+				return err
+			}
+			log.Warn("PostgreSQL answers, but the region's keys could not be checked against it; trying again", "err", err)
+			continue
+		}
+		return a.Resume(startCtx)
+	}
 }
 
 // openPools migrates the database and opens the shared pool and the

@@ -190,6 +190,12 @@ type Config struct {
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
+	// Peers are the base URLs of the region's other replicas, for a start
+	// while PostgreSQL is unreachable (StartFromPeers): the relay follows
+	// them until the ownership worker has read the live replicas, and the
+	// authorisation copy is taken from them. Needs the region's signing
+	// key. Empty: such a start is refused.
+	Peers []string
 }
 
 // App is muster, built. Its fields are the components, for the commands
@@ -236,6 +242,15 @@ type App struct {
 	ready   atomic.Bool
 	workers []worker // in start order
 
+	// fromPeers: started without the database (StartFromPeers); readOnly
+	// until Resume has started every worker.
+	fromPeers, readOnly atomic.Bool
+	peerAuthz           *peerAuthzWorker
+	// lifecycle orders Resume and Shutdown: no worker starts once the
+	// shutdown has begun (shut).
+	lifecycle sync.Mutex
+	shut      bool
+
 	mu      sync.Mutex
 	started map[string]bool
 }
@@ -258,7 +273,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerRelay, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerRelay, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -437,11 +452,14 @@ func New(cfg Config) (*App, error) {
 	}
 	svc := cfg.Server
 	svc.RefusedEvidence, svc.AuthFailures = a.Refusals, a.AuthFailures
-	servingReady := server.ServingReady(a.Evaluator, a.Hub)
+	// A replica started without its database serves the views its peers
+	// relayed (StartFromPeers) until its own rebuild is done.
+	servingReady := a.viewsReady(server.ServingReady(a.Evaluator, a.Hub))
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
 	svc.Replicas, svc.EpochsLeft = a.Ownership, a.Publisher.EpochsLeft
 	svc.Authz, svc.Database = a.Authz, a.Monitor
+	svc.ReadOnly = a.ReadOnly
 	if peers != nil {
 		svc.Peers, svc.Relay = peers, a.Relay
 	}
@@ -558,6 +576,11 @@ func New(cfg Config) (*App, error) {
 	// the first views after a restart already carry every drained zone.
 	a.workers = []worker{
 		{name: WorkerMonitor, w: a.Monitor},
+	}
+	if a.peerAuthz != nil {
+		a.workers = append(a.workers, worker{name: WorkerPeerAuthz, w: a.peerAuthz})
+	}
+	a.workers = append(a.workers, []worker{
 		{name: WorkerAuthz, w: a.Authz},
 		{name: WorkerOverrides, w: a.InForce},
 		{name: WorkerCensus, w: a.Census},
@@ -571,7 +594,7 @@ func New(cfg Config) (*App, error) {
 		{name: WorkerRefusals, w: a.Refusals, detached: true},
 		{name: WorkerKeyWatch, w: a.KeyWatch},
 		{name: WorkerAuthFailures, w: a.AuthFailures, detached: true},
-	}
+	}...)
 	if a.Relay != nil {
 		a.workers = append(a.workers, worker{name: WorkerRelay, w: a.Relay, detached: true})
 	}
@@ -603,8 +626,17 @@ func New(cfg Config) (*App, error) {
 // step them themselves). On a failure it stops those it started and
 // closes the UI.
 func (a *App) Start(ctx context.Context, hold ...string) error {
+	return a.startWorkers(ctx, func(name string) bool {
+		// The authorisation copy from the peers is for StartFromPeers only.
+		return !slices.Contains(hold, name) && name != WorkerPeerAuthz
+	})
+}
+
+// startWorkers starts, in order, the workers start says to. On a failure
+// it stops every worker and closes the UI.
+func (a *App) startWorkers(ctx context.Context, start func(name string) bool) error {
 	for _, w := range a.workers {
-		if slices.Contains(hold, w.name) {
+		if !start(w.name) {
 			continue
 		}
 		wctx := ctx
@@ -669,6 +701,9 @@ func (a *App) Serve(ctx context.Context, ln net.Listener, serving func()) error 
 // with stopHTTP, stop the workers (Config.Workers after the evaluator),
 // close the UI. Safe to call twice.
 func (a *App) Shutdown(ctx context.Context, stopHTTP func(context.Context) error) error {
+	a.lifecycle.Lock()
+	a.shut = true
+	a.lifecycle.Unlock()
 	a.SetReady(false)
 	a.Census.Stop()
 	a.Hub.Close()

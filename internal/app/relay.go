@@ -1,6 +1,9 @@
 package app
 
 import (
+	"net/http"
+	"time"
+
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/internal/seal"
@@ -24,13 +27,22 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 	rc := cfg.Relay
 	rc.Hub, rc.Logger, rc.Registerer = a.Hub, a.log, a.Metrics
 	rc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer}
+	configured := configuredPeers(cfg.Peers, cfg.Address)
 	if rc.Peers == nil {
 		region := cfg.Region
 		rc.Peers = func() []relay.Peer {
 			var out []relay.Peer
-			for _, r := range a.Ownership.Region().Replicas {
+			status := a.Ownership.Region()
+			for _, r := range status.Replicas {
 				if r.ID != cfg.Replica && r.Address != "" && (r.Region == "" || region == "" || r.Region == region) {
 					out = append(out, relay.Peer{ID: r.ID, Address: r.Address})
+				}
+			}
+			if len(status.Replicas) == 0 {
+				// Not read yet (a start without the database): the
+				// configured peers, known by their addresses.
+				for _, p := range configured {
+					out = append(out, relay.Peer{ID: p, Address: p})
 				}
 			}
 			return out
@@ -39,6 +51,14 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 	var err error
 	if a.Relay, err = relay.New(rc); err != nil {
 		return nil, err
+	}
+	if len(configured) > 0 {
+		interval := cfg.Authz.Interval
+		if interval <= 0 {
+			interval = 2 * time.Second
+		}
+		a.peerAuthz = &peerAuthzWorker{peers: configured, signer: rc.Signer, authz: a.Authz, interval: interval,
+			client: &http.Client{Timeout: 10 * time.Second}, log: a.log.With("worker", WorkerPeerAuthz)}
 	}
 	return &peer.Verifier{Keys: func() seal.Keys { return trusted }}, nil
 }

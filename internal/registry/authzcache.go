@@ -151,6 +151,12 @@ type AuthzCache struct {
 	// revoked is closed (and replaced) when a change takes authority
 	// away: a sealed revocation.
 	revoked chan struct{}
+	// rows are the rows last read (from PostgreSQL, or a peer's while it
+	// was unreachable: LoadSnapshot), handed to peers (Snapshot);
+	// dbLoaded says the database has been read once.
+	rows     authzRows
+	hasRows  bool
+	dbLoaded bool
 }
 
 type authzService struct {
@@ -317,7 +323,7 @@ func (c *AuthzCache) read(ctx context.Context) (authzRows, error) {
 // before their seals, so that an upgrade does not lose them.
 func (c *AuthzCache) runOnce(ctx context.Context) error {
 	c.mu.RLock()
-	gen, loaded := c.gen, c.loaded
+	gen, loaded := c.gen, c.dbLoaded
 	c.mu.RUnlock()
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -339,6 +345,7 @@ func (c *AuthzCache) runOnce(ctx context.Context) error {
 		return nil
 	}
 	c.apply(rows)
+	c.rows, c.hasRows, c.dbLoaded = rows, true, true
 	return nil
 }
 
@@ -598,6 +605,17 @@ func (c *AuthzCache) ServiceExists(name string) (bool, error) {
 	}
 	_, ok := c.services[name]
 	return ok, nil
+}
+
+// ServiceCount is how many services the copy knows (ErrNotLoaded before
+// the first load).
+func (c *AuthzCache) ServiceCount() (int, error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if !c.loaded {
+		return 0, ErrNotLoaded
+	}
+	return len(c.services), nil
 }
 
 // Age is how long ago the copy was last loaded in full from PostgreSQL;

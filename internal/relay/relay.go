@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -130,6 +131,8 @@ type Relay struct {
 	mu    sync.Mutex
 	conns map[string]*conn // by peer id
 	wg    sync.WaitGroup
+	// synced is set once any peer's opening snapshot has arrived whole.
+	synced atomic.Bool
 }
 
 // conn is the stream to one peer.
@@ -158,6 +161,9 @@ type PeerStatus struct {
 	Updates uint64 `json:"updates"`
 	// LastError is why the last stream ended or could not open.
 	LastError string `json:"last_error,omitempty"`
+	// Synced: the open stream has delivered its opening snapshot whole
+	// (a heartbeat followed it).
+	Synced bool `json:"synced"`
 }
 
 // New returns a Relay; Start runs it.
@@ -404,8 +410,21 @@ func (r *Relay) apply(c *conn, rec Record) {
 		c.status.Updates++
 	case KindSnapshot:
 		c.status.Updates++
+	case KindHeartbeat:
+		// The peer sends heartbeats only after its opening snapshot: the
+		// hub now holds every view that peer held when the stream opened.
+		if !c.status.Synced {
+			c.status.Synced = true
+			r.synced.Store(true)
+		}
 	}
 }
+
+// Synced reports whether a peer's opening snapshot has ever been taken
+// whole since start: this replica's hub holds the views that peer held
+// (issue 27: a replica started while PostgreSQL is unreachable is ready
+// from then on).
+func (r *Relay) Synced() bool { return r.synced.Load() }
 
 func (r *Relay) setConnected(c *conn, connected bool, err error) {
 	r.mu.Lock()
@@ -419,6 +438,9 @@ func (r *Relay) setConnected(c *conn, connected bool, err error) {
 	}
 	if c.status.Connected != connected {
 		c.status.Since = r.cfg.Now()
+	}
+	if !connected {
+		c.status.Synced = false
 	}
 	c.status.Connected = connected
 	if err != nil {
