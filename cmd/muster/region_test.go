@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -144,8 +145,30 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 		instMu    sync.Mutex
 		instances []*regionInstance
 	)
-	register := func(base string, in *regionInstance) bool {
-		code, body := call(t, "POST", base+"/v1/services/"+in.slot.service+"/instances", admin, in.slot.body)
+	// send makes a request that may fail (a replica killed or restarting
+	// under it): 0 then, never a test failure, so the writers' goroutines
+	// carry on to the replicas up.
+	hc := &http.Client{Timeout: 5 * time.Second}
+	send := func(ctx context.Context, method, url, tok, body string) (int, []byte) {
+		req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+		if err != nil {
+			return 0, nil
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := hc.Do(req)
+		if err != nil {
+			return 0, nil
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		if err != nil {
+			return 0, nil
+		}
+		return res.StatusCode, b
+	}
+	register := func(ctx context.Context, base string, in *regionInstance) bool {
+		code, body := send(ctx, "POST", base+"/v1/services/"+in.slot.service+"/instances", admin, in.slot.body)
 		if code != 201 {
 			return false
 		}
@@ -172,7 +195,7 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 		}
 		for i := range regionInstances {
 			in := &regionInstance{slot: endpointSlot{name, fmt.Sprintf(`{"address":"10.%d.%d.%d","port":8080,"zone":"az%d"}`, 20+s/250, s%250, i+1, i%2+1)}}
-			if !register(bases()[i%3], in) {
+			if !register(context.Background(), bases()[i%3], in) {
 				t.Fatalf("register on %s failed", name)
 			}
 			instances = append(instances, in)
@@ -192,17 +215,9 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 	// Every instance renews its lease every 5 s, in batches sent to the
 	// replicas up in turn; the prober reports every 500 ms on
 	// regionProbed, success for all but those taken down.
-	hc := &http.Client{Timeout: 5 * time.Second}
 	post := func(base, path, tok, body string) int {
-		req, _ := http.NewRequestWithContext(ctx, "POST", base+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+tok)
-		req.Header.Set("Content-Type", "application/json")
-		res, err := hc.Do(req)
-		if err != nil {
-			return 0
-		}
-		res.Body.Close()
-		return res.StatusCode
+		code, _ := send(ctx, "POST", base+path, tok, body)
+		return code
 	}
 	var renewals, renewFailures atomic.Int64
 	running.Go(func() {
@@ -328,7 +343,7 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 			}
 			in := instances[regionInstances+rand.IntN(len(instances)-regionInstances)]
 			to := bases()
-			if register(to[n%len(to)], in) {
+			if register(churnCtx, to[n%len(to)], in) {
 				ops.Add(1)
 			} else {
 				failed.Add(1)
