@@ -129,6 +129,10 @@ type Counts struct {
 	Subscriptions int64
 	Reconnects    int64
 	Refused       int64
+	// Emptied counts frames applied that left the copy of a service
+	// with no endpoint. Not a problem of the stream (a service may have
+	// none); a test whose services always have instances expects 0.
+	Emptied int64
 }
 
 // Problems is the number of frames that broke the stream's contract.
@@ -144,14 +148,15 @@ func (c Counts) Add(o Counts) Counts {
 		Gaps: c.Gaps + o.Gaps, Duplicates: c.Duplicates + o.Duplicates, Regressions: c.Regressions + o.Regressions,
 		ChecksumMismatches: c.ChecksumMismatches + o.ChecksumMismatches, Malformed: c.Malformed + o.Malformed,
 		Subscriptions: c.Subscriptions + o.Subscriptions, Reconnects: c.Reconnects + o.Reconnects, Refused: c.Refused + o.Refused,
+		Emptied: c.Emptied + o.Emptied,
 	}
 }
 
 func (c Counts) String() string {
-	return fmt.Sprintf("frames %d (views %d, deltas %d, heartbeats %d, synced %d, drains %d); gaps %d, duplicates %d, regressions %d, checksum mismatches %d, malformed %d; subscriptions %d (reconnects %d), refused %d",
+	return fmt.Sprintf("frames %d (views %d, deltas %d, heartbeats %d, synced %d, drains %d); gaps %d, duplicates %d, regressions %d, checksum mismatches %d, malformed %d; subscriptions %d (reconnects %d), refused %d; emptied %d",
 		c.Frames, c.FullViews, c.Deltas, c.Heartbeats, c.Synced, c.Drains,
 		c.Gaps, c.Duplicates, c.Regressions, c.ChecksumMismatches, c.Malformed,
-		c.Subscriptions, c.Reconnects, c.Refused)
+		c.Subscriptions, c.Reconnects, c.Refused, c.Emptied)
 }
 
 // Problem names what was wrong with a frame.
@@ -552,6 +557,9 @@ func (c *Checker) view(v *assembler.View) (end bool) {
 		n.zones[z] = st
 	}
 	c.held[v.Service] = n
+	if len(n.endpoints) == 0 {
+		c.counts.Emptied++
+	}
 	delete(c.stale, v.Service)
 	c.watermark = max(c.watermark, v.Version)
 	return false
@@ -589,6 +597,9 @@ func (c *Checker) delta(d *assembler.Delta) (end bool) {
 		delete(h.zones, z)
 	}
 	h.version = d.Version
+	if len(h.endpoints) == 0 {
+		c.counts.Emptied++
+	}
 	h.checksum = assembler.Checksum(endpoints(h.endpoints))
 	c.watermark = max(c.watermark, d.Version)
 	if h.checksum != d.Checksum {

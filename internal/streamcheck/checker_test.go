@@ -26,7 +26,7 @@ import (
 type fakeMuster struct {
 	mu      sync.Mutex
 	scripts [][]string
-	sinces  []string // the since of each watch, "" for none
+	resumes []string // each watch's held values, joined by commas ("" for none)
 	views   map[string]assembler.View
 }
 
@@ -47,7 +47,7 @@ func (f *fakeMuster) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.mu.Lock()
-	f.sinces = append(f.sinces, r.URL.Query().Get("since"))
+	f.resumes = append(f.resumes, strings.Join(r.URL.Query()["held"], ","))
 	var script []string
 	if len(f.scripts) > 0 {
 		script, f.scripts = f.scripts[0], f.scripts[1:]
@@ -68,7 +68,7 @@ func (f *fakeMuster) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (f *fakeMuster) subscriptions() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return slices.Clone(f.sinces)
+	return slices.Clone(f.resumes)
 }
 
 // start runs a checker of services against f until the test ends.
@@ -128,10 +128,10 @@ func waitCounts(t *testing.T, c *streamcheck.Checker, what string, cond func(str
 	return c.Counts()
 }
 
-// TestCleanStreamResumesFromItsWatermark: a stream that checks out
-// counts no problem, a new subscription resumes with since set to the
-// highest version applied, and the copy equals what /v1/resolve serves.
-func TestCleanStreamResumesFromItsWatermark(t *testing.T) {
+// TestCleanStreamResumesFromWhatItHolds: a stream that checks out counts
+// no problem, a new subscription names the version held of each service
+// (held=web:11), and the copy equals what /v1/resolve serves.
+func TestCleanStreamResumesFromWhatItHolds(t *testing.T) {
 	t.Parallel()
 	a, b, c := ep(1, "10.0.0.1"), ep(2, "10.0.0.2"), ep(3, "10.0.0.3")
 	v10, v11, v12 := view("web", 10, a, b), view("web", 11, a, b, c), view("web", 12, b, c)
@@ -147,8 +147,8 @@ func TestCleanStreamResumesFromItsWatermark(t *testing.T) {
 	if got.Problems() != 0 || got.FullViews != 1 || got.Deltas != 2 || got.Reconnects != 1 || got.Heartbeats != 1 {
 		t.Fatalf("counts: %v; events %v", got, chk.Events())
 	}
-	if d := cmp.Diff([]string{"", "11"}, f.subscriptions()); d != "" {
-		t.Fatalf("subscriptions' since (-want +got):\n%s", d)
+	if d := cmp.Diff([]string{"", "web:11"}, f.subscriptions()); d != "" {
+		t.Fatalf("subscriptions' held (-want +got):\n%s", d)
 	}
 	if err := chk.Compare(context.Background()); err != nil {
 		t.Fatal(err)
@@ -163,8 +163,8 @@ func TestCleanStreamResumesFromItsWatermark(t *testing.T) {
 
 // TestWrongBaseDeltaIsAGap: a delta from a version other than the one held
 // (what a restarted muster sent from the view it restored) is a gap; the
-// checker resubscribes from scratch, and the full views that brings, one
-// of them of the very version it holds, are not duplicates.
+// checker resubscribes naming only the copy it can still trust (api:5),
+// so the server sends web's full view and nothing of api.
 func TestWrongBaseDeltaIsAGap(t *testing.T) {
 	t.Parallel()
 	a, b, c := ep(1, "10.0.0.1"), ep(2, "10.0.0.2"), ep(3, "10.0.0.3")
@@ -172,7 +172,7 @@ func TestWrongBaseDeltaIsAGap(t *testing.T) {
 	f := &fakeMuster{
 		scripts: [][]string{
 			{viewFrame(api5), viewFrame(web10), synced, deltaFrame(9, web12, []assembler.Endpoint{c}, a.InstanceID)},
-			{viewFrame(api5), viewFrame(web12), synced},
+			{viewFrame(web12), synced},
 		},
 		views: map[string]assembler.View{"web": web12, "api": api5},
 	}
@@ -185,8 +185,8 @@ func TestWrongBaseDeltaIsAGap(t *testing.T) {
 	if len(ev) != 1 || ev[0].Problem != streamcheck.Gap || ev[0].Held != 10 || ev[0].From != 9 || ev[0].Version != 12 {
 		t.Fatalf("events: %v", ev)
 	}
-	if d := cmp.Diff([]string{"", ""}, f.subscriptions()); d != "" {
-		t.Fatalf("subscriptions' since (-want +got):\n%s", d)
+	if d := cmp.Diff([]string{"", "api:5"}, f.subscriptions()); d != "" {
+		t.Fatalf("subscriptions' held (-want +got):\n%s", d)
 	}
 	if err := chk.Compare(context.Background()); err != nil {
 		t.Fatal(err)
@@ -213,8 +213,8 @@ func TestDuplicatesAndRegressions(t *testing.T) {
 	if got.Duplicates != 2 || got.Regressions != 1 || got.Gaps != 0 || got.ChecksumMismatches != 0 || got.Reconnects != 1 {
 		t.Fatalf("counts: %v; events %v", got, chk.Events())
 	}
-	if d := cmp.Diff([]string{"", "10"}, f.subscriptions()); d != "" {
-		t.Fatalf("subscriptions' since (-want +got):\n%s", d)
+	if d := cmp.Diff([]string{"", "web:10"}, f.subscriptions()); d != "" {
+		t.Fatalf("subscriptions' held (-want +got):\n%s", d)
 	}
 	if err := chk.Compare(context.Background()); err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func TestBadChecksum(t *testing.T) {
 		t.Fatalf("counts: %v; events %v", got, chk.Events())
 	}
 	if d := cmp.Diff([]string{"", "", ""}, f.subscriptions()); d != "" {
-		t.Fatalf("subscriptions' since (-want +got):\n%s", d)
+		t.Fatalf("subscriptions' held (-want +got):\n%s", d)
 	}
 	if err := chk.Compare(context.Background()); err != nil {
 		t.Fatal(err)
@@ -306,5 +306,24 @@ func TestRefusedSubscriptionIsRetried(t *testing.T) {
 	got := waitCounts(t, chk, "synced", func(n streamcheck.Counts) bool { return n.Synced == 1 })
 	if got.Refused != 1 || got.Subscriptions != 1 || got.Reconnects != 0 || got.Problems() != 0 || !chk.Synced() {
 		t.Fatalf("counts: %v", got)
+	}
+}
+
+// TestEmptiedCopiesAreCounted: a frame that leaves the copy of a service
+// with no endpoint is counted (not a problem of the stream: a service may
+// have none), so a test whose services always have instances can say
+// that no subscriber was ever left with nothing.
+func TestEmptiedCopiesAreCounted(t *testing.T) {
+	t.Parallel()
+	a := ep(1, "10.0.0.1")
+	v10, v11 := view("web", 10, a), view("web", 11)
+	f := &fakeMuster{
+		scripts: [][]string{{viewFrame(v10), synced, deltaFrame(10, v11, nil, a.InstanceID), synced}},
+		views:   map[string]assembler.View{"web": v11},
+	}
+	chk := start(t, f, "web")
+	got := waitCounts(t, chk, "two syncs", func(n streamcheck.Counts) bool { return n.Synced == 2 })
+	if got.Emptied != 1 || got.Problems() != 0 {
+		t.Fatalf("counts: %v; events %v", got, chk.Events())
 	}
 }
