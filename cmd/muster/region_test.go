@@ -167,20 +167,25 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 		}
 		return res.StatusCode, b
 	}
-	register := func(ctx context.Context, base string, in *regionInstance) bool {
+	// register registers in's slot at base: 201 (and in holds the new
+	// instance), another status (nothing registered), or 0 when the
+	// answer was lost (a replica killed under it): the instance may exist
+	// then, so the caller registers the slot again, as a workload would,
+	// and the new one replaces it (else it would never be renewed).
+	register := func(ctx context.Context, base string, in *regionInstance) int {
 		code, body := send(ctx, "POST", base+"/v1/services/"+in.slot.service+"/instances", admin, in.slot.body)
 		if code != 201 {
-			return false
+			return code
 		}
 		var r struct{ ID, Credential string }
 		if err := json.Unmarshal(body, &r); err != nil {
 			t.Errorf("registration answer %s: %v", body, err)
-			return false
+			return 0
 		}
 		instMu.Lock()
 		in.id, in.credential = r.ID, r.Credential
 		instMu.Unlock()
-		return true
+		return code
 	}
 	for s := range regionServices {
 		name := fmt.Sprintf("svc-%02d", s)
@@ -195,7 +200,7 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 		}
 		for i := range regionInstances {
 			in := &regionInstance{slot: endpointSlot{name, fmt.Sprintf(`{"address":"10.%d.%d.%d","port":8080,"zone":"az%d"}`, 20+s/250, s%250, i+1, i%2+1)}}
-			if !register(context.Background(), bases()[i%3], in) {
+			if register(context.Background(), bases()[i%3], in) != 201 {
 				t.Fatalf("register on %s failed", name)
 			}
 			instances = append(instances, in)
@@ -295,6 +300,32 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 	t.Logf("every replica served the same %d views %s after the last registration, at most %s after their owners generated the newest of them",
 		len(services), time.Since(start).Round(time.Millisecond), time.Since(newest).Round(time.Millisecond))
 
+	// regionProbed's instances await their first probe before they are
+	// published (a new service's view is empty until then, rightly): the
+	// subscribers start once every replica routes to all of them, so
+	// that from there on no copy of any service may ever be empty.
+	wait.For(t, time.Minute, "every replica routing to all of "+regionProbed+"'s instances", func() bool {
+		for _, b := range bases() {
+			code, body := call(t, "GET", b+"/v1/resolve/"+regionProbed, viewer, "")
+			if code != 200 {
+				return false
+			}
+			var v assembler.View
+			if err := json.Unmarshal(body, &v); err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, ep := range v.Endpoints {
+				if ep.Weight > 0 {
+					n++
+				}
+			}
+			if n != regionInstances {
+				return false
+			}
+		}
+		return true
+	})
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: regionSubscribers, DisableCompression: true}}
 	urls := bases()
 	checkers := make([]*streamcheck.Checker, regionSubscribers)
@@ -345,18 +376,35 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 		defer close(churnDone)
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
+		var lost *regionInstance // registered with its answer lost: again
 		for n := 0; ; n++ {
 			select {
 			case <-churnCtx.Done():
-				return
+				if lost == nil {
+					return
+				}
 			case <-tick.C:
 			}
-			in := instances[regionInstances+rand.IntN(len(instances)-regionInstances)]
+			in := lost
+			if in == nil {
+				in = instances[regionInstances+rand.IntN(len(instances)-regionInstances)]
+			}
 			to := bases()
-			if register(churnCtx, to[n%len(to)], in) {
+			// ctx, not churnCtx: a registration is never cut off after
+			// muster may have applied it.
+			switch register(ctx, to[n%len(to)], in) {
+			case 201:
 				ops.Add(1)
-			} else {
+				lost = nil
+			case 0:
 				failed.Add(1)
+				lost = in
+			default:
+				failed.Add(1)
+				lost = nil
+			}
+			if ctx.Err() != nil {
+				return
 			}
 		}
 	})
@@ -495,7 +543,15 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 		renewals.Load(), renewFailures.Load(), reports.Load(), time.Since(began).Round(time.Second))
 	t.Logf("totals: %v", total)
 	if total.Emptied != 0 {
-		t.Errorf("%d frames left a subscriber's copy of a service with no endpoint; every service had 40 instances throughout", total.Emptied)
+		var first []streamcheck.Event
+		for _, c := range checkers {
+			for _, e := range c.Events() {
+				if e.Problem == streamcheck.Emptied && len(first) < 10 {
+					first = append(first, e)
+				}
+			}
+		}
+		t.Errorf("%d frames left a subscriber's copy of a service with no endpoint; every service had 40 instances throughout; first: %v", total.Emptied, first)
 	}
 	if total.Problems() != 0 {
 		t.Fatalf("%d gaps, %d duplicates, %d regressions, %d checksum mismatches, %d malformed frames across replica switches, a SIGKILL and a rolling restart",

@@ -409,6 +409,7 @@ func New(cfg Config) (*App, error) {
 	a.Guards = guardlog.New(pool, log)
 	pbc := cfg.Publisher
 	pbc.Snapshot, pbc.Changes, pbc.Traffic, pbc.Overrides = applied.Snapshot, a.Evaluator, a.Shifts, a.InForce
+	pbc.Ready = a.Evaluator.Ready
 	pbc.Hub, pbc.Pool, pbc.Logger, pbc.Registerer = a.Hub, pool, log, metrics
 	pbc.Now = orNow(pbc.Now, now)
 	pbc.GuardEvents = a.Guards.Record

@@ -3,10 +3,12 @@ package publisher_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/musterhq/muster/db/dbtest"
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/stream"
@@ -158,5 +160,78 @@ func TestPublicationFollowsOwnership(t *testing.T) {
 	defer late.Close()
 	if late.Initial[0].Kind != stream.KindView {
 		t.Fatalf("a client above the rebased base got a %s", late.Initial[0].Kind)
+	}
+}
+
+// TestNothingPublishedWhileTheEvaluatorRebuilds (issue 27): a replica
+// restarted with its views restored (saved, or relayed into its hub)
+// marks every service it owns for assembly, but while its evaluator is
+// still rebuilding, Snapshot answers false for each. That must not be
+// taken for services that no longer exist: nothing is published (before
+// the fix, an emptied view of every service went out under the new
+// epoch, and the relay carried it to every replica's subscribers). Once
+// the evaluator is ready, the first version is a rebased delta from the
+// restored view, with every endpoint.
+func TestNothingPublishedWhileTheEvaluatorRebuilds(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	in := &input{}
+	in.set("web", endpoints(4, eligibility.Eligible))
+	services := func() []string { return []string{"web"} }
+	owns := func(string) bool { return true }
+	a := newRig(t, pool, clk, in, func(c *publisher.Config) { c.Owns, c.Services = owns, services })
+	if err := a.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	last := a.publish(t, "web")
+	if err := a.SaveOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The restarted process: its evaluator knows nothing yet.
+	var ready atomic.Bool
+	rebuilding := &input{}
+	snapshot := func(s string) (assembler.ServiceInput, bool) {
+		if !ready.Load() {
+			return rebuilding.snapshot(s)
+		}
+		return in.snapshot(s)
+	}
+	b := newRig(t, pool, clk, in, func(c *publisher.Config) {
+		c.Owns, c.Services, c.Snapshot, c.Ready = owns, services, snapshot, ready.Load
+	})
+	sub, err := b.hub.Subscribe([]string{"web"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if err := b.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		b.RunOnce()
+		clk.Advance(1100 * time.Millisecond)
+	}
+	if v, ok := b.hub.View("web"); ok {
+		t.Fatalf("published v%d while the evaluator rebuilds: %s", v.Version, v.JSON)
+	}
+	ready.Store(true)
+	b.RunOnce()
+	clk.Advance(1100 * time.Millisecond)
+	b.RunOnce()
+	v, ok := b.View("web")
+	if !ok || len(v.Endpoints) != 4 || v.Version <= last.Version {
+		t.Fatalf("after the rebuild: %+v (ok %v), want 4 endpoints above v%d", v, ok, last.Version)
+	}
+	var f *stream.Frame
+	select {
+	case f = <-sub.C():
+	default:
+		t.Fatal("the subscriber got nothing after the rebuild")
+	}
+	if f.Kind != stream.KindView || f.Version != v.Version {
+		t.Fatalf("the subscriber got %s@%d, want the view %d", f.Kind, f.Version, v.Version)
 	}
 }

@@ -69,6 +69,14 @@ type Config struct {
 	// Snapshot reads a service's endpoints and verdicts, as the assembler
 	// takes them (the evaluator's Snapshot).
 	Snapshot func(service string) (assembler.ServiceInput, bool)
+	// Ready, when set, says whether Snapshot can answer for every service
+	// (the evaluator has rebuilt: Evaluator.Ready). Until it does,
+	// RunOnce assembles nothing and keeps what is dirty: a Snapshot that
+	// is false because the evaluator is still rebuilding must not be
+	// taken for a service that no longer exists, whose view would be
+	// published emptied (issue 27: a restarted replica adopting its
+	// shards published an empty view of each).
+	Ready func() bool
 	// Changes, when set, is where the publisher pulls what changed (the
 	// evaluator): RunOnce takes it first, and the worker wakes on Changed.
 	Changes Changes
@@ -680,6 +688,10 @@ func (p *Publisher) run(ctx context.Context) {
 		if due := p.nextDue(); !due.IsZero() {
 			wait = max(due.Sub(p.cfg.Now()), time.Millisecond)
 		}
+		if p.cfg.Ready != nil && !p.cfg.Ready() {
+			// What waited for the rebuild goes out once it is done.
+			wait = min(wait, 100*time.Millisecond)
+		}
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -773,6 +785,9 @@ func (p *Publisher) RunOnce() {
 	p.take()
 	if p.cfg.Overrides != nil && !p.cfg.Overrides.Loaded() {
 		return // the dirty services wait for the overrides in force
+	}
+	if p.cfg.Ready != nil && !p.cfg.Ready() {
+		return // the dirty services wait for the evaluator's rebuild
 	}
 	p.mu.Lock()
 	if p.versions == nil {

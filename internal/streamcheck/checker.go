@@ -169,6 +169,10 @@ const (
 	Regression       Problem = "regression"
 	ChecksumMismatch Problem = "checksum"
 	Malformed        Problem = "malformed"
+	// Emptied is not a problem of the stream (Counts.Emptied): a frame
+	// that left the copy of a service with no endpoint, kept among the
+	// events for a test to show.
+	Emptied Problem = "emptied"
 )
 
 // Event is one frame that broke the stream's contract.
@@ -558,7 +562,8 @@ func (c *Checker) view(v *assembler.View) (end bool) {
 	}
 	c.held[v.Service] = n
 	if len(n.endpoints) == 0 {
-		c.counts.Emptied++
+		e.Problem, e.Held = Emptied, v.Version
+		c.problem(e)
 	}
 	delete(c.stale, v.Service)
 	c.watermark = max(c.watermark, v.Version)
@@ -598,7 +603,8 @@ func (c *Checker) delta(d *assembler.Delta) (end bool) {
 	}
 	h.version = d.Version
 	if len(h.endpoints) == 0 {
-		c.counts.Emptied++
+		e.Problem, e.Detail = Emptied, fmt.Sprintf("%d removals", len(d.Removals))
+		c.problem(e)
 	}
 	h.checksum = assembler.Checksum(endpoints(h.endpoints))
 	c.watermark = max(c.watermark, d.Version)
@@ -624,6 +630,8 @@ func (c *Checker) problem(e Event) {
 		c.counts.ChecksumMismatches++
 	case Malformed:
 		c.counts.Malformed++
+	case Emptied:
+		c.counts.Emptied++
 	}
 	switch e.Problem {
 	case Gap, ChecksumMismatch, Malformed:
