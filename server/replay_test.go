@@ -219,3 +219,29 @@ func TestEndedInstanceWrittenBackIsNotRouted(t *testing.T) {
 	}
 	verifyAudit(t, f.Stack)
 }
+
+// TestAStaleReadOfAnEndedInstanceIsNotAReplay (issue 27): an evaluator
+// that read an instance's row as active a moment before another replica
+// ended it (a re-registration replacing it, under churn) finds a record of
+// the end when it asks; the row reads ended by then, so it is a stale
+// read, not a row written back: Replayed returns it only while the row
+// still reads active.
+func TestAStaleReadOfAnEndedInstanceIsNotAReplay(t *testing.T) {
+	t.Parallel()
+	f := newOverrideFixture(t, apptest.Options{}, map[string]int{"az1": 4})
+	az1 := f.zones["az1"]
+	ctx := context.Background()
+	if r := f.deregister(t, f.Token(t, adminReq), az1[0], "replaced by a new registration, CHG-9"); r.Status != http.StatusOK {
+		t.Fatalf("deregister: %d %s", r.Status, r.Body)
+	}
+	id := uuid.MustParse(az1[0])
+	if ends, _, err := f.Registry.Replayed(ctx, []uuid.UUID{id}); err != nil || len(ends) != 0 {
+		t.Fatalf("an ended row with a record of its end: %v %v, want no replay", ends, err)
+	}
+	if _, err := f.Pool.Exec(ctx, `UPDATE instances SET state = 'active', ended_at = NULL, end_seal = NULL, end_seal_key = NULL WHERE id = $1`, az1[0]); err != nil {
+		t.Fatal(err)
+	}
+	if ends, _, err := f.Registry.Replayed(ctx, []uuid.UUID{id}); err != nil || len(ends) != 1 {
+		t.Fatalf("the row written back to active: %v %v, want it replayed", ends, err)
+	}
+}

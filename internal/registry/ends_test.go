@@ -16,7 +16,7 @@ import (
 // TestEveryEndIsRecorded: each way the registry ends an instance
 // (replaced by a new registration of its endpoint, deregistered, expired
 // by the reaper, ended and replaced by reconciliation) records the end in
-// the audit chain with the instance's id, sealed, so that Replayed finds
+// the audit chain with the instance's id, sealed, so that EndsOnRecord finds
 // it; a live instance has no record, and a record sealed by a key the
 // registry does not trust is not believed.
 func TestEveryEndIsRecorded(t *testing.T) {
@@ -88,9 +88,9 @@ func TestEveryEndIsRecorded(t *testing.T) {
 	for id := range want {
 		ids = append(ids, id)
 	}
-	ends, forged, err := reg.Replayed(ctx, ids)
+	ends, forged, err := reg.EndsOnRecord(ctx, ids)
 	if err != nil || forged != 0 {
-		t.Fatalf("Replayed: %v (%d forged)", err, forged)
+		t.Fatalf("EndsOnRecord: %v (%d forged)", err, forged)
 	}
 	if len(ends) != len(want) {
 		t.Fatalf("%d ends on record, want %d: %+v", len(ends), len(want), ends)
@@ -117,7 +117,7 @@ func TestEveryEndIsRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ends, forged, err = other.Replayed(ctx, ids)
+	ends, forged, err = other.EndsOnRecord(ctx, ids)
 	if err != nil || len(ends) != 0 || forged != len(want) {
 		t.Fatalf("another key: %d ends believed, %d not (%v); want 0 and %d", len(ends), forged, err, len(want))
 	}

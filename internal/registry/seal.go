@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -379,12 +381,40 @@ func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 	return adopted, nil
 }
 
+// EndsOnRecord returns, among ids, the instances muster has a record of
+// ending (audit.Ends), whatever their rows read now; forged counts the
+// records that do not verify.
+func (r *Registry) EndsOnRecord(ctx context.Context, ids []uuid.UUID) (ends map[uuid.UUID]audit.End, forged int, err error) {
+	return audit.Ends(ctx, db.New(r.cfg.Pool), r.keys, audit.EndInstance, ids)
+}
+
 // Replayed returns, among ids, the instances muster has a record of
 // ending (audit.Ends): a row of one of them that reads 'active' was
 // written back by hand and must not be routed. One query; the evaluator
 // asks only for the active rows it is about to put in rotation. forged
 // counts records of ends that do not verify (appended by hand): they are
 // not believed.
+//
+// A row the caller read active a moment before muster ended it (on
+// this replica or another: a re-registration replacing it) also has a
+// record of its end by now; it is a stale read, not a replay. So the
+// instances with a record are read again, and only those whose row still
+// reads active are returned (issue 27: three replicas under churn logged
+// such races as rows written back by hand).
 func (r *Registry) Replayed(ctx context.Context, ids []uuid.UUID) (ends map[uuid.UUID]audit.End, forged int, err error) {
-	return audit.Ends(ctx, db.New(r.cfg.Pool), r.keys, audit.EndInstance, ids)
+	q := db.New(r.cfg.Pool)
+	ends, forged, err = r.EndsOnRecord(ctx, ids)
+	if err != nil || len(ends) == 0 {
+		return ends, forged, err
+	}
+	states, err := InstanceStates(ctx, q, slices.Collect(maps.Keys(ends)))
+	if err != nil {
+		return nil, forged, err
+	}
+	for id := range ends {
+		if states[id] != StateActive {
+			delete(ends, id)
+		}
+	}
+	return ends, forged, nil
 }
