@@ -43,7 +43,8 @@ func runToExit(t *testing.T, env []string, args ...string) (string, error) {
 // view: one handed a rotated key without the old key's public half; a
 // muster dev whose key file is gone (and it makes no new key over the
 // sealed rows); a keyless muster serve. Given the old key's public half
-// too, the rotated replica starts and serves the same view.
+// too (and the running replica the new key's, as a rotation's first step
+// does), the rotated replica starts and serves the same view.
 func TestKeyTroubleRefusesToStart(t *testing.T) {
 	realTime(t, "muster processes started with the wrong keys beside a running one")
 	dir := devDir(t)
@@ -98,6 +99,19 @@ func TestKeyTroubleRefusesToStart(t *testing.T) {
 	if !routes(url) {
 		t.Fatal("the running replica stopped routing to 10.1.2.3 while another refused to start")
 	}
+
+	// Step 1 of a rotation (docs/keys.md): every replica trusts the new
+	// key's public half before any signs with it, so that the replicas
+	// keep authenticating each other (the relay of the views each owns)
+	// through the roll. Without it, the rotated replica below could serve
+	// only the services it owns, the others' relay refusing its signature.
+	if err := first.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	first = startProcess(t, dir, addr, "MUSTER_LEASE_TTL=10m", "MUSTER_AUDIT_PUBLIC_KEY_FILES="+rotatedFile+".pub")
+	admin = token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	wait.For(t, 30*time.Second, "the first replica, restarted trusting the new key, routing to 10.1.2.3", func() bool { return routes(url) })
 
 	// Given the old key's public half too, it starts and routes the same.
 	second := freeAddr(t)
