@@ -477,7 +477,13 @@ func New(cfg Config) (*App, error) {
 	if cfg.Policy.Sealer != nil {
 		fc := cfg.Forward
 		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer}
-		fc.Peers = func() []forward.Peer { return livePeers(a.Ownership.Region(), cfg.Region) }
+		fc.Peers = func() []forward.Peer {
+			var out []forward.Peer
+			for _, r := range livePeers(a.Ownership.Region(), cfg.Region) {
+				out = append(out, forward.Peer{ID: r.ID, Address: r.Address})
+			}
+			return out
+		}
 		fc.Logger, fc.Registerer, fc.Now = log, metrics, orNow(fc.Now, now)
 		if a.Forwarder, err = forward.New(fc); err != nil {
 			return nil, err
@@ -792,12 +798,14 @@ func (a *App) Workers() []string {
 }
 
 // livePeers are the live replicas of region other than this one, from
-// the ownership manager's last reading.
-func livePeers(r ownership.RegionStatus, region string) []forward.Peer {
-	var out []forward.Peer
+// the ownership manager's last reading: whom this replica relays from
+// and forwards evidence to. A replica that names no region, or a peer
+// that names none, is taken for the same region.
+func livePeers(r ownership.RegionStatus, region string) []ownership.ReplicaStatus {
+	var out []ownership.ReplicaStatus
 	for _, rep := range r.Replicas {
-		if rep.ID != r.Self && rep.Address != "" && (rep.Region == "" || rep.Region == region) {
-			out = append(out, forward.Peer{ID: rep.ID, Address: rep.Address})
+		if rep.ID != r.Self && rep.Address != "" && (rep.Region == "" || region == "" || rep.Region == region) {
+			out = append(out, rep)
 		}
 	}
 	return out

@@ -29,14 +29,11 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 	rc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer}
 	configured := configuredPeers(cfg.Peers, cfg.Address)
 	if rc.Peers == nil {
-		region := cfg.Region
 		rc.Peers = func() []relay.Peer {
 			var out []relay.Peer
 			status := a.Ownership.Region()
-			for _, r := range status.Replicas {
-				if r.ID != cfg.Replica && r.Address != "" && (r.Region == "" || region == "" || r.Region == region) {
-					out = append(out, relay.Peer{ID: r.ID, Address: r.Address})
-				}
+			for _, r := range livePeers(status, cfg.Region) {
+				out = append(out, relay.Peer{ID: r.ID, Address: r.Address})
 			}
 			if len(status.Replicas) == 0 {
 				// Not read yet (a start without the database): the
