@@ -331,9 +331,15 @@ func (w *lgWatch) run(ctx context.Context) error {
 		wg.Wait()
 		return err
 	}
-	rssPer := (after.rss - before.rss) / float64(max(held, 1))
-	fmt.Fprintf(w.stdout, "server RSS %.1f MiB -> %.1f MiB with %d streams open (server says %.0f)\n",
-		float64(before.rss)/(1<<20), float64(after.rss)/(1<<20), w.open.Load(), after.subscribers)
+	// The server measured is the one at --url, or the first of
+	// --replicas: per subscriber is per subscriber it holds.
+	server, perServer := "server", held
+	if len(w.replicas) > 0 {
+		server, perServer = "replica 1 ("+w.base+")", int64(after.subscribers)
+	}
+	rssPer := (after.rss - before.rss) / float64(max(perServer, 1))
+	fmt.Fprintf(w.stdout, "%s RSS %.1f MiB -> %.1f MiB with %d streams open (server says %.0f)\n",
+		server, float64(before.rss)/(1<<20), float64(after.rss)/(1<<20), w.open.Load(), after.subscribers)
 
 	// Injection.
 	frames0 := w.frames()
@@ -498,10 +504,10 @@ func (w *lgWatch) run(ctx context.Context) error {
 	v, d, h := frames1[0]-frames0[0], frames1[1]-frames0[1], frames1[2]-frames0[2]
 	fmt.Fprintf(w.stdout, "frames: %d received in %s: %.0f frames/s (%d views, %d deltas, %d heartbeats)\n",
 		v+d+h, elapsed.Round(time.Millisecond), float64(v+d+h)/elapsed.Seconds(), v, d, h)
-	fmt.Fprintf(w.stdout, "server RSS per idle subscriber: %.1f KiB (RSS %+.1f MiB, Go heap in use %+.1f MiB = %.1f KiB each, for %d subscribers)\n",
-		rssPer/1024, (after.rss-before.rss)/(1<<20), (after.heap-before.heap)/(1<<20), (after.heap-before.heap)/float64(max(held, 1))/1024, held)
-	fmt.Fprintf(w.stdout, "cpu while injecting: server %.0f%% of a core, this process %.0f%% of a core (%d cores)\n",
-		100*(end.cpu-after.cpu)/elapsed.Seconds(), 100*(cpu1-cpu0).Seconds()/elapsed.Seconds(), runtime.NumCPU())
+	fmt.Fprintf(w.stdout, "%s RSS per idle subscriber: %.1f KiB (RSS %+.1f MiB, Go heap in use %+.1f MiB = %.1f KiB each, for %d subscribers)\n",
+		server, rssPer/1024, (after.rss-before.rss)/(1<<20), (after.heap-before.heap)/(1<<20), (after.heap-before.heap)/float64(max(perServer, 1))/1024, perServer)
+	fmt.Fprintf(w.stdout, "cpu while injecting: %s %.0f%% of a core, this process %.0f%% of a core (%d cores)\n",
+		server, 100*(end.cpu-after.cpu)/elapsed.Seconds(), 100*(cpu1-cpu0).Seconds()/elapsed.Seconds(), runtime.NumCPU())
 	if w.parseErrors.Load() > 0 {
 		fmt.Fprintf(w.stderr, "warning: %d frames could not be parsed\n", w.parseErrors.Load())
 	}
