@@ -326,6 +326,13 @@ func TestTgsyncOnceAgainstTheELBv2StandIn(t *testing.T) {
 			t.Fatalf("register: %d %s", code, b)
 		}
 	}
+	// Additions are batched (a 1 s window): --once takes the view as it
+	// stands, so wait until it holds all three (CI once caught a first
+	// view with two).
+	wait.For(t, 30*time.Second, "web's view with its 3 instances", func() bool {
+		code, b := call(t, "GET", dev.url+"/v1/resolve/web", admin, "")
+		return code == 200 && strings.Count(string(b), `"instance_id"`) == 3
+	})
 	const arn = "arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/web/0123456789abcdef"
 	st := elbv2standin.New("AKIDSTANDIN")
 	st.AddGroup(arn, "ip", 80, 0)
