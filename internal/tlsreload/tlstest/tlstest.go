@@ -99,7 +99,7 @@ func WriteFile(t testing.TB, path string, b []byte) {
 // of the certificate the server presented on that new connection.
 func PeerCN(t testing.TB, addr string, roots *x509.CertPool) string {
 	t.Helper()
-	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
+	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", NextProtos: []string{"h2", "http/1.1"}})
 	if err != nil {
 		t.Fatalf("TLS handshake with %s: %v", addr, err)
 	}
