@@ -49,29 +49,7 @@ func TestTLSEveryListenerAndRotation(t *testing.T) {
 		t.Fatalf("muster dev announced %q, want it serving on %s", line, url)
 	}
 
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}},
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	do := func(method, u, tok, body string) (*http.Response, string) {
-		t.Helper()
-		req, err := http.NewRequest(method, u, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if tok != "" {
-			req.Header.Set("Authorization", "Bearer "+tok)
-		}
-		if body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		res, err := client.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, u, err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res, string(b)
-	}
-
+	do := httpsCaller(t, ca)
 	// Ready once the evaluator has rebuilt its state after the start.
 	wait.For(t, 60*time.Second, "GET /readyz over TLS answering 200", func() bool {
 		res, _ := do("GET", url+"/readyz", "", "")
@@ -149,5 +127,110 @@ func TestTLSFlagsGoTogether(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "go together") {
 			t.Errorf("muster dev %v: %v, want the certificate and key to go together", args, err)
 		}
+	}
+}
+
+// httpsCaller returns a function making API calls over TLS, trusting
+// only ca, without following redirects.
+func httpsCaller(t *testing.T, ca *tlstest.CA) func(method, u, tok, body string) (*http.Response, string) {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	t.Cleanup(client.CloseIdleConnections)
+	return func(method, u, tok, body string) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, u, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, u, err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res, string(b)
+	}
+}
+
+// TestTLSReplicasRelayOverHTTPS (issue 28): two muster dev replicas with
+// TLS advertise https addresses and relay each other's views over https,
+// trusting the CA of --tls-ca (MUSTER_TLS_CA): a resolver at either
+// replica gets the view, whichever replica owns the service's shard.
+func TestTLSReplicasRelayOverHTTPS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two muster dev processes")
+	}
+	dir := devDir(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = db.StopDir(ctx, dir)
+	})
+	ca := tlstest.NewCA(t)
+	files := t.TempDir()
+	certFile, keyFile, caFile := filepath.Join(files, "tls.crt"), filepath.Join(files, "tls.key"), filepath.Join(files, "ca.pem")
+	cert, key := ca.Leaf(t, "muster", time.Hour)
+	tlstest.WriteFile(t, certFile, cert)
+	tlstest.WriteFile(t, keyFile, key)
+	tlstest.WriteFile(t, caFile, ca.PEM)
+	env := []string{"MUSTER_LEASE_TTL=10m", "MUSTER_TLS_CERT=" + certFile, "MUSTER_TLS_KEY=" + keyFile, "MUSTER_TLS_CA=" + caFile, "MUSTER_XDS_ADDR="}
+	a, b := freeAddr(t), freeAddr(t)
+	first := startProcess(t, dir, a, env...)
+	second := startProcess(t, dir, b, env...)
+	t.Cleanup(func() {
+		for _, p := range []*os.Process{first.Process, second.Process} {
+			_ = p.Signal(os.Interrupt)
+		}
+		_ = first.Wait()
+		_ = second.Wait()
+	})
+	do := httpsCaller(t, ca)
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	for _, addr := range []string{a, b} {
+		var last string
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("GET /v1/replicas at %s last answered: %s", addr, last)
+			}
+		})
+		wait.For(t, time.Minute, "both replicas listed at https addresses, as "+addr+" reads it", func() bool {
+			res, body := do("GET", "https://"+addr+"/v1/replicas", admin, "")
+			last = body
+			return res.StatusCode == 200 && strings.Contains(body, `"https://`+a+`"`) && strings.Contains(body, `"https://`+b+`"`)
+		})
+	}
+	if res, body := do("PUT", "https://"+a+"/v1/services/web", admin, `{"owner":"payments","capabilities":[]}`); res.StatusCode != 201 {
+		t.Fatalf("create web: %d %s", res.StatusCode, body)
+	}
+	if res, body := do("POST", "https://"+a+"/v1/services/web/instances", admin, `{"address":"10.1.2.3","port":8080,"zone":"az1"}`); res.StatusCode != 201 {
+		t.Fatalf("register: %d %s", res.StatusCode, body)
+	}
+	viewer := token(t, dir, "--kind", "operator", "--subject", "vera", "--role", "viewer")
+	for _, addr := range []string{a, b} {
+		c, err := resolver.New(context.Background(), resolver.Config{URLs: []string{"https://" + addr}, Services: []string{"web"}, RootCAs: ca.Pool(),
+			Token:       func(context.Context) (string, error) { return viewer, nil },
+			BaseBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		wait.For(t, time.Minute, "a view of web with 10.1.2.3 at "+addr, func() bool {
+			r, err := c.Resolve("web")
+			if err != nil {
+				return false
+			}
+			for _, ep := range r.Endpoints() {
+				if ep.Address == "10.1.2.3" {
+					return true
+				}
+			}
+			return false
+		})
 	}
 }
