@@ -234,3 +234,29 @@ func TestTLSReplicasRelayOverHTTPS(t *testing.T) {
 		})
 	}
 }
+
+// TestCABundleRefusesWhatIsNotOne: --ca and --tls-ca name the file and
+// say what is wrong with it.
+func TestCABundleRefusesWhatIsNotOne(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := caPool(notPEM); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
+		t.Errorf("caPool(not PEM): %v", err)
+	}
+	if _, err := caPool(filepath.Join(dir, "missing.pem")); err == nil || !strings.Contains(err.Error(), "missing.pem") {
+		t.Errorf("caPool(missing): %v", err)
+	}
+	if p, err := caPool(""); p != nil || err != nil {
+		t.Errorf("caPool(\"\") = %v, %v; want the system roots (nil)", p, err)
+	}
+	ca := tlstest.NewCA(t)
+	good := filepath.Join(dir, "good.pem")
+	tlstest.WriteFile(t, good, ca.PEM)
+	if p, err := caPool(good); p == nil || err != nil {
+		t.Errorf("caPool(good) = %v, %v", p, err)
+	}
+}
