@@ -3,6 +3,8 @@ package resolver
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,6 +53,10 @@ type Config struct {
 	// HTTPClient makes the watch requests; it must not set a Timeout
 	// (streams are long-lived). Default: a fresh http.Client.
 	HTTPClient *http.Client
+	// RootCAs, when set, are the CAs the default HTTPClient trusts for an
+	// https muster (ignored when HTTPClient is set). Nil: the system
+	// roots.
+	RootCAs *x509.CertPool
 	// Clock stamps receipt and ages. Default time.Now. Backoff sleeps and
 	// the heartbeat timeout use real time.
 	Clock func() time.Time
@@ -160,6 +166,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{}
+		if cfg.RootCAs != nil {
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}
+			cfg.HTTPClient.Transport = t
+		}
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now

@@ -110,6 +110,11 @@ type Config struct {
 	// can (app.App.StartFromPeers; docs/replicas.md). Needs the region's
 	// signing key.
 	Peers []string
+	// TLSCert and TLSKey, when set, make every listener serve TLS with
+	// this pair, reloaded when the files change; TLSCA is the CA bundle
+	// muster trusts for its calls to https peers (--tls-*, MUSTER_TLS_*;
+	// tls.go).
+	TLSCert, TLSKey, TLSCA string
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".
@@ -291,6 +296,7 @@ func loadEnv(c *Config) error {
 	if c.MetricsAddr == "" {
 		c.MetricsAddr = os.Getenv("MUSTER_METRICS_ADDR")
 	}
+	loadTLSEnv(c)
 	if err := loadAuditEnv(c); err != nil {
 		return err
 	}
@@ -327,6 +333,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPendingWindows <= 0 {
 		return fmt.Errorf("MUSTER_MAX_PENDING_WINDOWS %d must be above 0", c.MaxPendingWindows)
+	}
+	if err := c.validateTLS(); err != nil {
+		return err
 	}
 	if err := c.Audit.Validate(); err != nil {
 		return err

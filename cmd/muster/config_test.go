@@ -102,7 +102,7 @@ func TestLoadEnvRequestLimits(t *testing.T) {
 
 func TestServeMetricsOnLoopback(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "muster_up 1\n") })
-	addr, stop, err := serveMetrics(":0", h, slog.New(slog.DiscardHandler))
+	addr, stop, err := serveMetrics(":0", h, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestServeRefusesABadReconcileConfig(t *testing.T) {
 func TestUnauthenticatedListenersStayOnLoopback(t *testing.T) {
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	stop, err := serveDebug(":0", log)
+	stop, err := serveDebug(":0", nil, log)
 	if err != nil {
 		t.Fatal(err)
 	}

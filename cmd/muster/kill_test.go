@@ -37,6 +37,14 @@ func TestMain(m *testing.M) {
 // to serve.
 func startProcess(t *testing.T, dir, addr string, env ...string) *exec.Cmd {
 	t.Helper()
+	cmd, _ := startProcessServing(t, dir, addr, env...)
+	return cmd
+}
+
+// startProcessServing is startProcess, also returning the line in which
+// the process said where it serves.
+func startProcessServing(t *testing.T, dir, addr string, env ...string) (*exec.Cmd, string) {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -62,27 +70,28 @@ func startProcess(t *testing.T, dir, addr string, env ...string) *exec.Cmd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan bool, 1)
+	served := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			_, _ = logf.WriteString(sc.Text() + "\n")
 			if strings.Contains(sc.Text(), "serving on") {
-				served <- true
+				served <- sc.Text()
 			}
 		}
-		served <- false
+		served <- ""
 	}()
+	var line string
 	select {
-	case ok := <-served:
-		if !ok {
+	case line = <-served:
+		if line == "" {
 			t.Fatal("muster dev exited before serving")
 		}
 	case <-time.After(90 * time.Second):
 		_ = cmd.Process.Kill()
 		t.Fatal("muster dev did not serve within 90 s")
 	}
-	return cmd
+	return cmd, line
 }
 
 // dumpProcessLog logs the lines of a muster process's log that speak of

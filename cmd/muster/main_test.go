@@ -63,7 +63,7 @@ type devServer struct {
 	stderr *syncBuffer
 }
 
-var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
+var servingRE = regexp.MustCompile(`serving on (https?://\S+)`)
 
 // realTime skips a test that runs muster (and PostgreSQL) through real
 // outages or stories in real time, for tens of seconds to minutes, when

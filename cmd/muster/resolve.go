@@ -27,15 +27,16 @@ const resolveUsage = "usage: muster resolve SERVICE [--server URL] [--cache DIR]
 // cache.
 func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
-		serverURL, cacheDir, token, dataDir string
-		watch, asJSON                       bool
-		timeout                             time.Duration
+		serverURL, cacheDir, token, dataDir, caFile string
+		watch, asJSON                               bool
+		timeout                                     time.Duration
 	)
 	fs := cli.NewFlags("resolve", stderr)
 	fs.StringVar(&serverURL, "server", "http://127.0.0.1:8080", "muster's base URL")
 	fs.StringVar(&cacheDir, "cache", "", "last-known-good cache folder (default DATA/resolver-cache)")
 	fs.StringVar(&token, "token", "", "bearer token (default: a viewer token minted by the dev issuer in --data)")
 	fs.StringVar(&dataDir, "data", ".muster", "dev data folder holding the dev issuer's key")
+	fs.StringVar(&caFile, "ca", "", "PEM CA bundle to trust for an https --server (default the system roots)")
 	fs.BoolVar(&watch, "watch", false, "print every new version until interrupted")
 	fs.BoolVar(&asJSON, "json", false, "print the view as JSON")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for muster before answering from the cache")
@@ -71,8 +72,12 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		token = tok
 	}
 
+	roots, err := caPool(caFile)
+	if err != nil {
+		return err
+	}
 	c, err := resolver.New(ctx, resolver.Config{
-		URLs: []string{serverURL}, Services: []string{service}, CacheDir: cacheDir,
+		URLs: []string{serverURL}, Services: []string{service}, CacheDir: cacheDir, RootCAs: roots,
 		Token:  func(context.Context) (string, error) { return token, nil },
 		Logger: cli.QuietLogger(stderr),
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -75,6 +76,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		fs.BoolVar(&cfg.Demo, "demo", false, "fill the database with a simulated estate and drive it with simulated evidence")
 	}
 	xdsFlags(fs, &cfg, dev)
+	tlsFlags(fs, &cfg)
 	var reconcileFile string
 	fs.StringVar(&reconcileFile, "reconcile-config", "", "YAML or JSON file of Kubernetes clusters and inventory snapshots to reconcile instances from, and their platform issuers (see docs/reconciliation.md)")
 	var sf shiftFlags
@@ -153,14 +155,22 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
+	ltls, err := setupTLS(cfg, log)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
 	defer ln.Close()
-	base := "http://" + dialable(ln.Addr().(*net.TCPAddr))
+	ln = ltls.wrap(ln)
+	base := ltls.scheme() + "://" + dialable(ln.Addr().(*net.TCPAddr))
 	acfg, devIssuer, err := appConfig(cfg, base, pool, monPool, replicaName(cfg, ln), log)
 	if err != nil {
+		return err
+	}
+	if err := withTLS(&acfg, ltls); err != nil {
 		return err
 	}
 	// The region's key (audit.go) seals overrides and signs the audit
@@ -175,7 +185,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if checkpoints != nil {
 		acfg.Workers = append(acfg.Workers, app.NamedWorker{Name: "audit-checkpoints", Worker: checkpoints})
 	}
-	xln, xcfg, err := listenXDS(cfg, cfg.xdsExplicit, log)
+	xln, xcfg, err := listenXDS(cfg, cfg.xdsExplicit, ltls, log)
 	if err != nil {
 		return err
 	}
@@ -206,7 +216,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 			}
 		})
 	}
-	stopSide, err := serveBeside(cfg, a, xln, log)
+	stopSide, err := serveBeside(cfg, a, xln, ltls, log)
 	if err != nil {
 		return errors.Join(err, a.Shutdown(ctx, nil))
 	}
@@ -312,7 +322,7 @@ func openPools(ctx context.Context, cfg Config, dbURL string) (pool, monPool *pg
 // serveBeside serves what runs beside the API on listeners of its own:
 // xDS on xln (when set; it ends when Shutdown drains it), Go's profiles on
 // --debug-addr and /metrics on --metrics-addr. stop closes them.
-func serveBeside(cfg Config, a *app.App, xln net.Listener, log *slog.Logger) (stop func(), err error) {
+func serveBeside(cfg Config, a *app.App, xln net.Listener, ltls *listenerTLS, log *slog.Logger) (stop func(), err error) {
 	var stops []func()
 	stop = func() {
 		for _, s := range slices.Backward(stops) {
@@ -326,10 +336,10 @@ func serveBeside(cfg Config, a *app.App, xln net.Listener, log *slog.Logger) (st
 				log.Error("xDS stopped serving", "err", err)
 			}
 		}()
-		log.Info("serving xDS", "addr", xln.Addr().String(), "tls", cfg.XDSTLSCert != "")
+		log.Info("serving xDS", "addr", xln.Addr().String(), "tls", cfg.XDSTLSCert != "" || ltls.on())
 	}
 	if cfg.DebugAddr != "" {
-		stopDebug, err := serveDebug(cfg.DebugAddr, log)
+		stopDebug, err := serveDebug(cfg.DebugAddr, ltls.server(), log)
 		if err != nil {
 			stop()
 			return nil, err
@@ -337,7 +347,7 @@ func serveBeside(cfg Config, a *app.App, xln net.Listener, log *slog.Logger) (st
 		stops = append(stops, stopDebug)
 	}
 	if cfg.MetricsAddr != "" {
-		_, stopMetrics, err := serveMetrics(cfg.MetricsAddr, a.Server.MetricsHandler(), log)
+		_, stopMetrics, err := serveMetrics(cfg.MetricsAddr, a.Server.MetricsHandler(), ltls.server(), log)
 		if err != nil {
 			stop()
 			return nil, err
@@ -507,11 +517,15 @@ func dialable(a *net.TCPAddr) string {
 
 // serveDebug serves net/http/pprof on its own listener, never on the API
 // address: profiles are for the operator at the machine, not for callers
-// (a bare :port listens on loopback; another host is warned about).
-func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+// (a bare :port listens on loopback; another host is warned about); over
+// TLS when tc is set.
+func serveDebug(addr string, tc *tls.Config, log *slog.Logger) (stop func(), err error) {
 	ln, err := listenUnauthenticated("debug", addr, log)
 	if err != nil {
 		return nil, err
+	}
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -550,11 +564,14 @@ func listenUnauthenticated(what, addr string, log *slog.Logger) (net.Listener, e
 // their own, for a scraper that can reach it and nobody else: a bare
 // ":port" listens on loopback, and another host is the operator's explicit
 // choice (a pod address behind a network policy), logged as such.
-// It returns the address it listens on.
-func serveMetrics(addr string, h http.Handler, log *slog.Logger) (bound string, stop func(), err error) {
+// It serves TLS when tc is set, and returns the address it listens on.
+func serveMetrics(addr string, h http.Handler, tc *tls.Config, log *slog.Logger) (bound string, stop func(), err error) {
 	ln, err := listenUnauthenticated("/metrics", addr, log)
 	if err != nil {
 		return "", nil, err
+	}
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)

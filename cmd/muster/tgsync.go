@@ -32,9 +32,9 @@ const tgsyncUsage = "usage: muster tgsync --config FILE [--once] [--dry-run] [--
 // backends.
 func cmdTgsync(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
-		cfgFile, metricsAddr, endpointURL, token, dataDir string
-		once, dryRun, asJSON, ownGroup                    bool
-		timeout                                           time.Duration
+		cfgFile, metricsAddr, endpointURL, token, dataDir, caFile string
+		once, dryRun, asJSON, ownGroup                            bool
+		timeout                                                   time.Duration
 	)
 	fs := cli.NewFlags("tgsync", stderr)
 	fs.StringVar(&cfgFile, "config", "", "the bindings (YAML or JSON)")
@@ -46,6 +46,7 @@ func cmdTgsync(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&endpointURL, "endpoint-url", "", "the ELBv2 endpoint (testing; overrides aws.endpoint_url)")
 	fs.StringVar(&token, "token", "", "muster bearer token of kind tool (default: muster.token_file, else one minted by the dev issuer in --data)")
 	fs.StringVar(&dataDir, "data", ".muster", "dev data folder holding the dev issuer's key")
+	fs.StringVar(&caFile, "ca", "", "PEM CA bundle to trust for https muster URLs (default muster.ca_file, else the system roots)")
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "with --once: how long to wait for a current view before planning from the cache")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -78,8 +79,12 @@ func cmdTgsync(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if cacheDir == "" {
 		cacheDir = filepath.Join(dataDir, "tgsync-cache")
 	}
+	roots, err := caPool(cmpOr(caFile, cfg.Muster.CAFile))
+	if err != nil {
+		return err
+	}
 	client, err := resolver.New(ctx, resolver.Config{
-		URLs: cfg.Muster.URLs, Token: tokenFn, Services: cfg.Services(), CacheDir: cacheDir,
+		URLs: cfg.Muster.URLs, Token: tokenFn, Services: cfg.Services(), CacheDir: cacheDir, RootCAs: roots,
 		ConfirmAfter: cfg.Muster.ConfirmAfter, Logger: log.With("component", "resolver"),
 		ReportInterval: -1, // tgsync routes no calls: it has no outcomes to report
 	})
@@ -102,7 +107,7 @@ func cmdTgsync(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if metricsAddr != "" {
-		addr, stop, err := serveMetrics(metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), log)
+		addr, stop, err := serveMetrics(metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil, log)
 		if err != nil {
 			return err
 		}

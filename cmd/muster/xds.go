@@ -34,7 +34,10 @@ func xdsFlags(fs *flag.FlagSet, cfg *Config, dev bool) {
 // app, or nil, nil when xDS is off. Under muster dev an address left at
 // its default that is taken (another muster dev) turns xDS off with a
 // warning instead of failing.
-func listenXDS(cfg Config, explicit bool, log *slog.Logger) (net.Listener, *xds.Config, error) {
+//
+// With --tls-cert (ltls on) and no xDS files of its own, xDS serves the
+// same reloaded certificate as the other listeners.
+func listenXDS(cfg Config, explicit bool, ltls *listenerTLS, log *slog.Logger) (net.Listener, *xds.Config, error) {
 	if cfg.XDSAddr == "" {
 		return nil, nil, nil
 	}
@@ -48,6 +51,8 @@ func listenXDS(cfg Config, explicit bool, log *slog.Logger) (net.Listener, *xds.
 			return nil, nil, fmt.Errorf("xDS TLS: %w", err)
 		}
 		xc.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	} else if ltls.on() {
+		xc.TLS = ltls.server()
 	}
 	ln, err := net.Listen("tcp", cfg.XDSAddr)
 	if err != nil {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"crypto/tls"
 	"net/http"
 	"time"
 
@@ -55,7 +56,19 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 			interval = 2 * time.Second
 		}
 		a.peerAuthz = &peerAuthzWorker{peers: configured, signer: rc.Signer, authz: a.Authz, interval: interval,
-			client: &http.Client{Timeout: 10 * time.Second}, log: a.log.With("worker", WorkerPeerAuthz)}
+			client: peerClient(rc.TLS), log: a.log.With("worker", WorkerPeerAuthz)}
 	}
 	return &peer.Verifier{Keys: func() seal.Keys { return trusted }}, nil
+}
+
+// peerClient is the client that takes the authorisation copy from a
+// peer: the relay's TLS configuration (the peers' CA bundle) when set.
+func peerClient(tc *tls.Config) *http.Client {
+	c := &http.Client{Timeout: 10 * time.Second}
+	if tc != nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = tc
+		c.Transport = t
+	}
+	return c
 }

@@ -3,6 +3,7 @@ package forward
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,6 +51,9 @@ type Config struct {
 	Peers func() []Peer
 	// Client sends the requests; one with DefaultTimeout when nil.
 	Client *http.Client
+	// TLS, when set, is the default Client's TLS configuration for peers
+	// served over https (their CA bundle; issue 28).
+	TLS *tls.Config
 	// QueueLimit bounds the items queued for one peer (DefaultQueueLimit);
 	// beyond it the oldest are dropped and counted.
 	QueueLimit int
@@ -81,6 +85,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Client == nil {
 		c.Client = &http.Client{Timeout: DefaultTimeout}
+		if c.TLS != nil {
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.TLSClientConfig = c.TLS
+			c.Client.Transport = t
+		}
 	}
 	if c.QueueLimit == 0 {
 		c.QueueLimit = DefaultQueueLimit

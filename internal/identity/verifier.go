@@ -195,11 +195,12 @@ func newVerifier(issuers []IssuerConfig, client *http.Client, now func() time.Ti
 	return v, nil
 }
 
-// loopbackFamily finds the issuer whose LoopbackPath covers iss: http on a
+// loopbackFamily finds the issuer whose LoopbackPath covers iss: http or
+// https (a dev process serving TLS) on a
 // loopback host, any port, exactly that path, nothing else.
 func (v *Verifier) loopbackFamily(iss string) (*issuerState, bool) {
 	u, err := url.Parse(iss)
-	if err != nil || u.Scheme != "http" || !loopbackHost(u.Hostname()) || u.User != nil || u.RawQuery != "" ||
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || !loopbackHost(u.Hostname()) || u.User != nil || u.RawQuery != "" ||
 		u.Fragment != "" || u.ForceQuery || strings.Contains(iss, "#") || u.Port() == "" {
 		return nil, false
 	}

@@ -693,7 +693,9 @@ func FuzzVerify(f *testing.F) {
 // folder signs with the folder's key under its own loopback address. A
 // verifier given the key and the path trusts all of them, with no
 // discovery (the process that minted may be gone), as home principals;
-// it refuses another key, another path, a non-loopback host and https.
+// it refuses another key, another path and a non-loopback host. https
+// is one of the family (a dev process serving TLS, issue 28): the key,
+// not the scheme, is what is trusted.
 func TestLoopbackFamily(t *testing.T) {
 	t.Parallel()
 	s := newDevServerWithKey(t)
@@ -706,7 +708,7 @@ func TestLoopbackFamily(t *testing.T) {
 		c[identity.ClaimRole] = "admin"
 		return c
 	}
-	for _, iss := range []string{s.URL(), "http://127.0.0.1:1/dev/issuer", "http://localhost:65000/dev/issuer", "http://[::1]:8080/dev/issuer"} {
+	for _, iss := range []string{s.URL(), "http://127.0.0.1:1/dev/issuer", "http://localhost:65000/dev/issuer", "http://[::1]:8080/dev/issuer", "https://127.0.0.1:8080/dev/issuer"} {
 		tok := s.sign(t, claims(iss))
 		p, err := v.Verify(t.Context(), tok)
 		if err != nil || !p.Home || p.String() != "operator:alice" {
@@ -716,7 +718,7 @@ func TestLoopbackFamily(t *testing.T) {
 	if n := s.discoveries.Load() + s.jwksFetches.Load(); n != 0 {
 		t.Errorf("%d discovery or key fetches; a verifier given the key needs none", n)
 	}
-	for _, iss := range []string{"http://10.0.0.1:8080/dev/issuer", "http://127.0.0.1:8080/other", "https://127.0.0.1:8080/dev/issuer",
+	for _, iss := range []string{"http://10.0.0.1:8080/dev/issuer", "http://127.0.0.1:8080/other", "ftp://127.0.0.1:8080/dev/issuer",
 		"http://127.0.0.1/dev/issuer", "http://u@127.0.0.1:8080/dev/issuer", "http://127.0.0.1:8080/dev/issuer?x=1"} {
 		tok := s.sign(t, claims(iss))
 		if _, err := v.Verify(t.Context(), tok); !errors.Is(err, identity.ErrUnknownIssuer) {

@@ -3,6 +3,7 @@ package relay
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -47,6 +48,9 @@ type Config struct {
 	// response-header timeout and no overall timeout (a stream stays
 	// open).
 	Client *http.Client
+	// TLS, when set, is the default Client's TLS configuration for peers
+	// served over https (their CA bundle; issue 28).
+	TLS *tls.Config
 	// Refresh is how often Peers is read: 1 s.
 	Refresh time.Duration
 	// Idle is how long a stream may go without a line before it is taken
@@ -103,6 +107,8 @@ func (c *Config) Validate() error {
 			DialContext:           (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 			ResponseHeaderTimeout: 2 * time.Second,
 			MaxIdleConnsPerHost:   1,
+			TLSClientConfig:       c.TLS,
+			TLSHandshakeTimeout:   2 * time.Second,
 		}}
 	}
 	if c.Logger == nil {

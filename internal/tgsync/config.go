@@ -39,6 +39,9 @@ type MusterConfig struct {
 	// (re)subscription so it can rotate. Empty: the command's --token, or
 	// a dev token.
 	TokenFile string
+	// CAFile is a PEM CA bundle to trust for https URLs; empty: the
+	// system roots (the command's --ca wins).
+	CAFile string
 	// CacheDir keeps the resolver's last-known-good views: tgsync started
 	// while muster is down syncs from them.
 	CacheDir string
@@ -125,6 +128,7 @@ type rawConfig struct {
 	Muster struct {
 		URLs         []string `yaml:"urls"`
 		TokenFile    string   `yaml:"token_file"`
+		CAFile       string   `yaml:"ca_file"`
 		CacheDir     string   `yaml:"cache_dir"`
 		ConfirmAfter string   `yaml:"confirm_after"`
 	} `yaml:"muster"`
@@ -184,7 +188,7 @@ func ParseConfig(file string, data []byte) (Config, error) {
 	}
 	v := validator{file: file, root: root.Content[0]}
 	cfg := Config{
-		Muster: MusterConfig{URLs: raw.Muster.URLs, TokenFile: raw.Muster.TokenFile, CacheDir: raw.Muster.CacheDir},
+		Muster: MusterConfig{URLs: raw.Muster.URLs, TokenFile: raw.Muster.TokenFile, CAFile: raw.Muster.CAFile, CacheDir: raw.Muster.CacheDir},
 		AWS:    AWSConfig{Region: raw.AWS.Region, EndpointURL: raw.AWS.EndpointURL, MaxAttempts: DefaultAWSMaxAttempts, MaxBackoff: DefaultAWSMaxBackoff},
 	}
 	if len(cfg.Muster.URLs) == 0 {

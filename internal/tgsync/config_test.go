@@ -11,6 +11,7 @@ import (
 const exampleYAML = `muster:
   urls: [https://muster.internal]
   token_file: /run/secrets/muster-tgsync-token
+  ca_file: /etc/muster/ca.pem
   cache_dir: /var/cache/muster-tgsync
   confirm_after: 2m
 interval: 15s
@@ -38,6 +39,9 @@ func TestParseConfig(t *testing.T) {
 	cfg, err := ParseConfig("tgsync.yaml", []byte(exampleYAML))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.Muster.CAFile != "/etc/muster/ca.pem" {
+		t.Errorf("muster.ca_file: %q", cfg.Muster.CAFile)
 	}
 	if cfg.Interval != 15*time.Second || cfg.Muster.ConfirmAfter != 2*time.Minute || cfg.AWS.MaxAttempts != 8 || cfg.AWS.MaxBackoff != DefaultAWSMaxBackoff {
 		t.Errorf("globals: %+v", cfg)

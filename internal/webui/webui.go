@@ -157,6 +157,9 @@ type Config struct {
 	// InsecureCookie drops the cookie's Secure attribute, for plain-http
 	// development on a browser that refuses Secure cookies on loopback.
 	InsecureCookie bool
+	// HSTS sends Strict-Transport-Security on every page: set when muster
+	// serves over TLS, so a browser never falls back to plain http.
+	HSTS bool
 	// IdleTimeout ends a session after this long without a request: 30 min.
 	IdleTimeout time.Duration
 	// Lifetime ends a session this long after sign-in: 12 h.
@@ -174,6 +177,9 @@ func (c *Config) validate() error {
 		return errors.New("webui: Pool, Registry, Evaluator, Publisher and Audit are required")
 	case c.OIDC.IssuerURL == "" || c.OIDC.ClientID == "" || c.OIDC.RedirectURL == "":
 		return errors.New("webui: OIDC IssuerURL, ClientID and RedirectURL are required")
+	}
+	if c.InsecureCookie && c.HSTS {
+		return errors.New("webui: InsecureCookie is for plain http; with TLS (HSTS) the session cookie is Secure")
 	}
 	if c.InsecureCookie {
 		// Without Secure the cookie would also travel over plain http to
@@ -277,7 +283,7 @@ func New(cfg Config) (*UI, error) {
 	u.routes()
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(u.crossOriginRefused))
-	u.handler = cop.Handler(sm.LoadAndSave(securityHeaders(u.mux)))
+	u.handler = cop.Handler(sm.LoadAndSave(securityHeaders(u.mux, cfg.HSTS)))
 	return u, nil
 }
 
@@ -328,13 +334,17 @@ func staticHandler() http.Handler {
 }
 
 // securityHeaders keeps pages out of frames and caches and allows only the
-// UI's own scripts and styles.
-func securityHeaders(next http.Handler) http.Handler {
+// UI's own scripts and styles; with hsts (muster serves over TLS) it
+// tells browsers to use https only, for a year.
+func securityHeaders(next http.Handler, hsts bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "same-origin")
+		if hsts {
+			h.Set("Strict-Transport-Security", "max-age=31536000")
+		}
 		if h.Get("Cache-Control") == "" {
 			h.Set("Cache-Control", "no-store")
 		}

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/musterhq/muster/internal/app"
+	"github.com/musterhq/muster/internal/tlsreload"
+)
+
+// tlsFlags registers --tls-cert, --tls-key and --tls-ca (issue 28); the
+// environment fills what the flags leave empty (loadTLSEnv).
+func tlsFlags(fs *flag.FlagSet, cfg *Config) {
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) every listener serves over TLS, with --tls-key; reloaded when the file changes (MUSTER_TLS_CERT)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert (MUSTER_TLS_KEY)")
+	fs.StringVar(&cfg.TLSCA, "tls-ca", "", "PEM CA bundle muster trusts for its own calls to https peers (relay, forwarding, the UI's issuer); default the system roots (MUSTER_TLS_CA)")
+}
+
+// loadTLSEnv fills the TLS files the flags left empty.
+func loadTLSEnv(c *Config) {
+	c.TLSCert = cmpOr(c.TLSCert, os.Getenv("MUSTER_TLS_CERT"))
+	c.TLSKey = cmpOr(c.TLSKey, os.Getenv("MUSTER_TLS_KEY"))
+	c.TLSCA = cmpOr(c.TLSCA, os.Getenv("MUSTER_TLS_CA"))
+}
+
+// validateTLS checks that the certificate and key come together.
+func (c *Config) validateTLS() error {
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return errors.New("--tls-cert (MUSTER_TLS_CERT) and --tls-key (MUSTER_TLS_KEY) go together: give both to serve TLS, or neither")
+	}
+	if c.TLSCert != "" && c.UIInsecureCookie {
+		return errors.New("MUSTER_UI_INSECURE_COOKIE is for plain http; with --tls-cert the session cookie is Secure")
+	}
+	return nil
+}
+
+// listenerTLS is the TLS every listener serves (nil: plain) and the
+// client TLS for muster's own calls to its peers.
+type listenerTLS struct {
+	reloader *tlsreload.Reloader // nil: the listeners are plain
+	client   *tls.Config         // nil: Go's defaults (the system roots)
+}
+
+// setupTLS loads the certificate pair and the CA bundle. A pair that does
+// not load stops the start: muster must not come up plain by mistake.
+func setupTLS(cfg Config, log *slog.Logger) (*listenerTLS, error) {
+	lt := &listenerTLS{}
+	if cfg.TLSCert != "" {
+		r, err := tlsreload.New(tlsreload.Config{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey, Logger: log.With("component", "tls")})
+		if err != nil {
+			return nil, err
+		}
+		lt.reloader = r
+		log.Info("serving TLS on every listener", "cert", cfg.TLSCert, "not_after", r.NotAfter().Format(time.RFC3339))
+	}
+	if cfg.TLSCA != "" {
+		pool, err := caPool(cfg.TLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		lt.client = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return lt, nil
+}
+
+// on says whether the listeners serve TLS.
+func (lt *listenerTLS) on() bool { return lt != nil && lt.reloader != nil }
+
+// scheme is the API's URL scheme.
+func (lt *listenerTLS) scheme() string {
+	if lt.on() {
+		return "https"
+	}
+	return "http"
+}
+
+// server is a fresh server configuration (nil when plain): each listener
+// gets its own, since net/http and gRPC adjust theirs.
+func (lt *listenerTLS) server() *tls.Config {
+	if !lt.on() {
+		return nil
+	}
+	return lt.reloader.ServerConfig()
+}
+
+// wrap makes ln a TLS listener when TLS is on. It wraps the accepted
+// connections last, so that whatever reads the connection's first bytes
+// before TLS (a PROXY protocol header) wraps ln before this does.
+func (lt *listenerTLS) wrap(ln net.Listener) net.Listener {
+	if !lt.on() {
+		return ln
+	}
+	return tls.NewListener(ln, lt.server())
+}
+
+// register adds the reloader's metrics to reg.
+func (lt *listenerTLS) register(reg prometheus.Registerer) error {
+	if !lt.on() {
+		return nil
+	}
+	return lt.reloader.Register(reg)
+}
+
+// httpClient is a client for muster's own calls to https peers and
+// issuers, trusting the CA bundle when one was given.
+func (lt *listenerTLS) httpClient(timeout time.Duration) *http.Client {
+	c := &http.Client{Timeout: timeout}
+	if lt != nil && lt.client != nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = lt.client.Clone()
+		c.Transport = t
+	}
+	return c
+}
+
+// clientTLS is the client configuration for peers (nil: Go's defaults).
+func (lt *listenerTLS) clientTLS() *tls.Config {
+	if lt == nil || lt.client == nil {
+		return nil
+	}
+	return lt.client.Clone()
+}
+
+// withTLS hands the listeners' TLS to the app: the reloader's metrics,
+// the CA bundle for the relay, the forwarding and the UI's calls to its
+// issuer, and HSTS on the UI.
+func withTLS(acfg *app.Config, ltls *listenerTLS) error {
+	if err := ltls.register(acfg.Metrics); err != nil {
+		return err
+	}
+	acfg.Relay.TLS, acfg.Forward.TLS = ltls.clientTLS(), ltls.clientTLS()
+	if acfg.UI != nil {
+		acfg.UI.HSTS = ltls.on()
+		if ltls.clientTLS() != nil {
+			acfg.UI.HTTPClient = ltls.httpClient(10 * time.Second)
+		}
+	}
+	return nil
+}
+
+// caPool reads a PEM CA bundle for the resolver commands' --ca; nil (the
+// system roots) when file is empty.
+func caPool(file string) (*x509.CertPool, error) {
+	if file == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA bundle %s holds no PEM certificate", file)
+	}
+	return pool, nil
+}
