@@ -249,3 +249,16 @@ func FuzzParseNetworks(f *testing.F) {
 		}
 	})
 }
+
+// TestLocalHeaderKeepsPeerAddress: a LOCAL header (the load balancer
+// speaking for itself, as health checks may) is a header, so it is
+// accepted from a listed network, and the address is the TCP peer's.
+func TestLocalHeaderKeepsPeerAddress(t *testing.T) {
+	t.Parallel()
+	addr, _ := echoServer(t, "127.0.0.1/32", 0)
+	local := &proxyproto.Header{Version: 2, Command: proxyproto.LOCAL, TransportProtocol: proxyproto.UNSPEC}
+	got, err := get(t, addr, writeHeader(local))
+	if err != nil || !strings.HasPrefix(got, "127.0.0.1:") {
+		t.Fatalf("RemoteAddr %q (%v), want the TCP peer's, 127.0.0.1:port", got, err)
+	}
+}
