@@ -82,6 +82,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")
 	fs.StringVar(&sf.pendingAlarm, "shift-pending-alarm", "", "a manual shift-back pending confirmation longer than this raises shiftback_pending (MUSTER_SHIFT_PENDING_ALARM; default 10m)")
 	df := addDNSFlags(fs, dev)
+	applyProxyProtocol := proxyProtocolFlag(fs)
 	var peers string
 	fs.StringVar(&peers, "peers", "", "comma-separated base URLs of the region's other replicas (MUSTER_PEERS): when PostgreSQL cannot be reached at start, serve their views read-only until it can (docs/replicas.md)")
 	if err := cli.Parse(fs, args); err != nil {
@@ -92,6 +93,9 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	}
 	if peers != "" {
 		cfg.Peers = splitList(peers)
+	}
+	if err := applyProxyProtocol(&cfg); err != nil {
+		return err
 	}
 	var err error
 	if cfg.DNS, err = df.config(fs, dev); err != nil {
@@ -161,6 +165,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	base := "http://" + dialable(ln.Addr().(*net.TCPAddr))
 	acfg, devIssuer, err := appConfig(cfg, base, pool, monPool, replicaName(cfg, ln), log)
 	if err != nil {
+		return err
+	}
+	// Behind a load balancer, its PROXY header names the client (proxy.go).
+	if ln, err = proxyProtocol(cfg, ln, acfg.Metrics, log); err != nil {
 		return err
 	}
 	// The region's key (audit.go) seals overrides and signs the audit
