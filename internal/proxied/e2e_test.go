@@ -1,6 +1,7 @@
 package proxied_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -83,7 +84,7 @@ func send(t *testing.T, c *http.Client, method, url, token, body string, h http.
 func TestAddressProvedThroughLoadBalancer(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	st := apptest.New(t, apptest.Options{Listener: func(ln net.Listener) (net.Listener, error) {
+	st := apptest.New(t, apptest.Options{WatchHeartbeat: 50 * time.Millisecond, Listener: func(ln net.Listener) (net.Listener, error) {
 		return proxied.Wrap(ln, proxied.Config{From: []netip.Prefix{netip.PrefixFrom(lb, 32)}, Metrics: reg})
 	}})
 	st.Seed(t)
@@ -155,5 +156,31 @@ func TestAddressProvedThroughLoadBalancer(t *testing.T) {
 	}
 	if n := instances(); n != 1 {
 		t.Fatalf("%d instances, want the one registered through the load balancer", n)
+	}
+	// A watch stream through the load balancer: its frames are written
+	// past the wrapper (proxied's WriteBuffers) and arrive whole.
+	st.Hub.Publish(nil)
+	req, err := http.NewRequest("GET", st.URL+"/v1/watch?service=web", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+web)
+	res, err := at7.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("watch through the load balancer: %d", res.StatusCode)
+	}
+	frames := bufio.NewReader(res.Body)
+	for range 2 {
+		frame, err := frames.ReadString('\n')
+		if err != nil || !strings.HasPrefix(frame, "event: ") && !strings.HasPrefix(frame, "id: ") && !strings.HasPrefix(frame, ":") {
+			t.Fatalf("watch frame %q (%v)", frame, err)
+		}
+		for frame != "\n" && err == nil {
+			frame, err = frames.ReadString('\n')
+		}
 	}
 }

@@ -271,3 +271,17 @@ func (c *conn) Write(b []byte) (int, error) {
 	}
 	return c.pc.Write(b)
 }
+
+// WriteBuffers writes b as net.Buffers.WriteTo would to the TCP
+// connection itself: with one writev. net.Buffers finds writev only on
+// the net package's own connections, so through this wrapper its WriteTo
+// falls back to a write per buffer; a watch stream's sender (server's
+// rawSender) writes its frames through here instead, one system call per
+// fan-out as without a load balancer. Past the header, a write to the
+// connection is exactly a write to the socket.
+func (c *conn) WriteBuffers(b *net.Buffers) (int64, error) {
+	if err := c.check(); err != nil {
+		return 0, err
+	}
+	return b.WriteTo(c.pc.Raw())
+}
