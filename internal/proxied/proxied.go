@@ -197,8 +197,26 @@ func (l *listener) Accept() (net.Conn, error) {
 	if l.allowed(c.RemoteAddr()) {
 		policy = proxyproto.REQUIRE
 	}
-	pc := proxyproto.NewConn(c, proxyproto.WithPolicy(policy), proxyproto.SetReadHeaderTimeout(l.timeout))
+	pc := proxyproto.NewConn(c, proxyproto.WithPolicy(policy), proxyproto.SetReadHeaderTimeout(l.timeout),
+		proxyproto.ValidateHeader(tcpOnly))
 	return &conn{Conn: pc, pc: pc, l: l}, nil
+}
+
+// errNotTCP refuses a header that proxies anything but TCP over IP: the
+// API is HTTP over TCP, and a Unix socket or UDP source is no address to
+// prove.
+var errNotTCP = errors.New("the PROXY header is not for TCP over IPv4 or IPv6")
+
+// tcpOnly accepts a LOCAL header (the balancer speaking for itself) and a
+// PROXY header for TCP over IPv4 or IPv6.
+func tcpOnly(h *proxyproto.Header) error {
+	if h.Command.IsLocal() {
+		return nil
+	}
+	if h.TransportProtocol != proxyproto.TCPv4 && h.TransportProtocol != proxyproto.TCPv6 {
+		return errNotTCP
+	}
+	return nil
 }
 
 // conn is a connection whose header is checked: one that fails is

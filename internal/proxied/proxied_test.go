@@ -146,6 +146,8 @@ func TestRefused(t *testing.T) {
 		{"no header from a listed network", "127.0.0.0/8", nil, proxied.ReasonMissing},
 		{"malformed v1", "127.0.0.1/32", writeRaw("PROXY TCP4 10.9.8.7 nonsense\r\n"), proxied.ReasonMalformed},
 		{"malformed v2", "127.0.0.1/32", writeRaw("\r\n\r\n\x00\r\nQUIT\n\x21\x11\x00\x04abcd"), proxied.ReasonMalformed},
+		// A header for anything but TCP over IP proves no address.
+		{"UDP header", "127.0.0.1/32", writeHeader(proxyproto.HeaderProxyFromAddrs(2, &net.UDPAddr{IP: net.IPv4(10, 9, 8, 7), Port: 41000}, &net.UDPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 8080})), proxied.ReasonMalformed},
 		// A malformed header is refused from anywhere: it is no request.
 		{"malformed v1 from elsewhere", "10.0.0.0/8", writeRaw("PROXY TCP4 10.9.8.7 nonsense\r\n"), proxied.ReasonMalformed},
 	} {
