@@ -29,19 +29,20 @@ func proxyProtocolFlag(fs *flag.FlagSet) (apply func(*Config) error) {
 	}
 }
 
-// proxyProtocol wraps the API listener ln to read PROXY protocol headers
-// from cfg.ProxyProtocolFrom (internal/proxied), counting refusals in
-// reg; without networks it returns ln as it is. A TLS listener, when
-// there is one, goes around the returned one: the header comes first on
-// the wire.
-func proxyProtocol(cfg Config, ln net.Listener, reg prometheus.Registerer, log *slog.Logger) (net.Listener, error) {
+// proxyProtocol wraps the API listener ln, as it comes from net.Listen,
+// to read PROXY protocol headers from cfg.ProxyProtocolFrom
+// (internal/proxied); without networks it returns ln as it is and no
+// metrics. The header comes first on the wire: a TLS listener, when there
+// is one, goes around the returned one. The metrics (refusals by reason)
+// are for the app's registry, which does not exist yet.
+func proxyProtocol(cfg Config, ln net.Listener, log *slog.Logger) (net.Listener, prometheus.Collector, error) {
 	if len(cfg.ProxyProtocolFrom) == 0 {
-		return ln, nil
+		return ln, nil, nil
 	}
-	pln, err := proxied.Wrap(ln, proxied.Config{From: cfg.ProxyProtocolFrom, Metrics: reg})
+	pln, err := proxied.Wrap(ln, proxied.Config{From: cfg.ProxyProtocolFrom})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	log.Info("API listener: PROXY protocol required from the load balancers' networks, refused from others", "from", cfg.ProxyProtocolFrom)
-	return pln, nil
+	return pln, pln, nil
 }

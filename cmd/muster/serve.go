@@ -162,14 +162,22 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
 	defer ln.Close()
+	// Behind a load balancer, its PROXY header names the client
+	// (proxy.go); it is read before anything else on the connection,
+	// TLS included.
+	ln, proxyMetrics, err := proxyProtocol(cfg, ln, log)
+	if err != nil {
+		return err
+	}
 	base := "http://" + dialable(ln.Addr().(*net.TCPAddr))
 	acfg, devIssuer, err := appConfig(cfg, base, pool, monPool, replicaName(cfg, ln), log)
 	if err != nil {
 		return err
 	}
-	// Behind a load balancer, its PROXY header names the client (proxy.go).
-	if ln, err = proxyProtocol(cfg, ln, acfg.Metrics, log); err != nil {
-		return err
+	if proxyMetrics != nil {
+		if err := acfg.Metrics.Register(proxyMetrics); err != nil {
+			return fmt.Errorf("proxy protocol metrics: %w", err)
+		}
 	}
 	// The region's key (audit.go) seals overrides and signs the audit
 	// checkpoints, which stop after the HTTP server and the

@@ -139,8 +139,9 @@ func ParseNetworks(s string) ([]netip.Prefix, error) {
 // Wrap returns ln, whose connections from cfg.From must carry a PROXY
 // header and report its source as their RemoteAddr, and whose other
 // connections must not carry one (see the package comment). Closing it
-// closes ln.
-func Wrap(ln net.Listener, cfg Config) (net.Listener, error) {
+// closes ln. It is a prometheus.Collector of its refusals, for a caller
+// that wraps the listener before it has a registry (Config.Metrics nil).
+func Wrap(ln net.Listener, cfg Config) (*Listener, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -160,10 +161,11 @@ func Wrap(ln net.Listener, cfg Config) (net.Listener, error) {
 	if timeout == 0 {
 		timeout = DefaultHeaderTimeout
 	}
-	return &listener{Listener: ln, from: cfg.From, timeout: timeout, refused: refused}, nil
+	return &Listener{Listener: ln, from: cfg.From, timeout: timeout, refused: refused}, nil
 }
 
-type listener struct {
+// Listener is a listener Wrap made.
+type Listener struct {
 	net.Listener
 	from    []netip.Prefix
 	timeout time.Duration
@@ -171,7 +173,7 @@ type listener struct {
 }
 
 // allowed says whether the peer at a is a listed network's.
-func (l *listener) allowed(a net.Addr) bool {
+func (l *Listener) allowed(a net.Addr) bool {
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
 		return false
@@ -185,10 +187,16 @@ func (l *listener) allowed(a net.Addr) bool {
 	return false
 }
 
+// Describe implements prometheus.Collector.
+func (l *Listener) Describe(ch chan<- *prometheus.Desc) { l.refused.Describe(ch) }
+
+// Collect implements prometheus.Collector.
+func (l *Listener) Collect(ch chan<- prometheus.Metric) { l.refused.Collect(ch) }
+
 // Accept returns the next connection, wrapped. The header is not read
 // here (Accept must not wait on one client) but on the connection's
 // first read.
-func (l *listener) Accept() (net.Conn, error) {
+func (l *Listener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
@@ -224,7 +232,7 @@ func tcpOnly(h *proxyproto.Header) error {
 type conn struct {
 	net.Conn
 	pc   *proxyproto.Conn
-	l    *listener
+	l    *Listener
 	once sync.Once
 	err  error
 }
