@@ -357,7 +357,13 @@ func (s *Server) rawSender(conn net.Conn) func(...*stream.Frame) bool {
 		// WriteTo consumes the slice it is given; bufs keeps the
 		// backing array for the next call.
 		wb := bufs
-		if _, err := wb.WriteTo(conn); err != nil {
+		var err error
+		if bw, ok := conn.(buffersWriter); ok {
+			_, err = bw.WriteBuffers(&wb)
+		} else {
+			_, err = wb.WriteTo(conn)
+		}
+		if err != nil {
 			return false
 		}
 		for _, f := range frames {
@@ -377,6 +383,13 @@ func (s *Server) frameSent(k stream.Kind) {
 }
 
 var frameEnd = []byte("\n\n")
+
+// buffersWriter is a connection a listener wrapped (internal/proxied)
+// that can still write net.Buffers with one writev: net.Buffers.WriteTo
+// finds writev only on the net package's own connections.
+type buffersWriter interface {
+	WriteBuffers(*net.Buffers) (int64, error)
+}
 
 // frameHead appends an SSE event's header lines (up to "data: ") to b.
 func frameHead(b []byte, f *stream.Frame) []byte {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/proxied"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/shift"
@@ -115,6 +117,13 @@ type Config struct {
 	// muster trusts for its calls to https peers (--tls-*, MUSTER_TLS_*;
 	// tls.go).
 	TLSCert, TLSKey, TLSCA string
+	// ProxyProtocolFrom are the load balancers' networks whose
+	// connections to the API listener must open with a PROXY protocol
+	// header, whose source address is then the client's
+	// (--proxy-protocol-from, MUSTER_PROXY_PROTOCOL_FROM; proxy.go,
+	// internal/proxied). Empty: no PROXY protocol; a header is then an
+	// HTTP request that does not parse (400).
+	ProxyProtocolFrom []netip.Prefix
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".
@@ -195,6 +204,11 @@ func loadEnv(c *Config) error {
 	}
 	c.Region = envOr("MUSTER_REGION", "local")
 	c.Peers = splitList(os.Getenv("MUSTER_PEERS"))
+	if v := os.Getenv("MUSTER_PROXY_PROTOCOL_FROM"); v != "" {
+		if c.ProxyProtocolFrom, err = proxied.ParseNetworks(v); err != nil {
+			return fmt.Errorf("MUSTER_PROXY_PROTOCOL_FROM: %w", err)
+		}
+	}
 	aud := envOr("MUSTER_AUDIENCE", "muster")
 	for _, u := range strings.Split(os.Getenv("MUSTER_ISSUERS"), ",") {
 		if u = strings.TrimSpace(u); u != "" {

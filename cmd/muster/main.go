@@ -44,6 +44,8 @@ usage:
 environment: DATABASE_URL (or DATABASE_URL_FILE), MUSTER_ISSUERS, MUSTER_AUDIENCE (muster),
              MUSTER_REGION (local), MUSTER_LEASE_TTL (30s), MUSTER_LOG_LEVEL (info),
              MUSTER_ADMISSION_FLOOR (50), MUSTER_ADMISSION_WINDOW (10s), MUSTER_REPLICA (host:port)
+             MUSTER_PROXY_PROTOCOL_FROM (or --proxy-protocol-from: the load balancers' networks, CIDR,
+             whose connections must carry a PROXY protocol header; docs/production.md)
 web UI (serve): MUSTER_UI_ISSUER, MUSTER_UI_CLIENT_ID, MUSTER_UI_CLIENT_SECRET (or _FILE),
              MUSTER_UI_REDIRECT_URL (https://HOST/ui/auth/callback), MUSTER_UI_ROLE_CLAIM (muster_role),
              MUSTER_UI_TEAM_CLAIM (muster_team), MUSTER_UI_INSECURE_COOKIE (0)

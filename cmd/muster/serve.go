@@ -84,6 +84,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs.StringVar(&sf.dwell, "shift-dwell", "", "minimum time between two shift-back steps (MUSTER_SHIFT_DWELL; default 2m)")
 	fs.StringVar(&sf.pendingAlarm, "shift-pending-alarm", "", "a manual shift-back pending confirmation longer than this raises shiftback_pending (MUSTER_SHIFT_PENDING_ALARM; default 10m)")
 	df := addDNSFlags(fs, dev)
+	applyProxyProtocol := proxyProtocolFlag(fs)
 	var peers string
 	fs.StringVar(&peers, "peers", "", "comma-separated base URLs of the region's other replicas (MUSTER_PEERS): when PostgreSQL cannot be reached at start, serve their views read-only until it can (docs/replicas.md)")
 	if err := cli.Parse(fs, args); err != nil {
@@ -94,6 +95,9 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	}
 	if peers != "" {
 		cfg.Peers = splitList(peers)
+	}
+	if err := applyProxyProtocol(&cfg); err != nil {
+		return err
 	}
 	var err error
 	if cfg.DNS, err = df.config(fs, dev); err != nil {
@@ -164,6 +168,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
 	defer ln.Close()
+	// Behind a load balancer, its PROXY header names the client
+	// (proxy.go); it is read before anything else on the connection,
+	// TLS included, so that wrapper goes on first.
+	ln, proxyMetrics, err := proxyProtocol(cfg, ln, log)
+	if err != nil {
+		return err
+	}
 	ln = ltls.wrap(ln)
 	base := ltls.scheme() + "://" + dialable(ln.Addr().(*net.TCPAddr))
 	acfg, devIssuer, err := appConfig(cfg, base, pool, monPool, replicaName(cfg, ln), log)
@@ -172,6 +183,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	if err := withTLS(&acfg, ltls); err != nil {
 		return err
+	}
+	if proxyMetrics != nil {
+		if err := acfg.Metrics.Register(proxyMetrics); err != nil {
+			return fmt.Errorf("proxy protocol metrics: %w", err)
+		}
 	}
 	// The region's key (audit.go) seals overrides and signs the audit
 	// checkpoints, which stop after the HTTP server and the

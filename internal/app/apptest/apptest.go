@@ -264,6 +264,10 @@ type Options struct {
 	// Issuers are trusted after the dev issuers (a test issuer with a
 	// claim mapping, say).
 	Issuers []identity.IssuerConfig
+	// Listener wraps the API listener as muster serve may (a PROXY
+	// protocol listener, say: internal/proxied). The stack's own
+	// requests, and its issuers' key fetches, come from 127.0.0.1.
+	Listener func(net.Listener) (net.Listener, error)
 }
 
 // SealKey is the region's signing key of every Stack in this test process
@@ -335,6 +339,13 @@ func New(t testing.TB, opts Options) *Stack {
 
 	hs := httptest.NewUnstartedServer(nil)
 	base := "http://" + hs.Listener.Addr().String()
+	if opts.Listener != nil {
+		ln, err := opts.Listener(hs.Listener)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs.Listener = ln
+	}
 	iss, err := devissuer.LoadOrCreate(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
