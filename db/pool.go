@@ -37,6 +37,10 @@ type PoolConfig struct {
 	// that starts while PostgreSQL is unreachable and serves its peers'
 	// views until it answers.
 	Lazy bool
+	// IAM, when set, gives every new connection the current IAM database
+	// authentication token as its password (Aurora and RDS IAM auth); the
+	// URL's password is then ignored.
+	IAM *IAMTokens
 }
 
 // OpenPool connects a pool and pings it within the context's deadline.
@@ -69,6 +73,9 @@ func OpenPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	}
 	if c.Tracer != nil {
 		cfg.ConnConfig.Tracer = c.Tracer
+	}
+	if c.IAM != nil {
+		cfg.BeforeConnect = c.IAM.beforeConnect
 	}
 	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
 		registerUUID(c.TypeMap())
@@ -110,6 +117,10 @@ func IsUnavailable(err error) bool {
 		return false
 	}
 	if IsTimeout(err) {
+		return true
+	}
+	var tokErr *TokenError
+	if errors.As(err, &tokErr) {
 		return true
 	}
 	var connErr *pgconn.ConnectError
