@@ -50,6 +50,7 @@ func NewMigratorIAM(databaseURL string, iam *IAMTokens) (*Migrator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
+	cc.OnPgError = closeOnReadOnly(cc.OnPgError)
 	sqlDB := stdlib.OpenDB(*cc, stdlib.OptionBeforeConnect(iam.beforeConnect))
 	drv, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{})
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -77,6 +79,7 @@ func OpenPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if c.IAM != nil {
 		cfg.BeforeConnect = c.IAM.beforeConnect
 	}
+	cfg.ConnConfig.OnPgError = closeOnReadOnly(cfg.ConnConfig.OnPgError)
 	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
 		registerUUID(c.TypeMap())
 		return nil
@@ -102,6 +105,50 @@ func WithTx(ctx context.Context, pool *pgxpool.Pool, fn func(q *Queries) error) 
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		return fn(New(tx))
 	})
+}
+
+// closeOnReadOnly wraps pgconn's error handler so a connection that meets
+// SQLSTATE 25006 (read_only_sql_transaction) is closed on the spot, and
+// the pool, finding it closed on release, drops it instead of handing it
+// out again. muster never asks for a read-only transaction, so the error
+// means the server itself turned read-only: after an Aurora writer
+// failover a session that survived on the demoted instance would fail
+// every write until the process restarted. The transaction it was in dies
+// with it (PostgreSQL rolls back a session that ends), so no write is half
+// applied; new connections land on the writer (target_session_attrs, see
+// WithReadWrite).
+func closeOnReadOnly(next pgconn.PgErrorHandler) pgconn.PgErrorHandler {
+	return func(pc *pgconn.PgConn, err *pgconn.PgError) bool {
+		if err.Code == codeReadOnlyTransaction {
+			return false
+		}
+		return next == nil || next(pc, err)
+	}
+}
+
+// codeReadOnlyTransaction is SQLSTATE read_only_sql_transaction.
+const codeReadOnlyTransaction = "25006"
+
+// WithReadWrite adds target_session_attrs=read-write to a postgres:// URL
+// that does not set target_session_attrs, so a connection never settles on
+// a reader or a demoted writer: pgx asks each new session whether it is
+// read-only and moves on (or fails) if it is. A URL that sets it, or a
+// PGTARGETSESSIONATTRS environment, is left as it is.
+func WithReadWrite(databaseURL string) (string, error) {
+	if os.Getenv("PGTARGETSESSIONATTRS") != "" {
+		return databaseURL, nil
+	}
+	u, err := url.Parse(databaseURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", errors.New("database url: want a postgres:// URL") // the error would carry the password
+	}
+	q := u.Query()
+	if q.Has("target_session_attrs") {
+		return databaseURL, nil
+	}
+	q.Set("target_session_attrs", "read-write")
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 // IsUnavailable reports whether err means the database could not be
@@ -130,8 +177,11 @@ func IsUnavailable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		// Class 08: connection exception; 57P0x: server shutting down or
-		// not accepting connections.
-		return len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:4] == "57P0")
+		// not accepting connections; 25006: the server turned read-only
+		// (a demoted writer, see closeOnReadOnly), so there is no writer
+		// to take the statement until the failover ends.
+		return pgErr.Code == codeReadOnlyTransaction ||
+			len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:4] == "57P0")
 	}
 	return pgconn.SafeToRetry(err)
 }
