@@ -33,7 +33,8 @@ type TokenSigner interface {
 
 // AWSSigner signs tokens with aws-sdk-go-v2's feature/rds/auth: a SigV4
 // presigned rds-db:connect request, computed locally from the credentials
-// (no call to AWS).
+// (only the credentials provider may call AWS, e.g. STS to renew a web
+// identity's role session, and the SDK caches those).
 type AWSSigner struct {
 	// Endpoint is host:port as the clients connect to it.
 	Endpoint string
