@@ -7,8 +7,10 @@ import (
 	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
-	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // pgx5:// driver
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5" // also the pgx5:// driver
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/musterhq/muster/migrations"
 )
@@ -31,6 +33,33 @@ func NewMigrator(databaseURL string) (*Migrator, error) {
 	}
 	m, err := migrate.NewWithSourceInstance("iofs", src, u)
 	if err != nil {
+		return nil, fmt.Errorf("open migrations target: %w", err)
+	}
+	return &Migrator{m: m}, nil
+}
+
+// NewMigratorIAM is NewMigrator for a database that authenticates with
+// IAM tokens: each of the migrator's connections presents the current
+// token of iam as its password.
+func NewMigratorIAM(databaseURL string, iam *IAMTokens) (*Migrator, error) {
+	src, err := iofs.New(migrations.FS, ".")
+	if err != nil {
+		return nil, fmt.Errorf("open embedded migrations: %w", err)
+	}
+	cc, err := pgx.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	cc.OnPgError = closeOnReadOnly(cc.OnPgError)
+	sqlDB := stdlib.OpenDB(*cc, stdlib.OptionBeforeConnect(iam.beforeConnect))
+	drv, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{})
+	if err != nil {
+		sqlDB.Close()
+		return nil, fmt.Errorf("open migrations target: %w", err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", drv)
+	if err != nil {
+		drv.Close()
 		return nil, fmt.Errorf("open migrations target: %w", err)
 	}
 	return &Migrator{m: m}, nil
@@ -74,6 +103,20 @@ func (mg *Migrator) Close() error {
 // Migrate is the common case: apply every pending migration and close.
 func Migrate(databaseURL string) error {
 	mg, err := NewMigrator(databaseURL)
+	if err != nil {
+		return err
+	}
+	defer mg.Close()
+	return mg.Up()
+}
+
+// MigrateIAM is Migrate for a database that authenticates with IAM
+// tokens (NewMigratorIAM); with iam nil it is Migrate.
+func MigrateIAM(databaseURL string, iam *IAMTokens) error {
+	if iam == nil {
+		return Migrate(databaseURL)
+	}
+	mg, err := NewMigratorIAM(databaseURL, iam)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -37,6 +39,10 @@ type PoolConfig struct {
 	// that starts while PostgreSQL is unreachable and serves its peers'
 	// views until it answers.
 	Lazy bool
+	// IAM, when set, gives every new connection the current IAM database
+	// authentication token as its password (Aurora and RDS IAM auth); the
+	// URL's password is then ignored.
+	IAM *IAMTokens
 }
 
 // OpenPool connects a pool and pings it within the context's deadline.
@@ -70,6 +76,10 @@ func OpenPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if c.Tracer != nil {
 		cfg.ConnConfig.Tracer = c.Tracer
 	}
+	if c.IAM != nil {
+		cfg.BeforeConnect = c.IAM.beforeConnect
+	}
+	cfg.ConnConfig.OnPgError = closeOnReadOnly(cfg.ConnConfig.OnPgError)
 	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
 		registerUUID(c.TypeMap())
 		return nil
@@ -97,6 +107,50 @@ func WithTx(ctx context.Context, pool *pgxpool.Pool, fn func(q *Queries) error) 
 	})
 }
 
+// closeOnReadOnly wraps pgconn's error handler so a connection that meets
+// SQLSTATE 25006 (read_only_sql_transaction) is closed on the spot, and
+// the pool, finding it closed on release, drops it instead of handing it
+// out again. muster never asks for a read-only transaction, so the error
+// means the server itself turned read-only: after an Aurora writer
+// failover a session that survived on the demoted instance would fail
+// every write until the process restarted. The transaction it was in dies
+// with it (PostgreSQL rolls back a session that ends), so no write is half
+// applied; new connections land on the writer (target_session_attrs, see
+// WithReadWrite).
+func closeOnReadOnly(next pgconn.PgErrorHandler) pgconn.PgErrorHandler {
+	return func(pc *pgconn.PgConn, err *pgconn.PgError) bool {
+		if err.Code == codeReadOnlyTransaction {
+			return false
+		}
+		return next == nil || next(pc, err)
+	}
+}
+
+// codeReadOnlyTransaction is SQLSTATE read_only_sql_transaction.
+const codeReadOnlyTransaction = "25006"
+
+// WithReadWrite adds target_session_attrs=read-write to a postgres:// URL
+// that does not set target_session_attrs, so a connection never settles on
+// a reader or a demoted writer: pgx asks each new session whether it is
+// read-only and moves on (or fails) if it is. A URL that sets it, or a
+// PGTARGETSESSIONATTRS environment, is left as it is.
+func WithReadWrite(databaseURL string) (string, error) {
+	if os.Getenv("PGTARGETSESSIONATTRS") != "" {
+		return databaseURL, nil
+	}
+	u, err := url.Parse(databaseURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", errors.New("database url: want a postgres:// URL") // the error would carry the password
+	}
+	q := u.Query()
+	if q.Has("target_session_attrs") {
+		return databaseURL, nil
+	}
+	q.Set("target_session_attrs", "read-write")
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
 // IsUnavailable reports whether err means the database could not be
 // reached or did not answer in time (as opposed to refusing a statement),
 // so callers can answer 503: a refused or broken connection, a server
@@ -112,6 +166,10 @@ func IsUnavailable(err error) bool {
 	if IsTimeout(err) {
 		return true
 	}
+	var tokErr *TokenError
+	if errors.As(err, &tokErr) {
+		return true
+	}
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
 		return true
@@ -119,8 +177,11 @@ func IsUnavailable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		// Class 08: connection exception; 57P0x: server shutting down or
-		// not accepting connections.
-		return len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:4] == "57P0")
+		// not accepting connections; 25006: the server turned read-only
+		// (a demoted writer, see closeOnReadOnly), so there is no writer
+		// to take the statement until the failover ends.
+		return pgErr.Code == codeReadOnlyTransaction ||
+			len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:4] == "57P0")
 	}
 	return pgconn.SafeToRetry(err)
 }

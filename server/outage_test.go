@@ -40,7 +40,14 @@ func outageHold(t *testing.T) time.Duration {
 func outageStack(t *testing.T) (*stack, *dbtest.Cluster, string) {
 	t.Helper()
 	pc := dbtest.NewCluster(t)
-	s := apptest.New(t, apptest.Options{DatabaseURL: pc.URL()})
+	s, instance := outageStackOn(t, pc.URL())
+	return s, pc, instance
+}
+
+// outageStackOn is outageStack on the database at url.
+func outageStackOn(t *testing.T, url string) (*stack, string) {
+	t.Helper()
+	s := apptest.New(t, apptest.Options{DatabaseURL: url})
 	s.Seed(t)
 	oscar := s.Token(t, oscarReq)
 	r := s.JSON(t, "POST", "/v1/services/web/instances", oscar, `{"address":"10.0.0.1","port":8080,"zone":"az1"}`)
@@ -57,7 +64,7 @@ func outageStack(t *testing.T) (*stack, *dbtest.Cluster, string) {
 	s.Clock.Advance(2 * time.Second) // past the additions' batching window
 	s.Publisher.RunOnce()
 	wait.For(t, 10*time.Second, "/readyz", func() bool { return s.Do(t, "GET", "/readyz", "", "", "").Status == http.StatusOK })
-	return s, pc, instance
+	return s, instance
 }
 
 var databaseUpRE = regexp.MustCompile(`(?m)^muster_database_up (\d)`)

@@ -138,7 +138,11 @@ func toolPool(ctx context.Context, cfg *Config, stderr io.Writer) (pool *pgxpool
 	if err != nil {
 		return nil, nil, err
 	}
-	if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: url, IOTimeout: cfg.DBIOTimeout}); err != nil {
+	target, err := newDBTarget(ctx, *cfg, url)
+	if err != nil {
+		return nil, nil, errors.Join(err, stop())
+	}
+	if pool, err = target.open(ctx, db.PoolConfig{IOTimeout: cfg.DBIOTimeout}); err != nil {
 		return nil, nil, errors.Join(err, stop())
 	}
 	return pool, func() error { pool.Close(); return stop() }, nil

@@ -78,6 +78,13 @@ type Config struct {
 	// how long PostgreSQL may stay silent while a reply is owed before the
 	// connection is given up (db.DefaultIOTimeout says why 5 s).
 	DBIOTimeout time.Duration
+	// DBIAM makes muster log in to PostgreSQL with IAM database
+	// authentication tokens (Aurora, RDS) instead of DATABASE_URL's
+	// password (MUSTER_DB_IAM=1, --db-iam; dbtarget.go), signed in
+	// DBIAMRegion (MUSTER_DB_IAM_REGION; default: the region in the RDS
+	// host name, else the AWS SDK's).
+	DBIAM       bool
+	DBIAMRegion string
 	// MaxPendingWindows bounds the observed windows kept in memory while
 	// PostgreSQL cannot take them (MUSTER_MAX_PENDING_WINDOWS, 2000000).
 	MaxPendingWindows int
@@ -279,6 +286,14 @@ func loadEnv(c *Config) error {
 			return fmt.Errorf("MUSTER_DB_IO_TIMEOUT: %w", err)
 		}
 	}
+	switch v := os.Getenv("MUSTER_DB_IAM"); v {
+	case "", "0":
+	case "1":
+		c.DBIAM = true
+	default:
+		return fmt.Errorf("MUSTER_DB_IAM %q: want 1 or 0", v)
+	}
+	c.DBIAMRegion = os.Getenv("MUSTER_DB_IAM_REGION")
 	if v := os.Getenv("MUSTER_MAX_PENDING_WINDOWS"); v != "" {
 		if c.MaxPendingWindows, err = strconv.Atoi(v); err != nil {
 			return fmt.Errorf("MUSTER_MAX_PENDING_WINDOWS: %w", err)
@@ -351,6 +366,9 @@ func (c *Config) Validate() error {
 	if err := c.validateTLS(); err != nil {
 		return err
 	}
+	if err := c.validateIAM(); err != nil {
+		return err
+	}
 	if err := c.Audit.Validate(); err != nil {
 		return err
 	}
@@ -372,6 +390,32 @@ func (c *Config) Validate() error {
 		if len(c.Issuers) == 0 {
 			return errors.New("muster serve needs MUSTER_ISSUERS, the comma-separated OIDC issuer URLs whose tokens it accepts")
 		}
+	}
+	return nil
+}
+
+// validateIAM checks DATABASE_URL for IAM database authentication: a
+// token is a password good for 15 minutes, so it travels only over TLS
+// (Aurora refuses IAM logins without it anyway), and it is signed for the
+// URL's user.
+func (c *Config) validateIAM() error {
+	if !c.DBIAM {
+		return nil
+	}
+	if c.DatabaseURL == "" {
+		return errors.New("MUSTER_DB_IAM needs DATABASE_URL (the local dev cluster takes no IAM tokens)")
+	}
+	u, err := url.Parse(c.DatabaseURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return errors.New("MUSTER_DB_IAM needs DATABASE_URL as a postgres:// URL")
+	}
+	if u.User.Username() == "" && u.Query().Get("user") == "" {
+		return errors.New("MUSTER_DB_IAM: DATABASE_URL names no user to sign tokens for")
+	}
+	switch m := u.Query().Get("sslmode"); m {
+	case "require", "verify-ca", "verify-full":
+	default:
+		return fmt.Errorf("MUSTER_DB_IAM: DATABASE_URL's sslmode is %q; IAM tokens are passwords, send them over TLS only (sslmode=verify-full with the RDS CA bundle as sslrootcert)", m)
 	}
 	return nil
 }

@@ -75,6 +75,9 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		fs.StringVar(&cfg.DataDir, "data", ".muster", "folder for the local PostgreSQL cluster and the dev issuer's key")
 		fs.BoolVar(&cfg.Demo, "demo", false, "fill the database with a simulated estate and drive it with simulated evidence")
 	}
+	if !dev {
+		fs.BoolVar(&cfg.DBIAM, "db-iam", false, "log in to PostgreSQL with IAM database authentication tokens (Aurora, RDS) instead of DATABASE_URL's password (MUSTER_DB_IAM=1; docs/production.md)")
+	}
 	xdsFlags(fs, &cfg, dev)
 	tlsFlags(fs, &cfg)
 	var reconcileFile string
@@ -136,7 +139,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 		return err
 	}
 	defer func() { err = errors.Join(err, stopDB()) }()
-	pool, monPool, closePools, fromPeers, err := openPoolsOrPeers(ctx, cfg, dbURL, log)
+	target, err := newDBTarget(ctx, cfg, dbURL)
+	if err != nil {
+		return err
+	}
+	pool, monPool, closePools, fromPeers, err := openPoolsOrPeers(ctx, cfg, target, log)
 	if err != nil {
 		return err
 	}
@@ -227,7 +234,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	defer resumer.Wait()
 	if fromPeers {
 		resumer.Go(func() {
-			if err := resumeWhenDatabaseAnswers(serveCtx, ctx, cfg, dbURL, pool, a, log); err != nil {
+			if err := resumeWhenDatabaseAnswers(serveCtx, ctx, cfg, target, pool, a, log); err != nil {
 				stopServing(err)
 			}
 		})
@@ -257,26 +264,26 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 // opens the pools without connecting instead and says so (fromPeers), and
 // the replica starts from its peers. The probe comes first so that an
 // unreachable host costs its connect timeout, not the migration's.
-func openPoolsOrPeers(ctx context.Context, cfg Config, dbURL string, log *slog.Logger) (pool, monPool *pgxpool.Pool, closeAll func(), fromPeers bool, err error) {
+func openPoolsOrPeers(ctx context.Context, cfg Config, target dbTarget, log *slog.Logger) (pool, monPool *pgxpool.Pool, closeAll func(), fromPeers bool, err error) {
 	if len(cfg.Peers) == 0 {
-		pool, monPool, closeAll, err = openPools(ctx, cfg, dbURL)
+		pool, monPool, closeAll, err = openPools(ctx, cfg, target)
 		return pool, monPool, closeAll, false, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	probe, perr := db.OpenPool(pctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1})
+	probe, perr := target.open(pctx, db.PoolConfig{IOTimeout: cfg.DBIOTimeout, MaxConns: 1})
 	cancel()
 	if perr == nil {
 		// PostgreSQL answers: the ordinary start (a migration that fails
 		// now is a fault to report, not an outage to ride out).
 		probe.Close()
-		pool, monPool, closeAll, err = openPools(ctx, cfg, dbURL)
+		pool, monPool, closeAll, err = openPools(ctx, cfg, target)
 		return pool, monPool, closeAll, false, err
 	}
 	log.Warn("PostgreSQL cannot be reached at start: serving the peers' views read-only until it answers", "err", perr, "peers", cfg.Peers)
-	if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, Lazy: true}); err != nil {
+	if pool, err = target.open(ctx, db.PoolConfig{IOTimeout: cfg.DBIOTimeout, Lazy: true}); err != nil {
 		return nil, nil, nil, false, err
 	}
-	if monPool, err = db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1, Lazy: true}); err != nil {
+	if monPool, err = target.open(ctx, db.PoolConfig{IOTimeout: cfg.DBIOTimeout, MaxConns: 1, Lazy: true}); err != nil {
 		pool.Close()
 		return nil, nil, nil, false, err
 	}
@@ -289,7 +296,7 @@ func openPoolsOrPeers(ctx context.Context, cfg Config, dbURL string, log *slog.L
 // start (App.Resume; workers start on startCtx, as App.Start's would).
 // A key that disagrees with the rows is returned: the replica stops, as
 // it would have refused to start.
-func resumeWhenDatabaseAnswers(ctx, startCtx context.Context, cfg Config, dbURL string, pool *pgxpool.Pool, a *app.App, log *slog.Logger) error {
+func resumeWhenDatabaseAnswers(ctx, startCtx context.Context, cfg Config, target dbTarget, pool *pgxpool.Pool, a *app.App, log *slog.Logger) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -304,7 +311,7 @@ func resumeWhenDatabaseAnswers(ctx, startCtx context.Context, cfg Config, dbURL 
 		if err != nil {
 			continue
 		}
-		if err := db.Migrate(dbURL); err != nil {
+		if err := target.migrate(); err != nil {
 			log.Warn("PostgreSQL answers, but the migration failed; trying again", "err", err)
 			continue
 		}
@@ -321,14 +328,14 @@ func resumeWhenDatabaseAnswers(ctx, startCtx context.Context, cfg Config, dbURL 
 
 // openPools migrates the database and opens the shared pool and the
 // database monitor's own one-connection pool.
-func openPools(ctx context.Context, cfg Config, dbURL string) (pool, monPool *pgxpool.Pool, closeAll func(), err error) {
-	if err := db.Migrate(dbURL); err != nil {
+func openPools(ctx context.Context, cfg Config, target dbTarget) (pool, monPool *pgxpool.Pool, closeAll func(), err error) {
+	if err := target.migrate(); err != nil {
 		return nil, nil, nil, err
 	}
-	if pool, err = db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout}); err != nil {
+	if pool, err = target.open(ctx, db.PoolConfig{IOTimeout: cfg.DBIOTimeout}); err != nil {
 		return nil, nil, nil, err
 	}
-	if monPool, err = db.OpenPool(ctx, db.PoolConfig{URL: dbURL, IOTimeout: cfg.DBIOTimeout, MaxConns: 1}); err != nil {
+	if monPool, err = target.open(ctx, db.PoolConfig{IOTimeout: cfg.DBIOTimeout, MaxConns: 1}); err != nil {
 		pool.Close()
 		return nil, nil, nil, err
 	}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/musterhq/muster/db"
+)
+
+// dbTarget is how muster connects to its database: the URL, and for Aurora
+// with IAM database authentication (MUSTER_DB_IAM=1) the tokens that stand
+// in for the URL's password. Built once per process, so every pool and the
+// migrator share one cached token.
+type dbTarget struct {
+	url string
+	iam *db.IAMTokens // nil: the URL's own password (or none)
+}
+
+// newDBTarget prepares the connections to dbURL. For serve the URL gets
+// target_session_attrs=read-write unless it sets target_session_attrs
+// itself, so no connection settles on a reader or a demoted writer. With
+// cfg.DBIAM the tokens are signed for the URL's user on its first host and
+// port, in MUSTER_DB_IAM_REGION, else the region in an RDS host name, else
+// the AWS SDK's configured region; the credentials come from the SDK's
+// default chain (IRSA, ECS task role, instance profile, environment).
+func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error) {
+	t := dbTarget{url: dbURL}
+	// A key=value DSN (which tools accept; serve's migrations need a URL)
+	// is left as it is: it can say target_session_attrs itself.
+	if !cfg.Dev && (strings.HasPrefix(dbURL, "postgres://") || strings.HasPrefix(dbURL, "postgresql://")) {
+		u, err := db.WithReadWrite(dbURL)
+		if err != nil {
+			return dbTarget{}, err
+		}
+		t.url = u
+	}
+	if !cfg.DBIAM {
+		return t, nil
+	}
+	cc, err := pgx.ParseConfig(t.url)
+	if err != nil {
+		return dbTarget{}, errors.New("MUSTER_DB_IAM: DATABASE_URL does not parse") // pgx's error may quote the URL
+	}
+	if cc.User == "" {
+		return dbTarget{}, errors.New("MUSTER_DB_IAM: DATABASE_URL names no user to sign tokens for")
+	}
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+	if err != nil {
+		return dbTarget{}, fmt.Errorf("MUSTER_DB_IAM: load AWS configuration: %w", err)
+	}
+	region := cmpOr(cfg.DBIAMRegion, cmpOr(db.RegionFromHost(cc.Host), awsCfg.Region))
+	if region == "" {
+		return dbTarget{}, fmt.Errorf("MUSTER_DB_IAM: no AWS region for %s: set MUSTER_DB_IAM_REGION or AWS_REGION", cc.Host)
+	}
+	signer := db.AWSSigner{
+		Endpoint: net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))),
+		Region:   region, User: cc.User, Creds: awsCfg.Credentials,
+	}
+	if t.iam, err = db.NewIAMTokens(signer, nil, 0); err != nil {
+		return dbTarget{}, err
+	}
+	return t, nil
+}
+
+// open opens a pool on the target; c.URL and c.IAM are filled in.
+func (t dbTarget) open(ctx context.Context, c db.PoolConfig) (*pgxpool.Pool, error) {
+	c.URL, c.IAM = t.url, t.iam
+	return db.OpenPool(ctx, c)
+}
+
+// migrate applies the pending migrations.
+func (t dbTarget) migrate() error { return db.MigrateIAM(t.url, t.iam) }
