@@ -10,6 +10,7 @@
 //	muster seal rotate [--data DIR] [--batch N]                  re-seal live rows under the signing key
 //	muster tgsync  --config FILE [--once] [--dry-run] [--json]     target-group sync (ELBv2, HAProxy)
 //	muster loadgen seed|rebuild|reports
+//	muster version                                               module version, Go version, VCS revision
 package main
 
 import (
@@ -40,6 +41,7 @@ usage:
   muster resolve SERVICE [--server URL] [--cache DIR] [--token T] [--data DIR] [--watch] [--json] [--timeout 5s]
   muster tgsync  --config FILE [--once] [--dry-run] [--json] [--own-group] [--metrics-addr ADDR] [--endpoint-url URL]
   muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)
+  muster version
 
 environment: DATABASE_URL (or DATABASE_URL_FILE), MUSTER_ISSUERS, MUSTER_AUDIENCE (muster),
              MUSTER_REGION (local), MUSTER_LEASE_TTL (30s), MUSTER_LOG_LEVEL (info),
@@ -99,6 +101,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdSeal(ctx, args[1:], stdout, stderr)
 	case "tgsync":
 		return cmdTgsync(ctx, args[1:], stdout, stderr)
+	case "version":
+		return cmdVersion(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
