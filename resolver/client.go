@@ -350,6 +350,9 @@ type session struct {
 	progress   bool          // at least one frame arrived
 	full       bool          // the next subscription must ask for full views
 	retryAfter time.Duration // the server asked for at least this wait
+	// spread is the window a shutting-down server asked its subscribers
+	// to spread their reconnections over (a drain's reconnect_within_ms).
+	spread time.Duration
 	err        error
 }
 
@@ -376,6 +379,12 @@ func (c *Client) run(ctx context.Context) {
 		attempt++
 		if s.retryAfter > d {
 			d = s.retryAfter
+		}
+		// A draining server names a window; a random point in it (full
+		// jitter), at most MaxBackoff, so its subscribers reach the other
+		// replicas spread out rather than at once.
+		if j := time.Duration(c.cfg.Rand() * float64(min(s.spread, c.cfg.MaxBackoff))); j > d {
+			d = j
 		}
 		next++
 		c.cfg.Logger.Info("resolver: watch ended; resubscribing", "url", base, "err", s.err, "wait", d, "full", full)
@@ -544,6 +553,12 @@ func (c *Client) dispatch(kind, data string, s *session) (done bool) {
 		return false
 	case "drain":
 		s.err = errDrain
+		var d struct {
+			ReconnectWithinMS int64 `json:"reconnect_within_ms"`
+		}
+		if json.Unmarshal([]byte(data), &d) == nil && d.ReconnectWithinMS > 0 {
+			s.spread = time.Duration(min(d.ReconnectWithinMS, int64(time.Hour/time.Millisecond))) * time.Millisecond
+		}
 		return true
 	case "view":
 		var v View

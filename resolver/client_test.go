@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -521,5 +522,36 @@ func TestClientFollowsHoldWhenServerIsQuiet(t *testing.T) {
 	}
 	if st := c.Stats(); st.Cache.HoldsFollowed != 1 || st.Cache.Holding != 0 {
 		t.Fatalf("stats %+v", st.Cache)
+	}
+}
+
+// A server shutting down names the window its subscribers should spread
+// their reconnections over (a drain's reconnect_within_ms): the client
+// waits a random point in it (full jitter), capped at MaxBackoff, and
+// moves to the next URL; a drain without a window costs only the backoff.
+func TestClientSpreadsItsReconnectionOverADrainsWindow(t *testing.T) {
+	t.Parallel()
+	v := view("api", 10, 4)
+	drains := []string{`{"reason":"server shutting down; reconnect with jitter","reconnect_within_ms":4000}`, `{}`, `{"reconnect_within_ms":3600000000}`}
+	srv := newFakeMuster(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		startSSE(w)
+		send(w, "view", 10, v)
+		if n < len(drains) {
+			fmt.Fprintf(w, "event: drain\ndata: %s\n\n", drains[n])
+			return
+		}
+		hang(r)
+	})
+	sl := &sleeps{}
+	c := newClient(t, resolver.Config{URLs: []string{srv.URL}, Services: []string{"api"}, Rand: func() float64 { return 0.5 },
+		BaseBackoff: 100 * time.Millisecond, MaxBackoff: 10 * time.Second}, sl)
+	eventually(t, "three drains followed", func() bool { return len(sl.get()) >= 3 })
+	got := sl.get()[:3]
+	want := []time.Duration{2 * time.Second, 50 * time.Millisecond, 5 * time.Second}
+	if !slices.Equal(got, want) {
+		t.Fatalf("waits after drains %v, want %v (half of 4 s; half the base backoff; half of MaxBackoff)", got, want)
+	}
+	if version(c, "api") != 10 {
+		t.Fatal("the view was lost across drains")
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
@@ -20,6 +22,7 @@ import (
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/shift"
+	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/webui"
 	"github.com/musterhq/muster/server"
 )
@@ -119,6 +122,12 @@ type Config struct {
 	// can (app.App.StartFromPeers; docs/replicas.md). Needs the region's
 	// signing key.
 	Peers []string
+	// DrainSpread is the window a shutting-down replica asks its watch
+	// subscribers to spread their reconnections over
+	// (MUSTER_DRAIN_SPREAD, 2s); ShutdownGrace bounds the shutdown after
+	// SIGTERM (MUSTER_SHUTDOWN_GRACE, 25s): both docs/production.md's
+	// rolling deploy.
+	DrainSpread, ShutdownGrace time.Duration
 	// TLSCert and TLSKey, when set, make every listener serve TLS with
 	// this pair, reloaded when the files change; TLSCA is the CA bundle
 	// muster trusts for its calls to https peers (--tls-*, MUSTER_TLS_*;
@@ -286,6 +295,17 @@ func loadEnv(c *Config) error {
 			return fmt.Errorf("MUSTER_DB_IO_TIMEOUT: %w", err)
 		}
 	}
+	c.DrainSpread, c.ShutdownGrace = stream.DefaultDrainSpread, app.DefaultShutdownGrace
+	for _, d := range []struct {
+		name string
+		to   *time.Duration
+	}{{"MUSTER_DRAIN_SPREAD", &c.DrainSpread}, {"MUSTER_SHUTDOWN_GRACE", &c.ShutdownGrace}} {
+		if v := os.Getenv(d.name); v != "" {
+			if *d.to, err = time.ParseDuration(v); err != nil {
+				return fmt.Errorf("%s: %w", d.name, err)
+			}
+		}
+	}
 	switch v := os.Getenv("MUSTER_DB_IAM"); v {
 	case "", "0":
 	case "1":
@@ -362,6 +382,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPendingWindows <= 0 {
 		return fmt.Errorf("MUSTER_MAX_PENDING_WINDOWS %d must be above 0", c.MaxPendingWindows)
+	}
+	if grace := cmp.Or(c.ShutdownGrace, app.DefaultShutdownGrace); c.DrainSpread < 0 || grace < time.Second || c.DrainSpread >= grace {
+		return fmt.Errorf("MUSTER_DRAIN_SPREAD (%s) must be at least 0 and below MUSTER_SHUTDOWN_GRACE (%s), which must be at least 1s", c.DrainSpread, c.ShutdownGrace)
 	}
 	if err := c.validateTLS(); err != nil {
 		return err

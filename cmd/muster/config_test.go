@@ -235,3 +235,40 @@ func TestLoadEnvPeers(t *testing.T) {
 		t.Fatal("a peer without a scheme validated")
 	}
 }
+
+// The rolling deploy's settings (docs/production.md): a drain window of
+// 2 s and a shutdown grace of 25 s by default; the window must fit in
+// the grace, and a grace under a second is refused.
+func TestLoadEnvDrainSpreadAndShutdownGrace(t *testing.T) {
+	var c Config
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c.DrainSpread != 2*time.Second || c.ShutdownGrace != 25*time.Second {
+		t.Fatalf("defaults: spread %s, grace %s", c.DrainSpread, c.ShutdownGrace)
+	}
+	c.Addr, c.Region, c.ShiftSteps, c.ShiftPendingAlarm, c.AdmissionFloor, c.LeaseTTL, c.Dev = ":0", "local", []float64{1}, time.Minute, 1, time.Minute, true
+	for _, tc := range []struct {
+		spread, grace string
+		ok            bool
+	}{
+		{"5s", "40s", true},
+		{"0", "10s", true},
+		{"30s", "30s", false},
+		{"1s", "500ms", false},
+		{"-1s", "30s", false},
+	} {
+		t.Setenv("MUSTER_DRAIN_SPREAD", tc.spread)
+		t.Setenv("MUSTER_SHUTDOWN_GRACE", tc.grace)
+		if err := loadEnv(&c); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("spread %s, grace %s: validate %v, want ok %t", tc.spread, tc.grace, err, tc.ok)
+		}
+	}
+	t.Setenv("MUSTER_SHUTDOWN_GRACE", "soon")
+	if err := loadEnv(&c); err == nil || !strings.Contains(err.Error(), "MUSTER_SHUTDOWN_GRACE") {
+		t.Fatalf("a grace that is no duration: %v", err)
+	}
+}

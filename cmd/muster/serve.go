@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/rand"
@@ -434,11 +435,13 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		Evaluator: evaluator.Config{MaxPendingWindows: cfg.MaxPendingWindows},
 		Policy: policy.Config{OverrideLimit: cfg.OverrideLimit, WriteLimit: cfg.WriteLimit, MaxExpiry: cfg.MaxExpiry,
 			CosignWindow: cfg.CosignWindow},
-		Shifts:    shift.Config{Steps: cfg.ShiftSteps, Dwell: cfg.ShiftDwell, PendingAlarmAfter: cfg.ShiftPendingAlarm},
-		Admission: stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow},
-		Server:    server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
-		DNS:       cfg.DNS,
-		Reconcile: rcfg,
+		Shifts:        shift.Config{Steps: cfg.ShiftSteps, Dwell: cfg.ShiftDwell, PendingAlarmAfter: cfg.ShiftPendingAlarm},
+		Admission:     stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow},
+		Hub:           stream.Config{DrainSpread: cmp.Or(cfg.DrainSpread, -1)},
+		ShutdownGrace: cfg.ShutdownGrace,
+		Server:        server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
+		DNS:           cfg.DNS,
+		Reconcile:     rcfg,
 	}
 	if devIssuer != nil {
 		ac.Server.DevIssuer, ac.Server.DevIssuerPath = devIssuer.Handler(), devIssuerPath

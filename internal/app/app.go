@@ -74,6 +74,9 @@ import (
 	"github.com/musterhq/muster/server"
 )
 
+// DefaultShutdownGrace is Config.ShutdownGrace's default.
+const DefaultShutdownGrace = 25 * time.Second
+
 // Names of the workers, for Start's hold list and Worker.
 const (
 	WorkerMonitor   = "database-monitor"
@@ -152,7 +155,12 @@ type Config struct {
 	Policy    policy.Config
 	Shifts    shift.Config
 	Hub       stream.Config
-	Publisher publisher.Config
+	// ShutdownGrace bounds Shutdown once Serve's context ends: the drain
+	// of the watch and xDS streams, HTTP's shutdown and the workers'
+	// flushes. 25 s by default, inside Kubernetes' default termination
+	// grace period of 30 s (MUSTER_SHUTDOWN_GRACE).
+	ShutdownGrace time.Duration
+	Publisher     publisher.Config
 	Admission stream.AdmissionConfig
 	Census    stream.CensusConfig
 	// KeyWatch tunes the running check of the region's keys against the
@@ -239,6 +247,7 @@ type App struct {
 	DNS *dnszone.Server
 
 	log     *slog.Logger
+	grace   time.Duration // Config.ShutdownGrace
 	ready   atomic.Bool
 	workers []worker // in start order
 
@@ -286,11 +295,14 @@ func New(cfg Config) (*App, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = prometheus.NewRegistry()
 	}
+	if cfg.ShutdownGrace <= 0 {
+		cfg.ShutdownGrace = DefaultShutdownGrace
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	pool, log, metrics, now := cfg.Pool, cfg.Logger, cfg.Metrics, cfg.Now
-	a := &App{log: log, Metrics: metrics, started: map[string]bool{}}
+	a := &App{log: log, grace: cfg.ShutdownGrace, Metrics: metrics, started: map[string]bool{}}
 	var err error
 
 	// Desired state.
@@ -696,7 +708,7 @@ func (a *App) Serve(ctx context.Context, ln net.Listener, serving func()) error 
 	case <-ctx.Done():
 	}
 	a.log.Info("shutting down")
-	shutCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	shutCtx, cancel := context.WithTimeout(context.Background(), a.grace)
 	defer cancel()
 	return errors.Join(err, a.Shutdown(shutCtx, hs.Shutdown))
 }

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"sync"
@@ -64,7 +65,29 @@ type Config struct {
 	QueueLen int
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// DrainSpread is the window over which subscribers told to drain at
+	// shutdown should spread their reconnections: the drain frame
+	// carries it as reconnect_within_ms, and a client waits a uniformly
+	// random part of it (full jitter) before it subscribes elsewhere, so
+	// a replica's subscribers do not land on the others in one burst.
+	// 2 s by default; negative for none.
+	DrainSpread time.Duration
 }
+
+// DefaultDrainSpread is Config.DrainSpread's default.
+const DefaultDrainSpread = 2 * time.Second
+
+// Drain is the data of a drain frame: why the stream ends and, when the
+// server is shutting down, the window to spread the reconnection over.
+type Drain struct {
+	Reason string `json:"reason"`
+	// ReconnectWithinMS asks the client to reconnect after a uniformly
+	// random delay in [0, ReconnectWithinMS) ms; 0 means at once.
+	ReconnectWithinMS int64 `json:"reconnect_within_ms,omitempty"`
+}
+
+// DrainShutdown is a Drain's reason when the server shuts down.
+const DrainShutdown = "server shutting down; reconnect with jitter"
 
 // Hub holds the latest views and fans updates out to subscribers.
 type Hub struct {
@@ -137,6 +160,9 @@ func NewHub(cfg Config) *Hub {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.DrainSpread == 0 {
+		cfg.DrainSpread = DefaultDrainSpread
 	}
 	return &Hub{cfg: cfg, services: map[string]*serviceState{}, closing: make(chan struct{})}
 }
@@ -506,8 +532,9 @@ func (h *Hub) Subscribers() (now, peak int) {
 	return h.subs, h.peak
 }
 
-// Close stops admitting subscribers and tells every open one to drain
-// (reconnect elsewhere, with jitter).
+// Close stops admitting subscribers and tells every open one to drain:
+// reconnect elsewhere, after a random part of Config.DrainSpread
+// (reconnect_within_ms in the frame).
 func (h *Hub) Close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -515,7 +542,11 @@ func (h *Hub) Close() {
 		close(h.closing)
 	}
 	h.closed = true
-	drain := &Frame{Kind: KindDrain, JSON: []byte(`{"reason":"server shutting down; reconnect with jitter"}`)}
+	b, err := json.Marshal(Drain{Reason: DrainShutdown, ReconnectWithinMS: max(h.cfg.DrainSpread.Milliseconds(), 0)})
+	if err != nil {
+		panic(err) // a struct of a string and an int
+	}
+	drain := &Frame{Kind: KindDrain, JSON: b}
 	seen := map[*Subscription]bool{}
 	for _, st := range h.services {
 		for sub := range st.subs {

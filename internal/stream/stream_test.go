@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -99,8 +100,13 @@ func TestCloseDrainsSubscribers(t *testing.T) {
 	h := NewHub(Config{})
 	sub, _ := h.Subscribe([]string{"web", "api"}, 0)
 	h.Close()
-	if f := <-sub.C(); f.Kind != KindDrain {
+	f := <-sub.C()
+	if f.Kind != KindDrain {
 		t.Fatalf("got %s, want drain", f.Kind)
+	}
+	var d Drain
+	if err := json.Unmarshal(f.JSON, &d); err != nil || d.Reason != DrainShutdown || d.ReconnectWithinMS != DefaultDrainSpread.Milliseconds() {
+		t.Fatalf("drain %s (%v), want the shutdown reason and a %s window", f.JSON, err, DefaultDrainSpread)
 	}
 	if len(sub.C()) != 0 {
 		t.Fatal("drain sent twice to one subscriber")
