@@ -26,12 +26,13 @@ import (
 )
 
 // The region the three-replica test runs (issue 27, "Done when"): 2,000
-// instances over 50 services, 300 subscribers.
+// instances over 50 services, 1,000 subscribers of 2 services each (issue
+// 28's rolling restart under 1,000 subscribers).
 const (
 	regionServices    = 50
 	regionInstances   = 40 // per service, over two zones
-	regionSubscribers = 300
-	regionWatched     = 5 // services per subscriber
+	regionSubscribers = 1000
+	regionWatched     = 2 // services per subscriber
 	// regionProbed is the service a prober reports on (round-robin to
 	// every replica); the others have no readiness signal.
 	regionProbed = "svc-00"
@@ -46,19 +47,21 @@ type regionInstance struct {
 
 // TestThreeReplicasServeOneRegion (issue 27): three muster dev processes
 // on one data folder are three replicas of one region. Every replica
-// serves the same view (version and checksum) of every service; 300
+// serves the same view (version and checksum) of every service; 1,000
 // stream checkers spread over the replicas, each resubscribing to a
 // random replica whenever its stream drops, watch while registrations,
 // lease renewals and a prober's reports go round-robin to all replicas.
 // A withdrawal reported to a replica that does not own the service
 // reaches every subscriber of it; the replica owning the most shards is
 // SIGKILLed and its shards move to the two others; then every replica is
-// restarted in turn (SIGTERM, start again). Throughout, the checkers see
+// restarted in turn (SIGTERM, start again), and while each drains a
+// hard failure reported to a replica up must withdraw an instance at
+// every subscriber of its service. Throughout, the checkers see
 // no gap, duplicate, regression, checksum mismatch or empty view and end
 // holding what the replicas serve (no freeze), and no lease is expired (every instance renews
 // through whichever replicas are up).
 func TestThreeReplicasServeOneRegion(t *testing.T) {
-	realTime(t, "three replicas of one region under 300 stream checkers")
+	realTime(t, "three replicas of one region under 1,000 stream checkers")
 	t.Parallel()
 	began := time.Now()
 	dir := devDir(t)
@@ -463,6 +466,34 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 	// A rolling restart: the killed replica comes back, then each replica
 	// is stopped (SIGTERM) and started again, one at a time, each once
 	// the region is balanced again.
+	// Each replica stopped is sent SIGTERM, and while it drains a hard
+	// failure of one more of regionProbed's instances is reported to a
+	// replica that stays up: the withdrawal must reach every subscriber
+	// of regionProbed, whichever replica owned it or held its stream.
+	withdrawals := 1
+	var slowest time.Duration
+	withdraw := func(i int) {
+		t.Helper()
+		target := probed[1+withdrawals].id
+		withdrawals++
+		downMu.Lock()
+		down[target] = true
+		downMu.Unlock()
+		reported := time.Now()
+		for {
+			to := bases()
+			if post(to[rand.IntN(len(to))], "/v1/reports", prober, fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"probe","outcome":"hard_failure"}]}`, target)) == 200 {
+				break
+			}
+			if time.Since(reported) > 30*time.Second {
+				t.Fatalf("no replica up took the hard failure of %s while replica %d drained", target, i)
+			}
+		}
+		wait.For(t, time.Minute, fmt.Sprintf("the withdrawal of %s (reported while replica %d drained) reaching every subscriber", target, i), routableEverywhere(target, false))
+		took := time.Since(reported)
+		slowest = max(slowest, took)
+		t.Logf("the hard failure of %s reported while replica %d drained withdrew it at all %d subscribers of %s in %s", target, i, len(probedWatchers), regionProbed, took.Round(time.Millisecond))
+	}
 	restart := func(i int, stop bool) {
 		t.Helper()
 		if stop {
@@ -474,6 +505,7 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 			if err := p.Process.Signal(os.Interrupt); err != nil {
 				t.Fatal(err)
 			}
+			withdraw(i)
 			if err := p.Wait(); err != nil {
 				t.Errorf("replica %d after SIGTERM: %v", i, err)
 			}
@@ -538,8 +570,8 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 			t.Errorf("checker %d: %v; first problems: %v", i, n, ev[:min(len(ev), 5)])
 		}
 	}
-	t.Logf("3 replicas, %d services of %d instances, %d checkers: SIGKILL of the owner of %d shards, moved in %s; rolling restart of 3 in %s; churn %d re-registrations (%d refused); %d lease renewals (%d batches refused or lost); %d probe reports; run %s",
-		regionServices, regionInstances, regionSubscribers, most, moved.Round(time.Millisecond), rolled.Round(time.Second), ops.Load(), failed.Load(),
+	t.Logf("3 replicas, %d services of %d instances, %d checkers: SIGKILL of the owner of %d shards, moved in %s; rolling restart of 3 in %s, %d withdrawals reported while a replica drained reached all %d subscribers of %s, the slowest in %s; churn %d re-registrations (%d refused); %d lease renewals (%d batches refused or lost); %d probe reports; run %s",
+		regionServices, regionInstances, regionSubscribers, most, moved.Round(time.Millisecond), rolled.Round(time.Second), withdrawals-1, len(probedWatchers), regionProbed, slowest.Round(time.Millisecond), ops.Load(), failed.Load(),
 		renewals.Load(), renewFailures.Load(), reports.Load(), time.Since(began).Round(time.Second))
 	t.Logf("totals: %v", total)
 	if total.Emptied != 0 {
