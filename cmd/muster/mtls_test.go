@@ -13,9 +13,17 @@ import (
 	"testing"
 	"time"
 
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/tlsreload/tlstest"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/internal/xds/xdstest"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -91,7 +99,7 @@ func (m *mtlsClient) must(method, u, tok, cred, body string, want int) string {
 // bundle is taken without a restart.
 func TestMTLSSpiffe(t *testing.T) {
 	dir := devDir(t)
-	addr := freeAddr(t)
+	addr, xaddr := freeAddr(t), freeAddr(t)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -108,7 +116,7 @@ func TestMTLSSpiffe(t *testing.T) {
 	tlstest.WriteFile(t, spiffeFile, []byte("trust_domains:\n  - trust_domain: prod.example.org\n    path: /ns/{namespace}/sa/{service}\n"))
 
 	proc := startProcess(t, dir, addr, "MUSTER_TLS_CERT="+certFile, "MUSTER_TLS_KEY="+keyFile,
-		"MUSTER_TLS_CLIENT_CA="+clientCAFile, "MUSTER_SPIFFE="+spiffeFile, "MUSTER_XDS_ADDR=", "MUSTER_LEASE_TTL=10m")
+		"MUSTER_TLS_CLIENT_CA="+clientCAFile, "MUSTER_SPIFFE="+spiffeFile, "MUSTER_XDS_ADDR="+xaddr, "MUSTER_LEASE_TTL=10m")
 	t.Cleanup(func() {
 		_ = proc.Process.Signal(os.Interrupt)
 		_ = proc.Wait()
@@ -214,6 +222,19 @@ func TestMTLSSpiffe(t *testing.T) {
 		}
 		return false
 	})
+	// xDS shares the pair: web's certificate without a token opens a
+	// stream and gets web's endpoints; an unmapped one is refused, and
+	// api's token with web's certificate too.
+	if r, err := xdsFirst(t, xaddr, serverCA, &webCert, ""); err != nil || len(r.GetResources()) != 1 {
+		t.Errorf("xDS with web's certificate: %v (%d resources), want web's endpoints", err, len(r.GetResources()))
+	}
+	if _, err := xdsFirst(t, xaddr, serverCA, &stagingCert, ""); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("xDS with an unmapped certificate: %v, want Unauthenticated", err)
+	}
+	if _, err := xdsFirst(t, xaddr, serverCA, &webCert, apiTok); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("xDS with api's token and web's certificate: %v, want PermissionDenied", err)
+	}
+
 	caFile, webCertFile, webKeyFile := filepath.Join(files, "ca.pem"), filepath.Join(files, "web.crt"), filepath.Join(files, "web.key")
 	tlstest.WriteFile(t, caFile, serverCA.PEM)
 	tlstest.WriteFile(t, webCertFile, webPEM)
@@ -238,6 +259,32 @@ func TestMTLSSpiffe(t *testing.T) {
 	if proc.ProcessState != nil {
 		t.Fatal("muster dev exited")
 	}
+}
+
+// xdsFirst opens a delta ADS stream to addr over TLS presenting cert
+// (and tok, when not empty), subscribes to web's endpoints and returns
+// the first response or the stream's error, within 10 s.
+func xdsFirst(t *testing.T, addr string, ca *tlstest.CA, cert *tls.Certificate, tok string) (*discovery.DeltaDiscoveryResponse, error) {
+	t.Helper()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{*cert}}))}
+	if tok != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(xdstest.Bearer(tok)))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}}); err != nil {
+		return nil, err
+	}
+	return s.Recv()
 }
 
 // stranger is a client presenting a certificate of ca, which muster's

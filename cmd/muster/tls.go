@@ -46,8 +46,8 @@ func (c *Config) validateTLS() error {
 	if c.TLSClientCA != "" && c.TLSCert == "" {
 		return errors.New("--tls-client-ca (MUSTER_TLS_CLIENT_CA) verifies client certificates on a TLS listener: it needs --tls-cert and --tls-key")
 	}
-	if c.SPIFFEFile != "" && c.TLSClientCA == "" {
-		return errors.New("--spiffe (MUSTER_SPIFFE) maps verified client certificates to workloads: it needs --tls-client-ca, the CA bundle they are verified against")
+	if c.SPIFFEFile != "" && c.TLSClientCA == "" && c.XDSTLSClientCA == "" {
+		return errors.New("--spiffe (MUSTER_SPIFFE) maps verified client certificates to workloads: it needs --tls-client-ca (or --xds-tls-client-ca), the CA bundle they are verified against")
 	}
 	if c.XDSTLSClientCA != "" && c.XDSTLSCert == "" {
 		return errors.New("--xds-tls-client-ca verifies client certificates on xDS's own TLS pair: it needs --xds-tls-cert and --xds-tls-key (with the shared --tls-cert, use --tls-client-ca)")

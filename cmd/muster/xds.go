@@ -59,9 +59,15 @@ func listenXDS(cfg Config, explicit bool, ltls *listenerTLS, log *slog.Logger) (
 				return nil, nil, fmt.Errorf("--xds-tls-client-ca: %w", err)
 			}
 			cas.Apply(xc.TLS)
+			if cfg.TrustDomains != nil {
+				xc.ClientCertificates = certAuth{cas: cas, td: cfg.TrustDomains}
+			}
 		}
 	} else if ltls.on() {
 		xc.TLS = ltls.apiServer()
+		if ltls.clientCAs != nil && cfg.TrustDomains != nil {
+			xc.ClientCertificates = certAuth{cas: ltls.clientCAs, td: cfg.TrustDomains}
+		}
 	}
 	ln, err := net.Listen("tcp", cfg.XDSAddr)
 	if err != nil {
