@@ -112,7 +112,12 @@ func (c *ClientCAs) Verify(certs []*x509.Certificate) ([][]*x509.Certificate, er
 //
 // It sets ClientAuth and VerifyConnection, which tls.Config.Clone keeps,
 // so net/http's and gRPC's copies of cfg verify alike; a per-handshake
-// config (GetConfigForClient) would have to repeat what they add.
+// config (GetConfigForClient) would have to repeat what they add. It
+// leaves ClientCAs unset, so the certificate request names no acceptable
+// CAs: a list fixed at start would go stale at a rotation, and Go's (and
+// others') clients send no certificate whose issuer is not on the list.
+// VerifyConnection runs on resumed sessions too, so a resumption is
+// checked against the bundle as it is then.
 func (c *ClientCAs) Apply(cfg *tls.Config) {
 	cfg.ClientAuth = tls.RequestClientCert
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
