@@ -57,6 +57,13 @@ type Config struct {
 	// https muster (ignored when HTTPClient is set). Nil: the system
 	// roots.
 	RootCAs *x509.CertPool
+	// GetClientCertificate, when set, is the client certificate the
+	// default HTTPClient presents to an https muster that asks for one
+	// (mutual TLS; ignored when HTTPClient is set): called on each
+	// handshake, so a certificate rotated on disk (a SPIFFE SVID lives
+	// an hour) is taken on the next connection. With a certificate whose
+	// SPIFFE ID muster maps to a workload, Token may be nil.
+	GetClientCertificate func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
 	// Clock stamps receipt and ages. Default time.Now. Backoff sleeps and
 	// the heartbeat timeout use real time.
 	Clock func() time.Time
@@ -166,9 +173,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{}
-		if cfg.RootCAs != nil {
+		if cfg.RootCAs != nil || cfg.GetClientCertificate != nil {
 			t := http.DefaultTransport.(*http.Transport).Clone()
-			t.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}
+			t.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs, GetClientCertificate: cfg.GetClientCertificate, MinVersion: tls.VersionTLS12}
 			cfg.HTTPClient.Transport = t
 		}
 	}

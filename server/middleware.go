@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -25,8 +26,15 @@ func principal(r *http.Request) identity.Principal {
 	return p
 }
 
-// authenticate admits only requests with a valid bearer token. Network
-// position grants nothing (ADR-15). The token itself is never logged.
+// authenticate admits only requests with a valid bearer token, or a
+// client certificate the TLS handshake verified whose SPIFFE ID maps to a
+// workload (ClientCertificates). Network position grants nothing
+// (ADR-15). The token itself is never logged, nor is the certificate.
+//
+// A request with both proofs is the token's: the certificate can only
+// refuse it, when the token is a workload's and the certificate maps to
+// another service (conflicting-proofs, 403), so that a stolen token cannot
+// be used from a host whose certificate names another service.
 //
 // Refusals are counted per source address: once an address has had
 // Limits.Unauthenticated of them, its requests are answered 429 without
@@ -40,13 +48,19 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			// A token accepted before is still served: whoever floods
 			// from an address real clients share (a NAT, a node, a load
 			// balancer) must not lock them out. Knowing it costs a hash,
-			// not a signature check.
-			if k, ok := s.cfg.Authenticator.(KnownTokens); ok {
-				if raw, err := identity.BearerToken(r); err == nil {
-					if p, ok := k.Known(raw); ok {
-						s.authenticated(w, r, next, p)
-						return
-					}
+			// not a signature check. So is a mapped certificate the
+			// handshake verified.
+			raw, err := identity.BearerToken(r)
+			if k, ok := s.cfg.Authenticator.(KnownTokens); ok && err == nil {
+				if p, ok := k.Known(raw); ok {
+					s.authenticatedWith(w, r, next, addr, p)
+					return
+				}
+			}
+			if errors.Is(err, identity.ErrNoToken) {
+				if p, err := s.certificatePrincipal(r); err == nil {
+					s.authenticated(w, r, next, p)
+					return
 				}
 			}
 			s.metrics.unauthenticated.WithLabelValues("429").Inc()
@@ -60,11 +74,20 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			var p identity.Principal
 			p, err = s.cfg.Authenticator.Verify(r.Context(), raw)
 			if err == nil {
+				s.authenticatedWith(w, r, next, addr, p)
+				return
+			}
+		} else if errors.Is(err, identity.ErrNoToken) && hasClientCertificate(r) {
+			var p identity.Principal
+			if p, err = s.certificatePrincipal(r); err == nil {
 				s.authenticated(w, r, next, p)
 				return
 			}
 		}
 		reason := identity.FailureCode(err)
+		if errors.Is(err, identity.ErrCertificateUnmapped) {
+			reason = identity.FailureCertificateUnmapped
+		}
 		if reason == identity.FailureUnavailable {
 			s.metrics.authFailures.WithLabelValues(reason).Inc()
 			s.writeError(w, r, err)
@@ -75,8 +98,51 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		s.metrics.unauthenticated.WithLabelValues("401").Inc()
 		s.limits.unauthenticated.Charge(addr, 1)
 		detail := "this call needs a valid bearer token: " + err.Error()
+		if reason == identity.FailureCertificateUnmapped {
+			detail = "this call needs a valid bearer token, or a client certificate whose SPIFFE ID maps to a workload: " + err.Error()
+		}
 		writeProblem(w, r, problem(http.StatusUnauthorized, "unauthenticated", detail))
 	})
+}
+
+// hasClientCertificate reports whether the TLS handshake took a client
+// certificate (it verified it, or the handshake would have failed).
+func hasClientCertificate(r *http.Request) bool {
+	return r.TLS != nil && len(r.TLS.PeerCertificates) > 0
+}
+
+// certificatePrincipal is the workload r's client certificate maps to.
+// Its errors wrap identity.ErrCertificateUnmapped.
+func (s *Server) certificatePrincipal(r *http.Request) (identity.Principal, error) {
+	if s.cfg.ClientCertificates == nil {
+		if hasClientCertificate(r) {
+			return identity.Principal{}, fmt.Errorf("client certificates are not mapped to workloads here: %w", identity.ErrCertificateUnmapped)
+		}
+		return identity.Principal{}, fmt.Errorf("no client certificate: %w", identity.ErrCertificateUnmapped)
+	}
+	if !hasClientCertificate(r) {
+		return identity.Principal{}, fmt.Errorf("no client certificate: %w", identity.ErrCertificateUnmapped)
+	}
+	return s.cfg.ClientCertificates.Principal(r.TLS.PeerCertificates)
+}
+
+// authenticatedWith serves r as p, the token's principal, unless r's
+// client certificate maps to a workload of another service than p's.
+func (s *Server) authenticatedWith(w http.ResponseWriter, r *http.Request, next http.Handler, addr string, p identity.Principal) {
+	if p.Kind == identity.KindWorkload && hasClientCertificate(r) {
+		if cp, err := s.certificatePrincipal(r); err == nil && cp.Service != p.Service {
+			s.metrics.authFailures.WithLabelValues(identity.FailureConflictingProofs).Inc()
+			s.auditAuthFailure(addr, identity.FailureConflictingProofs)
+			if ann, ok := r.Context().Value(annotationKey{}).(*annotation); ok {
+				ann.principal = p.String()
+			}
+			writeProblem(w, r, problem(http.StatusForbidden, "conflicting-proofs", fmt.Sprintf(
+				"the bearer token is %s's, of service %s, and the client certificate (%s) maps to service %s: a request proves one workload, so nothing was done",
+				p, p.Service, cp.Subject, cp.Service)))
+			return
+		}
+	}
+	s.authenticated(w, r, next, p)
 }
 
 // AuthFailures takes the requests refused for a token that was presented

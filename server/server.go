@@ -6,6 +6,7 @@ package server
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -40,6 +41,14 @@ type Authenticator interface {
 // still served.
 type KnownTokens interface {
 	Known(raw string) (identity.Principal, bool)
+}
+
+// ClientCertificates maps a client certificate chain the TLS handshake
+// took (leaf first) to the workload it proves, checking it against the
+// client CA bundle first (mutual TLS, issue 28). Its errors wrap
+// identity.ErrCertificateUnmapped.
+type ClientCertificates interface {
+	Principal(chain []*x509.Certificate) (identity.Principal, error)
 }
 
 // Evaluator ingests evidence and shows verdicts.
@@ -108,6 +117,11 @@ type Config struct {
 	AuthFailures  AuthFailures
 	Evaluator     Evaluator
 	Authenticator Authenticator
+	// ClientCertificates, when set, authenticates requests that carry a
+	// verified client certificate and no bearer token as the workload its
+	// SPIFFE ID maps to, and refuses a workload token whose service the
+	// certificate contradicts. Nil: certificates prove nothing.
+	ClientCertificates ClientCertificates
 	// Ready reports whether this replica can serve views (see
 	// ServingReady); it is what /readyz answers.
 	Ready func(ctx context.Context) error

@@ -140,6 +140,17 @@ type Config struct {
 	// internal/proxied). Empty: no PROXY protocol; a header is then an
 	// HTTP request that does not parse (400).
 	ProxyProtocolFrom []netip.Prefix
+	// TLSClientCA, when set, makes the API listener (and xDS when it
+	// shares the pair) ask for client certificates and verify those given
+	// against this CA bundle, reloaded when the file changes; XDSTLSClientCA
+	// does it for xDS's own pair (--tls-client-ca, MUSTER_TLS_CLIENT_CA,
+	// --xds-tls-client-ca; tls.go).
+	TLSClientCA, XDSTLSClientCA string
+	// SPIFFEFile names the trust domains whose SPIFFE IDs map to
+	// workloads (--spiffe, MUSTER_SPIFFE; spiffe.go); TrustDomains is
+	// that file, parsed.
+	SPIFFEFile   string
+	TrustDomains *identity.TrustDomains
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".

@@ -28,6 +28,7 @@ const resolveUsage = "usage: muster resolve SERVICE [--server URL] [--cache DIR]
 func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		serverURL, cacheDir, token, dataDir, caFile string
+		certFile, keyFile                           string
 		watch, asJSON                               bool
 		timeout                                     time.Duration
 	)
@@ -37,6 +38,8 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&token, "token", "", "bearer token (default: a viewer token minted by the dev issuer in --data)")
 	fs.StringVar(&dataDir, "data", ".muster", "dev data folder holding the dev issuer's key")
 	fs.StringVar(&caFile, "ca", "", "PEM CA bundle to trust for an https --server (default the system roots)")
+	fs.StringVar(&certFile, "cert", "", "PEM client certificate for an https --server that asks for one (mutual TLS), with --key; with a SPIFFE ID muster maps to a workload, no token is needed")
+	fs.StringVar(&keyFile, "key", "", "PEM private key of --cert")
 	fs.BoolVar(&watch, "watch", false, "print every new version until interrupted")
 	fs.BoolVar(&asJSON, "json", false, "print the view as JSON")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for muster before answering from the cache")
@@ -64,7 +67,16 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if cacheDir == "" {
 		cacheDir = filepath.Join(dataDir, "resolver-cache")
 	}
-	if token == "" {
+	getCert, err := clientCertificate(certFile, keyFile)
+	if err != nil {
+		return err
+	}
+	tokenFn := func(context.Context) (string, error) { return token, nil }
+	if token == "" && getCert != nil {
+		// The certificate is the identity: a dev token would decide
+		// instead of it.
+		tokenFn = nil
+	} else if token == "" {
 		tok, err := devViewerToken(dataDir)
 		if err != nil {
 			fmt.Fprintf(stderr, "muster resolve: no token (%v); muster will refuse the stream, answering from the cache\n", err)
@@ -78,8 +90,9 @@ func cmdResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	c, err := resolver.New(ctx, resolver.Config{
 		URLs: []string{serverURL}, Services: []string{service}, CacheDir: cacheDir, RootCAs: roots,
-		Token:  func(context.Context) (string, error) { return token, nil },
-		Logger: cli.QuietLogger(stderr),
+		GetClientCertificate: getCert,
+		Token:                tokenFn,
+		Logger:               cli.QuietLogger(stderr),
 	})
 	if err != nil {
 		return err

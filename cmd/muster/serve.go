@@ -127,6 +127,11 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		}
 		cfg.Reconcile = &rc
 	}
+	if cfg.SPIFFEFile != "" {
+		if cfg.TrustDomains, err = loadSPIFFE(cfg.SPIFFEFile); err != nil {
+			return err
+		}
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	fs.Visit(func(f *flag.Flag) { cfg.xdsExplicit = cfg.xdsExplicit || f.Name == "xds-addr" }) // xds.go
 	return serve(ctx, cfg, log, stdout)
@@ -189,7 +194,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	if err := withTLS(&acfg, ltls); err != nil {
+	if err := withTLS(&acfg, ltls, cfg.TrustDomains); err != nil {
 		return err
 	}
 	if proxyMetrics != nil {

@@ -33,6 +33,7 @@ const tgsyncUsage = "usage: muster tgsync --config FILE [--once] [--dry-run] [--
 func cmdTgsync(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		cfgFile, metricsAddr, endpointURL, token, dataDir, caFile string
+		certFile, keyFile                                         string
 		once, dryRun, asJSON, ownGroup                            bool
 		timeout                                                   time.Duration
 	)
@@ -47,6 +48,8 @@ func cmdTgsync(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&token, "token", "", "muster bearer token of kind tool (default: muster.token_file, else one minted by the dev issuer in --data)")
 	fs.StringVar(&dataDir, "data", ".muster", "dev data folder holding the dev issuer's key")
 	fs.StringVar(&caFile, "ca", "", "PEM CA bundle to trust for https muster URLs (default muster.ca_file, else the system roots)")
+	fs.StringVar(&certFile, "cert", "", "PEM client certificate for muster URLs that ask for one (mutual TLS), with --key; reloaded when the files change (default muster.cert_file)")
+	fs.StringVar(&keyFile, "key", "", "PEM private key of --cert (default muster.key_file)")
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "with --once: how long to wait for a current view before planning from the cache")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -83,9 +86,17 @@ func cmdTgsync(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	if certFile == "" && keyFile == "" {
+		certFile, keyFile = cfg.Muster.CertFile, cfg.Muster.KeyFile
+	}
+	getCert, err := clientCertificate(certFile, keyFile)
+	if err != nil {
+		return err
+	}
 	client, err := resolver.New(ctx, resolver.Config{
 		URLs: cfg.Muster.URLs, Token: tokenFn, Services: cfg.Services(), CacheDir: cacheDir, RootCAs: roots,
-		ConfirmAfter: cfg.Muster.ConfirmAfter, Logger: log.With("component", "resolver"),
+		GetClientCertificate: getCert,
+		ConfirmAfter:         cfg.Muster.ConfirmAfter, Logger: log.With("component", "resolver"),
 		ReportInterval: -1, // tgsync routes no calls: it has no outcomes to report
 	})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/internal/app"
+	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/tlsreload"
 )
 
@@ -24,6 +25,8 @@ func tlsFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) every listener serves over TLS, with --tls-key; reloaded when the file changes (MUSTER_TLS_CERT)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert (MUSTER_TLS_KEY)")
 	fs.StringVar(&cfg.TLSCA, "tls-ca", "", "PEM CA bundle muster trusts for its own calls to https peers (relay, forwarding, the UI's issuer); default the system roots (MUSTER_TLS_CA)")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "PEM CA bundle client certificates are verified against (mutual TLS, optional for clients): the API listener, and xDS when it shares --tls-cert, ask for one; reloaded when the file changes (MUSTER_TLS_CLIENT_CA)")
+	fs.StringVar(&cfg.SPIFFEFile, "spiffe", "", "YAML file mapping SPIFFE trust domains' IDs to workloads, so a client certificate proves a workload without a token; needs --tls-client-ca (MUSTER_SPIFFE; docs/production.md)")
 }
 
 // loadTLSEnv fills the TLS files the flags left empty.
@@ -31,12 +34,23 @@ func loadTLSEnv(c *Config) {
 	c.TLSCert = cmpOr(c.TLSCert, os.Getenv("MUSTER_TLS_CERT"))
 	c.TLSKey = cmpOr(c.TLSKey, os.Getenv("MUSTER_TLS_KEY"))
 	c.TLSCA = cmpOr(c.TLSCA, os.Getenv("MUSTER_TLS_CA"))
+	c.TLSClientCA = cmpOr(c.TLSClientCA, os.Getenv("MUSTER_TLS_CLIENT_CA"))
+	c.SPIFFEFile = cmpOr(c.SPIFFEFile, os.Getenv("MUSTER_SPIFFE"))
 }
 
 // validateTLS checks that the certificate and key come together.
 func (c *Config) validateTLS() error {
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return errors.New("--tls-cert (MUSTER_TLS_CERT) and --tls-key (MUSTER_TLS_KEY) go together: give both to serve TLS, or neither")
+	}
+	if c.TLSClientCA != "" && c.TLSCert == "" {
+		return errors.New("--tls-client-ca (MUSTER_TLS_CLIENT_CA) verifies client certificates on a TLS listener: it needs --tls-cert and --tls-key")
+	}
+	if c.SPIFFEFile != "" && c.TLSClientCA == "" && c.XDSTLSClientCA == "" {
+		return errors.New("--spiffe (MUSTER_SPIFFE) maps verified client certificates to workloads: it needs --tls-client-ca (or --xds-tls-client-ca), the CA bundle they are verified against")
+	}
+	if c.XDSTLSClientCA != "" && c.XDSTLSCert == "" {
+		return errors.New("--xds-tls-client-ca verifies client certificates on xDS's own TLS pair: it needs --xds-tls-cert and --xds-tls-key (with the shared --tls-cert, use --tls-client-ca)")
 	}
 	if c.TLSCert != "" && c.UIInsecureCookie {
 		return errors.New("MUSTER_UI_INSECURE_COOKIE is for plain http; with --tls-cert the session cookie is Secure")
@@ -49,6 +63,9 @@ func (c *Config) validateTLS() error {
 type listenerTLS struct {
 	reloader *tlsreload.Reloader // nil: the listeners are plain
 	client   *tls.Config         // nil: Go's defaults (the system roots)
+	// clientCAs, when set, verify the client certificates the API
+	// listener (and xDS sharing the pair) asks for; nil: none asked.
+	clientCAs *tlsreload.ClientCAs
 }
 
 // setupTLS loads the certificate pair and the CA bundle. A pair that does
@@ -70,7 +87,41 @@ func setupTLS(cfg Config, log *slog.Logger) (*listenerTLS, error) {
 		}
 		lt.client = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
+	if cfg.TLSClientCA != "" {
+		cas, err := tlsreload.NewClientCAs(tlsreload.ClientCAConfig{File: cfg.TLSClientCA, Logger: log.With("component", "tls")})
+		if err != nil {
+			return nil, fmt.Errorf("--tls-client-ca: %w", err)
+		}
+		lt.clientCAs = cas
+		log.Info("asking API clients for certificates (mutual TLS)", "client_ca", cfg.TLSClientCA, "spiffe", cfg.SPIFFEFile)
+	}
 	return lt, nil
+}
+
+// apiServer is server with the client CA bundle applied: the API
+// listener's, and xDS's when it shares the pair.
+func (lt *listenerTLS) apiServer() *tls.Config {
+	c := lt.server()
+	if c != nil && lt.clientCAs != nil {
+		lt.clientCAs.Apply(c)
+	}
+	return c
+}
+
+// certAuth authenticates a client certificate chain: verified against
+// the client CA bundle as it is now (the handshake did, against the
+// bundle as it was then), then mapped by its SPIFFE ID.
+type certAuth struct {
+	cas *tlsreload.ClientCAs
+	td  *identity.TrustDomains
+}
+
+// Principal is for server.ClientCertificates.
+func (c certAuth) Principal(chain []*x509.Certificate) (identity.Principal, error) {
+	if _, err := c.cas.Verify(chain); err != nil {
+		return identity.Principal{}, fmt.Errorf("%s: %w", err.Error(), identity.ErrCertificateUnmapped)
+	}
+	return c.td.Principal(chain[0])
 }
 
 // on says whether the listeners serve TLS.
@@ -100,13 +151,18 @@ func (lt *listenerTLS) wrap(ln net.Listener) net.Listener {
 	if !lt.on() {
 		return ln
 	}
-	return tls.NewListener(ln, lt.server())
+	return tls.NewListener(ln, lt.apiServer())
 }
 
 // register adds the reloader's metrics to reg.
 func (lt *listenerTLS) register(reg prometheus.Registerer) error {
 	if !lt.on() {
 		return nil
+	}
+	if lt.clientCAs != nil {
+		if err := lt.clientCAs.Register(reg); err != nil {
+			return err
+		}
 	}
 	return lt.reloader.Register(reg)
 }
@@ -133,12 +189,16 @@ func (lt *listenerTLS) clientTLS() *tls.Config {
 
 // withTLS hands the listeners' TLS to the app: the reloader's metrics,
 // the CA bundle for the relay, the forwarding and the UI's calls to its
-// issuer, and HSTS on the UI.
-func withTLS(acfg *app.Config, ltls *listenerTLS) error {
+// issuer, HSTS on the UI, and, with a client CA bundle and trust domains
+// (td), client certificates as workload identities.
+func withTLS(acfg *app.Config, ltls *listenerTLS, td *identity.TrustDomains) error {
 	if err := ltls.register(acfg.Metrics); err != nil {
 		return err
 	}
 	acfg.Relay.TLS, acfg.Forward.TLS = ltls.clientTLS(), ltls.clientTLS()
+	if ltls.clientCAs != nil && td != nil {
+		acfg.Server.ClientCertificates = certAuth{cas: ltls.clientCAs, td: td}
+	}
 	if acfg.UI != nil {
 		acfg.UI.HSTS = ltls.on()
 		if ltls.clientTLS() != nil {
@@ -163,4 +223,22 @@ func caPool(file string) (*x509.CertPool, error) {
 		return nil, fmt.Errorf("CA bundle %s holds no PEM certificate", file)
 	}
 	return pool, nil
+}
+
+// clientCertificate loads a client certificate pair for the resolver
+// commands' --cert and --key (nil, nil when neither is given), reloaded
+// when the files change: a SPIFFE SVID lives an hour, tgsync runs for
+// months.
+func clientCertificate(certFile, keyFile string) (func(*tls.CertificateRequestInfo) (*tls.Certificate, error), error) {
+	if certFile == "" && keyFile == "" {
+		return nil, nil
+	}
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("--cert and --key go together: give both to present a client certificate, or neither")
+	}
+	r, err := tlsreload.New(tlsreload.Config{CertFile: certFile, KeyFile: keyFile})
+	if err != nil {
+		return nil, fmt.Errorf("client certificate: %w", err)
+	}
+	return r.GetClientCertificate, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/musterhq/muster/internal/tlsreload"
 	"github.com/musterhq/muster/internal/xds"
 )
 
@@ -28,6 +29,7 @@ func xdsFlags(fs *flag.FlagSet, cfg *Config, dev bool) {
 	fs.StringVar(&cfg.XDSAddr, "xds-addr", def, "if set, serve xDS (ADS, state of the world and delta) for Envoy and proxyless gRPC on this address (MUSTER_XDS_ADDR); \"\" turns it off")
 	fs.StringVar(&cfg.XDSTLSCert, "xds-tls-cert", "", "PEM certificate of the xDS listener (with --xds-tls-key); without, xDS is plaintext")
 	fs.StringVar(&cfg.XDSTLSKey, "xds-tls-key", "", "PEM private key of the xDS listener")
+	fs.StringVar(&cfg.XDSTLSClientCA, "xds-tls-client-ca", "", "PEM CA bundle the xDS listener's own pair (--xds-tls-cert) verifies client certificates against, if given; reloaded when the file changes (sharing --tls-cert, xDS takes --tls-client-ca)")
 }
 
 // listenXDS opens the xDS listener and returns its configuration for the
@@ -51,8 +53,21 @@ func listenXDS(cfg Config, explicit bool, ltls *listenerTLS, log *slog.Logger) (
 			return nil, nil, fmt.Errorf("xDS TLS: %w", err)
 		}
 		xc.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		if cfg.XDSTLSClientCA != "" {
+			cas, err := tlsreload.NewClientCAs(tlsreload.ClientCAConfig{File: cfg.XDSTLSClientCA, Logger: log.With("component", "xds-tls")})
+			if err != nil {
+				return nil, nil, fmt.Errorf("--xds-tls-client-ca: %w", err)
+			}
+			cas.Apply(xc.TLS)
+			if cfg.TrustDomains != nil {
+				xc.ClientCertificates = certAuth{cas: cas, td: cfg.TrustDomains}
+			}
+		}
 	} else if ltls.on() {
-		xc.TLS = ltls.server()
+		xc.TLS = ltls.apiServer()
+		if ltls.clientCAs != nil && cfg.TrustDomains != nil {
+			xc.ClientCertificates = certAuth{cas: ltls.clientCAs, td: cfg.TrustDomains}
+		}
 	}
 	ln, err := net.Listen("tcp", cfg.XDSAddr)
 	if err != nil {

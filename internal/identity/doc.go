@@ -76,6 +76,22 @@
 // it carrying muster_* claims, so it can never mint an operator, a tool, a
 // prober or a role. IssuerConfig.Kinds narrows a plain issuer the same way.
 //
+// # Client certificates (issue 28)
+//
+// TrustDomains maps a client certificate, once verified against the
+// client CA bundle (internal/tlsreload.ClientCAs; this package does no
+// chain verification), to a workload by its SPIFFE ID: per trust domain,
+// a path template of literal segments and {name} placeholders, exactly
+// one of them {service}, matched segment for segment. The principal's
+// Issuer is "spiffe://" and the trust domain, its Subject the full ID,
+// its Expiry the certificate's notAfter, and its Addresses the
+// certificate's IP SANs: the CA vouches for them as an issuer vouches for
+// muster_addresses, so they prove a registered address like the claim
+// does. It is never Home and never more than a workload. Errors wrap
+// ErrCertificateUnmapped; the server counts and audits them as
+// FailureCertificateUnmapped, and a workload token contradicted by a
+// certificate as FailureConflictingProofs.
+//
 // Error texts wrapping ErrInvalidToken are short reasons meant for the
 // caller ("token expired", `unknown kind "x"`); untrusted values in them are
 // truncated and quoted. No error ever contains the token.

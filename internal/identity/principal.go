@@ -123,8 +123,9 @@ type Principal struct {
 // "operator:oscar", prefixed with "issuer#" when the issuer is not the
 // home one, e.g. "https://idp.example#operator:oscar". The same subject at
 // two issuers is thus two actors. Service names cannot contain '/', an
-// unprefixed name starts with a kind and a prefixed one with "http", and
-// issuer URLs cannot contain '#' (they have no fragment), so the form is
+// unprefixed name starts with a kind and a prefixed one with "http" (or
+// "spiffe://" for a client certificate's workload, TrustDomains), and
+// issuer URLs and trust domains cannot contain '#', so the form is
 // unambiguous whatever the subject holds.
 func (p Principal) String() string {
 	var s string

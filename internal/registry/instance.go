@@ -226,12 +226,14 @@ func proveAddress(actor identity.Principal, addr, source netip.Addr) *refusal.Er
 	if source.IsValid() {
 		src = source.Unmap().String()
 	}
-	return newRefusal(ErrForbidden, "address %s is not proved to belong to %s: the request came from %s and the token lists no such address; register from the instance itself or use a token whose muster_addresses claim includes it", addr, actor, src)
+	return newRefusal(ErrForbidden, "address %s is not proved to belong to %s: the request came from %s and the token (or client certificate) lists no such address; register from the instance itself, or use a token whose muster_addresses claim, or a client certificate whose IP SANs, include it", addr, actor, src)
 }
 
 // HoldsAddress reports whether actor is proved to hold addr: the request
 // came from addr (source, the TCP peer), or actor's token vouches for it
-// (muster_addresses). It is the proof Register asks of a workload, and
+// (muster_addresses), or, for a workload authenticated by its client
+// certificate, the certificate's IP SANs do (identity.TrustDomains: the
+// CA vouches for them as an issuer does for its claim). It is the proof Register asks of a workload, and
 // what tells an instance deregistering itself from anyone else doing it
 // (policy.Service.Deregister).
 func HoldsAddress(actor identity.Principal, addr, source netip.Addr) bool {

@@ -42,6 +42,10 @@ type MusterConfig struct {
 	// CAFile is a PEM CA bundle to trust for https URLs; empty: the
 	// system roots (the command's --ca wins).
 	CAFile string
+	// CertFile and KeyFile are a PEM client certificate and its key,
+	// presented to a muster that asks for one (mutual TLS); empty: none
+	// (the command's --cert and --key win).
+	CertFile, KeyFile string
 	// CacheDir keeps the resolver's last-known-good views: tgsync started
 	// while muster is down syncs from them.
 	CacheDir string
@@ -129,6 +133,8 @@ type rawConfig struct {
 		URLs         []string `yaml:"urls"`
 		TokenFile    string   `yaml:"token_file"`
 		CAFile       string   `yaml:"ca_file"`
+		CertFile     string   `yaml:"cert_file"`
+		KeyFile      string   `yaml:"key_file"`
 		CacheDir     string   `yaml:"cache_dir"`
 		ConfirmAfter string   `yaml:"confirm_after"`
 	} `yaml:"muster"`
@@ -188,11 +194,15 @@ func ParseConfig(file string, data []byte) (Config, error) {
 	}
 	v := validator{file: file, root: root.Content[0]}
 	cfg := Config{
-		Muster: MusterConfig{URLs: raw.Muster.URLs, TokenFile: raw.Muster.TokenFile, CAFile: raw.Muster.CAFile, CacheDir: raw.Muster.CacheDir},
-		AWS:    AWSConfig{Region: raw.AWS.Region, EndpointURL: raw.AWS.EndpointURL, MaxAttempts: DefaultAWSMaxAttempts, MaxBackoff: DefaultAWSMaxBackoff},
+		Muster: MusterConfig{URLs: raw.Muster.URLs, TokenFile: raw.Muster.TokenFile, CAFile: raw.Muster.CAFile,
+			CertFile: raw.Muster.CertFile, KeyFile: raw.Muster.KeyFile, CacheDir: raw.Muster.CacheDir},
+		AWS: AWSConfig{Region: raw.AWS.Region, EndpointURL: raw.AWS.EndpointURL, MaxAttempts: DefaultAWSMaxAttempts, MaxBackoff: DefaultAWSMaxBackoff},
 	}
 	if len(cfg.Muster.URLs) == 0 {
 		v.fail("muster.urls", "at least one muster URL is required")
+	}
+	if (cfg.Muster.CertFile == "") != (cfg.Muster.KeyFile == "") {
+		v.fail("muster.cert_file", "cert_file and key_file go together: give both to present a client certificate, or neither")
 	}
 	for i, u := range cfg.Muster.URLs {
 		if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {

@@ -12,6 +12,8 @@ const exampleYAML = `muster:
   urls: [https://muster.internal]
   token_file: /run/secrets/muster-tgsync-token
   ca_file: /etc/muster/ca.pem
+  cert_file: /run/spire/svid.pem
+  key_file: /run/spire/svid.key
   cache_dir: /var/cache/muster-tgsync
   confirm_after: 2m
 interval: 15s
@@ -42,6 +44,13 @@ func TestParseConfig(t *testing.T) {
 	}
 	if cfg.Muster.CAFile != "/etc/muster/ca.pem" {
 		t.Errorf("muster.ca_file: %q", cfg.Muster.CAFile)
+	}
+	if cfg.Muster.CertFile != "/run/spire/svid.pem" || cfg.Muster.KeyFile != "/run/spire/svid.key" {
+		t.Errorf("muster.cert_file, key_file: %q, %q", cfg.Muster.CertFile, cfg.Muster.KeyFile)
+	}
+	half := strings.Replace(exampleYAML, "  key_file: /run/spire/svid.key\n", "", 1)
+	if _, err := ParseConfig("tgsync.yaml", []byte(half)); err == nil || !strings.Contains(err.Error(), "cert_file and key_file go together") {
+		t.Errorf("cert_file without key_file: %v", err)
 	}
 	if cfg.Interval != 15*time.Second || cfg.Muster.ConfirmAfter != 2*time.Minute || cfg.AWS.MaxAttempts != 8 || cfg.AWS.MaxBackoff != DefaultAWSMaxBackoff {
 		t.Errorf("globals: %+v", cfg)

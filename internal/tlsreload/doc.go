@@ -16,4 +16,12 @@
 // serving certificate's notAfter, as Unix seconds, for an alert on an
 // expiry that no rotation came to prevent. The private key is never
 // logged.
+//
+// ClientCAs is the same for the CA bundle client certificates are
+// verified against (mutual TLS): Apply asks clients for a certificate and
+// fails the handshake of one that does not verify against the bundle as
+// it is at that handshake, while a client without one still connects
+// (tls.VerifyClientCertIfGiven, with a bundle that may change). A bundle
+// that does not load keeps the last good one, counted in
+// muster_tls_client_ca_reload_failures_total.
 package tlsreload

@@ -103,6 +103,13 @@ func (r *Reloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error
 	return r.cert, nil
 }
 
+// GetClientCertificate is for tls.Config.GetClientCertificate: the
+// current pair, reloaded first when the files changed, presented as a
+// client certificate (mutual TLS) whatever the server asks for.
+func (r *Reloader) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	return r.GetCertificate(nil)
+}
+
 // NotAfter is the current certificate's expiry.
 func (r *Reloader) NotAfter() time.Time {
 	r.mu.Lock()

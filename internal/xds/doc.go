@@ -33,8 +33,11 @@
 // # Who sees what
 //
 // Every stream presents a muster token ("authorization: Bearer" metadata),
-// verified by the HTTP server's authenticator; without a valid one it is
-// refused UNAUTHENTICATED before it can ask for anything. The cache is
+// verified by the HTTP server's authenticator, or, with mutual TLS
+// (Config.ClientCertificates, issue 28), a client certificate that maps to
+// a workload; without either it is refused UNAUTHENTICATED before it can
+// ask for anything, and a workload token the certificate contradicts is
+// refused PERMISSION_DENIED. The cache is
 // keyed by principal: the callbacks replace each request's node with one
 // whose id is the principal's name, and each principal with an open stream
 // (a node) has a snapshot of its own holding the services it may resolve

@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,6 +47,14 @@ const connectTimeout = 5 * time.Second
 // (identity.Verifier), so a token means the same on every surface.
 type Authenticator interface {
 	Verify(ctx context.Context, raw string) (identity.Principal, error)
+}
+
+// ClientCertificates maps a client certificate chain the TLS handshake
+// took to the workload it proves (the HTTP server's, so a certificate
+// means the same on every surface). Its errors wrap
+// identity.ErrCertificateUnmapped.
+type ClientCertificates interface {
+	Principal(chain []*x509.Certificate) (identity.Principal, error)
 }
 
 // Authz is who may resolve what (registry.AuthzCache, the copy /v1/watch
@@ -93,6 +102,11 @@ type Config struct {
 	// address (audit.NewAuthFailureSummaries).
 	AuthFailures AuthFailures
 	Authz        Authz
+	// ClientCertificates, when set, authenticates a stream whose TLS
+	// handshake took a client certificate and that presents no token as
+	// the workload the certificate maps to, and refuses a workload token
+	// the certificate contradicts (mutual TLS, issue 28).
+	ClientCertificates ClientCertificates
 	// Ready reports whether muster can answer for what exists: the
 	// evaluator rebuilt, views published, the authorisation copy loaded.
 	// Until it is, no node gets a snapshot: its streams are held without
@@ -375,8 +389,22 @@ func (s *Server) authenticate(ctx context.Context) (identity.Principal, error) {
 		p, err = s.cfg.Authenticator.Verify(vctx, raw)
 		cancel()
 		if err == nil {
+			if cp, cerr := s.certificatePrincipal(ctx); cerr == nil && p.Kind == identity.KindWorkload && cp.Service != p.Service {
+				s.m.denied.WithLabelValues(identity.FailureConflictingProofs).Inc()
+				s.recordAuthFailure(ctx, identity.FailureConflictingProofs)
+				return identity.Principal{}, status.Errorf(codes.PermissionDenied,
+					"the bearer token is %s's, of service %s, and the client certificate maps to service %s: a stream proves one workload", p, p.Service, cp.Service)
+			}
 			return p, nil
 		}
+	} else if errors.Is(err, identity.ErrNoToken) && len(peerCertificates(ctx)) > 0 {
+		var p identity.Principal
+		if p, err = s.certificatePrincipal(ctx); err == nil {
+			return p, nil
+		}
+		s.m.denied.WithLabelValues(identity.FailureCertificateUnmapped).Inc()
+		s.recordAuthFailure(ctx, identity.FailureCertificateUnmapped)
+		return identity.Principal{}, status.Error(codes.Unauthenticated, "present a muster token as \"authorization: Bearer TOKEN\" metadata, or a client certificate that maps to a workload: "+err.Error())
 	}
 	switch {
 	case errors.Is(err, identity.ErrIssuerUnavailable):
@@ -387,10 +415,43 @@ func (s *Server) authenticate(ctx context.Context) (identity.Principal, error) {
 		return identity.Principal{}, status.Error(codes.Unauthenticated, "present a muster token as \"authorization: Bearer TOKEN\" metadata")
 	}
 	s.m.denied.WithLabelValues("invalid_token").Inc()
-	if s.cfg.AuthFailures != nil {
-		s.cfg.AuthFailures.Record("anonymous", audit.AuthSourcePrefix+peerAddress(ctx), []audit.RefusedItem{{Code: identity.FailureCode(err)}})
-	}
+	s.recordAuthFailure(ctx, identity.FailureCode(err))
 	return identity.Principal{}, status.Error(codes.Unauthenticated, "the bearer token was not accepted: "+err.Error())
+}
+
+// recordAuthFailure puts a refused stream on the audit record by source
+// address.
+func (s *Server) recordAuthFailure(ctx context.Context, code string) {
+	if s.cfg.AuthFailures != nil {
+		s.cfg.AuthFailures.Record("anonymous", audit.AuthSourcePrefix+peerAddress(ctx), []audit.RefusedItem{{Code: code}})
+	}
+}
+
+// peerCertificates is the client certificate chain the stream's TLS
+// handshake took (it verified it, or the handshake would have failed).
+func peerCertificates(ctx context.Context) []*x509.Certificate {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return nil
+	}
+	return ti.State.PeerCertificates
+}
+
+// certificatePrincipal is the workload the stream's client certificate
+// maps to.
+func (s *Server) certificatePrincipal(ctx context.Context) (identity.Principal, error) {
+	chain := peerCertificates(ctx)
+	switch {
+	case len(chain) == 0:
+		return identity.Principal{}, fmt.Errorf("no client certificate: %w", identity.ErrCertificateUnmapped)
+	case s.cfg.ClientCertificates == nil:
+		return identity.Principal{}, fmt.Errorf("client certificates are not mapped to workloads here: %w", identity.ErrCertificateUnmapped)
+	}
+	return s.cfg.ClientCertificates.Principal(chain)
 }
 
 // register adds r to its principal's node, giving a new node its

@@ -233,6 +233,9 @@ type Options struct {
 	// Limits are the server's per-identity and per-address limits; zero
 	// fields take the defaults.
 	Limits server.Limits
+	// ClientCertificates is the server's (mutual TLS): requests whose
+	// r.TLS carries a client certificate are authenticated by it.
+	ClientCertificates server.ClientCertificates
 	// Admission configures watch admission; zero fields take the
 	// defaults.
 	Admission stream.AdmissionConfig
@@ -392,7 +395,7 @@ func New(t testing.TB, opts Options) *Stack {
 		Census: stream.CensusConfig{Horizon: max(15*time.Minute, opts.Admission.Window)},
 		Server: server.Config{Authenticator: ver, DBTimeout: opts.DBTimeout,
 			DevIssuer: issuerHandler(iss.Handler()), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
-			WatchHeartbeat: opts.WatchHeartbeat, Limits: opts.Limits},
+			WatchHeartbeat: opts.WatchHeartbeat, Limits: opts.Limits, ClientCertificates: opts.ClientCertificates},
 	}
 	if opts.Evaluator != nil {
 		opts.Evaluator(&cfg.Evaluator)

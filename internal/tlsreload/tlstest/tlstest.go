@@ -1,6 +1,7 @@
-// Package tlstest makes a test certificate authority and leaf
-// certificates for 127.0.0.1 and localhost, and writes them to files the
-// way a rotation does (written beside, then renamed over).
+// Package tlstest makes a test certificate authority, server leaf
+// certificates for 127.0.0.1 and localhost and client leaf certificates
+// (with a SPIFFE ID and IP SANs), and writes them to files the way a
+// rotation does (written beside, then renamed over).
 package tlstest
 
 import (
@@ -13,6 +14,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -80,6 +82,52 @@ func (ca *CA) Leaf(t testing.TB, cn string, notAfter time.Duration) (certPEM, ke
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
+}
+
+// ClientLeaf issues a client certificate (ExtKeyUsageClientAuth) whose
+// only URI SAN is spiffeID ("" for none) and whose IP SANs are ips, valid
+// for notAfter from now; it returns the certificate and key PEM.
+func (ca *CA) ClientLeaf(t testing.TB, spiffeID string, ips []net.IP, notAfter time.Duration) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(t), Subject: pkix.Name{CommonName: "client"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(notAfter),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		IPAddresses: ips,
+	}
+	if spiffeID != "" {
+		u, err := url.Parse(spiffeID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl.URIs = []*url.URL{u}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
+}
+
+// ClientCert is ClientLeaf as a tls.Certificate, for a client's
+// tls.Config, with its Leaf parsed.
+func (ca *CA) ClientCert(t testing.TB, spiffeID string, ips ...net.IP) tls.Certificate {
+	t.Helper()
+	certPEM, keyPEM := ca.ClientLeaf(t, spiffeID, ips, time.Hour)
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // WriteFile writes b to path as a rotation does: to a file beside it,
