@@ -360,7 +360,7 @@ type session struct {
 	// spread is the window a shutting-down server asked its subscribers
 	// to spread their reconnections over (a drain's reconnect_within_ms).
 	spread time.Duration
-	err        error
+	err    error
 }
 
 func (c *Client) run(ctx context.Context) {

@@ -161,8 +161,8 @@ type Config struct {
 	// grace period of 30 s (MUSTER_SHUTDOWN_GRACE).
 	ShutdownGrace time.Duration
 	Publisher     publisher.Config
-	Admission stream.AdmissionConfig
-	Census    stream.CensusConfig
+	Admission     stream.AdmissionConfig
+	Census        stream.CensusConfig
 	// KeyWatch tunes the running check of the region's keys against the
 	// live rows' seals (seal_key_mismatch).
 	KeyWatch KeyWatchConfig
