@@ -35,6 +35,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/musterhq/muster/internal/reconcile"
 )
 
 const (
@@ -533,8 +535,11 @@ func TestReconciliationRBAC(t *testing.T) {
 		if !slices.Contains(c.Args, "--reconcile-config=/etc/muster/reconcile/reconcile.yaml") {
 			t.Errorf("args %v", c.Args)
 		}
-		if cm := one[*corev1.ConfigMap](t, o); !strings.Contains(cm.Data["reconcile.yaml"], "cluster: prod-eu") {
-			t.Errorf("reconcile config = %q", cm.Data["reconcile.yaml"])
+		// The ConfigMap holds a file muster's own parser takes.
+		cm := one[*corev1.ConfigMap](t, o)
+		rc, err := reconcile.ParseConfig("reconcile.yaml", []byte(cm.Data["reconcile.yaml"]))
+		if err != nil || len(rc.Clusters) != 1 || rc.Clusters[0].Cluster != "prod-eu" {
+			t.Errorf("reconcile config %q parsed to %+v, %v", cm.Data["reconcile.yaml"], rc, err)
 		}
 		if a := sts.Spec.Template.Spec.AutomountServiceAccountToken; a == nil || !*a {
 			t.Error("no API token mounted for the in-cluster client")
@@ -560,6 +565,10 @@ func TestReconciliationRBAC(t *testing.T) {
 			t.Errorf("Role in %q, want shop", role.Namespace)
 		}
 		check(t, role.Rules)
+		cm := one[*corev1.ConfigMap](t, o)
+		if rc, err := reconcile.ParseConfig("reconcile.yaml", []byte(cm.Data["reconcile.yaml"])); err != nil || len(rc.Clusters) != 1 || rc.Clusters[0].Namespace != role.Namespace {
+			t.Errorf("reconcile config %q parsed to %+v, %v: want the Role's namespace watched", cm.Data["reconcile.yaml"], rc, err)
+		}
 		if b := one[*rbacv1.RoleBinding](t, o); b.Namespace != "shop" || b.Subjects[0].Namespace != namespace {
 			t.Errorf("RoleBinding %+v", b)
 		}
