@@ -40,9 +40,9 @@ import (
 )
 
 const (
-	chartDir  = "../../deploy/helm/muster"
-	release_  = "muster"
-	namespace = "muster"
+	chartDir    = "../../deploy/helm/muster"
+	releaseName = "muster"
+	namespace   = "muster"
 )
 
 // expectedKinds are the only kinds the chart may render.
@@ -73,7 +73,7 @@ func render(t *testing.T, files []string, set map[string]any) (string, error) {
 	merge(vals, set)
 	install := action.NewInstall(action.NewConfiguration())
 	install.DryRunStrategy = action.DryRunClient
-	install.ReleaseName, install.Namespace = release_, namespace
+	install.ReleaseName, install.Namespace = releaseName, namespace
 	if install.KubeVersion, err = common.ParseKubeVersion("v1.33.0"); err != nil {
 		t.Fatal(err)
 	}
@@ -351,9 +351,9 @@ func TestDefaults(t *testing.T) {
 	if e["MUSTER_AUDIT_SIGNING_KEY_FILE"].Value != "/var/run/muster/signing-key/signing.key" {
 		t.Errorf("MUSTER_AUDIT_SIGNING_KEY_FILE = %q", e["MUSTER_AUDIT_SIGNING_KEY_FILE"].Value)
 	}
-	init := pod.Spec.InitContainers
-	if len(init) != 1 || !slices.Equal(init[0].Command[:3], []string{"install", "-m", "0400"}) {
-		t.Errorf("init containers = %+v, want the signing key copied mode 0400", init)
+	inits := pod.Spec.InitContainers
+	if len(inits) != 1 || !slices.Equal(inits[0].Command[:3], []string{"install", "-m", "0400"}) {
+		t.Errorf("init containers = %+v, want the signing key copied mode 0400", inits)
 	}
 	for _, name := range []string{"MUSTER_TLS_CERT", "MUSTER_DB_IAM", "MUSTER_PROXY_PROTOCOL_FROM"} {
 		if _, ok := e[name]; ok {
