@@ -58,6 +58,12 @@ var strictDecoder = json.NewSerializerWithOptions(json.DefaultMetaFactory, schem
 // (from testdata) merged in order and then set over them.
 func render(t *testing.T, files []string, set map[string]any) (string, error) {
 	t.Helper()
+	return renderOn(t, "v1.33.0", files, set)
+}
+
+// renderOn renders as render does, for a cluster of the given version.
+func renderOn(t *testing.T, kubeVersion string, files []string, set map[string]any) (string, error) {
+	t.Helper()
 	ch, err := loader.Load(chartDir)
 	if err != nil {
 		t.Fatalf("load the chart: %v", err)
@@ -74,7 +80,7 @@ func render(t *testing.T, files []string, set map[string]any) (string, error) {
 	install := action.NewInstall(action.NewConfiguration())
 	install.DryRunStrategy = action.DryRunClient
 	install.ReleaseName, install.Namespace = releaseName, namespace
-	if install.KubeVersion, err = common.ParseKubeVersion("v1.33.0"); err != nil {
+	if install.KubeVersion, err = common.ParseKubeVersion(kubeVersion); err != nil {
 		t.Fatal(err)
 	}
 	rel, err := install.Run(ch, vals)
@@ -267,6 +273,9 @@ func TestDefaults(t *testing.T) {
 	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Scheme != corev1.URISchemeHTTP {
 		t.Errorf("readiness probe = %+v, want HTTP GET /readyz", p)
 	}
+	if p := c.ReadinessProbe; p != nil && p.TimeoutSeconds <= 2 {
+		t.Errorf("readiness timeout %d s: /readyz may take its own 2 s deadline", p.TimeoutSeconds)
+	}
 	if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
 		t.Errorf("liveness probe = %+v, want HTTP GET /healthz (the route server/ serves)", p)
 	}
@@ -354,6 +363,11 @@ func TestDefaults(t *testing.T) {
 	inits := pod.Spec.InitContainers
 	if len(inits) != 1 || !slices.Equal(inits[0].Command[:3], []string{"install", "-m", "0400"}) {
 		t.Errorf("init containers = %+v, want the signing key copied mode 0400", inits)
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == "signing-key-secret" && (v.Secret == nil || v.Secret.DefaultMode == nil || *v.Secret.DefaultMode != 0o400) {
+			t.Errorf("the key's Secret volume %+v, want mode 0400", v.Secret)
+		}
 	}
 	for _, name := range []string{"MUSTER_TLS_CERT", "MUSTER_DB_IAM", "MUSTER_PROXY_PROTOCOL_FROM"} {
 		if _, ok := e[name]; ok {
@@ -714,6 +728,18 @@ func TestBadValuesFailToRender(t *testing.T) {
 	// The chart's own defaults lack what only the operator knows.
 	if _, err := render(t, nil, nil); err == nil {
 		t.Error("the bare defaults rendered")
+	}
+}
+
+// TestNeedsKubernetes130: the preStop hook is a sleep action (the image
+// has no shell), which Kubernetes has from 1.30; Helm refuses an older
+// cluster by the chart's kubeVersion.
+func TestNeedsKubernetes130(t *testing.T) {
+	if _, err := renderOn(t, "v1.29.9", []string{"minimal.yaml"}, nil); err == nil || !strings.Contains(err.Error(), "kubeVersion") {
+		t.Errorf("rendered for Kubernetes 1.29 (err = %v)", err)
+	}
+	if _, err := renderOn(t, "v1.30.0", []string{"minimal.yaml"}, nil); err != nil {
+		t.Errorf("Kubernetes 1.30: %v", err)
 	}
 }
 
