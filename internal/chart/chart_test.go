@@ -7,6 +7,7 @@ package chart_test
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/x509"
@@ -14,6 +15,7 @@ import (
 	"errors"
 	"io"
 	"maps"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -728,6 +730,24 @@ func TestBadValuesFailToRender(t *testing.T) {
 	// The chart's own defaults lack what only the operator knows.
 	if _, err := render(t, nil, nil); err == nil {
 		t.Error("the bare defaults rendered")
+	}
+}
+
+// TestREADMEListsEveryValue: the chart's README names every top-level
+// value of values.yaml (the table an operator reads).
+func TestREADMEListsEveryValue(t *testing.T) {
+	vals, err := common.ReadValuesFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(chartDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range vals {
+		if !bytes.Contains(readme, []byte("`"+k)) {
+			t.Errorf("README.md does not list the value %s", k)
+		}
 	}
 }
 
