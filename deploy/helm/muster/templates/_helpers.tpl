@@ -1,0 +1,126 @@
+{{/* The chart's name. */}}
+{{- define "muster.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The full name: the release, or release-chart. Kept short enough for
+the per-pod DNS names of the StatefulSet (name-N.name-peers). */}}
+{{- define "muster.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The headless Service that gives each replica a stable name. */}}
+{{- define "muster.peersService" -}}
+{{- printf "%s-peers" (include "muster.fullname" .) }}
+{{- end }}
+
+{{- define "muster.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "muster.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "muster.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "muster.labels" -}}
+helm.sh/chart: {{ include "muster.chart" . }}
+{{ include "muster.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "muster.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "muster.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* An image reference: repository, then @digest when given, else :tag. */}}
+{{- define "muster.imageRef" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (default .default .image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "muster.scheme" -}}
+{{- if .Values.tls.enabled }}https{{ else }}http{{ end }}
+{{- end }}
+
+{{/* The signing key's Secret: the existing one, or the one created here. */}}
+{{- define "muster.signingKeySecret" -}}
+{{- default (printf "%s-signing-key" (include "muster.fullname" .)) .Values.signingKey.existingSecret }}
+{{- end }}
+
+{{/* MUSTER_PEERS: every replica's stable base URL (the pod's own included:
+its relay to itself carries nothing, see README.md). */}}
+{{- define "muster.peers" -}}
+{{- $full := include "muster.fullname" . }}
+{{- $svc := include "muster.peersService" . }}
+{{- $scheme := include "muster.scheme" . }}
+{{- $peers := list }}
+{{- range $i := until (int .Values.replicaCount) }}
+{{- $peers = append $peers (printf "%s://%s-%d.%s.%s.svc.%s:%d" $scheme $full $i $svc $.Release.Namespace $.Values.clusterDomain (int $.Values.ports.api)) }}
+{{- end }}
+{{- join "," $peers }}
+{{- end }}
+
+{{/* Checks across values that the schema cannot express; each failure says
+what to set. */}}
+{{- define "muster.validate" -}}
+{{- if not .Values.issuers }}
+{{- fail "muster: set issuers, the OIDC issuer URLs whose tokens muster accepts (MUSTER_ISSUERS)" }}
+{{- end }}
+{{- if and (not .Values.signingKey.existingSecret) (not .Values.signingKey.privateKey) }}
+{{- fail "muster: set signingKey.existingSecret (or signingKey.privateKey): the replicas authenticate each other with the region's signing key (docs/keys.md)" }}
+{{- end }}
+{{- if and .Values.signingKey.existingSecret .Values.signingKey.privateKey }}
+{{- fail "muster: set signingKey.existingSecret or signingKey.privateKey, not both" }}
+{{- end }}
+{{- if and (not .Values.database.existingSecret) (not .Values.database.url) }}
+{{- fail "muster: set database.existingSecret, a Secret holding DATABASE_URL (or database.url, for a URL without a password)" }}
+{{- end }}
+{{- if and .Values.database.existingSecret .Values.database.url }}
+{{- fail "muster: set database.existingSecret or database.url, not both" }}
+{{- end }}
+{{- if and .Values.database.url (regexMatch "^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@]*:[^/@]*@" .Values.database.url) }}
+{{- fail "muster: database.url carries a password; put the URL in a Secret (database.existingSecret), or use Aurora IAM (database.iam.enabled) with a URL without one" }}
+{{- end }}
+{{- if and .Values.database.url (regexMatch "(?i)[?&]password=" .Values.database.url) }}
+{{- fail "muster: database.url carries a password parameter; put the URL in a Secret (database.existingSecret)" }}
+{{- end }}
+{{- if and .Values.database.iam.enabled (not .Values.database.iam.region) }}
+{{- fail "muster: database.iam.enabled needs database.iam.region (MUSTER_DB_IAM_REGION)" }}
+{{- end }}
+{{- if and .Values.database.iam.enabled .Values.database.existingSecret }}
+{{- fail "muster: with database.iam.enabled give database.url (no password) rather than a Secret: IAM mode takes no password" }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
+{{- fail "muster: tls.enabled needs tls.existingSecret, a Secret of type kubernetes.io/tls" }}
+{{- end }}
+{{- if and .Values.tls.clientCA.existingSecret (not .Values.tls.enabled) }}
+{{- fail "muster: tls.clientCA (mutual TLS) needs tls.enabled" }}
+{{- end }}
+{{- if and .Values.tls.ca.existingSecret (not .Values.tls.enabled) }}
+{{- fail "muster: tls.ca needs tls.enabled" }}
+{{- end }}
+{{- if and .Values.reconcile.enabled (not .Values.reconcile.config) }}
+{{- fail "muster: reconcile.enabled needs reconcile.config, the reconcile file (docs/reconciliation.md)" }}
+{{- end }}
+{{- if lt (int .Values.terminationGracePeriodSeconds) (add (int .Values.preStopSleepSeconds) 45 | int) }}
+{{- fail (printf "muster: terminationGracePeriodSeconds (%d) must be at least preStopSleepSeconds (%d) + 45: muster needs 45 s to drain after SIGTERM (docs/replicas.md, Rolling restart)" (int .Values.terminationGracePeriodSeconds) (int .Values.preStopSleepSeconds)) }}
+{{- end }}
+{{- end }}
