@@ -47,7 +47,13 @@ func outageStack(t *testing.T) (*stack, *dbtest.Cluster, string) {
 // outageStackOn is outageStack on the database at url.
 func outageStackOn(t *testing.T, url string) (*stack, string) {
 	t.Helper()
-	s := apptest.New(t, apptest.Options{DatabaseURL: url})
+	return outageStackWith(t, apptest.Options{DatabaseURL: url})
+}
+
+// outageStackWith is outageStack with the stack's options.
+func outageStackWith(t *testing.T, opts apptest.Options) (*stack, string) {
+	t.Helper()
+	s := apptest.New(t, opts)
 	s.Seed(t)
 	oscar := s.Token(t, oscarReq)
 	r := s.JSON(t, "POST", "/v1/services/web/instances", oscar, `{"address":"10.0.0.1","port":8080,"zone":"az1"}`)
