@@ -436,11 +436,37 @@ func TestKeyFileReadableByOthersIsRefused(t *testing.T) {
 	if st, _ := os.Stat(p); st.Mode().Perm() != 0o600 {
 		t.Fatalf("generated key mode %o", st.Mode().Perm())
 	}
-	if err := os.Chmod(p, 0o640); err != nil {
-		t.Fatal(err)
+	// Readable or writable by others, or writable by its group: refused.
+	for _, mode := range []os.FileMode{0o604, 0o660, 0o620, 0o644} {
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := audit.LoadKeyFile(p); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+			t.Fatalf("a key of mode %04o: %v", mode, err)
+		}
 	}
-	if _, err := audit.LoadKeyFile(p); err == nil || !strings.Contains(err.Error(), "chmod 600") {
-		t.Fatalf("a group-readable key: %v", err)
+	// Readable by its group when the group is this process's own (a
+	// Kubernetes Secret mounted under the pod's fsGroup, mode 0440).
+	for _, mode := range []os.FileMode{0o640, 0o440, 0o400} {
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := audit.LoadKeyFile(p); err != nil {
+			t.Fatalf("a key of mode %04o in this process's group: %v", mode, err)
+		}
+	}
+	// Readable by a group that is not this process's: refused. Only root
+	// may give a file to a group it is not in.
+	if os.Geteuid() == 0 {
+		if err := os.Chown(p, -1, 54321); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, 0o440); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := audit.LoadKeyFile(p); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+			t.Fatalf("a key readable by group 54321, not this process's: %v", err)
+		}
 	}
 	keys, err := audit.LoadPublicKeys(p + ".pub")
 	if err != nil || len(keys) != 1 {

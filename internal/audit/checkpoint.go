@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -194,8 +195,8 @@ func LoadKeyFile(path string) (*KeyFileSigner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit signing key: %w", err)
 	}
-	if m := st.Mode().Perm(); m&0o077 != 0 {
-		return nil, fmt.Errorf("audit signing key %s has mode %04o: it must be readable by its owner only (chmod 600 %s)", path, m, path)
+	if err := keyFileMode(path, st); err != nil {
+		return nil, err
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -445,4 +446,32 @@ func checkLink(name string, prev *Checkpoint, c Checkpoint) error {
 		return &BrokenError{Seq: c.Seq, Checkpoint: name, Kind: "rewritten", Reason: fmt.Sprintf("it records a different head for seq %d than checkpoint %d", c.Seq, prev.N)}
 	}
 	return nil
+}
+
+// keyFileMode refuses a key file that others may read or anyone but its
+// owner may write. Its group may read it only when that group is one of
+// this process's own: how Kubernetes mounts a Secret for a pod that does
+// not run as root (owned by root, group the pod's fsGroup, mode 0440), so
+// only the pod's own processes can read it.
+func keyFileMode(path string, st fs.FileInfo) error {
+	m := st.Mode().Perm()
+	if m&0o027 != 0 || (m&0o040 != 0 && !ownGroup(st)) {
+		return fmt.Errorf("audit signing key %s has mode %04o: it must be readable by its owner only (chmod 600 %s), or also by its group when that is this process's own (a Kubernetes Secret under fsGroup)", path, m, path)
+	}
+	return nil
+}
+
+// ownGroup reports whether st's group is this process's effective group
+// or one of its supplementary groups.
+func ownGroup(st fs.FileInfo) bool {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return false
+	}
+	gid := int(sys.Gid)
+	if gid == os.Getegid() {
+		return true
+	}
+	groups, err := os.Getgroups()
+	return err == nil && slices.Contains(groups, gid)
 }

@@ -355,21 +355,29 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("the StatefulSet's service %q is not a headless Service publishing not-ready pods: %+v", sts.Spec.ServiceName, headless)
 	}
 
-	// The database URL comes from the Secret; the key is copied mode 0400.
+	// The database URL comes from the Secret.
 	if db := e["DATABASE_URL"]; db.Value != "" || db.ValueFrom == nil || db.ValueFrom.SecretKeyRef == nil || db.ValueFrom.SecretKeyRef.Name != "muster-database" {
 		t.Errorf("DATABASE_URL = %+v, want from Secret muster-database", db)
 	}
 	if e["MUSTER_AUDIT_SIGNING_KEY_FILE"].Value != "/var/run/muster/signing-key/signing.key" {
 		t.Errorf("MUSTER_AUDIT_SIGNING_KEY_FILE = %q", e["MUSTER_AUDIT_SIGNING_KEY_FILE"].Value)
 	}
-	inits := pod.Spec.InitContainers
-	if len(inits) != 1 || !slices.Equal(inits[0].Command[:3], []string{"install", "-m", "0400"}) {
-		t.Errorf("init containers = %+v, want the signing key copied mode 0400", inits)
+	// The key is the Secret's file, mode 0440 under the pod's fsGroup
+	// (muster accepts a key its own group may read), no init container.
+	if len(pod.Spec.InitContainers) != 0 {
+		t.Errorf("init containers = %+v, want none", pod.Spec.InitContainers)
 	}
+	if sc := pod.Spec.SecurityContext; sc == nil || sc.FSGroup == nil || *sc.FSGroup != 65532 {
+		t.Errorf("pod securityContext %+v, want fsGroup 65532 (the key's group)", sc)
+	}
+	var keyVol *corev1.SecretVolumeSource
 	for _, v := range pod.Spec.Volumes {
-		if v.Name == "signing-key-secret" && (v.Secret == nil || v.Secret.DefaultMode == nil || *v.Secret.DefaultMode != 0o400) {
-			t.Errorf("the key's Secret volume %+v, want mode 0400", v.Secret)
+		if v.Name == "signing-key" {
+			keyVol = v.Secret
 		}
+	}
+	if keyVol == nil || keyVol.DefaultMode == nil || *keyVol.DefaultMode != 0o440 || len(keyVol.Items) != 1 || keyVol.Items[0].Path != "signing.key" {
+		t.Errorf("the key's Secret volume %+v, want signing.key mode 0440", keyVol)
 	}
 	for _, name := range []string{"MUSTER_TLS_CERT", "MUSTER_DB_IAM", "MUSTER_PROXY_PROTOCOL_FROM"} {
 		if _, ok := e[name]; ok {
@@ -614,7 +622,7 @@ func TestSingleReplica(t *testing.T) {
 	}
 	var secretVol string
 	for _, v := range sts.Spec.Template.Spec.Volumes {
-		if v.Name == "signing-key-secret" {
+		if v.Name == "signing-key" {
 			secretVol = v.Secret.SecretName
 		}
 	}
