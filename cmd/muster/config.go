@@ -122,6 +122,13 @@ type Config struct {
 	// can (app.App.StartFromPeers; docs/replicas.md). Needs the region's
 	// signing key.
 	Peers []string
+	// AdvertiseURL is the base URL this replica registers for its peers
+	// (and, under muster dev, its issuer's), when the listener's own
+	// address is not the one to reach it by: a stable DNS name (a
+	// StatefulSet pod's), or a listener on every interface
+	// (--advertise-url, MUSTER_ADVERTISE_URL). Empty: the listener's
+	// address, loopback for an unspecified host.
+	AdvertiseURL string
 	// DrainSpread is the window a shutting-down replica asks its watch
 	// subscribers to spread their reconnections over
 	// (MUSTER_DRAIN_SPREAD, 2s); ShutdownGrace bounds the shutdown after
@@ -261,6 +268,9 @@ func loadEnv(c *Config) error {
 		}
 	}
 	c.Replica = os.Getenv("MUSTER_REPLICA")
+	if c.AdvertiseURL == "" {
+		c.AdvertiseURL = os.Getenv("MUSTER_ADVERTISE_URL")
+	}
 	c.OverrideLimit = policy.Limit{Max: policy.DefaultOverrideMax, Window: policy.DefaultOverrideWindow}
 	if v := os.Getenv("MUSTER_OVERRIDE_LIMIT"); v != "" {
 		if c.OverrideLimit, err = parseLimit("MUSTER_OVERRIDE_LIMIT", v); err != nil {
@@ -397,6 +407,9 @@ func (c *Config) Validate() error {
 	if grace := cmp.Or(c.ShutdownGrace, app.DefaultShutdownGrace); c.DrainSpread < 0 || grace < time.Second || c.DrainSpread >= grace {
 		return fmt.Errorf("MUSTER_DRAIN_SPREAD (%s) must be at least 0 and below MUSTER_SHUTDOWN_GRACE (%s), which must be at least 1s", c.DrainSpread, c.ShutdownGrace)
 	}
+	if err := c.validateAdvertise(); err != nil {
+		return err
+	}
 	if err := c.validateTLS(); err != nil {
 		return err
 	}
@@ -482,4 +495,30 @@ func secretEnv(k string) (string, error) {
 		return strings.TrimSpace(string(b)), nil
 	}
 	return os.Getenv(k), nil
+}
+
+// validateAdvertise checks AdvertiseURL: a base URL, http or https as
+// the listener serves (https with --tls-cert), naming a host and port
+// and nothing else.
+func (c *Config) validateAdvertise() error {
+	if c.AdvertiseURL == "" {
+		return nil
+	}
+	u, err := url.Parse(c.AdvertiseURL)
+	if err != nil {
+		return fmt.Errorf("MUSTER_ADVERTISE_URL %q: %w", c.AdvertiseURL, err)
+	}
+	want := "http"
+	if c.TLSCert != "" {
+		want = "https"
+	}
+	switch {
+	case u.Scheme != want:
+		return fmt.Errorf("MUSTER_ADVERTISE_URL %q: the API listener serves %s", c.AdvertiseURL, want)
+	case u.Hostname() == "" || u.Port() == "":
+		return fmt.Errorf("MUSTER_ADVERTISE_URL %q: want %s://HOST:PORT", c.AdvertiseURL, want)
+	case u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return fmt.Errorf("MUSTER_ADVERTISE_URL %q: a base URL has no user, path, query or fragment", c.AdvertiseURL)
+	}
+	return nil
 }

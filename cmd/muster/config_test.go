@@ -272,3 +272,41 @@ func TestLoadEnvDrainSpreadAndShutdownGrace(t *testing.T) {
 		t.Fatalf("a grace that is no duration: %v", err)
 	}
 }
+
+// TestAdvertiseURL: MUSTER_ADVERTISE_URL must be a base URL in the
+// listener's scheme; a replica listening on every interface registers it
+// for its peers instead of loopback.
+func TestAdvertiseURL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		url, cert string
+		ok        bool
+	}{
+		{"http://muster-0.muster-peers.ns.svc.cluster.local:8080", "", true},
+		{"http://muster-0:8080/", "", true},
+		{"https://muster-0:8080", "tls.crt", true},
+		{"https://muster-0:8080", "", false},
+		{"http://muster-0:8080", "tls.crt", false},
+		{"http://muster-0", "", false},
+		{"http://muster-0:8080/api", "", false},
+		{"http://u:p@muster-0:8080", "", false},
+		{"muster-0:8080", "", false},
+	} {
+		c := Config{AdvertiseURL: tc.url, TLSCert: tc.cert}
+		if err := c.validateAdvertise(); (err == nil) != tc.ok {
+			t.Errorf("%q (cert %q): %v, want ok %t", tc.url, tc.cert, err, tc.ok)
+		}
+	}
+	dir := devDir(t)
+	_, port, _ := strings.Cut(freeAddr(t), ":")
+	dev := startDev(t, dir, "--addr", "0.0.0.0:"+port, "--advertise-url", "http://localhost:"+port)
+	want := "http://localhost:" + port
+	if dev.url != want {
+		t.Fatalf("muster dev announces %s, want the advertised %s", dev.url, want)
+	}
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	code, body := call(t, "GET", want+"/v1/replicas", admin, "")
+	if code != 200 || !strings.Contains(string(body), `"address":"`+want+`"`) {
+		t.Fatalf("GET /v1/replicas: %d %s, want the advertised address registered", code, body)
+	}
+}

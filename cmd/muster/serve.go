@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -82,6 +83,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	xdsFlags(fs, &cfg, dev)
 	tlsFlags(fs, &cfg)
 	var reconcileFile string
+	fs.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "the base URL peers reach this replica at, when not the listener's address (a StatefulSet pod's DNS name); also MUSTER_ADVERTISE_URL")
 	fs.StringVar(&reconcileFile, "reconcile-config", "", "YAML or JSON file of Kubernetes clusters and inventory snapshots to reconcile instances from, and their platform issuers (see docs/reconciliation.md)")
 	var sf shiftFlags
 	fs.StringVar(&sf.steps, "shift-steps", "", "traffic weights a shift-back walks through, e.g. 0.1,0.25,0.5,1 (MUSTER_SHIFT_STEPS; default 0.1,0.25,0.5,1)")
@@ -190,6 +192,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	}
 	ln = ltls.wrap(ln)
 	base := ltls.scheme() + "://" + dialable(ln.Addr().(*net.TCPAddr))
+	if cfg.AdvertiseURL != "" {
+		base = strings.TrimSuffix(cfg.AdvertiseURL, "/")
+	}
 	acfg, devIssuer, err := appConfig(cfg, base, pool, monPool, replicaName(cfg, ln), log)
 	if err != nil {
 		return err

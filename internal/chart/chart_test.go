@@ -342,8 +342,14 @@ func TestDefaults(t *testing.T) {
 	if e["MUSTER_REPLICA"].Value != "$(POD_NAME)" || e["POD_NAME"].ValueFrom == nil || e["POD_NAME"].ValueFrom.FieldRef.FieldPath != "metadata.name" {
 		t.Errorf("MUSTER_REPLICA is not the pod's name: %+v", e["MUSTER_REPLICA"])
 	}
-	if !slices.Contains(c.Args, "--addr=[$(POD_IP)]:8080") {
-		t.Errorf("args %v: the API must listen on the pod's address (what the replica registers for its peers)", c.Args)
+	// Each replica registers the name its peers list it under, so it
+	// leaves itself out of MUSTER_PEERS and a certificate for the
+	// headless Service's names fits every peer call.
+	if got := e["MUSTER_ADVERTISE_URL"].Value; got != "http://$(POD_NAME).muster-peers.muster.svc.cluster.local:8080" {
+		t.Errorf("MUSTER_ADVERTISE_URL = %q, want the pod's stable name", got)
+	}
+	if !slices.Contains(c.Args, "--addr=:8080") {
+		t.Errorf("args %v: the API must listen on every interface (port-forward, the pod IP and its name alike)", c.Args)
 	}
 	var headless *corev1.Service
 	for _, s := range of[*corev1.Service](o) {
