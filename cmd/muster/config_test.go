@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/server"
 )
 
@@ -305,8 +307,12 @@ func TestAdvertiseURL(t *testing.T) {
 		t.Fatalf("muster dev announces %s, want the advertised %s", dev.url, want)
 	}
 	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
-	code, body := call(t, "GET", want+"/v1/replicas", admin, "")
-	if code != 200 || !strings.Contains(string(body), `"address":"`+want+`"`) {
-		t.Fatalf("GET /v1/replicas: %d %s, want the advertised address registered", code, body)
-	}
+	// The replica registers itself at its ownership worker's first round.
+	var last string
+	wait.For(t, time.Minute, "the advertised address registered in GET /v1/replicas", func() bool {
+		code, body := call(t, "GET", want+"/v1/replicas", admin, "")
+		last = fmt.Sprintf("%d %s", code, body)
+		return code == 200 && strings.Contains(string(body), `"address":"`+want+`"`)
+	})
+	t.Logf("GET /v1/replicas: %s", last)
 }

@@ -489,7 +489,36 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 				t.Fatalf("no replica up took the hard failure of %s while replica %d drained", target, i)
 			}
 		}
-		wait.For(t, time.Minute, fmt.Sprintf("the withdrawal of %s (reported while replica %d drained) reaching every subscriber", target, i), routableEverywhere(target, false))
+		withdrawn := routableEverywhere(target, false)
+		for deadline := time.Now().Add(time.Minute); !withdrawn(); {
+			if time.Now().After(deadline) {
+				// Where it went missing: each replica's view of the
+				// instance, and the subscribers still routing to it.
+				u := uuid.MustParse(target)
+				for _, b := range bases() {
+					code, body := call(t, "GET", b+"/v1/resolve/"+regionProbed, viewer, "")
+					var v assembler.View
+					_ = json.Unmarshal(body, &v)
+					w := -1.0
+					for _, ep := range v.Endpoints {
+						if ep.InstanceID == u {
+							w = ep.Weight
+						}
+					}
+					t.Logf("replica %s: %d, %s version %d, weight of %s %v (-1: absent)", b, code, regionProbed, v.Version, target, w)
+				}
+				n := 0
+				for _, c := range probedWatchers {
+					if c.Routable(regionProbed, u) {
+						ver, _, _ := c.Held(regionProbed)
+						n++
+						t.Logf("a subscriber still routes to %s: holds version %d; %v", target, ver, c.Counts())
+					}
+				}
+				t.Fatalf("the withdrawal of %s (reported while replica %d drained) reached %d of %d subscribers in 1m", target, i, len(probedWatchers)-n, len(probedWatchers))
+			}
+			time.Sleep(50 * time.Millisecond) // polling, with the deadline above
+		}
 		took := time.Since(reported)
 		slowest = max(slowest, took)
 		t.Logf("the hard failure of %s reported while replica %d drained withdrew it at all %d subscribers of %s in %s", target, i, len(probedWatchers), regionProbed, took.Round(time.Millisecond))
