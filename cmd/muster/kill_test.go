@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,7 +54,9 @@ func startProcessServing(t *testing.T, dir, addr string, env ...string) (*exec.C
 	cmd.Env = append(append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1"), env...)
 	// The process's output is kept in a file; a failing test prints what
 	// it said about leases, the database and errors.
-	logf, err := os.CreateTemp(t.TempDir(), "muster-*.log")
+	// MUSTER_TEST_LOG_DIR keeps every process's whole log there.
+	logDir := cmp.Or(os.Getenv("MUSTER_TEST_LOG_DIR"), t.TempDir())
+	logf, err := os.CreateTemp(logDir, "muster-"+strings.ReplaceAll(addr, ":", "_")+"-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
