@@ -334,6 +334,8 @@ func (c *Controls) apply(now time.Time, r Reading) []Change {
 			next[region] = st
 			continue
 		}
+		st.since = now
+		next[region] = st
 		ch := Change{Region: region, From: old.state, To: st.state, At: now, Revision: r.Revision}
 		changes = append(changes, ch)
 		c.metrics.changes.WithLabelValues(region, string(st.state)).Inc()
