@@ -335,7 +335,7 @@ func ParseSource(spec, caFile string, timeout time.Duration) (Source, error) {
 			return nil, errors.New("--routing-control-ca is for an https:// routing control")
 		}
 		return &FileSource{Path: p}, nil
-	case strings.HasPrefix(spec, "https://"):
+	case strings.HasPrefix(spec, "https://"), strings.HasPrefix(spec, "http://"):
 		return NewHTTPSource(spec, caFile, timeout)
 	case strings.HasPrefix(spec, "dns:"):
 		if caFile != "" {
