@@ -281,3 +281,34 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("defaults: timeout %s, stale after %s", c.cfg.Timeout, c.cfg.StaleAfter)
 	}
 }
+
+// TestWorkerGoesStale: the running worker, its clock injected, marks the
+// state stale once the clock passes StaleAfter without a good reading,
+// keeps the last good controls, and recovers when the source answers.
+func TestWorkerGoesStale(t *testing.T) {
+	t.Parallel()
+	src := &fakeSource{}
+	src.set(map[string]State{"eu-west-1": Off}, "a", nil)
+	clock := testclock.New(t0)
+	c, err := New(Config{Source: src, Interval: 10 * time.Millisecond, StaleAfter: 30 * time.Second, Regions: []string{"us-east-1"}, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	wait.For(t, 5*time.Second, "eu-west-1 off", func() bool { return !c.On("eu-west-1") })
+	src.set(nil, "", &ReadError{Reason: ReasonUnreachable, Err: errors.New("connection refused")})
+	wait.For(t, 5*time.Second, "the failure noticed", func() bool { return c.Status().LastError != "" })
+	if c.Status().Stale {
+		t.Fatal("stale before StaleAfter")
+	}
+	clock.Advance(31 * time.Second)
+	wait.For(t, 5*time.Second, "stale", func() bool { return cmp.Equal(kinds(c), []string{AlarmStale}) })
+	if c.On("eu-west-1") {
+		t.Fatal("stale turned eu-west-1 on")
+	}
+	src.set(map[string]State{"eu-west-1": On}, "b", nil)
+	wait.For(t, 5*time.Second, "fresh again", func() bool { return !c.Status().Stale && c.On("eu-west-1") })
+}
