@@ -186,7 +186,17 @@ func NewHTTPSource(rawURL, caFile string, timeout time.Duration) (*HTTPSource, e
 		MaxIdleConnsPerHost:   1,
 		ForceAttemptHTTP2:     true,
 	}
-	return &HTTPSource{URL: rawURL, Client: &http.Client{Transport: t, Timeout: timeout}}, nil
+	client := &http.Client{Transport: t, Timeout: timeout, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		// A redirect may not downgrade the signal to clear text.
+		if req.URL.Scheme != "https" {
+			return fmt.Errorf("redirected to %s: only https is followed", req.URL.Redacted())
+		}
+		if len(via) >= 5 {
+			return errors.New("more than 5 redirects")
+		}
+		return nil
+	}}
+	return &HTTPSource{URL: rawURL, Client: client}, nil
 }
 
 // Kind is "https".

@@ -178,6 +178,17 @@ func TestHTTPSource(t *testing.T) {
 		t.Fatalf("back: %+v", c.Status())
 	}
 
+	// A redirect to clear text is not followed.
+	plainSrv := httptest.NewServer(cs)
+	t.Cleanup(plainSrv.Close)
+	redirect := httptest.NewTLSServer(http.RedirectHandler(plainSrv.URL, http.StatusFound))
+	t.Cleanup(redirect.Close)
+	down := &HTTPSource{URL: redirect.URL, Client: src.(*HTTPSource).Client}
+	down.Client.Transport.(*http.Transport).TLSClientConfig.RootCAs.AddCert(redirect.Certificate())
+	if _, err := down.Read(ctx, ""); err == nil || !strings.Contains(err.Error(), "only https is followed") {
+		t.Fatalf("a redirect to http: %v", err)
+	}
+
 	// Without the CA bundle, the test certificate is not trusted.
 	plain, err := ParseSource(srv.URL, "", time.Second)
 	if err != nil {
