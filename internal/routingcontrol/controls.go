@@ -290,6 +290,9 @@ func (c *Controls) failed(now time.Time, err error) {
 // apply applies a good reading; c.mu held.
 func (c *Controls) apply(now time.Time, r Reading) []Change {
 	if r.NotModified {
+		// Unchanged since the reading in force, which left a region on.
+		c.allOffSince = time.Time{}
+		c.metrics.allOff.Set(0)
 		c.good(now)
 		return nil
 	}
