@@ -178,6 +178,9 @@ type Config struct {
 	// Relay, when set, is the relay from peer replicas, listed by GET
 	// /v1/replicas.
 	Relay Relay
+	// RoutingControls, when set, are the region routing controls this
+	// replica reads (GET /v1/routing-controls) with their alarms.
+	RoutingControls RoutingControls
 	// EpochsLeft, when set, is the region's version epochs left
 	// (publisher.Publisher.EpochsLeft), in GET /v1/replicas.
 	EpochsLeft func() uint64
@@ -445,6 +448,7 @@ func (s *Server) routes() chi.Router {
 			r.Get("/v1/leases/expiry", s.leaseExpiryGet)
 			r.Get("/v1/removal-holds", s.removalHoldsGet)
 			r.Get("/v1/replicas", s.replicasGet)
+			r.Get("/v1/routing-controls", s.routingControlsGet)
 			r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 			// Everything else reads or writes PostgreSQL.
 			r.Group(func(r chi.Router) {

@@ -21,6 +21,7 @@ import (
 	"github.com/musterhq/muster/internal/proxied"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/routingcontrol"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/webui"
@@ -158,6 +159,16 @@ type Config struct {
 	// that file, parsed.
 	SPIFFEFile   string
 	TrustDomains *identity.TrustDomains
+	// RoutingControl is where the out-of-band region routing controls are
+	// read (--routing-control, MUSTER_ROUTING_CONTROL: file:/PATH,
+	// https://…, dns:NAME[@HOST:PORT]; routingcontrol.go), with
+	// RoutingControlCA the CA bundle of an https source
+	// (--routing-control-ca, MUSTER_ROUTING_CONTROL_CA) and
+	// RoutingControlInterval how often (MUSTER_ROUTING_CONTROL_INTERVAL,
+	// 5s). Empty: none is read.
+	RoutingControl, RoutingControlCA string
+	RoutingControlInterval           time.Duration
+	routingControl                   *routingcontrol.Config // the above, parsed
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".

@@ -91,6 +91,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs.StringVar(&sf.pendingAlarm, "shift-pending-alarm", "", "a manual shift-back pending confirmation longer than this raises shiftback_pending (MUSTER_SHIFT_PENDING_ALARM; default 10m)")
 	df := addDNSFlags(fs, dev)
 	applyProxyProtocol := proxyProtocolFlag(fs)
+	applyRoutingControl := routingControlFlags(fs)
 	var peers string
 	fs.StringVar(&peers, "peers", "", "comma-separated base URLs of the region's other replicas (MUSTER_PEERS): when PostgreSQL cannot be reached at start, serve their views read-only until it can (docs/replicas.md)")
 	if err := cli.Parse(fs, args); err != nil {
@@ -103,6 +104,9 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		cfg.Peers = splitList(peers)
 	}
 	if err := applyProxyProtocol(&cfg); err != nil {
+		return err
+	}
+	if err := applyRoutingControl(&cfg); err != nil {
 		return err
 	}
 	var err error
@@ -120,6 +124,10 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	// A malformed source is refused before anything starts.
+	if cfg.routingControl, err = routingControlConfig(cfg); err != nil {
 		return err
 	}
 	if reconcileFile != "" {
@@ -453,6 +461,7 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		DNS:           cfg.DNS,
 		Reconcile:     rcfg,
 	}
+	ac.RoutingControl = cfg.routingControl
 	if devIssuer != nil {
 		ac.Server.DevIssuer, ac.Server.DevIssuerPath = devIssuer.Handler(), devIssuerPath
 	}

@@ -66,6 +66,7 @@ import (
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/relay"
+	"github.com/musterhq/muster/internal/routingcontrol"
 	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
@@ -195,6 +196,11 @@ type Config struct {
 	// other replicas (its Signer, Peers, Logger and Registerer are the
 	// app's). Off without Policy.Sealer: replicas cannot prove themselves.
 	Forward forward.Config
+	// RoutingControl, when set, reads the out-of-band region routing
+	// controls (ADR-14, issue 29) from its Source; served by GET
+	// /v1/routing-controls, with its alarms. Its Audit, Logger, Registerer
+	// and Replica are the app's; this muster's Region is a known region.
+	RoutingControl *routingcontrol.Config
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
@@ -237,8 +243,10 @@ type App struct {
 	AuthFailures *audit.RefusalSummaries
 	// Reconcile is nil unless Config.Reconcile has sources.
 	Reconcile *reconcile.Reconciler
-	UI        *webui.UI
-	Server    *server.Server
+	// RoutingControls is nil unless Config.RoutingControl is set.
+	RoutingControls *routingcontrol.Controls
+	UI              *webui.UI
+	Server          *server.Server
 	// XDS is nil unless Config.XDS was set.
 	XDS     *xds.Server
 	Metrics *prometheus.Registry
@@ -282,7 +290,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerRelay, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerRelay, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -513,6 +521,12 @@ func New(cfg Config) (*App, error) {
 	if a.Reconcile != nil {
 		svc.Reconcile = a.Reconcile
 	}
+	if err := a.buildRoutingControl(cfg, audit.NewLog(pool)); err != nil {
+		return nil, err
+	}
+	if a.RoutingControls != nil {
+		svc.RoutingControls = a.RoutingControls
+	}
 	// Whether this replica can serve views, not whether PostgreSQL
 	// answers (that is muster_database_up and database_unreachable).
 	svc.Ready = func(ctx context.Context) error {
@@ -631,6 +645,9 @@ func New(cfg Config) (*App, error) {
 			a.workers = append(a.workers, worker{name: WorkerReconcilePrefix + w.Name(), w: w, detached: true})
 		}
 		a.workers = append(a.workers, worker{name: WorkerReconcileDiff, w: a.Reconcile.DiffWorker(), detached: true})
+	}
+	if a.RoutingControls != nil {
+		a.workers = append(a.workers, worker{name: WorkerRoutingControl, w: a.RoutingControls, detached: true})
 	}
 	for _, w := range cfg.Workers {
 		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {
