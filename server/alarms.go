@@ -79,6 +79,9 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	if cfg.Relay != nil {
 		out = append(out, cfg.Relay.Alarms()...)
 	}
+	if cfg.Regions != nil {
+		out = append(out, cfg.Regions.Alarms()...)
+	}
 	if cfg.Tampering != nil {
 		out = append(out, cfg.Tampering()...)
 	}

@@ -178,6 +178,11 @@ type Config struct {
 	// Relay, when set, is the relay from peer replicas, listed by GET
 	// /v1/replicas.
 	Relay Relay
+	// Region is this muster's region, in GET /v1/regions.
+	Region string
+	// Regions, when set, is the aggregate of the peer regions (GET
+	// /v1/regions) and its peer_stale alarm.
+	Regions Regions
 	// EpochsLeft, when set, is the region's version epochs left
 	// (publisher.Publisher.EpochsLeft), in GET /v1/replicas.
 	EpochsLeft func() uint64
@@ -445,6 +450,7 @@ func (s *Server) routes() chi.Router {
 			r.Get("/v1/leases/expiry", s.leaseExpiryGet)
 			r.Get("/v1/removal-holds", s.removalHoldsGet)
 			r.Get("/v1/replicas", s.replicasGet)
+			r.Get("/v1/regions", s.regionsGet)
 			r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 			// Everything else reads or writes PostgreSQL.
 			r.Group(func(r chi.Router) {
