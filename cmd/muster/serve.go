@@ -91,6 +91,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	fs.StringVar(&sf.pendingAlarm, "shift-pending-alarm", "", "a manual shift-back pending confirmation longer than this raises shiftback_pending (MUSTER_SHIFT_PENDING_ALARM; default 10m)")
 	df := addDNSFlags(fs, dev)
 	applyProxyProtocol := proxyProtocolFlag(fs)
+	ff := addFederationFlags(fs)
 	var peers string
 	fs.StringVar(&peers, "peers", "", "comma-separated base URLs of the region's other replicas (MUSTER_PEERS): when PostgreSQL cannot be reached at start, serve their views read-only until it can (docs/replicas.md)")
 	if err := cli.Parse(fs, args); err != nil {
@@ -117,6 +118,9 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		sf.pendingAlarm = cmpOr(sf.pendingAlarm, cmpOr(os.Getenv("MUSTER_SHIFT_PENDING_ALARM"), "30s"))
 	}
 	if err := sf.apply(&cfg); err != nil {
+		return err
+	}
+	if err := ff.apply(&cfg); err != nil {
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
@@ -452,6 +456,7 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		Server:        server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
 		DNS:           cfg.DNS,
 		Reconcile:     rcfg,
+		Federation:    cfg.Federation,
 	}
 	if devIssuer != nil {
 		ac.Server.DevIssuer, ac.Server.DevIssuerPath = devIssuer.Handler(), devIssuerPath
