@@ -2,6 +2,9 @@ package server
 
 import (
 	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/federation"
@@ -11,6 +14,7 @@ import (
 // (federation.Aggregate).
 type Regions interface {
 	Regions() []federation.PeerStatus
+	View(region, service string) (federation.RemoteView, time.Duration, bool)
 	// Alarms are federation.AlarmPeerStale, per peer region not reached.
 	Alarms() []assembler.Alarm
 }
@@ -35,4 +39,37 @@ func (s *Server) regionsGet(w http.ResponseWriter, r *http.Request) {
 		body.Peers = append(body.Peers, s.cfg.Regions.Regions()...)
 	}
 	writeJSON(w, http.StatusOK, body)
+}
+
+// remoteViewBody is GET /v1/regions/{region}/views/{service}'s answer.
+type remoteViewBody struct {
+	Region string `json:"region"`
+	// AgeSeconds is how old the copy may be: the time since the peer
+	// last answered.
+	AgeSeconds float64   `json:"age_seconds"`
+	ReceivedAt time.Time `json:"received_at"`
+	// View is the peer's view as it published it.
+	View any `json:"view"`
+}
+
+// remoteViewGet answers GET /v1/regions/{region}/views/{service} from
+// the aggregate: the peer region's view of one of its services as this
+// region holds it, with its age. For operators and tools (inspection;
+// cross-region resolution for workloads comes through /v1/resolve in a
+// later slice).
+func (s *Server) remoteViewGet(w http.ResponseWriter, r *http.Request) {
+	if !estateReader(w, r, "a peer region's view") {
+		return
+	}
+	region, service := chi.URLParam(r, "region"), chi.URLParam(r, "service")
+	if s.cfg.Regions == nil {
+		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "this muster follows no peer region"))
+		return
+	}
+	v, age, ok := s.cfg.Regions.View(region, service)
+	if !ok {
+		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "no view of "+service+" from peer region "+region+" is held"))
+		return
+	}
+	writeJSON(w, http.StatusOK, remoteViewBody{Region: v.Region, AgeSeconds: age.Seconds(), ReceivedAt: v.ReceivedAt, View: v.View})
 }

@@ -63,4 +63,7 @@ func TestRegionsAPI(t *testing.T) {
 	if r := s.Do(t, "GET", "/v1/regions", s.Token(t, apptest.Web), "", ""); r.Status != http.StatusForbidden {
 		t.Fatalf("a workload reads the regions: %d", r.Status)
 	}
+	if r := s.Do(t, "GET", "/v1/regions/b/views/billing", s.Token(t, apptest.Viewer), "", ""); r.Status != http.StatusNotFound {
+		t.Fatalf("a view of a region not followed: %d %s", r.Status, r.Body)
+	}
 }

@@ -451,6 +451,7 @@ func (s *Server) routes() chi.Router {
 			r.Get("/v1/removal-holds", s.removalHoldsGet)
 			r.Get("/v1/replicas", s.replicasGet)
 			r.Get("/v1/regions", s.regionsGet)
+			r.Get("/v1/regions/{region}/views/{service}", s.remoteViewGet)
 			r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 			// Everything else reads or writes PostgreSQL.
 			r.Group(func(r chi.Router) {

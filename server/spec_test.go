@@ -472,6 +472,7 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"RelayPeer", reflect.TypeFor[relay.PeerStatus](), true},
 		{"PeerRegions", reflect.TypeFor[regionsBody](), true},
 		{"PeerRegion", reflect.TypeFor[federation.PeerStatus](), true},
+		{"RemoteView", reflect.TypeFor[remoteViewBody](), true},
 		{"ReplicaOwnership", reflect.TypeFor[ownership.ReplicaStatus](), true},
 		{"ShardTenure", reflect.TypeFor[ownership.ShardStatus](), true},
 		{"RemovalScope", reflect.TypeFor[disbelief.Scope](), true},
