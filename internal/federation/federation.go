@@ -388,7 +388,7 @@ func (f *Follower) discover(ctx context.Context) {
 // last-known-good files of the services it shares with the old one.
 func (f *Follower) follow(ctx context.Context, names []string) {
 	f.closeClient()
-	f.services = names
+	f.services, f.frames = names, 0
 	f.agg.update(f.peer.Name, func(ps *PeerStatus) { ps.Services = slices.Clone(names) })
 	f.metrics.services.WithLabelValues(f.peer.Name).Set(float64(len(names)))
 	if len(names) == 0 {
