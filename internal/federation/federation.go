@@ -399,7 +399,12 @@ func (f *Follower) follow(ctx context.Context, names []string) {
 		BaseBackoff: f.cfg.BaseBackoff, MaxBackoff: f.cfg.MaxBackoff,
 		// Never a write to the peer: no outcome reports.
 		ReportInterval: -1,
-		Logger:         f.log,
+		// The aggregate holds what the peer published: the peer's own
+		// guard already decided it. A shrink the client guard would hold
+		// back is followed at once (a nanosecond's confirm time); the
+		// guards belong to the callers that route on these views.
+		ConfirmAfter: time.Nanosecond,
+		Logger:       f.log,
 	})
 	if err != nil {
 		f.log.Error("cannot follow the peer's services", "err", err)

@@ -242,6 +242,15 @@ func TestFollowerFollowsAndHeals(t *testing.T) {
 	if got := agg.Services("b"); !slices.Equal(got, []string{"billing", "fraud"}) {
 		t.Fatalf("services held after the heal: %v", got)
 	}
+	// A shrink to nothing, which a routing client's guard would hold back
+	// for the confirm time: the aggregate holds what the peer published.
+	peer.set(resolver.View{Service: "billing", Version: 9, Endpoints: []resolver.Endpoint{}})
+	peer.setDown(true)
+	peer.setDown(false)
+	wait.For(t, 10*time.Second, "billing v9, empty, at a", func() bool {
+		v, _, _ := agg.View("b", "billing")
+		return v.View.Version == 9 && len(v.View.Endpoints) == 0
+	})
 	// Read-only: every request a GET.
 	for _, r := range peer.seen() {
 		if !strings.HasPrefix(r, "GET ") {
