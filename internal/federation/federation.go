@@ -214,7 +214,7 @@ type Follower struct {
 	// audited.
 	partitioned bool
 	connectedAt time.Time
-	pending     *audit.Entry // a reconciliation row not yet written
+	pending     []pendingRow // reconciliation rows not yet written
 
 	mu        sync.Mutex
 	lastToken string // to keep it out of errors
@@ -261,24 +261,27 @@ func (f *Follower) run(ctx context.Context) {
 // state, heals a partition once the peer's stream has caught up, writes a
 // pending reconciliation row and updates the metrics.
 func (f *Follower) RunOnce(ctx context.Context) {
+	// Staleness is noted before anything here counts as contact: only
+	// RunOnce moves the last contact, so a peer anyone saw stale (its
+	// alarm raised) is one whose return is healed and audited.
+	if f.agg.stale(f.peer.Name) && !f.partitioned {
+		f.partitioned = true
+		f.log.Warn("peer region stale: cross-region answers for it are served from the copy held", "stale_after", f.cfg.StaleAfter)
+	}
 	now := f.cfg.Now()
 	if !now.Before(f.nextDiscover) {
 		f.nextDiscover = now.Add(f.cfg.Discover)
 		f.discover(ctx)
 	}
 	f.observe(now)
-	if f.pending != nil {
-		f.writePending(ctx)
+	if len(f.pending) > 0 {
+		f.writePending(ctx, now)
 	}
 	f.publishMetrics()
 }
 
 // observe reads the client's stats into the peer's status.
 func (f *Follower) observe(now time.Time) {
-	if f.agg.stale(f.peer.Name) && !f.partitioned {
-		f.partitioned = true
-		f.log.Warn("peer region stale: cross-region answers for it are served from the copy held", "stale_after", f.cfg.StaleAfter)
-	}
 	var st resolver.ClientStats
 	if f.client != nil {
 		st = f.client.Stats()
@@ -341,29 +344,58 @@ func (f *Follower) heal(now time.Time) {
 	held := len(f.agg.Services(f.peer.Name)) > 0
 	rec := f.agg.replace(f.peer.Name, f.views())
 	f.partitioned = false
+	if !held {
+		f.log.Info("peer region reached: following its current views", "services", len(f.services))
+		return
+	}
 	f.agg.update(f.peer.Name, func(ps *PeerStatus) { ps.Reconciliations++; ps.LastReconciliation = now })
 	f.metrics.reconciliations.WithLabelValues(f.peer.Name).Inc()
 	f.log.Info("peer region reached again: copy replaced from its current views", "summary", rec.Summary())
-	if !held || f.cfg.Audit == nil || (f.cfg.Owns != nil && !f.cfg.Owns(OwnershipKey(f.peer.Name))) {
+	if f.cfg.Audit == nil {
 		return
 	}
-	f.pending = &audit.Entry{
+	f.pending = append(f.pending, pendingRow{since: now, entry: audit.Entry{
 		ActorKind: "system", Actor: "system:federation", Action: ActionReconcile,
 		TargetKind: "region", Target: f.peer.Name, Outcome: audit.Accepted,
 		Reason: rec.Summary(), After: rec,
-	}
+	}})
 }
 
-// writePending writes the queued reconciliation row, keeping it for the
-// next tick when PostgreSQL does not take it.
-func (f *Follower) writePending(ctx context.Context) {
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := f.cfg.Audit.Append(actx, f.cfg.Now(), *f.pending); err != nil {
-		f.log.Warn("reconciliation audit row not written yet; retrying", "err", err)
+// pendingRow is a reconciliation row waiting to be written.
+type pendingRow struct {
+	since time.Time
+	entry audit.Entry
+}
+
+// ownerWait is how long a reconciliation row waits for this replica to
+// own its peer's key (at start, before the first shard leases are read)
+// before it is left to the replica that owns it, which healed too.
+const ownerWait = time.Minute
+
+// writePending writes the queued reconciliation rows in order while this
+// replica owns the peer's key, keeping them for the next tick when
+// PostgreSQL does not take them.
+func (f *Follower) writePending(ctx context.Context, now time.Time) {
+	if f.cfg.Owns != nil && !f.cfg.Owns(OwnershipKey(f.peer.Name)) {
+		f.pending = slices.DeleteFunc(f.pending, func(p pendingRow) bool {
+			if now.Sub(p.since) < ownerWait {
+				return false
+			}
+			f.log.Info("reconciliation row left to the replica owning the peer", "key", OwnershipKey(f.peer.Name), "summary", p.entry.Reason)
+			return true
+		})
 		return
 	}
-	f.pending = nil
+	for len(f.pending) > 0 {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := f.cfg.Audit.Append(actx, f.cfg.Now(), f.pending[0].entry)
+		cancel()
+		if err != nil {
+			f.log.Warn("reconciliation audit row not written yet; retrying", "err", err)
+			return
+		}
+		f.pending = f.pending[1:]
+	}
 }
 
 // discover lists the peer's services and follows the set when it

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -260,4 +261,50 @@ func TestFollowerFollowsAndHeals(t *testing.T) {
 	if st := status(); st.Reconciliations != 1 || strings.Contains(st.LastError, "token") && strings.Contains(st.LastError, "second-token") {
 		t.Fatalf("status after the heal: %+v", st)
 	}
+}
+
+// TestHealRowWaitsForTheOwner: a replica that heals before it owns the
+// peer's key (at start, before its shard leases are read) keeps the row
+// and writes it once it owns the key; the heal itself does not wait.
+func TestHealRowWaitsForTheOwner(t *testing.T) {
+	peer := newFakePeer()
+	peer.set(resolver.View{Service: "billing", Version: 1, Endpoints: []resolver.Endpoint{ep("00000000-0000-0000-0000-000000000001", "10.0.0.1", 80)}})
+	srv := httptest.NewServer(peer)
+	defer srv.Close()
+	tok := filepath.Join(t.TempDir(), "b.token")
+	if err := os.WriteFile(tok, []byte("tok"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var owns atomic.Bool
+	au := &fakeAudit{}
+	fed, err := New(Config{
+		Region: "a", Peers: []PeerConfig{{Name: "b", URLs: []string{srv.URL}, TokenFile: tok}},
+		StaleAfter: 200 * time.Millisecond, Discover: 50 * time.Millisecond, Tick: 20 * time.Millisecond,
+		BaseBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Audit: au,
+		Owns: func(string) bool { return owns.Load() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fed.Followers()[0]
+	if err := f.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	agg := fed.Aggregate
+	wait.For(t, 10*time.Second, "billing v1 at a", func() bool { v, _, _ := agg.View("b", "billing"); return v.View.Version == 1 })
+	peer.setDown(true)
+	wait.For(t, 10*time.Second, "b stale", func() bool { return agg.Regions()[0].Stale })
+	peer.set(resolver.View{Service: "billing", Version: 2})
+	peer.setDown(false)
+	wait.For(t, 10*time.Second, "the heal", func() bool { return agg.Regions()[0].Reconciliations == 1 })
+	if v, _, _ := agg.View("b", "billing"); v.View.Version != 2 {
+		t.Fatalf("billing after the heal: %+v", v)
+	}
+	time.Sleep(100 * time.Millisecond) // a few ticks: nothing may be written meanwhile
+	if rows := au.entries(); len(rows) != 0 {
+		t.Fatalf("a row written without owning the peer's key: %+v", rows)
+	}
+	owns.Store(true)
+	wait.For(t, 10*time.Second, "the row, once owned", func() bool { return len(au.entries()) == 1 })
 }
