@@ -82,6 +82,9 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	if cfg.RoutingControls != nil {
 		out = append(out, cfg.RoutingControls.Alarms()...)
 	}
+	if cfg.Regions != nil {
+		out = append(out, cfg.Regions.Alarms()...)
+	}
 	if cfg.Tampering != nil {
 		out = append(out, cfg.Tampering()...)
 	}

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"testing"
 
@@ -39,5 +40,30 @@ func TestReplicasAPI(t *testing.T) {
 	}
 	if r := s.Do(t, "GET", "/v1/replicas", s.Token(t, apptest.Web), "", ""); r.Status != http.StatusForbidden {
 		t.Fatalf("a workload reads the replicas: %d", r.Status)
+	}
+}
+
+// TestRegionsAPI (issue 29): GET /v1/regions names this region and the
+// peer regions followed (none here: an empty list); operators of any
+// role and tools read it, a workload may not.
+func TestRegionsAPI(t *testing.T) {
+	t.Parallel()
+	s := apptest.New(t, apptest.Options{})
+	r := s.Do(t, "GET", "/v1/regions", s.Token(t, apptest.Viewer), "", "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET /v1/regions: %d %s", r.Status, r.Body)
+	}
+	got := apptest.Decode[struct {
+		Region string            `json:"region"`
+		Peers  []json.RawMessage `json:"peers"`
+	}](t, r)
+	if got.Region == "" || got.Peers == nil || len(got.Peers) != 0 {
+		t.Fatalf("regions %s", r.Body)
+	}
+	if r := s.Do(t, "GET", "/v1/regions", s.Token(t, apptest.Web), "", ""); r.Status != http.StatusForbidden {
+		t.Fatalf("a workload reads the regions: %d", r.Status)
+	}
+	if r := s.Do(t, "GET", "/v1/regions/b/views/billing", s.Token(t, apptest.Viewer), "", ""); r.Status != http.StatusNotFound {
+		t.Fatalf("a view of a region not followed: %d %s", r.Status, r.Body)
 	}
 }

@@ -181,6 +181,11 @@ type Config struct {
 	// RoutingControls, when set, are the region routing controls this
 	// replica reads (GET /v1/routing-controls) with their alarms.
 	RoutingControls RoutingControls
+	// Region is this muster's region, in GET /v1/regions.
+	Region string
+	// Regions, when set, is the aggregate of the peer regions (GET
+	// /v1/regions) and its peer_stale alarm.
+	Regions Regions
 	// EpochsLeft, when set, is the region's version epochs left
 	// (publisher.Publisher.EpochsLeft), in GET /v1/replicas.
 	EpochsLeft func() uint64
@@ -449,6 +454,8 @@ func (s *Server) routes() chi.Router {
 			r.Get("/v1/removal-holds", s.removalHoldsGet)
 			r.Get("/v1/replicas", s.replicasGet)
 			r.Get("/v1/routing-controls", s.routingControlsGet)
+			r.Get("/v1/regions", s.regionsGet)
+			r.Get("/v1/regions/{region}/views/{service}", s.remoteViewGet)
 			r.Get("/v1/services/{name}/eligibility", s.eligibilityGet)
 			// Everything else reads or writes PostgreSQL.
 			r.Group(func(r chi.Router) {

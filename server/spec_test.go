@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/federation"
 	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
@@ -469,6 +470,9 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"RemovalHold", reflect.TypeFor[disbelief.Hold](), true},
 		{"RegionOwnership", reflect.TypeFor[replicasBody](), true},
 		{"RelayPeer", reflect.TypeFor[relay.PeerStatus](), true},
+		{"PeerRegions", reflect.TypeFor[regionsBody](), true},
+		{"PeerRegion", reflect.TypeFor[federation.PeerStatus](), true},
+		{"RemoteView", reflect.TypeFor[remoteViewBody](), true},
 		{"ReplicaOwnership", reflect.TypeFor[ownership.ReplicaStatus](), true},
 		{"ShardTenure", reflect.TypeFor[ownership.ShardStatus](), true},
 		{"RemovalScope", reflect.TypeFor[disbelief.Scope](), true},

@@ -16,6 +16,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/dnszone"
+	"github.com/musterhq/muster/internal/federation"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/proxied"
@@ -169,6 +170,10 @@ type Config struct {
 	RoutingControl, RoutingControlCA string
 	RoutingControlInterval           time.Duration
 	routingControl                   *routingcontrol.Config // the above, parsed
+	// Federation are the peer regions followed (--peer, --peer-token,
+	// --peer-ca, MUSTER_PEER_*; federation.go, docs/regions.md); no
+	// Peers: none.
+	Federation federation.Config
 }
 
 // shiftFlags holds the shift-back flags as given; empty means "not set".

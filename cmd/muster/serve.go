@@ -92,6 +92,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	df := addDNSFlags(fs, dev)
 	applyProxyProtocol := proxyProtocolFlag(fs)
 	applyRoutingControl := routingControlFlags(fs)
+	ff := addFederationFlags(fs)
 	var peers string
 	fs.StringVar(&peers, "peers", "", "comma-separated base URLs of the region's other replicas (MUSTER_PEERS): when PostgreSQL cannot be reached at start, serve their views read-only until it can (docs/replicas.md)")
 	if err := cli.Parse(fs, args); err != nil {
@@ -121,6 +122,9 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		sf.pendingAlarm = cmpOr(sf.pendingAlarm, cmpOr(os.Getenv("MUSTER_SHIFT_PENDING_ALARM"), "30s"))
 	}
 	if err := sf.apply(&cfg); err != nil {
+		return err
+	}
+	if err := ff.apply(&cfg); err != nil {
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
@@ -460,6 +464,7 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		Server:        server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
 		DNS:           cfg.DNS,
 		Reconcile:     rcfg,
+		Federation:    cfg.Federation,
 	}
 	ac.RoutingControl = cfg.routingControl
 	if devIssuer != nil {

@@ -56,6 +56,7 @@ import (
 	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/federation"
 	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
@@ -201,6 +202,10 @@ type Config struct {
 	// /v1/routing-controls, with its alarms. Its Audit, Logger, Registerer
 	// and Replica are the app's; this muster's Region is a known region.
 	RoutingControl *routingcontrol.Config
+	// Federation follows the peer regions (ADR-14, issue 29): one worker
+	// per peer, named "federation <peer>". Its Region, Audit, Owns,
+	// Logger, Registerer and Now are the app's. No Peers: none.
+	Federation federation.Config
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
@@ -245,8 +250,10 @@ type App struct {
 	Reconcile *reconcile.Reconciler
 	// RoutingControls is nil unless Config.RoutingControl is set.
 	RoutingControls *routingcontrol.Controls
-	UI              *webui.UI
-	Server          *server.Server
+	// Federation follows the peer regions; nil without any.
+	Federation *federation.Federation
+	UI         *webui.UI
+	Server     *server.Server
 	// XDS is nil unless Config.XDS was set.
 	XDS     *xds.Server
 	Metrics *prometheus.Registry
@@ -290,7 +297,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerRelay, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerRelay, stopFederation, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -479,6 +486,19 @@ func New(cfg Config) (*App, error) {
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
 	svc.Replicas, svc.EpochsLeft = a.Ownership, a.Publisher.EpochsLeft
+	svc.Region = cfg.Region
+	if len(cfg.Federation.Peers) > 0 {
+		fc := cfg.Federation
+		fc.Region, fc.Audit, fc.Logger, fc.Registerer = cfg.Region, audit.NewLog(pool), log, metrics
+		// One replica of the region writes a peer's reconciliation rows:
+		// the owner of its key; every replica follows for its own reads.
+		fc.Owns = func(key string) bool { _, ok := a.Ownership.Owns(key); return ok }
+		fc.Now = orNow(fc.Now, now)
+		if a.Federation, err = federation.New(fc); err != nil {
+			return nil, err
+		}
+		svc.Regions = a.Federation.Aggregate
+	}
 	svc.Authz, svc.Database = a.Authz, a.Monitor
 	svc.ReadOnly = a.ReadOnly
 	if peers != nil {
@@ -649,6 +669,11 @@ func New(cfg Config) (*App, error) {
 	if a.RoutingControls != nil {
 		a.workers = append(a.workers, worker{name: WorkerRoutingControl, w: a.RoutingControls, detached: true})
 	}
+	if a.Federation != nil {
+		for _, f := range a.Federation.Followers() {
+			a.workers = append(a.workers, worker{name: f.Name(), w: f, detached: true})
+		}
+	}
 	for _, w := range cfg.Workers {
 		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {
 			return nil, fmt.Errorf("app: worker %q needs a name of its own and a worker", w.Name)
@@ -785,11 +810,21 @@ func (a *App) stopWorkers() {
 // stopReconcile is the stop slot of every reconciliation worker.
 const stopReconcile = "reconcile workers"
 
+// WorkerFederationPrefix and a peer region's name name its follower.
+const WorkerFederationPrefix = "federation "
+
+// stopFederation is the stop slot of the peer regions' followers: they
+// only read from the peers, so they stop early, with the relay.
+const stopFederation = "federation workers"
+
 // stopSlot is the name a worker stops under in stopOrder: its own, or
 // stopReconcile for the reconciliation workers (one per source).
 func stopSlot(name string) string {
 	if name == WorkerReconcileDiff || strings.HasPrefix(name, WorkerReconcilePrefix) {
 		return stopReconcile
+	}
+	if strings.HasPrefix(name, WorkerFederationPrefix) {
+		return stopFederation
 	}
 	return name
 }

@@ -1,0 +1,373 @@
+package federation
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/resolver"
+)
+
+// RemoteView is a peer region's view of one of its services as the
+// aggregate holds it.
+type RemoteView struct {
+	// Region is the peer region the view comes from.
+	Region string
+	// View is the view, exactly as the peer published it (the peer's
+	// version; endpoints with the peer's zones).
+	View resolver.View
+	// ReceivedAt is when this region received that version.
+	ReceivedAt time.Time
+}
+
+// PeerStatus describes the link to one peer region, for GET /v1/regions.
+type PeerStatus struct {
+	// Region is the peer's region name; URLs its replicas' base URLs.
+	Region string   `json:"region"`
+	URLs   []string `json:"urls"`
+	// Connected: a watch stream to the peer is open now.
+	Connected bool `json:"connected"`
+	// Synced: the open stream has caught up with every service followed.
+	Synced bool `json:"synced"`
+	// LastContact is when the peer last answered (an open stream, a
+	// frame, a service list); zero: never since start.
+	LastContact time.Time `json:"last_contact,omitzero"`
+	// AgeSeconds is how old the aggregate's copy of the peer may be: the
+	// time since the peer last answered (since start when it never has).
+	// Remote endpoints are as fresh as this.
+	AgeSeconds float64 `json:"age_seconds"`
+	// Stale: no contact for longer than the stale threshold; the
+	// peer_stale alarm is open.
+	Stale bool `json:"stale"`
+	// Services are the peer's services followed, sorted.
+	Services []string `json:"services"`
+	// Reconnects counts watch subscriptions after the first, and
+	// Reconciliations the partition heals since start.
+	Reconnects      uint64 `json:"reconnects"`
+	Reconciliations uint64 `json:"reconciliations"`
+	// LastReconciliation is when the last heal replaced the copy.
+	LastReconciliation time.Time `json:"last_reconciliation,omitzero"`
+	// LastError is why the last watch or service list failed; tokens are
+	// never in it.
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+}
+
+// AlarmPeerStale is raised, per peer region, while the peer has not been
+// reached for longer than the stale threshold: cross-region answers for
+// its services come from a copy that old. Local resolution is untouched.
+const AlarmPeerStale = "peer_stale"
+
+// Aggregate is the read-only, in-memory aggregate of the peer regions:
+// per region, per service, the newest view received, and each region's
+// link status. Readers never block the followers for long: every call
+// takes one lock briefly. Only the followers write it.
+type Aggregate struct {
+	now        func() time.Time
+	staleAfter time.Duration
+
+	mu      sync.RWMutex
+	regions map[string]*region
+	order   []string
+}
+
+type region struct {
+	views  map[string]RemoteView
+	status PeerStatus
+	// since is when the region's clock of staleness started: the start,
+	// until the first contact.
+	since time.Time
+}
+
+// NewAggregate returns an empty aggregate of peers (in that order).
+func NewAggregate(peers []PeerConfig, staleAfter time.Duration, now func() time.Time) *Aggregate {
+	if now == nil {
+		now = time.Now
+	}
+	a := &Aggregate{now: now, staleAfter: staleAfter, regions: map[string]*region{}}
+	t := now()
+	for _, p := range peers {
+		a.regions[p.Name] = &region{views: map[string]RemoteView{}, since: t,
+			status: PeerStatus{Region: p.Name, URLs: slices.Clone(p.URLs), Services: []string{}}}
+		a.order = append(a.order, p.Name)
+	}
+	return a
+}
+
+// View returns region's view of service and its age: how long ago the
+// peer last answered (while its stream is open, a moment). ok is false
+// when the aggregate holds no view of that service.
+func (a *Aggregate) View(regionName, service string) (v RemoteView, age time.Duration, ok bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	r := a.regions[regionName]
+	if r == nil {
+		return RemoteView{}, 0, false
+	}
+	v, ok = r.views[service]
+	if !ok {
+		return RemoteView{}, 0, false
+	}
+	return v, a.age(r, a.now()), true
+}
+
+// Services lists the services of region the aggregate holds a view of.
+func (a *Aggregate) Services(regionName string) []string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	r := a.regions[regionName]
+	if r == nil {
+		return nil
+	}
+	out := make([]string, 0, len(r.views))
+	for s := range r.views {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Regions lists the peer regions' link status, in configuration order.
+func (a *Aggregate) Regions() []PeerStatus {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	now := a.now()
+	out := make([]PeerStatus, 0, len(a.order))
+	for _, name := range a.order {
+		out = append(out, a.statusOf(a.regions[name], now))
+	}
+	return out
+}
+
+// statusOf is r's status at now, its age and staleness computed.
+func (a *Aggregate) statusOf(r *region, now time.Time) PeerStatus {
+	st := r.status
+	st.URLs = slices.Clone(st.URLs)
+	st.Services = slices.Clone(st.Services)
+	age := a.age(r, now)
+	st.AgeSeconds = age.Seconds()
+	st.Stale = age > a.staleAfter
+	return st
+}
+
+func (a *Aggregate) age(r *region, now time.Time) time.Duration {
+	from := r.status.LastContact
+	if from.IsZero() {
+		from = r.since
+	}
+	return max(now.Sub(from), 0)
+}
+
+// Alarms returns an AlarmPeerStale for each peer region not reached for
+// longer than the stale threshold.
+func (a *Aggregate) Alarms() []assembler.Alarm {
+	var out []assembler.Alarm
+	now := a.now()
+	for _, st := range a.Regions() {
+		if !st.Stale {
+			continue
+		}
+		since := st.LastContact
+		why := "never reached since start"
+		if since.IsZero() {
+			since = now.Add(-time.Duration(st.AgeSeconds * float64(time.Second)))
+		} else {
+			why = "last reached " + since.UTC().Format(time.RFC3339)
+		}
+		if st.LastError != "" {
+			why += "; last error: " + st.LastError
+		}
+		out = append(out, assembler.Alarm{Kind: AlarmPeerStale, Since: since, Detail: fmt.Sprintf(
+			"peer region %s (%s) has not been reached for %s (%s): cross-region answers for its %d services come from a copy that old; this region's own resolution is unaffected",
+			st.Region, strings.Join(st.URLs, ", "), time.Duration(st.AgeSeconds*float64(time.Second)).Truncate(time.Second), why, len(st.Services))})
+	}
+	return out
+}
+
+// update changes region's status under the lock.
+func (a *Aggregate) update(regionName string, f func(st *PeerStatus)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r := a.regions[regionName]; r != nil {
+		f(&r.status)
+	}
+}
+
+// stale reports whether region is stale now.
+func (a *Aggregate) stale(regionName string) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	r := a.regions[regionName]
+	return r != nil && a.age(r, a.now()) > a.staleAfter
+}
+
+// put takes v when it is newer (by version, never by time) than the
+// copy held; it reports whether it did.
+func (a *Aggregate) put(v RemoteView) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.regions[v.Region]
+	if r == nil {
+		return false
+	}
+	if old, ok := r.views[v.View.Service]; ok && old.View.Version >= v.View.Version {
+		return false
+	}
+	r.views[v.View.Service] = v
+	return true
+}
+
+// snapshot returns a copy of region's views by service.
+func (a *Aggregate) snapshot(regionName string) map[string]resolver.View {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := map[string]resolver.View{}
+	if r := a.regions[regionName]; r != nil {
+		for s, v := range r.views {
+			out[s] = v.View
+		}
+	}
+	return out
+}
+
+// replace puts views in place of everything region held (a partition
+// heal: the peer's current views, whole) and returns what changed.
+func (a *Aggregate) replace(regionName string, views []RemoteView) Reconciliation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.regions[regionName]
+	if r == nil {
+		return Reconciliation{Region: regionName}
+	}
+	old := map[string]resolver.View{}
+	for s, v := range r.views {
+		old[s] = v.View
+	}
+	next := map[string]RemoteView{}
+	nv := map[string]resolver.View{}
+	for _, v := range views {
+		next[v.View.Service], nv[v.View.Service] = v, v.View
+	}
+	r.views = next
+	rec := Diff(old, nv)
+	rec.Region = regionName
+	return rec
+}
+
+// Reconciliation is what a partition heal changed in one region's copy,
+// as its audit row records it.
+type Reconciliation struct {
+	Region string `json:"region"`
+	// Services lists the services that changed, appeared or vanished,
+	// by name.
+	Services []ServiceChange `json:"services"`
+	// Changed, Appeared, Vanished and Unchanged count services.
+	Changed   int `json:"changed"`
+	Appeared  int `json:"appeared"`
+	Vanished  int `json:"vanished"`
+	Unchanged int `json:"unchanged"`
+}
+
+// Summary says what changed in one line.
+func (r Reconciliation) Summary() string {
+	return fmt.Sprintf("region %s reconciled from its current views: %d services changed, %d appeared, %d vanished, %d unchanged",
+		r.Region, r.Changed, r.Appeared, r.Vanished, r.Unchanged)
+}
+
+// Kinds of ServiceChange.
+const (
+	ChangeChanged  = "changed"
+	ChangeAppeared = "appeared"
+	ChangeVanished = "vanished"
+	// ChangeRegressed: the peer's version is below the one held (its
+	// history was lost: a restore). The peer is the authority on its
+	// own services, so its view is taken all the same, and said so.
+	ChangeRegressed = "regressed"
+)
+
+// ServiceChange is one service's change in a reconciliation.
+type ServiceChange struct {
+	Service    string `json:"service"`
+	Change     string `json:"change"`
+	OldVersion uint64 `json:"old_version,omitempty"`
+	NewVersion uint64 `json:"new_version,omitempty"`
+	// EndpointsAdded, EndpointsRemoved and EndpointsChanged count
+	// endpoints by instance id: new ones, gone ones, and ones whose
+	// address, port, zone, state, weight, health or capabilities differ.
+	EndpointsAdded   int `json:"endpoints_added"`
+	EndpointsRemoved int `json:"endpoints_removed"`
+	EndpointsChanged int `json:"endpoints_changed"`
+}
+
+// Diff compares two copies of a region's views by service. Versions
+// decide: the same version is the same view (the peer never publishes
+// two views under one version), whatever the times say; timestamps are
+// never compared. Endpoints are compared only to say what a new version
+// changed.
+func Diff(old, next map[string]resolver.View) Reconciliation {
+	var rec Reconciliation
+	for s, n := range next {
+		o, ok := old[s]
+		switch {
+		case !ok:
+			rec.Appeared++
+			rec.Services = append(rec.Services, ServiceChange{Service: s, Change: ChangeAppeared, NewVersion: n.Version, EndpointsAdded: len(n.Endpoints)})
+		case o.Version == n.Version:
+			rec.Unchanged++
+		default:
+			c := ServiceChange{Service: s, Change: ChangeChanged, OldVersion: o.Version, NewVersion: n.Version}
+			if n.Version < o.Version {
+				c.Change = ChangeRegressed
+			}
+			c.EndpointsAdded, c.EndpointsRemoved, c.EndpointsChanged = diffEndpoints(o.Endpoints, n.Endpoints)
+			rec.Changed++
+			rec.Services = append(rec.Services, c)
+		}
+	}
+	for s, o := range old {
+		if _, ok := next[s]; !ok {
+			rec.Vanished++
+			rec.Services = append(rec.Services, ServiceChange{Service: s, Change: ChangeVanished, OldVersion: o.Version, EndpointsRemoved: len(o.Endpoints)})
+		}
+	}
+	slices.SortFunc(rec.Services, func(a, b ServiceChange) int { return cmp.Compare(a.Service, b.Service) })
+	if rec.Services == nil {
+		rec.Services = []ServiceChange{}
+	}
+	return rec
+}
+
+// diffEndpoints counts endpoints added, removed and changed by instance id.
+func diffEndpoints(old, next []resolver.Endpoint) (added, removed, changed int) {
+	byID := make(map[string]resolver.Endpoint, len(old))
+	for _, e := range old {
+		byID[e.InstanceID] = e
+	}
+	seen := make(map[string]bool, len(next))
+	for _, e := range next {
+		seen[e.InstanceID] = true
+		o, ok := byID[e.InstanceID]
+		switch {
+		case !ok:
+			added++
+		case !sameEndpoint(o, e):
+			changed++
+		}
+	}
+	for _, e := range old {
+		if !seen[e.InstanceID] {
+			removed++
+		}
+	}
+	return added, removed, changed
+}
+
+func sameEndpoint(a, b resolver.Endpoint) bool {
+	return a.Address == b.Address && a.Port == b.Port && a.Zone == b.Zone && a.State == b.State &&
+		a.Weight == b.Weight && a.Health == b.Health && slices.Equal(a.Capabilities, b.Capabilities) &&
+		a.Quarantined == b.Quarantined
+}
