@@ -222,7 +222,8 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 
 	// Every instance renews its lease every 5 s, in batches sent to the
 	// replicas up in turn; the prober reports every 500 ms on
-	// regionProbed, success for all but those taken down.
+	// regionProbed, success for all but those taken down, hard failure
+	// for those.
 	post := func(base, path, tok, body string) int {
 		code, _ := send(ctx, "POST", base+path, tok, body)
 		return code
@@ -271,9 +272,14 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 			var items []string
 			downMu.Lock()
 			for _, in := range probed {
-				if !down[in.id] {
-					items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":"success"}`, in.id))
+				// A prober keeps reporting what it sees: success, or
+				// hard failure for those taken down (silence would make
+				// them Unknown again, which is not what a prober says).
+				outcome := "success"
+				if down[in.id] {
+					outcome = "hard_failure"
 				}
+				items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":%q}`, in.id, outcome))
 			}
 			downMu.Unlock()
 			to := bases()
@@ -480,9 +486,13 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 		down[target] = true
 		downMu.Unlock()
 		reported := time.Now()
+		var answer string
 		for {
 			to := bases()
-			if post(to[rand.IntN(len(to))], "/v1/reports", prober, fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"probe","outcome":"hard_failure"}]}`, target)) == 200 {
+			at := to[rand.IntN(len(to))]
+			code, body := send(ctx, "POST", at+"/v1/reports", prober, fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"probe","outcome":"hard_failure"}]}`, target))
+			if code == 200 {
+				answer = at + ": " + string(body)
 				break
 			}
 			if time.Since(reported) > 30*time.Second {
@@ -515,7 +525,21 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 						t.Logf("a subscriber still routes to %s: holds version %d; %v", target, ver, c.Counts())
 					}
 				}
-				t.Fatalf("the withdrawal of %s (reported while replica %d drained) reached %d of %d subscribers in 1m", target, i, len(probedWatchers)-n, len(probedWatchers))
+				for _, b := range bases() {
+					_, body := call(t, "GET", b+"/v1/services/"+regionProbed+"/eligibility", admin, "")
+					var el struct{ Instances []json.RawMessage }
+					_ = json.Unmarshal(body, &el)
+					line := ""
+					for _, in := range el.Instances {
+						if strings.Contains(string(in), target) {
+							line = string(in)
+						}
+					}
+					t.Logf("GET %s/v1/services/%s/eligibility, %s: %s", b, regionProbed, target, line)
+					_, m := call(t, "GET", b+"/metrics", admin, "")
+					t.Logf("%s: %s", b, grepLines(m, "muster_samples_forwarded_total"))
+				}
+				t.Fatalf("the withdrawal of %s (reported while replica %d drained, answered %s) reached %d of %d subscribers in 1m", target, i, answer, len(probedWatchers)-n, len(probedWatchers))
 			}
 			time.Sleep(50 * time.Millisecond) // polling, with the deadline above
 		}

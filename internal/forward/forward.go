@@ -40,6 +40,7 @@ const (
 	DefaultMaxBackoff   = 5 * time.Second
 	DefaultFlushTimeout = 2 * time.Second
 	DefaultTimeout      = 5 * time.Second
+	DefaultReplay       = 30 * time.Second
 )
 
 // Config configures a Forwarder.
@@ -68,9 +69,19 @@ type Config struct {
 	MinBackoff, MaxBackoff time.Duration
 	// FlushTimeout bounds the last delivery attempt at Stop.
 	FlushTimeout time.Duration
-	Logger       *slog.Logger
-	Registerer   prometheus.Registerer
-	Now          func() time.Time
+	// Replay is how far back a peer that joins (a replica that just
+	// started, or came back) is sent the evidence accepted here
+	// (DefaultReplay; negative: none). Its rebuild reads only the windows
+	// the services' owners wrote, and those miss what arrived since their
+	// last write and while ownership moved: without the replay an
+	// instance seen healthy a moment ago would be Unknown there, and one
+	// probe's hard failure cannot remove an Unknown instance (ADR-05).
+	// A peer that drops out of the list and back may so count a report
+	// twice, which weighs it a little more and never drains.
+	Replay     time.Duration
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	Now        func() time.Time
 }
 
 // Validate checks the configuration and fills defaults.
@@ -113,6 +124,9 @@ func (c *Config) Validate() error {
 	if c.FlushTimeout == 0 {
 		c.FlushTimeout = DefaultFlushTimeout
 	}
+	if c.Replay == 0 {
+		c.Replay = DefaultReplay
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -136,6 +150,10 @@ type Forwarder struct {
 	mu      sync.Mutex
 	peers   map[string]*peerQueue
 	running bool // between Start and the end of its loop
+	// recent[recentHead:] is what was offered within Config.Replay,
+	// oldest first, for peers that join (at most QueueLimit items).
+	recent     []item
+	recentHead int
 }
 
 // item is one report waiting for one peer.
@@ -185,6 +203,15 @@ func (f *Forwarder) Offer(actor identity.Principal, reports []evaluator.Report) 
 	now := f.cfg.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.cfg.Replay > 0 {
+		for _, r := range reports {
+			if r.At == nil {
+				r.At = &now
+			}
+			f.recent = append(f.recent, item{actor: &a, report: r, offered: now})
+		}
+		f.trimRecent(now)
+	}
 	for _, p := range f.peers {
 		for _, r := range reports {
 			if r.At == nil {
@@ -197,6 +224,21 @@ func (f *Forwarder) Offer(actor identity.Principal, reports []evaluator.Report) 
 		case p.wake <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// trimRecent forgets what was offered before Replay, and the oldest
+// beyond QueueLimit. Called with f.mu held.
+func (f *Forwarder) trimRecent(now time.Time) {
+	cut := now.Add(-f.cfg.Replay)
+	for f.recentHead < len(f.recent) && (f.recent[f.recentHead].offered.Before(cut) || len(f.recent)-f.recentHead > f.cfg.QueueLimit) {
+		f.recent[f.recentHead] = item{}
+		f.recentHead++
+	}
+	if f.recentHead > 0 && f.recentHead >= len(f.recent)/2 {
+		f.recent = append(f.recent[:0], f.recent[f.recentHead:]...)
+		clear(f.recent[len(f.recent):cap(f.recent)])
+		f.recentHead = 0
 	}
 }
 
@@ -233,7 +275,8 @@ func (f *Forwarder) Start(ctx context.Context) error {
 func (f *Forwarder) Stop() { f.runner.Stop() }
 
 // RunOnce brings the senders in line with the peers now listed: a sender
-// for each new one (sent what is offered from now on), none for one no
+// for each new one (sent what was offered within Config.Replay, then what
+// is offered from now on), none for one no
 // longer listed (its queue is dropped). A sender runs until its peer is
 // forgotten or the Forwarder stops; before Start and after Stop, RunOnce
 // does nothing.
@@ -273,7 +316,16 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		}
 		p := &peerQueue{id: id, address: addr, wake: make(chan struct{}, 1),
 			forwarded: f.met.forwarded.WithLabelValues(id), dropped: f.met.dropped.WithLabelValues(id)}
-		f.met.queue.WithLabelValues(id).Set(0)
+		// A peer that joins is sent what arrived here within Replay
+		// first (Config.Replay).
+		if f.cfg.Replay > 0 {
+			f.trimRecent(f.cfg.Now())
+			p.items = append(p.items, f.recent[f.recentHead:]...)
+			if len(p.items) > 0 {
+				p.wake <- struct{}{}
+			}
+		}
+		f.met.queue.WithLabelValues(id).Set(float64(len(p.items)))
 		f.peers[id] = p
 		added = append(added, p)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -175,8 +176,8 @@ func items(n int) []evaluator.Report {
 // TestForwardsSignedBatches: accepted evidence reaches a peer in signed
 // requests the peer's verifier accepts, each report with its actor and a
 // time, the actor without token, expiry or addresses; the forwarder
-// counts what was acknowledged and empties its queue. Evidence offered
-// while a peer is not listed is not sent to it, nor to this replica.
+// counts what was acknowledged and empties its queue. Nothing is sent to
+// this replica itself.
 func TestForwardsSignedBatches(t *testing.T) {
 	t.Parallel()
 	k := newKey(t)
@@ -341,6 +342,41 @@ func TestForgetsAPeerNoLongerListed(t *testing.T) {
 	h.f.Offer(prober, items(2))
 	if q := h.f.Queued("b"); q != 0 {
 		t.Fatalf("a forgotten peer was offered %d", q)
+	}
+}
+
+// TestAPeerThatJoinsGetsTheRecentEvidence: a replica that starts (or
+// comes back) is sent what this one accepted within Replay before it was
+// listed, then what follows, in order: its rebuild reads only what the
+// owners wrote, and without these an instance healthy a moment ago would
+// be Unknown there. Older evidence is not sent; Replay < 0 sends none.
+func TestAPeerThatJoinsGetsTheRecentEvidence(t *testing.T) {
+	t.Parallel()
+	k := newKey(t)
+	for _, replay := range []time.Duration{0, -1} {
+		b := newFakePeer(t, k)
+		var h *harness
+		h = newHarness(t, k, func(c *forward.Config) {
+			c.Replay = replay
+			c.Now = func() time.Time { return h.now }
+		})
+		old, recent, later := items(2), items(3), items(1)
+		h.f.Offer(prober, old)
+		h.now = h.now.Add(forward.DefaultReplay + time.Second) // old falls out of the window
+		h.f.Offer(prober, recent)
+		h.peers.Store(&[]forward.Peer{{ID: "b", Address: b.URL}})
+		h.f.RunOnce(t.Context())
+		h.f.Offer(prober, later)
+		want := append(append([]evaluator.Report(nil), recent...), later...)
+		if replay < 0 {
+			want = later
+		}
+		wait.For(t, 10*time.Second, fmt.Sprintf("%d reports at the peer that joined (replay %s)", len(want), replay), func() bool { return len(b.reports()) == len(want) })
+		for i, r := range b.reports() {
+			if r.InstanceID != want[i].InstanceID {
+				t.Fatalf("replay %s: report %d is %s, want %s", replay, i, r.InstanceID, want[i].InstanceID)
+			}
+		}
 	}
 }
 
