@@ -221,19 +221,6 @@ func (a *Aggregate) put(v RemoteView) bool {
 	return true
 }
 
-// snapshot returns a copy of region's views by service.
-func (a *Aggregate) snapshot(regionName string) map[string]resolver.View {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	out := map[string]resolver.View{}
-	if r := a.regions[regionName]; r != nil {
-		for s, v := range r.views {
-			out[s] = v.View
-		}
-	}
-	return out
-}
-
 // replace puts views in place of everything region held (a partition
 // heal: the peer's current views, whole) and returns what changed.
 func (a *Aggregate) replace(regionName string, views []RemoteView) Reconciliation {
