@@ -171,7 +171,7 @@ func TestFollowerFollowsAndHeals(t *testing.T) {
 	au := &fakeAudit{}
 	fed, err := New(Config{
 		Region: "a", Peers: []PeerConfig{{Name: "b", URLs: []string{srv.URL}, TokenFile: tok}},
-		CacheDir: t.TempDir(), StaleAfter: 300 * time.Millisecond, Discover: 50 * time.Millisecond, Tick: 20 * time.Millisecond,
+		CacheDir: t.TempDir(), StaleAfter: 2 * time.Second, Discover: 50 * time.Millisecond, Tick: 20 * time.Millisecond,
 		BaseBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Audit: au,
 		Owns: func(key string) bool { return key == "federation:b" },
 	})
@@ -279,7 +279,7 @@ func TestHealRowWaitsForTheOwner(t *testing.T) {
 	au := &fakeAudit{}
 	fed, err := New(Config{
 		Region: "a", Peers: []PeerConfig{{Name: "b", URLs: []string{srv.URL}, TokenFile: tok}},
-		StaleAfter: 200 * time.Millisecond, Discover: 50 * time.Millisecond, Tick: 20 * time.Millisecond,
+		StaleAfter: 2 * time.Second, Discover: 50 * time.Millisecond, Tick: 20 * time.Millisecond,
 		BaseBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Audit: au,
 		Owns: func(string) bool { return owns.Load() },
 	})
