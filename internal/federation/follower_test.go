@@ -188,7 +188,7 @@ func TestFollowerFollowsAndHeals(t *testing.T) {
 	defer fl[0].Stop()
 	agg := fed.Aggregate
 	status := func() PeerStatus { return agg.Regions()[0] }
-	wait.For(t, 10*time.Second, "b followed: both services, connected", func() bool {
+	wait.For(t, 30*time.Second, "b followed: both services, connected", func() bool {
 		st := status()
 		_, _, ok1 := agg.View("b", "billing")
 		_, _, ok2 := agg.View("b", "search")
@@ -198,7 +198,7 @@ func TestFollowerFollowsAndHeals(t *testing.T) {
 	peer.set(resolver.View{Service: "billing", Version: 2, Endpoints: []resolver.Endpoint{ep("00000000-0000-0000-0000-000000000001", "10.0.0.1", 80)}})
 	peer.setDown(true) // cut the stream so the next subscription sees v2
 	peer.setDown(false)
-	wait.For(t, 10*time.Second, "billing v2 at a", func() bool { v, _, _ := agg.View("b", "billing"); return v.View.Version == 2 })
+	wait.For(t, 30*time.Second, "billing v2 at a", func() bool { v, _, _ := agg.View("b", "billing"); return v.View.Version == 2 })
 	if len(au.entries()) != 0 {
 		t.Fatalf("audit rows before any partition: %+v", au.entries())
 	}
@@ -206,13 +206,13 @@ func TestFollowerFollowsAndHeals(t *testing.T) {
 	if err := os.WriteFile(tok, []byte("second-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	wait.For(t, 10*time.Second, "the rotated token in use", func() bool {
+	wait.For(t, 30*time.Second, "the rotated token in use", func() bool {
 		return slices.ContainsFunc(peer.seen(), func(s string) bool { return strings.HasSuffix(s, "Bearer second-token") })
 	})
 
 	// Down: stale, alarm, the copy served as it was.
 	peer.setDown(true)
-	wait.For(t, 10*time.Second, "b stale with peer_stale", func() bool {
+	wait.For(t, 30*time.Second, "b stale with peer_stale", func() bool {
 		return status().Stale && len(agg.Alarms()) == 1
 	})
 	if v, age, ok := agg.View("b", "billing"); !ok || v.View.Version != 2 || age < 300*time.Millisecond {
@@ -225,8 +225,8 @@ func TestFollowerFollowsAndHeals(t *testing.T) {
 	peer.drop("search")
 	peer.set(resolver.View{Service: "fraud", Version: 4})
 	peer.setDown(false)
-	wait.For(t, 10*time.Second, "the heal's audit row", func() bool { return len(au.entries()) >= 1 })
-	wait.For(t, 10*time.Second, "b reached again", func() bool { st := status(); return !st.Stale && st.Connected && len(agg.Alarms()) == 0 })
+	wait.For(t, 30*time.Second, "the heal's audit row", func() bool { return len(au.entries()) >= 1 })
+	wait.For(t, 30*time.Second, "b reached again", func() bool { st := status(); return !st.Stale && st.Connected && len(agg.Alarms()) == 0 })
 	rows := au.entries()
 	if len(rows) != 1 || rows[0].Action != ActionReconcile || rows[0].Actor != "system:federation" || rows[0].Target != "b" {
 		t.Fatalf("audit rows: %+v", rows)
@@ -248,7 +248,7 @@ func TestFollowerFollowsAndHeals(t *testing.T) {
 	peer.set(resolver.View{Service: "billing", Version: 9, Endpoints: []resolver.Endpoint{}})
 	peer.setDown(true)
 	peer.setDown(false)
-	wait.For(t, 10*time.Second, "billing v9, empty, at a", func() bool {
+	wait.For(t, 30*time.Second, "billing v9, empty, at a", func() bool {
 		v, _, _ := agg.View("b", "billing")
 		return v.View.Version == 9 && len(v.View.Endpoints) == 0
 	})
@@ -292,12 +292,12 @@ func TestHealRowWaitsForTheOwner(t *testing.T) {
 	}
 	defer f.Stop()
 	agg := fed.Aggregate
-	wait.For(t, 10*time.Second, "billing v1 at a", func() bool { v, _, _ := agg.View("b", "billing"); return v.View.Version == 1 })
+	wait.For(t, 30*time.Second, "billing v1 at a", func() bool { v, _, _ := agg.View("b", "billing"); return v.View.Version == 1 })
 	peer.setDown(true)
-	wait.For(t, 10*time.Second, "b stale", func() bool { return agg.Regions()[0].Stale })
+	wait.For(t, 30*time.Second, "b stale", func() bool { return agg.Regions()[0].Stale })
 	peer.set(resolver.View{Service: "billing", Version: 2})
 	peer.setDown(false)
-	wait.For(t, 10*time.Second, "the heal", func() bool { return agg.Regions()[0].Reconciliations == 1 })
+	wait.For(t, 30*time.Second, "the heal", func() bool { return agg.Regions()[0].Reconciliations == 1 })
 	if v, _, _ := agg.View("b", "billing"); v.View.Version != 2 {
 		t.Fatalf("billing after the heal: %+v", v)
 	}
@@ -306,5 +306,5 @@ func TestHealRowWaitsForTheOwner(t *testing.T) {
 		t.Fatalf("a row written without owning the peer's key: %+v", rows)
 	}
 	owns.Store(true)
-	wait.For(t, 10*time.Second, "the row, once owned", func() bool { return len(au.entries()) == 1 })
+	wait.For(t, 30*time.Second, "the row, once owned", func() bool { return len(au.entries()) == 1 })
 }
