@@ -317,7 +317,11 @@ type Engine struct {
 	// names are what the evaluator calls reporters (NameReporter), for
 	// reasons that mention a prober.
 	names map[ReporterID]string
-	buf   []Transition
+	// history is the reporter a rebuild's replayed windows are recorded
+	// under (SetHistoryReporter), when hasHistory.
+	history    ReporterID
+	hasHistory bool
+	buf        []Transition
 	// changed names the services, once each, with an instance whose
 	// Routing changed in the last Tick without a transition saying so.
 	changed []string
@@ -579,6 +583,15 @@ func (e *Engine) Observe(s Sample) error {
 		if p != nil {
 			p.lastObserved = max(p.lastObserved, at)
 		}
+		// A live prober's sample supersedes the history a rebuild
+		// replayed for this instance: the history is no peer prober, and
+		// must not contradict (or dilute) what probers say now.
+		if e.hasHistory && s.Reporter != e.history {
+			if h := in.probeSlotOf(e.history); h != nil {
+				h.uncount(in.svc)
+				*h = probeSlot{}
+			}
+		}
 		sl := in.slotFor(s.Reporter)
 		sl.p = p
 		t = &sl.t
@@ -663,6 +676,12 @@ func (in *instance) reporter(id ReporterID) *track {
 	in.rep[victim] = track{}
 	return &in.rep[victim]
 }
+
+// SetHistoryReporter names the reporter under which a rebuild replays
+// observed windows. Its probe evidence stands for the instance's history,
+// not for a prober: the first live probe sample for an instance drops it,
+// so it never contradicts nor dilutes a prober that speaks now.
+func (e *Engine) SetHistoryReporter(id ReporterID) { e.history, e.hasHistory = id, true }
 
 // slotFor finds id's probe slot, or evicts the least recently heard prober,
 // taking its flags out of its prober's counts.

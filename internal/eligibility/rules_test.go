@@ -1325,3 +1325,42 @@ func TestTwoBrokenProbersRemoveNothing(t *testing.T) {
 		t.Fatalf("suspect probers %v, want prober-az1 and prober-az2", names)
 	}
 }
+
+// TestReplayedHistoryDoesNotContradictALiveProber: after a rebuild the
+// probe windows replayed from the database are recorded under the
+// history reporter (SetHistoryReporter). They are not a peer prober: the
+// first live probe sample for an instance supersedes them, so a live
+// prober's hard failure removes the instance at once instead of being
+// "contradicted" by the history until it falls silent (the rolling-restart
+// test saw withdrawals take 15 s, or never land when the prober reported
+// once).
+func TestReplayedHistoryDoesNotContradictALiveProber(t *testing.T) {
+	t.Parallel()
+	const az1, history eligibility.ReporterID = 7, 99
+	s := newSim(t, eligibility.Options{})
+	s.service("svc", contract(probeOnly))
+	id := s.add(1, "svc")
+	s.e.AssignProber(az1, []eligibility.InstanceID{id})
+	s.e.NameReporter(az1, "prober-az1")
+	s.e.SetHistoryReporter(history)
+	s.run(time.Minute, time.Second, func(now time.Time) {
+		if now.Sub(t0)%(5*time.Second) == 0 {
+			s.obs(id, probe, ok, az1)
+		}
+	})
+	if v := s.verdict(id); v.State != eligibility.Eligible {
+		t.Fatalf("setup: %+v", v)
+	}
+	// The rebuild's replay: the healthy history, under its own reporter.
+	s.obs(id, probe, ok, history)
+	from := len(s.all)
+	s.run(10*time.Second, time.Second, func(now time.Time) {
+		if now.Sub(t0)%(5*time.Second) == 0 {
+			s.obs(id, probe, hard, az1)
+		}
+	})
+	trs := s.all[from:]
+	if len(trs) != 1 || trs[0].To != eligibility.Ineligible {
+		t.Fatalf("transitions after the live prober's hard failure %+v, want one to ineligible", trs)
+	}
+}

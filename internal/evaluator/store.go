@@ -163,6 +163,12 @@ func (e *Evaluator) replayWindows(ctx context.Context) (int, error) {
 	const page = 50_000
 	since := e.cfg.Now().Add(-e.cfg.Retention)
 	replayer := e.internReporter("system:rebuild")
+	// The replayed probe windows are the instances' history, not a prober
+	// (they would contradict a live prober's hard failure as a healthy
+	// peer until they fell silent): the first live sample supersedes them.
+	e.mu.Lock()
+	e.engine.SetHistoryReporter(replayer)
+	e.mu.Unlock()
 	q := db.New(e.cfg.Pool)
 	params := db.ObservedWindowsSinceParams{Since: since, AfterEnd: since, Lim: page}
 	n := 0
