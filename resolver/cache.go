@@ -17,6 +17,7 @@ import (
 type Option func(*config)
 
 type config struct {
+	regions      []string
 	clock        func() time.Time
 	random       func() uint64
 	dir          string
@@ -117,6 +118,7 @@ type stats struct {
 type Cache struct {
 	cfg      config
 	services map[string]*service // fixed at New; read concurrently
+	names    []string            // services' keys, sorted
 	st       stats
 }
 
@@ -132,6 +134,9 @@ type service struct {
 	// routed: routing has had a routable endpoint since New (from the
 	// stream or a last-known-good file).
 	routed atomic.Bool
+	// fallback are the service's series in the peer regions (WithRegions),
+	// in order of preference; fixed at New.
+	fallback []*service
 }
 
 // state pairs the snapshot routing uses with the newest one recorded; they
@@ -165,6 +170,10 @@ func NewCache(services []string, opts ...Option) (*Cache, error) {
 	if cfg.clock == nil || cfg.random == nil {
 		return nil, errors.New("resolver: nil clock or random source")
 	}
+	services, fallbacks, err := expandRegions(services, cfg.regions)
+	if err != nil {
+		return nil, err
+	}
 	c := &Cache{cfg: cfg, services: make(map[string]*service, len(services))}
 	for _, name := range services {
 		if name == "" {
@@ -176,6 +185,12 @@ func NewCache(services []string, opts ...Option) (*Cache, error) {
 		svc := &service{name: name}
 		svc.outcomes.Store(&map[string]*outcome{})
 		c.services[name] = svc
+	}
+	c.names = slices.Sorted(maps.Keys(c.services))
+	for name, fb := range fallbacks {
+		for _, f := range fb {
+			c.services[name].fallback = append(c.services[name].fallback, c.services[f])
+		}
 	}
 	if cfg.dir != "" {
 		if err := os.MkdirAll(cfg.dir, 0o755); err != nil {
@@ -266,6 +281,14 @@ func (c *Cache) Pick(service string) (Endpoint, error) {
 	if svc == nil {
 		return Endpoint{}, ErrUnknownService
 	}
+	if svc.fallback != nil {
+		return c.pickRegional(svc)
+	}
+	return c.pickOne(svc)
+}
+
+// pickOne is Pick from svc's own view.
+func (c *Cache) pickOne(svc *service) (Endpoint, error) {
 	st := svc.state.Load()
 	if st == nil {
 		return Endpoint{}, ErrNoView

@@ -41,6 +41,13 @@ type Config struct {
 	Token func(ctx context.Context) (string, error)
 	// Services to hold; at least one.
 	Services []string
+	// Regions are peer regions to fall back to, in order of preference
+	// (issue 29): the client also holds each service's view in them, as
+	// its own muster serves it from the peers' aggregate, and Pick uses
+	// them only when its own region has no routable capacity for the
+	// service (see WithRegions). A service that exists only in peer
+	// regions resolves too. Empty: this region only.
+	Regions []string
 	// CacheDir holds the last-known-good view files (created if missing).
 	// Empty keeps views in memory only.
 	CacheDir string
@@ -222,6 +229,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		}
 		opts = append(opts, WithDir(cfg.CacheDir))
 	}
+	if len(cfg.Regions) > 0 {
+		opts = append(opts, WithRegions(cfg.Regions...))
+	}
 	cache, err := NewCache(cfg.Services, opts...)
 	if err != nil {
 		return nil, err
@@ -326,19 +336,34 @@ func (c *Client) notify() {
 	c.mu.Unlock()
 }
 
-// holdsAll reports whether the cache holds a view of every service.
+// holdsAll reports whether the cache holds a view of every service (with
+// Regions: of every service, in its own region or one of the others).
 func (c *Client) holdsAll() bool {
 	for _, s := range c.cfg.Services {
-		if _, err := c.cache.Resolve(s); err != nil {
+		if _, err := c.cache.Resolve(s); err != nil && !c.holdsRemote(s) {
 			return false
 		}
 	}
 	return true
 }
 
+// holdsRemote reports whether the cache holds s's view in a peer region.
+func (c *Client) holdsRemote(s string) bool {
+	for _, r := range c.cfg.Regions {
+		if _, err := c.cache.Resolve(RemoteSeries(s, r)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
 // since is the lowest version held across services, or 0 (ask for full
-// views) when any service has none.
+// views) when any service has none. With Regions it is 0: a region's
+// versions say nothing of another's, and held names each series.
 func (c *Client) since() uint64 {
+	if len(c.cfg.Regions) > 0 {
+		return 0
+	}
 	var low uint64
 	for i, s := range c.cfg.Services {
 		r, err := c.cache.Resolve(s)
@@ -436,12 +461,16 @@ func (c *Client) subscribe(ctx context.Context, base string, since uint64, full 
 	if since != 0 {
 		q.Set("since", strconv.FormatUint(since, 10))
 	}
+	if len(c.cfg.Regions) > 0 {
+		q.Set("regions", strings.Join(c.cfg.Regions, ","))
+	}
 	if !full {
 		// held names each service's exact version (issue 27): versions
 		// are unique in the region, so any replica resumes each service
 		// from exactly the copy held, where since (for a server that
-		// predates held) can only be the lowest across them.
-		for _, s := range c.cfg.Services {
+		// predates held) can only be the lowest across them. A peer
+		// region's series carries that region's versions.
+		for _, s := range c.cache.names {
 			if r, err := c.cache.Resolve(s); err == nil {
 				q.Add("held", s+":"+strconv.FormatUint(r.Held, 10))
 			}

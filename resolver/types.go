@@ -92,6 +92,10 @@ type Endpoint struct {
 	// out, and muster still publishes it only because its zone's guard is
 	// tripped (state "ineligible"). It is not part of the checksum.
 	LeaseExpired bool `json:"lease_expired,omitempty"`
+	// Region is the region the endpoint runs in, set on the endpoints of
+	// a peer region's view served through this region (issue 29); empty
+	// on a local view's. It is not part of the checksum.
+	Region string `json:"region,omitempty"`
 }
 
 // Override is an operator's decision about one endpoint, as the view
@@ -143,6 +147,13 @@ type View struct {
 	Zones       map[string]Zone `json:"zones"`
 	GeneratedAt time.Time       `json:"generated_at"`
 	Checksum    string          `json:"checksum"`
+	// Region and AgeSeconds are set on a peer region's view served
+	// through this region (its service is then "<service>@<region>",
+	// see RemoteSeries): the region it comes from, and how old the
+	// copy may have been when it was sent (the time since that region
+	// last answered). Remote endpoints are as fresh as that age.
+	Region     string  `json:"region,omitempty"`
+	AgeSeconds float64 `json:"age_seconds,omitempty"`
 }
 
 // Delta takes a view at FromVersion to the view at Version.

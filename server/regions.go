@@ -15,6 +15,10 @@ import (
 type Regions interface {
 	Regions() []federation.PeerStatus
 	View(region, service string) (federation.RemoteView, time.Duration, bool)
+	// Granted reports whether the peer region granted caller its
+	// service; Peers lists the peer regions in configuration order.
+	Granted(region, service, caller string) bool
+	Peers() []string
 	// Alarms are federation.AlarmPeerStale, per peer region not reached.
 	Alarms() []assembler.Alarm
 }

@@ -58,7 +58,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		since = n
 	}
-	held, p := parseHeld(q["held"], services)
+	regions, p := parseRegions(q["regions"])
 	if p != nil {
 		writeProblem(w, r, p)
 		return
@@ -66,7 +66,28 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	// Taken before authorising, so a grant withdrawn from here on ends
 	// the stream.
 	revoked := s.cfg.Authz.Revoked()
-	if !s.authoriseViews(w, r, services) {
+	services, ok := s.authoriseSeries(w, r, services, regions)
+	if !ok {
+		return
+	}
+	if len(services) > MaxWatchServices {
+		writeProblem(w, r, problem(http.StatusBadRequest, "bad-parameter", fmt.Sprintf("%d series with the regions asked for; at most %d", len(services), MaxWatchServices)))
+		return
+	}
+	heldValues := q["held"]
+	if len(regions) > 0 {
+		// A client following regions may hold a series no longer served
+		// here (a peer that stopped holding the service): it is not
+		// resumed, and it is no error.
+		heldValues = slices.DeleteFunc(slices.Clone(heldValues), func(v string) bool {
+			name, _, _ := strings.Cut(v, ":")
+			_, found := slices.BinarySearch(services, name)
+			return !found
+		})
+	}
+	held, p := parseHeld(heldValues, services)
+	if p != nil {
+		writeProblem(w, r, p)
 		return
 	}
 	auth := authority{actor: principal(r), services: services, revoked: revoked}
@@ -261,7 +282,7 @@ func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, auth
 		case <-revoked:
 			revoked = s.cfg.Authz.Revoked()
 			for _, name := range auth.services {
-				if err := s.cfg.Authz.MayResolve(auth.actor, name); err != nil {
+				if err := s.mayResolveSeries(auth.actor, name); err != nil {
 					s.metrics.streamsEnded.WithLabelValues(DrainGrantRevoked).Inc()
 					send(lapsed(DrainGrantRevoked, fmt.Sprintf("%s may no longer resolve %s", auth.actor, name)))
 					return
@@ -493,6 +514,30 @@ func (s *Server) authoriseViews(w http.ResponseWriter, r *http.Request, services
 // the watch stream sends, for tooling and target-group sync.
 func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 	name := chi.URLParam(r, "service")
+	regions, p := parseRegions(r.URL.Query()["regions"])
+	if p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	if svc, region, ok := stream.SplitRemote(name); ok {
+		if _, ok := s.authoriseSeries(w, r, []string{name}, nil); ok {
+			s.resolveRemote(w, r, region, svc)
+		}
+		return
+	}
+	// A service that is not local is answered from a peer region holding
+	// it, when the caller may resolve it there.
+	if exists, err := s.cfg.Authz.ServiceExists(name); err == nil && !exists && registry.ValidName(name) {
+		region, err := s.pickRegion(principal(r), name, regions)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if region != "" {
+			s.resolveRemote(w, r, region, name)
+			return
+		}
+	}
 	if !s.authoriseViews(w, r, []string{name}) {
 		return
 	}

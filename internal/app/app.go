@@ -498,6 +498,9 @@ func New(cfg Config) (*App, error) {
 			return nil, err
 		}
 		svc.Regions = a.Federation.Aggregate
+		// Cross-region resolution: the peers' views reach this region's
+		// watch streams as remote series of the hub.
+		a.Federation.Aggregate.SetSink(func(frames []*stream.Frame) { a.Hub.PublishRemote(frames) })
 	}
 	svc.Authz, svc.Database = a.Authz, a.Monitor
 	svc.ReadOnly = a.ReadOnly

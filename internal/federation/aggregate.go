@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/resolver"
 )
 
@@ -73,10 +74,13 @@ type Aggregate struct {
 	mu      sync.RWMutex
 	regions map[string]*region
 	order   []string
+	sink    func([]*stream.Frame)
 }
 
 type region struct {
-	views  map[string]RemoteView
+	views map[string]RemoteView
+	// grants are the callers the peer granted, per service, as last read.
+	grants map[string][]string
 	status PeerStatus
 	// since is when the region's clock of staleness started: the start,
 	// until the first contact.
@@ -112,7 +116,7 @@ func (a *Aggregate) View(regionName, service string) (v RemoteView, age time.Dur
 	if !ok {
 		return RemoteView{}, 0, false
 	}
-	return v, a.age(r, a.now()), true
+	return v, a.viewAge(r, v, a.now()), true
 }
 
 // Services lists the services of region the aggregate holds a view of.

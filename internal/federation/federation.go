@@ -246,11 +246,14 @@ func (f *Follower) run(ctx context.Context) {
 		if f.client != nil {
 			updated = f.client.Updated()
 		}
+		// What the client applied before updated was read (while RunOnce
+		// listed services or read grants) is taken now: Updated only
+		// wakes for the next update.
+		f.take(false)
 		select {
 		case <-ctx.Done():
 			return
-		case <-updated:
-			f.take(false)
+		case <-updated: // taken at the top of the loop
 		case <-t.C:
 			f.RunOnce(ctx)
 		}
@@ -319,9 +322,13 @@ func (f *Follower) take(force bool) {
 	if f.client == nil || (f.partitioned && !force) {
 		return
 	}
+	var took []RemoteView
 	for _, v := range f.views() {
-		f.agg.put(v)
+		if f.agg.put(v) {
+			took = append(took, v)
+		}
 	}
+	f.agg.emit(took)
 }
 
 // views are the client's current views of the services followed.
@@ -342,8 +349,10 @@ func (f *Follower) views() []RemoteView {
 func (f *Follower) heal(now time.Time) {
 	// A first contact (nothing held yet) is no reconciliation.
 	held := len(f.agg.Services(f.peer.Name)) > 0
-	rec := f.agg.replace(f.peer.Name, f.views())
+	views := f.views()
+	rec := f.agg.replace(f.peer.Name, views)
 	f.partitioned = false
+	f.agg.emit(views)
 	if !held {
 		f.log.Info("peer region reached: following its current views", "services", len(f.services))
 		return
@@ -413,6 +422,83 @@ func (f *Follower) discover(ctx context.Context) {
 	if !slices.Equal(names, f.services) {
 		f.follow(ctx, names)
 	}
+	f.readGrants(ctx, names)
+}
+
+// readGrants reads the peer's grants of each of its services: who the
+// peer lets resolve them, which this region enforces for its callers. A
+// grant that cannot be read keeps the callers last read (fail static: a
+// peer whose database is away revokes nothing by it).
+func (f *Follower) readGrants(ctx context.Context, names []string) {
+	// One pass is bounded as one request is: a slow peer delays the
+	// follower's tick by at most that.
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.HTTPTimeout)
+	defer cancel()
+	got := make(map[string][]string, len(names))
+	var failed error
+	for _, name := range names {
+		if ctx.Err() != nil {
+			failed = ctx.Err()
+			break // what was read is taken; the rest stand
+		}
+		callers, err := f.grantsOf(ctx, name)
+		if err != nil {
+			failed = err
+			continue
+		}
+		got[name] = callers
+	}
+	f.agg.setGrants(f.peer.Name, got, names)
+	if failed != nil {
+		f.log.Debug("some of the peer's grants could not be read; the last read stand", "err", f.redact(failed.Error()))
+	}
+}
+
+// grantsOf reads GET /v1/services/NAME/grants from the first of the
+// peer's URLs that answers.
+func (f *Follower) grantsOf(ctx context.Context, name string) ([]string, error) {
+	var errs []error
+	for _, base := range f.peer.URLs {
+		var g struct {
+			Callers []string `json:"callers"`
+		}
+		err := f.getJSON(ctx, base+"/v1/services/"+url.PathEscape(name)+"/grants", &g)
+		if err == nil {
+			return g.Callers, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+// getJSON GETs u with the peer's token and decodes a 200 answer.
+func (f *Follower) getJSON(ctx context.Context, u string, into any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	tok, err := f.token(ctx)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Accept", "application/json")
+	res, err := f.httpClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", u, err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(res.Body, 32<<20))
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", u, err)
+	}
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", u, res.Status, strings.TrimSpace(string(body[:min(len(body), 512)])))
+	}
+	if err := json.Unmarshal(body, into); err != nil {
+		return fmt.Errorf("GET %s: decode: %w", u, err)
+	}
+	return nil
 }
 
 // follow replaces the client with one subscribed to names. The copies
@@ -532,36 +618,14 @@ func (f *Follower) listFrom(ctx context.Context, base string) ([]string, error) 
 		if cursor != "" {
 			q.Set("cursor", cursor)
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/services?"+q.Encode(), nil)
-		if err != nil {
-			return nil, fmt.Errorf("list services at %s: %w", base, err)
-		}
-		tok, err := f.token(ctx)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Authorization", "Bearer "+tok)
-		req.Header.Set("Accept", "application/json")
-		res, err := f.httpClient.Do(req)
-		if err != nil {
-			return nil, fmt.Errorf("list services at %s: %w", base, err)
-		}
 		var page struct {
 			Items []struct {
 				Name string `json:"name"`
 			} `json:"items"`
 			NextCursor string `json:"next_cursor"`
 		}
-		body, err := io.ReadAll(io.LimitReader(res.Body, 32<<20))
-		res.Body.Close()
-		if err != nil {
-			return nil, fmt.Errorf("list services at %s: %w", base, err)
-		}
-		if res.StatusCode != http.StatusOK {
-			return nil, fmt.Errorf("list services at %s: %s: %s", base, res.Status, strings.TrimSpace(string(body[:min(len(body), 512)])))
-		}
-		if err := json.Unmarshal(body, &page); err != nil {
-			return nil, fmt.Errorf("list services at %s: decode: %w", base, err)
+		if err := f.getJSON(ctx, base+"/v1/services?"+q.Encode(), &page); err != nil {
+			return nil, fmt.Errorf("list services: %w", err)
 		}
 		for _, it := range page.Items {
 			if it.Name != "" {

@@ -112,7 +112,7 @@ func (h *Hub) Services() []string {
 	defer h.mu.RUnlock()
 	out := make([]string, 0, h.views)
 	for name, st := range h.services {
-		if st.view != nil {
+		if st.view != nil && !isRemote(name) {
 			out = append(out, name)
 		}
 	}
@@ -232,7 +232,7 @@ func (h *Hub) apply(updates []Update) []Update {
 		}
 		accepted = append(accepted, u)
 		first := st.view == nil
-		if first {
+		if first && !isRemote(u.View.Service) {
 			h.views++
 		}
 		chained := !first && u.Delta != nil && u.Delta.FromVersion == st.view.Version
@@ -280,8 +280,8 @@ func (h *Hub) Snapshot() []*Frame {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	out := make([]*Frame, 0, h.views)
-	for _, st := range h.services {
-		if st.view != nil {
+	for name, st := range h.services {
+		if st.view != nil && !isRemote(name) {
 			out = append(out, st.view)
 		}
 	}
@@ -391,7 +391,7 @@ func (h *Hub) View(service string) (*Frame, bool) {
 	return st.view, true
 }
 
-// Views is how many services the hub holds a view of.
+// Views is how many (local) services the hub holds a view of.
 func (h *Hub) Views() int {
 	h.mu.RLock()
 	defer h.mu.RUnlock()

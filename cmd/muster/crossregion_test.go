@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/resolver"
+)
+
+// TestCrossRegionResolution (issue 29): two muster dev processes on
+// loopback, each with its own PostgreSQL, are regions a and b; a follows
+// b. A caller in a (workload checkout) that b granted billing, a service
+// only b has, resolves it through a's muster: the view names region b on
+// the view and on every endpoint, and carries the aggregate's age. A
+// caller b did not grant is refused. The resolver library in a, with
+// Regions [b], picks billing's endpoints in b, and web's in a while a has
+// capacity; when a's only web instance leaves, it picks b's, without a
+// request to muster. With b stopped, a's own resolution is untouched, and
+// billing stays served from the copy (stale, with its age and the
+// peer_stale alarm), and the client still routes on it.
+func TestCrossRegionResolution(t *testing.T) {
+	realTime(t, "two regions, one stopped")
+	dirA, dirB := devDir(t), devDir(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = db.StopDir(ctx, dirA)
+		_ = db.StopDir(ctx, dirB)
+	})
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	urlA, urlB := "http://"+addrA, "http://"+addrB
+	var running []*exec.Cmd
+	stop := func(c *exec.Cmd) {
+		t.Helper()
+		_ = c.Process.Signal(os.Interrupt)
+		_ = c.Wait()
+		running = slices.DeleteFunc(running, func(x *exec.Cmd) bool { return x == c })
+	}
+	t.Cleanup(func() {
+		for _, c := range slices.Clone(running) {
+			stop(c)
+		}
+	})
+	start := func(dir, addr string, env ...string) *exec.Cmd {
+		t.Helper()
+		c := startProcess(t, dir, addr, env...)
+		running = append(running, c)
+		return c
+	}
+	must := func(code int, body []byte, want int, what string) {
+		t.Helper()
+		if code != want {
+			t.Fatalf("%s: %d %s", what, code, body)
+		}
+	}
+
+	// Region b: billing (two instances) and web (two), both granted to
+	// checkout.
+	b := start(dirB, addrB, "MUSTER_REGION=b", "MUSTER_LEASE_TTL=10m", "MUSTER_XDS_ADDR=", "MUSTER_DNS_ADDR=")
+	adminB := token(t, dirB, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	// b's grants name services b knows: the caller is declared there
+	// (no instances), as service names are shared across regions.
+	code, body := call(t, "PUT", urlB+"/v1/services/checkout", adminB, `{"owner":"storefront","capabilities":[]}`)
+	must(code, body, 201, "declare checkout in b")
+	for _, svc := range []string{"billing", "web"} {
+		code, body := call(t, "PUT", urlB+"/v1/services/"+svc, adminB, `{"owner":"payments","capabilities":[]}`)
+		must(code, body, 201, "create "+svc+" in b")
+		code, body = call(t, "PUT", urlB+"/v1/services/"+svc+"/grants", adminB, `{"callers":["checkout"]}`)
+		must(code, body, 200, "grant "+svc+" to checkout in b")
+		for i := 1; i <= 2; i++ {
+			code, body := call(t, "POST", urlB+"/v1/services/"+svc+"/instances", adminB, fmt.Sprintf(`{"address":"10.2.%d.%d","port":8080,"zone":"az1"}`, len(svc), i))
+			must(code, body, 201, "register in b")
+		}
+	}
+	tokFile := filepath.Join(t.TempDir(), "b.token")
+	if err := os.WriteFile(tokFile, []byte(token(t, dirB, "--kind", "tool", "--subject", "region-a", "--role", "viewer", "--ttl", "24h")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// Region a follows b; web has one instance here.
+	start(dirA, addrA, "MUSTER_REGION=a", "MUSTER_LEASE_TTL=10m", "MUSTER_XDS_ADDR=", "MUSTER_DNS_ADDR=",
+		"MUSTER_PEER_REGIONS=b="+urlB, "MUSTER_PEER_TOKENS=b="+tokFile,
+		"MUSTER_PEER_STALE_AFTER=3s", "MUSTER_PEER_DISCOVER_EVERY=1s")
+	adminA := token(t, dirA, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	for _, svc := range []string{"web", "checkout", "intruder"} {
+		code, body := call(t, "PUT", urlA+"/v1/services/"+svc, adminA, `{"owner":"storefront","capabilities":[]}`)
+		must(code, body, 201, "create "+svc+" in a")
+	}
+	// web's instance in a registers itself (from 127.0.0.1), so it can
+	// leave by itself later.
+	webA := token(t, dirA, "--kind", "workload", "--service", "web")
+	code, body = call(t, "POST", urlA+"/v1/services/web/instances", webA, `{"address":"127.0.0.1","port":8080,"zone":"az1"}`)
+	must(code, body, 201, "register web in a")
+	var local struct{ ID, Credential string }
+	_ = json.Unmarshal(body, &local)
+	code, body = call(t, "PUT", urlA+"/v1/services/web/grants", adminA, `{"callers":["checkout"]}`)
+	must(code, body, 200, "grant web to checkout in a")
+	checkout := token(t, dirA, "--kind", "workload", "--service", "checkout")
+	intruder := token(t, dirA, "--kind", "workload", "--service", "intruder")
+
+	// billing exists only in b: a answers from its copy, naming b.
+	var remote resolver.View
+	wait.For(t, 90*time.Second, "a resolving b's billing for checkout", func() bool {
+		code, body := call(t, "GET", urlA+"/v1/resolve/billing", checkout, "")
+		remote = resolver.View{}
+		return code == 200 && json.Unmarshal(body, &remote) == nil && len(remote.Endpoints) == 2
+	})
+	if remote.Region != "b" || remote.Service != "billing@b" {
+		t.Fatalf("a's answer for billing names region %q, series %q: %+v", remote.Region, remote.Service, remote)
+	}
+	for _, e := range remote.Endpoints {
+		if e.Region != "b" || !strings.HasPrefix(e.Address, "10.2.") {
+			t.Fatalf("an endpoint of b's billing served by a: %+v", e)
+		}
+	}
+	if remote.AgeSeconds < 0 || remote.AgeSeconds > 3 {
+		t.Fatalf("the age of b's billing while b answers: %v s", remote.AgeSeconds)
+	}
+	if got := resolver.Checksum(remote.Endpoints); got != remote.Checksum {
+		t.Fatalf("b's checksum does not verify at a: %s, view says %s", got, remote.Checksum)
+	}
+	// b granted billing to checkout, not to intruder.
+	code, body = call(t, "GET", urlA+"/v1/resolve/billing", intruder, "")
+	must(code, body, 403, "intruder resolving b's billing through a")
+	code, body = call(t, "GET", urlA+"/v1/watch?service=billing&regions=b", intruder, "")
+	must(code, body, 403, "intruder watching b's billing through a")
+	// A service no region has: 404 for an operator; a workload cannot
+	// tell it from one it may not resolve (no enumeration of the estate).
+	code, body = call(t, "GET", urlA+"/v1/resolve/nothing-anywhere", adminA, "")
+	must(code, body, 404, "a service no region has, for an operator")
+	code, body = call(t, "GET", urlA+"/v1/resolve/nothing-anywhere", checkout, "")
+	must(code, body, 403, "a service no region has, for a workload")
+
+	// The client library in a, falling back to b.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cl, err := resolver.New(ctx, resolver.Config{
+		URLs: []string{urlA}, Services: []string{"billing", "web"}, Regions: []string{"b"},
+		Token:          func(context.Context) (string, error) { return checkout, nil },
+		ReportInterval: -1, MaxBackoff: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pick := func(svc string) resolver.Endpoint {
+		t.Helper()
+		e, err := cl.Pick(svc)
+		if err != nil {
+			return resolver.Endpoint{}
+		}
+		return e
+	}
+	wait.For(t, time.Minute, "the client synced, picking billing in b and web in a", func() bool {
+		return cl.Stats().Synced && pick("billing").Region == "b" && pick("web").Address == "127.0.0.1"
+	})
+	for range 50 {
+		if e := pick("web"); e.Address != "127.0.0.1" || e.Region != "" {
+			t.Fatalf("web picked %+v while a has capacity", e)
+		}
+	}
+
+	// a's only web instance leaves: the client moves to b's web
+	// (it leaves by itself, with its instance credential: an operator may
+	// never remove the last eligible instance of a service)
+	code, body = callAs(t, "DELETE", urlA+"/v1/instances/"+local.ID, webA, local.Credential, "")
+	if code/100 != 2 {
+		t.Fatalf("deregister a's web instance: %d %s", code, body)
+	}
+	wait.For(t, time.Minute, "web picked in b once a has none", func() bool {
+		e := pick("web")
+		return e.Region == "b" && strings.HasPrefix(e.Address, "10.2.3.")
+	})
+
+	// b goes away: billing stays served at a from its copy, stale, with
+	// its age and the alarm; the client keeps routing on it.
+	stop(b)
+	wait.For(t, 30*time.Second, "billing served stale at a, with peer_stale", func() bool {
+		code, body := call(t, "GET", urlA+"/v1/resolve/billing", checkout, "")
+		var v resolver.View
+		_, alarms := call(t, "GET", urlA+"/v1/alarms", adminA, "")
+		return code == 200 && json.Unmarshal(body, &v) == nil && v.AgeSeconds > 3 && len(v.Endpoints) == 2 &&
+			strings.Contains(string(alarms), "peer_stale")
+	})
+	if e := pick("billing"); e.Region != "b" {
+		t.Fatalf("billing picked with b away: %+v", e)
+	}
+}
