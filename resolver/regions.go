@@ -12,7 +12,10 @@ import (
 // client's own region and uses a remote one only when the local one has
 // no routable capacity for the service: the newest local view routes
 // nothing (every instance withdrawn, or the service exists only in the
-// peer regions), or every routable local endpoint is ejected. The
+// peer regions), every routable local endpoint is ejected, or the
+// region is drained (a region shift: the routing control turned it off,
+// or an operator drained it); while a drained region's traffic returns in
+// ADR-13's capped steps, the local share of picks follows the step. The
 // regions are tried in the order configured. A client fails over
 // without muster in its request path: the decision is taken from what
 // the cache holds.
@@ -69,17 +72,30 @@ func (svc *service) hasCapacity() bool {
 	return st != nil && st.latest.routable > 0 && len(st.table.cum) > 0
 }
 
-// pickRegional is Pick with the fallbacks: the local service while it has
-// capacity, else the first fallback region that has, else the local
-// answer (its error, or the held set the shrink guard keeps).
+// pickRegional is Pick with the fallbacks. The local view is used while
+// it has capacity and its traffic share is whole; a share below 1 (a
+// region drain, or its capped return under ADR-13, or zones drained) sends
+// that part of the picks to the first fallback region that has capacity
+// and is not drained itself (a region turned off drains its own views);
+// without capacity, all of them. With no such region, the local answer
+// stands (its held set, or its error): muster is never the reason
+// traffic stops.
 func (c *Cache) pickRegional(svc *service) (Endpoint, error) {
+	share := 0.0
 	if svc.hasCapacity() {
+		share = svc.state.Load().routing.share
+	}
+	if share >= 1 {
 		return c.pickOne(svc)
 	}
 	for _, f := range svc.fallback {
-		if f.hasCapacity() {
-			return c.pickOne(f)
+		if !f.hasCapacity() || !(f.state.Load().routing.share > 0) {
+			continue
 		}
+		if share > 0 && float64(c.cfg.random()>>11)*0x1p-53 < share {
+			return c.pickOne(svc)
+		}
+		return c.pickOne(f)
 	}
 	return c.pickOne(svc)
 }

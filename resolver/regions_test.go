@@ -96,3 +96,72 @@ func TestRegionsOptionRefusesBadNames(t *testing.T) {
 		}
 	}
 }
+
+// drained returns v with every zone's traffic weight set to w (a region
+// shift at that step).
+func drained(v resolver.View, w float64) resolver.View {
+	zones := map[string]resolver.Zone{}
+	for name, z := range v.Zones {
+		z.TrafficWeight = &w
+		zones[name] = z
+	}
+	v.Zones = zones
+	return v
+}
+
+// TestARegionDrainMovesPicksToTheFallback (issue 29): a region drain (every
+// local zone at traffic weight 0, as the routing control or an operator's
+// region shift publishes it) sends every pick to the first fallback region
+// that is not drained itself; while the drain steps back (0.10, 0.25, 0.50
+// by ADR-13) the local share of picks follows the step; at 1 all picks are
+// local again. Without a fallback region, a drained region keeps routing
+// locally (muster is never the reason traffic stops).
+func TestARegionDrainMovesPicksToTheFallback(t *testing.T) {
+	seq := uint64(0)
+	rnd := func() uint64 { seq += 0x9E3779B97F4A7C15; return seq } // evenly spread
+	c := newCache(t, resolver.WithRegions("b", "c"), resolver.WithRandom(rnd))
+	// b is turned off too (its own region drain reached this region's
+	// copy): c takes the traffic.
+	for _, v := range []resolver.View{drained(view("api", 1, 4), 0), drained(remoteView("api", "b", 5, 100, 2), 0), remoteView("api", "c", 5, 200, 2)} {
+		if err := c.ApplyView(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func() map[string]int {
+		n := map[string]int{}
+		for range 10_000 {
+			e, err := c.Pick("api")
+			if err != nil {
+				t.Fatal(err)
+			}
+			n[e.Region]++
+		}
+		return n
+	}
+	if n := count(); n["c"] != 10_000 {
+		t.Fatalf("picks with a and b drained: %v, want all in c", n)
+	}
+	for i, step := range []float64{0.10, 0.25, 0.50} {
+		if err := c.ApplyView(drained(view("api", uint64(2+i), 4), step)); err != nil {
+			t.Fatal(err)
+		}
+		n := count()
+		if local := float64(n[""]) / 10_000; local < step-0.02 || local > step+0.02 || n[""]+n["c"] != 10_000 {
+			t.Fatalf("picks at step %.2f: %v", step, n)
+		}
+	}
+	if err := c.ApplyView(view("api", 9, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n[""] != 10_000 {
+		t.Fatalf("picks with the region back: %v", n)
+	}
+	// No fallback region to take it: a drained region routes locally.
+	solo := newCache(t)
+	if err := solo.ApplyView(drained(view("api", 1, 4), 0)); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := solo.Pick("api"); err != nil || e.Region != "" {
+		t.Fatalf("a drained region without fallbacks: %+v, %v", e, err)
+	}
+}

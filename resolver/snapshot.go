@@ -30,11 +30,15 @@ type Snapshot struct {
 	// Precomputed for Pick: the routable endpoints and their cumulative
 	// weights.
 	table    pickTable
-	routable int                // routable endpoints (by health)
-	routIdx  []int32            // their indexes, for rebuilding the table
-	traffic  map[string]float64 // zone traffic weights; nil when all are 1
-	unknown  []int32
-	tripped  bool
+	routable int // routable endpoints (by health)
+	// share is the part of the routable weight the zones' traffic
+	// weights let through (1 unless a shift drained a zone or the region):
+	// with fallback regions (WithRegions) the rest goes to them.
+	share   float64
+	routIdx []int32            // their indexes, for rebuilding the table
+	traffic map[string]float64 // zone traffic weights; nil when all are 1
+	unknown []int32
+	tripped bool
 }
 
 // pickTable is what Pick chooses from: idx[i] indexes the snapshot's
@@ -98,6 +102,17 @@ func newSnapshot(service string, version uint64, eps []*Endpoint, flat []Endpoin
 		}
 	}
 	s.routable, s.routIdx = len(idx), idx
+	s.share = 1
+	if shifted {
+		var all, through float64
+		for _, k := range idx {
+			all += eps[k].Weight
+			through += eps[k].Weight * s.traffic[eps[k].Zone]
+		}
+		if all > 0 {
+			s.share = through / all
+		}
+	}
 	if shifted {
 		s.table = s.buildTable(idx, nil)
 	} else {
@@ -162,6 +177,13 @@ func routable(e *Endpoint, zones map[string]Zone) bool {
 func inRotation(e *Endpoint) bool {
 	return e.Weight > 0 && e.State != StateIneligible && !e.Quarantined
 }
+
+// TrafficShare is the part of the routable weight that the zones'
+// traffic weights let through: 1 unless a shift-back drained zones (0
+// when every zone, or the region, is drained). A client with fallback
+// regions sends the rest there (WithRegions); without, it routes on the
+// routable set whatever the weights (never the reason traffic stops).
+func (s *Snapshot) TrafficShare() float64 { return s.share }
 
 // Service returns the service's name.
 func (s *Snapshot) Service() string { return s.service }

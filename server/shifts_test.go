@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -402,7 +403,15 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 	t.Parallel()
 	// api: 3 of its 4 instances in az3. Draining az3 would leave 1 in
 	// rotation; the default fraction 0.5 needs ceil(0.5 × 4) = 2.
-	s := newShiftStack(t, apptest.Options{}, map[string][2]int{"az1": {2, 1}, "az2": {2, 0}, "az3": {2, 3}})
+	// The peer regions that can take a region drain (issue 29): none at
+	// first, then region b (the app reads them from the federation and
+	// the routing control; a stand-in here).
+	var peers atomic.Value
+	peers.Store([]string(nil))
+	fallback := func(c *shift.Config) {
+		c.Fallback = func() ([]string, string) { return peers.Load().([]string), "this muster follows no peer region" }
+	}
+	s := newShiftStack(t, apptest.Options{Shifts: fallback}, map[string][2]int{"az1": {2, 1}, "az2": {2, 0}, "az3": {2, 3}})
 	_, r := s.shift("POST", "/v1/shifts", apptest.Operator,
 		`{"scope":"zone","target":"az3","reason":"az3 brownout, moving traffic","manual":true}`, http.StatusConflict)
 	problemType(t, r, "budget-exceeded")
@@ -439,6 +448,13 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 	region := `{"scope":"region","target":"local","reason":"regional evacuation drill","manual":true}`
 	_, r = s.shift("POST", "/v1/shifts", apptest.Operator, region, http.StatusForbidden)
 	problemType(t, r, "forbidden")
+	// With no region to take the traffic it would move nothing: refused,
+	// with the reason.
+	_, r = s.shift("POST", "/v1/shifts", apptest.Admin, region, http.StatusConflict)
+	if p := r.Problem(t); !strings.Contains(string(r.Body), `"check":"no_fallback_region"`) || !strings.Contains(p.Detail, "no region can take region local's traffic") {
+		t.Fatalf("a region drain with nowhere to go: %+v", p)
+	}
+	peers.Store([]string{"b"})
 	s.shift("POST", "/v1/shifts", apptest.Admin, region, http.StatusCreated)
 	s.publish()
 	s.wantWeights("api", map[string]float64{"az1": 0, "az3": 0})
@@ -462,13 +478,16 @@ func TestShiftDrainOverBudgetIsRefusedWithNumbers(t *testing.T) {
 			refused++
 		}
 	}
-	if len(evs) != 10 || refused != 8 {
-		t.Fatalf("%d shift events, %d refused; want 10 and 8:\n%s", len(evs), refused, eventSummary(evs))
+	if len(evs) != 11 || refused != 9 {
+		t.Fatalf("%d shift events, %d refused; want 11 and 9:\n%s", len(evs), refused, eventSummary(evs))
 	}
 	if e := evs[0]; e.Target != "az3" || !strings.Contains(string(e.After), `"in_rotation_outside": 1`) || !strings.Contains(string(e.After), `"required": 2`) {
 		t.Fatalf("budget refusal audit lacks its figures: %+v %s", e, e.After)
 	}
-	if e := evs[len(evs)-1]; e.TargetKind != "region" || e.Outcome != audit.Accepted || !strings.Contains(e.Reason, "skipped") {
+	if e := evs[len(evs)-2]; e.TargetKind != "region" || e.Outcome != audit.Refused || !strings.Contains(e.Reason, "no region can take") {
+		t.Fatalf("refused region drain audit: %+v", e)
+	}
+	if e := evs[len(evs)-1]; e.TargetKind != "region" || e.Outcome != audit.Accepted || !strings.Contains(e.Reason, "skipped") || !strings.Contains(e.Reason, "move to regions b") {
 		t.Fatalf("region drain audit: %+v", e)
 	}
 	s.verifyAudit()

@@ -24,8 +24,11 @@ import (
 // the view and on every endpoint, and carries the aggregate's age. A
 // caller b did not grant is refused. The resolver library in a, with
 // Regions [b], picks billing's endpoints in b, and web's in a while a has
-// capacity; when a's only web instance leaves, it picks b's, without a
-// request to muster. With b stopped, a's own resolution is untouched, and
+// capacity. The routing control turning region a off drains a (a region
+// shift) and moves a's clients to b for web; turning it on again brings
+// them back in ADR-13's capped steps, the last one confirmed by an
+// operator. When a's only web instance leaves,
+// the client picks b's, without a request to muster. With b stopped, a's own resolution is untouched, and
 // billing stays served from the copy (stale, with its age and the
 // peer_stale alarm), and the client still routes on it.
 func TestCrossRegionResolution(t *testing.T) {
@@ -88,9 +91,23 @@ func TestCrossRegionResolution(t *testing.T) {
 	}
 
 	// Region a follows b; web has one instance here.
+	// The out-of-band routing control a reads: a file here.
+	controls := filepath.Join(t.TempDir(), "routing.json")
+	setControls := func(doc string) {
+		t.Helper()
+		tmp := controls + ".tmp"
+		if err := os.WriteFile(tmp, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, controls); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setControls(`{"regions": {"a": "on", "b": "on"}}`)
 	start(dirA, addrA, "MUSTER_REGION=a", "MUSTER_LEASE_TTL=10m", "MUSTER_XDS_ADDR=", "MUSTER_DNS_ADDR=",
 		"MUSTER_PEER_REGIONS=b="+urlB, "MUSTER_PEER_TOKENS=b="+tokFile,
-		"MUSTER_PEER_STALE_AFTER=3s", "MUSTER_PEER_DISCOVER_EVERY=1s")
+		"MUSTER_PEER_STALE_AFTER=3s", "MUSTER_PEER_DISCOVER_EVERY=1s",
+		"MUSTER_ROUTING_CONTROL=file:"+controls, "MUSTER_ROUTING_CONTROL_INTERVAL=200ms", "MUSTER_SHIFT_DWELL=1s")
 	adminA := token(t, dirA, "--kind", "operator", "--subject", "alice", "--role", "admin")
 	for _, svc := range []string{"web", "checkout", "intruder"} {
 		code, body := call(t, "PUT", urlA+"/v1/services/"+svc, adminA, `{"owner":"storefront","capabilities":[]}`)
@@ -169,6 +186,81 @@ func TestCrossRegionResolution(t *testing.T) {
 			t.Fatalf("web picked %+v while a has capacity", e)
 		}
 	}
+
+	// The routing control turns region a off: a drains itself (a region
+	// shift by system:routing-control) and a's clients move to b for web,
+	// a service both regions have.
+	picks := func(svc string) map[string]int {
+		n := map[string]int{}
+		for range 400 {
+			n[pick(svc).Region]++
+		}
+		return n
+	}
+	setControls(`{"regions": {"a": "off", "b": "on"}}`)
+	wait.For(t, 30*time.Second, "a's clients picking web in b with a turned off", func() bool { return picks("web")["b"] == 400 })
+	type shiftRow struct {
+		ID, Scope, Target, State string
+		StartedBy                string  `json:"started_by"`
+		LastStepBy               string  `json:"last_step_by"`
+		Manual                   bool    `json:"manual"`
+		Step                     int     `json:"step"`
+		TrafficWeight            float64 `json:"traffic_weight"`
+	}
+	var drain shiftRow
+	wait.For(t, 10*time.Second, "the region drain listed", func() bool {
+		code, body := call(t, "GET", urlA+"/v1/shifts", adminA, "")
+		var l struct{ Items []shiftRow }
+		if code != 200 || json.Unmarshal(body, &l) != nil {
+			return false
+		}
+		for _, sh := range l.Items {
+			if sh.Scope == "region" && sh.Target == "a" {
+				drain = sh
+				return true
+			}
+		}
+		return false
+	})
+	if drain.StartedBy != "tool:system:routing-control" || !drain.Manual || drain.TrafficWeight != 0 {
+		t.Fatalf("the region drain: %+v", drain)
+	}
+	// On again: traffic returns in ADR-13's capped steps (the dwell is
+	// 1 s here), the local share of picks following each step, up to the
+	// last: a failover declared by the routing control is a manual one,
+	// and its return to full traffic waits for an operator's confirmation.
+	setControls(`{"regions": {"a": "on", "b": "on"}}`)
+	seen := map[float64]bool{}
+	sawSplit := false
+	wait.For(t, time.Minute, "the region drain walked back to its confirmation", func() bool {
+		code, body := call(t, "GET", urlA+"/v1/shifts/"+drain.ID, adminA, "")
+		var sh shiftRow
+		if code != 200 || json.Unmarshal(body, &sh) != nil {
+			return false
+		}
+		seen[sh.TrafficWeight] = true
+		if n := picks("web"); n[""] > 0 && n["b"] > 0 {
+			sawSplit = true
+		}
+		drain = sh
+		return sh.State == "pending_confirmation"
+	})
+	for _, w := range []float64{0.10, 0.25, 0.50} {
+		if !seen[w] {
+			t.Errorf("the return skipped step %.2f: saw %v", w, seen)
+		}
+	}
+	if !sawSplit {
+		t.Error("no moment of the return split web's picks between a and b")
+	}
+	if drain.LastStepBy != "tool:system:routing-control" || drain.TrafficWeight != 0.5 {
+		t.Fatalf("the return before its confirmation: %+v", drain)
+	}
+	wait.For(t, 30*time.Second, "the operator's confirmation taken", func() bool {
+		code, _ := call(t, "POST", urlA+"/v1/shifts/"+drain.ID+"/confirm", adminA, `{}`)
+		return code == 200
+	})
+	wait.For(t, 30*time.Second, "a's clients back on a's web", func() bool { return picks("web")[""] == 400 })
 
 	// a's only web instance leaves: the client moves to b's web
 	// (it leaves by itself, with its instance credential: an operator may

@@ -425,6 +425,11 @@ func New(cfg Config) (*App, error) {
 	// A drain's budget counts the overrides in force, as the views do.
 	applied := policy.Applied{Verdicts: a.Evaluator, InForce: a.InForce, Now: now}
 	sc.Verdicts = applied
+	// A region drain moves clients to the peer regions that can take
+	// them, or is refused (issue 29).
+	if sc.Fallback == nil {
+		sc.Fallback = a.fallbackRegions
+	}
 	if a.Shifts, err = shift.New(sc); err != nil {
 		return nil, err
 	}
@@ -549,6 +554,7 @@ func New(cfg Config) (*App, error) {
 	}
 	if a.RoutingControls != nil {
 		svc.RoutingControls = a.RoutingControls
+		a.actOnRoutingControl(cfg.Region)
 	}
 	// Whether this replica can serve views, not whether PostgreSQL
 	// answers (that is muster_database_up and database_unreachable).

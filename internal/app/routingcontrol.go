@@ -1,8 +1,19 @@
 package app
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/routingcontrol"
+	"github.com/musterhq/muster/internal/shift"
 )
 
 // WorkerRoutingControl reads the out-of-band region routing controls
@@ -26,4 +37,124 @@ func (a *App) buildRoutingControl(cfg Config, auditLog *audit.Log) error {
 	var err error
 	a.RoutingControls, err = routingcontrol.New(rc)
 	return err
+}
+
+// routingControlActor is who drains and steps back this region when the
+// routing control says so: a system identity with the admin role a region
+// drain takes, named in every audit row it writes.
+var routingControlActor = identity.Principal{Kind: identity.KindTool, Subject: "system:routing-control", Role: identity.RoleAdmin}
+
+// RoutingControlOwnershipKey is what this region's routing control hashes
+// onto the region's shards as: the replica owning it acts on the control
+// (every replica reads the source; one drains and steps back).
+func RoutingControlOwnershipKey(region string) string { return "routing-control:" + region }
+
+// actOnRoutingControl moves this region's clients when the routing
+// control turns the region off, and brings them back when it turns it on
+// (ADR-13, ADR-14, issue 29), through the shift-backs:
+//
+//   - Off: a region drain as system:routing-control, declared manual (the
+//     routing control is how people declare a regional failover). Clients
+//     with fallback regions (resolver.Config.Regions) move to them; a
+//     region with none to take its traffic is not drained (the refusal is
+//     audited with its reason).
+//   - On again: each step back of that drain as its dwell elapses, while
+//     the control stays On, up to the last: the return to full traffic
+//     waits for an operator's confirmation (POST /v1/shifts/{id}/confirm;
+//     shiftback_pending is raised if it waits long), as for any manual
+//     failover. A region drain an operator started is theirs to step.
+//
+// Only the replica owning the region's key acts; a change it sees while
+// another owns it is that one's to act on (it reads the same source).
+func (a *App) actOnRoutingControl(region string) {
+	if a.RoutingControls == nil || region == "" {
+		return
+	}
+	a.RoutingControls.OnChange(func(ch routingcontrol.Change) {
+		if ch.Region != region {
+			return
+		}
+		if _, ok := a.Ownership.Owns(RoutingControlOwnershipKey(region)); !ok {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		switch ch.To {
+		case routingcontrol.Off:
+			yes := true
+			sh, err := a.Shifts.Drain(ctx, routingControlActor, shift.Request{
+				Scope: shift.ScopeRegion, Target: region, Manual: &yes,
+				Reason: fmt.Sprintf("the routing control turned region %s off (revision %s)", region, ch.Revision),
+			})
+			if err != nil {
+				a.log.Warn("the routing control turned this region off, but it is not drained", "err", err)
+				return
+			}
+			a.log.Info("the routing control turned this region off: region drained", "shift", sh.ID)
+		case routingcontrol.On:
+			all, err := a.Shifts.List(ctx, routingControlActor, shift.Filter{Limit: 100})
+			if err != nil {
+				a.log.Warn("the routing control turned this region on; its drain could not be read", "err", err)
+				return
+			}
+			for _, sh := range all {
+				if sh.Scope == shift.ScopeRegion && sh.Target == region && sh.StartedBy == routingControlActor.String() &&
+					(sh.State == shift.Draining || sh.State == shift.Returning) {
+					a.stepBackWhileOn(ctx, region, sh.ID)
+				}
+			}
+		}
+	})
+}
+
+// stepBackWhileOn takes the next step back of a region drain the routing
+// control started, now or once the dwell allows, and the ones after it
+// at each dwell, while the control still says On, until the shift waits
+// for its final confirmation.
+func (a *App) stepBackWhileOn(ctx context.Context, region string, id uuid.UUID) {
+	later := func(d time.Duration) {
+		time.AfterFunc(d, func() {
+			if !a.RoutingControls.On(region) {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			a.stepBackWhileOn(ctx, region, id)
+		})
+	}
+	sh, err := a.Shifts.StepBack(ctx, routingControlActor, id)
+	var re *refusal.Error
+	switch {
+	case err == nil && sh.State == shift.Returning && sh.NextStepAt != nil:
+		a.log.Info("the routing control says this region is on: traffic returns in capped steps", "shift", id, "weight", sh.TrafficWeight)
+		later(max(time.Until(*sh.NextStepAt), 0) + 50*time.Millisecond)
+	case err == nil:
+		a.log.Info("the routing control says this region is on: the return waits for an operator's confirmation", "shift", id, "state", sh.State, "weight", sh.TrafficWeight)
+	case errors.As(err, &re) && errors.Is(err, shift.ErrDwell) && re.RetryAfter > 0:
+		later(re.RetryAfter)
+	default:
+		a.log.Warn("the routing control says this region is on; the step back is not taken", "shift", id, "err", err)
+	}
+}
+
+// fallbackRegions names the peer regions that can take this region's
+// traffic now, in configuration order: followed, reached within the stale
+// threshold and not turned off by the routing control; else says why
+// none can (shift.Config.Fallback).
+func (a *App) fallbackRegions() ([]string, string) {
+	if a.Federation == nil {
+		return nil, "this muster follows no peer region (--peer), so its clients have nowhere to go"
+	}
+	var out, why []string
+	for _, st := range a.Federation.Aggregate.Regions() {
+		switch {
+		case st.Stale:
+			why = append(why, fmt.Sprintf("region %s is stale (not reached for %.0f s)", st.Region, st.AgeSeconds))
+		case a.RoutingControls != nil && !a.RoutingControls.On(st.Region):
+			why = append(why, fmt.Sprintf("region %s is turned off by the routing control", st.Region))
+		default:
+			out = append(out, st.Region)
+		}
+	}
+	return out, strings.Join(why, "; ")
 }

@@ -175,6 +175,14 @@ type Config struct {
 	// the shifts table is trusted as it is.
 	Sealer   seal.Signer
 	SealKeys seal.Keys
+	// Fallback, when set, names the peer regions that can take this
+	// region's traffic now (issue 29: followed, reached within the stale
+	// threshold, not turned off by the routing control), or says why none
+	// can. A region drain with none is refused with that reason (check
+	// no_fallback_region): draining a region moves its clients to those
+	// regions, and with none it would move nothing. Nil: no check (a
+	// region drain is taken as an operator's decision alone).
+	Fallback func() (regions []string, why string)
 	Now      func() time.Time
 	Logger   *slog.Logger
 	// Registerer, when set, receives muster_shifts_active and
@@ -739,6 +747,15 @@ func (s *Service) Drain(ctx context.Context, actor identity.Principal, req Reque
 		}
 		note := "budget: skipped for a region drain (admin only; the traffic leaves the region)"
 		var figures any
+		if req.Scope == ScopeRegion && s.cfg.Fallback != nil {
+			regions, why := s.cfg.Fallback()
+			if len(regions) == 0 {
+				return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrConflict, Check: "no_fallback_region",
+					Detail: fmt.Sprintf("no region can take region %s's traffic, so draining it would move nothing: %s", req.Target, why)}, nil
+			}
+			note += "; its clients move to regions " + strings.Join(regions, ", ")
+			figures = map[string]any{"fallback_regions": regions}
+		}
 		if req.Scope == ScopeZone {
 			res, serr, err := s.budget(ctx, q, req.Target, active)
 			if err != nil || serr != nil {
