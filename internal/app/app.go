@@ -598,6 +598,9 @@ func New(cfg Config) (*App, error) {
 	if cfg.DNS != nil {
 		dc := *cfg.DNS
 		dc.Hub, dc.Logger, dc.Registerer = a.Hub, log, metrics
+		if len(dc.Regions) == 0 && a.Federation != nil {
+			dc.Regions = a.Federation.Aggregate.Peers()
+		}
 		// Served once views are, as /readyz says: a rebuilding muster's
 		// empty zone would say no service exists.
 		dc.Ready = func() bool { return servingReady(context.Background()) == nil }

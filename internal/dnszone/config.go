@@ -64,8 +64,15 @@ type Config struct {
 	// History is how many commits' diffs are kept for IXFR: 64. An IXFR
 	// from an older serial gets the whole zone (RFC 1995 allows it).
 	History int
+	// Regions are the peer regions (in order of preference) whose views
+	// of a served service answer for it when this region has no capacity
+	// for it (issue 29: every instance withdrawn, or the region drained),
+	// as the resolver's Pick does. A service only peer regions have is
+	// served when Services names it (not under AllServices: DNS carries
+	// no identity, so the peers' grants cannot apply).
+	Regions []string
 	// Interval is how often the hub is checked for new services when
-	// Services is AllServices: 1 s.
+	// Services is AllServices, and for peer regions' views of them: 1 s.
 	Interval time.Duration
 
 	// Optional makes a failure to listen on Addr a logged warning that

@@ -60,8 +60,9 @@ type Server struct {
 	// The follower's state, touched by its goroutine only (and by tests
 	// that step it before Start).
 	held    map[string]*resolver.View
-	pending map[string]*serviceRecords // changed since the last commit; nil value: gone
-	ready   bool                       // Config.Ready has held: the zone may be served
+	snaps   map[string]*resolver.Snapshot // of held, by series
+	pending map[string]*serviceRecords    // changed since the last commit; nil value: gone
+	ready   bool                          // Config.Ready has held: the zone may be served
 }
 
 // New validates cfg and returns a stopped Server holding an empty zone.
@@ -74,7 +75,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("worker", "dns"), m: m, served: map[string]bool{}, reserved: map[string]bool{},
-		xfrFrom: map[netip.Addr]bool{}, notify: make(chan struct{}, 1), held: map[string]*resolver.View{}, pending: map[string]*serviceRecords{}}
+		xfrFrom: map[netip.Addr]bool{}, notify: make(chan struct{}, 1), held: map[string]*resolver.View{}, snaps: map[string]*resolver.Snapshot{}, pending: map[string]*serviceRecords{}}
 	for _, name := range cfg.Services {
 		s.served[name] = true
 	}
@@ -274,7 +275,7 @@ func (s *Server) follow(ctx context.Context) {
 				s.apply(f)
 			}
 		case <-look.C:
-			if s.served[AllServices] {
+			if s.served[AllServices] || len(s.cfg.Regions) > 0 {
 				resubscribe()
 			}
 		case <-commit.C:
@@ -294,7 +295,52 @@ func (s *Server) wanted() []string {
 	} else {
 		names = slices.Sorted(maps.Keys(s.served))
 	}
-	return slices.DeleteFunc(names, func(n string) bool { return s.reserved[n] || !validLabel(n) })
+	names = slices.DeleteFunc(names, func(n string) bool { return s.reserved[n] || !validLabel(n) })
+	// Each service's view in the fallback regions the hub holds (issue
+	// 29): answered only when the local one has no capacity.
+	for _, n := range slices.Clone(names) {
+		for _, r := range s.cfg.Regions {
+			if _, ok := s.cfg.Hub.View(stream.RemoteSeries(n, r)); ok {
+				names = append(names, stream.RemoteSeries(n, r))
+			}
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// records builds service's records from the view answered for it: its
+// own region's while that has capacity (a routable endpoint, and not
+// every zone drained by a region or zone shift), else the first fallback
+// region's (Config.Regions) that has, else its own region's anyway (the
+// resolver's rule: muster is never the reason traffic stops). Nil: no
+// view of it is held.
+func (s *Server) records(service string) *serviceRecords {
+	v, snap := s.held[service], s.snaps[service]
+	usable := func(sn *resolver.Snapshot) bool { return sn != nil && sn.Routable() > 0 && sn.TrafficShare() > 0 }
+	if !usable(snap) {
+		for _, r := range s.cfg.Regions {
+			name := stream.RemoteSeries(service, r)
+			if usable(s.snaps[name]) {
+				v, snap = s.held[name], s.snaps[name]
+				break
+			}
+		}
+	}
+	if v == nil || snap == nil {
+		for _, r := range s.cfg.Regions {
+			name := stream.RemoteSeries(service, r)
+			if s.held[name] != nil && s.snaps[name] != nil {
+				v, snap = s.held[name], s.snaps[name]
+				break
+			}
+		}
+	}
+	if v == nil || snap == nil {
+		return nil
+	}
+	zones := slices.Sorted(maps.Keys(v.Zones))
+	return buildService(s.cfg.Zone, service, v.Version, v.GeneratedAt, snap.Targets(), zones, uint32(s.cfg.TTL/time.Second))
 }
 
 // apply takes one frame into the held views; a changed service's records
@@ -342,9 +388,14 @@ func (s *Server) apply(f *stream.Frame) {
 			return
 		}
 	}
-	s.held[f.Service] = next
-	zones := slices.Sorted(maps.Keys(next.Zones))
-	s.pending[f.Service] = buildService(s.cfg.Zone, f.Service, next.Version, next.GeneratedAt, snap.Targets(), zones, uint32(s.cfg.TTL/time.Second))
+	s.held[f.Service], s.snaps[f.Service] = next, snap
+	service := f.Service
+	if base, _, ok := stream.SplitRemote(f.Service); ok {
+		service = base
+	}
+	if sr := s.records(service); sr != nil {
+		s.pending[service] = sr
+	}
 }
 
 func (s *Server) decode(f *stream.Frame) *resolver.View {
