@@ -620,6 +620,20 @@ func New(cfg Config) (*App, error) {
 			xc.AuthFailures = a.AuthFailures
 		}
 		xc.Now = orNow(xc.Now, now)
+		if xc.Region == "" {
+			xc.Region = cfg.Region
+		}
+		if a.Federation != nil && xc.MayResolveRemote == nil {
+			// xDS priorities across regions (issue 29): a service's
+			// assignment falls back to the peer regions in configuration
+			// order, each as far as its grants let the node resolve it.
+			if xc.Regions == nil {
+				for _, p := range cfg.Federation.Peers {
+					xc.Regions = append(xc.Regions, p.Name)
+				}
+			}
+			xc.MayResolveRemote = mayResolveRemote(a.Federation.Aggregate)
+		}
 		if xc.Ready == nil {
 			// Answer for what exists only once it is known: a node told
 			// nothing exists drops what it routes on.
@@ -846,6 +860,22 @@ func (a *App) closeUI() {
 		if err := a.UI.Close(); err != nil {
 			a.log.Warn("close the web UI", "err", err)
 		}
+	}
+}
+
+// peerGrants is the federation aggregate's copy of the peer regions'
+// grants.
+type peerGrants interface {
+	Granted(region, service, caller string) bool
+}
+
+// mayResolveRemote is xds.Config.MayResolveRemote over the peers'
+// grants: /v1's rule for a remote series (server's mayResolveSeries),
+// operators and tools by role, a workload for its own service or one the
+// peer region granted its service.
+func mayResolveRemote(g peerGrants) func(p identity.Principal, region, service string) bool {
+	return func(p identity.Principal, region, service string) bool {
+		return registry.MayResolveGranted(p, service, func(caller string) bool { return g.Granted(region, service, caller) }) == nil
 	}
 }
 

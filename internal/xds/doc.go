@@ -15,9 +15,29 @@
 // and weights). The first three depend only on the name; the assignment
 // is rebuilt whenever the service's view changes.
 //
+// # Regions
+//
+// With Config.Regions (issue 29), a service's assignment also carries the
+// peer regions' views of it, the remote series SERVICE@REGION the
+// federation follower hands the hub: the local view's localities at
+// priority 0 (locality.region Config.Region), then each peer region, in
+// Config.Regions order, whose series the hub holds and the node may
+// resolve, at the next priority (locality.region that region), with no
+// gap for a region that holds nothing routable (Priorities). gRPC and
+// Envoy send traffic to a priority only when the ones before it have no
+// healthy capacity left, so a client fails over to a peer region, and
+// back, by itself. A service held only by peer regions is served from
+// their priorities alone, starting at 0. Which regions a node sees is
+// each region's decision (Config.MayResolveRemote, its grants), re-read
+// with every node's authority; a service this region holds and the node
+// may not resolve here is not served at all, as /v1/watch refuses it.
+//
 // # Versions
 //
-// An assignment's version is its view's version. The delta protocol
+// An assignment's version is its view's version; one that carries peer
+// regions' priorities adds "." and a hash of their (series, version)
+// pairs in priority order (mergeTiers), the same on every replica for
+// the same views and changed by any of them. The delta protocol
 // carries it per resource (go-control-plane names a resource's version by
 // a hash of its bytes; the server replaces that with the view version
 // before sending, and tracks the same versions), so one change sends that
@@ -49,13 +69,16 @@
 //
 // # The feeder
 //
-// One hub subscription follows every service with a view (re-made when
-// the hub's set of services changes, within Rescan); each frame names a
-// service whose latest view the feeder reads from the hub, decodes and
-// turns into resources, so it never applies deltas itself and an
-// overflowed subscription costs a resync of full views. A node's snapshot
-// is rebuilt when a service it sees changes; building shares the
-// services' resources, so it costs a few maps per node.
+// One hub subscription follows every service with a view, and the
+// series of Config.Regions the hub holds (re-made when the hub's set of
+// either changes, within Rescan); each frame names a series whose latest
+// view the feeder reads from the hub, decodes and turns into its part of
+// a service's assignment (a frame of SERVICE@REGION rebuilds SERVICE),
+// so it never applies deltas itself and an overflowed subscription costs
+// a resync of full views. A node's snapshot is rebuilt when a service it
+// sees changes; building shares the services' resources (each variant of
+// an assignment, by the regions nodes see, is built once), so it costs a
+// few maps per node.
 //
 // # Readiness
 //

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
@@ -21,11 +22,11 @@ type node struct {
 	key       string
 	principal identity.Principal
 	streams   int
-	visible   map[string]bool
+	visible   map[string]access // only services it sees
 }
 
 // follow is the feeder's loop: it follows the hub for every service it
-// holds a view of, rebuilds a service's resources when its view changes,
+// holds a view of (and the peer regions' series, followed), rebuilds a service's resources when its view changes,
 // and each node's snapshot when what it sees changes. It re-reads the
 // hub's services and every node's authority every Rescan, and at once
 // when the authorisation copy says authority was withdrawn.
@@ -41,7 +42,7 @@ func (s *Server) follow(ctx context.Context) {
 		}
 	}()
 	resubscribe := func() {
-		names := s.cfg.Hub.Services()
+		names := s.followed()
 		if hubClosed || (sub != nil && slices.Equal(names, subscribed)) {
 			return
 		}
@@ -107,9 +108,31 @@ func (s *Server) follow(ctx context.Context) {
 	}
 }
 
-// apply takes the services the frames name, rebuilds those whose view in
-// the hub is newer than what is held, and sets the snapshot of every node
-// that sees one of them.
+// followed is what the feeder follows: every local service the hub
+// holds a view of, then, when peer regions are configured, the remote
+// series of those regions it holds.
+func (s *Server) followed() []string {
+	names := s.cfg.Hub.Services()
+	if !s.remoteEnabled() {
+		return names
+	}
+	for _, series := range s.cfg.Hub.RemoteSeries() {
+		if _, region, ok := stream.SplitRemote(series); ok && slices.Contains(s.cfg.Regions, region) {
+			names = append(names, series)
+		}
+	}
+	return names
+}
+
+// remoteEnabled: peer regions' series take part in assignments.
+func (s *Server) remoteEnabled() bool {
+	return len(s.cfg.Regions) > 0 && s.cfg.MayResolveRemote != nil
+}
+
+// apply takes the series the frames name, rebuilds the services whose
+// local view or peer region's series in the hub is newer than what is
+// held (a frame of SERVICE@REGION rebuilds SERVICE), and sets the
+// snapshot of every node that sees one of them.
 func (s *Server) apply(frames []*stream.Frame) {
 	var names []string
 	for _, f := range frames {
@@ -121,27 +144,48 @@ func (s *Server) apply(frames []*stream.Frame) {
 		return
 	}
 	now := s.cfg.Now()
-	built := make(map[string]*serviceResources, len(names))
-	for _, name := range names {
-		f, ok := s.cfg.Hub.View(name)
+	built := map[string]*serviceResources{}
+	for _, series := range names {
+		service, region, remote := stream.SplitRemote(series)
+		if !remote {
+			service = series
+		} else if !s.remoteEnabled() || !slices.Contains(s.cfg.Regions, region) {
+			continue
+		}
+		f, ok := s.cfg.Hub.View(series)
 		if !ok {
 			continue
 		}
-		s.mu.Lock()
-		have := s.services[name]
-		s.mu.Unlock()
-		if have != nil && have.version >= f.Version {
+		sr := built[service]
+		if sr == nil {
+			s.mu.Lock()
+			sr = s.services[service]
+			s.mu.Unlock()
+		}
+		held := sr.part(region, remote)
+		if held != nil && held.version >= f.Version {
 			continue
 		}
-		sr, err := s.build(f, have, now)
+		p, err := buildPart(series, f, now)
 		if err != nil {
 			// A view the hub holds always decodes; should one not, the
 			// last good resources keep serving.
-			s.log.Error("build xDS resources; the last ones keep serving", "service", name, "version", f.Version, "err", err)
+			s.log.Error("build xDS resources; the last ones keep serving", "series", series, "version", f.Version, "err", err)
 			continue
 		}
-		built[name] = sr
-		s.notePublished(f.Version, f.PublishedAt, sr.claHash)
+		if built[service] == nil {
+			if sr, err = s.successor(service, sr); err != nil {
+				s.log.Error("build xDS resources; the last ones keep serving", "service", service, "err", err)
+				continue
+			}
+			built[service] = sr
+		}
+		if remote {
+			sr.remote[region] = p
+		} else {
+			sr.local, sr.version = p, p.version
+			s.notePublished(f.Version, f.PublishedAt)
+		}
 	}
 	if len(built) == 0 {
 		return
@@ -153,11 +197,13 @@ func (s *Server) apply(frames []*stream.Frame) {
 	}
 	for _, n := range s.nodes {
 		touched := false
-		for name := range built {
-			if !n.visible[name] && s.mayResolve(n.principal, name) {
-				n.visible[name] = true
+		for name, sr := range built {
+			if a := s.accessOf(n.principal, sr); a.visible() {
+				n.visible[name], touched = a, true
+			} else if _, ok := n.visible[name]; ok {
+				delete(n.visible, name)
+				touched = true
 			}
-			touched = touched || n.visible[name]
 		}
 		if touched {
 			s.setSnapshot(n)
@@ -165,9 +211,20 @@ func (s *Server) apply(frames []*stream.Frame) {
 	}
 }
 
-// build decodes a view frame into the service's resources, reusing the
-// static ones already built.
-func (s *Server) build(f *stream.Frame, have *serviceResources, now time.Time) (*serviceResources, error) {
+// part is the held part of the local view (remote false) or of region's
+// series; nil when none is held.
+func (sr *serviceResources) part(region string, remote bool) *part {
+	switch {
+	case sr == nil:
+		return nil
+	case remote:
+		return sr.remote[region]
+	}
+	return sr.local
+}
+
+// buildPart decodes a view frame of series into its assignment.
+func buildPart(series string, f *stream.Frame, now time.Time) (*part, error) {
 	var v resolver.View
 	if err := json.Unmarshal(f.JSON, &v); err != nil {
 		return nil, fmt.Errorf("decode view: %w", err)
@@ -176,16 +233,21 @@ func (s *Server) build(f *stream.Frame, have *serviceResources, now time.Time) (
 	if err != nil {
 		return nil, err
 	}
-	sr := &serviceResources{name: v.Service, version: v.Version, cla: Assignment(snap)}
-	if sr.claHash, err = contentVersion(sr.cla); err != nil {
-		return nil, err
-	}
+	return &part{series: series, version: v.Version, cla: Assignment(snap)}, nil
+}
+
+// successor is a copy of have (nil: none yet) to change parts of, with
+// its static resources (built when have is nil) and no assignments.
+func (s *Server) successor(service string, have *serviceResources) (*serviceResources, error) {
 	if have != nil {
-		sr.listener, sr.route, sr.cluster = have.listener, have.route, have.cluster
-		sr.listenerVersion, sr.routeVersion, sr.clusterVersion = have.listenerVersion, have.routeVersion, have.clusterVersion
-		return sr, nil
+		sr := *have
+		sr.remote = maps.Clone(have.remote)
+		sr.assignments = map[access]*assignment{}
+		return &sr, nil
 	}
-	if sr.listener, sr.route, sr.cluster, err = staticResources(v.Service); err != nil {
+	sr := &serviceResources{name: service, remote: map[string]*part{}, assignments: map[access]*assignment{}}
+	var err error
+	if sr.listener, sr.route, sr.cluster, err = staticResources(service); err != nil {
 		return nil, err
 	}
 	for _, x := range []struct {
@@ -200,7 +262,8 @@ func (s *Server) build(f *stream.Frame, have *serviceResources, now time.Time) (
 }
 
 // reauthorise recomputes what every node sees, and sets the snapshot of
-// those whose set changed (a grant given or withdrawn, a service gone).
+// those whose set changed (a grant given or withdrawn, here or in a peer
+// region; a service gone).
 func (s *Server) reauthorise() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -213,15 +276,76 @@ func (s *Server) reauthorise() {
 	}
 }
 
-// visibleTo is the set of held services p may resolve. s.mu held.
-func (s *Server) visibleTo(p identity.Principal) map[string]bool {
-	out := map[string]bool{}
-	for name := range s.services {
-		if s.mayResolve(p, name) {
-			out[name] = true
+// visibleTo is what p sees of each held service it sees anything of.
+// s.mu held.
+func (s *Server) visibleTo(p identity.Principal) map[string]access {
+	out := map[string]access{}
+	for name, sr := range s.services {
+		if a := s.accessOf(p, sr); a.visible() {
+			out[name] = a
 		}
 	}
 	return out
+}
+
+// accessOf is what p sees of sr: the local view when it may resolve the
+// service here, and each peer region's series held whose grants let it
+// resolve the service there (Config.MayResolveRemote). A service this
+// region holds a view of and p may not resolve here is not seen at all,
+// as /v1/watch refuses it; one held only by peer regions is seen with
+// their priorities alone. s.mu held.
+func (s *Server) accessOf(p identity.Principal, sr *serviceResources) access {
+	var a access
+	if sr.local != nil {
+		if !s.mayResolve(p, sr.name) {
+			return access{}
+		}
+		a.local = true
+	}
+	if !s.remoteEnabled() || len(sr.remote) == 0 {
+		return a
+	}
+	var regions []string
+	for _, r := range s.cfg.Regions {
+		if sr.remote[r] != nil && s.cfg.MayResolveRemote(p, r, sr.name) {
+			regions = append(regions, r)
+		}
+	}
+	a.regions = strings.Join(regions, ",")
+	return a
+}
+
+// assignmentOf is sr's assignment as a node with access a sees it, built
+// once per change of sr and shared. s.mu held.
+func (s *Server) assignmentOf(sr *serviceResources, a access) (*assignment, error) {
+	if x := sr.assignments[a]; x != nil {
+		return x, nil
+	}
+	var local *tier
+	if a.local && sr.local != nil {
+		region := ""
+		if s.remoteEnabled() {
+			region = s.cfg.Region
+		}
+		local = &tier{region: region, series: sr.local.series, version: sr.local.version, cla: sr.local.cla}
+	}
+	var remotes []*tier
+	if a.regions != "" {
+		for r := range strings.SplitSeq(a.regions, ",") {
+			if p := sr.remote[r]; p != nil {
+				remotes = append(remotes, &tier{region: r, series: p.series, version: p.version, cla: p.cla})
+			}
+		}
+	}
+	cla, version, lead := mergeTiers(sr.name, local, remotes)
+	h, err := contentVersion(cla)
+	if err != nil {
+		return nil, err
+	}
+	x := &assignment{cla: cla, version: version, lead: lead, hash: h}
+	sr.assignments[a] = x
+	s.noteAssignment(h, version)
+	return x, nil
 }
 
 // mayResolve is the authorisation copy's decision; a copy not loaded yet
@@ -249,58 +373,83 @@ func (s *Server) setSnapshot(n *node) {
 	if !s.ready.Load() {
 		return
 	}
-	list := make([]*serviceResources, 0, len(n.visible))
-	for name := range n.visible {
-		if sr := s.services[name]; sr != nil {
-			list = append(list, sr)
+	list := make([]nodeService, 0, len(n.visible))
+	for name, a := range n.visible {
+		sr := s.services[name]
+		if sr == nil {
+			continue
 		}
+		x, err := s.assignmentOf(sr, a)
+		if err != nil {
+			// Never expected (the resource encodes); the node goes on
+			// without the service rather than without its snapshot.
+			s.log.Error("build xDS assignment", "service", name, "err", err)
+			continue
+		}
+		list = append(list, nodeService{sr, x})
 	}
 	if err := s.cache.SetSnapshot(context.Background(), n.key, newNodeSnapshot(list)); err != nil {
 		s.log.Error("set xDS snapshot", "node", n.key, "err", err)
 	}
 }
 
-// notePublished remembers, for the last 4096 assignments built, when the
-// hub received their version (for the push latency histogram) and which
-// version an assignment's bytes belong to: go-control-plane's delta
-// responses name a resource's version by a hash of its bytes, and muster
-// sends its view version instead (deltaVersions).
-func (s *Server) notePublished(version uint64, at time.Time, claHash string) {
+// notePublished remembers, for the last 4096 local views built, when
+// the hub received their version (for the push latency histogram).
+func (s *Server) notePublished(version uint64, at time.Time) {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
 	s.published[version] = at
-	s.claVersions[claHash] = version
-	s.pubOrder = append(s.pubOrder, published{version, claHash})
+	s.pubOrder = append(s.pubOrder, version)
 	if len(s.pubOrder) > 4096 {
-		for _, p := range s.pubOrder[:1024] {
-			delete(s.published, p.version)
-			if s.claVersions[p.hash] == p.version {
-				delete(s.claVersions, p.hash)
-			}
+		for _, v := range s.pubOrder[:1024] {
+			delete(s.published, v)
 		}
 		s.pubOrder = slices.Delete(s.pubOrder, 0, 1024)
 	}
 }
 
-type published struct {
-	version uint64
-	hash    string
+// noteAssignment remembers, for the last 4096 assignments built, which
+// version an assignment's bytes belong to: go-control-plane's delta
+// responses name a resource's version by a hash of its bytes, and muster
+// sends its own version instead (deltaVersions).
+func (s *Server) noteAssignment(hash, version string) {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	s.claVersions[hash] = version
+	s.claOrder = append(s.claOrder, claNote{hash, version})
+	if len(s.claOrder) > 4096 {
+		for _, p := range s.claOrder[:1024] {
+			if s.claVersions[p.hash] == p.version {
+				delete(s.claVersions, p.hash)
+			}
+		}
+		s.claOrder = slices.Delete(s.claOrder, 0, 1024)
+	}
 }
 
-// claVersion is the view version of service's assignment whose bytes
-// hash to h: the held assignment's when it is those bytes, else that of
-// one of the last 4096 built. The held one comes first because the
-// remembered hashes are this process's history: a service whose view has
-// not changed while 4096 others were built would otherwise be sent under
-// its hash on this replica and under its view version on one that built
-// it later (issue 27: every replica names a resource alike).
-func (s *Server) claVersion(service, h string) (uint64, bool) {
+type claNote struct {
+	hash, version string
+}
+
+// claVersion is muster's version of service's assignment whose bytes
+// hash to h: that of one held for the service when it is those bytes,
+// else that of one of the last 4096 built. The held ones come first
+// because the remembered hashes are this process's history: a service
+// whose views have not changed while 4096 others were built would
+// otherwise be sent under its hash on this replica and under its version
+// on one that built it later (issue 27: every replica names a resource
+// alike).
+func (s *Server) claVersion(service, h string) (string, bool) {
 	s.mu.Lock()
-	sr := s.services[service]
-	s.mu.Unlock()
-	if sr != nil && sr.claHash == h {
-		return sr.version, true
+	if sr := s.services[service]; sr != nil {
+		for _, x := range sr.assignments {
+			if x.hash == h {
+				s.mu.Unlock()
+				return x.version, true
+			}
+		}
 	}
+	s.mu.Unlock()
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
 	v, ok := s.claVersions[h]

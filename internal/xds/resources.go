@@ -2,8 +2,10 @@ package xds
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math"
 	"slices"
+	"strconv"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -32,22 +34,58 @@ const (
 )
 
 // serviceResources are the four resources of one service, with their
-// versions: the assignment's is the view's version; the other three
-// depend only on the name, and their version is a hash of their bytes.
+// versions. The listener, route and cluster depend only on the name, and
+// their version is a hash of their bytes. The assignment depends on what
+// a node may see (its local view, the peer regions whose series it may
+// resolve): each variant a node needs is built once per change and
+// shared by the nodes that see the same (assignments).
 type serviceResources struct {
-	name     string
-	version  uint64 // the view's
+	name    string
+	version uint64 // the local view's; 0 when only peer regions hold the service
+	local   *part  // nil: no local view held
+	// remote are the peer regions' series of the service held, by region
+	// (only regions in Config.Regions).
+	remote   map[string]*part
 	listener types.Resource
 	route    types.Resource
 	cluster  types.Resource
-	cla      types.Resource
 	// The listener's, route's and cluster's versions: go-control-plane's
 	// hash of their bytes (what delta xDS sends as their version).
 	listenerVersion, routeVersion, clusterVersion string
-	// claHash is that hash of the assignment; delta responses carry the
-	// view version instead (Server.deltaVersions).
-	claHash string
+	// assignments are the assignments built for what nodes see, built
+	// when a node's snapshot first needs one. Server.mu held.
+	assignments map[access]*assignment
 }
+
+// part is one series' share of a service's assignment: the local view's
+// or a peer region's (the remote series SERVICE@REGION).
+type part struct {
+	series  string
+	version uint64
+	cla     *endpoint.ClusterLoadAssignment // Assignment of its view
+}
+
+// assignment is a service's ClusterLoadAssignment as some nodes see it.
+type assignment struct {
+	cla *endpoint.ClusterLoadAssignment
+	// version is what muster names it by (mergeTiers); lead the local
+	// view's version in it (0: none), for push-latency accounting.
+	version string
+	lead    uint64
+	// hash is go-control-plane's hash of its bytes; delta responses carry
+	// version instead (Server.deltaVersions).
+	hash string
+}
+
+// access is what one node sees of a service: its local view or not, and
+// the peer regions (comma-joined, in Config.Regions order) whose series
+// of it the node may resolve. The zero access sees nothing.
+type access struct {
+	local   bool
+	regions string
+}
+
+func (a access) visible() bool { return a.local || a.regions != "" }
 
 // adsSource is "fetch it on the same ADS stream".
 func adsSource() *core.ConfigSource {
@@ -221,4 +259,94 @@ func scaled(x float64, scale float64) uint32 {
 		return 1
 	}
 	return uint32(min(v, math.MaxUint32/1024))
+}
+
+// Tier is a peer region's view of a service (its remote series
+// SERVICE@REGION) for Priorities.
+type Tier struct {
+	Region   string
+	Snapshot *resolver.Snapshot
+}
+
+// Priorities builds the ClusterLoadAssignment of service across regions,
+// and the version muster names it by: the local view's localities
+// (Assignment; locality.region = region when region is not empty) at
+// priority 0, then each peer region's, in the order given, at the next
+// priority, locality.region its region. A tier with nothing to route to
+// takes no priority, so priorities stay contiguous (0, 1, 2 …): a service
+// held only by peer regions (local nil) starts at 0. gRPC and Envoy send
+// traffic to priority N+1 only when priority N's healthy capacity is
+// gone (below its overprovisioning threshold, for Envoy), which is the
+// resolver's rule: a remote region only when local capacity is gone.
+// See mergeTiers for the version.
+func Priorities(service, region string, local *resolver.Snapshot, remotes []Tier) (*endpoint.ClusterLoadAssignment, string) {
+	var lt *tier
+	if local != nil {
+		lt = &tier{region: region, series: service, version: local.Version(), cla: Assignment(local)}
+	}
+	rts := make([]*tier, 0, len(remotes))
+	for _, r := range remotes {
+		rts = append(rts, &tier{region: r.Region, series: r.Snapshot.Service(), version: r.Snapshot.Version(), cla: Assignment(r.Snapshot)})
+	}
+	cla, version, _ := mergeTiers(service, lt, rts)
+	return cla, version
+}
+
+// tier is one series' assignment placed at a priority.
+type tier struct {
+	region  string // locality.region of its endpoints ("" leaves it unset)
+	series  string
+	version uint64
+	cla     *endpoint.ClusterLoadAssignment
+}
+
+// mergeTiers joins the tiers' localities at contiguous priorities (see
+// Priorities) and names the result.
+//
+// The version must be the same on every replica for the same inputs
+// (issue 27), change whenever a series that contributes changes, and be
+// today's when no peer region contributes. It is the local view's
+// version (0 when the node does not see a local view), and, when a peer
+// region's series contributes localities, "." and a hash (FNV-64a,
+// base 36) of its (series, version) pairs in priority order: the peers'
+// versions are their own, the same on every replica following them, and
+// never depend on arrival order. A series with nothing to route to adds
+// no localities and is left out of the hash, so equal bytes never carry
+// two versions. lead is the local view's version.
+func mergeTiers(service string, local *tier, remotes []*tier) (cla *endpoint.ClusterLoadAssignment, version string, lead uint64) {
+	if local != nil {
+		lead = local.version
+	}
+	version = strconv.FormatUint(lead, 10)
+	contributing := slices.DeleteFunc(slices.Clone(remotes), func(t *tier) bool { return t == nil || len(t.cla.GetEndpoints()) == 0 })
+	if local != nil && local.region == "" && len(contributing) == 0 {
+		// Today's assignment, shared as built.
+		return local.cla, version, lead
+	}
+	cla = &endpoint.ClusterLoadAssignment{ClusterName: service}
+	priority := uint32(0)
+	add := func(t *tier) {
+		if t == nil || len(t.cla.GetEndpoints()) == 0 {
+			return
+		}
+		for _, loc := range t.cla.GetEndpoints() {
+			c := proto.Clone(loc).(*endpoint.LocalityLbEndpoints)
+			c.Priority = priority
+			if t.region != "" {
+				c.Locality.Region = t.region
+			}
+			cla.Endpoints = append(cla.Endpoints, c)
+		}
+		priority++
+	}
+	add(local)
+	if len(contributing) == 0 {
+		return cla, version, lead
+	}
+	h := fnv.New64a()
+	for _, t := range contributing {
+		add(t)
+		_, _ = h.Write([]byte(t.series + "\x00" + strconv.FormatUint(t.version, 10) + "\x00"))
+	}
+	return cla, version + "." + strconv.FormatUint(h.Sum64(), 36), lead
 }

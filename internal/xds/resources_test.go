@@ -98,3 +98,112 @@ func TestAssignmentMapsMustersStates(t *testing.T) {
 		})
 	}
 }
+
+// regionSnapshot is a view of service at version with one eligible
+// endpoint per address, in zone, served as region's series when region
+// is not empty (Service "web@b", every endpoint's Region set).
+func regionSnapshot(t *testing.T, region string, version uint64, zone string, ids ...string) *resolver.Snapshot {
+	t.Helper()
+	name := "web"
+	if region != "" {
+		name = resolver.RemoteSeries("web", region)
+	}
+	var eps []resolver.Endpoint
+	for _, id := range ids {
+		e := ep(id, zone, "eligible", "known", 1)
+		e.Region = region
+		eps = append(eps, e)
+	}
+	v := resolver.View{Service: name, Version: version, Endpoints: eps, Region: region,
+		Zones: map[string]resolver.Zone{zone: {Guard: resolver.GuardOK}}, GeneratedAt: time.Now(), Checksum: resolver.Checksum(eps)}
+	s, err := resolver.SnapshotOf(v, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// renderPriorities is "p<priority>:<region>/<zone>[addresses]" per
+// locality.
+func renderPriorities(t *testing.T, local *resolver.Snapshot, remotes ...xds.Tier) (string, string) {
+	t.Helper()
+	cla, version := xds.Priorities("web", "a", local, remotes)
+	if cla.GetClusterName() != "web" {
+		t.Errorf("cluster name %q, want web", cla.GetClusterName())
+	}
+	var out []string
+	for _, loc := range cla.GetEndpoints() {
+		var addrs []string
+		for _, e := range loc.GetLbEndpoints() {
+			addrs = append(addrs, e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress())
+		}
+		out = append(out, fmt.Sprintf("p%d:%s/%s[%s]", loc.GetPriority(), loc.GetLocality().GetRegion(), loc.GetLocality().GetZone(), strings.Join(addrs, " ")))
+	}
+	return strings.Join(out, " "), version
+}
+
+// TestPrioritiesAcrossRegions (issue 29): the local view's localities
+// are priority 0, each peer region's the next, in the order given, with
+// no gap where a region holds nothing routable; a service held only by
+// peer regions starts at 0; the version is the local view's alone
+// without a peer's part, and otherwise changes with any series and is
+// the same for the same inputs.
+func TestPrioritiesAcrossRegions(t *testing.T) {
+	t.Parallel()
+	local := regionSnapshot(t, "", 7, "az1", "1", "2")
+	b := xds.Tier{Region: "b", Snapshot: regionSnapshot(t, "b", 40, "bz1", "11")}
+	c := xds.Tier{Region: "c", Snapshot: regionSnapshot(t, "c", 90, "cz2", "21", "22")}
+	emptyB := xds.Tier{Region: "b", Snapshot: regionSnapshot(t, "b", 41, "bz1")}
+
+	for _, tc := range []struct {
+		name    string
+		local   *resolver.Snapshot
+		remotes []xds.Tier
+		want    string
+	}{
+		{"local only", local, nil, "p0:a/az1[10.0.0.1 10.0.0.2]"},
+		{"local and two regions", local, []xds.Tier{b, c}, "p0:a/az1[10.0.0.1 10.0.0.2] p1:b/bz1[10.0.0.11] p2:c/cz2[10.0.0.21 10.0.0.22]"},
+		{"the order given", local, []xds.Tier{c, b}, "p0:a/az1[10.0.0.1 10.0.0.2] p1:c/cz2[10.0.0.21 10.0.0.22] p2:b/bz1[10.0.0.11]"},
+		{"a middle region with nothing leaves no gap", local, []xds.Tier{emptyB, c}, "p0:a/az1[10.0.0.1 10.0.0.2] p1:c/cz2[10.0.0.21 10.0.0.22]"},
+		{"remote only starts at 0", nil, []xds.Tier{b, c}, "p0:b/bz1[10.0.0.11] p1:c/cz2[10.0.0.21 10.0.0.22]"},
+		{"local withdrawn: the first region is 0", regionSnapshot(t, "", 8, "az1"), []xds.Tier{b}, "p0:b/bz1[10.0.0.11]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got, _ := renderPriorities(t, tc.local, tc.remotes...); got != tc.want {
+				t.Errorf("got  %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+
+	// Versions.
+	version := func(local *resolver.Snapshot, remotes ...xds.Tier) string {
+		_, v := renderPriorities(t, local, remotes...)
+		return v
+	}
+	if v := version(local); v != "7" {
+		t.Errorf("local only: version %q, want the view's, 7", v)
+	}
+	if v := version(local, emptyB); v != "7" {
+		t.Errorf("a region with nothing to route to: version %q, want the local view's, 7", v)
+	}
+	both := version(local, b, c)
+	if !strings.HasPrefix(both, "7.") {
+		t.Errorf("local and regions: version %q, want it to lead with the local view's, 7.", both)
+	}
+	again := version(regionSnapshot(t, "", 7, "az1", "1", "2"), xds.Tier{Region: "b", Snapshot: regionSnapshot(t, "b", 40, "bz1", "11")},
+		xds.Tier{Region: "c", Snapshot: regionSnapshot(t, "c", 90, "cz2", "21", "22")})
+	if again != both {
+		t.Errorf("equal inputs, versions %q and %q", both, again)
+	}
+	changedC := version(local, b, xds.Tier{Region: "c", Snapshot: regionSnapshot(t, "c", 91, "cz2", "21")})
+	changedLocal := version(regionSnapshot(t, "", 9, "az1", "1"), b, c)
+	reordered := version(local, c, b)
+	remoteOnly := version(nil, b, c)
+	seen := map[string]string{}
+	for name, v := range map[string]string{"both": both, "c changed": changedC, "local changed": changedLocal, "reordered": reordered, "remote only": remoteOnly} {
+		if other, dup := seen[v]; dup {
+			t.Errorf("%s and %s share version %q", name, other, v)
+		}
+		seen[v] = name
+	}
+}

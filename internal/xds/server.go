@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,6 +103,20 @@ type Config struct {
 	// address (audit.NewAuthFailureSummaries).
 	AuthFailures AuthFailures
 	Authz        Authz
+	// Region is this region's name: the locality.region of the local
+	// endpoints in an assignment that has peer regions' priorities.
+	Region string
+	// Regions are the peer regions a service's assignment falls back to,
+	// in order of preference (issue 29): each one whose series
+	// SERVICE@REGION the hub holds and the node may resolve adds its
+	// endpoints at the next priority (Priorities). Empty: local
+	// endpoints only.
+	Regions []string
+	// MayResolveRemote reports whether p may resolve service's series in
+	// region: that region's grants decide (app: the federation
+	// aggregate's copy of them, registry.MayResolveGranted). Nil: no
+	// peer region's series is ever seen.
+	MayResolveRemote func(p identity.Principal, region, service string) bool
 	// ClientCertificates, when set, authenticates a stream whose TLS
 	// handshake took a client certificate and that presents no token as
 	// the workload the certificate maps to, and refuses a workload token
@@ -135,6 +150,11 @@ type Config struct {
 func (c *Config) validate() error {
 	if c.Hub == nil || c.Admission == nil || c.Authenticator == nil || c.Authz == nil {
 		return errors.New("xds: Hub, Admission, Authenticator and Authz are required")
+	}
+	for i, r := range c.Regions {
+		if r == "" || strings.ContainsAny(r, "@,") || r == c.Region || slices.Contains(c.Regions[:i], r) {
+			return fmt.Errorf("xds: Regions %q: each a peer region's name, once, not this region (%q)", c.Regions, c.Region)
+		}
 	}
 	if c.DrainWindow == 0 {
 		c.DrainWindow = 5 * time.Second
@@ -186,8 +206,9 @@ type Server struct {
 
 	pubMu       sync.Mutex
 	published   map[uint64]time.Time
-	claVersions map[string]uint64
-	pubOrder    []published
+	pubOrder    []uint64
+	claVersions map[string]string
+	claOrder    []claNote
 }
 
 type streamKey struct {
@@ -221,7 +242,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger.With("component", "xds"),
 		services: map[string]*serviceResources{}, nodes: map[string]*node{},
-		rpcs: map[*rpc]struct{}{}, streams: map[streamKey]*rpc{}, published: map[uint64]time.Time{}, claVersions: map[string]uint64{},
+		rpcs: map[*rpc]struct{}{}, streams: map[streamKey]*rpc{}, published: map[uint64]time.Time{}, claVersions: map[string]string{},
 	}
 	var err error
 	if s.m, err = newMetrics(cfg.Registerer, s); err != nil {
@@ -310,16 +331,26 @@ func (s *Server) Streams() int {
 // been seen true).
 func (s *Server) Answering() bool { return s.ready.Load() }
 
-// Version is the view version of the resources held for service (false:
-// none held yet).
+// Version is the version of the local view of service the resources
+// held were built from (false: none held yet).
 func (s *Server) Version(service string) (uint64, bool) {
+	return s.SeriesVersion(service)
+}
+
+// SeriesVersion is Version for a local service or a peer region's
+// series SERVICE@REGION (false: none held yet).
+func (s *Server) SeriesVersion(series string) (uint64, bool) {
+	service, region, remote := stream.SplitRemote(series)
+	if !remote {
+		service = series
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sr := s.services[service]
-	if sr == nil {
+	p := s.services[service].part(region, remote)
+	if p == nil {
 		return 0, false
 	}
-	return sr.version, true
+	return p.version, true
 }
 
 type rpcKey struct{}
@@ -550,16 +581,23 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+			var prev string
 			if r, err := s.stream(streamKey{false, id}); err == nil {
 				r.mu.Lock()
+				prev = r.sent[resp.GetTypeUrl()]
 				r.sent[resp.GetTypeUrl()] = resp.GetVersionInfo()
 				r.mu.Unlock()
 			}
 			t := typeName(resp.GetTypeUrl())
 			s.m.pushes.WithLabelValues("sotw", t).Inc()
 			if resp.GetTypeUrl() == resource.EndpointType {
+				// Timed only when the newest local view changed: a push
+				// a peer region's series (or a grant) caused would be
+				// timed from an old view.
 				lead, _, _ := strings.Cut(resp.GetVersionInfo(), ".")
-				s.observeLatency(lead)
+				if prevLead, _, _ := strings.Cut(prev, "."); prevLead != lead {
+					s.observeLatency(lead)
+				}
 			}
 		},
 		StreamDeltaResponseFunc: func(_ int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
@@ -630,7 +668,7 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 	n := s.nodes[r.key]
 	var denied []string
 	for _, name := range names {
-		if _, held := s.services[name]; held && n != nil && !n.visible[name] {
+		if _, held := s.services[name]; held && n != nil && !n.visible[name].visible() {
 			denied = append(denied, name)
 		}
 	}
@@ -646,16 +684,18 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 	}
 }
 
-// deltaVersions gives each assignment of a delta response its view
-// version, where go-control-plane put the hash of its bytes (the delta
-// protocol's versions are opaque to the client, which sends them back on
-// reconnecting, where they are compared with the same view versions), and
-// records the push latency.
+// deltaVersions gives each assignment of a delta response muster's
+// version (mergeTiers), where go-control-plane put the hash of its bytes
+// (the delta protocol's versions are opaque to the client, which sends
+// them back on reconnecting, where they are compared with the same
+// versions), and records the push latency of those that are a local
+// view's version alone (one with a peer region's part may have changed
+// by that part).
 func (s *Server) deltaVersions(resp *discovery.DeltaDiscoveryResponse) {
 	for _, res := range resp.GetResources() {
 		if v, ok := s.claVersion(res.GetName(), res.GetVersion()); ok {
-			res.Version = strconv.FormatUint(v, 10)
-			s.observeLatency(res.Version)
+			res.Version = v
+			s.observeLatency(v)
 		}
 	}
 }

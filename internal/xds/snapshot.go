@@ -14,9 +14,10 @@ import (
 // services it may resolve. It implements go-control-plane's
 // cache.ResourceSnapshot so that the SnapshotCache's watch machinery
 // serves it, with muster's versions: each assignment's resource version
-// is its view's version (delta xDS sends a resource only when that
-// changes), and each type's state-of-the-world version names the set of
-// (resource, version) pairs it holds.
+// is its view's version, with its peer regions' part when it has one
+// (mergeTiers; delta xDS sends a resource only when that changes), and
+// each type's state-of-the-world version names the set of (resource,
+// version) pairs it holds.
 type nodeSnapshot struct {
 	resources map[string]map[string]types.ResourceWithTTL // type URL -> name -> resource
 	plain     map[string]map[string]types.Resource
@@ -27,8 +28,15 @@ type nodeSnapshot struct {
 // typeURLs are the four types muster serves.
 var typeURLs = []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
 
+// nodeService is one service a node sees, with its assignment as the
+// node sees it.
+type nodeService struct {
+	*serviceResources
+	a *assignment
+}
+
 // newNodeSnapshot builds the snapshot of the given services' resources.
-func newNodeSnapshot(services []*serviceResources) *nodeSnapshot {
+func newNodeSnapshot(services []nodeService) *nodeSnapshot {
 	s := &nodeSnapshot{
 		resources: make(map[string]map[string]types.ResourceWithTTL, len(typeURLs)),
 		plain:     make(map[string]map[string]types.Resource, len(typeURLs)),
@@ -41,7 +49,7 @@ func newNodeSnapshot(services []*serviceResources) *nodeSnapshot {
 		s.versions[t] = make(map[string]string, len(services))
 	}
 	sorted := slices.Clone(services)
-	slices.SortFunc(sorted, func(a, b *serviceResources) int {
+	slices.SortFunc(sorted, func(a, b nodeService) int {
 		switch {
 		case a.name < b.name:
 			return -1
@@ -56,8 +64,8 @@ func newNodeSnapshot(services []*serviceResources) *nodeSnapshot {
 		hs[t] = fnv.New64a()
 	}
 	for _, sr := range sorted {
-		claVersion := strconv.FormatUint(sr.version, 10)
-		newest = max(newest, sr.version)
+		claVersion := sr.a.version
+		newest = max(newest, sr.a.lead)
 		for _, t := range typeURLs {
 			var r types.Resource
 			var v string
@@ -69,7 +77,7 @@ func newNodeSnapshot(services []*serviceResources) *nodeSnapshot {
 			case resource.ClusterType:
 				r, v = sr.cluster, sr.clusterVersion
 			case resource.EndpointType:
-				r, v = sr.cla, claVersion
+				r, v = sr.a.cla, claVersion
 			}
 			s.resources[t][sr.name] = types.ResourceWithTTL{Resource: r}
 			s.plain[t][sr.name] = r
