@@ -274,6 +274,17 @@ func TestCrossRegionResolution(t *testing.T) {
 		return e.Region == "b" && strings.HasPrefix(e.Address, "10.2.3.")
 	})
 
+	// muster loadgen regions: withdrawals in b timed at a's subscribers.
+	out, errOut, err := runCmd(t, "loadgen", "regions", "--a", urlA, "--a-data", dirA, "--b", urlB, "--b-data", dirB,
+		"--subscribers", "20", "--instances", "10", "--withdrawals", "5", "--timeout", "1m")
+	if err != nil {
+		t.Fatalf("muster loadgen regions: %v\n%s%s", err, out, errOut)
+	}
+	t.Logf("muster loadgen regions:\n%s", out)
+	if !strings.Contains(out, "5 withdrawals in b x 20 subscribers on a: propagation p50 ") {
+		t.Fatalf("muster loadgen regions printed no figures:\n%s", out)
+	}
+
 	// b goes away: billing stays served at a from its copy, stale, with
 	// its age and the alarm; the client keeps routing on it.
 	stop(b)

@@ -39,7 +39,8 @@ const loadgenUsage = `usage:
   muster loadgen ui      --url URL [--user alice] [--pages /ui/,/ui/audit] [--requests 20]
   muster loadgen tgsync  --url URL [--data DIR] [--instances 60] [--withdrawals 100] [--endpoints 100] [--changes 1000] [--elbv2-only]
   muster loadgen dns     [--addr HOST:PORT [--names N,...]] [--services 450] [--endpoints 130] [--changes 40] [--clients 8] [--duration 10s]
-  muster loadgen xds     --url URL --xds ADDR [--data DIR] [--clients 1000] [--changes 20] [--interval 2s] [--delta]`
+  muster loadgen xds     --url URL --xds ADDR [--data DIR] [--clients 1000] [--changes 20] [--interval 2s] [--delta]
+  muster loadgen regions --a URL --a-data DIR --b URL --b-data DIR [--subscribers 100] [--instances 20] [--withdrawals 5]`
 
 // loadgenOwner owns every service loadgen creates, so its data is easy to
 // tell apart.
@@ -70,7 +71,7 @@ type Env struct {
 	ChildEnv []string
 }
 
-// Run runs `muster loadgen args...`: seed, rebuild, reports, watch, ui, tgsync, dns or xds.
+// Run runs `muster loadgen args...`: seed, rebuild, reports, watch, ui, tgsync, dns, xds or regions.
 // A command line it cannot understand is cli.ErrUsage, explained on
 // stderr.
 func Run(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) error {
@@ -95,6 +96,8 @@ func Run(ctx context.Context, env Env, args []string, stdout, stderr io.Writer) 
 		return loadgenDNS(ctx, args[1:], stdout, stderr)
 	case "xds":
 		return loadgenXDS(ctx, args[1:], stdout, stderr)
+	case "regions":
+		return loadgenRegions(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintln(stderr, loadgenUsage)
 	return cli.ErrUsage

@@ -233,7 +233,7 @@ func buildPart(series string, f *stream.Frame, now time.Time) (*part, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &part{series: series, version: v.Version, cla: Assignment(snap)}, nil
+	return &part{series: series, version: v.Version, cla: Assignment(snap), share: snap.TrafficShare()}, nil
 }
 
 // successor is a copy of have (nil: none yet) to change parts of, with
@@ -327,13 +327,13 @@ func (s *Server) assignmentOf(sr *serviceResources, a access) (*assignment, erro
 		if s.remoteEnabled() {
 			region = s.cfg.Region
 		}
-		local = &tier{region: region, series: sr.local.series, version: sr.local.version, cla: sr.local.cla}
+		local = &tier{region: region, series: sr.local.series, version: sr.local.version, cla: sr.local.cla, share: sr.local.share}
 	}
 	var remotes []*tier
 	if a.regions != "" {
 		for r := range strings.SplitSeq(a.regions, ",") {
 			if p := sr.remote[r]; p != nil {
-				remotes = append(remotes, &tier{region: r, series: p.series, version: p.version, cla: p.cla})
+				remotes = append(remotes, &tier{region: r, series: p.series, version: p.version, cla: p.cla, share: p.share})
 			}
 		}
 	}

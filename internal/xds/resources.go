@@ -63,6 +63,7 @@ type part struct {
 	series  string
 	version uint64
 	cla     *endpoint.ClusterLoadAssignment // Assignment of its view
+	share   float64                         // its view's TrafficShare
 }
 
 // assignment is a service's ClusterLoadAssignment as some nodes see it.
@@ -282,11 +283,11 @@ type Tier struct {
 func Priorities(service, region string, local *resolver.Snapshot, remotes []Tier) (*endpoint.ClusterLoadAssignment, string) {
 	var lt *tier
 	if local != nil {
-		lt = &tier{region: region, series: service, version: local.Version(), cla: Assignment(local)}
+		lt = &tier{region: region, series: service, version: local.Version(), cla: Assignment(local), share: local.TrafficShare()}
 	}
 	rts := make([]*tier, 0, len(remotes))
 	for _, r := range remotes {
-		rts = append(rts, &tier{region: r.Region, series: r.Snapshot.Service(), version: r.Snapshot.Version(), cla: Assignment(r.Snapshot)})
+		rts = append(rts, &tier{region: r.Region, series: r.Snapshot.Service(), version: r.Snapshot.Version(), cla: Assignment(r.Snapshot), share: r.Snapshot.TrafficShare()})
 	}
 	cla, version, _ := mergeTiers(service, lt, rts)
 	return cla, version
@@ -298,6 +299,9 @@ type tier struct {
 	series  string
 	version uint64
 	cla     *endpoint.ClusterLoadAssignment
+	// share is its view's traffic share (resolver.Snapshot.TrafficShare):
+	// below 1 while a region drain (or zone drains) hold traffic back.
+	share float64
 }
 
 // mergeTiers joins the tiers' localities at contiguous priorities (see
@@ -318,10 +322,41 @@ func mergeTiers(service string, local *tier, remotes []*tier) (cla *endpoint.Clu
 		lead = local.version
 	}
 	version = strconv.FormatUint(lead, 10)
-	contributing := slices.DeleteFunc(slices.Clone(remotes), func(t *tier) bool { return t == nil || len(t.cla.GetEndpoints()) == 0 })
+	// A peer region drained (turned off by the routing control) is no
+	// fallback, as for the resolver.
+	contributing := slices.DeleteFunc(slices.Clone(remotes), func(t *tier) bool {
+		return t == nil || len(t.cla.GetEndpoints()) == 0 || !(t.share > 0)
+	})
 	if local != nil && local.region == "" && len(contributing) == 0 {
 		// Today's assignment, shared as built.
 		return local.cla, version, lead
+	}
+	// This region drained (a region shift: the routing control turned it
+	// off, or an admin) while a peer region can take the traffic: the
+	// peers come first and the local localities last (still there: never
+	// the reason traffic stops); while the drain steps back, priority 0
+	// blends the local localities, weighted to the step, with the first
+	// peer's, weighted to the rest (ADR-13's capped steps, as the
+	// resolver's Pick does).
+	if local != nil && local.share < 1 && len(contributing) > 0 && len(local.cla.GetEndpoints()) > 0 {
+		if !(local.share > 0) {
+			cla, _, _ := mergeTiers(service, nil, contributing)
+			priority := uint32(len(distinctPriorities(cla)))
+			for _, loc := range local.cla.GetEndpoints() {
+				c := proto.Clone(loc).(*endpoint.LocalityLbEndpoints)
+				c.Priority = priority
+				if local.region != "" {
+					c.Locality.Region = local.region
+				}
+				cla.Endpoints = append(cla.Endpoints, c)
+			}
+			return cla, version + "." + tiersHash(contributing) + ".drained", lead
+		}
+		// (region empty: blendLocalities named each locality's region)
+		blend := &tier{series: local.series, version: local.version,
+			cla: blendLocalities(local, contributing[0]), share: 1}
+		cla, _, _ := mergeTiers(service, blend, contributing[1:])
+		return cla, version + "." + tiersHash(contributing) + ".share" + strconv.FormatFloat(local.share, 'g', 4, 64), lead
 	}
 	cla = &endpoint.ClusterLoadAssignment{ClusterName: service}
 	priority := uint32(0)
@@ -343,10 +378,62 @@ func mergeTiers(service string, local *tier, remotes []*tier) (cla *endpoint.Clu
 	if len(contributing) == 0 {
 		return cla, version, lead
 	}
-	h := fnv.New64a()
 	for _, t := range contributing {
 		add(t)
+	}
+	return cla, version + "." + tiersHash(contributing), lead
+}
+
+// tiersHash is FNV-64a, base 36, of the tiers' (series, version) pairs in
+// order.
+func tiersHash(tiers []*tier) string {
+	h := fnv.New64a()
+	for _, t := range tiers {
 		_, _ = h.Write([]byte(t.series + "\x00" + strconv.FormatUint(t.version, 10) + "\x00"))
 	}
-	return cla, version + "." + strconv.FormatUint(h.Sum64(), 36), lead
+	return strconv.FormatUint(h.Sum64(), 36)
 }
+
+// distinctPriorities lists the priorities cla's localities use.
+func distinctPriorities(cla *endpoint.ClusterLoadAssignment) []uint32 {
+	var out []uint32
+	for _, loc := range cla.GetEndpoints() {
+		if !slices.Contains(out, loc.GetPriority()) {
+			out = append(out, loc.GetPriority())
+		}
+	}
+	return out
+}
+
+// blendLocalities is one priority holding local's localities and peer's,
+// their locality weights scaled so that local's sum to local.share of the
+// whole and peer's to the rest.
+func blendLocalities(local, peer *tier) *endpoint.ClusterLoadAssignment {
+	out := &endpoint.ClusterLoadAssignment{ClusterName: local.cla.GetClusterName()}
+	add := func(t *tier, part float64) {
+		var total float64
+		for _, loc := range t.cla.GetEndpoints() {
+			total += float64(loc.GetLoadBalancingWeight().GetValue())
+		}
+		for _, loc := range t.cla.GetEndpoints() {
+			c := proto.Clone(loc).(*endpoint.LocalityLbEndpoints)
+			c.Priority = 0
+			if t.region != "" && c.Locality != nil {
+				c.Locality.Region = t.region
+			}
+			w := 1.0
+			if total > 0 {
+				w = float64(loc.GetLoadBalancingWeight().GetValue()) / total
+			}
+			c.LoadBalancingWeight = wrapperspb.UInt32(max(1, uint32(math.Round(w*part*blendScale))))
+			out.Endpoints = append(out.Endpoints, c)
+		}
+	}
+	add(local, local.share)
+	add(peer, 1-local.share)
+	return out
+}
+
+// blendScale is what the blended locality weights of one priority sum to
+// (about): fine enough for the steps' shares.
+const blendScale = 10_000

@@ -207,3 +207,60 @@ func TestPrioritiesAcrossRegions(t *testing.T) {
 		seen[v] = name
 	}
 }
+
+// drainedSnapshot is regionSnapshot with its zone at traffic weight w (a
+// region shift at that step).
+func drainedSnapshot(t *testing.T, region string, version uint64, zone string, w float64, ids ...string) *resolver.Snapshot {
+	t.Helper()
+	s := regionSnapshot(t, region, version, zone, ids...)
+	v := s.View()
+	z := v.Zones[zone]
+	z.TrafficWeight = &w
+	v.Zones = map[string]resolver.Zone{zone: z}
+	out, err := resolver.SnapshotOf(v, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestARegionDrainInPriorities (issue 29): a region drain (every local
+// zone at traffic weight 0, as the routing control turning the region off
+// publishes it) puts the peer regions first and the local localities
+// last (still there); while it steps back, priority 0 blends the local
+// localities, weighted to the step, with the first peer's; a peer region
+// drained itself is no fallback.
+func TestARegionDrainInPriorities(t *testing.T) {
+	t.Parallel()
+	b := xds.Tier{Region: "b", Snapshot: regionSnapshot(t, "b", 40, "bz1", "11")}
+	drained := drainedSnapshot(t, "", 7, "az1", 0, "1", "2")
+	if got, v := renderPriorities(t, drained, b); got != "p0:b/bz1[10.0.0.11] p1:a/az1[10.0.0.1 10.0.0.2]" || !strings.HasPrefix(v, "7.") {
+		t.Errorf("a drained: %s (version %s)", got, v)
+	}
+	// b drained too: nothing to move to, a stays first.
+	bOff := xds.Tier{Region: "b", Snapshot: drainedSnapshot(t, "b", 41, "bz1", 0, "11")}
+	if got, _ := renderPriorities(t, drained, bOff); got != "p0:a/az1[10.0.0.1 10.0.0.2]" {
+		t.Errorf("a and b drained: %s", got)
+	}
+	// Stepping back: 0.25 of the locality weight is a's.
+	step := drainedSnapshot(t, "", 8, "az1", 0.25, "1", "2")
+	cla, v := xds.Priorities("web", "a", step, []xds.Tier{b})
+	var local, remote float64
+	for _, loc := range cla.GetEndpoints() {
+		if loc.GetPriority() != 0 {
+			t.Fatalf("a blended locality at priority %d", loc.GetPriority())
+		}
+		w := float64(loc.GetLoadBalancingWeight().GetValue())
+		if loc.GetLocality().GetRegion() == "a" {
+			local += w
+		} else {
+			remote += w
+		}
+	}
+	if share := local / (local + remote); share < 0.24 || share > 0.26 {
+		t.Errorf("a's share of the locality weight at step 0.25: %.3f", share)
+	}
+	if _, v2 := xds.Priorities("web", "a", drainedSnapshot(t, "", 8, "az1", 0.5, "1", "2"), []xds.Tier{b}); v2 == v {
+		t.Errorf("steps 0.25 and 0.50 share the version %s", v)
+	}
+}
