@@ -192,7 +192,17 @@ func TestResolverOutlivesAKilledServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c1.Close()
-	before := waitVersion(t, c1, 1)
+	// The view that holds the instance (web's first view may come before
+	// its addition window closes, with nothing in it).
+	var before uint64
+	wait.For(t, 60*time.Second, "a view of web holding 10.1.2.3", func() bool {
+		r, err := c1.Resolve("web")
+		if err != nil || len(r.Endpoints()) != 1 {
+			return false
+		}
+		before = r.Version()
+		return true
+	})
 	// Routing switches to a view before its last-known-good file is
 	// written (the write must not delay routing), so wait for the file
 	// before pulling the plug.

@@ -35,6 +35,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -576,6 +577,13 @@ func New(cfg Config) (*App, error) {
 		uc.Alarms = server.AlarmsOf(svc)
 		uc.Ownership = a.Ownership
 		uc.EpochsLeft = a.Publisher.EpochsLeft
+		uc.Region = cfg.Region
+		if a.Federation != nil {
+			uc.PeerRegions, uc.PeerStaleAfter = a.Federation.Aggregate, cmp.Or(cfg.Federation.StaleAfter, federation.DefaultStaleAfter)
+		}
+		if a.RoutingControls != nil {
+			uc.RoutingControls = a.RoutingControls
+		}
 		if a.Relay != nil {
 			uc.Relay = a.Relay
 		}

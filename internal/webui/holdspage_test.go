@@ -5,12 +5,19 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/federation"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/routingcontrol"
+	"github.com/musterhq/muster/internal/testclock"
+	"github.com/musterhq/muster/internal/webui"
 )
 
 // TestHoldsPage (issue 26): the removal holds page lists the lease gate's
@@ -129,5 +136,54 @@ func TestReplicasPage(t *testing.T) {
 	}
 	if !strings.Contains(p.body, `href="/ui/replicas" aria-current="page"`) {
 		t.Error("the nav does not mark Replicas as the current page")
+	}
+}
+
+// TestRegionsPage (issue 29): the regions page names this region, each
+// peer region followed with its link, age and staleness, and the
+// routing controls read with each region's state. The aggregate is a
+// real federation.Aggregate (no peer reached for a minute of its
+// injected clock, so b is stale) and the controls a real routingcontrol.Controls reading a
+// file.
+func TestRegionsPage(t *testing.T) {
+	t.Parallel()
+	clk := testclock.New(time.Now())
+	agg := federation.NewAggregate([]federation.PeerConfig{{Name: "b", URLs: []string{"https://muster.b.example"}}}, 30*time.Second, clk.Now)
+	clk.Advance(time.Minute) // b never reached for a minute: stale
+	file := filepath.Join(t.TempDir(), "routing.json")
+	if err := os.WriteFile(file, []byte(`{"regions": {"b": "off", "local": "on"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src, err := routingcontrol.ParseSource("file:"+file, "", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	controls, err := routingcontrol.New(routingcontrol.Config{Source: src, Regions: []string{"b", "local"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	controls.RunOnce(t.Context())
+	st := apptest.New(t, apptest.Options{UI: true, UIConfig: func(c *webui.Config) {
+		c.PeerRegions, c.PeerStaleAfter, c.RoutingControls = agg, 30*time.Second, controls
+	}})
+	vera := newBrowser(t, st)
+	vera.signIn("vera")
+	p := vera.get("/ui/regions")
+	if p.status != http.StatusOK || !strings.Contains(p.body, `id="this-region">local<`) || !strings.Contains(p.body, `data-region="b"`) ||
+		!strings.Contains(p.body, "https://muster.b.example") || !strings.Contains(p.body, `class="stale"`) {
+		t.Fatalf("regions page: %d\n%s", p.status, p.body)
+	}
+	if !strings.Contains(p.body, `data-control="b"`) || !strings.Contains(p.body, `<td class="control">off</td>`) {
+		t.Errorf("regions page without b's routing control off:\n%s", p.body)
+	}
+	if !strings.Contains(p.body, `href="/ui/regions" aria-current="page"`) {
+		t.Error("the nav does not mark Regions as the current page")
+	}
+	// Without peers or controls the page says so.
+	plain := newUIStack(t)
+	v2 := newBrowser(t, plain)
+	v2.signIn("vera")
+	if p := v2.get("/ui/regions"); p.status != http.StatusOK || !strings.Contains(p.body, `id="no-peers"`) || !strings.Contains(p.body, `id="no-controls"`) {
+		t.Fatalf("regions page without peers: %d\n%s", p.status, p.body)
 	}
 }

@@ -143,6 +143,14 @@ type Config struct {
 	// EpochsLeft, when set, is the region's version epochs left, on the
 	// replicas page.
 	EpochsLeft func() uint64
+	// Region is this muster's region, on the regions page.
+	Region string
+	// PeerRegions, when set, are the peer regions followed (issue 29),
+	// PeerStaleAfter their staleness threshold; RoutingControls, when
+	// set, the routing controls read. The regions page shows them.
+	PeerRegions     PeerRegions
+	PeerStaleAfter  time.Duration
+	RoutingControls RoutingControls
 	// Alarms, when set, lists every open alarm for the overview's banner
 	// (the server's Alarms: guard, shift-backs, leases, database,
 	// probers); otherwise the banner shows the publisher's and the
@@ -320,6 +328,7 @@ func (u *UI) routes() {
 	u.shiftRoutes()
 	u.holdRoutes()
 	u.mux.Handle("GET "+b+"/replicas", u.page(u.replicasPage))
+	u.mux.Handle("GET "+b+"/regions", u.page(u.regionsPage))
 	u.mux.HandleFunc(b+"/", func(w http.ResponseWriter, r *http.Request) {
 		u.message(w, r, http.StatusNotFound, "Not found", "There is no page at "+r.URL.Path+".")
 	})

@@ -221,6 +221,8 @@ type Options struct {
 	// UI mounts the admin web UI at /ui, signing in through the dev
 	// issuer (client "muster-ui") on the stack's clock.
 	UI bool
+	// UIConfig adjusts the UI's configuration (with UI).
+	UIConfig func(*webui.Config)
 	// DatabaseURL points the stack at this database instead of a fresh
 	// one from dbtest (a private cluster the test stops or freezes, say).
 	DatabaseURL string
@@ -430,6 +432,9 @@ func New(t testing.TB, opts Options) *Stack {
 			t.Fatal(err)
 		}
 		cfg.UI = &webui.Config{OIDC: oc, SessionCleanup: -1, HTTPClient: &http.Client{Timeout: 5 * time.Second}}
+		if opts.UIConfig != nil {
+			opts.UIConfig(cfg.UI)
+		}
 	}
 	a, err := app.New(cfg)
 	if err != nil {
