@@ -30,6 +30,10 @@ func (a *App) buildRoutingControl(cfg Config, auditLog *audit.Log) error {
 	}
 	rc := *cfg.RoutingControl
 	rc.Audit, rc.Logger, rc.Registerer, rc.Replica = auditLog, a.log, a.Metrics, cfg.Replica
+	// One audit row per change in the region, by the owner of its key.
+	if rc.Owns == nil && a.Ownership != nil {
+		rc.Owns = func(key string) bool { _, ok := a.Ownership.Owns(key); return ok }
+	}
 	rc.Now = orNow(rc.Now, cfg.Now)
 	if cfg.Region != "" && routingcontrol.ValidRegion(cfg.Region) {
 		rc.Regions = append(rc.Regions[:len(rc.Regions):len(rc.Regions)], cfg.Region)

@@ -75,7 +75,14 @@ type Config struct {
 	// Audit, when set, receives a row per change (and per refused
 	// all-off reading); rows that cannot be written now (PostgreSQL
 	// away) are kept, up to 1000, and written at a later read.
-	Audit      Auditor
+	Audit Auditor
+	// Owns, when set, reports whether this replica owns a key: only the
+	// owner of AuditOwnershipKey writes the rows (every replica reads the
+	// same source, and would write each change once per replica). A row
+	// waits up to a minute for this replica to own the key (at start,
+	// before shard leases are read), then is left to the owner. Nil: this
+	// replica writes every row (it is alone).
+	Owns       func(key string) bool
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	// Now is the clock: time.Now.
@@ -182,6 +189,15 @@ type Controls struct {
 	listeners   []func(Change)
 	pending     []pendingEntry
 }
+
+// AuditOwnershipKey is what the routing controls' audit rows hash onto
+// the region's shards as: the replica owning it writes them
+// (Config.Owns). A service name cannot take this form (no colon).
+const AuditOwnershipKey = "routing-control:audit"
+
+// ownerWait is how long a row waits for this replica to own
+// AuditOwnershipKey before it is left to the owner.
+const ownerWait = time.Minute
 
 type pendingEntry struct {
 	at time.Time
@@ -390,6 +406,13 @@ func (c *Controls) queueAudit(now time.Time, e audit.Entry) {
 // fails (kept for the next read).
 func (c *Controls) flushAudit(ctx context.Context) {
 	if c.cfg.Audit == nil {
+		return
+	}
+	if c.cfg.Owns != nil && !c.cfg.Owns(AuditOwnershipKey) {
+		now := c.cfg.Now()
+		c.mu.Lock()
+		c.pending = slices.DeleteFunc(c.pending, func(p pendingEntry) bool { return now.Sub(p.at) >= ownerWait })
+		c.mu.Unlock()
 		return
 	}
 	c.mu.Lock()

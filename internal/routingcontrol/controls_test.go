@@ -312,3 +312,42 @@ func TestWorkerGoesStale(t *testing.T) {
 	src.set(map[string]State{"eu-west-1": On}, "b", nil)
 	wait.For(t, 5*time.Second, "fresh again", func() bool { return !c.Status().Stale && c.On("eu-west-1") })
 }
+
+// TestOnlyTheOwnerAudits: of the replicas reading one source, only the
+// owner of AuditOwnershipKey writes a change's row; a row waits up to a
+// minute for this replica to own the key, then is left to the owner.
+func TestOnlyTheOwnerAudits(t *testing.T) {
+	t.Parallel()
+	src, aud := &fakeSource{}, &fakeAudit{}
+	clock := testclock.New(t0)
+	var owns atomic.Bool
+	c, err := New(Config{Source: src, Interval: 5 * time.Second, Regions: []string{"us-east-1", "eu-west-1"}, Replica: "r2",
+		Audit: aud, Now: clock.Now, Owns: func(key string) bool { return key == AuditOwnershipKey && owns.Load() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.set(map[string]State{"eu-west-1": Off}, "a", nil)
+	c.RunOnce(context.Background())
+	if n := len(aud.entries()); n != 0 {
+		t.Fatalf("%d rows written without owning the key", n)
+	}
+	// It becomes the owner within the minute: the row is written.
+	clock.Advance(30 * time.Second)
+	owns.Store(true)
+	c.RunOnce(context.Background())
+	if rows := aud.entries(); len(rows) != 1 || !strings.Contains(rows[0].Reason, " off") {
+		t.Fatalf("rows once owned: %+v", rows)
+	}
+	// Another change while it does not own the key, for over a minute:
+	// left to the owner, not written later.
+	owns.Store(false)
+	src.set(map[string]State{"eu-west-1": On}, "b", nil)
+	c.RunOnce(context.Background())
+	clock.Advance(61 * time.Second)
+	c.RunOnce(context.Background())
+	owns.Store(true)
+	c.RunOnce(context.Background())
+	if n := len(aud.entries()); n != 1 {
+		t.Fatalf("%d rows: a change left to the owner was written later", n)
+	}
+}
