@@ -19,6 +19,8 @@ type Regions interface {
 	// service; Peers lists the peer regions in configuration order.
 	Granted(region, service, caller string) bool
 	Peers() []string
+	// Revoked is closed when a peer withdraws a grant it had given.
+	Revoked() <-chan struct{}
 	// Alarms are federation.AlarmPeerStale, per peer region not reached.
 	Alarms() []assembler.Alarm
 }

@@ -66,6 +66,10 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	// Taken before authorising, so a grant withdrawn from here on ends
 	// the stream.
 	revoked := s.cfg.Authz.Revoked()
+	var remoteRevoked <-chan struct{}
+	if s.cfg.Regions != nil {
+		remoteRevoked = s.cfg.Regions.Revoked()
+	}
 	services, ok := s.authoriseSeries(w, r, services, regions)
 	if !ok {
 		return
@@ -90,7 +94,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, p)
 		return
 	}
-	auth := authority{actor: principal(r), services: services, revoked: revoked}
+	auth := authority{actor: principal(r), services: services, revoked: revoked, remoteRevoked: remoteRevoked}
 	key := auth.actor.String()
 	open, ok := s.limits.streams.acquire(key)
 	if !ok {
@@ -227,8 +231,9 @@ func (s *Server) refuseAdmission(w http.ResponseWriter, r *http.Request, retry t
 type authority struct {
 	actor    identity.Principal
 	services []string
-	// revoked is Authz.Revoked as of before the stream was authorised.
-	revoked <-chan struct{}
+	// revoked is Authz.Revoked as of before the stream was authorised;
+	// remoteRevoked the peer regions' (Regions.Revoked; nil without).
+	revoked, remoteRevoked <-chan struct{}
 	// started: a goroutine of its own runs the stream (and releases its
 	// count when it ends).
 	started bool
@@ -269,6 +274,13 @@ func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, auth
 		expired = t.C
 	}
 	revoked := auth.revoked
+	// A stream following remote series checks its authority again when a
+	// peer region withdraws a grant (the peer decides who resolves its
+	// services).
+	var remoteRevoked <-chan struct{}
+	if auth.remoteRevoked != nil && slices.ContainsFunc(auth.services, func(n string) bool { _, _, ok := stream.SplitRemote(n); return ok }) {
+		remoteRevoked = auth.remoteRevoked
+	}
 	const maxBatch = 64
 	batch := make([]*stream.Frame, 0, maxBatch)
 	for {
@@ -279,14 +291,15 @@ func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, auth
 			s.metrics.streamsEnded.WithLabelValues(DrainTokenExpired).Inc()
 			send(lapsed(DrainTokenExpired, "the token this stream was opened with has expired; resubscribe with a fresh one"))
 			return
+		case <-remoteRevoked:
+			remoteRevoked = s.cfg.Regions.Revoked()
+			if !s.stillAuthorised(auth, send) {
+				return
+			}
 		case <-revoked:
 			revoked = s.cfg.Authz.Revoked()
-			for _, name := range auth.services {
-				if err := s.mayResolveSeries(auth.actor, name); err != nil {
-					s.metrics.streamsEnded.WithLabelValues(DrainGrantRevoked).Inc()
-					send(lapsed(DrainGrantRevoked, fmt.Sprintf("%s may no longer resolve %s", auth.actor, name)))
-					return
-				}
+			if !s.stillAuthorised(auth, send) {
+				return
 			}
 		case f := <-sub.C():
 			// Whatever else is queued goes out in the same write (one
@@ -318,6 +331,20 @@ func (s *Server) streamLoop(done <-chan struct{}, sub *stream.Subscription, auth
 }
 
 var heartbeat = &stream.Frame{Kind: stream.KindHeartbeat, JSON: []byte(`{}`)}
+
+// stillAuthorised checks a stream's authority over each of its series
+// again; when it lapsed for one, it sends the grant_revoked drain and
+// reports false.
+func (s *Server) stillAuthorised(auth authority, send func(...*stream.Frame) bool) bool {
+	for _, name := range auth.services {
+		if err := s.mayResolveSeries(auth.actor, name); err != nil {
+			s.metrics.streamsEnded.WithLabelValues(DrainGrantRevoked).Inc()
+			send(lapsed(DrainGrantRevoked, fmt.Sprintf("%s may no longer resolve %s", auth.actor, name)))
+			return false
+		}
+	}
+	return true
+}
 
 // streamHead is the response head of a hijacked stream. Without a length
 // or chunking, the body runs until the connection closes (HTTP/1.1 with

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,7 +77,7 @@ func TestCrossRegionResolution(t *testing.T) {
 	// (no instances), as service names are shared across regions.
 	code, body := call(t, "PUT", urlB+"/v1/services/checkout", adminB, `{"owner":"storefront","capabilities":[]}`)
 	must(code, body, 201, "declare checkout in b")
-	for _, svc := range []string{"billing", "web"} {
+	for _, svc := range []string{"billing", "web", "ledger"} {
 		code, body := call(t, "PUT", urlB+"/v1/services/"+svc, adminB, `{"owner":"payments","capabilities":[]}`)
 		must(code, body, 201, "create "+svc+" in b")
 		code, body = call(t, "PUT", urlB+"/v1/services/"+svc+"/grants", adminB, `{"callers":["checkout"]}`)
@@ -273,6 +275,58 @@ func TestCrossRegionResolution(t *testing.T) {
 		e := pick("web")
 		return e.Region == "b" && strings.HasPrefix(e.Address, "10.2.3.")
 	})
+
+	// b withdraws its grant of ledger: a's open stream of ledger@b for
+	// checkout ends with grant_revoked (the peer decides).
+	ctxW, cancelW := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelW()
+	req, _ := http.NewRequestWithContext(ctxW, "GET", urlA+"/v1/watch?service=ledger&regions=b", nil)
+	req.Header.Set("Authorization", "Bearer "+checkout)
+	var res *http.Response
+	wait.For(t, 30*time.Second, "a watch of ledger@b opened for checkout", func() bool {
+		r, err := http.DefaultClient.Do(req.Clone(ctxW))
+		if err != nil {
+			return false
+		}
+		if r.StatusCode != 200 {
+			r.Body.Close()
+			return false
+		}
+		res = r
+		return true
+	})
+	defer res.Body.Close()
+	events := make(chan string, 64)
+	go func() {
+		defer close(events)
+		sc := bufio.NewScanner(res.Body)
+		for sc.Scan() {
+			events <- sc.Text()
+		}
+	}()
+	next := func(prefix string) string {
+		t.Helper()
+		for {
+			select {
+			case line, ok := <-events:
+				if !ok {
+					t.Fatalf("the stream ended before %q", prefix)
+				}
+				if strings.HasPrefix(line, prefix) {
+					return line
+				}
+			case <-ctxW.Done():
+				t.Fatalf("no %q within a minute", prefix)
+			}
+		}
+	}
+	next("event: view")
+	code, body = call(t, "PUT", urlB+"/v1/services/ledger/grants", adminB, `{"callers":[]}`)
+	must(code, body, 200, "b withdraws ledger's grant")
+	next("event: drain")
+	if line := next("data: "); !strings.Contains(line, "grant_revoked") || !strings.Contains(line, "ledger@b") {
+		t.Fatalf("the drain after b withdrew the grant: %s", line)
+	}
 
 	// muster loadgen regions: withdrawals in b timed at a's subscribers.
 	out, errOut, err := runCmd(t, "loadgen", "regions", "--a", urlA, "--a-data", dirA, "--b", urlB, "--b-data", dirB,

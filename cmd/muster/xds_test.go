@@ -156,25 +156,35 @@ func TestGRPCClientDropsAHardFailureWithin2s(t *testing.T) {
 		}
 		ids[id] = string(regexp.MustCompile(`"id":"([^"]+)"`).FindSubmatch(body)[1])
 	}
-	report := func(outcome string, backends ...string) {
+	// report sends the outcomes; false while muster answers 503 (still
+	// rebuilding after its start, or its database slow on a loaded
+	// machine: the prober sends again).
+	report := func(outcome string, backends ...string) bool {
 		t.Helper()
 		var items []string
 		for _, b := range backends {
 			items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":%q}`, ids[b], outcome))
 		}
-		if code, body := call(t, "POST", d.url+"/v1/reports", prober, `{"reports":[`+strings.Join(items, ",")+`]}`); code != 200 || strings.Contains(string(body), `"code"`) {
+		code, body := call(t, "POST", d.url+"/v1/reports", prober, `{"reports":[`+strings.Join(items, ",")+`]}`)
+		if code == 503 {
+			return false
+		}
+		if code != 200 || strings.Contains(string(body), `"code"`) {
 			t.Fatalf("report: %d %s", code, body)
 		}
+		return true
 	}
 	// Probes succeed until a first success admits each instance.
 	conn := xdstest.Dial(t, xaddr, token(t, dir, "--kind", "workload", "--service", "web"), "web")
 	reaches := func(n int) []string { return slices.Sorted(maps.Keys(xdstest.Tally(t.Context(), conn, n))) }
 	wait.For(t, time.Minute, "the client reaching b1, b2 and b3", func() bool {
-		report("success", "b1", "b2", "b3")
-		return slices.Equal(reaches(60), []string{"b1", "b2", "b3"})
+		return report("success", "b1", "b2", "b3") && slices.Equal(reaches(60), []string{"b1", "b2", "b3"})
 	})
-	start := time.Now()
-	report("hard_failure", "b3")
+	var start time.Time
+	wait.For(t, 30*time.Second, "the hard failure of b3 accepted", func() bool {
+		start = time.Now()
+		return report("hard_failure", "b3")
+	})
 	wait.For(t, 2*time.Second, "no call reaching b3", func() bool { return slices.Equal(reaches(30), []string{"b1", "b2"}) })
 	t.Logf("b3 out of the client's rotation %s after its hard failure was reported", time.Since(start).Round(time.Millisecond))
 }

@@ -75,6 +75,8 @@ type Aggregate struct {
 	regions map[string]*region
 	order   []string
 	sink    func([]*stream.Frame)
+	// revoked is closed and replaced when a peer withdraws a grant.
+	revoked chan struct{}
 }
 
 type region struct {
@@ -92,7 +94,7 @@ func NewAggregate(peers []PeerConfig, staleAfter time.Duration, now func() time.
 	if now == nil {
 		now = time.Now
 	}
-	a := &Aggregate{now: now, staleAfter: staleAfter, regions: map[string]*region{}}
+	a := &Aggregate{now: now, staleAfter: staleAfter, regions: map[string]*region{}, revoked: make(chan struct{})}
 	t := now()
 	for _, p := range peers {
 		a.regions[p.Name] = &region{views: map[string]RemoteView{}, since: t,

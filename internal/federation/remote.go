@@ -108,15 +108,36 @@ func (a *Aggregate) setGrants(regionName string, grants map[string][]string, ser
 	if r.grants == nil {
 		r.grants = map[string][]string{}
 	}
+	revoked := false
 	for s, callers := range grants {
+		for _, c := range r.grants[s] {
+			if !slices.Contains(callers, c) {
+				revoked = true
+			}
+		}
 		r.grants[s] = callers
 	}
 	// A service the peer no longer lists has no grants.
 	for s := range r.grants {
 		if !slices.Contains(services, s) {
+			revoked = revoked || len(r.grants[s]) > 0
 			delete(r.grants, s)
 		}
 	}
+	if revoked {
+		close(a.revoked)
+		a.revoked = make(chan struct{})
+	}
+}
+
+// Revoked returns a channel closed when a peer region withdraws a grant
+// it had given (a caller gone from a service's grants, or a service gone):
+// open streams of remote series check their authority again, as a local
+// revocation makes them (registry.AuthzCache.Revoked).
+func (a *Aggregate) Revoked() <-chan struct{} {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.revoked
 }
 
 // emit hands views to the sink as frames. Called without a.mu.

@@ -62,18 +62,39 @@ func TestRemoteViewsReachTheSink(t *testing.T) {
 // the peer no longer lists has none.
 func TestPeerGrantsFailStatic(t *testing.T) {
 	a := NewAggregate([]PeerConfig{{Name: "b", URLs: []string{"http://b"}}}, 30*time.Second, nil)
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	rev := a.Revoked()
 	a.setGrants("b", map[string][]string{"billing": {"checkout"}, "web": {"api"}}, []string{"billing", "web"})
 	if !a.Granted("b", "billing", "checkout") || a.Granted("b", "billing", "api") || a.Granted("c", "billing", "checkout") {
 		t.Fatal("grants as read")
 	}
-	// billing's grants could not be read this time: they stand.
+	if closed(rev) {
+		t.Fatal("Revoked closed by grants given")
+	}
+	// billing's grants could not be read this time: they stand; web's
+	// were withdrawn: Revoked is closed.
 	a.setGrants("b", map[string][]string{"web": {}}, []string{"billing", "web"})
 	if !a.Granted("b", "billing", "checkout") || a.Granted("b", "web", "api") {
 		t.Fatal("a failed read revoked, or a revocation was not taken")
 	}
+	if !closed(rev) {
+		t.Fatal("Revoked not closed by a grant withdrawn")
+	}
+	rev = a.Revoked()
+	a.setGrants("b", map[string][]string{"web": {}}, []string{"billing", "web"})
+	if closed(rev) {
+		t.Fatal("Revoked closed by a read that changed nothing")
+	}
 	// billing is gone from the peer: no grants.
 	a.setGrants("b", map[string][]string{"web": {}}, []string{"web"})
-	if a.Granted("b", "billing", "checkout") {
-		t.Fatal("a service the peer no longer lists is still granted")
+	if a.Granted("b", "billing", "checkout") || !closed(rev) {
+		t.Fatal("a service the peer no longer lists is still granted, or Revoked not closed")
 	}
 }
