@@ -28,8 +28,8 @@ import (
 // Regions [b], picks billing's endpoints in b, and web's in a while a has
 // capacity. The routing control turning region a off drains a (a region
 // shift) and moves a's clients to b for web; turning it on again brings
-// them back in ADR-13's capped steps, the last one confirmed by an
-// operator. When a's only web instance leaves,
+// them back in ADR-13's capped steps (off again during the return drains
+// it back to 0), the last one confirmed by an operator. When a's only web instance leaves,
 // the client picks b's, without a request to muster. With b stopped, a's own resolution is untouched, and
 // billing stays served from the copy (stale, with its age and the
 // peer_stale alarm), and the client still routes on it.
@@ -231,6 +231,25 @@ func TestCrossRegionResolution(t *testing.T) {
 	// 1 s here), the local share of picks following each step, up to the
 	// last: a failover declared by the routing control is a manual one,
 	// and its return to full traffic waits for an operator's confirmation.
+	setControls(`{"regions": {"a": "on", "b": "on"}}`)
+	shiftNow := func() shiftRow {
+		t.Helper()
+		code, body := call(t, "GET", urlA+"/v1/shifts/"+drain.ID, adminA, "")
+		var sh shiftRow
+		if code != 200 || json.Unmarshal(body, &sh) != nil {
+			t.Fatalf("GET the region drain: %d %s", code, body)
+		}
+		return sh
+	}
+	wait.For(t, 30*time.Second, "the first step back", func() bool { return shiftNow().TrafficWeight == 0.10 })
+	// Off again during the return: drained back to 0 at once, and a's
+	// clients all on b again; then on, and the return starts over.
+	setControls(`{"regions": {"a": "off", "b": "on"}}`)
+	wait.For(t, 30*time.Second, "the return drained back to 0", func() bool {
+		sh := shiftNow()
+		return sh.State == "draining" && sh.TrafficWeight == 0
+	})
+	wait.For(t, 30*time.Second, "a's clients all on b again", func() bool { return picks("web")["b"] == 400 })
 	setControls(`{"regions": {"a": "on", "b": "on"}}`)
 	seen := map[float64]bool{}
 	sawSplit := false

@@ -90,6 +90,12 @@ func (a *App) actOnRoutingControl(region string) {
 				Scope: shift.ScopeRegion, Target: region, Manual: &yes,
 				Reason: fmt.Sprintf("the routing control turned region %s off (revision %s)", region, ch.Revision),
 			})
+			if re := (*refusal.Error)(nil); errors.As(err, &re) && re.Check == "conflict" {
+				// A drain of the region is active: one whose traffic is
+				// returning goes back to 0 at once.
+				a.redrainReturning(ctx, region, ch.Revision)
+				return
+			}
 			if err != nil {
 				a.log.Warn("the routing control turned this region off, but it is not drained", "err", err)
 				return
@@ -109,6 +115,27 @@ func (a *App) actOnRoutingControl(region string) {
 			}
 		}
 	})
+}
+
+// redrainReturning drains again the region shift of region whose traffic
+// is returning (the routing control turned the region off during the
+// return).
+func (a *App) redrainReturning(ctx context.Context, region, revision string) {
+	all, err := a.Shifts.List(ctx, routingControlActor, shift.Filter{Limit: 100})
+	if err != nil {
+		a.log.Warn("the routing control turned this region off again; its drain could not be read", "err", err)
+		return
+	}
+	for _, sh := range all {
+		if sh.Scope != shift.ScopeRegion || sh.Target != region || (sh.State != shift.Returning && sh.State != shift.PendingConfirmation) {
+			continue
+		}
+		if _, err := a.Shifts.Redrain(ctx, routingControlActor, sh.ID, fmt.Sprintf("the routing control turned region %s off again (revision %s)", region, revision)); err != nil {
+			a.log.Warn("the routing control turned this region off again, but its return is not drained", "shift", sh.ID, "err", err)
+			continue
+		}
+		a.log.Info("the routing control turned this region off again: its return drained back to 0", "shift", sh.ID)
+	}
 }
 
 // stepBackWhileOn takes the next step back of a region drain the routing

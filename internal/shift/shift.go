@@ -996,6 +996,49 @@ func (s *Service) StepBack(ctx context.Context, actor identity.Principal, id uui
 	})
 }
 
+// Redrain sets a shift whose traffic is returning back to traffic weight
+// 0 (draining, step 0): its target failed again during the return (the
+// routing control turned the region off again). Draining is the emergency
+// move and waits for nothing: no dwell. A region's shift takes the admin
+// role, as its drain did. The steps back start over, each after its
+// dwell.
+func (s *Service) Redrain(ctx context.Context, actor identity.Principal, id uuid.UUID, reason string) (Shift, error) {
+	kind, target := s.target(ctx, id)
+	reason = strings.TrimSpace(reason)
+	return s.write(ctx, actor, "shift.redrain", kind, target, shiftAudit{ShiftID: id.String(), Reason: reason}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
+		row, serr, err := s.lockForMove(ctx, q, actor, id, now)
+		if err != nil {
+			return db.Shift{}, audit.Entry{}, nil, err
+		}
+		if serr != nil && !errors.Is(serr, ErrDwell) {
+			return db.Shift{}, audit.Entry{}, serr, nil
+		}
+		if row.Scope == ScopeRegion && !actor.IsAdmin() {
+			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
+				Detail: fmt.Sprintf("draining the whole region %s takes the admin role; %s is not an admin", row.Target, actor)}, nil
+		}
+		if row.State == Draining {
+			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrConflict, Check: "state",
+				Detail: fmt.Sprintf("shift %s of %s %s is draining already (traffic weight %.2f)", id, row.Scope, row.Target, row.Weight)}, nil
+		}
+		if row.Scope == ScopeRegion && s.cfg.Fallback != nil {
+			if regions, why := s.cfg.Fallback(); len(regions) == 0 {
+				return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrConflict, Check: "no_fallback_region",
+					Detail: fmt.Sprintf("no region can take region %s's traffic, so draining it again would move nothing: %s", row.Target, why)}, nil
+			}
+		}
+		by := actor.String()
+		next, err := q.ShiftUpdate(ctx, db.ShiftUpdateParams{ID: row.ID, State: Draining, Step: 0, Weight: 0,
+			LastStepAt: now, LastStepBy: by, Now: now})
+		if err != nil {
+			return db.Shift{}, audit.Entry{}, nil, fmt.Errorf("redrain shift %s: %w", id, err)
+		}
+		return next, audit.Entry{TargetKind: row.Scope, Target: row.Target,
+			Reason: fmt.Sprintf("drained again from traffic weight %.2f: %s", row.Weight, reason),
+			Before: s.auditShift(row, "redrain", nil), After: s.auditShift(next, "redrain", nil)}, nil, nil
+	})
+}
+
 // Confirm takes the final step of a manual shift (to traffic weight 1) and
 // completes it.
 func (s *Service) Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {

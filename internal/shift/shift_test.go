@@ -245,3 +245,54 @@ func TestTwoReplicasTakeOneStep(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// TestRedrainDuringTheReturn: a region drain whose traffic is returning
+// goes back to traffic weight 0 at once when its target fails again (no
+// dwell: draining waits for nothing), audited as shift.redrain; its steps
+// back start over after the dwell; a draining shift cannot be drained
+// again, and an operator may not drain a region.
+func TestRedrainDuringTheReturn(t *testing.T) {
+	t.Parallel()
+	pool, v := fixture(t)
+	clk := testclock.New(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
+	s := newShifts(t, pool, v, clk, nil)
+	ctx := context.Background()
+	sh, err := s.Drain(ctx, admin, shift.Request{Scope: "region", Target: "local", Reason: "the routing control turned local off", Manual: &yes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Redrain(ctx, admin, sh.ID, "off again"); err == nil {
+		t.Fatal("a draining shift drained again")
+	}
+	clk.Advance(2 * time.Minute)
+	if _, err := s.StepBack(ctx, admin, sh.ID); err != nil {
+		t.Fatal(err)
+	}
+	if w := s.Weights(); w("az1") != 0.10 {
+		t.Fatalf("after a step back: %g", w("az1"))
+	}
+	if _, err := s.Redrain(ctx, operator, sh.ID, "off again"); err == nil {
+		t.Fatal("an operator drained a region")
+	}
+	got, err := s.Redrain(ctx, admin, sh.ID, "the routing control turned local off again") // within the dwell
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != shift.Draining || got.Step != 0 || got.TrafficWeight != 0 {
+		t.Fatalf("redrained: %+v", got)
+	}
+	if w := s.Weights(); w("az1") != 0 || w("az2") != 0 {
+		t.Fatalf("redrained weights: az1 %g az2 %g", w("az1"), w("az2"))
+	}
+	if _, err := s.StepBack(ctx, admin, sh.ID); !errors.Is(err, shift.ErrDwell) {
+		t.Fatalf("a step back right after the redrain: %v, want the dwell", err)
+	}
+	clk.Advance(2 * time.Minute)
+	if got, err := s.StepBack(ctx, admin, sh.ID); err != nil || got.TrafficWeight != 0.10 {
+		t.Fatalf("the return, starting over: %+v, %v", got, err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM audit_events WHERE action = 'shift.redrain' AND outcome = 'accepted'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("shift.redrain audit rows: %d, %v", n, err)
+	}
+}
