@@ -34,6 +34,10 @@ type PeerStatus struct {
 	Connected bool `json:"connected"`
 	// Synced: the open stream has caught up with every service followed.
 	Synced bool `json:"synced"`
+	// Partitioned: the copy is not known to match the peer (it went
+	// stale, or was loaded from disk at start); the next sync replaces it
+	// whole and, when it was a partition or something changed, audits it.
+	Partitioned bool `json:"partitioned"`
 	// LastContact is when the peer last answered (an open stream, a
 	// frame, a service list); zero: never since start.
 	LastContact time.Time `json:"last_contact,omitzero"`

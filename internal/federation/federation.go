@@ -213,6 +213,9 @@ type Follower struct {
 	// loaded from disk at start); the next sync replaces it whole and is
 	// audited.
 	partitioned bool
+	// fromCache: the copy being healed was loaded from disk at start (no
+	// partition was seen): a heal that changes nothing is not audited.
+	fromCache   bool
 	connectedAt time.Time
 	pending     []pendingRow // reconciliation rows not yet written
 
@@ -236,7 +239,7 @@ func (f *Follower) run(ctx context.Context) {
 	if names := f.cachedServices(); len(names) > 0 {
 		f.follow(ctx, names)
 		f.take(true)
-		f.partitioned = true
+		f.partitioned, f.fromCache = true, true
 	}
 	f.RunOnce(ctx)
 	t := time.NewTicker(f.cfg.Tick)
@@ -267,8 +270,9 @@ func (f *Follower) RunOnce(ctx context.Context) {
 	// Staleness is noted before anything here counts as contact: only
 	// RunOnce moves the last contact, so a peer anyone saw stale (its
 	// alarm raised) is one whose return is healed and audited.
-	if f.agg.stale(f.peer.Name) && !f.partitioned {
-		f.partitioned = true
+	if f.agg.stale(f.peer.Name) && (!f.partitioned || f.fromCache) {
+		// (a copy from disk whose peer went stale is a partition too)
+		f.partitioned, f.fromCache = true, false
 		f.log.Warn("peer region stale: cross-region answers for it are served from the copy held", "stale_after", f.cfg.StaleAfter)
 	}
 	now := f.cfg.Now()
@@ -313,6 +317,8 @@ func (f *Follower) observe(now time.Time) {
 	if f.partitioned && st.Connected && (st.Synced || now.Sub(f.connectedAt) >= f.cfg.StaleAfter) {
 		f.heal(now)
 	}
+	partitioned := f.partitioned
+	f.agg.update(f.peer.Name, func(ps *PeerStatus) { ps.Partitioned = partitioned })
 }
 
 // take copies the client's views into the aggregate, each only when its
@@ -351,10 +357,16 @@ func (f *Follower) heal(now time.Time) {
 	held := len(f.agg.Services(f.peer.Name)) > 0
 	views := f.views()
 	rec := f.agg.replace(f.peer.Name, views)
-	f.partitioned = false
+	fromCache := f.fromCache
+	f.partitioned, f.fromCache = false, false
 	f.agg.emit(views)
 	if !held {
 		f.log.Info("peer region reached: following its current views", "services", len(f.services))
+		return
+	}
+	if fromCache && rec.Changed+rec.Appeared+rec.Vanished == 0 {
+		// A restart, not a partition: the copy on disk was current.
+		f.log.Info("peer region reached after a start: the copy on disk was current", "services", rec.Unchanged)
 		return
 	}
 	f.agg.update(f.peer.Name, func(ps *PeerStatus) { ps.Reconciliations++; ps.LastReconciliation = now })

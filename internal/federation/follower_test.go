@@ -308,3 +308,61 @@ func TestHealRowWaitsForTheOwner(t *testing.T) {
 	owns.Store(true)
 	wait.For(t, 30*time.Second, "the row, once owned", func() bool { return len(au.entries()) == 1 })
 }
+
+// TestRestartWithACurrentCopyWritesNoRow: a follower started on a cache
+// folder serves the copy on disk until the peer answers; when the peer's
+// views are the copy's, that is a restart, not a partition, and no
+// region.reconcile row is written. When the peer changed meanwhile, the
+// heal is audited as ever.
+func TestRestartWithACurrentCopyWritesNoRow(t *testing.T) {
+	peer := newFakePeer()
+	peer.set(resolver.View{Service: "billing", Version: 3, Endpoints: []resolver.Endpoint{ep("00000000-0000-0000-0000-000000000001", "10.0.0.1", 80)}})
+	srv := httptest.NewServer(peer)
+	defer srv.Close()
+	tok := filepath.Join(t.TempDir(), "b.token")
+	if err := os.WriteFile(tok, []byte("tok"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cache := t.TempDir()
+	run := func(au *fakeAudit, want uint64) *Aggregate {
+		t.Helper()
+		fed, err := New(Config{
+			Region: "a", Peers: []PeerConfig{{Name: "b", URLs: []string{srv.URL}, TokenFile: tok}}, CacheDir: cache,
+			StaleAfter: 2 * time.Second, Discover: 50 * time.Millisecond, Tick: 20 * time.Millisecond,
+			BaseBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Audit: au,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := fed.Followers()[0]
+		if err := f.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		defer f.Stop()
+		wait.For(t, 30*time.Second, fmt.Sprintf("billing v%d at a, synced", want), func() bool {
+			v, _, _ := fed.Aggregate.View("b", "billing")
+			st := fed.Aggregate.Regions()[0]
+			return v.View.Version == want && st.Synced && !st.Partitioned
+		})
+		return fed.Aggregate
+	}
+	first := &fakeAudit{}
+	run(first, 3)
+	// Wait for the copy on disk, then start again: nothing changed.
+	wait.For(t, 10*time.Second, "billing's copy on disk", func() bool {
+		v, err := resolver.LoadView(filepath.Join(cache, "b"), "billing")
+		return err == nil && v.Version == 3
+	})
+	again := &fakeAudit{}
+	if agg := run(again, 3); agg.Regions()[0].Reconciliations != 0 {
+		t.Fatalf("a restart with a current copy counted a reconciliation: %+v", agg.Regions()[0])
+	}
+	if rows := again.entries(); len(rows) != 0 {
+		t.Fatalf("a restart with a current copy wrote %+v", rows)
+	}
+	// The peer changed while this region was down: the heal is audited.
+	peer.set(resolver.View{Service: "billing", Version: 4, Endpoints: []resolver.Endpoint{ep("00000000-0000-0000-0000-000000000002", "10.0.0.2", 80)}})
+	changed := &fakeAudit{}
+	run(changed, 4)
+	wait.For(t, 10*time.Second, "the heal's row", func() bool { return len(changed.entries()) == 1 })
+}
