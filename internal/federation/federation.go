@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/tlsreload"
 	"github.com/musterhq/muster/internal/worker"
 	"github.com/musterhq/muster/resolver"
 )
@@ -155,30 +157,31 @@ func New(cfg Config) (*Federation, error) {
 	}
 	f := &Federation{Aggregate: NewAggregate(cfg.Peers, cfg.StaleAfter, cfg.Now), metrics: m}
 	for _, p := range cfg.Peers {
-		var roots *x509.CertPool
+		var transport http.RoundTripper
 		if p.CAFile != "" {
-			pem, err := os.ReadFile(p.CAFile)
+			// Read again when the file changes (a rotated peer CA is taken
+			// at the next connection); one that no longer loads keeps the
+			// last good bundle.
+			cas, err := tlsreload.NewClientCAs(tlsreload.ClientCAConfig{File: p.CAFile, Logger: cfg.Logger, Now: cfg.Now})
 			if err != nil {
 				return nil, fmt.Errorf("federation: peer %s CA bundle: %w", p.Name, err)
 			}
-			roots = x509.NewCertPool()
-			if !roots.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("federation: peer %s CA bundle %s holds no PEM certificate", p.Name, p.CAFile)
-			}
+			transport = peerTransport(cas.Pool)
 		}
 		if _, err := os.Stat(p.TokenFile); err != nil {
 			return nil, fmt.Errorf("federation: peer %s token file: %w", p.Name, err)
 		}
-		fl := &Follower{cfg: cfg, peer: p, roots: roots, agg: f.Aggregate, metrics: m,
+		fl := &Follower{cfg: cfg, peer: p, agg: f.Aggregate, metrics: m,
 			log: cfg.Logger.With("worker", "federation", "peer", p.Name)}
 		if cfg.CacheDir != "" {
 			fl.cacheDir = filepath.Join(cfg.CacheDir, p.Name)
 		}
 		fl.httpClient = &http.Client{Timeout: cfg.HTTPTimeout}
-		if roots != nil {
-			t := http.DefaultTransport.(*http.Transport).Clone()
-			t.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
-			fl.httpClient.Transport = t
+		if transport != nil {
+			fl.httpClient.Transport = transport
+			// The watch stream is long-lived: the same transport, no
+			// client timeout.
+			fl.watchClient = &http.Client{Transport: transport}
 		}
 		f.followers = append(f.followers, fl)
 	}
@@ -195,13 +198,14 @@ func (f *Federation) Followers() []*Follower { return slices.Clone(f.followers) 
 type Follower struct {
 	cfg        Config
 	peer       PeerConfig
-	roots      *x509.CertPool
 	cacheDir   string
 	httpClient *http.Client
-	agg        *Aggregate
-	metrics    metrics
-	log        *slog.Logger
-	runner     worker.Runner
+	// watchClient, when set (a peer CA), makes the watch requests.
+	watchClient *http.Client
+	agg         *Aggregate
+	metrics     metrics
+	log         *slog.Logger
+	runner      worker.Runner
 
 	// The rest belongs to the run goroutine.
 	client       *resolver.Client
@@ -525,7 +529,7 @@ func (f *Follower) follow(ctx context.Context, names []string) {
 		return
 	}
 	c, err := resolver.New(ctx, resolver.Config{
-		URLs: f.peer.URLs, Token: f.token, Services: names, CacheDir: f.cacheDir, RootCAs: f.roots,
+		URLs: f.peer.URLs, Token: f.token, Services: names, CacheDir: f.cacheDir, HTTPClient: f.watchClient,
 		BaseBackoff: f.cfg.BaseBackoff, MaxBackoff: f.cfg.MaxBackoff,
 		// Never a write to the peer: no outcome reports.
 		ReportInterval: -1,
@@ -708,4 +712,39 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// peerTransport verifies a peer's https certificate against the bundle
+// pool returns at each handshake (the chain, and the host name or IP
+// address the connection was made to), so a CA rotated on disk is
+// trusted from the next connection on without a restart.
+func peerTransport(pool func() *x509.CertPool) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		cfg := &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			ServerName: host, // SNI for a name; not sent for an IP address
+			// Verified in VerifyConnection, against the bundle as it is
+			// now and the host dialled (name or IP address): a fixed
+			// RootCAs would keep the bundle of the start.
+			InsecureSkipVerify: true,
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) == 0 {
+					return errors.New("federation: the peer sent no certificate")
+				}
+				opts := x509.VerifyOptions{Roots: pool(), DNSName: host, Intermediates: x509.NewCertPool()}
+				for _, c := range cs.PeerCertificates[1:] {
+					opts.Intermediates.AddCert(c)
+				}
+				_, err := cs.PeerCertificates[0].Verify(opts)
+				return err
+			},
+		}
+		return (&tls.Dialer{Config: cfg}).DialContext(ctx, network, addr)
+	}
+	return t
 }
