@@ -148,6 +148,42 @@ func TestLoadgenXDS(t *testing.T) {
 	}
 }
 
+// TestLoadgenXDSWithdrawals runs `muster loadgen xds --withdrawals` at
+// small scale against a real `muster dev`: 20 ADS streams per protocol
+// over 2 connections, 12 routable instances, 3 hard failures reported by
+// a prober; every withdrawal must reach every stream (loadgen fails
+// otherwise) and the figures must be printed, deliveries adding up to
+// streams x withdrawals.
+func TestLoadgenXDSWithdrawals(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs muster dev and 40 xDS streams for about 20 s")
+	}
+	t.Parallel()
+	dir := devDir(t)
+	xaddr := freeAddr(t)
+	d := startDev(t, dir, "--xds-addr", xaddr)
+	for _, proto := range [][]string{nil, {"--delta"}} {
+		var out, errb bytes.Buffer
+		args := append([]string{"loadgen", "xds", "--withdrawals", "--url", d.url, "--xds", xaddr, "--data", dir,
+			"--clients", "20", "--conns", "2", "--instances", "12", "--changes", "3", "--interval", "100ms"}, proto...)
+		if err := run(context.Background(), args, &out, &errb); err != nil {
+			t.Fatalf("%v: %v\n%s%s", args, err, out.String(), errb.String())
+		}
+		t.Logf("loadgen xds --withdrawals %v:\n%s", proto, out.String())
+		for _, want := range []string{
+			"20 ", "with 12 routable instances", "withdrawal  3:",
+			"withdrawal time to all 20 streams, from the report's 200 (3 withdrawals): p50",
+			"withdrawal time to the first stream: p50",
+			"every delivery (60 of 20 streams x 3 withdrawals): p50",
+			"muster CPU per withdrawal: ",
+		} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("output lacks %q", want)
+			}
+		}
+	}
+}
+
 // TestLoadgenWatchReplicas runs `muster loadgen watch --replicas` at small
 // scale against a real `muster dev`, given twice in --replicas: a second
 // replica that serves every view and takes every report is not wired yet

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -34,14 +36,16 @@ const lgXDSPrefix = "lgxds-"
 // with --delta) subscribed to one service's assignment, makes --changes
 // changes to it (a new instance each, --interval apart) and prints, per
 // change, how long from the API call until every stream had the new view
-// version, then p50/p99 over the changes and over every delivery.
+// version, then p50/p99 over the changes and over every delivery. With
+// --withdrawals it times hard failures instead (loadgenXDSWithdrawals).
 func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		base, xdsAddr, dir string
 		clients, changes   int
 		conns              int
 		interval, timeout  time.Duration
-		delta              bool
+		delta, withdrawals bool
+		instances          int
 	)
 	fs := cli.NewFlags("loadgen xds", stderr)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "muster dev's API")
@@ -53,6 +57,8 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&interval, "interval", 2*time.Second, "time between changes")
 	fs.DurationVar(&timeout, "timeout", 30*time.Second, "give up on a change (or the connect) after this long")
 	fs.BoolVar(&delta, "delta", false, "delta xDS (DeltaAggregatedResources) instead of state of the world")
+	fs.BoolVar(&withdrawals, "withdrawals", false, "time withdrawals (hard failures of routable instances, reported by a prober) instead of additions")
+	fs.IntVar(&instances, "instances", 60, "with --withdrawals: the service's instances (--changes may withdraw at most a third)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -61,6 +67,10 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return cli.ErrUsage
 	}
 	base = strings.TrimRight(base, "/")
+	if withdrawals {
+		return loadgenXDSWithdrawals(ctx, lgXDSOptions{base: base, xdsAddr: xdsAddr, dir: dir, clients: clients, conns: conns,
+			changes: changes, instances: instances, interval: interval, timeout: timeout, delta: delta}, stdout, stderr)
+	}
 	// A service of its own per run, its instances numbered from first.
 	first := int(time.Now().Unix() % 100000)
 	lgXDSService := lgXDSPrefix + strconv.Itoa(first)
@@ -117,26 +127,13 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		defer cc[i].Close()
 	}
-	streams := make([]*lgXDSStream, clients)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	refused := 0
 	start := time.Now()
-	for i := range streams {
-		streams[i] = &lgXDSStream{delta: delta, service: lgXDSService}
-		for {
-			err := streams[i].open(ctx, discovery.NewAggregatedDiscoveryServiceClient(cc[i%conns]))
-			if err == nil {
-				break
-			}
-			if status.Code(err) != codes.ResourceExhausted || time.Since(start) > timeout {
-				return fmt.Errorf("open stream %d: %w (for 1,000 streams, run muster dev with MUSTER_ADMISSION_FLOOR=100000)", i, err)
-			}
-			refused++
-			time.Sleep(100 * time.Millisecond) // admission's retry: paced, bounded by --timeout
-		}
-		wg.Go(func() { streams[i].run(ctx) })
+	streams, refused, err := openXDSStreams(ctx, &wg, cc, clients, delta, lgXDSService, timeout)
+	if err != nil {
+		return err
 	}
 	if err := waitAll(ctx, streams, address(first), start, timeout); err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -191,6 +188,31 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
+// openXDSStreams opens n streams over cc (round-robin), each receiving in
+// a goroutine of wg until ctx ends, retrying admission refusals (paced)
+// for up to timeout. It returns the streams and the refusals met.
+func openXDSStreams(ctx context.Context, wg *sync.WaitGroup, cc []*grpc.ClientConn, n int, delta bool, service string, timeout time.Duration) ([]*lgXDSStream, int, error) {
+	streams := make([]*lgXDSStream, n)
+	refused := 0
+	start := time.Now()
+	for i := range streams {
+		streams[i] = &lgXDSStream{delta: delta, service: service}
+		for {
+			err := streams[i].open(ctx, discovery.NewAggregatedDiscoveryServiceClient(cc[i%len(cc)]))
+			if err == nil {
+				break
+			}
+			if status.Code(err) != codes.ResourceExhausted || time.Since(start) > timeout {
+				return nil, refused, fmt.Errorf("open stream %d: %w (for 1,000 streams, run muster dev with MUSTER_ADMISSION_FLOOR=100000)", i, err)
+			}
+			refused++
+			time.Sleep(100 * time.Millisecond) // admission's retry: paced, bounded by --timeout
+		}
+		wg.Go(func() { streams[i].run(ctx) })
+	}
+	return streams, refused, nil
+}
+
 // waitAll waits until every stream has seen addr.
 func waitAll(ctx context.Context, streams []*lgXDSStream, addr string, t0 time.Time, timeout time.Duration) error {
 	deadline := t0.Add(timeout)
@@ -235,7 +257,12 @@ type lgXDSStream struct {
 	dlt     grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]
 
 	mu   sync.Mutex
-	seen map[string]time.Time
+	seen map[string]time.Time // address -> first assignment listing it
+	// cur is the endpoints (address:port) of the latest assignment and
+	// their health, and lost when each endpoint of an earlier one went
+	// missing from it (cleared if it comes back): for --withdrawals.
+	cur  map[string]core.HealthStatus
+	lost map[string]time.Time
 	err  error
 }
 
@@ -295,16 +322,47 @@ func (s *lgXDSStream) note(a *anypb.Any, at time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.seen == nil {
-		s.seen = map[string]time.Time{}
+		s.seen, s.lost = map[string]time.Time{}, map[string]time.Time{}
 	}
+	cur := map[string]core.HealthStatus{}
 	for _, loc := range cla.GetEndpoints() {
 		for _, e := range loc.GetLbEndpoints() {
-			addr := e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+			addr := sa.GetAddress()
 			if _, ok := s.seen[addr]; !ok {
 				s.seen[addr] = at
 			}
+			ep := net.JoinHostPort(addr, strconv.Itoa(int(sa.GetPortValue())))
+			cur[ep] = e.GetHealthStatus()
+			delete(s.lost, ep)
 		}
 	}
+	for ep := range s.cur {
+		if _, ok := cur[ep]; !ok {
+			s.lost[ep] = at
+		}
+	}
+	s.cur = cur
+}
+
+// healthy says whether the stream's latest assignment lists endpoint ep
+// (address:port) as HEALTHY (eligible; not merely health-unknown, which
+// is routable too but which a hard failure alone does not withdraw).
+func (s *lgXDSStream) healthy(ep string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur[ep] == core.HealthStatus_HEALTHY
+}
+
+// withdrawn is when endpoint ep left the stream's latest assignment (zero:
+// it is still there, or never was).
+func (s *lgXDSStream) withdrawn(ep string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.cur[ep]; ok {
+		return time.Time{}
+	}
+	return s.lost[ep]
 }
 
 func (s *lgXDSStream) run(ctx context.Context) {
