@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/resolver"
 )
@@ -35,33 +32,12 @@ import (
 // peer_stale alarm), and the client still routes on it.
 func TestCrossRegionResolution(t *testing.T) {
 	realTime(t, "two regions, one stopped")
-	dirA, dirB := devDir(t), devDir(t)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = db.StopDir(ctx, dirA)
-		_ = db.StopDir(ctx, dirB)
-	})
+	dirs := regionDirs(t, 2)
+	dirA, dirB := dirs[0], dirs[1]
+	p := newProcs(t)
+	start, stop := p.start, p.stop
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	urlA, urlB := "http://"+addrA, "http://"+addrB
-	var running []*exec.Cmd
-	stop := func(c *exec.Cmd) {
-		t.Helper()
-		_ = c.Process.Signal(os.Interrupt)
-		_ = c.Wait()
-		running = slices.DeleteFunc(running, func(x *exec.Cmd) bool { return x == c })
-	}
-	t.Cleanup(func() {
-		for _, c := range slices.Clone(running) {
-			stop(c)
-		}
-	})
-	start := func(dir, addr string, env ...string) *exec.Cmd {
-		t.Helper()
-		c := startProcess(t, dir, addr, env...)
-		running = append(running, c)
-		return c
-	}
 	must := func(code int, body []byte, want int, what string) {
 		t.Helper()
 		if code != want {

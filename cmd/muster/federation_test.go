@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/federation"
@@ -38,34 +35,13 @@ import (
 // added. b's audit log shows nothing done by a's token.
 func TestTwoRegionsFollowAndHeal(t *testing.T) {
 	realTime(t, "two regions, one stopped, changed and restarted")
-	dirA, dirB := devDir(t), devDir(t)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = db.StopDir(ctx, dirA)
-		_ = db.StopDir(ctx, dirB)
-	})
+	dirs := regionDirs(t, 2)
+	dirA, dirB := dirs[0], dirs[1]
+	p := newProcs(t)
+	start, stop := p.start, p.stop
 	addrA, addrB, addrB2 := freeAddr(t), freeAddr(t), freeAddr(t)
 	urlA, urlB, urlB2 := "http://"+addrA, "http://"+addrB, "http://"+addrB2
 	envB := []string{"MUSTER_REGION=b", "MUSTER_LEASE_TTL=10m", "MUSTER_XDS_ADDR=", "MUSTER_DNS_ADDR="}
-	var running []*exec.Cmd
-	stop := func(c *exec.Cmd) {
-		t.Helper()
-		_ = c.Process.Signal(os.Interrupt)
-		_ = c.Wait()
-		running = slices.DeleteFunc(running, func(x *exec.Cmd) bool { return x == c })
-	}
-	t.Cleanup(func() {
-		for _, c := range slices.Clone(running) {
-			stop(c)
-		}
-	})
-	start := func(dir, addr string, env ...string) *exec.Cmd {
-		t.Helper()
-		c := startProcess(t, dir, addr, env...)
-		running = append(running, c)
-		return c
-	}
 
 	// Region b: billing with two instances.
 	b := start(dirB, addrB, envB...)
