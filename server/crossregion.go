@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/musterhq/muster/internal/federation"
 	"github.com/musterhq/muster/internal/identity"
@@ -63,12 +64,11 @@ func parseRegions(values []string) ([]string, *Problem) {
 }
 
 // remoteView is the aggregate's view of service from region, when held.
-func (s *Server) remoteView(region, service string) (federation.RemoteView, float64, bool) {
+func (s *Server) remoteView(region, service string) (federation.RemoteView, time.Duration, bool) {
 	if s.cfg.Regions == nil {
 		return federation.RemoteView{}, 0, false
 	}
-	v, age, ok := s.cfg.Regions.View(region, service)
-	return v, age.Seconds(), ok
+	return s.cfg.Regions.View(region, service)
 }
 
 // authoriseSeries resolves and authorises what a watch names: each local
@@ -152,12 +152,11 @@ func (s *Server) authoriseSeries(w http.ResponseWriter, r *http.Request, names, 
 // endpoint and its age now. Age is also in the Age header (whole
 // seconds, rounded up) and the region in Muster-Region.
 func (s *Server) resolveRemote(w http.ResponseWriter, r *http.Request, region, service string) {
-	v, _, ok := s.remoteView(region, service)
+	v, age, ok := s.remoteView(region, service)
 	if !ok {
 		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "no view of "+service+" from region "+region+" is held here"))
 		return
 	}
-	_, age, _ := s.cfg.Regions.View(region, service)
 	b := federation.Encode(v, age)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")

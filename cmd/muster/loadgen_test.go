@@ -156,7 +156,7 @@ func TestLoadgenXDS(t *testing.T) {
 // streams x withdrawals.
 func TestLoadgenXDSWithdrawals(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs muster dev and 40 xDS streams for about 20 s")
+		t.Skip("runs muster dev and 40 xDS streams for about 10 s")
 	}
 	t.Parallel()
 	dir := devDir(t)

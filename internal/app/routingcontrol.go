@@ -75,46 +75,69 @@ func (a *App) actOnRoutingControl(region string) {
 		return
 	}
 	a.RoutingControls.OnChange(func(ch routingcontrol.Change) {
-		if ch.Region != region {
-			return
-		}
-		if _, ok := a.Ownership.Owns(RoutingControlOwnershipKey(region)); !ok {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		switch ch.To {
-		case routingcontrol.Off:
-			yes := true
-			sh, err := a.Shifts.Drain(ctx, routingControlActor, shift.Request{
-				Scope: shift.ScopeRegion, Target: region, Manual: &yes,
-				Reason: fmt.Sprintf("the routing control turned region %s off (revision %s)", region, ch.Revision),
-			})
-			if re := (*refusal.Error)(nil); errors.As(err, &re) && re.Check == "conflict" {
-				// A drain of the region is active: one whose traffic is
-				// returning goes back to 0 at once.
-				a.redrainReturning(ctx, region, ch.Revision)
-				return
-			}
-			if err != nil {
-				a.log.Warn("the routing control turned this region off, but it is not drained", "err", err)
-				return
-			}
-			a.log.Info("the routing control turned this region off: region drained", "shift", sh.ID)
-		case routingcontrol.On:
-			all, err := a.Shifts.List(ctx, routingControlActor, shift.Filter{Limit: 100})
-			if err != nil {
-				a.log.Warn("the routing control turned this region on; its drain could not be read", "err", err)
-				return
-			}
-			for _, sh := range all {
-				if sh.Scope == shift.ScopeRegion && sh.Target == region && sh.StartedBy == routingControlActor.String() &&
-					(sh.State == shift.Draining || sh.State == shift.Returning) {
-					a.stepBackWhileOn(ctx, region, sh.ID)
-				}
-			}
+		if ch.Region == region {
+			a.actOnControl(region, ch.To, ch.Revision)
 		}
 	})
+}
+
+// routingControlRetry is how soon an action the routing control asked for
+// is tried again when it could not be taken (PostgreSQL away), while the
+// control still says so.
+const routingControlRetry = 5 * time.Second
+
+// actOnControl drains the region (Off) or starts its return (On), as the
+// owner of its key; an attempt that fails for want of the database is
+// tried again while the control still says the same.
+func (a *App) actOnControl(region string, to routingcontrol.State, revision string) {
+	if _, ok := a.Ownership.Owns(RoutingControlOwnershipKey(region)); !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	retry := func(err error) {
+		if re := (*refusal.Error)(nil); errors.As(err, &re) {
+			return // refused, with its reason audited: not the database
+		}
+		time.AfterFunc(routingControlRetry, func() {
+			if on := a.RoutingControls.On(region); on == (to == routingcontrol.On) {
+				a.actOnControl(region, to, revision)
+			}
+		})
+	}
+	switch to {
+	case routingcontrol.Off:
+		yes := true
+		sh, err := a.Shifts.Drain(ctx, routingControlActor, shift.Request{
+			Scope: shift.ScopeRegion, Target: region, Manual: &yes,
+			Reason: fmt.Sprintf("the routing control turned region %s off (revision %s)", region, revision),
+		})
+		if re := (*refusal.Error)(nil); errors.As(err, &re) && re.Check == "conflict" {
+			// A drain of the region is active: one whose traffic is
+			// returning goes back to 0 at once.
+			a.redrainReturning(ctx, region, revision)
+			return
+		}
+		if err != nil {
+			a.log.Warn("the routing control turned this region off, but it is not drained", "err", err)
+			retry(err)
+			return
+		}
+		a.log.Info("the routing control turned this region off: region drained", "shift", sh.ID)
+	case routingcontrol.On:
+		all, err := a.Shifts.List(ctx, routingControlActor, shift.Filter{Limit: 100})
+		if err != nil {
+			a.log.Warn("the routing control turned this region on; its drain could not be read", "err", err)
+			retry(err)
+			return
+		}
+		for _, sh := range all {
+			if sh.Scope == shift.ScopeRegion && sh.Target == region && sh.StartedBy == routingControlActor.String() &&
+				(sh.State == shift.Draining || sh.State == shift.Returning) {
+				a.stepBackWhileOn(ctx, region, sh.ID)
+			}
+		}
+	}
 }
 
 // redrainReturning drains again the region shift of region whose traffic
@@ -163,8 +186,12 @@ func (a *App) stepBackWhileOn(ctx context.Context, region string, id uuid.UUID) 
 		a.log.Info("the routing control says this region is on: the return waits for an operator's confirmation", "shift", id, "state", sh.State, "weight", sh.TrafficWeight)
 	case errors.As(err, &re) && errors.Is(err, shift.ErrDwell) && re.RetryAfter > 0:
 		later(re.RetryAfter)
+	case errors.As(err, &re):
+		a.log.Warn("the routing control says this region is on; the step back is refused", "shift", id, "err", err)
 	default:
-		a.log.Warn("the routing control says this region is on; the step back is not taken", "shift", id, "err", err)
+		// PostgreSQL away: tried again while the control says On.
+		a.log.Warn("the routing control says this region is on; the step back is not taken yet", "shift", id, "err", err)
+		later(routingControlRetry)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -223,6 +224,10 @@ type Follower struct {
 	connectedAt time.Time
 	pending     []pendingRow // reconciliation rows not yet written
 
+	// grantsBusy: a pass reading the peer's grants is running (grantsWG).
+	grantsBusy atomic.Bool
+	grantsWG   sync.WaitGroup
+
 	mu        sync.Mutex
 	lastToken string // to keep it out of errors
 }
@@ -238,6 +243,7 @@ func (f *Follower) Stop() { f.runner.Stop() }
 
 func (f *Follower) run(ctx context.Context) {
 	defer f.closeClient()
+	defer f.grantsWG.Wait() // a grants pass in flight ends with ctx
 	// Views kept from an earlier run are served (stale-but-served) until
 	// the peer answers; the first sync then replaces them, audited.
 	if names := f.cachedServices(); len(names) > 0 {
@@ -438,7 +444,14 @@ func (f *Follower) discover(ctx context.Context) {
 	if !slices.Equal(names, f.services) {
 		f.follow(ctx, names)
 	}
-	f.readGrants(ctx, names)
+	// The grants are read beside the loop, one pass at a time: a request
+	// per service must not hold back taking the peer's views.
+	if f.grantsBusy.CompareAndSwap(false, true) {
+		f.grantsWG.Go(func() {
+			defer f.grantsBusy.Store(false)
+			f.readGrants(ctx, names)
+		})
+	}
 }
 
 // readGrants reads the peer's grants of each of its services: who the
@@ -446,8 +459,8 @@ func (f *Follower) discover(ctx context.Context) {
 // grant that cannot be read keeps the callers last read (fail static: a
 // peer whose database is away revokes nothing by it).
 func (f *Follower) readGrants(ctx context.Context, names []string) {
-	// One pass is bounded as one request is: a slow peer delays the
-	// follower's tick by at most that.
+	// One pass is bounded as one request is, so a slow peer's grants are
+	// read again at a later discovery.
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.HTTPTimeout)
 	defer cancel()
 	got := make(map[string][]string, len(names))

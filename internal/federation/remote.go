@@ -74,20 +74,6 @@ func (a *Aggregate) Granted(regionName, service, caller string) bool {
 	return r != nil && slices.Contains(r.grants[service], caller)
 }
 
-// Holding lists the peer regions, in configuration order, that the
-// aggregate holds a view of service from.
-func (a *Aggregate) Holding(service string) []string {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	var out []string
-	for _, name := range a.order {
-		if _, ok := a.regions[name].views[service]; ok {
-			out = append(out, name)
-		}
-	}
-	return out
-}
-
 // Peers lists the peer regions' names, in configuration order.
 func (a *Aggregate) Peers() []string {
 	a.mu.RLock()

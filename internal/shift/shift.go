@@ -996,12 +996,13 @@ func (s *Service) StepBack(ctx context.Context, actor identity.Principal, id uui
 	})
 }
 
-// Redrain sets a shift whose traffic is returning back to traffic weight
-// 0 (draining, step 0): its target failed again during the return (the
-// routing control turned the region off again). Draining is the emergency
-// move and waits for nothing: no dwell. A region's shift takes the admin
-// role, as its drain did. The steps back start over, each after its
-// dwell.
+// Redrain sets a region shift whose traffic is returning back to traffic
+// weight 0 (draining, step 0): the region failed again during the return
+// (the routing control turned it off again). Draining is the emergency
+// move and waits for nothing: no dwell. It takes the admin role and a
+// region to fall back to, as the drain did. The steps back start over,
+// each after its dwell. A zone shift is refused: draining it again skips
+// the budget, so it takes a new drain.
 func (s *Service) Redrain(ctx context.Context, actor identity.Principal, id uuid.UUID, reason string) (Shift, error) {
 	kind, target := s.target(ctx, id)
 	reason = strings.TrimSpace(reason)
@@ -1013,7 +1014,13 @@ func (s *Service) Redrain(ctx context.Context, actor identity.Principal, id uuid
 		if serr != nil && !errors.Is(serr, ErrDwell) {
 			return db.Shift{}, audit.Entry{}, serr, nil
 		}
-		if row.Scope == ScopeRegion && !actor.IsAdmin() {
+		// A zone drained again would skip the budget its drain was checked
+		// against; a region drain has none (its traffic leaves the region).
+		if row.Scope != ScopeRegion {
+			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrConflict, Check: "state",
+				Detail: fmt.Sprintf("shift %s drains zone %s: a zone is drained again with a new drain, budget-checked (step this one back or confirm it first)", id, row.Target)}, nil
+		}
+		if !actor.IsAdmin() {
 			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
 				Detail: fmt.Sprintf("draining the whole region %s takes the admin role; %s is not an admin", row.Target, actor)}, nil
 		}

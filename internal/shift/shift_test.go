@@ -291,6 +291,19 @@ func TestRedrainDuringTheReturn(t *testing.T) {
 	if got, err := s.StepBack(ctx, admin, sh.ID); err != nil || got.TrafficWeight != 0.10 {
 		t.Fatalf("the return, starting over: %+v, %v", got, err)
 	}
+	// A zone drain is never drained again this way: that would skip the
+	// budget its drain was checked against.
+	az, err := s.Drain(ctx, operator, shift.Request{Scope: "zone", Target: "az1", Reason: "az1 is losing packets", Manual: &no})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Minute)
+	if _, err := s.StepBack(ctx, operator, az.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Redrain(ctx, admin, az.ID, "again"); err == nil {
+		t.Fatal("a zone drain drained again without its budget")
+	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM audit_events WHERE action = 'shift.redrain' AND outcome = 'accepted'`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("shift.redrain audit rows: %d, %v", n, err)
