@@ -40,7 +40,7 @@ const loadgenUsage = `usage:
   muster loadgen tgsync  --url URL [--data DIR] [--instances 60] [--withdrawals 100] [--endpoints 100] [--changes 1000] [--elbv2-only]
   muster loadgen dns     [--addr HOST:PORT [--names N,...]] [--services 450] [--endpoints 130] [--changes 40] [--clients 8] [--duration 10s]
   muster loadgen xds     --url URL --xds ADDR [--data DIR] [--clients 1000] [--changes 20] [--interval 2s] [--delta]
-  muster loadgen xds     --withdrawals --url URL --xds ADDR [--data DIR] [--instances 60] [--clients 1000] [--changes 20] [--delta]
+  muster loadgen xds     --withdrawals --url URL --xds ADDR [--data DIR] [--instances 60] [--clients 1000] [--changes 20] [--delta] [--decode wire|proto] [--cpuprofile FILE]
   muster loadgen regions --a URL --a-data DIR --b URL --b-data DIR [--subscribers 100] [--instances 20] [--withdrawals 5]`
 
 // loadgenOwner owns every service loadgen creates, so its data is easy to

@@ -46,6 +46,7 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		interval, timeout  time.Duration
 		delta, withdrawals bool
 		instances          int
+		cpuProfile, decode string
 	)
 	fs := cli.NewFlags("loadgen xds", stderr)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "muster dev's API")
@@ -59,8 +60,14 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.BoolVar(&delta, "delta", false, "delta xDS (DeltaAggregatedResources) instead of state of the world")
 	fs.BoolVar(&withdrawals, "withdrawals", false, "time withdrawals (hard failures of routable instances, reported by a prober) instead of additions")
 	fs.IntVar(&instances, "instances", 60, "with --withdrawals: the service's instances (--changes may withdraw at most a third)")
+	fs.StringVar(&decode, "decode", "wire", "how each stream decodes an assignment: wire (walks its encoding for every endpoint's address, port and health) or proto (protobuf-go's Unmarshal, which allocates every nested message)")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "with --withdrawals: write a CPU profile of this client over the withdrawals to this file")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	if decode != "wire" && decode != "proto" {
+		fmt.Fprintf(stderr, "muster loadgen xds: --decode %q: wire or proto\n", decode)
+		return cli.ErrUsage
 	}
 	if clients < 1 || conns < 1 || changes < 1 || interval <= 0 || timeout <= 0 {
 		fmt.Fprintln(stderr, "muster loadgen xds: --clients, --conns, --changes, --interval and --timeout must be positive")
@@ -69,7 +76,7 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	base = strings.TrimRight(base, "/")
 	if withdrawals {
 		return loadgenXDSWithdrawals(ctx, lgXDSOptions{base: base, xdsAddr: xdsAddr, dir: dir, clients: clients, conns: conns,
-			changes: changes, instances: instances, interval: interval, timeout: timeout, delta: delta}, stdout, stderr)
+			changes: changes, instances: instances, interval: interval, timeout: timeout, delta: delta, cpuProfile: cpuProfile, fullDecode: decode == "proto"}, stdout, stderr)
 	}
 	// A service of its own per run, its instances numbered from first.
 	first := int(time.Now().Unix() % 100000)
@@ -131,7 +138,7 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer wg.Wait()
 	defer cancel()
 	start := time.Now()
-	streams, refused, err := openXDSStreams(ctx, &wg, cc, clients, delta, lgXDSService, timeout)
+	streams, refused, err := openXDSStreams(ctx, &wg, cc, clients, delta, lgXDSService, timeout, func(s *lgXDSStream) { s.fullDecode = decode == "proto" })
 	if err != nil {
 		return err
 	}
@@ -191,12 +198,15 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // openXDSStreams opens n streams over cc (round-robin), each receiving in
 // a goroutine of wg until ctx ends, retrying admission refusals (paced)
 // for up to timeout. It returns the streams and the refusals met.
-func openXDSStreams(ctx context.Context, wg *sync.WaitGroup, cc []*grpc.ClientConn, n int, delta bool, service string, timeout time.Duration) ([]*lgXDSStream, int, error) {
+func openXDSStreams(ctx context.Context, wg *sync.WaitGroup, cc []*grpc.ClientConn, n int, delta bool, service string, timeout time.Duration, configure func(*lgXDSStream)) ([]*lgXDSStream, int, error) {
 	streams := make([]*lgXDSStream, n)
 	refused := 0
 	start := time.Now()
 	for i := range streams {
 		streams[i] = &lgXDSStream{delta: delta, service: service}
+		if configure != nil {
+			configure(streams[i])
+		}
 		for {
 			err := streams[i].open(ctx, discovery.NewAggregatedDiscoveryServiceClient(cc[i%len(cc)]))
 			if err == nil {
@@ -255,15 +265,59 @@ type lgXDSStream struct {
 	service string
 	sotw    grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse]
 	dlt     grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]
+	// watch, when set (--withdrawals), is told when an endpoint leaves
+	// this stream's assignment.
+	watch *lgWithdrawalWatch
+	// fullDecode: decode assignments with protobuf-go's Unmarshal
+	// (--decode proto) rather than by walking their encoding.
+	fullDecode bool
 
 	mu   sync.Mutex
 	seen map[string]time.Time // address -> first assignment listing it
-	// cur is the endpoints (address:port) of the latest assignment and
-	// their health, and lost when each endpoint of an earlier one went
-	// missing from it (cleared if it comes back): for --withdrawals.
-	cur  map[string]core.HealthStatus
-	lost map[string]time.Time
-	err  error
+	// cur is the endpoints of the latest assignment and their health
+	// (spare is the map the next one is decoded into), and lost when
+	// each endpoint of an earlier one went missing from it (cleared if
+	// it comes back): for --withdrawals.
+	cur, spare map[lgEndpoint]core.HealthStatus
+	lost       map[lgEndpoint]time.Time
+	err        error
+}
+
+// lgEndpoint is an endpoint's address and port.
+type lgEndpoint struct {
+	addr string
+	port uint32
+}
+
+func (e lgEndpoint) String() string { return net.JoinHostPort(e.addr, strconv.Itoa(int(e.port))) }
+
+// lgWithdrawalWatch counts the streams whose assignment still lists the
+// endpoint being withdrawn; done is closed when none does.
+type lgWithdrawalWatch struct {
+	mu        sync.Mutex
+	ep        lgEndpoint
+	remaining int
+	done      chan struct{}
+}
+
+// expect starts counting ep's withdrawal from n streams.
+func (w *lgWithdrawalWatch) expect(ep lgEndpoint, n int) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ep, w.remaining, w.done = ep, n, make(chan struct{})
+	return w.done
+}
+
+// left notes that ep left one stream's assignment.
+func (w *lgWithdrawalWatch) left(ep lgEndpoint) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ep != w.ep || w.remaining == 0 {
+		return
+	}
+	if w.remaining--; w.remaining == 0 {
+		close(w.done)
+	}
 }
 
 // open opens the stream and subscribes to the service's assignment; it
@@ -315,40 +369,60 @@ func (s *lgXDSStream) recv() error {
 }
 
 func (s *lgXDSStream) note(a *anypb.Any, at time.Time) {
-	var cla endpoint.ClusterLoadAssignment
-	if a.UnmarshalTo(&cla) != nil {
-		return
-	}
+	var left []lgEndpoint
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.seen == nil {
-		s.seen, s.lost = map[string]time.Time{}, map[string]time.Time{}
+		s.seen, s.lost = map[string]time.Time{}, map[lgEndpoint]time.Time{}
+		s.cur, s.spare = map[lgEndpoint]core.HealthStatus{}, map[lgEndpoint]core.HealthStatus{}
 	}
-	cur := map[string]core.HealthStatus{}
-	for _, loc := range cla.GetEndpoints() {
-		for _, e := range loc.GetLbEndpoints() {
-			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
-			addr := sa.GetAddress()
-			if _, ok := s.seen[addr]; !ok {
-				s.seen[addr] = at
+	cur := s.spare
+	clear(cur)
+	add := func(ep lgEndpoint, health core.HealthStatus) {
+		if s.watch == nil { // additions: when each address first arrived
+			if _, ok := s.seen[ep.addr]; !ok {
+				s.seen[ep.addr] = at
 			}
-			ep := net.JoinHostPort(addr, strconv.Itoa(int(sa.GetPortValue())))
-			cur[ep] = e.GetHealthStatus()
+		}
+		cur[ep] = health
+		if len(s.lost) > 0 {
 			delete(s.lost, ep)
 		}
+	}
+	if s.fullDecode {
+		var cla endpoint.ClusterLoadAssignment
+		if a.UnmarshalTo(&cla) != nil {
+			s.mu.Unlock()
+			return
+		}
+		for _, loc := range cla.GetEndpoints() {
+			for _, e := range loc.GetLbEndpoints() {
+				sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+				add(lgEndpoint{sa.GetAddress(), sa.GetPortValue()}, e.GetHealthStatus())
+			}
+		}
+	} else if decodeAssignmentWire(a.GetValue(), add) != nil {
+		s.mu.Unlock()
+		return
 	}
 	for ep := range s.cur {
 		if _, ok := cur[ep]; !ok {
 			s.lost[ep] = at
+			left = append(left, ep)
 		}
 	}
-	s.cur = cur
+	s.cur, s.spare = cur, s.cur
+	s.mu.Unlock()
+	if s.watch != nil {
+		for _, ep := range left {
+			s.watch.left(ep)
+		}
+	}
 }
 
 // healthy says whether the stream's latest assignment lists endpoint ep
-// (address:port) as HEALTHY (eligible; not merely health-unknown, which
-// is routable too but which a hard failure alone does not withdraw).
-func (s *lgXDSStream) healthy(ep string) bool {
+// as HEALTHY (eligible; not merely health-unknown, which is routable too
+// but which a hard failure alone does not withdraw).
+func (s *lgXDSStream) healthy(ep lgEndpoint) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cur[ep] == core.HealthStatus_HEALTHY
@@ -356,7 +430,7 @@ func (s *lgXDSStream) healthy(ep string) bool {
 
 // withdrawn is when endpoint ep left the stream's latest assignment (zero:
 // it is still there, or never was).
-func (s *lgXDSStream) withdrawn(ep string) time.Time {
+func (s *lgXDSStream) withdrawn(ep lgEndpoint) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.cur[ep]; ok {

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
+	"os"
+	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -30,6 +33,8 @@ type lgXDSOptions struct {
 	instances               int // --withdrawals: instances the service starts with
 	interval, timeout       time.Duration
 	delta                   bool
+	cpuProfile              string // --withdrawals: this client's CPU profile over the withdrawals
+	fullDecode              bool   // --decode proto
 }
 
 // lgXDSKeepAlive is how often the withdrawal run's prober reports a
@@ -57,6 +62,9 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 		fmt.Fprintf(stderr, "muster loadgen xds --withdrawals: --changes %d must be at most a third of --instances %d (the min healthy fraction guard)\n", o.changes, o.instances)
 		return cli.ErrUsage
 	}
+	// The client shares the cores with muster: it trades memory for
+	// fewer collections of the assignments it decodes.
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	n := rand.IntN(100000)
 	svc, proberName := lgXDSPrefix+"w"+strconv.Itoa(n), "loadgen-xds-"+strconv.Itoa(n)
 	iss, err := devissuer.LoadOrCreate(o.dir)
@@ -92,10 +100,10 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 		}
 	}
 	ids := make([]uuid.UUID, o.instances)
-	eps := make([]string, o.instances)
+	eps := make([]lgEndpoint, o.instances)
 	for i := range ids {
 		addr := fmt.Sprintf("10.251.%d.%d", i/250, i%250+1)
-		eps[i] = net.JoinHostPort(addr, "8080")
+		eps[i] = lgEndpoint{addr, 8080}
 		var in struct {
 			ID uuid.UUID `json:"id"`
 		}
@@ -177,7 +185,10 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 		defer cc[i].Close()
 	}
 	start := time.Now()
-	streams, refused, err := openXDSStreams(ctx, &wg, cc, o.clients, o.delta, svc, o.timeout)
+	watch := &lgWithdrawalWatch{}
+	streams, refused, err := openXDSStreams(ctx, &wg, cc, o.clients, o.delta, svc, o.timeout, func(s *lgXDSStream) {
+		s.watch, s.fullDecode = watch, o.fullDecode
+	})
 	if err != nil {
 		return err
 	}
@@ -209,6 +220,18 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 	if err != nil {
 		return err
 	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	clientBefore := clientCPU()
 	began := time.Now()
 	var toAll, toFirst, deliveries []time.Duration
 	early := 0 // deliveries before the report's 200 arrived
@@ -223,6 +246,10 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 		if err != nil {
 			return err
 		}
+		// Every stream tells the watch when the endpoint leaves its
+		// assignment; once none lists it, one pass checks that none has
+		// it back (polling, with the deadline, from then on if one has).
+		done := watch.expect(ep, len(streams))
 		res, err := postReports(ctx, client, o.base, prober, body)
 		if err != nil {
 			return fmt.Errorf("withdrawal %d: %w", k+1, err)
@@ -230,6 +257,12 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 		acked := time.Now()
 		if res.Accepted != 1 {
 			return fmt.Errorf("withdrawal %d: hard failure of %s refused: %+v", k+1, id, res.Refused)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-done:
+		case <-time.After(o.timeout):
 		}
 		if err := pollStreams(ctx, acked.Add(o.timeout), func() (int, error) {
 			missing := 0
@@ -269,6 +302,7 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 		}
 	}
 	elapsed := time.Since(began)
+	clientUsed := clientCPU() - clientBefore
 	after, err := scraper.scrape(ctx)
 	if err != nil {
 		return err
@@ -285,7 +319,18 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 	cpu := time.Duration((after.cpu - before.cpu) / float64(o.changes) * float64(time.Second))
 	fmt.Fprintf(stdout, "muster CPU per withdrawal: %s (process_cpu_seconds_total +%.2f s over %s, %d withdrawals %s apart)\n",
 		cpu.Round(100*time.Microsecond), after.cpu-before.cpu, elapsed.Round(time.Millisecond), o.changes, o.interval)
+	fmt.Fprintf(stdout, "this client's CPU per withdrawal: %s (decoding every stream's assignment; +%.2f s)\n",
+		(clientUsed / time.Duration(o.changes)).Round(100*time.Microsecond), clientUsed.Seconds())
 	return nil
+}
+
+// clientCPU is the CPU time (user and system) this process has used.
+func clientCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // pollStreams calls missing until it returns 0 (nil), an error, or the

@@ -1,7 +1,8 @@
 // Package xds is muster's xDS surface (ADR-10): an aggregated discovery
 // service, state of the world and delta, that Envoy and proxyless gRPC
-// clients follow, built on go-control-plane's server and SnapshotCache
-// (no xDS protocol is written here).
+// clients follow, built on go-control-plane's servers (no xDS protocol is
+// written here) answering from muster's own cache (watchCache), which
+// encodes each resource once and shares it among every stream sent it.
 //
 // # Resources
 //
@@ -37,18 +38,31 @@
 // An assignment's version is its view's version; one that carries peer
 // regions' priorities adds "." and a hash of their (series, version)
 // pairs in priority order (mergeTiers), the same on every replica for
-// the same views and changed by any of them. The delta protocol
-// carries it per resource (go-control-plane names a resource's version by
-// a hash of its bytes; the server replaces that with the view version
-// before sending, and tracks the same versions), so one change sends that
-// service's assignment alone. A state-of-the-world response's version
-// leads with the newest view version it holds, followed by a hash of the
-// (name, version) pairs, since a node's set of services can change
-// without any view changing (a grant). Every version is a function of
+// the same views and changed by any of them. The delta protocol carries
+// it per resource, so one change sends that service's assignment alone;
+// the listener, route and cluster are named by a hash of their bytes. A
+// state-of-the-world response's version names what it holds: the hash
+// of the (name, version) pairs of the resources sent, led, for
+// assignments, by the newest local view version among them; a stream
+// is sent a response only when one of the resources it asks for
+// changed. Every version is a function of
 // the views a node sees, never of the order they arrived in or of the
 // process, so replicas whose hubs hold the same views serve the same
 // versions and bytes, and a client moving between them with the versions
 // it holds is sent nothing again by delta (TestReplicasServeTheSameVersions).
+//
+// # Fan-out
+//
+// A resource is encoded once per version, when it is built, and every
+// stream sent it, whichever principal, gets those bytes: go-control-plane's
+// SnapshotCache would encode it again for each response (and hash it for
+// each delta response). A node's state-of-the-world response to a set of
+// names is assembled once per snapshot and shared; a change answers only
+// the watches that follow one of the names it changed, clusters and
+// assignments before listeners and routes (pushOrder); and the server
+// runs go-control-plane's ordered ADS loop, one channel per stream
+// (TestAChangeIsEncodedOnceAndReachesOnlyItsStreams; docs/measuring.md
+// has the figures).
 //
 // # Who sees what
 //

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/stream"
@@ -246,15 +246,19 @@ func (s *Server) successor(service string, have *serviceResources) (*serviceReso
 		return &sr, nil
 	}
 	sr := &serviceResources{name: service, remote: map[string]*part{}, assignments: map[access]*assignment{}}
-	var err error
-	if sr.listener, sr.route, sr.cluster, err = staticResources(service); err != nil {
+	l, r, c, err := staticResources(service)
+	if err != nil {
 		return nil, err
 	}
 	for _, x := range []struct {
-		r types.Resource
-		v *string
-	}{{sr.listener, &sr.listenerVersion}, {sr.route, &sr.routeVersion}, {sr.cluster, &sr.clusterVersion}} {
-		if *x.v, err = contentVersion(x.r); err != nil {
+		r  proto.Message
+		to **shared
+	}{{l, &sr.listener}, {r, &sr.route}, {c, &sr.cluster}} {
+		v, err := contentVersion(x.r)
+		if err != nil {
+			return nil, err
+		}
+		if *x.to, err = newShared(service, v, x.r, 0); err != nil {
 			return nil, err
 		}
 	}
@@ -338,13 +342,12 @@ func (s *Server) assignmentOf(sr *serviceResources, a access) (*assignment, erro
 		}
 	}
 	cla, version, lead := mergeTiers(sr.name, local, remotes)
-	h, err := contentVersion(cla)
+	sh, err := newShared(sr.name, version, cla, lead)
 	if err != nil {
 		return nil, err
 	}
-	x := &assignment{cla: cla, version: version, lead: lead, hash: h}
+	x := &assignment{cla: cla, version: version, lead: lead, shared: sh}
 	sr.assignments[a] = x
-	s.noteAssignment(h, version)
 	return x, nil
 }
 
@@ -388,9 +391,7 @@ func (s *Server) setSnapshot(n *node) {
 		}
 		list = append(list, nodeService{sr, x})
 	}
-	if err := s.cache.SetSnapshot(context.Background(), n.key, newNodeSnapshot(list)); err != nil {
-		s.log.Error("set xDS snapshot", "node", n.key, "err", err)
-	}
+	s.cache.SetSnapshot(n.key, newNodeSnapshot(list))
 }
 
 // notePublished remembers, for the last 4096 local views built, when
@@ -406,54 +407,6 @@ func (s *Server) notePublished(version uint64, at time.Time) {
 		}
 		s.pubOrder = slices.Delete(s.pubOrder, 0, 1024)
 	}
-}
-
-// noteAssignment remembers, for the last 4096 assignments built, which
-// version an assignment's bytes belong to: go-control-plane's delta
-// responses name a resource's version by a hash of its bytes, and muster
-// sends its own version instead (deltaVersions).
-func (s *Server) noteAssignment(hash, version string) {
-	s.pubMu.Lock()
-	defer s.pubMu.Unlock()
-	s.claVersions[hash] = version
-	s.claOrder = append(s.claOrder, claNote{hash, version})
-	if len(s.claOrder) > 4096 {
-		for _, p := range s.claOrder[:1024] {
-			if s.claVersions[p.hash] == p.version {
-				delete(s.claVersions, p.hash)
-			}
-		}
-		s.claOrder = slices.Delete(s.claOrder, 0, 1024)
-	}
-}
-
-type claNote struct {
-	hash, version string
-}
-
-// claVersion is muster's version of service's assignment whose bytes
-// hash to h: that of one held for the service when it is those bytes,
-// else that of one of the last 4096 built. The held ones come first
-// because the remembered hashes are this process's history: a service
-// whose views have not changed while 4096 others were built would
-// otherwise be sent under its hash on this replica and under its version
-// on one that built it later (issue 27: every replica names a resource
-// alike).
-func (s *Server) claVersion(service, h string) (string, bool) {
-	s.mu.Lock()
-	if sr := s.services[service]; sr != nil {
-		for _, x := range sr.assignments {
-			if x.hash == h {
-				s.mu.Unlock()
-				return x.version, true
-			}
-		}
-	}
-	s.mu.Unlock()
-	s.pubMu.Lock()
-	defer s.pubMu.Unlock()
-	v, ok := s.claVersions[h]
-	return v, ok
 }
 
 // publishedAt returns when the hub received version.

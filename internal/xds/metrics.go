@@ -2,7 +2,6 @@ package xds
 
 import (
 	"fmt"
-	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -14,6 +13,21 @@ type metrics struct {
 	denied           *prometheus.CounterVec
 	admissionRefused prometheus.Counter
 	latency          prometheus.Histogram
+	// pushed are pushes' counters by delta and type URL, looked up once.
+	pushed map[bool]map[string]prometheus.Counter
+}
+
+// push counts a response sent.
+func (m metrics) push(delta bool, typeURL string) {
+	if c := m.pushed[delta][typeURL]; c != nil {
+		c.Inc()
+		return
+	}
+	p := "sotw"
+	if delta {
+		p = "delta"
+	}
+	m.pushes.WithLabelValues(p, typeName(typeURL)).Inc()
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (metrics, error) {
@@ -40,14 +54,19 @@ func newMetrics(reg prometheus.Registerer, s *Server) (metrics, error) {
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
 	}
+	m.pushed = map[bool]map[string]prometheus.Counter{false: {}, true: {}}
+	for _, t := range typeURLs {
+		m.pushed[false][t] = m.pushes.WithLabelValues("sotw", typeName(t))
+		m.pushed[true][t] = m.pushes.WithLabelValues("delta", typeName(t))
+	}
 	if reg == nil {
 		return m, nil
 	}
 	nodes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "muster_xds_nodes", Help: "Principals with at least one open xDS stream (each has a snapshot of its own).",
 	}, func() float64 {
-		s.mu.Lock()
-		defer s.mu.Unlock()
+		s.mu.RLock()
+		defer s.mu.RUnlock()
 		return float64(len(s.nodes))
 	})
 	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.nacks, m.denied, m.admissionRefused, m.latency, nodes} {
@@ -57,12 +76,3 @@ func newMetrics(reg prometheus.Registerer, s *Server) (metrics, error) {
 	}
 	return m, nil
 }
-
-// quietLogger is go-control-plane's logger on slog: its per-watch chatter
-// goes to debug.
-type quietLogger struct{ log *slog.Logger }
-
-func (l quietLogger) Debugf(format string, args ...any) { l.log.Debug(fmt.Sprintf(format, args...)) }
-func (l quietLogger) Infof(format string, args ...any)  { l.log.Debug(fmt.Sprintf(format, args...)) }
-func (l quietLogger) Warnf(format string, args ...any)  { l.log.Warn(fmt.Sprintf(format, args...)) }
-func (l quietLogger) Errorf(format string, args ...any) { l.log.Error(fmt.Sprintf(format, args...)) }

@@ -45,20 +45,16 @@ type serviceResources struct {
 	local   *part  // nil: no local view held
 	// remote are the peer regions' series of the service held, by region
 	// (only regions in Config.Regions).
-	remote   map[string]*part
-	listener types.Resource
-	route    types.Resource
-	cluster  types.Resource
-	// The listener's, route's and cluster's versions: go-control-plane's
-	// hash of their bytes (what delta xDS sends as their version).
-	listenerVersion, routeVersion, clusterVersion string
+	remote map[string]*part
+	// The listener, route configuration and cluster, encoded once for
+	// every node; their version is a hash of their bytes
+	// (contentVersion), as go-control-plane names a resource's.
+	listener, route, cluster *shared
 	// assignments are the assignments built for what nodes see, built
 	// when a node's snapshot first needs one. Server.mu held.
 	assignments map[access]*assignment
 }
 
-// part is one series' share of a service's assignment: the local view's
-// or a peer region's (the remote series SERVICE@REGION).
 type part struct {
 	series  string
 	version uint64
@@ -73,14 +69,10 @@ type assignment struct {
 	// view's version in it (0: none), for push-latency accounting.
 	version string
 	lead    uint64
-	// hash is go-control-plane's hash of its bytes; delta responses carry
-	// version instead (Server.deltaVersions).
-	hash string
+	// shared is it encoded once for every stream sent it.
+	shared *shared
 }
 
-// access is what one node sees of a service: its local view or not, and
-// the peer regions (comma-joined, in Config.Regions order) whose series
-// of it the node may resolve. The zero access sees nothing.
 type access struct {
 	local   bool
 	regions string

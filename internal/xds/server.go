@@ -20,9 +20,9 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/server/config"
+	"github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -187,7 +187,7 @@ func (c *Config) validate() error {
 type Server struct {
 	cfg    Config
 	log    *slog.Logger
-	cache  cachev3.SnapshotCache
+	cache  *watchCache
 	grpc   *grpc.Server
 	ctx    context.Context // the xDS handlers' (Close ends every stream)
 	cancel context.CancelFunc
@@ -198,17 +198,21 @@ type Server struct {
 	// ready: Config.Ready was seen true; snapshots are set from then on.
 	ready atomic.Bool
 
-	mu       sync.Mutex
+	// mu guards what the feeder keeps: it writes under the lock, and
+	// the streams' requests read under a read lock.
+	mu       sync.RWMutex
 	services map[string]*serviceResources
 	nodes    map[string]*node
 	rpcs     map[*rpc]struct{}
-	streams  map[streamKey]*rpc
 
-	pubMu       sync.Mutex
-	published   map[uint64]time.Time
-	pubOrder    []uint64
-	claVersions map[string]string
-	claOrder    []claNote
+	// streamsMu guards streams, which every response and request looks
+	// up: apart from mu, which the feeder holds while it sets snapshots.
+	streamsMu sync.RWMutex
+	streams   map[streamKey]*rpc
+
+	pubMu     sync.Mutex
+	published map[uint64]time.Time
+	pubOrder  []uint64
 }
 
 type streamKey struct {
@@ -228,12 +232,6 @@ type rpc struct {
 	denied map[string]bool   // names already counted as denied
 }
 
-// nodeHash keys the cache by principal: the callbacks replace each
-// request's node with one whose id is the principal's name.
-type nodeHash struct{}
-
-func (nodeHash) ID(n *core.Node) string { return n.GetId() }
-
 // New builds a Server; nothing runs until Start and Serve.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.validate(); err != nil {
@@ -242,21 +240,22 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger.With("component", "xds"),
 		services: map[string]*serviceResources{}, nodes: map[string]*node{},
-		rpcs: map[*rpc]struct{}{}, streams: map[streamKey]*rpc{}, published: map[uint64]time.Time{}, claVersions: map[string]string{},
+		rpcs: map[*rpc]struct{}{}, streams: map[streamKey]*rpc{}, published: map[uint64]time.Time{},
 	}
 	var err error
 	if s.m, err = newMetrics(cfg.Registerer, s); err != nil {
 		return nil, err
 	}
-	// Not in ADS mode: that mode answers only requests naming every
-	// resource a snapshot holds, and a node's snapshot holds what it may
-	// see, not what it asks for.
-	s.cache = cachev3.NewSnapshotCache(false, nodeHash{}, quietLogger{s.log})
+	s.cache = newWatchCache(s.log)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	xs := serverv3.NewServer(s.ctx, s.cache, s.callbacks(),
 		// Route configurations and assignments are asked for by name;
 		// an empty request for them means none, not all.
-		config.DeactivateLegacyWildcardForTypes([]string{resource.RouteType, resource.EndpointType}))
+		config.DeactivateLegacyWildcardForTypes([]string{resource.RouteType, resource.EndpointType}),
+		// One channel per stream, sent to in the order the cache
+		// answers (pushOrder), instead of a reflect.Select over a
+		// channel per type.
+		sotw.WithOrderedADS())
 	opts := []grpc.ServerOption{
 		grpc.StreamInterceptor(s.intercept),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -588,8 +587,7 @@ func (s *Server) callbacks() serverv3.Callbacks {
 				r.sent[resp.GetTypeUrl()] = resp.GetVersionInfo()
 				r.mu.Unlock()
 			}
-			t := typeName(resp.GetTypeUrl())
-			s.m.pushes.WithLabelValues("sotw", t).Inc()
+			s.m.push(false, resp.GetTypeUrl())
 			if resp.GetTypeUrl() == resource.EndpointType {
 				// Timed only when the newest local view changed: a push
 				// a peer region's series (or a grant) caused would be
@@ -601,9 +599,9 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			}
 		},
 		StreamDeltaResponseFunc: func(_ int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
-			s.m.pushes.WithLabelValues("delta", typeName(resp.GetTypeUrl())).Inc()
+			s.m.push(true, resp.GetTypeUrl())
 			if resp.GetTypeUrl() == resource.EndpointType {
-				s.deltaVersions(resp)
+				s.observeDelta(resp)
 			}
 		},
 	}
@@ -614,26 +612,26 @@ func (s *Server) opened(ctx context.Context, k streamKey) error {
 	if !ok {
 		return status.Error(codes.Internal, "xds: stream without an rpc")
 	}
-	s.mu.Lock()
+	s.streamsMu.Lock()
 	s.streams[k] = r
-	s.mu.Unlock()
+	s.streamsMu.Unlock()
 	s.m.streams.WithLabelValues(protocolOf(k)).Inc()
 	return nil
 }
 
 func (s *Server) closed(k streamKey) {
-	s.mu.Lock()
+	s.streamsMu.Lock()
 	_, ok := s.streams[k]
 	delete(s.streams, k)
-	s.mu.Unlock()
+	s.streamsMu.Unlock()
 	if ok {
 		s.m.streams.WithLabelValues(protocolOf(k)).Dec()
 	}
 }
 
 func (s *Server) stream(k streamKey) (*rpc, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.streamsMu.RLock()
+	defer s.streamsMu.RUnlock()
 	r := s.streams[k]
 	if r == nil {
 		return nil, status.Error(codes.Internal, "xds: unknown stream")
@@ -664,7 +662,7 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 	if len(names) == 0 {
 		return
 	}
-	s.mu.Lock()
+	s.mu.RLock()
 	n := s.nodes[r.key]
 	var denied []string
 	for _, name := range names {
@@ -672,7 +670,7 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 			denied = append(denied, name)
 		}
 	}
-	s.mu.Unlock()
+	s.mu.RUnlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, name := range denied {
@@ -684,19 +682,12 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 	}
 }
 
-// deltaVersions gives each assignment of a delta response muster's
-// version (mergeTiers), where go-control-plane put the hash of its bytes
-// (the delta protocol's versions are opaque to the client, which sends
-// them back on reconnecting, where they are compared with the same
-// versions), and records the push latency of those that are a local
-// view's version alone (one with a peer region's part may have changed
-// by that part).
-func (s *Server) deltaVersions(resp *discovery.DeltaDiscoveryResponse) {
+// observeDelta records the push latency of each assignment of a delta
+// response whose version is a local view's alone (one with a peer
+// region's part may have changed by that part).
+func (s *Server) observeDelta(resp *discovery.DeltaDiscoveryResponse) {
 	for _, res := range resp.GetResources() {
-		if v, ok := s.claVersion(res.GetName(), res.GetVersion()); ok {
-			res.Version = v
-			s.observeLatency(v)
-		}
+		s.observeLatency(res.GetVersion())
 	}
 }
 
