@@ -375,20 +375,39 @@ func (s *Server) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 		return s.refuseAdmission(ss, retry)
 	}
 	done := s.cfg.Hub.CountSubscriber()
-	defer done()
 	ctx, end := context.WithCancelCause(ss.Context())
-	defer end(nil)
 	r := &rpc{principal: p, key: p.String(), end: end, sent: map[string]string{}, denied: map[string]bool{}}
 	r.node = &core.Node{Id: r.key}
 	s.register(r)
-	defer s.unregister(r)
+	var expiry *time.Timer
 	if !p.Expiry.IsZero() {
-		t := time.AfterFunc(time.Until(p.Expiry), func() {
+		expiry = time.AfterFunc(time.Until(p.Expiry), func() {
 			end(status.Error(codes.Unauthenticated, "the token this stream was opened with has expired; reconnect with a fresh one"))
 		})
-		defer t.Stop()
 	}
-	err = handler(srv, &stoppable{ServerStream: ss, ctx: context.WithValue(ctx, rpcKey{}, r)})
+	// The handler runs beside, so that the stream can end when its
+	// authority does (token expiry, drain) although the handler is
+	// blocked receiving: this returns, gRPC ends the RPC, and the
+	// receive fails. From then on the stream sends nothing (stoppable).
+	// What the stream holds is released when the handler has returned.
+	st := &stoppable{ServerStream: ss, ctx: context.WithValue(ctx, rpcKey{}, r)}
+	handled := make(chan error, 1)
+	go func() {
+		err := handler(srv, st)
+		if expiry != nil {
+			expiry.Stop()
+		}
+		s.unregister(r)
+		done()
+		end(nil)
+		handled <- err
+	}()
+	select {
+	case err = <-handled:
+	case <-ctx.Done():
+		st.stop()
+		err = nil
+	}
 	if cause := context.Cause(ctx); cause != nil && ss.Context().Err() == nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -512,26 +531,32 @@ func (s *Server) unregister(r *rpc) {
 }
 
 // stoppable is a server stream whose context its authority ends, and
-// whose RecvMsg returns when it does: go-control-plane's handlers end
-// when their receive fails.
+// that sends nothing once stop is called (the interceptor has returned,
+// and gRPC is ending the RPC).
 type stoppable struct {
 	grpc.ServerStream
 	ctx context.Context
+
+	mu      sync.Mutex
+	stopped bool
 }
 
 func (s *stoppable) Context() context.Context { return s.ctx }
 
-func (s *stoppable) RecvMsg(m any) error {
-	got := make(chan error, 1)
-	go func() { got <- s.ServerStream.RecvMsg(m) }()
-	select {
-	case err := <-got:
-		return err
-	case <-s.ctx.Done():
-		// The handler returns on this error and drops m; the receive
-		// above ends when the RPC does.
+func (s *stoppable) SendMsg(m any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
 		return context.Cause(s.ctx)
 	}
+	return s.ServerStream.SendMsg(m)
+}
+
+// stop waits for a send under way and refuses those after it.
+func (s *stoppable) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
 }
 
 // callbacks account for every stream, keep each request's node the
