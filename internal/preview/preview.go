@@ -335,13 +335,15 @@ func replay(in Input, ws []Window, known map[uuid.UUID]int32, c Contract) (repla
 	}
 	record := func(at time.Time) {
 		n := tripped()
-		if len(out.Timeline) > 0 {
-			last := out.Timeline[len(out.Timeline)-1]
-			if last.Counts == counts && last.GuardTripped == n {
-				return
-			}
+		p := Point{At: at, Counts: counts, GuardTripped: n}
+		switch last := len(out.Timeline) - 1; {
+		case last >= 0 && out.Timeline[last].Counts == counts && out.Timeline[last].GuardTripped == n:
+			return
+		case last >= 0 && out.Timeline[last].At.Equal(at):
+			out.Timeline[last] = p // the restated start, evaluated at once
+		default:
+			out.Timeline = append(out.Timeline, p)
 		}
-		out.Timeline = append(out.Timeline, Point{At: at, Counts: counts, GuardTripped: n})
 		if n > 0 {
 			if out.Guard.FirstTrippedAt == nil {
 				t := at
@@ -457,7 +459,7 @@ func thin(ps []Point) []Point {
 			ps[n] = ps[i]
 			n++
 		}
-		if ps[n-1].At != last.At {
+		if !ps[n-1].At.Equal(last.At) {
 			ps[n] = last
 			n++
 		}

@@ -171,6 +171,39 @@ func TestPassiveSpreadOverReporters(t *testing.T) {
 	}
 }
 
+// TestTimelineBounded: a replay that changes its counts at every step
+// keeps at most MaxTimeline points, the first and the last among them.
+func TestTimelineBounded(t *testing.T) {
+	t.Parallel()
+	var ins []preview.Instance
+	var ws []preview.Window
+	for i := range 2 * preview.MaxTimeline {
+		// Awaiting their first success, admitted one a second: the
+		// count out of rotation falls by one at every step.
+		ins = append(ins, preview.Instance{ID: id(i), Zone: "az1", Awaiting: true})
+		ws = append(ws, preview.Window{Instance: id(i), Class: eligibility.Probe, End: t0.Add(time.Duration(i+1) * time.Second), Successes: 1})
+	}
+	to := t0.Add(time.Duration(len(ins)) * time.Second)
+	res, err := preview.Run(preview.Input{Service: "web", Instances: ins, Windows: ws, Current: defaults(probeOnly), Proposed: defaults(probeOnly),
+		From: t0, To: to})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl := res.Current.Timeline
+	if len(tl) > preview.MaxTimeline || len(tl) < preview.MaxTimeline/2 {
+		t.Fatalf("timeline of %d points; want at most %d (and not thinned to nothing)", len(tl), preview.MaxTimeline)
+	}
+	if !tl[0].At.Equal(t0) || tl[0].Counts.Ineligible != len(ins) {
+		t.Errorf("first point %+v; want all %d awaiting at the start", tl[0], len(ins))
+	}
+	if last := tl[len(tl)-1]; !last.At.Equal(to) || last.Counts.Ineligible != 0 {
+		t.Errorf("last point %+v; want every instance admitted at the end", last)
+	}
+	if res.Current.Removed != 0 || res.Current.Guard.Tripped {
+		t.Errorf("admissions counted as removals or a trip: %+v", res.Current)
+	}
+}
+
 func TestInvalidInput(t *testing.T) {
 	t.Parallel()
 	c := defaults(probeOnly)
