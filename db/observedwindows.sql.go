@@ -12,6 +12,61 @@ import (
 	"github.com/google/uuid"
 )
 
+const observedWindowsForInstances = `-- name: ObservedWindowsForInstances :many
+SELECT instance_id, class, window_end, successes, failures, hard_failures, unobservable, reporters
+FROM observed_windows
+WHERE window_end > $1::timestamptz
+  AND instance_id = ANY($2::uuid[])
+ORDER BY window_end, instance_id, class
+`
+
+type ObservedWindowsForInstancesParams struct {
+	Since time.Time
+	Ids   []uuid.UUID
+}
+
+type ObservedWindowsForInstancesRow struct {
+	InstanceID   uuid.UUID
+	Class        int16
+	WindowEnd    time.Time
+	Successes    int32
+	Failures     int32
+	HardFailures int32
+	Unobservable int32
+	Reporters    int32
+}
+
+// The retained windows of some instances (a contract preview's service),
+// oldest first.
+func (q *Queries) ObservedWindowsForInstances(ctx context.Context, arg ObservedWindowsForInstancesParams) ([]ObservedWindowsForInstancesRow, error) {
+	rows, err := q.db.Query(ctx, observedWindowsForInstances, arg.Since, arg.Ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ObservedWindowsForInstancesRow
+	for rows.Next() {
+		var i ObservedWindowsForInstancesRow
+		if err := rows.Scan(
+			&i.InstanceID,
+			&i.Class,
+			&i.WindowEnd,
+			&i.Successes,
+			&i.Failures,
+			&i.HardFailures,
+			&i.Unobservable,
+			&i.Reporters,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 type ObservedWindowsInsertParams struct {
 	InstanceID   uuid.UUID
 	Class        int16

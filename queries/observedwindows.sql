@@ -17,3 +17,12 @@ DELETE FROM observed_windows WHERE window_end < sqlc.arg(before)::timestamptz;
 INSERT INTO observed_windows (instance_id, class, window_start, window_end,
     successes, failures, hard_failures, unobservable, reporters)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: ObservedWindowsForInstances :many
+-- The retained windows of some instances (a contract preview's service),
+-- oldest first.
+SELECT instance_id, class, window_end, successes, failures, hard_failures, unobservable, reporters
+FROM observed_windows
+WHERE window_end > sqlc.arg(since)::timestamptz
+  AND instance_id = ANY(sqlc.arg(ids)::uuid[])
+ORDER BY window_end, instance_id, class;

@@ -51,4 +51,35 @@ func (s *Server) contractPut(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, stored)
 }
 
+// contractPreview answers what a proposed contract would have done to the
+// service on the evidence muster holds for it, beside what the contract in
+// force did (issue 30). It takes the body PUT takes, authorised and
+// validated as PUT does (registry.PreviewContract, which audits the
+// attempt either way, as contract.preview), and changes nothing else: the
+// replay runs on engines of its own (Evaluator.PreviewContract). It
+// counts against the actor's contract-write quota: a preview costs a
+// replay of the service's windows.
+func (s *Server) contractPreview(w http.ResponseWriter, r *http.Request) {
+	name := chi.URLParam(r, "name")
+	if !s.limitWrite(w, r, "contracts", "contract.preview", "service", name) {
+		return
+	}
+	c := registry.DefaultContract()
+	if p := s.decodeJSON(w, r, &c); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	pv, err := s.cfg.Registry.PreviewContract(r.Context(), principal(r), name, c)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	res, err := s.cfg.Evaluator.PreviewContract(r.Context(), pv)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
 func etag(version int64) string { return `"` + strconv.FormatInt(version, 10) + `"` }

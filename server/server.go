@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/preview"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/openapi"
@@ -58,6 +59,9 @@ type Evaluator interface {
 	// accepted (POST /v1/peer/reports).
 	IngestForwarded(ctx context.Context, actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
 	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
+	// PreviewContract replays a service's retained observed windows under
+	// its contract and a proposed one, changing nothing (issue 30).
+	PreviewContract(ctx context.Context, p registry.ContractPreview) (preview.Result, error)
 }
 
 // Authz answers who may watch or resolve what from memory (the
@@ -465,6 +469,7 @@ func (s *Server) routes() chi.Router {
 				r.Put("/v1/services/{name}", s.servicePut)
 				r.Get("/v1/services/{name}/contract", s.contractGet)
 				r.Put("/v1/services/{name}/contract", s.contractPut)
+				r.Post("/v1/services/{name}/contract/preview", s.contractPreview)
 				r.Get("/v1/services/{name}/instances", s.instancesList)
 				r.With(s.limitActor(s.limits.registrations, "registrations")).Post("/v1/services/{name}/instances", s.instanceRegister)
 				r.Get("/v1/instances/{id}", s.instanceGet)

@@ -28,6 +28,7 @@ import (
 	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/preview"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/internal/shift"
@@ -485,6 +486,13 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"RenewalResults", reflect.TypeFor[renewalResults](), true},
 		{"RenewalResult", reflect.TypeFor[registry.RenewalResult](), true},
 		{"PeerRecord", reflect.TypeFor[relay.Record](), true},
+		{"ContractPreview", reflect.TypeFor[preview.Result](), true},
+		{"PreviewOutcome", reflect.TypeFor[preview.Outcome](), true},
+		{"PreviewCounts", reflect.TypeFor[preview.Counts](), true},
+		{"PreviewPoint", reflect.TypeFor[preview.Point](), true},
+		{"PreviewGuard", reflect.TypeFor[preview.Guard](), true},
+		{"PreviewVerdict", reflect.TypeFor[preview.Verdict](), true},
+		{"PreviewDifference", reflect.TypeFor[preview.Difference](), true},
 	} {
 		s := schema(tt.schema)
 		names, always := jsonFields(tt.typ)
@@ -592,6 +600,15 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 			State: policy.StateApplied, Actor: "operator:oscar", Justification: "host is being decommissioned, CHG-7",
 			CreatedAt: now, EndedAt: &now,
 		}}}},
+		{"ContractPreview", preview.Result{Service: "web", From: now.Add(-10 * time.Minute), To: now, Instances: 3, Windows: 180,
+			Current: preview.Outcome{Final: preview.Counts{Eligible: 3}, Guard: preview.Guard{MinHealthyFraction: 0.5, Zones: []string{}},
+				Timeline: []preview.Point{{At: now.Add(-10 * time.Minute), Counts: preview.Counts{Unknown: 3}}}},
+			Proposed: preview.Outcome{Removed: 2, Removals: 2, FirstRemovalAt: &now, PeakIneligible: 2, PeakAt: &now,
+				Final: preview.Counts{Eligible: 1, Ineligible: 2}, Guard: preview.Guard{MinHealthyFraction: 0.5, Tripped: true, FirstTrippedAt: &now, Zones: []string{"az1"}},
+				Timeline: []preview.Point{{At: now, Counts: preview.Counts{Eligible: 1, Ineligible: 2}, GuardTripped: 1}}},
+			Differences: []preview.Difference{{InstanceID: inst.ID, Zone: "az1", Current: preview.Verdict{Final: "eligible", Worst: "eligible"},
+				Proposed: preview.Verdict{Final: "ineligible", Worst: "ineligible", Removals: 1, FirstRemovedAt: &now}}},
+			DiffsTotal: 1}},
 		{"DeregisterRequest", policy.DeregisterRequest{Justification: "host is being decommissioned, CHG-7"}},
 		{"OverrideMark", evaluator.Override{ID: inst.ID, Action: "mark_eligible", Actor: "operator:oscar", Justification: "probe path broken", ExpiresAt: now}},
 		{"OverrideRequest", policy.Request{InstanceID: inst.ID.String(), Action: policy.MarkEligible, Justification: "probe path is broken", ExpiresIn: 600}},

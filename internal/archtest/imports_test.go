@@ -70,15 +70,16 @@ func doesIO(path string) bool {
 	return false
 }
 
-// TestPureCoresDoNoIO: eligibility/ and assembler/ are functions of
-// (state, input, now). They import only standard packages that do no
-// I/O, uuid, and (the assembler) the eligibility core; nothing of
-// muster's that touches the network or the database.
+// TestPureCoresDoNoIO: eligibility/, assembler/ and preview/ are
+// functions of (state, input, now). They import only standard packages
+// that do no I/O, uuid, and (the assembler, the preview) the cores below
+// them; nothing of muster's that touches the network or the database.
 func TestPureCoresDoNoIO(t *testing.T) {
 	pkgs := listPackages(t)
 	allowed := map[string][]string{
 		"internal/eligibility": {"github.com/google/uuid"},
 		"internal/assembler":   {"github.com/google/uuid", module + "/internal/eligibility"},
+		"internal/preview":     {"github.com/google/uuid", module + "/internal/eligibility", module + "/internal/assembler"},
 	}
 	for name, extra := range allowed {
 		p, ok := pkgs[name]

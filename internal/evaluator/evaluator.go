@@ -142,6 +142,9 @@ type serviceInfo struct {
 	capabilities []string
 	minFraction  float64
 	slowStart    time.Duration
+	// applied is the service and contract applied, as the registry
+	// holds them: a contract preview compares against it.
+	applied registry.ServiceContract
 }
 
 // readinessSignal reports whether the service's new instances start out
@@ -824,7 +827,7 @@ func (e *Evaluator) applyService(sc registry.ServiceContract) {
 	for i, c := range sc.Service.Capabilities {
 		caps[i] = string(c)
 	}
-	e.services[sc.Service.Name] = &serviceInfo{version: sc.ContractVersion, caps: key, capabilities: caps,
+	e.services[sc.Service.Name] = &serviceInfo{version: sc.ContractVersion, applied: sc, caps: key, capabilities: caps,
 		minFraction: sc.Contract.MinHealthyFraction, slowStart: contract.SlowStart}
 	e.changed[sc.Service.Name] = struct{}{}
 }

@@ -264,12 +264,8 @@ func (r *Registry) PutContract(ctx context.Context, actor identity.Principal, se
 			return nil, fmt.Errorf("read service %s: %w", service, err)
 		}
 		svc := r.service(row)
-		if !CanManage(actor, svc.Owner) {
-			return newRefusal(ErrForbidden, "editing the contract of %s needs the %s team's operator role or admin; %s has neither", service, svc.Owner, actor), nil
-		}
-		c.normalize(svc)
-		if fe := ValidateContract(c, svc); len(fe) > 0 {
-			return invalid(fmt.Sprintf("the health contract for %s is not valid", service), fe), nil
+		if rf := contractEditable(actor, svc, &c, "editing"); rf != nil {
+			return rf, nil
 		}
 		before, err := r.contract(ctx, q, service)
 		if err != nil && !isNotFound(err) {
@@ -303,6 +299,72 @@ func (r *Registry) PutContract(ctx context.Context, actor identity.Principal, se
 	})
 	if err != nil {
 		return StoredContract{}, err
+	}
+	return out, nil
+}
+
+// contractEditable is the one check a contract write and a contract
+// preview share: the actor may manage the service's contract (its team's
+// operator role, or admin), and c, normalised for svc, is valid. doing
+// names the attempt in the refusal ("editing", "previewing").
+func contractEditable(actor identity.Principal, svc Service, c *Contract, doing string) *refusal.Error {
+	if !CanManage(actor, svc.Owner) {
+		return newRefusal(ErrForbidden, "%s the contract of %s needs the %s team's operator role or admin; %s has neither", doing, svc.Name, svc.Owner, actor)
+	}
+	c.normalize(svc)
+	if fe := ValidateContract(*c, svc); len(fe) > 0 {
+		return invalid(fmt.Sprintf("the health contract for %s is not valid", svc.Name), fe)
+	}
+	return nil
+}
+
+// ContractPreview is what a contract preview compares: the service, the
+// contract stored for it (the platform defaults, version 0, when none
+// was set) and the proposed one, normalised as PutContract would store
+// it.
+type ContractPreview struct {
+	Service  Service
+	Current  StoredContract
+	Proposed Contract
+}
+
+// PreviewContract authorises and validates a contract preview (issue 30)
+// exactly as PutContract authorises and validates a write: the same
+// check (contractEditable), the same refusals, each audited. An allowed
+// preview is audited too, as contract.preview with the stored contract
+// before and the proposed one after, in its own transaction; nothing else
+// is written. The preview itself is the evaluator's
+// (Evaluator.PreviewContract), which only reads.
+func (r *Registry) PreviewContract(ctx context.Context, actor identity.Principal, service string, c Contract) (ContractPreview, error) {
+	const action = "contract.preview"
+	var out ContractPreview
+	err := r.write(ctx, actor, action, "service", service, c, func(q *db.Queries) (*refusal.Error, error) {
+		row, err := q.ServiceGet(ctx, service)
+		if notFound(err) {
+			return newRefusal(ErrNotFound, "no service named %s", service), nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read service %s: %w", service, err)
+		}
+		svc := r.service(row)
+		if rf := contractEditable(actor, svc, &c, "previewing"); rf != nil {
+			return rf, nil
+		}
+		current, err := r.contract(ctx, q, service)
+		if isNotFound(err) {
+			d := DefaultContract()
+			d.normalize(svc)
+			current, err = StoredContract{Service: service, Contract: d}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = ContractPreview{Service: svc, Current: current, Proposed: c}
+		_, err = audit.Append(ctx, q, r.now(), accepted(actor, action, "service", service, current, c))
+		return nil, err
+	})
+	if err != nil {
+		return ContractPreview{}, err
 	}
 	return out, nil
 }
