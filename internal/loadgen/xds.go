@@ -272,15 +272,29 @@ type lgXDSStream struct {
 	// (--decode proto) rather than by walking their encoding.
 	fullDecode bool
 
-	mu   sync.Mutex
-	seen map[string]time.Time // address -> first assignment listing it
-	// cur is the endpoints of the latest assignment and their health
-	// (spare is the map the next one is decoded into), and lost when
-	// each endpoint of an earlier one went missing from it (cleared if
-	// it comes back): for --withdrawals.
-	cur, spare map[lgEndpoint]core.HealthStatus
-	lost       map[lgEndpoint]time.Time
-	err        error
+	mu sync.Mutex
+	// eps is every endpoint an assignment has listed, by its
+	// SocketAddress's encoding (--decode wire) or address:port (proto),
+	// and byEP the same by endpoint; gen counts the assignments taken.
+	eps  map[string]*lgEndpointState
+	byEP map[lgEndpoint]*lgEndpointState
+	gen  uint32
+	// order is the endpoints of the latest assignment in its order
+	// (spare the slice the next one is built in): an endpoint is looked
+	// for there first, a few places on from the last one found, since an
+	// assignment lists its endpoints in the same order each time.
+	order, spare []*lgEndpointState
+	err          error
+}
+
+// lgEndpointState is what a stream knows of one endpoint.
+type lgEndpointState struct {
+	key    string // its key in eps
+	ep     lgEndpoint
+	health core.HealthStatus // in the last assignment listing it
+	gen    uint32            // the last assignment listing it
+	seen   time.Time         // the first assignment listing it
+	lost   time.Time         // when it went missing (zero while listed)
 }
 
 // lgEndpoint is an endpoint's address and port.
@@ -371,22 +385,33 @@ func (s *lgXDSStream) recv() error {
 func (s *lgXDSStream) note(a *anypb.Any, at time.Time) {
 	var left []lgEndpoint
 	s.mu.Lock()
-	if s.seen == nil {
-		s.seen, s.lost = map[string]time.Time{}, map[lgEndpoint]time.Time{}
-		s.cur, s.spare = map[lgEndpoint]core.HealthStatus{}, map[lgEndpoint]core.HealthStatus{}
+	if s.eps == nil {
+		s.eps, s.byEP = map[string]*lgEndpointState{}, map[lgEndpoint]*lgEndpointState{}
 	}
-	cur := s.spare
-	clear(cur)
-	add := func(ep lgEndpoint, health core.HealthStatus) {
-		if s.watch == nil { // additions: when each address first arrived
-			if _, ok := s.seen[ep.addr]; !ok {
-				s.seen[ep.addr] = at
+	g := s.gen + 1
+	order, cursor := s.spare[:0], 0
+	// take notes that key (an endpoint's, decode decodes it) is listed.
+	take := func(key []byte, decode func() (lgEndpoint, error), health core.HealthStatus) {
+		var st *lgEndpointState
+		for k := cursor; k < len(s.order) && k <= cursor+2; k++ {
+			if s.order[k].key == string(key) {
+				st, cursor = s.order[k], k+1
+				break
 			}
 		}
-		cur[ep] = health
-		if len(s.lost) > 0 {
-			delete(s.lost, ep)
+		if st == nil {
+			st = s.eps[string(key)] // no copy of the key to look it up
 		}
+		if st == nil {
+			ep, err := decode()
+			if err != nil {
+				return
+			}
+			st = &lgEndpointState{key: string(key), ep: ep, seen: at}
+			s.eps[st.key], s.byEP[ep] = st, st
+		}
+		st.gen, st.health, st.lost = g, health, time.Time{}
+		order = append(order, st)
 	}
 	if s.fullDecode {
 		var cla endpoint.ClusterLoadAssignment
@@ -397,20 +422,23 @@ func (s *lgXDSStream) note(a *anypb.Any, at time.Time) {
 		for _, loc := range cla.GetEndpoints() {
 			for _, e := range loc.GetLbEndpoints() {
 				sa := e.GetEndpoint().GetAddress().GetSocketAddress()
-				add(lgEndpoint{sa.GetAddress(), sa.GetPortValue()}, e.GetHealthStatus())
+				ep := lgEndpoint{sa.GetAddress(), sa.GetPortValue()}
+				take([]byte(ep.String()), func() (lgEndpoint, error) { return ep, nil }, e.GetHealthStatus())
 			}
 		}
-	} else if decodeAssignmentWire(a.GetValue(), add) != nil {
+	} else if err := decodeAssignmentWire(a.GetValue(), func(sa []byte, health core.HealthStatus) {
+		take(sa, func() (lgEndpoint, error) { return socketAddress(sa) }, health)
+	}); err != nil {
 		s.mu.Unlock()
 		return
 	}
-	for ep := range s.cur {
-		if _, ok := cur[ep]; !ok {
-			s.lost[ep] = at
-			left = append(left, ep)
+	for _, st := range s.order {
+		if st.gen != g { // listed by the last assignment, not this one
+			st.lost = at
+			left = append(left, st.ep)
 		}
 	}
-	s.cur, s.spare = cur, s.cur
+	s.gen, s.order, s.spare = g, order, s.order
 	s.mu.Unlock()
 	if s.watch != nil {
 		for _, ep := range left {
@@ -419,13 +447,28 @@ func (s *lgXDSStream) note(a *anypb.Any, at time.Time) {
 	}
 }
 
+// current is the endpoints the latest assignment lists, with their
+// health.
+func (s *lgXDSStream) current() map[lgEndpoint]core.HealthStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[lgEndpoint]core.HealthStatus{}
+	for ep, st := range s.byEP {
+		if st.gen == s.gen {
+			out[ep] = st.health
+		}
+	}
+	return out
+}
+
 // healthy says whether the stream's latest assignment lists endpoint ep
 // as HEALTHY (eligible; not merely health-unknown, which is routable too
 // but which a hard failure alone does not withdraw).
 func (s *lgXDSStream) healthy(ep lgEndpoint) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cur[ep] == core.HealthStatus_HEALTHY
+	st := s.byEP[ep]
+	return st != nil && st.gen == s.gen && st.health == core.HealthStatus_HEALTHY
 }
 
 // withdrawn is when endpoint ep left the stream's latest assignment (zero:
@@ -433,10 +476,11 @@ func (s *lgXDSStream) healthy(ep lgEndpoint) bool {
 func (s *lgXDSStream) withdrawn(ep lgEndpoint) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.cur[ep]; ok {
+	st := s.byEP[ep]
+	if st == nil || st.gen == s.gen {
 		return time.Time{}
 	}
-	return s.lost[ep]
+	return st.lost
 }
 
 func (s *lgXDSStream) run(ctx context.Context) {
@@ -456,7 +500,13 @@ func (s *lgXDSStream) run(ctx context.Context) {
 func (s *lgXDSStream) arrival(addr string) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.seen[addr]
+	var first time.Time
+	for ep, st := range s.byEP {
+		if ep.addr == addr && (first.IsZero() || st.seen.Before(first)) {
+			first = st.seen
+		}
+	}
+	return first
 }
 
 func (s *lgXDSStream) failed() error {

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-func lbEndpoint(addr string, port uint32, h core.HealthStatus) *endpoint.LbEndpoint {
+func testLbEndpoint(addr string, port uint32, h core.HealthStatus) *endpoint.LbEndpoint {
 	return &endpoint.LbEndpoint{
 		HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
 			Address: &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
@@ -33,12 +33,12 @@ func TestDecodeAssignmentWire(t *testing.T) {
 		ClusterName: "web",
 		Endpoints: []*endpoint.LocalityLbEndpoints{
 			{Locality: &core.Locality{Zone: "az1"}, LbEndpoints: []*endpoint.LbEndpoint{
-				lbEndpoint("10.0.0.1", 8080, core.HealthStatus_HEALTHY),
-				lbEndpoint("10.0.0.2", 8081, core.HealthStatus_DEGRADED),
+				testLbEndpoint("10.0.0.1", 8080, core.HealthStatus_HEALTHY),
+				testLbEndpoint("10.0.0.2", 8081, core.HealthStatus_DEGRADED),
 			}, LoadBalancingWeight: wrapperspb.UInt32(7)},
 			{Locality: &core.Locality{Zone: "az2", Region: "b"}, Priority: 1, LbEndpoints: []*endpoint.LbEndpoint{
-				lbEndpoint("2001:db8::1", 443, core.HealthStatus_UNKNOWN),
-				lbEndpoint("10.0.0.3", 9, core.HealthStatus_UNHEALTHY),
+				testLbEndpoint("2001:db8::1", 443, core.HealthStatus_UNKNOWN),
+				testLbEndpoint("10.0.0.3", 9, core.HealthStatus_UNHEALTHY),
 			}},
 		},
 	}
@@ -51,10 +51,10 @@ func TestDecodeAssignmentWire(t *testing.T) {
 	at := time.Unix(1, 0)
 	full.note(a, at)
 	wire.note(a, at)
-	if len(full.cur) != 4 {
-		t.Fatalf("protobuf-go decoded %d endpoints, want 4", len(full.cur))
+	if len(full.current()) != 4 {
+		t.Fatalf("protobuf-go decoded %d endpoints, want 4", len(full.current()))
 	}
-	if diff := cmp.Diff(full.cur, wire.cur, cmp.AllowUnexported(lgEndpoint{})); diff != "" {
+	if diff := cmp.Diff(full.current(), wire.current(), cmp.AllowUnexported(lgEndpoint{})); diff != "" {
 		t.Fatalf("the wire decoder differs from Unmarshal (-proto +wire):\n%s", diff)
 	}
 
@@ -72,7 +72,7 @@ func TestDecodeAssignmentWire(t *testing.T) {
 	}
 
 	raw, _ := proto.Marshal(cla)
-	if err := decodeAssignmentWire(raw[:len(raw)-3], func(lgEndpoint, core.HealthStatus) {}); err == nil {
+	if err := decodeAssignmentWire(raw[:len(raw)-3], func([]byte, core.HealthStatus) {}); err == nil {
 		t.Fatal("a truncated assignment decoded without an error")
 	}
 }
@@ -84,7 +84,7 @@ func BenchmarkDecodeAssignment(b *testing.B) {
 	for z := range 3 {
 		loc := &endpoint.LocalityLbEndpoints{Locality: &core.Locality{Zone: "az" + string(rune('1'+z))}}
 		for i := range 20 {
-			loc.LbEndpoints = append(loc.LbEndpoints, lbEndpoint("10.251.0."+string(rune('a'+i)), 8080, core.HealthStatus_HEALTHY))
+			loc.LbEndpoints = append(loc.LbEndpoints, testLbEndpoint("10.251.0."+string(rune('a'+i)), 8080, core.HealthStatus_HEALTHY))
 		}
 		cla.Endpoints = append(cla.Endpoints, loc)
 	}
