@@ -122,13 +122,18 @@ func (c *watchCache) SetSnapshot(node string, snap *nodeSnapshot) {
 	nw := c.node(node)
 	old := nw.snap
 	nw.snap, nw.templates = snap, map[string]*template{}
+	// The node's first snapshot (muster ready) answers every watch held
+	// until then, those asking for nothing it holds too (an empty
+	// response: a client is told what does not exist rather than left to
+	// time out waiting).
+	first := old == nil
 	for _, t := range pushOrder {
 		changed := changedNames(old, snap, t)
-		if len(changed) == 0 {
+		if len(changed) == 0 && !first {
 			continue
 		}
 		for id, w := range nw.sotw {
-			if w.req.GetTypeUrl() != t || !follows(w.sub, changed) {
+			if w.req.GetTypeUrl() != t || !(first || follows(w.sub, changed)) {
 				continue
 			}
 			x := nw.template(t, w.key, w.sub)
@@ -139,10 +144,10 @@ func (c *watchCache) SetSnapshot(node string, snap *nodeSnapshot) {
 			delete(nw.sotw, id)
 		}
 		for id, w := range nw.delta {
-			if w.req.GetTypeUrl() != t || !follows(w.sub, changed) {
+			if w.req.GetTypeUrl() != t || !(first || follows(w.sub, changed)) {
 				continue
 			}
-			if r := deltaOf(snap, w.req, w.sub, false); r != nil {
+			if r := deltaOf(snap, w.req, w.sub); r != nil {
 				c.sendDelta(w.ch, r)
 				delete(nw.delta, id)
 			}
@@ -254,7 +259,7 @@ func (c *watchCache) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Sub
 	defer c.mu.Unlock()
 	nw := c.node(id)
 	if nw.snap != nil {
-		if r := deltaOf(nw.snap, req, sub, true); r != nil {
+		if r := deltaOf(nw.snap, req, sub); r != nil {
 			c.sendDelta(ch, r)
 			return func() {}, nil
 		}
@@ -386,10 +391,10 @@ func (r *sharedResponse) GetContext() context.Context { return context.Backgroun
 
 // deltaOf is the delta response of snap to a watch: the subscribed
 // resources whose version differs from the one the stream holds, and
-// those it holds that are gone; nil when there are none (and, when first,
-// the watch is not a new wildcard subscription, which is answered even
-// when empty so that Envoy completes its initialisation).
-func deltaOf(snap *nodeSnapshot, req *cachev3.DeltaRequest, sub cachev3.Subscription, first bool) *sharedDeltaResponse {
+// those it holds that are gone; nil when there are none and the watch is
+// not a stream's first wildcard request, which is answered even when
+// empty so that Envoy completes its initialisation.
+func deltaOf(snap *nodeSnapshot, req *cachev3.DeltaRequest, sub cachev3.Subscription) *sharedDeltaResponse {
 	t := req.GetTypeUrl()
 	held := snap.resources[t]
 	returned := sub.ReturnedResources()
@@ -425,7 +430,7 @@ func deltaOf(snap *nodeSnapshot, req *cachev3.DeltaRequest, sub cachev3.Subscrip
 			}
 		}
 	}
-	if len(send) == 0 && len(removed) == 0 && !(first && sub.IsWildcard() && req.GetResponseNonce() == "") {
+	if len(send) == 0 && len(removed) == 0 && !(sub.IsWildcard() && req.GetResponseNonce() == "") {
 		return nil
 	}
 	slices.SortFunc(send, func(a, b *discovery.Resource) int { return strings.Compare(a.GetName(), b.GetName()) })
