@@ -64,6 +64,7 @@ import (
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/preview"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
@@ -569,6 +570,13 @@ func New(cfg Config) (*App, error) {
 		uc := *cfg.UI
 		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
+		uc.ContractPreview = func(ctx context.Context, actor identity.Principal, service string, c registry.Contract) (preview.Result, error) {
+			pv, err := a.Registry.PreviewContract(ctx, actor, service, c)
+			if err != nil {
+				return preview.Result{}, err
+			}
+			return a.Evaluator.PreviewContract(ctx, pv)
+		}
 		if a.Reconcile != nil {
 			uc.Reconcile = a.Reconcile
 		}

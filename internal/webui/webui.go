@@ -62,8 +62,10 @@ import (
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
+	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/preview"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/static"
@@ -134,6 +136,12 @@ type Config struct {
 	// Removals, when set, enables the removal holds page and its
 	// confirmations.
 	Removals *Removals
+	// ContractPreview, when set, offers Preview on the contract page: it
+	// authorises, validates and audits the attempt as a contract write
+	// does, and replays the service's evidence under the proposed
+	// contract and the one in force (registry.PreviewContract, then
+	// Evaluator.PreviewContract), changing nothing.
+	ContractPreview func(ctx context.Context, actor identity.Principal, service string, c registry.Contract) (preview.Result, error)
 	// Ownership, when set, is the region's shard ownership the replicas
 	// page shows.
 	Ownership interface{ Region() ownership.RegionStatus }
@@ -322,6 +330,7 @@ func (u *UI) routes() {
 	u.mux.Handle("GET "+b+"/audit", u.page(u.auditPage))
 	u.mux.Handle("GET "+b+"/reconcile", u.page(u.reconcilePage))
 	u.mux.Handle("GET "+b+"/services/{name}", u.page(u.servicePage))
+	u.contractRoutes()
 	if u.cfg.Overrides != nil {
 		u.overrideRoutes()
 	}
