@@ -92,6 +92,11 @@ type Overview struct {
 	Unavailable string
 	// Pending are override attempts waiting for a co-signer.
 	Pending []OverrideRow
+	// Zones are the per-zone sparklines (nil: no zone history kept
+	// here), sampled every ZonesEvery.
+	Zones      []ZoneTrend
+	ZonesEvery string
+	ZonesShown bool
 }
 
 // AuditEvent is one row of the audit page.

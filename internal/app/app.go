@@ -75,6 +75,7 @@ import (
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/webui"
 	"github.com/musterhq/muster/internal/xds"
+	"github.com/musterhq/muster/internal/zonehistory"
 	"github.com/musterhq/muster/server"
 )
 
@@ -103,6 +104,8 @@ const (
 	WorkerAuthFailures = "auth-failures"
 	WorkerDNS          = "dns"
 	WorkerXDS          = "xds"
+	// WorkerZoneHistory samples every zone for the UI's sparklines.
+	WorkerZoneHistory = "zone-history"
 	// WorkerReconcilePrefix and a source's name name its worker.
 	WorkerReconcilePrefix = "reconcile "
 	// WorkerReconcileDiff keeps muster_reconcile_diff current.
@@ -257,8 +260,11 @@ type App struct {
 	UI         *webui.UI
 	Server     *server.Server
 	// XDS is nil unless Config.XDS was set.
-	XDS     *xds.Server
-	Metrics *prometheus.Registry
+	XDS *xds.Server
+	// ZoneHistory samples every zone's published state for the admin
+	// UI's sparklines (issue 30).
+	ZoneHistory *zonehistory.History
+	Metrics     *prometheus.Registry
 
 	// DNS is the DNS zone when Config.DNS is set.
 	DNS *dnszone.Server
@@ -566,8 +572,12 @@ func New(cfg Config) (*App, error) {
 		}
 		return servingReady(ctx)
 	}
+	if a.ZoneHistory, err = zonehistory.New(zonehistory.Config{Read: a.zoneCounts, Now: now}); err != nil {
+		return nil, err
+	}
 	if cfg.UI != nil {
 		uc := *cfg.UI
+		uc.ZoneHistory, uc.ZoneHistoryEvery = a.ZoneHistory, 30*time.Second
 		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
 		uc.ContractPreview = func(ctx context.Context, actor identity.Principal, service string, c registry.Contract) (preview.Result, error) {
@@ -689,6 +699,7 @@ func New(cfg Config) (*App, error) {
 		{name: WorkerRefusals, w: a.Refusals, detached: true},
 		{name: WorkerKeyWatch, w: a.KeyWatch},
 		{name: WorkerAuthFailures, w: a.AuthFailures, detached: true},
+		{name: WorkerZoneHistory, w: a.ZoneHistory, detached: true},
 	}...)
 	if a.Relay != nil {
 		a.workers = append(a.workers, worker{name: WorkerRelay, w: a.Relay, detached: true})
@@ -944,4 +955,33 @@ func orNow(own, app func() time.Time) func() time.Time {
 		return own
 	}
 	return app
+}
+
+// zoneCounts is every zone's state as published: the guard's eligible
+// and capacity counts and the instances muster cannot vouch for (verdict
+// unknown, or health unknown), summed over the local services' last
+// views.
+func (a *App) zoneCounts() map[string]zonehistory.Counts {
+	out := map[string]zonehistory.Counts{}
+	for _, name := range a.Hub.Services() {
+		v, ok := a.Publisher.View(name)
+		if !ok {
+			continue
+		}
+		for zone, z := range v.Zones {
+			c := out[zone]
+			c.Eligible, c.Total = c.Eligible+z.Eligible, c.Total+z.Total
+			out[zone] = c
+		}
+		for _, e := range v.Endpoints {
+			// No verdict yet, or in rotation with no class of evidence
+			// speaking (silence is unknown, not dead).
+			if e.State == "unknown" || e.Health == assembler.HealthUnknown {
+				c := out[e.Zone]
+				c.Unknown++
+				out[e.Zone] = c
+			}
+		}
+	}
+	return out
 }

@@ -21,8 +21,9 @@ import (
 // instances in az1 and a minute of evidence in which two of them fail
 // one report in ten, flushed as the evaluator's ticker would: the
 // platform defaults remove nobody on it, a 5% removal threshold removes
-// both.
-func payWithEvidence(t *testing.T, s *apptest.Stack) {
+// both. It returns report, which sends one more window of successes
+// from every instance.
+func payWithEvidence(t *testing.T, s *apptest.Stack) (report func()) {
 	t.Helper()
 	admin := s.Token(t, apptest.Admin)
 	if r := s.JSON(t, "PUT", "/v1/services/pay", admin, `{"owner":"payments","capabilities":["self"]}`); r.Status != http.StatusCreated {
@@ -41,7 +42,8 @@ func payWithEvidence(t *testing.T, s *apptest.Stack) {
 	s.WaitReady(t)
 	s.SyncNow(t)
 	pay := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "pay", Addresses: addrs})
-	for window := range 6 {
+	send := func(window int) {
+		t.Helper()
 		var items []string
 		for i, id := range ids {
 			for k := range 10 {
@@ -56,6 +58,9 @@ func payWithEvidence(t *testing.T, s *apptest.Stack) {
 		if r.Status != http.StatusOK || apptest.Decode[evaluator.Result](t, r).Accepted != len(items) {
 			t.Fatalf("window %d: reports: %d %s", window, r.Status, r.Body)
 		}
+	}
+	for window := range 6 {
+		send(window)
 		s.Evaluator.EvaluateNow()
 		if err := s.Evaluator.FlushNow(t.Context()); err != nil {
 			t.Fatal(err)
@@ -66,6 +71,7 @@ func payWithEvidence(t *testing.T, s *apptest.Stack) {
 	s.Publisher.RunOnce()
 	s.Clock.Advance(assembler.DefaultAdditionWindow + 100*time.Millisecond)
 	s.Publisher.RunOnce()
+	return func() { send(0) }
 }
 
 // contractForm is the contract page's form as the browser posts it, with

@@ -14,6 +14,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/zonehistory"
 	"github.com/musterhq/muster/views"
 )
 
@@ -45,6 +46,10 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request, pg views.Page) {
 // memory, and applies the filter and sort.
 func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.Page, owner, state, sortBy string) (views.Overview, error) {
 	o := views.Overview{Page: pg, Owner: owner, State: state, Sort: sortBy, Evaluated: pg.Now}
+	if u.cfg.ZoneHistory != nil {
+		o.ZonesShown, o.ZonesEvery = true, u.cfg.ZoneHistoryEvery.String()
+		o.Zones = zoneTrends(u.cfg.ZoneHistory.Since(pg.Now.Add(-time.Hour)))
+	}
 	var services []registry.Service
 	page := registry.Page{Limit: registry.MaxPageSize}
 	for {
@@ -203,3 +208,22 @@ func sortServices(ss []views.Service, by string) {
 }
 
 func compareTime(a, b time.Time) int { return a.Compare(b) }
+
+// zoneTrends turns each zone's samples into its two sparklines: unknown
+// instances (scaled to the zone's highest count in the hour, at least 1)
+// and the eligible fraction of the guard's capacity (0 to 100%).
+func zoneTrends(series []zonehistory.Series) []views.ZoneTrend {
+	out := make([]views.ZoneTrend, 0, len(series))
+	for _, s := range series {
+		z := views.ZoneTrend{Zone: s.Zone,
+			Unknown:  views.Spark{Name: "unknown instances", Top: 1},
+			Fraction: views.Spark{Name: "eligible fraction", Top: 1, Percent: true}}
+		for _, x := range s.Samples {
+			z.Unknown.Values = append(z.Unknown.Values, float64(x.Unknown))
+			z.Unknown.Top = max(z.Unknown.Top, float64(x.Unknown))
+			z.Fraction.Values = append(z.Fraction.Values, x.Fraction())
+		}
+		out = append(out, z)
+	}
+	return out
+}

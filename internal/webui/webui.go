@@ -68,6 +68,7 @@ import (
 	"github.com/musterhq/muster/internal/preview"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/relay"
+	"github.com/musterhq/muster/internal/zonehistory"
 	"github.com/musterhq/muster/static"
 )
 
@@ -142,6 +143,13 @@ type Config struct {
 	// contract and the one in force (registry.PreviewContract, then
 	// Evaluator.PreviewContract), changing nothing.
 	ContractPreview func(ctx context.Context, actor identity.Principal, service string, c registry.Contract) (preview.Result, error)
+	// ZoneHistory, when set, is the per-zone record the overview draws
+	// its sparklines from (zonehistory.History), sampled every
+	// ZoneHistoryEvery.
+	ZoneHistory interface {
+		Since(time.Time) []zonehistory.Series
+	}
+	ZoneHistoryEvery time.Duration
 	// Ownership, when set, is the region's shard ownership the replicas
 	// page shows.
 	Ownership interface{ Region() ownership.RegionStatus }
