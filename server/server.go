@@ -23,6 +23,7 @@ import (
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/lagstats"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/preview"
 	"github.com/musterhq/muster/internal/registry"
@@ -155,7 +156,11 @@ type Config struct {
 	MaxBodyBytes int64
 	// Hub and Admission are the streaming tier behind /v1/watch and
 	// /v1/resolve.
-	Hub       *stream.Hub
+	Hub *stream.Hub
+	// Lags, when set, keeps how long each view change took from the hub
+	// to each watch stream it was written to, per service (the admin
+	// UI's histogram; lagstats.Delivered).
+	Lags      *lagstats.Recorder
 	Admission *stream.Admission
 	// Alarms lists the open alarms (the publisher).
 	Alarms interface{ Alarms() []assembler.Alarm }

@@ -17,6 +17,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/lagstats"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/stream"
 )
@@ -164,9 +165,12 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			if writeFrame(w, f) != nil {
 				return false
 			}
-			s.frameSent(f.Kind)
 		}
-		return rc.Flush() == nil
+		if rc.Flush() != nil {
+			return false
+		}
+		s.framesSent(frames)
+		return true
 	})
 }
 
@@ -414,10 +418,24 @@ func (s *Server) rawSender(conn net.Conn) func(...*stream.Frame) bool {
 		if err != nil {
 			return false
 		}
-		for _, f := range frames {
-			s.frameSent(f.Kind)
-		}
+		s.framesSent(frames)
 		return true
+	}
+}
+
+// framesSent counts frames written to a watch stream, and keeps how long
+// each view change took from the hub to it, per service.
+func (s *Server) framesSent(frames []*stream.Frame) {
+	var now time.Time
+	for _, f := range frames {
+		s.frameSent(f.Kind)
+		if s.cfg.Lags == nil || (f.Kind != stream.KindView && f.Kind != stream.KindDelta) || f.PublishedAt.IsZero() || strings.Contains(f.Service, "@") {
+			continue
+		}
+		if now.IsZero() {
+			now = s.cfg.Now() // the hub's clock in muster (app gives both its own)
+		}
+		s.cfg.Lags.Observe(f.Service, lagstats.Delivered, now.Sub(f.PublishedAt))
 	}
 }
 

@@ -61,6 +61,7 @@ import (
 	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/lagstats"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/policy"
@@ -264,7 +265,10 @@ type App struct {
 	// ZoneHistory samples every zone's published state for the admin
 	// UI's sparklines (issue 30).
 	ZoneHistory *zonehistory.History
-	Metrics     *prometheus.Registry
+	// Lags keeps each service's withdrawal and delivery lags for the
+	// admin UI's histograms (issue 30).
+	Lags    *lagstats.Recorder
+	Metrics *prometheus.Registry
 
 	// DNS is the DNS zone when Config.DNS is set.
 	DNS *dnszone.Server
@@ -450,7 +454,8 @@ func New(cfg Config) (*App, error) {
 	pbc := cfg.Publisher
 	pbc.Snapshot, pbc.Changes, pbc.Traffic, pbc.Overrides = applied.Snapshot, a.Evaluator, a.Shifts, a.InForce
 	pbc.Ready = a.Evaluator.Ready
-	pbc.Hub, pbc.Pool, pbc.Logger, pbc.Registerer = a.Hub, pool, log, metrics
+	a.Lags = lagstats.New()
+	pbc.Hub, pbc.Pool, pbc.Logger, pbc.Registerer, pbc.Lags = a.Hub, pool, log, metrics, a.Lags
 	pbc.Now = orNow(pbc.Now, now)
 	pbc.GuardEvents = a.Guards.Record
 	// Only a service's owner publishes it; one whose tenure lapsed while
@@ -498,6 +503,7 @@ func New(cfg Config) (*App, error) {
 	servingReady := a.viewsReady(server.ServingReady(a.Evaluator, a.Hub))
 	svc.Logger, svc.Registry, svc.Policy, svc.Audit, svc.Evaluator, svc.Metrics = log, a.Registry, a.Policy, audit.NewLog(pool), a.Evaluator, metrics
 	svc.Hub, svc.Admission, svc.Alarms, svc.Probers, svc.Shifts, svc.Leases = a.Hub, a.Admission, a.Publisher, a.Evaluator, a.Shifts, a.Reaper
+	svc.Lags = a.Lags
 	svc.Replicas, svc.EpochsLeft = a.Ownership, a.Publisher.EpochsLeft
 	svc.Region = cfg.Region
 	if len(cfg.Federation.Peers) > 0 {
@@ -578,6 +584,7 @@ func New(cfg Config) (*App, error) {
 	if cfg.UI != nil {
 		uc := *cfg.UI
 		uc.ZoneHistory, uc.ZoneHistoryEvery = a.ZoneHistory, 30*time.Second
+		uc.Lags = a.Lags
 		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
 		uc.ContractPreview = func(ctx context.Context, actor identity.Principal, service string, c registry.Contract) (preview.Result, error) {

@@ -56,6 +56,7 @@ import (
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
+	"github.com/musterhq/muster/internal/lagstats"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/worker"
 )
@@ -97,9 +98,12 @@ type Config struct {
 	// WithdrawalBudget is the lag (first failed sample -> published
 	// withdrawal) past which the withdrawal_budget alarm is raised: 5 s.
 	WithdrawalBudget time.Duration
-	Now              func() time.Time
-	Logger           *slog.Logger
-	Registerer       prometheus.Registerer
+	// Lags, when set, also keeps each withdrawal's lag per service for
+	// the admin UI (lagstats.Published).
+	Lags       *lagstats.Recorder
+	Now        func() time.Time
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 	// Traffic, when set, gives the current per-zone traffic weights
 	// (shift-backs, ADR-13); without it they are 1 everywhere. They are
 	// read once per RunOnce, so every service assembled together sees one
@@ -925,6 +929,7 @@ func (p *Publisher) noteLags(service string, lags []time.Duration, now time.Time
 	worst := time.Duration(0)
 	for _, l := range lags {
 		p.metrics.lag.WithLabelValues(service).Observe(l.Seconds())
+		p.cfg.Lags.Observe(service, lagstats.Published, l)
 		worst = max(worst, l)
 	}
 	p.mu.Lock()

@@ -63,6 +63,7 @@ import (
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/lagstats"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/preview"
@@ -150,6 +151,11 @@ type Config struct {
 		Since(time.Time) []zonehistory.Series
 	}
 	ZoneHistoryEvery time.Duration
+	// Lags, when set, is each service's withdrawal and delivery lags, the
+	// service's lag page draws (lagstats.Recorder).
+	Lags interface {
+		Of(service string) []lagstats.Histogram
+	}
 	// Ownership, when set, is the region's shard ownership the replicas
 	// page shows.
 	Ownership interface{ Region() ownership.RegionStatus }
@@ -339,6 +345,7 @@ func (u *UI) routes() {
 	u.mux.Handle("GET "+b+"/reconcile", u.page(u.reconcilePage))
 	u.mux.Handle("GET "+b+"/services/{name}", u.page(u.servicePage))
 	u.contractRoutes()
+	u.mux.Handle("GET "+b+"/services/{name}/lag", u.page(u.lagPage))
 	if u.cfg.Overrides != nil {
 		u.overrideRoutes()
 	}
