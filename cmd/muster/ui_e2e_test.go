@@ -169,6 +169,7 @@ func TestBrowserDemo(t *testing.T) {
 	})
 	alice.shot("overview")
 	alice.viewportShot("overview-top") // docs/overview.png is a copy of this one
+	demoPlots(t, alice, deadline)
 	findQuarantined(t, alice, quarantined)
 	alice.open("/ui/audit", "#chain")
 	if s := alice.text("#chain"); !strings.Contains(s, "chain verified") {
@@ -381,4 +382,61 @@ func findQuarantined(t *testing.T, b *tab, id string) {
 		t.Errorf("the flap report shows too little history for %s:\n%s", id, hist)
 	}
 	b.shot("service-flap-report")
+}
+
+// demoPlots checks the plots of issue 30 on the demo as drawn: each
+// zone's sparklines (once two samples are in, 30 s apart) have one vertex
+// per value they carry and say the last one in text; the propagation
+// page's bars add up to the totals it states, for the service the demo
+// withdraws from.
+func demoPlots(t *testing.T, b *tab, deadline time.Time) {
+	t.Helper()
+	b.until("/ui/", "#zone-trends", "zone sparklines with two samples", deadline, func() bool {
+		return b.count("#zone-trend-table polyline") > 0
+	})
+	b.shot("overview-sparklines")
+	type spark struct{ Values, Points, Text string }
+	sparks := get(b, "sparklines", chromedp.Evaluate[[]spark](`Array.from(document.querySelectorAll("#zone-trend-table .spark")).map(s => ({
+		Values: s.querySelector("svg").getAttribute("data-values"),
+		Points: (s.querySelector("polyline") || {getAttribute: () => ""}).getAttribute("points") || "",
+		Text: s.querySelector(".spark-text").textContent}))`))
+	if len(sparks) == 0 {
+		t.Fatal("no sparklines on the demo's overview")
+	}
+	for _, sp := range sparks {
+		values, points := strings.Fields(sp.Values), strings.Fields(sp.Points)
+		if len(values) < 2 || len(points) != len(values) {
+			t.Errorf("a sparkline with values %q is drawn with %d vertices", sp.Values, len(points))
+			continue
+		}
+		last := values[len(values)-1]
+		if v, err := strconv.ParseFloat(last, 64); err == nil && strings.Contains(sp.Text, "fraction") {
+			last = strconv.FormatFloat(v*100, 'f', 0, 64) + "%"
+		}
+		if !strings.Contains(sp.Text, "now "+last+",") {
+			t.Errorf("sparkline text %q does not say its last value %s", sp.Text, last)
+		}
+	}
+	b.open("/ui/services/recommendations/lag", "#lag-delivered")
+	b.shot("lag")
+	type section struct {
+		Total  string
+		Counts []string
+	}
+	secs := get(b, "histograms", chromedp.Evaluate[[]section](`Array.from(document.querySelectorAll("section.lag")).map(s => ({
+		Total: s.getAttribute("data-total"),
+		Counts: Array.from(s.querySelectorAll("rect.hist-bar")).map(r => r.getAttribute("data-count"))}))`))
+	if len(secs) != 2 {
+		t.Fatalf("%d histograms on the propagation page, want 2", len(secs))
+	}
+	for _, sec := range secs {
+		var sum uint64
+		for _, c := range sec.Counts {
+			n, _ := strconv.ParseUint(c, 10, 64)
+			sum += n
+		}
+		if strconv.FormatUint(sum, 10) != sec.Total {
+			t.Errorf("histogram bars add up to %d, the page says %s measured", sum, sec.Total)
+		}
+	}
 }
