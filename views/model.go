@@ -97,6 +97,10 @@ type Overview struct {
 	Zones      []ZoneTrend
 	ZonesEvery string
 	ZonesShown bool
+	// Probers are the probers' reach sparklines (ProbersShown: a prober
+	// history is kept here).
+	Probers      []ProberTrend
+	ProbersShown bool
 }
 
 // AuditEvent is one row of the audit page.

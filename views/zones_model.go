@@ -78,3 +78,22 @@ func (s Spark) text() string {
 	}
 	return s.Name + ": now " + s.show(s.Values[len(s.Values)-1]) + ", low " + s.show(lo) + ", high " + s.show(hi)
 }
+
+// ProberTrend is one prober's reach on the overview: the share of its
+// assigned targets it reported on over the last hour, and its state now.
+type ProberTrend struct {
+	Prober  string
+	Reach   Spark
+	State   string // "outage", "suspect" or "reporting"
+	Targets int
+}
+
+func (p ProberTrend) stateClass() string {
+	switch p.State {
+	case "outage":
+		return "bad"
+	case "suspect":
+		return "warn"
+	}
+	return "ok"
+}

@@ -107,6 +107,8 @@ const (
 	WorkerXDS          = "xds"
 	// WorkerZoneHistory samples every zone for the UI's sparklines.
 	WorkerZoneHistory = "zone-history"
+	// WorkerProberHistory samples every prober's reach likewise.
+	WorkerProberHistory = "prober-history"
 	// WorkerReconcilePrefix and a source's name name its worker.
 	WorkerReconcilePrefix = "reconcile "
 	// WorkerReconcileDiff keeps muster_reconcile_diff current.
@@ -265,6 +267,8 @@ type App struct {
 	// ZoneHistory samples every zone's published state for the admin
 	// UI's sparklines (issue 30).
 	ZoneHistory *zonehistory.History
+	// ProberHistory samples every prober's reach likewise.
+	ProberHistory *zonehistory.History
 	// Lags keeps each service's withdrawal and delivery lags for the
 	// admin UI's histograms (issue 30).
 	Lags    *lagstats.Recorder
@@ -581,9 +585,13 @@ func New(cfg Config) (*App, error) {
 	if a.ZoneHistory, err = zonehistory.New(zonehistory.Config{Read: a.zoneCounts, Now: now}); err != nil {
 		return nil, err
 	}
+	if a.ProberHistory, err = zonehistory.New(zonehistory.Config{Read: a.proberReach, Now: now}); err != nil {
+		return nil, err
+	}
 	if cfg.UI != nil {
 		uc := *cfg.UI
 		uc.ZoneHistory, uc.ZoneHistoryEvery = a.ZoneHistory, 30*time.Second
+		uc.ProberHistory = a.ProberHistory
 		uc.Lags = a.Lags
 		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
@@ -707,6 +715,7 @@ func New(cfg Config) (*App, error) {
 		{name: WorkerKeyWatch, w: a.KeyWatch},
 		{name: WorkerAuthFailures, w: a.AuthFailures, detached: true},
 		{name: WorkerZoneHistory, w: a.ZoneHistory, detached: true},
+		{name: WorkerProberHistory, w: a.ProberHistory, detached: true},
 	}...)
 	if a.Relay != nil {
 		a.workers = append(a.workers, worker{name: WorkerRelay, w: a.Relay, detached: true})
@@ -989,6 +998,23 @@ func (a *App) zoneCounts() map[string]zonehistory.Counts {
 				out[e.Zone] = c
 			}
 		}
+	}
+	return out
+}
+
+// proberReach is every prober's reach as a zonehistory record: targets
+// reported on (Eligible) of those assigned (Total), and its state.
+func (a *App) proberReach() map[string]zonehistory.Counts {
+	out := map[string]zonehistory.Counts{}
+	for _, r := range a.Evaluator.ProberReaches() {
+		c := zonehistory.Counts{Eligible: r.Reported, Total: r.Targets}
+		switch {
+		case r.Outage:
+			c.State = "outage"
+		case r.Suspect:
+			c.State = "suspect"
+		}
+		out[r.Prober] = c
 	}
 	return out
 }

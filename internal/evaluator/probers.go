@@ -98,3 +98,39 @@ func (e *Evaluator) ProberAlarms() []ProberAlarm {
 	}
 	return out
 }
+
+// ProberReach is one prober's reach now: how many of its assigned
+// targets it reports on, and whether it is out (observes none) or
+// suspect (its failures are contradicted and ignored).
+type ProberReach struct {
+	Prober            string
+	Targets, Reported int
+	Outage, Suspect   bool
+}
+
+// ProberReaches returns every assigned prober's reach, by name (nil
+// until the evaluator is ready).
+func (e *Evaluator) ProberReaches() []ProberReach {
+	if !e.ready.Load() {
+		return nil
+	}
+	e.mu.Lock()
+	stats := e.engine.ProberStats()
+	e.mu.Unlock()
+	var names map[uint64]string
+	out := make([]ProberReach, 0, len(stats))
+	for _, s := range stats {
+		n := s.Name
+		if n == "" {
+			if names == nil {
+				names = e.reporterNames()
+			}
+			n = strings.TrimPrefix(names[uint64(s.Prober)], "prober:")
+		}
+		if n == "" {
+			n = fmt.Sprint(uint64(s.Prober))
+		}
+		out = append(out, ProberReach{Prober: n, Targets: s.Targets, Reported: s.Reported, Outage: s.Outage, Suspect: s.Suspect})
+	}
+	return out
+}

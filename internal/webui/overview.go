@@ -50,6 +50,10 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 		o.ZonesShown, o.ZonesEvery = true, u.cfg.ZoneHistoryEvery.String()
 		o.Zones = zoneTrends(u.cfg.ZoneHistory.Since(pg.Now.Add(-time.Hour)))
 	}
+	if u.cfg.ProberHistory != nil {
+		o.ProbersShown, o.ZonesEvery = true, u.cfg.ZoneHistoryEvery.String()
+		o.Probers = proberTrends(u.cfg.ProberHistory.Since(pg.Now.Add(-time.Hour)))
+	}
 	var services []registry.Service
 	page := registry.Page{Limit: registry.MaxPageSize}
 	for {
@@ -224,6 +228,26 @@ func zoneTrends(series []zonehistory.Series) []views.ZoneTrend {
 			z.Fraction.Values = append(z.Fraction.Values, x.Fraction())
 		}
 		out = append(out, z)
+	}
+	return out
+}
+
+// proberTrends turns each prober's samples into its reach sparkline
+// (targets reported on, of those assigned: 0 to 100%) and its state at
+// the last sample.
+func proberTrends(series []zonehistory.Series) []views.ProberTrend {
+	out := make([]views.ProberTrend, 0, len(series))
+	for _, s := range series {
+		p := views.ProberTrend{Prober: s.Zone, Reach: views.Spark{Name: "targets reported on", Top: 1, Percent: true}, State: "reporting"}
+		for _, x := range s.Samples {
+			p.Reach.Values = append(p.Reach.Values, x.Fraction())
+		}
+		last := s.Samples[len(s.Samples)-1]
+		p.Targets = last.Total
+		if last.State != "" {
+			p.State = last.State
+		}
+		out = append(out, p)
 	}
 	return out
 }

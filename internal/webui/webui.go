@@ -151,6 +151,11 @@ type Config struct {
 		Since(time.Time) []zonehistory.Series
 	}
 	ZoneHistoryEvery time.Duration
+	// ProberHistory, when set, is every prober's reach over time
+	// (targets reported on, of those assigned), sampled likewise.
+	ProberHistory interface {
+		Since(time.Time) []zonehistory.Series
+	}
 	// Lags, when set, is each service's withdrawal and delivery lags, the
 	// service's lag page draws (lagstats.Recorder).
 	Lags interface {

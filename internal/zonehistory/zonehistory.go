@@ -1,7 +1,8 @@
 // Package zonehistory samples each zone's routing state across the
 // estate (how many instances are eligible out of the guard's capacity,
 // how many are unknown) every interval and keeps the last day in memory,
-// for the admin UI's per-zone sparklines (issue 30). It is a record of
+// for the admin UI's per-zone sparklines (issue 30); the same record
+// keeps each prober's reach (targets reported on, of those assigned). It is a record of
 // what muster published, never an input to a verdict; a restarted
 // process starts a new record.
 package zonehistory
@@ -24,6 +25,9 @@ type Counts struct {
 	// Unknown counts instances muster has no verdict for yet or hears
 	// nothing about (routable, health unknown).
 	Unknown int
+	// State is a label of the time, if any (a prober's "outage" or
+	// "suspect").
+	State string
 }
 
 // Fraction is Eligible / Total (1 for an empty zone: nothing is missing).

@@ -287,7 +287,7 @@ var SealKey = sync.OnceValue(func() *audit.KeyFileSigner {
 
 // Held lists the workers a Stack does not start by default: tests step
 // them (RunOnce, SaveOnce, Flush) to stay deterministic.
-var Held = []string{app.WorkerCensus, app.WorkerReaper, app.WorkerShifts, app.WorkerSweeper, app.WorkerGuards, app.WorkerPublisher, app.WorkerZoneHistory}
+var Held = []string{app.WorkerCensus, app.WorkerReaper, app.WorkerShifts, app.WorkerSweeper, app.WorkerGuards, app.WorkerPublisher, app.WorkerZoneHistory, app.WorkerProberHistory}
 
 // owners is, per database, the app whose stack last took its shards.
 var owners = struct {
