@@ -9,13 +9,9 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/evaluator"
-	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/preview"
-	"github.com/musterhq/muster/internal/registry"
 )
 
 // TestContractPreview (issue 30): pay (self-reports only) runs three
@@ -32,51 +28,7 @@ func TestContractPreview(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	admin, oscar := s.Token(t, adminReq), s.Token(t, oscarReq)
-	if r := s.JSON(t, "PUT", "/v1/services/pay", admin, `{"owner":"payments","capabilities":["self"]}`); r.Status != http.StatusCreated {
-		t.Fatalf("create pay: %d %s", r.Status, r.Body)
-	}
-	var ids, addrs []string
-	for i := range 3 {
-		addr := fmt.Sprintf("10.0.7.%d", i+1)
-		r := s.JSON(t, "POST", "/v1/services/pay/instances", oscar, fmt.Sprintf(`{"address":%q,"port":8080,"zone":"az1"}`, addr))
-		if r.Status != http.StatusCreated {
-			t.Fatalf("register: %d %s", r.Status, r.Body)
-		}
-		ids = append(ids, apptest.Decode[registry.Instance](t, r).ID.String())
-		addrs = append(addrs, addr)
-	}
-	s.WaitReady(t)
-	s.SyncNow(t)
-	pay := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "pay", Addresses: addrs})
-
-	// Six windows of evidence, each flushed to PostgreSQL as the
-	// evaluator's flush ticker would, 10 s apart.
-	for window := range 6 {
-		var items []string
-		for i, id := range ids {
-			for k := range 10 {
-				outcome := "success"
-				if i < 2 && window >= 2 && k == 0 {
-					outcome = "failure"
-				}
-				items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"self","outcome":%q}`, id, outcome))
-			}
-		}
-		r := s.JSON(t, "POST", "/v1/reports", pay, `{"reports":[`+strings.Join(items, ",")+`]}`)
-		if r.Status != http.StatusOK || apptest.Decode[evaluator.Result](t, r).Accepted != len(items) {
-			t.Fatalf("window %d: POST /v1/reports: %d %s", window, r.Status, r.Body)
-		}
-		s.Evaluator.EvaluateNow()
-		if err := s.Evaluator.FlushNow(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		s.Clock.Advance(10 * time.Second)
-	}
-	// Publish what the evaluator holds, and let the addition window pass.
-	s.Evaluator.EvaluateNow()
-	s.Publisher.RunOnce()
-	s.Clock.Advance(assembler.DefaultAdditionWindow + 100*time.Millisecond)
-	s.Publisher.RunOnce()
+	ids, _ := s.SelfReportedPay(t, oscar)
 
 	type state struct {
 		verdicts string

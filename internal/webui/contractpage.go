@@ -183,16 +183,7 @@ func (u *UI) contractRefusal(err error) (int, string) {
 	}
 	var se *refusal.Error
 	if errors.As(err, &se) {
-		status := http.StatusConflict
-		switch {
-		case errors.Is(se, refusal.Forbidden):
-			status = http.StatusForbidden
-		case errors.Is(se, refusal.Invalid):
-			status = http.StatusUnprocessableEntity
-		case errors.Is(se, refusal.NotFound):
-			status = http.StatusNotFound
-		}
-		return status, se.Detail + fieldsText(se.Fields) + " Nothing was changed."
+		return refusalStatus(se), se.Detail + fieldsText(se.Fields) + " Nothing was changed."
 	}
 	u.log.Error("contract action", "err", err)
 	return http.StatusServiceUnavailable, "muster could not do it right now (the database or the evaluator is not answering); nothing was changed. Try again in a moment."

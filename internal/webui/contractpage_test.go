@@ -6,72 +6,17 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
-	"github.com/musterhq/muster/internal/devissuer"
 	"github.com/musterhq/muster/internal/evaluator"
-	"github.com/musterhq/muster/internal/identity"
-	"github.com/musterhq/muster/internal/registry"
 )
 
-// payWithEvidence creates pay (payments team, self-reports) with three
-// instances in az1 and a minute of evidence in which two of them fail
-// one report in ten, flushed as the evaluator's ticker would: the
-// platform defaults remove nobody on it, a 5% removal threshold removes
-// both. It returns report, which sends one more window of successes
-// from every instance.
+// payWithEvidence is apptest's SelfReportedPay, registered by an admin.
 func payWithEvidence(t *testing.T, s *apptest.Stack) (report func()) {
 	t.Helper()
-	admin := s.Token(t, apptest.Admin)
-	if r := s.JSON(t, "PUT", "/v1/services/pay", admin, `{"owner":"payments","capabilities":["self"]}`); r.Status != http.StatusCreated {
-		t.Fatalf("create pay: %d %s", r.Status, r.Body)
-	}
-	var ids, addrs []string
-	for i := range 3 {
-		addr := fmt.Sprintf("10.0.7.%d", i+1)
-		r := s.JSON(t, "POST", "/v1/services/pay/instances", admin, fmt.Sprintf(`{"address":%q,"port":8080,"zone":"az1"}`, addr))
-		if r.Status != http.StatusCreated {
-			t.Fatalf("register: %d %s", r.Status, r.Body)
-		}
-		ids = append(ids, apptest.Decode[registry.Instance](t, r).ID.String())
-		addrs = append(addrs, addr)
-	}
-	s.WaitReady(t)
-	s.SyncNow(t)
-	pay := s.Token(t, devissuer.TokenRequest{Kind: identity.KindWorkload, Service: "pay", Addresses: addrs})
-	send := func(window int) {
-		t.Helper()
-		var items []string
-		for i, id := range ids {
-			for k := range 10 {
-				outcome := "success"
-				if i < 2 && window >= 2 && k == 0 {
-					outcome = "failure"
-				}
-				items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"self","outcome":%q}`, id, outcome))
-			}
-		}
-		r := s.JSON(t, "POST", "/v1/reports", pay, `{"reports":[`+strings.Join(items, ",")+`]}`)
-		if r.Status != http.StatusOK || apptest.Decode[evaluator.Result](t, r).Accepted != len(items) {
-			t.Fatalf("window %d: reports: %d %s", window, r.Status, r.Body)
-		}
-	}
-	for window := range 6 {
-		send(window)
-		s.Evaluator.EvaluateNow()
-		if err := s.Evaluator.FlushNow(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		s.Clock.Advance(10 * time.Second)
-	}
-	s.Evaluator.EvaluateNow()
-	s.Publisher.RunOnce()
-	s.Clock.Advance(assembler.DefaultAdditionWindow + 100*time.Millisecond)
-	s.Publisher.RunOnce()
-	return func() { send(0) }
+	_, report = s.SelfReportedPay(t, s.Token(t, apptest.Admin))
+	return report
 }
 
 // contractForm is the contract page's form as the browser posts it, with

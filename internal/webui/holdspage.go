@@ -65,16 +65,7 @@ func (u *UI) holdConfirm(w http.ResponseWriter, r *http.Request, p identity.Prin
 	case errors.As(err, &se):
 		h := u.buildHolds(r, u.pageFor(p))
 		h.Refused, h.Refresh = "Not confirmed: "+se.Detail+fieldsText(se.Fields), 0
-		status := http.StatusConflict
-		switch {
-		case errors.Is(se, refusal.Forbidden):
-			status = http.StatusForbidden
-		case errors.Is(se, refusal.Invalid):
-			status = http.StatusUnprocessableEntity
-		case errors.Is(se, refusal.NotFound):
-			status = http.StatusNotFound
-		}
-		u.render(w, r, status, views.HoldsPage(h))
+		u.render(w, r, refusalStatus(se), views.HoldsPage(h))
 	case err != nil:
 		u.log.Error("hold confirmation", "err", err)
 		u.message(w, r, http.StatusServiceUnavailable, "Not done", "muster could not record the confirmation right now (the database is not answering); nothing changed. Try again in a moment.")
@@ -82,6 +73,20 @@ func (u *UI) holdConfirm(w http.ResponseWriter, r *http.Request, p identity.Prin
 		u.sessions.Put(r.Context(), keyHoldDone, fmt.Sprintf("Confirmed: the removals %s holds in %s may go ahead.", truncate(gate), truncate(scope)))
 		http.Redirect(w, r, u.cfg.BasePath+"/holds", http.StatusSeeOther)
 	}
+}
+
+// refusalStatus is the HTTP status a page answers a refusal with: 403,
+// 422, 404, else 409.
+func refusalStatus(se *refusal.Error) int {
+	switch {
+	case errors.Is(se, refusal.Forbidden):
+		return http.StatusForbidden
+	case errors.Is(se, refusal.Invalid):
+		return http.StatusUnprocessableEntity
+	case errors.Is(se, refusal.NotFound):
+		return http.StatusNotFound
+	}
+	return http.StatusConflict
 }
 
 func fieldsText(fs []refusal.Field) string {
