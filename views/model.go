@@ -21,6 +21,9 @@ type Page struct {
 	// Refresh, when positive, lets the optional script reload the main
 	// content every Refresh seconds.
 	Refresh int
+	// Live, when set with Refresh, is the events path whose change events
+	// make the script reload the main content at once.
+	Live string
 }
 
 // Counts are a service's instances by verdict.

@@ -592,7 +592,7 @@ func New(cfg Config) (*App, error) {
 		uc := *cfg.UI
 		uc.ZoneHistory, uc.ZoneHistoryEvery = a.ZoneHistory, 30*time.Second
 		uc.ProberHistory = a.ProberHistory
-		uc.Lags = a.Lags
+		uc.Lags, uc.Hub = a.Lags, a.Hub
 		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
 		uc.ContractPreview = func(ctx context.Context, actor identity.Principal, service string, c registry.Contract) (preview.Result, error) {

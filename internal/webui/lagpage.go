@@ -30,7 +30,7 @@ func (u *UI) lagPage(w http.ResponseWriter, r *http.Request, pg views.Page) {
 		u.message(w, r, http.StatusServiceUnavailable, "Lag page unavailable", "The registry could not be read; try again in a moment.")
 		return
 	}
-	pg.Title, pg.Nav, pg.Refresh = name+": propagation", "overview", 15
+	pg.Title, pg.Nav, pg.Refresh, pg.Live = name+": propagation", "overview", 15, pg.Base+"/events?service="+name
 	l := views.Lag{Page: pg, Service: name}
 	for _, h := range u.cfg.Lags.Of(name) {
 		lh := lagHistogram(h)

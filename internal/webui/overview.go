@@ -31,7 +31,7 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request, pg views.Page) {
 		u.message(w, r, http.StatusBadRequest, "Bad filter", "The overview filters by owner (a team name), state and sort from its own form; this link has a value it does not know.")
 		return
 	}
-	pg.Title, pg.Nav, pg.Refresh = "Overview", "overview", 15
+	pg.Title, pg.Nav, pg.Refresh, pg.Live = "Overview", "overview", 15, pg.Base+"/events"
 	o, err := u.buildOverview(r, principalFrom(r.Context()), pg, owner, state, sort)
 	if err != nil {
 		u.log.Error("overview", "err", err)

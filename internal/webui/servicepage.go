@@ -35,7 +35,7 @@ func (u *UI) servicePage(w http.ResponseWriter, r *http.Request, pg views.Page) 
 		u.message(w, r, http.StatusNotFound, "No such service", "Service names are DNS labels; there is no service "+truncate(name)+".")
 		return
 	}
-	pg.Title, pg.Nav, pg.Refresh = name, "overview", 15
+	pg.Title, pg.Nav, pg.Refresh, pg.Live = name, "overview", 15, pg.Base+"/events?service="+name
 	sp, err := u.buildServicePage(r.Context(), principalFrom(r.Context()), pg, name)
 	if errors.Is(err, registry.ErrNotFound) {
 		u.message(w, r, http.StatusNotFound, "No such service", "There is no service "+name+" in the registry.")

@@ -69,6 +69,7 @@ import (
 	"github.com/musterhq/muster/internal/preview"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/relay"
+	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/zonehistory"
 	"github.com/musterhq/muster/static"
 )
@@ -156,6 +157,9 @@ type Config struct {
 	ProberHistory interface {
 		Since(time.Time) []zonehistory.Series
 	}
+	// Hub, when set, gives pages live updates: they reload their content
+	// when a view they show changes (GET /events, refresh.js).
+	Hub *stream.Hub
 	// Lags, when set, is each service's withdrawal and delivery lags, the
 	// service's lag page draws (lagstats.Recorder).
 	Lags interface {
@@ -351,6 +355,7 @@ func (u *UI) routes() {
 	u.mux.Handle("GET "+b+"/services/{name}", u.page(u.servicePage))
 	u.contractRoutes()
 	u.mux.Handle("GET "+b+"/services/{name}/lag", u.page(u.lagPage))
+	u.mux.HandleFunc("GET "+b+"/events", u.events)
 	if u.cfg.Overrides != nil {
 		u.overrideRoutes()
 	}
