@@ -119,7 +119,9 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		case f, ok := <-sub.C():
-			if !ok {
+			if !ok || f.Kind == stream.KindDrain {
+				// The hub is closing (muster shutting down): end, so the
+				// HTTP server's shutdown does not wait on this stream.
 				return
 			}
 			note(f)
