@@ -247,8 +247,19 @@ func (f *Follower) run(ctx context.Context) {
 	// Views kept from an earlier run are served (stale-but-served) until
 	// the peer answers; the first sync then replaces them, audited.
 	if names := f.cachedServices(); len(names) > 0 {
+		// The copy on disk is read here, not from the client: the
+		// client may already hold the peer's newer views by the time it
+		// is asked (it connects as soon as it is made), and the heal
+		// must compare the peer's views with what this region held.
+		held := f.loadCached(names)
 		f.follow(ctx, names)
-		f.take(true)
+		var took []RemoteView
+		for _, v := range held {
+			if f.agg.put(v) {
+				took = append(took, v)
+			}
+		}
+		f.agg.emit(took)
 		f.partitioned, f.fromCache = true, true
 	}
 	f.RunOnce(ctx)
@@ -262,7 +273,7 @@ func (f *Follower) run(ctx context.Context) {
 		// What the client applied before updated was read (while RunOnce
 		// listed services or read grants) is taken now: Updated only
 		// wakes for the next update.
-		f.take(false)
+		f.take()
 		select {
 		case <-ctx.Done():
 			return
@@ -334,8 +345,8 @@ func (f *Follower) observe(now time.Time) {
 // take copies the client's views into the aggregate, each only when its
 // version is newer than the one held. While a partition is not healed
 // the copy is left as it was, so the heal compares the whole of it.
-func (f *Follower) take(force bool) {
-	if f.client == nil || (f.partitioned && !force) {
+func (f *Follower) take() {
+	if f.client == nil || f.partitioned {
 		return
 	}
 	var took []RemoteView
@@ -568,6 +579,21 @@ func (f *Follower) closeClient() {
 	f.reconnects += f.client.Stats().Reconnects
 	_ = f.client.Close()
 	f.client = nil
+}
+
+// loadCached reads the copy on disk of each named service (a file that
+// is missing or cannot be trusted is left out, as the client leaves it).
+func (f *Follower) loadCached(names []string) []RemoteView {
+	now := f.cfg.Now()
+	var out []RemoteView
+	for _, s := range names {
+		v, err := resolver.LoadView(f.cacheDir, s)
+		if err != nil {
+			continue
+		}
+		out = append(out, RemoteView{Region: f.peer.Name, View: v, ReceivedAt: now})
+	}
+	return out
 }
 
 // cachedServices lists the services whose last-known-good views are in
