@@ -18,6 +18,7 @@ import (
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/federation"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/notify"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/proxied"
 	"github.com/musterhq/muster/internal/reconcile"
@@ -170,6 +171,12 @@ type Config struct {
 	RoutingControl, RoutingControlCA string
 	RoutingControlInterval           time.Duration
 	routingControl                   *routingcontrol.Config // the above, parsed
+	// AlertTargets is the file naming where alarms are sent
+	// (--alert-targets, MUSTER_ALERT_TARGETS; notify.go), with
+	// MUSTER_ALERT_RESEND how often a firing alert is sent again (1m).
+	// Empty: alarms are only listed (GET /v1/alarms), not sent.
+	AlertTargets string
+	notify       *notify.Config // the above, loaded
 	// Federation are the peer regions followed (--peer, --peer-token,
 	// --peer-ca, MUSTER_PEER_*; federation.go, docs/regions.md); no
 	// Peers: none.

@@ -92,6 +92,7 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 	df := addDNSFlags(fs, dev)
 	applyProxyProtocol := proxyProtocolFlag(fs)
 	applyRoutingControl := routingControlFlags(fs)
+	applyNotify := notifyFlags(fs)
 	ff := addFederationFlags(fs)
 	var peers string
 	fs.StringVar(&peers, "peers", "", "comma-separated base URLs of the region's other replicas (MUSTER_PEERS): when PostgreSQL cannot be reached at start, serve their views read-only until it can (docs/replicas.md)")
@@ -108,6 +109,9 @@ func cmdServe(ctx context.Context, args []string, dev bool, stdout, stderr io.Wr
 		return err
 	}
 	if err := applyRoutingControl(&cfg); err != nil {
+		return err
+	}
+	if err := applyNotify(&cfg); err != nil {
 		return err
 	}
 	var err error
@@ -467,6 +471,11 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		Federation:    cfg.Federation,
 	}
 	ac.RoutingControl = cfg.routingControl
+	if cfg.notify != nil {
+		nc := *cfg.notify
+		nc.GeneratorURL = base + "/v1/alarms"
+		ac.Notify = &nc
+	}
 	if devIssuer != nil {
 		ac.Server.DevIssuer, ac.Server.DevIssuerPath = devIssuer.Handler(), devIssuerPath
 	}

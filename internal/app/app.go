@@ -62,6 +62,7 @@ import (
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/lagstats"
+	"github.com/musterhq/muster/internal/notify"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/policy"
@@ -214,6 +215,11 @@ type Config struct {
 	// per peer, named "federation <peer>". Its Region, Audit, Owns,
 	// Logger, Registerer and Now are the app's. No Peers: none.
 	Federation federation.Config
+	// Notify, when set, sends the alarms to the owning teams' and the
+	// platform's notification targets (internal/notify, issue 30); its
+	// Alarms, Owner, Logger and Registerer are the app's, its Region the
+	// app's unless set.
+	Notify *notify.Config
 	// Workers are started after muster's own and stopped right after the
 	// evaluator, before the publisher: an audit checkpoint, say.
 	Workers []NamedWorker
@@ -262,6 +268,8 @@ type App struct {
 	Federation *federation.Federation
 	UI         *webui.UI
 	Server     *server.Server
+	// Notifier is nil unless Config.Notify was set.
+	Notifier *notify.Notifier
 	// XDS is nil unless Config.XDS was set.
 	XDS *xds.Server
 	// ZoneHistory samples every zone's published state for the admin
@@ -304,7 +312,7 @@ type worker struct {
 }
 
 // stopOrder is the order workers stop in: the census (Shutdown stops it
-// before the streams drain), the surfaces (xDS, the DNS zone: they answer
+// before the streams drain), the notifier (it only reads alarms), the surfaces (xDS, the DNS zone: they answer
 // until HTTP has stopped), the reconciliation workers (they write the
 // registry and feed the evaluator readiness evidence, so they stop before
 // it), the evaluator (it flushes transitions and
@@ -313,7 +321,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerRelay, stopFederation, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerNotify, WorkerRelay, stopFederation, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -636,6 +644,14 @@ func New(cfg Config) (*App, error) {
 		a.closeUI()
 		return nil, err
 	}
+	if err := metrics.Register(newAlarmsOpen(server.AlarmsOf(svc))); err != nil {
+		a.closeUI()
+		return nil, fmt.Errorf("register muster_alarms_open: %w", err)
+	}
+	if err := a.buildNotifier(cfg, svc); err != nil {
+		a.closeUI()
+		return nil, err
+	}
 	if cfg.DNS != nil {
 		dc := *cfg.DNS
 		dc.Hub, dc.Logger, dc.Registerer = a.Hub, log, metrics
@@ -742,6 +758,9 @@ func New(cfg Config) (*App, error) {
 		for _, f := range a.Federation.Followers() {
 			a.workers = append(a.workers, worker{name: f.Name(), w: f, detached: true})
 		}
+	}
+	if a.Notifier != nil {
+		a.workers = append(a.workers, worker{name: WorkerNotify, w: a.Notifier, detached: true})
 	}
 	for _, w := range cfg.Workers {
 		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {

@@ -200,6 +200,9 @@ type Evaluator struct {
 	// kept out of rotation for it (seals.go).
 	replayChecked map[uuid.UUID]audit.End
 	replays       map[uuid.UUID]replayedInstance
+	// quarantined are the quarantines seen starting or restored, until
+	// they end (QuarantineAlarms).
+	quarantined map[uuid.UUID]quarantineNote
 	// expired holds, per service, instances whose lease expired while
 	// their zone's guard still needs them (expired.go).
 	expired  map[string]map[uuid.UUID]expiredInstance
@@ -273,6 +276,7 @@ func New(cfg Config) (*Evaluator, error) {
 		expired:           map[string]map[uuid.UUID]expiredInstance{},
 		unsealed:          map[uuid.UUID]unsealedInstance{},
 		replays:           map[uuid.UUID]replayedInstance{},
+		quarantined:       map[uuid.UUID]quarantineNote{},
 		unsealedContracts: map[string]unsealedContract{},
 		windows:           map[windowKey]*windowCounts{},
 		reporters:         map[string]eligibility.ReporterID{},
@@ -487,6 +491,7 @@ func (e *Evaluator) runOnce() {
 	now := e.cfg.Now()
 	ts := append(e.ended, e.engine.Tick(now)...)
 	e.ended = nil
+	e.noteQuarantines(ts)
 	// Health becoming known or unknown, or a quarantine ending, changes
 	// the view without a transition.
 	for _, name := range e.engine.Changed() {

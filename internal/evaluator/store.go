@@ -244,6 +244,7 @@ func (e *Evaluator) restoreQuarantines(ctx context.Context) (int, error) {
 		}
 		if q.Until.After(now) {
 			n++
+			e.quarantined[r.InstanceID] = quarantineNote{at: r.At, until: r.QuarantinedUntil, reason: "quarantine restored after a restart"}
 		}
 	}
 	return n, nil

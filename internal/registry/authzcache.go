@@ -581,6 +581,12 @@ func (c *AuthzCache) verifiedOwner(name string) (string, bool) {
 	return s.owner, true
 }
 
+// Owner returns the owning team of the service name as the copy last
+// verified it, without a database round trip (internal/notify routes a
+// service's alarms to it); false for a service the copy does not hold or
+// could not verify.
+func (c *AuthzCache) Owner(name string) (string, bool) { return c.verifiedOwner(name) }
+
 // MayResolve is Registry.MayResolve answered from the copy: nil, a
 // forbidden refusal, or ErrNotLoaded while there is no copy yet and the
 // decision needs one.

@@ -25,7 +25,7 @@ func Require(t testing.TB, name string) string {
 			return p
 		}
 	}
-	msg := "no " + name + " binary: run scripts/ensure-debian-tools (installs Debian's haproxy, bind9, bind9-dnsutils, curl, jq and umoci)"
+	msg := "no " + name + " binary: run scripts/ensure-debian-tools (installs Debian's haproxy, bind9, bind9-dnsutils, curl, jq, umoci, prometheus-alertmanager and prometheus)"
 	if os.Getenv("MUSTER_REQUIRE_TOOLS") == "1" {
 		t.Fatal(msg + "; MUSTER_REQUIRE_TOOLS=1 makes this a failure")
 	}

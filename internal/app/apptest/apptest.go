@@ -45,6 +45,7 @@ import (
 	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/notify"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
@@ -263,6 +264,9 @@ type Options struct {
 	// on one database (Options.Pool) are two replicas of one region, each
 	// announcing its own URL to the other.
 	Replica string
+	// Notify runs the notifier (internal/notify) with this configuration
+	// on the wall clock unless it sets one (Stack.App.Notifier).
+	Notify *notify.Config
 	// Forward adjusts the configuration of the evidence forwarder
 	// (internal/forward).
 	Forward func(*forward.Config)
@@ -392,6 +396,7 @@ func New(t testing.TB, opts Options) *Stack {
 		Evaluator: evaluator.Config{Tick: time.Hour, RefreshEvery: time.Hour, FlushEvery: time.Minute},
 		Admission: opts.Admission,
 		Reconcile: opts.Reconcile,
+		Notify:    opts.Notify,
 		// A test's admission window may be long; the census (held) reads
 		// it as its interval.
 		Census: stream.CensusConfig{Horizon: max(15*time.Minute, opts.Admission.Window)},

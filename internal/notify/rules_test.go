@@ -1,0 +1,68 @@
+package notify_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/musterhq/muster/internal/testbin"
+)
+
+// rulesFile is the shipped alert rules file, from this package's folder.
+var rulesFile = filepath.Join("..", "..", "deploy", "prometheus", "muster-alerts.rules.yml")
+
+// TestAlertRulesPassPromtool: the alert rules shipped beside the metrics
+// are valid for Prometheus (Debian's promtool, installed by
+// scripts/ensure-debian-tools), and every metric they read is one muster
+// exports.
+func TestAlertRulesPassPromtool(t *testing.T) {
+	t.Parallel()
+	promtool := testbin.Require(t, "promtool")
+	out, err := exec.CommandContext(t.Context(), promtool, "check", "rules", rulesFile).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "SUCCESS") {
+		t.Fatalf("promtool check rules said:\n%s", out)
+	}
+	rules, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := moduleSource(t)
+	for _, m := range regexp.MustCompile(`\bmuster_[a-z_]+\b`).FindAllString(string(rules), -1) {
+		if !strings.Contains(src, `"`+m+`"`) {
+			t.Errorf("the rules read %s, which no muster code exports", m)
+		}
+	}
+}
+
+// moduleSource is the non-test Go source of the module, concatenated.
+func moduleSource(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	root := filepath.Join("..", "..")
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
+			f, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			b.Write(f)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}

@@ -1,0 +1,133 @@
+package notify
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Target kinds.
+const (
+	// KindAlertmanager posts to Alertmanager's v2 alerts API: URL is the
+	// Alertmanager's base (https://am.example:9093), /api/v2/alerts is
+	// appended.
+	KindAlertmanager = "alertmanager"
+	// KindWebhook posts a JSON body ({"status", "alerts": […]}) to URL as
+	// given.
+	KindWebhook = "webhook"
+)
+
+// PlatformTeam is the team label of an alarm no team owns, and the name
+// of the platform's target in metrics and logs.
+const PlatformTeam = "platform"
+
+// Target is where one team's alarms go.
+type Target struct {
+	// URL may carry credentials (user:password@, a token in the query):
+	// only its host is logged.
+	URL string `json:"url" yaml:"url"`
+	// Kind is KindAlertmanager (the default) or KindWebhook.
+	Kind string `json:"kind,omitempty" yaml:"kind,omitempty"`
+}
+
+// Targets maps the owning teams to their targets, with the platform's,
+// which receives every alarm.
+type Targets struct {
+	Platform *Target           `json:"platform,omitempty" yaml:"platform,omitempty"`
+	Teams    map[string]Target `json:"teams,omitempty" yaml:"teams,omitempty"`
+}
+
+// Empty reports whether no target is configured.
+func (t Targets) Empty() bool { return t.Platform == nil && len(t.Teams) == 0 }
+
+// Validate checks every target's URL and kind.
+func (t Targets) Validate() error {
+	var errs []error
+	if t.Platform != nil {
+		errs = append(errs, t.Platform.validate(PlatformTeam))
+	}
+	for _, team := range slices.Sorted(maps.Keys(t.Teams)) {
+		if team == "" || team == PlatformTeam {
+			errs = append(errs, fmt.Errorf("team %q: name the platform's target platform:, not under teams", team))
+			continue
+		}
+		errs = append(errs, t.Teams[team].validate(team))
+	}
+	return errors.Join(errs...)
+}
+
+func (t Target) validate(name string) error {
+	u, err := url.Parse(t.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		// The URL is not repeated: it may carry a token.
+		return fmt.Errorf("target %s: url is not an http:// or https:// URL", name)
+	}
+	if t.Kind != "" && t.Kind != KindAlertmanager && t.Kind != KindWebhook {
+		return fmt.Errorf("target %s: kind %q: want %s or %s", name, t.Kind, KindAlertmanager, KindWebhook)
+	}
+	return nil
+}
+
+// endpoint is the URL posted to.
+func (t Target) endpoint() string {
+	if t.Kind == KindWebhook {
+		return t.URL
+	}
+	u, err := url.Parse(t.URL)
+	if err != nil {
+		return t.URL
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/api/v2/alerts"
+	return u.String()
+}
+
+// host is the target's host, all that is logged of it.
+func (t Target) host() string {
+	if u, err := url.Parse(t.URL); err == nil {
+		return u.Host
+	}
+	return "?"
+}
+
+// LoadTargets reads a targets file: YAML by a .yaml or .yml name, JSON
+// otherwise, e.g.
+//
+//	platform: {url: "https://alertmanager.platform:9093"}
+//	teams:
+//	  payments: {url: "https://alertmanager.payments:9093"}
+//	  search:   {url: "https://hooks.example/muster?token=…", kind: webhook}
+func LoadTargets(path string) (Targets, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Targets{}, fmt.Errorf("read alert targets: %w", err)
+	}
+	var t Targets
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".yaml", ".yml":
+		dec := yaml.NewDecoder(strings.NewReader(string(b)))
+		dec.KnownFields(true)
+		err = dec.Decode(&t)
+	default:
+		dec := json.NewDecoder(strings.NewReader(string(b)))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&t)
+	}
+	if err != nil {
+		return Targets{}, fmt.Errorf("parse alert targets %s: %w", path, err)
+	}
+	if t.Empty() {
+		return Targets{}, fmt.Errorf("alert targets %s: no platform target and no team's", path)
+	}
+	if err := t.Validate(); err != nil {
+		return Targets{}, fmt.Errorf("alert targets %s: %w", path, err)
+	}
+	return t, nil
+}
