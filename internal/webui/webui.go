@@ -322,6 +322,7 @@ func (u *UI) routes() {
 	u.mux.Handle("GET "+b+"/audit", u.page(u.auditPage))
 	u.mux.Handle("GET "+b+"/reconcile", u.page(u.reconcilePage))
 	u.mux.Handle("GET "+b+"/services/{name}", u.page(u.servicePage))
+	u.mux.Handle("GET "+b+"/services/{name}/timeline", u.page(u.serviceTimeline))
 	if u.cfg.Overrides != nil {
 		u.overrideRoutes()
 	}
