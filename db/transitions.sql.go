@@ -208,3 +208,112 @@ func (q *Queries) TransitionsQuarantines(ctx context.Context, arg TransitionsQua
 	}
 	return items, nil
 }
+
+const transitionsStateAt = `-- name: TransitionsStateAt :many
+SELECT a.id::uuid AS instance_id, COALESCE(b.to_state, f.from_state)::text AS state
+FROM unnest($1::uuid[]) AS a(id)
+LEFT JOIN LATERAL (
+    SELECT to_state FROM transitions
+    WHERE transitions.instance_id = a.id AND at < $2::timestamptz
+    ORDER BY at DESC, id DESC
+    LIMIT 1
+) b ON true
+LEFT JOIN LATERAL (
+    SELECT from_state FROM transitions
+    WHERE transitions.instance_id = a.id AND at >= $2::timestamptz
+    ORDER BY at, id
+    LIMIT 1
+) f ON true
+WHERE b.to_state IS NOT NULL OR f.from_state IS NOT NULL
+`
+
+type TransitionsStateAtParams struct {
+	Ids []uuid.UUID
+	At  time.Time
+}
+
+type TransitionsStateAtRow struct {
+	InstanceID uuid.UUID
+	State      string
+}
+
+// The state each of the given instances was in at the given time, for
+// those with a transition: the last one's to_state before it, else the
+// first one's from_state after it. Two index probes per instance through
+// transitions_instance_idx, however long the log.
+func (q *Queries) TransitionsStateAt(ctx context.Context, arg TransitionsStateAtParams) ([]TransitionsStateAtRow, error) {
+	rows, err := q.db.Query(ctx, transitionsStateAt, arg.Ids, arg.At)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []TransitionsStateAtRow
+	for rows.Next() {
+		var i TransitionsStateAtRow
+		if err := rows.Scan(&i.InstanceID, &i.State); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const transitionsWindow = `-- name: TransitionsWindow :many
+SELECT instance_id, from_state, to_state, weight, at, reason FROM transitions
+WHERE service = $1::text AND at >= $2::timestamptz AND at < $3::timestamptz
+ORDER BY at, id
+LIMIT $4
+`
+
+type TransitionsWindowParams struct {
+	Service string
+	Since   time.Time
+	Until   time.Time
+	Lim     int32
+}
+
+type TransitionsWindowRow struct {
+	InstanceID uuid.UUID
+	FromState  string
+	ToState    string
+	Weight     float64
+	At         time.Time
+	Reason     string
+}
+
+// A service's transitions in [from, until), oldest first, for its
+// timeline (through transitions_service_idx).
+func (q *Queries) TransitionsWindow(ctx context.Context, arg TransitionsWindowParams) ([]TransitionsWindowRow, error) {
+	rows, err := q.db.Query(ctx, transitionsWindow,
+		arg.Service,
+		arg.Since,
+		arg.Until,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []TransitionsWindowRow
+	for rows.Next() {
+		var i TransitionsWindowRow
+		if err := rows.Scan(
+			&i.InstanceID,
+			&i.FromState,
+			&i.ToState,
+			&i.Weight,
+			&i.At,
+			&i.Reason,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

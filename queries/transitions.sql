@@ -43,3 +43,32 @@ CROSS JOIN LATERAL (
     ORDER BY at DESC
     LIMIT 1
 ) t;
+
+-- name: TransitionsWindow :many
+-- A service's transitions in [from, until), oldest first, for its
+-- timeline (through transitions_service_idx).
+SELECT instance_id, from_state, to_state, weight, at, reason FROM transitions
+WHERE service = sqlc.arg(service)::text AND at >= sqlc.arg(since)::timestamptz AND at < sqlc.arg(until)::timestamptz
+ORDER BY at, id
+LIMIT sqlc.arg(lim);
+
+-- name: TransitionsStateAt :many
+-- The state each of the given instances was in at the given time, for
+-- those with a transition: the last one's to_state before it, else the
+-- first one's from_state after it. Two index probes per instance through
+-- transitions_instance_idx, however long the log.
+SELECT a.id::uuid AS instance_id, COALESCE(b.to_state, f.from_state)::text AS state
+FROM unnest(sqlc.arg(ids)::uuid[]) AS a(id)
+LEFT JOIN LATERAL (
+    SELECT to_state FROM transitions
+    WHERE transitions.instance_id = a.id AND at < sqlc.arg(at)::timestamptz
+    ORDER BY at DESC, id DESC
+    LIMIT 1
+) b ON true
+LEFT JOIN LATERAL (
+    SELECT from_state FROM transitions
+    WHERE transitions.instance_id = a.id AND at >= sqlc.arg(at)::timestamptz
+    ORDER BY at, id
+    LIMIT 1
+) f ON true
+WHERE b.to_state IS NOT NULL OR f.from_state IS NOT NULL;

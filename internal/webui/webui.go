@@ -356,6 +356,7 @@ func (u *UI) routes() {
 	u.contractRoutes()
 	u.mux.Handle("GET "+b+"/services/{name}/lag", u.page(u.lagPage))
 	u.mux.HandleFunc("GET "+b+"/events", u.events)
+	u.mux.Handle("GET "+b+"/services/{name}/timeline", u.page(u.serviceTimeline))
 	if u.cfg.Overrides != nil {
 		u.overrideRoutes()
 	}
