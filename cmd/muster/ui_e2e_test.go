@@ -292,25 +292,34 @@ func TestBrowserDemo(t *testing.T) {
 	}
 }
 
-// zoneInstances returns the ids of service's instances in zone, from the
-// public API.
-func zoneInstances(t *testing.T, base, tok, service, zone string) []string {
+// demoInstance is an instance as the eligibility API lists it.
+type demoInstance struct {
+	ID   string `json:"instance_id"`
+	Zone string `json:"zone"`
+}
+
+// serviceInstances returns service's instances, from the public API.
+func serviceInstances(t *testing.T, base, tok, service string) []demoInstance {
 	t.Helper()
 	code, body := call(t, "GET", base+"/v1/services/"+service+"/eligibility", tok, "")
 	if code != 200 {
 		t.Fatalf("eligibility of %s: %d %s", service, code, body)
 	}
 	var v struct {
-		Instances []struct {
-			ID   string `json:"instance_id"`
-			Zone string `json:"zone"`
-		} `json:"instances"`
+		Instances []demoInstance `json:"instances"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
 		t.Fatal(err)
 	}
+	return v.Instances
+}
+
+// zoneInstances returns the ids of service's instances in zone, from the
+// public API.
+func zoneInstances(t *testing.T, base, tok, service, zone string) []string {
+	t.Helper()
 	var ids []string
-	for _, in := range v.Instances {
+	for _, in := range serviceInstances(t, base, tok, service) {
 		if in.Zone == zone {
 			ids = append(ids, in.ID)
 		}

@@ -118,20 +118,8 @@ func guardTimes(t *testing.T, pool *pgxpool.Pool, service, column string, from, 
 // liveInstances returns service's instance ids from the public API.
 func liveInstances(t *testing.T, base, tok, service string) []string {
 	t.Helper()
-	code, body := call(t, "GET", base+"/v1/services/"+service+"/eligibility", tok, "")
-	if code != 200 {
-		t.Fatalf("eligibility of %s: %d %s", service, code, body)
-	}
-	var v struct {
-		Instances []struct {
-			ID string `json:"instance_id"`
-		} `json:"instances"`
-	}
-	if err := json.Unmarshal(body, &v); err != nil {
-		t.Fatal(err)
-	}
 	var ids []string
-	for _, in := range v.Instances {
+	for _, in := range serviceInstances(t, base, tok, service) {
 		ids = append(ids, in.ID)
 	}
 	return ids
