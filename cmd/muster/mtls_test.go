@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -281,7 +282,9 @@ func xdsFirst(t *testing.T, addr string, ca *tlstest.CA, cert *tls.Certificate, 
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}}); err != nil {
+	// io.EOF: the server has already ended the stream (a refusal); the
+	// receive returns its status.
+	if err := s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	return s.Recv()

@@ -24,7 +24,14 @@ func TestBrowserContractPreviewSideBySide(t *testing.T) {
 	oscar := newChrome(t, chrome)
 	do(t, oscar, "open the service page", chromedp.Navigate(s.URL+"/ui/services/pay"), chromedp.WaitVisible(chromedp.ID("user-oscar")))
 	do(t, oscar, "sign in as oscar", chromedp.Click(chromedp.ID("user-oscar")), chromedp.WaitVisible(chromedp.ID("edit-contract")))
-	do(t, oscar, "open the contract", chromedp.Click(chromedp.ID("edit-contract")), chromedp.WaitVisible(chromedp.ID("contract-form")))
+	// The link is followed by address: a click can land on a page that the
+	// live update is replacing (TestContractPageCheckBeforeSave checks the
+	// link itself).
+	href := run(t, oscar, "the contract link", chromedp.AttributeValue(chromedp.ID("edit-contract"), "href")).Value
+	if href != "/ui/services/pay/contract" {
+		t.Fatalf("the service page links the contract as %q", href)
+	}
+	do(t, oscar, "open the contract", chromedp.Navigate(s.URL+href), chromedp.WaitVisible(chromedp.ID("contract-form")))
 	screenshot(t, oscar, dir, "contract-1-form")
 	do(t, oscar, "propose a hair-trigger removal threshold",
 		chromedp.SetValue(chromedp.ID("f-removal_threshold"), "0.05"),
