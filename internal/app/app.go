@@ -321,7 +321,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerNotify, WorkerRelay, stopFederation, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerNotify, WorkerRelay, stopFederation, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControlReconcile, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -753,6 +753,9 @@ func New(cfg Config) (*App, error) {
 	}
 	if a.RoutingControls != nil {
 		a.workers = append(a.workers, worker{name: WorkerRoutingControl, w: a.RoutingControls, detached: true})
+		if cfg.Region != "" {
+			a.workers = append(a.workers, worker{name: WorkerRoutingControlReconcile, w: &routingControlReconciler{a: a, region: cfg.Region}, detached: true})
+		}
 	}
 	if a.Federation != nil {
 		for _, f := range a.Federation.Followers() {

@@ -14,6 +14,7 @@ import (
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/routingcontrol"
 	"github.com/musterhq/muster/internal/shift"
+	bgworker "github.com/musterhq/muster/internal/worker"
 )
 
 // WorkerRoutingControl reads the out-of-band region routing controls
@@ -89,9 +90,12 @@ const routingControlRetry = 5 * time.Second
 // actOnControl drains the region (Off) or starts its return (On), as the
 // owner of its key; an attempt that fails for want of the database is
 // tried again while the control still says the same.
-func (a *App) actOnControl(region string, to routingcontrol.State, revision string) {
+//
+// It reports whether a drain was refused (its reason audited), as when no
+// region can take the traffic.
+func (a *App) actOnControl(region string, to routingcontrol.State, revision string) (refused bool) {
 	if _, ok := a.Ownership.Owns(RoutingControlOwnershipKey(region)); !ok {
-		return
+		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -112,16 +116,17 @@ func (a *App) actOnControl(region string, to routingcontrol.State, revision stri
 			Scope: shift.ScopeRegion, Target: region, Manual: &yes,
 			Reason: fmt.Sprintf("the routing control turned region %s off (revision %s)", region, revision),
 		})
-		if re := (*refusal.Error)(nil); errors.As(err, &re) && re.Check == "conflict" {
+		re := (*refusal.Error)(nil)
+		if errors.As(err, &re) && re.Check == "conflict" {
 			// A drain of the region is active: one whose traffic is
 			// returning goes back to 0 at once.
 			a.redrainReturning(ctx, region, revision)
-			return
+			return false
 		}
 		if err != nil {
 			a.log.Warn("the routing control turned this region off, but it is not drained", "err", err)
 			retry(err)
-			return
+			return re != nil
 		}
 		a.log.Info("the routing control turned this region off: region drained", "shift", sh.ID)
 	case routingcontrol.On:
@@ -129,7 +134,7 @@ func (a *App) actOnControl(region string, to routingcontrol.State, revision stri
 		if err != nil {
 			a.log.Warn("the routing control turned this region on; its drain could not be read", "err", err)
 			retry(err)
-			return
+			return false
 		}
 		for _, sh := range all {
 			if sh.Scope == shift.ScopeRegion && sh.Target == region && sh.StartedBy == routingControlActor.String() &&
@@ -138,6 +143,7 @@ func (a *App) actOnControl(region string, to routingcontrol.State, revision stri
 			}
 		}
 	}
+	return false
 }
 
 // redrainReturning drains again the region shift of region whose traffic
@@ -215,4 +221,68 @@ func (a *App) fallbackRegions() ([]string, string) {
 		}
 	}
 	return out, strings.Join(why, "; ")
+}
+
+// WorkerRoutingControlReconcile checks, as the owner of the region's
+// routing-control key, that a region the control says is Off is drained:
+// the actuator acts on the control's changes, and a change seen while no
+// replica owned the key yet (at a start) or by an owner that died before
+// acting would otherwise leave the region serving.
+const WorkerRoutingControlReconcile = "routing-control-reconcile"
+
+// routingControlReconcileEvery is how often the owner checks; a drain
+// refused for want of a fallback region is tried again at most every
+// routingControlRefusedRetry (each attempt is audited).
+const (
+	routingControlReconcileEvery = 5 * time.Second
+	routingControlRefusedRetry   = time.Minute
+)
+
+// routingControlReconciler is WorkerRoutingControlReconcile.
+type routingControlReconciler struct {
+	a       *App
+	region  string
+	runner  bgworker.Runner
+	refused time.Time // the last attempt refused (no fallback region)
+}
+
+func (r *routingControlReconciler) Start(ctx context.Context) error {
+	return r.runner.Start(ctx, func(ctx context.Context) {
+		bgworker.Every(ctx, routingControlReconcileEvery, r.once)
+	})
+}
+
+func (r *routingControlReconciler) Stop() { r.runner.Stop() }
+
+// once drains the region when the control says Off, this replica owns
+// the key, and no drain of the region is active (one whose traffic is
+// returning is drained again, as on a change).
+func (r *routingControlReconciler) once(ctx context.Context) {
+	a := r.a
+	if a.RoutingControls.On(r.region) {
+		return
+	}
+	if _, ok := a.Ownership.Owns(RoutingControlOwnershipKey(r.region)); !ok {
+		return
+	}
+	if !r.refused.IsZero() && time.Since(r.refused) < routingControlRefusedRetry {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	all, err := a.Shifts.List(lctx, routingControlActor, shift.Filter{Limit: 100})
+	if err != nil {
+		return // PostgreSQL away: next time
+	}
+	for _, sh := range all {
+		if sh.Scope == shift.ScopeRegion && sh.Target == r.region && sh.State == shift.Draining {
+			return
+		}
+	}
+	a.log.Warn("the routing control says this region is off and it is not drained: draining it", "region", r.region)
+	if a.actOnControl(r.region, routingcontrol.Off, a.RoutingControls.Status().Revision) {
+		r.refused = time.Now()
+	} else {
+		r.refused = time.Time{}
+	}
 }
