@@ -411,8 +411,8 @@ func (s *Server) notePublished(version uint64, at time.Time) {
 
 // publishedAt returns when the hub received version.
 func (s *Server) publishedAt(version uint64) (time.Time, bool) {
-	s.pubMu.Lock()
-	defer s.pubMu.Unlock()
+	s.pubMu.RLock()
+	defer s.pubMu.RUnlock()
 	at, ok := s.published[version]
 	return at, ok
 }

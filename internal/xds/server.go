@@ -18,12 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/server/config"
-	"github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -205,31 +201,19 @@ type Server struct {
 	nodes    map[string]*node
 	rpcs     map[*rpc]struct{}
 
-	// streamsMu guards streams, which every response and request looks
-	// up: apart from mu, which the feeder holds while it sets snapshots.
-	streamsMu sync.RWMutex
-	streams   map[streamKey]*rpc
-
-	pubMu     sync.Mutex
+	pubMu     sync.RWMutex
 	published map[uint64]time.Time
 	pubOrder  []uint64
-}
-
-type streamKey struct {
-	delta bool
-	id    int64
 }
 
 // rpc is one xDS stream.
 type rpc struct {
 	principal identity.Principal
 	key       string
-	node      *core.Node
 	end       context.CancelCauseFunc
 
 	mu     sync.Mutex
-	sent   map[string]string // type URL -> version last sent (state of the world)
-	denied map[string]bool   // names already counted as denied
+	denied map[string]bool // names already counted as denied
 }
 
 // New builds a Server; nothing runs until Start and Serve.
@@ -240,7 +224,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger.With("component", "xds"),
 		services: map[string]*serviceResources{}, nodes: map[string]*node{},
-		rpcs: map[*rpc]struct{}{}, streams: map[streamKey]*rpc{}, published: map[uint64]time.Time{},
+		rpcs: map[*rpc]struct{}{}, published: map[uint64]time.Time{},
 	}
 	var err error
 	if s.m, err = newMetrics(cfg.Registerer, s); err != nil {
@@ -248,16 +232,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.cache = newWatchCache(s.log)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	xs := serverv3.NewServer(s.ctx, s.cache, s.callbacks(),
-		// Route configurations and assignments are asked for by name;
-		// an empty request for them means none, not all.
-		config.DeactivateLegacyWildcardForTypes([]string{resource.RouteType, resource.EndpointType}),
-		// One channel per stream, sent to in the order the cache
-		// answers (pushOrder), instead of a reflect.Select over a
-		// channel per type.
-		sotw.WithOrderedADS())
 	opts := []grpc.ServerOption{
 		grpc.StreamInterceptor(s.intercept),
+		// Responses muster encoded once go out as they are (adsCodec).
+		grpc.ForceServerCodecV2(newADSCodec()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	}
@@ -265,7 +243,7 @@ func New(cfg Config) (*Server, error) {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
 	}
 	s.grpc = grpc.NewServer(opts...)
-	discovery.RegisterAggregatedDiscoveryServiceServer(s.grpc, xs)
+	discovery.RegisterAggregatedDiscoveryServiceServer(s.grpc, ads{s})
 	return s, nil
 }
 
@@ -376,8 +354,7 @@ func (s *Server) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 	}
 	done := s.cfg.Hub.CountSubscriber()
 	ctx, end := context.WithCancelCause(ss.Context())
-	r := &rpc{principal: p, key: p.String(), end: end, sent: map[string]string{}, denied: map[string]bool{}}
-	r.node = &core.Node{Id: r.key}
+	r := &rpc{principal: p, key: p.String(), end: end, denied: map[string]bool{}}
 	s.register(r)
 	var expiry *time.Timer
 	if !p.Expiry.IsZero() {
@@ -385,29 +362,17 @@ func (s *Server) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 			end(status.Error(codes.Unauthenticated, "the token this stream was opened with has expired; reconnect with a fresh one"))
 		})
 	}
-	// The handler runs beside, so that the stream can end when its
-	// authority does (token expiry, drain) although the handler is
-	// blocked receiving: this returns, gRPC ends the RPC, and the
-	// receive fails. From then on the stream sends nothing (stoppable).
-	// What the stream holds is released when the handler has returned.
-	st := &stoppable{ServerStream: ss, ctx: context.WithValue(ctx, rpcKey{}, r)}
-	handled := make(chan error, 1)
-	go func() {
-		err := handler(srv, st)
-		if expiry != nil {
-			expiry.Stop()
-		}
-		s.unregister(r)
-		done()
-		end(nil)
-		handled <- err
-	}()
-	select {
-	case err = <-handled:
-	case <-ctx.Done():
-		st.stop()
-		err = nil
+	// The handler (serveADS) ends when ctx does (token expiry, drain),
+	// and sends nothing once it has: gRPC then ends the RPC, and the
+	// stream's receive fails. What the stream holds is released when it
+	// has returned.
+	err = handler(srv, &authorisedStream{ServerStream: ss, ctx: context.WithValue(ctx, rpcKey{}, r)})
+	if expiry != nil {
+		expiry.Stop()
 	}
+	s.unregister(r)
+	done()
+	end(nil)
 	if cause := context.Cause(ctx); cause != nil && ss.Context().Err() == nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -530,146 +495,14 @@ func (s *Server) unregister(r *rpc) {
 	}
 }
 
-// stoppable is a server stream whose context its authority ends, and
-// that sends nothing once stop is called (the interceptor has returned,
-// and gRPC is ending the RPC).
-type stoppable struct {
+// authorisedStream is a server stream whose context its authority ends
+// (the interceptor's).
+type authorisedStream struct {
 	grpc.ServerStream
 	ctx context.Context
-
-	mu      sync.Mutex
-	stopped bool
 }
 
-func (s *stoppable) Context() context.Context { return s.ctx }
-
-func (s *stoppable) SendMsg(m any) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return context.Cause(s.ctx)
-	}
-	return s.ServerStream.SendMsg(m)
-}
-
-// stop waits for a send under way and refuses those after it.
-func (s *stoppable) stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopped = true
-}
-
-// callbacks account for every stream, keep each request's node the
-// principal's, count NACKs without answering them with the same
-// resources, and count requests for services the node may not see.
-func (s *Server) callbacks() serverv3.Callbacks {
-	return serverv3.CallbackFuncs{
-		StreamOpenFunc:      func(ctx context.Context, id int64, _ string) error { return s.opened(ctx, streamKey{false, id}) },
-		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error { return s.opened(ctx, streamKey{true, id}) },
-		StreamClosedFunc:    func(id int64, _ *core.Node) { s.closed(streamKey{false, id}) },
-		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
-			s.closed(streamKey{true, id})
-		},
-		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
-			r, err := s.stream(streamKey{false, id})
-			if err != nil {
-				return err
-			}
-			req.Node = r.node
-			if req.GetErrorDetail() != nil {
-				s.nack(r, req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage())
-				// The state-of-the-world cache answers a request whose
-				// version differs from its own at once: with the version
-				// the client rejected, it waits for the next change.
-				r.mu.Lock()
-				if v, ok := r.sent[req.GetTypeUrl()]; ok {
-					req.VersionInfo = v
-				}
-				r.mu.Unlock()
-			}
-			s.checkDenied(r, req.GetResourceNames())
-			return nil
-		},
-		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
-			r, err := s.stream(streamKey{true, id})
-			if err != nil {
-				return err
-			}
-			req.Node = r.node
-			if req.GetErrorDetail() != nil {
-				// Delta sends a resource only when its version changes:
-				// a NACK is never answered with the same resource.
-				s.nack(r, req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage())
-			}
-			s.checkDenied(r, req.GetResourceNamesSubscribe())
-			return nil
-		},
-		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
-			var prev string
-			if r, err := s.stream(streamKey{false, id}); err == nil {
-				r.mu.Lock()
-				prev = r.sent[resp.GetTypeUrl()]
-				r.sent[resp.GetTypeUrl()] = resp.GetVersionInfo()
-				r.mu.Unlock()
-			}
-			s.m.push(false, resp.GetTypeUrl())
-			if resp.GetTypeUrl() == resource.EndpointType {
-				// Timed only when the newest local view changed: a push
-				// a peer region's series (or a grant) caused would be
-				// timed from an old view.
-				lead, _, _ := strings.Cut(resp.GetVersionInfo(), ".")
-				if prevLead, _, _ := strings.Cut(prev, "."); prevLead != lead {
-					s.observeLatency(lead)
-				}
-			}
-		},
-		StreamDeltaResponseFunc: func(_ int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
-			s.m.push(true, resp.GetTypeUrl())
-			if resp.GetTypeUrl() == resource.EndpointType {
-				s.observeDelta(resp)
-			}
-		},
-	}
-}
-
-func (s *Server) opened(ctx context.Context, k streamKey) error {
-	r, ok := ctx.Value(rpcKey{}).(*rpc)
-	if !ok {
-		return status.Error(codes.Internal, "xds: stream without an rpc")
-	}
-	s.streamsMu.Lock()
-	s.streams[k] = r
-	s.streamsMu.Unlock()
-	s.m.streams.WithLabelValues(protocolOf(k)).Inc()
-	return nil
-}
-
-func (s *Server) closed(k streamKey) {
-	s.streamsMu.Lock()
-	_, ok := s.streams[k]
-	delete(s.streams, k)
-	s.streamsMu.Unlock()
-	if ok {
-		s.m.streams.WithLabelValues(protocolOf(k)).Dec()
-	}
-}
-
-func (s *Server) stream(k streamKey) (*rpc, error) {
-	s.streamsMu.RLock()
-	defer s.streamsMu.RUnlock()
-	r := s.streams[k]
-	if r == nil {
-		return nil, status.Error(codes.Internal, "xds: unknown stream")
-	}
-	return r, nil
-}
-
-func protocolOf(k streamKey) string {
-	if k.delta {
-		return "delta"
-	}
-	return "sotw"
-}
+func (s *authorisedStream) Context() context.Context { return s.ctx }
 
 // nack logs and counts a rejected response. It is logged once per
 // rejection; muster does not resend it (see the callbacks).
@@ -707,24 +540,21 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 	}
 }
 
-// observeDelta records the push latency of each assignment of a delta
-// response whose version is a local view's alone (one with a peer
-// region's part may have changed by that part).
-func (s *Server) observeDelta(resp *discovery.DeltaDiscoveryResponse) {
-	for _, res := range resp.GetResources() {
-		s.observeLatency(res.GetVersion())
+// observeLead records how long ago the hub received the local view
+// version v, whose assignment was just sent.
+func (s *Server) observeLead(v uint64) {
+	if at, ok := s.publishedAt(v); ok {
+		s.m.latency.Observe(s.cfg.Now().Sub(at).Seconds())
 	}
 }
 
 // observeLatency records how long ago the hub received the view version
 // v (a decimal string) that was just sent.
 func (s *Server) observeLatency(v string) {
-	n, err := strconv.ParseUint(v, 10, 64)
-	if err != nil {
-		return
-	}
-	if at, ok := s.publishedAt(n); ok {
-		s.m.latency.Observe(s.cfg.Now().Sub(at).Seconds())
+	// A version with a peer region's part (LEAD.HASH) may have
+	// changed by that part alone: not timed.
+	if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+		s.observeLead(n)
 	}
 }
 
