@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -21,7 +22,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/devissuer"
@@ -129,7 +131,7 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer cancel()
 	cc := make([]*grpc.ClientConn, conns)
 	for i := range cc {
-		if cc[i], err = grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearerCreds(workload))); err != nil {
+		if cc[i], err = grpc.NewClient(xdsAddr, lgXDSDialOptions(workload)...); err != nil {
 			return err
 		}
 		defer cc[i].Close()
@@ -263,38 +265,83 @@ func cmpOrErr(a, b error) error {
 type lgXDSStream struct {
 	delta   bool
 	service string
-	sotw    grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse]
-	dlt     grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]
+	// stream carries lgRawMsg (and, with --decode proto, typed
+	// messages); in, out, resp and next are the receiving goroutine's,
+	// reused from response to response (out's bytes are not: see
+	// lgRawCodec.Marshal).
+	stream  grpc.ClientStream
+	in, out lgRawMsg
+	resp    lgResponse
+	next    lgListing
 	// watch, when set (--withdrawals), is told when an endpoint leaves
 	// this stream's assignment.
 	watch *lgWithdrawalWatch
-	// fullDecode: decode assignments with protobuf-go's Unmarshal
-	// (--decode proto) rather than by walking their encoding.
+	// fullDecode: decode responses and assignments with protobuf-go's
+	// Unmarshal (--decode proto) rather than by walking their encoding.
 	fullDecode bool
 
 	mu sync.Mutex
-	// eps is every endpoint an assignment has listed, by its
-	// SocketAddress's encoding (--decode wire) or address:port (proto),
-	// and byEP the same by endpoint; gen counts the assignments taken.
-	eps  map[string]*lgEndpointState
-	byEP map[lgEndpoint]*lgEndpointState
-	gen  uint32
-	// order is the endpoints of the latest assignment in its order
-	// (spare the slice the next one is built in): an endpoint is looked
-	// for there first, a few places on from the last one found, since an
-	// assignment lists its endpoints in the same order each time.
-	order, spare []*lgEndpointState
-	err          error
+	// states is every endpoint an assignment has listed, in the order
+	// first listed; index finds one by its key (its SocketAddress's
+	// encoding with --decode wire, address:port with proto), byEP by
+	// endpoint. marks holds, apart from the states so that taking an
+	// assignment touches a few contiguous bytes per endpoint rather than
+	// each endpoint's state, the last assignment (gen) listing each and
+	// its health there; gen counts the assignments taken.
+	states []lgEndpointState
+	marks  []lgMark
+	index  map[string]int32
+	byEP   map[lgEndpoint]int32
+	gen    uint32
+	// cur is the latest assignment's endpoints in its order: an
+	// endpoint is looked for there first, a few places on from the last
+	// one found, since an assignment lists its endpoints in the same
+	// order each time.
+	cur lgListing
+	err error
 }
 
 // lgEndpointState is what a stream knows of one endpoint.
 type lgEndpointState struct {
-	key    string // its key in eps
-	ep     lgEndpoint
-	health core.HealthStatus // in the last assignment listing it
-	gen    uint32            // the last assignment listing it
-	seen   time.Time         // the first assignment listing it
-	lost   time.Time         // when it went missing (zero while listed)
+	ep   lgEndpoint
+	seen time.Time // the first assignment listing it
+	lost time.Time // when it last went missing (read while not listed)
+}
+
+// lgMark is the last assignment listing an endpoint, and its health
+// there.
+type lgMark struct {
+	gen    uint32
+	health core.HealthStatus
+}
+
+// lgListing is an assignment's endpoints in its order: their keys,
+// end to end in keys (each ending at ends), their health, and (once
+// taken) their states' indexes (-1: a key that does not decode).
+type lgListing struct {
+	keys   []byte
+	ends   []int32
+	health []core.HealthStatus
+	idx    []int32
+}
+
+func (l *lgListing) reset() {
+	l.keys, l.ends, l.health, l.idx = l.keys[:0], l.ends[:0], l.health[:0], l.idx[:0]
+}
+
+func (l *lgListing) add(key []byte, health core.HealthStatus) {
+	l.keys = append(l.keys, key...)
+	l.ends = append(l.ends, int32(len(l.keys)))
+	l.health = append(l.health, health)
+}
+
+// key is endpoint i's key.
+func (l *lgListing) key(i int) []byte {
+	start := int32(0)
+	if i > 0 {
+		start = l.ends[i-1]
+	}
+	return l.keys[start:l.ends[i]]
 }
 
 // lgEndpoint is an endpoint's address and port.
@@ -306,52 +353,56 @@ type lgEndpoint struct {
 func (e lgEndpoint) String() string { return net.JoinHostPort(e.addr, strconv.Itoa(int(e.port))) }
 
 // lgWithdrawalWatch counts the streams whose assignment still lists the
-// endpoint being withdrawn; done is closed when none does.
+// endpoint being withdrawn; done is closed when none does. Every stream
+// tells it of each endpoint that leaves, so the count is an atomic one
+// (a lock every stream takes at once would be contended).
 type lgWithdrawalWatch struct {
-	mu        sync.Mutex
+	cur atomic.Pointer[lgWithdrawal]
+}
+
+// lgWithdrawal is one withdrawal's count.
+type lgWithdrawal struct {
 	ep        lgEndpoint
-	remaining int
+	remaining atomic.Int64
 	done      chan struct{}
 }
 
 // expect starts counting ep's withdrawal from n streams.
 func (w *lgWithdrawalWatch) expect(ep lgEndpoint, n int) <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.ep, w.remaining, w.done = ep, n, make(chan struct{})
-	return w.done
+	d := &lgWithdrawal{ep: ep, done: make(chan struct{})}
+	d.remaining.Store(int64(n))
+	w.cur.Store(d)
+	return d.done
 }
 
 // left notes that ep left one stream's assignment.
 func (w *lgWithdrawalWatch) left(ep lgEndpoint) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if ep != w.ep || w.remaining == 0 {
-		return
-	}
-	if w.remaining--; w.remaining == 0 {
-		close(w.done)
+	if d := w.cur.Load(); d != nil && ep == d.ep && d.remaining.Add(-1) == 0 {
+		close(d.done)
 	}
 }
 
 // open opens the stream and subscribes to the service's assignment; it
 // returns the stream's first error (an admission refusal arrives as the
-// first receive's error, so open waits for the first response).
+// first receive's error, so open waits for the first response). The
+// first request goes through gRPC's proto codec; the responses and ACKs
+// are lgRawMsg.
 func (s *lgXDSStream) open(ctx context.Context, c discovery.AggregatedDiscoveryServiceClient) error {
-	var err error
+	var first proto.Message
 	if s.delta {
-		if s.dlt, err = c.DeltaAggregatedResources(ctx); err != nil {
+		st, err := c.DeltaAggregatedResources(ctx, lgRawStream)
+		if err != nil {
 			return err
 		}
-		if err := s.dlt.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{s.service}}); err != nil && !errors.Is(err, io.EOF) {
+		s.stream, first = st, &discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{s.service}}
+	} else {
+		st, err := c.StreamAggregatedResources(ctx, lgRawStream)
+		if err != nil {
 			return err
 		}
-		return s.recv()
+		s.stream, first = st, &discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{s.service}}
 	}
-	if s.sotw, err = c.StreamAggregatedResources(ctx); err != nil {
-		return err
-	}
-	if err := s.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{s.service}}); err != nil && !errors.Is(err, io.EOF) {
+	if err := s.stream.SendMsg(first); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	return s.recv()
@@ -360,85 +411,118 @@ func (s *lgXDSStream) open(ctx context.Context, c discovery.AggregatedDiscoveryS
 // recv takes one response, notes when each address first arrived in an
 // assignment, and ACKs it.
 func (s *lgXDSStream) recv() error {
+	if s.fullDecode {
+		return s.recvProto()
+	}
+	if err := s.stream.RecvMsg(&s.in); err != nil {
+		return err
+	}
+	defer s.in.free()
+	at := time.Now()
+	r := &s.resp
+	decode := decodeResponse
 	if s.delta {
-		r, err := s.dlt.Recv()
-		if err != nil {
+		decode = decodeDeltaResponse
+	}
+	if err := decode(s.in.b, r); err != nil {
+		return fmt.Errorf("xDS response: %w", err)
+	}
+	for _, res := range r.resources {
+		s.note(res, at)
+	}
+	s.out.b = s.ack(r)
+	return s.stream.SendMsg(&s.out)
+}
+
+// ack is the encoded ACK of response r, in bytes of its own.
+func (s *lgXDSStream) ack(r *lgResponse) []byte {
+	if s.delta {
+		return appendDeltaACK(make([]byte, 0, stringSize(fieldDeltaReqTypeURL, r.typeURL)+stringSize(fieldDeltaReqNonce, r.nonce)), r.typeURL, r.nonce)
+	}
+	return appendACK(make([]byte, 0, stringSize(fieldReqVersion, r.version)+protowire.SizeTag(fieldReqNames)+protowire.SizeBytes(len(s.service))+
+		stringSize(fieldReqTypeURL, r.typeURL)+stringSize(fieldReqNonce, r.nonce)), r.typeURL, s.service, r.version, r.nonce)
+}
+
+// recvProto is recv with --decode proto: protobuf-go builds the response
+// and marshals the ACK.
+func (s *lgXDSStream) recvProto() error {
+	if s.delta {
+		var r discovery.DeltaDiscoveryResponse
+		if err := s.stream.RecvMsg(&r); err != nil {
 			return err
 		}
 		at := time.Now()
 		for _, res := range r.GetResources() {
-			s.note(res.GetResource(), at)
+			s.note(res.GetResource().GetValue(), at)
 		}
-		return s.dlt.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()})
+		return s.stream.SendMsg(&discovery.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()})
 	}
-	r, err := s.sotw.Recv()
-	if err != nil {
+	var r discovery.DiscoveryResponse
+	if err := s.stream.RecvMsg(&r); err != nil {
 		return err
 	}
 	at := time.Now()
 	for _, res := range r.GetResources() {
-		s.note(res, at)
+		s.note(res.GetValue(), at)
 	}
-	return s.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: []string{s.service}, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()})
+	return s.stream.SendMsg(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: []string{s.service}, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()})
 }
 
-func (s *lgXDSStream) note(a *anypb.Any, at time.Time) {
-	var left []lgEndpoint
-	s.mu.Lock()
-	if s.eps == nil {
-		s.eps, s.byEP = map[string]*lgEndpointState{}, map[lgEndpoint]*lgEndpointState{}
-	}
-	g := s.gen + 1
-	order, cursor := s.spare[:0], 0
-	// take notes that key (an endpoint's, decode decodes it) is listed.
-	take := func(key []byte, decode func() (lgEndpoint, error), health core.HealthStatus) {
-		var st *lgEndpointState
-		for k := cursor; k < len(s.order) && k <= cursor+2; k++ {
-			if s.order[k].key == string(key) {
-				st, cursor = s.order[k], k+1
-				break
-			}
-		}
-		if st == nil {
-			st = s.eps[string(key)] // no copy of the key to look it up
-		}
-		if st == nil {
-			ep, err := decode()
-			if err != nil {
-				return
-			}
-			st = &lgEndpointState{key: string(key), ep: ep, seen: at}
-			s.eps[st.key], s.byEP[ep] = st, st
-		}
-		st.gen, st.health, st.lost = g, health, time.Time{}
-		order = append(order, st)
-	}
+// note takes an encoded assignment received at at: it decodes every
+// endpoint (into next, without the lock), then marks each listed, new
+// ones seen and those the latest assignment listed and this one does not
+// lost. An assignment that does not decode is not taken.
+func (s *lgXDSStream) note(a []byte, at time.Time) {
+	next := &s.next
+	next.reset()
 	if s.fullDecode {
 		var cla endpoint.ClusterLoadAssignment
-		if a.UnmarshalTo(&cla) != nil {
-			s.mu.Unlock()
+		if proto.Unmarshal(a, &cla) != nil {
 			return
 		}
 		for _, loc := range cla.GetEndpoints() {
 			for _, e := range loc.GetLbEndpoints() {
 				sa := e.GetEndpoint().GetAddress().GetSocketAddress()
-				ep := lgEndpoint{sa.GetAddress(), sa.GetPortValue()}
-				take([]byte(ep.String()), func() (lgEndpoint, error) { return ep, nil }, e.GetHealthStatus())
+				next.add([]byte(lgEndpoint{sa.GetAddress(), sa.GetPortValue()}.String()), e.GetHealthStatus())
 			}
 		}
-	} else if err := decodeAssignmentWire(a.GetValue(), func(sa []byte, health core.HealthStatus) {
-		take(sa, func() (lgEndpoint, error) { return socketAddress(sa) }, health)
-	}); err != nil {
-		s.mu.Unlock()
+	} else if decodeAssignmentWire(a, next) != nil {
 		return
 	}
-	for _, st := range s.order {
-		if st.gen != g { // listed by the last assignment, not this one
-			st.lost = at
-			left = append(left, st.ep)
+
+	var left []lgEndpoint
+	s.mu.Lock()
+	if s.index == nil {
+		s.index, s.byEP = map[string]int32{}, map[lgEndpoint]int32{}
+	}
+	g := s.gen + 1
+	cur, cursor := &s.cur, 0
+	for k := range next.ends {
+		key, i := next.key(k), int32(-1)
+		for j := cursor; j < len(cur.ends) && j <= cursor+2; j++ {
+			if string(cur.key(j)) == string(key) {
+				i, cursor = cur.idx[j], j+1
+				break
+			}
+		}
+		if i < 0 {
+			i = s.take(key, at)
+		}
+		next.idx = append(next.idx, i)
+		if i >= 0 {
+			s.marks[i] = lgMark{g, next.health[k]}
 		}
 	}
-	s.gen, s.order, s.spare = g, order, s.order
+	for _, i := range cur.idx {
+		// Listed by the last assignment, not this one; marked with an
+		// older assignment once found, in case it was listed twice.
+		if i >= 0 && s.marks[i].gen == s.gen {
+			s.marks[i].gen = s.gen - 1
+			s.states[i].lost = at
+			left = append(left, s.states[i].ep)
+		}
+	}
+	s.gen, s.cur, s.next = g, *next, *cur
 	s.mu.Unlock()
 	if s.watch != nil {
 		for _, ep := range left {
@@ -447,15 +531,42 @@ func (s *lgXDSStream) note(a *anypb.Any, at time.Time) {
 	}
 }
 
+// take is the state of the endpoint key names (-1: the key does not
+// decode), a new one seen at at.
+func (s *lgXDSStream) take(key []byte, at time.Time) int32 {
+	if i, ok := s.index[string(key)]; ok { // no copy of the key to look it up
+		return i
+	}
+	var ep lgEndpoint
+	if s.fullDecode {
+		host, port, err := net.SplitHostPort(string(key))
+		if err != nil {
+			return -1
+		}
+		p, _ := strconv.ParseUint(port, 10, 32)
+		ep = lgEndpoint{host, uint32(p)}
+	} else {
+		var err error
+		if ep, err = socketAddress(key); err != nil {
+			return -1
+		}
+	}
+	i := int32(len(s.states))
+	s.states = append(s.states, lgEndpointState{ep: ep, seen: at})
+	s.marks = append(s.marks, lgMark{})
+	s.index[string(key)], s.byEP[ep] = i, i
+	return i
+}
+
 // current is the endpoints the latest assignment lists, with their
 // health.
 func (s *lgXDSStream) current() map[lgEndpoint]core.HealthStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[lgEndpoint]core.HealthStatus{}
-	for ep, st := range s.byEP {
-		if st.gen == s.gen {
-			out[ep] = st.health
+	for ep, i := range s.byEP {
+		if m := s.marks[i]; m.gen == s.gen {
+			out[ep] = m.health
 		}
 	}
 	return out
@@ -467,8 +578,8 @@ func (s *lgXDSStream) current() map[lgEndpoint]core.HealthStatus {
 func (s *lgXDSStream) healthy(ep lgEndpoint) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := s.byEP[ep]
-	return st != nil && st.gen == s.gen && st.health == core.HealthStatus_HEALTHY
+	i, ok := s.byEP[ep]
+	return ok && s.marks[i].gen == s.gen && s.marks[i].health == core.HealthStatus_HEALTHY
 }
 
 // withdrawn is when endpoint ep left the stream's latest assignment (zero:
@@ -476,11 +587,11 @@ func (s *lgXDSStream) healthy(ep lgEndpoint) bool {
 func (s *lgXDSStream) withdrawn(ep lgEndpoint) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := s.byEP[ep]
-	if st == nil || st.gen == s.gen {
+	i, ok := s.byEP[ep]
+	if !ok || s.marks[i].gen == s.gen {
 		return time.Time{}
 	}
-	return st.lost
+	return s.states[i].lost
 }
 
 func (s *lgXDSStream) run(ctx context.Context) {
@@ -501,9 +612,9 @@ func (s *lgXDSStream) arrival(addr string) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var first time.Time
-	for ep, st := range s.byEP {
-		if ep.addr == addr && (first.IsZero() || st.seen.Before(first)) {
-			first = st.seen
+	for ep, i := range s.byEP {
+		if seen := s.states[i].seen; ep.addr == addr && (first.IsZero() || seen.Before(first)) {
+			first = seen
 		}
 	}
 	return first
@@ -513,6 +624,25 @@ func (s *lgXDSStream) failed() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
+}
+
+// lgEnvoyWindow is Envoy's default initial HTTP/2 stream and connection
+// flow-control window (256 MiB, http2_protocol_options).
+const lgEnvoyWindow = 256 << 20
+
+// lgXDSDialOptions are the options of the load generator's xDS
+// connections, which stand for sidecars: Envoy's HTTP/2 windows (so the
+// client sends no WINDOW_UPDATE round trips, and no BDP pings, that an
+// Envoy would not), a read buffer that takes a burst of 100 streams'
+// assignments in few reads, and the workload's token.
+func lgXDSDialOptions(token string) []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(bearerCreds(token)),
+		grpc.WithStaticStreamWindowSize(lgEnvoyWindow),
+		grpc.WithStaticConnWindowSize(lgEnvoyWindow),
+		grpc.WithReadBufferSize(256 << 10),
+	}
 }
 
 // bearerCreds sends a token on every call.

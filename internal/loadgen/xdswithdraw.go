@@ -18,7 +18,6 @@ import (
 
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/musterhq/muster/internal/cli"
 	"github.com/musterhq/muster/internal/devissuer"
@@ -179,7 +178,7 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 
 	cc := make([]*grpc.ClientConn, o.conns)
 	for i := range cc {
-		if cc[i], err = grpc.NewClient(o.xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearerCreds(workload))); err != nil {
+		if cc[i], err = grpc.NewClient(o.xdsAddr, lgXDSDialOptions(workload)...); err != nil {
 			return err
 		}
 		defer cc[i].Close()
@@ -234,7 +233,8 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 	clientBefore := clientCPU()
 	began := time.Now()
 	var toAll, toFirst, deliveries []time.Duration
-	early := 0 // deliveries before the report's 200 arrived
+	early := 0                              // deliveries before the report's 200 arrived
+	lost := make([]time.Time, len(streams)) // when each stream lost the endpoint
 	for k := range o.changes {
 		// Instance k: zones in turn (instance i is in zone i%3), each
 		// failed once (a hard failure takes minutes of success to undo).
@@ -264,10 +264,12 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 		case <-done:
 		case <-time.After(o.timeout):
 		}
+		// The pass that finds none missing keeps each stream's time
+		// (one look-up per stream, which is this client's CPU too).
 		if err := pollStreams(ctx, acked.Add(o.timeout), func() (int, error) {
 			missing := 0
-			for _, s := range streams {
-				if s.withdrawn(ep).IsZero() {
+			for i, s := range streams {
+				if lost[i] = s.withdrawn(ep); lost[i].IsZero() {
 					if err := s.failed(); err != nil {
 						return 0, fmt.Errorf("a stream failed: %w", err)
 					}
@@ -279,8 +281,8 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 			return fmt.Errorf("withdrawal %d (%s): %w", k+1, ep, err)
 		}
 		var lo, hi time.Duration
-		for i, s := range streams {
-			d := s.withdrawn(ep).Sub(acked)
+		for i := range streams {
+			d := lost[i].Sub(acked)
 			if d < 0 {
 				early++
 				d = 0
