@@ -167,10 +167,25 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 				fmt.Fprintln(stderr, "keep-alive reports:", err)
 			}
 			if n%5 == 0 { // every 10 s, a third of the default lease
-				for _, id := range ids {
-					if err := apiCall(ctx, client, http.MethodPut, o.base+"/v1/instances/"+id.String()+"/lease", admin, nil, nil); err != nil && ctx.Err() == nil {
-						fmt.Fprintln(stderr, "lease renewal:", err)
+				// One batch (POST /v1/leases/renewals, one transaction),
+				// as an agent renews, rather than a request per instance
+				// that would run beside the withdrawals being timed.
+				items := make([]map[string]string, len(ids))
+				for i, id := range ids {
+					items[i] = map[string]string{"instance_id": id.String()}
+				}
+				body, err := json.Marshal(map[string]any{"renewals": items})
+				if err == nil {
+					var res struct {
+						Renewed int `json:"renewed"`
 					}
+					err = apiCall(ctx, client, http.MethodPost, o.base+"/v1/leases/renewals", admin, body, &res)
+					if err == nil && res.Renewed != len(ids) {
+						err = fmt.Errorf("%d of %d leases renewed", res.Renewed, len(ids))
+					}
+				}
+				if err != nil && ctx.Err() == nil {
+					fmt.Fprintln(stderr, "lease renewal:", err)
 				}
 			}
 		}
