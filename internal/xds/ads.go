@@ -403,11 +403,17 @@ func (a *adsStream) next(i int) (m *encoded, lead uint64, leads []string) {
 		return nil, 0, nil
 	}
 	st.dirty = false
-	send, removed, held := deltaOf(a.snap, pushOrder[i], st.wildcard, st.names, st.returned)
+	send, removed := deltaOf(a.snap, pushOrder[i], st.wildcard, st.names, st.returned)
 	if len(send) == 0 && len(removed) == 0 && !st.initial {
 		return nil, 0, nil
 	}
-	st.initial, st.returned = false, held
+	st.initial = false
+	for _, r := range send {
+		st.returned[r.name] = r.version
+	}
+	for _, name := range removed {
+		delete(st.returned, name)
+	}
 	a.nonces++
 	st.nonce = strconv.FormatUint(a.nonces, 10)
 	data := make(mem.BufferSlice, 0, len(send)+1)

@@ -320,14 +320,11 @@ func (x *template) wire() []byte {
 
 // deltaOf is what a delta subscription lacks in snap: the subscribed
 // resources whose version differs from the one the stream holds
-// (returned), and the names it holds that are gone; next is what it
-// holds once sent them.
-func deltaOf(snap *nodeSnapshot, t string, wildcard bool, names map[string]struct{}, returned map[string]string) (send []*shared, removed []string, next map[string]string) {
+// (returned), and the names it holds that are gone.
+func deltaOf(snap *nodeSnapshot, t string, wildcard bool, names map[string]struct{}, returned map[string]string) (send []*shared, removed []string) {
 	held := snap.resources[t]
 	if wildcard {
-		next = make(map[string]string, len(held))
 		for name, r := range held {
-			next[name] = r.version
 			if v, ok := returned[name]; !ok || v != r.version {
 				send = append(send, r)
 			}
@@ -338,11 +335,9 @@ func deltaOf(snap *nodeSnapshot, t string, wildcard bool, names map[string]struc
 			}
 		}
 	} else {
-		next = make(map[string]string, len(names))
 		for name := range names {
 			v, had := returned[name]
 			if r := held[name]; r != nil {
-				next[name] = r.version
 				if !had || v != r.version {
 					send = append(send, r)
 				}
@@ -353,5 +348,5 @@ func deltaOf(snap *nodeSnapshot, t string, wildcard bool, names map[string]struc
 	}
 	slices.SortFunc(send, func(a, b *shared) int { return strings.Compare(a.name, b.name) })
 	slices.Sort(removed)
-	return send, removed, next
+	return send, removed
 }
