@@ -59,10 +59,13 @@
 // each delta response). A node's state-of-the-world response to a set of
 // names is assembled once per snapshot and shared; a change answers only
 // the watches that follow one of the names it changed, clusters and
-// assignments before listeners and routes (pushOrder); and the server
-// runs go-control-plane's ordered ADS loop, one channel per stream
-// (TestAChangeIsEncodedOnceAndReachesOnlyItsStreams; docs/measuring.md
-// has the figures).
+// assignments before listeners and routes (pushOrder). muster serves ADS
+// itself (ads.go): a stream's subscriptions live as long as it, an ACK
+// changes nothing, and a response goes out as the bytes encoded once
+// with the stream's nonce appended (adsCodec)
+// (TestAChangeIsEncodedOnceAndReachesOnlyItsStreams,
+// TestStreamsAnswerOnlyWhatConcernsThem; docs/measuring.md has the
+// figures).
 //
 // # Who sees what
 //
@@ -72,8 +75,8 @@
 // a workload; without either it is refused UNAUTHENTICATED before it can
 // ask for anything, and a workload token the certificate contradicts is
 // refused PERMISSION_DENIED. The cache is
-// keyed by principal: the callbacks replace each request's node with one
-// whose id is the principal's name, and each principal with an open stream
+// keyed by principal: a request's node is ignored for the principal's
+// name, and each principal with an open stream
 // (a node) has a snapshot of its own holding the services it may resolve
 // (registry.AuthzCache's decision, as for /v1/watch). Any other service is
 // absent, as one that does not exist would be, and asking for it is

@@ -505,7 +505,7 @@ type authorisedStream struct {
 func (s *authorisedStream) Context() context.Context { return s.ctx }
 
 // nack logs and counts a rejected response. It is logged once per
-// rejection; muster does not resend it (see the callbacks).
+// rejection; muster does not resend it (adsStream.sotwRequest).
 func (s *Server) nack(r *rpc, typeURL, nonce, detail string) {
 	s.m.nacks.WithLabelValues(typeName(typeURL)).Inc()
 	s.log.Warn("xDS client rejected (NACKed) muster's resources; they are not resent until they change",
