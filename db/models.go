@@ -165,6 +165,7 @@ type Replica struct {
 	LastSeen  time.Time
 	Address   string
 	Region    string
+	Ready     bool
 }
 
 type SealAdoption struct {
@@ -209,6 +210,7 @@ type ShardLease struct {
 	AcquiredAt *time.Time
 	RenewedAt  *time.Time
 	ExpiresAt  time.Time
+	OfferedTo  *string
 }
 
 type Shift struct {

@@ -23,13 +23,14 @@ func (q *Queries) ReplicaForget(ctx context.Context, id string) error {
 
 const replicaHeartbeat = `-- name: ReplicaHeartbeat :one
 
-INSERT INTO replicas (id, started_at, last_seen, address, region)
-VALUES ($1::text, clock_timestamp(), clock_timestamp(), $2::text, $3::text)
+INSERT INTO replicas (id, started_at, last_seen, address, region, ready)
+VALUES ($1::text, clock_timestamp(), clock_timestamp(), $2::text, $3::text, $4::boolean)
 ON CONFLICT (id) DO UPDATE SET
-    started_at = CASE WHEN $4::boolean THEN EXCLUDED.started_at ELSE replicas.started_at END,
+    started_at = CASE WHEN $5::boolean THEN EXCLUDED.started_at ELSE replicas.started_at END,
     last_seen = EXCLUDED.last_seen,
     address = EXCLUDED.address,
-    region = EXCLUDED.region
+    region = EXCLUDED.region,
+    ready = EXCLUDED.ready
 RETURNING started_at, last_seen
 `
 
@@ -37,6 +38,7 @@ type ReplicaHeartbeatParams struct {
 	ID      string
 	Address string
 	Region  string
+	Ready   bool
 	Restart bool
 }
 
@@ -48,12 +50,14 @@ type ReplicaHeartbeatRow struct {
 // Table replicas, owned by internal/ownership (one owner per service).
 // Records that replica id is alive now (the database's clock). restart
 // stamps started_at anew (the first heartbeat of a process); otherwise a
-// replica keeps the started_at it has.
+// replica keeps the started_at it has. ready says whether it can publish
+// what it would be dealt (the balance counts only ready replicas).
 func (q *Queries) ReplicaHeartbeat(ctx context.Context, arg ReplicaHeartbeatParams) (ReplicaHeartbeatRow, error) {
 	row := q.db.QueryRow(ctx, replicaHeartbeat,
 		arg.ID,
 		arg.Address,
 		arg.Region,
+		arg.Ready,
 		arg.Restart,
 	)
 	var i ReplicaHeartbeatRow
@@ -62,7 +66,7 @@ func (q *Queries) ReplicaHeartbeat(ctx context.Context, arg ReplicaHeartbeatPara
 }
 
 const replicaListLive = `-- name: ReplicaListLive :many
-SELECT id, started_at, last_seen, address, region
+SELECT id, started_at, last_seen, address, region, ready
 FROM replicas
 WHERE last_seen > clock_timestamp() - $1::bigint * interval '1 millisecond'
 ORDER BY id
@@ -85,6 +89,7 @@ func (q *Queries) ReplicaListLive(ctx context.Context, withinMs int64) ([]Replic
 			&i.LastSeen,
 			&i.Address,
 			&i.Region,
+			&i.Ready,
 		); err != nil {
 			return nil, err
 		}

@@ -37,10 +37,61 @@ func (q *Queries) ShardLeaseFence(ctx context.Context, arg ShardLeaseFenceParams
 	return shard, err
 }
 
+const shardLeaseHandovers = `-- name: ShardLeaseHandovers :many
+SELECT shard, owner, epoch, offered_to,
+       (owner IS NOT NULL AND expires_at > clock_timestamp())::boolean AS held
+FROM shard_leases
+WHERE offered_to = $1::text OR shard = ANY($2::integer[])
+ORDER BY shard
+`
+
+type ShardLeaseHandoversParams struct {
+	Replica string
+	Shards  []int32
+}
+
+type ShardLeaseHandoversRow struct {
+	Shard     int32
+	Owner     *string
+	Epoch     int64
+	OfferedTo *string
+	Held      bool
+}
+
+// What a handover needs between rounds, in one cheap read: the shards
+// offered to replica (to take), and the current holder of the given
+// shards (the giver's offers, to notice the take).
+func (q *Queries) ShardLeaseHandovers(ctx context.Context, arg ShardLeaseHandoversParams) ([]ShardLeaseHandoversRow, error) {
+	rows, err := q.db.Query(ctx, shardLeaseHandovers, arg.Replica, arg.Shards)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ShardLeaseHandoversRow
+	for rows.Next() {
+		var i ShardLeaseHandoversRow
+		if err := rows.Scan(
+			&i.Shard,
+			&i.Owner,
+			&i.Epoch,
+			&i.OfferedTo,
+			&i.Held,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const shardLeaseList = `-- name: ShardLeaseList :many
 
 SELECT shard, owner, epoch, acquired_at, renewed_at, expires_at,
-       (owner IS NOT NULL AND expires_at > clock_timestamp())::boolean AS held
+       (owner IS NOT NULL AND expires_at > clock_timestamp())::boolean AS held,
+       offered_to
 FROM shard_leases
 ORDER BY shard
 `
@@ -53,6 +104,7 @@ type ShardLeaseListRow struct {
 	RenewedAt  *time.Time
 	ExpiresAt  time.Time
 	Held       bool
+	OfferedTo  *string
 }
 
 // Table shard_leases, owned by internal/ownership (one owner per service).
@@ -75,7 +127,59 @@ func (q *Queries) ShardLeaseList(ctx context.Context) ([]ShardLeaseListRow, erro
 			&i.RenewedAt,
 			&i.ExpiresAt,
 			&i.Held,
+			&i.OfferedTo,
 		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const shardLeaseOffer = `-- name: ShardLeaseOffer :many
+UPDATE shard_leases AS l
+SET offered_to = NULLIF(($1::text[])[array_position($2::integer[], l.shard)], '')
+WHERE l.shard = ANY($2::integer[])
+  AND l.epoch = ($3::bigint[])[array_position($2::integer[], l.shard)]
+  AND l.owner = $4::text
+  AND l.expires_at > clock_timestamp()
+RETURNING l.shard, l.offered_to
+`
+
+type ShardLeaseOfferParams struct {
+	OfferedTo []string
+	Shards    []int32
+	Epochs    []int64
+	Owner     string
+}
+
+type ShardLeaseOfferRow struct {
+	Shard     int32
+	OfferedTo *string
+}
+
+// Sets, for the given tenures of owner (epochs[i] is the epoch of
+// shards[i]), whom each is offered to (offered_to[i]; ” withdraws the
+// offer). The owner keeps the lease: an offer changes nothing until the
+// named replica takes it (ShardLeaseTakeOffered).
+func (q *Queries) ShardLeaseOffer(ctx context.Context, arg ShardLeaseOfferParams) ([]ShardLeaseOfferRow, error) {
+	rows, err := q.db.Query(ctx, shardLeaseOffer,
+		arg.OfferedTo,
+		arg.Shards,
+		arg.Epochs,
+		arg.Owner,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ShardLeaseOfferRow
+	for rows.Next() {
+		var i ShardLeaseOfferRow
+		if err := rows.Scan(&i.Shard, &i.OfferedTo); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -88,7 +192,7 @@ func (q *Queries) ShardLeaseList(ctx context.Context) ([]ShardLeaseListRow, erro
 
 const shardLeaseRelease = `-- name: ShardLeaseRelease :many
 UPDATE shard_leases AS l
-SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp()
+SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp(), offered_to = NULL
 WHERE l.shard = ANY($1::integer[])
   AND l.epoch = ($2::bigint[])[array_position($1::integer[], l.shard)]
   AND l.owner = $3::text
@@ -126,7 +230,7 @@ func (q *Queries) ShardLeaseRelease(ctx context.Context, arg ShardLeaseReleasePa
 
 const shardLeaseReleaseOwner = `-- name: ShardLeaseReleaseOwner :many
 UPDATE shard_leases AS l
-SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp()
+SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp(), offered_to = NULL
 WHERE l.owner = $1::text
   AND NOT EXISTS (
     SELECT 1 FROM replicas AS r
@@ -238,7 +342,8 @@ SET owner = $1::text,
     epoch = l.epoch + 1,
     acquired_at = clock_timestamp(),
     renewed_at = clock_timestamp(),
-    expires_at = clock_timestamp() + $2::bigint * interval '1 millisecond'
+    expires_at = clock_timestamp() + $2::bigint * interval '1 millisecond',
+    offered_to = NULL
 FROM free
 WHERE l.shard = free.shard
 RETURNING l.shard, l.epoch, l.acquired_at, l.expires_at
@@ -271,6 +376,71 @@ func (q *Queries) ShardLeaseTake(ctx context.Context, arg ShardLeaseTakeParams) 
 	var items []ShardLeaseTakeRow
 	for rows.Next() {
 		var i ShardLeaseTakeRow
+		if err := rows.Scan(
+			&i.Shard,
+			&i.Epoch,
+			&i.AcquiredAt,
+			&i.ExpiresAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const shardLeaseTakeOffered = `-- name: ShardLeaseTakeOffered :many
+WITH offered AS (
+    SELECT f.shard FROM shard_leases AS f
+    WHERE f.shard = ANY($3::integer[])
+      AND f.offered_to = $1::text
+      AND f.owner IS NOT NULL AND f.owner <> $1::text
+      AND f.expires_at > clock_timestamp()
+    ORDER BY f.shard
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE shard_leases AS l
+SET owner = $1::text,
+    epoch = l.epoch + 1,
+    acquired_at = clock_timestamp(),
+    renewed_at = clock_timestamp(),
+    expires_at = clock_timestamp() + $2::bigint * interval '1 millisecond',
+    offered_to = NULL
+FROM offered
+WHERE l.shard = offered.shard
+RETURNING l.shard, l.epoch, l.acquired_at, l.expires_at
+`
+
+type ShardLeaseTakeOfferedParams struct {
+	Taker  string
+	TtlMs  int64
+	Shards []int32
+}
+
+type ShardLeaseTakeOfferedRow struct {
+	Shard      int32
+	Epoch      int64
+	AcquiredAt *time.Time
+	ExpiresAt  time.Time
+}
+
+// Takes, for taker, those of the given shards that their owner offers
+// to it, while the owner's lease is still held: a new epoch, as any take,
+// so the giver's tenure ends here and its fenced writes fail from now on.
+// Rows another statement holds locked (the giver's fenced writer) are
+// skipped, not waited for: the next look takes them.
+func (q *Queries) ShardLeaseTakeOffered(ctx context.Context, arg ShardLeaseTakeOfferedParams) ([]ShardLeaseTakeOfferedRow, error) {
+	rows, err := q.db.Query(ctx, shardLeaseTakeOffered, arg.Taker, arg.TtlMs, arg.Shards)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ShardLeaseTakeOfferedRow
+	for rows.Next() {
+		var i ShardLeaseTakeOfferedRow
 		if err := rows.Scan(
 			&i.Shard,
 			&i.Epoch,

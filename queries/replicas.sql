@@ -3,20 +3,22 @@
 -- name: ReplicaHeartbeat :one
 -- Records that replica id is alive now (the database's clock). restart
 -- stamps started_at anew (the first heartbeat of a process); otherwise a
--- replica keeps the started_at it has.
-INSERT INTO replicas (id, started_at, last_seen, address, region)
-VALUES (sqlc.arg(id)::text, clock_timestamp(), clock_timestamp(), sqlc.arg(address)::text, sqlc.arg(region)::text)
+-- replica keeps the started_at it has. ready says whether it can publish
+-- what it would be dealt (the balance counts only ready replicas).
+INSERT INTO replicas (id, started_at, last_seen, address, region, ready)
+VALUES (sqlc.arg(id)::text, clock_timestamp(), clock_timestamp(), sqlc.arg(address)::text, sqlc.arg(region)::text, sqlc.arg(ready)::boolean)
 ON CONFLICT (id) DO UPDATE SET
     started_at = CASE WHEN sqlc.arg(restart)::boolean THEN EXCLUDED.started_at ELSE replicas.started_at END,
     last_seen = EXCLUDED.last_seen,
     address = EXCLUDED.address,
-    region = EXCLUDED.region
+    region = EXCLUDED.region,
+    ready = EXCLUDED.ready
 RETURNING started_at, last_seen;
 
 -- name: ReplicaListLive :many
 -- The replicas seen within the last within_ms milliseconds (the
 -- database's clock), by id.
-SELECT id, started_at, last_seen, address, region
+SELECT id, started_at, last_seen, address, region, ready
 FROM replicas
 WHERE last_seen > clock_timestamp() - sqlc.arg(within_ms)::bigint * interval '1 millisecond'
 ORDER BY id;

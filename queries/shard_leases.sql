@@ -4,7 +4,8 @@
 -- Every shard's lease; held says whether it is held now (owner set and
 -- not expired by the database's clock).
 SELECT shard, owner, epoch, acquired_at, renewed_at, expires_at,
-       (owner IS NOT NULL AND expires_at > clock_timestamp())::boolean AS held
+       (owner IS NOT NULL AND expires_at > clock_timestamp())::boolean AS held,
+       offered_to
 FROM shard_leases
 ORDER BY shard;
 
@@ -40,7 +41,8 @@ SET owner = sqlc.arg(owner)::text,
     epoch = l.epoch + 1,
     acquired_at = clock_timestamp(),
     renewed_at = clock_timestamp(),
-    expires_at = clock_timestamp() + sqlc.arg(ttl_ms)::bigint * interval '1 millisecond'
+    expires_at = clock_timestamp() + sqlc.arg(ttl_ms)::bigint * interval '1 millisecond',
+    offered_to = NULL
 FROM free
 WHERE l.shard = free.shard
 RETURNING l.shard, l.epoch, l.acquired_at, l.expires_at;
@@ -50,7 +52,7 @@ RETURNING l.shard, l.epoch, l.acquired_at, l.expires_at;
 -- shards[i]): the shard is free at once, and its epoch stays (the next
 -- take increments it).
 UPDATE shard_leases AS l
-SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp()
+SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp(), offered_to = NULL
 WHERE l.shard = ANY(sqlc.arg(shards)::integer[])
   AND l.epoch = (sqlc.arg(epochs)::bigint[])[array_position(sqlc.arg(shards)::integer[], l.shard)]
   AND l.owner = sqlc.arg(owner)::text
@@ -76,7 +78,7 @@ FOR SHARE;
 -- waiting out their TTL. A live process under the same id (a
 -- misconfiguration) keeps its tenures: it heartbeats every round.
 UPDATE shard_leases AS l
-SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp()
+SET owner = NULL, acquired_at = NULL, renewed_at = NULL, expires_at = clock_timestamp(), offered_to = NULL
 WHERE l.owner = sqlc.arg(owner)::text
   AND NOT EXISTS (
     SELECT 1 FROM replicas AS r
@@ -84,3 +86,52 @@ WHERE l.owner = sqlc.arg(owner)::text
       AND r.last_seen > clock_timestamp() - sqlc.arg(quiet_ms)::bigint * interval '1 millisecond'
   )
 RETURNING l.shard;
+
+-- name: ShardLeaseOffer :many
+-- Sets, for the given tenures of owner (epochs[i] is the epoch of
+-- shards[i]), whom each is offered to (offered_to[i]; '' withdraws the
+-- offer). The owner keeps the lease: an offer changes nothing until the
+-- named replica takes it (ShardLeaseTakeOffered).
+UPDATE shard_leases AS l
+SET offered_to = NULLIF((sqlc.arg(offered_to)::text[])[array_position(sqlc.arg(shards)::integer[], l.shard)], '')
+WHERE l.shard = ANY(sqlc.arg(shards)::integer[])
+  AND l.epoch = (sqlc.arg(epochs)::bigint[])[array_position(sqlc.arg(shards)::integer[], l.shard)]
+  AND l.owner = sqlc.arg(owner)::text
+  AND l.expires_at > clock_timestamp()
+RETURNING l.shard, l.offered_to;
+
+-- name: ShardLeaseTakeOffered :many
+-- Takes, for taker, those of the given shards that their owner offers
+-- to it, while the owner's lease is still held: a new epoch, as any take,
+-- so the giver's tenure ends here and its fenced writes fail from now on.
+-- Rows another statement holds locked (the giver's fenced writer) are
+-- skipped, not waited for: the next look takes them.
+WITH offered AS (
+    SELECT f.shard FROM shard_leases AS f
+    WHERE f.shard = ANY(sqlc.arg(shards)::integer[])
+      AND f.offered_to = sqlc.arg(taker)::text
+      AND f.owner IS NOT NULL AND f.owner <> sqlc.arg(taker)::text
+      AND f.expires_at > clock_timestamp()
+    ORDER BY f.shard
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE shard_leases AS l
+SET owner = sqlc.arg(taker)::text,
+    epoch = l.epoch + 1,
+    acquired_at = clock_timestamp(),
+    renewed_at = clock_timestamp(),
+    expires_at = clock_timestamp() + sqlc.arg(ttl_ms)::bigint * interval '1 millisecond',
+    offered_to = NULL
+FROM offered
+WHERE l.shard = offered.shard
+RETURNING l.shard, l.epoch, l.acquired_at, l.expires_at;
+
+-- name: ShardLeaseHandovers :many
+-- What a handover needs between rounds, in one cheap read: the shards
+-- offered to replica (to take), and the current holder of the given
+-- shards (the giver's offers, to notice the take).
+SELECT shard, owner, epoch, offered_to,
+       (owner IS NOT NULL AND expires_at > clock_timestamp())::boolean AS held
+FROM shard_leases
+WHERE offered_to = sqlc.arg(replica)::text OR shard = ANY(sqlc.arg(shards)::integer[])
+ORDER BY shard;

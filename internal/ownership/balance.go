@@ -11,12 +11,33 @@ type Lease struct {
 	// Owner is the replica holding the shard now, "" when the shard is
 	// free: never taken, released, or expired by the database's clock.
 	Owner string
+	// OfferedTo is the replica the owner offers the shard to, "" when
+	// none.
+	OfferedTo string
+}
+
+// Member is one live replica as a round read it.
+type Member struct {
+	ID string
+	// Ready says it can publish what it is dealt: rebuilt, its publisher
+	// prepared, its peers' views relayed (replicas.ready).
+	Ready bool
+	// Leaving says it is handing everything over before it stops (only
+	// ever this replica's own entry: a leaving peer is simply not ready).
+	Leaving bool
 }
 
 // Plan is what one replica should do about its shards this round.
 type Plan struct {
-	Take    []int // free shards to take, ascending
-	Release []int // shards it holds and should give up, ascending
+	// Take are free shards to take, ascending.
+	Take []int
+	// Offer maps each shard it holds and should hand over to the replica
+	// it is offered to. A shard it should give up for which no ready
+	// replica is short is not in Offer: it is kept until one is.
+	Offer map[int]string
+	// Accept are shards their owners offer to it that it should take,
+	// ascending: no more than it is short of its target.
+	Accept []int
 }
 
 // Targets returns how many shards each live replica should hold when
@@ -42,72 +63,100 @@ func Targets(live []string, shards int) map[string]int {
 	return out
 }
 
-// Balance returns what replica me should do so that every live replica
-// ends up holding its target (Targets) of the shards leases describes.
-// me counts as live whether or not live names it. It is a pure function
-// of what one round read from the database, and every replica runs it on
-// its own reading:
+// Balance returns what replica me (an entry of live; added as ready if
+// live does not name it) should do so that the shards end up shared
+// evenly among the ready live replicas, handed over before they are let
+// go. It is a pure function of what one round read from the database,
+// and every replica runs it on its own reading:
 //
-//   - A replica above its target releases its excess (the shards it holds
-//     with the lowest rendezvous score for it) and takes nothing.
-//   - Otherwise, free shards are dealt to the live replicas below their
-//     targets: each free shard, in shard order, goes to the replica with
-//     the highest rendezvous score for it among those still short. A
-//     replica takes the ones dealt to it. Every replica deals the same
-//     way from the same reading, so two replicas short at once go for
+//   - Only ready replicas are dealt shards (Targets over them). A
+//     replica that is starting, rebuilding or leaving holds no target:
+//     it could not publish what it were given, so giving it a shard
+//     would leave the shard's services unpublished. While no replica is
+//     ready at all (a region starting cold), every live replica that is
+//     not leaving counts, as nothing can publish yet anyway.
+//   - Free shards are dealt first, then the shards to hand over (a
+//     ready replica's excess, the lowest in its rendezvous order, and
+//     everything a live replica that is not ready holds): each, in that
+//     order and by shard, goes to the replica still short with the
+//     highest rendezvous score for it. Every replica deals the same way
+//     from the same reading, so two replicas short at once go for
 //     different shards instead of racing for the same ones.
+//   - A replica takes the free shards dealt to it, offers the shards it
+//     hands over to those they were dealt to, and accepts the shards
+//     offered to it, as many as it is still short. An offer changes
+//     nothing until it is accepted: the giver keeps the shard, and
+//     publishes it, until the taker takes it under a new epoch.
 //   - A shard held by a replica that is not live (it stopped
 //     heartbeating, its lease has not yet expired) is nobody's to take:
 //     only the database's clock frees it.
 //
-// Since the targets of the live replicas sum to the number of shards,
-// the live replicas are together short by exactly the free shards, the
-// shards of replicas no longer live, and the excess of those above
-// target; so every free shard is dealt, and rounds with the same live
-// set converge: the excess is released in one round and dealt in the
-// next. Replicas reading the region at different moments (one just
-// joined, one just left) may plan differently for a round; a take the
-// database refuses (someone else got there first) costs nothing, and the
-// next round reads again.
-func Balance(me string, live []string, leases []Lease) Plan {
-	target := Targets(append(slices.Clone(live), me), len(leases))
-	held := map[string]int{}
-	var mine, free []int
+// Since the targets sum to the number of shards, the ready replicas are
+// together short by exactly the free shards plus the shards to hand over,
+// so everything is dealt, and rounds with the same readings converge.
+// Replicas reading the region at different moments may plan differently
+// for a round; a take the database refuses (someone else got there
+// first, or the offer was withdrawn) costs nothing, and the next round
+// reads again.
+func Balance(me string, live []Member, leases []Lease) Plan {
+	members := map[string]Member{}
+	for _, m := range live {
+		members[m.ID] = m
+	}
+	if _, ok := members[me]; !ok {
+		members[me] = Member{ID: me, Ready: true}
+	}
+	var dealt []string
+	for id, m := range members {
+		if m.Ready && !m.Leaving {
+			dealt = append(dealt, id)
+		}
+	}
+	if len(dealt) == 0 {
+		for id, m := range members {
+			if !m.Leaving {
+				dealt = append(dealt, id)
+			}
+		}
+	}
+	target := Targets(dealt, len(leases))
+	held := map[string][]int{}
+	var free []int
 	for _, l := range leases {
-		switch {
-		case l.Owner == "":
+		if l.Owner == "" {
 			free = append(free, l.Shard)
-		case l.Owner == me:
-			mine = append(mine, l.Shard)
+			continue
 		}
-		if _, ok := target[l.Owner]; ok {
-			held[l.Owner]++
-		}
+		held[l.Owner] = append(held[l.Owner], l.Shard)
 	}
-	var p Plan
-	if excess := len(mine) - target[me]; excess > 0 {
-		// Keep the shards me prefers; give up the rest.
-		slices.SortFunc(mine, func(a, b int) int { return cmp.Compare(score(me, a), score(me, b)) })
-		p.Release = mine[:excess]
-		slices.Sort(p.Release)
-		return p
-	}
+	// What must be handed over, and who is short.
+	var handover []int
 	short := map[string]int{}
-	for id, t := range target {
-		if n := t - held[id]; n > 0 {
-			short[id] = n
+	for id, shards := range held {
+		t, counted := target[id]
+		switch {
+		case counted && len(shards) > t:
+			// Keep the shards it prefers; hand over the rest.
+			ss := slices.Clone(shards)
+			slices.SortFunc(ss, func(a, b int) int { return cmp.Compare(score(id, a), score(id, b)) })
+			handover = append(handover, ss[:len(ss)-t]...)
+		case !counted:
+			if _, isLive := members[id]; isLive {
+				handover = append(handover, shards...)
+			}
 		}
 	}
-	if short[me] == 0 {
-		return p
-	}
-	ids := make([]string, 0, len(short))
-	for id := range short {
-		ids = append(ids, id)
+	ids := make([]string, 0, len(target))
+	for id, t := range target {
+		if n := t - len(held[id]); n > 0 {
+			short[id] = n
+			ids = append(ids, id)
+		}
 	}
 	slices.Sort(ids) // ties in score are broken by id, the same everywhere
 	slices.Sort(free)
-	for _, s := range free {
+	slices.Sort(handover)
+	deal := func(s int) string {
 		best, bestScore := "", uint64(0)
 		for _, id := range ids {
 			if short[id] == 0 {
@@ -117,12 +166,42 @@ func Balance(me string, live []string, leases []Lease) Plan {
 				best, bestScore = id, sc
 			}
 		}
-		if best == "" {
-			break // nobody is short any more
+		if best != "" {
+			short[best]--
 		}
-		short[best]--
-		if best == me {
+		return best
+	}
+	var p Plan
+	for _, s := range free {
+		if deal(s) == me {
 			p.Take = append(p.Take, s)
+		}
+	}
+	mine := map[int]bool{}
+	for _, s := range held[me] {
+		mine[s] = true
+	}
+	for _, s := range handover {
+		to := deal(s)
+		if mine[s] && to != "" {
+			if p.Offer == nil {
+				p.Offer = map[int]string{}
+			}
+			p.Offer[s] = to
+		}
+	}
+	// Accept what is offered to me, up to what I am short after the free
+	// shards I take: the giver's reading may differ from mine, and taking
+	// more than my target would only make me hand some back.
+	if room := target[me] - len(held[me]) - len(p.Take); room > 0 {
+		for _, l := range leases {
+			if room == 0 {
+				break
+			}
+			if l.OfferedTo == me && l.Owner != "" && l.Owner != me {
+				p.Accept = append(p.Accept, l.Shard)
+				room--
+			}
 		}
 	}
 	return p

@@ -55,51 +55,82 @@ func TestTargets(t *testing.T) {
 	}
 }
 
+// members lists ids as ready live replicas.
+func members(ids ...string) []ownership.Member {
+	out := make([]ownership.Member, len(ids))
+	for i, id := range ids {
+		out[i] = ownership.Member{ID: id, Ready: true}
+	}
+	return out
+}
+
 // TestBalance: what each replica plans from one reading of the region.
-// want is, per replica, how many shards it takes and releases; the takes
-// of all replicas must be disjoint, free shards only, and the releases
-// their own.
+// want is, per replica, how many shards it takes (free) and offers; the
+// takes of all replicas must be disjoint, free shards only, and the
+// offers of its own shards to ready replicas short of their targets.
 func TestBalance(t *testing.T) {
 	t.Parallel()
-	type tr struct{ take, release int }
+	type tr struct{ take, offer int }
+	notReady := func(ms []ownership.Member, id string) []ownership.Member {
+		ms = slices.Clone(ms)
+		for i := range ms {
+			if ms[i].ID == id {
+				ms[i].Ready = false
+			}
+		}
+		return ms
+	}
 	for _, c := range []struct {
 		name   string
-		live   []string
+		live   []ownership.Member
 		leases []ownership.Lease
 		want   map[string]tr
 	}{
-		{"one replica starts", []string{"a"}, layout(64), map[string]tr{"a": {64, 0}}},
+		{"one replica starts", members("a"), layout(64), map[string]tr{"a": {64, 0}}},
 		{"one replica not yet in the live list", nil, layout(64), map[string]tr{"a": {64, 0}}},
-		{"two replicas start together", []string{"a", "b"}, layout(64), map[string]tr{"a": {32, 0}, "b": {32, 0}}},
-		{"three replicas start together", []string{"a", "b", "c"}, layout(64), map[string]tr{"a": {22, 0}, "b": {21, 0}, "c": {21, 0}}},
-		{"three balanced", []string{"a", "b", "c"}, layout(64, holding{"a", 22}, holding{"b", 21}, holding{"c", 21}),
+		{"two replicas start together", members("a", "b"), layout(64), map[string]tr{"a": {32, 0}, "b": {32, 0}}},
+		{"a region starting cold: nobody ready, the live share", notReady(notReady(members("a", "b"), "a"), "b"), layout(64),
+			map[string]tr{"a": {32, 0}, "b": {32, 0}}},
+		{"three replicas start together", members("a", "b", "c"), layout(64), map[string]tr{"a": {22, 0}, "b": {21, 0}, "c": {21, 0}}},
+		{"three balanced", members("a", "b", "c"), layout(64, holding{"a", 22}, holding{"b", 21}, holding{"c", 21}),
 			map[string]tr{"a": {}, "b": {}, "c": {}}},
-		{"a second replica joins the first", []string{"a", "b"}, layout(64, holding{"a", 64}),
+		{"a second replica joins the first: offered, not released", members("a", "b"), layout(64, holding{"a", 64}),
 			map[string]tr{"a": {0, 32}, "b": {}}},
-		{"the joiner takes what was released", []string{"a", "b"}, layout(64, holding{"a", 32}),
-			map[string]tr{"a": {}, "b": {32, 0}}},
-		{"a third replica joins two", []string{"a", "b", "c"}, layout(64, holding{"a", 32}, holding{"b", 32}),
-			map[string]tr{"a": {0, 10}, "b": {0, 11}, "c": {}}},
-		{"a replica left, its leases expired", []string{"a", "b"}, layout(64, holding{"a", 22}, holding{"b", 21}),
-			map[string]tr{"a": {10, 0}, "b": {11, 0}}},
-		{"a replica left, its leases not yet expired", []string{"a", "b"}, layout(64, holding{"a", 22}, holding{"b", 21}, holding{"c", 21}),
+		{"a joiner not yet ready is offered nothing", notReady(members("a", "b"), "b"), layout(64, holding{"a", 64}),
 			map[string]tr{"a": {}, "b": {}}},
-		{"a replacement joins before the dead one's leases expire", []string{"a", "b", "d"}, layout(64, holding{"a", 22}, holding{"b", 21}, holding{"c", 21}),
+		{"a joiner not yet ready takes no free shard", notReady(members("a", "b"), "b"), layout(64, holding{"a", 32}),
+			map[string]tr{"a": {32, 0}, "b": {}}},
+		{"a replica that stops being ready hands everything over", notReady(members("a", "b", "c"), "c"), layout(64, holding{"a", 22}, holding{"b", 21}, holding{"c", 21}),
+			map[string]tr{"a": {}, "b": {}, "c": {0, 21}}},
+		{"the last ready replica keeps what it holds", notReady(members("a"), "a"), layout(64, holding{"a", 64}),
+			map[string]tr{"a": {}}},
+		{"a third replica joins two", members("a", "b", "c"), layout(64, holding{"a", 32}, holding{"b", 32}),
+			map[string]tr{"a": {0, 10}, "b": {0, 11}, "c": {}}},
+		{"a replica left, its leases expired", members("a", "b"), layout(64, holding{"a", 22}, holding{"b", 21}),
+			map[string]tr{"a": {10, 0}, "b": {11, 0}}},
+		{"a replica left, its leases not yet expired", members("a", "b"), layout(64, holding{"a", 22}, holding{"b", 21}, holding{"c", 21}),
+			map[string]tr{"a": {}, "b": {}}},
+		{"a replacement joins before the dead one's leases expire", members("a", "b", "d"), layout(64, holding{"a", 22}, holding{"b", 21}, holding{"c", 21}),
 			map[string]tr{"a": {}, "b": {}, "d": {}}},
-		{"the dead one's leases expire under a replacement", []string{"a", "b", "d"}, layout(64, holding{"a", 22}, holding{"b", 21}),
+		{"the dead one's leases expire under a replacement", members("a", "b", "d"), layout(64, holding{"a", 22}, holding{"b", 21}),
 			map[string]tr{"a": {}, "b": {}, "d": {21, 0}}},
-		{"over target releases and takes nothing though shards are free", []string{"a", "b"}, layout(64, holding{"a", 40}),
+		{"over target offers while the short take the free", members("a", "b"), layout(64, holding{"a", 40}),
 			map[string]tr{"a": {0, 8}, "b": {24, 0}}},
-		{"more replicas than shards", []string{"a", "b", "c"}, layout(2), map[string]tr{"a": {1, 0}, "b": {1, 0}, "c": {}}},
+		{"more replicas than shards", members("a", "b", "c"), layout(2), map[string]tr{"a": {1, 0}, "b": {1, 0}, "c": {}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			got := map[string]tr{}
 			taken := map[int]string{}
+			ids := []string{}
 			for me := range c.want {
+				ids = append(ids, me)
+			}
+			slices.Sort(ids)
+			for _, me := range ids {
 				p := ownership.Balance(me, c.live, c.leases)
-				got[me] = tr{len(p.Take), len(p.Release)}
-				checkPlan(t, me, c.leases, p)
+				got[me] = tr{len(p.Take), len(p.Offer)}
+				checkPlan(t, me, c.live, c.leases, p)
 				for _, s := range p.Take {
 					if other, ok := taken[s]; ok {
 						t.Errorf("%s and %s both plan to take shard %d", other, me, s)
@@ -114,24 +145,67 @@ func TestBalance(t *testing.T) {
 	}
 }
 
-// checkPlan: a plan takes only free shards and releases only its own,
-// never both in one round, each listed once in order.
-func checkPlan(t errorer, me string, leases []ownership.Lease, p ownership.Plan) {
-	t.Helper()
-	if len(p.Take) > 0 && len(p.Release) > 0 {
-		t.Errorf("%s plans to take %v and release %v in one round", me, p.Take, p.Release)
+// TestBalanceAccepts: a replica accepts what is offered to it, no more
+// than it is short after the free shards it takes.
+func TestBalanceAccepts(t *testing.T) {
+	t.Parallel()
+	leases := layout(64, holding{"a", 64})
+	for s := range 40 {
+		leases[s].OfferedTo = "b" // more than b's 32
 	}
+	p := ownership.Balance("b", members("a", "b"), leases)
+	if len(p.Accept) != 32 || len(p.Take) != 0 {
+		t.Errorf("b accepts %d and takes %d, want 32 and 0", len(p.Accept), len(p.Take))
+	}
+	leases = layout(64, holding{"a", 40}) // 24 free
+	for s := range 40 {
+		leases[s].OfferedTo = "b"
+	}
+	if p := ownership.Balance("b", members("a", "b"), leases); len(p.Take) != 24 || len(p.Accept) != 8 {
+		t.Errorf("b takes %d free and accepts %d, want 24 and 8", len(p.Take), len(p.Accept))
+	}
+	if p := ownership.Balance("b", notReadyMember(members("a", "b"), "b"), leases); len(p.Take)+len(p.Accept) != 0 {
+		t.Errorf("a replica not ready takes %v and accepts %v", p.Take, p.Accept)
+	}
+}
+
+func notReadyMember(ms []ownership.Member, id string) []ownership.Member {
+	ms = slices.Clone(ms)
+	for i := range ms {
+		if ms[i].ID == id {
+			ms[i].Ready = false
+		}
+	}
+	return ms
+}
+
+// checkPlan: a plan takes only free shards, offers only its own to ready
+// replicas other than itself, and accepts only what is offered to it,
+// each listed once in order.
+func checkPlan(t errorer, me string, live []ownership.Member, leases []ownership.Lease, p ownership.Plan) {
+	t.Helper()
 	for _, s := range p.Take {
 		if leases[s].Owner != "" {
 			t.Errorf("%s plans to take shard %d, held by %q", me, s, leases[s].Owner)
 		}
 	}
-	for _, s := range p.Release {
+	for s, to := range p.Offer {
 		if leases[s].Owner != me {
-			t.Errorf("%s plans to release shard %d, held by %q", me, s, leases[s].Owner)
+			t.Errorf("%s plans to offer shard %d, held by %q", me, s, leases[s].Owner)
+		}
+		// While no replica is ready (a cold start), any live one that is
+		// not leaving is dealt shards.
+		anyReady := slices.ContainsFunc(live, func(m ownership.Member) bool { return m.Ready && !m.Leaving })
+		if to == me || !slices.ContainsFunc(live, func(m ownership.Member) bool { return m.ID == to && (m.Ready || !anyReady) && !m.Leaving }) {
+			t.Errorf("%s offers shard %d to %q, not another ready replica", me, s, to)
 		}
 	}
-	if !slices.IsSorted(p.Take) || !slices.IsSorted(p.Release) || len(slices.Compact(slices.Clone(p.Take))) != len(p.Take) {
+	for _, s := range p.Accept {
+		if leases[s].OfferedTo != me || leases[s].Owner == me || leases[s].Owner == "" {
+			t.Errorf("%s accepts shard %d, not offered to it: %+v", me, s, leases[s])
+		}
+	}
+	if !slices.IsSorted(p.Take) || !slices.IsSorted(p.Accept) || len(slices.Compact(slices.Clone(p.Take))) != len(p.Take) {
 		t.Errorf("%s: plan not sorted or repeats a shard: %+v", me, p)
 	}
 }
@@ -142,34 +216,48 @@ type errorer interface {
 	Errorf(format string, args ...any)
 }
 
-// region is the simulated shard table: shard → owner ("" free).
-type region []string
+// region is the simulated shard table: shard → owner ("" free) and the
+// replica it is offered to.
+type region struct {
+	owner, offered []string
+}
+
+func newRegion(shards int) *region {
+	return &region{owner: make([]string, shards), offered: make([]string, shards)}
+}
 
 // round lets every live replica, in turn, read the region and carry out
 // its plan, as RunOnce does; it returns how many shards changed owner.
-func (r region) round(t *testing.T, live []string) (moves int) {
+// An offer is carried out by the taker's round, never the giver's.
+func (r *region) round(t *testing.T, live []ownership.Member) (moves int) {
 	t.Helper()
 	for _, me := range live {
-		leases := make([]ownership.Lease, len(r))
-		for s, o := range r {
-			leases[s] = ownership.Lease{Shard: s, Owner: o}
+		leases := make([]ownership.Lease, len(r.owner))
+		for s, o := range r.owner {
+			leases[s] = ownership.Lease{Shard: s, Owner: o, OfferedTo: r.offered[s]}
 		}
-		p := ownership.Balance(me, live, leases)
-		checkPlan(t, me, leases, p)
-		for _, s := range p.Release {
-			r[s] = ""
-		}
+		p := ownership.Balance(me.ID, live, leases)
+		checkPlan(t, me.ID, live, leases, p)
 		for _, s := range p.Take {
-			r[s] = me
+			r.owner[s], r.offered[s] = me.ID, ""
 			moves++
+		}
+		for _, s := range p.Accept {
+			r.owner[s], r.offered[s] = me.ID, ""
+			moves++
+		}
+		for s, o := range r.owner {
+			if o == me.ID {
+				r.offered[s] = p.Offer[s]
+			}
 		}
 	}
 	return moves
 }
 
-func (r region) counts() map[string]int {
+func (r *region) counts() map[string]int {
 	out := map[string]int{}
-	for _, o := range r {
+	for _, o := range r.owner {
 		if o != "" {
 			out[o]++
 		}
@@ -177,13 +265,20 @@ func (r region) counts() map[string]int {
 	return out
 }
 
-// settle runs rounds until the region is at its targets, failing after
-// three (the excess is released in one round and taken in the next).
-func (r region) settle(t *testing.T, live []string) (moves int) {
+// settle runs rounds until the region is at the targets of its ready
+// replicas, failing after three (an offer is made in one round and
+// accepted in the next).
+func (r *region) settle(t *testing.T, live []ownership.Member) (moves int) {
 	t.Helper()
+	var ready []string
+	for _, m := range live {
+		if m.Ready {
+			ready = append(ready, m.ID)
+		}
+	}
 	for i := 0; i < 3; i++ {
 		moves += r.round(t, live)
-		if maps.Equal(r.counts(), ownership.Targets(live, len(r))) {
+		if maps.Equal(r.counts(), ownership.Targets(ready, len(r.owner))) {
 			return moves
 		}
 	}
@@ -192,89 +287,116 @@ func (r region) settle(t *testing.T, live []string) (moves int) {
 }
 
 // TestBalanceConverges follows a region through replicas starting one
-// after another, joining, leaving without a word, and leaving gracefully:
-// each time it reaches the targets within three rounds, and moves no
-// more shards than the change requires.
+// after another, joining (first not ready, then ready), leaving without a
+// word, and leaving gracefully: each time it reaches the targets within
+// three rounds, moves no more shards than the change requires, and no
+// shard is ever free while a live replica holds it out for a taker
+// (shards move only by offer and acceptance).
 func TestBalanceConverges(t *testing.T) {
 	t.Parallel()
-	r := make(region, 64)
-	if moves := r.settle(t, []string{"a"}); moves != 64 {
+	r := newRegion(64)
+	if moves := r.settle(t, members("a")); moves != 64 {
 		t.Errorf("first replica: %d moves, want 64", moves)
 	}
-	if moves := r.settle(t, []string{"a", "b"}); moves != 32 {
-		t.Errorf("second replica joins: %d moves, want 32", moves)
+	// b joins, rebuilding: nothing moves until it is ready.
+	if moves := r.round(t, notReadyMember(members("a", "b"), "b")); moves != 0 {
+		t.Errorf("b not ready: %d moves, want 0", moves)
 	}
-	if moves := r.settle(t, []string{"a", "b", "c"}); moves != 21 {
+	if moves := r.settle(t, members("a", "b")); moves != 32 {
+		t.Errorf("second replica ready: %d moves, want 32", moves)
+	}
+	if moves := r.settle(t, members("a", "b", "c")); moves != 21 {
 		t.Errorf("third replica joins: %d moves, want 21 (a keeps 22)", moves)
 	}
 	// b dies: its leases expire, and the survivors take its shards.
-	for s, o := range r {
+	for s, o := range r.owner {
 		if o == "b" {
-			r[s] = ""
+			r.owner[s], r.offered[s] = "", ""
 		}
 	}
-	if moves := r.settle(t, []string{"a", "c"}); moves != 21 {
+	if moves := r.settle(t, members("a", "c")); moves != 21 {
 		t.Errorf("b died: %d moves, want its 21 shards", moves)
 	}
-	// d joins, then a leaves gracefully (releases, leaves the live set).
-	r.settle(t, []string{"a", "c", "d"})
-	for s, o := range r {
-		if o == "a" {
-			r[s] = ""
+	// d joins, then a leaves gracefully: it stops being ready and hands
+	// its shards over; none is ever free on the way.
+	r.settle(t, members("a", "c", "d"))
+	leaving := []ownership.Member{{ID: "a", Leaving: true}, {ID: "c", Ready: true}, {ID: "d", Ready: true}}
+	moves := 0
+	for i := 0; i < 3 && r.counts()["a"] > 0; i++ {
+		moves += r.round(t, leaving)
+		if free := r.counts()[""]; free != 0 {
+			t.Fatalf("a shard is free during the handover")
+		}
+		for _, o := range r.owner {
+			if o == "" {
+				t.Fatalf("a shard is free during the handover")
+			}
 		}
 	}
-	if moves := r.settle(t, []string{"c", "d"}); moves != 22 {
-		t.Errorf("a left: %d moves, want its 22 shards", moves)
+	if moves != 22 || r.counts()["a"] != 0 {
+		t.Errorf("a left: %d moves, a still holds %d; want its 22 shards moved", moves, r.counts()["a"])
 	}
 }
 
-// TestBalanceProperties: for any reading (live replicas, shards held by
-// live, dead or no replicas), the plans of all live replicas are valid,
-// disjoint, and leave no replica above its target or, when nobody is
-// above target and nobody dead holds a shard, no shard free.
+// TestBalanceProperties: for any reading (live replicas, ready or not,
+// shards held by live, dead or no replicas, offers anywhere), the plans
+// of all live replicas are valid and disjoint, no replica would end
+// above its target, and when nobody dead holds a shard every free shard
+// is dealt.
 func TestBalanceProperties(t *testing.T) {
 	t.Parallel()
 	rapid.Check(t, func(rt *rapid.T) {
 		n := rapid.IntRange(1, 6).Draw(rt, "replicas")
 		shards := rapid.IntRange(1, 130).Draw(rt, "shards")
-		live := make([]string, n)
+		live := make([]ownership.Member, n)
+		ids := make([]string, n)
+		var ready []string
 		for i := range live {
-			live[i] = fmt.Sprintf("r%d", i)
+			ids[i] = fmt.Sprintf("r%d", i)
+			live[i] = ownership.Member{ID: ids[i], Ready: rapid.Bool().Draw(rt, "ready")}
+			if live[i].Ready {
+				ready = append(ready, ids[i])
+			}
 		}
-		owners := append(slices.Clone(live), "", "", "dead")
+		if len(ready) == 0 {
+			ready = ids
+		}
+		owners := append(slices.Clone(ids), "", "", "dead")
 		leases := make([]ownership.Lease, shards)
 		for s := range leases {
 			leases[s] = ownership.Lease{Shard: s, Owner: rapid.SampledFrom(owners).Draw(rt, "owner")}
+			if leases[s].Owner != "" {
+				leases[s].OfferedTo = rapid.SampledFrom(append(slices.Clone(ids), "")).Draw(rt, "offered")
+			}
 		}
-		target := ownership.Targets(live, shards)
+		target := ownership.Targets(ready, shards)
 		held := map[string]int{}
 		for _, l := range leases {
 			held[l.Owner]++
 		}
 		taken := map[int]bool{}
-		excess := false
-		for _, me := range live {
+		for _, m := range live {
+			me := m.ID
 			p := ownership.Balance(me, live, leases)
-			checkPlan(rt, me, leases, p)
-			after := held[me] + len(p.Take) - len(p.Release)
-			switch {
-			case held[me] > target[me]:
-				excess = true
-				if after != target[me] {
-					rt.Errorf("%s holds %d, target %d, keeps %d", me, held[me], target[me], after)
-				}
-			case after > target[me]:
+			checkPlan(rt, me, live, leases, p)
+			if after := held[me] + len(p.Take) + len(p.Accept); len(p.Take)+len(p.Accept) > 0 && after > target[me] {
 				rt.Errorf("%s holds %d, target %d, would hold %d", me, held[me], target[me], after)
 			}
-			for _, s := range p.Take {
+			for _, s := range append(slices.Clone(p.Take), p.Accept...) {
 				if taken[s] {
 					rt.Errorf("shard %d planned twice", s)
 				}
 				taken[s] = true
 			}
 		}
-		if !excess && held["dead"] == 0 && len(taken) != held[""] {
-			rt.Errorf("%d shards free, %d planned to be taken", held[""], len(taken))
+		free := 0
+		for s := range taken {
+			if leases[s].Owner == "" {
+				free++
+			}
+		}
+		if held["dead"] == 0 && free != held[""] {
+			rt.Errorf("%d shards free, %d planned to be taken", held[""], free)
 		}
 	})
 }

@@ -25,6 +25,10 @@ const (
 	DefaultTTL      = 7 * time.Second
 	DefaultInterval = 2 * time.Second
 	DefaultMargin   = time.Second
+	// DefaultOfferPoll is how often a replica looks, between rounds, for
+	// shards offered to it and for the takes of those it offered: a
+	// handover then costs a fraction of a second, not a round.
+	DefaultOfferPoll = 250 * time.Millisecond
 )
 
 // pruneAfter is how long a replica's row outlives its last heartbeat, for
@@ -72,6 +76,21 @@ type Config struct {
 	// Now is the local clock (time.Now): local deadlines only, never
 	// compared with a time the database wrote.
 	Now func() time.Time
+	// Ready says whether this replica can publish what it would be dealt
+	// (rebuilt, its publisher prepared, its peers' views relayed). Until
+	// it does, its heartbeat says so and the balance deals it nothing,
+	// so a starting replica never holds shards it cannot publish. nil is
+	// always ready.
+	Ready func() bool
+	// OfferPoll is how often offers are looked at between rounds
+	// (DefaultOfferPoll).
+	OfferPoll time.Duration
+	// HandoverGrace is how long a replica goes on publishing a shard it
+	// handed over after the taker took it (Publishes), unless the
+	// publisher sees the new owner's publication first (DefaultTTL: the
+	// time a killed owner's shards take to move, so a new owner that
+	// fails to publish is no worse than a killed one). 0 means TTL.
+	HandoverGrace time.Duration
 }
 
 // Validate checks the configuration and fills defaults.
@@ -94,6 +113,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Margin == 0 {
 		c.Margin = DefaultMargin
+	}
+	if c.OfferPoll <= 0 {
+		c.OfferPoll = DefaultOfferPoll
+	}
+	if c.HandoverGrace <= 0 {
+		c.HandoverGrace = c.TTL
 	}
 	// Two renewals must fit before the local deadline, so that one
 	// failed round never costs a shard.
@@ -131,6 +156,7 @@ type Manager struct {
 	met  *metrics
 	loop worker.Runner // the rounds
 	dog  worker.Runner // the local deadlines, apart from the rounds
+	poll worker.Runner // the offers, between rounds
 
 	runMu  sync.Mutex // serialises rounds and Release
 	joined bool       // a heartbeat since the start (or the last Release); under runMu
@@ -155,6 +181,15 @@ type Manager struct {
 	unownedSince map[int]time.Time
 	// others are the shards another replica held at the last reading.
 	others map[int]string
+	// offered are the shards this replica offers, to whom (the last
+	// round's plan).
+	offered map[int]string
+	// handed are the shards this replica handed over, each with the
+	// local time until which it goes on publishing them (Publishes).
+	handed map[int]time.Time
+	// leaving is set by Handover: the replica is ready for nothing and
+	// offers everything it holds.
+	leaving bool
 }
 
 // New returns a stopped Manager.
@@ -173,6 +208,8 @@ func New(cfg Config) (*Manager, error) {
 		held:      map[int]*tenure{},
 		abandoned: map[int]uint64{},
 		lapsed:    map[int]struct{}{},
+		offered:   map[int]string{},
+		handed:    map[int]time.Time{},
 	}, nil
 }
 
@@ -204,6 +241,11 @@ func (m *Manager) Start(ctx context.Context) error {
 		m.dog.Stop()
 		return err
 	}
+	if err := m.poll.Start(ctx, m.pollOffers); err != nil {
+		m.loop.Stop()
+		m.dog.Stop()
+		return err
+	}
 	return nil
 }
 
@@ -211,6 +253,7 @@ func (m *Manager) Start(ctx context.Context) error {
 // the deadline watch. Safe to call twice or before Start (when it does
 // nothing: a manager driven by RunOnce alone releases with Release).
 func (m *Manager) Stop() {
+	m.poll.Stop()
 	m.loop.Stop()
 	m.dog.Stop()
 }
@@ -242,7 +285,20 @@ func (m *Manager) tick(ctx context.Context) {
 // past its deadline.
 func (m *Manager) watch(ctx context.Context) {
 	worker.Every(ctx, max(m.cfg.Margin/4, time.Millisecond), func(context.Context) {
-		m.expire(m.cfg.Now())
+		now := m.cfg.Now()
+		m.expire(now)
+		m.endHandovers(now, false)
+	})
+}
+
+// pollOffers looks at the offers between rounds (HandoverOnce).
+func (m *Manager) pollOffers(ctx context.Context) {
+	worker.Every(ctx, m.cfg.OfferPoll, func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, m.cfg.Interval)
+		defer cancel()
+		if err := m.HandoverOnce(ctx); err != nil {
+			m.log.Debug("look at shard offers", "err", err)
+		}
 	})
 }
 
@@ -253,6 +309,11 @@ func (m *Manager) watch(ctx context.Context) {
 func (m *Manager) RunOnce(ctx context.Context) error {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
+	return m.round(ctx)
+}
+
+// round is RunOnce's body, under runMu.
+func (m *Manager) round(ctx context.Context) error {
 	m.expire(m.cfg.Now())
 	q := db.New(m.cfg.Pool)
 	// The heartbeat goes first: a replica is live while its last heartbeat
@@ -280,8 +341,9 @@ func (m *Manager) RunOnce(ctx context.Context) error {
 			}
 		}
 	}
+	ready := m.ready()
 	if _, err := q.ReplicaHeartbeat(ctx, db.ReplicaHeartbeatParams{
-		ID: m.cfg.ID, Address: m.cfg.Address, Region: m.cfg.Region, Restart: !m.joined,
+		ID: m.cfg.ID, Address: m.cfg.Address, Region: m.cfg.Region, Restart: !m.joined, Ready: ready,
 	}); err != nil {
 		m.met.renewFailures.Inc()
 		return fmt.Errorf("heartbeat of replica %s: %w", m.cfg.ID, err)
@@ -323,31 +385,32 @@ func (m *Manager) RunOnce(ctx context.Context) error {
 	}
 	leases := m.leases(rows)
 	m.noteRegion(m.cfg.Now(), replicas, rows)
-	live := make([]string, len(replicas))
-	for i, r := range replicas {
-		live[i] = r.ID
-	}
-	plan := Balance(m.cfg.ID, live, leases)
-	if len(plan.Release) > 0 {
-		m.change(func(ev *event) {
-			for _, s := range plan.Release {
-				if t := m.held[s]; t != nil {
-					m.drop(ev, s, t, changeReleased)
-				}
-			}
-		})
-		// The callbacks have run: the shards are given up locally before
-		// the database lets anyone else have them.
-		if err := m.releaseAbandoned(ctx, q); err != nil {
-			return err
+	live := make([]Member, 0, len(replicas)+1)
+	for _, r := range replicas {
+		if r.ID != m.cfg.ID {
+			live = append(live, Member{ID: r.ID, Ready: r.Ready})
 		}
 	}
+	m.mu.Lock()
+	leaving := m.leaving
+	m.mu.Unlock()
+	live = append(live, Member{ID: m.cfg.ID, Ready: ready, Leaving: leaving})
+	plan := Balance(m.cfg.ID, live, leases)
 	if len(plan.Take) > 0 {
 		if err := m.take(ctx, q, plan.Take); err != nil {
 			return err
 		}
 	}
-	if len(plan.Take)+len(plan.Release) > 0 {
+	if len(plan.Accept) > 0 {
+		if err := m.takeOffered(ctx, q, plan.Accept); err != nil {
+			return err
+		}
+	}
+	offers, err := m.offer(ctx, q, rows, plan.Offer)
+	if err != nil {
+		return err
+	}
+	if len(plan.Take)+len(plan.Accept)+offers > 0 {
 		// The region as it stands after this round's moves.
 		if rows, err = q.ShardLeaseList(ctx); err != nil {
 			return fmt.Errorf("read shard leases: %w", err)
@@ -373,6 +436,9 @@ func (m *Manager) leases(rows []db.ShardLeaseListRow) []Lease {
 	out := make([]Lease, len(rows))
 	for i, r := range rows {
 		out[i].Shard = int(r.Shard)
+		if r.OfferedTo != nil {
+			out[i].OfferedTo = *r.OfferedTo
+		}
 		if !r.Held || r.Owner == nil {
 			continue
 		}
@@ -431,6 +497,12 @@ func (m *Manager) renew(ctx context.Context, q *db.Queries) error {
 			if t := m.held[s]; !renewed[s] && t != nil && t.epoch == uint64(epochs[i]) {
 				// The database refused the renewal: the lease expired by
 				// its clock, or a newer tenure exists. Nothing to release.
+				// A shard this replica offered was most likely taken by
+				// the replica it was offered to: handed over.
+				if _, ok := m.offered[s]; ok {
+					m.handOff(s, now)
+					continue
+				}
 				delete(m.held, s)
 				ev.lost = append(ev.lost, s)
 				deposed = append(deposed, s)
@@ -456,6 +528,12 @@ func (m *Manager) take(ctx context.Context, q *db.Queries, shards []int) error {
 	if err != nil {
 		return fmt.Errorf("take %d shards: %w", len(shards), err)
 	}
+	return m.tookRows(ctx, q, sent, rows)
+}
+
+// tookRows records the tenures a take (sent at sent, local clock)
+// returned.
+func (m *Manager) tookRows(ctx context.Context, q *db.Queries, sent time.Time, rows []db.ShardLeaseTakeRow) error {
 	late := false
 	m.change(func(ev *event) {
 		now := m.cfg.Now()
@@ -472,6 +550,7 @@ func (m *Manager) take(ctx context.Context, q *db.Queries, shards []int) error {
 				since = *r.AcquiredAt
 			}
 			m.held[s] = &tenure{epoch: e, since: since, expires: r.ExpiresAt, renewed: sent, deadline: deadline}
+			delete(m.handed, s)
 			ev.gained = append(ev.gained, s)
 			m.met.changes.WithLabelValues(changeGained).Inc()
 		}
@@ -480,6 +559,242 @@ func (m *Manager) take(ctx context.Context, q *db.Queries, shards []int) error {
 		return m.releaseAbandoned(ctx, q)
 	}
 	return nil
+}
+
+// ready says whether this replica can publish what it would be dealt:
+// Config.Ready, and not leaving.
+func (m *Manager) ready() bool {
+	m.mu.Lock()
+	leaving := m.leaving
+	m.mu.Unlock()
+	return !leaving && (m.cfg.Ready == nil || m.cfg.Ready())
+}
+
+// takeOffered takes the shards their owners offer to this replica.
+func (m *Manager) takeOffered(ctx context.Context, q *db.Queries, shards []int) error {
+	ids := make([]int32, len(shards))
+	for i, s := range shards {
+		ids[i] = int32(s)
+	}
+	sent := m.cfg.Now()
+	rows, err := q.ShardLeaseTakeOffered(ctx, db.ShardLeaseTakeOfferedParams{Taker: m.cfg.ID, TtlMs: m.cfg.TTL.Milliseconds(), Shards: ids})
+	if err != nil {
+		return fmt.Errorf("take %d offered shards: %w", len(shards), err)
+	}
+	taken := make([]db.ShardLeaseTakeRow, len(rows))
+	for i, r := range rows {
+		taken[i] = db.ShardLeaseTakeRow(r)
+	}
+	if len(rows) > 0 {
+		m.log.Info("took shards handed over by their owner", "shards", len(rows))
+	}
+	return m.tookRows(ctx, q, sent, taken)
+}
+
+// offer sets the offers of this replica's tenures to plan (shard → to):
+// a tenure not in plan is offered to nobody. A shard offered stops being
+// this replica's (Owns, Owned and Fence say no, the OnChange callbacks
+// hear of it as lost) before the offer is written, so nothing is done as
+// its owner once another replica may take it; but it is still renewed,
+// and published (Publishes) until the taker has published. A withdrawn
+// offer is written first, and the shard is this replica's again (a gain)
+// only if the database still names its tenure. Only the offers that
+// differ from what rows (this round's reading) say are written. It
+// returns how many changed.
+func (m *Manager) offer(ctx context.Context, q *db.Queries, rows []db.ShardLeaseListRow, plan map[int]string) (int, error) {
+	var shards []int32
+	var epochs []int64
+	var to []string
+	withdrawn := map[int]bool{}
+	m.change(func(ev *event) {
+		for _, s := range slices.Sorted(maps.Keys(m.held)) {
+			t := m.held[s]
+			want, have := plan[s], ""
+			if s < len(rows) && rows[s].OfferedTo != nil && rows[s].Owner != nil && *rows[s].Owner == m.cfg.ID && uint64(rows[s].Epoch) == t.epoch {
+				have = *rows[s].OfferedTo
+			}
+			_, was := m.offered[s]
+			switch {
+			case want != "" && !was:
+				m.offered[s] = want
+				ev.lost = append(ev.lost, s)
+			case want != "":
+				m.offered[s] = want
+			case was:
+				withdrawn[s] = true
+			}
+			if want != have || withdrawn[s] {
+				shards, epochs, to = append(shards, int32(s)), append(epochs, int64(t.epoch)), append(to, want)
+			}
+		}
+	})
+	if len(shards) == 0 {
+		return 0, nil
+	}
+	back, err := q.ShardLeaseOffer(ctx, db.ShardLeaseOfferParams{OfferedTo: to, Shards: shards, Epochs: epochs, Owner: m.cfg.ID})
+	if err != nil {
+		// Withdrawals stay offered: the next round writes them again.
+		return 0, fmt.Errorf("offer %d shards: %w", len(shards), err)
+	}
+	if len(withdrawn) > 0 {
+		still := map[int]bool{}
+		for _, r := range back {
+			still[int(r.Shard)] = true
+		}
+		m.change(func(ev *event) {
+			now := m.cfg.Now()
+			for s := range withdrawn {
+				if _, ok := m.offered[s]; !ok || m.held[s] == nil {
+					continue
+				}
+				if still[s] {
+					delete(m.offered, s)
+					ev.gained = append(ev.gained, s)
+				} else {
+					m.handOff(s, now) // taken before the withdrawal landed
+				}
+			}
+		})
+	}
+	return len(shards), nil
+}
+
+// handOff ends a tenure this replica offered and another replica took.
+// The callbacks heard of the loss when the offer was made; the replica
+// goes on publishing the shard's services for HandoverGrace (Publishes)
+// so that they are never unpublished between the two owners: a new
+// owner's versions are above every one of this replica's, so the overlap
+// costs nothing but duplicate work. Under mu, within change.
+func (m *Manager) handOff(s int, now time.Time) {
+	delete(m.held, s)
+	delete(m.offered, s)
+	m.handed[s] = now.Add(m.cfg.HandoverGrace)
+	m.met.changes.WithLabelValues(changeHanded).Inc()
+}
+
+// HandoverOnce does between rounds what handovers need, in one cheap
+// read: it notices which of the shards this replica offered were taken
+// (they are handed over), and when a shard is offered to it, it runs a
+// round at once, which accepts what the balance says it is short. The
+// offer poll calls it every OfferPoll; Handover and tests call it too.
+func (m *Manager) HandoverOnce(ctx context.Context) error {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.mu.Lock()
+	joined := m.joined
+	offered := make([]int32, 0, len(m.offered))
+	for _, s := range slices.Sorted(maps.Keys(m.offered)) {
+		offered = append(offered, int32(s))
+	}
+	m.mu.Unlock()
+	if !joined {
+		return nil
+	}
+	q := db.New(m.cfg.Pool)
+	rows, err := q.ShardLeaseHandovers(ctx, db.ShardLeaseHandoversParams{Replica: m.cfg.ID, Shards: offered})
+	if err != nil {
+		return fmt.Errorf("read shard offers: %w", err)
+	}
+	toMe := false
+	var taken []int
+	for _, r := range rows {
+		if r.OfferedTo != nil && *r.OfferedTo == m.cfg.ID && r.Held && r.Owner != nil && *r.Owner != m.cfg.ID {
+			toMe = true
+		}
+		if slices.Contains(offered, r.Shard) && (r.Owner == nil || *r.Owner != m.cfg.ID || !r.Held) {
+			taken = append(taken, int(r.Shard))
+		}
+	}
+	if len(taken) > 0 {
+		m.change(func(ev *event) {
+			now := m.cfg.Now()
+			for _, s := range taken {
+				if _, ok := m.offered[s]; ok && m.held[s] != nil {
+					m.handOff(s, now)
+				}
+			}
+		})
+	}
+	if toMe && m.ready() {
+		return m.round(ctx)
+	}
+	return nil
+}
+
+// Handover hands every shard this replica holds to the other ready
+// replicas before it stops (make before break): from now on it is ready
+// for nothing, a round offers what it holds to those the balance deals
+// it to, and Handover waits, looking every OfferPoll, until each offer
+// was taken or ctx ends. It goes on publishing what it handed over
+// (Publishes) until the new owners have published. What nobody took is
+// released when the manager stops (Release), as before. It returns how
+// many shards are still held.
+func (m *Manager) Handover(ctx context.Context) int {
+	m.mu.Lock()
+	m.leaving = true
+	m.mu.Unlock()
+	if err := m.RunOnce(ctx); err != nil {
+		m.log.Warn("hand over shards: the round failed; what is held is released at stop", "err", err)
+		return len(m.Owned())
+	}
+	tick := time.NewTicker(max(m.cfg.OfferPoll/2, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		m.mu.Lock()
+		left, offered := len(m.held), len(m.offered)
+		m.mu.Unlock()
+		if left == 0 || offered == 0 {
+			return left
+		}
+		select {
+		case <-ctx.Done():
+			return left
+		case <-tick.C:
+		}
+		if err := m.HandoverOnce(ctx); err != nil && ctx.Err() == nil {
+			m.log.Warn("hand over shards", "err", err)
+		}
+	}
+}
+
+// endHandovers ends the handovers whose grace has passed (all of them
+// with force) and tells OnLapseEnd: the publisher stops publishing them.
+func (m *Manager) endHandovers(now time.Time, force bool) {
+	m.emitMu.Lock()
+	defer m.emitMu.Unlock()
+	m.mu.Lock()
+	var ended []int
+	for s, until := range m.handed {
+		if force || !now.Before(until) {
+			delete(m.handed, s)
+			if m.held[s] == nil {
+				ended = append(ended, s)
+			}
+		}
+	}
+	slices.Sort(ended)
+	cbs := slices.Clone(m.lapseEnds)
+	m.mu.Unlock()
+	if len(ended) == 0 {
+		return
+	}
+	for _, fn := range cbs {
+		fn(ended)
+	}
+}
+
+// HandingOver reports whether service belongs to a shard this replica
+// handed over and still publishes (Publishes): its publisher stops as soon
+// as it sees the new owner's publication of it.
+func (m *Manager) HandingOver(service string) bool {
+	now := m.cfg.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.shards == 0 {
+		return false
+	}
+	until, ok := m.handed[ShardOf(service, m.shards)]
+	return ok && now.Before(until)
 }
 
 // releaseAbandoned releases in the database the tenures this process
@@ -518,6 +833,11 @@ func (m *Manager) Release(ctx context.Context) error {
 		}
 	})
 	m.endLapses()
+	m.endHandovers(m.cfg.Now(), true)
+	m.mu.Lock()
+	m.leaving = false
+	clear(m.offered)
+	m.mu.Unlock()
 	q := db.New(m.cfg.Pool)
 	err := m.releaseAbandoned(ctx, q)
 	if ferr := q.ReplicaForget(ctx, m.cfg.ID); ferr != nil {
@@ -550,7 +870,11 @@ func (m *Manager) expire(now time.Time) {
 func (m *Manager) drop(ev *event, s int, t *tenure, why string) {
 	delete(m.held, s)
 	m.abandoned[s] = t.epoch
-	ev.lost = append(ev.lost, s)
+	if _, offered := m.offered[s]; offered {
+		delete(m.offered, s) // its loss was told when it was offered
+	} else {
+		ev.lost = append(ev.lost, s)
+	}
 	m.met.changes.WithLabelValues(why).Inc()
 }
 
@@ -614,7 +938,7 @@ func (m *Manager) Owned() map[int]uint64 {
 	defer m.mu.Unlock()
 	out := make(map[int]uint64, len(m.held))
 	for s, t := range m.held {
-		if now.Before(t.deadline) {
+		if _, offered := m.offered[s]; now.Before(t.deadline) && !offered {
 			out[s] = t.epoch
 		}
 	}
@@ -632,8 +956,9 @@ func (m *Manager) Owns(service string) (epoch uint64, ok bool) {
 	if m.shards == 0 {
 		return 0, false
 	}
-	t := m.held[ShardOf(service, m.shards)]
-	if t == nil || !now.Before(t.deadline) {
+	s := ShardOf(service, m.shards)
+	t := m.held[s]
+	if _, offered := m.offered[s]; t == nil || offered || !now.Before(t.deadline) {
 		return 0, false
 	}
 	return t.epoch, true
@@ -674,7 +999,10 @@ func (m *Manager) endLapses() {
 }
 
 // Publishes reports whether this replica goes on publishing service's
-// views: it owns it (Owns), or its tenure lapsed (the local deadline
+// views: it owns it (Owns); it offers the shard and the taker has not
+// taken it yet; it handed the shard over less than HandoverGrace ago
+// (make before break: the new owner may not have published yet); or its
+// tenure lapsed (the local deadline
 // passed without a renewal landing, PostgreSQL unreachable) and no
 // reading of the leases has happened since. A lapsed owner keeps
 // publishing so that a replica cut off from its database goes on serving
@@ -685,15 +1013,20 @@ func (m *Manager) endLapses() {
 // docs/replicas.md, "Publication follows ownership"). Everything that
 // writes or ends something (lease expiry, window flushes) asks Owns.
 func (m *Manager) Publishes(service string) bool {
-	if _, ok := m.Owns(service); ok {
-		return true
-	}
+	now := m.cfg.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.shards == 0 {
 		return false
 	}
-	_, ok := m.lapsed[ShardOf(service, m.shards)]
+	s := ShardOf(service, m.shards)
+	if t := m.held[s]; t != nil && now.Before(t.deadline) {
+		return true // owned, or offered and not yet taken
+	}
+	if until, ok := m.handed[s]; ok && now.Before(until) {
+		return true
+	}
+	_, ok := m.lapsed[s]
 	return ok
 }
 
@@ -725,7 +1058,8 @@ func (m *Manager) Fence(ctx context.Context, q *db.Queries, shard int, epoch uin
 	now := m.cfg.Now()
 	m.mu.Lock()
 	t := m.held[shard]
-	local := t != nil && t.epoch == epoch && now.Before(t.deadline)
+	_, offered := m.offered[shard]
+	local := t != nil && t.epoch == epoch && now.Before(t.deadline) && !offered
 	m.mu.Unlock()
 	if !local {
 		return fmt.Errorf("fence shard %d at epoch %d: %w", shard, epoch, ErrNotOwner)

@@ -13,6 +13,7 @@ const (
 	changeReleased = "released" // given up: the balance, or a graceful stop
 	changeExpired  = "expired"  // the local deadline passed without a renewal landing
 	changeDeposed  = "deposed"  // the database no longer names this tenure (renewal refused)
+	changeHanded   = "handed"   // taken by the replica it was offered to
 )
 
 type metrics struct {
@@ -33,10 +34,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_shard_ownership_changes_total",
-			Help: "Shards this replica started or stopped holding, by change: gained, released (balance or graceful stop), expired (local deadline passed without a renewal), deposed (the database refused the renewal).",
+			Help: "Shards this replica started or stopped holding, by change: gained, released (balance or graceful stop), expired (local deadline passed without a renewal), deposed (the database refused the renewal), handed (taken by the replica it was offered to).",
 		}, []string{"change"}),
 	}
-	for _, c := range []string{changeGained, changeReleased, changeExpired, changeDeposed} {
+	for _, c := range []string{changeGained, changeReleased, changeExpired, changeDeposed, changeHanded} {
 		m.changes.WithLabelValues(c)
 	}
 	if reg == nil {

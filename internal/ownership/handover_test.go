@@ -1,0 +1,245 @@
+package ownership_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/musterhq/muster/db/dbtest"
+	"github.com/musterhq/muster/internal/ownership"
+	"github.com/musterhq/muster/internal/wait"
+)
+
+// withReady makes a replica's readiness ready's value, and looks at offers
+// every 20 ms.
+func withReady(ready *atomic.Bool) option {
+	return func(c *ownership.Config) {
+		c.Ready = ready.Load
+		c.OfferPoll = 20 * time.Millisecond
+	}
+}
+
+// serviceOfEachShard returns a service name hashing to each shard.
+func serviceOfEachShard(t *testing.T) []string {
+	t.Helper()
+	out := make([]string, shards)
+	left := shards
+	for i := 0; left > 0; i++ {
+		name := fmt.Sprintf("svc-%d", i)
+		if s := ownership.ShardOf(name, shards); out[s] == "" {
+			out[s] = name
+			left--
+		}
+	}
+	return out
+}
+
+// published checks that every shard's service is published by one of
+// rs at least (Publishes), and owned (Owns) by at most one: the moment
+// between two owners leaves nothing unpublished and nothing with two
+// writers.
+func published(t *testing.T, svcs []string, rs ...replica) {
+	t.Helper()
+	for s, svc := range svcs {
+		pub, own := 0, 0
+		for _, r := range rs {
+			if r.Publishes(svc) {
+				pub++
+			}
+			if _, ok := r.Owns(svc); ok {
+				own++
+			}
+		}
+		if pub == 0 {
+			t.Fatalf("shard %d (%s) is published by nobody", s, svc)
+		}
+		if own > 1 {
+			t.Fatalf("shard %d (%s) is owned by %d replicas", s, svc, own)
+		}
+	}
+}
+
+// TestAJoinerTakesShardsOnlyOnceReady: a replica that joins while it
+// cannot publish (rebuilding) is dealt nothing; once ready it is handed
+// its share, and at no moment is a shard's service published by nobody
+// or owned by two.
+func TestAJoinerTakesShardsOnlyOnceReady(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	var aReady, bReady atomic.Bool
+	aReady.Store(true)
+	a := newReplica(t, pool, "a", withReady(&aReady))
+	b := newReplica(t, pool, "b", withReady(&bReady))
+	var h history
+	h.watch(a)
+	h.watch(b)
+	svcs := serviceOfEachShard(t)
+	if err := a.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, patience, "a holding every shard", func() bool { return len(a.Owned()) == shards })
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Several rounds of b, not ready: it holds nothing, a keeps all.
+	for range 3 {
+		rounds(t, b, a)
+		published(t, svcs, a, b)
+	}
+	if n := len(b.Owned()); n != 0 {
+		t.Fatalf("b holds %d shards before it is ready", n)
+	}
+	if n := len(a.Owned()); n != shards {
+		t.Fatalf("a holds %d shards while b is not ready, want all %d", n, shards)
+	}
+	bReady.Store(true)
+	deadline := time.Now().Add(patience)
+	for !balanced(t, pool, a, b) {
+		published(t, svcs, a, b)
+		if err := exclusive(t, pool, a, b); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not balanced within %s: a %d, b %d", patience, len(a.Owned()), len(b.Owned()))
+		}
+		time.Sleep(5 * time.Millisecond) // sampling the handover as it goes, bounded by the deadline
+	}
+	if got := b.metric(t, "muster_shard_ownership_changes_total", "gained"); got != shards/2 {
+		t.Errorf("b gained %v shards, want %d", got, shards/2)
+	}
+	// a notices the takes at its next look at the offers.
+	wait.For(t, patience, "a noticing b's takes", func() bool {
+		return a.metric(t, "muster_shard_ownership_changes_total", "handed") == shards/2
+	})
+	if got := a.metric(t, "muster_shard_ownership_changes_total", "released"); got != 0 {
+		t.Errorf("a released %v shards (let go before a taker held them), want 0", got)
+	}
+	a.Stop()
+	b.Stop()
+	h.check(t)
+}
+
+// TestHandoverBeforeStop: a replica about to stop hands every shard to
+// the others before it lets go: Handover returns with nothing held, the
+// others own everything, no shard was ever free in the database, and the
+// stopping replica goes on publishing what it handed over until the
+// grace ends.
+func TestHandoverBeforeStop(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	var ready atomic.Bool
+	ready.Store(true)
+	a := newReplica(t, pool, "a", withReady(&ready), func(c *ownership.Config) { c.HandoverGrace = time.Hour })
+	b := newReplica(t, pool, "b", withReady(&ready))
+	c := newReplica(t, pool, "c", withReady(&ready))
+	svcs := serviceOfEachShard(t)
+	for _, r := range []replica{a, b, c} {
+		if err := r.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait.For(t, patience, "three replicas balanced", func() bool { return balanced(t, pool, a, b, c) })
+	handed := a.Owned()
+	before := a.metric(t, "muster_shard_ownership_changes_total", "handed")
+	free := watchFree(t, pool)
+	ctx, cancel := context.WithTimeout(t.Context(), patience)
+	defer cancel()
+	if left := a.Handover(ctx); left != 0 {
+		t.Fatalf("a still holds %d shards after Handover", left)
+	}
+	if n := free(); n != 0 {
+		t.Errorf("%d readings found a shard free during the handover", n)
+	}
+	if n := len(b.Owned()) + len(c.Owned()); n != shards {
+		t.Errorf("b and c own %d shards after the handover, want %d", n, shards)
+	}
+	published(t, svcs, b, c)
+	for s := range handed {
+		if !a.Publishes(svcs[s]) {
+			t.Errorf("a stopped publishing shard %d at the handover, before its grace", s)
+		}
+		if _, ok := a.Owns(svcs[s]); ok {
+			t.Errorf("a still owns shard %d after handing it over", s)
+		}
+	}
+	if got := a.metric(t, "muster_shard_ownership_changes_total", "handed") - before; got != float64(len(handed)) {
+		t.Errorf("a handed over %v shards, want %d", got, len(handed))
+	}
+	a.Stop()
+	// Leaving released nothing that mattered: b and c still hold all.
+	if err := exclusive(t, pool, b, c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAnOfferNotTakenIsWithdrawn: an offer to a replica that stops being
+// ready before it takes the shard is withdrawn, and the shard is its
+// owner's again (a gain its callbacks hear of).
+func TestAnOfferNotTakenIsWithdrawn(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	var aReady, bReady atomic.Bool
+	aReady.Store(true)
+	a := newReplica(t, pool, "a", withReady(&aReady))
+	b := newReplica(t, pool, "b", withReady(&bReady))
+	var h history
+	h.watch(a)
+	h.watch(b)
+	rounds(t, a)
+	if n := len(a.Owned()); n != shards {
+		t.Fatalf("a holds %d shards, want all", n)
+	}
+	bReady.Store(true)
+	rounds(t, b, a) // b heartbeats ready; a offers half
+	if n := len(a.Owned()); n != shards/2 {
+		t.Fatalf("a owns %d shards while offering half, want %d", n, shards/2)
+	}
+	bReady.Store(false)
+	rounds(t, b, a) // b says it is not ready before taking: a withdraws
+	if n := len(a.Owned()); n != shards {
+		t.Errorf("a owns %d shards after the offers were withdrawn, want %d", n, shards)
+	}
+	if n := offersIn(t, pool); n != 0 {
+		t.Errorf("%d offers left in the database", n)
+	}
+	if err := b.HandoverOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(b.Owned()); n != 0 {
+		t.Errorf("b took %d shards no longer offered", n)
+	}
+	h.check(t)
+}
+
+func offersIn(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM shard_leases WHERE offered_to IS NOT NULL`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// watchFree reads the leases every few milliseconds until the returned
+// function is called, which says how many readings found a shard free.
+func watchFree(t *testing.T, pool *pgxpool.Pool) func() int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan int)
+	go func() {
+		n := 0
+		for ctx.Err() == nil {
+			var free int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM shard_leases WHERE owner IS NULL OR expires_at <= clock_timestamp()`).Scan(&free); err == nil && free > 0 {
+				n++
+			}
+			time.Sleep(2 * time.Millisecond) // sampling rate, not a wait for a condition
+		}
+		done <- n
+	}()
+	return func() int { cancel(); return <-done }
+}

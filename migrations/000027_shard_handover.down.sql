@@ -1,0 +1,2 @@
+ALTER TABLE shard_leases DROP COLUMN offered_to;
+ALTER TABLE replicas DROP COLUMN ready;
