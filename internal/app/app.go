@@ -289,6 +289,9 @@ type App struct {
 	grace   time.Duration // Config.ShutdownGrace
 	ready   atomic.Bool
 	workers []worker // in start order
+	// startedAt is when Start ran (UnixNano): the relay's opening
+	// snapshots are awaited for at most relaySyncWait from there.
+	startedAt atomic.Int64
 
 	// fromPeers: started without the database (StartFromPeers); readOnly
 	// until Resume has started every worker.
@@ -370,6 +373,10 @@ func New(cfg Config) (*App, error) {
 	// reaps and publishes (issue 27).
 	oc := cfg.Ownership
 	oc.Pool, oc.ID, oc.Address, oc.Region, oc.Logger, oc.Registerer = pool, cfg.Replica, cfg.Address, cfg.Region, log, metrics
+	if oc.Ready == nil {
+		// Dealt shards only once it can publish them (make before break).
+		oc.Ready = func() bool { return a.canPublish(cfg.Region) }
+	}
 	if a.Ownership, err = ownership.New(oc); err != nil {
 		return nil, err
 	}
@@ -473,11 +480,12 @@ func New(cfg Config) (*App, error) {
 	// Only a service's owner publishes it; one whose tenure lapsed while
 	// PostgreSQL is unreachable goes on (ownership.Manager.Publishes).
 	pbc.Owns, pbc.Services = a.Ownership.Publishes, a.Evaluator.Services
+	pbc.HandingOver = a.Ownership.HandingOver
 	if cfg.Policy.Sealer == nil {
 		// Without the region's key replicas cannot relay to each other
 		// (buildRelay), so each publishes every service itself, as
 		// before issue 27: a subscriber's replica must hold every view.
-		pbc.Owns, pbc.Services = nil, nil
+		pbc.Owns, pbc.Services, pbc.HandingOver = nil, nil, nil
 	}
 	if a.Publisher, err = publisher.New(pbc); err != nil {
 		return nil, err
@@ -778,6 +786,7 @@ func New(cfg Config) (*App, error) {
 // step them themselves). On a failure it stops those it started and
 // closes the UI.
 func (a *App) Start(ctx context.Context, hold ...string) error {
+	a.startedAt.Store(time.Now().UnixNano())
 	return a.startWorkers(ctx, func(name string) bool {
 		// The authorisation copy from the peers is for StartFromPeers only.
 		return !slices.Contains(hold, name) && name != WorkerPeerAuthz
@@ -846,9 +855,69 @@ func (a *App) Serve(ctx context.Context, ln net.Listener, serving func()) error 
 	return errors.Join(err, a.Shutdown(shutCtx, hs.Shutdown))
 }
 
-// Shutdown stops a in order: stop admitting (not ready; the census
-// reports the subscriber count a last time while the streams are still
-// open, so the next process knows who is coming), drain the watch and xDS streams
+// relaySyncWait bounds how long a replica that has peers waits for one
+// of their opening snapshots before it takes shards anyway: the newest
+// view is restored from published_views too (saved every second), so
+// the relay only makes the first delta smaller; an unreachable peer must
+// not keep a replica from ever owning anything.
+const relaySyncWait = 15 * time.Second
+
+// canPublish says whether this replica could publish what it would be
+// dealt, the readiness the ownership balance asks for: it serves HTTP
+// (so its peers can relay what it publishes), its evaluator has rebuilt,
+// its publisher is prepared, and it holds its peers' views (or has none,
+// or waited relaySyncWait for them).
+func (a *App) canPublish(region string) bool {
+	if !a.ready.Load() || !a.Evaluator.Ready() || !a.Publisher.Prepared() {
+		return false
+	}
+	if a.Relay == nil || a.Relay.Synced() {
+		return true
+	}
+	if time.Since(time.Unix(0, a.startedAt.Load())) > relaySyncWait {
+		return true
+	}
+	return len(livePeers(a.Ownership.Region(), region)) == 0
+}
+
+// handOverTimeout bounds the handover before a graceful stop: the other
+// replicas look at offers every 250 ms and adopt in well under a second;
+// what they have not taken by then is released as before.
+const handOverTimeout = 5 * time.Second
+
+// handOver hands this replica's shards to the other ready replicas and
+// goes on publishing them until their new owners have published each
+// service (or handOverTimeout), so a graceful stop leaves no service
+// unpublished even for a round. It returns at once for a replica that
+// owns nothing (alone in its region, it keeps its shards until Release).
+func (a *App) handOver(ctx context.Context) {
+	if !a.Running(WorkerOwnership) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, handOverTimeout)
+	defer cancel()
+	start := time.Now()
+	before := len(a.Ownership.Owned())
+	left := a.Ownership.Handover(ctx)
+	took := time.Since(start)
+	for len(a.Publisher.HandingOver()) > 0 && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond): // polling the hub, bounded by ctx
+		}
+	}
+	if before > 0 {
+		a.log.Info("handed shards over before stopping", "shards", before-left, "kept", left,
+			"taken_in", took.Round(time.Millisecond), "published_in", time.Since(start).Round(time.Millisecond),
+			"not_yet_republished", len(a.Publisher.HandingOver()))
+	}
+}
+
+// Shutdown stops a in order: stop admitting (not ready), hand the
+// shards over to the other replicas and go on publishing until they have
+// (handOver), let the census report the subscriber count a last time
+// while the streams are still
+// open, so the next process knows who is coming, drain the watch and xDS streams
 // (subscribers are told to reconnect elsewhere with jitter), stop HTTP
 // with stopHTTP, stop the workers (Config.Workers after the evaluator),
 // close the UI. Safe to call twice.
@@ -857,6 +926,9 @@ func (a *App) Shutdown(ctx context.Context, stopHTTP func(context.Context) error
 	a.shut = true
 	a.lifecycle.Unlock()
 	a.SetReady(false)
+	// Make before break: the other replicas own and publish this one's
+	// services before its subscribers are let go.
+	a.handOver(ctx)
 	a.Census.Stop()
 	a.Hub.Close()
 	xdsDrained := make(chan struct{})

@@ -128,6 +128,12 @@ type Config struct {
 	// Services, with Owns, lists the services known upstream (the
 	// evaluator's), so that the services a gain brings are assembled.
 	Services func() []string
+	// HandingOver, when set, says whether a service Owns allows is one
+	// this replica handed over to a new owner and publishes only until
+	// that owner has (ownership.Manager.HandingOver): as soon as the hub
+	// holds a version of it above this publisher's, the new owner has
+	// published, and this replica forgets the service.
+	HandingOver func(service string) bool
 }
 
 // Changes is the evaluator as the publisher pulls from it.
@@ -211,6 +217,46 @@ const AlarmEpochsLow = "version_epochs_low"
 // EpochsLowAt is the number of version epochs left below which
 // version_epochs_low is raised: a week of restarts once a minute.
 const EpochsLowAt = 10_000
+
+// Prepared reports whether the publisher can publish: its version epoch
+// is taken and the saved views restored (Prepare succeeded).
+func (p *Publisher) Prepared() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.versions != nil
+}
+
+// superseded reports whether the hub holds a version of service above
+// the last this publisher published: another replica, a newer owner,
+// published it since. Called with p.mu held.
+func (p *Publisher) supersededLocked(service string) bool {
+	f, ok := p.cfg.Hub.View(service)
+	if !ok {
+		return false
+	}
+	v, held := p.asm.View(service)
+	return !held || f.Version > v.Version
+}
+
+// HandingOver lists the services this replica handed over and still
+// publishes because the hub holds nothing newer of them yet: the new
+// owner has not published them. A replica that stops waits for this to
+// be empty (bounded) before it lets its subscribers go.
+func (p *Publisher) HandingOver() []string {
+	if p.cfg.HandingOver == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, name := range p.asm.Services() {
+		if p.cfg.HandingOver(name) && !p.supersededLocked(name) {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
 
 // EpochsLeft is how many version epochs remain after the one this
 // process publishes under (0 before it has one, and when none is left).
@@ -804,6 +850,13 @@ func (p *Publisher) RunOnce() {
 		if p.cfg.Owns != nil && !p.cfg.Owns(n) {
 			// Not this replica's to publish: its owner does. A gain
 			// marks it again.
+			delete(p.dirty, n)
+			continue
+		}
+		if p.cfg.HandingOver != nil && p.asm.Holds(n) && p.cfg.HandingOver(n) && p.supersededLocked(n) {
+			// Handed over, and the new owner has published: its
+			// versions are above this replica's, so what this replica
+			// would publish now would only be dropped.
 			delete(p.dirty, n)
 			continue
 		}
