@@ -367,7 +367,9 @@ func TestRoutineTransitionsNeverDelayAWithdrawal(t *testing.T) {
 	if len(withdrawals) < 20 || len(lags) == 0 {
 		t.Fatalf("only %d withdrawals (%d arrivals) made", len(withdrawals), len(lags))
 	}
-	pct := func(p float64) time.Duration { return lags[min(len(lags)-1, int(p*float64(len(lags))))].Round(time.Millisecond) }
+	pct := func(p float64) time.Duration {
+		return lags[min(len(lags)-1, int(p*float64(len(lags))))].Round(time.Millisecond)
+	}
 	t.Logf("%d withdrawals, %d arrivals at subscribers: lag from muster's answer p50 %s, p90 %s, p99 %s, max %s",
 		len(withdrawals), len(lags), pct(0.5), pct(0.9), pct(0.99), lags[len(lags)-1].Round(time.Millisecond))
 	for _, p := range slices.Sorted(func(yield func(string) bool) {
