@@ -11,6 +11,7 @@ import (
 
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/ownership"
+	"github.com/musterhq/muster/internal/testclock"
 	"github.com/musterhq/muster/internal/wait"
 )
 
@@ -154,10 +155,12 @@ func TestHandoverBeforeStop(t *testing.T) {
 	if n := free(); n != 0 {
 		t.Errorf("%d readings found a shard free during the handover", n)
 	}
-	if n := len(b.Owned()) + len(c.Owned()); n != shards {
-		t.Errorf("b and c own %d shards after the handover, want %d", n, shards)
-	}
-	published(t, svcs, b, c)
+	// Every service is published by someone the moment Handover
+	// returns (a as it hands over, b or c), and b and c own everything
+	// (at once, unless a round was so late under load that a tenure
+	// lapsed and went the old way, freed and taken).
+	published(t, svcs, a, b, c)
+	wait.For(t, patience, "b and c owning every shard", func() bool { return len(b.Owned())+len(c.Owned()) == shards })
 	for s := range handed {
 		if !a.Publishes(svcs[s]) {
 			t.Errorf("a stopped publishing shard %d at the handover, before its grace", s)
@@ -242,4 +245,39 @@ func watchFree(t *testing.T, pool *pgxpool.Pool) func() int {
 		done <- n
 	}()
 	return func() int { cancel(); return <-done }
+}
+
+// TestAnOfferNobodyTakesComesBack: a replica listed as live and ready
+// that never takes what it is offered (a release that does not know
+// offers, or a row no process stands behind) keeps its shards offered
+// only for OfferTimeout: then it is dealt nothing, the offers are
+// withdrawn, and the owner owns (and writes for) every shard again.
+func TestAnOfferNobodyTakesComesBack(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	clock := testclock.New(time.Now())
+	a := newReplica(t, pool, "a", withClock(clock.Now))
+	ghost := func() {
+		t.Helper()
+		if _, err := pool.Exec(t.Context(), `INSERT INTO replicas (id, started_at, last_seen, address, region, ready)
+			VALUES ('ghost', clock_timestamp(), clock_timestamp(), 'ghost:8080', 'test', true)
+			ON CONFLICT (id) DO UPDATE SET last_seen = clock_timestamp()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rounds(t, a)
+	ghost()
+	rounds(t, a)
+	if n := len(a.Owned()); n != shards/2 {
+		t.Fatalf("a owns %d shards after offering half to a ready replica, want %d", n, shards/2)
+	}
+	clock.Advance(3*testInterval + time.Millisecond)
+	ghost()
+	rounds(t, a)
+	if n := len(a.Owned()); n != shards {
+		t.Errorf("a owns %d shards after its offers went untaken for the timeout, want all %d", n, shards)
+	}
+	if n := offersIn(t, pool); n != 0 {
+		t.Errorf("%d offers left to a replica that takes none", n)
+	}
 }

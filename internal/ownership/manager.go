@@ -85,6 +85,15 @@ type Config struct {
 	// OfferPoll is how often offers are looked at between rounds
 	// (DefaultOfferPoll).
 	OfferPoll time.Duration
+	// OfferTimeout is how long an offer may stay untaken before its
+	// replica is dealt nothing for UnresponsiveFor (3 Intervals by
+	// default): a replica that cannot or will not take offers (an earlier
+	// release, a row with no process behind it) must not keep shards
+	// offered, and so without an owner's writes, for long.
+	OfferTimeout time.Duration
+	// UnresponsiveFor is how long such a replica is dealt nothing (one
+	// minute by default).
+	UnresponsiveFor time.Duration
 	// HandoverGrace is how long a replica goes on publishing a shard it
 	// handed over after the taker took it (Publishes), unless the
 	// publisher sees the new owner's publication first (DefaultTTL: the
@@ -117,6 +126,12 @@ func (c *Config) Validate() error {
 	if c.OfferPoll <= 0 {
 		c.OfferPoll = DefaultOfferPoll
 	}
+	if c.OfferTimeout <= 0 {
+		c.OfferTimeout = 3 * c.Interval
+	}
+	if c.UnresponsiveFor <= 0 {
+		c.UnresponsiveFor = time.Minute
+	}
 	if c.HandoverGrace <= 0 {
 		c.HandoverGrace = c.TTL
 	}
@@ -135,6 +150,13 @@ func (c *Config) Validate() error {
 		c.Now = time.Now
 	}
 	return nil
+}
+
+// offer is one shard this replica offers, to whom and since when (local
+// clock).
+type offer struct {
+	to    string
+	since time.Time
 }
 
 // tenure is one shard this process took and holds.
@@ -181,9 +203,14 @@ type Manager struct {
 	unownedSince map[int]time.Time
 	// others are the shards another replica held at the last reading.
 	others map[int]string
-	// offered are the shards this replica offers, to whom (the last
-	// round's plan).
-	offered map[int]string
+	// offered are the shards this replica offers: to whom, since when
+	// (local clock).
+	offered map[int]offer
+	// unresponsive are replicas that left an offer untaken for
+	// OfferTimeout, until when (local clock) they are dealt nothing: a
+	// replica of an earlier release that does not take offers, or a row
+	// in the replicas table no process stands behind.
+	unresponsive map[string]time.Time
 	// handed are the shards this replica handed over, each with the
 	// local time until which it goes on publishing them (Publishes).
 	handed map[int]time.Time
@@ -202,14 +229,15 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	return &Manager{
-		cfg:       cfg,
-		log:       cfg.Logger.With("worker", "ownership", "replica", cfg.ID),
-		met:       met,
-		held:      map[int]*tenure{},
-		abandoned: map[int]uint64{},
-		lapsed:    map[int]struct{}{},
-		offered:   map[int]string{},
-		handed:    map[int]time.Time{},
+		cfg:          cfg,
+		log:          cfg.Logger.With("worker", "ownership", "replica", cfg.ID),
+		met:          met,
+		held:         map[int]*tenure{},
+		abandoned:    map[int]uint64{},
+		lapsed:       map[int]struct{}{},
+		offered:      map[int]offer{},
+		unresponsive: map[string]time.Time{},
+		handed:       map[int]time.Time{},
 	}, nil
 }
 
@@ -386,13 +414,29 @@ func (m *Manager) round(ctx context.Context) error {
 	leases := m.leases(rows)
 	m.noteRegion(m.cfg.Now(), replicas, rows)
 	live := make([]Member, 0, len(replicas)+1)
-	for _, r := range replicas {
-		if r.ID != m.cfg.ID {
-			live = append(live, Member{ID: r.ID, Ready: r.Ready})
-		}
-	}
 	m.mu.Lock()
 	leaving := m.leaving
+	now := m.cfg.Now()
+	for s, o := range m.offered {
+		if now.Sub(o.since) > m.cfg.OfferTimeout {
+			if _, known := m.unresponsive[o.to]; !known {
+				m.log.Warn("a replica left a shard offered to it untaken; it is dealt nothing for a while",
+					"replica", o.to, "shard", s, "offered_for", now.Sub(o.since).Round(time.Millisecond), "for", m.cfg.UnresponsiveFor)
+			}
+			m.unresponsive[o.to] = now.Add(m.cfg.UnresponsiveFor)
+		}
+	}
+	for id, until := range m.unresponsive {
+		if !now.Before(until) {
+			delete(m.unresponsive, id)
+		}
+	}
+	for _, r := range replicas {
+		if r.ID != m.cfg.ID {
+			_, shy := m.unresponsive[r.ID]
+			live = append(live, Member{ID: r.ID, Ready: r.Ready && !shy})
+		}
+	}
 	m.mu.Unlock()
 	live = append(live, Member{ID: m.cfg.ID, Ready: ready, Leaving: leaving})
 	plan := Balance(m.cfg.ID, live, leases)
@@ -613,13 +657,14 @@ func (m *Manager) offer(ctx context.Context, q *db.Queries, rows []db.ShardLease
 			if s < len(rows) && rows[s].OfferedTo != nil && rows[s].Owner != nil && *rows[s].Owner == m.cfg.ID && uint64(rows[s].Epoch) == t.epoch {
 				have = *rows[s].OfferedTo
 			}
-			_, was := m.offered[s]
+			o, was := m.offered[s]
 			switch {
 			case want != "" && !was:
-				m.offered[s] = want
+				m.offered[s] = offer{to: want, since: m.cfg.Now()}
 				ev.lost = append(ev.lost, s)
+			case want != "" && o.to != want:
+				m.offered[s] = offer{to: want, since: m.cfg.Now()}
 			case want != "":
-				m.offered[s] = want
 			case was:
 				withdrawn[s] = true
 			}
@@ -733,7 +778,10 @@ func (m *Manager) Handover(ctx context.Context) int {
 	m.mu.Lock()
 	m.leaving = true
 	m.mu.Unlock()
-	if err := m.RunOnce(ctx); err != nil {
+	rctx, cancel := context.WithTimeout(ctx, m.cfg.Interval)
+	err := m.RunOnce(rctx)
+	cancel()
+	if err != nil {
 		m.log.Warn("hand over shards: the round failed; what is held is released at stop", "err", err)
 		return len(m.Owned())
 	}
@@ -837,6 +885,7 @@ func (m *Manager) Release(ctx context.Context) error {
 	m.mu.Lock()
 	m.leaving = false
 	clear(m.offered)
+	clear(m.unresponsive)
 	m.mu.Unlock()
 	q := db.New(m.cfg.Pool)
 	err := m.releaseAbandoned(ctx, q)
