@@ -1185,6 +1185,20 @@ type RegionStatus struct {
 	Unowned []int `json:"unowned"`
 	// Owned is this replica's own tenures now (Status).
 	Owned []ShardStatus `json:"owned"`
+	// Offered are this replica's shards offered to another replica and
+	// not yet taken (it still publishes them).
+	Offered []OfferStatus `json:"offered"`
+	// HandedOver are the shards this replica handed over and still
+	// publishes until their new owner has.
+	HandedOver []int `json:"handed_over"`
+}
+
+// OfferStatus is one shard offered.
+type OfferStatus struct {
+	Shard int    `json:"shard"`
+	To    string `json:"to"`
+	// Since is when (local clock) the offer was made.
+	Since time.Time `json:"since"`
 }
 
 // ReplicaStatus is one live replica as the reading saw it.
@@ -1196,6 +1210,9 @@ type ReplicaStatus struct {
 	LastSeen  time.Time `json:"last_seen"`
 	// Shards counts the shards it held at the reading.
 	Shards int `json:"shards"`
+	// Ready says it could publish what it is dealt, as it said at its
+	// last heartbeat; a replica that is not ready is dealt no shards.
+	Ready bool `json:"ready"`
 }
 
 // noteRegion records a round's reading of the region, and since when
@@ -1212,7 +1229,7 @@ func (m *Manager) noteRegion(now time.Time, replicas []db.Replica, rows []db.Sha
 	}
 	rs := make([]ReplicaStatus, len(replicas))
 	for i, r := range replicas {
-		rs[i] = ReplicaStatus{ID: r.ID, Address: r.Address, Region: r.Region, StartedAt: r.StartedAt, LastSeen: r.LastSeen, Shards: held[r.ID]}
+		rs[i] = ReplicaStatus{ID: r.ID, Address: r.Address, Region: r.Region, StartedAt: r.StartedAt, LastSeen: r.LastSeen, Shards: held[r.ID], Ready: r.Ready}
 	}
 	others := map[int]string{}
 	for _, r := range rows {
@@ -1254,6 +1271,14 @@ func (m *Manager) Region() RegionStatus {
 	r.Owned = own
 	if r.Owned == nil {
 		r.Owned = []ShardStatus{}
+	}
+	r.Offered = []OfferStatus{}
+	for _, s := range slices.Sorted(maps.Keys(m.offered)) {
+		r.Offered = append(r.Offered, OfferStatus{Shard: s, To: m.offered[s].to, Since: m.offered[s].since})
+	}
+	r.HandedOver = slices.Sorted(maps.Keys(m.handed))
+	if r.HandedOver == nil {
+		r.HandedOver = []int{}
 	}
 	return r
 }
