@@ -169,7 +169,14 @@ func loadgenSeed(ctx context.Context, env Env, args []string, stdout, stderr io.
 // with key (nil: unsealed).
 func seed(ctx context.Context, pool *pgxpool.Pool, region string, key seal.Signer, o seedOptions, stdout io.Writer) error {
 	services, instances, minutes, history, quarantined := o.services, o.instances, o.minutes, o.history, o.quarantined
-	reg, err := registry.New(registry.Config{Pool: pool, Region: region})
+	// The services (and the prober assignment) are sealed with the key
+	// the instances are: a region whose instances are sealed believes
+	// no unsealed service row, so its views would be empty.
+	rc := registry.Config{Pool: pool, Region: region}
+	if key != nil {
+		rc.Sealer = key
+	}
+	reg, err := registry.New(rc)
 	if err != nil {
 		return err
 	}
