@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -347,5 +348,42 @@ func TestPeerReportsIgnoreUnknownMembers(t *testing.T) {
 	}
 	if p := r.Problem(t); p.Type != server.ProblemBase+"unknown-field" {
 		t.Errorf("POST /v1/reports with an unknown member: problem %+v", p)
+	}
+}
+
+// TestARefusingPeerIsAlarmed: evidence a peer replica refuses (here every
+// request, 422) is not dropped silently: it is counted in
+// muster_evidence_forward_refused_total by peer and reason, and GET
+// /v1/alarms lists evidence_forward_refused naming the peer.
+func TestARefusingPeerIsAlarmed(t *testing.T) {
+	t.Parallel()
+	s := apptest.New(t, apptest.Options{Replica: "a"})
+	s.Seed(t)
+	in := registerOnHost(t, s, 9000)
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = io.WriteString(w, `{"type":"https://muster.dev/problems/validation","title":"Unprocessable Entity","status":422,"detail":"not this"}`)
+	}))
+	t.Cleanup(refusing.Close)
+	// A live replica z at that address, as its heartbeat would record it.
+	if _, err := s.Pool.Exec(t.Context(), `INSERT INTO replicas (id, started_at, last_seen, address, region) VALUES ('z', clock_timestamp(), clock_timestamp(), $1, '')`, refusing.URL); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.App.Ownership.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	s.App.Forwarder.RunOnce(t.Context())
+
+	body := fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"self","outcome":"success"}]}`, in.ID)
+	if r := s.DoWith(t, "POST", "/v1/reports", s.Token(t, webReq), "application/json", body, credentialHeader(in.Credential)); r.Status != http.StatusOK {
+		t.Fatalf("report: %d %s", r.Status, r.Body)
+	}
+	wait.For(t, 10*time.Second, "the refused item counted", func() bool {
+		return labelled(t, s, "muster_evidence_forward_refused_total", "reason", forward.ReasonInvalid) == 1
+	})
+	r := s.Do(t, "GET", "/v1/alarms", s.Token(t, adminReq), "", "")
+	if r.Status != http.StatusOK || !bytes.Contains(r.Body, []byte(`"kind":"`+forward.AlarmForwardRefused+`"`)) || !bytes.Contains(r.Body, []byte("replica z refused 1 ")) {
+		t.Fatalf("GET /v1/alarms: %d %s, want %s naming z", r.Status, r.Body, forward.AlarmForwardRefused)
 	}
 }

@@ -21,7 +21,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		}, []string{"peer"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_evidence_forward_refused_total",
-			Help: "Accepted evidence items a peer refused and that were dropped, by peer and reason (for a request refused whole: unknown_field, malformed, too_large, unsupported_media_type, invalid; unsendable: this replica could not encode or address the request).",
+			Help: "Accepted evidence items a peer refused and that were dropped, by peer and reason (for a request refused whole: unknown_field, malformed, too_large, unsupported_media_type, invalid_request; unsendable: this replica could not encode or address the request).",
 		}, []string{"peer", "reason"}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "muster_evidence_forward_lag_seconds", Help: "Time from an evidence item's acceptance here to a peer's acknowledgement of it.",

@@ -42,13 +42,15 @@ import (
 // for RefusedAlarmFor after the last refusal.
 
 // Refusal reasons, the label of muster_evidence_forward_refused_total for
-// batches a peer refused whole.
+// batches a peer refused whole. They differ from the evaluator's refusal
+// codes of single items (stale, not_assigned, invalid, ...), which may
+// share the counter.
 const (
 	ReasonUnknownField = "unknown_field"
 	ReasonMalformed    = "malformed"
 	ReasonTooLarge     = "too_large"
 	ReasonMediaType    = "unsupported_media_type"
-	ReasonInvalid      = "invalid"
+	ReasonInvalid      = "invalid_request"
 	ReasonUnsendable   = "unsendable"
 )
 

@@ -237,7 +237,7 @@ func TestARefusedBatchCostsOnlyWhatThePeerRefuses(t *testing.T) {
 		t.Fatalf("the peer took %d reports, want the 99 it can", n)
 	}
 	if n := refusedTotal(t, h, "b", forward.ReasonInvalid); n != 1 {
-		t.Errorf("refused{reason=invalid} = %v, want 1", n)
+		t.Errorf("refused{reason=invalid_request} = %v, want 1", n)
 	}
 	if n := h.metric(t, "muster_evidence_forward_dropped_total", "b"); n != 1 {
 		t.Errorf("dropped %v, want 1", n)
