@@ -27,7 +27,8 @@ import (
 //     An older replica then gets what it understands, as a tolerant one
 //     would have taken it. At most maxStripped members per peer.
 //   - a body too large for the peer (413, or 422 on the count of items):
-//     the peer's batches are halved and the items sent again.
+//     the peer's batches are halved (for StripFor) and the items sent
+//     again.
 //   - anything else it cannot understand (400, 422): the batch is sent again
 //     in halves, and only the half the peer refuses is split further, so a
 //     few items it cannot take cost those items, not the batch. When both
@@ -162,8 +163,10 @@ type peerLimits struct {
 	// unknown; forgotten after StripFor, so a peer upgraded meanwhile is
 	// sent the member again.
 	stripped map[string]time.Time
-	// maxItems, when positive, bounds the items of one request to it.
-	maxItems int
+	// maxItems, when positive, bounds the items of one request to it,
+	// from maxItemsAt for StripFor (then full batches are tried again).
+	maxItems   int
+	maxItemsAt time.Time
 }
 
 // refusals is one peer's episode of refusals, for the alarm.
@@ -178,9 +181,10 @@ type refusals struct {
 func (f *Forwarder) batchLimit(p *peerQueue) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if p.limits.maxItems > 0 {
+	if p.limits.maxItems > 0 && f.cfg.Now().Sub(p.limits.maxItemsAt) <= f.cfg.StripFor {
 		return min(p.limits.maxItems, f.cfg.MaxBatch)
 	}
+	p.limits.maxItems = 0
 	return f.cfg.MaxBatch
 }
 
@@ -213,7 +217,7 @@ func (f *Forwarder) salvage(ctx context.Context, p *peerQueue, batch []item, rf 
 		return batch, nil
 	case rf.tooLarge() && len(batch) > 1:
 		f.mu.Lock()
-		p.limits.maxItems = max(1, len(batch)/2)
+		p.limits.maxItems, p.limits.maxItemsAt = max(1, len(batch)/2), f.cfg.Now()
 		f.mu.Unlock()
 		f.log.Warn("peer refused a batch as too large; sending it smaller batches", "peer", p.id, "items", len(batch), "now", max(1, len(batch)/2), "err", rf)
 		return batch, nil
