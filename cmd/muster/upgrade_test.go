@@ -428,16 +428,16 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 		// The owner now, which may have moved since the service was
 		// chosen: the report goes to the other replica.
 		name := ""
-		for rel, shards := range owned() {
-			for _, n := range names {
-				if rel != from && shards[ownership.ShardOf(n, 64)] {
-					name = n
+		wait.For(t, 30*time.Second, fmt.Sprintf("one of %v owned by the release other than the %s", names, from), func() bool {
+			for rel, shards := range owned() {
+				for _, n := range names {
+					if rel != from && shards[ownership.ShardOf(n, 64)] {
+						name = n
+					}
 				}
 			}
-		}
-		if name == "" {
-			t.Fatalf("the %s release owns both services now: no service to report to it from the other", from)
-		}
+			return name != ""
+		})
 		target := instances[name][1]
 		downMu.Lock()
 		down[target] = true
