@@ -24,6 +24,7 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/streamcheck"
 	"github.com/musterhq/muster/internal/wait"
@@ -212,7 +213,7 @@ func metricSum(exposition []byte, name string, want ...string) (sum float64, ser
 // from the old release to the new and from the new to the old, and each
 // withdrawal reaches a subscriber on both replicas. Neither forwarder
 // dropped or had refused anything, and no frame a subscriber took was
-// out of order.
+// out of order or left a service empty.
 func TestPreviousReleaseBesideThisOne(t *testing.T) {
 	realTime(t, "the previous release built from git and run beside this one")
 	t.Parallel()
@@ -373,6 +374,30 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 		}
 	})
 
+	// A new service's view is empty until its instances' first probes
+	// (rightly): the subscribers start once both replicas route to every
+	// instance, so that no view they take may be empty.
+	wait.For(t, time.Minute, "both replicas routing to every instance", func() bool {
+		for _, b := range bases {
+			for _, name := range names {
+				code, body := call(t, "GET", b+"/v1/resolve/"+name, viewer, "")
+				var v assembler.View
+				if code != http.StatusOK || json.Unmarshal(body, &v) != nil {
+					return false
+				}
+				n := 0
+				for _, ep := range v.Endpoints {
+					if ep.Weight > 0 {
+						n++
+					}
+				}
+				if n != perService {
+					return false
+				}
+			}
+		}
+		return true
+	})
 	// A subscriber of both services on each replica.
 	checkers := map[string]*streamcheck.Checker{}
 	for rel, b := range bases {
@@ -484,7 +509,7 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 		}
 	}
 	for rel, c := range checkers {
-		if n := c.Counts(); n.Problems() != 0 {
+		if n := c.Counts(); n.Problems() != 0 || n.Emptied != 0 {
 			t.Errorf("the subscriber on the %s release: %v; first: %v", rel, n, c.Events()[:min(5, len(c.Events()))])
 		}
 	}
