@@ -3,7 +3,9 @@ package db
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
@@ -65,12 +67,73 @@ func NewMigratorIAM(databaseURL string, iam *IAMTokens) (*Migrator, error) {
 	return &Migrator{m: m}, nil
 }
 
-// Up applies every pending migration. No pending migration is not an error.
+// ErrSchemaAhead is wrapped by Up's error when the database was migrated
+// by a newer release, past the last migration this one embeds.
+var ErrSchemaAhead = errors.New("the database's schema is newer than this release's migrations")
+
+// AheadError is Up's error for a database whose schema is at Database, a
+// version above Known, the last this release embeds, and clean (its last
+// migration completed). It matches ErrSchemaAhead.
+//
+// During a rolling upgrade the newer release migrates first, and a
+// replica of the older one that restarts meets its schema. Migrations
+// are additive by policy (docs/replicas.md, "Rolling upgrade": expand in
+// one release, contract in a later one), so the older release works on
+// it, and its caller may go on with a warning; golang-migrate alone
+// refuses ("no migration found for version N"), and a rolling restart
+// would then lose every replica not yet upgraded.
+type AheadError struct {
+	Database, Known uint
+}
+
+func (e *AheadError) Error() string {
+	return fmt.Sprintf("migrate up: the database's schema is at version %d, newer than this release's last migration %d (a newer release migrated it)", e.Database, e.Known)
+}
+
+// Is makes an AheadError match ErrSchemaAhead.
+func (e *AheadError) Is(target error) bool { return target == ErrSchemaAhead }
+
+// Up applies every pending migration. No pending migration is not an
+// error. A database a newer release migrated past this one's migrations
+// is left as it is, with an *AheadError when its schema is clean; a dirty
+// one (a migration that failed half-way, whichever release ran it) is
+// refused with golang-migrate's ErrDirty: nobody knows what it holds.
 func (mg *Migrator) Up() error {
-	if err := mg.m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
-		return fmt.Errorf("migrate up: %w", err)
+	err := mg.m.Up()
+	if err == nil || errors.Is(err, migrate.ErrNoChange) {
+		return nil
 	}
-	return nil
+	var dirty migrate.ErrDirty
+	if errors.As(err, &dirty) {
+		return fmt.Errorf("migrate up: the schema is dirty at version %d (a migration failed half-way): repair it by hand and force the version (golang-migrate's migrate force), then start again: %w", dirty.Version, err)
+	}
+	// golang-migrate does not find the database's version among this
+	// release's migrations: ahead of them, or unknown to it.
+	if errors.Is(err, fs.ErrNotExist) {
+		known, kerr := latestMigration()
+		v, isDirty, verr := mg.Version()
+		if kerr == nil && verr == nil && !isDirty && v > known {
+			return &AheadError{Database: v, Known: known}
+		}
+	}
+	return fmt.Errorf("migrate up: %w", err)
+}
+
+// latestMigration is the version of the last migration embedded.
+func latestMigration() (uint, error) {
+	ups, err := fs.Glob(migrations.FS, "*.up.sql")
+	if err != nil {
+		return 0, err
+	}
+	var last uint
+	for _, f := range ups {
+		n, err := strconv.ParseUint(f[:max(strings.IndexByte(f, '_'), 0)], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("migration %s: %w", f, err)
+		}
+		last = max(last, uint(n))
+	}
+	return last, nil
 }
 
 // Down rolls back one migration.

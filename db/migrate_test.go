@@ -2,6 +2,7 @@ package db_test
 
 import (
 	"context"
+	"errors"
 	"io/fs"
 	"slices"
 	"strconv"
@@ -125,5 +126,63 @@ func TestEpochsStartAboveBlockVersions(t *testing.T) {
 	}
 	if err := mg.Up(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAReleaseTakesANewerCleanSchema: during a rolling upgrade the newer
+// release migrates first, and a replica of the older one that restarts
+// meets a schema above its last migration. Clean, Up leaves it as it is
+// and says so (ErrSchemaAhead, with both versions), so the caller can go
+// on: migrations are additive, and the older release's queries work on
+// it (shown here by one on the widened table). Dirty (a migration that
+// failed half-way), it is refused as before, whatever the version.
+func TestAReleaseTakesANewerCleanSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := dbtest.URL(t)
+	pool, err := db.Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	mg, err := db.NewMigrator(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mg.Close()
+	known, _, err := mg.Version()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the next release's migration would do: add a column with a
+	// default, and record its version.
+	if _, err := pool.Exec(ctx, `ALTER TABLE services ADD COLUMN next_release_note text NOT NULL DEFAULT ''`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE schema_migrations SET version = $1, dirty = false`, known+1); err != nil {
+		t.Fatal(err)
+	}
+	err = mg.Up()
+	var ahead *db.AheadError
+	if !errors.Is(err, db.ErrSchemaAhead) || !errors.As(err, &ahead) || ahead.Database != known+1 || ahead.Known != known {
+		t.Fatalf("Up on a schema one version ahead: %v, want an AheadError at %d over %d", err, known+1, known)
+	}
+	if v, dirty, err := mg.Version(); err != nil || dirty || v != known+1 {
+		t.Fatalf("after Up: version %d dirty %v err %v, want %d untouched", v, dirty, err, known+1)
+	}
+	if _, err := db.New(pool).ServiceList(ctx, db.ServiceListParams{Lim: 10}); err != nil {
+		t.Fatalf("this release's query on the widened table: %v", err)
+	}
+	if err := db.Migrate(u); !errors.Is(err, db.ErrSchemaAhead) {
+		t.Fatalf("Migrate on a schema ahead: %v, want ErrSchemaAhead", err)
+	}
+
+	// A failed migration of the newer release: refused.
+	if _, err := pool.Exec(ctx, `UPDATE schema_migrations SET dirty = true`); err != nil {
+		t.Fatal(err)
+	}
+	err = mg.Up()
+	if err == nil || errors.Is(err, db.ErrSchemaAhead) || !strings.Contains(err.Error(), "dirty") {
+		t.Fatalf("Up on a dirty schema ahead: %v, want a refusal for the dirty schema", err)
 	}
 }

@@ -79,6 +79,10 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	if cfg.Relay != nil {
 		out = append(out, cfg.Relay.Alarms()...)
 	}
+	// The forwarder's: peers that refused evidence (forward.Forwarder).
+	if f, ok := cfg.Forwarder.(interface{ Alarms() []assembler.Alarm }); ok {
+		out = append(out, f.Alarms()...)
+	}
 	if cfg.RoutingControls != nil {
 		out = append(out, cfg.RoutingControls.Alarms()...)
 	}

@@ -7,6 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
+	"sync"
+
+	jsonv2 "github.com/go-json-experiment/json"
 
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/forward"
@@ -94,15 +98,16 @@ type peerBatch struct {
 }
 
 // decodePeerReports reads and checks a POST /v1/peer/reports body: JSON
-// as decodeReports takes it (400, 413, 415), then 1 to evaluator.MaxBatch
+// as decodePeer takes it (400, 413, 415; members it does not know are
+// ignored, the first of them returned), then 1 to evaluator.MaxBatch
 // items in all, none of its batches empty, every actor a principal (422).
 // A body refused is refused whole: nothing of it is applied.
-func decodePeerReports(w http.ResponseWriter, r *http.Request) ([]peerBatch, *Problem) {
-	var b forward.Body
-	if p := decodeStrict(w, r, &b, forward.MaxBodyBytes); p != nil {
-		return nil, p
+func decodePeerReports(w http.ResponseWriter, r *http.Request) ([]peerBatch, string, *Problem) {
+	b, unknown, p := decodePeer[forward.Body](w, r, forward.MaxBodyBytes)
+	if p != nil {
+		return nil, "", p
 	}
-	p := problem(http.StatusUnprocessableEntity, "validation", "the forwarded evidence is not valid")
+	p = problem(http.StatusUnprocessableEntity, "validation", "the forwarded evidence is not valid")
 	out := make([]peerBatch, 0, len(b.Batches))
 	total := 0
 	for i, g := range b.Batches {
@@ -120,9 +125,9 @@ func decodePeerReports(w http.ResponseWriter, r *http.Request) ([]peerBatch, *Pr
 		p.Errors = append(p.Errors, fieldError("batches", fmt.Sprintf("a body holds 1 to %d reports in all, got %d", evaluator.MaxBatch, total)))
 	}
 	if len(p.Errors) > 0 {
-		return nil, p
+		return nil, "", p
 	}
-	return out, nil
+	return out, unknown, nil
 }
 
 // peerReportsPost applies evidence another replica of the region
@@ -132,11 +137,12 @@ func decodePeerReports(w http.ResponseWriter, r *http.Request) ([]peerBatch, *Pr
 // are answered, not audited: the replica that received the evidence
 // audited its own.
 func (s *Server) peerReportsPost(w http.ResponseWriter, r *http.Request) {
-	batches, p := decodePeerReports(w, r)
+	batches, unknown, p := decodePeerReports(w, r)
 	if p != nil {
 		writeProblem(w, r, p)
 		return
 	}
+	s.peerUnknownField(r, unknown)
 	var res forward.Result
 	for _, b := range batches {
 		got, err := s.cfg.Evaluator.IngestForwarded(r.Context(), b.actor, b.reports)
@@ -168,4 +174,91 @@ func accepted(reports []evaluator.Report, res evaluator.Result) []evaluator.Repo
 		}
 	}
 	return out
+}
+
+// decodePeer reads a replica-to-replica JSON body of at most limit bytes
+// into a new T, refusing it whole as decodeStrict does (415, 413, 400 for
+// malformed JSON, a wrong type or value, trailing data) except for one
+// thing: members T does not know are ignored, and the first of them is
+// returned (a JSON pointer, "" when there is none). During a rolling
+// upgrade the replicas of a region run two releases; a newer one may
+// add a member to what it sends, and refusing the body for it would drop
+// evidence an older replica can use in full. The public API stays strict
+// (a client's typo must not pass unnoticed); between replicas, a sender
+// signed with the region's key adds members only under the rule in
+// docs/replicas.md ("Rolling upgrade": a member added must be safe to
+// ignore). The body is decoded strictly first, and again leniently only
+// when that met a member it does not know: the common case costs nothing
+// more, and the second pass runs only while releases are mixed.
+func decodePeer[T any](w http.ResponseWriter, r *http.Request, limit int64) (v T, unknown string, p *Problem) {
+	if p := jsonContentType(r); p != nil {
+		return v, "", p
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err == nil {
+		err = jsonv2.Unmarshal(body, &v, jsonv2.RejectUnknownMembers(true))
+		var sem *jsonv2.SemanticError
+		if errors.As(err, &sem) && errors.Is(err, jsonv2.ErrUnknownName) {
+			unknown = string(sem.JSONPointer)
+			var fresh T // the strict pass may have filled part of v
+			v = fresh
+			err = jsonv2.Unmarshal(body, &v)
+		}
+	}
+	if err != nil {
+		var zero T
+		return zero, "", decodeProblemV2(err, limit)
+	}
+	return v, unknown, nil
+}
+
+// maxUnknownFieldsLogged bounds the distinct unknown members logged, so
+// that a peer sending a new member per request cannot fill the log.
+const maxUnknownFieldsLogged = 64
+
+// unknownFields remembers the unknown members of peer requests already
+// logged, by route and member (array indexes left out).
+type unknownFields struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+// peerUnknownField counts a peer request that carried a member this
+// release does not know (pointer, "" for none) and logs the first of
+// each kind: a rolling upgrade is under way, or a peer runs a release
+// that adds members without the rule for it.
+func (s *Server) peerUnknownField(r *http.Request, pointer string) {
+	if pointer == "" {
+		return
+	}
+	route := r.URL.Path
+	s.metrics.peerUnknown.WithLabelValues(route).Inc()
+	member := memberPattern(pointer)
+	s.unknown.mu.Lock()
+	key := route + " " + member
+	first := !s.unknown.seen[key] && len(s.unknown.seen) < maxUnknownFieldsLogged
+	if first {
+		if s.unknown.seen == nil {
+			s.unknown.seen = map[string]bool{}
+		}
+		s.unknown.seen[key] = true
+	}
+	s.unknown.mu.Unlock()
+	if first {
+		peerID, _ := r.Context().Value(peerKey{}).(string)
+		s.log.Info("a replica sent a member this release does not know; it is ignored (a newer release beside this one?)",
+			"route", route, "member", member, "peer", peerID)
+	}
+}
+
+// memberPattern is a JSON pointer with its array indexes as "*"
+// ("/batches/3/reports/7/age" is "/batches/*/reports/*/age").
+func memberPattern(pointer string) string {
+	parts := strings.Split(pointer, "/")
+	for i, p := range parts {
+		if p != "" && strings.Trim(p, "0123456789") == "" {
+			parts[i] = "*"
+		}
+	}
+	return strings.Join(parts, "/")
 }

@@ -35,7 +35,7 @@ func FuzzPeerReports(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body, ctype string) {
 		r := httptest.NewRequest(http.MethodPost, "/v1/peer/reports", strings.NewReader(body))
 		r.Header.Set("Content-Type", ctype)
-		batches, p := decodePeerReports(httptest.NewRecorder(), r)
+		batches, _, p := decodePeerReports(httptest.NewRecorder(), r)
 		if p == nil {
 			total := 0
 			for _, b := range batches {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -178,7 +179,9 @@ func TestPeerReportsNeedAReplicaSignature(t *testing.T) {
 		status int
 	}{
 		{`{"batches":[`, http.StatusBadRequest},
-		{`{"batches":[],"extra":1}`, http.StatusBadRequest},
+		// The unknown member is ignored (a newer release may add one),
+		// the empty body is not.
+		{`{"batches":[],"extra":1}`, http.StatusUnprocessableEntity},
 		{`{"batches":[]}`, http.StatusUnprocessableEntity},
 		{fmt.Sprintf(`{"batches":[{"actor":{"subject":"web","kind":"workload","service":"web"},"reports":[{"instance_id":%q,"class":"self","outcome":"success"}]},{"actor":{"subject":"x","kind":"robot"},"reports":[{"instance_id":%q,"class":"probe","outcome":"success"}]}]}`, in.ID, in.ID), http.StatusUnprocessableEntity},
 	} {
@@ -267,5 +270,120 @@ func TestEvidenceReachesTheOtherReplica(t *testing.T) {
 	}
 	if n := labelled(t, a, "muster_samples_forwarded_total", "result", "accepted"); n != 0 {
 		t.Errorf("a was sent back %v of its own items", n)
+	}
+}
+
+// TestPeerReportsIgnoreUnknownMembers: during a rolling upgrade a newer
+// replica may add members to the evidence it forwards. POST
+// /v1/peer/reports applies such a body in full, ignoring the members at
+// every level it does not know, and counts the request in
+// muster_peer_unknown_fields_total; what it cannot understand (a known
+// member of the wrong type, broken JSON, an actor of an unknown kind) is
+// still refused whole with problem+json. The public POST /v1/reports
+// stays strict.
+func TestPeerReportsIgnoreUnknownMembers(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.Seed(t)
+	in := registerOnHost(t, s, 9000)
+	region := &peer.Signer{ID: "b", Key: apptest.SealKey()}
+	applied := func() float64 {
+		return labelled(t, s, "muster_samples_forwarded_total", "result", "accepted") + labelled(t, s, "muster_samples_forwarded_total", "result", "refused")
+	}
+	unknown := func() float64 {
+		return labelled(t, s, "muster_peer_unknown_fields_total", "route", forward.Path)
+	}
+	newer := fmt.Sprintf(`{"release":"next","batches":[{"actor":{"subject":"web","kind":"workload","service":"web","home":true,"tenure":{"epoch":7}},`+
+		`"reports":[{"instance_id":%q,"class":"self","outcome":"success","age_ms":12,"received":{"replica":"b"}}],"via":"b"}]}`, in.ID)
+	r := peerPost(t, s, region, []byte(newer), []byte(newer), nil)
+	if r.Status != http.StatusOK {
+		t.Fatalf("a body with members this release does not know: %d %s", r.Status, r.Body)
+	}
+	if got := apptest.Decode[forward.Result](t, r); got != (forward.Result{Accepted: 1}) {
+		t.Fatalf("result %+v, want the one report accepted", got)
+	}
+	if n := unknown(); n != 1 {
+		t.Errorf("muster_peer_unknown_fields_total{route=%q} = %v, want 1", forward.Path, n)
+	}
+	// The same body without them is not counted.
+	known := fmt.Sprintf(`{"batches":[{"actor":{"subject":"web","kind":"workload","service":"web","home":true},"reports":[{"instance_id":%q,"class":"self","outcome":"success"}]}]}`, in.ID)
+	if r := peerPost(t, s, region, []byte(known), []byte(known), nil); r.Status != http.StatusOK {
+		t.Fatalf("a body of known members: %d %s", r.Status, r.Body)
+	}
+	if n := unknown(); n != 1 {
+		t.Errorf("muster_peer_unknown_fields_total = %v after a body of known members, want still 1", n)
+	}
+	if n := applied(); n != 2 {
+		t.Fatalf("%v items applied, want 2", n)
+	}
+
+	// What cannot be understood is refused whole, unknown members or not.
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		problem    string
+	}{
+		{"a known member of the wrong type", fmt.Sprintf(`{"batches":[{"actor":{"subject":"web","kind":"workload","service":"web"},"reports":[{"instance_id":%q,"class":"self","outcome":"success","age_ms":1},{"instance_id":%q,"class":7}]}]}`, in.ID, in.ID), http.StatusBadRequest, "malformed-json"},
+		{"broken JSON after an unknown member", `{"new":1,"batches":[`, http.StatusBadRequest, "malformed-json"},
+		{"an actor of a kind this release does not know", fmt.Sprintf(`{"batches":[{"actor":{"subject":"x","kind":"robot","new":true},"reports":[{"instance_id":%q,"class":"probe","outcome":"success"}]}]}`, in.ID), http.StatusUnprocessableEntity, "validation"},
+		{"no batches, only unknown members", `{"batches":[],"new":[1,2]}`, http.StatusUnprocessableEntity, "validation"},
+	} {
+		r := peerPost(t, s, region, []byte(tc.body), []byte(tc.body), nil)
+		if r.Status != tc.status {
+			t.Fatalf("%s: %d %s, want %d", tc.name, r.Status, r.Body, tc.status)
+		}
+		if p := r.Problem(t); p.Type != server.ProblemBase+tc.problem {
+			t.Errorf("%s: problem %+v, want %s", tc.name, p, tc.problem)
+		}
+	}
+	if n := applied(); n != 2 {
+		t.Fatalf("%v items applied after refused bodies, want still 2", n)
+	}
+
+	// The public API refuses the member the peer route ignores.
+	body := fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"self","outcome":"success","age_ms":12}]}`, in.ID)
+	r = s.DoWith(t, "POST", "/v1/reports", s.Token(t, webReq), "application/json", body, credentialHeader(in.Credential))
+	if r.Status != http.StatusBadRequest {
+		t.Fatalf("POST /v1/reports with an unknown member: %d %s, want 400", r.Status, r.Body)
+	}
+	if p := r.Problem(t); p.Type != server.ProblemBase+"unknown-field" {
+		t.Errorf("POST /v1/reports with an unknown member: problem %+v", p)
+	}
+}
+
+// TestARefusingPeerIsAlarmed: evidence a peer replica refuses (here every
+// request, 422) is not dropped silently: it is counted in
+// muster_evidence_forward_refused_total by peer and reason, and GET
+// /v1/alarms lists evidence_forward_refused naming the peer.
+func TestARefusingPeerIsAlarmed(t *testing.T) {
+	t.Parallel()
+	s := apptest.New(t, apptest.Options{Replica: "a"})
+	s.Seed(t)
+	in := registerOnHost(t, s, 9000)
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = io.WriteString(w, `{"type":"https://muster.dev/problems/validation","title":"Unprocessable Entity","status":422,"detail":"not this"}`)
+	}))
+	t.Cleanup(refusing.Close)
+	// A live replica z at that address, as its heartbeat would record it.
+	if _, err := s.Pool.Exec(t.Context(), `INSERT INTO replicas (id, started_at, last_seen, address, region) VALUES ('z', clock_timestamp(), clock_timestamp(), $1, '')`, refusing.URL); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.App.Ownership.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	s.App.Forwarder.RunOnce(t.Context())
+
+	body := fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"self","outcome":"success"}]}`, in.ID)
+	if r := s.DoWith(t, "POST", "/v1/reports", s.Token(t, webReq), "application/json", body, credentialHeader(in.Credential)); r.Status != http.StatusOK {
+		t.Fatalf("report: %d %s", r.Status, r.Body)
+	}
+	wait.For(t, 10*time.Second, "the refused item counted", func() bool {
+		return labelled(t, s, "muster_evidence_forward_refused_total", "reason", forward.ReasonInvalid) == 1
+	})
+	r := s.Do(t, "GET", "/v1/alarms", s.Token(t, adminReq), "", "")
+	if r.Status != http.StatusOK || !bytes.Contains(r.Body, []byte(`"kind":"`+forward.AlarmForwardRefused+`"`)) || !bytes.Contains(r.Body, []byte("replica z refused 1 ")) {
+		t.Fatalf("GET /v1/alarms: %d %s, want %s naming z", r.Status, r.Body, forward.AlarmForwardRefused)
 	}
 }

@@ -34,6 +34,14 @@ func decodeStrict(w http.ResponseWriter, r *http.Request, v any, limit int64) *P
 	if err == nil {
 		return nil
 	}
+	return decodeProblemV2(err, limit)
+}
+
+// decodeProblemV2 is decodeProblem for the errors of encoding/json's v2:
+// the problem a body that failed to decode is refused with (413 over the
+// limit, 400 for malformed JSON, a wrong type or value, trailing data,
+// or, where they are refused, an unknown field).
+func decodeProblemV2(err error, limit int64) *Problem {
 	var (
 		mbe *http.MaxBytesError
 		se  *jsontext.SyntacticError

@@ -295,6 +295,8 @@ type Server struct {
 	// streams counts watch streams running on hijacked connections, which
 	// http.Server.Shutdown does not wait for.
 	streams streamSet
+	// unknown is what peerUnknownField has logged.
+	unknown unknownFields
 }
 
 type serverMetrics struct {
@@ -310,6 +312,7 @@ type serverMetrics struct {
 	rateLimited     *prometheus.CounterVec
 	unauthenticated *prometheus.CounterVec
 	streamsEnded    *prometheus.CounterVec
+	peerUnknown     *prometheus.CounterVec
 }
 
 // New builds the router.
@@ -343,6 +346,10 @@ func New(cfg Config) (*Server, error) {
 		streamsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_watch_streams_ended_total", Help: "Watch streams ended by muster with a drain event because their authority lapsed, by reason (token_expired, grant_revoked).",
 		}, []string{"reason"}),
+		peerUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_peer_unknown_fields_total",
+			Help: "Requests from another replica of the region carrying a member this release does not know (ignored, not refused: a newer release beside this one), by route.",
+		}, []string{"route"}),
 	}
 	s.metrics.admissionRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "muster_watch_admission_refused_total", Help: "Watch (re)subscriptions refused by reconnect admission.",
@@ -387,7 +394,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	for _, c := range append([]prometheus.Collector{s.metrics.requests, s.metrics.duration, s.metrics.authFailures,
 		s.metrics.admissionRefused, s.metrics.framesSent, s.metrics.rateLimited, s.metrics.unauthenticated, s.metrics.streamsEnded,
-		subscribers}, admission...) {
+		s.metrics.peerUnknown, subscribers}, admission...) {
 		if err := cfg.Metrics.Register(c); err != nil {
 			return nil, err
 		}

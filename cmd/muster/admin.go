@@ -52,6 +52,11 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	switch verb {
 	case "up":
 		err = mg.Up()
+		if ahead := (*db.AheadError)(nil); errors.As(err, &ahead) {
+			// Nothing to apply: a newer release migrated further.
+			fmt.Fprintf(stdout, "nothing applied: a newer release migrated the database past this release's last migration (%d)\n", ahead.Known)
+			err = nil
+		}
 	case "down":
 		err = mg.Down()
 	}

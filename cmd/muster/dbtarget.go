@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -76,5 +77,17 @@ func (t dbTarget) open(ctx context.Context, c db.PoolConfig) (*pgxpool.Pool, err
 	return db.OpenPool(ctx, c)
 }
 
-// migrate applies the pending migrations.
-func (t dbTarget) migrate() error { return db.MigrateIAM(t.url, t.iam) }
+// migrate applies the pending migrations. A database a newer release
+// already migrated (clean) is used as it is, with a warning: during a
+// rolling upgrade a replica of the older release that restarts must
+// start, and migrations are additive by policy (docs/replicas.md,
+// "Rolling upgrade"). A dirty schema is refused.
+func (t dbTarget) migrate(log *slog.Logger) error {
+	err := db.MigrateIAM(t.url, t.iam)
+	if errors.Is(err, db.ErrSchemaAhead) {
+		log.Warn("the database was migrated by a newer release; this one starts on it unchanged (migrations are additive): finish the rolling upgrade",
+			"err", err)
+		return nil
+	}
+	return err
+}

@@ -50,8 +50,15 @@ func startProcessServing(t *testing.T, dir, addr string, env ...string) (*exec.C
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startBinaryServing(t, exe, dir, addr, append([]string{"MUSTER_TEST_BE_MUSTER=1"}, env...)...)
+}
+
+// startBinaryServing is startProcessServing for the muster binary exe
+// (another release's, say).
+func startBinaryServing(t *testing.T, exe, dir, addr string, env ...string) (*exec.Cmd, string) {
+	t.Helper()
 	cmd := exec.Command(exe, "dev", "--addr", addr, "--data", dir)
-	cmd.Env = append(append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1"), env...)
+	cmd.Env = append(os.Environ(), env...)
 	// The process's output is kept in a file; a failing test prints what
 	// it said about leases, the database and errors.
 	// MUSTER_TEST_LOG_DIR keeps every process's whole log there.

@@ -293,7 +293,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 // unreachable host costs its connect timeout, not the migration's.
 func openPoolsOrPeers(ctx context.Context, cfg Config, target dbTarget, log *slog.Logger) (pool, monPool *pgxpool.Pool, closeAll func(), fromPeers bool, err error) {
 	if len(cfg.Peers) == 0 {
-		pool, monPool, closeAll, err = openPools(ctx, cfg, target)
+		pool, monPool, closeAll, err = openPools(ctx, cfg, target, log)
 		return pool, monPool, closeAll, false, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -303,7 +303,7 @@ func openPoolsOrPeers(ctx context.Context, cfg Config, target dbTarget, log *slo
 		// PostgreSQL answers: the ordinary start (a migration that fails
 		// now is a fault to report, not an outage to ride out).
 		probe.Close()
-		pool, monPool, closeAll, err = openPools(ctx, cfg, target)
+		pool, monPool, closeAll, err = openPools(ctx, cfg, target, log)
 		return pool, monPool, closeAll, false, err
 	}
 	log.Warn("PostgreSQL cannot be reached at start: serving the peers' views read-only until it answers", "err", perr, "peers", cfg.Peers)
@@ -338,7 +338,7 @@ func resumeWhenDatabaseAnswers(ctx, startCtx context.Context, cfg Config, target
 		if err != nil {
 			continue
 		}
-		if err := target.migrate(); err != nil {
+		if err := target.migrate(log); err != nil {
 			log.Warn("PostgreSQL answers, but the migration failed; trying again", "err", err)
 			continue
 		}
@@ -355,8 +355,8 @@ func resumeWhenDatabaseAnswers(ctx, startCtx context.Context, cfg Config, target
 
 // openPools migrates the database and opens the shared pool and the
 // database monitor's own one-connection pool.
-func openPools(ctx context.Context, cfg Config, target dbTarget) (pool, monPool *pgxpool.Pool, closeAll func(), err error) {
-	if err := target.migrate(); err != nil {
+func openPools(ctx context.Context, cfg Config, target dbTarget, log *slog.Logger) (pool, monPool *pgxpool.Pool, closeAll func(), err error) {
+	if err := target.migrate(log); err != nil {
 		return nil, nil, nil, err
 	}
 	if pool, err = target.open(ctx, db.PoolConfig{IOTimeout: cfg.DBIOTimeout}); err != nil {

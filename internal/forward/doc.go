@@ -39,7 +39,10 @@
 // queue when it is back (evidence older than the evaluator's five minutes
 // is then refused there as stale, which is right). A peer no longer listed
 // as live is forgotten with its queue. At Stop each sender makes one last
-// attempt, within FlushTimeout, to deliver what it holds.
+// attempt, within FlushTimeout, to deliver what it holds. A request a peer
+// refuses whole (400, 413, 415, 422: a peer of another release, say) is
+// sent again when that can help, and what cannot go is counted by reason
+// and alarmed, never dropped silently (refused.go).
 //
 // Evidence is lossy by contract (ADR-02): a dropped or undelivered item
 // costs the peer confidence, not correctness, and the receiving replica's

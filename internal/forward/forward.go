@@ -78,7 +78,14 @@ type Config struct {
 	// probe's hard failure cannot remove an Unknown instance (ADR-05).
 	// A peer that drops out of the list and back may so count a report
 	// twice, which weighs it a little more and never drains.
-	Replay     time.Duration
+	Replay time.Duration
+	// RefusedAlarmFor is how long AlarmForwardRefused stays raised after
+	// a peer last refused forwarded evidence (DefaultRefusedAlarmFor).
+	RefusedAlarmFor time.Duration
+	// StripFor is how long a member a peer did not know is left out of
+	// what it is sent (DefaultStripFor); then it is tried again, in case
+	// the peer was upgraded meanwhile.
+	StripFor   time.Duration
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Now        func() time.Time
@@ -91,7 +98,8 @@ func (c *Config) Validate() error {
 		return errors.New("forward: Signer needs this replica's id and the region's signing key")
 	case c.Peers == nil:
 		return errors.New("forward: Peers is required")
-	case c.QueueLimit < 0 || c.BatchWait < 0 || c.MaxBatch < 0 || c.RefreshPeers < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.FlushTimeout < 0:
+	case c.QueueLimit < 0 || c.BatchWait < 0 || c.MaxBatch < 0 || c.RefreshPeers < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.FlushTimeout < 0 ||
+		c.RefusedAlarmFor < 0 || c.StripFor < 0:
 		return errors.New("forward: limits and durations must not be negative")
 	}
 	if c.Client == nil {
@@ -127,6 +135,12 @@ func (c *Config) Validate() error {
 	if c.Replay == 0 {
 		c.Replay = DefaultReplay
 	}
+	if c.RefusedAlarmFor == 0 {
+		c.RefusedAlarmFor = DefaultRefusedAlarmFor
+	}
+	if c.StripFor == 0 {
+		c.StripFor = DefaultStripFor
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -154,6 +168,8 @@ type Forwarder struct {
 	// oldest first, for peers that join (at most QueueLimit items).
 	recent     []item
 	recentHead int
+	// refusals are the peers' recent refusals, by peer id, for Alarms.
+	refusals map[string]*refusals
 }
 
 // item is one report waiting for one peer.
@@ -175,6 +191,7 @@ type peerQueue struct {
 	head      int
 	inflight  int // taken by the sender, not yet settled
 	forgotten bool
+	limits    peerLimits
 
 	forwarded, dropped prometheus.Counter
 }
@@ -184,7 +201,7 @@ func New(cfg Config) (*Forwarder, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	f := &Forwarder{cfg: cfg, log: cfg.Logger.With("worker", "evidence-forward"), peers: map[string]*peerQueue{}}
+	f := &Forwarder{cfg: cfg, log: cfg.Logger.With("worker", "evidence-forward"), peers: map[string]*peerQueue{}, refusals: map[string]*refusals{}}
 	var err error
 	if f.met, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
@@ -397,27 +414,27 @@ func (f *Forwarder) send(ctx context.Context, p *peerQueue) {
 			return
 		}
 		for {
-			batch := f.take(p, f.cfg.MaxBatch)
+			batch := f.take(p, f.batchLimit(p))
 			if len(batch) == 0 {
 				break
 			}
 			n, err := f.deliver(ctx, p, batch)
 			batch = batch[n:]
-			if err == nil || errors.Is(err, errRefused) {
-				f.settle(p)
+			// A refusal of the whole request: sent again when that can
+			// help, else dropped and counted (refused.go).
+			if rf := (*refusedError)(nil); errors.As(err, &rf) {
+				batch, err = f.salvage(ctx, p, batch, rf)
+				if err == nil {
+					f.putBack(p, batch)
+					continue
+				}
 			}
 			if err == nil {
+				f.settle(p)
 				if failures > 0 {
 					f.log.Info("peer reachable again", "peer", p.id, "failed_attempts", failures)
 				}
 				failures = 0
-				continue
-			}
-			if errors.Is(err, errRefused) {
-				// The peer will never take this body; retrying would
-				// only hold up what follows it.
-				p.dropped.Add(float64(len(batch)))
-				f.log.Error("peer refused forwarded evidence; dropped", "peer", p.id, "items", len(batch), "err", err)
 				continue
 			}
 			f.putBack(p, batch)
@@ -459,7 +476,7 @@ func (f *Forwarder) flush(p *peerQueue) {
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.FlushTimeout)
 	defer cancel()
 	for {
-		batch := f.take(p, f.cfg.MaxBatch)
+		batch := f.take(p, f.batchLimit(p))
 		if len(batch) == 0 {
 			return
 		}
@@ -540,7 +557,8 @@ func (f *Forwarder) putBack(p *peerQueue, batch []item) {
 }
 
 // errRefused: the peer answered that the request itself is wrong (400,
-// 413, 415, 422), so sending it again cannot help.
+// 413, 415, 422), or it could not be made; a *refusedError says how
+// (refused.go).
 var errRefused = errors.New("refused by the peer")
 
 // deliver sends batch to p, in halves when its body would be over
@@ -548,8 +566,11 @@ var errRefused = errors.New("refused by the peer")
 // delivered.
 func (f *Forwarder) deliver(ctx context.Context, p *peerQueue, batch []item) (int, error) {
 	body, err := encode(batch)
+	if stripped := f.strippedFor(p); err == nil && len(stripped) > 0 {
+		body, err = strip(body, stripped)
+	}
 	if err != nil {
-		return 0, fmt.Errorf("%w: encode: %w", errRefused, err)
+		return 0, &refusedError{detail: "encode: " + err.Error()}
 	}
 	if len(body) > MaxBodyBytes && len(batch) > 1 {
 		half := len(batch) / 2
@@ -589,7 +610,7 @@ func encode(items []item) ([]byte, error) {
 func (f *Forwarder) post(ctx context.Context, addr string, body []byte) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, addr+Path, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("%w: %w", errRefused, err)
+		return &refusedError{detail: "build the request: " + err.Error()}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if err := f.cfg.Signer.Sign(ctx, req, body); err != nil {
@@ -600,13 +621,16 @@ func (f *Forwarder) post(ctx context.Context, addr string, body []byte) error {
 		return err
 	}
 	defer res.Body.Close()
-	detail, _ := io.ReadAll(io.LimitReader(res.Body, 1024))
+	detail, _ := io.ReadAll(io.LimitReader(res.Body, 16<<10))
 	switch {
 	case res.StatusCode/100 == 2:
 		return nil
 	case res.StatusCode == http.StatusBadRequest, res.StatusCode == http.StatusRequestEntityTooLarge,
 		res.StatusCode == http.StatusUnsupportedMediaType, res.StatusCode == http.StatusUnprocessableEntity:
-		return fmt.Errorf("%w: %s: %s", errRefused, res.Status, bytes.TrimSpace(detail))
+		return refusal(res.StatusCode, detail)
+	}
+	if len(detail) > 1024 {
+		detail = detail[:1024]
 	}
 	return fmt.Errorf("%s: %s", res.Status, bytes.TrimSpace(detail))
 }

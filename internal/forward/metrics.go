@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	forwarded *prometheus.CounterVec
 	dropped   *prometheus.CounterVec
+	refused   *prometheus.CounterVec
 	lag       prometheus.Histogram
 	queue     *prometheus.GaugeVec
 }
@@ -18,6 +19,10 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 			Name: "muster_evidence_forward_dropped_total",
 			Help: "Accepted evidence items never delivered to a peer: the oldest beyond its queue's bound, refused by it, or queued when it stopped being live.",
 		}, []string{"peer"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_evidence_forward_refused_total",
+			Help: "Accepted evidence items a peer refused and that were dropped, by peer and reason (for a request refused whole: unknown_field, malformed, too_large, unsupported_media_type, invalid_request; unsendable: this replica could not encode or address the request).",
+		}, []string{"peer", "reason"}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "muster_evidence_forward_lag_seconds", Help: "Time from an evidence item's acceptance here to a peer's acknowledgement of it.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
@@ -29,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.dropped, m.lag, m.queue} {
+	for _, c := range []prometheus.Collector{m.forwarded, m.dropped, m.refused, m.lag, m.queue} {
 		if err := reg.Register(c); err != nil {
 			return metrics{}, err
 		}

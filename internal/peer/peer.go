@@ -112,8 +112,12 @@ func (v *Verifier) Verify(r *http.Request, body []byte) (string, error) {
 	if h == "" {
 		return "", fmt.Errorf("%w: no %s header", ErrNotPeer, Header)
 	}
+	// Parts after the fourth are ignored: a later release may append one
+	// (the signature does not cover it, so nothing here may trust it),
+	// and a replica of the release before must still take its requests
+	// during a rolling upgrade.
 	parts := strings.Split(h, " ")
-	if len(parts) != 4 || parts[0] == "" {
+	if len(parts) < 4 || parts[0] == "" {
 		return "", fmt.Errorf("%w: a malformed %s header", ErrNotPeer, Header)
 	}
 	at, err := strconv.ParseInt(parts[1], 10, 64)

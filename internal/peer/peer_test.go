@@ -109,6 +109,20 @@ func TestVerify(t *testing.T) {
 		})
 	}
 
+	// A later release may append a part to the header: the signature is
+	// still checked, and the part ignored.
+	r = signed(t, s, "GET", "http://a/v1/peer/updates?appended=1", nil)
+	r.Header.Set(peer.Header, r.Header.Get(peer.Header)+" next-part")
+	if id, err := v.Verify(r, nil); err != nil || id != "r1" {
+		t.Fatalf("a header with a part appended: %q, %v", id, err)
+	}
+	r = signed(t, s, "GET", "http://a/v1/peer/updates?appended=2", nil)
+	parts := strings.Split(r.Header.Get(peer.Header), " ")
+	r.Header.Set(peer.Header, strings.Join(parts[:3], " "))
+	if _, err := v.Verify(r, nil); !errors.Is(err, peer.ErrNotPeer) {
+		t.Fatalf("a header of three parts: %v, want ErrNotPeer", err)
+	}
+
 	// A rotation: a request signed with the new key is accepted by a
 	// replica that trusts both.
 	both := newVerifier(seal.Keys{}.With(region).With(other))

@@ -123,6 +123,37 @@ func TestAuthzCacheFromAPeer(t *testing.T) {
 		t.Errorf("the sealed grant beside a made-up one: %v", err)
 	}
 
+	// A newer release beside this one (a rolling upgrade) may add members
+	// to the snapshot and its rows: they are ignored, the rows believed as
+	// their seals say.
+	var top map[string]any
+	if err := json.Unmarshal(snap, &top); err != nil {
+		t.Fatal(err)
+	}
+	top["release"] = "next"
+	for _, k := range []string{"services", "grants"} {
+		for _, row := range top[k].([]any) {
+			row.(map[string]any)["tenure"] = map[string]any{"epoch": 7}
+		}
+	}
+	newer, err := json.Marshal(top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromNewer := newCache(signer)
+	if err := fromNewer.LoadSnapshot(newer); err != nil {
+		t.Fatalf("a snapshot with members this release does not know: %v", err)
+	}
+	if n, err := fromNewer.ServiceCount(); err != nil || n != 3 {
+		t.Fatalf("services from a newer peer: %d, %v", n, err)
+	}
+	if err := fromNewer.MayResolve(wl("api"), "web"); err != nil {
+		t.Errorf("a sealed grant from a newer peer: %v", err)
+	}
+	if err := fromNewer.MayResolve(wl("db"), "web"); err == nil {
+		t.Error("a newer peer's snapshot granted what no row grants")
+	}
+
 	// Under a key the receiver does not trust, no grant is believed.
 	stranger := newCache(newSigner())
 	if err := stranger.LoadSnapshot(snap); err != nil {
