@@ -181,7 +181,12 @@ func TestRoutineTransitionsNeverDelayAWithdrawal(t *testing.T) {
 			}
 		}
 		if len(routable[name]) < 100 {
-			t.Fatalf("%s routes to %d instances, want the seeded ~%d", name, len(routable[name]), handoverInstances/handoverServices)
+			states := map[string]int{}
+			for _, ep := range v.Endpoints {
+				states[fmt.Sprintf("%s/%s/w>0:%v", ep.State, ep.Health, ep.Weight > 0)]++
+			}
+			t.Fatalf("%s routes to %d instances, want most of the seeded ~%d: v%d, %d endpoints %v, zones %+v",
+				name, len(routable[name]), handoverInstances/handoverServices, v.Version, len(v.Endpoints), states, v.Zones)
 		}
 	}
 
