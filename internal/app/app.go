@@ -487,6 +487,7 @@ func New(cfg Config) (*App, error) {
 	a.Admission = stream.NewAdmission(cfg.Admission)
 	cc := cfg.Census
 	cc.Pool, cc.Replica, cc.Hub, cc.Admission, cc.Logger = pool, cfg.Replica, a.Hub, a.Admission, log
+	cc.ReplicaTTL = cfg.Ownership.TTL // who is alive, as the shard balance sees it (0: the default both share)
 	if a.Census, err = stream.NewCensus(cc); err != nil {
 		return nil, err
 	}
