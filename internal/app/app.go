@@ -352,6 +352,10 @@ func New(cfg Config) (*App, error) {
 	rc.Pool, rc.Region, rc.Logger, rc.Registerer = pool, cfg.Region, log.With("component", "registry"), metrics
 	// One key per region seals instances, overrides and shifts alike.
 	rc.Sealer, rc.SealKeys = cfg.Policy.Sealer, cfg.Policy.SealKeys
+	// ... and is trusted through one seal.Trust, which a keyless replica
+	// seals when it meets sealed rows (keywatch.go).
+	trust := seal.NewTrust(cfg.Policy.SealKeys.With(cfg.Policy.Sealer))
+	rc.Trust = trust
 	rc.Now = orNow(rc.Now, now)
 	if a.Registry, err = registry.New(rc); err != nil {
 		return nil, err
@@ -364,7 +368,7 @@ func New(cfg Config) (*App, error) {
 	// The overrides in force: only those muster sealed, when it has a key
 	// (policy/seal.go); the policy Service seals with the same one.
 	a.InForce = policy.NewInForce(policy.InForceConfig{Pool: pool, Now: now, RefreshEvery: cfg.Evaluator.RefreshEvery,
-		DatabaseUp: a.Monitor.Up, Keys: cfg.Policy.SealKeys.With(cfg.Policy.Sealer), Logger: log, Registerer: metrics})
+		DatabaseUp: a.Monitor.Up, Keys: cfg.Policy.SealKeys.With(cfg.Policy.Sealer), Trust: trust, Logger: log, Registerer: metrics})
 
 	// Ownership: which services this replica evaluates for the record,
 	// reaps and publishes (issue 27).
@@ -434,6 +438,7 @@ func New(cfg Config) (*App, error) {
 	pc := cfg.Policy
 	pc.Pool, pc.Logger, pc.Registerer = pool, log.With("component", "policy"), metrics
 	pc.Now = orNow(pc.Now, now)
+	pc.Trust = trust
 	pc.Verdicts, pc.InForce, pc.Services = a.Evaluator, a.InForce, a.Registry
 	if a.Policy, err = policy.New(pc); err != nil {
 		return nil, err
@@ -444,7 +449,7 @@ func New(cfg Config) (*App, error) {
 	a.Sweeper = policy.NewSweeper(a.Policy, 0)
 	sc := cfg.Shifts
 	sc.Pool, sc.Region, sc.Logger, sc.Registerer = pool, cfg.Region, log, metrics
-	sc.Sealer, sc.SealKeys = cfg.Policy.Sealer, cfg.Policy.SealKeys
+	sc.Sealer, sc.SealKeys, sc.Trust = cfg.Policy.Sealer, cfg.Policy.SealKeys, trust
 	sc.Now = orNow(sc.Now, now)
 	// A drain's budget counts the overrides in force, as the views do.
 	applied := policy.Applied{Verdicts: a.Evaluator, InForce: a.InForce, Now: now}
@@ -567,7 +572,7 @@ func New(cfg Config) (*App, error) {
 	} else {
 		log.Info("no signing key: evidence is neither forwarded to the region's other replicas nor taken from them")
 	}
-	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, now, log, metrics); err != nil {
+	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, trust, now, log, metrics); err != nil {
 		return nil, err
 	}
 	svc.Tampering = func() []assembler.Alarm {
