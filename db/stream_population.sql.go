@@ -12,16 +12,22 @@ import (
 
 const streamPopulationExpected = `-- name: StreamPopulationExpected :one
 SELECT
-    coalesce(sum(CASE WHEN peak_at > $1::timestamptz THEN peak ELSE subscribers END), 0)::bigint AS expected,
+    coalesce(sum(CASE WHEN p.peak_at > $1::timestamptz THEN p.peak ELSE p.subscribers END), 0)::bigint AS expected,
     count(*)::bigint AS replicas,
-    count(*) FILTER (WHERE at > $2::timestamptz)::bigint AS live
-FROM stream_population
-WHERE at > $1::timestamptz
+    count(*) FILTER (WHERE p.at > $2::timestamptz)::bigint AS live
+FROM stream_population p
+WHERE p.at > $1::timestamptz
+  AND (p.replica = $3::text
+       OR EXISTS (SELECT 1 FROM replicas r
+                  WHERE r.id = p.replica
+                    AND r.last_seen > clock_timestamp() - $4::bigint * interval '1 millisecond'))
 `
 
 type StreamPopulationExpectedParams struct {
 	Since     time.Time
 	LiveSince time.Time
+	Self      string
+	TtlMs     int64
 }
 
 type StreamPopulationExpectedRow struct {
@@ -33,8 +39,19 @@ type StreamPopulationExpectedRow struct {
 // The region's expected population: the sum over replicas reported since
 // since of their peak (or their count, if the peak is older than since),
 // how many replicas that is, and how many reported since live_since.
+// Only live replicas count: self (the replica asking, live by asking,
+// even before its first heartbeat after a restart) and those whose
+// heartbeat in replicas is within ttl_ms by the database's clock (as
+// ReplicaListLive reads them). A dead replica's clients come back through
+// the live ones and raise their peaks; its own peak, kept for the
+// horizon, would count them twice and the region would over-admit.
 func (q *Queries) StreamPopulationExpected(ctx context.Context, arg StreamPopulationExpectedParams) (StreamPopulationExpectedRow, error) {
-	row := q.db.QueryRow(ctx, streamPopulationExpected, arg.Since, arg.LiveSince)
+	row := q.db.QueryRow(ctx, streamPopulationExpected,
+		arg.Since,
+		arg.LiveSince,
+		arg.Self,
+		arg.TtlMs,
+	)
 	var i StreamPopulationExpectedRow
 	err := row.Scan(&i.Expected, &i.Replicas, &i.Live)
 	return i, err

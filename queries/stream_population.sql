@@ -21,12 +21,22 @@ ON CONFLICT (replica) DO UPDATE SET
 -- The region's expected population: the sum over replicas reported since
 -- since of their peak (or their count, if the peak is older than since),
 -- how many replicas that is, and how many reported since live_since.
+-- Only live replicas count: self (the replica asking, live by asking,
+-- even before its first heartbeat after a restart) and those whose
+-- heartbeat in replicas is within ttl_ms by the database's clock (as
+-- ReplicaListLive reads them). A dead replica's clients come back through
+-- the live ones and raise their peaks; its own peak, kept for the
+-- horizon, would count them twice and the region would over-admit.
 SELECT
-    coalesce(sum(CASE WHEN peak_at > sqlc.arg(since)::timestamptz THEN peak ELSE subscribers END), 0)::bigint AS expected,
+    coalesce(sum(CASE WHEN p.peak_at > sqlc.arg(since)::timestamptz THEN p.peak ELSE p.subscribers END), 0)::bigint AS expected,
     count(*)::bigint AS replicas,
-    count(*) FILTER (WHERE at > sqlc.arg(live_since)::timestamptz)::bigint AS live
-FROM stream_population
-WHERE at > sqlc.arg(since)::timestamptz;
+    count(*) FILTER (WHERE p.at > sqlc.arg(live_since)::timestamptz)::bigint AS live
+FROM stream_population p
+WHERE p.at > sqlc.arg(since)::timestamptz
+  AND (p.replica = sqlc.arg(self)::text
+       OR EXISTS (SELECT 1 FROM replicas r
+                  WHERE r.id = p.replica
+                    AND r.last_seen > clock_timestamp() - sqlc.arg(ttl_ms)::bigint * interval '1 millisecond'));
 
 -- name: StreamPopulationPrune :execrows
 -- Forgets replicas that have not reported since before.

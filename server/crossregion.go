@@ -160,7 +160,7 @@ func (s *Server) resolveRemote(w http.ResponseWriter, r *http.Request, region, s
 	b := federation.Encode(v, age)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("ETag", `"`+strconv.FormatUint(v.View.Version, 10)+`"`)
+	h.Set("ETag", `"`+strconv.FormatUint(v.Served(), 10)+`"`)
 	h.Set("Muster-Region", region)
 	h.Set("Age", strconv.FormatInt(int64(math.Ceil(age.Seconds())), 10))
 	h.Set("Cache-Control", "no-store")

@@ -56,6 +56,12 @@ type remoteViewBody struct {
 	ReceivedAt time.Time `json:"received_at"`
 	// View is the peer's view as it published it.
 	View any `json:"view"`
+	// ServedVersion is the version this region serves it under: the
+	// peer's, plus the offset a regression of the peer's versions left.
+	ServedVersion uint64 `json:"served_version"`
+	// Regressed is set while the peer's versions are below those held
+	// before (its database restored).
+	Regressed *federation.Regression `json:"regressed,omitempty"`
 }
 
 // remoteViewGet answers GET /v1/regions/{region}/views/{service} from
@@ -77,5 +83,6 @@ func (s *Server) remoteViewGet(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, problem(http.StatusNotFound, "not-found", "no view of "+service+" from peer region "+region+" is held"))
 		return
 	}
-	writeJSON(w, http.StatusOK, remoteViewBody{Region: v.Region, AgeSeconds: age.Seconds(), ReceivedAt: v.ReceivedAt, View: v.View})
+	writeJSON(w, http.StatusOK, remoteViewBody{Region: v.Region, AgeSeconds: age.Seconds(), ReceivedAt: v.ReceivedAt, View: v.View,
+		ServedVersion: v.Served(), Regressed: v.Regressed})
 }

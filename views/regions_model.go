@@ -19,6 +19,10 @@ type PeerRegionRow struct {
 	Reconciliations    uint64
 	LastReconciliation time.Time
 	LastError          string
+	// Regressed describes each service whose versions went backwards at
+	// the peer (its database restored) and have not passed those held
+	// before: "billing (held v50, took v40)".
+	Regressed []string
 	// Control is the routing control's state for the region ("on", "off"),
 	// empty when no routing control is read.
 	Control string

@@ -355,6 +355,10 @@ func New(cfg Config) (*App, error) {
 	rc.Pool, rc.Region, rc.Logger, rc.Registerer = pool, cfg.Region, log.With("component", "registry"), metrics
 	// One key per region seals instances, overrides and shifts alike.
 	rc.Sealer, rc.SealKeys = cfg.Policy.Sealer, cfg.Policy.SealKeys
+	// ... and is trusted through one seal.Trust, which a keyless replica
+	// seals when it meets sealed rows (keywatch.go).
+	trust := seal.NewTrust(cfg.Policy.SealKeys.With(cfg.Policy.Sealer))
+	rc.Trust = trust
 	rc.Now = orNow(rc.Now, now)
 	if a.Registry, err = registry.New(rc); err != nil {
 		return nil, err
@@ -367,7 +371,7 @@ func New(cfg Config) (*App, error) {
 	// The overrides in force: only those muster sealed, when it has a key
 	// (policy/seal.go); the policy Service seals with the same one.
 	a.InForce = policy.NewInForce(policy.InForceConfig{Pool: pool, Now: now, RefreshEvery: cfg.Evaluator.RefreshEvery,
-		DatabaseUp: a.Monitor.Up, Keys: cfg.Policy.SealKeys.With(cfg.Policy.Sealer), Logger: log, Registerer: metrics})
+		DatabaseUp: a.Monitor.Up, Keys: cfg.Policy.SealKeys.With(cfg.Policy.Sealer), Trust: trust, Logger: log, Registerer: metrics})
 
 	// Ownership: which services this replica evaluates for the record,
 	// reaps and publishes (issue 27).
@@ -441,6 +445,7 @@ func New(cfg Config) (*App, error) {
 	pc := cfg.Policy
 	pc.Pool, pc.Logger, pc.Registerer = pool, log.With("component", "policy"), metrics
 	pc.Now = orNow(pc.Now, now)
+	pc.Trust = trust
 	pc.Verdicts, pc.InForce, pc.Services = a.Evaluator, a.InForce, a.Registry
 	if a.Policy, err = policy.New(pc); err != nil {
 		return nil, err
@@ -451,7 +456,7 @@ func New(cfg Config) (*App, error) {
 	a.Sweeper = policy.NewSweeper(a.Policy, 0)
 	sc := cfg.Shifts
 	sc.Pool, sc.Region, sc.Logger, sc.Registerer = pool, cfg.Region, log, metrics
-	sc.Sealer, sc.SealKeys = cfg.Policy.Sealer, cfg.Policy.SealKeys
+	sc.Sealer, sc.SealKeys, sc.Trust = cfg.Policy.Sealer, cfg.Policy.SealKeys, trust
 	sc.Now = orNow(sc.Now, now)
 	// A drain's budget counts the overrides in force, as the views do.
 	applied := policy.Applied{Verdicts: a.Evaluator, InForce: a.InForce, Now: now}
@@ -495,6 +500,7 @@ func New(cfg Config) (*App, error) {
 	a.Admission = stream.NewAdmission(cfg.Admission)
 	cc := cfg.Census
 	cc.Pool, cc.Replica, cc.Hub, cc.Admission, cc.Logger = pool, cfg.Replica, a.Hub, a.Admission, log
+	cc.ReplicaTTL = cfg.Ownership.TTL // who is alive, as the shard balance sees it (0: the default both share)
 	if a.Census, err = stream.NewCensus(cc); err != nil {
 		return nil, err
 	}
@@ -574,7 +580,7 @@ func New(cfg Config) (*App, error) {
 	} else {
 		log.Info("no signing key: evidence is neither forwarded to the region's other replicas nor taken from them")
 	}
-	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, now, log, metrics); err != nil {
+	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, trust, now, log, metrics); err != nil {
 		return nil, err
 	}
 	svc.Tampering = func() []assembler.Alarm {

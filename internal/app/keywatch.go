@@ -31,6 +31,12 @@ const WorkerKeyWatch = "key-watch"
 // live sealed rows are sealed by keys this replica does not trust.
 const AlarmSealKeyMismatch = "seal_key_mismatch"
 
+// AlarmKeylessSealed is open while a replica without the signing key runs
+// on a region whose rows are sealed: it believes none of the rows (an
+// unsealed one no more than a keyed replica would), keeps what it had,
+// and must be given the key.
+const AlarmKeylessSealed = "keyless_sealed"
+
 // SealCensus counts the database's live sealed rows by key, each table
 // through the package that owns it (muster serve's start-up check, muster
 // seal status and the key watch).
@@ -68,10 +74,19 @@ type KeyWatchConfig struct {
 // checked when a row is new to it) and raises seal_key_mismatch, naming
 // the keys and the rows, instead of acting on the rows one by one as
 // forgeries. It never refuses anything itself.
+//
+// On a keyless replica it watches for the region's rows becoming sealed
+// (a keyed replica rolled out beside it, seals adopted): the start-up
+// check refuses a keyless replica a sealed database, but one already
+// running would go on believing rows no keyed replica believes. The rows'
+// owners seal trust themselves when they read a sealed row (seal.Trust.For);
+// the watch's count is the backstop (an adoption recorded, a sealed row
+// of a table this replica has not read again) and raises keyless_sealed.
 type KeyWatch struct {
 	cfg    KeyWatchConfig
 	pool   *pgxpool.Pool
 	keys   seal.Keys
+	trust  *seal.Trust
 	log    *slog.Logger
 	now    func() time.Time
 	runner bgworker.Runner
@@ -81,11 +96,18 @@ type KeyWatch struct {
 	sealed    int64
 	since     time.Time // when the share was first exceeded; zero while it is not
 	detail    string
+	// keyless: since the trust was first seen sealed, and what the
+	// last count said of the sealed rows.
+	keylessSince  time.Time
+	keylessDetail string
 }
 
 // NewKeyWatch returns a stopped key watch over pool for a replica
 // trusting keys (nil: a keyless replica, which has nothing to check).
-func NewKeyWatch(cfg KeyWatchConfig, pool *pgxpool.Pool, keys seal.Keys, now func() time.Time, log *slog.Logger, reg prometheus.Registerer) (*KeyWatch, error) {
+//
+// trust is the replica's seal.Trust, which a keyless replica's watch
+// seals once the region's rows are (nil: nothing to seal).
+func NewKeyWatch(cfg KeyWatchConfig, pool *pgxpool.Pool, keys seal.Keys, trust *seal.Trust, now func() time.Time, log *slog.Logger, reg prometheus.Registerer) (*KeyWatch, error) {
 	if cfg.Every == 0 {
 		cfg.Every = 30 * time.Second
 	}
@@ -95,7 +117,7 @@ func NewKeyWatch(cfg KeyWatchConfig, pool *pgxpool.Pool, keys seal.Keys, now fun
 	if cfg.Every < 0 || cfg.Share < 0 || cfg.Share >= 1 {
 		return nil, fmt.Errorf("key watch: Every %s must not be negative and Share %g must be in [0,1)", cfg.Every, cfg.Share)
 	}
-	k := &KeyWatch{cfg: cfg, pool: pool, keys: keys, log: log.With("worker", WorkerKeyWatch), now: now}
+	k := &KeyWatch{cfg: cfg, pool: pool, keys: keys, trust: trust, log: log.With("worker", WorkerKeyWatch), now: now}
 	if reg != nil {
 		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_seal_rows_untrusted",
 			Help: "Live sealed rows (active instances, current contracts, overrides and shifts in force) sealed by keys this replica does not trust, at the key watch's last count (docs/keys.md). Above the mismatch share of muster_seal_rows it is the seal_key_mismatch alarm."},
@@ -107,14 +129,19 @@ func NewKeyWatch(cfg KeyWatchConfig, pool *pgxpool.Pool, keys seal.Keys, now fun
 			func() float64 { _, n := k.Counts(); return float64(n) })); err != nil {
 			return nil, err
 		}
+		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_seal_keyless_sealed",
+			Help: "1 while this replica has no signing key and the region's rows are sealed (keyless_sealed): it believes no row, unsealed or sealed, and keeps what it had."},
+			func() float64 { return b2f(k.trust.Sealed()) })); err != nil {
+			return nil, err
+		}
 	}
 	return k, nil
 }
 
 // Start counts once, then every Every.
 func (k *KeyWatch) Start(ctx context.Context) error {
-	if len(k.keys) == 0 {
-		return nil // keyless: nothing is sealed, nothing to check
+	if len(k.keys) == 0 && !k.watchesKeyless() {
+		return nil // keyless, with no trust to seal: nothing to check
 	}
 	return k.runner.Start(ctx, func(ctx context.Context) {
 		bgworker.Every(ctx, k.cfg.Every, func(ctx context.Context) {
@@ -131,14 +158,23 @@ func (k *KeyWatch) Stop() { k.runner.Stop() }
 // Check counts the live rows by key once and opens or closes the alarm.
 // A count that fails (PostgreSQL away) leaves the alarm as it was.
 func (k *KeyWatch) Check(ctx context.Context) error {
-	if len(k.keys) == 0 {
+	if len(k.keys) == 0 && !k.watchesKeyless() {
 		return nil
+	}
+	if k.trust.Sealed() {
+		k.noteKeyless(seal.Census{}, false) // sealed by a row read: the alarm opens now
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c, err := SealCensus(ctx, k.pool, k.now())
 	if err != nil {
 		return err
+	}
+	if len(k.keys) == 0 {
+		if errors.Is(c.Check(nil, k.cfg.Share), seal.ErrKeyless) {
+			k.noteKeyless(c, true)
+		}
+		return nil
 	}
 	untrusted := c.Untrusted(k.keys)
 	check := c.Check(k.keys, k.cfg.Share)
@@ -164,6 +200,34 @@ func (k *KeyWatch) Check(ctx context.Context) error {
 	return nil
 }
 
+// watchesKeyless: a keyless replica with a trust to seal.
+func (k *KeyWatch) watchesKeyless() bool { return k.trust != nil && k.trust.Keyless() }
+
+// noteKeyless seals the trust (when the count c found sealed rows) and
+// opens keyless_sealed, or updates its detail.
+func (k *KeyWatch) noteKeyless(c seal.Census, counted bool) {
+	changed := k.trust.Seal()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	first := k.keylessSince.IsZero()
+	if first {
+		k.keylessSince = k.now()
+	}
+	if counted {
+		k.sealed = c.Sealed()
+		k.keylessDetail = fmt.Sprintf("%d live rows are sealed", c.Sealed())
+		if len(c.Adoptions) > 0 {
+			k.keylessDetail += fmt.Sprintf(", seal adoptions recorded (%s)", strings.Join(c.Adoptions, ", "))
+		}
+	} else if k.keylessDetail == "" {
+		k.keylessDetail = "a sealed row was read"
+	}
+	if first || changed {
+		k.log.Error("no signing key, and the region's rows are sealed: this replica now believes no row (unsealed rows no more than a keyed replica would) and keeps the instances, overrides, drains and contracts it had",
+			"seen", k.keylessDetail)
+	}
+}
+
 // Counts are the untrusted and all live sealed rows at the last count.
 func (k *KeyWatch) Counts() (untrusted, sealed int64) {
 	k.mu.Lock()
@@ -174,12 +238,31 @@ func (k *KeyWatch) Counts() (untrusted, sealed int64) {
 	return untrusted, k.sealed
 }
 
-// Alarms is seal_key_mismatch while it is open.
+// Alarms is seal_key_mismatch while it is open, and keyless_sealed while
+// this keyless replica's trust is sealed.
 func (k *KeyWatch) Alarms() []assembler.Alarm {
+	sealed := k.trust.Sealed()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.since.IsZero() {
-		return nil
+	var out []assembler.Alarm
+	if !k.since.IsZero() {
+		out = append(out, assembler.Alarm{Kind: AlarmSealKeyMismatch, Since: k.since, Detail: k.detail})
 	}
-	return []assembler.Alarm{{Kind: AlarmSealKeyMismatch, Since: k.since, Detail: k.detail}}
+	if sealed {
+		since, seen := k.keylessSince, k.keylessDetail
+		if since.IsZero() { // sealed by a row read since the last check
+			since, seen = k.now(), "a sealed row was read"
+		}
+		out = append(out, assembler.Alarm{Kind: AlarmKeylessSealed, Since: since, Detail: fmt.Sprintf(
+			"this replica has no signing key while the region's rows are sealed (%s): it believes no row now, unsealed or sealed, so registrations, deregistrations, overrides, drains and contracts written since reach it not at all; "+
+				"it keeps routing the instances and applying the overrides, drains and contracts it had. Set MUSTER_AUDIT_SIGNING_KEY_FILE to the region's signing key and roll it (docs/keys.md)", seen)})
+	}
+	return out
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -3,6 +3,7 @@ package federation
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +24,50 @@ type RemoteView struct {
 	View resolver.View
 	// ReceivedAt is when this region received that version.
 	ReceivedAt time.Time
+	// Offset is added to the peer's version to make the version this
+	// region serves the view under (Served): 0 until the peer's versions
+	// once went backwards (Regression), so this region's subscribers,
+	// who hold the versions served before, take the peer's new views.
+	Offset uint64
+	// Regressed is set while the peer's versions of this service are
+	// below those this region held before they went backwards.
+	Regressed *Regression
+}
+
+// Served is the version this region serves v under: the peer's, plus
+// the offset a regression left.
+func (v RemoteView) Served() uint64 { return v.View.Version + v.Offset }
+
+// Regression says that a peer's versions of one of its services went
+// backwards (its database restored, its history lost): this region held
+// From and took the peer's To all the same, since the peer is the
+// authority on its own services. It clears when the peer's version
+// passes From again.
+type Regression struct {
+	// From is the peer's version this region held before; To the
+	// (lower) one it took.
+	From uint64 `json:"from_version"`
+	To   uint64 `json:"to_version"`
+	// Served is the version this region served To under: above every
+	// version it served before, so its subscribers take it.
+	Served uint64    `json:"served_version"`
+	Since  time.Time `json:"since"`
+}
+
+// RegressedService is one service of a peer region whose versions went
+// backwards, for GET /v1/regions and the peer_regressed alarm.
+type RegressedService struct {
+	Service string `json:"service"`
+	Regression
+}
+
+// series is what the aggregate keeps of one remote series beyond its
+// view: the offset its served versions carry and its regression. It
+// outlives the view (a service the peer stops listing and lists again
+// keeps its offset), so the versions served never go back.
+type series struct {
+	offset    uint64
+	regressed *Regression
 }
 
 // PeerStatus describes the link to one peer region, for GET /v1/regions.
@@ -50,6 +95,9 @@ type PeerStatus struct {
 	Stale bool `json:"stale"`
 	// Services are the peer's services followed, sorted.
 	Services []string `json:"services"`
+	// Regressed lists the services whose versions went backwards at the
+	// peer and have not passed the versions held before (peer_regressed).
+	Regressed []RegressedService `json:"regressed,omitempty"`
 	// Reconnects counts watch subscriptions after the first, and
 	// Reconciliations the partition heals since start.
 	Reconnects      uint64 `json:"reconnects"`
@@ -66,6 +114,12 @@ type PeerStatus struct {
 // reached for longer than the stale threshold: cross-region answers for
 // its services come from a copy that old. Local resolution is untouched.
 const AlarmPeerStale = "peer_stale"
+
+// AlarmPeerRegressed is raised, per peer region, while some of its
+// services' versions are below those this region held before: the peer's
+// database was restored or its history lost. This region serves the
+// peer's current views all the same (marked regressed).
+const AlarmPeerRegressed = "peer_regressed"
 
 // Aggregate is the read-only, in-memory aggregate of the peer regions:
 // per region, per service, the newest view received, and each region's
@@ -85,6 +139,11 @@ type Aggregate struct {
 
 type region struct {
 	views map[string]RemoteView
+	// series holds each remote series' offset and regression.
+	series map[string]*series
+	// seriesRev counts changes to series (for the follower's copy on
+	// disk).
+	seriesRev uint64
 	// grants are the callers the peer granted, per service, as last read.
 	grants map[string][]string
 	status PeerStatus
@@ -101,7 +160,7 @@ func NewAggregate(peers []PeerConfig, staleAfter time.Duration, now func() time.
 	a := &Aggregate{now: now, staleAfter: staleAfter, regions: map[string]*region{}, revoked: make(chan struct{})}
 	t := now()
 	for _, p := range peers {
-		a.regions[p.Name] = &region{views: map[string]RemoteView{}, since: t,
+		a.regions[p.Name] = &region{views: map[string]RemoteView{}, series: map[string]*series{}, since: t,
 			status: PeerStatus{Region: p.Name, URLs: slices.Clone(p.URLs), Services: []string{}}}
 		a.order = append(a.order, p.Name)
 	}
@@ -158,6 +217,7 @@ func (a *Aggregate) statusOf(r *region, now time.Time) PeerStatus {
 	st := r.status
 	st.URLs = slices.Clone(st.URLs)
 	st.Services = slices.Clone(st.Services)
+	st.Regressed = r.regressed()
 	age := a.age(r, now)
 	st.AgeSeconds = age.Seconds()
 	st.Stale = age > a.staleAfter
@@ -172,10 +232,11 @@ func (a *Aggregate) age(r *region, now time.Time) time.Duration {
 	return max(now.Sub(from), 0)
 }
 
-// Alarms returns an AlarmPeerStale for each peer region not reached for
-// longer than the stale threshold.
+// Alarms returns an AlarmPeerRegressed for each peer region with
+// regressed services and an AlarmPeerStale for each peer region not
+// reached for longer than the stale threshold.
 func (a *Aggregate) Alarms() []assembler.Alarm {
-	var out []assembler.Alarm
+	out := a.regressedAlarms()
 	now := a.now()
 	for _, st := range a.Regions() {
 		if !st.Stale {
@@ -198,6 +259,46 @@ func (a *Aggregate) Alarms() []assembler.Alarm {
 	return out
 }
 
+// regressed lists r's regressed services, sorted. Called with a.mu held.
+func (r *region) regressed() []RegressedService {
+	var out []RegressedService
+	for name, s := range r.series {
+		if s.regressed != nil {
+			out = append(out, RegressedService{Service: name, Regression: *s.regressed})
+		}
+	}
+	slices.SortFunc(out, func(a, b RegressedService) int { return cmp.Compare(a.Service, b.Service) })
+	return out
+}
+
+// regressedAlarms returns an AlarmPeerRegressed per peer region with
+// regressed services, naming them with their figures.
+func (a *Aggregate) regressedAlarms() []assembler.Alarm {
+	var out []assembler.Alarm
+	for _, st := range a.Regions() {
+		if len(st.Regressed) == 0 {
+			continue
+		}
+		since := st.Regressed[0].Since
+		var parts []string
+		for i, r := range st.Regressed {
+			if r.Since.Before(since) {
+				since = r.Since
+			}
+			if i < 10 {
+				parts = append(parts, fmt.Sprintf("%s (held v%d, took v%d, served as v%d)", r.Service, r.From, r.To, r.Served))
+			}
+		}
+		if len(st.Regressed) > 10 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(st.Regressed)-10))
+		}
+		out = append(out, assembler.Alarm{Kind: AlarmPeerRegressed, Since: since, Detail: fmt.Sprintf(
+			"peer region %s's versions went backwards for %d services: %s. Its database was restored or its history lost; this region serves its current views all the same (the peer is the authority on its own services), marked regressed, under versions above those served before. The alarm clears for a service when the peer's version passes the one held before",
+			st.Region, len(st.Regressed), strings.Join(parts, ", "))})
+	}
+	return out
+}
+
 // update changes region's status under the lock.
 func (a *Aggregate) update(regionName string, f func(st *PeerStatus)) {
 	a.mu.Lock()
@@ -216,7 +317,9 @@ func (a *Aggregate) stale(regionName string) bool {
 }
 
 // put takes v when it is newer (by version, never by time) than the
-// copy held; it reports whether it did.
+// copy held; it reports whether it did. The view takes its series'
+// offset; a regression ends when the peer's version passes the one held
+// before.
 func (a *Aggregate) put(v RemoteView) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -227,8 +330,117 @@ func (a *Aggregate) put(v RemoteView) bool {
 	if old, ok := r.views[v.View.Service]; ok && old.View.Version >= v.View.Version {
 		return false
 	}
+	s := r.seriesOf(v.View.Service)
+	if v.View.Version > math.MaxUint64-s.offset {
+		return false // no version to serve it under (a peer at the top of the range)
+	}
+	if s.regressed != nil && v.View.Version > s.regressed.From {
+		s.regressed = nil
+		r.seriesRev++
+	}
+	v.Offset, v.Regressed = s.offset, s.regressed
 	r.views[v.View.Service] = v
 	return true
+}
+
+// seriesOf returns service's series state, made when missing. Called
+// with a.mu held for writing.
+func (r *region) seriesOf(service string) *series {
+	s := r.series[service]
+	if s == nil {
+		s = &series{}
+		r.series[service] = s
+	}
+	return s
+}
+
+// regress takes v although its version is below the one held: the
+// peer's versions went backwards. It is served under the version after
+// the last one served, and marked regressed. It reports whether it took
+// v (not when nothing is held, v is not below it, or no version is left
+// to serve it under).
+func (a *Aggregate) regress(v RemoteView, now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.regions[v.Region]
+	if r == nil {
+		return false
+	}
+	return r.regress(v, now)
+}
+
+// regress is Aggregate.regress, with a.mu held.
+func (r *region) regress(v RemoteView, now time.Time) bool {
+	old, ok := r.views[v.View.Service]
+	if !ok || v.View.Version >= old.View.Version {
+		return false
+	}
+	s := r.seriesOf(v.View.Service)
+	if !s.rebase(old, v.View.Version, now) {
+		return false
+	}
+	r.seriesRev++
+	v.Offset, v.Regressed = s.offset, s.regressed
+	r.views[v.View.Service] = v
+	return true
+}
+
+// rebase moves s's offset so that the peer's version to is served
+// under the version after old's, and marks the regression from old's
+// version (or the one an earlier regression was from, when higher). It
+// reports false when old was served at the top of the range.
+func (s *series) rebase(old RemoteView, to uint64, now time.Time) bool {
+	served := old.Served()
+	if served == math.MaxUint64 {
+		return false
+	}
+	from := old.View.Version
+	if s.regressed != nil {
+		from = max(from, s.regressed.From)
+	}
+	s.offset = served + 1 - to
+	s.regressed = &Regression{From: from, To: to, Served: served + 1, Since: now}
+	return true
+}
+
+// SeriesState is a remote series' offset and regression as the
+// follower keeps them on disk, so a restart serves the same versions.
+type SeriesState struct {
+	Offset    uint64      `json:"offset"`
+	Regressed *Regression `json:"regressed,omitempty"`
+}
+
+// seriesStates returns region's series with an offset, and the
+// revision they are at.
+func (a *Aggregate) seriesStates(regionName string) (map[string]SeriesState, uint64) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	r := a.regions[regionName]
+	if r == nil {
+		return nil, 0
+	}
+	out := map[string]SeriesState{}
+	for name, s := range r.series {
+		if s.offset != 0 || s.regressed != nil {
+			out[name] = SeriesState{Offset: s.offset, Regressed: s.regressed}
+		}
+	}
+	return out, r.seriesRev
+}
+
+// setSeriesStates restores region's series from disk (at start, before
+// any view is put).
+func (a *Aggregate) setSeriesStates(regionName string, states map[string]SeriesState) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.regions[regionName]
+	if r == nil {
+		return
+	}
+	for name, st := range states {
+		s := r.seriesOf(name)
+		s.offset, s.regressed = st.Offset, st.Regressed
+	}
 }
 
 // replace puts views in place of everything region held (a partition
@@ -247,6 +459,17 @@ func (a *Aggregate) replace(regionName string, views []RemoteView) Reconciliatio
 	next := map[string]RemoteView{}
 	nv := map[string]resolver.View{}
 	for _, v := range views {
+		// Served versions never go back: a heal that finds a version
+		// below the one held takes it as a regression, and every view
+		// keeps its series' offset.
+		s := r.seriesOf(v.View.Service)
+		if o, ok := r.views[v.View.Service]; ok && v.View.Version < o.View.Version && s.rebase(o, v.View.Version, a.now()) {
+			r.seriesRev++
+		} else if s.regressed != nil && v.View.Version > s.regressed.From {
+			s.regressed = nil
+			r.seriesRev++
+		}
+		v.Offset, v.Regressed = s.offset, s.regressed
 		next[v.View.Service], nv[v.View.Service] = v, v.View
 	}
 	r.views = next

@@ -36,10 +36,21 @@ const (
 	// DefaultMaxBackoff caps the wait between two subscriptions to a
 	// peer: a heal is noticed within it.
 	DefaultMaxBackoff = 5 * time.Second
+	// DefaultRegressAfter is how long a peer must keep serving a version
+	// below the one held before it is taken as a regression.
+	DefaultRegressAfter = 30 * time.Second
+	// DefaultRegressCheck is how often the peer's current versions are
+	// read whole when nothing else prompts it (a reconnect does).
+	DefaultRegressCheck = 5 * time.Minute
 )
 
-// ActionReconcile is the audit action of a partition heal.
-const ActionReconcile = "region.reconcile"
+// ActionReconcile is the audit action of a partition heal;
+// ActionRegressed records the services of a peer whose versions went
+// backwards, taken all the same.
+const (
+	ActionReconcile = "region.reconcile"
+	ActionRegressed = "region.regressed"
+)
 
 // Auditor writes audit rows (audit.Log).
 type Auditor interface {
@@ -72,9 +83,19 @@ type Config struct {
 	// peer): only the owner writes a peer's reconciliation row. Nil: this
 	// replica owns every key (it is alone).
 	Owns func(key string) bool
-	// HTTPTimeout bounds one service-list request; 10 s.
+	// HTTPTimeout bounds one service-list request, and one read of the
+	// peer's current versions; 10 s.
 	HTTPTimeout time.Duration
-	Logger      *slog.Logger
+	// RegressAfter is how long the peer must keep a service's version
+	// below the one held, over two reads of its current versions, before
+	// this region takes it as a regression (a lagging replica of the
+	// peer catches up well within it); DefaultRegressAfter. It also
+	// bounds how often a peer can make one of its series regress.
+	RegressAfter time.Duration
+	// RegressCheck is how often the peer's current versions are read
+	// whole besides after each reconnect; DefaultRegressCheck.
+	RegressCheck time.Duration
+	Logger       *slog.Logger
 	// Registerer receives the metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 	// Now is the clock of statuses, ages and the audit rows.
@@ -107,7 +128,7 @@ func (c *Config) Validate() error {
 		}
 		seen[p.Name] = true
 	}
-	if c.StaleAfter < 0 || c.Discover < 0 || c.Tick < 0 || c.BaseBackoff < 0 || c.MaxBackoff < 0 || c.HTTPTimeout < 0 {
+	if c.StaleAfter < 0 || c.Discover < 0 || c.Tick < 0 || c.BaseBackoff < 0 || c.MaxBackoff < 0 || c.HTTPTimeout < 0 || c.RegressAfter < 0 || c.RegressCheck < 0 {
 		return errors.New("federation: durations must not be negative")
 	}
 	if c.StaleAfter == 0 {
@@ -127,6 +148,12 @@ func (c *Config) Validate() error {
 	}
 	if c.HTTPTimeout == 0 {
 		c.HTTPTimeout = 10 * time.Second
+	}
+	if c.RegressAfter == 0 {
+		c.RegressAfter = DefaultRegressAfter
+	}
+	if c.RegressCheck == 0 {
+		c.RegressCheck = DefaultRegressCheck
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -228,6 +255,20 @@ type Follower struct {
 	grantsBusy atomic.Bool
 	grantsWG   sync.WaitGroup
 
+	// Regressions (regress.go): a read of the peer's current versions
+	// runs beside the loop (probeWG) and hands its views over on probed.
+	probing   bool
+	probeWG   sync.WaitGroup
+	probed    chan []RemoteView
+	nextProbe time.Time
+	// probedReconnects is the reconnect count the last read followed.
+	probedReconnects uint64
+	// suspects are the services the peer served below the version held,
+	// by when that was first read.
+	suspects map[string]time.Time
+	// savedRev is the series revision last written to disk.
+	savedRev uint64
+
 	mu        sync.Mutex
 	lastToken string // to keep it out of errors
 }
@@ -244,6 +285,9 @@ func (f *Follower) Stop() { f.runner.Stop() }
 func (f *Follower) run(ctx context.Context) {
 	defer f.closeClient()
 	defer f.grantsWG.Wait() // a grants pass in flight ends with ctx
+	defer f.probeWG.Wait()  // as does a read of the peer's versions
+	f.probed = make(chan []RemoteView, 1)
+	f.loadSeries()
 	// Views kept from an earlier run are served (stale-but-served) until
 	// the peer answers; the first sync then replaces them, audited.
 	if names := f.cachedServices(); len(names) > 0 {
@@ -278,8 +322,11 @@ func (f *Follower) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-updated: // taken at the top of the loop
+		case views := <-f.probed:
+			f.judge(ctx, views, f.cfg.Now())
 		case <-t.C:
 			f.RunOnce(ctx)
+			f.maybeProbe(ctx, f.cfg.Now())
 		}
 	}
 }
@@ -305,6 +352,7 @@ func (f *Follower) RunOnce(ctx context.Context) {
 	if len(f.pending) > 0 {
 		f.writePending(ctx, now)
 	}
+	f.saveSeries()
 	f.publishMetrics()
 }
 
@@ -713,6 +761,7 @@ func (f *Follower) publishMetrics() {
 		}
 		f.metrics.services.WithLabelValues(name).Set(float64(len(st.Services)))
 		f.metrics.reconnects.WithLabelValues(name).Set(float64(st.Reconnects))
+		f.metrics.regressed.WithLabelValues(name).Set(float64(len(st.Regressed)))
 	}
 }
 
@@ -724,8 +773,8 @@ func b2f(b bool) float64 {
 }
 
 type metrics struct {
-	connected, stale, lag, lastContact, services, reconnects *prometheus.GaugeVec
-	reconciliations                                          *prometheus.CounterVec
+	connected, stale, lag, lastContact, services, reconnects, regressed *prometheus.GaugeVec
+	reconciliations, regressions                                        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
@@ -739,12 +788,16 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		lastContact: g("muster_federation_last_contact_timestamp_seconds", "Unix time the peer region last answered."),
 		services:    g("muster_federation_services_followed", "Services of the peer region followed."),
 		reconnects:  g("muster_federation_reconnects", "Watch subscriptions to the peer region after the first, since start."),
+		regressed:   g("muster_federation_regressed_services", "Services of the peer region whose versions went backwards and have not passed those held before (peer_regressed)."),
+		regressions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_federation_regressions_total", Help: "Views of the peer region taken although their versions were below those held (its database restored).",
+		}, []string{"region"}),
 		reconciliations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_federation_reconciliations_total", Help: "Partition heals: the peer region's copy replaced from its current views.",
 		}, []string{"region"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.connected, m.stale, m.lag, m.lastContact, m.services, m.reconnects, m.reconciliations} {
+		for _, c := range []prometheus.Collector{m.connected, m.stale, m.lag, m.lastContact, m.services, m.reconnects, m.reconciliations, m.regressed, m.regressions} {
 			if err := reg.Register(c); err != nil {
 				return metrics{}, err
 			}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,8 +23,10 @@ import (
 
 // fakePeer is a peer region's muster as far as a follower sees it: GET
 // /v1/services in pages of one, GET /v1/watch streaming full views, then
-// synced and heartbeats. It records every request, and can be taken down
-// (every request 503, open streams cut) and changed.
+// synced and heartbeats. As muster's hub, it sends nothing of a service
+// whose held= version is at or above its own (a client ahead of it). It
+// records every request, and can be taken down (every request 503, open
+// streams cut) and changed.
 type fakePeer struct {
 	mu       sync.Mutex
 	views    map[string]resolver.View
@@ -109,8 +112,18 @@ func (p *fakePeer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
+		held := map[string]uint64{}
+		for _, h := range r.URL.Query()["held"] {
+			if s, v, ok := strings.Cut(h, ":"); ok {
+				n, _ := strconv.ParseUint(v, 10, 64)
+				held[s] = n
+			}
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		for _, s := range r.URL.Query()["service"] {
+			if h, ok := held[s]; ok && h >= views[s].Version {
+				continue
+			}
 			b, _ := json.Marshal(views[s])
 			fmt.Fprintf(w, "event: view\ndata: %s\n\n", b)
 		}

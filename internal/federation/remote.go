@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/resolver"
 )
 
 // Cross-region resolution (issue 29): a peer region's view of a service
@@ -19,8 +20,17 @@ import (
 // and age_seconds the aggregate's age at encoding. The checksum is the
 // peer's: it covers what the peer published, which the region fields are
 // not part of, so a client verifies the peer's view end to end.
+//
+// After the peer's versions went backwards, the version is the one this
+// region serves the view under (RemoteView.Served, above every version
+// served before, so its subscribers take it) and "regressed" says so
+// with the figures, until the peer's version passes the one held before.
 func Encode(v RemoteView, age time.Duration) []byte {
-	out := v.View
+	out := struct {
+		resolver.View
+		Regressed *Regression `json:"regressed,omitempty"`
+	}{View: v.View, Regressed: v.Regressed}
+	out.Version = v.Served()
 	out.Service = stream.RemoteSeries(v.View.Service, v.Region)
 	out.Region = v.Region
 	out.AgeSeconds = max(age, 0).Seconds()
@@ -43,7 +53,7 @@ func Frame(v RemoteView, age time.Duration) *stream.Frame {
 	if b == nil {
 		return nil
 	}
-	return &stream.Frame{Kind: stream.KindView, Service: stream.RemoteSeries(v.View.Service, v.Region), Version: v.View.Version, JSON: b}
+	return &stream.Frame{Kind: stream.KindView, Service: stream.RemoteSeries(v.View.Service, v.Region), Version: v.Served(), JSON: b}
 }
 
 // SetSink has every view the aggregate takes (a newer version, or a
@@ -134,6 +144,10 @@ func (a *Aggregate) emit(views []RemoteView) {
 	frames := make([]*stream.Frame, 0, len(views))
 	for _, v := range views {
 		if r := a.regions[v.Region]; r != nil {
+			// Served under its series' offset, as the aggregate holds it.
+			if s := r.series[v.View.Service]; s != nil {
+				v.Offset, v.Regressed = s.offset, s.regressed
+			}
 			if f := Frame(v, a.viewAge(r, v, now)); f != nil {
 				frames = append(frames, f)
 			}

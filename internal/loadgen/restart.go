@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/stream"
 )
 
@@ -54,7 +55,9 @@ func (w *lgWatch) runRestart(ctx context.Context) (err error) {
 	if err := stream.ForgetReplica(ctx, pool, lgwReplica); err != nil {
 		return err
 	}
-	if p, err := stream.ReadPopulation(ctx, pool, time.Now(), 15*time.Minute, 3*win); err != nil {
+	if p, err := stream.ReadPopulation(ctx, pool, stream.PopulationQuery{
+		Self: lgwReplica, At: time.Now(), Horizon: 15 * time.Minute, Live: 3 * win, ReplicaTTL: ownership.DefaultTTL,
+	}); err != nil {
 		return err
 	} else if p.Expected > 0 {
 		fmt.Fprintf(w.stderr, "warning: %d subscribers of %d other replicas were reported within 15 min on this database; they count towards the population the restarted muster admits by\n",

@@ -105,7 +105,10 @@ type InForceConfig struct {
 	DatabaseUp func() bool
 	// Keys are the keys seals are trusted from (SealKeys.With the
 	// Sealer). Empty: every row in force is applied, as the database says.
-	Keys   SealKeys
+	Keys SealKeys
+	// Trust, when set, is verified against instead of Keys (seal.Trust:
+	// a keyless replica's is sealed once the region's rows are).
+	Trust  *seal.Trust
 	Logger *slog.Logger
 	// Registerer, when set, receives muster_overrides_unsealed.
 	Registerer prometheus.Registerer
@@ -200,7 +203,7 @@ func (f *InForce) Refresh(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list overrides in force: %w", err)
 	}
-	ended, forged, err := replayed(ctx, db.New(f.cfg.Pool), f.cfg.Keys, rows)
+	ended, forged, err := replayed(ctx, db.New(f.cfg.Pool), f.keys(), rows)
 	if err != nil {
 		return err
 	}
@@ -223,7 +226,7 @@ func (f *InForce) Refresh(ctx context.Context) error {
 	replays := map[uuid.UUID]Unsealed{}
 	f.seals.Next()
 	for _, r := range rows {
-		if err := f.seals.Verify(f.cfg.Keys, sealDomain, sealedOf(r), r.Seal, r.SealKey); err != nil {
+		if err := f.seals.Verify(f.keysFor(r.Seal, r.SealKey), sealDomain, sealedOf(r), r.Seal, r.SealKey); err != nil {
 			u := Unsealed{ID: r.ID, InstanceID: r.InstanceID, Service: r.Service,
 				Action: r.Action, Actor: r.Actor, Reason: err.Error(), Since: now}
 			if o, ok := applied[r.ID]; ok && now.Before(o.ExpiresAt) && !isEnded(ended, r.ID) {
@@ -500,4 +503,21 @@ func (a Applied) Snapshot(service string) (assembler.ServiceInput, bool) {
 func isEnded[V any](ended map[uuid.UUID]V, id uuid.UUID) bool {
 	_, ok := ended[id]
 	return ok
+}
+
+// keys are the keys to verify with now: Trust's when set.
+func (f *InForce) keys() SealKeys {
+	if f.cfg.Trust != nil {
+		return f.cfg.Trust.Keys()
+	}
+	return f.cfg.Keys
+}
+
+// keysFor are the keys to verify a row sealed by sig and keyID with
+// (Trust.For: a sealed row seals a keyless replica's trust).
+func (f *InForce) keysFor(sig []byte, keyID *string) SealKeys {
+	if f.cfg.Trust != nil {
+		return f.cfg.Trust.For(sig, keyID)
+	}
+	return f.cfg.Keys
 }

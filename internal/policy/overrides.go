@@ -22,6 +22,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/seal"
 )
 
 // Action is what an override does to an instance.
@@ -100,6 +101,10 @@ type Config struct {
 	// key). With neither, muster trusts the overrides table as it is.
 	Sealer   Sealer
 	SealKeys SealKeys
+	// Trust, when set, is what seals are verified against instead of
+	// SealKeys and the Sealer's key (seal.Trust: a keyless replica's is
+	// sealed once the region's rows are).
+	Trust *seal.Trust
 	// Services, when set, reads the services overrides and
 	// deregistrations name with the owner muster sealed
 	// (registry.Registry.ReadService), so an owner changed by hand gives
@@ -158,7 +163,7 @@ func (c *Config) Validate() error {
 // Service admits, lifts and lists overrides, and rate-limits policy writes.
 type Service struct {
 	cfg      Config
-	keys     SealKeys // the seals trusted: SealKeys and the Sealer's
+	trust    *seal.Trust // the seals trusted: Trust, or SealKeys and the Sealer's
 	attempts *prometheus.CounterVec
 }
 
@@ -167,7 +172,11 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, keys: cfg.SealKeys.With(cfg.Sealer), attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+	trust := cfg.Trust
+	if trust == nil {
+		trust = seal.NewTrust(cfg.SealKeys.With(cfg.Sealer))
+	}
+	s := &Service{cfg: cfg, trust: trust, attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "muster_policy_attempts_total",
 		Help: "Override attempts (override.create, override.cosign, override.lift, and instance.deregister, which counts instances deregistering themselves too) by action, outcome (accepted, refused, error) and the check that decided a refusal.",
 	}, []string{"action", "outcome", "check"})}
@@ -582,8 +591,8 @@ func (s *Service) inForce(ctx context.Context, q *db.Queries, service string, no
 	if err != nil {
 		return nil, err
 	}
-	rows = slices.DeleteFunc(rows, func(r db.Override) bool { return verifyRow(s.keys, r) != nil })
-	ended, _, err := replayed(ctx, q, s.keys, rows)
+	rows = slices.DeleteFunc(rows, func(r db.Override) bool { return verifyRow(s.trust.For(r.Seal, r.SealKey), r) != nil })
+	ended, _, err := replayed(ctx, q, s.trust.Keys(), rows)
 	if err != nil {
 		return nil, err
 	}

@@ -95,12 +95,12 @@ func sealGrant(ctx context.Context, q *db.Queries, s seal.Signer, row db.Service
 // verifyService checks a service row's seal. The copy reads every
 // service on each reload, so seals are remembered (serviceSeals).
 func (r *Registry) verifyService(row db.Service) error {
-	return r.serviceSeals.Verify(r.keys, serviceDomain, serviceSealOf(row), row.Seal, row.SealKey)
+	return r.serviceSeals.Verify(r.trust.For(row.Seal, row.SealKey), serviceDomain, serviceSealOf(row), row.Seal, row.SealKey)
 }
 
 // verifyGrant checks a grant row's seal, remembered as verifyService's.
 func (r *Registry) verifyGrant(row db.ServiceGrant) error {
-	return r.grantSeals.Verify(r.keys, grantDomain, grantSealOf(row), row.Seal, row.SealKey)
+	return r.grantSeals.Verify(r.trust.For(row.Seal, row.SealKey), grantDomain, grantSealOf(row), row.Seal, row.SealKey)
 }
 
 // ownerOf is the owner every authority decision about row's service

@@ -238,7 +238,7 @@ func (r *Registry) MemberAuthorities(ctx context.Context, services []string) (ma
 			continue
 		}
 		v := memberSourcesSealOf(row.Service, *row.Version, row.Document, *row.UpdatedBy, *row.UpdatedAt)
-		if err := r.keys.Verify(memberSourcesDomain, v, row.Seal, row.SealKey); err != nil {
+		if err := r.trust.For(row.Seal, row.SealKey).Verify(memberSourcesDomain, v, row.Seal, row.SealKey); err != nil {
 			out[row.Service] = MemberAuthority{SealErr: err}
 			continue
 		}

@@ -40,6 +40,11 @@ type Config struct {
 	// neither, VerifyIdentity and VerifyEnd pass every row.
 	Sealer   seal.Signer
 	SealKeys seal.Keys
+	// Trust, when set, is what seals are verified against instead of
+	// SealKeys and the Sealer's key: the replica's one Trust, shared with
+	// policy and shifts, which a keyless replica's key watch seals when
+	// the region's rows turn out sealed (seal.Trust).
+	Trust *seal.Trust
 }
 
 // Validate checks the configuration and fills defaults.
@@ -67,8 +72,8 @@ func (c *Config) Validate() error {
 
 // Registry is the desired-state store and its rules.
 type Registry struct {
-	cfg  Config
-	keys seal.Keys // the seals trusted: SealKeys and the Sealer's
+	cfg   Config
+	trust *seal.Trust // the seals trusted: Trust, or SealKeys and the Sealer's
 	// contractSeals remembers the contract seals that verified, over the
 	// last full read of the contracts (seal.go).
 	contractSeals seal.Memo
@@ -169,7 +174,11 @@ func New(cfg Config) (*Registry, error) {
 			}
 		}
 	}
-	return &Registry{cfg: cfg, keys: cfg.SealKeys.With(cfg.Sealer), metrics: m}, nil
+	trust := cfg.Trust
+	if trust == nil {
+		trust = seal.NewTrust(cfg.SealKeys.With(cfg.Sealer))
+	}
+	return &Registry{cfg: cfg, trust: trust, metrics: m}, nil
 }
 
 // Region is the region this registry is the authority for.

@@ -80,7 +80,7 @@ func sealContract(ctx context.Context, q *db.Queries, s seal.Signer, c db.Health
 // each refresh (every second), so seals are remembered (contractSeals) and
 // a contract is verified once per change.
 func (r *Registry) verifyContract(c db.HealthContract) error {
-	return r.contractSeals.Verify(r.keys, contractDomain, contractSealOf(c), c.Seal, c.SealKey)
+	return r.contractSeals.Verify(r.trust.For(c.Seal, c.SealKey), contractDomain, contractSealOf(c), c.Seal, c.SealKey)
 }
 
 type sealedIdentity struct {
@@ -242,7 +242,7 @@ func sealsOf(r db.Instance) seals {
 // Without keys configured every instance passes.
 func (r *Registry) VerifyIdentity(in Instance) error {
 	id := identityOf(in.ID.String(), in.Service, in.Address, int32(in.Port), in.Zone, in.Region, in.Source, in.RegisteredBy, in.CreatedAt.UnixMicro())
-	return r.keys.Verify(identityDomain, id, []byte(in.seals.seal), in.seals.sealKey)
+	return r.trust.For([]byte(in.seals.seal), in.seals.sealKey).Verify(identityDomain, id, []byte(in.seals.seal), in.seals.sealKey)
 }
 
 // SealedIdentity returns in as muster sealed it, when its columns were
@@ -262,7 +262,7 @@ func (r *Registry) SealedIdentity(in Instance) (Instance, error) {
 	if id.ID != in.ID.String() {
 		return in, fmt.Errorf("its sealed identity is another instance's (%s)", id.ID)
 	}
-	if err := r.keys.Verify(identityDomain, id, []byte(in.seals.seal), in.seals.sealKey); err != nil {
+	if err := r.trust.For([]byte(in.seals.seal), in.seals.sealKey).Verify(identityDomain, id, []byte(in.seals.seal), in.seals.sealKey); err != nil {
 		return in, fmt.Errorf("its sealed identity does not verify either: %w", err)
 	}
 	out := in
@@ -278,7 +278,7 @@ func (r *Registry) VerifyEnd(in Instance) error {
 	if in.EndedAt != nil {
 		ended = in.EndedAt.UnixMicro()
 	}
-	return r.keys.Verify(endDomain, endOf(in.ID.String(), in.State, ended), []byte(in.seals.endSeal), in.seals.endSealKey)
+	return r.trust.For([]byte(in.seals.endSeal), in.seals.endSealKey).Verify(endDomain, endOf(in.ID.String(), in.State, ended), []byte(in.seals.endSeal), in.seals.endSealKey)
 }
 
 // AdoptUnsealed seals, once per database, every instance row from before
@@ -385,7 +385,7 @@ func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 // ending (audit.Ends), whatever their rows read now; forged counts the
 // records that do not verify.
 func (r *Registry) EndsOnRecord(ctx context.Context, ids []uuid.UUID) (ends map[uuid.UUID]audit.End, forged int, err error) {
-	return audit.Ends(ctx, db.New(r.cfg.Pool), r.keys, audit.EndInstance, ids)
+	return audit.Ends(ctx, db.New(r.cfg.Pool), r.trust.Keys(), audit.EndInstance, ids)
 }
 
 // Replayed returns, among ids, the instances muster has a record of

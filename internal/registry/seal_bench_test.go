@@ -22,7 +22,7 @@ func BenchmarkVerifySeals(b *testing.B) {
 		b.Fatal(err)
 	}
 	s := audit.NewKeySigner(priv)
-	r := &Registry{keys: seal.Keys{}.With(s)}
+	r := &Registry{trust: seal.NewTrust(seal.Keys{}.With(s))}
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	in := Instance{ID: uuid.Must(uuid.NewV7()), Service: "web", Address: "10.0.0.1", Port: 8080, Zone: "az1", Region: "local",
 		Source: SourceRegistered, RegisteredBy: "workload:web", CreatedAt: now, State: StateDeregistered, EndedAt: &now}

@@ -144,7 +144,7 @@ func (r *Registry) PutService(ctx context.Context, actor identity.Principal, nam
 		return Service{}, false, err
 	}
 	if c := r.authz.Load(); c != nil {
-		c.putService(out.Name, out.Owner, r.cfg.Sealer != nil || len(r.keys) == 0)
+		c.putService(out.Name, out.Owner, r.cfg.Sealer != nil || len(r.trust.Keys()) == 0)
 	}
 	return out, created, nil
 }

@@ -110,7 +110,7 @@ func (k Keys) Verify(domain string, v any, sig []byte, keyID *string) error {
 		return ErrUnsealed
 	}
 	pub, ok := k[*keyID]
-	if !ok {
+	if !ok || len(pub) != ed25519.PublicKeySize { // (noKey's entry holds none)
 		return fmt.Errorf("%w (key %q)", ErrUnknownKey, *keyID)
 	}
 	msg, err := Message(domain, v)

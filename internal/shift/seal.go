@@ -90,7 +90,7 @@ func (s *Service) replayed(ctx context.Context, q *db.Queries, rows []db.Shift) 
 	for i, r := range rows {
 		ids[i] = r.ID
 	}
-	return audit.Ends(ctx, q, s.keys, audit.EndShift, ids)
+	return audit.Ends(ctx, q, s.trust.Keys(), audit.EndShift, ids)
 }
 
 // Replayed lists the active shifts by the table not applied because
@@ -105,7 +105,7 @@ func (s *Service) Replayed() []Unsealed {
 
 // verify checks r's seal; with no keys configured every row passes.
 func (s *Service) verify(r db.Shift) error {
-	return s.keys.Verify(sealDomain, sealedOf(r), r.Seal, r.SealKey)
+	return s.trust.For(r.Seal, r.SealKey).Verify(sealDomain, sealedOf(r), r.Seal, r.SealKey)
 }
 
 // sealedOnly returns the rows whose seal verifies.

@@ -175,6 +175,10 @@ type Config struct {
 	// the shifts table is trusted as it is.
 	Sealer   seal.Signer
 	SealKeys seal.Keys
+	// Trust, when set, is what seals are verified against instead of
+	// SealKeys and the Sealer's key (seal.Trust: a keyless replica's is
+	// sealed once the region's rows are).
+	Trust *seal.Trust
 	// Fallback, when set, names the peer regions that can take this
 	// region's traffic now (issue 29: followed, reached within the stale
 	// threshold, not turned off by the routing control), or says why none
@@ -296,7 +300,7 @@ type Filter struct {
 // Service is the shift-back state machine, its store and its worker.
 type Service struct {
 	cfg    Config
-	keys   seal.Keys // the seals trusted: SealKeys and the Sealer's
+	trust  *seal.Trust // the seals trusted: Trust, or SealKeys and the Sealer's
 	log    *slog.Logger
 	runner worker.Runner
 
@@ -325,7 +329,11 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, keys: cfg.SealKeys.With(cfg.Sealer), log: cfg.Logger.With("worker", "shifts"), changed: make(chan struct{}, 1)}
+	trust := cfg.Trust
+	if trust == nil {
+		trust = seal.NewTrust(cfg.SealKeys.With(cfg.Sealer))
+	}
+	s := &Service{cfg: cfg, trust: trust, log: cfg.Logger.With("worker", "shifts"), changed: make(chan struct{}, 1)}
 	if cfg.Registerer != nil {
 		count := func(pending bool) float64 {
 			s.mu.Lock()

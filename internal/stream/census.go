@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/worker"
 )
 
@@ -39,8 +40,15 @@ type CensusConfig struct {
 	// Retention is how long rows of replicas that stopped reporting are
 	// kept before the census prunes them: 24 h by default.
 	Retention time.Duration
-	Now       func() time.Time
-	Logger    *slog.Logger
+	// ReplicaTTL is how recent a replica's heartbeat in table replicas
+	// must be for its subscribers to count: the shard lease TTL
+	// (ownership.DefaultTTL by default), so the census and the ownership
+	// balance agree on which replicas are alive. A replica that died
+	// stops counting within it, though its peak is younger than Horizon:
+	// its clients reconnect through the live replicas and count there.
+	ReplicaTTL time.Duration
+	Now        func() time.Time
+	Logger     *slog.Logger
 }
 
 // Validate checks the configuration and fills defaults.
@@ -68,6 +76,12 @@ func (c *CensusConfig) Validate() error {
 	if c.Retention == 0 {
 		c.Retention = 24 * time.Hour
 	}
+	if c.ReplicaTTL == 0 {
+		c.ReplicaTTL = ownership.DefaultTTL
+	}
+	if c.ReplicaTTL < 0 {
+		return fmt.Errorf("census: ReplicaTTL must not be negative (got %s)", c.ReplicaTTL)
+	}
 	if c.Interval < 0 || c.Horizon < c.Interval || c.Live < c.Interval || c.Timeout < 0 || c.Retention < c.Horizon {
 		return fmt.Errorf("census: want 0 < Interval <= Live and Horizon <= Retention (got %s, %s, %s, %s)", c.Interval, c.Live, c.Horizon, c.Retention)
 	}
@@ -84,8 +98,11 @@ func (c *CensusConfig) Validate() error {
 // reads the region's expected population back into admission (ADR-13):
 // every Interval it writes (replica, subscribers) to stream_population,
 // where the row keeps the replica's recent peak, and reads the sum of the
-// peaks of every replica seen within Horizon. A restarted process so sizes
-// admission by the clients about to come back, which it has not seen.
+// peaks of every live replica seen within Horizon (live: its heartbeat in
+// table replicas is within ReplicaTTL, or it is this replica). A restarted
+// process so sizes admission by the clients about to come back, which it
+// has not seen, and a dead replica's clients, who come back through the
+// live ones, are not counted twice.
 //
 // The database is not on any request's path: when it is away the last
 // reading stays in force (for Horizon), and until a first reading
@@ -194,7 +211,9 @@ func (c *Census) write(ctx context.Context, now time.Time) error {
 func (c *Census) read(ctx context.Context, now time.Time) (Population, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	return ReadPopulation(ctx, c.cfg.Pool, now, c.cfg.Horizon, c.cfg.Live)
+	return ReadPopulation(ctx, c.cfg.Pool, PopulationQuery{
+		Self: c.cfg.Replica, At: now, Horizon: c.cfg.Horizon, Live: c.cfg.Live, ReplicaTTL: c.cfg.ReplicaTTL,
+	})
 }
 
 // noteFailure logs a failed pass when the census starts failing (or at
@@ -217,12 +236,26 @@ func (c *Census) noteFailure(err error, atStart bool) {
 		"peak", st.Peak, "budget", st.Budget, "err", err)
 }
 
-// ReadPopulation reads the region's expected population at now: the sum
-// over replicas that reported within horizon of their recent peak, and
-// how many of them reported within live.
-func ReadPopulation(ctx context.Context, pool *pgxpool.Pool, now time.Time, horizon, live time.Duration) (Population, error) {
+// PopulationQuery says whose population ReadPopulation reads.
+type PopulationQuery struct {
+	// Self is the replica asking: it counts as live whatever its
+	// heartbeat (a restarted replica reads before its first one).
+	Self string
+	// At is the reading's time; reports within Horizon before it count,
+	// and those within Live say which replicas share the budget.
+	At            time.Time
+	Horizon, Live time.Duration
+	// ReplicaTTL: only replicas whose heartbeat in table replicas is
+	// this recent (the database's clock) count, besides Self.
+	ReplicaTTL time.Duration
+}
+
+// ReadPopulation reads the region's expected population: the sum over
+// live replicas that reported within q.Horizon of their recent peak, and
+// how many of them reported within q.Live.
+func ReadPopulation(ctx context.Context, pool *pgxpool.Pool, q PopulationQuery) (Population, error) {
 	row, err := db.New(pool).StreamPopulationExpected(ctx, db.StreamPopulationExpectedParams{
-		Since: now.Add(-horizon), LiveSince: now.Add(-live),
+		Since: q.At.Add(-q.Horizon), LiveSince: q.At.Add(-q.Live), Self: q.Self, TtlMs: q.ReplicaTTL.Milliseconds(),
 	})
 	if err != nil {
 		return Population{}, fmt.Errorf("read expected stream population: %w", err)

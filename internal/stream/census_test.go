@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/testclock"
 )
@@ -51,6 +52,15 @@ func startReplica(t *testing.T, pool *pgxpool.Pool, clock *testclock.Clock, name
 	return h
 }
 
+// heartbeat records replica name as alive now in table replicas, as its
+// ownership worker does every round.
+func heartbeat(t *testing.T, pool *pgxpool.Pool, name string) {
+	t.Helper()
+	if _, err := db.New(pool).ReplicaHeartbeat(context.Background(), db.ReplicaHeartbeatParams{ID: name, Restart: true}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCensusCarriesThePopulationAcrossARestart: a replica with 400
 // subscribers reports them; the process restarts under the same name with
 // none, and its admission is sized by the 400 coming back (budget 20, not
@@ -61,6 +71,8 @@ func TestCensusCarriesThePopulationAcrossARestart(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	clock := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	heartbeat(t, pool, "muster-0")
+	heartbeat(t, pool, "muster-1")
 	before := startReplica(t, pool, clock, "muster-0", 400, nil)
 	if st := before.adm.Stats(); st.Population.Expected != 400 || st.Budget != 20 {
 		t.Fatalf("before the restart: %+v", st)
@@ -114,5 +126,79 @@ func TestCensusWithoutDatabase(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "expected population unknown") {
 		t.Fatalf("log does not say admission fell back:\n%s", logs.String())
+	}
+}
+
+// TestCensusCountsOnlyLiveReplicas: three replicas of 400 subscribers;
+// muster-2 dies (its heartbeat in replicas stops; its census row and its
+// peak of 400 stay, younger than the horizon) and its clients come back
+// through the two live ones, whose peaks rise to 600 each. The expected
+// population is 1,200 (the clients that exist), not 1,600 (the dead
+// replica's 400 counted a second time), and the budget is 5% of it. A
+// replica whose heartbeat has lapsed still counts itself (a restart reads
+// before its first heartbeat), and counts again for the others once its
+// heartbeat resumes.
+func TestCensusCountsOnlyLiveReplicas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	clock := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	for _, name := range []string{"muster-0", "muster-1", "muster-2"} {
+		heartbeat(t, pool, name)
+	}
+	r0 := startReplica(t, pool, clock, "muster-0", 400, nil)
+	r1 := startReplica(t, pool, clock, "muster-1", 400, nil)
+	r2 := startReplica(t, pool, clock, "muster-2", 400, nil)
+	if err := r0.census.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := r0.adm.Stats(); st.Population.Expected != 1200 || st.Population.Live != 3 {
+		t.Fatalf("three live replicas: %+v, want 1200 expected over 3", st.Population)
+	}
+
+	// muster-2 is SIGKILLed: no last report, no more heartbeats. Its
+	// heartbeat is now older than the lease TTL (7 s) by the database's
+	// clock, which the census's injected clock does not move.
+	if _, err := pool.Exec(ctx, `UPDATE replicas SET last_seen = last_seen - interval '1 minute' WHERE id = 'muster-2'`); err != nil {
+		t.Fatal(err)
+	}
+	for range 200 {
+		for _, r := range []*replicaProcess{r0, r1} {
+			sub, err := r.hub.Subscribe([]string{"web"}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(sub.Close)
+		}
+	}
+	clock.Advance(10 * time.Second)
+	for _, r := range []*replicaProcess{r0, r1, r0} { // r0 again: to read r1's new peak
+		if err := r.census.runOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, r := range map[string]*replicaProcess{"muster-0": r0, "muster-1": r1} {
+		st := r.adm.Stats()
+		if st.Population.Expected != 1200 || st.Population.Replicas != 2 || st.Population.Live != 2 || st.Budget != 30 {
+			t.Fatalf("%s after muster-2 died: %+v budget %d, want 1200 expected over 2 live (budget 30, not 40 from 1600)", name, st.Population, st.Budget)
+		}
+	}
+
+	// The dead replica's own census, were it to run (a process whose
+	// heartbeats stall but which is not dead), still counts itself.
+	if err := r2.census.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := r2.adm.Stats(); st.Population.Expected != 1600 || st.Population.Replicas != 3 {
+		t.Fatalf("muster-2 reading for itself: %+v, want its own 400 and the others' 1200", st.Population)
+	}
+
+	// Back (a restart under the same name): it counts for the others again.
+	heartbeat(t, pool, "muster-2")
+	if err := r0.census.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := r0.adm.Stats(); st.Population.Expected != 1600 || st.Population.Replicas != 3 {
+		t.Fatalf("muster-2 back: %+v, want its 400 counted again", st.Population)
 	}
 }

@@ -34,8 +34,10 @@
 // reconnect storm. The population must be known without having been seen
 // since start: the Census persists each replica's subscriber count (table
 // stream_population, with the replica's recent peak) every window and
-// reads back the region's expected population, the sum over replicas seen
-// within 15 min of their recent peak. Each live replica admits its share,
+// reads back the region's expected population, the sum over live
+// replicas (a heartbeat in table replicas within the lease TTL) seen
+// within 15 min of their recent peak; a dead replica's clients come back
+// through the live ones, and counting its peak too would count them twice. Each live replica admits its share,
 // so the region admits 5% of its population per window whatever the
 // number of replicas. A restarted replica thus admits 5% of the clients
 // about to come back (60,000 in ~200 s) instead of 5% of the nothing it

@@ -1,6 +1,7 @@
 package webui
 
 import (
+	"fmt"
 	"net/http"
 
 	"github.com/musterhq/muster/internal/federation"
@@ -18,6 +19,15 @@ type PeerRegions interface {
 // (routingcontrol.Controls).
 type RoutingControls interface {
 	Status() routingcontrol.Status
+}
+
+// regressedRows describes a peer's regressed services for the page.
+func regressedRows(rs []federation.RegressedService) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, fmt.Sprintf("%s (held v%d, took v%d)", r.Service, r.From, r.To))
+	}
+	return out
 }
 
 // regionsPage shows this region, the peer regions it follows (link, age,
@@ -44,7 +54,8 @@ func (u *UI) regionsPage(w http.ResponseWriter, r *http.Request, pg views.Page) 
 			}
 			rp.Peers = append(rp.Peers, views.PeerRegionRow{Region: p.Region, URLs: p.URLs, Connected: p.Connected, Synced: p.Synced,
 				LastContact: p.LastContact, AgeSeconds: p.AgeSeconds, Stale: p.Stale, Services: len(p.Services), Reconnects: p.Reconnects,
-				Reconciliations: p.Reconciliations, LastReconciliation: p.LastReconciliation, LastError: p.LastError, Control: control})
+				Reconciliations: p.Reconciliations, LastReconciliation: p.LastReconciliation, LastError: p.LastError, Control: control,
+				Regressed: regressedRows(p.Regressed)})
 		}
 	}
 	u.render(w, r, http.StatusOK, views.RegionsPage(rp))
