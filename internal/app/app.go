@@ -531,6 +531,9 @@ func New(cfg Config) (*App, error) {
 		// One replica of the region writes a peer's reconciliation rows:
 		// the owner of its key; every replica follows for its own reads.
 		fc.Owns = func(key string) bool { _, ok := a.Ownership.Owns(key); return ok }
+		// ... and writes them under its tenure of that key.
+		fc.Audit = ownerAudit{pool: pool, fence: a.Fence, writer: "federation-reconcile",
+			key: func(e audit.Entry) string { return federation.OwnershipKey(e.Target) }}
 		fc.Now = orNow(fc.Now, now)
 		if a.Federation, err = federation.New(fc); err != nil {
 			return nil, err

@@ -33,9 +33,12 @@ func (a *App) buildRoutingControl(cfg Config, auditLog *audit.Log) error {
 	}
 	rc := *cfg.RoutingControl
 	rc.Audit, rc.Logger, rc.Registerer, rc.Replica = auditLog, a.log, a.Metrics, cfg.Replica
-	// One audit row per change in the region, by the owner of its key.
+	// One audit row per change in the region, by the owner of its key,
+	// under its tenure.
 	if rc.Owns == nil && a.Ownership != nil {
 		rc.Owns = func(key string) bool { _, ok := a.Ownership.Owns(key); return ok }
+		rc.Audit = ownerAudit{pool: cfg.Pool, fence: a.Fence, writer: "routing-control-audit",
+			key: func(audit.Entry) string { return routingcontrol.AuditOwnershipKey }}
 	}
 	rc.Now = orNow(rc.Now, cfg.Now)
 	if cfg.Region != "" && routingcontrol.ValidRegion(cfg.Region) {
