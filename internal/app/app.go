@@ -592,7 +592,8 @@ func New(cfg Config) (*App, error) {
 		svc.RoutingControls = a.RoutingControls
 		a.actOnRoutingControl(cfg.Region)
 		if cfg.Region != "" {
-			a.RoutingControlReconciler = &RoutingControlReconciler{a: a, region: cfg.Region, now: now}
+			a.RoutingControlReconciler = &RoutingControlReconciler{a: a, region: cfg.Region, now: now,
+				every: cmp.Or(cfg.Shifts.Dwell, shift.DefaultDwell)}
 			svc.RoutingControls = routingControlsWithReturns{Controls: a.RoutingControls, returns: a.RoutingControlReconciler}
 		}
 	}

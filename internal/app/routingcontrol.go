@@ -256,8 +256,9 @@ const WorkerRoutingControlReconcile = "routing-control-reconcile"
 // for longer than routingControlStallAfter without it being taken.
 const AlarmRoutingControlReturnStalled = "routing_control_return_stalled"
 
-// routingControlReconcileEvery is how often the reconciler runs: a due
-// step is taken at most this long after its dwell elapsed (plus a round
+// routingControlReconcileEvery is how often the reconciler runs (or the
+// shifts' dwell, when shorter): a due step is taken at most this long
+// after its dwell elapsed (plus a round
 // of the ownership worker when the key moves). A drain refused for want
 // of a fallback region is tried again at most every
 // routingControlRefusedRetry (each attempt is audited). A step due for
@@ -274,6 +275,7 @@ type RoutingControlReconciler struct {
 	a      *App
 	region string
 	now    func() time.Time
+	every  time.Duration
 	runner bgworker.Runner
 
 	mu      sync.Mutex
@@ -283,11 +285,15 @@ type RoutingControlReconciler struct {
 	drains []shift.Shift
 }
 
-// Start runs a round every routingControlReconcileEvery until ctx ends or
-// Stop is called.
+// Start runs a round every routingControlReconcileEvery (or dwell, when
+// shorter) until ctx ends or Stop is called.
 func (r *RoutingControlReconciler) Start(ctx context.Context) error {
+	every := routingControlReconcileEvery
+	if r.every > 0 && r.every < every {
+		every = r.every
+	}
 	return r.runner.Start(ctx, func(ctx context.Context) {
-		bgworker.Every(ctx, routingControlReconcileEvery, r.RunOnce)
+		bgworker.Every(ctx, every, r.RunOnce)
 	})
 }
 
