@@ -398,7 +398,7 @@ func (r *RoutingControlReconciler) Alarms() []assembler.Alarm {
 		if now.Sub(due) <= routingControlStallAfter {
 			continue
 		}
-		out = append(out, assembler.Alarm{Kind: AlarmRoutingControlReturnStalled, Since: due.Add(routingControlStallAfter), Zone: r.region, Detail: fmt.Sprintf(
+		out = append(out, assembler.Alarm{Kind: AlarmRoutingControlReturnStalled, Since: due.Add(routingControlStallAfter), Detail: fmt.Sprintf(
 			"the routing control says region %s is on, but its drain (shift %s, %s at traffic weight %.2f since %s) has had a step back due since %s (%s ago) and none was taken: the replica owning %s is not taking the steps; an operator may step it (POST /v1/shifts/%s/step)",
 			r.region, sh.ID, sh.State, sh.TrafficWeight, sh.LastStepAt.UTC().Format(time.RFC3339), due.UTC().Format(time.RFC3339), now.Sub(due).Round(time.Second),
 			RoutingControlOwnershipKey(r.region), sh.ID)})
