@@ -49,9 +49,10 @@ type Config struct {
 	// taking them.
 	TransitionBuffer int
 	// MaxPendingWindows bounds the observed windows kept in memory while
-	// they cannot be written (2,000,000 rows, about 200 MB; at 60,000
-	// instances with three classes, some two minutes of flushes); the
-	// oldest beyond it are dropped and counted.
+	// they cannot be written (2,000,000 rows, about 250 MB with the tenure
+	// each was decided under; at 60,000 instances with three classes,
+	// some two minutes of flushes); the oldest beyond it are dropped and
+	// counted.
 	MaxPendingWindows int
 	// DBTimeout bounds each database call of the running loop: a registry
 	// refresh, one COPY of observed windows or of transitions (3 s).

@@ -162,19 +162,23 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 }
 
 // writeWindows writes one chunk in one transaction: each tenure the chunk
-// was decided under is checked once (fence.Checker), the windows of
-// tenures that ended are left out (deposed), the rest are copied.
+// was decided under is checked once, first (fence.Fence.CheckAll), the
+// windows of tenures that ended are left out (deposed), the rest are
+// copied.
 func (e *Evaluator) writeWindows(ctx context.Context, chunk []pendingWindow) (written, deposed int, err error) {
 	err = db.WithTx(ctx, e.cfg.Pool, func(q *db.Queries) error {
-		check := e.cfg.Fence.Batch()
+		tenures := make([]fence.Token, len(chunk))
+		for i, w := range chunk {
+			tenures[i] = w.tenure
+		}
+		ended, err := e.cfg.Fence.CheckAll(ctx, q, tenures)
+		if err != nil {
+			return err
+		}
 		rows := make([]db.ObservedWindowsInsertParams, 0, len(chunk))
 		written, deposed = 0, 0
 		for _, w := range chunk {
-			ok, err := check.OK(ctx, q, w.tenure)
-			if err != nil {
-				return err
-			}
-			if !ok {
+			if ended[w.tenure] {
 				deposed++
 				continue
 			}
@@ -414,15 +418,18 @@ func (w *transitionWriter) flush(ctx context.Context) {
 // decided under a tenure that has ended (deposed).
 func (w *transitionWriter) write(ctx context.Context, chunk []fencedTransition) (written, deposed int, err error) {
 	err = db.WithTx(ctx, w.pool, func(q *db.Queries) error {
-		check := w.fence.Batch()
+		tenures := make([]fence.Token, len(chunk))
+		for i, t := range chunk {
+			tenures[i] = t.tenure
+		}
+		ended, err := w.fence.CheckAll(ctx, q, tenures)
+		if err != nil {
+			return err
+		}
 		rows := make([]db.TransitionsInsertParams, 0, len(chunk))
 		written, deposed = 0, 0
 		for _, t := range chunk {
-			ok, err := check.OK(ctx, q, t.tenure)
-			if err != nil {
-				return err
-			}
-			if !ok {
+			if ended[t.tenure] {
 				deposed++
 				continue
 			}

@@ -25,9 +25,12 @@
 package fence
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -154,31 +157,36 @@ func (f *Fence) Dropped(writer string, n int) {
 	f.dropped.WithLabelValues(writer).Add(float64(n))
 }
 
-// Checker checks each distinct token of a batch once in one transaction,
-// so a writer of many services' rows (a COPY of windows) pays one
-// fencing query per shard, not per row.
-type Checker struct {
-	f    *Fence
-	seen map[Token]error
-}
-
-// Batch returns a Checker for one transaction.
-func (f *Fence) Batch() *Checker { return &Checker{f: f, seen: map[Token]error{}} }
-
-// OK reports whether rows decided under t may be written in q's
-// transaction; an error that is not the fence's (the database away) is
-// returned for the writer to keep its rows and retry.
-func (c *Checker) OK(ctx context.Context, q *db.Queries, t Token) (bool, error) {
-	err, done := c.seen[t]
-	if !done {
-		err = c.f.Check(ctx, q, t)
-		c.seen[t] = err
+// CheckAll checks each distinct token of a batch once, in q's
+// transaction, for a writer of many services' rows (a COPY of windows):
+// one fencing query per tenure, not per row. It returns the tenures that
+// have ended (their rows must be left out); an error that is not the
+// fence's (the database away) is returned for the writer to keep its rows
+// and retry. The lease rows are locked in shard order, all before the
+// writer writes anything, so the owner's own renewal (an UPDATE of
+// several of those rows) mostly meets them held and waits for the write
+// to commit. Should the two cross while the checks run (the renewal
+// holding one row and waiting for another), PostgreSQL ends one of them
+// as a deadlock: a renewal that fails costs nothing (two rounds may), a
+// write that fails is kept and retried.
+func (f *Fence) CheckAll(ctx context.Context, q *db.Queries, tokens []Token) (ended map[Token]bool, err error) {
+	distinct := map[Token]struct{}{}
+	for _, t := range tokens {
+		if f != nil && t.fenced {
+			distinct[t] = struct{}{}
+		}
 	}
-	switch {
-	case err == nil:
-		return true, nil
-	case IsNotOwner(err):
-		return false, nil
+	sorted := slices.SortedFunc(maps.Keys(distinct), func(a, b Token) int {
+		return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.epoch, b.epoch))
+	})
+	ended = map[Token]bool{}
+	for _, t := range sorted {
+		switch err := f.Check(ctx, q, t); {
+		case IsNotOwner(err):
+			ended[t] = true
+		case err != nil:
+			return nil, err
+		}
 	}
-	return false, err
+	return ended, nil
 }
