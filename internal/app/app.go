@@ -58,6 +58,7 @@ import (
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/federation"
+	"github.com/musterhq/muster/internal/fence"
 	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
@@ -250,6 +251,13 @@ type App struct {
 	Census    *stream.Census
 	// Ownership keeps this replica's share of the region's shards.
 	Ownership *ownership.Manager
+	// Fence binds what this replica writes as an owner to the tenure it
+	// decided under (internal/fence).
+	Fence *fence.Fence
+	// RoutingControlReconciler keeps this region's drain and return in
+	// step with the routing control (WorkerRoutingControlReconcile); nil
+	// without a routing control or a region.
+	RoutingControlReconciler *RoutingControlReconciler
 	// Relay follows the peer replicas' publications; nil without the
 	// region's signing key.
 	Relay *relay.Relay
@@ -286,7 +294,8 @@ type App struct {
 	DNS *dnszone.Server
 
 	log     *slog.Logger
-	grace   time.Duration // Config.ShutdownGrace
+	clock   func() time.Time // Config.Now
+	grace   time.Duration    // Config.ShutdownGrace
 	ready   atomic.Bool
 	workers []worker // in start order
 	// startedAt is when Start ran (UnixNano): the relay's opening
@@ -344,7 +353,7 @@ func New(cfg Config) (*App, error) {
 		cfg.Now = time.Now
 	}
 	pool, log, metrics, now := cfg.Pool, cfg.Logger, cfg.Metrics, cfg.Now
-	a := &App{log: log, grace: cfg.ShutdownGrace, Metrics: metrics, started: map[string]bool{}}
+	a := &App{log: log, clock: now, grace: cfg.ShutdownGrace, Metrics: metrics, started: map[string]bool{}}
 	var err error
 
 	// Desired state.
@@ -384,9 +393,10 @@ func New(cfg Config) (*App, error) {
 	if a.Ownership, err = ownership.New(oc); err != nil {
 		return nil, err
 	}
-	owns := func(service string) bool {
-		_, ok := a.Ownership.Owns(service)
-		return ok
+	// Every write made as an owner is checked, in its transaction, under
+	// the tenure it was decided under.
+	if a.Fence, err = fence.New(a.Ownership, metrics); err != nil {
+		return nil, err
 	}
 
 	// Evaluation.
@@ -394,11 +404,10 @@ func New(cfg Config) (*App, error) {
 	ec.Registry, ec.Pool, ec.Logger, ec.Registerer = a.Registry, pool, log, metrics
 	ec.Now = orNow(ec.Now, now)
 	ec.Overrides = a.InForce
-	if ec.Owns == nil {
-		// Windows and transitions are written by the owner, or by anyone
-		// while no other replica is known to own the service.
-		ec.Owns = func(service string) bool { return !a.Ownership.OwnedElsewhere(service) }
-	}
+	// Windows and transitions are written by the owner, under its
+	// tenure, or by anyone while no other replica is known to own the
+	// service.
+	ec.Fence = a.Fence
 	if ec.DatabaseUp == nil { // a test may stand in for the monitor
 		ec.DatabaseUp = a.Monitor.Up
 	}
@@ -416,10 +425,8 @@ func New(cfg Config) (*App, error) {
 		rcc.Registry, rcc.Evidence, rcc.Logger, rcc.Registerer = a.Registry, a.Evaluator, log, metrics
 		rcc.Now = orNow(rcc.Now, now)
 		// Every replica reads every source; the owner of the source's
-		// shard alone applies it (issue 27).
-		if rcc.Owns == nil {
-			rcc.Owns = func(source string) bool { _, ok := a.Ownership.Owns(ReconcileOwnershipKey(source)); return ok }
-		}
+		// shard alone applies it, under its tenure.
+		rcc.Fence, rcc.Key = a.Fence, ReconcileOwnershipKey
 		if a.Reconcile, err = reconcile.New(rcc); err != nil {
 			return nil, err
 		}
@@ -433,10 +440,10 @@ func New(cfg Config) (*App, error) {
 	// Nor while this replica is not ready (rebuilding after a start): the
 	// grace after a start counts from readiness.
 	rpc.Ready = func() bool { return a.ready.Load() && a.Evaluator.Ready() }
-	// Only a service's owner expires its leases (issue 27). Until the
-	// ownership worker's first round (never past the reaper's grace in a
-	// running process) it expires nothing either.
-	rpc.Owns = owns
+	// Only a service's owner expires its leases, under its tenure. Until
+	// the ownership worker's first round (never past the reaper's grace
+	// in a running process) it expires nothing either.
+	rpc.Fence = a.Fence
 	if a.Reaper, err = registry.NewReaper(rpc); err != nil {
 		return nil, err
 	}
@@ -538,6 +545,9 @@ func New(cfg Config) (*App, error) {
 		// One replica of the region writes a peer's reconciliation rows:
 		// the owner of its key; every replica follows for its own reads.
 		fc.Owns = func(key string) bool { _, ok := a.Ownership.Owns(key); return ok }
+		// ... and writes them under its tenure of that key.
+		fc.Audit = ownerAudit{pool: pool, fence: a.Fence, writer: "federation-reconcile",
+			key: func(e audit.Entry) string { return federation.OwnershipKey(e.Target) }}
 		fc.Now = orNow(fc.Now, now)
 		if a.Federation, err = federation.New(fc); err != nil {
 			return nil, err
@@ -595,6 +605,11 @@ func New(cfg Config) (*App, error) {
 	if a.RoutingControls != nil {
 		svc.RoutingControls = a.RoutingControls
 		a.actOnRoutingControl(cfg.Region)
+		if cfg.Region != "" {
+			a.RoutingControlReconciler = &RoutingControlReconciler{a: a, region: cfg.Region, now: now,
+				every: cmp.Or(cfg.Shifts.Dwell, shift.DefaultDwell)}
+			svc.RoutingControls = routingControlsWithReturns{Controls: a.RoutingControls, returns: a.RoutingControlReconciler}
+		}
 	}
 	// Whether this replica can serve views, not whether PostgreSQL
 	// answers (that is muster_database_up and database_unreachable).
@@ -768,7 +783,7 @@ func New(cfg Config) (*App, error) {
 	if a.RoutingControls != nil {
 		a.workers = append(a.workers, worker{name: WorkerRoutingControl, w: a.RoutingControls, detached: true})
 		if cfg.Region != "" {
-			a.workers = append(a.workers, worker{name: WorkerRoutingControlReconcile, w: &routingControlReconciler{a: a, region: cfg.Region}, detached: true})
+			a.workers = append(a.workers, worker{name: WorkerRoutingControlReconcile, w: a.RoutingControlReconciler, detached: true})
 		}
 	}
 	if a.Federation != nil {

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/fence"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/routingcontrol"
@@ -31,9 +33,12 @@ func (a *App) buildRoutingControl(cfg Config, auditLog *audit.Log) error {
 	}
 	rc := *cfg.RoutingControl
 	rc.Audit, rc.Logger, rc.Registerer, rc.Replica = auditLog, a.log, a.Metrics, cfg.Replica
-	// One audit row per change in the region, by the owner of its key.
+	// One audit row per change in the region, by the owner of its key,
+	// under its tenure.
 	if rc.Owns == nil && a.Ownership != nil {
 		rc.Owns = func(key string) bool { _, ok := a.Ownership.Owns(key); return ok }
+		rc.Audit = ownerAudit{pool: cfg.Pool, fence: a.Fence, writer: "routing-control-audit",
+			key: func(audit.Entry) string { return routingcontrol.AuditOwnershipKey }}
 	}
 	rc.Now = orNow(rc.Now, cfg.Now)
 	if cfg.Region != "" && routingcontrol.ValidRegion(cfg.Region) {
@@ -82,122 +87,132 @@ func (a *App) actOnRoutingControl(region string) {
 	})
 }
 
-// routingControlRetry is how soon an action the routing control asked for
-// is tried again when it could not be taken (PostgreSQL away), while the
-// control still says so.
-const routingControlRetry = 5 * time.Second
-
-// actOnControl drains the region (Off) or starts its return (On), as the
-// owner of its key; an attempt that fails for want of the database is
-// tried again while the control still says the same.
+// actOnControl drains the region (Off) or takes its first step back (On),
+// as the owner of its key, under the tenure it holds now: a deposed
+// owner (a pause outlived its tenure) writes nothing, neither the move
+// nor its audit row, and the drop is counted. Whatever it could not do
+// now (PostgreSQL away, a step not due yet) the reconciler does from the
+// database's state (RoutingControlReconciler).
 //
 // It reports whether a drain was refused (its reason audited), as when no
 // region can take the traffic.
 func (a *App) actOnControl(region string, to routingcontrol.State, revision string) (refused bool) {
-	if _, ok := a.Ownership.Owns(RoutingControlOwnershipKey(region)); !ok {
+	tenure, ok := a.Fence.Claim(RoutingControlOwnershipKey(region))
+	if !ok {
 		return false
 	}
+	shifts := a.Shifts.Guarded(func(ctx context.Context, q *db.Queries) error { return a.Fence.Check(ctx, q, tenure) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	retry := func(err error) {
-		if re := (*refusal.Error)(nil); errors.As(err, &re) {
-			return // refused, with its reason audited: not the database
-		}
-		time.AfterFunc(routingControlRetry, func() {
-			if on := a.RoutingControls.On(region); on == (to == routingcontrol.On) {
-				a.actOnControl(region, to, revision)
-			}
-		})
-	}
 	switch to {
 	case routingcontrol.Off:
 		yes := true
-		sh, err := a.Shifts.Drain(ctx, routingControlActor, shift.Request{
+		sh, err := shifts.Drain(ctx, routingControlActor, shift.Request{
 			Scope: shift.ScopeRegion, Target: region, Manual: &yes,
 			Reason: fmt.Sprintf("the routing control turned region %s off (revision %s)", region, revision),
 		})
 		re := (*refusal.Error)(nil)
-		if errors.As(err, &re) && re.Check == "conflict" {
+		switch {
+		case errors.As(err, &re) && re.Check == "conflict":
 			// A drain of the region is active: one whose traffic is
 			// returning goes back to 0 at once.
-			a.redrainReturning(ctx, region, revision)
+			a.redrainReturning(ctx, shifts, region, revision)
 			return false
-		}
-		if err != nil {
+		case fence.IsNotOwner(err):
+			a.Fence.Dropped(fenceWriterRoutingControl, 1)
+			return false
+		case err != nil:
+			// The reconciler tries again while the control says Off.
 			a.log.Warn("the routing control turned this region off, but it is not drained", "err", err)
-			retry(err)
 			return re != nil
 		}
 		a.log.Info("the routing control turned this region off: region drained", "shift", sh.ID)
 	case routingcontrol.On:
-		all, err := a.Shifts.List(ctx, routingControlActor, shift.Filter{Limit: 100})
+		drains, err := a.routingControlDrains(ctx, region)
 		if err != nil {
+			// The reconciler reads them again at its next round.
 			a.log.Warn("the routing control turned this region on; its drain could not be read", "err", err)
-			retry(err)
-			return false
 		}
-		for _, sh := range all {
-			if sh.Scope == shift.ScopeRegion && sh.Target == region && sh.StartedBy == routingControlActor.String() &&
-				(sh.State == shift.Draining || sh.State == shift.Returning) {
-				a.stepBackWhileOn(ctx, region, sh.ID)
-			}
+		for _, sh := range drains {
+			a.stepBackIfDue(ctx, shifts, sh)
 		}
 	}
 	return false
 }
 
+// fenceWriterRoutingControl labels the routing control's moves in
+// muster_fenced_writes_dropped_total.
+const fenceWriterRoutingControl = "routing-control"
+
+// routingControlDrains reads from the database the drains of region the
+// routing control started that are still on their way back (draining or
+// returning): what the next step is, and when, is there (the shift's
+// last move and the dwell), not in any replica's memory.
+func (a *App) routingControlDrains(ctx context.Context, region string) ([]shift.Shift, error) {
+	var out []shift.Shift
+	for _, state := range []string{shift.Draining, shift.Returning} {
+		all, err := a.Shifts.List(ctx, routingControlActor, shift.Filter{State: state, Limit: 100})
+		if err != nil {
+			return nil, fmt.Errorf("read the routing control's drains of %s: %w", region, err)
+		}
+		for _, sh := range all {
+			if sh.Scope == shift.ScopeRegion && sh.Target == region && sh.StartedBy == routingControlActor.String() {
+				out = append(out, sh)
+			}
+		}
+	}
+	return out, nil
+}
+
 // redrainReturning drains again the region shift of region whose traffic
 // is returning (the routing control turned the region off during the
 // return).
-func (a *App) redrainReturning(ctx context.Context, region, revision string) {
-	all, err := a.Shifts.List(ctx, routingControlActor, shift.Filter{Limit: 100})
-	if err != nil {
-		a.log.Warn("the routing control turned this region off again; its drain could not be read", "err", err)
-		return
-	}
-	for _, sh := range all {
-		if sh.Scope != shift.ScopeRegion || sh.Target != region || (sh.State != shift.Returning && sh.State != shift.PendingConfirmation) {
-			continue
+func (a *App) redrainReturning(ctx context.Context, shifts shift.Guarded, region, revision string) {
+	for _, state := range []string{shift.Returning, shift.PendingConfirmation} {
+		all, err := a.Shifts.List(ctx, routingControlActor, shift.Filter{State: state, Limit: 100})
+		if err != nil {
+			a.log.Warn("the routing control turned this region off again; its drain could not be read", "err", err)
+			return
 		}
-		if _, err := a.Shifts.Redrain(ctx, routingControlActor, sh.ID, fmt.Sprintf("the routing control turned region %s off again (revision %s)", region, revision)); err != nil {
-			a.log.Warn("the routing control turned this region off again, but its return is not drained", "shift", sh.ID, "err", err)
-			continue
+		for _, sh := range all {
+			if sh.Scope != shift.ScopeRegion || sh.Target != region {
+				continue
+			}
+			_, err := shifts.Redrain(ctx, routingControlActor, sh.ID, fmt.Sprintf("the routing control turned region %s off again (revision %s)", region, revision))
+			switch {
+			case fence.IsNotOwner(err):
+				a.Fence.Dropped(fenceWriterRoutingControl, 1)
+			case err != nil:
+				a.log.Warn("the routing control turned this region off again, but its return is not drained", "shift", sh.ID, "err", err)
+			default:
+				a.log.Info("the routing control turned this region off again: its return drained back to 0", "shift", sh.ID)
+			}
 		}
-		a.log.Info("the routing control turned this region off again: its return drained back to 0", "shift", sh.ID)
 	}
 }
 
-// stepBackWhileOn takes the next step back of a region drain the routing
-// control started, now or once the dwell allows, and the ones after it
-// at each dwell, while the control still says On, until the shift waits
-// for its final confirmation.
-func (a *App) stepBackWhileOn(ctx context.Context, region string, id uuid.UUID) {
-	later := func(d time.Duration) {
-		time.AfterFunc(d, func() {
-			if !a.RoutingControls.On(region) {
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			a.stepBackWhileOn(ctx, region, id)
-		})
+// stepBackIfDue takes the next step back of a routing-control drain when
+// its dwell has elapsed (by the shift's last move, as the database has
+// it); one not yet due is left to a later round of the reconciler, so no
+// attempt is refused (and audited) for want of dwell.
+func (a *App) stepBackIfDue(ctx context.Context, shifts shift.Guarded, sh shift.Shift) {
+	if sh.NextStepAt == nil || a.clock().Before(*sh.NextStepAt) {
+		return
 	}
-	sh, err := a.Shifts.StepBack(ctx, routingControlActor, id)
+	next, err := shifts.StepBack(ctx, routingControlActor, sh.ID)
 	var re *refusal.Error
 	switch {
-	case err == nil && sh.State == shift.Returning && sh.NextStepAt != nil:
-		a.log.Info("the routing control says this region is on: traffic returns in capped steps", "shift", id, "weight", sh.TrafficWeight)
-		later(max(time.Until(*sh.NextStepAt), 0) + 50*time.Millisecond)
+	case err == nil && next.State == shift.Returning:
+		a.log.Info("the routing control says this region is on: traffic returns in capped steps", "shift", sh.ID, "weight", next.TrafficWeight)
 	case err == nil:
-		a.log.Info("the routing control says this region is on: the return waits for an operator's confirmation", "shift", id, "state", sh.State, "weight", sh.TrafficWeight)
-	case errors.As(err, &re) && errors.Is(err, shift.ErrDwell) && re.RetryAfter > 0:
-		later(re.RetryAfter)
+		a.log.Info("the routing control says this region is on: the return waits for an operator's confirmation", "shift", sh.ID, "state", next.State, "weight", next.TrafficWeight)
+	case fence.IsNotOwner(err):
+		a.Fence.Dropped(fenceWriterRoutingControl, 1)
 	case errors.As(err, &re):
-		a.log.Warn("the routing control says this region is on; the step back is refused", "shift", id, "err", err)
+		a.log.Warn("the routing control says this region is on; the step back is refused", "shift", sh.ID, "err", err)
 	default:
-		// PostgreSQL away: tried again while the control says On.
-		a.log.Warn("the routing control says this region is on; the step back is not taken yet", "shift", id, "err", err)
-		later(routingControlRetry)
+		// PostgreSQL away: the reconciler's next round tries again.
+		a.log.Warn("the routing control says this region is on; the step back is not taken yet", "shift", sh.ID, "err", err)
 	}
 }
 
@@ -223,66 +238,181 @@ func (a *App) fallbackRegions() ([]string, string) {
 	return out, strings.Join(why, "; ")
 }
 
-// WorkerRoutingControlReconcile checks, as the owner of the region's
-// routing-control key, that a region the control says is Off is drained:
-// the actuator acts on the control's changes, and a change seen while no
-// replica owned the key yet (at a start) or by an owner that died before
-// acting would otherwise leave the region serving.
+// WorkerRoutingControlReconcile keeps this region's drain in step with
+// its routing control, from the database's state, as the owner of the
+// region's key: a region the control says is Off is drained (a change
+// seen while no replica owned the key yet, at a start, or by an owner
+// that died before acting would otherwise leave the region serving), and
+// a drain the control started is stepped back as each dwell elapses
+// while the control says On (the next step's time is the shift's last
+// move plus the dwell, so whichever replica holds the key after a
+// restart or a move continues the return within one round). Every
+// replica reads the drains each round for the alarm
+// routing_control_return_stalled.
 const WorkerRoutingControlReconcile = "routing-control-reconcile"
 
-// routingControlReconcileEvery is how often the owner checks; a drain
-// refused for want of a fallback region is tried again at most every
-// routingControlRefusedRetry (each attempt is audited).
+// AlarmRoutingControlReturnStalled is raised while the routing control
+// says this region is On and a drain it started has had a step back due
+// for longer than routingControlStallAfter without it being taken.
+const AlarmRoutingControlReturnStalled = "routing_control_return_stalled"
+
+// routingControlReconcileEvery is how often the reconciler runs (or the
+// shifts' dwell, when shorter): a due step is taken at most this long
+// after its dwell elapsed (plus a round
+// of the ownership worker when the key moves). A drain refused for want
+// of a fallback region is tried again at most every
+// routingControlRefusedRetry (each attempt is audited). A step due for
+// longer than routingControlStallAfter (six rounds) raises
+// routing_control_return_stalled.
 const (
 	routingControlReconcileEvery = 5 * time.Second
 	routingControlRefusedRetry   = time.Minute
+	routingControlStallAfter     = 30 * time.Second
 )
 
-// routingControlReconciler is WorkerRoutingControlReconcile.
-type routingControlReconciler struct {
-	a       *App
-	region  string
-	runner  bgworker.Runner
+// RoutingControlReconciler is WorkerRoutingControlReconcile.
+type RoutingControlReconciler struct {
+	a      *App
+	region string
+	now    func() time.Time
+	every  time.Duration
+	runner bgworker.Runner
+
+	mu      sync.Mutex
 	refused time.Time // the last attempt refused (no fallback region)
+	// drains are the routing control's drains on their way back at the
+	// last round that read them (every replica reads them).
+	drains []shift.Shift
 }
 
-func (r *routingControlReconciler) Start(ctx context.Context) error {
+// Start runs a round every routingControlReconcileEvery (or dwell, when
+// shorter) until ctx ends or Stop is called.
+func (r *RoutingControlReconciler) Start(ctx context.Context) error {
+	every := routingControlReconcileEvery
+	if r.every > 0 && r.every < every {
+		every = r.every
+	}
 	return r.runner.Start(ctx, func(ctx context.Context) {
-		bgworker.Every(ctx, routingControlReconcileEvery, r.once)
+		bgworker.Every(ctx, every, r.RunOnce)
 	})
 }
 
-func (r *routingControlReconciler) Stop() { r.runner.Stop() }
+// Stop ends the rounds. Safe to call twice or before Start.
+func (r *RoutingControlReconciler) Stop() { r.runner.Stop() }
 
-// once drains the region when the control says Off, this replica owns
-// the key, and no drain of the region is active (one whose traffic is
-// returning is drained again, as on a change).
-func (r *routingControlReconciler) once(ctx context.Context) {
+// RunOnce is one round: it reads the routing control's drains of this
+// region (kept for the alarm), and as the owner of the region's key
+// drains the region when the control says Off and no drain of it is
+// active, or steps back each drain whose dwell has elapsed when the
+// control says On (after a good reading: before one, every region is On
+// by default, which says nothing about a drain).
+func (r *RoutingControlReconciler) RunOnce(ctx context.Context) {
 	a := r.a
-	if a.RoutingControls.On(r.region) {
-		return
-	}
-	if _, ok := a.Ownership.Owns(RoutingControlOwnershipKey(r.region)); !ok {
-		return
-	}
-	if !r.refused.IsZero() && time.Since(r.refused) < routingControlRefusedRetry {
-		return
-	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	all, err := a.Shifts.List(lctx, routingControlActor, shift.Filter{Limit: 100})
+	drains, err := a.routingControlDrains(lctx, r.region)
+	if err != nil {
+		return // PostgreSQL away: the drains kept are the last read
+	}
+	r.mu.Lock()
+	r.drains = drains
+	r.mu.Unlock()
+	if a.RoutingControls.On(r.region) {
+		if a.RoutingControls.Status().LastRead.IsZero() {
+			return
+		}
+		tenure, ok := a.Fence.Claim(RoutingControlOwnershipKey(r.region))
+		if !ok {
+			return
+		}
+		shifts := a.Shifts.Guarded(func(ctx context.Context, q *db.Queries) error { return a.Fence.Check(ctx, q, tenure) })
+		for _, sh := range drains {
+			a.stepBackIfDue(lctx, shifts, sh)
+		}
+		return
+	}
+	if _, ok := a.Fence.Claim(RoutingControlOwnershipKey(r.region)); !ok {
+		return
+	}
+	r.mu.Lock()
+	wait := !r.refused.IsZero() && r.now().Sub(r.refused) < routingControlRefusedRetry
+	r.mu.Unlock()
+	if wait {
+		return
+	}
+	all, err := a.Shifts.List(lctx, routingControlActor, shift.Filter{State: shift.Draining, Limit: 100})
 	if err != nil {
 		return // PostgreSQL away: next time
 	}
 	for _, sh := range all {
-		if sh.Scope == shift.ScopeRegion && sh.Target == r.region && sh.State == shift.Draining {
+		if sh.Scope == shift.ScopeRegion && sh.Target == r.region {
 			return
 		}
 	}
 	a.log.Warn("the routing control says this region is off and it is not drained: draining it", "region", r.region)
-	if a.actOnControl(r.region, routingcontrol.Off, a.RoutingControls.Status().Revision) {
-		r.refused = time.Now()
+	refused := a.actOnControl(r.region, routingcontrol.Off, a.RoutingControls.Status().Revision)
+	r.mu.Lock()
+	if refused {
+		r.refused = r.now()
 	} else {
 		r.refused = time.Time{}
 	}
+	r.mu.Unlock()
+}
+
+// Alarms returns routing_control_return_stalled for each drain the
+// routing control started whose next step back has been due for longer
+// than routingControlStallAfter while the control says On: due when its
+// dwell elapsed, or when the control turned On, whichever is later. The
+// owner of the key takes such a step within a round; one left this long
+// means no replica is taking it (the key's owner stopped, is cut off, or
+// its steps fail), and the region stays drained at the shift's weight.
+func (r *RoutingControlReconciler) Alarms() []assembler.Alarm {
+	a := r.a
+	if !a.RoutingControls.On(r.region) {
+		return nil
+	}
+	st := a.RoutingControls.Status()
+	if st.LastRead.IsZero() {
+		return nil
+	}
+	var on time.Time
+	for _, rs := range st.Regions {
+		if rs.Region == r.region {
+			on = rs.Since
+		}
+	}
+	now := r.now()
+	r.mu.Lock()
+	drains := r.drains
+	r.mu.Unlock()
+	var out []assembler.Alarm
+	for _, sh := range drains {
+		if sh.NextStepAt == nil {
+			continue
+		}
+		due := *sh.NextStepAt
+		if on.After(due) {
+			due = on
+		}
+		if now.Sub(due) <= routingControlStallAfter {
+			continue
+		}
+		out = append(out, assembler.Alarm{Kind: AlarmRoutingControlReturnStalled, Since: due.Add(routingControlStallAfter), Detail: fmt.Sprintf(
+			"the routing control says region %s is on, but its drain (shift %s, %s at traffic weight %.2f since %s) has had a step back due since %s (%s ago) and none was taken: the replica owning %s is not taking the steps; an operator may step it (POST /v1/shifts/%s/step)",
+			r.region, sh.ID, sh.State, sh.TrafficWeight, sh.LastStepAt.UTC().Format(time.RFC3339), due.UTC().Format(time.RFC3339), now.Sub(due).Round(time.Second),
+			RoutingControlOwnershipKey(r.region), sh.ID)})
+	}
+	return out
+}
+
+// routingControlsWithReturns is the routing controls as the API and the
+// banner show them, with the return's alarm beside the source's.
+type routingControlsWithReturns struct {
+	*routingcontrol.Controls
+	returns *RoutingControlReconciler
+}
+
+func (c routingControlsWithReturns) Alarms() []assembler.Alarm {
+	return append(c.Controls.Alarms(), c.returns.Alarms()...)
 }

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/eligibility"
+	"github.com/musterhq/muster/internal/fence"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/worker"
@@ -49,9 +49,10 @@ type Config struct {
 	// taking them.
 	TransitionBuffer int
 	// MaxPendingWindows bounds the observed windows kept in memory while
-	// they cannot be written (2,000,000 rows, about 200 MB; at 60,000
-	// instances with three classes, some two minutes of flushes); the
-	// oldest beyond it are dropped and counted.
+	// they cannot be written (2,000,000 rows, about 250 MB with the tenure
+	// each was decided under; at 60,000 instances with three classes,
+	// some two minutes of flushes); the oldest beyond it are dropped and
+	// counted.
 	MaxPendingWindows int
 	// DBTimeout bounds each database call of the running loop: a registry
 	// refresh, one COPY of observed windows or of transitions (3 s).
@@ -76,13 +77,17 @@ type Config struct {
 	// workloads it allows. Without it only a service's own workloads may
 	// report passive evidence about it.
 	MayResolve func(actor identity.Principal, service string) error
-	// Owns, when set, says whether this replica writes a service's
-	// observations (issue 27): every replica evaluates every service on
-	// the evidence mirrored to it, but only the owner (or anyone, while no
-	// other replica is known to own it) writes the observed windows and
-	// the transitions, so the database holds each once. Nil: every
-	// service.
-	Owns       func(service string) bool
+	// Fence, when set, says whether this replica writes a service's
+	// observations, and under which tenure: every replica evaluates every
+	// service on the evidence mirrored to it, but only the owner writes
+	// the observed windows and the transitions, so the database holds
+	// each once, and an owner deposed between deciding and writing (a
+	// pause) writes none (fence.Fence.ClaimUnlessOwned). While no other
+	// replica is known to own a service (alone, a shard between owners,
+	// the leases unreadable) any replica writes them unfenced, so nothing
+	// observed is lost for want of an owner (see Evaluator.publish for
+	// why that is safe). Nil: every service, unfenced.
+	Fence      *fence.Fence
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -237,7 +242,7 @@ type Evaluator struct {
 	// flushMu serialises window flushes; pendingWindows (oldest first) are
 	// the windows earlier flushes could not write.
 	flushMu        sync.Mutex
-	pendingWindows []db.ObservedWindowsInsertParams
+	pendingWindows []pendingWindow
 	// kick asks the loop for an early registry refresh: ingest met an
 	// instance it does not know and could not look up (learn.go), most
 	// likely one registered a moment ago.
@@ -290,7 +295,7 @@ func New(cfg Config) (*Evaluator, error) {
 	// The registration hand-off: the registry tells its follower of what
 	// it commits (registry.Follower).
 	cfg.Registry.Follow(e)
-	e.transitions = newTransitionWriter(cfg.Pool, cfg.TransitionBuffer, cfg.DBTimeout, cfg.DatabaseUp, m, e.log)
+	e.transitions = newTransitionWriter(cfg.Pool, cfg.Fence, cfg.TransitionBuffer, cfg.DBTimeout, cfg.DatabaseUp, m, e.log)
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(newCollector(e)); err != nil {
 			return nil, fmt.Errorf("evaluator: register metrics: %w", err)
@@ -520,16 +525,23 @@ func (e *Evaluator) publish(ts []eligibility.Transition, changed []string) {
 			e.metrics.damping.WithLabelValues(t.Service).Observe(t.At.Sub(t.FirstFailureAt).Seconds())
 		}
 	}
-	if e.cfg.Owns != nil {
-		owned := ts[:0:0]
-		for _, t := range ts {
-			if e.cfg.Owns(t.Service) {
-				owned = append(owned, t)
-			}
+	// The tenure is taken now, when the transition is decided, and
+	// checked when it is written: an owner deposed in between (a pause
+	// longer than its local deadline) records nothing the new owner
+	// records too. A transition of a service no other replica is known
+	// to own is written unfenced, by every replica that computed it: a
+	// shard between owners lasts at most a lease TTL and a round, and the
+	// cost is the same transition recorded once per replica in that
+	// interval (the timeline shows it twice; the rebuild reads only the
+	// newest per instance), where fencing it would need a lease nobody
+	// holds, and lose the record when a replica dies with its shards.
+	owned := make([]fencedTransition, 0, len(ts))
+	for _, t := range ts {
+		if tenure, writes := e.cfg.Fence.ClaimUnlessOwned(t.Service); writes {
+			owned = append(owned, fencedTransition{Transition: t, tenure: tenure})
 		}
-		ts = owned
 	}
-	e.transitions.add(ts)
+	e.transitions.add(owned)
 }
 
 // Services lists every service the evaluator knows (with a contract or an

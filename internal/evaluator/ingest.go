@@ -78,7 +78,7 @@ func (e *Evaluator) Ingest(ctx context.Context, actor identity.Principal, report
 // pod binding, prober assignment and grants.
 //
 // What it applies is counted in the observed windows like evidence taken
-// here: only a service's owner writes its windows (Config.Owns), so the
+// here: only a service's owner writes its windows (Config.Fence), so the
 // owner writes the region's evidence once, wherever it landed. It is not
 // counted in muster_samples_accepted_total and
 // muster_samples_refused_total (the receiving replica counts it there),

@@ -14,6 +14,7 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/eligibility"
+	"github.com/musterhq/muster/internal/fence"
 )
 
 type windowKey struct {
@@ -66,11 +67,26 @@ func (e *Evaluator) countWindow(s eligibility.Sample) {
 	w.addReporter(s.Reporter)
 }
 
+// pendingWindow is an observed window to write, with the tenure under
+// which this replica decided to write it (fence.Fence.ClaimUnlessOwned).
+type pendingWindow struct {
+	db.ObservedWindowsInsertParams
+	tenure fence.Token
+}
+
 // flushWindows writes the windows counted since the last flush with COPY,
 // after any kept from flushes that failed, and prunes what the rebuild will
 // never read again. Windows that cannot be written are kept (bounded by
 // MaxPendingWindows, the oldest dropped first) and written by a later
 // flush, once PostgreSQL is back.
+//
+// Who writes a window is decided when the flush takes it (Config.Fence):
+// the service's owner, under its tenure, or anyone while no other
+// replica is known to own it. An owner's windows are written in the
+// transaction that checks its tenure, so an owner deposed since the
+// decision (a pause) writes none of them; they are dropped and counted,
+// not kept (the new owner writes its own, counted from the same
+// mirrored evidence).
 //
 // A write that fails ambiguously (the reply lost after the COPY committed)
 // is written again by the next flush; observed_windows has no key, so the
@@ -84,14 +100,21 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 	e.mu.Lock()
 	windows, start := e.windows, e.winStart
 	e.windows, e.winStart = make(map[windowKey]*windowCounts, len(windows)), now
-	if e.cfg.Owns != nil {
-		// Only the owner writes a service's windows (every replica
-		// counts them: evidence is mirrored to all).
-		for k := range windows {
-			if in, ok := e.instances[k.id]; ok && !e.cfg.Owns(in.service) {
-				delete(windows, k)
-			}
+	// Every replica counts every window (evidence is mirrored to all);
+	// only the owner, or anyone while no other replica is known to own
+	// the service, writes it.
+	tenures := make(map[windowKey]fence.Token, len(windows))
+	for k := range windows {
+		in, ok := e.instances[k.id]
+		if !ok {
+			continue // unknown here: written unfenced, as alone
 		}
+		t, writes := e.cfg.Fence.ClaimUnlessOwned(in.service)
+		if !writes {
+			delete(windows, k)
+			continue
+		}
+		tenures[k] = t
 	}
 	e.mu.Unlock()
 	if start.IsZero() {
@@ -100,11 +123,11 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 	batch := e.pendingWindows
 	e.pendingWindows = nil
 	for k, w := range windows {
-		batch = append(batch, db.ObservedWindowsInsertParams{
+		batch = append(batch, pendingWindow{ObservedWindowsInsertParams: db.ObservedWindowsInsertParams{
 			InstanceID: k.id, Class: int16(k.class), WindowStart: start, WindowEnd: now,
 			Successes: int32(w.successes), Failures: int32(w.failures), HardFailures: int32(w.hard),
 			Unobservable: int32(w.unobservable), Reporters: int32(max(w.nrep, 1)),
-		})
+		}, tenure: tenures[k]})
 	}
 	// What the prune below would delete at once is not worth writing.
 	horizon := now.Add(-2 * e.cfg.Retention)
@@ -119,13 +142,14 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 	for len(batch) > 0 {
 		n := min(len(batch), windowChunk)
 		cctx, cancel := context.WithTimeout(ctx, e.cfg.DBTimeout)
-		_, err := db.New(e.cfg.Pool).ObservedWindowsInsert(cctx, batch[:n])
+		written, deposed, err := e.writeWindows(cctx, batch[:n])
 		cancel()
 		if err != nil {
 			e.keepWindows(batch)
 			return fmt.Errorf("write %d observed windows (%d kept for the next flush): %w", n, len(e.pendingWindows), err)
 		}
-		e.metrics.windowsWritten.Add(float64(n))
+		e.metrics.windowsWritten.Add(float64(written))
+		e.cfg.Fence.Dropped("observed-windows", deposed)
 		batch = batch[n:]
 	}
 	e.keepWindows(nil)
@@ -137,6 +161,39 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 	return nil
 }
 
+// writeWindows writes one chunk in one transaction: each tenure the chunk
+// was decided under is checked once, first (fence.Fence.CheckAll), the
+// windows of tenures that ended are left out (deposed), the rest are
+// copied.
+func (e *Evaluator) writeWindows(ctx context.Context, chunk []pendingWindow) (written, deposed int, err error) {
+	err = db.WithTx(ctx, e.cfg.Pool, func(q *db.Queries) error {
+		tenures := make([]fence.Token, len(chunk))
+		for i, w := range chunk {
+			tenures[i] = w.tenure
+		}
+		ended, err := e.cfg.Fence.CheckAll(ctx, q, tenures)
+		if err != nil {
+			return err
+		}
+		rows := make([]db.ObservedWindowsInsertParams, 0, len(chunk))
+		written, deposed = 0, 0
+		for _, w := range chunk {
+			if ended[w.tenure] {
+				deposed++
+				continue
+			}
+			rows = append(rows, w.ObservedWindowsInsertParams)
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		n, err := q.ObservedWindowsInsert(ctx, rows)
+		written = int(n)
+		return err
+	})
+	return written, deposed, err
+}
+
 // windowChunk is how many windows one COPY writes: a region's worth of
 // windows kept through an outage goes out in pieces, each within the
 // deadline, and what was written stays written if a later piece fails.
@@ -144,7 +201,7 @@ const windowChunk = 20_000
 
 // keepWindows holds unwritten windows (oldest first) for the next flush,
 // dropping the oldest beyond MaxPendingWindows. Called with flushMu held.
-func (e *Evaluator) keepWindows(batch []db.ObservedWindowsInsertParams) {
+func (e *Evaluator) keepWindows(batch []pendingWindow) {
 	if over := len(batch) - e.cfg.MaxPendingWindows; over > 0 {
 		e.metrics.windowsDropped.Add(float64(over))
 		batch = batch[over:]
@@ -255,6 +312,7 @@ func (e *Evaluator) restoreQuarantines(ctx context.Context) (int, error) {
 // transitions and counts the ones it drops.
 type transitionWriter struct {
 	pool    *pgxpool.Pool
+	fence   *fence.Fence
 	limit   int
 	timeout time.Duration // bounds one COPY
 	up      func() bool   // whether PostgreSQL answers; no tries while not
@@ -262,18 +320,25 @@ type transitionWriter struct {
 	log     *slog.Logger
 
 	mu      sync.Mutex
-	pending []eligibility.Transition
+	pending []fencedTransition
 	wake    chan struct{}
 }
 
-func newTransitionWriter(pool *pgxpool.Pool, limit int, timeout time.Duration, up func() bool, m *metrics, log *slog.Logger) *transitionWriter {
+// fencedTransition is a transition to record, with the tenure under which
+// this replica decided to record it (see Evaluator.publish).
+type fencedTransition struct {
+	eligibility.Transition
+	tenure fence.Token
+}
+
+func newTransitionWriter(pool *pgxpool.Pool, f *fence.Fence, limit int, timeout time.Duration, up func() bool, m *metrics, log *slog.Logger) *transitionWriter {
 	if up == nil {
 		up = func() bool { return true }
 	}
-	return &transitionWriter{pool: pool, limit: limit, timeout: timeout, up: up, metrics: m, log: log, wake: make(chan struct{}, 1)}
+	return &transitionWriter{pool: pool, fence: f, limit: limit, timeout: timeout, up: up, metrics: m, log: log, wake: make(chan struct{}, 1)}
 }
 
-func (w *transitionWriter) add(ts []eligibility.Transition) {
+func (w *transitionWriter) add(ts []fencedTransition) {
 	w.mu.Lock()
 	room := w.limit - len(w.pending)
 	if room < len(ts) {
@@ -290,7 +355,7 @@ func (w *transitionWriter) add(ts []eligibility.Transition) {
 
 // requeue puts a failed batch back in front, without waking the writer: the
 // retry ticker paces the next attempt.
-func (w *transitionWriter) requeue(batch []eligibility.Transition) {
+func (w *transitionWriter) requeue(batch []fencedTransition) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	merged := append(batch, w.pending...)
@@ -330,24 +395,8 @@ func (w *transitionWriter) flush(ctx context.Context) {
 	// what was written stays written if a later piece fails.
 	for len(batch) > 0 {
 		n := min(len(batch), transitionChunk)
-		rows := make([]db.TransitionsInsertParams, n)
-		for i, t := range batch[:n] {
-			var hist json.RawMessage
-			if len(t.History) > 0 {
-				hist, _ = json.Marshal(historyOf(t.History))
-			}
-			rows[i] = db.TransitionsInsertParams{
-				InstanceID: uuid.UUID(t.Instance), Service: t.Service, FromState: t.From.String(), ToState: t.To.String(),
-				Weight: t.Weight, At: t.At, Reason: t.Reason, History: hist,
-			}
-			if !t.QuarantinedUntil.IsZero() {
-				until := t.QuarantinedUntil
-				rows[i].QuarantinedUntil = &until
-				rows[i].QuarantineStep = int16(min(t.QuarantineStep, math.MaxInt16))
-			}
-		}
 		fctx, cancel := context.WithTimeout(ctx, w.timeout)
-		_, err := db.New(w.pool).TransitionsInsert(fctx, rows)
+		written, deposed, err := w.write(fctx, batch[:n])
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
@@ -356,9 +405,61 @@ func (w *transitionWriter) flush(ctx context.Context) {
 			w.requeue(batch)
 			return
 		}
-		w.metrics.transitionsWritten.Add(float64(n))
+		w.metrics.transitionsWritten.Add(float64(written))
+		if deposed > 0 {
+			// Recorded by the new owner, which computed them too.
+			w.fence.Dropped("transitions", deposed)
+		}
 		batch = batch[n:]
 	}
+}
+
+// write appends one chunk in one transaction, leaving out the transitions
+// decided under a tenure that has ended (deposed).
+func (w *transitionWriter) write(ctx context.Context, chunk []fencedTransition) (written, deposed int, err error) {
+	err = db.WithTx(ctx, w.pool, func(q *db.Queries) error {
+		tenures := make([]fence.Token, len(chunk))
+		for i, t := range chunk {
+			tenures[i] = t.tenure
+		}
+		ended, err := w.fence.CheckAll(ctx, q, tenures)
+		if err != nil {
+			return err
+		}
+		rows := make([]db.TransitionsInsertParams, 0, len(chunk))
+		written, deposed = 0, 0
+		for _, t := range chunk {
+			if ended[t.tenure] {
+				deposed++
+				continue
+			}
+			rows = append(rows, transitionRow(t.Transition))
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		n, err := q.TransitionsInsert(ctx, rows)
+		written = int(n)
+		return err
+	})
+	return written, deposed, err
+}
+
+func transitionRow(t eligibility.Transition) db.TransitionsInsertParams {
+	var hist json.RawMessage
+	if len(t.History) > 0 {
+		hist, _ = json.Marshal(historyOf(t.History))
+	}
+	row := db.TransitionsInsertParams{
+		InstanceID: uuid.UUID(t.Instance), Service: t.Service, FromState: t.From.String(), ToState: t.To.String(),
+		Weight: t.Weight, At: t.At, Reason: t.Reason, History: hist,
+	}
+	if !t.QuarantinedUntil.IsZero() {
+		until := t.QuarantinedUntil
+		row.QuarantinedUntil = &until
+		row.QuarantineStep = int16(min(t.QuarantineStep, math.MaxInt16))
+	}
+	return row
 }
 
 // transitionChunk is how many transitions one COPY writes.

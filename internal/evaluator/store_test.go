@@ -16,10 +16,10 @@ import (
 	"github.com/musterhq/muster/internal/registry"
 )
 
-func transitionsN(n int) []eligibility.Transition {
-	ts := make([]eligibility.Transition, n)
+func transitionsN(n int) []fencedTransition {
+	ts := make([]fencedTransition, n)
 	for i := range ts {
-		ts[i] = eligibility.Transition{
+		ts[i].Transition = eligibility.Transition{
 			Instance: eligibility.InstanceID(uuid.New()), Service: "web", From: eligibility.Eligible,
 			To: eligibility.Ineligible, At: time.Now().UTC(), Reason: "test",
 			History: []eligibility.Transition{{From: eligibility.Unknown, To: eligibility.Eligible, At: time.Now().UTC(), Reason: "first success"}},
@@ -32,7 +32,7 @@ func TestTransitionWriterAppends(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	m, _ := newMetrics(nil)
-	w := newTransitionWriter(pool, 100, time.Second, nil, m, slog.New(slog.DiscardHandler))
+	w := newTransitionWriter(pool, nil, 100, time.Second, nil, m, slog.New(slog.DiscardHandler))
 	w.add(transitionsN(7))
 	w.flush(context.Background())
 	rows, err := db.New(pool).TransitionsList(context.Background(), db.TransitionsListParams{Lim: 100})
@@ -61,7 +61,7 @@ func TestTransitionWriterBuffersWhileDatabaseAway(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	m, _ := newMetrics(nil)
-	w := newTransitionWriter(pool, 5, time.Second, nil, m, slog.New(slog.DiscardHandler))
+	w := newTransitionWriter(pool, nil, 5, time.Second, nil, m, slog.New(slog.DiscardHandler))
 	w.add(transitionsN(3))
 	w.flush(context.Background()) // fails: the 3 go back in line
 	w.add(transitionsN(4))        // 7 > 5: the 2 oldest are dropped
@@ -163,7 +163,7 @@ func TestTransitionWriterFlushHasADeadline(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	m, _ := newMetrics(nil)
-	w := newTransitionWriter(pool, 100, 300*time.Millisecond, nil, m, slog.New(slog.DiscardHandler))
+	w := newTransitionWriter(pool, nil, 100, 300*time.Millisecond, nil, m, slog.New(slog.DiscardHandler))
 	w.add(transitionsN(3))
 	thaw := pc.Freeze(t)
 	start := time.Now()

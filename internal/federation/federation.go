@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/fence"
 	"github.com/musterhq/muster/internal/tlsreload"
 	"github.com/musterhq/muster/internal/worker"
 	"github.com/musterhq/muster/resolver"
@@ -480,6 +481,13 @@ func (f *Follower) writePending(ctx context.Context, now time.Time) {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := f.cfg.Audit.Append(actx, f.cfg.Now(), f.pending[0].entry)
 		cancel()
+		if fence.IsNotOwner(err) {
+			// Deposed since the check above: the owner, which healed
+			// too, writes the row.
+			f.log.Info("reconciliation row left to the replica owning the peer", "key", OwnershipKey(f.peer.Name), "summary", f.pending[0].entry.Reason)
+			f.pending = f.pending[1:]
+			continue
+		}
 		if err != nil {
 			f.log.Warn("reconciliation audit row not written yet; retrying", "err", err)
 			return

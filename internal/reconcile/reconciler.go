@@ -14,6 +14,7 @@ import (
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/disbelief"
+	"github.com/musterhq/muster/internal/fence"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/worker"
@@ -41,9 +42,12 @@ type Config struct {
 	Logger    *slog.Logger
 	// Registerer receives the metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
-	// Owns, when set, says whether this replica applies a source's
-	// readings (WorkerConfig.Owns), by source name.
-	Owns func(source string) bool
+	// Fence, when set, says whether this replica applies a source's
+	// readings, and under which tenure (WorkerConfig.Owns): the owner of
+	// Key(source) does. Nil: this replica applies every source.
+	Fence *fence.Fence
+	// Key is the ownership key of a source (the source's name when nil).
+	Key func(source string) string
 }
 
 // Reconciler is the set of workers, one per source, and what spans them:
@@ -73,13 +77,16 @@ func New(cfg Config) (*Reconciler, error) {
 			return nil, fmt.Errorf("reconcile: source %s configured twice", s.Name())
 		}
 		seen[s.Name()] = true
-		var owns func() bool
-		if cfg.Owns != nil {
-			name := s.Name()
-			owns = func() bool { return cfg.Owns(name) }
+		var owns func() (fence.Token, bool)
+		if cfg.Fence != nil {
+			key := s.Name()
+			if cfg.Key != nil {
+				key = cfg.Key(key)
+			}
+			owns = func() (fence.Token, bool) { return cfg.Fence.Claim(key) }
 		}
 		w, err := NewWorker(WorkerConfig{Source: s, Registry: cfg.Registry, Evidence: cfg.Evidence, Every: cfg.Every,
-			Disbelief: cfg.Disbelief, Now: cfg.Now, Logger: cfg.Logger, Owns: owns, metrics: m})
+			Disbelief: cfg.Disbelief, Now: cfg.Now, Logger: cfg.Logger, Owns: owns, Fence: cfg.Fence, metrics: m})
 		if err != nil {
 			return nil, err
 		}

@@ -13,7 +13,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/fence"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/worker"
 )
@@ -65,8 +67,13 @@ type WorkerConfig struct {
 	// readiness to its own evaluator (every replica evaluates every
 	// service); only the owner writes the registry and counts believed
 	// absences, so the disbelief threshold is the region's, not each
-	// replica's. Nil: this replica applies.
-	Owns    func() bool
+	// replica's. The tenure is taken as a pass starts and checked in the
+	// transaction that applies it (Fence), so an owner deposed during the
+	// pass (a pause) applies nothing; the pass is dropped and counted
+	// (writer "reconcile"). Nil: this replica applies, unfenced.
+	Owns func() (fence.Token, bool)
+	// Fence checks the tenure Owns gave (nil: nothing is checked).
+	Fence   *fence.Fence
 	Now     func() time.Time
 	Logger  *slog.Logger
 	metrics *metrics
@@ -262,6 +269,13 @@ func (w *Worker) RunOnce(ctx context.Context) error {
 
 func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	name := w.Name()
+	// Whether this pass applies is decided as it starts, under the
+	// tenure held then; the apply checks that same tenure.
+	var tenure fence.Token
+	owns := true
+	if w.cfg.Owns != nil {
+		tenure, owns = w.cfg.Owns()
+	}
 	r, err := w.cfg.Source.Read(ctx)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", name, err)
@@ -330,10 +344,6 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 		create[i] = registry.Instance{ID: e.ID, Service: e.Service, Address: e.Address, Port: e.Port, Zone: e.Zone}
 	}
 	var res registry.ReconcileResult
-	owns := w.cfg.Owns == nil || w.cfg.Owns()
-	w.mu.Lock()
-	w.status.Applying = owns
-	w.mu.Unlock()
 	if owns && (len(create) > 0 || len(plan.End) > 0) {
 		w.mu.Lock()
 		quiet := make(map[uuid.UUID]bool, len(w.refusedAudited))
@@ -341,10 +351,22 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 			quiet[id] = true
 		}
 		w.mu.Unlock()
-		if res, err = w.cfg.Registry.ApplyReconcile(ctx, name, registry.ReconcileChange{Create: create, End: plan.End, QuietRefusals: quiet}); err != nil {
+		check := func(ctx context.Context, q *db.Queries) error { return w.cfg.Fence.Check(ctx, q, tenure) }
+		res, err = w.cfg.Registry.ApplyReconcile(ctx, name, registry.ReconcileChange{Create: create, End: plan.End, QuietRefusals: quiet, Fence: check})
+		switch {
+		case fence.IsNotOwner(err):
+			// Deposed since the pass began: the new owner applies the
+			// source (it reads it too), and this pass counts nothing.
+			w.cfg.Fence.Dropped("reconcile", 1)
+			w.log.Info("reconciliation pass dropped: this replica no longer owns the source", "tenure", tenure.String())
+			owns, res, err = false, registry.ReconcileResult{}, nil
+		case err != nil:
 			return err
 		}
 	}
+	w.mu.Lock()
+	w.status.Applying = owns
+	w.mu.Unlock()
 	w.noteRefusals(now, res.ReplaceRefused)
 	m := w.cfg.metrics
 	m.changes.WithLabelValues(name, "added").Add(float64(len(res.Created)))

@@ -17,6 +17,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/disbelief"
+	"github.com/musterhq/muster/internal/fence"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/worker"
@@ -91,12 +92,16 @@ type ReaperConfig struct {
 	// without interruption (db.Monitor). A lease's clock only runs while
 	// a renewal could have landed.
 	UpSince func() time.Time
-	// Owns, when set, says whether this replica owns a service's lease
-	// expiry (internal/ownership, issue 27): a lapsed lease is expired,
-	// held or counted as held only by its service's owner, so two
-	// replicas never decide one lease on different evidence. A service
-	// no replica owns (a shard moving) is expired by no one meanwhile.
-	Owns func(service string) bool
+	// Fence says whether this replica owns a service's lease expiry
+	// (internal/ownership): a lapsed lease is expired, held or counted as
+	// held only by its service's owner, so two replicas never decide one
+	// lease on different evidence. A service no replica owns (a shard
+	// moving) is expired by no one meanwhile. The expiry and its audit
+	// row are written under the tenure the sweep decided under, so an
+	// owner deposed since (a pause longer than its local deadline)
+	// writes nothing; the drop is counted (writer "lease-expiry"). Nil:
+	// this replica expires every lease (it is alone).
+	Fence *fence.Fence
 	// Ready, when set, says whether the replica takes traffic (it is
 	// ready once its evaluation state is rebuilt): while it is not, load
 	// balancers send it no renewals, so a lease's clock does not run
@@ -248,6 +253,9 @@ const sweepTimeout = 10 * time.Second
 type lapsedLease struct {
 	db.LeaseListLapsedRow
 	corroboration string
+	// tenure is the service's, as this replica held it when the sweep
+	// decided: the expiry is written under it or not at all.
+	tenure fence.Token
 }
 
 // RunOnce is one sweep: it expires the leases that may be expired now and
@@ -380,10 +388,11 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 		held++
 	}
 	for _, l := range lapsed {
-		if rp.cfg.Owns != nil && !rp.cfg.Owns(l.Service) {
+		tenure, owns := rp.cfg.Fence.Claim(l.Service)
+		if !owns {
 			continue // its owner decides
 		}
-		ll := lapsedLease{LeaseListLapsedRow: l}
+		ll := lapsedLease{LeaseListLapsedRow: l, tenure: tenure}
 		if why, ok := ev.Corroborated[l.ID]; ok {
 			ll.corroboration = why
 			expire = append(expire, ll)
@@ -447,9 +456,15 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	}
 	rp.setHolds(holds, held)
 
-	n := 0
+	n, deposed := 0, 0
 	for _, l := range expire {
-		ok, err := reg.expireLease(ctx, l, now)
+		ok, err := reg.expireLease(ctx, rp.cfg.Fence, l, now)
+		if fence.IsNotOwner(err) {
+			// Deposed since the sweep decided: the new owner decides
+			// this lease on its own evidence.
+			deposed++
+			continue
+		}
 		if err != nil {
 			return n, err
 		}
@@ -459,6 +474,10 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	}
 	if n > 0 {
 		rp.log.Info("leases expired", "count", n)
+	}
+	if deposed > 0 {
+		rp.cfg.Fence.Dropped("lease-expiry", deposed)
+		rp.log.Info("lease expiries dropped: this replica no longer owns their services", "count", deposed)
 	}
 	return n, nil
 }
@@ -505,10 +524,14 @@ func (rp *Reaper) setHolds(next []disbelief.Hold, held int) {
 }
 
 // expireLease ends one lapsed lease and audits it, unless it was renewed or
-// ended meanwhile (false).
-func (r *Registry) expireLease(ctx context.Context, l lapsedLease, now time.Time) (bool, error) {
+// ended meanwhile (false), or the tenure it was decided under has ended
+// (an error fence.IsNotOwner recognises: nothing written).
+func (r *Registry) expireLease(ctx context.Context, f *fence.Fence, l lapsedLease, now time.Time) (bool, error) {
 	ended := false
 	err := r.withTx(ctx, func(q *db.Queries) error {
+		if err := f.Check(ctx, q, l.tenure); err != nil {
+			return fmt.Errorf("expire %s: %w", l.ID, err)
+		}
 		row, err := q.LeaseExpire(ctx, db.LeaseExpireParams{ID: l.ID, Now: now, Cutoff: now})
 		if notFound(err) {
 			return nil

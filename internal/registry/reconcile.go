@@ -59,6 +59,10 @@ type ReconcileChange struct {
 	// QuietRefusals are creations whose refused replacement was audited
 	// by an earlier pass: refused again, they are not audited again.
 	QuietRefusals map[uuid.UUID]bool
+	// Fence, when set, runs first in the transaction: the tenure under
+	// which the caller decided the change (fence.Fence.Check). When it
+	// fails nothing is written, audit rows included.
+	Fence func(ctx context.Context, q *db.Queries) error
 }
 
 // ReconcileResult is what a pass changed.
@@ -198,6 +202,11 @@ func (r *Registry) ApplyReconcile(ctx context.Context, source string, ch Reconci
 	}
 	err := r.withTx(ctx, func(q *db.Queries) error {
 		res = ReconcileResult{Skipped: map[uuid.UUID]string{}}
+		if ch.Fence != nil {
+			if err := ch.Fence(ctx, q); err != nil {
+				return fmt.Errorf("apply %s: %w", source, err)
+			}
+		}
 		// Every replica reconciles every source: the passes of one source
 		// apply one at a time, and each reads what the one before wrote.
 		if err := q.ReconcileSourceLock(ctx, source); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/disbelief"
+	"github.com/musterhq/muster/internal/fence"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
@@ -1162,7 +1163,7 @@ func TestOnlyTheOwnerExpires(t *testing.T) {
 	big := e.register(t, "big", 2, 4000)
 	// Thresholds opened: the test is about who decides, not how many.
 	rp := e.reaper(t, registry.ReaperConfig{RegionThreshold: 1, ZoneThreshold: 1, ServiceThreshold: 1,
-		Owns: func(service string) bool { return service == "big" }})
+		Fence: newFence(t, &fakeTenures{owns: func(service string) bool { return service == "big" }})})
 	e.clock.Advance(time.Minute)
 	if n := e.reap(t, rp); n != 2 {
 		t.Fatalf("expired %d, want big's 2", n)
@@ -1175,5 +1176,68 @@ func TestOnlyTheOwnerExpires(t *testing.T) {
 	}
 	if h := rp.Holds(); len(h) != 0 {
 		t.Fatalf("holds %+v: a non-owner holds nothing either", h)
+	}
+}
+
+// fakeTenures stands in for the ownership manager: owns says what this
+// replica believes it owns, deposed whether the database still agrees.
+type fakeTenures struct {
+	owns    func(key string) bool
+	deposed atomic.Bool
+	checked atomic.Int64
+}
+
+func (f *fakeTenures) Owns(key string) (uint64, bool) { return 7, f.owns(key) }
+func (f *fakeTenures) OwnedElsewhere(key string) bool { return !f.owns(key) }
+func (f *fakeTenures) Shards() int                    { return 64 }
+func (f *fakeTenures) Fence(_ context.Context, _ *db.Queries, shard int, epoch uint64) error {
+	f.checked.Add(1)
+	if f.deposed.Load() {
+		return fmt.Errorf("fence shard %d at epoch %d: %w", shard, epoch, fence.ErrNotOwner)
+	}
+	return nil
+}
+
+func newFence(t *testing.T, o fence.Ownership) *fence.Fence {
+	t.Helper()
+	f, err := fence.New(o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestADeposedOwnerExpiresNothing: the reaper decides as web's owner,
+// but by the time the expiry reaches the database the tenure it decided
+// under has ended (a pause outlived it). Nothing is expired, no audit row
+// is written, and the sweep does not fail (it is not the database being
+// away): the new owner decides. Once the tenure holds again, the same
+// leases expire.
+func TestADeposedOwnerExpiresNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	web := e.register(t, "web", 2, 3000)
+	tenures := &fakeTenures{owns: func(string) bool { return true }}
+	tenures.deposed.Store(true)
+	rp := e.reaper(t, registry.ReaperConfig{RegionThreshold: 1, ZoneThreshold: 1, ServiceThreshold: 1, Fence: newFence(t, tenures)})
+	e.clock.Advance(time.Minute)
+	if n := e.reap(t, rp); n != 0 {
+		t.Fatalf("a deposed owner expired %d leases", n)
+	}
+	if tenures.checked.Load() != 2 {
+		t.Fatalf("fence checked %d times, want once per expiry (2)", tenures.checked.Load())
+	}
+	if got := e.states(t, web); got[registry.StateActive] != 2 {
+		t.Fatalf("web after a deposed owner's sweep: %v; want both active", got)
+	}
+	if evs := e.events(t, audit.Filter{Action: "lease.expire"}); len(evs) != 0 {
+		t.Fatalf("a deposed owner audited %d expiries", len(evs))
+	}
+	tenures.deposed.Store(false)
+	if n := e.reap(t, rp); n != 2 {
+		t.Fatalf("the owner expired %d, want 2", n)
+	}
+	if evs := e.events(t, audit.Filter{Action: "lease.expire"}); len(evs) != 2 {
+		t.Fatalf("%d expiries audited, want 2", len(evs))
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/fence"
 	"github.com/musterhq/muster/internal/worker"
 )
 
@@ -423,6 +424,13 @@ func (c *Controls) flushAudit(ctx context.Context) {
 		actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 		_, err := c.cfg.Audit.Append(actx, p.at, p.e)
 		cancel()
+		if fence.IsNotOwner(err) {
+			// Deposed between the check above and the write: the
+			// owner, which read the same change, writes the row.
+			c.log.Info("routing control change left to the replica owning the audit key", "target", p.e.Target)
+			written++
+			continue
+		}
 		if err != nil {
 			c.log.Warn("routing control change not yet in the audit log; kept for the next read", "target", p.e.Target, "err", err)
 			break

@@ -665,7 +665,10 @@ func (s *Service) auditShift(r db.Shift, check string, figures any) shiftAudit {
 // change in the same transaction (fn returns its entry), a refusal in a
 // transaction of its own. A not-found refusal is returned unaudited:
 // there was nothing to act on.
-func (s *Service) write(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked shiftAudit,
+//
+// guard, when set, runs first in the transaction; when it fails nothing
+// is written, not even the refusal (see Guarded).
+func (s *Service) write(ctx context.Context, guard Guard, actor identity.Principal, action, targetKind, target string, asked shiftAudit,
 	fn func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error)) (Shift, error) {
 	now := s.now()
 	var (
@@ -677,6 +680,11 @@ func (s *Service) write(ctx context.Context, actor identity.Principal, action, t
 			e   audit.Entry
 			err error
 		)
+		if guard != nil {
+			if err := guard(ctx, q); err != nil {
+				return fmt.Errorf("%s %s %s: %w", action, targetKind, target, err)
+			}
+		}
 		row, e, refused, err = fn(q, now)
 		if err != nil || refused != nil {
 			return err
@@ -717,16 +725,51 @@ func (s *Service) write(ctx context.Context, actor identity.Principal, action, t
 	return Shift{}, refused
 }
 
+// Guard is a check run first in a move's transaction (Guarded).
+type Guard func(ctx context.Context, q *db.Queries) error
+
+// Guarded makes the Service's moves under a guard: a system actor acting
+// as the owner of a key (the routing control) passes its tenure's fence
+// (fence.Fence.Check), so a deposed owner's drain or step writes nothing,
+// neither the move nor its audit row (accepted or refused), and returns
+// the guard's error.
+type Guarded struct {
+	s     *Service
+	guard Guard
+}
+
+// Guarded returns the moves of s made under guard.
+func (s *Service) Guarded(guard Guard) Guarded { return Guarded{s: s, guard: guard} }
+
+// Drain is Service.Drain under the guard.
+func (g Guarded) Drain(ctx context.Context, actor identity.Principal, req Request) (Shift, error) {
+	return g.s.drain(ctx, g.guard, actor, req)
+}
+
+// StepBack is Service.StepBack under the guard.
+func (g Guarded) StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
+	return g.s.stepBack(ctx, g.guard, actor, id)
+}
+
+// Redrain is Service.Redrain under the guard.
+func (g Guarded) Redrain(ctx context.Context, actor identity.Principal, id uuid.UUID, reason string) (Shift, error) {
+	return g.s.redrain(ctx, g.guard, actor, id, reason)
+}
+
 // Drain starts a shift: the target's traffic weight goes to 0 in the next
 // views.
 func (s *Service) Drain(ctx context.Context, actor identity.Principal, req Request) (Shift, error) {
+	return s.drain(ctx, nil, actor, req)
+}
+
+func (s *Service) drain(ctx context.Context, guard Guard, actor identity.Principal, req Request) (Shift, error) {
 	req.Reason = strings.TrimSpace(req.Reason)
 	kind := req.Scope
 	if kind != ScopeRegion {
 		kind = ScopeZone // refusals of a bad scope are filed under zone
 	}
 	asked := shiftAudit{Scope: req.Scope, Target: req.Target, Reason: req.Reason, Manual: req.Manual}
-	return s.write(ctx, actor, "shift.start", kind, req.Target, asked, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
+	return s.write(ctx, guard, actor, "shift.start", kind, req.Target, asked, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
 		if !canShift(actor) {
 			return db.Shift{}, audit.Entry{}, &refusal.Error{Kind: registry.ErrForbidden, Check: "authorisation",
 				Detail: fmt.Sprintf("%s may not shift traffic: draining a zone takes the operator or admin role", actor)}, nil
@@ -982,8 +1025,12 @@ func (s *Service) target(ctx context.Context, id uuid.UUID) (string, string) {
 // StepBack moves the shift to its next traffic weight. The final step of a
 // manual shift is refused: it needs Confirm.
 func (s *Service) StepBack(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
+	return s.stepBack(ctx, nil, actor, id)
+}
+
+func (s *Service) stepBack(ctx context.Context, guard Guard, actor identity.Principal, id uuid.UUID) (Shift, error) {
 	kind, target := s.target(ctx, id)
-	return s.write(ctx, actor, "shift.step", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
+	return s.write(ctx, guard, actor, "shift.step", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
 		row, serr, err := s.lockForMove(ctx, q, actor, id, now)
 		if err != nil || serr != nil {
 			return db.Shift{}, audit.Entry{}, serr, err
@@ -1012,9 +1059,13 @@ func (s *Service) StepBack(ctx context.Context, actor identity.Principal, id uui
 // each after its dwell. A zone shift is refused: draining it again skips
 // the budget, so it takes a new drain.
 func (s *Service) Redrain(ctx context.Context, actor identity.Principal, id uuid.UUID, reason string) (Shift, error) {
+	return s.redrain(ctx, nil, actor, id, reason)
+}
+
+func (s *Service) redrain(ctx context.Context, guard Guard, actor identity.Principal, id uuid.UUID, reason string) (Shift, error) {
 	kind, target := s.target(ctx, id)
 	reason = strings.TrimSpace(reason)
-	return s.write(ctx, actor, "shift.redrain", kind, target, shiftAudit{ShiftID: id.String(), Reason: reason}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
+	return s.write(ctx, guard, actor, "shift.redrain", kind, target, shiftAudit{ShiftID: id.String(), Reason: reason}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
 		row, serr, err := s.lockForMove(ctx, q, actor, id, now)
 		if err != nil {
 			return db.Shift{}, audit.Entry{}, nil, err
@@ -1058,7 +1109,7 @@ func (s *Service) Redrain(ctx context.Context, actor identity.Principal, id uuid
 // completes it.
 func (s *Service) Confirm(ctx context.Context, actor identity.Principal, id uuid.UUID) (Shift, error) {
 	kind, target := s.target(ctx, id)
-	return s.write(ctx, actor, "shift.confirm", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
+	return s.write(ctx, nil, actor, "shift.confirm", kind, target, shiftAudit{ShiftID: id.String()}, func(q *db.Queries, now time.Time) (db.Shift, audit.Entry, *refusal.Error, error) {
 		row, serr, err := s.lockForMove(ctx, q, actor, id, now)
 		if err != nil || serr != nil {
 			return db.Shift{}, audit.Entry{}, serr, err

@@ -46,10 +46,12 @@ import (
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/notify"
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/routingcontrol"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/testclock"
@@ -273,6 +275,16 @@ type Options struct {
 	// Issuers are trusted after the dev issuers (a test issuer with a
 	// claim mapping, say).
 	Issuers []identity.IssuerConfig
+	// Hold names further workers to hold (the ownership worker, say: its
+	// rounds are then the test's RunOnce calls).
+	Hold []string
+	// Ownership adjusts the ownership manager's configuration (its clock,
+	// say: one that stands still keeps every tenure this replica took
+	// counted as its own, as a process frozen and woken would).
+	Ownership func(*ownership.Config)
+	// RoutingControl reads region routing controls with this
+	// configuration (app.Config.RoutingControl).
+	RoutingControl *routingcontrol.Config
 	// Listener wraps the API listener as muster serve may (a PROXY
 	// protocol listener, say: internal/proxied). The stack's own
 	// requests, and its issuers' key fetches, come from 127.0.0.1.
@@ -424,6 +436,13 @@ func New(t testing.TB, opts Options) *Stack {
 	if opts.Forward != nil {
 		opts.Forward(&cfg.Forward)
 	}
+	if opts.Ownership != nil {
+		opts.Ownership(&cfg.Ownership)
+	}
+	if opts.RoutingControl != nil {
+		rc := *opts.RoutingControl
+		cfg.RoutingControl = &rc
+	}
 	if opts.XDS {
 		cfg.XDS = &xds.Config{DrainWindow: 200 * time.Millisecond}
 		if opts.XDSConfig != nil {
@@ -476,7 +495,7 @@ func New(t testing.TB, opts Options) *Stack {
 		_ = a.Ownership.RunOnce(ctx)
 		cancel()
 	}
-	hold := slices.DeleteFunc(slices.Clone(Held), func(n string) bool { return slices.Contains(opts.Run, n) })
+	hold := slices.DeleteFunc(slices.Concat(Held, opts.Hold), func(n string) bool { return slices.Contains(opts.Run, n) })
 	if len(opts.Reconcile.Sources) > 0 && !slices.Contains(opts.Run, app.WorkerReconcileDiff) {
 		hold = append(hold, app.WorkerReconcileDiff)
 	}
