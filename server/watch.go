@@ -256,6 +256,9 @@ type authority struct {
 func (s *Server) refuseNotCurrent(w http.ResponseWriter, r *http.Request, err error) {
 	p := problem(http.StatusServiceUnavailable, "not-current", err.Error()+"; keep routing on what you hold and resubscribe at another replica")
 	p.retryAfter = 1
+	// A new connection lets a load balancer that routes by connection
+	// pick another replica for the retry.
+	w.Header().Set("Connection", "close")
 	writeProblem(w, r, p)
 }
 
