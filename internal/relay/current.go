@@ -49,7 +49,8 @@ const AlarmRelayCutOff = "relay_cut_off"
 
 // judgement is the last reading of what this replica serves as current.
 type judgement struct {
-	// at is when it was made (local clock); zero: never.
+	// at is when it was made from the reports (local clock); zero:
+	// never, or last made without them.
 	at time.Time
 	// stale maps each service not served as current to its owner.
 	stale map[string]string
@@ -110,11 +111,10 @@ func (r *Relay) judge(ctx context.Context, live map[string]Peer) {
 	// A replica that was itself frozen (a pause, CPU starvation) has
 	// lines waiting unread: judging now would take its own silence for
 	// the peers'. It waits for the next round.
-	frozen := !r.lastJudge.IsZero() && now.Sub(r.lastJudge) > 2*r.cfg.Refresh+r.cfg.Stale/2
-	r.lastJudge = now
-
 	heard := map[string]time.Duration{}
 	r.mu.Lock()
+	frozen := !r.lastJudge.IsZero() && now.Sub(r.lastJudge) > 2*r.cfg.Refresh+r.cfg.Stale/2
+	r.lastJudge = now
 	for id, c := range r.conns {
 		if c.status.LastRecordAt.IsZero() {
 			continue
@@ -140,7 +140,15 @@ func (r *Relay) judge(ctx context.Context, live map[string]Peer) {
 	}
 	next := judgement{at: now, stale: map[string]string{}, lost: map[string]lostPeer{}}
 	if err != nil {
-		next.readErr = err.Error()
+		r.mu.Lock()
+		last := r.judged.at
+		r.mu.Unlock()
+		if !last.IsZero() && now.Sub(last) <= r.cfg.ReportFresh {
+			// One slow reading (a loaded database) keeps the last
+			// judgement rather than flap subscribers back and forth.
+			return
+		}
+		next.readErr, next.at = err.Error(), time.Time{}
 		r.adopt(next)
 		return
 	}
@@ -263,7 +271,7 @@ func (r *Relay) adopt(next judgement) {
 			r.log.Info("following peers again: ready as far as the relay is concerned")
 		}
 	}
-	if next.readErr != "" && prev.readErr == "" {
+	if next.readErr != "" && prev.readErr == "" && len(prev.stale)+len(prev.lost) > 0 {
 		r.log.Warn("cannot read what the other replicas hear: every view held is served as current", "err", next.readErr)
 	}
 	cut := 0.0
@@ -272,11 +280,12 @@ func (r *Relay) adopt(next judgement) {
 	}
 	r.metrics.cutOff.Set(cut)
 	r.metrics.stale.Set(float64(len(next.stale)))
+	now := r.cfg.Now()
 	r.mu.Lock()
 	r.judged = next
 	for id, c := range r.conns {
 		lp, lost := next.lost[id]
-		c.status.Heard = c.heardAgo(next.at) <= r.cfg.Stale
+		c.status.Heard = c.heardAgo(now) <= r.cfg.Stale
 		c.status.Stale = lost
 		c.status.HeardBy = lp.by
 		n := 0

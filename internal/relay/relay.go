@@ -174,9 +174,8 @@ type Relay struct {
 	wg    sync.WaitGroup
 	// synced is set once any peer's opening snapshot has arrived whole.
 	synced atomic.Bool
-	// judged is the last judgement of what is current here (current.go);
-	// guarded by mu. lastJudge is when the run loop last judged (only
-	// the run loop touches it).
+	// judged is the last judgement of what is current here (current.go),
+	// and lastJudge when the last round began; guarded by mu.
 	judged    judgement
 	lastJudge time.Time
 }
