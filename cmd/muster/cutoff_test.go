@@ -490,9 +490,15 @@ func TestACutOffReplicaMovesItsSubscribers(t *testing.T) {
 	}
 	t.Logf("C cut off from its peers: the withdrawal made at A reached all %d subscribers that were on C %s after the cut", len(viaLB), took.Round(time.Millisecond))
 	drained := 0
-	for _, c := range viaLB {
-		if c.Counts().Drains > 0 {
+	for i, c := range viaLB {
+		n := c.Counts()
+		if n.Drains > 0 {
 			drained++
+		}
+		// Resumed with held: the views of the first subscription (two
+		// services), then deltas only.
+		if n.FullViews != 2 {
+			t.Errorf("checker %d got %d full views, want the first subscription's 2 (it resumes with held): %v", i, n.FullViews, n)
 		}
 	}
 	if drained == 0 {
