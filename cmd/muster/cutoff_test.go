@@ -254,7 +254,7 @@ func (lb *readyLB) pick() string {
 	return up[rand.IntN(len(up))]
 }
 
-// TestACutOffReplicaMovesItsSubscribers (issue 41): three replicas as
+// TestACutOffReplicaMovesItsSubscribers: three replicas as
 // real processes on one PostgreSQL, each reached by its peers through a
 // proxy the test controls. Stream checkers subscribe through a
 // readiness-checking load balancer that first sends them all to replica
