@@ -159,6 +159,13 @@ type ReconcileConfirmation struct {
 	Instances   []uuid.UUID
 }
 
+type RelayReport struct {
+	Replica    string
+	Heard      json.RawMessage
+	Shards     []int32
+	ReportedAt time.Time
+}
+
 type Replica struct {
 	ID        string
 	StartedAt time.Time

@@ -18,7 +18,8 @@ type Replicas interface {
 // Relay is the relay from peer replicas (relay.Relay).
 type Relay interface {
 	Status() []relay.PeerStatus
-	// Alarms are relay.AlarmRelayBehind, per peer not followed.
+	// Alarms are relay.AlarmRelayBehind, per peer not followed, and
+	// relay.AlarmRelayCutOff, per peer whose services are not current here.
 	Alarms() []assembler.Alarm
 }
 

@@ -120,6 +120,10 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, p)
 		return
 	}
+	if errors.Is(err, stream.ErrNotCurrent) {
+		s.refuseNotCurrent(w, r, err)
+		return
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -241,6 +245,21 @@ type authority struct {
 	// started: a goroutine of its own runs the stream (and releases its
 	// count when it ends).
 	started bool
+}
+
+// refuseNotCurrent answers a subscription or resolution of a service this
+// replica holds but cannot vouch is current (it cannot follow the
+// service's owner while another replica can): 503 with a retry hint, so
+// the client keeps what it holds and asks another replica (the load
+// balancer no longer sends it here when this replica is cut off from
+// every peer, as /readyz then says).
+func (s *Server) refuseNotCurrent(w http.ResponseWriter, r *http.Request, err error) {
+	p := problem(http.StatusServiceUnavailable, "not-current", err.Error()+"; keep routing on what you hold and resubscribe at another replica")
+	p.retryAfter = 1
+	// A new connection lets a load balancer that routes by connection
+	// pick another replica for the retry.
+	w.Header().Set("Connection", "close")
+	writeProblem(w, r, p)
 }
 
 // Drain reasons of a stream whose authority lapsed.
@@ -584,6 +603,10 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !s.authoriseViews(w, r, []string{name}) {
+		return
+	}
+	if s.cfg.Hub.Stale(name) {
+		s.refuseNotCurrent(w, r, fmt.Errorf("%w: %s", stream.ErrNotCurrent, name))
 		return
 	}
 	f, ok := s.cfg.Hub.View(name)

@@ -254,3 +254,39 @@ func TestWatchNoSyncedBeforeAView(t *testing.T) {
 		t.Fatalf("after the first publication: %+v, want the full view at 1001, then synced", got)
 	}
 }
+
+// TestAStaleServiceIsNotServedAsCurrent: a service the relay judged
+// stale here (this replica cannot follow its owner while another replica
+// can) is drained from open watch streams (drain, reason not_current)
+// and refused to a new watch and to resolve with 503 not-current and a
+// retry hint, on a connection that closes (a load balancer that routes
+// by connection picks another replica for the retry); once current it is
+// served again.
+func TestAStaleServiceIsNotServedAsCurrent(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.Seed(t)
+	s.Hub.Publish([]stream.Update{{View: frame(stream.KindView, "web", 0, 10)}})
+	web := s.Token(t, webReq)
+	_, sc := openWatch(t, s, web, "service=web")
+	if evs := readEvents(t, sc, 2); evs[0].kind != "view" || evs[1].kind != "synced" {
+		t.Fatalf("first events %+v", evs)
+	}
+	if n := s.Hub.SetStale([]string{"web"}); n != 1 {
+		t.Fatalf("SetStale drained %d subscriptions, want 1", n)
+	}
+	if ev := readEvents(t, sc, 1)[0]; ev.kind != "drain" || !strings.Contains(ev.data, stream.DrainNotCurrent) {
+		t.Fatalf("after web went stale: %+v, want a not_current drain", ev)
+	}
+	for _, path := range []string{"/v1/watch?service=web", "/v1/resolve/web"} {
+		r := s.Do(t, "GET", path, web, "", "")
+		wantProblem(t, r, http.StatusServiceUnavailable, "not-current")
+		if r.Header.Get("Retry-After") != "1" {
+			t.Fatalf("GET %s: Retry-After %q, want 1", path, r.Header.Get("Retry-After"))
+		}
+	}
+	s.Hub.SetStale(nil)
+	if r := s.Do(t, "GET", "/v1/resolve/web", web, "", ""); r.Status != http.StatusOK {
+		t.Fatalf("resolve once current: %d %s", r.Status, r.Body)
+	}
+}

@@ -20,6 +20,12 @@ type RelayRow struct {
 	LagSeconds float64
 	Updates    uint64
 	LastError  string
+	// Stale: this replica does not hear the peer while the replicas in
+	// HeardBy do, so it does not serve the peer's StaleServices services
+	// as current.
+	Stale         bool
+	HeardBy       []string
+	StaleServices int
 }
 
 // TenureRow is one shard this replica holds.

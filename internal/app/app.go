@@ -617,6 +617,13 @@ func New(cfg Config) (*App, error) {
 		if !a.ready.Load() {
 			return errors.New("starting or stopping")
 		}
+		if a.Relay != nil {
+			// Cut off from every peer while others follow them: behind
+			// on every service it does not own (relay.Relay.Ready).
+			if err := a.Relay.Ready(); err != nil {
+				return err
+			}
+		}
 		return servingReady(ctx)
 	}
 	if a.ZoneHistory, err = zonehistory.New(zonehistory.Config{Read: a.zoneCounts, Now: now}); err != nil {

@@ -2,9 +2,12 @@ package app
 
 import (
 	"crypto/tls"
+	"maps"
 	"net/http"
+	"slices"
 	"time"
 
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/internal/seal"
@@ -44,6 +47,31 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 				}
 			}
 			return out
+		}
+	}
+	// What this replica hears of its peers, and what they hear, meet in
+	// PostgreSQL: the one channel a replica cut off from its peers still
+	// shares with them (relay.Reports).
+	if rc.Reports == nil && cfg.Pool != nil {
+		rc.Reports = relay.DBReports{Pool: cfg.Pool}
+	}
+	if rc.Owned == nil {
+		rc.Owned = func() []int { return slices.Sorted(maps.Keys(a.Ownership.Owned())) }
+	}
+	if rc.ShardOf == nil {
+		rc.ShardOf = func(service string) (int, bool) {
+			n := a.Ownership.Shards()
+			if n == 0 {
+				return 0, false
+			}
+			return ownership.ShardOf(service, n), true
+		}
+	}
+	if rc.OnStale == nil {
+		rc.OnStale = func(services []string) {
+			if a.XDS != nil {
+				a.XDS.DrainServices(services)
+			}
 		}
 	}
 	var err error

@@ -26,4 +26,17 @@
 // to 5 s), and treats 6 s without a line (three missed heartbeats) as a
 // dead connection. A malformed record ends its connection and is counted;
 // nothing of it reaches the hub.
+//
+// A replica that cannot hear a peer cannot tell by itself whether the
+// peer died, the peer is cut off, or it is: the peers' streams are what
+// it has lost. So every replica also says, every second and through
+// PostgreSQL (Reports, table relay_reports), how long ago it last heard
+// each peer and which shards it owns, and judges from what the others
+// say (current.go): a peer it has not heard for 5 s while another
+// replica heard it 2.5 s more recently is alive and talking, so that
+// peer's services are stale here (the hub drains and refuses their
+// subscribers, OnStale ends their xDS streams), and a replica that hears
+// none of its live peers while such a peer exists is not ready. A
+// replica that vouches for a peer hears it, so the replicas never all go
+// unready; with no evidence (no reports) nothing is stale.
 package relay

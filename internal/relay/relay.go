@@ -70,6 +70,32 @@ type Config struct {
 	// open) before AlarmRelayBehind is raised: 15 s. MaxLag is the relay
 	// lag above which it is raised while connected: 10 s.
 	AlarmAfter, MaxLag time.Duration
+
+	// Reports, when set, is where this replica says which peers it hears
+	// and reads what the others say (PostgreSQL): with it the relay
+	// judges which services this replica can still serve as current
+	// (current.go). Nil: every view held is served as current, as before.
+	Reports Reports
+	// Owned lists the shards this replica owns now, for its report.
+	Owned func() []int
+	// ShardOf is the shard of a service (false before the shard count is
+	// known).
+	ShardOf func(service string) (int, bool)
+	// OnStale is told the services that have just become stale here
+	// (after the hub has drained their watch subscribers), to drain the
+	// surfaces the hub does not serve itself (xDS).
+	OnStale func(services []string)
+	// Stale is how long a peer may go unheard (no line, heartbeats
+	// included) before its services may be judged stale here: 5 s, more
+	// than the 4 s gap one missed heartbeat leaves.
+	Stale time.Duration
+	// Margin is how much more recently another replica must have heard a
+	// peer than this one did for it to vouch that the peer is alive: 2.5
+	// s, more than a heartbeat period (a peer that died went quiet for
+	// everyone within one).
+	Margin time.Duration
+	// ReportFresh is how old a report may be and still count: 5 s.
+	ReportFresh time.Duration
 }
 
 // Validate checks the configuration and fills defaults.
@@ -123,6 +149,15 @@ func (c *Config) Validate() error {
 	if c.MaxLag <= 0 {
 		c.MaxLag = 10 * time.Second
 	}
+	if c.Stale <= 0 {
+		c.Stale = 5 * time.Second
+	}
+	if c.Margin <= 0 {
+		c.Margin = 2500 * time.Millisecond
+	}
+	if c.ReportFresh <= 0 {
+		c.ReportFresh = 5 * time.Second
+	}
 	return nil
 }
 
@@ -139,12 +174,18 @@ type Relay struct {
 	wg    sync.WaitGroup
 	// synced is set once any peer's opening snapshot has arrived whole.
 	synced atomic.Bool
+	// judged is the last judgement of what is current here (current.go),
+	// and lastJudge when the last round began; guarded by mu.
+	judged    judgement
+	lastJudge time.Time
 }
 
 // conn is the stream to one peer.
 type conn struct {
 	peer   Peer
 	cancel context.CancelFunc
+	// added is when this replica began following the peer (local clock).
+	added time.Time
 
 	// Guarded by Relay.mu.
 	status PeerStatus
@@ -170,6 +211,15 @@ type PeerStatus struct {
 	// Synced: the open stream has delivered its opening snapshot whole
 	// (a heartbeat followed it).
 	Synced bool `json:"synced"`
+	// Heard: a line of the peer's stream arrived within Config.Stale (or
+	// this replica began following it less than that ago).
+	Heard bool `json:"heard"`
+	// Stale: this replica does not hear the peer while the replicas in
+	// HeardBy do, so it does not serve the peer's services as current:
+	// StaleServices of them, whose subscribers were told to move.
+	Stale         bool     `json:"stale"`
+	HeardBy       []string `json:"heard_by,omitempty"`
+	StaleServices int      `json:"stale_services"`
 }
 
 // New returns a Relay; Start runs it.
@@ -193,13 +243,23 @@ func (r *Relay) Stop() { r.runner.Stop() }
 
 func (r *Relay) run(ctx context.Context) {
 	defer r.disconnectAll()
+	if r.cfg.Reports != nil {
+		defer func() {
+			// A replica that stops says so, rather than leave a report
+			// that it hears its peers for a few seconds more.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = r.cfg.Reports.Forget(fctx, r.cfg.Signer.ID)
+		}()
+	}
 	r.RunOnce(ctx)
 	worker.Every(ctx, r.cfg.Refresh, r.RunOnce)
 }
 
 // RunOnce reads the peer list and connects to the peers it names that
 // have no stream, and disconnects from those it no longer names (or
-// whose address changed).
+// whose address changed); then, with Config.Reports, it judges which
+// services this replica still serves as current.
 func (r *Relay) RunOnce(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
@@ -210,6 +270,13 @@ func (r *Relay) RunOnce(ctx context.Context) {
 			want[p.ID] = p
 		}
 	}
+	r.connect(ctx, want)
+	r.judge(ctx, want)
+}
+
+// connect opens a stream to each peer of want without one and ends those
+// to peers no longer in it.
+func (r *Relay) connect(ctx context.Context, want map[string]Peer) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for id, c := range r.conns {
@@ -225,7 +292,8 @@ func (r *Relay) RunOnce(ctx context.Context) {
 			continue
 		}
 		cctx, cancel := context.WithCancel(ctx)
-		c := &conn{peer: p, cancel: cancel, status: PeerStatus{Peer: p.ID, Address: p.Address, Since: r.cfg.Now()}}
+		now := r.cfg.Now()
+		c := &conn{peer: p, cancel: cancel, added: now, status: PeerStatus{Peer: p.ID, Address: p.Address, Since: now, Heard: true}}
 		r.conns[id] = c
 		r.metrics.connected.WithLabelValues(id).Set(0)
 		r.wg.Add(1)
@@ -266,10 +334,11 @@ func (r *Relay) Status() []PeerStatus {
 const AlarmRelayBehind = "relay_behind"
 
 // Alarms returns an AlarmRelayBehind for each peer this replica does not
-// follow, or follows too far behind.
+// follow, or follows too far behind, and an AlarmRelayCutOff for each
+// peer whose services it has stopped serving as current.
 func (r *Relay) Alarms() []assembler.Alarm {
 	now := r.cfg.Now()
-	var out []assembler.Alarm
+	out := r.cutOffAlarms()
 	for _, st := range r.Status() {
 		switch {
 		case !st.Connected && now.Sub(st.Since) > r.cfg.AlarmAfter:
@@ -455,15 +524,27 @@ func (r *Relay) setConnected(c *conn, connected bool, err error) {
 }
 
 type metrics struct {
-	connected  *prometheus.GaugeVec
-	updates    *prometheus.CounterVec
-	reconnects *prometheus.CounterVec
-	malformed  *prometheus.CounterVec
-	lag        prometheus.Histogram
+	cutOff       prometheus.Gauge
+	stale        prometheus.Gauge
+	staleDrained prometheus.Counter
+	connected    *prometheus.GaugeVec
+	updates      *prometheus.CounterVec
+	reconnects   *prometheus.CounterVec
+	malformed    *prometheus.CounterVec
+	lag          prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	m := metrics{
+		cutOff: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_relay_cut_off", Help: "1 while this replica hears none of its live peers while another replica does (it reports not ready), else 0.",
+		}),
+		stale: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_relay_stale_services", Help: "Services this replica does not serve as current: it cannot hear their owner while another replica can.",
+		}),
+		staleDrained: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_relay_stale_drained_total", Help: "Watch subscriptions told to reconnect elsewhere because a service they follow stopped being current here.",
+		}),
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "muster_relay_connected", Help: "1 while a peer stream to the replica is open, 0 while this replica is trying to open one.",
 		}, []string{"peer"}),
@@ -482,7 +563,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.connected, m.updates, m.reconnects, m.malformed, m.lag} {
+		for _, c := range []prometheus.Collector{m.connected, m.updates, m.reconnects, m.malformed, m.lag, m.cutOff, m.stale, m.staleDrained} {
 			if err := reg.Register(c); err != nil {
 				return metrics{}, err
 			}

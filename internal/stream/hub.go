@@ -3,7 +3,9 @@ package stream
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -89,6 +91,22 @@ type Drain struct {
 // DrainShutdown is a Drain's reason when the server shuts down.
 const DrainShutdown = "server shutting down; reconnect with jitter"
 
+// DrainNotCurrent is a Drain's reason when this replica stops serving a
+// service as current (it cannot follow the service's owner while another
+// replica can: SetStale). The client keeps what it holds and resumes
+// elsewhere with held.
+const DrainNotCurrent = "not_current"
+
+// NotCurrentSpread is the window a not_current drain asks its clients to
+// spread their reconnection over: short, because they are behind until
+// they move, and the move is bounded (docs/replicas.md).
+const NotCurrentSpread = time.Second
+
+// ErrNotCurrent is wrapped by Subscribe's error when a service asked for
+// is stale here (SetStale): the client should subscribe at another
+// replica and keep what it holds meanwhile.
+var ErrNotCurrent = errors.New("this replica cannot follow the owner of a service asked for while another replica can")
+
 // Hub holds the latest views and fans updates out to subscribers.
 type Hub struct {
 	cfg Config
@@ -102,6 +120,9 @@ type Hub struct {
 	views    int // services with a view
 	taps     map[*Tap]struct{}
 	relayed  uint64 // updates taken from peers (Relay)
+	// stale holds the services this replica holds but cannot vouch are
+	// current (SetStale): clients are refused them.
+	stale map[string]struct{}
 }
 
 // Services returns the names of the services the hub holds a view of,
@@ -442,6 +463,18 @@ func (h *Hub) subscribe(services []string, since uint64, held map[string]uint64,
 	if h.closed {
 		return nil, ErrClosed
 	}
+	if counted && len(h.stale) > 0 {
+		var stale []string
+		for _, name := range services {
+			if _, ok := h.stale[name]; ok {
+				stale = append(stale, name)
+			}
+		}
+		if len(stale) > 0 {
+			slices.Sort(stale)
+			return nil, fmt.Errorf("%w: %s", ErrNotCurrent, strings.Join(stale, ", "))
+		}
+	}
 	sub := &Subscription{hub: h, services: slices.Clone(services), c: make(chan *Frame, h.cfg.QueueLen), wake: make(chan struct{}, 1), counted: counted}
 	for _, name := range sub.services {
 		st := h.state(name)
@@ -556,6 +589,64 @@ func (h *Hub) Close() {
 			}
 		}
 	}
+}
+
+// SetStale replaces the set of services this replica holds but cannot
+// vouch are current: their owner is a peer this replica cannot follow
+// while another replica can (internal/relay). Client subscriptions
+// (Subscribe, SubscribeHeld) naming one are refused with ErrNotCurrent,
+// and every client subscribed to a service that becomes stale is told
+// to drain (reason not_current, reconnect within NotCurrentSpread): it
+// keeps what it holds and resumes at another replica with held. muster's
+// own surfaces (Follow) are neither refused nor drained; relayed views
+// of a stale service are still taken. It returns how many subscriptions
+// were told to drain.
+func (h *Hub) SetStale(services []string) (drained int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	next := make(map[string]struct{}, len(services))
+	for _, name := range services {
+		next[name] = struct{}{}
+	}
+	var drain *Frame
+	seen := map[*Subscription]bool{}
+	for name := range next {
+		if _, was := h.stale[name]; was {
+			continue
+		}
+		st := h.services[name]
+		if st == nil {
+			continue
+		}
+		for sub := range st.subs {
+			if !sub.counted || seen[sub] {
+				continue
+			}
+			seen[sub] = true
+			if drain == nil {
+				b, err := json.Marshal(Drain{Reason: DrainNotCurrent, ReconnectWithinMS: NotCurrentSpread.Milliseconds()})
+				if err != nil {
+					panic(err) // a struct of a string and an int
+				}
+				drain = &Frame{Kind: KindDrain, JSON: b}
+			}
+			sub.offer(drain)
+			drained++
+		}
+	}
+	if len(next) == 0 {
+		next = nil
+	}
+	h.stale = next
+	return drained
+}
+
+// Stale reports whether service is stale here (SetStale).
+func (h *Hub) Stale(service string) bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	_, ok := h.stale[service]
+	return ok
 }
 
 func cmpVersion(a, b uint64) int {

@@ -22,7 +22,7 @@ func (u *UI) replicasPage(w http.ResponseWriter, r *http.Request, pg views.Page)
 			rp.Relaying = true
 			for _, st := range u.cfg.Relay.Status() {
 				relayed[st.Peer] = &views.RelayRow{Connected: st.Connected, Since: st.Since, LagSeconds: st.LagSeconds,
-					Updates: st.Updates, LastError: st.LastError}
+					Updates: st.Updates, LastError: st.LastError, Stale: st.Stale, HeardBy: st.HeardBy, StaleServices: st.StaleServices}
 			}
 		}
 		for _, x := range reg.Replicas {

@@ -12,6 +12,7 @@ type metrics struct {
 	nacks            *prometheus.CounterVec
 	denied           *prometheus.CounterVec
 	admissionRefused prometheus.Counter
+	notCurrent       prometheus.Counter
 	latency          prometheus.Histogram
 	// pushed are pushes' counters by delta and type URL, looked up once.
 	pushed map[bool]map[string]prometheus.Counter
@@ -48,6 +49,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) (metrics, error) {
 		admissionRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "muster_xds_admission_refused_total", Help: "xDS streams refused by reconnect admission (RESOURCE_EXHAUSTED with a retry delay).",
 		}),
+		notCurrent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_xds_not_current_total", Help: "xDS streams ended or refused (UNAVAILABLE) because their node sees a service this replica cannot follow the owner of while another replica can.",
+		}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "muster_xds_push_latency_seconds",
 			Help:    "From the hub receiving a view to an xDS response carrying its assignment being sent, per response.",
@@ -69,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (metrics, error) {
 		defer s.mu.RUnlock()
 		return float64(len(s.nodes))
 	})
-	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.nacks, m.denied, m.admissionRefused, m.latency, nodes} {
+	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.nacks, m.denied, m.admissionRefused, m.notCurrent, m.latency, nodes} {
 		if err := reg.Register(c); err != nil {
 			return m, fmt.Errorf("xds: register metrics: %w", err)
 		}

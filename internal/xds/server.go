@@ -290,6 +290,50 @@ func (s *Server) Drain(ctx context.Context) {
 	s.cancel()
 }
 
+var errNotCurrent = status.Error(codes.Unavailable, "this replica cannot follow the owner of a service you see while another replica can; keep routing on what you hold and reconnect elsewhere with jitter")
+
+// DrainServices ends, each after a random part of
+// stream.NotCurrentSpread, the streams of every node that sees one of
+// services, which have just stopped being current here (this replica
+// cannot follow their owner while another replica can: internal/relay):
+// UNAVAILABLE, so the proxy keeps what it holds and reconnects
+// elsewhere. While they stay stale, a new stream of a node that sees one
+// is refused the same way.
+func (s *Server) DrainServices(services []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for r := range s.rpcs {
+		n := s.nodes[r.key]
+		if n == nil {
+			continue
+		}
+		for _, name := range services {
+			if n.visible[name].local {
+				s.m.notCurrent.Inc()
+				time.AfterFunc(time.Duration(rand.Float64()*float64(stream.NotCurrentSpread)), func() { r.end(errNotCurrent) })
+				break
+			}
+		}
+	}
+}
+
+// seesStale reports whether r's node sees a service that is stale in the
+// hub (stream.Hub.SetStale).
+func (s *Server) seesStale(r *rpc) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n := s.nodes[r.key]
+	if n == nil {
+		return false
+	}
+	for name, a := range n.visible {
+		if a.local && s.cfg.Hub.Stale(name) {
+			return true
+		}
+	}
+	return false
+}
+
 // Close ends every stream and connection at once.
 func (s *Server) Close() {
 	s.draining.Store(true)
@@ -356,6 +400,13 @@ func (s *Server) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 	ctx, end := context.WithCancelCause(ss.Context())
 	r := &rpc{principal: p, key: p.String(), end: end, denied: map[string]bool{}}
 	s.register(r)
+	if s.seesStale(r) {
+		s.unregister(r)
+		done()
+		end(nil)
+		s.m.notCurrent.Inc()
+		return errNotCurrent
+	}
 	var expiry *time.Timer
 	if !p.Expiry.IsZero() {
 		expiry = time.AfterFunc(time.Until(p.Expiry), func() {

@@ -607,3 +607,36 @@ func TestNoAnswerBeforeReady(t *testing.T) {
 		t.Fatal("no answer within 10 s of ready")
 	}
 }
+
+// TestAStaleServiceEndsAndRefusesItsStreams: when the relay judges a
+// service stale here (this replica cannot follow its owner while another
+// replica can), the streams of nodes that see it end UNAVAILABLE, so the
+// proxies keep what they hold and reconnect elsewhere; a new stream is
+// refused the same way while it stays stale, and answered once current.
+func TestAStaleServiceEndsAndRefusesItsStreams(t *testing.T) {
+	t.Parallel()
+	e := newEstate(t, apptest.Options{}, map[string][]string{"az1": {"a1"}})
+	c := rawConn(t, e.XDSAddr, e.Token(t, apptest.Web))
+	d := openDelta(t, c)
+	d.send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}})
+	d.recv()
+
+	e.Hub.SetStale([]string{"web"})
+	e.XDS.DrainServices([]string{"web"})
+	if err := d.end(10 * time.Second); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "cannot follow the owner") {
+		t.Fatalf("a stream of a node that sees a stale service: %v, want Unavailable (cannot follow the owner)", err)
+	}
+	refused := openDelta(t, c)
+	refused.send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}})
+	if err := refused.end(10 * time.Second); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a new stream while web is stale: %v, want Unavailable", err)
+	}
+	metric(t, e.Stack, `^muster_xds_not_current_total 2$`)
+
+	e.Hub.SetStale(nil)
+	again := openDelta(t, c)
+	again.send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"web"}})
+	if r := again.recv(); len(r.GetResources()) == 0 {
+		t.Fatalf("once current: %v", r)
+	}
+}
