@@ -162,6 +162,72 @@ func TestRoutineTransitionsNeverDelayAWithdrawal(t *testing.T) {
 	for i := range services {
 		services[i] = fmt.Sprintf("lg-%04d", i)
 	}
+	// The seeded prober reports every instance healthy every 3 s, as a
+	// live region's probers do, round-robin over the replicas up: the
+	// seed writes a minute of windows but no admission transitions, so
+	// without live evidence a replica that rebuilds after the windows aged
+	// would hold the instances as awaiting their first success.
+	prober := token(t, dir, "--kind", "prober", "--subject", "loadgen-prober")
+	var ids []string
+	for _, name := range services {
+		for cursor := ""; ; {
+			code, body := call(t, "GET", urls[0]+"/v1/services/"+name+"/instances?limit=1000&cursor="+cursor, admin, "")
+			if code != 200 {
+				t.Fatalf("list %s's instances: %d %s", name, code, body)
+			}
+			var page struct {
+				Items []struct {
+					ID string `json:"id"`
+				} `json:"items"`
+				NextCursor string `json:"next_cursor"`
+			}
+			if err := json.Unmarshal(body, &page); err != nil {
+				t.Fatal(err)
+			}
+			for _, it := range page.Items {
+				ids = append(ids, it.ID)
+			}
+			if cursor = page.NextCursor; cursor == "" {
+				break
+			}
+		}
+	}
+	if len(ids) != handoverInstances {
+		t.Fatalf("listed %d instances, want the %d seeded", len(ids), handoverInstances)
+	}
+	probeCtx, stopProbing := context.WithCancel(ctx)
+	var probing sync.WaitGroup
+	t.Cleanup(func() { stopProbing(); probing.Wait() })
+	probing.Go(func() {
+		hc := &http.Client{Timeout: 10 * time.Second}
+		tick := time.NewTicker(3 * time.Second)
+		defer tick.Stop()
+		for n := 0; ; {
+			for k := 0; k < len(ids); k += 5000 {
+				items := make([]string, 0, 5000)
+				for _, id := range ids[k:min(k+5000, len(ids))] {
+					items = append(items, `{"instance_id":"`+id+`","class":"probe","outcome":"success"}`)
+				}
+				bases := up()
+				req, err := http.NewRequestWithContext(probeCtx, "POST", bases[n%len(bases)]+"/v1/reports",
+					strings.NewReader(`{"reports":[`+strings.Join(items, ",")+`]}`))
+				if err != nil {
+					return
+				}
+				n++
+				req.Header.Set("Authorization", "Bearer "+prober)
+				req.Header.Set("Content-Type", "application/json")
+				if res, err := hc.Do(req); err == nil {
+					res.Body.Close() // a replica going away loses one round of reports: the next comes 3 s later
+				}
+			}
+			select {
+			case <-probeCtx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
 	same := sameViews(t, up, services, viewer)
 	wait.For(t, 2*time.Minute, "every replica serving the same view of every service", func() bool { d, _ := same(); return d == "" })
 	// The instances each service routes to now, to deregister in turn.
