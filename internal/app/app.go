@@ -899,6 +899,13 @@ func (a *App) canPublish(region string) bool {
 	if !a.ready.Load() || !a.Evaluator.Ready() || !a.Publisher.Prepared() {
 		return false
 	}
+	if a.Relay != nil && a.Relay.Ready() != nil {
+		// Cut off from every peer that the others still hear: what it
+		// publishes reaches none of their subscribers, so its shards go
+		// to replicas that are heard (handed over through PostgreSQL,
+		// which it still reaches), and come back once it hears them.
+		return false
+	}
 	if a.Relay == nil || a.Relay.Synced() {
 		return true
 	}
