@@ -1345,25 +1345,32 @@ func (q *Queries) LeaseListLapsed(ctx context.Context, arg LeaseListLapsedParams
 }
 
 const leaseRenew = `-- name: LeaseRenew :one
-UPDATE instances SET lease_expires_at = $2, updated_at = $3,
-                     credential_proven = credential_proven OR $4::boolean
+UPDATE instances SET lease_expires_at = COALESCE($2::timestamptz, clock_timestamp())
+                                        + $3::bigint * interval '1 microsecond',
+                     updated_at = $4,
+                     credential_proven = credential_proven OR $5::boolean
 WHERE id = $1 AND state = 'active'
 RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
 
 type LeaseRenewParams struct {
-	ID             uuid.UUID
-	LeaseExpiresAt *time.Time
-	Now            time.Time
-	Proven         bool
+	ID         uuid.UUID
+	At         *time.Time
+	LifetimeUs int64
+	Now        time.Time
+	Proven     bool
 }
 
 // proven: the renewal presented the instance's credential, which it then
-// needs from now on (registry.Renew).
+// needs from now on (registry.Renew). The lease runs lifetime_us from at,
+// or from PostgreSQL's clock when at is NULL: lease times are the
+// database's, whichever replica took the renewal, so no replica's clock
+// skew shortens or lengthens a lease.
 func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, leaseRenew,
 		arg.ID,
-		arg.LeaseExpiresAt,
+		arg.At,
+		arg.LifetimeUs,
 		arg.Now,
 		arg.Proven,
 	)
@@ -1395,32 +1402,37 @@ func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instanc
 
 const leaseRenewMany = `-- name: LeaseRenewMany :many
 UPDATE instances AS i
-SET lease_expires_at = GREATEST(i.lease_expires_at, v.expires_at), updated_at = $1,
+SET lease_expires_at = GREATEST(i.lease_expires_at,
+        COALESCE($1::timestamptz, clock_timestamp()) + v.lifetime_us * interval '1 microsecond'),
+    updated_at = $2,
     credential_proven = i.credential_proven OR v.proven
-FROM (SELECT unnest($2::uuid[]) AS id, unnest($3::timestamptz[]) AS expires_at,
-             unnest($4::boolean[]) AS proven) AS v
+FROM (SELECT unnest($3::uuid[]) AS id, unnest($4::bigint[]) AS lifetime_us,
+             unnest($5::boolean[]) AS proven) AS v
 WHERE i.id = v.id AND i.state = 'active' AND i.lease_expires_at IS NOT NULL
 RETURNING i.id, i.service, i.address, i.port, i.zone, i.region, i.source, i.state, i.lease_expires_at, i.registered_by, i.created_at, i.updated_at, i.ended_at, i.seal, i.seal_key, i.end_seal, i.end_seal_key, i.sealed_identity, i.credential_hash, i.credential_proven
 `
 
 type LeaseRenewManyParams struct {
-	Now       time.Time
-	Ids       []uuid.UUID
-	ExpiresAt []time.Time
-	Proven    []bool
+	At         *time.Time
+	Now        time.Time
+	Ids        []uuid.UUID
+	LifetimeUs []int64
+	Proven     []bool
 }
 
-// Renews many leases in one statement: each id's lease runs to its
-// expires_at unless it already runs longer (a later renewal through
-// another replica), and proven says that its renewal presented the
-// instance's credential (LeaseRenew). The three arrays are zipped (set-
-// returning functions in one select list run in step), so they must be
-// of one length. Ended instances are left alone.
+// Renews many leases in one statement: each id's lease runs lifetime_us
+// from at (PostgreSQL's clock when at is NULL, as LeaseRenew) unless it
+// already runs longer (a later renewal through another replica), and
+// proven says that its renewal presented the instance's credential
+// (LeaseRenew). The three arrays are zipped (set-returning functions in
+// one select list run in step), so they must be of one length. Ended
+// instances are left alone.
 func (q *Queries) LeaseRenewMany(ctx context.Context, arg LeaseRenewManyParams) ([]Instance, error) {
 	rows, err := q.db.Query(ctx, leaseRenewMany,
+		arg.At,
 		arg.Now,
 		arg.Ids,
-		arg.ExpiresAt,
+		arg.LifetimeUs,
 		arg.Proven,
 	)
 	if err != nil {

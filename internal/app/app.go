@@ -550,7 +550,7 @@ func New(cfg Config) (*App, error) {
 	// 27), signed and checked with the region's key.
 	if cfg.Policy.Sealer != nil {
 		fc := cfg.Forward
-		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer}
+		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: now}
 		fc.Peers = func() []forward.Peer {
 			var out []forward.Peer
 			for _, r := range livePeers(a.Ownership.Region(), cfg.Region) {

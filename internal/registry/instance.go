@@ -177,7 +177,13 @@ func (r *Registry) RegisterWithCredential(ctx context.Context, actor identity.Pr
 				return nil, err
 			}
 		}
-		expires := now.Add(r.cfg.LeaseTTL)
+		// The lease is counted on the database's clock, as every renewal
+		// and the reaper count it, not on this replica's.
+		leaseNow, err := r.leaseNow(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		expires := leaseNow.Add(r.cfg.LeaseTTL)
 		ins, err := insertSealed(ctx, q, r.cfg.Sealer, db.InstanceInsertParams{
 			ID: id, Service: service, Address: reg.Address, Port: int32(reg.Port),
 			Zone: reg.Zone, Region: reg.Region, Source: SourceRegistered,
@@ -289,7 +295,7 @@ func (r *Registry) RenewWithCredential(ctx context.Context, actor identity.Princ
 			return Instance{}, false, rerr
 		}
 		without = w
-		row, err := q.LeaseRenew(ctx, db.LeaseRenewParams{ID: id, LeaseExpiresAt: new(now.Add(r.cfg.LeaseTTL)), Now: now, Proven: proven})
+		row, err := q.LeaseRenew(ctx, db.LeaseRenewParams{ID: id, At: r.leaseAt(), LifetimeUs: r.cfg.LeaseTTL.Microseconds(), Now: now, Proven: proven})
 		if err != nil {
 			return Instance{}, false, fmt.Errorf("renew lease %s: %w", id, err)
 		}

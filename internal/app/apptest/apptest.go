@@ -267,6 +267,13 @@ type Options struct {
 	// Notify runs the notifier (internal/notify) with this configuration
 	// on the wall clock unless it sets one (Stack.App.Notifier).
 	Notify *notify.Config
+	// DatabaseClock counts leases on PostgreSQL's clock, as muster serve
+	// does, instead of the stack's: the stack's clock then cannot move
+	// them (a test of clock skew between replicas).
+	DatabaseClock bool
+	// ClockOffset sets the stack's clock this far from the wall clock
+	// (a replica whose clock is skewed).
+	ClockOffset time.Duration
 	// Forward adjusts the configuration of the evidence forwarder
 	// (internal/forward).
 	Forward func(*forward.Config)
@@ -403,6 +410,14 @@ func New(t testing.TB, opts Options) *Stack {
 		Server: server.Config{Authenticator: ver, DBTimeout: opts.DBTimeout,
 			DevIssuer: issuerHandler(iss.Handler()), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 			WatchHeartbeat: opts.WatchHeartbeat, Limits: opts.Limits, ClientCertificates: opts.ClientCertificates},
+	}
+	// Leases are counted on the stack's clock, so tests move them with
+	// it; DatabaseClock counts them on PostgreSQL's, as muster serve does.
+	if !opts.DatabaseClock {
+		cfg.Registry.LeaseClock = clk.Now
+	}
+	if opts.ClockOffset != 0 {
+		clk.Advance(opts.ClockOffset)
 	}
 	if opts.Evaluator != nil {
 		opts.Evaluator(&cfg.Evaluator)
