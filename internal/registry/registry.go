@@ -39,7 +39,7 @@ type Config struct {
 	// whichever judges it, however far their own clocks are apart. Tests
 	// that move time set it to their clock.
 	LeaseClock func() time.Time
-	Logger *slog.Logger
+	Logger     *slog.Logger
 	// Registerer receives the registry's metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 	// Sealer, when set, seals every instance row the registry writes
