@@ -202,6 +202,10 @@ type Config struct {
 	// Relay tunes the relay from peer replicas (its Hub, Signer, Logger
 	// and Registerer are the app's; Peers the live replicas unless set).
 	Relay relay.Config
+	// ClockSkewAlarm is the skew between this replica's clock and
+	// PostgreSQL's above which clock_skew is raised (db.DefaultSkewAlarm,
+	// 2 s, when zero; MUSTER_CLOCK_SKEW_ALARM).
+	ClockSkewAlarm time.Duration
 	// Forward tunes the mirroring of accepted evidence to the region's
 	// other replicas (its Signer, Peers, Logger and Registerer are the
 	// app's). Off without Policy.Sealer: replicas cannot prove themselves.
@@ -345,7 +349,10 @@ func New(cfg Config) (*App, error) {
 	var err error
 
 	// Desired state.
-	if a.Monitor, err = db.NewMonitor(db.MonitorConfig{Pool: cfg.MonitorPool, Logger: log, Registerer: metrics}); err != nil {
+	// The monitor measures this replica's clock (the app's) against
+	// PostgreSQL's at every ping (clock_skew).
+	if a.Monitor, err = db.NewMonitor(db.MonitorConfig{Pool: cfg.MonitorPool, Logger: log, Registerer: metrics,
+		Clock: now, SkewAlarm: cfg.ClockSkewAlarm}); err != nil {
 		return nil, err
 	}
 	rc := cfg.Registry
@@ -572,6 +579,7 @@ func New(cfg Config) (*App, error) {
 	svc.Tampering = func() []assembler.Alarm {
 		return slices.Concat(a.InForce.Alarms(), a.Evaluator.SealAlarms(), a.Authz.Alarms(), a.KeyWatch.Alarms())
 	}
+	svc.ReplicaAlarms = a.replicaAlarms
 	if a.Reconcile != nil {
 		svc.Reconcile = a.Reconcile
 	}

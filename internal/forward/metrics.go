@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	forwarded *prometheus.CounterVec
 	dropped   *prometheus.CounterVec
+	refused   *prometheus.CounterVec
 	lag       prometheus.Histogram
 	queue     *prometheus.GaugeVec
 }
@@ -16,8 +17,12 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		}, []string{"peer"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_evidence_forward_dropped_total",
-			Help: "Accepted evidence items never delivered to a peer: the oldest beyond its queue's bound, refused by it, or queued when it stopped being live.",
+			Help: "Accepted evidence items never delivered to a peer: the oldest beyond its queue's bound, or queued when it stopped being live (refusals are muster_evidence_forward_refused_total).",
 		}, []string{"peer"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_evidence_forward_refused_total",
+			Help: "Forwarded evidence items a peer refused for good, by peer and reason: the evaluator's refusal code, status_<code> for a whole body refused, unreported when the peer did not say why (alarm evidence_refused).",
+		}, []string{"peer", "reason"}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "muster_evidence_forward_lag_seconds", Help: "Time from an evidence item's acceptance here to a peer's acknowledgement of it.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
@@ -29,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.dropped, m.lag, m.queue} {
+	for _, c := range []prometheus.Collector{m.forwarded, m.dropped, m.refused, m.lag, m.queue} {
 		if err := reg.Register(c); err != nil {
 			return metrics{}, err
 		}
