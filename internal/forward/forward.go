@@ -101,8 +101,8 @@ type Config struct {
 	// peer's last refusal (DefaultRefusedAlarm).
 	RefusedAlarm time.Duration
 	Logger       *slog.Logger
-	Registerer prometheus.Registerer
-	Now        func() time.Time
+	Registerer   prometheus.Registerer
+	Now          func() time.Time
 }
 
 // Validate checks the configuration and fills defaults.
