@@ -192,7 +192,8 @@ type item struct {
 	report  evaluator.Report
 	offered time.Time
 	// retries: times the peer refused it for a reason a retry may fix;
-	// due: when it may be sent again.
+	// due: when it may be sent again (wall clock, with its monotonic
+	// reading).
 	retries int
 	due     time.Time
 }
@@ -667,7 +668,9 @@ func (f *Forwarder) settleResult(p *peerQueue, batch []item, res Result) {
 			f.met.lag.Observe(now.Sub(it.offered).Seconds())
 		case evaluator.Retryable(code) && it.retries < f.cfg.RetryRefused:
 			it.retries++
-			it.due = now.Add(f.cfg.RetryAfter << (it.retries - 1))
+			// Real time, not Config.Now: the wait is for the peer's
+			// copies to catch up, however its clock is set.
+			it.due = time.Now().Add(f.cfg.RetryAfter << (it.retries - 1))
 			again = append(again, it)
 		default:
 			final[code]++
@@ -735,13 +738,13 @@ func (f *Forwarder) nextRetry(p *peerQueue) (time.Duration, bool) {
 			due = it.due
 		}
 	}
-	return max(due.Sub(f.cfg.Now()), 0), true
+	return max(time.Until(due), 0), true
 }
 
 // promote moves p's retries that are due to the head of its queue (they
 // are older than what waits there).
 func (f *Forwarder) promote(p *peerQueue) {
-	now := f.cfg.Now()
+	now := time.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(p.retry) == 0 || p.forgotten {
