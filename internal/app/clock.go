@@ -28,7 +28,7 @@ func clockSkewAlarm(s db.ClockSkew) (assembler.Alarm, bool) {
 		way = "behind"
 	}
 	return assembler.Alarm{Kind: AlarmClockSkew, Since: s.Since, Detail: fmt.Sprintf(
-		"this replica's clock is %.3f s %s PostgreSQL's (within ±%s, half the ping's round trip; threshold %s): leases and forwarded evidence do not depend on it, but its own ages and audit times are off by as much; replicas stop accepting each other's requests beyond a skew of 2 min",
+		"this replica's clock is %.1f s %s PostgreSQL's (within ±%s, half the ping's round trip; threshold %s): leases and forwarded evidence do not depend on it, but its own ages and audit times are off by as much; replicas stop accepting each other's requests beyond a skew of 2 min",
 		abs(s.Skew).Seconds(), way, (s.RoundTrip / 2).Round(time.Microsecond), s.Threshold)}, true
 }
 
