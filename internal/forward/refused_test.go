@@ -48,7 +48,7 @@ type refusingPeer struct {
 	retryFor int
 	codes    map[uuid.UUID]string
 	always   map[uuid.UUID]bool // refused whatever the code
-	seen     map[uuid.UUID]int // attempts per id
+	seen     map[uuid.UUID]int  // attempts per id
 	applied  map[uuid.UUID]bool
 	status   int  // when set, every body is refused with it
 	oldStyle bool // answer counts only, as the release before
