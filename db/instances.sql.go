@@ -1093,6 +1093,21 @@ func (q *Queries) InstancesVacuum(ctx context.Context) error {
 	return err
 }
 
+const leaseClockNow = `-- name: LeaseClockNow :one
+SELECT clock_timestamp()::timestamptz AS now
+`
+
+// PostgreSQL's time now (clock_timestamp(), not the transaction's start),
+// the one clock every replica of a region shares: lease times are taken
+// from and judged by it (registry), and each replica measures its own
+// clock's skew against it (db.Monitor).
+func (q *Queries) LeaseClockNow(ctx context.Context) (time.Time, error) {
+	row := q.db.QueryRow(ctx, leaseClockNow)
+	var now time.Time
+	err := row.Scan(&now)
+	return now, err
+}
+
 const leaseCountExpiredSince = `-- name: LeaseCountExpiredSince :many
 SELECT service, zone, count(*)::int AS expired FROM instances
 WHERE state = 'expired' AND ended_at > $1::timestamptz

@@ -183,7 +183,7 @@ func (m *Monitor) runOnce(ctx context.Context) {
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	start := time.Now()
 	local := m.cfg.Clock()
-	dbNow, err := New(m.cfg.Pool).ClockNow(pctx)
+	dbNow, err := New(m.cfg.Pool).LeaseClockNow(pctx)
 	rtt := time.Since(start)
 	cancel()
 	if ctx.Err() != nil {

@@ -288,3 +288,10 @@ WHERE id = sqlc.arg(id) AND seal = sqlc.arg(old_seal) AND state = 'active';
 -- muster loadgen seed, after its bulk load: the visibility map set and the
 -- planner's statistics fresh, as in a region's database long in service.
 VACUUM (ANALYZE) instances;
+
+-- name: LeaseClockNow :one
+-- PostgreSQL's time now (clock_timestamp(), not the transaction's start),
+-- the one clock every replica of a region shares: lease times are taken
+-- from and judged by it (registry), and each replica measures its own
+-- clock's skew against it (db.Monitor).
+SELECT clock_timestamp()::timestamptz AS now;

@@ -165,7 +165,7 @@ func TestOneReplicaClockOffBy30s(t *testing.T) {
 			if in, err := a.Registry.GetInstance(context.Background(), admin, leased.ID); err != nil || in.State != registry.StateActive {
 				t.Fatalf("the lease renewed through b: %+v, %v; want active", in, err)
 			}
-			pgNow, err := db.New(a.Pool).ClockNow(t.Context())
+			pgNow, err := db.New(a.Pool).LeaseClockNow(t.Context())
 			if err != nil {
 				t.Fatal(err)
 			}

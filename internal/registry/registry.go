@@ -200,7 +200,7 @@ func (r *Registry) leaseNow(ctx context.Context, q *db.Queries) (time.Time, erro
 	if r.cfg.LeaseClock != nil {
 		return r.cfg.LeaseClock().UTC().Truncate(time.Microsecond), nil
 	}
-	t, err := q.ClockNow(ctx)
+	t, err := q.LeaseClockNow(ctx)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("read the database's clock: %w", err)
 	}
