@@ -59,7 +59,8 @@ func (q *Queries) InstanceCountByState(ctx context.Context) ([]InstanceCountBySt
 
 const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
-SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz
+SET state = $2, ended_at = $3::timestamptz,
+    updated_at = GREATEST($3::timestamptz, clock_timestamp())
 WHERE id = $1 AND state = 'active'
 RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
@@ -70,6 +71,9 @@ type InstanceEndParams struct {
 	Now   time.Time
 }
 
+// updated_at is never behind PostgreSQL's clock, whichever replica's clock
+// now is: the other replicas' evaluators read changes by updated_at, and
+// an end stamped behind what they have read would never reach them.
 func (q *Queries) InstanceEnd(ctx context.Context, arg InstanceEndParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, instanceEnd, arg.ID, arg.State, arg.Now)
 	var i Instance
@@ -1362,8 +1366,8 @@ func (q *Queries) LeaseListLapsed(ctx context.Context, arg LeaseListLapsedParams
 const leaseRenew = `-- name: LeaseRenew :one
 UPDATE instances SET lease_expires_at = COALESCE($2::timestamptz, clock_timestamp())
                                         + $3::bigint * interval '1 microsecond',
-                     updated_at = $4,
-                     credential_proven = credential_proven OR $5::boolean
+                     updated_at = COALESCE($2::timestamptz, clock_timestamp()),
+                     credential_proven = credential_proven OR $4::boolean
 WHERE id = $1 AND state = 'active'
 RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
@@ -1372,7 +1376,6 @@ type LeaseRenewParams struct {
 	ID         uuid.UUID
 	At         *time.Time
 	LifetimeUs int64
-	Now        time.Time
 	Proven     bool
 }
 
@@ -1380,13 +1383,13 @@ type LeaseRenewParams struct {
 // needs from now on (registry.Renew). The lease runs lifetime_us from at,
 // or from PostgreSQL's clock when at is NULL: lease times are the
 // database's, whichever replica took the renewal, so no replica's clock
-// skew shortens or lengthens a lease.
+// skew shortens or lengthens a lease. updated_at is stamped on the same
+// clock (the evaluators' incremental refresh reads by it).
 func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, leaseRenew,
 		arg.ID,
 		arg.At,
 		arg.LifetimeUs,
-		arg.Now,
 		arg.Proven,
 	)
 	var i Instance
@@ -1419,24 +1422,24 @@ const leaseRenewMany = `-- name: LeaseRenewMany :many
 UPDATE instances AS i
 SET lease_expires_at = GREATEST(i.lease_expires_at,
         COALESCE($1::timestamptz, clock_timestamp()) + v.lifetime_us * interval '1 microsecond'),
-    updated_at = $2,
+    updated_at = COALESCE($1::timestamptz, clock_timestamp()),
     credential_proven = i.credential_proven OR v.proven
-FROM (SELECT unnest($3::uuid[]) AS id, unnest($4::bigint[]) AS lifetime_us,
-             unnest($5::boolean[]) AS proven) AS v
+FROM (SELECT unnest($2::uuid[]) AS id, unnest($3::bigint[]) AS lifetime_us,
+             unnest($4::boolean[]) AS proven) AS v
 WHERE i.id = v.id AND i.state = 'active' AND i.lease_expires_at IS NOT NULL
 RETURNING i.id, i.service, i.address, i.port, i.zone, i.region, i.source, i.state, i.lease_expires_at, i.registered_by, i.created_at, i.updated_at, i.ended_at, i.seal, i.seal_key, i.end_seal, i.end_seal_key, i.sealed_identity, i.credential_hash, i.credential_proven
 `
 
 type LeaseRenewManyParams struct {
 	At         *time.Time
-	Now        time.Time
 	Ids        []uuid.UUID
 	LifetimeUs []int64
 	Proven     []bool
 }
 
 // Renews many leases in one statement: each id's lease runs lifetime_us
-// from at (PostgreSQL's clock when at is NULL, as LeaseRenew) unless it
+// from at (PostgreSQL's clock when at is NULL, as LeaseRenew, which
+// stamps updated_at too) unless it
 // already runs longer (a later renewal through another replica), and
 // proven says that its renewal presented the instance's credential
 // (LeaseRenew). The three arrays are zipped (set-returning functions in
@@ -1445,7 +1448,6 @@ type LeaseRenewManyParams struct {
 func (q *Queries) LeaseRenewMany(ctx context.Context, arg LeaseRenewManyParams) ([]Instance, error) {
 	rows, err := q.db.Query(ctx, leaseRenewMany,
 		arg.At,
-		arg.Now,
 		arg.Ids,
 		arg.LifetimeUs,
 		arg.Proven,

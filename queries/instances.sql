@@ -85,10 +85,11 @@ RETURNING *;
 -- needs from now on (registry.Renew). The lease runs lifetime_us from at,
 -- or from PostgreSQL's clock when at is NULL: lease times are the
 -- database's, whichever replica took the renewal, so no replica's clock
--- skew shortens or lengthens a lease.
+-- skew shortens or lengthens a lease. updated_at is stamped on the same
+-- clock (the evaluators' incremental refresh reads by it).
 UPDATE instances SET lease_expires_at = COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp())
                                         + sqlc.arg(lifetime_us)::bigint * interval '1 microsecond',
-                     updated_at = sqlc.arg(now),
+                     updated_at = COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()),
                      credential_proven = credential_proven OR sqlc.arg(proven)::boolean
 WHERE id = $1 AND state = 'active'
 RETURNING *;
@@ -110,7 +111,8 @@ FOR UPDATE;
 
 -- name: LeaseRenewMany :many
 -- Renews many leases in one statement: each id's lease runs lifetime_us
--- from at (PostgreSQL's clock when at is NULL, as LeaseRenew) unless it
+-- from at (PostgreSQL's clock when at is NULL, as LeaseRenew, which
+-- stamps updated_at too) unless it
 -- already runs longer (a later renewal through another replica), and
 -- proven says that its renewal presented the instance's credential
 -- (LeaseRenew). The three arrays are zipped (set-returning functions in
@@ -119,7 +121,7 @@ FOR UPDATE;
 UPDATE instances AS i
 SET lease_expires_at = GREATEST(i.lease_expires_at,
         COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()) + v.lifetime_us * interval '1 microsecond'),
-    updated_at = sqlc.arg(now),
+    updated_at = COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()),
     credential_proven = i.credential_proven OR v.proven
 FROM (SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(lifetime_us)::bigint[]) AS lifetime_us,
              unnest(sqlc.arg(proven)::boolean[]) AS proven) AS v
@@ -127,8 +129,12 @@ WHERE i.id = v.id AND i.state = 'active' AND i.lease_expires_at IS NOT NULL
 RETURNING i.*;
 
 -- name: InstanceEnd :one
+-- updated_at is never behind PostgreSQL's clock, whichever replica's clock
+-- now is: the other replicas' evaluators read changes by updated_at, and
+-- an end stamped behind what they have read would never reach them.
 UPDATE instances
-SET state = sqlc.arg(state), ended_at = sqlc.arg(now)::timestamptz, updated_at = sqlc.arg(now)::timestamptz
+SET state = sqlc.arg(state), ended_at = sqlc.arg(now)::timestamptz,
+    updated_at = GREATEST(sqlc.arg(now)::timestamptz, clock_timestamp())
 WHERE id = $1 AND state = 'active'
 RETURNING *;
 

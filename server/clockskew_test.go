@@ -28,7 +28,8 @@ import (
 // reported to either is acted on by the other, none refused or counted
 // delivered when it was not; the owner (a) publishes both withdrawals; and a
 // lease renewed through b runs the TTL from PostgreSQL's clock and is not
-// expired by a's reaper, whose clock has moved 31 s on.
+// expired by a's reaper, whose clock has moved 31 s on; and an instance
+// deregistered through b leaves a's evaluator at its next refresh.
 func TestOneReplicaClockOffBy30s(t *testing.T) {
 	t.Parallel()
 	for _, off := range []time.Duration{30 * time.Second, -30 * time.Second} {
@@ -165,6 +166,26 @@ func TestOneReplicaClockOffBy30s(t *testing.T) {
 			if in, err := a.Registry.GetInstance(context.Background(), admin, leased.ID); err != nil || in.State != registry.StateActive {
 				t.Fatalf("the lease renewed through b: %+v, %v; want active", in, err)
 			}
+
+			// An instance deregistered through b (its own graceful stop)
+			// leaves a's evaluator at its next incremental refresh: the
+			// row's change is stamped no earlier than PostgreSQL's clock,
+			// never behind what a has read.
+			gone := others[3]
+			if r := b.DoWith(t, "DELETE", "/v1/instances/"+gone.ID.String(), b.Token(t, webReq), "", "", credentialHeader(gone.Credential)); r.Status != http.StatusNoContent {
+				t.Fatalf("deregister through b: %d %s", r.Status, r.Body)
+			}
+			if err := a.Evaluator.SyncNow(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			a.Evaluator.EvaluateNow()
+			r2 := a.Do(t, "GET", "/v1/services/web/eligibility", a.Token(t, adminReq), "", "")
+			for _, v := range apptest.Decode[evaluator.ServiceEligibility](t, r2).Instances {
+				if v.InstanceID == gone.ID {
+					t.Errorf("a still evaluates %s, deregistered through b: %+v", gone.ID, v)
+				}
+			}
+
 			pgNow, err := db.New(a.Pool).LeaseClockNow(t.Context())
 			if err != nil {
 				t.Fatal(err)

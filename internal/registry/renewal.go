@@ -151,7 +151,7 @@ func (r *Registry) lockForRenewal(ctx context.Context, q *db.Queries, ids []uuid
 // runs what is left of LeaseTTL from the lease clock's now (PostgreSQL's),
 // and this replica's skew does not move it.
 func (r *Registry) renewDecided(ctx context.Context, q *db.Queries, now time.Time, ids []uuid.UUID, ds []renewalDecision) (map[uuid.UUID]time.Time, error) {
-	p := db.LeaseRenewManyParams{Now: now, At: r.leaseAt()}
+	p := db.LeaseRenewManyParams{At: r.leaseAt()}
 	for i, d := range ds {
 		if d.refused == nil {
 			p.Ids = append(p.Ids, ids[i])
