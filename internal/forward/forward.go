@@ -342,10 +342,10 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		addr, ok := listed[id]
 		if !ok {
 			p.forgotten = true
-			if n := len(p.items) - p.head; n > 0 {
+			if n := len(p.items) - p.head + len(p.retry); n > 0 {
 				p.dropped.Add(float64(n))
 			}
-			p.items, p.head = nil, 0
+			p.items, p.head, p.retry = nil, 0, nil
 			delete(f.peers, id)
 			f.met.queue.DeleteLabelValues(id)
 			gone = append(gone, p)
@@ -409,12 +409,13 @@ func (f *Forwarder) stopAll() {
 	f.mu.Unlock()
 }
 
-// Queued is how many items wait for peer id, those being sent included.
+// Queued is how many items wait for peer id, those being sent and those
+// waiting to be retried included.
 func (f *Forwarder) Queued(id string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if p, ok := f.peers[id]; ok {
-		return len(p.items) - p.head + p.inflight
+		return len(p.items) - p.head + p.inflight + len(p.retry)
 	}
 	return 0
 }
@@ -510,6 +511,21 @@ func (f *Forwarder) coalesce(ctx context.Context, p *peerQueue) bool {
 func (f *Forwarder) flush(p *peerQueue) {
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.FlushTimeout)
 	defer cancel()
+	// Retries not yet due go now, or are dropped with the rest.
+	f.mu.Lock()
+	if !p.forgotten && len(p.retry) > 0 {
+		p.items = append(p.retry, p.items[p.head:]...)
+		p.head, p.retry = 0, nil
+	}
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if n := len(p.retry); n > 0 {
+			p.dropped.Add(float64(n))
+			p.retry = nil
+		}
+	}()
 	for {
 		batch := f.take(p, f.cfg.MaxBatch)
 		if len(batch) == 0 {
