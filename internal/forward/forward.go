@@ -820,6 +820,15 @@ func (f *Forwarder) Alarms() []assembler.Alarm {
 // endBursts logs and closes the bursts of refusals that ended (no
 // refusal for RefusedAlarm). Called by RunOnce.
 func (f *Forwarder) endBursts() {
+	f.mu.Lock()
+	open := false
+	for _, p := range f.peers {
+		open = open || p.burst != nil
+	}
+	f.mu.Unlock()
+	if !open {
+		return // the clock is not read when there is nothing to end
+	}
 	now := f.cfg.Now()
 	f.mu.Lock()
 	type ended struct {
