@@ -59,7 +59,8 @@ func (q *Queries) InstanceCountByState(ctx context.Context) ([]InstanceCountBySt
 
 const instanceEnd = `-- name: InstanceEnd :one
 UPDATE instances
-SET state = $2, ended_at = $3::timestamptz, updated_at = $3::timestamptz
+SET state = $2, ended_at = $3::timestamptz,
+    updated_at = GREATEST($3::timestamptz, clock_timestamp())
 WHERE id = $1 AND state = 'active'
 RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
@@ -70,6 +71,9 @@ type InstanceEndParams struct {
 	Now   time.Time
 }
 
+// updated_at is never behind PostgreSQL's clock, whichever replica's clock
+// now is: the other replicas' evaluators read changes by updated_at, and
+// an end stamped behind what they have read would never reach them.
 func (q *Queries) InstanceEnd(ctx context.Context, arg InstanceEndParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, instanceEnd, arg.ID, arg.State, arg.Now)
 	var i Instance
@@ -1093,6 +1097,21 @@ func (q *Queries) InstancesVacuum(ctx context.Context) error {
 	return err
 }
 
+const leaseClockNow = `-- name: LeaseClockNow :one
+SELECT clock_timestamp()::timestamptz AS now
+`
+
+// PostgreSQL's time now (clock_timestamp(), not the transaction's start),
+// the one clock every replica of a region shares: lease times are taken
+// from and judged by it (registry), and each replica measures its own
+// clock's skew against it (db.Monitor).
+func (q *Queries) LeaseClockNow(ctx context.Context) (time.Time, error) {
+	row := q.db.QueryRow(ctx, leaseClockNow)
+	var now time.Time
+	err := row.Scan(&now)
+	return now, err
+}
+
 const leaseCountExpiredSince = `-- name: LeaseCountExpiredSince :many
 SELECT service, zone, count(*)::int AS expired FROM instances
 WHERE state = 'expired' AND ended_at > $1::timestamptz
@@ -1345,26 +1364,32 @@ func (q *Queries) LeaseListLapsed(ctx context.Context, arg LeaseListLapsedParams
 }
 
 const leaseRenew = `-- name: LeaseRenew :one
-UPDATE instances SET lease_expires_at = $2, updated_at = $3,
+UPDATE instances SET lease_expires_at = COALESCE($2::timestamptz, clock_timestamp())
+                                        + $3::bigint * interval '1 microsecond',
+                     updated_at = COALESCE($2::timestamptz, clock_timestamp()),
                      credential_proven = credential_proven OR $4::boolean
 WHERE id = $1 AND state = 'active'
 RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
 `
 
 type LeaseRenewParams struct {
-	ID             uuid.UUID
-	LeaseExpiresAt *time.Time
-	Now            time.Time
-	Proven         bool
+	ID         uuid.UUID
+	At         *time.Time
+	LifetimeUs int64
+	Proven     bool
 }
 
 // proven: the renewal presented the instance's credential, which it then
-// needs from now on (registry.Renew).
+// needs from now on (registry.Renew). The lease runs lifetime_us from at,
+// or from PostgreSQL's clock when at is NULL: lease times are the
+// database's, whichever replica took the renewal, so no replica's clock
+// skew shortens or lengthens a lease. updated_at is stamped on the same
+// clock (the evaluators' incremental refresh reads by it).
 func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, leaseRenew,
 		arg.ID,
-		arg.LeaseExpiresAt,
-		arg.Now,
+		arg.At,
+		arg.LifetimeUs,
 		arg.Proven,
 	)
 	var i Instance
@@ -1395,32 +1420,36 @@ func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instanc
 
 const leaseRenewMany = `-- name: LeaseRenewMany :many
 UPDATE instances AS i
-SET lease_expires_at = GREATEST(i.lease_expires_at, v.expires_at), updated_at = $1,
+SET lease_expires_at = GREATEST(i.lease_expires_at,
+        COALESCE($1::timestamptz, clock_timestamp()) + v.lifetime_us * interval '1 microsecond'),
+    updated_at = COALESCE($1::timestamptz, clock_timestamp()),
     credential_proven = i.credential_proven OR v.proven
-FROM (SELECT unnest($2::uuid[]) AS id, unnest($3::timestamptz[]) AS expires_at,
+FROM (SELECT unnest($2::uuid[]) AS id, unnest($3::bigint[]) AS lifetime_us,
              unnest($4::boolean[]) AS proven) AS v
 WHERE i.id = v.id AND i.state = 'active' AND i.lease_expires_at IS NOT NULL
 RETURNING i.id, i.service, i.address, i.port, i.zone, i.region, i.source, i.state, i.lease_expires_at, i.registered_by, i.created_at, i.updated_at, i.ended_at, i.seal, i.seal_key, i.end_seal, i.end_seal_key, i.sealed_identity, i.credential_hash, i.credential_proven
 `
 
 type LeaseRenewManyParams struct {
-	Now       time.Time
-	Ids       []uuid.UUID
-	ExpiresAt []time.Time
-	Proven    []bool
+	At         *time.Time
+	Ids        []uuid.UUID
+	LifetimeUs []int64
+	Proven     []bool
 }
 
-// Renews many leases in one statement: each id's lease runs to its
-// expires_at unless it already runs longer (a later renewal through
-// another replica), and proven says that its renewal presented the
-// instance's credential (LeaseRenew). The three arrays are zipped (set-
-// returning functions in one select list run in step), so they must be
-// of one length. Ended instances are left alone.
+// Renews many leases in one statement: each id's lease runs lifetime_us
+// from at (PostgreSQL's clock when at is NULL, as LeaseRenew, which
+// stamps updated_at too) unless it
+// already runs longer (a later renewal through another replica), and
+// proven says that its renewal presented the instance's credential
+// (LeaseRenew). The three arrays are zipped (set-returning functions in
+// one select list run in step), so they must be of one length. Ended
+// instances are left alone.
 func (q *Queries) LeaseRenewMany(ctx context.Context, arg LeaseRenewManyParams) ([]Instance, error) {
 	rows, err := q.db.Query(ctx, leaseRenewMany,
-		arg.Now,
+		arg.At,
 		arg.Ids,
-		arg.ExpiresAt,
+		arg.LifetimeUs,
 		arg.Proven,
 	)
 	if err != nil {

@@ -30,9 +30,17 @@ type MonitorConfig struct {
 	// at once.
 	DownAfter int
 	// Now defaults to time.Now.
-	Now    func() time.Time
-	Logger *slog.Logger
-	// Registerer receives muster_database_up; nil registers nowhere.
+	Now func() time.Time
+	// Clock is this replica's clock, the one its components stamp and
+	// judge time by (Now by default): every ping reads PostgreSQL's clock
+	// too, and the difference is this replica's skew (ClockSkew).
+	Clock func() time.Time
+	// SkewAlarm is the skew, either way, above which ClockSkew says the
+	// alarm clock_skew is open: 2 s by default (DefaultSkewAlarm).
+	SkewAlarm time.Duration
+	Logger    *slog.Logger
+	// Registerer receives muster_database_up and
+	// muster_clock_skew_seconds; nil registers nowhere.
 	Registerer prometheus.Registerer
 }
 
@@ -55,6 +63,15 @@ func (c *MonitorConfig) Validate() error {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Clock == nil {
+		c.Clock = c.Now
+	}
+	if c.SkewAlarm == 0 {
+		c.SkewAlarm = DefaultSkewAlarm
+	}
+	if c.SkewAlarm < 0 {
+		return fmt.Errorf("db monitor: SkewAlarm %s must not be negative", c.SkewAlarm)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -80,6 +97,30 @@ type Monitor struct {
 	downSince time.Time
 	lastErr   error
 	timeouts  int // pings in a row that timed out
+	skew      ClockSkew
+}
+
+// DefaultSkewAlarm is MonitorConfig.SkewAlarm's default.
+const DefaultSkewAlarm = 2 * time.Second
+
+// ClockSkew is this replica's clock measured against PostgreSQL's, the
+// clock every replica of the region shares: lease times are the
+// database's, so the skew between two replicas is the difference of
+// theirs.
+type ClockSkew struct {
+	// Skew is this replica's clock minus PostgreSQL's at the midpoint of
+	// the round trip: positive when this replica's clock is ahead.
+	Skew time.Duration
+	// RoundTrip is the ping's round trip: Skew is known within half of it.
+	RoundTrip time.Duration
+	// At is when it was measured (this replica's clock); zero: never.
+	At time.Time
+	// Over: |Skew| exceeds MonitorConfig.SkewAlarm (the clock_skew
+	// alarm is open); Since is the first measurement of this run over it.
+	Over  bool
+	Since time.Time
+	// Threshold is MonitorConfig.SkewAlarm.
+	Threshold time.Duration
 }
 
 // NewMonitor returns a stopped Monitor that considers the database up
@@ -99,8 +140,14 @@ func NewMonitor(cfg MonitorConfig) (*Monitor, error) {
 			}
 			return 0
 		})
-		if err := cfg.Registerer.Register(g); err != nil {
-			return nil, fmt.Errorf("db monitor: register metrics: %w", err)
+		skew := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "muster_clock_skew_seconds",
+			Help: "This replica's clock minus PostgreSQL's, measured at every ping at the midpoint of its round trip (alarm clock_skew above the threshold, 2 s by default).",
+		}, func() float64 { return m.ClockSkew().Skew.Seconds() })
+		for _, c := range []prometheus.Collector{g, skew} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("db monitor: register metrics: %w", err)
+			}
 		}
 	}
 	return m, nil
@@ -126,10 +173,18 @@ func (m *Monitor) loop(ctx context.Context) {
 	}
 }
 
-// runOnce pings once and records the outcome.
+// RunOnce pings once and records the outcome (the loop calls it every
+// Interval; tests call it to step).
+func (m *Monitor) RunOnce(ctx context.Context) { m.runOnce(ctx) }
+
+// runOnce pings once, reading PostgreSQL's clock, and records the
+// outcome and this replica's skew.
 func (m *Monitor) runOnce(ctx context.Context) {
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
-	err := m.cfg.Pool.Ping(pctx)
+	start := time.Now()
+	local := m.cfg.Clock()
+	dbNow, err := New(m.cfg.Pool).LeaseClockNow(pctx)
+	rtt := time.Since(start)
 	cancel()
 	if ctx.Err() != nil {
 		return // stopping: the ping's failure says nothing of the database
@@ -138,6 +193,7 @@ func (m *Monitor) runOnce(ctx context.Context) {
 		m.failed(err, IsTimeout(err))
 		return
 	}
+	m.measured(local.Add(rtt/2).Sub(dbNow), rtt, local)
 	m.mu.Lock()
 	m.timeouts = 0
 	if !m.up {
@@ -163,6 +219,35 @@ func (m *Monitor) failed(err error, timeout bool) {
 		m.up, m.downSince = false, m.cfg.Now()
 		m.log.Warn("database unreachable; writes answer 503 and views are served from memory until it answers again", "err", err)
 	}
+}
+
+// measured records one reading of the skew, logging when it crosses the
+// threshold either way.
+func (m *Monitor) measured(skew, rtt time.Duration, at time.Time) {
+	m.mu.Lock()
+	was := m.skew
+	over := skew > m.cfg.SkewAlarm || skew < -m.cfg.SkewAlarm
+	since := was.Since
+	if over && !was.Over {
+		since = at
+	}
+	m.skew = ClockSkew{Skew: skew, RoundTrip: rtt, At: at, Over: over, Since: since, Threshold: m.cfg.SkewAlarm}
+	m.mu.Unlock()
+	switch {
+	case over && !was.Over:
+		m.log.Warn("this replica's clock is off PostgreSQL's (clock_skew); leases and forwarded evidence do not depend on it",
+			"skew", skew.Round(time.Millisecond), "round_trip", rtt.Round(time.Microsecond), "threshold", m.cfg.SkewAlarm)
+	case !over && was.Over:
+		m.log.Info("this replica's clock is back within the threshold of PostgreSQL's", "skew", skew.Round(time.Millisecond))
+	}
+}
+
+// ClockSkew is the last measurement of this replica's clock against
+// PostgreSQL's (At is zero before the first).
+func (m *Monitor) ClockSkew() ClockSkew {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.skew
 }
 
 // Unavailable reports whether err means PostgreSQL could not be reached

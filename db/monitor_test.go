@@ -2,6 +2,7 @@ package db_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,10 +33,16 @@ func TestMonitorFollowsTheDatabase(t *testing.T) {
 	}
 	gauge := func() float64 {
 		mfs, err := reg.Gather()
-		if err != nil || len(mfs) != 1 {
-			t.Fatalf("gather: %v %v", mfs, err)
+		if err != nil {
+			t.Fatalf("gather: %v", err)
 		}
-		return mfs[0].GetMetric()[0].GetGauge().GetValue()
+		for _, mf := range mfs {
+			if mf.GetName() == "muster_database_up" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("no muster_database_up in %v", mfs)
+		return 0
 	}
 	if !m.Up() || gauge() != 1 {
 		t.Fatal("a new monitor is not up")
@@ -120,4 +127,52 @@ func TestQueriesEndOnAFrozenServer(t *testing.T) {
 		_, err := pool.Exec(qctx, "SELECT 1")
 		return err == nil
 	})
+}
+
+// TestMonitorMeasuresClockSkew: each ping reads PostgreSQL's clock; a
+// replica whose clock is 10 s ahead (or behind) measures about that, over
+// the threshold, in muster_clock_skew_seconds too; one on the wall clock
+// measures about nothing, under it. Nothing is measured before a ping.
+func TestMonitorMeasuresClockSkew(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := db.OpenPool(ctx, db.PoolConfig{URL: dbtest.URL(t), MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, off := range []time.Duration{10 * time.Second, -10 * time.Second, 0} {
+		reg := prometheus.NewRegistry()
+		m, err := db.NewMonitor(db.MonitorConfig{Pool: pool, Registerer: reg, Clock: func() time.Time { return time.Now().Add(off) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := m.ClockSkew(); !s.At.IsZero() || s.Over {
+			t.Fatalf("before a ping: %+v", s)
+		}
+		m.RunOnce(ctx)
+		s := m.ClockSkew()
+		if d := s.Skew - off; d > time.Second || d < -time.Second || s.At.IsZero() || s.Threshold != db.DefaultSkewAlarm {
+			t.Fatalf("offset %s: measured %+v", off, s)
+		}
+		if want := off != 0; s.Over != want || (want && s.Since.IsZero()) {
+			t.Errorf("offset %s: over %v since %v, want over %v", off, s.Over, s.Since, want)
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, mf := range mfs {
+			if strings.HasPrefix(mf.GetName(), "muster_clock_skew_seconds") {
+				found = true
+				if v := mf.GetMetric()[0].GetGauge().GetValue(); v-off.Seconds() > 1 || v-off.Seconds() < -1 {
+					t.Errorf("offset %s: gauge %v", off, v)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no muster_clock_skew_seconds")
+		}
+	}
 }

@@ -82,8 +82,14 @@ RETURNING *;
 
 -- name: LeaseRenew :one
 -- proven: the renewal presented the instance's credential, which it then
--- needs from now on (registry.Renew).
-UPDATE instances SET lease_expires_at = $2, updated_at = sqlc.arg(now),
+-- needs from now on (registry.Renew). The lease runs lifetime_us from at,
+-- or from PostgreSQL's clock when at is NULL: lease times are the
+-- database's, whichever replica took the renewal, so no replica's clock
+-- skew shortens or lengthens a lease. updated_at is stamped on the same
+-- clock (the evaluators' incremental refresh reads by it).
+UPDATE instances SET lease_expires_at = COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp())
+                                        + sqlc.arg(lifetime_us)::bigint * interval '1 microsecond',
+                     updated_at = COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()),
                      credential_proven = credential_proven OR sqlc.arg(proven)::boolean
 WHERE id = $1 AND state = 'active'
 RETURNING *;
@@ -104,23 +110,31 @@ ORDER BY id
 FOR UPDATE;
 
 -- name: LeaseRenewMany :many
--- Renews many leases in one statement: each id's lease runs to its
--- expires_at unless it already runs longer (a later renewal through
--- another replica), and proven says that its renewal presented the
--- instance's credential (LeaseRenew). The three arrays are zipped (set-
--- returning functions in one select list run in step), so they must be
--- of one length. Ended instances are left alone.
+-- Renews many leases in one statement: each id's lease runs lifetime_us
+-- from at (PostgreSQL's clock when at is NULL, as LeaseRenew, which
+-- stamps updated_at too) unless it
+-- already runs longer (a later renewal through another replica), and
+-- proven says that its renewal presented the instance's credential
+-- (LeaseRenew). The three arrays are zipped (set-returning functions in
+-- one select list run in step), so they must be of one length. Ended
+-- instances are left alone.
 UPDATE instances AS i
-SET lease_expires_at = GREATEST(i.lease_expires_at, v.expires_at), updated_at = sqlc.arg(now),
+SET lease_expires_at = GREATEST(i.lease_expires_at,
+        COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()) + v.lifetime_us * interval '1 microsecond'),
+    updated_at = COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()),
     credential_proven = i.credential_proven OR v.proven
-FROM (SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(expires_at)::timestamptz[]) AS expires_at,
+FROM (SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(lifetime_us)::bigint[]) AS lifetime_us,
              unnest(sqlc.arg(proven)::boolean[]) AS proven) AS v
 WHERE i.id = v.id AND i.state = 'active' AND i.lease_expires_at IS NOT NULL
 RETURNING i.*;
 
 -- name: InstanceEnd :one
+-- updated_at is never behind PostgreSQL's clock, whichever replica's clock
+-- now is: the other replicas' evaluators read changes by updated_at, and
+-- an end stamped behind what they have read would never reach them.
 UPDATE instances
-SET state = sqlc.arg(state), ended_at = sqlc.arg(now)::timestamptz, updated_at = sqlc.arg(now)::timestamptz
+SET state = sqlc.arg(state), ended_at = sqlc.arg(now)::timestamptz,
+    updated_at = GREATEST(sqlc.arg(now)::timestamptz, clock_timestamp())
 WHERE id = $1 AND state = 'active'
 RETURNING *;
 
@@ -280,3 +294,10 @@ WHERE id = sqlc.arg(id) AND seal = sqlc.arg(old_seal) AND state = 'active';
 -- muster loadgen seed, after its bulk load: the visibility map set and the
 -- planner's statistics fresh, as in a region's database long in service.
 VACUUM (ANALYZE) instances;
+
+-- name: LeaseClockNow :one
+-- PostgreSQL's time now (clock_timestamp(), not the transaction's start),
+-- the one clock every replica of a region shares: lease times are taken
+-- from and judged by it (registry), and each replica measures its own
+-- clock's skew against it (db.Monitor).
+SELECT clock_timestamp()::timestamptz AS now;

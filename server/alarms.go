@@ -92,6 +92,9 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 	if cfg.Tampering != nil {
 		out = append(out, cfg.Tampering()...)
 	}
+	if cfg.ReplicaAlarms != nil {
+		out = append(out, cfg.ReplicaAlarms()...)
+	}
 	if cfg.Probers != nil {
 		for _, a := range cfg.Probers.ProberAlarms() {
 			out = append(out, a.Alarm())

@@ -143,8 +143,17 @@ func (s *Server) peerReportsPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.peerUnknownField(r, unknown)
-	var res forward.Result
+	// The items' times are the sender's clock: judge them on this one's
+	// (authenticatePeer checked the signing time is within the window).
+	now := s.cfg.Now()
+	signed, ok := peer.SignedAt(r)
+	if !ok {
+		signed = now
+	}
+	res := forward.Result{Refusals: []forward.Refusal{}}
+	base := 0
 	for _, b := range batches {
+		forward.ToLocalClock(b.reports, signed, now)
 		got, err := s.cfg.Evaluator.IngestForwarded(r.Context(), b.actor, b.reports)
 		if err != nil {
 			// Not ready: only the first batch can meet it, so nothing
@@ -154,6 +163,12 @@ func (s *Server) peerReportsPost(w http.ResponseWriter, r *http.Request) {
 		}
 		res.Accepted += got.Accepted
 		res.Refused += len(got.Refused)
+		// Which and why, so the sender retries what a retry may fix
+		// and counts the rest by reason, never as delivered.
+		for _, f := range got.Refused {
+			res.Refusals = append(res.Refusals, forward.Refusal{Index: base + f.Index, Code: f.Code})
+		}
+		base += len(b.reports)
 	}
 	writeJSON(w, http.StatusOK, res)
 }

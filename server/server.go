@@ -168,6 +168,10 @@ type Config struct {
 	// (override_unsealed, instance_unsealed, their _replayed kinds) with
 	// the others.
 	Tampering func() []assembler.Alarm
+	// ReplicaAlarms, when set, lists the alarms of this replica's clock
+	// and of its exchanges with its peers (clock_skew, evidence_refused)
+	// with the others.
+	ReplicaAlarms func() []assembler.Alarm
 	// Probers, when set, lists prober outages and suspect probers (the
 	// evaluator); they are listed with the other alarms.
 	Probers interface {

@@ -138,6 +138,10 @@ type Config struct {
 	// SIGTERM (MUSTER_SHUTDOWN_GRACE, 25s): both docs/production.md's
 	// rolling deploy.
 	DrainSpread, ShutdownGrace time.Duration
+	// ClockSkewAlarm is the skew between this replica's clock and
+	// PostgreSQL's above which clock_skew is raised
+	// (MUSTER_CLOCK_SKEW_ALARM, 2s).
+	ClockSkewAlarm time.Duration
 	// TLSCert and TLSKey, when set, make every listener serve TLS with
 	// this pair, reloaded when the files change; TLSCA is the CA bundle
 	// muster trusts for its calls to https peers (--tls-*, MUSTER_TLS_*;
@@ -339,11 +343,11 @@ func loadEnv(c *Config) error {
 			return fmt.Errorf("MUSTER_DB_IO_TIMEOUT: %w", err)
 		}
 	}
-	c.DrainSpread, c.ShutdownGrace = stream.DefaultDrainSpread, app.DefaultShutdownGrace
+	c.DrainSpread, c.ShutdownGrace, c.ClockSkewAlarm = stream.DefaultDrainSpread, app.DefaultShutdownGrace, db.DefaultSkewAlarm
 	for _, d := range []struct {
 		name string
 		to   *time.Duration
-	}{{"MUSTER_DRAIN_SPREAD", &c.DrainSpread}, {"MUSTER_SHUTDOWN_GRACE", &c.ShutdownGrace}} {
+	}{{"MUSTER_DRAIN_SPREAD", &c.DrainSpread}, {"MUSTER_SHUTDOWN_GRACE", &c.ShutdownGrace}, {"MUSTER_CLOCK_SKEW_ALARM", &c.ClockSkewAlarm}} {
 		if v := os.Getenv(d.name); v != "" {
 			if *d.to, err = time.ParseDuration(v); err != nil {
 				return fmt.Errorf("%s: %w", d.name, err)
@@ -426,6 +430,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPendingWindows <= 0 {
 		return fmt.Errorf("MUSTER_MAX_PENDING_WINDOWS %d must be above 0", c.MaxPendingWindows)
+	}
+	if c.ClockSkewAlarm < 0 {
+		return fmt.Errorf("MUSTER_CLOCK_SKEW_ALARM (%s) must not be negative", c.ClockSkewAlarm)
 	}
 	if grace := cmp.Or(c.ShutdownGrace, app.DefaultShutdownGrace); c.DrainSpread < 0 || grace < time.Second || c.DrainSpread >= grace {
 		return fmt.Errorf("MUSTER_DRAIN_SPREAD (%s) must be at least 0 and below MUSTER_SHUTDOWN_GRACE (%s), which must be at least 1s", c.DrainSpread, c.ShutdownGrace)

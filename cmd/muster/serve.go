@@ -465,10 +465,12 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		Admission:     stream.AdmissionConfig{Floor: cfg.AdmissionFloor, Window: cfg.AdmissionWindow},
 		Hub:           stream.Config{DrainSpread: cmp.Or(cfg.DrainSpread, -1)},
 		ShutdownGrace: cfg.ShutdownGrace,
-		Server:        server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
-		DNS:           cfg.DNS,
-		Reconcile:     rcfg,
-		Federation:    cfg.Federation,
+		// clock_skew above this (MUSTER_CLOCK_SKEW_ALARM).
+		ClockSkewAlarm: cfg.ClockSkewAlarm,
+		Server:         server.Config{Authenticator: verifier, DBTimeout: cfg.DBTimeout, Limits: cfg.Limits},
+		DNS:            cfg.DNS,
+		Reconcile:      rcfg,
+		Federation:     cfg.Federation,
 	}
 	ac.RoutingControl = cfg.routingControl
 	if cfg.notify != nil {

@@ -203,6 +203,10 @@ type Config struct {
 	// Relay tunes the relay from peer replicas (its Hub, Signer, Logger
 	// and Registerer are the app's; Peers the live replicas unless set).
 	Relay relay.Config
+	// ClockSkewAlarm is the skew between this replica's clock and
+	// PostgreSQL's above which clock_skew is raised (db.DefaultSkewAlarm,
+	// 2 s, when zero; MUSTER_CLOCK_SKEW_ALARM).
+	ClockSkewAlarm time.Duration
 	// Forward tunes the mirroring of accepted evidence to the region's
 	// other replicas (its Signer, Peers, Logger and Registerer are the
 	// app's). Off without Policy.Sealer: replicas cannot prove themselves.
@@ -357,7 +361,10 @@ func New(cfg Config) (*App, error) {
 	var err error
 
 	// Desired state.
-	if a.Monitor, err = db.NewMonitor(db.MonitorConfig{Pool: cfg.MonitorPool, Logger: log, Registerer: metrics}); err != nil {
+	// The monitor measures this replica's clock (the app's) against
+	// PostgreSQL's at every ping (clock_skew).
+	if a.Monitor, err = db.NewMonitor(db.MonitorConfig{Pool: cfg.MonitorPool, Logger: log, Registerer: metrics,
+		Clock: now, SkewAlarm: cfg.ClockSkewAlarm}); err != nil {
 		return nil, err
 	}
 	rc := cfg.Registry
@@ -574,7 +581,7 @@ func New(cfg Config) (*App, error) {
 	// 27), signed and checked with the region's key.
 	if cfg.Policy.Sealer != nil {
 		fc := cfg.Forward
-		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer}
+		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: now}
 		fc.Peers = func() []forward.Peer {
 			var out []forward.Peer
 			for _, r := range livePeers(a.Ownership.Region(), cfg.Region) {
@@ -596,6 +603,7 @@ func New(cfg Config) (*App, error) {
 	svc.Tampering = func() []assembler.Alarm {
 		return slices.Concat(a.InForce.Alarms(), a.Evaluator.SealAlarms(), a.Authz.Alarms(), a.KeyWatch.Alarms())
 	}
+	svc.ReplicaAlarms = a.replicaAlarms
 	if a.Reconcile != nil {
 		svc.Reconcile = a.Reconcile
 	}

@@ -30,7 +30,9 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 	trusted := cfg.Policy.SealKeys.With(cfg.Policy.Sealer)
 	rc := cfg.Relay
 	rc.Hub, rc.Logger, rc.Registerer = a.Hub, a.log, a.Metrics
-	rc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer}
+	// Signed and checked on the app's clock, the one forwarded evidence
+	// is stamped with (server translates it by the signing time).
+	rc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: cfg.Now}
 	configured := configuredPeers(cfg.Peers, cfg.Address)
 	if rc.Peers == nil {
 		rc.Peers = func() []relay.Peer {
@@ -86,7 +88,7 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 		a.peerAuthz = &peerAuthzWorker{peers: configured, signer: rc.Signer, authz: a.Authz, interval: interval,
 			client: peerClient(rc.TLS), log: a.log.With("worker", WorkerPeerAuthz)}
 	}
-	return &peer.Verifier{Keys: func() seal.Keys { return trusted }}, nil
+	return &peer.Verifier{Keys: func() seal.Keys { return trusted }, Now: cfg.Now}, nil
 }
 
 // peerClient is the client that takes the authorisation copy from a

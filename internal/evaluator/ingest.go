@@ -59,6 +59,21 @@ const (
 	codeFuture     = "future"
 )
 
+// Retryable reports whether a refusal with code may not be met again
+// by the same item a few seconds later on another replica: the
+// instance could not be looked up just now (unverified_instance), or
+// the prober's assignment or the caller's grant has not reached this
+// replica's copy yet (not_assigned, not_granted), while the replica that
+// accepted the item already holds it. The evidence forwarder retries
+// those and counts the rest as refused.
+func Retryable(code string) bool {
+	switch code {
+	case codeUnverifiedInstance, codeNotAssigned, codeNotGranted:
+		return true
+	}
+	return false
+}
+
 // Ingest attributes and applies one batch from actor. It never fails as a
 // whole for a bad item; it fails only when the evaluator is not ready.
 // Instances the batch names that the evaluator has not loaded are looked

@@ -31,7 +31,7 @@ func TestUnknownInstancesAreLookedUpWithinBounds(t *testing.T) {
 
 	// Registered and deregistered through another replica: this
 	// evaluator never knew it.
-	other, err := registry.New(registry.Config{Pool: f.Pool, Region: "local", Now: f.Clock.Now})
+	other, err := registry.New(registry.Config{Pool: f.Pool, Region: "local", Now: f.Clock.Now, LeaseClock: f.Clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

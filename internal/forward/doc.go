@@ -44,6 +44,15 @@
 // sent again when that can help, and what cannot go is counted by reason
 // and alarmed, never dropped silently (refused.go).
 //
+// Times travel on the sender's clock and are moved onto the receiver's by
+// the request's signing time (ToLocalClock), so skew between replicas
+// neither refuses evidence as "in the future" nor ages it. The receiver
+// answers which items it refused and why (Result.Refusals): those a retry
+// may fix (evaluator.Retryable) are sent again RetryRefused times; the
+// rest, and whole bodies refused, are counted by peer and reason in
+// muster_evidence_forward_refused_total, never as forwarded, and raise
+// evidence_refused (Alarms) while they occur.
+//
 // Evidence is lossy by contract (ADR-02): a dropped or undelivered item
 // costs the peer confidence, not correctness, and the receiving replica's
 // observed windows in PostgreSQL still carry it for any rebuild.

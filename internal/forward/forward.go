@@ -9,14 +9,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/peer"
@@ -41,6 +44,14 @@ const (
 	DefaultFlushTimeout = 2 * time.Second
 	DefaultTimeout      = 5 * time.Second
 	DefaultReplay       = 30 * time.Second
+	// DefaultRetryRefused is how many times an item a peer refused for a
+	// reason a retry may fix is sent again.
+	DefaultRetryRefused = 3
+	// DefaultRetryAfter is the wait before the first of them; it doubles.
+	DefaultRetryAfter = time.Second
+	// DefaultRefusedAlarm is how long evidence_refused stays raised after
+	// a peer's last refusal.
+	DefaultRefusedAlarm = time.Minute
 )
 
 // Config configures a Forwarder.
@@ -85,7 +96,17 @@ type Config struct {
 	// StripFor is how long a member a peer did not know is left out of
 	// what it is sent (DefaultStripFor); then it is tried again, in case
 	// the peer was upgraded meanwhile.
-	StripFor   time.Duration
+	StripFor time.Duration
+	// RetryRefused is how many more times an item a peer refused for a
+	// reason a retry may fix (evaluator.Retryable: its copy of an
+	// assignment or grant lags this replica's, or it could not look the
+	// instance up) is sent, RetryAfter apart, doubling
+	// (DefaultRetryRefused, DefaultRetryAfter; negative: never).
+	RetryRefused int
+	RetryAfter   time.Duration
+	// RefusedAlarm is how long evidence_refused stays raised after a
+	// peer's last refusal (DefaultRefusedAlarm).
+	RefusedAlarm time.Duration
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Now        func() time.Time
@@ -141,6 +162,15 @@ func (c *Config) Validate() error {
 	if c.StripFor == 0 {
 		c.StripFor = DefaultStripFor
 	}
+	if c.RetryRefused == 0 {
+		c.RetryRefused = DefaultRetryRefused
+	}
+	if c.RetryAfter <= 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.RefusedAlarm <= 0 {
+		c.RefusedAlarm = DefaultRefusedAlarm
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -177,6 +207,11 @@ type item struct {
 	actor   *Actor // shared by the items of one Offer
 	report  evaluator.Report
 	offered time.Time
+	// retries: times the peer refused it for a reason a retry may fix;
+	// due: when it may be sent again (wall clock, with its monotonic
+	// reading).
+	retries int
+	due     time.Time
 }
 
 // peerQueue is one peer's queue and its sender.
@@ -192,6 +227,14 @@ type peerQueue struct {
 	inflight  int // taken by the sender, not yet settled
 	forgotten bool
 	limits    peerLimits
+	// retry holds the items refused for a reason a retry may fix, until
+	// their due time (oldest first).
+	retry []item
+	// The current burst of refusals (evidence_refused): when it began,
+	// the last refusal, and the items refused by reason since it began.
+	burstSince, lastRefused time.Time
+	burst                   map[string]int
+	burstDetail             string
 
 	forwarded, dropped prometheus.Counter
 }
@@ -316,10 +359,10 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		addr, ok := listed[id]
 		if !ok {
 			p.forgotten = true
-			if n := len(p.items) - p.head; n > 0 {
+			if n := len(p.items) - p.head + len(p.retry); n > 0 {
 				p.dropped.Add(float64(n))
 			}
-			p.items, p.head = nil, 0
+			p.items, p.head, p.retry = nil, 0, nil
 			delete(f.peers, id)
 			f.met.queue.DeleteLabelValues(id)
 			gone = append(gone, p)
@@ -347,6 +390,7 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		added = append(added, p)
 	}
 	f.mu.Unlock()
+	f.endBursts()
 	for _, p := range gone {
 		f.log.Info("peer no longer live; its queue is dropped", "peer", p.id)
 		p.runner.Stop()
@@ -382,12 +426,13 @@ func (f *Forwarder) stopAll() {
 	f.mu.Unlock()
 }
 
-// Queued is how many items wait for peer id, those being sent included.
+// Queued is how many items wait for peer id, those being sent and those
+// waiting to be retried included.
 func (f *Forwarder) Queued(id string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if p, ok := f.peers[id]; ok {
-		return len(p.items) - p.head + p.inflight
+		return len(p.items) - p.head + p.inflight + len(p.retry)
 	}
 	return 0
 }
@@ -404,12 +449,21 @@ func (f *Forwarder) waiting(p *peerQueue) int {
 func (f *Forwarder) send(ctx context.Context, p *peerQueue) {
 	defer f.flush(p)
 	failures := 0
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
 	for {
+		if d, ok := f.nextRetry(p); ok {
+			retry.Reset(d)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-p.wake:
+		case <-retry.C:
 		}
+		retry.Stop()
+		f.promote(p)
 		if !f.coalesce(ctx, p) {
 			return
 		}
@@ -475,6 +529,21 @@ func (f *Forwarder) coalesce(ctx context.Context, p *peerQueue) bool {
 func (f *Forwarder) flush(p *peerQueue) {
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.FlushTimeout)
 	defer cancel()
+	// Retries not yet due go now, or are dropped with the rest.
+	f.mu.Lock()
+	if !p.forgotten && len(p.retry) > 0 {
+		p.items = append(p.retry, p.items[p.head:]...)
+		p.head, p.retry = 0, nil
+	}
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if n := len(p.retry); n > 0 {
+			p.dropped.Add(float64(n))
+			p.retry = nil
+		}
+	}()
 	for {
 		batch := f.take(p, f.batchLimit(p))
 		if len(batch) == 0 {
@@ -583,15 +652,205 @@ func (f *Forwarder) deliver(ctx context.Context, p *peerQueue, batch []item) (in
 	f.mu.Lock()
 	addr := p.address
 	f.mu.Unlock()
-	if err := f.post(ctx, addr, body); err != nil {
+	res, err := f.post(ctx, addr, body)
+	if err != nil {
 		return 0, err
 	}
-	now := f.cfg.Now()
-	p.forwarded.Add(float64(len(batch)))
-	for _, it := range batch {
-		f.met.lag.Observe(now.Sub(it.offered).Seconds())
-	}
+	f.settleResult(p, batch, res)
 	return len(batch), nil
+}
+
+// settleResult counts what the peer answered for batch: the items it
+// applied are delivered; those it refused for a reason a retry may fix
+// wait to be sent again (RetryRefused times); the rest are refused,
+// counted by reason, and raise evidence_refused. None of the refused is
+// counted delivered.
+func (f *Forwarder) settleResult(p *peerQueue, batch []item, res Result) {
+	now := f.cfg.Now()
+	refused := make(map[int]string, len(res.Refusals))
+	for _, r := range res.Refusals {
+		if r.Index >= 0 && r.Index < len(batch) {
+			refused[r.Index] = r.Code
+		}
+	}
+	final := map[string]int{}
+	if unreported := res.Refused - len(refused); unreported > 0 {
+		// A peer of the release before says how many, not which.
+		final["unreported"] = unreported
+	}
+	var again []item
+	delivered := 0
+	for i, it := range batch {
+		code, ok := refused[i]
+		switch {
+		case !ok:
+			delivered++
+			f.met.lag.Observe(now.Sub(it.offered).Seconds())
+		case evaluator.Retryable(code) && it.retries < f.cfg.RetryRefused:
+			it.retries++
+			// Real time, not Config.Now: the wait is for the peer's
+			// copies to catch up, however its clock is set.
+			it.due = time.Now().Add(f.cfg.RetryAfter << (it.retries - 1))
+			again = append(again, it)
+		default:
+			final[code]++
+		}
+	}
+	delivered = max(delivered-final["unreported"], 0)
+	p.forwarded.Add(float64(delivered))
+	if len(again) > 0 {
+		f.mu.Lock()
+		if !p.forgotten {
+			p.retry = append(p.retry, again...)
+			if over := len(p.retry) - f.cfg.QueueLimit; over > 0 {
+				clear(p.retry[:over])
+				p.retry = p.retry[over:]
+				p.dropped.Add(float64(over))
+			}
+		}
+		f.mu.Unlock()
+	}
+	if len(final) > 0 {
+		f.noteRefused(p, final, "")
+	}
+}
+
+// noteRefused counts items p refused for good, by reason, and keeps the
+// burst evidence_refused reports. The first refusal of a burst is logged;
+// the burst's end, with its totals, is logged by RunOnce.
+func (f *Forwarder) noteRefused(p *peerQueue, byReason map[string]int, detail string) {
+	now := f.cfg.Now()
+	total := 0
+	for reason, n := range byReason {
+		f.met.refused.WithLabelValues(p.id, reason).Add(float64(n))
+		total += n
+	}
+	f.mu.Lock()
+	first := p.burst == nil
+	if first {
+		p.burst, p.burstSince = map[string]int{}, now
+	}
+	for reason, n := range byReason {
+		p.burst[reason] += n
+	}
+	p.lastRefused = now
+	if detail != "" {
+		p.burstDetail = detail
+	}
+	f.mu.Unlock()
+	if first {
+		f.log.Warn("peer refuses forwarded evidence; not counted delivered (evidence_refused)", "peer", p.id, "items", total,
+			"reasons", byReason, "detail", detail)
+	}
+}
+
+// nextRetry is how long until p's first item waiting to be retried is
+// due; false when none waits.
+func (f *Forwarder) nextRetry(p *peerQueue) (time.Duration, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(p.retry) == 0 {
+		return 0, false
+	}
+	due := p.retry[0].due
+	for _, it := range p.retry[1:] {
+		if it.due.Before(due) {
+			due = it.due
+		}
+	}
+	return max(time.Until(due), 0), true
+}
+
+// promote moves p's retries that are due to the head of its queue (they
+// are older than what waits there).
+func (f *Forwarder) promote(p *peerQueue) {
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(p.retry) == 0 || p.forgotten {
+		return
+	}
+	var due, later []item
+	for _, it := range p.retry {
+		if it.due.After(now) {
+			later = append(later, it)
+		} else {
+			due = append(due, it)
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	p.retry = later
+	p.items = append(due, p.items[p.head:]...)
+	p.head = 0
+	f.trim(p)
+}
+
+// AlarmEvidenceRefused is raised, per peer, while a peer refuses evidence
+// this replica forwards it (and for Config.RefusedAlarm after): those
+// items never reached that replica's evaluator, which may be the owner
+// deciding on them.
+const AlarmEvidenceRefused = "evidence_refused"
+
+// itemAlarms returns an AlarmEvidenceRefused for each peer that refused
+// forwarded evidence items within Config.RefusedAlarm.
+func (f *Forwarder) itemAlarms() []assembler.Alarm {
+	now := f.cfg.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []assembler.Alarm
+	for _, p := range f.peers {
+		if p.burst == nil || now.Sub(p.lastRefused) > f.cfg.RefusedAlarm {
+			continue
+		}
+		total := 0
+		reasons := make([]string, 0, len(p.burst))
+		for _, r := range slices.Sorted(maps.Keys(p.burst)) {
+			total += p.burst[r]
+			reasons = append(reasons, fmt.Sprintf("%s %d", r, p.burst[r]))
+		}
+		detail := fmt.Sprintf("replica %s refused %d evidence items this replica accepted and forwarded, since %s (%s); they did not reach its evaluator and were not counted delivered (those a retry could fix were retried %d times first)",
+			p.id, total, p.burstSince.UTC().Format(time.RFC3339), strings.Join(reasons, ", "), f.cfg.RetryRefused)
+		if p.burstDetail != "" {
+			detail += "; its last answer: " + p.burstDetail
+		}
+		out = append(out, assembler.Alarm{Kind: AlarmEvidenceRefused, Since: p.burstSince, Detail: detail})
+	}
+	slices.SortFunc(out, func(a, b assembler.Alarm) int { return strings.Compare(a.Detail, b.Detail) })
+	return out
+}
+
+// endBursts logs and closes the bursts of refusals that ended (no
+// refusal for RefusedAlarm). Called by RunOnce.
+func (f *Forwarder) endBursts() {
+	f.mu.Lock()
+	open := false
+	for _, p := range f.peers {
+		open = open || p.burst != nil
+	}
+	f.mu.Unlock()
+	if !open {
+		return // the clock is not read when there is nothing to end
+	}
+	now := f.cfg.Now()
+	f.mu.Lock()
+	type ended struct {
+		peer    string
+		reasons map[string]int
+		since   time.Time
+	}
+	var done []ended
+	for _, p := range f.peers {
+		if p.burst != nil && now.Sub(p.lastRefused) > f.cfg.RefusedAlarm {
+			done = append(done, ended{p.id, p.burst, p.burstSince})
+			p.burst, p.burstDetail = nil, ""
+		}
+	}
+	f.mu.Unlock()
+	for _, e := range done {
+		f.log.Info("peer no longer refuses forwarded evidence", "peer", e.peer, "since", e.since, "reasons", e.reasons)
+	}
 }
 
 // encode groups consecutive items of one actor into one Batch.
@@ -607,30 +866,45 @@ func encode(items []item) ([]byte, error) {
 	return json.Marshal(b)
 }
 
-func (f *Forwarder) post(ctx context.Context, addr string, body []byte) error {
+// maxAnswer bounds the answer read from a peer: a refusal of every item
+// of a full batch fits.
+const maxAnswer = 1 << 20
+
+// post sends one body to addr and returns the peer's answer. A 2xx whose
+// body is not a Result (none, or cut short) counts every item applied, as
+// the release before did.
+func (f *Forwarder) post(ctx context.Context, addr string, body []byte) (Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, addr+Path, bytes.NewReader(body))
 	if err != nil {
-		return &refusedError{detail: "build the request: " + err.Error()}
+		return Result{}, &refusedError{detail: "build the request: " + err.Error()}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if err := f.cfg.Signer.Sign(ctx, req, body); err != nil {
-		return fmt.Errorf("sign: %w", err)
+		return Result{}, fmt.Errorf("sign: %w", err)
 	}
 	res, err := f.cfg.Client.Do(req)
 	if err != nil {
-		return err
+		return Result{}, err
 	}
 	defer res.Body.Close()
-	detail, _ := io.ReadAll(io.LimitReader(res.Body, 16<<10))
+	answer, _ := io.ReadAll(io.LimitReader(res.Body, maxAnswer))
 	switch {
 	case res.StatusCode/100 == 2:
-		return nil
+		var out Result
+		if json.Unmarshal(answer, &out) != nil {
+			out = Result{}
+		}
+		return out, nil
 	case res.StatusCode == http.StatusBadRequest, res.StatusCode == http.StatusRequestEntityTooLarge,
 		res.StatusCode == http.StatusUnsupportedMediaType, res.StatusCode == http.StatusUnprocessableEntity:
-		return refusal(res.StatusCode, detail)
+		return Result{}, refusal(res.StatusCode, truncate(answer, 16<<10))
 	}
-	if len(detail) > 1024 {
-		detail = detail[:1024]
+	return Result{}, fmt.Errorf("%s: %s", res.Status, bytes.TrimSpace(truncate(answer, 1024)))
+}
+
+func truncate(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
 	}
-	return fmt.Errorf("%s: %s", res.Status, bytes.TrimSpace(detail))
+	return b
 }

@@ -109,6 +109,25 @@ type harness struct {
 	peers   atomic.Pointer[[]forward.Peer]
 	now     time.Time
 	replica string
+
+	mu    sync.Mutex
+	moved time.Time // set by setNow; zero: now
+}
+
+// setNow moves the forwarder's clock to t.
+func (h *harness) setNow(t time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.moved = t
+}
+
+func (h *harness) clock() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.moved.IsZero() {
+		return h.now
+	}
+	return h.moved
 }
 
 func newHarness(t testing.TB, k key, adjust func(*forward.Config), peers ...forward.Peer) *harness {
@@ -118,7 +137,7 @@ func newHarness(t testing.TB, k key, adjust func(*forward.Config), peers ...forw
 		Signer:     peer.Signer{ID: h.replica, Key: k},
 		Peers:      func() []forward.Peer { return *h.peers.Load() },
 		MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, BatchWait: 5 * time.Millisecond,
-		Registerer: h.reg, Now: func() time.Time { return h.now },
+		Registerer: h.reg, Now: h.clock,
 	}
 	if adjust != nil {
 		adjust(&cfg)

@@ -17,11 +17,11 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		}, []string{"peer"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_evidence_forward_dropped_total",
-			Help: "Accepted evidence items never delivered to a peer: the oldest beyond its queue's bound, refused by it, or queued when it stopped being live.",
+			Help: "Accepted evidence items never delivered to a peer: the oldest beyond its queue's bound, or queued when it stopped being live (refusals are muster_evidence_forward_refused_total).",
 		}, []string{"peer"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_evidence_forward_refused_total",
-			Help: "Accepted evidence items a peer refused and that were dropped, by peer and reason (for a request refused whole: unknown_field, malformed, too_large, unsupported_media_type, invalid_request; unsendable: this replica could not encode or address the request).",
+			Help: "Forwarded evidence items a peer refused for good, by peer and reason: the evaluator's refusal code for an item (alarm evidence_refused); for a request refused whole, unknown_field, malformed, too_large, unsupported_media_type, invalid_request or status_<code>; unsendable when this replica could not encode or address the request; unreported when the peer did not say why (alarm evidence_forward_refused for whole requests).",
 		}, []string{"peer", "reason"}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "muster_evidence_forward_lag_seconds", Help: "Time from an evidence item's acceptance here to a peer's acknowledgement of it.",

@@ -316,12 +316,14 @@ func (f *Forwarder) refuse(p *peerQueue, items []item, rf *refusedError) {
 }
 
 // Alarms returns an AlarmForwardRefused for each peer that refused
-// forwarded evidence within RefusedAlarmFor.
+// forwarded requests whole within RefusedAlarmFor, and an
+// AlarmEvidenceRefused for each that refused items of requests it took
+// (itemAlarms).
 func (f *Forwarder) Alarms() []assembler.Alarm {
+	out := f.itemAlarms()
 	now := f.cfg.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []assembler.Alarm
 	for id, ep := range f.refusals {
 		if now.Sub(ep.last) > f.cfg.RefusedAlarmFor {
 			delete(f.refusals, id)

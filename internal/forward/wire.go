@@ -3,6 +3,7 @@ package forward
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
@@ -29,10 +30,42 @@ type Batch struct {
 }
 
 // Result is a peer's answer: how many items it applied, how many it
-// refused (its own registry copy may not know an instance yet, say).
+// refused (its own registry copy may not know an instance yet, say), and
+// which and why. Refusals is new: a sender of the release before ignores
+// the answer's body, and one that meets a receiver of that release (no
+// Refusals) counts its refusals under the reason "unreported".
 type Result struct {
-	Accepted int `json:"accepted"`
-	Refused  int `json:"refused"`
+	Accepted int       `json:"accepted"`
+	Refused  int       `json:"refused"`
+	Refusals []Refusal `json:"refusals,omitempty"`
+}
+
+// Refusal is one refused item of a forwarded body: its index among all
+// the body's reports (batch after batch, in order) and the evaluator's
+// refusal code (evaluator.Refusal).
+type Refusal struct {
+	Index int    `json:"index"`
+	Code  string `json:"code"`
+}
+
+// ToLocalClock moves the times of reports a peer forwarded from its
+// clock onto this replica's. signedAt is the peer's clock when it signed
+// the request (peer.SignedAt) and now this replica's on receiving it, so
+// now-signedAt is how far the peer's clock is behind this one, transit
+// included (at most a few milliseconds, which only ages an item). Every
+// item then says when it reached muster on the clock that judges it:
+// without this a peer whose clock is ahead forwards "future" evidence,
+// refused, and one whose clock is behind forwards evidence that looks
+// older than it is. Reports without a time are left without one (the
+// receiver stamps them with its now).
+func ToLocalClock(reports []evaluator.Report, signedAt, now time.Time) {
+	offset := now.Sub(signedAt)
+	for i := range reports {
+		if reports[i].At != nil {
+			at := reports[i].At.Add(offset)
+			reports[i].At = &at
+		}
+	}
 }
 
 // Actor is the wire form of the identity.Principal the sending replica

@@ -42,8 +42,13 @@ const Header = "Muster-Replica"
 const domain = "peer.request"
 
 // MaxSkew is how far a request's signing time may be from the receiver's
-// clock by default.
-const MaxSkew = 30 * time.Second
+// clock by default. Replicas' clocks drift apart (muster raises
+// clock_skew from 2 s), and two replicas whose clocks are a minute apart
+// must still relay and forward to each other: nothing they exchange is
+// judged by the sender's clock (forwarded evidence is translated with
+// SignedAt), so the window only bounds replay, and every signature seen
+// is remembered for the whole of it.
+const MaxSkew = 2 * time.Minute
 
 // ErrNotPeer is wrapped by every error Verify returns.
 var ErrNotPeer = errors.New("not a request from a replica of this region")
@@ -87,6 +92,23 @@ func (s Signer) Sign(ctx context.Context, r *http.Request, body []byte) error {
 	}
 	r.Header.Set(Header, strings.Join([]string{m.Replica, strconv.FormatInt(m.At, 10), kid, base64.RawURLEncoding.EncodeToString(sig)}, " "))
 	return nil
+}
+
+// SignedAt is the signing time r's Header carries: the sending replica's
+// clock when it signed. Only meaningful once Verify accepted r. The
+// receiver's clock minus it is how far the sender's clock is behind the
+// receiver's, transit included: a time the sender stamped on its own
+// clock plus that is the same moment on the receiver's.
+func SignedAt(r *http.Request) (time.Time, bool) {
+	parts := strings.Split(r.Header.Get(Header), " ")
+	if len(parts) != 4 {
+		return time.Time{}, false
+	}
+	at, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(at), true
 }
 
 // Verifier checks requests from replicas.

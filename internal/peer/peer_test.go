@@ -84,7 +84,7 @@ func TestVerify(t *testing.T) {
 			return r, nil, v
 		},
 		"too old": func() (*http.Request, []byte, *peer.Verifier) {
-			old := peer.Signer{ID: "r1", Key: region, Now: func() time.Time { return now.Add(-time.Minute) }}
+			old := peer.Signer{ID: "r1", Key: region, Now: func() time.Time { return now.Add(-peer.MaxSkew - time.Second) }}
 			return signed(t, old, "GET", "http://a/v1/peer/updates", nil), nil, v
 		},
 		"no header": func() (*http.Request, []byte, *peer.Verifier) {
@@ -128,5 +128,49 @@ func TestVerify(t *testing.T) {
 	both := newVerifier(seal.Keys{}.With(region).With(other))
 	if _, err := both.Verify(signed(t, peer.Signer{ID: "r2", Key: other, Now: clock}, "GET", "http://a/v1/peer/updates", nil), nil); err != nil {
 		t.Fatalf("a request under the other trusted key: %v", err)
+	}
+}
+
+// Two replicas whose clocks are 30 s (or 90 s) apart still talk, in both
+// directions; a request is refused as replayed for as long as its
+// signing time is fresh on the receiver's clock, and as stale after; and
+// SignedAt gives the receiver the sender's clock at signing.
+func TestVerifyAcrossSkewedClocks(t *testing.T) {
+	region := newKey(t, "region")
+	base := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
+	var recvNow time.Time
+	v := &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(region) }, Now: func() time.Time { return recvNow }}
+	for _, skew := range []time.Duration{30 * time.Second, -30 * time.Second, 90 * time.Second, -90 * time.Second} {
+		recvNow = base
+		sendNow := base.Add(skew)
+		s := peer.Signer{ID: "r1", Key: region, Now: func() time.Time { return sendNow }}
+		r, err := http.NewRequest("GET", "http://a/v1/peer/updates?skew="+skew.String(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Sign(context.Background(), r, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := v.Verify(r, nil); err != nil {
+			t.Fatalf("sender %s from the receiver: %v", skew, err)
+		}
+		at, ok := peer.SignedAt(r)
+		if !ok || !at.Equal(sendNow) {
+			t.Fatalf("SignedAt = %v, %v; want the sender's clock %v", at, ok, sendNow)
+		}
+		// Replayed at any moment its signature is still fresh here.
+		for _, later := range []time.Duration{time.Second, peer.MaxSkew/2 + skew} {
+			recvNow = sendNow.Add(later)
+			if d := recvNow.Sub(sendNow); d > peer.MaxSkew || d < -peer.MaxSkew {
+				continue
+			}
+			if _, err := v.Verify(r, nil); err == nil || !strings.Contains(err.Error(), "replayed") {
+				t.Fatalf("skew %s: replayed %s after signing: %v, want replayed", skew, later, err)
+			}
+		}
+		recvNow = sendNow.Add(peer.MaxSkew + time.Second)
+		if _, err := v.Verify(r, nil); err == nil || strings.Contains(err.Error(), "replayed") {
+			t.Fatalf("skew %s: replayed past the window: %v, want refused as too far off", skew, err)
+		}
 	}
 }

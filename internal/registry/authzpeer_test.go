@@ -36,7 +36,7 @@ func TestAuthzCacheFromAPeer(t *testing.T) {
 	pool := dbtest.New(t)
 	clk := testclock.New(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC))
 	newCache := func(s *audit.KeyFileSigner) *registry.AuthzCache {
-		reg, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now, Sealer: s})
+		reg, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now, LeaseClock: clk.Now, Sealer: s})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +50,7 @@ func TestAuthzCacheFromAPeer(t *testing.T) {
 	if _, err := peer.Snapshot(); !errors.Is(err, registry.ErrNoSnapshot) {
 		t.Fatalf("a snapshot before any read: %v", err)
 	}
-	reg, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now, Sealer: signer})
+	reg, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now, LeaseClock: clk.Now, Sealer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,12 +43,12 @@ func TestAuthzCacheDisbelievesMissingAndOldRows(t *testing.T) {
 	signer := audit.NewKeySigner(priv)
 	pool := dbtest.New(t)
 	clk := testclock.New(time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC))
-	reg, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now, Sealer: signer})
+	reg, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now, LeaseClock: clk.Now, Sealer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Another replica on the same database, with the same key.
-	other, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now, Sealer: signer})
+	other, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now, LeaseClock: clk.Now, Sealer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}

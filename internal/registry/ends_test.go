@@ -27,7 +27,7 @@ func TestEveryEndIsRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now, Sealer: audit.NewKeySigner(key)})
+	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now, LeaseClock: e.clock.Now, Sealer: audit.NewKeySigner(key)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestEveryEndIsRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now, Sealer: audit.NewKeySigner(otherKey)})
+	other, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now, LeaseClock: e.clock.Now, Sealer: audit.NewKeySigner(otherKey)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -149,7 +149,14 @@ func (r *Registry) RegisterWithCredential(ctx context.Context, actor identity.Pr
 		if rerr, err := refuseReconciledEndpoint(ctx, q, service, reg.Address, reg.Port); rerr != nil || err != nil {
 			return rerr, err
 		}
-		now := r.now()
+		// Row stamps (created, updated, ended) and the lease are on the
+		// database's clock: the other replicas' evaluators read changes by
+		// updated_at, and a stamp from a clock behind theirs would be
+		// behind what they have read.
+		now, err := r.leaseNow(ctx, q)
+		if err != nil {
+			return nil, err
+		}
 		ended, err := q.InstanceEndLiveEndpoint(ctx, db.InstanceEndLiveEndpointParams{Service: service, Address: reg.Address, Port: int32(reg.Port), Now: now})
 		if err != nil {
 			return nil, fmt.Errorf("end replaced instances: %w", err)
@@ -289,7 +296,7 @@ func (r *Registry) RenewWithCredential(ctx context.Context, actor identity.Princ
 			return Instance{}, false, rerr
 		}
 		without = w
-		row, err := q.LeaseRenew(ctx, db.LeaseRenewParams{ID: id, LeaseExpiresAt: new(now.Add(r.cfg.LeaseTTL)), Now: now, Proven: proven})
+		row, err := q.LeaseRenew(ctx, db.LeaseRenewParams{ID: id, At: r.leaseAt(), LifetimeUs: r.cfg.LeaseTTL.Microseconds(), Proven: proven})
 		if err != nil {
 			return Instance{}, false, fmt.Errorf("renew lease %s: %w", id, err)
 		}
@@ -309,7 +316,12 @@ func (r *Registry) RenewWithCredential(ctx context.Context, actor identity.Princ
 // This is for callers inside muster and its tests.
 func (r *Registry) Deregister(ctx context.Context, actor identity.Principal, id uuid.UUID) (Instance, error) {
 	return r.changeInstance(ctx, actor, id, "instance.deregister", func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error) {
-		out, err := EndInstance(ctx, q, r.cfg.Sealer, id, now)
+		// Stamped on the database's clock, as registration is.
+		at, err := r.leaseNow(ctx, q)
+		if err != nil {
+			return Instance{}, false, err
+		}
+		out, err := EndInstance(ctx, q, r.cfg.Sealer, id, at)
 		return out, true, err
 	})
 }

@@ -276,7 +276,15 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	if _, err := reg.FlushRefusedRenewals(ctx); err != nil {
 		return 0, fmt.Errorf("apply refused renewals: %w", err)
 	}
-	lapsed, err := q.LeaseListLapsed(ctx, db.LeaseListLapsedParams{Now: now, Lim: int32(rp.cfg.Batch)})
+	// Leases are judged on the clock they were written by (the
+	// database's): a replica whose own clock is behind or ahead expires
+	// nothing early or late. Its own clock only counts the grace below,
+	// a span it measures itself.
+	leaseNow, err := reg.leaseNow(ctx, q)
+	var lapsed []db.LeaseListLapsedRow
+	if err == nil {
+		lapsed, err = q.LeaseListLapsed(ctx, db.LeaseListLapsedParams{Now: leaseNow, Lim: int32(rp.cfg.Batch)})
+	}
 	if err != nil {
 		rp.mu.Lock()
 		rp.failing = true
@@ -323,7 +331,7 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("count live leases: %w", err)
 	}
-	recent, err := q.LeaseCountExpiredSince(ctx, now.Add(-ttl))
+	recent, err := q.LeaseCountExpiredSince(ctx, leaseNow.Add(-ttl))
 	if err != nil {
 		return 0, fmt.Errorf("count expired leases: %w", err)
 	}
@@ -399,7 +407,7 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 			continue
 		}
 		exp := *l.LeaseExpiresAt
-		if now.Sub(exp) < rp.cfg.ExpiryDelay {
+		if leaseNow.Sub(exp) < rp.cfg.ExpiryDelay {
 			continue // settling: leases that stopped together lapse together
 		}
 		// A confirmation covers leases lapsed by the moment it was made;
@@ -458,7 +466,7 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 
 	n, deposed := 0, 0
 	for _, l := range expire {
-		ok, err := reg.expireLease(ctx, rp.cfg.Fence, l, now)
+		ok, err := reg.expireLease(ctx, rp.cfg.Fence, l, now, leaseNow)
 		if fence.IsNotOwner(err) {
 			// Deposed since the sweep decided: the new owner decides
 			// this lease on its own evidence.
@@ -525,14 +533,17 @@ func (rp *Reaper) setHolds(next []disbelief.Hold, held int) {
 
 // expireLease ends one lapsed lease and audits it, unless it was renewed or
 // ended meanwhile (false), or the tenure it was decided under has ended
-// (an error fence.IsNotOwner recognises: nothing written).
-func (r *Registry) expireLease(ctx context.Context, f *fence.Fence, l lapsedLease, now time.Time) (bool, error) {
+// (an error fence.IsNotOwner recognises: nothing written). leaseNow is
+// the lease clock's reading the sweep judged by: a lease renewed since
+// runs past it and is left alone; now is this replica's, for the audit
+// row.
+func (r *Registry) expireLease(ctx context.Context, f *fence.Fence, l lapsedLease, now, leaseNow time.Time) (bool, error) {
 	ended := false
 	err := r.withTx(ctx, func(q *db.Queries) error {
 		if err := f.Check(ctx, q, l.tenure); err != nil {
 			return fmt.Errorf("expire %s: %w", l.ID, err)
 		}
-		row, err := q.LeaseExpire(ctx, db.LeaseExpireParams{ID: l.ID, Now: now, Cutoff: now})
+		row, err := q.LeaseExpire(ctx, db.LeaseExpireParams{ID: l.ID, Now: leaseNow, Cutoff: leaseNow})
 		if notFound(err) {
 			return nil
 		}
@@ -627,6 +638,12 @@ func (r *Registry) ConfirmLeaseExpiry(ctx context.Context, actor identity.Princi
 			return invalid("the reason is too long", []FieldError{{Field: "reason", Message: "at most 1000 characters"}}), nil
 		}
 		now := r.now()
+		// A confirmation covers the leases lapsed by the moment it was
+		// made, on the clock leases are judged by.
+		confirmedAt, err := r.leaseNow(ctx, q)
+		if err != nil {
+			return nil, err
+		}
 		var service, zone string
 		switch scope.Kind {
 		case disbelief.Service:
@@ -634,12 +651,12 @@ func (r *Registry) ConfirmLeaseExpiry(ctx context.Context, actor identity.Princi
 		case disbelief.Zone:
 			zone = scope.Name
 		}
-		n, err := q.LeaseCountLapsed(ctx, db.LeaseCountLapsedParams{Now: now, Service: service, Zone: zone})
+		n, err := q.LeaseCountLapsed(ctx, db.LeaseCountLapsedParams{Now: confirmedAt, Service: service, Zone: zone})
 		if err != nil {
 			return nil, fmt.Errorf("count lapsed leases: %w", err)
 		}
 		row, err := q.LeaseExpiryConfirmationInsert(ctx, db.LeaseExpiryConfirmationInsertParams{
-			Scope: confirmationKey(scope), ConfirmedAt: now, ConfirmedBy: actor.String(), Reason: reason,
+			Scope: confirmationKey(scope), ConfirmedAt: confirmedAt, ConfirmedBy: actor.String(), Reason: reason,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("record confirmation: %w", err)

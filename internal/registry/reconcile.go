@@ -212,7 +212,11 @@ func (r *Registry) ApplyReconcile(ctx context.Context, source string, ch Reconci
 		if err := q.ReconcileSourceLock(ctx, source); err != nil {
 			return fmt.Errorf("lock source %s: %w", source, err)
 		}
-		now := r.now()
+		// Row stamps on the database's clock, as registration's.
+		now, err := r.leaseNow(ctx, q)
+		if err != nil {
+			return err
+		}
 		for _, id := range ch.End {
 			row, err := q.InstanceEnd(ctx, db.InstanceEndParams{ID: id, State: StateDeregistered, Now: now})
 			if notFound(err) {

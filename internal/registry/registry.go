@@ -31,8 +31,15 @@ type Config struct {
 	// LeaseTTL defaults to DefaultLeaseTTL.
 	LeaseTTL time.Duration
 	// Now defaults to time.Now; tests pass a fake clock.
-	Now    func() time.Time
-	Logger *slog.Logger
+	Now func() time.Time
+	// LeaseClock is the clock lease times are taken from and judged by
+	// (registration, renewals, the reaper, expiry confirmations). Nil:
+	// PostgreSQL's (clock_timestamp()), which every replica shares, so
+	// a lease lasts its TTL whichever replica took the renewal and
+	// whichever judges it, however far their own clocks are apart. Tests
+	// that move time set it to their clock.
+	LeaseClock func() time.Time
+	Logger     *slog.Logger
 	// Registerer receives the registry's metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 	// Sealer, when set, seals every instance row the registry writes
@@ -185,6 +192,29 @@ func New(cfg Config) (*Registry, error) {
 func (r *Registry) Region() string { return r.cfg.Region }
 
 func (r *Registry) now() time.Time { return r.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// leaseAt is the moment a lease written now is counted from, for a
+// statement that takes it (LeaseRenew, LeaseRenewMany): LeaseClock's
+// reading, or nil for PostgreSQL's clock_timestamp() in the statement.
+func (r *Registry) leaseAt() *time.Time {
+	if r.cfg.LeaseClock == nil {
+		return nil
+	}
+	t := r.cfg.LeaseClock().UTC().Truncate(time.Microsecond)
+	return &t
+}
+
+// leaseNow reads the lease clock with q: LeaseClock, or PostgreSQL's.
+func (r *Registry) leaseNow(ctx context.Context, q *db.Queries) (time.Time, error) {
+	if r.cfg.LeaseClock != nil {
+		return r.cfg.LeaseClock().UTC().Truncate(time.Microsecond), nil
+	}
+	t, err := q.LeaseClockNow(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the database's clock: %w", err)
+	}
+	return t.UTC(), nil
+}
 
 // refuse audits a refused attempt in a transaction of its own and returns
 // the refusal. If the audit row cannot be written the refusal still stands,

@@ -56,7 +56,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	pool := dbtest.New(t)
 	clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
-	reg, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now})
+	reg, err := registry.New(registry.Config{Pool: pool, Region: "eu-west-1", Now: clk.Now, LeaseClock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -981,7 +981,7 @@ func (f *recordingFollower) ProberAssigned(registry.ProberAssignments) {}
 func TestRegisteredIsToldOfEachRegistration(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now})
+	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now, LeaseClock: e.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1042,7 +1042,7 @@ func TestRegisteredIsToldOfEachRegistration(t *testing.T) {
 func TestTwoReplicasReconcileOneSource(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	other, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now})
+	other, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now, LeaseClock: e.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1100,7 +1100,7 @@ func TestSealedIdentityKeepsARepointedRow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now, Sealer: audit.NewKeySigner(priv)})
+	reg, err := registry.New(registry.Config{Pool: e.pool, Region: "eu-west-1", Now: e.clock.Now, LeaseClock: e.clock.Now, Sealer: audit.NewKeySigner(priv)})
 	if err != nil {
 		t.Fatal(err)
 	}

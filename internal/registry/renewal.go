@@ -146,13 +146,16 @@ func (r *Registry) lockForRenewal(ctx context.Context, q *db.Queries, ids []uuid
 
 // renewDecided renews, in one statement with q, the leases decided
 // renewable, each to LeaseTTL from its decision's moment, and returns
-// each renewed instance's new expiry.
+// each renewed instance's new expiry. The moments are this replica's
+// (now among them), so only their distance from now travels: the lease
+// runs what is left of LeaseTTL from the lease clock's now (PostgreSQL's),
+// and this replica's skew does not move it.
 func (r *Registry) renewDecided(ctx context.Context, q *db.Queries, now time.Time, ids []uuid.UUID, ds []renewalDecision) (map[uuid.UUID]time.Time, error) {
-	p := db.LeaseRenewManyParams{Now: now}
+	p := db.LeaseRenewManyParams{At: r.leaseAt()}
 	for i, d := range ds {
 		if d.refused == nil {
 			p.Ids = append(p.Ids, ids[i])
-			p.ExpiresAt = append(p.ExpiresAt, d.at.Add(r.cfg.LeaseTTL))
+			p.LifetimeUs = append(p.LifetimeUs, (r.cfg.LeaseTTL - max(now.Sub(d.at), 0)).Microseconds())
 			p.Proven = append(p.Proven, d.proven)
 		}
 	}

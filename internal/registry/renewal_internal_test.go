@@ -26,7 +26,7 @@ func TestRefusedRenewalsAreBounded(t *testing.T) {
 	}
 	defer pool.Close()
 	clk := testclock.New(time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC))
-	reg, err := New(Config{Pool: pool, Region: "local", Now: clk.Now, Registerer: prometheus.NewRegistry()})
+	reg, err := New(Config{Pool: pool, Region: "local", Now: clk.Now, LeaseClock: clk.Now, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}

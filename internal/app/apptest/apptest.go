@@ -269,6 +269,13 @@ type Options struct {
 	// Notify runs the notifier (internal/notify) with this configuration
 	// on the wall clock unless it sets one (Stack.App.Notifier).
 	Notify *notify.Config
+	// DatabaseClock counts leases on PostgreSQL's clock, as muster serve
+	// does, instead of the stack's: the stack's clock then cannot move
+	// them (a test of clock skew between replicas).
+	DatabaseClock bool
+	// ClockOffset sets the stack's clock this far from the wall clock
+	// (a replica whose clock is skewed).
+	ClockOffset time.Duration
 	// Forward adjusts the configuration of the evidence forwarder
 	// (internal/forward).
 	Forward func(*forward.Config)
@@ -415,6 +422,22 @@ func New(t testing.TB, opts Options) *Stack {
 		Server: server.Config{Authenticator: ver, DBTimeout: opts.DBTimeout,
 			DevIssuer: issuerHandler(iss.Handler()), DevIssuerPath: "/dev/issuer", MaxBodyBytes: opts.MaxBodyBytes,
 			WatchHeartbeat: opts.WatchHeartbeat, Limits: opts.Limits, ClientCertificates: opts.ClientCertificates},
+	}
+	// Leases are counted on the stack's clock, so tests move them with
+	// it; DatabaseClock counts them on PostgreSQL's, as muster serve does.
+	if !opts.DatabaseClock {
+		cfg.Registry.LeaseClock = clk.Now
+	}
+	// A stack's clock stands still until a test moves it, hours at a
+	// time: its distance from PostgreSQL's says nothing, and clock_skew
+	// would come and go with the monitor's pings. Only a test of skew
+	// (DatabaseClock or ClockOffset) measures it against the usual
+	// threshold.
+	if !opts.DatabaseClock && opts.ClockOffset == 0 {
+		cfg.ClockSkewAlarm = 100 * 365 * 24 * time.Hour
+	}
+	if opts.ClockOffset != 0 {
+		clk.Advance(opts.ClockOffset)
 	}
 	if opts.Evaluator != nil {
 		opts.Evaluator(&cfg.Evaluator)
