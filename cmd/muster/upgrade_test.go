@@ -444,9 +444,13 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 	// copy of the registry has not yet read an instance or assignment
 	// made on the other are the region's ordinary start-up, whatever the
 	// releases: counted from here, once both serve every instance.
-	setupRefused := map[string]float64{}
+	// The sender counts the same refusals (this release reads them from
+	// the answer; an old receiver gives only counts, "unreported").
+	setupRefused, setupSenderRefused := map[string]float64{}, map[string]float64{}
 	for rel := range bases {
-		setupRefused[rel], _ = metricSum(metrics(rel), "muster_samples_forwarded_total", `result="refused"`)
+		m := metrics(rel)
+		setupRefused[rel], _ = metricSum(m, "muster_samples_forwarded_total", `result="refused"`)
+		setupSenderRefused[rel], _ = metricSum(m, "muster_evidence_forward_refused_total")
 	}
 	var took []string
 	for _, from := range []string{"old", "new"} {
@@ -494,10 +498,12 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 		if n, _ := metricSum(m, "muster_evidence_forwarded_total", fmt.Sprintf("peer=%q", peer)); n == 0 {
 			t.Errorf("the %s release forwarded no evidence to the %s (%s):\n%s", rel, other, peer, grepLines(m, "muster_evidence_forward"))
 		}
-		for _, name := range []string{"muster_evidence_forward_dropped_total", "muster_evidence_forward_refused_total"} {
-			if n, _ := metricSum(m, name); n != 0 {
-				t.Errorf("the %s release: %s = %v, want 0:\n%s", rel, name, n, grepLines(m, "muster_evidence_forward"))
-			}
+		if n, _ := metricSum(m, "muster_evidence_forward_dropped_total"); n != 0 {
+			t.Errorf("the %s release: muster_evidence_forward_dropped_total = %v, want 0:\n%s", rel, n, grepLines(m, "muster_evidence_forward"))
+		}
+		if n, _ := metricSum(m, "muster_evidence_forward_refused_total"); n != setupSenderRefused[rel] {
+			t.Errorf("the %s release: muster_evidence_forward_refused_total = %v, %v of them once set up, want none:\n%s",
+				rel, n, n-setupSenderRefused[rel], grepLines(m, "muster_evidence_forward"))
 		}
 		if n, _ := metricSum(m, "muster_samples_forwarded_total", `result="refused"`); n != setupRefused[rel] {
 			t.Errorf("the %s release refused %v items forwarded to it once set up:\n%s", rel, n-setupRefused[rel], grepLines(m, "muster_samples_forwarded_total"))

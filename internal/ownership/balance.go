@@ -113,6 +113,11 @@ func Balance(me string, live []Member, leases []Lease) Plan {
 		}
 	}
 	if len(dealt) == 0 {
+		if members[me].Leaving {
+			// Nobody could publish what a leaving replica would hand
+			// over: it keeps its shards until it releases them.
+			return Plan{}
+		}
 		for id, m := range members {
 			if !m.Leaving {
 				dealt = append(dealt, id)

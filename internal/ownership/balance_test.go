@@ -400,3 +400,14 @@ func TestBalanceProperties(t *testing.T) {
 		}
 	})
 }
+
+// TestALeavingReplicaHandsOnlyToReadyOnes: a replica leaving while no
+// other is ready (the region stopping at once) offers nothing: nobody
+// could publish it.
+func TestALeavingReplicaHandsOnlyToReadyOnes(t *testing.T) {
+	t.Parallel()
+	live := []ownership.Member{{ID: "a", Leaving: true}, {ID: "b"}, {ID: "c"}}
+	if p := ownership.Balance("a", live, layout(64, holding{"a", 22}, holding{"b", 21}, holding{"c", 21})); len(p.Offer)+len(p.Take)+len(p.Accept) != 0 {
+		t.Errorf("a leaving replica plans %+v with no ready replica to take anything", p)
+	}
+}

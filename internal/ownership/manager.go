@@ -787,7 +787,7 @@ func (m *Manager) Handover(ctx context.Context) int {
 	}
 	tick := time.NewTicker(max(m.cfg.OfferPoll/2, 10*time.Millisecond))
 	defer tick.Stop()
-	for {
+	for n := 1; ; n++ {
 		m.mu.Lock()
 		left, offered := len(m.held), len(m.offered)
 		m.mu.Unlock()
@@ -799,7 +799,19 @@ func (m *Manager) Handover(ctx context.Context) int {
 			return left
 		case <-tick.C:
 		}
-		if err := m.HandoverOnce(ctx); err != nil && ctx.Err() == nil {
+		var err error
+		if n%8 == 0 {
+			// A round now and then: a replica offered to may have
+			// stopped being ready (the whole region stopping at once);
+			// the round withdraws such offers, and Handover ends when
+			// none is left to wait for.
+			rctx, cancel := context.WithTimeout(ctx, m.cfg.Interval)
+			err = m.RunOnce(rctx)
+			cancel()
+		} else {
+			err = m.HandoverOnce(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
 			m.log.Warn("hand over shards", "err", err)
 		}
 	}
