@@ -107,9 +107,9 @@ type Config struct {
 	// RefusedAlarm is how long evidence_refused stays raised after a
 	// peer's last refusal (DefaultRefusedAlarm).
 	RefusedAlarm time.Duration
-	Logger     *slog.Logger
-	Registerer prometheus.Registerer
-	Now        func() time.Time
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer
+	Now          func() time.Time
 }
 
 // Validate checks the configuration and fills defaults.
