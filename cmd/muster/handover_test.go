@@ -24,12 +24,12 @@ import (
 )
 
 // The region of the handover test: 20,000 seeded instances with a
-// minute of observed windows over 60 services, 90 subscribers of two
-// services each, 30 on each of the first three replicas.
+// minute of observed windows over 60 services, 60 subscribers of two
+// services each, 20 on each of the first three replicas.
 const (
 	handoverServices    = 60
 	handoverInstances   = 20000
-	handoverSubscribers = 90
+	handoverSubscribers = 60
 	// handoverBudget is what the test insists on: ADR-11's budget (99%
 	// within 5 s). Before make before break, a service that moved waited
 	// for its new owner's rebuild: 4.5 s median, 6.8 s max on a quiet
@@ -162,11 +162,13 @@ func TestRoutineTransitionsNeverDelayAWithdrawal(t *testing.T) {
 	for i := range services {
 		services[i] = fmt.Sprintf("lg-%04d", i)
 	}
-	// The seeded prober reports every instance healthy every 3 s, as a
-	// live region's probers do, round-robin over the replicas up: the
-	// seed writes a minute of windows but no admission transitions, so
-	// without live evidence a replica that rebuilds after the windows aged
-	// would hold the instances as awaiting their first success.
+	// The seeded prober reports every instance healthy every 3 s,
+	// round-robin over the replicas, until they are admitted: the seed
+	// writes a minute of windows but no admission transitions, so without
+	// live evidence a replica that rebuilt after the windows aged would
+	// hold the instances as awaiting their first success. Once admitted
+	// (their owners write the transitions), silence keeps them in
+	// rotation as unknown, through every restart.
 	prober := token(t, dir, "--kind", "prober", "--subject", "loadgen-prober")
 	var ids []string
 	for _, name := range services {
@@ -255,6 +257,8 @@ func TestRoutineTransitionsNeverDelayAWithdrawal(t *testing.T) {
 		d, _ := same()
 		return d == ""
 	})
+	stopProbing()
+	probing.Wait()
 	runCtx, cancel := context.WithCancel(ctx)
 	var running sync.WaitGroup
 	t.Cleanup(func() { cancel(); running.Wait() })
