@@ -158,7 +158,10 @@ func (f *Fence) Dropped(writer string, n int) {
 }
 
 // CheckAll checks each distinct token of a batch once, in q's
-// transaction, for a writer of many services' rows (a COPY of windows):
+// transaction, for a writer of many services' records (a COPY of windows
+// or transitions): a record decided under an earlier tenure of a shard
+// this replica holds again passes under the tenure it holds now, as no
+// other replica made it;
 // one fencing query per tenure, not per row. It returns the tenures that
 // have ended (their rows must be left out); an error that is not the
 // fence's (the database away) is returned for the writer to keep its rows
@@ -180,8 +183,22 @@ func (f *Fence) CheckAll(ctx context.Context, q *db.Queries, tokens []Token) (en
 		return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.epoch, b.epoch))
 	})
 	ended = map[Token]bool{}
+	var now map[int]uint64
+	if f != nil {
+		if h, ok := f.o.(heldNow); ok {
+			now = h.Owned()
+		}
+	}
 	for _, t := range sorted {
-		switch err := f.Check(ctx, q, t); {
+		err := f.Check(ctx, q, t)
+		if e, again := now[t.shard]; IsNotOwner(err) && again && e > t.epoch {
+			// The tenure ended, but this replica holds the shard again
+			// (its lease lapsed and it took the shard back: a database
+			// outage). What it decided then is its own record, which
+			// nobody else made: checked under the tenure it holds now.
+			err = f.Check(ctx, q, Token{shard: t.shard, epoch: e, fenced: true})
+		}
+		switch {
 		case IsNotOwner(err):
 			ended[t] = true
 		case err != nil:
@@ -189,4 +206,10 @@ func (f *Fence) CheckAll(ctx context.Context, q *db.Queries, tokens []Token) (en
 		}
 	}
 	return ended, nil
+}
+
+// heldNow is what CheckAll asks of an Ownership that can say which
+// tenures this replica holds now (*ownership.Manager does).
+type heldNow interface {
+	Owned() map[int]uint64
 }
