@@ -87,6 +87,29 @@ func (q *Queries) ShardLeaseHandovers(ctx context.Context, arg ShardLeaseHandove
 	return items, nil
 }
 
+const shardLeaseHolder = `-- name: ShardLeaseHolder :one
+SELECT owner, (owner IS NOT NULL AND expires_at > clock_timestamp())::boolean AS held
+FROM shard_leases
+WHERE shard = $1::integer
+FOR SHARE
+`
+
+type ShardLeaseHolderRow struct {
+	Owner *string
+	Held  bool
+}
+
+// Who holds shard now (owner, and whether the lease is live by the
+// database's clock), for a writer of records whose tenure ended: its
+// records stand unless another replica holds the shard. FOR SHARE keeps
+// a takeover waiting until the writer's transaction ends, as Fence does.
+func (q *Queries) ShardLeaseHolder(ctx context.Context, shard int32) (ShardLeaseHolderRow, error) {
+	row := q.db.QueryRow(ctx, shardLeaseHolder, shard)
+	var i ShardLeaseHolderRow
+	err := row.Scan(&i.Owner, &i.Held)
+	return i, err
+}
+
 const shardLeaseList = `-- name: ShardLeaseList :many
 
 SELECT shard, owner, epoch, acquired_at, renewed_at, expires_at,

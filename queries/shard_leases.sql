@@ -135,3 +135,13 @@ SELECT shard, owner, epoch, offered_to,
 FROM shard_leases
 WHERE offered_to = sqlc.arg(replica)::text OR shard = ANY(sqlc.arg(shards)::integer[])
 ORDER BY shard;
+
+-- name: ShardLeaseHolder :one
+-- Who holds shard now (owner, and whether the lease is live by the
+-- database's clock), for a writer of records whose tenure ended: its
+-- records stand unless another replica holds the shard. FOR SHARE keeps
+-- a takeover waiting until the writer's transaction ends, as Fence does.
+SELECT owner, (owner IS NOT NULL AND expires_at > clock_timestamp())::boolean AS held
+FROM shard_leases
+WHERE shard = sqlc.arg(shard)::integer
+FOR SHARE;

@@ -159,9 +159,8 @@ func (f *Fence) Dropped(writer string, n int) {
 
 // CheckAll checks each distinct token of a batch once, in q's
 // transaction, for a writer of many services' records (a COPY of windows
-// or transitions): a record decided under an earlier tenure of a shard
-// this replica holds again passes under the tenure it holds now, as no
-// other replica made it;
+// or transitions): a record decided under a tenure that has ended passes
+// unless another replica holds the shard now, as nobody else made it;
 // one fencing query per tenure, not per row. It returns the tenures that
 // have ended (their rows must be left out); an error that is not the
 // fence's (the database away) is returned for the writer to keep its rows
@@ -183,20 +182,20 @@ func (f *Fence) CheckAll(ctx context.Context, q *db.Queries, tokens []Token) (en
 		return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.epoch, b.epoch))
 	})
 	ended = map[Token]bool{}
-	var now map[int]uint64
-	if f != nil {
-		if h, ok := f.o.(heldNow); ok {
-			now = h.Owned()
-		}
-	}
 	for _, t := range sorted {
 		err := f.Check(ctx, q, t)
-		if e, again := now[t.shard]; IsNotOwner(err) && again && e > t.epoch {
-			// The tenure ended, but this replica holds the shard again
-			// (its lease lapsed and it took the shard back: a database
-			// outage). What it decided then is its own record, which
-			// nobody else made: checked under the tenure it holds now.
-			err = f.Check(ctx, q, Token{shard: t.shard, epoch: e, fenced: true})
+		if h, ok := f.o.(holders); ok && IsNotOwner(err) {
+			// The tenure ended. The records stand unless another
+			// replica holds the shard now: the tenure lapsed through a
+			// database outage, or this replica took the shard back, and
+			// nobody else made them.
+			other, herr := h.HeldByAnother(ctx, q, t.shard)
+			switch {
+			case herr != nil:
+				return nil, herr
+			case !other:
+				err = nil
+			}
 		}
 		switch {
 		case IsNotOwner(err):
@@ -206,6 +205,12 @@ func (f *Fence) CheckAll(ctx context.Context, q *db.Queries, tokens []Token) (en
 		}
 	}
 	return ended, nil
+}
+
+// holders is what CheckAll asks of an Ownership that can read who holds
+// a shard now (*ownership.Manager does).
+type holders interface {
+	HeldByAnother(ctx context.Context, q *db.Queries, shard int) (bool, error)
 }
 
 // heldNow is what CheckAll asks of an Ownership that can say which

@@ -69,38 +69,40 @@ func TestTokensNameTheTenureOfTheDecision(t *testing.T) {
 	none.Dropped("x", 1) // no panic
 }
 
-// reacquiring is a manager that also says which tenures it holds now.
-type reacquiring struct {
+// reading is a manager that also says whether another replica holds a
+// shard now (by the database, in the writer's transaction).
+type reading struct {
 	manager
-	now map[int]uint64
+	other map[int]bool
 }
 
-func (r *reacquiring) Owned() map[int]uint64 { return r.now }
+func (r *reading) HeldByAnother(_ context.Context, _ *db.Queries, shard int) (bool, error) {
+	return r.other[shard], nil
+}
 
-// TestRecordsOfATenureRetakenPass: a batch of records (CheckAll) decided
-// under a tenure that ended passes when this replica holds the shard
-// again under a newer one (its lease lapsed through a database outage
-// and it took the shard back), and is left out when another replica
-// holds it; a single action (Check) is refused either way.
-func TestRecordsOfATenureRetakenPass(t *testing.T) {
+// TestRecordsOfAnEndedTenureStandUnlessAnotherHolds: a batch of records
+// (CheckAll) decided under a tenure that ended passes when no other
+// replica holds the shard now (the lease lapsed through a database
+// outage, or this replica took it back), and is left out when another
+// does; a single action (Check) is refused either way.
+func TestRecordsOfAnEndedTenureStandUnlessAnotherHolds(t *testing.T) {
 	ctx := context.Background()
 	shard := ownership.ShardOf("mine", 64)
-	r := &reacquiring{manager: manager{held: map[int]uint64{shard: 9}}, now: map[int]uint64{shard: 9}}
+	r := &reading{manager: manager{held: map[int]uint64{shard: 9}}, other: map[int]bool{}}
 	f, err := fence.New(r, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tok, _ := f.Claim("mine")
-	r.held[shard], r.now[shard] = 10, 10 // lapsed and retaken by this replica
+	r.held[shard] = 10 // lapsed and retaken by this replica
 	ended, err := f.CheckAll(ctx, nil, []fence.Token{tok})
 	if err != nil || ended[tok] {
-		t.Fatalf("records of a tenure this replica holds again: ended %v, err %v; want written", ended, err)
+		t.Fatalf("records of an ended tenure nobody else holds: ended %v, err %v; want written", ended, err)
 	}
 	if err := f.Check(ctx, nil, tok); !fence.IsNotOwner(err) {
 		t.Fatalf("an action of the ended tenure: %v, want refused", err)
 	}
-	delete(r.now, shard) // another replica took it
-	r.held[shard] = 11
+	r.other[shard] = true // another replica took it
 	if ended, err := f.CheckAll(ctx, nil, []fence.Token{tok}); err != nil || !ended[tok] {
 		t.Fatalf("records of a tenure another replica took over: ended %v, err %v; want left out", ended, err)
 	}

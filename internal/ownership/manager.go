@@ -1135,6 +1135,22 @@ func (m *Manager) Fence(ctx context.Context, q *db.Queries, shard int, epoch uin
 	return nil
 }
 
+// HeldByAnother reports, inside the caller's transaction (q from
+// db.WithTx), whether a replica other than this one holds shard now by
+// the database's clock, and keeps the row so (FOR SHARE) until the
+// transaction ends. A writer of records decided under a tenure that has
+// since ended (Fence refused it) writes them unless another replica
+// holds the shard: then that replica makes its own; otherwise nobody
+// else made them (the tenure lapsed through a database outage, or this
+// replica took the shard back under a new epoch).
+func (m *Manager) HeldByAnother(ctx context.Context, q *db.Queries, shard int) (bool, error) {
+	row, err := q.ShardLeaseHolder(ctx, int32(shard))
+	if err != nil {
+		return false, fmt.Errorf("read the holder of shard %d: %w", shard, err)
+	}
+	return row.Held && row.Owner != nil && *row.Owner != m.cfg.ID, nil
+}
+
 // Status is one replica's ownership, for GET /v1/replicas.
 type Status struct {
 	Replica, Address, Region string
