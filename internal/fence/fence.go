@@ -212,9 +212,3 @@ func (f *Fence) CheckAll(ctx context.Context, q *db.Queries, tokens []Token) (en
 type holders interface {
 	HeldByAnother(ctx context.Context, q *db.Queries, shard int) (bool, error)
 }
-
-// heldNow is what CheckAll asks of an Ownership that can say which
-// tenures this replica holds now (*ownership.Manager does).
-type heldNow interface {
-	Owned() map[int]uint64
-}
