@@ -28,7 +28,6 @@ import (
 // services each, 15 on each of the first three replicas.
 const (
 	handoverServices    = 60
-	handoverInstances   = 20000
 	handoverSubscribers = 45
 	// handoverBudget is what the test insists on: ADR-11's budget (99%
 	// within 5 s). Before make before break, a service that moved waited
@@ -37,6 +36,14 @@ const (
 	// are logged, well under it.
 	handoverBudget = 5 * time.Second
 )
+
+// handoverInstances is the region's size: 20,000, as the issue asks
+// (`go test ./...`, the README's command). Under the race detector (CI)
+// each of the four processes holding them runs several times slower and
+// the test starved the other real-process tests running beside it (a
+// 14-minute package timeout), so it holds 5,000 there: the handover
+// protocol is the same, the rebuilds shorter.
+var handoverInstances = map[bool]int{false: 20000, true: 5000}[raceDetector]
 
 // withdrawal is one deregistration the test made, and when each of the
 // subscribers of its service stopped routing to the instance.
@@ -59,7 +66,7 @@ type withdrawal struct {
 // empty view: a replica hands its shards over before it stops, and one
 // that starts is dealt shards only once it can publish them.
 func TestRoutineTransitionsNeverDelayAWithdrawal(t *testing.T) {
-	realTime(t, "a rolling restart and a scale-out of three replicas holding 20,000 instances")
+	realTime(t, "a rolling restart and a scale-out of three replicas holding 20,000 instances (5,000 under -race)")
 	t.Parallel()
 	dir := devDir(t)
 	ctx := context.Background()
