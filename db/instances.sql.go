@@ -1364,19 +1364,19 @@ func (q *Queries) LeaseListLapsed(ctx context.Context, arg LeaseListLapsedParams
 }
 
 const leaseRenew = `-- name: LeaseRenew :one
-UPDATE instances SET lease_expires_at = COALESCE($2::timestamptz, clock_timestamp())
-                                        + $3::bigint * interval '1 microsecond',
-                     updated_at = COALESCE($2::timestamptz, clock_timestamp()),
-                     credential_proven = credential_proven OR $4::boolean
-WHERE id = $1 AND state = 'active'
-RETURNING id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven
+UPDATE instances SET lease_expires_at = c.at + $1::bigint * interval '1 microsecond',
+                     updated_at = c.at,
+                     credential_proven = credential_proven OR $2::boolean
+FROM (SELECT COALESCE($4::timestamptz, clock_timestamp()) AS at) AS c
+WHERE id = $3 AND state = 'active'
+RETURNING instances.id, instances.service, instances.address, instances.port, instances.zone, instances.region, instances.source, instances.state, instances.lease_expires_at, instances.registered_by, instances.created_at, instances.updated_at, instances.ended_at, instances.seal, instances.seal_key, instances.end_seal, instances.end_seal_key, instances.sealed_identity, instances.credential_hash, instances.credential_proven
 `
 
 type LeaseRenewParams struct {
-	ID         uuid.UUID
-	At         *time.Time
 	LifetimeUs int64
 	Proven     bool
+	ID         uuid.UUID
+	At         *time.Time
 }
 
 // proven: the renewal presented the instance's credential, which it then
@@ -1384,13 +1384,14 @@ type LeaseRenewParams struct {
 // or from PostgreSQL's clock when at is NULL: lease times are the
 // database's, whichever replica took the renewal, so no replica's clock
 // skew shortens or lengthens a lease. updated_at is stamped on the same
-// clock (the evaluators' incremental refresh reads by it).
+// clock (the evaluators' incremental refresh reads by it), read once so
+// that the lease runs exactly lifetime_us past it.
 func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instance, error) {
 	row := q.db.QueryRow(ctx, leaseRenew,
-		arg.ID,
-		arg.At,
 		arg.LifetimeUs,
 		arg.Proven,
+		arg.ID,
+		arg.At,
 	)
 	var i Instance
 	err := row.Scan(
@@ -1420,21 +1421,21 @@ func (q *Queries) LeaseRenew(ctx context.Context, arg LeaseRenewParams) (Instanc
 
 const leaseRenewMany = `-- name: LeaseRenewMany :many
 UPDATE instances AS i
-SET lease_expires_at = GREATEST(i.lease_expires_at,
-        COALESCE($1::timestamptz, clock_timestamp()) + v.lifetime_us * interval '1 microsecond'),
-    updated_at = COALESCE($1::timestamptz, clock_timestamp()),
+SET lease_expires_at = GREATEST(i.lease_expires_at, c.at + v.lifetime_us * interval '1 microsecond'),
+    updated_at = c.at,
     credential_proven = i.credential_proven OR v.proven
-FROM (SELECT unnest($2::uuid[]) AS id, unnest($3::bigint[]) AS lifetime_us,
-             unnest($4::boolean[]) AS proven) AS v
+FROM (SELECT unnest($1::uuid[]) AS id, unnest($2::bigint[]) AS lifetime_us,
+             unnest($3::boolean[]) AS proven) AS v,
+     (SELECT COALESCE($4::timestamptz, clock_timestamp()) AS at) AS c
 WHERE i.id = v.id AND i.state = 'active' AND i.lease_expires_at IS NOT NULL
 RETURNING i.id, i.service, i.address, i.port, i.zone, i.region, i.source, i.state, i.lease_expires_at, i.registered_by, i.created_at, i.updated_at, i.ended_at, i.seal, i.seal_key, i.end_seal, i.end_seal_key, i.sealed_identity, i.credential_hash, i.credential_proven
 `
 
 type LeaseRenewManyParams struct {
-	At         *time.Time
 	Ids        []uuid.UUID
 	LifetimeUs []int64
 	Proven     []bool
+	At         *time.Time
 }
 
 // Renews many leases in one statement: each id's lease runs lifetime_us
@@ -1447,10 +1448,10 @@ type LeaseRenewManyParams struct {
 // instances are left alone.
 func (q *Queries) LeaseRenewMany(ctx context.Context, arg LeaseRenewManyParams) ([]Instance, error) {
 	rows, err := q.db.Query(ctx, leaseRenewMany,
-		arg.At,
 		arg.Ids,
 		arg.LifetimeUs,
 		arg.Proven,
+		arg.At,
 	)
 	if err != nil {
 		return nil, err

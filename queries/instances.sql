@@ -86,13 +86,14 @@ RETURNING *;
 -- or from PostgreSQL's clock when at is NULL: lease times are the
 -- database's, whichever replica took the renewal, so no replica's clock
 -- skew shortens or lengthens a lease. updated_at is stamped on the same
--- clock (the evaluators' incremental refresh reads by it).
-UPDATE instances SET lease_expires_at = COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp())
-                                        + sqlc.arg(lifetime_us)::bigint * interval '1 microsecond',
-                     updated_at = COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()),
+-- clock (the evaluators' incremental refresh reads by it), read once so
+-- that the lease runs exactly lifetime_us past it.
+UPDATE instances SET lease_expires_at = c.at + sqlc.arg(lifetime_us)::bigint * interval '1 microsecond',
+                     updated_at = c.at,
                      credential_proven = credential_proven OR sqlc.arg(proven)::boolean
-WHERE id = $1 AND state = 'active'
-RETURNING *;
+FROM (SELECT COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()) AS at) AS c
+WHERE id = sqlc.arg(id) AND state = 'active'
+RETURNING instances.*;
 
 -- name: LeaseCountRegisteredBy :one
 -- The live leases one identity registered: its lease renewal limit grows
@@ -119,12 +120,12 @@ FOR UPDATE;
 -- one select list run in step), so they must be of one length. Ended
 -- instances are left alone.
 UPDATE instances AS i
-SET lease_expires_at = GREATEST(i.lease_expires_at,
-        COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()) + v.lifetime_us * interval '1 microsecond'),
-    updated_at = COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()),
+SET lease_expires_at = GREATEST(i.lease_expires_at, c.at + v.lifetime_us * interval '1 microsecond'),
+    updated_at = c.at,
     credential_proven = i.credential_proven OR v.proven
 FROM (SELECT unnest(sqlc.arg(ids)::uuid[]) AS id, unnest(sqlc.arg(lifetime_us)::bigint[]) AS lifetime_us,
-             unnest(sqlc.arg(proven)::boolean[]) AS proven) AS v
+             unnest(sqlc.arg(proven)::boolean[]) AS proven) AS v,
+     (SELECT COALESCE(sqlc.narg(at)::timestamptz, clock_timestamp()) AS at) AS c
 WHERE i.id = v.id AND i.state = 'active' AND i.lease_expires_at IS NOT NULL
 RETURNING i.*;
 
