@@ -144,6 +144,9 @@ func TestHandoverBeforeStop(t *testing.T) {
 		}
 	}
 	wait.For(t, patience, "three replicas balanced", func() bool { return balanced(t, pool, a, b, c) })
+	// a has noticed every take of the first balance (its count of
+	// handovers is settled).
+	wait.For(t, patience, "a's first offers noticed as taken", func() bool { return len(a.Region().Offered) == 0 })
 	handed := a.Owned()
 	before := a.metric(t, "muster_shard_ownership_changes_total", "handed")
 	free := watchFree(t, pool)
