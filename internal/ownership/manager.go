@@ -820,18 +820,27 @@ func (m *Manager) Handover(ctx context.Context) int {
 // endHandovers ends the handovers whose grace has passed (all of them
 // with force) and tells OnLapseEnd: the publisher stops publishing them.
 func (m *Manager) endHandovers(now time.Time, force bool) {
+	m.stopPublishing(func() (ended []int) {
+		for s, until := range m.handed {
+			if force || !now.Before(until) {
+				delete(m.handed, s)
+				if m.held[s] == nil {
+					ended = append(ended, s)
+				}
+			}
+		}
+		return ended
+	})
+}
+
+// stopPublishing runs take under mu, within the callbacks' order
+// (emitMu), and tells OnLapseEnd of the shards it returns: those this
+// replica no longer publishes (a lapse or a handover ended).
+func (m *Manager) stopPublishing(take func() []int) {
 	m.emitMu.Lock()
 	defer m.emitMu.Unlock()
 	m.mu.Lock()
-	var ended []int
-	for s, until := range m.handed {
-		if force || !now.Before(until) {
-			delete(m.handed, s)
-			if m.held[s] == nil {
-				ended = append(ended, s)
-			}
-		}
-	}
+	ended := take()
 	slices.Sort(ended)
 	cbs := slices.Clone(m.lapseEnds)
 	m.mu.Unlock()
@@ -1038,25 +1047,15 @@ func (m *Manager) OnLapseEnd(fn func(shards []int)) {
 
 // endLapses ends every lapse and tells OnLapseEnd.
 func (m *Manager) endLapses() {
-	m.emitMu.Lock()
-	defer m.emitMu.Unlock()
-	m.mu.Lock()
-	var ended []int
-	for s := range m.lapsed {
-		if m.held[s] == nil {
-			ended = append(ended, s)
+	m.stopPublishing(func() (ended []int) {
+		for s := range m.lapsed {
+			if m.held[s] == nil {
+				ended = append(ended, s)
+			}
 		}
-	}
-	slices.Sort(ended)
-	clear(m.lapsed)
-	cbs := slices.Clone(m.lapseEnds)
-	m.mu.Unlock()
-	if len(ended) == 0 {
-		return
-	}
-	for _, fn := range cbs {
-		fn(ended)
-	}
+		clear(m.lapsed)
+		return ended
+	})
 }
 
 // Publishes reports whether this replica goes on publishing service's
