@@ -2,6 +2,8 @@ package main
 
 import (
 	"cmp"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -472,9 +474,14 @@ func (c *Config) Validate() error {
 }
 
 // validateIAM checks DATABASE_URL for IAM database authentication: a
-// token is a password good for 15 minutes, so it travels only over TLS
-// (Aurora refuses IAM logins without it anyway), and it is signed for the
-// URL's user.
+// token is a password good for 15 minutes, signed for the URL's user. It
+// goes only to a server that proves it is the database: sslmode=require
+// and verify-ca encrypt but check no host name (require checks nothing at
+// all without a root certificate), so whoever answers on the writer's
+// address, a spoofed DNS answer or a man in the middle, would be handed a
+// token that logs in to the real database. verify-full with the RDS CA
+// bundle is the only mode that rules that out; the bundle is read now so
+// a missing or wrong file stops the start instead of every connection.
 func (c *Config) validateIAM() error {
 	if !c.DBIAM {
 		return nil
@@ -489,10 +496,49 @@ func (c *Config) validateIAM() error {
 	if u.User.Username() == "" && u.Query().Get("user") == "" {
 		return errors.New("MUSTER_DB_IAM: DATABASE_URL names no user to sign tokens for")
 	}
-	switch m := u.Query().Get("sslmode"); m {
-	case "require", "verify-ca", "verify-full":
-	default:
-		return fmt.Errorf("MUSTER_DB_IAM: DATABASE_URL's sslmode is %q; IAM tokens are passwords, send them over TLS only (sslmode=verify-full with the RDS CA bundle as sslrootcert)", m)
+	// pgx takes a setting from the URL, else from the PG* environment.
+	q := u.Query()
+	mode := cmpOr(q.Get("sslmode"), os.Getenv("PGSSLMODE"))
+	if mode != "verify-full" {
+		return fmt.Errorf("MUSTER_DB_IAM: DATABASE_URL's sslmode is %q; an IAM token is a password, so muster sends it only to a server whose certificate it has verified: "+
+			"add sslmode=verify-full&sslrootcert=/path/to/global-bundle.pem (the RDS CA bundle) to DATABASE_URL", mode)
+	}
+	root := cmpOr(q.Get("sslrootcert"), os.Getenv("PGSSLROOTCERT"))
+	switch root {
+	case "":
+		return errors.New("MUSTER_DB_IAM: DATABASE_URL has no sslrootcert; add sslrootcert=/path/to/global-bundle.pem, the RDS CA bundle (https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem) the server's certificate is verified against")
+	case "system":
+		return errors.New("MUSTER_DB_IAM: DATABASE_URL's sslrootcert is \"system\", but the RDS CAs are not among the system roots; give the RDS CA bundle's file (sslrootcert=/path/to/global-bundle.pem)")
+	}
+	if err := checkCABundle(root); err != nil {
+		return fmt.Errorf("MUSTER_DB_IAM: DATABASE_URL's sslrootcert: %w; give the RDS CA bundle (https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem)", err)
+	}
+	return nil
+}
+
+// checkCABundle reads a PEM CA bundle: at least one block, every block a
+// certificate that parses (text between blocks, such as comments, is
+// skipped). A key, a DER file or a truncated download is refused by name rather than failing each TLS handshake later.
+func checkCABundle(file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for rest := b; ; n++ {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			return fmt.Errorf("%s: block %d is a %s, want only CERTIFICATE blocks", file, n+1, blk.Type)
+		}
+		if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+			return fmt.Errorf("%s: certificate %d does not parse: %w", file, n+1, err)
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("%s holds no PEM certificate", file)
 	}
 	return nil
 }

@@ -2,23 +2,52 @@ package main
 
 import (
 	"context"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/musterhq/muster/internal/tlsreload/tlstest"
 )
 
+// TestLoadEnvDatabaseIAM: with MUSTER_DB_IAM=1 muster starts only when
+// DATABASE_URL verifies the server's certificate and host name
+// (sslmode=verify-full) against a CA bundle that is there and holds only
+// certificates; sslmode=require, which verifies nothing, is refused with a
+// message naming the fix.
 func TestLoadEnvDatabaseIAM(t *testing.T) {
+	t.Setenv("PGSSLMODE", "") // the URL alone decides, until the end
+	t.Setenv("PGSSLROOTCERT", "")
+	dir := t.TempDir()
+	bundle := filepath.Join(dir, "global-bundle.pem")
+	ca1, ca2 := tlstest.NewCA(t), tlstest.NewCA(t)
+	tlstest.WriteFile(t, bundle, append(slices.Clone(ca1.PEM), ca2.PEM...)) // a bundle: several CAs, as RDS ships it
+	notPEM := filepath.Join(dir, "bundle.der")
+	tlstest.WriteFile(t, notPEM, []byte("not a certificate"))
+	withKey := filepath.Join(dir, "with-key.pem")
+	_, keyPEM := ca1.Leaf(t, "db", time.Hour)
+	tlstest.WriteFile(t, withKey, append(slices.Clone(ca1.PEM), keyPEM...))
+	const base = "postgres://muster@w.cluster-x.eu-west-1.rds.amazonaws.com:5432/muster"
 	for _, tc := range []struct {
 		iam, url string
-		ok       bool
+		want     string // "" ok, else a fragment of the refusal
 	}{
-		{"1", "postgres://muster@w.cluster-x.eu-west-1.rds.amazonaws.com:5432/muster?sslmode=verify-full&sslrootcert=/ca.pem", true},
-		{"1", "postgres://muster@writer:5432/muster?sslmode=require", true},
-		{"1", "postgres://muster@writer:5432/muster", false},                   // no TLS asked for
-		{"1", "postgres://muster@writer:5432/muster?sslmode=prefer", false},    // may fall back to plain text
-		{"1", "postgres://writer:5432/muster?sslmode=require", false},          // no user
-		{"1", "host=writer user=muster sslmode=require", false},                // not a URL
-		{"yes", "postgres://muster@writer:5432/muster?sslmode=require", false}, // not 1 or 0
-		{"0", "postgres://muster@writer:5432/muster", true},
+		{"1", base + "?sslmode=verify-full&sslrootcert=" + bundle, ""},
+		{"1", base + "?sslmode=require", "sslmode=verify-full&sslrootcert="},                  // encrypts, verifies nothing
+		{"1", base + "?sslmode=require&sslrootcert=" + bundle, "sslmode=verify-full"},         // verifies the chain, not the host name
+		{"1", base + "?sslmode=verify-ca&sslrootcert=" + bundle, "sslmode=verify-full"},       // the same
+		{"1", base, "sslmode=verify-full"},                                                    // no TLS asked for
+		{"1", base + "?sslmode=prefer", "sslmode=verify-full"},                                // may fall back to plain text
+		{"1", base + "?sslmode=verify-full", "RDS CA bundle"},                                 // no bundle named
+		{"1", base + "?sslmode=verify-full&sslrootcert=system", "not among the system roots"}, // the RDS CAs are not there
+		{"1", base + "?sslmode=verify-full&sslrootcert=" + filepath.Join(dir, "missing.pem"), "no such file"},
+		{"1", base + "?sslmode=verify-full&sslrootcert=" + notPEM, "no PEM certificate"},
+		{"1", base + "?sslmode=verify-full&sslrootcert=" + withKey, "want only CERTIFICATE blocks"},
+		{"1", "postgres://writer:5432/muster?sslmode=verify-full&sslrootcert=" + bundle, "no user"},
+		{"1", "host=writer user=muster sslmode=verify-full", "postgres:// URL"},
+		{"yes", base + "?sslmode=verify-full&sslrootcert=" + bundle, "want 1 or 0"},
+		{"0", "postgres://muster@writer:5432/muster", ""},
 	} {
 		t.Setenv("MUSTER_DB_IAM", tc.iam)
 		t.Setenv("DATABASE_URL", tc.url)
@@ -27,8 +56,27 @@ func TestLoadEnvDatabaseIAM(t *testing.T) {
 		if err == nil {
 			err = c.validateIAM()
 		}
-		if (err == nil) != tc.ok {
-			t.Errorf("MUSTER_DB_IAM=%s DATABASE_URL=%s: %v, want ok %t", tc.iam, tc.url, err, tc.ok)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("MUSTER_DB_IAM=%s DATABASE_URL=%s: %v, want it accepted", tc.iam, tc.url, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("MUSTER_DB_IAM=%s DATABASE_URL=%s: %v, want a refusal naming %q", tc.iam, tc.url, err, tc.want)
+		}
+	}
+
+	// The PG* environment counts as pgx counts it: under the URL's own.
+	t.Setenv("MUSTER_DB_IAM", "1")
+	t.Setenv("PGSSLMODE", "verify-full")
+	t.Setenv("PGSSLROOTCERT", bundle)
+	for url, ok := range map[string]bool{base: true, base + "?sslmode=require": false} {
+		t.Setenv("DATABASE_URL", url)
+		c := Config{Addr: ":0", Region: "local"}
+		err := loadEnv(&c)
+		if err == nil {
+			err = c.validateIAM()
+		}
+		if (err == nil) != ok {
+			t.Errorf("PGSSLMODE=verify-full, DATABASE_URL=%s: %v, want ok %t", url, err, ok)
 		}
 	}
 }
