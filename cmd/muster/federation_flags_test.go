@@ -84,14 +84,15 @@ func TestPeerRegionFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--peer", "b"}, "want NAME=URL"},
-		{[]string{"--peer", "a=http://x", "--peer-token", "a=" + tokB}, "this region's own name"},
-		{[]string{"--peer", "B_1=http://x"}, "DNS label"},
+		{[]string{"--peer", "a=https://x", "--peer-token", "a=" + tokB}, "this region's own name"},
+		{[]string{"--peer", "B_1=https://x"}, "DNS label"},
 		{[]string{"--peer", "b=x.example"}, "http:// or https://"},
-		{[]string{"--peer", "b=http://x"}, "has no token"},
-		{[]string{"--peer", "b=http://x", "--peer-token", "b=" + filepath.Join(dir, "missing")}, "token file"},
-		{[]string{"--peer", "b=http://x", "--peer-token", "b=" + tokB, "--peer-ca", "b=" + filepath.Join(dir, "missing")}, "CA bundle"},
-		{[]string{"--peer", "b=http://x", "--peer-token", "c=" + tokB}, `no peer region "c"`},
-		{[]string{"--peer", "b=http://x", "--peer-token", "b=" + tokB, "--peer-stale-after", "soon"}, "want a duration above 0"},
+		{[]string{"--peer", "b=http://muster.b.example:8080", "--peer-token", "b=" + tokB}, "in clear text"}, // the token would travel in clear
+		{[]string{"--peer", "b=https://x"}, "has no token"},
+		{[]string{"--peer", "b=https://x", "--peer-token", "b=" + filepath.Join(dir, "missing")}, "token file"},
+		{[]string{"--peer", "b=https://x", "--peer-token", "b=" + tokB, "--peer-ca", "b=" + filepath.Join(dir, "missing")}, "CA bundle"},
+		{[]string{"--peer", "b=https://x", "--peer-token", "c=" + tokB}, `no peer region "c"`},
+		{[]string{"--peer", "b=https://x", "--peer-token", "b=" + tokB, "--peer-stale-after", "soon"}, "want a duration above 0"},
 	} {
 		if _, err := parse(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v; want an error with %q", tc.args, err, tc.want)
@@ -101,6 +102,9 @@ func TestPeerRegionFlags(t *testing.T) {
 	for _, cmd := range []string{"dev", "serve"} {
 		if _, _, err := runCmd(t, cmd, "--peer", "b=ftp://x"); err == nil || !strings.Contains(err.Error(), "http:// or https://") {
 			t.Errorf("muster %s --peer b=ftp://x: %v", cmd, err)
+		}
+		if _, _, err := runCmd(t, cmd, "--peer", "b=http://muster.b.example:8080", "--peer-token", "b="+tokB); err == nil || !strings.Contains(err.Error(), "in clear text") {
+			t.Errorf("muster %s --peer b=http://muster.b.example:8080: %v; want the plain-http refusal", cmd, err)
 		}
 	}
 }

@@ -127,6 +127,15 @@ func (c *Config) Validate() error {
 		case p.TokenFile == "":
 			return fmt.Errorf("federation: peer region %q has no token file", p.Name)
 		}
+		for _, raw := range p.URLs {
+			u, err := url.Parse(raw)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return fmt.Errorf("federation: peer region %q: %q is not an http(s) base URL", p.Name, raw)
+			}
+			if err := checkPlainHTTP(p.Name, u); err != nil {
+				return fmt.Errorf("federation: peer region %q: %w", p.Name, err)
+			}
+		}
 		seen[p.Name] = true
 	}
 	if c.StaleAfter < 0 || c.Discover < 0 || c.Tick < 0 || c.BaseBackoff < 0 || c.MaxBackoff < 0 || c.HTTPTimeout < 0 || c.RegressAfter < 0 || c.RegressCheck < 0 {

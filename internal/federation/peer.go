@@ -3,6 +3,7 @@ package federation
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -17,8 +18,9 @@ const maxNameLen = 63
 type PeerConfig struct {
 	// Name is the peer's region name (its MUSTER_REGION), a DNS label.
 	Name string
-	// URLs are base URLs (http://host:port) of the peer's replicas; the
-	// client rotates through them on every reconnect.
+	// URLs are base URLs (https://host:port; http only on loopback) of
+	// the peer's replicas; the client rotates through them on every
+	// reconnect.
 	URLs []string
 	// TokenFile holds the bearer token the peer issued to this region
 	// (an operator with the viewer role, or a tool with it: it may list
@@ -45,8 +47,9 @@ func ValidName(s string) bool {
 }
 
 // ParsePeer reads one "NAME=URL" (as --peer and each element of
-// MUSTER_PEER_REGIONS give it): NAME a region name, URL an http or https
-// base URL with a host and nothing after the host but an optional "/".
+// MUSTER_PEER_REGIONS give it): NAME a region name, URL an https base URL
+// (http only on a loopback host) with a host and nothing after the host
+// but an optional "/".
 func ParsePeer(s string) (name, base string, err error) {
 	name, base, ok := strings.Cut(strings.TrimSpace(s), "=")
 	name, base = strings.TrimSpace(name), strings.TrimSpace(base)
@@ -67,7 +70,35 @@ func ParsePeer(s string) (name, base string, err error) {
 	case u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery || u.Opaque != "":
 		return "", "", fmt.Errorf("peer %q: a base URL has no user, path, query or fragment", s)
 	}
+	if err := checkPlainHTTP(name, u); err != nil {
+		return "", "", fmt.Errorf("peer %q: %w", s, err)
+	}
 	return name, strings.TrimSuffix(base, "/"), nil
+}
+
+// checkPlainHTTP refuses an http:// URL for a peer region outside
+// loopback. Every request to a peer carries the bearer token that region
+// issued to this one; over plain http anyone on the path between the
+// regions (and cross-region paths are long) could read it and then list
+// and resolve every service of that region as this one, or rewrite the
+// views this region follows. Loopback stays open for a region and its
+// peer on one machine (a lab, the tests), where the path is the kernel.
+// There is no switch to allow more: a lab across machines gives the peer
+// a certificate and this region its CA (--peer-ca NAME=FILE).
+func checkPlainHTTP(name string, u *url.URL) error {
+	if u.Scheme != "http" || loopbackHost(u.Hostname()) {
+		return nil
+	}
+	return fmt.Errorf("http://%s would send the token region %s issued to this one in clear text; use https:// (with --peer-ca %s=FILE, MUSTER_PEER_CAS, when its certificate chains to a private CA); plain http is allowed only on a loopback address", u.Host, name, name)
+}
+
+// loopbackHost reports whether host is localhost or a loopback address.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 // ParseNamedFile reads one "NAME=FILE" (--peer-token, --peer-ca).
