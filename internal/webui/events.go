@@ -1,8 +1,10 @@
 package webui
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,7 +29,44 @@ const (
 	eventsHeartbeat = 25 * time.Second
 	// maxEventStreams bounds the UI's open event streams on this replica.
 	maxEventStreams = 500
+	// maxEventStreamsPerViewer bounds one signed-in person's share of
+	// them (all their sessions and tabs together), so that one viewer,
+	// by script or by many tabs, cannot hold every stream and leave the
+	// others on their refresh interval. Eight is more live pages than a
+	// person watches at once; a ninth page still works, refreshed on its
+	// interval.
+	maxEventStreamsPerViewer = 8
 )
+
+// viewerStreams counts the open event streams per viewer (the
+// principal's String) on this UI.
+type viewerStreams struct {
+	mu sync.Mutex
+	by map[string]int
+}
+
+// acquire takes one of key's streams; false when key holds its share.
+func (v *viewerStreams) acquire(key string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.by[key] >= maxEventStreamsPerViewer {
+		return false
+	}
+	if v.by == nil {
+		v.by = map[string]int{}
+	}
+	v.by[key]++
+	return true
+}
+
+// release gives back one of key's streams.
+func (v *viewerStreams) release(key string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.by[key]--; v.by[key] <= 0 {
+		delete(v.by, key)
+	}
+}
 
 // eventStreams counts the open event streams.
 var eventStreams atomic.Int64
@@ -35,7 +74,8 @@ var eventStreams atomic.Int64
 // events streams change events for one service (?service=NAME) or for
 // every service the hub held views of when it opened.
 func (u *UI) events(w http.ResponseWriter, r *http.Request) {
-	if _, ok := u.current(r); !ok {
+	viewer, ok := u.current(r)
+	if !ok {
 		http.Error(w, "sign in first", http.StatusUnauthorized)
 		return
 	}
@@ -53,6 +93,13 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 	} else {
 		names = u.cfg.Hub.Services()
 	}
+	key := viewer.String()
+	if !u.streams.acquire(key) {
+		w.Header().Set("Retry-After", "60")
+		http.Error(w, fmt.Sprintf("you have %d live pages open on this replica, the most one person may; close one to make this one live, until then it refreshes on its interval", maxEventStreamsPerViewer), http.StatusTooManyRequests)
+		return
+	}
+	defer u.streams.release(key)
 	if eventStreams.Add(1) > maxEventStreams {
 		eventStreams.Add(-1)
 		w.Header().Set("Retry-After", "60")

@@ -286,6 +286,8 @@ type UI struct {
 
 	chainMu sync.Mutex
 	chain   *chainCheck // the last audit chain verification
+
+	streams viewerStreams // open live-update streams per viewer (events.go)
 }
 
 // New returns the UI. No network call is made until the first sign-in.
