@@ -299,10 +299,20 @@ func (r *Registry) LeaseTTL() time.Duration { return r.cfg.LeaseTTL }
 // gives way): one identity getting itself refused for others' instances
 // cannot push an instance's own refused renewal out. At most
 // maxRefusedRenewals are kept in all; past that, those older than a TTL
-// make room, or the refused renewal is not kept (and counted).
+// make room. When none is that old, the table is shared between the
+// identities that fill it: an identity keeping fewer than the one
+// keeping most takes that one's oldest place, and the one keeping most
+// gets no more (its refused renewal is not kept, and counted). One
+// identity refused for a storm of made-up instance ids therefore fills
+// only what the others leave: it never pushes out, nor keeps out, the
+// refused renewals of identities holding less than it does, and an
+// identity with a large fleet keeps at least an even share against it.
 const (
 	maxRefusedRenewals = 200_000
 	maxRefusedActors   = 4
+	// pruneEvery bounds how often a full table is scanned for expired
+	// refused renewals: once per second of their age at most.
+	pruneEvery = time.Second
 )
 
 // refusedRenewal is one renewal a rate limit refused: who asked, with
@@ -319,6 +329,24 @@ type refusedRenewals struct {
 	mu   sync.Mutex
 	byID map[uuid.UUID][]refusedRenewal
 	n    int
+	// byActor is each identity's share: how many it keeps, and the
+	// instances it noted, oldest first, to give way from.
+	byActor map[string]*actorShare
+	// pruneAfter: the cutoff a prune waits for, a second past the
+	// oldest refused renewal kept at the last one. Before it a prune
+	// would find nothing (or next to nothing); without it a full table
+	// would be scanned whole for every renewal refused, under the lock
+	// every refusal takes. A refused renewal may so be kept up to a
+	// second past its TTL, which the flush drops as expired.
+	pruneAfter time.Time
+}
+
+// actorShare is one identity's part of the refused renewals.
+type actorShare struct {
+	n int
+	// ids are the instances noted, oldest first; an entry whose note
+	// has gone since (replaced, pruned) is skipped when giving way.
+	ids []uuid.UUID
 }
 
 // NoteRefusedRenewals records that a rate limit refused actor's renewal
@@ -335,7 +363,9 @@ func (r *Registry) NoteRefusedRenewals(actor identity.Principal, renewals []Leas
 	defer rr.mu.Unlock()
 	if rr.byID == nil {
 		rr.byID = map[uuid.UUID][]refusedRenewal{}
+		rr.byActor = map[string]*actorShare{}
 	}
+	var largest string // the identity keeping most, found when full
 	dropped := 0
 	for _, rn := range renewals {
 		note := refusedRenewal{actor: actor, key: key, cred: rn.Credential, at: at}
@@ -351,27 +381,132 @@ func (r *Registry) NoteRefusedRenewals(actor identity.Principal, renewals []Leas
 					oldest = i
 				}
 			}
+			rr.forget(notes[oldest].key)
 			notes[oldest] = note
+			rr.push(key, rn.ID)
 			continue
 		}
 		if rr.n >= maxRefusedRenewals && rr.prune(at.Add(-r.cfg.LeaseTTL)) == 0 {
-			dropped++
-			continue
+			mine := 0
+			if s := rr.byActor[key]; s != nil {
+				mine = s.n
+			}
+			if s := rr.byActor[largest]; s == nil || s.n <= mine+1 {
+				largest = rr.largest()
+			}
+			if s := rr.byActor[largest]; largest == key || s == nil || s.n <= mine+1 {
+				dropped++ // it keeps as many as anyone: no more
+				continue
+			}
+			rr.giveWay(largest)
+			notes = rr.byID[rn.ID] // giving way may have taken from this instance's
 		}
 		rr.byID[rn.ID] = append(notes, note)
 		rr.n++
+		rr.push(key, rn.ID)
 	}
 	if dropped > 0 {
 		r.metrics.refusedRenewals.WithLabelValues("dropped").Add(float64(dropped))
 	}
 }
 
+// share is key's share, made when it has none. rr.mu is held.
+func (rr *refusedRenewals) share(key string) *actorShare {
+	s := rr.byActor[key]
+	if s == nil {
+		s = &actorShare{}
+		rr.byActor[key] = s
+	}
+	return s
+}
+
+// forget uncounts a note of key's that has gone. rr.mu is held.
+func (rr *refusedRenewals) forget(key string) {
+	if s := rr.byActor[key]; s != nil {
+		if s.n--; s.n <= 0 {
+			delete(rr.byActor, key)
+		}
+	}
+}
+
+// push counts a note of key's on id. rr.mu is held.
+func (rr *refusedRenewals) push(key string, id uuid.UUID) {
+	s := rr.share(key)
+	s.n++
+	s.ids = append(s.ids, id)
+	if len(s.ids) > 2*s.n+64 {
+		rr.compact(key, s)
+	}
+}
+
+// compact drops the entries of s.ids whose note has gone, and repeats.
+// rr.mu is held.
+func (rr *refusedRenewals) compact(key string, s *actorShare) {
+	seen := make(map[uuid.UUID]bool, s.n)
+	s.ids = slices.DeleteFunc(s.ids, func(id uuid.UUID) bool {
+		if seen[id] || !slices.ContainsFunc(rr.byID[id], func(x refusedRenewal) bool { return x.key == key }) {
+			return true
+		}
+		seen[id] = true
+		return false
+	})
+}
+
+// largest names the identity keeping most refused renewals. rr.mu is
+// held.
+func (rr *refusedRenewals) largest() string {
+	best, n := "", -1
+	for k, s := range rr.byActor {
+		if s.n > n {
+			best, n = k, s.n
+		}
+	}
+	return best
+}
+
+// giveWay drops key's oldest kept refused renewal. rr.mu is held.
+func (rr *refusedRenewals) giveWay(key string) {
+	s := rr.byActor[key]
+	for len(s.ids) > 0 {
+		id := s.ids[0]
+		s.ids = s.ids[1:]
+		notes := rr.byID[id]
+		i := slices.IndexFunc(notes, func(x refusedRenewal) bool { return x.key == key })
+		if i < 0 {
+			continue // gone since
+		}
+		if notes = slices.Delete(notes, i, i+1); len(notes) == 0 {
+			delete(rr.byID, id)
+		} else {
+			rr.byID[id] = notes
+		}
+		rr.n--
+		rr.forget(key)
+		return
+	}
+}
+
 // prune drops the refused renewals made by cutoff (they could no longer
 // keep their lease) and returns how many. rr.mu is held.
 func (rr *refusedRenewals) prune(cutoff time.Time) int {
+	if cutoff.Before(rr.pruneAfter) {
+		return 0 // none kept is that old
+	}
 	n := 0
+	var oldest time.Time
 	for id, notes := range rr.byID {
-		kept := slices.DeleteFunc(notes, func(x refusedRenewal) bool { return !x.at.After(cutoff) })
+		kept := slices.DeleteFunc(notes, func(x refusedRenewal) bool {
+			if !x.at.After(cutoff) {
+				rr.forget(x.key)
+				return true
+			}
+			return false
+		})
+		for _, x := range kept {
+			if oldest.IsZero() || x.at.Before(oldest) {
+				oldest = x.at
+			}
+		}
 		n += len(notes) - len(kept)
 		if len(kept) == 0 {
 			delete(rr.byID, id)
@@ -379,7 +514,16 @@ func (rr *refusedRenewals) prune(cutoff time.Time) int {
 			rr.byID[id] = kept
 		}
 	}
+	for k, s := range rr.byActor {
+		if len(s.ids) > 2*s.n+64 {
+			rr.compact(k, s)
+		}
+	}
 	rr.n -= n
+	rr.pruneAfter = time.Time{}
+	if !oldest.IsZero() {
+		rr.pruneAfter = oldest.Add(pruneEvery)
+	}
 	return n
 }
 
@@ -388,7 +532,7 @@ func (rr *refusedRenewals) take() map[uuid.UUID][]refusedRenewal {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
 	out := rr.byID
-	rr.byID, rr.n = nil, 0
+	rr.byID, rr.byActor, rr.n, rr.pruneAfter = nil, nil, 0, time.Time{}
 	return out
 }
 
@@ -398,7 +542,9 @@ func (rr *refusedRenewals) putBack(notes map[uuid.UUID][]refusedRenewal) {
 	defer rr.mu.Unlock()
 	if rr.byID == nil {
 		rr.byID = map[uuid.UUID][]refusedRenewal{}
+		rr.byActor = map[string]*actorShare{}
 	}
+	rr.pruneAfter = time.Time{} // older ones are back
 	for id, ns := range notes {
 		for _, n := range ns {
 			cur := rr.byID[id]
@@ -407,6 +553,7 @@ func (rr *refusedRenewals) putBack(notes map[uuid.UUID][]refusedRenewal) {
 			}
 			rr.byID[id] = append(cur, n)
 			rr.n++
+			rr.push(n.key, id)
 		}
 	}
 }
