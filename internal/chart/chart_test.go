@@ -272,8 +272,8 @@ func TestDefaults(t *testing.T) {
 	}
 
 	c := container(t, sts)
-	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Scheme != corev1.URISchemeHTTP {
-		t.Errorf("readiness probe = %+v, want HTTP GET /readyz", p)
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+		t.Errorf("readiness probe = %+v, want HTTPS GET /readyz", p)
 	}
 	if p := c.ReadinessProbe; p != nil && p.TimeoutSeconds <= 2 {
 		t.Errorf("readiness timeout %d s: /readyz may take its own 2 s deadline", p.TimeoutSeconds)
@@ -332,9 +332,9 @@ func TestDefaults(t *testing.T) {
 	// the headless Service the StatefulSet names.
 	e := env(c)
 	want := []string{
-		"http://muster-0.muster-peers.muster.svc.cluster.local:8080",
-		"http://muster-1.muster-peers.muster.svc.cluster.local:8080",
-		"http://muster-2.muster-peers.muster.svc.cluster.local:8080",
+		"https://muster-0.muster-peers.muster.svc.cluster.local:8080",
+		"https://muster-1.muster-peers.muster.svc.cluster.local:8080",
+		"https://muster-2.muster-peers.muster.svc.cluster.local:8080",
 	}
 	if got := e["MUSTER_PEERS"].Value; got != strings.Join(want, ",") {
 		t.Errorf("MUSTER_PEERS = %q, want %q", got, strings.Join(want, ","))
@@ -345,7 +345,7 @@ func TestDefaults(t *testing.T) {
 	// Each replica registers the name its peers list it under, so it
 	// leaves itself out of MUSTER_PEERS and a certificate for the
 	// headless Service's names fits every peer call.
-	if got := e["MUSTER_ADVERTISE_URL"].Value; got != "http://$(POD_NAME).muster-peers.muster.svc.cluster.local:8080" {
+	if got := e["MUSTER_ADVERTISE_URL"].Value; got != "https://$(POD_NAME).muster-peers.muster.svc.cluster.local:8080" {
 		t.Errorf("MUSTER_ADVERTISE_URL = %q, want the pod's stable name", got)
 	}
 	if !slices.Contains(c.Args, "--addr=:8080") {
@@ -385,7 +385,7 @@ func TestDefaults(t *testing.T) {
 	if keyVol == nil || keyVol.DefaultMode == nil || *keyVol.DefaultMode != 0o440 || len(keyVol.Items) != 1 || keyVol.Items[0].Path != "signing.key" {
 		t.Errorf("the key's Secret volume %+v, want signing.key mode 0440", keyVol)
 	}
-	for _, name := range []string{"MUSTER_TLS_CERT", "MUSTER_DB_IAM", "MUSTER_PROXY_PROTOCOL_FROM"} {
+	for _, name := range []string{"MUSTER_PEER_ALLOW_HTTP", "MUSTER_DB_IAM", "PGSSLMODE", "MUSTER_PROXY_PROTOCOL_FROM"} {
 		if _, ok := e[name]; ok {
 			t.Errorf("%s is set by default", name)
 		}
@@ -473,6 +473,25 @@ func TestAuroraIAMAndIRSA(t *testing.T) {
 	if u := e["DATABASE_URL"].Value; !strings.HasPrefix(u, "postgres://muster@") {
 		t.Errorf("DATABASE_URL = %q, want a user and no password", u)
 	}
+	// The token goes only to a server verified against the RDS CA
+	// bundle, mounted read-only from the ConfigMap named.
+	sts := one[*appsv1.StatefulSet](t, o)
+	c := container(t, sts)
+	if e["PGSSLMODE"].Value != "verify-full" || e["PGSSLROOTCERT"].Value != "/etc/muster/rds-ca/global-bundle.pem" {
+		t.Errorf("PGSSLMODE = %q, PGSSLROOTCERT = %q; want verify-full and the mounted bundle", e["PGSSLMODE"].Value, e["PGSSLROOTCERT"].Value)
+	}
+	mounted := false
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == "/etc/muster/rds-ca" && m.ReadOnly {
+			for _, v := range sts.Spec.Template.Spec.Volumes {
+				mounted = mounted || (v.Name == m.Name && v.ConfigMap != nil && v.ConfigMap.Name == "rds-ca-bundle" &&
+					len(v.ConfigMap.Items) == 1 && v.ConfigMap.Items[0].Key == "global-bundle.pem")
+			}
+		}
+	}
+	if !mounted {
+		t.Error("the RDS CA bundle's ConfigMap is not mounted read-only at /etc/muster/rds-ca")
+	}
 	sa := one[*corev1.ServiceAccount](t, o)
 	if sa.Annotations["eks.amazonaws.com/role-arn"] != arn {
 		t.Errorf("ServiceAccount annotations = %v, want the IRSA role", sa.Annotations)
@@ -491,6 +510,86 @@ func TestAuroraIAMAndIRSA(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestReplicasNeedTLS: more than one replica renders only with TLS
+// between them, as the replicas refuse to follow a peer advertising
+// plain http: every peer URL and each replica's advertised URL are then
+// https, and MUSTER_TLS_CA, what a replica verifies its peers'
+// certificates with, is the CA file of the Secret tls.ca names. Without
+// TLS the render fails with a message naming what to set (tested in
+// TestBadValuesFailToRender); one replica has no peers and renders on
+// http; tls.allowPlainPeers (a lab) renders http with
+// MUSTER_PEER_ALLOW_HTTP.
+func TestReplicasNeedTLS(t *testing.T) {
+	peerURLs := func(e map[string]corev1.EnvVar) []string {
+		return append(strings.Split(e["MUSTER_PEERS"].Value, ","), e["MUSTER_ADVERTISE_URL"].Value)
+	}
+	t.Run("TLS", func(t *testing.T) {
+		sts := one[*appsv1.StatefulSet](t, mustRender(t, []string{"minimal.yaml"}, map[string]any{"replicaCount": 5}))
+		c := container(t, sts)
+		e := env(c)
+		urls := peerURLs(e)
+		if len(urls) != 6 {
+			t.Fatalf("peer URLs %v, want 5 peers and the advertised one", urls)
+		}
+		for _, u := range urls {
+			if !strings.HasPrefix(u, "https://") || !strings.Contains(u, ".muster-peers.muster.svc.cluster.local:8080") {
+				t.Errorf("peer URL %q, want https on the headless Service's names", u)
+			}
+		}
+		if _, ok := e["MUSTER_PEER_ALLOW_HTTP"]; ok {
+			t.Error("MUSTER_PEER_ALLOW_HTTP set with TLS")
+		}
+		// MUSTER_TLS_CA is the key tls.ca names, in a read-only mount of
+		// the Secret tls.ca names.
+		ca := e["MUSTER_TLS_CA"].Value
+		var secret, key string
+		for _, m := range c.VolumeMounts {
+			if dir := strings.TrimSuffix(m.MountPath, "/") + "/"; strings.HasPrefix(ca, dir) && m.ReadOnly {
+				for _, v := range sts.Spec.Template.Spec.Volumes {
+					if v.Name == m.Name && v.Secret != nil {
+						secret = v.Secret.SecretName
+						for _, it := range v.Secret.Items {
+							if it.Path == strings.TrimPrefix(ca, dir) {
+								key = it.Key
+							}
+						}
+					}
+				}
+			}
+		}
+		if secret != "muster-tls" || key != "ca.crt" {
+			t.Errorf("MUSTER_TLS_CA = %q is key %q of Secret %q, want ca.crt of muster-tls (tls.ca)", ca, key, secret)
+		}
+	})
+	t.Run("one replica", func(t *testing.T) {
+		o := mustRender(t, []string{"single.yaml"}, variants(t)["single.yaml"])
+		e := env(container(t, one[*appsv1.StatefulSet](t, o)))
+		if _, ok := e["MUSTER_PEER_ALLOW_HTTP"]; ok || !strings.HasPrefix(e["MUSTER_ADVERTISE_URL"].Value, "http://") {
+			t.Errorf("one replica: MUSTER_PEER_ALLOW_HTTP %+v, advertised %q; want plain http and no override", e["MUSTER_PEER_ALLOW_HTTP"], e["MUSTER_ADVERTISE_URL"].Value)
+		}
+	})
+	t.Run("lab", func(t *testing.T) {
+		o := mustRender(t, []string{"minimal.yaml"}, map[string]any{"tls": map[string]any{"enabled": false, "allowPlainPeers": true, "ca": map[string]any{"existingSecret": ""}}})
+		e := env(container(t, one[*appsv1.StatefulSet](t, o)))
+		if e["MUSTER_PEER_ALLOW_HTTP"].Value != "true" {
+			t.Errorf("MUSTER_PEER_ALLOW_HTTP = %q, want true", e["MUSTER_PEER_ALLOW_HTTP"].Value)
+		}
+		for _, u := range peerURLs(e) {
+			if !strings.HasPrefix(u, "http://") {
+				t.Errorf("peer URL %q, want http in the lab", u)
+			}
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		_, err := render(t, []string{"minimal.yaml"}, map[string]any{"tls": map[string]any{"enabled": false, "ca": map[string]any{"existingSecret": ""}}})
+		for _, want := range []string{"tls.enabled", "tls.existingSecret", "*.muster-peers.muster.svc.cluster.local", "tls.ca.existingSecret", "tls.allowPlainPeers=true"} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("3 replicas without TLS: %v; want a refusal naming %q", err, want)
+			}
+		}
+	})
 }
 
 func TestProxyProtocolBehindAnNLB(t *testing.T) {
@@ -729,8 +828,13 @@ func TestBadValuesFailToRender(t *testing.T) {
 		{"no issuers", map[string]any{"issuers": []any{}}, "MUSTER_ISSUERS"},
 		{"IAM without region", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster", "iam": map[string]any{"enabled": true}}}, "MUSTER_DB_IAM_REGION"},
 		{"grace shorter than the drain", map[string]any{"terminationGracePeriodSeconds": 30}, "at least"},
-		{"TLS without its Secret", map[string]any{"tls": map[string]any{"enabled": true}}, "kubernetes.io/tls"},
-		{"mutual TLS without TLS", map[string]any{"tls": map[string]any{"clientCA": map[string]any{"existingSecret": "ca"}}}, "needs tls.enabled"},
+		{"TLS without its Secret", map[string]any{"tls": map[string]any{"enabled": true, "existingSecret": ""}}, "kubernetes.io/tls"},
+		{"mutual TLS without TLS", map[string]any{"replicaCount": 1, "tls": map[string]any{"enabled": false, "clientCA": map[string]any{"existingSecret": "ca"}}}, "needs tls.enabled"},
+		{"replicas without TLS", map[string]any{"tls": map[string]any{"enabled": false}}, "3 replicas need TLS between them"},
+		{"replicas' TLS without their CA", map[string]any{"tls": map[string]any{"ca": map[string]any{"existingSecret": ""}}}, "set tls.ca.existingSecret"},
+		{"plain peers with TLS", map[string]any{"tls": map[string]any{"allowPlainPeers": true}}, "tls.allowPlainPeers is for replicas without TLS"},
+		{"IAM without the RDS CA bundle", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster", "iam": map[string]any{"enabled": true, "region": "eu-west-1"}}}, "database.iam.caBundle.configMap"},
+		{"IAM with sslmode=require", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster?sslmode=require", "iam": map[string]any{"enabled": true, "region": "eu-west-1", "caBundle": map[string]any{"configMap": "rds-ca"}}}}, "sslmode must be verify-full"},
 		{"not a CIDR", map[string]any{"proxyProtocol": map[string]any{"from": []any{"nlb"}}}, "proxyProtocol"},
 		{"bad role ARN", map[string]any{"serviceAccount": map[string]any{"roleArn": "muster-role"}}, "roleArn"},
 	} {

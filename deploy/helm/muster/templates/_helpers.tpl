@@ -108,6 +108,21 @@ what to set. */}}
 {{- if and .Values.database.iam.enabled .Values.database.existingSecret }}
 {{- fail "muster: with database.iam.enabled give database.url (no password) rather than a Secret: IAM mode takes no password" }}
 {{- end }}
+{{- if and .Values.database.iam.enabled (not .Values.database.iam.caBundle.configMap) }}
+{{- fail "muster: database.iam.enabled needs database.iam.caBundle.configMap, a ConfigMap holding the RDS CA bundle (https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem): an IAM token is a password, sent only to a server whose certificate muster verified (sslmode=verify-full)" }}
+{{- end }}
+{{- if and .Values.database.iam.enabled .Values.database.url (regexMatch "(?i)[?&]sslmode=" .Values.database.url) (not (regexMatch "(?i)[?&]sslmode=verify-full(&|$)" .Values.database.url)) }}
+{{- fail "muster: with database.iam.enabled, database.url's sslmode must be verify-full (or left out: the chart sets PGSSLMODE=verify-full); require and verify-ca do not check the server's name, and the IAM token would go to whoever answers" }}
+{{- end }}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.tls.enabled) (not .Values.tls.allowPlainPeers) }}
+{{- fail (printf "muster: %d replicas need TLS between them: set tls.enabled with tls.existingSecret (a kubernetes.io/tls Secret whose certificate names *.%s.%s.svc.%s, e.g. from cert-manager) and tls.ca.existingSecret (the CA the replicas verify each other with); replicas refuse to follow a peer advertising plain http. For a lab only, tls.allowPlainPeers=true keeps them on http (MUSTER_PEER_ALLOW_HTTP), readable and rewritable by anyone on the pod network" (int .Values.replicaCount) (include "muster.peersService" .) .Release.Namespace .Values.clusterDomain) }}
+{{- end }}
+{{- if and .Values.tls.enabled .Values.tls.allowPlainPeers }}
+{{- fail "muster: tls.allowPlainPeers is for replicas without TLS; with tls.enabled leave it false" }}
+{{- end }}
+{{- if and .Values.tls.enabled (gt (int .Values.replicaCount) 1) (not .Values.tls.ca.existingSecret) }}
+{{- fail (printf "muster: with tls.enabled and %d replicas, set tls.ca.existingSecret (and tls.ca.key): the CA the replicas verify each other's certificates with (MUSTER_TLS_CA); a certificate for *.%s.%s.svc.%s comes from a private CA, which the system roots do not hold (with cert-manager: the certificate's own Secret, key ca.crt)" (int .Values.replicaCount) (include "muster.peersService" .) .Release.Namespace .Values.clusterDomain) }}
+{{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
 {{- fail "muster: tls.enabled needs tls.existingSecret, a Secret of type kubernetes.io/tls" }}
 {{- end }}
