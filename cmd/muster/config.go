@@ -518,7 +518,8 @@ func (c *Config) validateIAM() error {
 
 // checkCABundle reads a PEM CA bundle: at least one block, every block a
 // certificate that parses (text between blocks, such as comments, is
-// skipped). A key, a DER file or a truncated download is refused by name rather than failing each TLS handshake later.
+// skipped). A missing file, a DER file or a key is refused at start, by
+// name, rather than failing every connection later.
 func checkCABundle(file string) error {
 	b, err := os.ReadFile(file)
 	if err != nil {
