@@ -63,6 +63,11 @@ func (c *Config) validateTLS() error {
 type listenerTLS struct {
 	reloader *tlsreload.Reloader // nil: the listeners are plain
 	client   *tls.Config         // nil: Go's defaults (the system roots)
+	// issuer is the client TLS of the UI's calls to its OIDC issuer: the
+	// system roots and the CA bundle both, since the bundle is the
+	// region's private CA (peers) while the issuer is as often a public
+	// one (nil: Go's defaults).
+	issuer *tls.Config
 	// clientCAs, when set, verify the client certificates the API
 	// listener (and xDS sharing the pair) asks for; nil: none asked.
 	clientCAs *tlsreload.ClientCAs
@@ -86,6 +91,16 @@ func setupTLS(cfg Config, log *slog.Logger) (*listenerTLS, error) {
 			return nil, fmt.Errorf("--tls-ca: %w", err)
 		}
 		lt.client = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		roots, err := x509.SystemCertPool()
+		if err != nil || roots == nil {
+			roots = x509.NewCertPool()
+		}
+		pem, err := os.ReadFile(cfg.TLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		roots.AppendCertsFromPEM(pem)
+		lt.issuer = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 	}
 	if cfg.TLSClientCA != "" {
 		cas, err := tlsreload.NewClientCAs(tlsreload.ClientCAConfig{File: cfg.TLSClientCA, Logger: log.With("component", "tls")})
@@ -188,8 +203,8 @@ func (lt *listenerTLS) clientTLS() *tls.Config {
 }
 
 // withTLS hands the listeners' TLS to the app: the reloader's metrics,
-// the CA bundle for the relay, the forwarding and the UI's calls to its
-// issuer, HSTS on the UI, and, with a client CA bundle and trust domains
+// the CA bundle for the relay and the forwarding, the bundle beside the
+// system roots for the UI's calls to its issuer, HSTS on the UI, and, with a client CA bundle and trust domains
 // (td), client certificates as workload identities.
 func withTLS(acfg *app.Config, ltls *listenerTLS, td *identity.TrustDomains) error {
 	if err := ltls.register(acfg.Metrics); err != nil {
@@ -201,8 +216,10 @@ func withTLS(acfg *app.Config, ltls *listenerTLS, td *identity.TrustDomains) err
 	}
 	if acfg.UI != nil {
 		acfg.UI.HSTS = ltls.on()
-		if ltls.clientTLS() != nil {
-			acfg.UI.HTTPClient = ltls.httpClient(10 * time.Second)
+		if ltls != nil && ltls.issuer != nil {
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.TLSClientConfig = ltls.issuer.Clone()
+			acfg.UI.HTTPClient = &http.Client{Timeout: 10 * time.Second, Transport: t}
 		}
 	}
 	return nil

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -258,5 +261,42 @@ func TestCABundleRefusesWhatIsNotOne(t *testing.T) {
 	tlstest.WriteFile(t, good, ca.PEM)
 	if p, err := caPool(good); p == nil || err != nil {
 		t.Errorf("caPool(good) = %v, %v", p, err)
+	}
+}
+
+// The region's CA bundle is a private CA for the replicas; the UI's OIDC
+// issuer is as often a public one. The UI's client must trust both, or a
+// region given a private CA could no longer sign anyone in.
+func TestUIIssuerClientTrustsTheBundleAndTheSystemRoots(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ca := tlstest.NewCA(t)
+	bundle := filepath.Join(dir, "ca.pem")
+	tlstest.WriteFile(t, bundle, ca.PEM)
+	lt, err := setupTLS(Config{TLSCA: bundle}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lt.issuer == nil || lt.client == nil {
+		t.Fatalf("setupTLS with a CA bundle: issuer %v, client %v; want both", lt.issuer, lt.client)
+	}
+	leafPEM, _ := ca.Leaf(t, "issuer.example", time.Hour)
+	blk, _ := pem.Decode(leafPEM)
+	leaf, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: lt.issuer.RootCAs}); err != nil {
+		t.Errorf("the issuer client does not trust the bundle's CA: %v", err)
+	}
+	sys, err := x509.SystemCertPool()
+	if err != nil || sys == nil || len(sys.Subjects()) == 0 { //nolint:staticcheck // only counting
+		t.Skip("no system roots on this machine to compare with")
+	}
+	if got, want := len(lt.issuer.RootCAs.Subjects()), len(sys.Subjects())+1; got != want { //nolint:staticcheck // only counting
+		t.Errorf("the issuer client trusts %d roots; want the system's %d and the bundle's", got, want-1)
+	}
+	if got := len(lt.client.RootCAs.Subjects()); got != 1 { //nolint:staticcheck // only counting
+		t.Errorf("the peers' client trusts %d roots; want the bundle's only", got)
 	}
 }
