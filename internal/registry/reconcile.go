@@ -445,7 +445,7 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 		}
 		if len(notOwned) > 0 {
 			if scope.Kind == disbelief.Service {
-				return newRefusal(ErrForbidden, "confirming the removals %s holds in %s needs the owning team's operator role or admin; %s operates neither: %s",
+				return newRefusal(ErrForbidden, "confirming the removals %s holds in %s needs an operator of the team that owns it, or an admin; %s is neither: %s",
 					gate, scope, actor, strings.Join(notOwned, ", ")), nil
 			}
 			return newRefusal(ErrForbidden, "the removals held from %s include services %s does not operate: %s; their owning team's operator confirms each (scope \"service <name>\"), or an admin the source",
