@@ -48,24 +48,44 @@ func (q *Queries) ReconcileConfirmationInsert(ctx context.Context, arg Reconcile
 	return i, err
 }
 
-const reconcileConfirmationLatest = `-- name: ReconcileConfirmationLatest :one
+const reconcileConfirmationsSince = `-- name: ReconcileConfirmationsSince :many
 SELECT id, source, confirmed_at, confirmed_by, reason, instances FROM reconcile_confirmations
-WHERE source = $1
-ORDER BY confirmed_at DESC
-LIMIT 1
+WHERE source = $1 AND confirmed_at >= $2::timestamptz
+ORDER BY confirmed_at DESC, id DESC
+LIMIT $3
 `
 
-// The newest confirmation of a source.
-func (q *Queries) ReconcileConfirmationLatest(ctx context.Context, source string) (ReconcileConfirmation, error) {
-	row := q.db.QueryRow(ctx, reconcileConfirmationLatest, source)
-	var i ReconcileConfirmation
-	err := row.Scan(
-		&i.ID,
-		&i.Source,
-		&i.ConfirmedAt,
-		&i.ConfirmedBy,
-		&i.Reason,
-		&i.Instances,
-	)
-	return i, err
+type ReconcileConfirmationsSinceParams struct {
+	Source string
+	Since  time.Time
+	Max    int32
+}
+
+// The confirmations of a source given at or after a moment (the start of
+// the hold they may release), newest first.
+func (q *Queries) ReconcileConfirmationsSince(ctx context.Context, arg ReconcileConfirmationsSinceParams) ([]ReconcileConfirmation, error) {
+	rows, err := q.db.Query(ctx, reconcileConfirmationsSince, arg.Source, arg.Since, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ReconcileConfirmation
+	for rows.Next() {
+		var i ReconcileConfirmation
+		if err := rows.Scan(
+			&i.ID,
+			&i.Source,
+			&i.ConfirmedAt,
+			&i.ConfirmedBy,
+			&i.Reason,
+			&i.Instances,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

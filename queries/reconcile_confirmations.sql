@@ -5,9 +5,10 @@ INSERT INTO reconcile_confirmations (source, confirmed_at, confirmed_by, reason,
 VALUES ($1, $2, $3, $4, $5)
 RETURNING *;
 
--- name: ReconcileConfirmationLatest :one
--- The newest confirmation of a source.
+-- name: ReconcileConfirmationsSince :many
+-- The confirmations of a source given at or after a moment (the start of
+-- the hold they may release), newest first.
 SELECT * FROM reconcile_confirmations
-WHERE source = $1
-ORDER BY confirmed_at DESC
-LIMIT 1;
+WHERE source = sqlc.arg(source) AND confirmed_at >= sqlc.arg(since)::timestamptz
+ORDER BY confirmed_at DESC, id DESC
+LIMIT sqlc.arg(max);

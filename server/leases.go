@@ -84,26 +84,57 @@ type removalConfirmation struct {
 // in scope (as Hold.Scope's String names it) are real: the one
 // confirmation of every gate, for the API and the UI. The gate's own
 // confirmation authorises and audits the attempt, refusals too.
+//
+// A reconciliation gate's scope is its source (or none: the source as a
+// whole) or one of its services: a service's confirmation releases that
+// service's held removals only, and its owning team may give it.
 func ConfirmRemoval(ctx context.Context, cfg *Config, actor identity.Principal, gate, scope, reason string) (any, error) {
-	sc, err := disbelief.ParseScope(scope)
-	if err != nil {
-		return nil, &refusal.Error{Kind: refusal.Invalid, Detail: "the scope is not valid", Fields: []refusal.Field{{Field: "scope", Message: err.Error()}}}
-	}
-	switch {
-	case gate == registry.GateLeaseExpiry:
-		return cfg.Registry.ConfirmLeaseExpiry(ctx, actor, sc, reason)
-	case strings.HasPrefix(gate, reconcile.GatePrefix):
-		if sc.Kind != disbelief.Source && sc.Kind != disbelief.Service {
-			return nil, &refusal.Error{Kind: refusal.Invalid, Detail: "the scope is not one reconciliation holds",
-				Fields: []refusal.Field{{Field: "scope", Message: "a reconciliation source holds in its source or its services"}}}
+	if source, ok := strings.CutPrefix(gate, reconcile.GatePrefix); ok {
+		sc, err := reconcileScope(source, scope)
+		if err != nil {
+			return nil, err
 		}
 		if cfg.Reconcile == nil {
 			return nil, refusal.New(refusal.NotFound, "", "this muster reconciles no sources")
 		}
-		return cfg.Reconcile.Confirm(ctx, actor, strings.TrimPrefix(gate, reconcile.GatePrefix), reason)
+		return cfg.Reconcile.Confirm(ctx, actor, source, sc, reason)
+	}
+	sc, err := disbelief.ParseScope(scope)
+	if err != nil {
+		return nil, &refusal.Error{Kind: refusal.Invalid, Detail: "the scope is not valid", Fields: []refusal.Field{{Field: "scope", Message: err.Error()}}}
+	}
+	if gate == registry.GateLeaseExpiry {
+		return cfg.Registry.ConfirmLeaseExpiry(ctx, actor, sc, reason)
 	}
 	return nil, &refusal.Error{Kind: refusal.Invalid, Detail: "the gate is not valid", Fields: []refusal.Field{{Field: "gate",
 		Message: fmt.Sprintf("%q is neither %q nor %q followed by a source", gate, registry.GateLeaseExpiry, reconcile.GatePrefix)}}}
+}
+
+// reconcileScope reads the scope of a confirmation of source's held
+// removals: none or "source <source>" for the source as a whole, or
+// "service <name>" for one of its services. Anything else is refused as
+// invalid before anything is read or written.
+func reconcileScope(source, scope string) (disbelief.Scope, error) {
+	whole := disbelief.Scope{Kind: disbelief.Source, Name: source}
+	if strings.TrimSpace(scope) == "" {
+		return whole, nil
+	}
+	bad := func(msg string) error {
+		return &refusal.Error{Kind: refusal.Invalid, Detail: "the scope is not one this reconciliation source holds",
+			Fields: []refusal.Field{{Field: "scope", Message: msg}}}
+	}
+	sc, err := disbelief.ParseScope(scope)
+	switch {
+	case err != nil:
+		return disbelief.Scope{}, bad(err.Error())
+	case sc.Kind == disbelief.Source && sc.Name != source:
+		return disbelief.Scope{}, bad(fmt.Sprintf("%q is another source's scope; this gate's source is %q", sc.String(), whole.String()))
+	case sc.Kind == disbelief.Service && !registry.ValidName(sc.Name):
+		return disbelief.Scope{}, bad(fmt.Sprintf("%q is not a service name", sc.Name))
+	case sc.Kind != disbelief.Source && sc.Kind != disbelief.Service:
+		return disbelief.Scope{}, bad(fmt.Sprintf("a reconciliation source holds in %q or in one of its services (\"service <name>\"), not in a %s", whole.String(), sc.Kind))
+	}
+	return sc, nil
 }
 
 // removalConfirm answers POST /v1/removal-holds/confirmations
@@ -163,7 +194,7 @@ func (s *Server) confirmSource(w http.ResponseWriter, r *http.Request, source, r
 	if !s.limitWrite(w, r, "reconcile", "reconcile.confirm", "reconcile-source", source) {
 		return
 	}
-	c, err := s.cfg.Reconcile.Confirm(r.Context(), principal(r), source, reason)
+	c, err := s.cfg.Reconcile.Confirm(r.Context(), principal(r), source, disbelief.Scope{Kind: disbelief.Source, Name: source}, reason)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

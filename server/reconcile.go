@@ -20,7 +20,7 @@ import (
 // the other removal holds).
 type Reconcile interface {
 	Diff(ctx context.Context) (reconcile.Diff, error)
-	Confirm(ctx context.Context, actor identity.Principal, source, reason string) (registry.ReconcileConfirmation, error)
+	Confirm(ctx context.Context, actor identity.Principal, source string, scope disbelief.Scope, reason string) (registry.ReconcileConfirmation, error)
 	Alarms() []assembler.Alarm
 	Holds() []disbelief.Hold
 }

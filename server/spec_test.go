@@ -481,6 +481,7 @@ func TestSpecSchemasMatchTypes(t *testing.T) {
 		{"RemovalConfirmationRequest", reflect.TypeFor[removalConfirmation](), false},
 		{"LeaseConfirmationRequest", reflect.TypeFor[leaseConfirmation](), false},
 		{"LeaseConfirmation", reflect.TypeFor[registry.Confirmation](), true},
+		{"ReconcileConfirmation", reflect.TypeFor[registry.ReconcileConfirmation](), true},
 		{"RenewalBatch", reflect.TypeFor[renewalBatch](), false},
 		{"RenewalItem", reflect.TypeFor[renewalItem](), false},
 		{"RenewalResults", reflect.TypeFor[renewalResults](), true},

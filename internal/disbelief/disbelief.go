@@ -30,6 +30,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -70,14 +72,29 @@ func (s Scope) String() string {
 	return string(s.Kind) + " " + s.Name
 }
 
-// ParseScope reads a scope in String's form ("region", "zone az1").
+// ParseScope reads a scope in String's form ("region", "zone az1"): a
+// kind and, but for the region, one name after a single space. It takes
+// outside input (a confirmation's body), so anything else is refused
+// rather than guessed at: a scope names exactly one thing, and a
+// confirmation releases what its scope names.
 func ParseScope(s string) (Scope, error) {
+	if len(s) > maxScopeText {
+		return Scope{}, fmt.Errorf("a scope is at most %d bytes", maxScopeText)
+	}
 	kind, name, _ := strings.Cut(strings.TrimSpace(s), " ")
 	sc := Scope{Kind: Kind(kind), Name: strings.TrimSpace(name)}
 	return sc, sc.Validate()
 }
 
-// Validate checks the kind and that only the region has no name.
+// maxScopeText bounds the text ParseScope reads: a kind, a space and the
+// longest name.
+const maxScopeText = 300
+
+// maxScopeName bounds a scope's name (a DNS name's length).
+const maxScopeName = 253
+
+// Validate checks the kind, that only the region has no name, and that a
+// name is one printable word.
 func (s Scope) Validate() error {
 	switch s.Kind {
 	case Region:
@@ -88,11 +105,17 @@ func (s Scope) Validate() error {
 		if s.Name == "" {
 			return fmt.Errorf("a %s scope needs a name", s.Kind)
 		}
-		if len(s.Name) > 253 {
-			return fmt.Errorf("scope name %.20q… is too long", s.Name)
+		if len(s.Name) > maxScopeName {
+			return fmt.Errorf("scope name %.20q… is too long (at most %d bytes)", s.Name, maxScopeName)
+		}
+		if !utf8.ValidString(s.Name) {
+			return fmt.Errorf("scope name %.40q is not UTF-8", s.Name)
+		}
+		if i := strings.IndexFunc(s.Name, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }); i >= 0 {
+			return fmt.Errorf("scope name %.40q is not one word: a scope names one %s", s.Name, s.Kind)
 		}
 	default:
-		return fmt.Errorf("%q is not a scope kind (region, source, zone, prober, service)", s.Kind)
+		return fmt.Errorf("%.40q is not a scope kind (region, source, zone, prober, service)", string(s.Kind))
 	}
 	return nil
 }

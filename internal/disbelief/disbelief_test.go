@@ -1,8 +1,11 @@
 package disbelief
 
 import (
+	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -38,7 +41,12 @@ func TestParseScope(t *testing.T) {
 			t.Errorf("ParseScope(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "zone", "region x", "galaxy far", "service "} {
+	for _, bad := range []string{"", "zone", "region x", "galaxy far", "service ",
+		// A scope names one thing: what follows the kind is one word.
+		"service web api", "service web\tapi", "service web\napi", "service \x00web", "service w\u200beb",
+		"service \xffweb", "zone " + strings.Repeat("a", 254), strings.Repeat("service ", 50),
+		"service\tweb", "SERVICE web",
+	} {
 		if sc, err := ParseScope(bad); err == nil {
 			t.Errorf("ParseScope(%q) = %+v, want an error", bad, sc)
 		}
@@ -57,6 +65,9 @@ func FuzzParseScope(f *testing.F) {
 		again, err := ParseScope(sc.String())
 		if err != nil || again != sc {
 			t.Fatalf("%q parsed as %+v, which reads back as %+v, %v", s, sc, again, err)
+		}
+		if strings.ContainsFunc(sc.Name, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) || !utf8.ValidString(sc.Name) || len(sc.Name) > 253 {
+			t.Fatalf("%q parsed as %+v: a name is one printable word", s, sc)
 		}
 	})
 }

@@ -172,6 +172,10 @@ type Plan struct {
 	Hold *Hold
 	// Released says a hold ended by recovery or confirmation this pass.
 	Released string
+	// Confirmed are the held services an operator's confirmation released
+	// this pass (their absences are in End), while the hold goes on for
+	// the services nobody confirmed.
+	Confirmed []string
 	// Believed counts, by service, the absences ended because they stayed
 	// under the threshold (not by a release, not explicit terminations),
 	// net of the instances the same reading created in that service: the
@@ -182,9 +186,12 @@ type Plan struct {
 
 // Decide is the pure core of a pass: reading r of a source against the
 // source's live instances, with the hold the previous pass left (nil for
-// none), the newest operator confirmation (zero for none), at now. A
-// confirmation releases a hold only while it names every instance the
-// hold lacks.
+// none), what operators confirmed since that hold began (zero for none;
+// VouchedSince joins several confirmations into one), at now. A
+// confirmation releases the held absences of a service only while it
+// names every one of them: the services it covers are released, the
+// others stay held, so one team's word ends its own service's instances
+// and nobody else's.
 //
 // An endpoint becomes an instance when it is first ready or serving (and
 // not terminating); it stays one while the source reports it, whatever
@@ -300,18 +307,49 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 			}
 		}
 	}
+	// A confirmation releases a service's held absences when it vouches
+	// for every one of them (a service whose hold grew since waits for a
+	// confirmation of its own); the rest of the hold goes on.
+	var confirmedBy map[string]int
+	if prev != nil && confirmed.Instances != nil && len(held) > 0 {
+		heldBy := map[string][]uuid.UUID{}
+		for _, id := range held {
+			svc := liveBy[id].Service
+			heldBy[svc] = append(heldBy[svc], id)
+		}
+		var keep []uuid.UUID
+		var still []string
+		for _, svc := range heldServices {
+			if !confirmed.Covers(heldBy[svc], prev.Since) {
+				keep = append(keep, heldBy[svc]...)
+				still = append(still, svc)
+				continue
+			}
+			n := len(heldBy[svc])
+			p.Confirmed = append(p.Confirmed, svc)
+			p.End = append(p.End, heldBy[svc]...)
+			had, lacking = had-n, lacking-n
+			delete(byService, svc)
+			if confirmedBy == nil {
+				confirmedBy = map[string]int{}
+			}
+			confirmedBy[svc] = n
+		}
+		held, heldServices = keep, still
+	}
 	// A hold continues while it holds no service the previous one did not:
 	// it keeps the start of the first reading that held them, and a hold
 	// that takes in another service starts again, so a confirmation made
 	// before a service went missing does not vouch for it.
 	continues := prev != nil && !slices.ContainsFunc(heldServices, func(s string) bool { return !slices.Contains(prev.Services, s) })
-	// believeUnheld ends the absences of the services not held, counting
-	// them (net of the instances the reading adds to the same service: a
-	// pod restarted with a new UID, or a rolled one, is a replacement, not
-	// a loss) against the next passes within the window.
+	// believeUnheld ends the absences of the services neither held nor
+	// confirmed, counting them (net of the instances the reading adds to
+	// the same service: a pod restarted with a new UID, or a rolled one,
+	// is a replacement, not a loss) against the next passes within the
+	// window.
 	believeUnheld := func() {
 		for svc, ids := range absentBy {
-			if slices.Contains(heldServices, svc) {
+			if slices.Contains(heldServices, svc) || slices.Contains(p.Confirmed, svc) {
 				continue
 			}
 			p.End = append(p.End, ids...)
@@ -324,16 +362,27 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 		}
 	}
 	switch {
+	case len(held) == 0 && len(p.Confirmed) > 0:
+		believeUnheld()
+		p.Released = "confirmed by an operator at " + confirmed.At.UTC().Format(time.RFC3339)
 	case len(held) == 0:
 		believeUnheld()
 		if prev != nil {
 			p.Released = "the source reports its instances again"
 		}
-	case prev != nil && confirmed.Instances != nil && confirmed.Covers(held, prev.Since):
-		p.End = append(p.End, absent...)
-		p.Released = "confirmed by an operator at " + confirmed.At.UTC().Format(time.RFC3339)
 	default:
 		believeUnheld()
+		// The absences confirmed while the rest of the hold goes on count
+		// with the next readings for one window, as believed ones do: the
+		// services nobody confirmed are still judged against the reading
+		// that held them, not against what is left once the confirmed
+		// instances have ended.
+		for svc, n := range confirmedBy {
+			if p.Believed == nil {
+				p.Believed = map[string]int{}
+			}
+			p.Believed[svc] += n
+		}
 		since := now
 		if continues {
 			since = prev.Since
@@ -347,6 +396,28 @@ func DecideAfter(d Disbelief, r Reading, live []Live, prev *Hold, confirmed Conf
 		slices.SortFunc(es, func(a, b Endpoint) int { return bytes.Compare(a.ID[:], b.ID[:]) })
 	}
 	return p
+}
+
+// VouchedSince joins the confirmations given at or after since (the start
+// of the hold they may release) into one: it vouches for every instance
+// any of them names, as of the oldest. Confirmations are given service by
+// service, so one team's word for web and another's for api, given
+// before the same pass, release both.
+func VouchedSince(cs []Confirmation, since time.Time) Confirmation {
+	var out Confirmation
+	for _, c := range cs {
+		if c.At.Before(since) || c.Instances == nil {
+			continue
+		}
+		if out.At.IsZero() || c.At.Before(out.At) {
+			out.At = c.At
+		}
+		out.Instances = append(out.Instances, c.Instances...)
+	}
+	if !out.At.IsZero() && out.Instances == nil {
+		out.Instances = []uuid.UUID{}
+	}
+	return out
 }
 
 // sortIDs orders ids by their bytes (the order of their text form too).

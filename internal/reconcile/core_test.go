@@ -419,3 +419,124 @@ func TestDecideLeavesInstancesNewerThanTheReading(t *testing.T) {
 		t.Fatalf("ended %v: want instance 10, its absence now news", p.End)
 	}
 }
+
+// TestDecideReleasesOnlyTheConfirmedService: a confirmation releases the
+// held absences of the services it vouches for, and nothing else. Web's
+// team confirms web's five while api's three are held in the same source:
+// web's end, api's stay held (the hold keeps its start), and web's count
+// with the next readings for one window. Before, a confirmation of web
+// released every absence of the source, api's included.
+func TestDecideReleasesOnlyTheConfirmedService(t *testing.T) {
+	d := Disbelief{}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	web, _ := liveOf("web", 1, 5)
+	api, _ := liveOf("api", 100, 102)
+	db, dbEPs := liveOf("db", 200, 239)
+	all := append(append(append([]Live(nil), web...), api...), db...)
+	webIDs, apiIDs := make([]uuid.UUID, len(web)), make([]uuid.UUID, len(api))
+	for i, l := range web {
+		webIDs[i] = l.ID
+	}
+	for i, l := range api {
+		apiIDs[i] = l.ID
+	}
+	sortIDs(webIDs)
+	sortIDs(apiIDs)
+
+	for _, c := range []struct {
+		name    string
+		reading Reading
+		live    []Live
+		whole   bool
+	}{
+		// 8 of 48 lacking: under the source's threshold, each service over
+		// its own.
+		{"services held on their own", Reading{Endpoints: dbEPs}, all, false},
+		// No endpoints at all: the source held as a whole.
+		{"the source held as a whole", Reading{}, append(append([]Live(nil), web...), api...), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			all := c.live
+			first := Decide(d, c.reading, all, nil, Confirmation{}, t0)
+			if first.Hold == nil || first.Hold.Whole != c.whole || strings.Join(first.Hold.Services, ",") != "api,web" {
+				t.Fatalf("first pass: hold %+v, want api and web held (whole %v)", first.Hold, c.whole)
+			}
+			heldBefore := len(first.Held)
+
+			// Web's confirmation names web's five; api's names none.
+			onlyWeb := Confirmation{At: t0.Add(time.Second), Instances: webIDs}
+			p := Decide(d, c.reading, all, first.Hold, onlyWeb, t0.Add(2*time.Second))
+			if diff := cmp.Diff(webIDs, p.End); diff != "" {
+				t.Fatalf("ended (-want web's five +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(apiIDs, p.Held); diff != "" {
+				t.Fatalf("held (-want api's three +got):\n%s", diff)
+			}
+			if p.Hold == nil || strings.Join(p.Hold.Services, ",") != "api" || !p.Hold.Since.Equal(t0) || p.Released != "" ||
+				strings.Join(p.Confirmed, ",") != "web" || p.Hold.Lacking != first.Hold.Lacking-5 || p.Hold.Had != first.Hold.Had-5 {
+				t.Fatalf("hold %+v, released %q, confirmed %v; want api's hold going on since %s, web confirmed", p.Hold, p.Released, p.Confirmed, t0)
+			}
+			if _, ok := p.Hold.ByService["web"]; ok {
+				t.Fatalf("the hold still counts web: %+v", p.Hold.ByService)
+			}
+			if p.Believed["web"] != 5 {
+				t.Fatalf("believed %v; want web's five counted with the next readings", p.Believed)
+			}
+
+			// The next pass, web's instances ended: api is still held, with
+			// the same start, and a confirmation of web counts for nothing
+			// more.
+			var rest []Live
+			for _, l := range all {
+				if l.Service != "web" {
+					rest = append(rest, l)
+				}
+			}
+			next := DecideAfter(d, c.reading, rest, p.Hold, onlyWeb, t0.Add(5*time.Second), p.Believed)
+			if next.Hold == nil || strings.Join(next.Hold.Services, ",") != "api" || !next.Hold.Since.Equal(t0) || len(next.End) != 0 || next.Released != "" {
+				t.Fatalf("next pass: hold %+v, ended %d, released %q; want api still held since %s", next.Hold, len(next.End), next.Released, t0)
+			}
+			// After the window too: nobody confirmed api.
+			late := DecideAfter(d, c.reading, rest, next.Hold, onlyWeb, t0.Add(d.Window+time.Minute), nil)
+			if late.Hold == nil || len(late.End) != 0 {
+				t.Fatalf("after the window: hold %+v, ended %d; want api still held", late.Hold, len(late.End))
+			}
+
+			// A confirmation naming four of web's five releases nothing.
+			some := Confirmation{At: t0.Add(time.Second), Instances: webIDs[:4]}
+			if p := Decide(d, c.reading, all, first.Hold, some, t0.Add(2*time.Second)); len(p.End) != 0 || len(p.Held) != heldBefore || len(p.Confirmed) != 0 {
+				t.Fatalf("four of five: ended %d, held %d, confirmed %v; want nothing released", len(p.End), len(p.Held), p.Confirmed)
+			}
+
+			// Web's team and api's each confirm their own before the same
+			// pass: both are released, and the hold ends.
+			both := VouchedSince([]Confirmation{onlyWeb, {At: t0.Add(1500 * time.Millisecond), Instances: apiIDs}}, first.Hold.Since)
+			p = Decide(d, c.reading, all, first.Hold, both, t0.Add(2*time.Second))
+			if p.Hold != nil || len(p.End) != 8 || !strings.HasPrefix(p.Released, "confirmed by an operator") || len(p.Believed) != 0 {
+				t.Fatalf("both confirmed: hold %+v, ended %d, released %q, believed %v; want all 8 ended, no hold", p.Hold, len(p.End), p.Released, p.Believed)
+			}
+		})
+	}
+}
+
+// TestVouchedSince: confirmations older than the hold vouch for nothing;
+// the rest vouch together, as of the oldest.
+func TestVouchedSince(t *testing.T) {
+	old := Confirmation{At: t0.Add(-time.Second), Instances: ids(1)}
+	a := Confirmation{At: t0.Add(2 * time.Second), Instances: ids(2)}
+	b := Confirmation{At: t0, Instances: ids(3, 4)}
+	got := VouchedSince([]Confirmation{a, old, b}, t0)
+	if !got.At.Equal(t0) || !got.Covers(ids(2, 3, 4), t0) || got.Covers(ids(1), t0) {
+		t.Fatalf("vouched %+v; want 2, 3 and 4 as of %s, not 1", got, t0)
+	}
+	if got := VouchedSince([]Confirmation{old}, t0); !got.At.IsZero() || got.Instances != nil {
+		t.Fatalf("only an older confirmation: %+v, want none", got)
+	}
+	// A confirmation naming none vouches for none (the form before
+	// confirmations named their instances).
+	if got := VouchedSince([]Confirmation{{At: t0, Instances: []uuid.UUID{}}}, t0); got.Covers(ids(1), t0) {
+		t.Fatalf("an empty confirmation vouches for %+v", got)
+	}
+}

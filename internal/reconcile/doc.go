@@ -36,7 +36,11 @@
 // instances, or of one service's, at least 3, or a reading with no
 // endpoints at all, are held until the source reports them again or an
 // admin or the owning team's operator confirms them; no timer releases
-// them; Reconciler.Holds, alarm removal_held). A failed read changes
+// them; Reconciler.Holds, alarm removal_held). A confirmation is scoped
+// (Reconciler.Confirm): one service's releases that service's held
+// absences only, the source's every one; Decide releases a hold service
+// by service, from every confirmation given since it began
+// (VouchedSince), on every replica alike. A failed read changes
 // nothing (fail-static), and a Kubernetes source whose watch is lost keeps
 // its cache and says so (reconcile_stale).
 //

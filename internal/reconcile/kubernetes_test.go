@@ -22,6 +22,7 @@ import (
 
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
@@ -342,7 +343,7 @@ func TestKubernetesDeploymentLifecycle(t *testing.T) {
 	if h := c.rc.Holds(); len(h) != 1 || h[0].Gate != "reconcile/k8s/test" || h[0].Held != 4 || !strings.Contains(h[0].Alarm().Detail, "partitioned") && !strings.Contains(h[0].Alarm().Detail, "4 of 4 instances") {
 		t.Fatalf("holds = %+v, want one of the source naming 4 of 4", h)
 	}
-	if _, err := c.rc.Confirm(t.Context(), admin, "k8s/test", "the deployment was deleted on purpose"); err != nil {
+	if _, err := c.rc.Confirm(t.Context(), admin, "k8s/test", disbelief.Scope{Kind: disbelief.Source, Name: "k8s/test"}, "the deployment was deleted on purpose"); err != nil {
 		t.Fatal(err)
 	}
 	c.st.Clock.Advance(time.Second)

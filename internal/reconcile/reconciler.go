@@ -28,7 +28,7 @@ const AlarmStale = "reconcile_stale"
 type Store interface {
 	Registry
 	LiveInstancesOf(ctx context.Context, services []string) ([]registry.Instance, error)
-	ConfirmReconcile(ctx context.Context, actor identity.Principal, source, reason string, known bool, held map[uuid.UUID]string) (registry.ReconcileConfirmation, error)
+	ConfirmReconcile(ctx context.Context, actor identity.Principal, source string, scope disbelief.Scope, reason string, known bool, held map[uuid.UUID]string) (registry.ReconcileConfirmation, error)
 }
 
 // Config configures a Reconciler: its sources and their common settings.
@@ -179,7 +179,7 @@ func (rc *Reconciler) Diff(ctx context.Context) (Diff, error) {
 
 // GatePrefix begins the disbelief gate name of a source's removals:
 // "reconcile/<source>".
-const GatePrefix = "reconcile/"
+const GatePrefix = registry.GatePrefixReconcile
 
 // Holds lists each source's held removals as the one removal rule's holds
 // (disbelief.Hold, gate reconcile/<source>): the source as a scope when
@@ -276,15 +276,18 @@ func (w *Worker) membershipAlarms(st Status) []assembler.Alarm {
 	return out
 }
 
-// Confirm records actor's confirmation that source's held removals are
-// real (audited, refused ones too) and asks for a pass.
-func (rc *Reconciler) Confirm(ctx context.Context, actor identity.Principal, source, reason string) (registry.ReconcileConfirmation, error) {
+// Confirm records actor's confirmation that the removals source holds in
+// scope (the source as a whole, or one of its services) are real
+// (audited, refused ones too) and asks for a pass. It vouches for the
+// instances this replica's last pass held in scope; every replica
+// applies it at its next pass (registry.ReconcileConfirmationsSince).
+func (rc *Reconciler) Confirm(ctx context.Context, actor identity.Principal, source string, scope disbelief.Scope, reason string) (registry.ReconcileConfirmation, error) {
 	w, ok := rc.Worker(source)
 	var held map[uuid.UUID]string
 	if ok {
 		held = w.HeldServices()
 	}
-	c, err := rc.cfg.Registry.ConfirmReconcile(ctx, actor, source, reason, ok, held)
+	c, err := rc.cfg.Registry.ConfirmReconcile(ctx, actor, source, scope, reason, ok, held)
 	if err == nil {
 		w.Kick()
 	}

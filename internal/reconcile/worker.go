@@ -40,7 +40,7 @@ type Source interface {
 type Registry interface {
 	ReconciledInstances(ctx context.Context, source string) ([]registry.Instance, error)
 	ApplyReconcile(ctx context.Context, source string, ch registry.ReconcileChange) (registry.ReconcileResult, error)
-	LatestReconcileConfirmation(ctx context.Context, source string) (registry.ReconcileConfirmation, bool, error)
+	ReconcileConfirmationsSince(ctx context.Context, source string, since time.Time) ([]registry.ReconcileConfirmation, error)
 	MemberAuthorities(ctx context.Context, services []string) (map[string]registry.MemberAuthority, error)
 }
 
@@ -322,15 +322,21 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 		r, claims = Authorise(name, r, live, auth)
 	}
 	w.noteClaims(now, claims, unsealed)
+	// Every confirmation given since the hold began counts: they are given
+	// service by service, by each service's team. Every replica reads them
+	// from the database and applies them to its own hold the same way;
+	// the owner of the source's shard ends the instances.
 	var confirmed Confirmation
 	if prev != nil {
-		c, ok, err := w.cfg.Registry.LatestReconcileConfirmation(ctx, name)
+		rows, err := w.cfg.Registry.ReconcileConfirmationsSince(ctx, name, prev.Since)
 		if err != nil {
 			return err
 		}
-		if ok {
-			confirmed = Confirmation{At: c.ConfirmedAt, Instances: c.Instances}
+		cs := make([]Confirmation, len(rows))
+		for i, c := range rows {
+			cs[i] = Confirmation{At: c.ConfirmedAt, Instances: c.Instances}
 		}
+		confirmed = VouchedSince(cs, prev.Since)
 	}
 	plan := DecideAfter(w.cfg.Disbelief, r, live, prev, confirmed, now, recent)
 	switch {
@@ -338,6 +344,8 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 		w.log.Warn("reading not believed: removals held until the source recovers or an operator confirms", "had", plan.Hold.Had, "lacking", plan.Hold.Lacking, "empty", plan.Hold.Empty)
 	case plan.Released != "":
 		w.log.Info("held removals released", "why", plan.Released, "ended", len(plan.End))
+	case len(plan.Confirmed) > 0:
+		w.log.Info("held removals of confirmed services released; the rest stay held", "confirmed", plan.Confirmed, "still_held", plan.Hold.Services)
 	}
 	create := make([]registry.Instance, len(plan.Create))
 	for i, e := range plan.Create {

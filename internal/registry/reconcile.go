@@ -13,6 +13,7 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/refusal"
 )
@@ -338,56 +339,96 @@ func refuseReconciledEndpoint(ctx context.Context, q *db.Queries, service, addre
 // ReconcileConfirmation is an operator's confirmation that a
 // reconciliation source really lost what its disbelief threshold holds.
 type ReconcileConfirmation struct {
-	ID          int64     `json:"id"`
-	Source      string    `json:"source"`
-	ConfirmedAt time.Time `json:"confirmed_at"`
-	ConfirmedBy string    `json:"confirmed_by"`
-	Reason      string    `json:"reason"`
-	// Instances are the held instances it vouches for: it releases a hold
-	// only while the hold lacks none but these.
+	ID int64 `json:"id"`
+	// Gate is the source's gate, "reconcile/<source>".
+	Gate string `json:"gate"`
+	// Scope is what was asked for: the source as a whole, or one service
+	// of it.
+	Scope       disbelief.Scope `json:"scope"`
+	Source      string          `json:"source"`
+	ConfirmedAt time.Time       `json:"confirmed_at"`
+	ConfirmedBy string          `json:"confirmed_by"`
+	Reason      string          `json:"reason"`
+	// Instances are the held instances it vouches for: the removals held
+	// in Scope when it was given. A service's held removals are released
+	// only while every one of them is among the instances vouched for.
 	Instances []uuid.UUID `json:"instances"`
 	// Services are their services (in the answer, not stored).
 	Services []string `json:"services,omitempty"`
+	// Released counts Instances, and ReleasedByService by service: what
+	// the next pass of the source ends, unless the hold grows first.
+	Released          int            `json:"released"`
+	ReleasedByService map[string]int `json:"released_by_service,omitempty"`
+	// StillHeld counts, by service, the removals the source holds outside
+	// Scope: a service-scoped confirmation leaves them held.
+	StillHeld map[string]int `json:"still_held,omitempty"`
 }
 
-// ConfirmReconcile records actor's confirmation of source's held removals,
-// audited as reconcile.confirm whether or not it is accepted. held are the
-// instances the source's hold lacks now, with their services.
+// GatePrefixReconcile begins the gate of a reconciliation source's held
+// removals ("reconcile/<source>").
+const GatePrefixReconcile = "reconcile/"
+
+// ConfirmReconcile records actor's confirmation of the removals source
+// holds in scope, audited as reconcile.confirm (gate, scope, and what it
+// releases) whether or not it is accepted. held are the instances the
+// source's hold lacks now, with their services.
 //
+// scope is the source itself (every removal held) or one of its
+// services (that service's held removals only; the others stay held).
 // Removing capacity is a privileged act: it needs an admin, or an
 // operator (person or tool, operator role) of the team that owns every
-// service held. A source spans teams, so an operator of one team cannot
-// vouch for another's removals: when the hold covers services of
-// several teams, each is named in the refusal and an admin confirms.
-// The confirmation names the instances it covers; absences the hold gains
-// afterwards are held until confirmed again.
+// service it releases, by the sealed owner. A source spans teams, so a
+// source-wide confirmation of a hold covering services of several teams
+// names each that is not the caller's in its refusal; each team confirms
+// its own service, or an admin the source. The confirmation names the
+// instances it covers; absences the hold gains afterwards are held until
+// confirmed again.
 //
-// known says whether source is configured; an unknown one is refused as
-// not found once the caller is authorised, and a source holding nothing
-// is refused as a conflict (a confirmation vouches for what is held now,
-// never for what a later hold lacks).
-func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principal, source, reason string, known bool, held map[uuid.UUID]string) (ReconcileConfirmation, error) {
+// known says whether source is configured; an unknown source, or a
+// service the registry does not know (and the source does not hold), is
+// refused as not found once the caller has the operator role. A scope
+// holding nothing is refused as a conflict naming what the source does
+// hold (a confirmation vouches for what is held now, never for what a
+// later hold lacks).
+func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principal, source string, scope disbelief.Scope, reason string, known bool, held map[uuid.UUID]string) (ReconcileConfirmation, error) {
 	const action = "reconcile.confirm"
-	asked := map[string]any{"source": source, "reason": reason, "held": len(held)}
+	gate := GatePrefixReconcile + source
+	inScope, outside := splitHeld(scope, held)
+	asked := map[string]any{"gate": gate, "scope": scope.String(), "source": source, "reason": reason,
+		"held": len(held), "released": len(inScope), "still_held": countByService(outside)}
 	var out ReconcileConfirmation
 	err := r.write(ctx, actor, action, "reconcile-source", source, asked, func(q *db.Queries) (*refusal.Error, error) {
 		if !actor.IsAdmin() && !((actor.Kind == identity.KindOperator || actor.Kind == identity.KindTool) && actor.Role.AtLeast(identity.RoleOperator)) {
 			return newRefusal(ErrForbidden, "confirming the removals held from %s needs the operator role or admin; %s has neither", source, actor), nil
 		}
+		switch {
+		case scope.Kind == disbelief.Source && scope.Name == source:
+		case scope.Kind == disbelief.Service && ValidName(scope.Name):
+		default:
+			return invalid("the scope is not one this source holds", []FieldError{{Field: "scope",
+				Message: fmt.Sprintf("%q: the source as a whole (%q) or one of its services (\"service <name>\")", scope.String(), disbelief.Scope{Kind: disbelief.Source, Name: source}.String())}}), nil
+		}
 		if !known {
 			return newRefusal(ErrNotFound, "no reconciliation source named %s", source), nil
 		}
-		if len(held) == 0 {
-			return newRefusal(ErrConflict, "%s holds no removals: there is nothing to confirm (a confirmation vouches for the instances held now)", source), nil
+		services := servicesOf(inScope)
+		// Authority is over the services the scope names: the one service
+		// asked for (held or not), or every service the source holds.
+		owners := services
+		if scope.Kind == disbelief.Service {
+			owners = []string{scope.Name}
+			if len(inScope) == 0 {
+				// Not held: say whether the service exists at all, as the
+				// lease gate does.
+				if _, err := q.ServiceGet(ctx, scope.Name); notFound(err) {
+					return newRefusal(ErrNotFound, "no service named %s", scope.Name), nil
+				} else if err != nil {
+					return nil, fmt.Errorf("read service %s: %w", scope.Name, err)
+				}
+			}
 		}
-		ids := slices.SortedFunc(maps.Keys(held), func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
-		serviceSet := make(map[string]bool, len(held))
-		for _, svc := range held {
-			serviceSet[svc] = true
-		}
-		services := slices.Sorted(maps.Keys(serviceSet))
 		var notOwned []string
-		for _, svc := range services {
+		for _, svc := range owners {
 			row, err := q.ServiceGet(ctx, svc)
 			switch {
 			case notFound(err):
@@ -399,12 +440,24 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 			case err != nil:
 				return nil, fmt.Errorf("read service %s: %w", svc, err)
 			case !CanManage(actor, r.ownerOf(row)):
-				notOwned = append(notOwned, svc+" (owned by "+r.ownerOf(row)+")")
+				notOwned = append(notOwned, svc+" (owned by "+ownerName(r.ownerOf(row))+")")
 			}
 		}
 		if len(notOwned) > 0 {
-			return newRefusal(ErrForbidden, "the removals held from %s include services %s does not operate: %s; their owning team's operator or an admin confirms them",
+			if scope.Kind == disbelief.Service {
+				return newRefusal(ErrForbidden, "confirming the removals %s holds in %s needs an operator of the team that owns it, or an admin; %s is neither: %s",
+					gate, scope, actor, strings.Join(notOwned, ", ")), nil
+			}
+			return newRefusal(ErrForbidden, "the removals held from %s include services %s does not operate: %s; their owning team's operator confirms each (scope \"service <name>\"), or an admin the source",
 				source, actor, strings.Join(notOwned, ", ")), nil
+		}
+		if len(inScope) == 0 {
+			what := "nothing"
+			if len(outside) > 0 {
+				what = "only " + describeCounts(countByService(outside))
+			}
+			return newRefusal(ErrConflict, "%s holds no removals in %s (it holds %s): there is nothing to confirm (a confirmation vouches for the instances held now)",
+				gate, scope, what), nil
 		}
 		reason = strings.TrimSpace(reason)
 		if reason == "" {
@@ -413,6 +466,7 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 		if len(reason) > 1000 {
 			return invalid("the reason is too long", []FieldError{{Field: "reason", Message: "at most 1000 characters"}}), nil
 		}
+		ids := slices.SortedFunc(maps.Keys(inScope), func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
 		now := r.now()
 		row, err := q.ReconcileConfirmationInsert(ctx, db.ReconcileConfirmationInsertParams{
 			Source: source, ConfirmedAt: now, ConfirmedBy: actor.String(), Reason: reason, Instances: ids,
@@ -421,7 +475,11 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 			return nil, fmt.Errorf("record confirmation: %w", err)
 		}
 		out = confirmationOf(row)
-		out.Services = services
+		out.Gate, out.Scope, out.Services = gate, scope, services
+		out.Released, out.ReleasedByService = len(ids), countByService(inScope)
+		if len(outside) > 0 {
+			out.StillHeld = countByService(outside)
+		}
 		_, err = audit.Append(ctx, q, now, audit.Entry{
 			ActorKind: actorKind(actor), Actor: actor.String(), Action: action,
 			TargetKind: "reconcile-source", Target: source, Outcome: audit.Accepted, Reason: reason, After: out,
@@ -431,23 +489,81 @@ func (r *Registry) ConfirmReconcile(ctx context.Context, actor identity.Principa
 	return out, err
 }
 
+// splitHeld parts held into the removals scope covers and the rest.
+func splitHeld(scope disbelief.Scope, held map[uuid.UUID]string) (in, out map[uuid.UUID]string) {
+	in, out = map[uuid.UUID]string{}, map[uuid.UUID]string{}
+	for id, svc := range held {
+		if scope.Kind == disbelief.Source || (scope.Kind == disbelief.Service && svc == scope.Name) {
+			in[id] = svc
+		} else {
+			out[id] = svc
+		}
+	}
+	return in, out
+}
+
+// servicesOf lists the services of held, sorted.
+func servicesOf(held map[uuid.UUID]string) []string {
+	set := make(map[string]bool, len(held))
+	for _, svc := range held {
+		set[svc] = true
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+// countByService counts held by service.
+func countByService(held map[uuid.UUID]string) map[string]int {
+	n := map[string]int{}
+	for _, svc := range held {
+		n[svc]++
+	}
+	return n
+}
+
+// describeCounts says "api (3), db (1)".
+func describeCounts(n map[string]int) string {
+	var parts []string
+	for _, svc := range slices.Sorted(maps.Keys(n)) {
+		parts = append(parts, fmt.Sprintf("%s (%d)", svc, n[svc]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// ownerName names a sealed owner for a refusal: none verifies when the
+// service row was changed outside muster.
+func ownerName(owner string) string {
+	if owner == "" {
+		return "no team muster can verify"
+	}
+	return owner
+}
+
 func confirmationOf(row db.ReconcileConfirmation) ReconcileConfirmation {
 	ids := row.Instances
 	if ids == nil {
 		ids = []uuid.UUID{}
 	}
-	return ReconcileConfirmation{ID: row.ID, Source: row.Source, ConfirmedAt: row.ConfirmedAt, ConfirmedBy: row.ConfirmedBy, Reason: row.Reason, Instances: ids}
+	return ReconcileConfirmation{ID: row.ID, Gate: GatePrefixReconcile + row.Source, Scope: disbelief.Scope{Kind: disbelief.Source, Name: row.Source},
+		Source: row.Source, ConfirmedAt: row.ConfirmedAt, ConfirmedBy: row.ConfirmedBy, Reason: row.Reason, Instances: ids, Released: len(ids)}
 }
 
-// LatestReconcileConfirmation is the newest confirmation of source, and
-// whether there is one.
-func (r *Registry) LatestReconcileConfirmation(ctx context.Context, source string) (ReconcileConfirmation, bool, error) {
-	row, err := db.New(r.cfg.Pool).ReconcileConfirmationLatest(ctx, source)
-	if notFound(err) {
-		return ReconcileConfirmation{}, false, nil
-	}
+// ReconcileConfirmationsSince lists the confirmations of source given at
+// or after since (the start of the hold they may release), newest first,
+// at most MaxReconcileConfirmations: a hold is released service by
+// service, so a confirmation of one service and a later one of another
+// both count.
+func (r *Registry) ReconcileConfirmationsSince(ctx context.Context, source string, since time.Time) ([]ReconcileConfirmation, error) {
+	rows, err := db.New(r.cfg.Pool).ReconcileConfirmationsSince(ctx, db.ReconcileConfirmationsSinceParams{Source: source, Since: since, Max: MaxReconcileConfirmations})
 	if err != nil {
-		return ReconcileConfirmation{}, false, fmt.Errorf("read the confirmations of %s: %w", source, err)
+		return nil, fmt.Errorf("read the confirmations of %s: %w", source, err)
 	}
-	return confirmationOf(row), true, nil
+	out := make([]ReconcileConfirmation, len(rows))
+	for i, row := range rows {
+		out[i] = confirmationOf(row)
+	}
+	return out, nil
 }
+
+// MaxReconcileConfirmations bounds the confirmations a pass reads (they
+// are rate-limited writes; a hold gathers a handful).
+const MaxReconcileConfirmations = 1000
