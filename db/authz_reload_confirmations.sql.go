@@ -12,42 +12,69 @@ import (
 
 const authzReloadConfirmationInsert = `-- name: AuthzReloadConfirmationInsert :one
 
-INSERT INTO authz_reload_confirmations (confirmed_at, confirmed_by, reason)
-VALUES ($1, $2, $3)
-RETURNING id, confirmed_at, confirmed_by, reason
+INSERT INTO authz_reload_confirmations (confirmed_at, confirmed_by, reason, seal, seal_key)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING id, confirmed_at, confirmed_by, reason, seal, seal_key
 `
 
 type AuthzReloadConfirmationInsertParams struct {
 	ConfirmedAt time.Time
 	ConfirmedBy string
 	Reason      string
+	Seal        []byte
+	SealKey     *string
 }
 
 // Table authz_reload_confirmations, owned by internal/registry (the authorisation copy).
 func (q *Queries) AuthzReloadConfirmationInsert(ctx context.Context, arg AuthzReloadConfirmationInsertParams) (AuthzReloadConfirmation, error) {
-	row := q.db.QueryRow(ctx, authzReloadConfirmationInsert, arg.ConfirmedAt, arg.ConfirmedBy, arg.Reason)
+	row := q.db.QueryRow(ctx, authzReloadConfirmationInsert,
+		arg.ConfirmedAt,
+		arg.ConfirmedBy,
+		arg.Reason,
+		arg.Seal,
+		arg.SealKey,
+	)
 	var i AuthzReloadConfirmation
 	err := row.Scan(
 		&i.ID,
 		&i.ConfirmedAt,
 		&i.ConfirmedBy,
 		&i.Reason,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
-const authzReloadConfirmationLatest = `-- name: AuthzReloadConfirmationLatest :one
-SELECT id, confirmed_at, confirmed_by, reason FROM authz_reload_confirmations ORDER BY confirmed_at DESC, id DESC LIMIT 1
+const authzReloadConfirmationsRecent = `-- name: AuthzReloadConfirmationsRecent :many
+SELECT id, confirmed_at, confirmed_by, reason, seal, seal_key FROM authz_reload_confirmations ORDER BY confirmed_at DESC, id DESC LIMIT 100
 `
 
-func (q *Queries) AuthzReloadConfirmationLatest(ctx context.Context) (AuthzReloadConfirmation, error) {
-	row := q.db.QueryRow(ctx, authzReloadConfirmationLatest)
-	var i AuthzReloadConfirmation
-	err := row.Scan(
-		&i.ID,
-		&i.ConfirmedAt,
-		&i.ConfirmedBy,
-		&i.Reason,
-	)
-	return i, err
+// The newest confirmations, newest first: the copy believes the newest
+// whose seal verifies, so a row written by hand cannot hide a genuine one.
+func (q *Queries) AuthzReloadConfirmationsRecent(ctx context.Context) ([]AuthzReloadConfirmation, error) {
+	rows, err := q.db.Query(ctx, authzReloadConfirmationsRecent)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []AuthzReloadConfirmation
+	for rows.Next() {
+		var i AuthzReloadConfirmation
+		if err := rows.Scan(
+			&i.ID,
+			&i.ConfirmedAt,
+			&i.ConfirmedBy,
+			&i.Reason,
+			&i.Seal,
+			&i.SealKey,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -12,9 +12,9 @@ import (
 
 const leaseExpiryConfirmationInsert = `-- name: LeaseExpiryConfirmationInsert :one
 
-INSERT INTO lease_expiry_confirmations (scope, confirmed_at, confirmed_by, reason)
-VALUES ($1, $2, $3, $4)
-RETURNING id, scope, confirmed_at, confirmed_by, reason
+INSERT INTO lease_expiry_confirmations (scope, confirmed_at, confirmed_by, reason, seal, seal_key)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING id, scope, confirmed_at, confirmed_by, reason, seal, seal_key
 `
 
 type LeaseExpiryConfirmationInsertParams struct {
@@ -22,6 +22,8 @@ type LeaseExpiryConfirmationInsertParams struct {
 	ConfirmedAt time.Time
 	ConfirmedBy string
 	Reason      string
+	Seal        []byte
+	SealKey     *string
 }
 
 // Table lease_expiry_confirmations, owned by internal/registry (the lease reaper).
@@ -31,6 +33,8 @@ func (q *Queries) LeaseExpiryConfirmationInsert(ctx context.Context, arg LeaseEx
 		arg.ConfirmedAt,
 		arg.ConfirmedBy,
 		arg.Reason,
+		arg.Seal,
+		arg.SealKey,
 	)
 	var i LeaseExpiryConfirmation
 	err := row.Scan(
@@ -39,17 +43,22 @@ func (q *Queries) LeaseExpiryConfirmationInsert(ctx context.Context, arg LeaseEx
 		&i.ConfirmedAt,
 		&i.ConfirmedBy,
 		&i.Reason,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
 const leaseExpiryConfirmationsSince = `-- name: LeaseExpiryConfirmationsSince :many
-SELECT DISTINCT ON (scope) id, scope, confirmed_at, confirmed_by, reason FROM lease_expiry_confirmations
+SELECT id, scope, confirmed_at, confirmed_by, reason, seal, seal_key FROM lease_expiry_confirmations
 WHERE confirmed_at > $1::timestamptz
-ORDER BY scope, confirmed_at DESC
+ORDER BY confirmed_at DESC, id DESC
+LIMIT 1000
 `
 
-// The newest confirmation per scope (” = region) since a moment.
+// The confirmations since a moment, newest first: the reaper takes the
+// newest per scope (” = region) whose seal verifies, so a row written by
+// hand cannot hide a genuine one behind it.
 func (q *Queries) LeaseExpiryConfirmationsSince(ctx context.Context, since time.Time) ([]LeaseExpiryConfirmation, error) {
 	rows, err := q.db.Query(ctx, leaseExpiryConfirmationsSince, since)
 	if err != nil {
@@ -65,6 +74,8 @@ func (q *Queries) LeaseExpiryConfirmationsSince(ctx context.Context, since time.
 			&i.ConfirmedAt,
 			&i.ConfirmedBy,
 			&i.Reason,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}

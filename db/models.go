@@ -32,6 +32,8 @@ type AuthzReloadConfirmation struct {
 	ConfirmedAt time.Time
 	ConfirmedBy string
 	Reason      string
+	Seal        []byte
+	SealKey     *string
 }
 
 type GuardEvent struct {
@@ -82,6 +84,8 @@ type LeaseExpiryConfirmation struct {
 	ConfirmedAt time.Time
 	ConfirmedBy string
 	Reason      string
+	Seal        []byte
+	SealKey     *string
 }
 
 type MemberSource struct {
@@ -157,6 +161,8 @@ type ReconcileConfirmation struct {
 	ConfirmedBy string
 	Reason      string
 	Instances   []uuid.UUID
+	Seal        []byte
+	SealKey     *string
 }
 
 type RelayReport struct {

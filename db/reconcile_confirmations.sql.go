@@ -14,9 +14,9 @@ import (
 
 const reconcileConfirmationInsert = `-- name: ReconcileConfirmationInsert :one
 
-INSERT INTO reconcile_confirmations (source, confirmed_at, confirmed_by, reason, instances)
-VALUES ($1, $2, $3, $4, $5)
-RETURNING id, source, confirmed_at, confirmed_by, reason, instances
+INSERT INTO reconcile_confirmations (source, confirmed_at, confirmed_by, reason, instances, seal, seal_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id, source, confirmed_at, confirmed_by, reason, instances, seal, seal_key
 `
 
 type ReconcileConfirmationInsertParams struct {
@@ -25,6 +25,8 @@ type ReconcileConfirmationInsertParams struct {
 	ConfirmedBy string
 	Reason      string
 	Instances   []uuid.UUID
+	Seal        []byte
+	SealKey     *string
 }
 
 // Table reconcile_confirmations, owned by internal/registry (the reconciliation source confirmations operators give).
@@ -35,6 +37,8 @@ func (q *Queries) ReconcileConfirmationInsert(ctx context.Context, arg Reconcile
 		arg.ConfirmedBy,
 		arg.Reason,
 		arg.Instances,
+		arg.Seal,
+		arg.SealKey,
 	)
 	var i ReconcileConfirmation
 	err := row.Scan(
@@ -44,12 +48,14 @@ func (q *Queries) ReconcileConfirmationInsert(ctx context.Context, arg Reconcile
 		&i.ConfirmedBy,
 		&i.Reason,
 		&i.Instances,
+		&i.Seal,
+		&i.SealKey,
 	)
 	return i, err
 }
 
 const reconcileConfirmationsSince = `-- name: ReconcileConfirmationsSince :many
-SELECT id, source, confirmed_at, confirmed_by, reason, instances FROM reconcile_confirmations
+SELECT id, source, confirmed_at, confirmed_by, reason, instances, seal, seal_key FROM reconcile_confirmations
 WHERE source = $1 AND confirmed_at >= $2::timestamptz
 ORDER BY confirmed_at DESC, id DESC
 LIMIT $3
@@ -79,6 +85,8 @@ func (q *Queries) ReconcileConfirmationsSince(ctx context.Context, arg Reconcile
 			&i.ConfirmedBy,
 			&i.Reason,
 			&i.Instances,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}

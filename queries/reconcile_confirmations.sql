@@ -1,8 +1,8 @@
 -- Table reconcile_confirmations, owned by internal/registry (the reconciliation source confirmations operators give).
 
 -- name: ReconcileConfirmationInsert :one
-INSERT INTO reconcile_confirmations (source, confirmed_at, confirmed_by, reason, instances)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO reconcile_confirmations (source, confirmed_at, confirmed_by, reason, instances, seal, seal_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING *;
 
 -- name: ReconcileConfirmationsSince :many

@@ -601,7 +601,7 @@ func New(cfg Config) (*App, error) {
 		return nil, err
 	}
 	svc.Tampering = func() []assembler.Alarm {
-		return slices.Concat(a.InForce.Alarms(), a.Evaluator.SealAlarms(), a.Authz.Alarms(), a.KeyWatch.Alarms())
+		return slices.Concat(a.InForce.Alarms(), a.Evaluator.SealAlarms(), a.Authz.Alarms(), a.KeyWatch.Alarms(), a.Registry.ConfirmationAlarms())
 	}
 	svc.ReplicaAlarms = a.replicaAlarms
 	if a.Reconcile != nil {

@@ -293,12 +293,16 @@ func (c *AuthzCache) read(ctx context.Context) (authzRows, error) {
 		if out.grants, err = q.GrantsAllRows(ctx); err != nil {
 			return fmt.Errorf("read grants: %w", err)
 		}
-		conf, err := q.AuthzReloadConfirmationLatest(ctx)
-		switch {
-		case err == nil:
-			out.confirmedAt, out.confirmation = conf.ConfirmedAt, conf.ConfirmedBy
-		case !notFound(err):
+		confs, err := q.AuthzReloadConfirmationsRecent(ctx)
+		if err != nil {
 			return fmt.Errorf("read reload confirmations: %w", err)
+		}
+		// The newest muster wrote; one written by hand releases nothing.
+		for _, conf := range confs {
+			if r.believeAuthzConfirmation(conf) {
+				out.confirmedAt, out.confirmation = conf.ConfirmedAt, conf.ConfirmedBy
+				break
+			}
 		}
 		return nil
 	})

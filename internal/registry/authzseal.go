@@ -259,7 +259,11 @@ func (r *Registry) ConfirmAuthzReload(ctx context.Context, actor identity.Princi
 			return invalid("the reason is too long", []FieldError{{Field: "reason", Message: "at most 1000 characters"}}), nil
 		}
 		now := r.now()
-		row, err := q.AuthzReloadConfirmationInsert(ctx, db.AuthzReloadConfirmationInsertParams{ConfirmedAt: now, ConfirmedBy: actor.String(), Reason: reason})
+		sig, kid, err := r.sealConfirmation(ctx, authzConfirmationDomain, authzConfirmationSealOf(now, actor.String(), reason))
+		if err != nil {
+			return nil, err
+		}
+		row, err := q.AuthzReloadConfirmationInsert(ctx, db.AuthzReloadConfirmationInsertParams{ConfirmedAt: now, ConfirmedBy: actor.String(), Reason: reason, Seal: sig, SealKey: kid})
 		if err != nil {
 			return nil, fmt.Errorf("record confirmation: %w", err)
 		}

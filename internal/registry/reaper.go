@@ -340,9 +340,13 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("read expiry confirmations: %w", err)
 	}
+	// The newest confirmation per scope that muster wrote (newest first);
+	// one written by hand releases nothing and hides nothing behind it.
 	confirmed := map[string]time.Time{}
 	for _, c := range confs {
-		confirmed[c.Scope] = c.ConfirmedAt
+		if _, ok := confirmed[c.Scope]; !ok && reg.believeLeaseConfirmation(c) {
+			confirmed[c.Scope] = c.ConfirmedAt
+		}
 	}
 
 	// The disbelief rule (disbelief.Counter) in the region, each zone and
@@ -655,8 +659,13 @@ func (r *Registry) ConfirmLeaseExpiry(ctx context.Context, actor identity.Princi
 		if err != nil {
 			return nil, fmt.Errorf("count lapsed leases: %w", err)
 		}
+		confirmedAt = confirmedAt.UTC().Truncate(time.Microsecond) // as stored, so the seal verifies when read
+		sig, kid, err := r.sealConfirmation(ctx, leaseConfirmationDomain, leaseConfirmationSealOf(confirmationKey(scope), confirmedAt, actor.String(), reason))
+		if err != nil {
+			return nil, err
+		}
 		row, err := q.LeaseExpiryConfirmationInsert(ctx, db.LeaseExpiryConfirmationInsertParams{
-			Scope: confirmationKey(scope), ConfirmedAt: confirmedAt, ConfirmedBy: actor.String(), Reason: reason,
+			Scope: confirmationKey(scope), ConfirmedAt: confirmedAt, ConfirmedBy: actor.String(), Reason: reason, Seal: sig, SealKey: kid,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("record confirmation: %w", err)

@@ -99,6 +99,8 @@ type Registry struct {
 	// refused keeps the renewals a rate limit refused until they are
 	// flushed (renewal.go).
 	refused refusedRenewals
+	// confirmDoubts are the confirmations not believed (confirmseal.go).
+	confirmDoubts confirmationDoubts
 }
 
 // Follower is told of what this registry's writes committed, after the
@@ -181,11 +183,22 @@ func New(cfg Config) (*Registry, error) {
 			}
 		}
 	}
+	unsealedConfirmations := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "muster_confirmations_unsealed_total",
+		Help: "Confirmation rows (of a lease expiry, a reconciliation source, a reload of services and grants) whose seal did not verify, each counted once: written outside muster, they release nothing.",
+	}, []string{"table"})
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(unsealedConfirmations); err != nil {
+			return nil, fmt.Errorf("registry: register metrics: %w", err)
+		}
+	}
 	trust := cfg.Trust
 	if trust == nil {
 		trust = seal.NewTrust(cfg.SealKeys.With(cfg.Sealer))
 	}
-	return &Registry{cfg: cfg, trust: trust, metrics: m}, nil
+	r := &Registry{cfg: cfg, trust: trust, metrics: m}
+	r.confirmDoubts.counter = unsealedConfirmations
+	return r, nil
 }
 
 // Region is the region this registry is the authority for.
