@@ -121,7 +121,7 @@ type typeState struct {
 	pending *template // to send, when it differs from what the client holds
 	lead    uint64    // newest local view version sent (push latency)
 
-	stale   bool      // a change the subscription follows: build its template again
+	stale bool // a change the subscription follows: build its template again
 
 	// Delta.
 	starred bool // a wildcard was counted (Limits: once over the stream's life)
