@@ -68,6 +68,12 @@ type AuthFailures interface {
 	Record(actorKind, actor string, items []audit.RefusedItem)
 }
 
+// Refusals takes the streams and requests refused for a limit, by
+// principal (audit.NewXDSRefusalSummaries).
+type Refusals interface {
+	Record(actorKind, actor string, items []audit.RefusedItem)
+}
+
 // peerAddress is the stream's source address as the HTTP server keys it:
 // the address, an IPv6 address's /64.
 func peerAddress(ctx context.Context) string {
@@ -101,7 +107,7 @@ type Config struct {
 	// Refusals, when set, puts streams and requests refused for a limit
 	// (Limits) on the audit record, by principal, as the HTTP surface's
 	// refusals are (audit.NewXDSRefusalSummaries).
-	Refusals AuthFailures
+	Refusals Refusals
 	// Limits bound what one principal can make a replica hold; zero
 	// fields take DefaultLimits'.
 	Limits Limits
