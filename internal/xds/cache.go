@@ -326,6 +326,14 @@ func newTemplate(snap *nodeSnapshot, t string, wildcard bool, names map[string]s
 		for _, r := range held {
 			list = append(list, r)
 		}
+	} else if len(names) > len(held) {
+		// A subscription to more names than the node holds costs what
+		// the node holds, not what it asked for.
+		for name, r := range held {
+			if _, ok := names[name]; ok {
+				list = append(list, r)
+			}
+		}
 	} else {
 		for name := range names {
 			if r := held[name]; r != nil {
@@ -384,6 +392,21 @@ func deltaOf(snap *nodeSnapshot, t string, wildcard bool, names map[string]struc
 		}
 		for name := range returned {
 			if held[name] == nil {
+				removed = append(removed, name)
+			}
+		}
+	} else if len(names) > len(held)+len(returned) {
+		// As many names as a stream may hold cost what the node holds
+		// and the client was sent, not what it asked for.
+		for name, r := range held {
+			if _, ok := names[name]; ok {
+				if v, had := returned[name]; !had || v != r.version {
+					send = append(send, r)
+				}
+			}
+		}
+		for name := range returned {
+			if _, ok := names[name]; ok && held[name] == nil {
 				removed = append(removed, name)
 			}
 		}

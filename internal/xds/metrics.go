@@ -78,7 +78,18 @@ func newMetrics(reg prometheus.Registerer, s *Server) (metrics, error) {
 		defer s.mu.RUnlock()
 		return float64(len(s.nodes))
 	})
-	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.nacks, m.denied, m.admissionRefused, m.notCurrent, m.refused, m.latency, nodes} {
+	nameBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "muster_xds_name_bytes", Help: "Bytes the xDS streams' subscriptions hold, summed over principals (each bounded by MUSTER_XDS_MAX_NAME_BYTES).",
+	}, func() float64 {
+		s.acct.mu.Lock()
+		defer s.acct.mu.Unlock()
+		var n int64
+		for _, u := range s.acct.principals {
+			n += u.bytes
+		}
+		return float64(n)
+	})
+	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.nacks, m.denied, m.admissionRefused, m.notCurrent, m.refused, m.latency, nodes, nameBytes} {
 		if err := reg.Register(c); err != nil {
 			return m, fmt.Errorf("xds: register metrics: %w", err)
 		}
