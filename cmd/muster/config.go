@@ -123,7 +123,7 @@ type Config struct {
 	// XDSLimits bound what one principal can make a replica hold through
 	// xDS (xds.Limits): MUSTER_XDS_MAX_NAMES (10000 resource names per
 	// stream), MUSTER_XDS_MAX_STREAMS_PER_PRINCIPAL (10000),
-	// MUSTER_XDS_MAX_STREAMS_PER_CONNECTION (16) and
+	// MUSTER_XDS_MAX_STREAMS_PER_CONNECTION (100) and
 	// MUSTER_XDS_MAX_NAME_BYTES (67108864 bytes of names per principal).
 	XDSLimits xds.Limits
 	// Peers are the base URLs of the region's other replicas (--peers,

@@ -15,7 +15,7 @@ import (
 
 // testSnapshot is a node snapshot holding an assignment per service
 // name, at the given versions.
-func testSnapshot(t *testing.T, versions map[string]string) *nodeSnapshot {
+func testSnapshot(t testing.TB, versions map[string]string) *nodeSnapshot {
 	t.Helper()
 	s := &nodeSnapshot{resources: map[string]map[string]*shared{}}
 	for _, ty := range typeURLs {

@@ -40,8 +40,9 @@ type Limits struct {
 	// (MUSTER_XDS_MAX_STREAMS_PER_PRINCIPAL).
 	StreamsPerPrincipal int
 	// StreamsPerConnection bounds the streams open on one HTTP/2
-	// connection: 16 (Envoy and gRPC open one ADS stream per connection)
-	// (MUSTER_XDS_MAX_STREAMS_PER_CONNECTION).
+	// connection: 100, what HTTP/2 servers commonly allow at once
+	// (Envoy and gRPC open one ADS stream per connection; muster's load
+	// generator opens 100) (MUSTER_XDS_MAX_STREAMS_PER_CONNECTION).
 	StreamsPerConnection int
 	// NameBytesPerPrincipal bounds the memory a principal's
 	// subscriptions hold, summed over its streams: 64 MiB
@@ -54,7 +55,7 @@ type Limits struct {
 
 // DefaultLimits returns the default Limits.
 func DefaultLimits() Limits {
-	return Limits{NamesPerStream: 10_000, StreamsPerPrincipal: 10_000, StreamsPerConnection: 16, NameBytesPerPrincipal: 64 << 20}
+	return Limits{NamesPerStream: 10_000, StreamsPerPrincipal: 10_000, StreamsPerConnection: 100, NameBytesPerPrincipal: 64 << 20}
 }
 
 // The settings the limits are read from (cmd/muster), named in refusals
