@@ -224,7 +224,9 @@ func (s *Server) refuseLimit(ctx context.Context, p identity.Principal, reason, 
 	if s.cfg.Refusals != nil {
 		s.cfg.Refusals.Record(string(p.Kind), p.String(), []audit.RefusedItem{{Code: reason, Reason: detail}})
 	}
-	s.log.Warn("xDS request refused: a limit per principal", "principal", p.String(), "reason", reason, "detail", detail)
+	// Counted and audited (one row a minute per principal); a log line
+	// each would let a refused client flood the log.
+	s.log.Debug("xDS request refused: a limit per principal", "principal", p.String(), "reason", reason, "detail", detail)
 	st := status.New(codes.ResourceExhausted, detail)
 	if reason == ReasonStreamsPerPrincipal || reason == ReasonStreamsPerConnection {
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("retry-after", strconv.Itoa(int(streamsRetry/time.Second))))

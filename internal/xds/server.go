@@ -585,8 +585,10 @@ func (s *authorisedStream) Context() context.Context { return s.ctx }
 // rejection; muster does not resend it (adsStream.sotwRequest).
 func (s *Server) nack(r *rpc, typeURL, nonce, detail string) {
 	s.m.nacks.WithLabelValues(typeName(typeURL)).Inc()
+	// The client writes the detail and the nonce: a few hundred bytes
+	// of them say why, and a client cannot make muster log megabytes.
 	s.log.Warn("xDS client rejected (NACKed) muster's resources; they are not resent until they change",
-		"principal", r.key, "type", typeName(typeURL), "nonce", nonce, "error", detail)
+		"principal", r.key, "type", typeName(typeURL), "nonce", audit.Clip(nonce, 64), "error", audit.Clip(detail, 512))
 }
 
 // checkDenied counts, once per stream, each name the stream asks for that
