@@ -123,8 +123,6 @@ func TestXDSBoundedPerPrincipal(t *testing.T) {
 	publish("web")
 	web := s.Token(t, apptest.Web)
 	heap0 := heapInUse()
-	began := time.Now()
-	step := func(what string) { t.Logf("%s: %s in", what, time.Since(began).Round(time.Millisecond)) }
 
 	// State of the world: 1,000,000 names, 250,000 a type (a request is
 	// at most 4 MiB). The first request is refused; nothing is held.
@@ -137,7 +135,6 @@ func TestXDSBoundedPerPrincipal(t *testing.T) {
 		return true
 	})
 	refusedFor(t, "a state-of-the-world stream asking for 1,000,000 names", err, "at most 10000 resource names per stream (MUSTER_XDS_MAX_NAMES)")
-	step("sotw")
 
 	// Delta: 1,000,000 names in requests of 100,000: the first is
 	// refused.
@@ -150,11 +147,10 @@ func TestXDSBoundedPerPrincipal(t *testing.T) {
 		return true
 	})
 	refusedFor(t, "a delta stream subscribing to 1,000,000 names", err, "at most 10000 resource names per stream (MUSTER_XDS_MAX_NAMES)")
-	step("delta")
 	if _, h := heldBy(s, "workload:web"); h.NameBytes != 0 {
 		t.Fatalf("after the refusals web holds %d bytes of names, want none", h.NameBytes)
 	}
-	t.Logf("heap: %d KiB before the million-name streams, %d KiB after their refusals", heap0>>10, heapInUse()>>10)
+	t.Logf("the test process's heap (server and clients): %d KiB before the million-name streams, %d KiB after their refusals", heap0>>10, heapInUse()>>10)
 
 	// Delta counts the names subscribed over the stream's life: 6,000,
 	// unsubscribed, then 3,999 and web make 10,000, the most allowed
@@ -194,7 +190,6 @@ func TestXDSBoundedPerPrincipal(t *testing.T) {
 		t.Fatalf("the stream within the limit, after web changed: %s", names(r))
 	}
 
-	step("bytes")
 	// Streams per principal: api's sixth stream is its last; a seventh,
 	// on a connection of its own, is refused with a retry delay.
 	api := s.Token(t, apptest.API)
@@ -234,7 +229,6 @@ func TestXDSBoundedPerPrincipal(t *testing.T) {
 	openDelta(t, rawConn(t, s.XDSAddr, admin))
 	wait.For(t, 10*time.Second, "alice's stream on a connection of its own open", func() bool { return s.XDS.Streams() == open+perConn+1 })
 
-	step("streams")
 	// Counted by reason, and on the audit record by principal.
 	for reason, n := range map[string]int{
 		xds.ReasonNamesPerStream: 3, xds.ReasonNameBytesPerPrincipal: 1,
