@@ -227,7 +227,6 @@ type Server struct {
 type rpc struct {
 	principal identity.Principal
 	key       string
-	conn      string // connectionKey
 	end       context.CancelCauseFunc
 
 	mu     sync.Mutex
@@ -424,7 +423,7 @@ func (s *Server) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 	}
 	done := s.cfg.Hub.CountSubscriber()
 	ctx, end := context.WithCancelCause(ss.Context())
-	r := &rpc{principal: p, key: key, conn: conn, end: end, denied: map[string]bool{}}
+	r := &rpc{principal: p, key: key, end: end, denied: map[string]bool{}}
 	s.register(r)
 	if s.seesStale(r) {
 		s.unregister(r)
