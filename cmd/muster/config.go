@@ -29,6 +29,7 @@ import (
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/webui"
+	"github.com/musterhq/muster/internal/xds"
 	"github.com/musterhq/muster/server"
 )
 
@@ -121,6 +122,12 @@ type Config struct {
 	// from XDSTLSCert and XDSTLSKey when they are set.
 	XDSAddr, XDSTLSCert, XDSTLSKey string
 	xdsExplicit                    bool // --xds-addr was given
+	// XDSLimits bound what one principal can make a replica hold through
+	// xDS (xds.Limits): MUSTER_XDS_MAX_NAMES (10000 resource names per
+	// stream), MUSTER_XDS_MAX_STREAMS_PER_PRINCIPAL (10000),
+	// MUSTER_XDS_MAX_STREAMS_PER_CONNECTION (100) and
+	// MUSTER_XDS_MAX_NAME_BYTES (67108864 bytes of names per principal).
+	XDSLimits xds.Limits
 	// Peers are the base URLs of the region's other replicas (--peers,
 	// MUSTER_PEERS, comma-separated): with them, a replica that cannot
 	// reach PostgreSQL at start serves their views read-only until it
@@ -390,6 +397,26 @@ func loadEnv(c *Config) error {
 	if v := os.Getenv("MUSTER_WATCH_STREAMS_LIMIT"); v != "" {
 		if c.Limits.WatchStreams, err = strconv.Atoi(v); err != nil || c.Limits.WatchStreams <= 0 {
 			return fmt.Errorf("MUSTER_WATCH_STREAMS_LIMIT %q: want a number of streams above 0", v)
+		}
+	}
+	c.XDSLimits = xds.DefaultLimits()
+	for _, l := range []struct {
+		env string
+		dst *int
+	}{
+		{xds.EnvMaxNames, &c.XDSLimits.NamesPerStream},
+		{xds.EnvMaxStreamsPerPrincipal, &c.XDSLimits.StreamsPerPrincipal},
+		{xds.EnvMaxStreamsPerConnection, &c.XDSLimits.StreamsPerConnection},
+	} {
+		if v := os.Getenv(l.env); v != "" {
+			if *l.dst, err = strconv.Atoi(v); err != nil || *l.dst <= 0 {
+				return fmt.Errorf("%s %q: want a number above 0", l.env, v)
+			}
+		}
+	}
+	if v := os.Getenv(xds.EnvMaxNameBytes); v != "" {
+		if c.XDSLimits.NameBytesPerPrincipal, err = strconv.ParseInt(v, 10, 64); err != nil || c.XDSLimits.NameBytesPerPrincipal <= 0 {
+			return fmt.Errorf("%s %q: want a number of bytes above 0", xds.EnvMaxNameBytes, v)
 		}
 	}
 	if c.MetricsAddr == "" {

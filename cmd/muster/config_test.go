@@ -15,6 +15,7 @@ import (
 
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/internal/xds"
 	"github.com/musterhq/muster/server"
 )
 
@@ -75,15 +76,22 @@ func TestLoadEnvRequestLimits(t *testing.T) {
 	if err := loadEnv(&c); err != nil {
 		t.Fatal(err)
 	}
-	if c.Limits != server.DefaultLimits() || c.MetricsAddr != "" {
-		t.Fatalf("defaults: %+v, metrics address %q", c.Limits, c.MetricsAddr)
+	if c.Limits != server.DefaultLimits() || c.MetricsAddr != "" || c.XDSLimits != xds.DefaultLimits() {
+		t.Fatalf("defaults: %+v, %+v, metrics address %q", c.Limits, c.XDSLimits, c.MetricsAddr)
 	}
 	t.Setenv("MUSTER_REPORT_ITEMS_LIMIT", "20000/1s")
 	t.Setenv("MUSTER_UNAUTHENTICATED_LIMIT", "10/1m")
 	t.Setenv("MUSTER_WATCH_STREAMS_LIMIT", "50")
 	t.Setenv("MUSTER_METRICS_ADDR", ":9464")
+	t.Setenv("MUSTER_XDS_MAX_NAMES", "500")
+	t.Setenv("MUSTER_XDS_MAX_NAME_BYTES", "1048576")
 	if err := loadEnv(&c); err != nil {
 		t.Fatal(err)
+	}
+	wantXDS := xds.DefaultLimits()
+	wantXDS.NamesPerStream, wantXDS.NameBytesPerPrincipal = 500, 1<<20
+	if c.XDSLimits != wantXDS {
+		t.Fatalf("xDS limits from the environment: %+v, want %+v", c.XDSLimits, wantXDS)
 	}
 	want := server.DefaultLimits()
 	want.ReportItems = policy.Limit{Max: 20000, Window: time.Second}
@@ -92,7 +100,8 @@ func TestLoadEnvRequestLimits(t *testing.T) {
 	if c.Limits != want || c.MetricsAddr != ":9464" {
 		t.Fatalf("from the environment: %+v, metrics address %q", c.Limits, c.MetricsAddr)
 	}
-	for env, bad := range map[string]string{"MUSTER_REGISTRATION_LIMIT": "lots", "MUSTER_WATCH_STREAMS_LIMIT": "0"} {
+	for env, bad := range map[string]string{"MUSTER_REGISTRATION_LIMIT": "lots", "MUSTER_WATCH_STREAMS_LIMIT": "0",
+		"MUSTER_XDS_MAX_NAMES": "0", "MUSTER_XDS_MAX_STREAMS_PER_CONNECTION": "many", "MUSTER_XDS_MAX_NAME_BYTES": "-1"} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv(env, bad)
 			if err := loadEnv(&c); err == nil {

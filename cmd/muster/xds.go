@@ -43,7 +43,7 @@ func listenXDS(cfg Config, explicit bool, ltls *listenerTLS, log *slog.Logger) (
 	if cfg.XDSAddr == "" {
 		return nil, nil, nil
 	}
-	xc := &xds.Config{}
+	xc := &xds.Config{Limits: cfg.XDSLimits}
 	if cfg.XDSTLSCert != "" || cfg.XDSTLSKey != "" {
 		if cfg.XDSTLSCert == "" || cfg.XDSTLSKey == "" {
 			return nil, nil, errors.New("--xds-tls-cert and --xds-tls-key go together")

@@ -107,6 +107,9 @@ const (
 	WorkerAuthFailures = "auth-failures"
 	WorkerDNS          = "dns"
 	WorkerXDS          = "xds"
+	// WorkerXDSRefusals summarises xDS refusals for a limit per
+	// principal into the audit log.
+	WorkerXDSRefusals = "xds-refusals"
 	// WorkerZoneHistory samples every zone for the UI's sparklines.
 	WorkerZoneHistory = "zone-history"
 	// WorkerProberHistory samples every prober's reach likewise.
@@ -284,6 +287,9 @@ type App struct {
 	Notifier *notify.Notifier
 	// XDS is nil unless Config.XDS was set.
 	XDS *xds.Server
+	// XDSRefusals summarises xDS refusals for a limit into the audit log;
+	// nil unless Config.XDS was set.
+	XDSRefusals *audit.RefusalSummaries
 	// ZoneHistory samples every zone's published state for the admin
 	// UI's sparklines (issue 30).
 	ZoneHistory *zonehistory.History
@@ -337,7 +343,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerNotify, WorkerRelay, stopFederation, WorkerXDS, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControlReconcile, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerNotify, WorkerRelay, stopFederation, WorkerXDS, WorkerXDSRefusals, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControlReconcile, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -720,6 +726,14 @@ func New(cfg Config) (*App, error) {
 		if xc.AuthFailures == nil {
 			xc.AuthFailures = a.AuthFailures
 		}
+		if xc.Refusals == nil {
+			rc := audit.RefusalSummariesConfig{Log: audit.NewLog(pool), Logger: log, Registerer: metrics, Now: now}
+			if a.XDSRefusals, err = audit.NewXDSRefusalSummaries(rc); err != nil {
+				a.closeUI()
+				return nil, err
+			}
+			xc.Refusals = a.XDSRefusals
+		}
 		xc.Now = orNow(xc.Now, now)
 		if xc.Region == "" {
 			xc.Region = cfg.Region
@@ -788,6 +802,9 @@ func New(cfg Config) (*App, error) {
 	}
 	if a.XDS != nil {
 		a.workers = append(a.workers, worker{name: WorkerXDS, w: a.XDS})
+	}
+	if a.XDSRefusals != nil {
+		a.workers = append(a.workers, worker{name: WorkerXDSRefusals, w: a.XDSRefusals, detached: true})
 	}
 	if a.Reconcile != nil {
 		for _, w := range a.Reconcile.Workers() {

@@ -88,12 +88,24 @@ type adsStream struct {
 	r     *rpc
 	delta bool
 	wake  chan struct{} // the sender has something to look at
+	nw    *nodeWatches  // its node's (watchCache.add)
+
+	// noteMu guards notes: the changes of the node's snapshot not yet
+	// taken (note, takeNotes). It is never held for more than an append,
+	// so that a node's update never waits for one of its streams.
+	noteMu sync.Mutex
+	notes  []*change
 
 	mu     sync.Mutex
-	snap   *nodeSnapshot // the node's, for delta (nil: not ready)
+	snap   *nodeSnapshot // the node's, as of the notes taken (nil: not ready)
 	types  [numTypes]typeState
 	nonces uint64
+	closed bool // the stream has ended: what it held is released
 }
+
+// maxNotes bounds the changes a stream keeps untaken; past it they are
+// collapsed into one that treats every name as changed.
+const maxNotes = 64
 
 // typeState is a stream's subscription to one type (pushOrder's index).
 type typeState struct {
@@ -109,9 +121,19 @@ type typeState struct {
 	pending *template // to send, when it differs from what the client holds
 	lead    uint64    // newest local view version sent (push latency)
 
+	stale bool // a change the subscription follows: build its template again
+
 	// Delta.
+	starred bool // a wildcard was counted (Limits: once over the stream's life)
 	dirty   bool // compare the snapshot with returned
 	initial bool // a first wildcard request: answered even when empty, so that Envoy completes its initialisation
+
+	// What the subscription is counted for (Limits): names (a wildcard
+	// is one) and the bytes charged to the principal. State of the
+	// world: its current request's; delta: every name subscribed over
+	// the stream's life.
+	count int
+	bytes int64
 }
 
 // legacyWildcard: an empty first request for the type asks for every
@@ -140,6 +162,7 @@ func (s *Server) serveADS(ss grpc.ServerStream, delta bool) error {
 	defer s.m.streams.WithLabelValues(protocol).Dec()
 	s.cache.add(r.key, a)
 	defer s.cache.remove(r.key, a)
+	defer a.release()
 
 	recvErr := make(chan error, 1)
 	go func() {
@@ -150,12 +173,14 @@ func (s *Server) serveADS(ss grpc.ServerStream, delta bool) error {
 			var err error
 			if delta {
 				if err = ss.RecvMsg(deltaReq); err == nil {
-					a.deltaRequest(deltaReq)
+					err = a.deltaRequest(deltaReq)
 				}
 			} else if err = ss.RecvMsg(sotwReq); err == nil {
-				a.sotwRequest(sotwReq)
+				err = a.sotwRequest(sotwReq)
 			}
 			if err != nil {
+				// A refused request ends the stream: nothing more of
+				// it is taken.
 				recvErr <- err
 				return
 			}
@@ -203,29 +228,129 @@ func (a *adsStream) signal() {
 	}
 }
 
-// changed takes a new snapshot of the node: what it changes of a type
-// the stream follows becomes the type's pending response (state of the
-// world) or is looked at by the sender (delta). It reports whether the
-// sender has something to send. c.mu held.
-func (a *adsStream) changed(nw *nodeWatches, first bool, changed *[numTypes]map[string]struct{}) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.snap = nw.snap
+// note gives the stream a change of its node's snapshot. It takes what
+// the change concerns at once when the stream is not busy taking a
+// request of its own (that costs no more than the changed names it
+// follows), and otherwise leaves it to the sender, signalled: an
+// update of the node never waits for one of its streams, however many
+// names that stream's request carries. watchCache.SetSnapshot calls it
+// with the node's lock held.
+func (a *adsStream) note(ch *change) {
+	a.noteMu.Lock()
+	if len(a.notes) >= maxNotes {
+		a.notes = append(a.notes[:0], &change{snap: ch.snap, all: true})
+	} else {
+		a.notes = append(a.notes, ch)
+	}
+	a.noteMu.Unlock()
+	if !a.mu.TryLock() {
+		a.signal()
+		return
+	}
+	wake := a.takeNotes()
+	a.mu.Unlock()
+	if wake {
+		a.signal()
+	}
+}
+
+// takeNotes takes the changes noted: what they change of a type the
+// stream follows is looked at by the sender (its template built again,
+// state of the world; compared with what the client holds, delta). It
+// reports whether the sender has something to look at. a.mu held.
+func (a *adsStream) takeNotes() bool {
+	a.noteMu.Lock()
+	notes := a.notes
+	a.notes = nil
+	a.noteMu.Unlock()
 	wake := false
-	for i := range pushOrder {
-		st := &a.types[i]
-		if !st.subscribed || !(first || follows(st.wildcard, st.names, changed[i])) {
-			continue
-		}
-		if a.delta {
-			st.dirty, wake = true, true
-			continue
-		}
-		if x := nw.template(pushOrder[i], st.key, st.wildcard, st.names); x.version != st.version || !returnedAll(st.returned, x.returned) {
-			st.pending, wake = x, true
+	for _, ch := range notes {
+		a.snap = ch.snap
+		for i := range pushOrder {
+			st := &a.types[i]
+			switch {
+			case !st.subscribed:
+				continue
+			case ch.first || ch.all:
+			case a.delta && !follows(st.wildcard, st.names, ch.names[i]):
+				continue
+			case !a.delta && !st.differs(ch.snap, pushOrder[i], ch.names[i]):
+				continue
+			}
+			if a.delta {
+				st.dirty = true
+			} else {
+				st.stale = true
+			}
+			wake = true
 		}
 	}
 	return wake
+}
+
+// differs reports whether a state-of-the-world subscription's response
+// in snap differs from what the client was last sent, given the names
+// of type t that changed: whether a changed name it follows is held at
+// another version, or no longer, or newly. It costs no more than the
+// changed names (or the subscribed ones, when fewer).
+func (st *typeState) differs(snap *nodeSnapshot, t string, changed map[string]struct{}) bool {
+	held := snap.resources[t]
+	moved := func(name string) bool {
+		r := held[name]
+		v, sent := st.returned[name]
+		return (r == nil) == sent || r != nil && r.version != v
+	}
+	if st.wildcard || len(changed) <= len(st.names) {
+		for name := range changed {
+			if _, ok := st.names[name]; (st.wildcard || ok) && moved(name) {
+				return true
+			}
+		}
+		return false
+	}
+	for name := range st.names {
+		if _, ok := changed[name]; ok && moved(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// release ends the stream's accounts: what its subscriptions were
+// charged goes back to its principal, and no request is taken from now
+// on.
+func (a *adsStream) release() {
+	a.mu.Lock()
+	a.closed = true
+	var n int64
+	for i := range a.types {
+		n += a.types[i].bytes
+		a.types[i].bytes = 0
+	}
+	a.mu.Unlock()
+	if n != 0 {
+		a.s.acct.charge(a.r.key, -n)
+	}
+}
+
+// counted is how many names the stream's types other than i are counted
+// for. a.mu held.
+func (a *adsStream) counted(except int) int {
+	n := 0
+	for j := range a.types {
+		if j != except {
+			n += a.types[j].count
+		}
+	}
+	return n
+}
+
+// refuse counts, audits and returns a request's refusal for a limit,
+// and ends the stream with it: the client keeps what it holds.
+func (a *adsStream) refuse(reason, detail string) error {
+	err := a.s.refuseLimit(a.s.ctx, a.r.principal, reason, detail)
+	a.r.end(err)
+	return err
 }
 
 // sotwRequest takes a state-of-the-world request. One that answers a
@@ -233,50 +358,76 @@ func (a *adsStream) changed(nw *nodeWatches, first bool, changed *[numTypes]map[
 // ignored, as the protocol asks; an ACK of what is held changes
 // nothing; a NACK is counted and not answered with what it rejected; a
 // request with other names (or the stream's first) is answered at once
-// when the node holds something the client lacks.
-func (a *adsStream) sotwRequest(req *discovery.DiscoveryRequest) {
+// when the node holds something the client lacks. A request that would
+// take the stream or its principal past a limit (Limits) is refused:
+// the error returned ends the stream, and nothing it asked for is held.
+func (a *adsStream) sotwRequest(req *discovery.DiscoveryRequest) error {
 	t := req.GetTypeUrl()
 	i, ok := typeIndex(t)
 	if !ok {
 		a.s.log.Debug("xDS client asked for a type muster does not serve", "principal", a.r.key, "type", t)
-		return
+		return nil
 	}
 	nack := req.GetErrorDetail() != nil
 	if nack {
 		a.s.nack(a.r, t, req.GetResponseNonce(), req.GetErrorDetail().GetMessage())
 	}
+	added, err := a.takeSotW(i, t, req, nack)
+	if err == nil {
+		// Counted without the stream's lock held: checkDenied reads the
+		// server's.
+		a.s.checkDenied(a.r, added)
+	}
+	return err
+}
+
+// takeSotW is sotwRequest's work on the stream's state; it returns the
+// names the request added.
+func (a *adsStream) takeSotW(i int, t string, req *discovery.DiscoveryRequest, nack bool) ([]string, error) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	st := &a.types[i]
-	if st.nonce != "" && req.GetResponseNonce() != st.nonce {
-		a.mu.Unlock()
-		return
+	if a.closed || st.nonce != "" && req.GetResponseNonce() != st.nonce {
+		return nil, nil
 	}
-	wildcard := a.wildcard(t, st, req.GetResourceNames())
-	if st.subscribed && wildcard == st.wildcard && sameNames(req.GetResourceNames(), st.names) && (nack || req.GetVersionInfo() == st.version) {
-		a.mu.Unlock()
-		return
+	asked := req.GetResourceNames()
+	wildcard := a.wildcard(t, st, asked)
+	if st.subscribed && wildcard == st.wildcard && sameNames(asked, st.names) && (nack || req.GetVersionInfo() == st.version) {
+		return nil, nil
 	}
-	names := make(map[string]struct{}, len(req.GetResourceNames()))
+	// The names are counted as asked (a repeat too) before any is
+	// kept, so that a request of a million names costs no more than
+	// its refusal.
+	count := 0
+	for _, n := range asked {
+		if n != "*" {
+			count++
+		}
+	}
+	if wildcard {
+		count++
+	}
+	lim := a.s.cfg.Limits
+	if a.counted(i)+count > lim.NamesPerStream {
+		return nil, a.refuse(ReasonNamesPerStream, lim.namesDetail(a.counted(i), len(asked)))
+	}
+	names := make(map[string]struct{}, count)
 	var added []string
-	for _, n := range req.GetResourceNames() {
-		if n == "*" {
+	var bytes int64
+	for _, n := range asked {
+		if _, dup := names[n]; dup || n == "*" {
 			continue
 		}
 		if _, had := st.names[n]; !had {
 			added = append(added, n)
 		}
 		names[n] = struct{}{}
+		bytes += nameCost(n)
 	}
-	a.mu.Unlock()
-	a.s.checkDenied(a.r, added)
-
-	c := a.s.cache
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if st.nonce != "" && req.GetResponseNonce() != st.nonce {
-		return // a response went out meanwhile
+	if add := bytes - st.bytes; add != 0 {
+		if held, ok := a.s.acct.charge(a.r.key, add); !ok {
+			return nil, a.refuse(ReasonNameBytesPerPrincipal, lim.bytesDetail(a.r.key, held, add))
+		}
 	}
 	version := req.GetVersionInfo()
 	if nack && st.nonce != "" {
@@ -284,14 +435,10 @@ func (a *adsStream) sotwRequest(req *discovery.DiscoveryRequest) {
 		// until it changes.
 		version = st.version
 	}
-	st.subscribed, st.wildcard, st.names = true, wildcard, names
-	st.key, st.version, st.pending = templateKey(t, wildcard, names), version, nil
-	if nw := c.nodes[a.r.key]; nw != nil && nw.snap != nil {
-		if x := nw.template(t, st.key, wildcard, names); x.version != st.version || !returnedAll(st.returned, x.returned) {
-			st.pending = x
-			a.signal()
-		}
-	}
+	st.subscribed, st.wildcard, st.names, st.count, st.bytes = true, wildcard, names, count, bytes
+	st.key, st.version, st.pending, st.stale = templateKey(t, wildcard, names), version, nil, true
+	a.signal()
+	return added, nil
 }
 
 // wildcard reports whether a request's names ask for every resource of
@@ -324,36 +471,102 @@ func sameNames(req []string, names map[string]struct{}) bool {
 // deltaRequest takes a delta request: subscriptions change (the
 // unsubscribed names are forgotten as held, so that a name subscribed
 // again is sent again), and an ACK or NACK changes nothing (a delta
-// resource is resent only when its version changes).
-func (a *adsStream) deltaRequest(req *discovery.DeltaDiscoveryRequest) {
+// resource is resent only when its version changes). A request that
+// would take the stream or its principal past a limit (Limits) is
+// refused: the error returned ends the stream, and nothing it asked for
+// is held.
+func (a *adsStream) deltaRequest(req *discovery.DeltaDiscoveryRequest) error {
 	t := req.GetTypeUrl()
 	i, ok := typeIndex(t)
 	if !ok {
 		a.s.log.Debug("xDS client asked for a type muster does not serve", "principal", a.r.key, "type", t)
-		return
+		return nil
 	}
 	if req.GetErrorDetail() != nil {
 		a.s.nack(a.r, t, req.GetResponseNonce(), req.GetErrorDetail().GetMessage())
 	}
+	took, err := a.takeDelta(i, t, req)
+	if took {
+		// Counted without the stream's lock held: checkDenied reads the
+		// server's.
+		a.s.checkDenied(a.r, req.GetResourceNamesSubscribe())
+	}
+	return err
+}
+
+// takeDelta is deltaRequest's work on the stream's state; it reports
+// whether the request changed the subscription.
+func (a *adsStream) takeDelta(i int, t string, req *discovery.DeltaDiscoveryRequest) (bool, error) {
 	sub, unsub := req.GetResourceNamesSubscribe(), req.GetResourceNamesUnsubscribe()
 	a.mu.Lock()
-	st := &a.types[i]
-	if st.subscribed && len(sub) == 0 && len(unsub) == 0 {
-		a.mu.Unlock()
-		return
-	}
-	a.mu.Unlock()
-	a.s.checkDenied(a.r, sub)
-
-	a.mu.Lock()
 	defer a.mu.Unlock()
+	st := &a.types[i]
+	if a.closed || st.subscribed && len(sub) == 0 && len(unsub) == 0 {
+		return false, nil
+	}
+	// What the request adds is counted before any of it is kept: the
+	// names not subscribed yet, a wildcard once over the stream's life,
+	// and on the first request the names the client says it holds
+	// without subscribing to them. Counting stops past the room left,
+	// so that a request of a million names costs no more than its
+	// refusal.
+	lim := a.s.cfg.Limits
+	room := lim.NamesPerStream - a.counted(-1)
+	initial := req.GetInitialResourceVersions()
+	fresh := map[string]struct{}{}
+	starred := st.starred
+	legacy := !st.subscribed && len(sub) == 0 && legacyWildcard(t)
+	count := 0
+	if legacy {
+		starred, count = true, 1
+	}
+	var bytes int64
+	for _, n := range sub {
+		if count > room {
+			break
+		}
+		if n == "*" {
+			if !starred {
+				starred, count = true, count+1
+			}
+			continue
+		}
+		if _, had := st.names[n]; had {
+			continue
+		}
+		if _, dup := fresh[n]; !dup {
+			fresh[n] = struct{}{}
+			count++
+			bytes += nameCost(n)
+		}
+	}
+	if !st.subscribed {
+		for n, v := range initial {
+			if count > room {
+				break
+			}
+			if _, sub := fresh[n]; !sub {
+				count++
+				bytes += nameCost(n)
+			}
+			bytes += int64(len(v))
+		}
+	}
+	if count > room {
+		return false, a.refuse(ReasonNamesPerStream, lim.namesDetail(a.counted(-1), len(sub)+len(initial)))
+	}
+	if bytes > 0 {
+		if held, ok := a.s.acct.charge(a.r.key, bytes); !ok {
+			return false, a.refuse(ReasonNameBytesPerPrincipal, lim.bytesDetail(a.r.key, held, bytes))
+		}
+	}
+	st.count, st.bytes, st.starred = st.count+count, st.bytes+bytes, starred
 	if !st.subscribed {
 		st.subscribed, st.names, st.returned = true, map[string]struct{}{}, map[string]string{}
-		for name, v := range req.GetInitialResourceVersions() {
+		for name, v := range initial {
 			st.returned[name] = v
 		}
-		st.wildcard = len(sub) == 0 && legacyWildcard(t)
-		st.initial = st.wildcard
+		st.wildcard, st.initial = legacy, legacy
 	}
 	for _, n := range sub {
 		if n == "*" {
@@ -373,6 +586,7 @@ func (a *adsStream) deltaRequest(req *discovery.DeltaDiscoveryRequest) {
 	}
 	st.dirty = true
 	a.signal()
+	return true, nil
 }
 
 // next is the response to send for type i, if any: the pending template
@@ -383,8 +597,21 @@ func (a *adsStream) deltaRequest(req *discovery.DeltaDiscoveryRequest) {
 func (a *adsStream) next(i int) (m *encoded, lead uint64, leads []string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.takeNotes() {
+		// Types before i may have changed too: look again.
+		a.signal()
+	}
 	st := &a.types[i]
 	if !a.delta {
+		if st.stale && a.snap != nil {
+			// Built here, by the stream's sender, and not where the node's
+			// snapshot is set: a response to many names costs its own
+			// stream, never another node's update.
+			st.stale = false
+			if x := a.nw.template(a.snap, pushOrder[i], st.key, st.wildcard, st.names); x.version != st.version || !returnedAll(st.returned, x.returned) {
+				st.pending = x
+			}
+		}
 		x := st.pending
 		st.pending = nil
 		if x == nil || (x.version == st.version && returnedAll(st.returned, x.returned)) {

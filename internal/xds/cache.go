@@ -96,26 +96,55 @@ func typeIndex(t string) (int, bool) {
 // A change reaches only the streams it concerns: SetSnapshot compares
 // the node's new snapshot with the old one, type by type, and gives a
 // stream what changed only when it follows one of the names.
+//
+// An update costs in proportion to the node it concerns, never to what
+// other nodes' streams subscribe to: each node has a lock of its own
+// (mu only finds the node), SetSnapshot hands each stream of the node a
+// note of what changed and never waits for a stream busy with a request
+// of its own (adsStream.note), and a state-of-the-world response to a
+// set of names is built by the stream's sender, outside every lock
+// another node's update takes. One node subscribing to a million names
+// once held the one lock every node's update took while its response
+// was built: another node's update went from 77 µs to 33 ms.
 type watchCache struct {
 	log *slog.Logger
 
-	mu    sync.Mutex
+	mu    sync.Mutex // guards nodes only
 	nodes map[string]*nodeWatches
+
+	// scanned counts the resources and streams SetSnapshot looked at,
+	// for tests: what an update of a node costs must not depend on any
+	// other node's subscriptions.
+	scanned atomic.Int64
 }
 
 // nodeWatches is one node's snapshot and open streams.
 type nodeWatches struct {
+	// mu guards the fields below; it is held only for short work whose
+	// size the node's own snapshot decides (never a stream's names).
+	mu        sync.Mutex
 	snap      *nodeSnapshot // nil until the server is ready
 	streams   map[*adsStream]struct{}
 	templates map[string]*template // for snap, by templateKey
+}
+
+// change is what one SetSnapshot changed of a node's snapshot: shared,
+// read-only, by every stream of the node.
+type change struct {
+	snap  *nodeSnapshot
+	first bool // the node's first snapshot: answers every request held
+	all   bool // notes collapsed: treat every name as changed
+	names [numTypes]map[string]struct{}
 }
 
 func newWatchCache(log *slog.Logger) *watchCache {
 	return &watchCache{log: log, nodes: map[string]*nodeWatches{}}
 }
 
-// node returns id's entry, made when absent. c.mu held.
+// node returns id's entry, made when absent.
 func (c *watchCache) node(id string) *nodeWatches {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	nw := c.nodes[id]
 	if nw == nil {
 		nw = &nodeWatches{streams: map[*adsStream]struct{}{}, templates: map[string]*template{}}
@@ -126,48 +155,53 @@ func (c *watchCache) node(id string) *nodeWatches {
 
 // add makes a a stream of node id.
 func (c *watchCache) add(id string, a *adsStream) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	nw := c.node(id)
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
 	nw.streams[a] = struct{}{}
-	a.snap = nw.snap // a is not shared yet
+	a.nw, a.snap = nw, nw.snap // a is not shared yet
 }
 
 // remove forgets a.
 func (c *watchCache) remove(id string, a *adsStream) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if nw := c.nodes[id]; nw != nil {
+	nw := c.nodes[id]
+	c.mu.Unlock()
+	if nw != nil {
+		nw.mu.Lock()
 		delete(nw.streams, a)
+		nw.mu.Unlock()
 	}
 }
 
 // SetSnapshot replaces node's snapshot and gives each of its streams
 // what a change in it concerns, type by type.
 func (c *watchCache) SetSnapshot(node string, snap *nodeSnapshot) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	nw := c.node(node)
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
 	old := nw.snap
 	nw.snap, nw.templates = snap, map[string]*template{}
 	// The node's first snapshot (muster ready) answers every request
 	// held until then, those asking for nothing it holds too (an empty
 	// response: a client is told what does not exist rather than left to
 	// time out waiting).
-	first := old == nil
-	var changed [numTypes]map[string]struct{}
-	some := first
+	ch := &change{snap: snap, first: old == nil}
+	some := ch.first
 	for i, t := range pushOrder {
-		changed[i] = changedNames(old, snap, t)
-		some = some || len(changed[i]) > 0
+		ch.names[i] = changedNames(old, snap, t)
+		some = some || len(ch.names[i]) > 0
+		c.scanned.Add(int64(len(snap.resources[t])))
+		if old != nil {
+			c.scanned.Add(int64(len(old.resources[t])))
+		}
 	}
 	if !some {
 		return
 	}
+	c.scanned.Add(int64(len(nw.streams)))
 	for a := range nw.streams {
-		if a.changed(nw, first, &changed) {
-			a.signal()
-		}
+		a.note(ch)
 	}
 }
 
@@ -176,6 +210,29 @@ func (c *watchCache) ClearSnapshot(node string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.nodes, node)
+}
+
+// template is the response of snap to what key asks for, built once per
+// snapshot and node: taken from the node when it holds snap still, else
+// built outside the node's lock (snap does not change) and kept when it
+// still does.
+func (nw *nodeWatches) template(snap *nodeSnapshot, t, key string, wildcard bool, names map[string]struct{}) *template {
+	nw.mu.Lock()
+	if x := nw.templates[key]; x != nil && nw.snap == snap {
+		nw.mu.Unlock()
+		return x
+	}
+	nw.mu.Unlock()
+	x := newTemplate(snap, t, wildcard, names)
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	if nw.snap == snap {
+		if y := nw.templates[key]; y != nil {
+			return y
+		}
+		nw.templates[key] = x
+	}
+	return x
 }
 
 // changedNames are the names of type t whose resource differs between
@@ -259,18 +316,23 @@ type template struct {
 	encoded []byte // the response without its nonce (wire)
 }
 
-// template is the response of the snapshot to what key asks for, built
-// once per snapshot. nw.snap set; c.mu held.
-func (nw *nodeWatches) template(t, key string, wildcard bool, names map[string]struct{}) *template {
-	if x := nw.templates[key]; x != nil {
-		return x
-	}
-	held := nw.snap.resources[t]
+// newTemplate is the response of snap to what a subscription of type t
+// asks for: every resource (wildcard) or the names.
+func newTemplate(snap *nodeSnapshot, t string, wildcard bool, names map[string]struct{}) *template {
+	held := snap.resources[t]
 	var list []*shared
 	if wildcard {
 		list = make([]*shared, 0, len(held))
 		for _, r := range held {
 			list = append(list, r)
+		}
+	} else if len(names) > len(held) {
+		// A subscription to more names than the node holds costs what
+		// the node holds, not what it asked for.
+		for name, r := range held {
+			if _, ok := names[name]; ok {
+				list = append(list, r)
+			}
 		}
 	} else {
 		for name := range names {
@@ -295,7 +357,6 @@ func (nw *nodeWatches) template(t, key string, wildcard bool, names map[string]s
 	if t == resource.EndpointType {
 		x.version = strconv.FormatUint(x.lead, 10) + "." + x.version
 	}
-	nw.templates[key] = x
 	return x
 }
 
@@ -331,6 +392,21 @@ func deltaOf(snap *nodeSnapshot, t string, wildcard bool, names map[string]struc
 		}
 		for name := range returned {
 			if held[name] == nil {
+				removed = append(removed, name)
+			}
+		}
+	} else if len(names) > len(held)+len(returned) {
+		// As many names as a stream may hold cost what the node holds
+		// and the client was sent, not what it asked for.
+		for name, r := range held {
+			if _, ok := names[name]; ok {
+				if v, had := returned[name]; !had || v != r.version {
+					send = append(send, r)
+				}
+			}
+		}
+		for name := range returned {
+			if _, ok := names[name]; ok && held[name] == nil {
 				removed = append(removed, name)
 			}
 		}

@@ -15,7 +15,7 @@ import (
 
 // testSnapshot is a node snapshot holding an assignment per service
 // name, at the given versions.
-func testSnapshot(t *testing.T, versions map[string]string) *nodeSnapshot {
+func testSnapshot(t testing.TB, versions map[string]string) *nodeSnapshot {
 	t.Helper()
 	s := &nodeSnapshot{resources: map[string]map[string]*shared{}}
 	for _, ty := range typeURLs {
@@ -41,6 +41,8 @@ type testStreams struct {
 
 func newTestStreams(t *testing.T) *testStreams {
 	s := &Server{log: slog.New(slog.DiscardHandler), services: map[string]*serviceResources{}, nodes: map[string]*node{}}
+	s.cfg.Limits = DefaultLimits()
+	s.acct = newAccounts(s.cfg.Limits)
 	var err error
 	if s.m, err = newMetrics(nil, s); err != nil {
 		t.Fatal(err)
@@ -51,6 +53,7 @@ func newTestStreams(t *testing.T) *testStreams {
 
 func (ts *testStreams) open(delta bool) *adsStream {
 	a := &adsStream{s: ts.s, r: &rpc{principal: identity.Principal{}, key: "n", denied: map[string]bool{}}, delta: delta, wake: make(chan struct{}, 1)}
+	ts.s.acct.open("n", "c")
 	ts.s.cache.add("n", a)
 	return a
 }

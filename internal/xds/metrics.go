@@ -13,6 +13,7 @@ type metrics struct {
 	denied           *prometheus.CounterVec
 	admissionRefused prometheus.Counter
 	notCurrent       prometheus.Counter
+	refused          *prometheus.CounterVec
 	latency          prometheus.Histogram
 	// pushed are pushes' counters by delta and type URL, looked up once.
 	pushed map[bool]map[string]prometheus.Counter
@@ -52,6 +53,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (metrics, error) {
 		notCurrent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "muster_xds_not_current_total", Help: "xDS streams ended or refused (UNAVAILABLE) because their node sees a service this replica cannot follow the owner of while another replica can.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_xds_refused_total",
+			Help: "xDS streams and requests refused (RESOURCE_EXHAUSTED) for a limit per principal, by reason (names_per_stream, name_bytes_per_principal, streams_per_principal, streams_per_connection).",
+		}, []string{"reason"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "muster_xds_push_latency_seconds",
 			Help:    "From the hub receiving a view to an xDS response carrying its assignment being sent, per response.",
@@ -73,7 +78,18 @@ func newMetrics(reg prometheus.Registerer, s *Server) (metrics, error) {
 		defer s.mu.RUnlock()
 		return float64(len(s.nodes))
 	})
-	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.nacks, m.denied, m.admissionRefused, m.notCurrent, m.latency, nodes} {
+	nameBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "muster_xds_name_bytes", Help: "Bytes the xDS streams' subscriptions hold, summed over principals (each bounded by MUSTER_XDS_MAX_NAME_BYTES).",
+	}, func() float64 {
+		s.acct.mu.Lock()
+		defer s.acct.mu.Unlock()
+		var n int64
+		for _, u := range s.acct.principals {
+			n += u.bytes
+		}
+		return float64(n)
+	})
+	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.nacks, m.denied, m.admissionRefused, m.notCurrent, m.refused, m.latency, nodes, nameBytes} {
 		if err := reg.Register(c); err != nil {
 			return m, fmt.Errorf("xds: register metrics: %w", err)
 		}

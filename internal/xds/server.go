@@ -68,6 +68,12 @@ type AuthFailures interface {
 	Record(actorKind, actor string, items []audit.RefusedItem)
 }
 
+// Refusals takes the streams and requests refused for a limit, by
+// principal (audit.NewXDSRefusalSummaries).
+type Refusals interface {
+	Record(actorKind, actor string, items []audit.RefusedItem)
+}
+
 // peerAddress is the stream's source address as the HTTP server keys it:
 // the address, an IPv6 address's /64.
 func peerAddress(ctx context.Context) string {
@@ -98,7 +104,14 @@ type Config struct {
 	// malformed or unknown issuer's token on the audit record, by source
 	// address (audit.NewAuthFailureSummaries).
 	AuthFailures AuthFailures
-	Authz        Authz
+	// Refusals, when set, puts streams and requests refused for a limit
+	// (Limits) on the audit record, by principal, as the HTTP surface's
+	// refusals are (audit.NewXDSRefusalSummaries).
+	Refusals Refusals
+	// Limits bound what one principal can make a replica hold; zero
+	// fields take DefaultLimits'.
+	Limits Limits
+	Authz  Authz
 	// Region is this region's name: the locality.region of the local
 	// endpoints in an assignment that has peer regions' priorities.
 	Region string
@@ -164,6 +177,9 @@ func (c *Config) validate() error {
 	if c.DrainWindow < 0 || c.Rescan < 0 || c.VerifyTimeout < 0 {
 		return fmt.Errorf("xds: DrainWindow %s, Rescan %s and VerifyTimeout %s must not be negative", c.DrainWindow, c.Rescan, c.VerifyTimeout)
 	}
+	if err := c.Limits.validate(); err != nil {
+		return err
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -189,6 +205,7 @@ type Server struct {
 	cancel context.CancelFunc
 	runner worker.Runner
 	m      metrics
+	acct   *accounts
 
 	draining atomic.Bool
 	// ready: Config.Ready was seen true; snapshots are set from then on.
@@ -225,6 +242,7 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, log: cfg.Logger.With("component", "xds"),
 		services: map[string]*serviceResources{}, nodes: map[string]*node{},
 		rpcs: map[*rpc]struct{}{}, published: map[uint64]time.Time{},
+		acct: newAccounts(cfg.Limits),
 	}
 	var err error
 	if s.m, err = newMetrics(cfg.Registerer, s); err != nil {
@@ -392,13 +410,20 @@ func (s *Server) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 	if err != nil {
 		return err
 	}
+	// The principal's and the connection's streams are counted before
+	// admission takes a slot, so that a refused stream takes none.
+	key, conn := p.String(), connectionKey(ss.Context())
+	if reason, held := s.acct.open(key, conn); reason != "" {
+		return s.refuseLimit(ss.Context(), p, reason, s.cfg.Limits.streamsDetail(reason, key, held))
+	}
+	defer s.acct.close(key, conn)
 	current, _ = s.cfg.Hub.Subscribers()
 	if ok, retry := s.cfg.Admission.Admit(current); !ok {
 		return s.refuseAdmission(ss, retry)
 	}
 	done := s.cfg.Hub.CountSubscriber()
 	ctx, end := context.WithCancelCause(ss.Context())
-	r := &rpc{principal: p, key: p.String(), end: end, denied: map[string]bool{}}
+	r := &rpc{principal: p, key: key, end: end, denied: map[string]bool{}}
 	s.register(r)
 	if s.seesStale(r) {
 		s.unregister(r)
@@ -559,8 +584,10 @@ func (s *authorisedStream) Context() context.Context { return s.ctx }
 // rejection; muster does not resend it (adsStream.sotwRequest).
 func (s *Server) nack(r *rpc, typeURL, nonce, detail string) {
 	s.m.nacks.WithLabelValues(typeName(typeURL)).Inc()
+	// The client writes the detail and the nonce: a few hundred bytes
+	// of them say why, and a client cannot make muster log megabytes.
 	s.log.Warn("xDS client rejected (NACKed) muster's resources; they are not resent until they change",
-		"principal", r.key, "type", typeName(typeURL), "nonce", nonce, "error", detail)
+		"principal", r.key, "type", typeName(typeURL), "nonce", audit.Clip(nonce, 64), "error", audit.Clip(detail, 512))
 }
 
 // checkDenied counts, once per stream, each name the stream asks for that
@@ -571,15 +598,19 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 	if len(names) == 0 {
 		return
 	}
-	s.mu.RLock()
-	n := s.nodes[r.key]
+	// The server's lock is taken for a few hundred names at a time, so
+	// that a request of many names never holds up the feeder.
 	var denied []string
-	for _, name := range names {
-		if _, held := s.services[name]; held && n != nil && !n.visible[name].visible() {
-			denied = append(denied, name)
+	for chunk := range slices.Chunk(names, 256) {
+		s.mu.RLock()
+		n := s.nodes[r.key]
+		for _, name := range chunk {
+			if _, held := s.services[name]; held && n != nil && !n.visible[name].visible() {
+				denied = append(denied, name)
+			}
 		}
+		s.mu.RUnlock()
 	}
-	s.mu.RUnlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, name := range denied {

@@ -115,6 +115,9 @@ type Stack struct {
 	// Options.XDS is set.
 	XDS     *xds.Server
 	XDSAddr string
+	// XDSRefusals summarises xDS refusals for a limit into the audit
+	// log, like Refusals (Options.XDS).
+	XDSRefusals *audit.RefusalSummaries
 	// Reconcile is the reconciler when Options.Reconcile has sources.
 	Reconcile *reconcile.Reconciler
 
@@ -558,7 +561,7 @@ func New(t testing.TB, opts Options) *Stack {
 	st.URL, st.Pool, st.Registry, st.Evaluator, st.Issuer, st.Clock, st.Client, st.Metrics = base, pool, a.Registry, a.Evaluator, iss, clk, hs.Client(), a.Metrics
 	st.Hub, st.Publisher, st.Policy, st.Shifts, st.Server, st.Guards, st.UI = a.Hub, a.Publisher, a.Policy, a.Shifts, srv, a.Guards, a.UI
 	st.Authz, st.Monitor, st.Reaper = a.Authz, a.Monitor, a.Reaper
-	st.Refusals, st.AuthFailures = a.Refusals, a.AuthFailures
+	st.Refusals, st.AuthFailures, st.XDSRefusals = a.Refusals, a.AuthFailures, a.XDSRefusals
 	st.DNS = a.DNS
 	st.Reconcile = a.Reconcile
 	// A started evaluator rebuilds its state first, and refuses reports
