@@ -367,9 +367,7 @@ func TestARefusingPeerIsAlarmed(t *testing.T) {
 	}))
 	t.Cleanup(refusing.Close)
 	// A live replica z at that address, as its heartbeat would record it.
-	if _, err := s.Pool.Exec(t.Context(), `INSERT INTO replicas (id, started_at, last_seen, address, region) VALUES ('z', clock_timestamp(), clock_timestamp(), $1, '')`, refusing.URL); err != nil {
-		t.Fatal(err)
-	}
+	s.Member(t, "z", refusing.URL)
 	if err := s.App.Ownership.RunOnce(t.Context()); err != nil {
 		t.Fatal(err)
 	}
