@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -423,4 +424,39 @@ func FuzzParseHeader(f *testing.F) {
 			t.Fatalf("accepted %q with fields %+v", h, s)
 		}
 	})
+}
+
+// BenchmarkVerify verifies distinct requests, each remembered, and
+// reports what a remembered request costs in memory (the heap's growth
+// over the run, divided by b.N; the cache is capped at DefaultMaxSeen):
+//
+//	go test -run '^$' -bench BenchmarkVerify -benchtime 100000x ./internal/peer/
+func BenchmarkVerify(b *testing.B) {
+	region := newKey(b, "region")
+	now := time.Now()
+	s := peer.Signer{ID: "a", Key: region, Now: func() time.Time { return now }}
+	reqs := make([]*http.Request, b.N)
+	for i := range reqs {
+		r, _ := http.NewRequest("POST", "http://b/v1/peer/reports", nil)
+		if err := s.Sign(context.Background(), r, "b", nil); err != nil {
+			b.Fatal(err)
+		}
+		reqs[i] = r
+	}
+	v := &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(region) }, Self: []string{"b"}, Now: func() time.Time { return now }}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	b.ResetTimer()
+	for _, r := range reqs {
+		if _, err := v.Verify(r, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(b.N), "heap-bytes/remembered")
+	runtime.KeepAlive(v)
+	runtime.KeepAlive(reqs)
 }
