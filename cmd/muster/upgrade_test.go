@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -270,14 +271,23 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 		}
 		return out
 	}
-	wait.For(t, time.Minute, "both releases holding shards, none unowned", func() bool {
+	// Until the handover from the old replica (which started alone) is
+	// done, a shard it offered is listed by both for a moment: wait for
+	// the two to hold every shard between them, each its own.
+	wait.For(t, time.Minute, "both releases holding shards, none unowned, none listed by both", func() bool {
 		for _, b := range bases {
 			r := region(b)
-			if len(r.Replicas) != 2 || len(r.Unowned) != 0 || len(r.Owned) == 0 {
+			if len(r.Replicas) != 2 || len(r.Unowned) != 0 || len(r.Owned) == 0 || len(r.Offered) != 0 || len(r.HandedOver) != 0 {
 				return false
 			}
 		}
-		return true
+		own := owned()
+		for s := range own["old"] {
+			if own["new"][s] {
+				return false
+			}
+		}
+		return len(own["old"])+len(own["new"]) == 64
 	})
 
 	// A service each replica owns now.
@@ -286,7 +296,9 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 	for i := 0; len(services) < 2 && i < 1000; i++ {
 		name := fmt.Sprintf("mixed-%03d", i)
 		for rel, shards := range own {
-			if _, ok := services[rel]; !ok && shards[ownership.ShardOf(name, 64)] {
+			// A shard being handed over is listed by both for a moment:
+			// one name per release.
+			if _, ok := services[rel]; !ok && shards[ownership.ShardOf(name, 64)] && !slices.Contains(slices.Collect(maps.Values(services)), name) {
 				services[rel] = name
 			}
 		}
