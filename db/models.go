@@ -173,12 +173,15 @@ type RelayReport struct {
 }
 
 type Replica struct {
-	ID        string
-	StartedAt time.Time
-	LastSeen  time.Time
-	Address   string
-	Region    string
-	Ready     bool
+	ID          string
+	StartedAt   time.Time
+	LastSeen    time.Time
+	Address     string
+	Region      string
+	Ready       bool
+	Incarnation *string
+	Seal        []byte
+	SealKey     *string
 }
 
 type SealAdoption struct {

@@ -23,23 +23,30 @@ func (q *Queries) ReplicaForget(ctx context.Context, id string) error {
 
 const replicaHeartbeat = `-- name: ReplicaHeartbeat :one
 
-INSERT INTO replicas (id, started_at, last_seen, address, region, ready)
-VALUES ($1::text, clock_timestamp(), clock_timestamp(), $2::text, $3::text, $4::boolean)
+INSERT INTO replicas (id, started_at, last_seen, address, region, ready, incarnation, seal, seal_key)
+VALUES ($1::text, clock_timestamp(), clock_timestamp(), $2::text, $3::text, $4::boolean,
+        $5::text, $6::bytea, $7::text)
 ON CONFLICT (id) DO UPDATE SET
-    started_at = CASE WHEN $5::boolean THEN EXCLUDED.started_at ELSE replicas.started_at END,
+    started_at = CASE WHEN $8::boolean THEN EXCLUDED.started_at ELSE replicas.started_at END,
     last_seen = EXCLUDED.last_seen,
     address = EXCLUDED.address,
     region = EXCLUDED.region,
-    ready = EXCLUDED.ready
+    ready = EXCLUDED.ready,
+    incarnation = EXCLUDED.incarnation,
+    seal = EXCLUDED.seal,
+    seal_key = EXCLUDED.seal_key
 RETURNING started_at, last_seen
 `
 
 type ReplicaHeartbeatParams struct {
-	ID      string
-	Address string
-	Region  string
-	Ready   bool
-	Restart bool
+	ID          string
+	Address     string
+	Region      string
+	Ready       bool
+	Incarnation string
+	Seal        []byte
+	SealKey     *string
+	Restart     bool
 }
 
 type ReplicaHeartbeatRow struct {
@@ -52,12 +59,19 @@ type ReplicaHeartbeatRow struct {
 // stamps started_at anew (the first heartbeat of a process); otherwise a
 // replica keeps the started_at it has. ready says whether it can publish
 // what it would be dealt (the balance counts only ready replicas).
+// incarnation names the process; seal and seal_key seal the row's
+// identity (id, address, region, incarnation) with the region's key
+// (NULL without one), so the others believe the row only as muster
+// wrote it (internal/ownership, "Sealed membership").
 func (q *Queries) ReplicaHeartbeat(ctx context.Context, arg ReplicaHeartbeatParams) (ReplicaHeartbeatRow, error) {
 	row := q.db.QueryRow(ctx, replicaHeartbeat,
 		arg.ID,
 		arg.Address,
 		arg.Region,
 		arg.Ready,
+		arg.Incarnation,
+		arg.Seal,
+		arg.SealKey,
 		arg.Restart,
 	)
 	var i ReplicaHeartbeatRow
@@ -66,14 +80,15 @@ func (q *Queries) ReplicaHeartbeat(ctx context.Context, arg ReplicaHeartbeatPara
 }
 
 const replicaListLive = `-- name: ReplicaListLive :many
-SELECT id, started_at, last_seen, address, region, ready
+SELECT id, started_at, last_seen, address, region, ready, incarnation, seal, seal_key
 FROM replicas
 WHERE last_seen > clock_timestamp() - $1::bigint * interval '1 millisecond'
 ORDER BY id
 `
 
 // The replicas seen within the last within_ms milliseconds (the
-// database's clock), by id.
+// database's clock), by id, with their seals: the caller believes only
+// the rows whose seal verifies.
 func (q *Queries) ReplicaListLive(ctx context.Context, withinMs int64) ([]Replica, error) {
 	rows, err := q.db.Query(ctx, replicaListLive, withinMs)
 	if err != nil {
@@ -90,6 +105,9 @@ func (q *Queries) ReplicaListLive(ctx context.Context, withinMs int64) ([]Replic
 			&i.Address,
 			&i.Region,
 			&i.Ready,
+			&i.Incarnation,
+			&i.Seal,
+			&i.SealKey,
 		); err != nil {
 			return nil, err
 		}

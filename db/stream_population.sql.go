@@ -20,14 +20,17 @@ WHERE p.at > $1::timestamptz
   AND (p.replica = $3::text
        OR EXISTS (SELECT 1 FROM replicas r
                   WHERE r.id = p.replica
-                    AND r.last_seen > clock_timestamp() - $4::bigint * interval '1 millisecond'))
+                    AND r.last_seen > clock_timestamp() - $4::bigint * interval '1 millisecond')
+           AND (NOT $5::boolean OR p.replica = ANY($6::text[])))
 `
 
 type StreamPopulationExpectedParams struct {
-	Since     time.Time
-	LiveSince time.Time
-	Self      string
-	TtlMs     int64
+	Since       time.Time
+	LiveSince   time.Time
+	Self        string
+	TtlMs       int64
+	OnlyMembers bool
+	Members     []string
 }
 
 type StreamPopulationExpectedRow struct {
@@ -45,12 +48,18 @@ type StreamPopulationExpectedRow struct {
 // ReplicaListLive reads them). A dead replica's clients come back through
 // the live ones and raise their peaks; its own peak, kept for the
 // horizon, would count them twice and the region would over-admit.
+// With only_members, a replica other than self counts only if it is
+// among members: the replicas whose row's seal verified at the ownership
+// manager's last reading (a row written by hand, with a population row
+// beside it, must not size the region's admission).
 func (q *Queries) StreamPopulationExpected(ctx context.Context, arg StreamPopulationExpectedParams) (StreamPopulationExpectedRow, error) {
 	row := q.db.QueryRow(ctx, streamPopulationExpected,
 		arg.Since,
 		arg.LiveSince,
 		arg.Self,
 		arg.TtlMs,
+		arg.OnlyMembers,
+		arg.Members,
 	)
 	var i StreamPopulationExpectedRow
 	err := row.Scan(&i.Expected, &i.Replicas, &i.Live)

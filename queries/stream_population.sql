@@ -27,6 +27,10 @@ ON CONFLICT (replica) DO UPDATE SET
 -- ReplicaListLive reads them). A dead replica's clients come back through
 -- the live ones and raise their peaks; its own peak, kept for the
 -- horizon, would count them twice and the region would over-admit.
+-- With only_members, a replica other than self counts only if it is
+-- among members: the replicas whose row's seal verified at the ownership
+-- manager's last reading (a row written by hand, with a population row
+-- beside it, must not size the region's admission).
 SELECT
     coalesce(sum(CASE WHEN p.peak_at > sqlc.arg(since)::timestamptz THEN p.peak ELSE p.subscribers END), 0)::bigint AS expected,
     count(*)::bigint AS replicas,
@@ -36,7 +40,8 @@ WHERE p.at > sqlc.arg(since)::timestamptz
   AND (p.replica = sqlc.arg(self)::text
        OR EXISTS (SELECT 1 FROM replicas r
                   WHERE r.id = p.replica
-                    AND r.last_seen > clock_timestamp() - sqlc.arg(ttl_ms)::bigint * interval '1 millisecond'));
+                    AND r.last_seen > clock_timestamp() - sqlc.arg(ttl_ms)::bigint * interval '1 millisecond')
+           AND (NOT sqlc.arg(only_members)::boolean OR p.replica = ANY(sqlc.arg(members)::text[])));
 
 -- name: StreamPopulationPrune :execrows
 -- Forgets replicas that have not reported since before.

@@ -27,7 +27,7 @@ func TestPeerAuthz(t *testing.T) {
 			t.Fatal(err)
 		}
 		if signed {
-			if err := (peer.Signer{ID: "peer-b", Key: apptest.SealKey()}).Sign(t.Context(), req, nil); err != nil {
+			if err := (peer.Signer{ID: "peer-b", Key: apptest.SealKey()}).Sign(t.Context(), req, s.URL, nil); err != nil {
 				t.Fatal(err)
 			}
 		}

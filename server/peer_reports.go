@@ -53,9 +53,12 @@ func (s *Server) authenticatePeer(next http.Handler) http.Handler {
 			err  = fmt.Errorf("%w: this replica has no signing key, so it takes nothing from peers", peer.ErrNotPeer)
 		)
 		switch {
-		case r.Header.Get(peer.Header) == "":
-			// Not worth reading the body of.
+		case !peer.Signed(r):
+			// Not worth reading the body of (the verifier counts it).
 			err = fmt.Errorf("%w: no %s header", peer.ErrNotPeer, peer.Header)
+			if s.cfg.Peers != nil {
+				_, err = s.cfg.Peers.Verify(r, nil)
+			}
 		case s.cfg.Peers != nil:
 			body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, forward.MaxBodyBytes))
 			var mbe *http.MaxBytesError

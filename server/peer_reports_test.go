@@ -62,7 +62,7 @@ func peerPost(t *testing.T, s *stack, signer *peer.Signer, signed, body []byte, 
 		req.Header[k] = vs
 	}
 	if signer != nil {
-		if err := signer.Sign(t.Context(), req, signed); err != nil {
+		if err := signer.Sign(t.Context(), req, s.URL, signed); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -134,7 +134,7 @@ func TestPeerReportsNeedAReplicaSignature(t *testing.T) {
 	}
 	// A forged header: the region's signature of another request.
 	req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/reports", bytes.NewReader(body))
-	if err := region.Sign(t.Context(), req, body); err != nil {
+	if err := region.Sign(t.Context(), req, s.URL, body); err != nil {
 		t.Fatal(err)
 	}
 	if r := peerPost(t, s, nil, nil, body, http.Header{peer.Header: {req.Header.Get(peer.Header)}}); r.Status != http.StatusUnauthorized {
@@ -152,7 +152,7 @@ func TestPeerReportsNeedAReplicaSignature(t *testing.T) {
 	h := http.Header{}
 	sign := func(body []byte) {
 		r, _ := http.NewRequest(http.MethodPost, s.URL+forward.Path, bytes.NewReader(body))
-		if err := region.Sign(t.Context(), r, body); err != nil {
+		if err := region.Sign(t.Context(), r, s.URL, body); err != nil {
 			t.Fatal(err)
 		}
 		h.Set(peer.Header, r.Header.Get(peer.Header))
@@ -367,9 +367,7 @@ func TestARefusingPeerIsAlarmed(t *testing.T) {
 	}))
 	t.Cleanup(refusing.Close)
 	// A live replica z at that address, as its heartbeat would record it.
-	if _, err := s.Pool.Exec(t.Context(), `INSERT INTO replicas (id, started_at, last_seen, address, region) VALUES ('z', clock_timestamp(), clock_timestamp(), $1, '')`, refusing.URL); err != nil {
-		t.Fatal(err)
-	}
+	s.Member(t, "z", refusing.URL)
 	if err := s.App.Ownership.RunOnce(t.Context()); err != nil {
 		t.Fatal(err)
 	}

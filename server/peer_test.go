@@ -30,7 +30,7 @@ func peerRequest(t *testing.T, ctx context.Context, s *apptest.Stack, id string,
 		t.Fatal(err)
 	}
 	if key != nil {
-		if err := (peer.Signer{ID: id, Key: key}).Sign(ctx, req, nil); err != nil {
+		if err := (peer.Signer{ID: id, Key: key}).Sign(ctx, req, s.URL, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/musterhq/muster/internal/federation"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/notify"
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/proxied"
 	"github.com/musterhq/muster/internal/reconcile"
@@ -141,6 +142,16 @@ type Config struct {
 	// (--advertise-url, MUSTER_ADVERTISE_URL). Empty: the listener's
 	// address, loopback for an unspecified host.
 	AdvertiseURL string
+	// PeerTrust is how far this replica trusts its peers
+	// (MUSTER_PEER_TRUST): "strict" (the default) believes only sealed
+	// rows of table replicas and requests signed the new way; "upgrade",
+	// for a rolling upgrade from the release before, also believes and
+	// sends what that release writes (docs/replicas.md, "Rolling
+	// upgrade"). PeerAllowHTTP (MUSTER_PEER_ALLOW_HTTP=true, a lab)
+	// allows peers, and this replica's own advertised address, at plain
+	// http off loopback.
+	PeerTrust     string
+	PeerAllowHTTP bool
 	// DrainSpread is the window a shutting-down replica asks its watch
 	// subscribers to spread their reconnections over
 	// (MUSTER_DRAIN_SPREAD, 2s); ShutdownGrace bounds the shutdown after
@@ -306,6 +317,13 @@ func loadEnv(c *Config) error {
 	c.Replica = os.Getenv("MUSTER_REPLICA")
 	if c.AdvertiseURL == "" {
 		c.AdvertiseURL = os.Getenv("MUSTER_ADVERTISE_URL")
+	}
+	c.PeerTrust = envOr("MUSTER_PEER_TRUST", PeerTrustStrict)
+	c.PeerAllowHTTP = false
+	if v := os.Getenv("MUSTER_PEER_ALLOW_HTTP"); v != "" {
+		if c.PeerAllowHTTP, err = strconv.ParseBool(v); err != nil {
+			return fmt.Errorf("MUSTER_PEER_ALLOW_HTTP: %q is not true or false", v)
+		}
 	}
 	c.OverrideLimit = policy.Limit{Max: policy.DefaultOverrideMax, Window: policy.DefaultOverrideWindow}
 	if v := os.Getenv("MUSTER_OVERRIDE_LIMIT"); v != "" {
@@ -482,6 +500,15 @@ func (c *Config) Validate() error {
 		if u, err := url.Parse(p); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("MUSTER_PEERS: %q is not a replica's base URL (http://host:port)", p)
 		}
+		if !c.PeerAllowHTTP && ownership.InsecureURL(p) {
+			return fmt.Errorf("MUSTER_PEERS: %q is plain http off loopback: views and evidence would travel between replicas in clear; give the replicas TLS (https://), or set MUSTER_PEER_ALLOW_HTTP=true in a lab", p)
+		}
+	}
+	if c.PeerTrust == "" {
+		c.PeerTrust = PeerTrustStrict
+	}
+	if c.PeerTrust != PeerTrustStrict && c.PeerTrust != PeerTrustUpgrade {
+		return fmt.Errorf("MUSTER_PEER_TRUST %q: want %s (the default) or %s (during a rolling upgrade from the release before)", c.PeerTrust, PeerTrustStrict, PeerTrustUpgrade)
 	}
 	if c.LeaseTTL < time.Second {
 		return fmt.Errorf("MUSTER_LEASE_TTL %s is below 1s", c.LeaseTTL)
@@ -624,5 +651,21 @@ func (c *Config) validateAdvertise() error {
 	case u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
 		return fmt.Errorf("MUSTER_ADVERTISE_URL %q: a base URL has no user, path, query or fragment", c.AdvertiseURL)
 	}
-	return nil
+	return c.checkAdvertised("MUSTER_ADVERTISE_URL", c.AdvertiseURL)
+}
+
+// The values of MUSTER_PEER_TRUST.
+const (
+	PeerTrustStrict  = "strict"
+	PeerTrustUpgrade = "upgrade"
+)
+
+// checkAdvertised refuses to advertise base to the peers when it is plain
+// http off loopback, unless PeerAllowHTTP: the peers would follow this
+// replica's views and send it evidence in clear.
+func (c *Config) checkAdvertised(what, base string) error {
+	if c.PeerAllowHTTP || !ownership.InsecureURL(base) {
+		return nil
+	}
+	return fmt.Errorf("%s %q: this replica would advertise plain http on an address off loopback, and its peers would follow its views and send it evidence in clear; serve TLS (--tls-cert, https://), or set MUSTER_PEER_ALLOW_HTTP=true in a lab", what, base)
 }

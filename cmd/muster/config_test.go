@@ -227,14 +227,15 @@ func TestUnauthenticatedListenersStayOnLoopback(t *testing.T) {
 }
 
 // TestLoadEnvPeers: MUSTER_PEERS is a comma-separated list of base URLs;
-// anything else is refused at start.
+// anything else is refused at start, and so is a plain-http URL off
+// loopback unless MUSTER_PEER_ALLOW_HTTP=true (a lab).
 func TestLoadEnvPeers(t *testing.T) {
-	t.Setenv("MUSTER_PEERS", " http://10.0.0.1:8080, ,https://m2.internal:8443/ ")
+	t.Setenv("MUSTER_PEERS", " http://127.0.0.1:8080, ,https://m2.internal:8443/ ")
 	var c Config
 	if err := loadEnv(&c); err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Peers) != 2 || c.Peers[0] != "http://10.0.0.1:8080" || c.Peers[1] != "https://m2.internal:8443/" {
+	if len(c.Peers) != 2 || c.Peers[0] != "http://127.0.0.1:8080" || c.Peers[1] != "https://m2.internal:8443/" {
 		t.Fatalf("peers: %q", c.Peers)
 	}
 	c.Addr, c.Region, c.ShiftSteps, c.ShiftPendingAlarm, c.AdmissionFloor, c.LeaseTTL, c.Dev = ":0", "local", []float64{1}, time.Minute, 1, time.Minute, true
@@ -244,6 +245,44 @@ func TestLoadEnvPeers(t *testing.T) {
 	c.Peers = append(c.Peers, "10.0.0.3:8080")
 	if err := c.Validate(); err == nil {
 		t.Fatal("a peer without a scheme validated")
+	}
+	c.Peers[2] = "http://10.0.0.3:8080"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "MUSTER_PEER_ALLOW_HTTP") {
+		t.Fatalf("a plain-http peer off loopback: %v, want refused naming MUSTER_PEER_ALLOW_HTTP", err)
+	}
+	t.Setenv("MUSTER_PEER_ALLOW_HTTP", "true")
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	c.Peers = append(c.Peers, "http://10.0.0.3:8080")
+	if err := c.Validate(); err != nil {
+		t.Fatalf("a plain-http peer with MUSTER_PEER_ALLOW_HTTP=true: %v", err)
+	}
+	t.Setenv("MUSTER_PEER_ALLOW_HTTP", "sometimes")
+	if err := loadEnv(&c); err == nil {
+		t.Fatal("MUSTER_PEER_ALLOW_HTTP=sometimes loaded")
+	}
+}
+
+// TestLoadEnvPeerTrust: MUSTER_PEER_TRUST is strict by default, upgrade
+// during a rolling upgrade, and nothing else.
+func TestLoadEnvPeerTrust(t *testing.T) {
+	var c Config
+	if err := loadEnv(&c); err != nil {
+		t.Fatal(err)
+	}
+	c.Addr, c.Region, c.ShiftSteps, c.ShiftPendingAlarm, c.AdmissionFloor, c.LeaseTTL, c.Dev = ":0", "local", []float64{1}, time.Minute, 1, time.Minute, true
+	if err := c.Validate(); err != nil || c.PeerTrust != PeerTrustStrict {
+		t.Fatalf("default: %q, %v", c.PeerTrust, err)
+	}
+	for v, ok := range map[string]bool{"upgrade": true, "strict": true, "lax": false, "UPGRADE": false} {
+		t.Setenv("MUSTER_PEER_TRUST", v)
+		if err := loadEnv(&c); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); (err == nil) != ok {
+			t.Errorf("MUSTER_PEER_TRUST=%s: %v, want ok %t", v, err, ok)
+		}
 	}
 }
 
@@ -292,20 +331,28 @@ func TestAdvertiseURL(t *testing.T) {
 	for _, tc := range []struct {
 		url, cert string
 		ok        bool
+		// lab: with MUSTER_PEER_ALLOW_HTTP=true
+		lab bool
 	}{
-		{"http://muster-0.muster-peers.ns.svc.cluster.local:8080", "", true},
-		{"http://muster-0:8080/", "", true},
-		{"https://muster-0:8080", "tls.crt", true},
-		{"https://muster-0:8080", "", false},
-		{"http://muster-0:8080", "tls.crt", false},
-		{"http://muster-0", "", false},
-		{"http://muster-0:8080/api", "", false},
-		{"http://u:p@muster-0:8080", "", false},
-		{"muster-0:8080", "", false},
+		{"https://muster-0.muster-peers.ns.svc.cluster.local:8080", "tls.crt", true, false},
+		{"https://muster-0:8080/", "tls.crt", true, false},
+		{"http://127.0.0.1:8080", "", true, false},
+		{"http://localhost:8080/", "", true, false},
+		{"http://[::1]:8080", "", true, false},
+		// Plain http off loopback: its peers would talk to it in clear.
+		{"http://muster-0.muster-peers.ns.svc.cluster.local:8080", "", false, false},
+		{"http://10.0.0.7:8080", "", false, false},
+		{"http://muster-0:8080/", "", true, true},
+		{"https://muster-0:8080", "", false, true},
+		{"http://muster-0:8080", "tls.crt", false, true},
+		{"http://muster-0", "", false, true},
+		{"http://muster-0:8080/api", "", false, true},
+		{"http://u:p@muster-0:8080", "", false, true},
+		{"muster-0:8080", "", false, true},
 	} {
-		c := Config{AdvertiseURL: tc.url, TLSCert: tc.cert}
+		c := Config{AdvertiseURL: tc.url, TLSCert: tc.cert, PeerAllowHTTP: tc.lab}
 		if err := c.validateAdvertise(); (err == nil) != tc.ok {
-			t.Errorf("%q (cert %q): %v, want ok %t", tc.url, tc.cert, err, tc.ok)
+			t.Errorf("%q (cert %q, plain http allowed %t): %v, want ok %t", tc.url, tc.cert, tc.lab, err, tc.ok)
 		}
 	}
 	dir := devDir(t)

@@ -32,7 +32,7 @@ import (
 // partition decides which replica-to-replica links pass. Every replica
 // advertises (MUSTER_ADVERTISE_URL) a loopback proxy the test runs in
 // front of its listener; the proxy learns which replica is calling from
-// the first request on each connection (the Muster-Replica header every
+// the first request on each connection (the Muster-Peer header every
 // replica-to-replica request is signed with) and, while the link between
 // the two is blocked, passes nothing either way: connections are
 // accepted and never answered, open streams go silent (a blackhole, the

@@ -211,10 +211,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if cfg.AdvertiseURL != "" {
 		base = strings.TrimSuffix(cfg.AdvertiseURL, "/")
 	}
+	if err := cfg.checkAdvertised("the listener's address", base); err != nil {
+		return err
+	}
 	acfg, devIssuer, err := appConfig(cfg, base, pool, monPool, replicaName(cfg, ln), log)
 	if err != nil {
 		return err
 	}
+	acfg.PeerUpgrade, acfg.PeerAllowHTTP = cfg.PeerTrust == PeerTrustUpgrade, cfg.PeerAllowHTTP
 	if err := withTLS(&acfg, ltls, cfg.TrustDomains); err != nil {
 		return err
 	}

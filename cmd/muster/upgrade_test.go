@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -34,7 +35,7 @@ import (
 // builds it from git and runs it beside this release. Move it forward at
 // every release (to the commit released), so that each release is shown
 // to work in a region with the one before it.
-const previousRelease = "feeeff54f85a2581ab00d2012947f36513719c4a"
+const previousRelease = "7b2f2e198920a60a307326457c43a57d2af13a88"
 
 // buildRelease builds muster at commit (with -race, as CI's go test
 // does, so the dependencies' packages come from the build cache) and
@@ -212,7 +213,12 @@ func metricSum(exposition []byte, name string, want ...string) (sum float64, ser
 // from the old release to the new and from the new to the old, and each
 // withdrawal reaches a subscriber on both replicas. Neither forwarder
 // dropped or had refused anything, and no frame a subscriber took was
-// out of order or left a service empty.
+// out of order or left a service empty. The release before neither seals
+// its row of table replicas nor signs its requests the new way, so this
+// release runs in upgrade mode (MUSTER_PEER_TRUST=upgrade), as a rolling
+// upgrade from it must, and raises peer_trust_upgrade; a third replica
+// of this release started strict at the end does not follow the old one
+// and names its row in replica_unsealed.
 func TestPreviousReleaseBesideThisOne(t *testing.T) {
 	realTime(t, "the previous release built from git and run beside this one")
 	t.Parallel()
@@ -229,7 +235,7 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 	oldAddr, newAddr := freeAddr(t), freeAddr(t)
 	// The previous release first: it refuses a schema newer than it knows.
 	oldProc, _ := startBinaryServing(t, exe, dir, oldAddr, env...)
-	newProc := startProcess(t, dir, newAddr, env...)
+	newProc := startProcess(t, dir, newAddr, append([]string{"MUSTER_PEER_TRUST=upgrade"}, env...)...)
 	t.Cleanup(func() {
 		for _, p := range []*exec.Cmd{oldProc, newProc} {
 			_ = p.Process.Signal(os.Interrupt)
@@ -265,14 +271,23 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 		}
 		return out
 	}
-	wait.For(t, time.Minute, "both releases holding shards, none unowned", func() bool {
+	// Until the handover from the old replica (which started alone) is
+	// done, a shard it offered is listed by both for a moment: wait for
+	// the two to hold every shard between them, each its own.
+	wait.For(t, time.Minute, "both releases holding shards, none unowned, none listed by both", func() bool {
 		for _, b := range bases {
 			r := region(b)
-			if len(r.Replicas) != 2 || len(r.Unowned) != 0 || len(r.Owned) == 0 {
+			if len(r.Replicas) != 2 || len(r.Unowned) != 0 || len(r.Owned) == 0 || len(r.Offered) != 0 || len(r.HandedOver) != 0 {
 				return false
 			}
 		}
-		return true
+		own := owned()
+		for s := range own["old"] {
+			if own["new"][s] {
+				return false
+			}
+		}
+		return len(own["old"])+len(own["new"]) == 64
 	})
 
 	// A service each replica owns now.
@@ -281,7 +296,9 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 	for i := 0; len(services) < 2 && i < 1000; i++ {
 		name := fmt.Sprintf("mixed-%03d", i)
 		for rel, shards := range own {
-			if _, ok := services[rel]; !ok && shards[ownership.ShardOf(name, 64)] {
+			// A shard being handed over is listed by both for a moment:
+			// one name per release.
+			if _, ok := services[rel]; !ok && shards[ownership.ShardOf(name, 64)] && !slices.Contains(slices.Collect(maps.Values(services)), name) {
 				services[rel] = name
 			}
 		}
@@ -517,6 +534,44 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 		if n := c.Counts(); n.Problems() != 0 || n.Emptied != 0 {
 			t.Errorf("the subscriber on the %s release: %v; first: %v", rel, n, c.Events()[:min(5, len(c.Events()))])
 		}
+	}
+	if code, body := call(t, "GET", bases["new"]+"/v1/alarms", admin, ""); code != http.StatusOK || !strings.Contains(string(body), `"kind":"peer_trust_upgrade"`) {
+		t.Errorf("the new release in upgrade mode: GET /v1/alarms %d without peer_trust_upgrade: %s", code, body)
+	}
+
+	// Strict, this release believes none of the old replica's unsealed
+	// row: it does not follow it, and names it.
+	oldID := region(bases["old"]).Self
+	strictAddr := freeAddr(t)
+	strictProc := startProcess(t, dir, strictAddr, env...)
+	t.Cleanup(func() { _ = strictProc.Process.Signal(os.Interrupt); _ = strictProc.Wait() })
+	strictBase := "http://" + strictAddr
+	var seen string
+	wait.For(t, time.Minute, "the strict replica naming the old replica's row unbelieved", func() bool {
+		code, body := call(t, "GET", strictBase+"/v1/replicas", admin, "")
+		seen = string(body)
+		var r struct {
+			ownership.RegionStatus
+			Relay []struct{ Peer string } `json:"relay"`
+		}
+		if code != http.StatusOK || json.Unmarshal(body, &r) != nil || len(r.Unbelieved) != 1 || r.Unbelieved[0].ID != oldID {
+			return false
+		}
+		for _, p := range r.Relay {
+			if p.Peer == oldID {
+				t.Fatalf("the strict replica follows the old one: %s", body)
+			}
+		}
+		for _, rep := range r.Replicas {
+			if rep.ID == oldID {
+				t.Fatalf("the strict replica lists the old one as a member: %s", body)
+			}
+		}
+		return slices.ContainsFunc(r.Relay, func(p struct{ Peer string }) bool { return p.Peer == region(bases["new"]).Self })
+	})
+	if code, body := call(t, "GET", strictBase+"/v1/alarms", admin, ""); code != http.StatusOK ||
+		!strings.Contains(string(body), `"kind":"replica_unsealed"`) || !strings.Contains(string(body), oldID) || strings.Contains(string(body), `"kind":"peer_trust_upgrade"`) {
+		t.Errorf("the strict replica's alarms: %d %s, want replica_unsealed naming %s and no peer_trust_upgrade (replicas: %s)", code, body, oldID, seen)
 	}
 	t.Logf("previous release %s beside this one on one PostgreSQL: %s; %s (run %s after the build)",
 		previousRelease[:12], strings.Join(took, "; "), fmt.Sprint(checkers["old"].Counts()), time.Since(began).Round(time.Millisecond))

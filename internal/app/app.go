@@ -237,6 +237,18 @@ type Config struct {
 	// authorisation copy is taken from them. Needs the region's signing
 	// key. Empty: such a start is refused.
 	Peers []string
+	// PeerUpgrade is MUSTER_PEER_TRUST=upgrade, for a rolling upgrade from
+	// the release before, which neither seals its row of table replicas
+	// nor signs its requests the new way: this replica also believes
+	// unsealed rows and accepts that release's request signatures, also
+	// signs its own requests that way beside the new one, and raises
+	// peer_trust_upgrade until it is restarted in strict mode (the
+	// default). Other components read it to accept what that release
+	// sends unsigned.
+	PeerUpgrade bool
+	// PeerAllowHTTP is MUSTER_PEER_ALLOW_HTTP: replicas at plain-http
+	// addresses off loopback are followed and sent evidence (a lab).
+	PeerAllowHTTP bool
 }
 
 // App is muster, built. Its fields are the components, for the commands
@@ -316,6 +328,9 @@ type App struct {
 	// until Resume has started every worker.
 	fromPeers, readOnly atomic.Bool
 	peerAuthz           *peerAuthzWorker
+	// peerUpgradeSince is when this replica started in upgrade mode
+	// (Config.PeerUpgrade; zero: strict), for peer_trust_upgrade.
+	peerUpgradeSince time.Time
 	// lifecycle orders Resume and Shutdown: no worker starts once the
 	// shutdown has begun (shut).
 	lifecycle sync.Mutex
@@ -364,6 +379,7 @@ func New(cfg Config) (*App, error) {
 	}
 	pool, log, metrics, now := cfg.Pool, cfg.Logger, cfg.Metrics, cfg.Now
 	a := &App{log: log, clock: now, grace: cfg.ShutdownGrace, Metrics: metrics, started: map[string]bool{}}
+	a.peerUpgradeSince = a.peerTrustMode(cfg)
 	var err error
 
 	// Desired state.
@@ -399,6 +415,10 @@ func New(cfg Config) (*App, error) {
 	// reaps and publishes (issue 27).
 	oc := cfg.Ownership
 	oc.Pool, oc.ID, oc.Address, oc.Region, oc.Logger, oc.Registerer = pool, cfg.Replica, cfg.Address, cfg.Region, log, metrics
+	// Its reading of table replicas is the region's membership for every
+	// reader (relay, forwarder, census): only rows sealed by the region's
+	// key are believed (unsealed ones too in upgrade mode).
+	oc.Sealer, oc.Trust, oc.BelieveUnsealed, oc.AllowHTTP = cfg.Policy.Sealer, trust, cfg.PeerUpgrade, cfg.PeerAllowHTTP
 	if oc.Ready == nil {
 		// Dealt shards only once it can publish them (make before break).
 		oc.Ready = func() bool { return a.canPublish(cfg.Region) }
@@ -521,6 +541,14 @@ func New(cfg Config) (*App, error) {
 	cc := cfg.Census
 	cc.Pool, cc.Replica, cc.Hub, cc.Admission, cc.Logger = pool, cfg.Replica, a.Hub, a.Admission, log
 	cc.ReplicaTTL = cfg.Ownership.TTL // who is alive, as the shard balance sees it (0: the default both share)
+	// ... and only the replicas whose rows it believes.
+	cc.Members = func() []string {
+		var ids []string
+		for _, r := range a.Ownership.Region().Replicas {
+			ids = append(ids, r.ID)
+		}
+		return ids
+	}
 	if a.Census, err = stream.NewCensus(cc); err != nil {
 		return nil, err
 	}
@@ -587,7 +615,7 @@ func New(cfg Config) (*App, error) {
 	// 27), signed and checked with the region's key.
 	if cfg.Policy.Sealer != nil {
 		fc := cfg.Forward
-		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: now}
+		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: now, V1: cfg.PeerUpgrade}
 		fc.Peers = func() []forward.Peer {
 			var out []forward.Peer
 			for _, r := range livePeers(a.Ownership.Region(), cfg.Region) {

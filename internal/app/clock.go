@@ -40,7 +40,8 @@ func abs(d time.Duration) time.Duration {
 }
 
 // replicaAlarms are the alarms of this replica's clock and of its
-// exchanges with its peers: clock_skew and evidence_refused.
+// exchanges with its peers: clock_skew, evidence_refused and
+// peer_trust_upgrade.
 func (a *App) replicaAlarms() []assembler.Alarm {
 	var out []assembler.Alarm
 	if al, ok := clockSkewAlarm(a.Monitor.ClockSkew()); ok {
@@ -49,5 +50,5 @@ func (a *App) replicaAlarms() []assembler.Alarm {
 	if a.Forwarder != nil {
 		out = append(out, a.Forwarder.Alarms()...)
 	}
-	return out
+	return append(out, a.peerTrustAlarms()...)
 }

@@ -174,7 +174,10 @@ func (w *peerAuthzWorker) fetch(ctx context.Context, base string) error {
 	if err != nil {
 		return err
 	}
-	if err := w.signer.Sign(ctx, req, nil); err != nil {
+	// The peer is known by its address only: the request names it so,
+	// and the peer takes it as meant for it when it advertises that
+	// address (MUSTER_ADVERTISE_URL, the name MUSTER_PEERS lists).
+	if err := w.signer.Sign(ctx, req, strings.TrimSuffix(base, "/"), nil); err != nil {
 		return fmt.Errorf("sign the request: %w", err)
 	}
 	res, err := w.client.Do(req)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"crypto/tls"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -27,12 +28,15 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 		a.log.Warn("relaying between replicas is off: the region has no signing key, so replicas cannot authenticate each other; this replica serves only the views it publishes")
 		return nil, nil
 	}
+	if !peer.ValidName(cfg.Replica) {
+		return nil, fmt.Errorf("replica name %q cannot sign requests to its peers: want 1 to 512 printable characters without spaces (MUSTER_REPLICA)", cfg.Replica)
+	}
 	trusted := cfg.Policy.SealKeys.With(cfg.Policy.Sealer)
 	rc := cfg.Relay
 	rc.Hub, rc.Logger, rc.Registerer = a.Hub, a.log, a.Metrics
 	// Signed and checked on the app's clock, the one forwarded evidence
 	// is stamped with (server translates it by the signing time).
-	rc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: cfg.Now}
+	rc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: cfg.Now, V1: cfg.PeerUpgrade}
 	configured := configuredPeers(cfg.Peers, cfg.Address)
 	if rc.Peers == nil {
 		rc.Peers = func() []relay.Peer {
@@ -88,7 +92,18 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 		a.peerAuthz = &peerAuthzWorker{peers: configured, signer: rc.Signer, authz: a.Authz, interval: interval,
 			client: peerClient(rc.TLS), log: a.log.With("worker", WorkerPeerAuthz)}
 	}
-	return &peer.Verifier{Keys: func() seal.Keys { return trusted }, Now: cfg.Now}, nil
+	refused, err := peer.NewRefusedCounter(a.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	accepted, err := peer.NewAcceptedCounter(a.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	// A request is for this replica when it names its id, or the base
+	// URL it advertises (a peer that knows it only from MUSTER_PEERS).
+	return &peer.Verifier{Keys: func() seal.Keys { return trusted }, Now: cfg.Now,
+		Self: selfNames(cfg), AcceptV1: cfg.PeerUpgrade, Refused: refused, Accepted: accepted}, nil
 }
 
 // peerClient is the client that takes the authorisation copy from a

@@ -36,7 +36,7 @@ func BenchmarkForward(b *testing.B) {
 func benchForward(b *testing.B, every time.Duration) {
 	const batch = 100
 	k := newKey(b)
-	verifier := &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(k) }}
+	verifier := &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(k) }, Self: []string{"b"}}
 	var received atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)

@@ -652,7 +652,7 @@ func (f *Forwarder) deliver(ctx context.Context, p *peerQueue, batch []item) (in
 	f.mu.Lock()
 	addr := p.address
 	f.mu.Unlock()
-	res, err := f.post(ctx, addr, body)
+	res, err := f.post(ctx, p.id, addr, body)
 	if err != nil {
 		return 0, err
 	}
@@ -873,13 +873,14 @@ const maxAnswer = 1 << 20
 // post sends one body to addr and returns the peer's answer. A 2xx whose
 // body is not a Result (none, or cut short) counts every item applied, as
 // the release before did.
-func (f *Forwarder) post(ctx context.Context, addr string, body []byte) (Result, error) {
+func (f *Forwarder) post(ctx context.Context, peerID, addr string, body []byte) (Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, addr+Path, bytes.NewReader(body))
 	if err != nil {
 		return Result{}, &refusedError{detail: "build the request: " + err.Error()}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if err := f.cfg.Signer.Sign(ctx, req, body); err != nil {
+	// Signed for this peer alone: another replica refuses the request.
+	if err := f.cfg.Signer.Sign(ctx, req, peerID, body); err != nil {
 		return Result{}, fmt.Errorf("sign: %w", err)
 	}
 	res, err := f.cfg.Client.Do(req)

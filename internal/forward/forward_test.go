@@ -55,7 +55,8 @@ type fakePeer struct {
 }
 
 func newFakePeer(t testing.TB, trusted seal.Signer) *fakePeer {
-	p := &fakePeer{verifier: &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(trusted) }}, senders: map[string]bool{}}
+	// Every fake peer is replica b: the forwarder signs for it by that id.
+	p := &fakePeer{verifier: &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(trusted) }, Self: []string{"b"}}, senders: map[string]bool{}}
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.attempts.Add(1)
 		if r.Method != http.MethodPost || r.URL.Path != forward.Path || r.Header.Get("Content-Type") != "application/json" {
@@ -220,6 +221,11 @@ func TestForwardsSignedBatches(t *testing.T) {
 	for _, hd := range headers {
 		if hd.Get("Authorization") != "" || hd.Get("Muster-Instance-Credential") != "" {
 			t.Errorf("a forwarded request carries a token or credential: %v", hd)
+		}
+		// Signed for b by its id, and in strict mode only: no header of
+		// the release before, which names no receiver.
+		if s, err := peer.ParseHeader(hd.Get(peer.Header)); err != nil || s.Receiver != "b" || hd.Get(peer.HeaderV1) != "" {
+			t.Errorf("a forwarded request's signature %+v (%v), %s %q; want one for b alone", s, err, peer.HeaderV1, hd.Get(peer.HeaderV1))
 		}
 	}
 	var actors []forward.Actor

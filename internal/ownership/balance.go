@@ -38,6 +38,10 @@ type Plan struct {
 	// Accept are shards their owners offer to it that it should take,
 	// ascending: no more than it is short of its target.
 	Accept []int
+	// Dealt maps each free shard dealt to another replica to it: the
+	// caller watches that it is taken (a replica that leaves what it is
+	// dealt untaken is dealt nothing for a while).
+	Dealt map[int]string
 }
 
 // Targets returns how many shards each live replica should hold when
@@ -178,8 +182,15 @@ func Balance(me string, live []Member, leases []Lease) Plan {
 	}
 	var p Plan
 	for _, s := range free {
-		if deal(s) == me {
+		switch to := deal(s); to {
+		case me:
 			p.Take = append(p.Take, s)
+		case "":
+		default:
+			if p.Dealt == nil {
+				p.Dealt = map[int]string{}
+			}
+			p.Dealt[s] = to
 		}
 	}
 	mine := map[int]bool{}

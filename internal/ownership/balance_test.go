@@ -122,6 +122,7 @@ func TestBalance(t *testing.T) {
 			t.Parallel()
 			got := map[string]tr{}
 			taken := map[int]string{}
+			dealt := map[string]map[int]string{}
 			ids := []string{}
 			for me := range c.want {
 				ids = append(ids, me)
@@ -130,6 +131,7 @@ func TestBalance(t *testing.T) {
 			for _, me := range ids {
 				p := ownership.Balance(me, c.live, c.leases)
 				got[me] = tr{len(p.Take), len(p.Offer)}
+				dealt[me] = p.Dealt
 				checkPlan(t, me, c.live, c.leases, p)
 				for _, s := range p.Take {
 					if other, ok := taken[s]; ok {
@@ -140,6 +142,15 @@ func TestBalance(t *testing.T) {
 			}
 			if diff := cmp.Diff(c.want, got, cmp.AllowUnexported(tr{})); diff != "" {
 				t.Errorf("plans (-want +got):\n%s", diff)
+			}
+			// What a replica says it dealt to another is what that
+			// one takes (the caller watches that it does).
+			for me, d := range dealt {
+				for s, to := range d {
+					if _, planned := c.want[to]; planned && taken[s] != to {
+						t.Errorf("%s dealt shard %d to %s, which plans %q", me, s, to, taken[s])
+					}
+				}
 			}
 		})
 	}

@@ -80,6 +80,18 @@
 // for two renewals. A graceful stop (Stop, Release) frees its shards and
 // its replicas row at once, so they move within one Interval.
 //
+// # Who is a member
+//
+// The region's members are the live rows of table replicas this replica
+// believes (members.go): each replica seals its own row's identity with
+// the region's key, and a row whose seal does not verify (written by
+// hand, re-pointed, sealed by a key not trusted) or whose address is
+// plain http off loopback is left out of every reading: the balance, the
+// relay, the forwarder and the census never see it. A sealed row proves
+// who wrote the identity, not that a process stands behind it: a replica
+// that leaves an offer, or a free shard dealt to it, untaken for
+// OfferTimeout is dealt nothing for UnresponsiveFor.
+//
 // # What we learned from others
 //
 // Kubernetes Leases with client-go's leaderelection measure a lease on

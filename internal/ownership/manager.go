@@ -17,6 +17,7 @@ import (
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/worker"
 )
 
@@ -94,6 +95,21 @@ type Config struct {
 	// UnresponsiveFor is how long such a replica is dealt nothing (one
 	// minute by default).
 	UnresponsiveFor time.Duration
+	// Sealer seals this replica's row of table replicas (its id,
+	// address, region and incarnation) with the region's key, and Trust
+	// is what the rows' seals are believed from (members.go): a row whose
+	// seal does not verify is not believed. Without a Sealer rows are
+	// written unsealed, and with a nil Trust every row is believed (a
+	// keyless region).
+	Sealer seal.Signer
+	Trust  *seal.Trust
+	// BelieveUnsealed also believes rows that carry no seal at all
+	// (MUSTER_PEER_TRUST=upgrade: a replica of the release before seals
+	// nothing). A seal that does not verify is never believed.
+	BelieveUnsealed bool
+	// AllowHTTP believes rows whose address is plain http on a host that
+	// is not loopback (MUSTER_PEER_ALLOW_HTTP; a lab).
+	AllowHTTP bool
 	// HandoverGrace is how long a replica goes on publishing a shard it
 	// handed over after the taker took it (Publishes), unless the
 	// publisher sees the new owner's publication first (DefaultTTL: the
@@ -217,6 +233,19 @@ type Manager struct {
 	// leaving is set by Handover: the replica is ready for nothing and
 	// offers everything it holds.
 	leaving bool
+	// dealt are the free shards the last round's balance dealt to
+	// another replica, and since when (local clock): one that leaves
+	// them untaken for OfferTimeout is unresponsive, as for an offer.
+	dealt map[int]offer
+	// unbelieved are the live rows of table replicas not believed at
+	// the last reading, by id (members.go).
+	unbelieved map[string]UnbelievedReplica
+
+	// incarnation names this process in its sealed row; ownSeal and
+	// ownKey are the seal, made once (under runMu).
+	incarnation string
+	ownSeal     []byte
+	ownKey      *string
 }
 
 // New returns a stopped Manager.
@@ -228,7 +257,7 @@ func New(cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{
+	m := &Manager{
 		cfg:          cfg,
 		log:          cfg.Logger.With("worker", "ownership", "replica", cfg.ID),
 		met:          met,
@@ -238,7 +267,12 @@ func New(cfg Config) (*Manager, error) {
 		offered:      map[int]offer{},
 		unresponsive: map[string]time.Time{},
 		handed:       map[int]time.Time{},
-	}, nil
+		dealt:        map[int]offer{},
+		unbelieved:   map[string]UnbelievedReplica{},
+		incarnation:  newIncarnation(),
+	}
+	m.logTrust(m.log)
+	return m, nil
 }
 
 // ID is this replica's id.
@@ -370,8 +404,14 @@ func (m *Manager) round(ctx context.Context) error {
 		}
 	}
 	ready := m.ready()
+	sig, kid, err := m.sealOwn(ctx)
+	if err != nil {
+		m.met.renewFailures.Inc()
+		return err
+	}
 	if _, err := q.ReplicaHeartbeat(ctx, db.ReplicaHeartbeatParams{
 		ID: m.cfg.ID, Address: m.cfg.Address, Region: m.cfg.Region, Restart: !m.joined, Ready: ready,
+		Incarnation: m.incarnation, Seal: sig, SealKey: kid,
 	}); err != nil {
 		m.met.renewFailures.Inc()
 		return fmt.Errorf("heartbeat of replica %s: %w", m.cfg.ID, err)
@@ -388,10 +428,14 @@ func (m *Manager) round(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read shard leases: %w", err)
 	}
-	replicas, err := q.ReplicaListLive(ctx, m.cfg.TTL.Milliseconds())
+	all, err := q.ReplicaListLive(ctx, m.cfg.TTL.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("read live replicas: %w", err)
 	}
+	// The one reading of the membership: every reader (the balance
+	// below, the relay, the forwarder, the census, GET /v1/replicas)
+	// sees only the rows believed here.
+	replicas, sealed := m.believe(m.cfg.Now(), all)
 	for i, r := range rows {
 		if int(r.Shard) != i {
 			return fmt.Errorf("shard_leases holds shard %d where %d belongs: the shards must be 0..n-1", r.Shard, i)
@@ -412,7 +456,7 @@ func (m *Manager) round(ctx context.Context) error {
 		return errors.Join(err, m.releaseAbandoned(ctx, q))
 	}
 	leases := m.leases(rows)
-	m.noteRegion(m.cfg.Now(), replicas, rows)
+	m.noteRegion(m.cfg.Now(), replicas, sealed, rows)
 	live := make([]Member, 0, len(replicas)+1)
 	m.mu.Lock()
 	leaving := m.leaving
@@ -424,6 +468,18 @@ func (m *Manager) round(ctx context.Context) error {
 					"replica", o.to, "shard", s, "offered_for", now.Sub(o.since).Round(time.Millisecond), "for", m.cfg.UnresponsiveFor)
 			}
 			m.unresponsive[o.to] = now.Add(m.cfg.UnresponsiveFor)
+		}
+	}
+	// The same for free shards dealt to a replica that does not take
+	// them (a row no process stands behind: a dead replica's, kept live
+	// by hand): they would stay without an owner.
+	for s, d := range m.dealt {
+		if s < len(leases) && leases[s].Owner == "" && now.Sub(d.since) > m.cfg.OfferTimeout {
+			if _, known := m.unresponsive[d.to]; !known {
+				m.log.Warn("a replica left a free shard dealt to it untaken; it is dealt nothing for a while",
+					"replica", d.to, "shard", s, "dealt_for", now.Sub(d.since).Round(time.Millisecond), "for", m.cfg.UnresponsiveFor)
+			}
+			m.unresponsive[d.to] = now.Add(m.cfg.UnresponsiveFor)
 		}
 	}
 	for id, until := range m.unresponsive {
@@ -440,6 +496,7 @@ func (m *Manager) round(ctx context.Context) error {
 	m.mu.Unlock()
 	live = append(live, Member{ID: m.cfg.ID, Ready: ready, Leaving: leaving})
 	plan := Balance(m.cfg.ID, live, leases)
+	m.noteDealt(now, plan.Dealt)
 	if len(plan.Take) > 0 {
 		if err := m.take(ctx, q, plan.Take); err != nil {
 			return err
@@ -459,7 +516,7 @@ func (m *Manager) round(ctx context.Context) error {
 		if rows, err = q.ShardLeaseList(ctx); err != nil {
 			return fmt.Errorf("read shard leases: %w", err)
 		}
-		m.noteRegion(m.cfg.Now(), replicas, rows)
+		m.noteRegion(m.cfg.Now(), replicas, sealed, rows)
 	}
 	// The lapsed tenures were released and the leases read since: those
 	// the balance did not deal back (as a gain, under a new epoch) are
@@ -469,6 +526,22 @@ func (m *Manager) round(ctx context.Context) error {
 		return fmt.Errorf("prune replicas: %w", err)
 	}
 	return nil
+}
+
+// noteDealt records the free shards this round dealt to other replicas,
+// keeping since when each has been dealt to the same one.
+func (m *Manager) noteDealt(now time.Time, dealt map[int]string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	next := make(map[int]offer, len(dealt))
+	for s, to := range dealt {
+		if d, ok := m.dealt[s]; ok && d.to == to {
+			next[s] = d
+		} else {
+			next[s] = offer{to: to, since: now}
+		}
+	}
+	m.dealt = next
 }
 
 // leases converts what the database says into Balance's input, and
@@ -1218,6 +1291,10 @@ type RegionStatus struct {
 	// HandedOver are the shards this replica handed over and still
 	// publishes until their new owner has.
 	HandedOver []int `json:"handed_over"`
+	// Unbelieved are the live rows of table replicas this replica does
+	// not believe (members.go): not in Replicas, and not followed, dealt
+	// shards, sent evidence or counted.
+	Unbelieved []UnbelievedReplica `json:"unbelieved"`
 }
 
 // OfferStatus is one shard offered.
@@ -1240,11 +1317,15 @@ type ReplicaStatus struct {
 	// Ready says it could publish what it is dealt, as it said at its
 	// last heartbeat; a replica that is not ready is dealt no shards.
 	Ready bool `json:"ready"`
+	// Sealed says its row's seal verified. A row believed unsealed is a
+	// replica of the release before in upgrade mode (or any row in a
+	// region without a signing key).
+	Sealed bool `json:"sealed"`
 }
 
 // noteRegion records a round's reading of the region, and since when
 // (local clock) each shard has been unowned.
-func (m *Manager) noteRegion(now time.Time, replicas []db.Replica, rows []db.ShardLeaseListRow) {
+func (m *Manager) noteRegion(now time.Time, replicas []db.Replica, sealed map[string]bool, rows []db.ShardLeaseListRow) {
 	held := map[string]int{}
 	var unowned []int
 	for _, r := range rows {
@@ -1256,7 +1337,7 @@ func (m *Manager) noteRegion(now time.Time, replicas []db.Replica, rows []db.Sha
 	}
 	rs := make([]ReplicaStatus, len(replicas))
 	for i, r := range replicas {
-		rs[i] = ReplicaStatus{ID: r.ID, Address: r.Address, Region: r.Region, StartedAt: r.StartedAt, LastSeen: r.LastSeen, Shards: held[r.ID], Ready: r.Ready}
+		rs[i] = ReplicaStatus{ID: r.ID, Address: r.Address, Region: r.Region, StartedAt: r.StartedAt, LastSeen: r.LastSeen, Shards: held[r.ID], Ready: r.Ready, Sealed: sealed[r.ID]}
 	}
 	others := map[int]string{}
 	for _, r := range rows {
@@ -1307,13 +1388,22 @@ func (m *Manager) Region() RegionStatus {
 	if r.HandedOver == nil {
 		r.HandedOver = []int{}
 	}
+	r.Unbelieved = []UnbelievedReplica{}
+	for _, id := range slices.Sorted(maps.Keys(m.unbelieved)) {
+		r.Unbelieved = append(r.Unbelieved, m.unbelieved[id])
+	}
 	return r
 }
 
 // Alarms lists shard_unowned, one alarm naming every shard that has been
 // unowned for longer than a move takes (TTL plus two rounds) at the last
-// reading.
+// reading, and replica_unsealed or replica_insecure_address per row of
+// table replicas not believed.
 func (m *Manager) Alarms() []assembler.Alarm {
+	return append(m.unownedAlarms(), m.unbelievedAlarms()...)
+}
+
+func (m *Manager) unownedAlarms() []assembler.Alarm {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	grace := m.cfg.TTL + 2*m.cfg.Interval

@@ -823,7 +823,10 @@ func TestStuckReplicaRaisesShardUnowned(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
 	clk := testclock.New(time.Now())
-	a := newReplica(t, pool, "a", withClock(clk.Now))
+	// A replica that leaves what it is dealt untaken is dealt nothing
+	// after OfferTimeout (TestFreeShardsDealtAndNotTakenComeBack): held
+	// off here, so that its share stays unowned long enough to alarm.
+	a := newReplica(t, pool, "a", withClock(clk.Now), func(c *ownership.Config) { c.OfferTimeout = time.Hour })
 	stuck := func() {
 		t.Helper()
 		if _, err := pool.Exec(t.Context(), `INSERT INTO replicas (id, started_at, last_seen, address, region)

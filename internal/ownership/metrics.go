@@ -20,6 +20,7 @@ type metrics struct {
 	owned         prometheus.Gauge
 	renewFailures prometheus.Counter
 	changes       *prometheus.CounterVec
+	unbelieved    *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -36,6 +37,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "muster_shard_ownership_changes_total",
 			Help: "Shards this replica started or stopped holding, by change: gained, released (balance or graceful stop), expired (local deadline passed without a renewal), deposed (the database refused the renewal), handed (taken by the replica it was offered to).",
 		}, []string{"change"}),
+		unbelieved: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "muster_replicas_unbelieved",
+			Help: "Live rows of table replicas not believed at the last reading (not followed, dealt shards, sent evidence or counted), by reason: unsealed, unknown_key, bad_seal, insecure_address (replica_unsealed, replica_insecure_address).",
+		}, []string{"reason"}),
+	}
+	for _, r := range unbelievedReasons {
+		m.unbelieved.WithLabelValues(r)
 	}
 	for _, c := range []string{changeGained, changeReleased, changeExpired, changeDeposed, changeHanded} {
 		m.changes.WithLabelValues(c)
@@ -43,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.owned, m.renewFailures, m.changes} {
+	for _, c := range []prometheus.Collector{m.owned, m.renewFailures, m.changes, m.unbelieved} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ownership: register metrics: %w", err)
 		}

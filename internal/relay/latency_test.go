@@ -23,7 +23,7 @@ import (
 //	go test ./internal/relay/ -run '^$' -bench RelayLatency -benchtime 10000x
 func BenchmarkRelayLatency(b *testing.B) {
 	const services, rate = 100, 1000
-	a := apptest.New(b, apptest.Options{})
+	a := apptest.New(b, apptest.Options{Replica: "a"})
 	pad := strings.Repeat("x", 1000)
 	names := make([]string, services)
 	for i := range names {

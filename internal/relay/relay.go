@@ -404,7 +404,8 @@ func (r *Relay) stream(ctx context.Context, c *conn) (got bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("build the request: %w", err)
 	}
-	if err := r.cfg.Signer.Sign(ctx, req, nil); err != nil {
+	// Signed for this peer alone: another replica refuses the request.
+	if err := r.cfg.Signer.Sign(ctx, req, c.peer.ID, nil); err != nil {
 		return false, fmt.Errorf("sign the request: %w", err)
 	}
 	res, err := r.cfg.Client.Do(req)

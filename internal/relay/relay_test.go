@@ -92,7 +92,7 @@ func same(a, b *stream.Hub, service string) bool {
 // replica receives the delta the first published.
 func TestRelayFollowsAPeer(t *testing.T) {
 	t.Parallel()
-	a := apptest.New(t, apptest.Options{})
+	a := apptest.New(t, apptest.Options{Replica: "a"})
 	publish(a.Hub, "web", 1)
 	publish(a.Hub, "web", 2)
 	publish(a.Hub, "api", 1)
@@ -169,7 +169,7 @@ func metric(t *testing.T, reg *prometheus.Registry, name, peerID string) float64
 // the receiving hub converges on what it published meanwhile.
 func TestRelayReconnectsToAPeerThatReturns(t *testing.T) {
 	t.Parallel()
-	a := apptest.New(t, apptest.Options{})
+	a := apptest.New(t, apptest.Options{Replica: "a"})
 	publish(a.Hub, "web", 1)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -324,7 +324,7 @@ func signer() peer.Signer { return peer.Signer{ID: "b", Key: apptest.SealKey()} 
 // the peer; following it again clears the alarm.
 func TestRelayBehindAlarm(t *testing.T) {
 	t.Parallel()
-	a := apptest.New(t, apptest.Options{})
+	a := apptest.New(t, apptest.Options{Replica: "a"})
 	publish(a.Hub, "web", 1)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -47,8 +47,14 @@ type CensusConfig struct {
 	// stops counting within it, though its peak is younger than Horizon:
 	// its clients reconnect through the live replicas and count there.
 	ReplicaTTL time.Duration
-	Now        func() time.Time
-	Logger     *slog.Logger
+	// Members, when set, lists the replicas whose row in table replicas
+	// the ownership manager believed at its last reading (its seal
+	// verified): only they count, besides this replica. A row written
+	// by hand, with a population row beside it, would otherwise size the
+	// region's admission. nil: every replica with a heartbeat counts.
+	Members func() []string
+	Now     func() time.Time
+	Logger  *slog.Logger
 }
 
 // Validate checks the configuration and fills defaults.
@@ -211,9 +217,11 @@ func (c *Census) write(ctx context.Context, now time.Time) error {
 func (c *Census) read(ctx context.Context, now time.Time) (Population, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	return ReadPopulation(ctx, c.cfg.Pool, PopulationQuery{
-		Self: c.cfg.Replica, At: now, Horizon: c.cfg.Horizon, Live: c.cfg.Live, ReplicaTTL: c.cfg.ReplicaTTL,
-	})
+	q := PopulationQuery{Self: c.cfg.Replica, At: now, Horizon: c.cfg.Horizon, Live: c.cfg.Live, ReplicaTTL: c.cfg.ReplicaTTL}
+	if c.cfg.Members != nil {
+		q.OnlyMembers, q.Members = true, append([]string{}, c.cfg.Members()...)
+	}
+	return ReadPopulation(ctx, c.cfg.Pool, q)
 }
 
 // noteFailure logs a failed pass when the census starts failing (or at
@@ -248,6 +256,10 @@ type PopulationQuery struct {
 	// ReplicaTTL: only replicas whose heartbeat in table replicas is
 	// this recent (the database's clock) count, besides Self.
 	ReplicaTTL time.Duration
+	// OnlyMembers counts, besides Self, only the replicas in Members
+	// (CensusConfig.Members).
+	OnlyMembers bool
+	Members     []string
 }
 
 // ReadPopulation reads the region's expected population: the sum over
@@ -256,6 +268,7 @@ type PopulationQuery struct {
 func ReadPopulation(ctx context.Context, pool *pgxpool.Pool, q PopulationQuery) (Population, error) {
 	row, err := db.New(pool).StreamPopulationExpected(ctx, db.StreamPopulationExpectedParams{
 		Since: q.At.Add(-q.Horizon), LiveSince: q.At.Add(-q.Live), Self: q.Self, TtlMs: q.ReplicaTTL.Milliseconds(),
+		OnlyMembers: q.OnlyMembers, Members: q.Members,
 	})
 	if err != nil {
 		return Population{}, fmt.Errorf("read expected stream population: %w", err)

@@ -202,3 +202,58 @@ func TestCensusCountsOnlyLiveReplicas(t *testing.T) {
 		t.Fatalf("muster-2 back: %+v, want its 400 counted again", st.Population)
 	}
 }
+
+// TestCensusCountsOnlyBelievedMembers: a row written by hand into table
+// replicas (live, a day ahead) with a population row beside it claiming a
+// million subscribers is counted by a census that believes every row, and
+// not by one given the replicas whose rows the ownership manager believed
+// (CensusConfig.Members): the region's admission is not sized by it.
+func TestCensusCountsOnlyBelievedMembers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	clock := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	for _, name := range []string{"muster-0", "muster-1"} {
+		heartbeat(t, pool, name)
+	}
+	r1 := startReplica(t, pool, clock, "muster-1", 400, nil)
+	if err := r1.census.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO replicas (id, started_at, last_seen, address, region, ready)
+		VALUES ('rogue', clock_timestamp(), clock_timestamp() + interval '1 day', 'http://203.0.113.66:8080', '', true)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO stream_population (replica, subscribers, peak, peak_at, at) VALUES ('rogue', 1000000, 1000000, $1, $1)`, clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	read := func(members func() []string) Population {
+		t.Helper()
+		hub := NewHub(Config{Now: clock.Now})
+		for range 400 {
+			sub, err := hub.Subscribe([]string{"web"}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(sub.Close)
+		}
+		adm := NewAdmission(AdmissionConfig{Floor: 1, Now: clock.Now})
+		c, err := NewCensus(CensusConfig{Pool: pool, Replica: "muster-0", Hub: hub, Admission: adm, Now: clock.Now, Timeout: time.Second, Members: members})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.runOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return adm.Stats().Population
+	}
+	if p := read(nil); p.Expected != 1000800 || p.Replicas != 3 {
+		t.Fatalf("a census believing every row: %+v, want the rogue's million counted (the hole Members closes)", p)
+	}
+	if p := read(func() []string { return []string{"muster-0", "muster-1"} }); p.Expected != 800 || p.Replicas != 2 {
+		t.Fatalf("a census of the believed members: %+v, want 800 over 2", p)
+	}
+	if p := read(func() []string { return nil }); p.Expected != 400 || p.Replicas != 1 {
+		t.Fatalf("before the first reading of the members: %+v, want this replica's own 400", p)
+	}
+}

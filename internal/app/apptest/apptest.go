@@ -299,6 +299,9 @@ type Options struct {
 	// protocol listener, say: internal/proxied). The stack's own
 	// requests, and its issuers' key fetches, come from 127.0.0.1.
 	Listener func(net.Listener) (net.Listener, error)
+	// PeerUpgrade runs the stack in upgrade mode
+	// (MUSTER_PEER_TRUST=upgrade: app.Config.PeerUpgrade).
+	PeerUpgrade bool
 }
 
 // SealKey is the region's signing key of every Stack in this test process
@@ -465,6 +468,7 @@ func New(t testing.TB, opts Options) *Stack {
 	if opts.Ownership != nil {
 		opts.Ownership(&cfg.Ownership)
 	}
+	cfg.PeerUpgrade = opts.PeerUpgrade
 	if opts.RoutingControl != nil {
 		rc := *opts.RoutingControl
 		cfg.RoutingControl = &rc
