@@ -11,6 +11,7 @@ import (
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/internal/seal"
+	"github.com/musterhq/muster/internal/tenure"
 )
 
 // WorkerRelay keeps a stream open to every live peer replica and hands
@@ -33,6 +34,14 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 	// Signed and checked on the app's clock, the one forwarded evidence
 	// is stamped with (server translates it by the signing time).
 	rc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: cfg.Now}
+	// A relayed view is believed only if the region's key signed it, and
+	// only within a sealed tenure of its shard held by its signer.
+	// (MUSTER_PEER_TRUST=upgrade sets rc.AcceptUnsigned, for a rolling
+	// upgrade from a release that signs nothing.)
+	rc.ViewKeys = trusted
+	if rc.Tenures == nil && cfg.Pool != nil {
+		rc.Tenures = tenure.NewBook(cfg.Pool, func() seal.Keys { return trusted }, time.Second)
+	}
 	configured := configuredPeers(cfg.Peers, cfg.Address)
 	if rc.Peers == nil {
 		rc.Peers = func() []relay.Peer {
