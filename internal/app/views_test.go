@@ -445,3 +445,68 @@ func TestViewsOnlyWithinASealedTenure(t *testing.T) {
 		t.Fatalf("b's hub holds web %+v, want c's v%d", f, cur.Version)
 	}
 }
+
+// TestAForgedSavedViewIsNeverABase: a database writer replaces web's
+// saved view (published_views) with a higher version that moves web to
+// another address, its public checksum valid but unsigned. The replica
+// that takes the shards next ignores it (saved_view_forged names web):
+// its first version of web is not a delta from the forged one, and
+// routes only where muster put web; api's genuine saved view is restored
+// as before (its first version is a delta from it).
+func TestAForgedSavedViewIsNeverABase(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	a := apptest.New(t, apptest.Options{Replica: "a"})
+	a.Seed(t)
+	registerAndPublish(t, a, "web", 7, 1, 2)
+	registerAndPublish(t, a, "api", 8, 1, 1)
+	if err := a.Publisher.SaveOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	saved, _ := a.Hub.View("web")
+	savedAPI, _ := a.Hub.View("api")
+	var v assembler.View
+	if err := json.Unmarshal(saved.JSON, &v); err != nil {
+		t.Fatal(err)
+	}
+	for i := range v.Endpoints {
+		v.Endpoints[i].Address = rogueAddress
+	}
+	v.Version++
+	v.Checksum, v.Signature = assembler.Checksum(v.Endpoints), nil
+	forged, _ := json.Marshal(v)
+	if _, err := a.Pool.Exec(ctx, `UPDATE published_views SET version = $1, view = $2 WHERE service = 'web'`, int64(v.Version), forged); err != nil {
+		t.Fatal(err)
+	}
+
+	c := apptest.New(t, apptest.Options{Replica: "c", Pool: a.Pool}) // takes every shard, adopts
+	if al, ok := openAlarm(c, "saved_view_forged", "of web"); !ok || al.Service != "web" {
+		t.Fatalf("no saved_view_forged for web: %+v", c.Server.Alarms())
+	}
+	publishNow(t, c)
+	first, ok := c.Hub.View("web")
+	if !ok || first.Version>>assembler.CounterBits <= v.Version>>assembler.CounterBits || bytes.Contains(first.JSON, []byte(rogueAddress)) {
+		t.Fatalf("c's first view of web: %+v", first)
+	}
+	sub, err := c.Hub.Subscribe([]string{"web", "api"}, v.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	for _, f := range sub.Initial {
+		if f.Service == "web" && (f.Kind != stream.KindView || bytes.Contains(f.JSON, []byte(rogueAddress))) {
+			t.Fatalf("a client holding the forged v%d is sent %s %s, want c's full view", v.Version, f.Kind, f.JSON)
+		}
+	}
+	subAPI, err := c.Hub.Subscribe([]string{"api"}, savedAPI.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer subAPI.Close()
+	if len(subAPI.Initial) == 0 || subAPI.Initial[0].Kind != stream.KindDelta || subAPI.Initial[0].FromVersion != savedAPI.Version {
+		t.Fatalf("a client at api's saved v%d is sent %+v, want a delta from it (the genuine saved view restored)", savedAPI.Version, subAPI.Initial)
+	}
+	if _, ok := openAlarm(c, "saved_view_forged", "of api"); ok {
+		t.Fatal("saved_view_forged raised for api's genuine view")
+	}
+}
