@@ -503,6 +503,7 @@ func New(cfg Config) (*App, error) {
 	// Views are signed by the region's key as the owner publishes them,
 	// each epoch recorded as the tenures of the shards held.
 	pbc.Signer, pbc.Replica, pbc.ViewKeys = cfg.Policy.Sealer, cfg.Replica, cfg.Policy.SealKeys
+	pbc.ShardOf = a.shardOf
 	if cfg.Policy.Sealer == nil {
 		// Without the region's key replicas cannot relay to each other
 		// (buildRelay), so each publishes every service itself, as

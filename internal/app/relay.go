@@ -70,13 +70,7 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 		rc.Owned = func() []int { return slices.Sorted(maps.Keys(a.Ownership.Owned())) }
 	}
 	if rc.ShardOf == nil {
-		rc.ShardOf = func(service string) (int, bool) {
-			n := a.Ownership.Shards()
-			if n == 0 {
-				return 0, false
-			}
-			return ownership.ShardOf(service, n), true
-		}
+		rc.ShardOf = a.shardOf
 	}
 	if rc.OnStale == nil {
 		rc.OnStale = func(services []string) {
@@ -98,6 +92,16 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 			client: peerClient(rc.TLS), log: a.log.With("worker", WorkerPeerAuthz)}
 	}
 	return &peer.Verifier{Keys: func() seal.Keys { return trusted }, Now: cfg.Now}, nil
+}
+
+// shardOf is the shard of a service, false while the shard count is not
+// known (before the first reading of the leases).
+func (a *App) shardOf(service string) (int, bool) {
+	n := a.Ownership.Shards()
+	if n == 0 {
+		return 0, false
+	}
+	return ownership.ShardOf(service, n), true
 }
 
 // peerClient is the client that takes the authorisation copy from a

@@ -151,6 +151,10 @@ type Config struct {
 	// AcceptUnsigned also restores unsigned views: a rolling upgrade from
 	// a release that signs none (MUSTER_PEER_TRUST=upgrade).
 	AcceptUnsigned bool
+	// ShardOf is the shard of a service (false while the shard count is
+	// not known), for the tenures: with a Signer and Owns, a service is
+	// published only under an epoch recorded as a tenure of its shard.
+	ShardOf func(service string) (int, bool)
 }
 
 // AlarmSavedViewForged is raised, per service, when a saved or held view
@@ -227,6 +231,10 @@ type Publisher struct {
 
 	// forged holds the open saved_view_forged alarms by service.
 	forged map[string]assembler.Alarm
+	// tenured is the set of shards recorded as this replica's tenures
+	// under the current epoch; nil when tenures are not recorded (no key,
+	// or no ownership).
+	tenured map[int]bool
 
 	store       viewStore
 	runner      worker.Runner
@@ -606,7 +614,8 @@ func (p *Publisher) adopt(ctx context.Context) error {
 	defer cancel()
 	// Every attempt records the tenures of what is held now: a shard
 	// gained since an earlier attempt under the same epoch gets its own.
-	if err := p.recordTenures(lctx, epoch); err != nil {
+	tenured, err := p.recordTenures(lctx, epoch)
+	if err != nil {
 		return err
 	}
 	if p.beforeLoad != nil {
@@ -677,6 +686,7 @@ func (p *Publisher) adopt(ctx context.Context) error {
 	}
 	first := p.versions == nil
 	p.versions, p.heldEpoch, p.adopted = vs, 0, gen
+	p.tenured = tenured
 	// Every owned service is assembled afresh: those restored publish
 	// their first version from the restored base, the others their first
 	// view.
@@ -868,7 +878,10 @@ func (p *Publisher) takeNextEpoch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := p.recordTenures(ctx, e); err != nil {
+	// A shard gained since the current epoch was taken is adopted under
+	// an epoch of its own, so the shards held now cover what the next
+	// epoch will publish.
+	if _, err := p.recordTenures(ctx, e); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -921,6 +934,13 @@ func (p *Publisher) RunOnce() {
 		}
 		if adopting && !p.asm.Holds(n) {
 			continue // waits for the adoption (it may restore a view)
+		}
+		if !p.tenuredLocked(n) {
+			// Owned since a moment ago, and its gain not yet told (the
+			// manager says so before it tells): its shard has no tenure
+			// under this epoch, so peers would refuse what this replica
+			// published. The gain's adoption takes an epoch with one.
+			continue
 		}
 		dirty = append(dirty, n)
 		delete(p.dirty, n)
@@ -1108,16 +1128,31 @@ func (p *Publisher) View(service string) (*assembler.View, bool) {
 // published: peers believe a view only within such a tenure. Without a
 // key, or without ownership (a replica alone), there is nothing to
 // record.
-func (p *Publisher) recordTenures(ctx context.Context, epoch uint64) error {
-	if p.cfg.Signer == nil || p.cfg.Owns == nil {
-		return nil
+func (p *Publisher) recordTenures(ctx context.Context, epoch uint64) (map[int]bool, error) {
+	if p.cfg.Signer == nil || p.cfg.Owns == nil || p.cfg.ShardOf == nil {
+		return nil, nil
 	}
 	shards, err := tenure.Record(ctx, p.cfg.Pool, p.cfg.Signer, p.cfg.Replica, epoch)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	p.log.Debug("recorded tenures", "epoch", epoch, "shards", len(shards))
-	return nil
+	out := make(map[int]bool, len(shards))
+	for _, s := range shards {
+		out[s] = true
+	}
+	return out, nil
+}
+
+// tenuredLocked reports whether service may be published under the
+// current epoch: its shard's tenure under it is recorded (or tenures are
+// not recorded at all). Called with p.mu held.
+func (p *Publisher) tenuredLocked(service string) bool {
+	if p.tenured == nil {
+		return true
+	}
+	s, ok := p.cfg.ShardOf(service)
+	return ok && p.tenured[s]
 }
 
 // believe reports whether a view may be restored as a base: with a key,

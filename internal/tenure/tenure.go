@@ -85,15 +85,28 @@ func Record(ctx context.Context, pool *pgxpool.Pool, signer seal.Signer, owner s
 var ErrNone = errors.New("no sealed tenure")
 
 // Book looks tenures up, remembering each answer: a tenure never
-// changes once recorded, and one not found is not looked up again (a
-// forger sending many views under one epoch costs one query).
+// changes once recorded, so one found is never looked up again; one not
+// found is not looked up again for NoneFor (a forger sending many views
+// under one epoch costs one query per NoneFor, and a tenure recorded
+// after a first look is found at the next).
 type Book struct {
 	pool    *pgxpool.Pool
 	keys    func() seal.Keys
 	timeout time.Duration
+	// Now is the clock of the answers remembered as none: time.Now.
+	Now func() time.Time
 
 	mu    sync.Mutex
-	known map[key]string // owner; "" for none
+	known map[key]answer
+}
+
+// NoneFor is how long a tenure not found is taken as none before it is
+// looked up again.
+const NoneFor = 10 * time.Second
+
+type answer struct {
+	owner string    // "" for none
+	at    time.Time // when a none was read
 }
 
 type key struct {
@@ -111,7 +124,7 @@ func NewBook(pool *pgxpool.Pool, keys func() seal.Keys, timeout time.Duration) *
 	if timeout <= 0 {
 		timeout = time.Second
 	}
-	return &Book{pool: pool, keys: keys, timeout: timeout, known: map[key]string{}}
+	return &Book{pool: pool, keys: keys, timeout: timeout, Now: time.Now, known: map[key]answer{}}
 }
 
 // Owner returns the replica that holds shard's tenure under epoch, or
@@ -119,15 +132,17 @@ func NewBook(pool *pgxpool.Pool, keys func() seal.Keys, timeout time.Duration) *
 // caller must not take that as "none").
 func (b *Book) Owner(ctx context.Context, shard int, epoch uint64) (string, error) {
 	k := key{shard, epoch}
+	now := b.Now()
 	b.mu.Lock()
-	owner, ok := b.known[k]
+	a, ok := b.known[k]
 	b.mu.Unlock()
-	if ok {
-		if owner == "" {
-			return "", ErrNone
-		}
-		return owner, nil
+	switch {
+	case ok && a.owner != "":
+		return a.owner, nil
+	case ok && now.Sub(a.at) < NoneFor:
+		return "", ErrNone
 	}
+	var owner string
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	row, err := db.New(b.pool).ShardTenureGet(ctx, db.ShardTenureGetParams{Shard: int32(shard), Epoch: int64(epoch)})
@@ -149,7 +164,7 @@ func (b *Book) Owner(ctx context.Context, shard int, epoch uint64) (string, erro
 	if len(b.known) >= maxKnown {
 		clear(b.known)
 	}
-	b.known[k] = owner
+	b.known[k] = answer{owner: owner, at: now}
 	b.mu.Unlock()
 	if owner == "" {
 		return "", ErrNone
