@@ -223,7 +223,6 @@ func (r *Relay) refuse(c *conn, err error) {
 	} else {
 		r.metrics.forged.WithLabelValues(c.peer.ID).Inc()
 	}
-	r.log.Warn("refused a peer's record", "alarm", kind, "peer", c.peer.ID, "address", c.peer.Address, "err", err)
 	now := r.cfg.Now()
 	k := kind + "\x00" + c.peer.ID + "\x00" + c.peer.Address
 	r.mu.Lock()
@@ -232,6 +231,11 @@ func (r *Relay) refuse(c *conn, err error) {
 	if a == nil || now.Sub(a.last) > forgedAlarmFor {
 		a = &refusal{kind: kind, peer: c.peer.ID, address: c.peer.Address, since: now}
 		r.refusals[k] = a
+		// Once per alarm: a peer sending thousands must not flood the log
+		// (the counter and the alarm's count say how many).
+		r.log.Warn("refused a peer's record", "alarm", kind, "peer", c.peer.ID, "address", c.peer.Address, "err", err)
+	} else {
+		r.log.Debug("refused a peer's record", "alarm", kind, "peer", c.peer.ID, "address", c.peer.Address, "err", err)
 	}
 	a.last, a.why = now, err.Error()
 	a.count++
