@@ -15,8 +15,8 @@ import (
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/seal"
-	"github.com/musterhq/muster/internal/testclock"
 	"github.com/musterhq/muster/internal/tenure"
+	"github.com/musterhq/muster/internal/testclock"
 )
 
 // TestPublishesOnlyWithinARecordedTenure: with the region's key, a
