@@ -44,7 +44,9 @@ func rawView(service string, v uint64, eps []assembler.Endpoint, sum string, sig
 // delta d.
 func line(t *testing.T, f, d *stream.Frame) []byte {
 	t.Helper()
-	f.PublishedAt = time.Now()
+	g := *f // f may be shared by parallel tests
+	g.PublishedAt = time.Now()
+	f = &g
 	var b []byte
 	var err error
 	if d == nil {
