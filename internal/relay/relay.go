@@ -468,7 +468,11 @@ func (r *Relay) stream(ctx context.Context, c *conn) (got bool, err error) {
 			if err := r.verify(ctx, c, &rec); err != nil {
 				r.refuse(c, err)
 				if errors.Is(err, ErrForged) {
-					return got, err
+					// Not a stream that delivered: the backoff grows, so
+					// a peer that forges (or a release that signs
+					// nothing, without the upgrade switch) is asked
+					// again every 5 s, not every 100 ms.
+					return false, err
 				}
 				continue
 			}
