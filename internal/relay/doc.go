@@ -36,7 +36,7 @@
 // verified, or its hub's), base plus delta must be the view; a delta
 // whose base is not known here is dropped, so the hub sends the view.
 // A record that fails is not applied, ends its stream like a malformed
-// one, is counted (muster_relay_forged_total{peer}) and raises
+// one (without resetting the reconnection backoff), is counted (muster_relay_forged_total{peer}) and raises
 // relay_forged naming the peer's id and address for 15 minutes after the
 // last one. Unsigned views are taken only with Config.AcceptUnsigned (a
 // rolling upgrade from a release that signs nothing), their checksums
