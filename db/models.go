@@ -229,6 +229,16 @@ type ShardLease struct {
 	OfferedTo  *string
 }
 
+type ShardTenure struct {
+	Shard      int32
+	Epoch      int64
+	Owner      string
+	LeaseEpoch int64
+	TakenAt    time.Time
+	Seal       []byte
+	KeyID      string
+}
+
 type Shift struct {
 	ID           uuid.UUID
 	Scope        string

@@ -1,6 +1,7 @@
 package resolver
 
 import (
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -25,6 +26,7 @@ type config struct {
 	confirmAfter time.Duration
 	hook         func(Event)
 	eject        EjectionPolicy
+	viewKeys     map[string]ed25519.PublicKey
 }
 
 // WithClock sets the clock Resolve stamps results with and Apply stamps
@@ -82,11 +84,14 @@ type Stats struct {
 	Stale              uint64
 	Gaps               uint64
 	ChecksumMismatches uint64
-	Invalid            uint64
-	WouldEmpty         uint64
-	ShrinkCapped       uint64
-	CorruptFiles       uint64
-	PersistErrors      uint64
+	// SignatureRefusals counts views and deltas refused because they are
+	// not signed by the region's key (WithViewKeys).
+	SignatureRefusals uint64
+	Invalid           uint64
+	WouldEmpty        uint64
+	ShrinkCapped      uint64
+	CorruptFiles      uint64
+	PersistErrors     uint64
 	// Ejections counts endpoints ejected locally; EjectionsCapped the
 	// ejections the cap refused; Unejections the ejections that ended.
 	Ejections, EjectionsCapped, Unejections uint64
@@ -110,6 +115,7 @@ type stats struct {
 	applied, loaded, stale, gaps, checksum, invalid, wouldEmpty, shrink, corrupt, persist atomic.Uint64
 	ejections, ejectCapped, unejections, unknownOutcomes                                  atomic.Uint64
 	registryShrinks, followed, released                                                   atomic.Uint64
+	signature                                                                             atomic.Uint64
 }
 
 // Cache holds the routing snapshot of each configured service. Resolve and
@@ -240,7 +246,7 @@ func (c *Cache) Stats() Stats {
 	}
 	return Stats{
 		Applied: c.st.applied.Load(), Loaded: c.st.loaded.Load(), Stale: c.st.stale.Load(),
-		Gaps: c.st.gaps.Load(), ChecksumMismatches: c.st.checksum.Load(), Invalid: c.st.invalid.Load(),
+		Gaps: c.st.gaps.Load(), ChecksumMismatches: c.st.checksum.Load(), SignatureRefusals: c.st.signature.Load(), Invalid: c.st.invalid.Load(),
 		WouldEmpty: c.st.wouldEmpty.Load(), ShrinkCapped: c.st.shrink.Load(),
 		CorruptFiles: c.st.corrupt.Load(), PersistErrors: c.st.persist.Load(),
 		Ejections: c.st.ejections.Load(), EjectionsCapped: c.st.ejectCapped.Load(),
@@ -341,6 +347,13 @@ func (c *Cache) applyView(svc *service, v View) ([]Event, error) {
 		err := fmt.Errorf("apply view %s v%d: got %s, view says %s: %w", svc.name, v.Version, sum, v.Checksum, ErrChecksum)
 		return []Event{{Service: svc.name, Version: v.Version, Err: err}}, err
 	}
+	if c.verifies(svc) {
+		if err := verifySignature(c.cfg.viewKeys, v.Signature, v.Service, v.Version, sum, v.Zones); err != nil {
+			c.st.signature.Add(1)
+			err = fmt.Errorf("apply view %s v%d: %w", svc.name, v.Version, err)
+			return []Event{{Service: svc.name, Version: v.Version, Err: err}}, err
+		}
+	}
 	zones := maps.Clone(v.Zones)
 	ptrs := pointers(eps)
 	snap := newSnapshot(svc.name, v.Version, ptrs, eps, zones, v.GeneratedAt, c.cfg.clock(), v.Checksum, sum)
@@ -400,7 +413,6 @@ func (c *Cache) applyDelta(svc *service, d Delta) ([]Event, error) {
 		err := fmt.Errorf("apply delta %s v%d: got %s, delta says %s: %w", svc.name, d.Version, sum, d.Checksum, ErrChecksum)
 		return []Event{{Service: svc.name, Version: d.Version, Err: err}}, err
 	}
-	eps := merge(held.eps, upserts, d.Removals)
 	zones := maps.Clone(held.zones)
 	if zones == nil {
 		zones = make(map[string]Zone, len(d.Zones))
@@ -409,6 +421,16 @@ func (c *Cache) applyDelta(svc *service, d Delta) ([]Event, error) {
 	for _, z := range d.RemovedZones {
 		delete(zones, z)
 	}
+	if c.verifies(svc) {
+		// The signature is the resulting view's: over the checksum the
+		// client computed and the zones it would hold.
+		if err := verifySignature(c.cfg.viewKeys, d.Signature, d.Service, d.Version, sum, zones); err != nil {
+			c.st.signature.Add(1)
+			err = fmt.Errorf("apply delta %s v%d: %w", svc.name, d.Version, err)
+			return []Event{{Service: svc.name, Version: d.Version, Err: err}}, err
+		}
+	}
+	eps := merge(held.eps, upserts, d.Removals)
 	snap := newSnapshot(svc.name, d.Version, eps, nil, zones, d.GeneratedAt, c.cfg.clock(), d.Checksum, sum)
 	return c.publish(svc, cur, snap, pointers(upserts))
 }

@@ -3,6 +3,7 @@ package resolver
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -98,6 +99,12 @@ type Config struct {
 	// muster as passive evidence (POST /v1/reports). Default 10 s;
 	// negative turns reporting off (FlushReports still works).
 	ReportInterval time.Duration
+	// ViewKeys are the region's public keys (LoadViewKeys reads the PEM
+	// files muster's MUSTER_AUDIT_PUBLIC_KEY_FILES names): with them the
+	// client takes only views and deltas signed by one of them, keeps
+	// its last-known-good view when sent anything else, and resubscribes
+	// for a full view (see WithViewKeys). Nil: checksums only, as before.
+	ViewKeys map[string]ed25519.PublicKey
 	// ReportTimeout bounds one report request. Default 5 s.
 	ReportTimeout time.Duration
 	// MaxReportItems bounds the endpoints reported per flush; outcomes
@@ -231,6 +238,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if len(cfg.Regions) > 0 {
 		opts = append(opts, WithRegions(cfg.Regions...))
+	}
+	if len(cfg.ViewKeys) > 0 {
+		opts = append(opts, WithViewKeys(cfg.ViewKeys))
 	}
 	cache, err := NewCache(cfg.Services, opts...)
 	if err != nil {
@@ -617,7 +627,9 @@ func (c *Client) dispatch(kind, data string, s *session) (done bool) {
 	case err == nil, errors.Is(err, ErrWouldEmpty), errors.Is(err, ErrShrinkCapped):
 		c.notify()
 	case errors.Is(err, ErrStale), errors.Is(err, ErrUnknownService):
-	case errors.Is(err, ErrGap), errors.Is(err, ErrChecksum):
+	case errors.Is(err, ErrGap), errors.Is(err, ErrChecksum), errors.Is(err, ErrSignature):
+		// The held view stays; a full view from the next subscription
+		// replaces what could not be taken.
 		s.err, s.full = err, true
 		return true
 	default:

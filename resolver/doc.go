@@ -28,6 +28,20 @@
 // cross-checks it against muster's own, and a fixed vector was computed
 // independently.
 //
+// The checksum is a public function of the endpoints: it catches a lost
+// delta, not a forger. muster also signs every view with the region's
+// Ed25519 key (Signature: over the service, version, checksum, a digest
+// of the zones and the signing replica), and a delta carries the
+// signature of the view it produces. A client given the region's public
+// keys (WithViewKeys, Config.ViewKeys; LoadViewKeys reads the PEM files
+// muster's MUSTER_AUDIT_PUBLIC_KEY_FILES names) verifies it over the
+// checksum and zones it computed itself, and refuses an update that is
+// unsigned or does not verify (ErrSignature, Stats.SignatureRefusals): the
+// held snapshot stays and the client resubscribes for a full view.
+// Without keys nothing is verified, as before. Views of peer regions
+// (series "service@region") and last-known-good files are not checked by
+// these keys.
+//
 // The client guards exist a second time here because a server bug must
 // not empty a fleet's routing tables, but they must not outlive the
 // doubt: a guard that never lets go keeps a client routing to terminated

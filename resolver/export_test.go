@@ -13,8 +13,8 @@ func SetSleep(c *Config, f func(context.Context, time.Duration) error) { c.sleep
 
 // StreamClient returns a Client for services with no goroutines and no
 // server, for feeding it a stream by hand.
-func StreamClient(services []string) (*Client, error) {
-	cache, err := NewCache(services)
+func StreamClient(services []string, opts ...Option) (*Client, error) {
+	cache, err := NewCache(services, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -154,6 +154,9 @@ type View struct {
 	// last answered). Remote endpoints are as fresh as that age.
 	Region     string  `json:"region,omitempty"`
 	AgeSeconds float64 `json:"age_seconds,omitempty"`
+	// Signature is muster's signature of the view by the region's key;
+	// checked only with WithViewKeys (Config.ViewKeys).
+	Signature *Signature `json:"signature,omitempty"`
 }
 
 // Delta takes a view at FromVersion to the view at Version.
@@ -168,4 +171,6 @@ type Delta struct {
 	Checksum     string          `json:"checksum"`
 	Withdrawal   bool            `json:"withdrawal"`
 	GeneratedAt  time.Time       `json:"generated_at"`
+	// Signature is the signature of the view the delta produces.
+	Signature *Signature `json:"signature,omitempty"`
 }

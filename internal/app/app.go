@@ -526,6 +526,13 @@ func New(cfg Config) (*App, error) {
 	// PostgreSQL is unreachable goes on (ownership.Manager.Publishes).
 	pbc.Owns, pbc.Services = a.Ownership.Publishes, a.Evaluator.Services
 	pbc.HandingOver = a.Ownership.HandingOver
+	// Views are signed by the region's key as the owner publishes them,
+	// each epoch recorded as the tenures of the shards held.
+	pbc.Signer, pbc.Replica, pbc.ViewKeys = cfg.Policy.Sealer, cfg.Replica, cfg.Policy.SealKeys
+	pbc.ShardOf = a.shardOf
+	// In a rolling upgrade from the release before (which signs nothing)
+	// its saved views may be restored unsigned.
+	pbc.AcceptUnsigned = pbc.AcceptUnsigned || cfg.PeerUpgrade
 	if cfg.Policy.Sealer == nil {
 		// Without the region's key replicas cannot relay to each other
 		// (buildRelay), so each publishes every service itself, as

@@ -12,6 +12,7 @@ import (
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/internal/seal"
+	"github.com/musterhq/muster/internal/tenure"
 )
 
 // WorkerRelay keeps a stream open to every live peer replica and hands
@@ -37,6 +38,15 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 	// Signed and checked on the app's clock, the one forwarded evidence
 	// is stamped with (server translates it by the signing time).
 	rc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: cfg.Now, V1: cfg.PeerUpgrade}
+	// A relayed view is believed only if the region's key signed it, and
+	// only within a sealed tenure of its shard held by its signer.
+	// MUSTER_PEER_TRUST=upgrade also takes unsigned views, for a rolling
+	// upgrade from the release before, which signs nothing.
+	rc.AcceptUnsigned = rc.AcceptUnsigned || cfg.PeerUpgrade
+	rc.ViewKeys = trusted
+	if rc.Tenures == nil && cfg.Pool != nil {
+		rc.Tenures = tenure.NewBook(cfg.Pool, func() seal.Keys { return trusted }, time.Second)
+	}
 	configured := configuredPeers(cfg.Peers, cfg.Address)
 	if rc.Peers == nil {
 		rc.Peers = func() []relay.Peer {
@@ -65,13 +75,7 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 		rc.Owned = func() []int { return slices.Sorted(maps.Keys(a.Ownership.Owned())) }
 	}
 	if rc.ShardOf == nil {
-		rc.ShardOf = func(service string) (int, bool) {
-			n := a.Ownership.Shards()
-			if n == 0 {
-				return 0, false
-			}
-			return ownership.ShardOf(service, n), true
-		}
+		rc.ShardOf = a.shardOf
 	}
 	if rc.OnStale == nil {
 		rc.OnStale = func(services []string) {
@@ -104,6 +108,16 @@ func (a *App) buildRelay(cfg Config) (*peer.Verifier, error) {
 	// URL it advertises (a peer that knows it only from MUSTER_PEERS).
 	return &peer.Verifier{Keys: func() seal.Keys { return trusted }, Now: cfg.Now,
 		Self: selfNames(cfg), AcceptV1: cfg.PeerUpgrade, Refused: refused, Accepted: accepted}, nil
+}
+
+// shardOf is the shard of a service, false while the shard count is not
+// known (before the first reading of the leases).
+func (a *App) shardOf(service string) (int, bool) {
+	n := a.Ownership.Shards()
+	if n == 0 {
+		return 0, false
+	}
+	return ownership.ShardOf(service, n), true
 }
 
 // peerClient is the client that takes the authorisation copy from a

@@ -72,9 +72,11 @@ func (r *region) change(now time.Time) int {
 // region at perMinute state changes; one op is one simulated second:
 // changes spread over 20 slots of 50 ms, each touched service updated once
 // per slot, Drain after each slot.
-func benchRegion(b *testing.B, perMinute int) {
+func benchRegion(b *testing.B, perMinute int) { benchRegionOpts(b, perMinute, assembler.Options{}) }
+
+func benchRegionOpts(b *testing.B, perMinute int, opts assembler.Options) {
 	r := newRegion(450, 60_000)
-	a := assembler.New(assembler.Options{})
+	a := assembler.New(opts)
 	vs, err := assembler.NewVersions(1) // the production source
 	if err != nil {
 		b.Fatal(err)

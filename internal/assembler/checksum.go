@@ -25,9 +25,14 @@ import (
 // capability.
 //
 // The checksum detects divergence between muster's view and a client's
-// copy (a lost or misapplied delta, a bug); it is not a defence against a
-// forger, which is what TLS and the bearer token are for. Instance ids
-// are unique within a view, so no digest is ever counted twice.
+// copy (a lost or misapplied delta, a bug). On its own it is a public
+// function of the endpoints: anyone who can put bytes in front of a
+// replica or a client can compute it for endpoints of their choosing. So
+// the owner also signs each view with the region's key over its service,
+// version, this checksum and its zones (sign.go), and replicas, and
+// clients given the region's public keys, believe only a view whose
+// signature verifies over the checksum they recomputed. Instance ids are
+// unique within a view, so no digest is ever counted twice.
 func Checksum(eps []Endpoint) string {
 	var buf []byte
 	return checksumSorted(eps, &buf)

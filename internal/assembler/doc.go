@@ -304,6 +304,20 @@
 // costs ten hashes, not a pass over the view, and on a mismatch it asks
 // for a full view.
 //
+// # Signature
+//
+// With Options.Sign (the region's key, as the publisher configures it) each
+// version is signed once, as it is encoded, over the domain
+// SignatureDomain and the service, the version, the checksum, ZonesDigest
+// of the zone statuses (the guard's decisions and traffic weights, which
+// steer traffic and are not in the checksum) and the signing replica's id
+// (SignedMessage). The signature travels in the view and, unchanged, in
+// the delta that produces it, so no subscriber or peer costs a signature
+// and a delta verifies against the view it leads to. A verifier
+// (VerifyView; the relay; the resolver with the region's keys) recomputes
+// the checksum and the digest and never trusts the fields. Restore keeps
+// the restored view's signature: it is its previous owner's.
+//
 // # Removing a service
 //
 // RemoveService drops the service's queued additions, queues the

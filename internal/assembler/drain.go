@@ -208,10 +208,13 @@ func (a *Assembler) publish(p *plan, v uint64, now time.Time) Published {
 		Service: sv.name, Version: v, Endpoints: eps, Zones: zones, GeneratedAt: now,
 		Checksum: checksumSorted(eps, &a.scratch),
 	}
+	// Signed once here, as it is encoded: every subscriber and peer
+	// shares these bytes.
+	view.Signature = a.sign(view)
 	view.enc = a.encodeView(view, sv.pubJSON)
 	out := Published{View: view, ViewJSON: view.enc, WithdrawalLags: lags}
 	if sv.view != nil {
-		d.Checksum = view.Checksum
+		d.Checksum, d.Signature = view.Checksum, view.Signature
 		d.enc = encode(d)
 		out.Delta, out.DeltaJSON = d, d.enc
 	}
@@ -250,5 +253,9 @@ func (a *Assembler) encodeView(v *View, frags map[uuid.UUID][]byte) []byte {
 	b = append(b, encode(v.GeneratedAt)...)
 	b = append(b, `,"checksum":`...)
 	b = append(b, encode(v.Checksum)...)
+	if v.Signature != nil {
+		b = append(b, `,"signature":`...)
+		b = append(b, encode(v.Signature)...)
+	}
 	return append(b, '}')
 }

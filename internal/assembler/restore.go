@@ -73,7 +73,7 @@ func (a *Assembler) Restore(v *View) error {
 		zones = map[string]ZoneStatus{}
 	}
 	sv.pubZones = zones
-	view := &View{Service: v.Service, Version: v.Version, Endpoints: eps, Zones: zones, GeneratedAt: v.GeneratedAt, Checksum: v.Checksum}
+	view := &View{Service: v.Service, Version: v.Version, Endpoints: eps, Zones: zones, GeneratedAt: v.GeneratedAt, Checksum: v.Checksum, Signature: v.Signature}
 	view.enc = a.encodeView(view, sv.pubJSON)
 	sv.view = view
 	sv.restated = true

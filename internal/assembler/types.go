@@ -137,6 +137,10 @@ type View struct {
 	Zones       map[string]ZoneStatus `json:"zones"`
 	GeneratedAt time.Time             `json:"generated_at"`
 	Checksum    string                `json:"checksum"`
+	// Signature is the owner's signature by the region's key over the
+	// service, version, checksum and zones (sign.go); nil without a key.
+	// Clients of an earlier release ignore it.
+	Signature *Signature `json:"signature,omitempty"`
 
 	enc []byte
 }
@@ -162,6 +166,8 @@ type Delta struct {
 	// leaving the set or its weight going to 0).
 	Withdrawal  bool      `json:"withdrawal"`
 	GeneratedAt time.Time `json:"generated_at"`
+	// Signature is the signature of the view the delta produces (View's).
+	Signature *Signature `json:"signature,omitempty"`
 
 	enc []byte
 }
@@ -250,6 +256,9 @@ type Options struct {
 	// ChangeBudgetPerSecond: endpoint changes per second across the region
 	// above which additions are shed (default 2,000).
 	ChangeBudgetPerSecond int
+	// Sign, when set, signs each version as it is encoded (sign.go); nil:
+	// views are unsigned (a keyless replica).
+	Sign ViewSigner
 }
 
 // Published is one service's new version as Drain produced it.

@@ -57,7 +57,9 @@ import (
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/lagstats"
+	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/tenure"
 	"github.com/musterhq/muster/internal/worker"
 )
 
@@ -134,7 +136,32 @@ type Config struct {
 	// holds a version of it above this publisher's, the new owner has
 	// published, and this replica forgets the service.
 	HandingOver func(service string) bool
+
+	// Signer, when set, is the region's key: every version is signed
+	// with it as it is encoded (assembler.SignWith, as Replica), each
+	// version epoch is recorded as a sealed tenure of the shards this
+	// replica holds when it is taken (internal/tenure), and a view is
+	// restored only if it is signed by a key of ViewKeys. Nil (a keyless
+	// replica): unsigned views, as before.
+	Signer  seal.Signer
+	Replica string
+	// ViewKeys are the keys a restored view's signature is believed from
+	// (the Signer's own and the trusted public keys).
+	ViewKeys seal.Keys
+	// AcceptUnsigned also restores unsigned views: a rolling upgrade from
+	// a release that signs none (MUSTER_PEER_TRUST=upgrade).
+	AcceptUnsigned bool
+	// ShardOf is the shard of a service (false while the shard count is
+	// not known), for the tenures: with a Signer and Owns, a service is
+	// published only under an epoch recorded as a tenure of its shard.
+	ShardOf func(service string) (int, bool)
 }
+
+// AlarmSavedViewForged is raised, per service, when a saved or held view
+// a new owner would restore is not signed by a trusted key (or does not
+// match its signature): it is ignored, never used as a base, and the
+// service's first version is a full view.
+const AlarmSavedViewForged = "saved_view_forged"
 
 // Changes is the evaluator as the publisher pulls from it.
 type Changes interface {
@@ -201,6 +228,13 @@ type Publisher struct {
 	// trafficRev is the Traffic revision last assembled with;
 	// overridesRev the Overrides revision last taken.
 	trafficRev, overridesRev uint64
+
+	// forged holds the open saved_view_forged alarms by service.
+	forged map[string]assembler.Alarm
+	// tenured is the set of shards recorded as this replica's tenures
+	// under the current epoch; nil when tenures are not recorded (no key,
+	// or no ownership).
+	tenured map[int]bool
 
 	store       viewStore
 	runner      worker.Runner
@@ -309,8 +343,22 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Signer != nil {
+		if cfg.Replica == "" {
+			return nil, errors.New("publisher: a Signer needs this replica's id")
+		}
+		log := cfg.Logger.With("worker", "publisher")
+		// A local key file signs without I/O; the context is for a KMS
+		// behind the same interface, which a publication must not wait on.
+		cfg.Options.Sign = assembler.SignWith(cfg.Replica, cfg.Signer.KeyID(),
+			func(msg []byte) ([]byte, error) { return cfg.Signer.Sign(context.Background(), msg) },
+			func(err error) {
+				log.Error("a view is published unsigned: peers and verifying clients will refuse it", "err", err)
+			})
+		cfg.ViewKeys = cfg.ViewKeys.With(cfg.Signer)
+	}
 	p := &Publisher{
-		cfg: cfg, log: cfg.Logger.With("worker", "publisher"),
+		cfg: cfg, log: cfg.Logger.With("worker", "publisher"), forged: map[string]assembler.Alarm{},
 		dirty: map[string]struct{}{}, known: map[string]struct{}{}, firstFail: map[uuid.UUID]time.Time{},
 		asm: assembler.New(cfg.Options), budget: map[string]assembler.Alarm{}, guards: map[[2]string]struct{}{},
 		wake: make(chan struct{}, 1), adoptWake: make(chan struct{}, 1), rebased: map[string]struct{}{},
@@ -564,6 +612,12 @@ func (p *Publisher) adopt(ctx context.Context) error {
 	}
 	lctx, cancel := context.WithTimeout(ctx, p.cfg.DBTimeout)
 	defer cancel()
+	// Every attempt records the tenures of what is held now: a shard
+	// gained since an earlier attempt under the same epoch gets its own.
+	tenured, err := p.recordTenures(lctx, epoch)
+	if err != nil {
+		return err
+	}
 	if p.beforeLoad != nil {
 		if err := p.beforeLoad(); err != nil {
 			return err
@@ -578,10 +632,16 @@ func (p *Publisher) adopt(ctx context.Context) error {
 	}
 	// The hub's views, relayed from their owners, may be newer than the
 	// saved ones (saved asynchronously: a SIGKILLed owner's last ones are
-	// not).
+	// not). Only a view that verifies is a candidate, so a forged one
+	// never hides a genuine older one.
 	best := map[string]*assembler.View{}
+	var forged []*assembler.View
 	for _, v := range views {
-		best[v.Service] = v
+		if p.believe(v) {
+			best[v.Service] = v
+		} else {
+			forged = append(forged, v)
+		}
 	}
 	for _, f := range p.cfg.Hub.Snapshot() {
 		if b, ok := best[f.Service]; ok && b.Version >= f.Version || p.cfg.Owns != nil && !p.cfg.Owns(f.Service) {
@@ -592,8 +652,13 @@ func (p *Publisher) adopt(ctx context.Context) error {
 			p.log.Warn("a relayed view cannot be restored", "service", f.Service, "version", f.Version, "err", err)
 			continue
 		}
+		if !p.believe(&v) {
+			forged = append(forged, &v)
+			continue
+		}
 		best[f.Service] = &v
 	}
+	p.noteForged(forged, best)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.versions != nil && epoch <= p.versions.Floor()>>assembler.CounterBits {
@@ -621,6 +686,7 @@ func (p *Publisher) adopt(ctx context.Context) error {
 	}
 	first := p.versions == nil
 	p.versions, p.heldEpoch, p.adopted = vs, 0, gen
+	p.tenured = tenured
 	// Every owned service is assembled afresh: those restored publish
 	// their first version from the restored base, the others their first
 	// view.
@@ -812,6 +878,12 @@ func (p *Publisher) takeNextEpoch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A shard gained since the current epoch was taken is adopted under
+	// an epoch of its own, so the shards held now cover what the next
+	// epoch will publish.
+	if _, err := p.recordTenures(ctx, e); err != nil {
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.versions.AddEpoch(e); err != nil {
@@ -862,6 +934,13 @@ func (p *Publisher) RunOnce() {
 		}
 		if adopting && !p.asm.Holds(n) {
 			continue // waits for the adoption (it may restore a view)
+		}
+		if !p.tenuredLocked(n) {
+			// Owned since a moment ago, and its gain not yet told (the
+			// manager says so before it tells): its shard has no tenure
+			// under this epoch, so peers would refuse what this replica
+			// published. The gain's adoption takes an epoch with one.
+			continue
 		}
 		dirty = append(dirty, n)
 		delete(p.dirty, n)
@@ -1006,6 +1085,9 @@ func (p *Publisher) Alarms() []assembler.Alarm {
 	for _, a := range p.budget {
 		out = append(out, a)
 	}
+	for _, a := range p.forged {
+		out = append(out, a)
+	}
 	if p.versions != nil {
 		if left := p.epochsLeftLocked(); left < EpochsLowAt {
 			out = append(out, assembler.Alarm{Kind: AlarmEpochsLow, Detail: fmt.Sprintf(
@@ -1039,4 +1121,71 @@ func (p *Publisher) View(service string) (*assembler.View, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.asm.View(service)
+}
+
+// recordTenures records epoch as a sealed tenure of every shard this
+// replica holds now (internal/tenure), before any version of it is
+// published: peers believe a view only within such a tenure. Without a
+// key, or without ownership (a replica alone), there is nothing to
+// record.
+func (p *Publisher) recordTenures(ctx context.Context, epoch uint64) (map[int]bool, error) {
+	if p.cfg.Signer == nil || p.cfg.Owns == nil || p.cfg.ShardOf == nil {
+		return nil, nil
+	}
+	shards, err := tenure.Record(ctx, p.cfg.Pool, p.cfg.Signer, p.cfg.Replica, epoch)
+	if err != nil {
+		return nil, err
+	}
+	p.log.Debug("recorded tenures", "epoch", epoch, "shards", len(shards))
+	out := make(map[int]bool, len(shards))
+	for _, s := range shards {
+		out[s] = true
+	}
+	return out, nil
+}
+
+// tenuredLocked reports whether service may be published under the
+// current epoch: its shard's tenure under it is recorded (or tenures are
+// not recorded at all). Called with p.mu held.
+func (p *Publisher) tenuredLocked(service string) bool {
+	if p.tenured == nil {
+		return true
+	}
+	s, ok := p.cfg.ShardOf(service)
+	return ok && p.tenured[s]
+}
+
+// believe reports whether a view may be restored as a base: with a key,
+// only one signed by a trusted key over exactly its contents (or, in a
+// rolling upgrade, an unsigned one).
+func (p *Publisher) believe(v *assembler.View) bool {
+	if p.cfg.Signer == nil {
+		return true
+	}
+	_, err := assembler.VerifyView(p.cfg.ViewKeys, v)
+	if err == nil || p.cfg.AcceptUnsigned && errors.Is(err, assembler.ErrUnsigned) {
+		return true
+	}
+	p.log.Warn("a saved view is not signed by the region's key; it is ignored, never used as a base",
+		"service", v.Service, "version", v.Version, "err", err)
+	return false
+}
+
+// noteForged raises saved_view_forged for each view refused by believe,
+// and ends it for the services whose view an adoption believed.
+func (p *Publisher) noteForged(views []*assembler.View, believed map[string]*assembler.View) {
+	now := p.cfg.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for name := range believed {
+		delete(p.forged, name)
+	}
+	for _, v := range views {
+		if _, open := p.forged[v.Service]; open {
+			continue
+		}
+		p.forged[v.Service] = assembler.Alarm{Kind: AlarmSavedViewForged, Service: v.Service, Since: now, Detail: fmt.Sprintf(
+			"a saved or relayed view of %s (version %d) is not signed by the region's key over its contents: it was ignored, and this replica publishes the service from its own verdicts (clients get a full view)",
+			v.Service, v.Version)}
+	}
 }

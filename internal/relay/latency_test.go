@@ -3,7 +3,6 @@ package relay_test
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,15 +23,14 @@ import (
 func BenchmarkRelayLatency(b *testing.B) {
 	const services, rate = 100, 1000
 	a := apptest.New(b, apptest.Options{Replica: "a"})
-	pad := strings.Repeat("x", 1000)
+	eps := endpoints(6) // ~1 KiB
 	names := make([]string, services)
 	for i := range names {
 		names[i] = fmt.Sprintf("svc-%03d", i)
 	}
 	version := uint64(0)
 	frameAt := func(kind stream.Kind, service string, from, v uint64) *stream.Frame {
-		return &stream.Frame{Kind: kind, Service: service, FromVersion: from, Version: v,
-			JSON: fmt.Appendf(nil, `{"service":%q,"version":%d,"pad":%q}`, service, v, pad)}
+		return signedFrame(kind, service, from, v, eps, "")
 	}
 	last := map[string]uint64{}
 	for _, n := range names {

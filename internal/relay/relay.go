@@ -21,6 +21,7 @@ import (
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/peer"
+	"github.com/musterhq/muster/internal/seal"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/worker"
 )
@@ -96,6 +97,18 @@ type Config struct {
 	Margin time.Duration
 	// ReportFresh is how old a report may be and still count: 5 s.
 	ReportFresh time.Duration
+
+	// ViewKeys are the keys a relayed view's signature is believed from;
+	// the Signer's key is always among them (verify.go).
+	ViewKeys seal.Keys
+	// AcceptUnsigned also takes unsigned views (checksums still checked):
+	// a rolling upgrade from a release that signs none
+	// (MUSTER_PEER_TRUST=upgrade). Off: an unsigned view is refused as
+	// forged.
+	AcceptUnsigned bool
+	// Tenures, when set, is where a signed view's (shard, epoch) is looked
+	// up (tenure.Book); nil: not checked (tests without a database).
+	Tenures Tenures
 }
 
 // Validate checks the configuration and fills defaults.
@@ -110,6 +123,7 @@ func (c *Config) Validate() error {
 	case c.Refresh < 0 || c.Idle < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.MaxRecordBytes < 0:
 		return errors.New("relay: durations and limits must not be negative")
 	}
+	c.ViewKeys = c.ViewKeys.With(c.Signer.Key)
 	if c.Refresh == 0 {
 		c.Refresh = time.Second
 	}
@@ -178,6 +192,14 @@ type Relay struct {
 	// and lastJudge when the last round began; guarded by mu.
 	judged    judgement
 	lastJudge time.Time
+	// refusals are the open relay_forged and view_outside_tenure alarms,
+	// by kind, peer and address; guarded by mu.
+	refusals map[string]*refusal
+
+	// views holds the last verified view of each service (the base the
+	// next delta is checked against).
+	viewsMu sync.Mutex
+	views   map[string]*assembler.View
 }
 
 // conn is the stream to one peer.
@@ -231,7 +253,8 @@ func New(cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, log: cfg.Logger.With("worker", "relay"), metrics: m, conns: map[string]*conn{}}, nil
+	return &Relay{cfg: cfg, log: cfg.Logger.With("worker", "relay"), metrics: m, conns: map[string]*conn{},
+		refusals: map[string]*refusal{}, views: map[string]*assembler.View{}}, nil
 }
 
 // Start runs the relay until ctx ends or Stop is called.
@@ -339,6 +362,9 @@ const AlarmRelayBehind = "relay_behind"
 func (r *Relay) Alarms() []assembler.Alarm {
 	now := r.cfg.Now()
 	out := r.cutOffAlarms()
+	r.mu.Lock()
+	out = append(out, r.refusalAlarmsLocked(now)...)
+	r.mu.Unlock()
 	for _, st := range r.Status() {
 		switch {
 		case !st.Connected && now.Sub(st.Since) > r.cfg.AlarmAfter:
@@ -439,6 +465,19 @@ func (r *Relay) stream(ctx context.Context, c *conn) (got bool, err error) {
 			return got, err
 		}
 		got = true
+		if rec.Kind != KindHeartbeat {
+			if err := r.verify(ctx, c, &rec); err != nil {
+				r.refuse(c, err)
+				if errors.Is(err, ErrForged) {
+					// Not a stream that delivered: the backoff grows, so
+					// a peer that forges (or a release that signs
+					// nothing, without the upgrade switch) is asked
+					// again every 5 s, not every 100 ms.
+					return false, err
+				}
+				continue
+			}
+		}
 		r.apply(c, rec)
 	}
 }
@@ -533,6 +572,10 @@ type metrics struct {
 	reconnects   *prometheus.CounterVec
 	malformed    *prometheus.CounterVec
 	lag          prometheus.Histogram
+	forged       *prometheus.CounterVec
+	outside      *prometheus.CounterVec
+	unsigned     *prometheus.CounterVec
+	unchecked    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
@@ -558,13 +601,25 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		malformed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_relay_malformed_total", Help: "Peer streams ended for a malformed record.",
 		}, []string{"peer"}),
+		forged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_relay_forged_total", Help: "Peer records refused because their view is not signed by a trusted key over its contents, or their delta does not produce it (the stream is ended).",
+		}, []string{"peer"}),
+		outside: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_relay_outside_tenure_total", Help: "Signed peer views refused because their version epoch is not a sealed tenure of their shard held by their signer.",
+		}, []string{"peer"}),
+		unsigned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_relay_unsigned_total", Help: "Unsigned peer views taken during a rolling upgrade (MUSTER_PEER_TRUST=upgrade).",
+		}, []string{"peer"}),
+		unchecked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_relay_tenure_unchecked_total", Help: "Signed peer views taken on their signature alone: their tenure could not be read (PostgreSQL unreachable, or the shard count not yet known).",
+		}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "muster_relay_lag_seconds", Help: "Receive time of a peer's update minus its publication time on the peer (clock skew included).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.connected, m.updates, m.reconnects, m.malformed, m.lag, m.cutOff, m.stale, m.staleDrained} {
+		for _, c := range []prometheus.Collector{m.connected, m.updates, m.reconnects, m.malformed, m.lag, m.cutOff, m.stale, m.staleDrained, m.forged, m.outside, m.unsigned, m.unchecked} {
 			if err := reg.Register(c); err != nil {
 				return metrics{}, err
 			}

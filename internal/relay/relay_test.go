@@ -3,7 +3,6 @@ package relay_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -22,10 +21,9 @@ import (
 	"github.com/musterhq/muster/internal/wait"
 )
 
-// frame is a frame whose bytes encoding/json would not reproduce.
+// frame is a signed frame whose bytes encoding/json would not reproduce.
 func frame(kind stream.Kind, service string, from, v uint64) *stream.Frame {
-	return &stream.Frame{Kind: kind, Service: service, FromVersion: from, Version: v,
-		JSON: fmt.Appendf(nil, `{ "service": %q, "from_version":%d, "version": %d, "note": "<a&b>" }`, service, from, v)}
+	return signedFrame(kind, service, from, v, nil, `, "note": "<a&b>"`)
 }
 
 // publish publishes web's view v on hub, with the delta from v-1 when v > 1.
@@ -241,8 +239,9 @@ func fakePeer(t *testing.T, handler func(w http.ResponseWriter, r *http.Request,
 // and what came before it stands.
 func TestAMalformedRecordEndsItsConnection(t *testing.T) {
 	t.Parallel()
-	good, err := relay.AppendSnapshot(nil, &stream.Frame{Kind: stream.KindView, Service: "web", Version: 7,
-		JSON: []byte(`{"v":7}`), PublishedAt: time.Now()})
+	seven := signedFrame(stream.KindView, "web", 0, 7, nil, "")
+	seven.PublishedAt = time.Now()
+	good, err := relay.AppendSnapshot(nil, seven)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +251,9 @@ func TestAMalformedRecordEndsItsConnection(t *testing.T) {
 		// A later version whose view is not an object, then a valid
 		// record the reader must never reach.
 		_, _ = w.Write([]byte(`{"kind":"update","service":"web","version":9,"view":"gone","published_at":"2026-01-01T00:00:00Z"}` + "\n"))
-		later, _ := relay.AppendSnapshot(nil, &stream.Frame{Service: "web", Version: 8, JSON: []byte(`{"v":8}`), PublishedAt: time.Now()})
+		eight := signedFrame(stream.KindView, "web", 0, 8, nil, "")
+		eight.PublishedAt = time.Now()
+		later, _ := relay.AppendSnapshot(nil, eight)
 		_, _ = w.Write(later)
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
@@ -264,7 +265,7 @@ func TestAMalformedRecordEndsItsConnection(t *testing.T) {
 	if got := metric(t, reg, "muster_relay_malformed_total", "a"); got < 1 {
 		t.Fatalf("muster_relay_malformed_total{peer=a} = %v", got)
 	}
-	if f, ok := b.View("web"); !ok || f.Version != 7 || string(f.JSON) != `{"v":7}` {
+	if f, ok := b.View("web"); !ok || f.Version != 7 || string(f.JSON) != string(seven.JSON) {
 		t.Fatalf("b holds %+v, want web@7 alone", f)
 	}
 }

@@ -51,6 +51,7 @@ import (
 	"github.com/musterhq/muster/internal/publisher"
 	"github.com/musterhq/muster/internal/reconcile"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/internal/routingcontrol"
 	"github.com/musterhq/muster/internal/shift"
 	"github.com/musterhq/muster/internal/stream"
@@ -282,6 +283,9 @@ type Options struct {
 	// Forward adjusts the configuration of the evidence forwarder
 	// (internal/forward).
 	Forward func(*forward.Config)
+	// Relay adjusts the configuration of the relay from the peer
+	// replicas (internal/relay): whom it follows, say.
+	Relay func(*relay.Config)
 	// Issuers are trusted after the dev issuers (a test issuer with a
 	// claim mapping, say).
 	Issuers []identity.IssuerConfig
@@ -464,6 +468,9 @@ func New(t testing.TB, opts Options) *Stack {
 	}
 	if opts.Forward != nil {
 		opts.Forward(&cfg.Forward)
+	}
+	if opts.Relay != nil {
+		opts.Relay(&cfg.Relay)
 	}
 	if opts.Ownership != nil {
 		opts.Ownership(&cfg.Ownership)
