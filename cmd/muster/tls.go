@@ -182,18 +182,6 @@ func (lt *listenerTLS) register(reg prometheus.Registerer) error {
 	return lt.reloader.Register(reg)
 }
 
-// httpClient is a client for muster's own calls to https peers and
-// issuers, trusting the CA bundle when one was given.
-func (lt *listenerTLS) httpClient(timeout time.Duration) *http.Client {
-	c := &http.Client{Timeout: timeout}
-	if lt != nil && lt.client != nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.TLSClientConfig = lt.client.Clone()
-		c.Transport = t
-	}
-	return c
-}
-
 // clientTLS is the client configuration for peers (nil: Go's defaults).
 func (lt *listenerTLS) clientTLS() *tls.Config {
 	if lt == nil || lt.client == nil {

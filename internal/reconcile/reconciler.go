@@ -280,7 +280,7 @@ func (w *Worker) membershipAlarms(st Status) []assembler.Alarm {
 // scope (the source as a whole, or one of its services) are real
 // (audited, refused ones too) and asks for a pass. It vouches for the
 // instances this replica's last pass held in scope; every replica
-// applies it at its next pass (registry.ReconcileConfirmationsSince).
+// applies it at its next pass (registry.SourceConfirmationsSince).
 func (rc *Reconciler) Confirm(ctx context.Context, actor identity.Principal, source string, scope disbelief.Scope, reason string) (registry.ReconcileConfirmation, error) {
 	w, ok := rc.Worker(source)
 	var held map[uuid.UUID]string

@@ -40,7 +40,7 @@ type Source interface {
 type Registry interface {
 	ReconciledInstances(ctx context.Context, source string) ([]registry.Instance, error)
 	ApplyReconcile(ctx context.Context, source string, ch registry.ReconcileChange) (registry.ReconcileResult, error)
-	ReconcileConfirmationsSince(ctx context.Context, source string, since time.Time) ([]registry.ReconcileConfirmation, error)
+	SourceConfirmationsSince(ctx context.Context, source string, since time.Time) ([]registry.ReconcileConfirmation, error)
 	MemberAuthorities(ctx context.Context, services []string) (map[string]registry.MemberAuthority, error)
 }
 
@@ -328,7 +328,7 @@ func (w *Worker) pass(ctx context.Context, now time.Time) error {
 	// the owner of the source's shard ends the instances.
 	var confirmed Confirmation
 	if prev != nil {
-		rows, err := w.cfg.Registry.ReconcileConfirmationsSince(ctx, name, prev.Since)
+		rows, err := w.cfg.Registry.SourceConfirmationsSince(ctx, name, prev.Since)
 		if err != nil {
 			return err
 		}

@@ -77,7 +77,7 @@ func TestConfirmationsWrittenByHandReleaseNothing(t *testing.T) {
 	if h := rp.Holds(); len(h) != 1 || h[0].Held != 20 {
 		t.Fatalf("holds after a hand-written confirmation: %+v", h)
 	}
-	confs, err := sealed.ReconcileConfirmationsSince(ctx, "snapshot/fleet", at.Add(-time.Minute))
+	confs, err := sealed.SourceConfirmationsSince(ctx, "snapshot/fleet", at.Add(-time.Minute))
 	if err != nil || len(confs) != 0 {
 		t.Fatalf("reconcile confirmations believed = %+v, %v; want none", confs, err)
 	}

@@ -551,12 +551,12 @@ func confirmationOf(row db.ReconcileConfirmation) ReconcileConfirmation {
 		Source: row.Source, ConfirmedAt: row.ConfirmedAt, ConfirmedBy: row.ConfirmedBy, Reason: row.Reason, Instances: ids, Released: len(ids)}
 }
 
-// ReconcileConfirmationsSince lists the confirmations of source given at
+// SourceConfirmationsSince lists the confirmations of source given at
 // or after since (the start of the hold they may release), newest first,
 // at most MaxReconcileConfirmations: a hold is released service by
 // service, so a confirmation of one service and a later one of another
 // both count.
-func (r *Registry) ReconcileConfirmationsSince(ctx context.Context, source string, since time.Time) ([]ReconcileConfirmation, error) {
+func (r *Registry) SourceConfirmationsSince(ctx context.Context, source string, since time.Time) ([]ReconcileConfirmation, error) {
 	rows, err := db.New(r.cfg.Pool).ReconcileConfirmationsSince(ctx, db.ReconcileConfirmationsSinceParams{Source: source, Since: since, Max: MaxReconcileConfirmations})
 	if err != nil {
 		return nil, fmt.Errorf("read the confirmations of %s: %w", source, err)

@@ -186,16 +186,6 @@ func (c *accounts) charge(principal string, n int64) (held int64, ok bool) {
 	return p.bytes, true
 }
 
-// held is what principal holds: streams and name bytes.
-func (c *accounts) held(principal string) usage {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if p := c.principals[principal]; p != nil {
-		return *p
-	}
-	return usage{}
-}
-
 // connectionKey names the stream's HTTP/2 connection: its two ends,
 // unique while it is open.
 func connectionKey(ctx context.Context) string {
