@@ -234,7 +234,13 @@ func (r *Relay) judge(ctx context.Context, live map[string]Peer) {
 func (r *Relay) adopt(next judgement) {
 	prev := r.judged
 	names := slices.Sorted(maps.Keys(next.stale))
-	drained := r.cfg.Hub.SetStale(names)
+	// The hub is told only of a change: the same judgement a second
+	// later drains nobody, and the hub's set is left as it stands.
+	drained := 0
+	if !r.adopted || !slices.Equal(names, slices.Sorted(maps.Keys(prev.stale))) {
+		drained = r.cfg.Hub.SetStale(names)
+		r.adopted = true
+	}
 	if drained > 0 {
 		r.metrics.staleDrained.Add(float64(drained))
 	}

@@ -190,7 +190,9 @@ type Relay struct {
 	synced atomic.Bool
 	// judged is the last judgement of what is current here (current.go),
 	// and lastJudge when the last round began; guarded by mu.
-	judged    judgement
+	judged judgement
+	// adopted: the hub has been told a judgement (adopt).
+	adopted   bool
 	lastJudge time.Time
 	// refusals are the open relay_forged and view_outside_tenure alarms,
 	// by kind, peer and address; guarded by mu.
