@@ -228,3 +228,27 @@ func TestRulesKeepRegionAndNamespace(t *testing.T) {
 		t.Errorf("docs/runbooks.md has a section for %s, which no rule raises", a)
 	}
 }
+
+// TestInhibitionsNameShippedAlerts: the Alertmanager inhibitions shipped
+// beside the rules name alerts the rules raise (a renamed alert would
+// silently stop inhibiting).
+func TestInhibitionsNameShippedAlerts(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(inhibitFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alerts := map[string]bool{}
+	for _, r := range loadRules(t) {
+		alerts[r.Alert] = true
+	}
+	names := regexp.MustCompile(`alertname="([^"]+)"`).FindAllStringSubmatch(string(b), -1)
+	if len(names) == 0 {
+		t.Fatal("no alertname matchers in " + inhibitFile)
+	}
+	for _, m := range names {
+		if !alerts[m[1]] {
+			t.Errorf("%s inhibits %s, which no rule raises", inhibitFile, m[1])
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 var (
 	rulesFile     = filepath.Join("..", "..", "deploy", "prometheus", "muster-alerts.rules.yml")
 	rulesTestFile = filepath.Join("..", "..", "deploy", "prometheus", "muster-alerts.test.yml")
+	inhibitFile   = filepath.Join("..", "..", "deploy", "prometheus", "alertmanager-inhibit.yml")
 )
 
 // TestAlertRulesPassPromtool: the alert rules shipped beside the metrics
@@ -23,10 +24,14 @@ var (
 // scripts/ensure-debian-tools), pass promtool's unit tests of them (two
 // regions and two namespaces whose alerts stay apart; muster down,
 // unscraped and absent; certificates), and every metric they read is one
-// muster exports.
+// muster exports. The inhibitions shipped for Alertmanager pass amtool.
 func TestAlertRulesPassPromtool(t *testing.T) {
 	t.Parallel()
 	promtool := testbin.Require(t, "promtool")
+	amtool := testbin.Require(t, "amtool")
+	if out, err := exec.CommandContext(t.Context(), amtool, "check-config", inhibitFile).CombinedOutput(); err != nil || !strings.Contains(string(out), "SUCCESS") {
+		t.Fatalf("amtool check-config %s: %v\n%s", inhibitFile, err, out)
+	}
 	for _, args := range [][]string{{"check", "rules", rulesFile}, {"test", "rules", rulesTestFile}} {
 		out, err := exec.CommandContext(t.Context(), promtool, args...).CombinedOutput()
 		if err != nil {
