@@ -11,22 +11,35 @@ import (
 	"github.com/musterhq/muster/internal/testbin"
 )
 
-// rulesFile is the shipped alert rules file, from this package's folder.
-var rulesFile = filepath.Join("..", "..", "deploy", "prometheus", "muster-alerts.rules.yml")
+// rulesFile is the shipped alert rules file, from this package's folder;
+// rulesTestFile is promtool's unit tests of it.
+var (
+	rulesFile     = filepath.Join("..", "..", "deploy", "prometheus", "muster-alerts.rules.yml")
+	rulesTestFile = filepath.Join("..", "..", "deploy", "prometheus", "muster-alerts.test.yml")
+	inhibitFile   = filepath.Join("..", "..", "deploy", "prometheus", "alertmanager-inhibit.yml")
+)
 
 // TestAlertRulesPassPromtool: the alert rules shipped beside the metrics
 // are valid for Prometheus (Debian's promtool, installed by
-// scripts/ensure-debian-tools), and every metric they read is one muster
-// exports.
+// scripts/ensure-debian-tools), pass promtool's unit tests of them (two
+// regions and two namespaces whose alerts stay apart; muster down,
+// unscraped and absent; certificates), and every metric they read is one
+// muster exports. The inhibitions shipped for Alertmanager pass amtool.
 func TestAlertRulesPassPromtool(t *testing.T) {
 	t.Parallel()
 	promtool := testbin.Require(t, "promtool")
-	out, err := exec.CommandContext(t.Context(), promtool, "check", "rules", rulesFile).CombinedOutput()
-	if err != nil {
-		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	amtool := testbin.Require(t, "amtool")
+	if out, err := exec.CommandContext(t.Context(), amtool, "check-config", inhibitFile).CombinedOutput(); err != nil || !strings.Contains(string(out), "SUCCESS") {
+		t.Fatalf("amtool check-config %s: %v\n%s", inhibitFile, err, out)
 	}
-	if !strings.Contains(string(out), "SUCCESS") {
-		t.Fatalf("promtool check rules said:\n%s", out)
+	for _, args := range [][]string{{"check", "rules", rulesFile}, {"test", "rules", rulesTestFile}} {
+		out, err := exec.CommandContext(t.Context(), promtool, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("promtool %s %s: %v\n%s", args[0], args[1], err, out)
+		}
+		if !strings.Contains(string(out), "SUCCESS") {
+			t.Fatalf("promtool %s %s said:\n%s", args[0], args[1], out)
+		}
 	}
 	rules, err := os.ReadFile(rulesFile)
 	if err != nil {
