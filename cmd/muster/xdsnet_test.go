@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	proxyproto "github.com/pires/go-proxyproto"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/musterhq/muster/internal/tlsreload/tlstest"
+	"github.com/musterhq/muster/internal/wait"
+)
+
+// throughLBDialer dials from the local address local and opens the
+// connection with a PROXY v2 header for a client at src, as an NLB
+// passing TLS through does; gRPC's TLS handshake follows it.
+func throughLBDialer(local, src string) grpc.DialOption {
+	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		h := proxyproto.HeaderProxyFromAddrs(2, net.TCPAddrFromAddrPort(netip.MustParseAddrPort(src)), c.RemoteAddr())
+		if _, err := h.WriteTo(c); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		return c, nil
+	})
+}
+
+// TestXDSBehindTheLoadBalancer: muster dev as the chart runs it behind
+// an NLB (--proxy-protocol-from, one TLS pair given to both --tls-cert
+// and --xds-tls-cert, --tls-client-ca, --spiffe). Over real gRPC on
+// loopback, through a PROXY v2 sender at 127.0.0.2:
+//   - web's SPIFFE certificate, no token, gets web's endpoints, and so
+//     does web's token without a certificate;
+//   - an unmapped certificate is refused and audited under the header's
+//     source address, not the balancer's;
+//   - the same header from 127.0.0.1 (not listed) is refused and counted
+//     under listener="xds"; 127.0.0.1 without a header is served;
+//   - the pair rotated on disk is served by a new xDS connection, and
+//     the one expiry metric follows it.
+func TestXDSBehindTheLoadBalancer(t *testing.T) {
+	t.Parallel()
+	dir := devDir(t)
+	xaddr := freeAddr(t)
+	serverCA, clientCA := tlstest.NewCA(t), tlstest.NewCA(t)
+	files := t.TempDir()
+	certFile, keyFile := filepath.Join(files, "tls.crt"), filepath.Join(files, "tls.key")
+	clientCAFile, spiffeFile := filepath.Join(files, "clients.pem"), filepath.Join(files, "spiffe.yaml")
+	cert, key := serverCA.Leaf(t, "muster-a", time.Hour)
+	tlstest.WriteFile(t, certFile, cert)
+	tlstest.WriteFile(t, keyFile, key)
+	tlstest.WriteFile(t, clientCAFile, clientCA.PEM)
+	tlstest.WriteFile(t, spiffeFile, []byte("trust_domains:\n  - trust_domain: prod.example.org\n    path: /ns/{namespace}/sa/{service}\n"))
+	dev := startDev(t, dir, "--proxy-protocol-from", "127.0.0.2/32",
+		"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", clientCAFile, "--spiffe", spiffeFile,
+		"--xds-addr", xaddr, "--xds-tls-cert", certFile, "--xds-tls-key", keyFile)
+	httpsCall := httpsCaller(t, serverCA)
+	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	if res, body := httpsCall("PUT", dev.url+"/v1/services/web", admin, `{"owner":"payments","capabilities":[]}`); res.StatusCode != 201 {
+		t.Fatalf("create web: %d %s", res.StatusCode, body)
+	}
+	if res, body := httpsCall("POST", dev.url+"/v1/services/web/instances", admin, `{"address":"127.0.0.1","port":9000,"zone":"az1"}`); res.StatusCode != 201 {
+		t.Fatalf("register web: %d %s", res.StatusCode, body)
+	}
+
+	webCert := clientCA.ClientCert(t, "spiffe://prod.example.org/ns/shop/sa/web")
+	if r, err := xdsFirst(t, xaddr, serverCA, &webCert, "", throughLBDialer("127.0.0.2", "10.9.8.7:41000")); err != nil || len(r.GetResources()) != 1 {
+		t.Fatalf("xDS through the balancer with web's certificate: %v (%d resources), want web's endpoints", err, len(r.GetResources()))
+	}
+	webTok := token(t, dir, "--kind", "workload", "--service", "web")
+	if r, err := xdsFirst(t, xaddr, serverCA, nil, webTok, throughLBDialer("127.0.0.2", "10.9.8.7:41001")); err != nil || len(r.GetResources()) != 1 {
+		t.Fatalf("xDS through the balancer with web's token: %v (%d resources), want web's endpoints", err, len(r.GetResources()))
+	}
+
+	// The stream's address is the header's: the refusal of an unmapped
+	// certificate is audited under 10.9.8.8.
+	stagingCert := clientCA.ClientCert(t, "spiffe://staging.example.org/ns/shop/sa/web")
+	if _, err := xdsFirst(t, xaddr, serverCA, &stagingCert, "", throughLBDialer("127.0.0.2", "10.9.8.8:41000")); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("xDS through the balancer with an unmapped certificate: %v, want Unauthenticated", err)
+	}
+	var actors []string
+	wait.For(t, 30*time.Second, "the xDS refusal audited under the header's source address", func() bool {
+		res, body := httpsCall("GET", dev.url+"/v1/audit?outcome=refused&action=auth.refuse&limit=50", admin, "")
+		var page struct {
+			Items []struct {
+				Actor string `json:"actor"`
+			} `json:"items"`
+		}
+		if res.StatusCode != 200 || json.Unmarshal([]byte(body), &page) != nil {
+			t.Fatalf("audit: %d %s", res.StatusCode, body)
+		}
+		actors = actors[:0]
+		for _, it := range page.Items {
+			actors = append(actors, it.Actor)
+		}
+		return len(actors) > 0
+	})
+	if strings.Join(actors, ",") != "source:10.9.8.8" {
+		t.Fatalf("refusals audited under %v, want only source:10.9.8.8 (the header's source)", actors)
+	}
+
+	// A header from a network not listed: refused before TLS, counted.
+	if _, err := xdsFirst(t, xaddr, serverCA, &webCert, "", throughLBDialer("127.0.0.1", "10.9.8.7:41002")); status.Code(err) != codes.Unavailable {
+		t.Fatalf("xDS with a PROXY header from 127.0.0.1: %v, want the connection refused (Unavailable)", err)
+	}
+	if _, err := xdsFirst(t, xaddr, serverCA, &webCert, ""); err != nil {
+		t.Fatalf("xDS from 127.0.0.1 without a header: %v, want served", err)
+	}
+	res, m := httpsCall("GET", dev.url+"/metrics", admin, "")
+	if res.StatusCode != 200 || !strings.Contains(m, `muster_proxy_protocol_refused_total{listener="xds",reason="not_allowed"} 1`+"\n") ||
+		!strings.Contains(m, `muster_proxy_protocol_refused_total{listener="api",reason="not_allowed"} 0`+"\n") {
+		t.Fatalf("the xDS refusal is not counted as xDS's: %s", grepLines([]byte(m), "muster_proxy_protocol"))
+	}
+
+	// Rotation: a new connection to xDS is served the new pair, and the
+	// expiry metric (one series: one reloader) is the new notAfter.
+	if cn := tlstest.PeerCN(t, xaddr, serverCA.Pool()); cn != "muster-a" {
+		t.Fatalf("xDS serves %q before the rotation, want muster-a", cn)
+	}
+	cert, key = serverCA.Leaf(t, "muster-b", 3*time.Hour)
+	tlstest.WriteFile(t, certFile, cert)
+	tlstest.WriteFile(t, keyFile, key)
+	rotated := time.Now()
+	wait.For(t, 30*time.Second, "a new xDS connection served the rotated certificate", func() bool {
+		return tlstest.PeerCN(t, xaddr, serverCA.Pool()) == "muster-b"
+	})
+	t.Logf("xDS served the rotated pair %s after it was written", time.Since(rotated).Round(10*time.Millisecond))
+	if r, err := xdsFirst(t, xaddr, serverCA, &webCert, "", throughLBDialer("127.0.0.2", "10.9.8.7:41003")); err != nil || len(r.GetResources()) != 1 {
+		t.Fatalf("xDS through the balancer after the rotation: %v", err)
+	}
+	_, m = httpsCall("GET", dev.url+"/metrics", admin, "")
+	var expiry []float64
+	for _, l := range strings.Split(m, "\n") {
+		if v, ok := strings.CutPrefix(l, "muster_tls_certificate_expiry_seconds "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			expiry = append(expiry, f)
+		}
+	}
+	// The leaf's notAfter is 3 h from its issue, give or take the test's
+	// own run: more than 2 h from now means the new pair's.
+	if len(expiry) != 1 || time.Until(time.Unix(int64(expiry[0]), 0)) < 2*time.Hour {
+		t.Fatalf("muster_tls_certificate_expiry_seconds %v, want one series at the rotated certificate's notAfter (~3 h on)", expiry)
+	}
+}
