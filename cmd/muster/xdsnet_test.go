@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,12 +15,14 @@ import (
 	"time"
 
 	proxyproto "github.com/pires/go-proxyproto"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/musterhq/muster/internal/tlsreload/tlstest"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/internal/xds"
 )
 
 // throughLBDialer dials from the local address local and opens the
@@ -157,4 +162,102 @@ func TestXDSBehindTheLoadBalancer(t *testing.T) {
 	if len(expiry) != 1 || time.Until(time.Unix(int64(expiry[0]), 0)) < 2*time.Hour {
 		t.Fatalf("muster_tls_certificate_expiry_seconds %v, want one series at the rotated certificate's notAfter (~3 h on)", expiry)
 	}
+}
+
+// TestListenXDSPairs: the pair xDS serves, and whose expiry is measured.
+// --xds-tls-cert/--xds-tls-key naming --tls-cert's files (here through a
+// symbolic link) serve the API's reloader and its client CAs, one expiry
+// series; a pair of xDS's own is reloaded too, its expiry measured when
+// the API is plain, and it collides with nothing when the API serves TLS.
+func TestListenXDSPairs(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	ca := tlstest.NewCA(t)
+	dir := t.TempDir()
+	write := func(name, cn string, life time.Duration) (string, string) {
+		c, k := ca.Leaf(t, cn, life)
+		cf, kf := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+		tlstest.WriteFile(t, cf, c)
+		tlstest.WriteFile(t, kf, k)
+		return cf, kf
+	}
+	apiCert, apiKey := write("api", "api-1", time.Hour)
+	xdsCert, xdsKey := write("xds", "xds-1", time.Hour)
+	link := filepath.Join(dir, "linked.crt")
+	if err := os.Symlink(apiCert, link); err != nil {
+		t.Fatal(err)
+	}
+	clientCA := filepath.Join(dir, "clients.pem")
+	tlstest.WriteFile(t, clientCA, tlstest.NewCA(t).PEM)
+	served := func(tc *tls.Config) string {
+		c, err := tc.GetCertificate(&tls.ClientHelloInfo{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Leaf.Subject.CommonName
+	}
+	expiries := func(reg *prometheus.Registry) int {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "muster_tls_certificate_expiry_seconds" {
+				return len(mf.GetMetric())
+			}
+		}
+		return 0
+	}
+	open := func(cfg Config) (*xds.Config, *prometheus.Registry) {
+		t.Helper()
+		cfg.XDSAddr = "127.0.0.1:0"
+		ltls, err := setupTLS(cfg, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := prometheus.NewRegistry()
+		if err := ltls.register(reg); err != nil {
+			t.Fatal(err)
+		}
+		ln, xc, err := listenXDS(cfg, true, ltls, reg, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		return xc, reg
+	}
+
+	t.Run("shared", func(t *testing.T) {
+		xc, reg := open(Config{TLSCert: apiCert, TLSKey: apiKey, TLSClientCA: clientCA, XDSTLSCert: link, XDSTLSKey: apiKey})
+		if xc.TLS.ClientAuth != tls.RequestClientCert {
+			t.Errorf("xDS sharing the pair asks for client certificates: %v, want RequestClientCert", xc.TLS.ClientAuth)
+		}
+		if n := expiries(reg); n != 1 {
+			t.Errorf("%d expiry series, want 1", n)
+		}
+		if cn := served(xc.TLS); cn != "api-1" {
+			t.Fatalf("xDS serves %s, want api-1", cn)
+		}
+		write("api", "api-2", time.Hour)
+		wait.For(t, 10*time.Second, "xDS serving the rotated API pair", func() bool { return served(xc.TLS) == "api-2" })
+	})
+	t.Run("own, API plain", func(t *testing.T) {
+		xc, reg := open(Config{XDSTLSCert: xdsCert, XDSTLSKey: xdsKey})
+		if n := expiries(reg); n != 1 {
+			t.Errorf("%d expiry series, want xDS's own", n)
+		}
+		if cn := served(xc.TLS); cn != "xds-1" {
+			t.Fatalf("xDS serves %s, want xds-1", cn)
+		}
+		write("xds", "xds-2", time.Hour)
+		wait.For(t, 10*time.Second, "xDS serving its rotated pair", func() bool { return served(xc.TLS) == "xds-2" })
+	})
+	t.Run("own, API TLS", func(t *testing.T) {
+		xc, reg := open(Config{TLSCert: apiCert, TLSKey: apiKey, XDSTLSCert: xdsCert, XDSTLSKey: xdsKey})
+		if n := expiries(reg); n != 1 {
+			t.Errorf("%d expiry series, want the API's", n)
+		}
+		if cn := served(xc.TLS); !strings.HasPrefix(cn, "xds-") {
+			t.Fatalf("xDS serves %s, want its own pair", cn)
+		}
+	})
 }
