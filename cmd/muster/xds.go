@@ -29,7 +29,7 @@ func xdsFlags(fs *flag.FlagSet, cfg *Config, dev bool) {
 		def, cfg.xdsExplicit = v, true
 	}
 	fs.StringVar(&cfg.XDSAddr, "xds-addr", def, "if set, serve xDS (ADS, state of the world and delta) for Envoy and proxyless gRPC on this address (MUSTER_XDS_ADDR); \"\" turns it off")
-	fs.StringVar(&cfg.XDSTLSCert, "xds-tls-cert", "", "PEM certificate of the xDS listener (with --xds-tls-key); without, xDS is plaintext")
+	fs.StringVar(&cfg.XDSTLSCert, "xds-tls-cert", "", "PEM certificate of the xDS listener (with --xds-tls-key), reloaded when the file changes; --tls-cert's own files share its reloader and --tls-client-ca; without, xDS serves --tls-cert's pair, or plaintext")
 	fs.StringVar(&cfg.XDSTLSKey, "xds-tls-key", "", "PEM private key of the xDS listener")
 	fs.StringVar(&cfg.XDSTLSClientCA, "xds-tls-client-ca", "", "PEM CA bundle the xDS listener's own pair (--xds-tls-cert) verifies client certificates against, if given; reloaded when the file changes (sharing --tls-cert, xDS takes --tls-client-ca)")
 }
