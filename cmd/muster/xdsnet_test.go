@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -125,7 +126,9 @@ func TestXDSBehindTheLoadBalancer(t *testing.T) {
 		t.Fatalf("xDS from 127.0.0.1 without a header: %v, want served", err)
 	}
 	res, m := httpsCall("GET", dev.url+"/metrics", admin, "")
-	if res.StatusCode != 200 || !strings.Contains(m, `muster_proxy_protocol_refused_total{listener="xds",reason="not_allowed"} 1`+"\n") ||
+	// At least one: the refused client may have redialled once before
+	// it was closed.
+	if res.StatusCode != 200 || !regexp.MustCompile(`\nmuster_proxy_protocol_refused_total\{listener="xds",reason="not_allowed"\} [1-9]\n`).MatchString(m) ||
 		!strings.Contains(m, `muster_proxy_protocol_refused_total{listener="api",reason="not_allowed"} 0`+"\n") {
 		t.Fatalf("the xDS refusal is not counted as xDS's: %s", grepLines([]byte(m), "muster_proxy_protocol"))
 	}
