@@ -263,11 +263,16 @@ func TestMTLSSpiffe(t *testing.T) {
 }
 
 // xdsFirst opens a delta ADS stream to addr over TLS presenting cert
-// (and tok, when not empty), subscribes to web's endpoints and returns
-// the first response or the stream's error, within 10 s.
-func xdsFirst(t *testing.T, addr string, ca *tlstest.CA, cert *tls.Certificate, tok string) (*discovery.DeltaDiscoveryResponse, error) {
+// (none when nil; and tok, when not empty), subscribes to web's endpoints
+// and returns the first response or the stream's error, within 10 s.
+// extra adds dial options (a dialer sending a PROXY header).
+func xdsFirst(t *testing.T, addr string, ca *tlstest.CA, cert *tls.Certificate, tok string, extra ...grpc.DialOption) (*discovery.DeltaDiscoveryResponse, error) {
 	t.Helper()
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{*cert}}))}
+	tc := &tls.Config{RootCAs: ca.Pool()}
+	if cert != nil {
+		tc.Certificates = []tls.Certificate{*cert}
+	}
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tc))}, extra...)
 	if tok != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(xdstest.Bearer(tok)))
 	}

@@ -98,7 +98,7 @@ func TestDevBehindProxyProtocol(t *testing.T) {
 		t.Fatalf("instances of web: %d %s, want the one registered through the load balancer", code, body)
 	}
 	_, m := call(t, "GET", dev.url+"/metrics", admin, "")
-	if !strings.Contains(string(m), `muster_proxy_protocol_refused_total{reason="not_allowed"} 1`+"\n") {
+	if !strings.Contains(string(m), `muster_proxy_protocol_refused_total{listener="api",reason="not_allowed"} 1`+"\n") {
 		t.Fatalf("the refusal is not counted: %s", grepLines(m, "muster_proxy_protocol"))
 	}
 }

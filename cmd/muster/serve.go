@@ -239,7 +239,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if checkpoints != nil {
 		acfg.Workers = append(acfg.Workers, app.NamedWorker{Name: "audit-checkpoints", Worker: checkpoints})
 	}
-	xln, xcfg, err := listenXDS(cfg, cfg.xdsExplicit, ltls, log)
+	xln, xcfg, err := listenXDS(cfg, cfg.xdsExplicit, ltls, acfg.Metrics, log)
 	if err != nil {
 		return err
 	}

@@ -1,13 +1,15 @@
 package main
 
 import (
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/internal/tlsreload"
 	"github.com/musterhq/muster/internal/xds"
@@ -27,7 +29,7 @@ func xdsFlags(fs *flag.FlagSet, cfg *Config, dev bool) {
 		def, cfg.xdsExplicit = v, true
 	}
 	fs.StringVar(&cfg.XDSAddr, "xds-addr", def, "if set, serve xDS (ADS, state of the world and delta) for Envoy and proxyless gRPC on this address (MUSTER_XDS_ADDR); \"\" turns it off")
-	fs.StringVar(&cfg.XDSTLSCert, "xds-tls-cert", "", "PEM certificate of the xDS listener (with --xds-tls-key); without, xDS is plaintext")
+	fs.StringVar(&cfg.XDSTLSCert, "xds-tls-cert", "", "PEM certificate of the xDS listener (with --xds-tls-key), reloaded when the file changes; --tls-cert's own files share its reloader and --tls-client-ca; without, xDS serves --tls-cert's pair, or plaintext")
 	fs.StringVar(&cfg.XDSTLSKey, "xds-tls-key", "", "PEM private key of the xDS listener")
 	fs.StringVar(&cfg.XDSTLSClientCA, "xds-tls-client-ca", "", "PEM CA bundle the xDS listener's own pair (--xds-tls-cert) verifies client certificates against, if given; reloaded when the file changes (sharing --tls-cert, xDS takes --tls-client-ca)")
 }
@@ -35,38 +37,64 @@ func xdsFlags(fs *flag.FlagSet, cfg *Config, dev bool) {
 // listenXDS opens the xDS listener and returns its configuration for the
 // app, or nil, nil when xDS is off. Under muster dev an address left at
 // its default that is taken (another muster dev) turns xDS off with a
-// warning instead of failing.
+// warning instead of failing. Its metrics (PROXY protocol refusals, the
+// certificate of a pair of its own) go to reg.
 //
-// With --tls-cert (ltls on) and no xDS files of its own, xDS serves the
-// same reloaded certificate as the other listeners.
-func listenXDS(cfg Config, explicit bool, ltls *listenerTLS, log *slog.Logger) (net.Listener, *xds.Config, error) {
+// xDS serves a reloaded certificate, so that a rotated pair is served on
+// the next connection without a restart. With --tls-cert and no xDS
+// files of its own, or xDS files that are the same as --tls-cert's (as a
+// chart mounting one Secret gives), xDS serves the API's pair from the
+// API's reloader (one reloader, one expiry metric) and asks for client
+// certificates against --tls-client-ca, as the API does. Behind the load
+// balancers of --proxy-protocol-from, it reads their PROXY headers as the
+// API listener does, before TLS.
+func listenXDS(cfg Config, explicit bool, ltls *listenerTLS, reg prometheus.Registerer, log *slog.Logger) (net.Listener, *xds.Config, error) {
 	if cfg.XDSAddr == "" {
 		return nil, nil, nil
 	}
 	xc := &xds.Config{Limits: cfg.XDSLimits}
-	if cfg.XDSTLSCert != "" || cfg.XDSTLSKey != "" {
-		if cfg.XDSTLSCert == "" || cfg.XDSTLSKey == "" {
-			return nil, nil, errors.New("--xds-tls-cert and --xds-tls-key go together")
-		}
-		cert, err := tls.LoadX509KeyPair(cfg.XDSTLSCert, cfg.XDSTLSKey)
+	own := cfg.XDSTLSCert != "" || cfg.XDSTLSKey != ""
+	if own && (cfg.XDSTLSCert == "" || cfg.XDSTLSKey == "") {
+		return nil, nil, errors.New("--xds-tls-cert and --xds-tls-key go together")
+	}
+	if own && ltls.on() && sameFile(cfg.XDSTLSCert, cfg.TLSCert) && sameFile(cfg.XDSTLSKey, cfg.TLSKey) {
+		own = false
+	}
+	var cas *tlsreload.ClientCAs
+	switch {
+	case own:
+		r, err := tlsreload.New(tlsreload.Config{CertFile: cfg.XDSTLSCert, KeyFile: cfg.XDSTLSKey, Logger: log.With("component", "xds-tls")})
 		if err != nil {
 			return nil, nil, fmt.Errorf("xDS TLS: %w", err)
 		}
-		xc.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-		if cfg.XDSTLSClientCA != "" {
-			cas, err := tlsreload.NewClientCAs(tlsreload.ClientCAConfig{File: cfg.XDSTLSClientCA, Logger: log.With("component", "xds-tls")})
-			if err != nil {
-				return nil, nil, fmt.Errorf("--xds-tls-client-ca: %w", err)
-			}
-			cas.Apply(xc.TLS)
-			if cfg.TrustDomains != nil {
-				xc.ClientCertificates = certAuth{cas: cas, td: cfg.TrustDomains}
+		xc.TLS = r.ServerConfig()
+		if ltls.on() {
+			// The metrics' names are the API pair's: a second pair has
+			// no series of its own. Sharing --tls-cert's files avoids it.
+			log.Warn("xDS serves a certificate pair of its own: muster_tls_certificate_expiry_seconds tracks the API's only", "xds_cert", cfg.XDSTLSCert)
+		} else if err := r.Register(reg); err != nil {
+			return nil, nil, fmt.Errorf("xDS TLS metrics: %w", err)
+		}
+	case ltls.on():
+		xc.TLS = ltls.server()
+		cas = ltls.clientCAs
+	}
+	if cfg.XDSTLSClientCA != "" && !(ltls.clientCAs != nil && sameFile(cfg.XDSTLSClientCA, cfg.TLSClientCA)) {
+		c, err := tlsreload.NewClientCAs(tlsreload.ClientCAConfig{File: cfg.XDSTLSClientCA, Logger: log.With("component", "xds-tls")})
+		if err != nil {
+			return nil, nil, fmt.Errorf("--xds-tls-client-ca: %w", err)
+		}
+		if ltls.clientCAs == nil {
+			if err := c.Register(reg); err != nil {
+				return nil, nil, fmt.Errorf("xDS client CA metrics: %w", err)
 			}
 		}
-	} else if ltls.on() {
-		xc.TLS = ltls.apiServer()
-		if ltls.clientCAs != nil && cfg.TrustDomains != nil {
-			xc.ClientCertificates = certAuth{cas: ltls.clientCAs, td: cfg.TrustDomains}
+		cas = c
+	}
+	if xc.TLS != nil && cas != nil {
+		cas.Apply(xc.TLS)
+		if cfg.TrustDomains != nil {
+			xc.ClientCertificates = certAuth{cas: cas, td: cfg.TrustDomains}
 		}
 	}
 	ln, err := net.Listen("tcp", cfg.XDSAddr)
@@ -77,5 +105,31 @@ func listenXDS(cfg Config, explicit bool, ltls *listenerTLS, log *slog.Logger) (
 		}
 		return nil, nil, fmt.Errorf("listen on xDS address %s: %w", cfg.XDSAddr, err)
 	}
-	return ln, xc, nil
+	// gRPC does the TLS handshake on the accepted connection, after the
+	// PROXY header this wrapper reads, and takes the stream's peer address
+	// from it: the header's source.
+	pln, metrics, err := proxyProtocolOn("xds", cfg, ln, log)
+	if err != nil {
+		return nil, nil, errors.Join(err, ln.Close())
+	}
+	if metrics != nil {
+		if err := reg.Register(metrics); err != nil {
+			return nil, nil, errors.Join(fmt.Errorf("xDS proxy protocol metrics: %w", err), ln.Close())
+		}
+	}
+	return pln, xc, nil
+}
+
+// sameFile says whether the paths a and b name one file: the same path,
+// or two that reach it (a symbolic link, a Secret mounted twice).
+func sameFile(a, b string) bool {
+	if a == "" || b == "" {
+		return false
+	}
+	if filepath.Clean(a) == filepath.Clean(b) {
+		return true
+	}
+	fa, errA := os.Stat(a)
+	fb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(fa, fb)
 }

@@ -24,7 +24,7 @@
 //     Config.HeaderTimeout, closes the connection.
 //
 // Each closed connection is counted in
-// muster_proxy_protocol_refused_total{reason}. The header is read by
+// muster_proxy_protocol_refused_total{listener, reason}. The header is read by
 // github.com/pires/go-proxyproto, in the connection's own goroutine (on
 // its first read, which net/http does when it asks for RemoteAddr), so a
 // slow client holds up no other.
@@ -75,6 +75,10 @@ type Config struct {
 	// Metrics registers muster_proxy_protocol_refused_total; nil: the
 	// refusals are not counted.
 	Metrics prometheus.Registerer
+	// Listener names the listener in the metric's listener label, so
+	// that the API's and xDS's refusals are told apart in one registry
+	// (default "api").
+	Listener string
 }
 
 // Validate checks c.
@@ -145,9 +149,14 @@ func Wrap(ln net.Listener, cfg Config) (*Listener, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	name := cfg.Listener
+	if name == "" {
+		name = "api"
+	}
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "muster_proxy_protocol_refused_total",
-		Help: "Connections to the API listener closed for their PROXY protocol header, by reason: not_allowed (a header from a network not listed in --proxy-protocol-from), missing (none from a listed network), malformed, timeout.",
+		Name:        "muster_proxy_protocol_refused_total",
+		Help:        "Connections closed for their PROXY protocol header, by listener (api, xds) and reason: not_allowed (a header from a network not listed in --proxy-protocol-from), missing (none from a listed network), malformed, timeout.",
+		ConstLabels: prometheus.Labels{"listener": name},
 	}, []string{"reason"})
 	for _, r := range []string{ReasonNotAllowed, ReasonMissing, ReasonMalformed, ReasonTimeout} {
 		refused.WithLabelValues(r)
@@ -211,8 +220,8 @@ func (l *Listener) Accept() (net.Conn, error) {
 }
 
 // errNotTCP refuses a header that proxies anything but TCP over IP: the
-// API is HTTP over TCP, and a Unix socket or UDP source is no address to
-// prove.
+// API (HTTP) and xDS (gRPC) run over TCP, and a Unix socket or UDP
+// source is no address to prove.
 var errNotTCP = errors.New("the PROXY header is not for TCP over IPv4 or IPv6")
 
 // tcpOnly accepts a LOCAL header (the balancer speaking for itself) and a

@@ -91,8 +91,10 @@ func refused(t *testing.T, reg *prometheus.Registry, reason string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == reason {
-				return m.GetCounter().GetValue()
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
 			}
 		}
 	}
@@ -262,5 +264,68 @@ func TestLocalHeaderKeepsPeerAddress(t *testing.T) {
 	got, err := get(t, addr, writeHeader(local))
 	if err != nil || !strings.HasPrefix(got, "127.0.0.1:") {
 		t.Fatalf("RemoteAddr %q (%v), want the TCP peer's, 127.0.0.1:port", got, err)
+	}
+}
+
+// TestListenersToldApart: the API's and xDS's wrapped listeners register
+// their refusals in one registry, each under its own listener label, and
+// a refusal on one is not counted on the other.
+func TestListenersToldApart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	nets := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	var xaddr string
+	for _, name := range []string{"", "xds"} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pln, err := proxied.Wrap(ln, proxied.Config{From: nets, Metrics: reg, Listener: name})
+		if err != nil {
+			t.Fatalf("wrap %q: %v", name, err)
+		}
+		t.Cleanup(func() { _ = pln.Close() })
+		if name == "xds" {
+			xaddr = ln.Addr().String()
+			go func() {
+				for {
+					c, err := pln.Accept()
+					if err != nil {
+						return
+					}
+					go func() { _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
+				}
+			}()
+		}
+	}
+	c, err := net.Dial("tcp", xaddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := v2("10.9.8.7:41000").WriteTo(c); err != nil {
+		t.Fatal(err)
+	}
+	count := func(listener string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if mf.GetName() == "muster_proxy_protocol_refused_total" && labels["listener"] == listener && labels["reason"] == proxied.ReasonNotAllowed {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		t.Fatalf("no muster_proxy_protocol_refused_total{listener=%q,reason=\"not_allowed\"}", listener)
+		return 0
+	}
+	wait.For(t, 10*time.Second, "the xDS listener's refusal counted", func() bool { return count("xds") == 1 })
+	if n := count("api"); n != 0 {
+		t.Fatalf("the API listener counts %v refusals, want 0", n)
 	}
 }
