@@ -75,6 +75,14 @@ func NewMigratorIAM(databaseURL string, iam *IAMTokens) (*Migrator, error) {
 	return &Migrator{m: m, url: databaseURL, iam: iam}, nil
 }
 
+// OpenMigrator is NewMigrator, or NewMigratorIAM when iam is set.
+func OpenMigrator(databaseURL string, iam *IAMTokens) (*Migrator, error) {
+	if iam == nil {
+		return NewMigrator(databaseURL)
+	}
+	return NewMigratorIAM(databaseURL, iam)
+}
+
 // ErrSchemaAhead is wrapped by Up's error when the database was migrated
 // by a newer release, past the last migration this one embeds.
 var ErrSchemaAhead = errors.New("the database's schema is newer than this release's migrations")
