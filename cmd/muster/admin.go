@@ -18,63 +18,6 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 )
 
-func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: muster migrate up|down|version [--data DIR]")
-		return cli.ErrUsage
-	}
-	verb := args[0]
-	switch verb {
-	case "up", "down", "version":
-	default:
-		fmt.Fprintf(stderr, "muster migrate: unknown verb %q (want up, down or version)\n", verb)
-		return cli.ErrUsage
-	}
-	cfg := Config{}
-	fs := cli.NewFlags("migrate "+verb, stderr)
-	cli.DataFlag(fs, &cfg.DataDir)
-	if err := cli.Parse(fs, args[1:]); err != nil {
-		return err
-	}
-	if err := loadEnv(&cfg); err != nil {
-		return err
-	}
-	url, stop, err := openDatabase(ctx, cfg, cli.QuietLogger(stderr))
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, stop()) }()
-	mg, err := db.NewMigrator(url)
-	if err != nil {
-		return err
-	}
-	defer mg.Close()
-	switch verb {
-	case "up":
-		err = mg.Up()
-		if ahead := (*db.AheadError)(nil); errors.As(err, &ahead) {
-			// Nothing to apply: a newer release migrated further.
-			fmt.Fprintf(stdout, "nothing applied: a newer release migrated the database past this release's last migration (%d)\n", ahead.Known)
-			err = nil
-		}
-	case "down":
-		err = mg.Down()
-	}
-	if err != nil {
-		return err
-	}
-	v, dirty, err := mg.Version()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "schema version %d", v)
-	if dirty {
-		fmt.Fprint(stdout, " (dirty: a migration failed half-way; fix it and force the version)")
-	}
-	fmt.Fprintln(stdout)
-	return nil
-}
-
 // addrList collects repeated --address flags.
 type addrList []string
 

@@ -81,13 +81,30 @@ func (t dbTarget) open(ctx context.Context, c db.PoolConfig) (*pgxpool.Pool, err
 // already migrated (clean) is used as it is, with a warning: during a
 // rolling upgrade a replica of the older release that restarts must
 // start, and migrations are additive by policy (docs/replicas.md,
-// "Rolling upgrade"). A dirty schema is refused.
+// "Rolling upgrade"). A schema left dirty by a replica killed during a
+// migration that runs in one transaction is repaired, with a warning (the
+// migration is run again: db.Migrator.Up); any other dirty schema is
+// refused, naming `muster migrate force`.
 func (t dbTarget) migrate(log *slog.Logger) error {
-	err := db.MigrateIAM(t.url, t.iam)
+	mg, err := t.migrator()
+	if err != nil {
+		return err
+	}
+	defer mg.Close()
+	err = mg.Up()
+	if mg.Repaired != 0 {
+		log.Warn("the schema was dirty: a migration was stopped half-way (a replica killed while migrating); it runs in one transaction, so nothing of it stayed, and it was run again",
+			"migration", mg.Repaired, "err", err)
+	}
 	if errors.Is(err, db.ErrSchemaAhead) {
 		log.Warn("the database was migrated by a newer release; this one starts on it unchanged (migrations are additive): finish the rolling upgrade",
 			"err", err)
 		return nil
 	}
 	return err
+}
+
+// migrator opens a migrator on the target, with its IAM tokens if any.
+func (t dbTarget) migrator() (*db.Migrator, error) {
+	return db.OpenMigrator(t.url, t.iam)
 }

@@ -2,7 +2,8 @@
 //
 //	muster dev     [--addr 127.0.0.1:8080] [--data ./.muster]   local cluster, built-in issuer
 //	muster serve   [--addr :8080]                                production: DATABASE_URL, MUSTER_ISSUERS
-//	muster migrate up|down|version [--data DIR]
+//	muster migrate up|down|version|status [--data DIR]
+//	muster migrate force VERSION [--data DIR]
 //	muster token   --data DIR --kind K [--service S] [--subject X] [--team T] [--role R] [--address IP]... [--ttl D]
 //	muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]
 //	muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
@@ -31,7 +32,8 @@ const usage = `muster: the discovery and health-eligibility control plane
 usage:
   muster dev     [--addr 127.0.0.1:8080] [--data ./.muster]
   muster serve   [--addr :8080]            (DATABASE_URL and MUSTER_ISSUERS required)
-  muster migrate up|down|version [--data DIR]
+  muster migrate up|down|version|status [--data DIR]
+  muster migrate force VERSION [--data DIR]   (after repairing a dirty schema by hand)
   muster token   --data DIR --kind workload|prober|tool|operator [--service S] [--subject X]
                  [--team T] [--role viewer|operator|admin] [--address IP]... [--ttl 1h]
   muster audit verify [--data DIR] [--checkpoints SINK] [--key FILE] [--export FILE]

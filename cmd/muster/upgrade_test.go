@@ -583,7 +583,8 @@ func TestPreviousReleaseBesideThisOne(t *testing.T) {
 // one migration ahead of it (an additive column, as the policy wants):
 // muster dev starts (with a warning) and serves, writes included; the
 // schema is left as it was. The same database left dirty by a failed migration is
-// refused: the process exits with the reason.
+// refused: the process exits with the reason and the command that clears
+// it; after `muster migrate force` it starts.
 func TestAReleaseStartsOnASchemaANewerOneMigrated(t *testing.T) {
 	realTime(t, "muster dev started on a schema ahead of it")
 	t.Parallel()
@@ -644,5 +645,25 @@ func TestAReleaseStartsOnASchemaANewerOneMigrated(t *testing.T) {
 	case <-time.After(time.Minute):
 		_ = cmd.Process.Kill()
 		t.Fatalf("muster dev on a dirty schema still runs after a minute:\n%s", stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "muster migrate force VERSION") {
+		t.Errorf("the refusal does not name the command that clears it:\n%s", stderr.String())
+	}
+
+	// The operator checks the schema (the newer release's column is
+	// there, nothing else of its migration), records this release's last
+	// version with `muster migrate force`, and muster starts again.
+	force := exec.Command(exe, "migrate", "force", fmt.Sprint(known), "--data", dir)
+	force.Env = append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1", "DATABASE_URL="+u)
+	if out, err := force.CombinedOutput(); err != nil || !strings.Contains(string(out), fmt.Sprintf("schema version %d\n", known)) {
+		t.Fatalf("muster migrate force %d: %v\n%s", known, err, out)
+	}
+	addr = freeAddr(t)
+	p, _ = startProcessServing(t, dir, addr, "DATABASE_URL="+u)
+	wait.For(t, time.Minute, "ready after the force", func() bool { code, _ := call(t, "GET", "http://"+addr+"/readyz", "", ""); return code == http.StatusOK })
+	_ = p.Process.Signal(os.Interrupt)
+	_ = p.Wait()
+	if err := pool.QueryRow(ctx, `SELECT version, dirty FROM schema_migrations`).Scan(&v, &dirty); err != nil || v != known || dirty {
+		t.Fatalf("the schema after the start: version %d dirty %v (%v), want %d clean", v, dirty, err, known)
 	}
 }
