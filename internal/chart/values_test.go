@@ -145,6 +145,11 @@ func TestChecksumsRollPods(t *testing.T) {
 	if strings.Contains(fmt.Sprint(base), strings.TrimSpace(strings.Split(keyA, "\n")[1])) {
 		t.Error("the key itself is in the pod's annotations")
 	}
+	// The operator's annotations sit beside the hashes.
+	withOwn := ann(map[string]any{"signingKey": map[string]any{"privateKey": keyA}, "podAnnotations": map[string]any{"example.com/team": "infra"}}, "5s")
+	if withOwn["example.com/team"] != "infra" || withOwn["checksum/signing-key"] != base["checksum/signing-key"] {
+		t.Errorf("annotations %v: want podAnnotations and the hashes", withOwn)
+	}
 	// Nothing created by the chart: nothing to hash.
 	for k := range one[*appsv1.StatefulSet](t, mustRender(t, []string{"minimal.yaml"}, nil)).Spec.Template.Annotations {
 		if strings.HasPrefix(k, "checksum/") {
