@@ -98,6 +98,7 @@ func TestExtraValuesRefused(t *testing.T) {
 		{"a volume named as the chart's", map[string]any{"extraVolumes": []any{map[string]any{"name": "tls", "emptyDir": map[string]any{}}}}, "chart's own"},
 		{"a volume without a name", map[string]any{"extraVolumes": []any{map[string]any{"emptyDir": map[string]any{}}}}, "name"},
 		{"a variable the chart sets", map[string]any{"extraEnv": []any{map[string]any{"name": "MUSTER_AUDIT_SIGNING_KEY_FILE", "value": "/mnt/store/key"}}}, "which the chart sets itself"},
+		{"a variable twice", map[string]any{"extraEnv": []any{map[string]any{"name": "MUSTER_SPIFFE", "value": "/a"}, map[string]any{"name": "MUSTER_SPIFFE", "value": "/b"}}}, "MUSTER_SPIFFE twice"},
 		{"GOMEMLIMIT while the chart computes it", map[string]any{"extraEnv": []any{map[string]any{"name": "GOMEMLIMIT", "value": "1GiB"}}}, "GOMEMLIMIT"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -177,6 +178,14 @@ func TestGOMEMLIMIT(t *testing.T) {
 				t.Errorf("GOMEMLIMIT = %d, want %d (%d%% of %s)", got, want, tc.pct, tc.limit)
 			}
 		})
+	}
+	// A limit written as a bare number of bytes, as YAML gives it.
+	vals, err := common.ReadValues([]byte("resources:\n  limits:\n    memory: 3221225472\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := env(container(t, one[*appsv1.StatefulSet](t, mustRender(t, []string{"minimal.yaml"}, vals))))["GOMEMLIMIT"].Value; got != "2899102924" {
+		t.Errorf("GOMEMLIMIT = %q for a limit of 3221225472 bytes, want 2899102924", got)
 	}
 	// The chart's default: 90% of 2Gi.
 	if got := env(container(t, one[*appsv1.StatefulSet](t, mustRender(t, []string{"minimal.yaml"}, nil))))["GOMEMLIMIT"].Value; got != "1932735283" {

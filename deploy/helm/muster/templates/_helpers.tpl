@@ -164,10 +164,15 @@ bits set, as muster refuses one at start (did you mean the network?). */}}
 {{- fail "muster: serviceAccount.roleArn is an annotation on the ServiceAccount this chart creates; with serviceAccount.create=false annotate your own ServiceAccount (eks.amazonaws.com/role-arn) and leave roleArn empty" }}
 {{- end }}
 {{- $own := include "muster.envNames" . | splitList "," }}
+{{- $seenEnv := list }}
 {{- range .Values.extraEnv }}
 {{- if has .name $own }}
 {{- fail (printf "muster: extraEnv sets %s, which the chart sets itself: set it through the chart's value (README.md, Values), or the pod would hold two values for it" .name) }}
 {{- end }}
+{{- if has .name $seenEnv }}
+{{- fail (printf "muster: extraEnv sets %s twice" .name) }}
+{{- end }}
+{{- $seenEnv = append $seenEnv .name }}
 {{- end }}
 {{- $volumes := list "tmp" "signing-key" "public-keys" "reconcile" "rds-ca" "tls" "tls-ca" "tls-client-ca" }}
 {{- $extra := list }}
@@ -216,7 +221,8 @@ Kubernetes quantity: a number with an optional binary or decimal suffix);
 empty without a memory limit or with a percentage of 0. */}}
 {{- define "muster.goMemLimit" -}}
 {{- $limit := "" }}
-{{- with .Values.resources }}{{ with .limits }}{{ with .memory }}{{ $limit = toString . }}{{ end }}{{ end }}{{ end }}
+{{- /* A bare number of bytes comes from YAML as a float: print it whole. */}}
+{{- with .Values.resources }}{{ with .limits }}{{ with .memory }}{{ $limit = ternary (printf "%.0f" .) (toString .) (kindIs "float64" .) }}{{ end }}{{ end }}{{ end }}
 {{- $pct := int .Values.goMemLimitPercent }}
 {{- if and $limit (gt $pct 0) }}
 {{- $m := regexFindAll `^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$` $limit 1 }}
