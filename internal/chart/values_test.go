@@ -298,6 +298,9 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"own account, RBAC not created", "reconcile.yaml", merged(saOff(""), map[string]any{"rbac": map[string]any{"create": false}}), false},
 		{"a bad CIDR in the network policy", "minimal.yaml", map[string]any{"networkPolicy": map[string]any{"ingress": map[string]any{"cidrs": []any{"10.0.0.0/33"}}}}, true},
 		{"a bare address in the network policy", "minimal.yaml", map[string]any{"networkPolicy": map[string]any{"ingress": map[string]any{"cidrs": []any{"10.0.0.1"}}}}, true},
+		{"a namespace that is no DNS label", "single.yaml", merged(map[string]any{"rbac": map[string]any{"namespaces": []any{"Shop"}}}, variants(t)["single.yaml"]), true},
+		{"a cluster domain with a trailing dot", "minimal.yaml", map[string]any{"clusterDomain": "cluster.local."}, true},
+		{"a cluster domain of its own", "minimal.yaml", map[string]any{"clusterDomain": "eu1.example.internal"}, false},
 		{"an IPv6 network in the load balancer's ranges", "minimal.yaml", map[string]any{"service": map[string]any{"loadBalancerSourceRanges": []any{"2001:db8::/32"}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
