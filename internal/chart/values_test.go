@@ -39,7 +39,7 @@ func TestExtraVolumesAndEnv(t *testing.T) {
 		}
 		vols[v.Name] = v
 	}
-	if v := vols["peer-tokens"]; v.CSI == nil || v.CSI.Driver != "secrets-store.csi.k8s.io" || v.CSI.VolumeAttributes["secretProviderClass"] != "muster-peer-regions" {
+	if v := vols["store"]; v.CSI == nil || v.CSI.Driver != "secrets-store.csi.k8s.io" || v.CSI.VolumeAttributes["secretProviderClass"] != "muster-peer-regions" {
 		t.Errorf("CSI volume = %+v", v)
 	}
 	if v := vols["cas"]; v.ConfigMap == nil || v.ConfigMap.Name != "muster-cas" {
@@ -55,7 +55,7 @@ func TestExtraVolumesAndEnv(t *testing.T) {
 		}
 		paths[m.MountPath] = true
 	}
-	for _, p := range []string{"/etc/muster/peer-tokens", "/etc/muster/cas", "/etc/muster/spiffe", "/var/run/muster/signing-key"} {
+	for _, p := range []string{"/etc/muster/store", "/etc/muster/cas", "/etc/muster/spiffe", "/var/run/muster/signing-key"} {
 		if !paths[p] {
 			t.Errorf("nothing mounted at %s (mounts %v)", p, c.VolumeMounts)
 		}
@@ -68,8 +68,12 @@ func TestExtraVolumesAndEnv(t *testing.T) {
 		seen[e.Name] = true
 	}
 	e := env(c)
-	if e["MUSTER_PEER_TOKENS"].Value != "us-east-1=/etc/muster/peer-tokens/us-east-1" || e["MUSTER_SPIFFE"].Value != "/etc/muster/spiffe/spiffe.yaml" {
+	if e["MUSTER_PEER_TOKENS"].Value != "us-east-1=/etc/muster/store/peer-token-us-east-1" || e["MUSTER_SPIFFE"].Value != "/etc/muster/spiffe/spiffe.yaml" {
 		t.Errorf("extraEnv not rendered: %+v", c.Env)
+	}
+	// The database URL from the CSI store's file, and only from there.
+	if _, ok := e["DATABASE_URL"]; ok || e["DATABASE_URL_FILE"].Value != "/etc/muster/store/database-url" {
+		t.Errorf("DATABASE_URL %+v, DATABASE_URL_FILE %+v: want only the file", e["DATABASE_URL"], e["DATABASE_URL_FILE"])
 	}
 	// The signing key is still the Secret's 0440 file, whatever else is
 	// mounted from a CSI store.
@@ -98,6 +102,9 @@ func TestExtraValuesRefused(t *testing.T) {
 		{"a volume named as the chart's", map[string]any{"extraVolumes": []any{map[string]any{"name": "tls", "emptyDir": map[string]any{}}}}, "chart's own"},
 		{"a volume without a name", map[string]any{"extraVolumes": []any{map[string]any{"emptyDir": map[string]any{}}}}, "name"},
 		{"a variable the chart sets", map[string]any{"extraEnv": []any{map[string]any{"name": "MUSTER_AUDIT_SIGNING_KEY_FILE", "value": "/mnt/store/key"}}}, "which the chart sets itself"},
+		{"the database URL's file outside every mount", map[string]any{"database": map[string]any{"existingSecret": "", "urlFile": "/etc/db/url"}}, "database.urlFile \"/etc/db/url\" is in none of extraVolumeMounts"},
+		{"the database URL's file and its Secret", map[string]any{"extraVolumes": vol, "extraVolumeMounts": []any{map[string]any{"name": "store", "mountPath": "/etc/db"}}, "database": map[string]any{"urlFile": "/etc/db/url"}}, "set one of database.existingSecret, database.url and database.urlFile"},
+		{"the database URL's file, relative", map[string]any{"database": map[string]any{"existingSecret": "", "urlFile": "db/url"}}, "urlFile"},
 		{"a variable twice", map[string]any{"extraEnv": []any{map[string]any{"name": "MUSTER_SPIFFE", "value": "/a"}, map[string]any{"name": "MUSTER_SPIFFE", "value": "/b"}}}, "MUSTER_SPIFFE twice"},
 		{"GOMEMLIMIT while the chart computes it", map[string]any{"extraEnv": []any{map[string]any{"name": "GOMEMLIMIT", "value": "1GiB"}}}, "GOMEMLIMIT"},
 	} {

@@ -90,11 +90,26 @@ what to set. */}}
 {{- if and .Values.signingKey.existingSecret .Values.signingKey.privateKey }}
 {{- fail "muster: set signingKey.existingSecret or signingKey.privateKey, not both" }}
 {{- end }}
-{{- if and (not .Values.database.existingSecret) (not .Values.database.url) }}
-{{- fail "muster: set database.existingSecret, a Secret holding DATABASE_URL (or database.url, for a URL without a password)" }}
+{{- $dbSources := 0 }}
+{{- range list .Values.database.existingSecret .Values.database.url .Values.database.urlFile }}{{ if . }}{{ $dbSources = add1 $dbSources }}{{ end }}{{ end }}
+{{- if eq $dbSources 0 }}
+{{- fail "muster: set database.existingSecret, a Secret holding DATABASE_URL (or database.url, for a URL without a password, or database.urlFile, a file in extraVolumeMounts holding it)" }}
 {{- end }}
-{{- if and .Values.database.existingSecret .Values.database.url }}
-{{- fail "muster: set database.existingSecret or database.url, not both" }}
+{{- if gt $dbSources 1 }}
+{{- fail "muster: set one of database.existingSecret, database.url and database.urlFile" }}
+{{- end }}
+{{- $urlFile := .Values.database.urlFile }}
+{{- if $urlFile }}
+{{- $in := false }}
+{{- range .Values.extraVolumeMounts }}
+{{- if hasPrefix (printf "%s/" (trimSuffix "/" .mountPath)) $urlFile }}{{ $in = true }}{{ end }}
+{{- end }}
+{{- if not $in }}
+{{- fail (printf "muster: database.urlFile %q is in none of extraVolumeMounts: mount the volume holding it (a CSI secret store, a Secret) there" $urlFile) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.database.iam.enabled .Values.database.urlFile }}
+{{- fail "muster: with database.iam.enabled give database.url (no password) rather than a file: IAM mode takes no password" }}
 {{- end }}
 {{- if and .Values.database.url (regexMatch "^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@]*:[^/@]*@" .Values.database.url) }}
 {{- fail "muster: database.url carries a password; put the URL in a Secret (database.existingSecret), or use Aurora IAM (database.iam.enabled) with a URL without one" }}
@@ -206,7 +221,7 @@ bits set, as muster refuses one at start (did you mean the network?). */}}
 (extraEnv may not set them again), comma-separated; GOMEMLIMIT only when the
 chart computes it. */}}
 {{- define "muster.envNames" -}}
-{{- $n := list "POD_IP" "POD_NAME" "MUSTER_REPLICA" "MUSTER_PEERS" "MUSTER_ADVERTISE_URL" "MUSTER_REGION" "MUSTER_ISSUERS" "MUSTER_AUDIENCE" "MUSTER_LOG_LEVEL" "DATABASE_URL" "MUSTER_AUDIT_SIGNING_KEY_FILE" "MUSTER_AUDIT_PUBLIC_KEY_FILES" "MUSTER_XDS_ADDR" "MUSTER_METRICS_ADDR" "MUSTER_TLS_CERT" "MUSTER_TLS_KEY" "MUSTER_TLS_CA" "MUSTER_TLS_CLIENT_CA" "MUSTER_PEER_ALLOW_HTTP" "MUSTER_PROXY_PROTOCOL_FROM" }}
+{{- $n := list "POD_IP" "POD_NAME" "MUSTER_REPLICA" "MUSTER_PEERS" "MUSTER_ADVERTISE_URL" "MUSTER_REGION" "MUSTER_ISSUERS" "MUSTER_AUDIENCE" "MUSTER_LOG_LEVEL" "DATABASE_URL" "DATABASE_URL_FILE" "MUSTER_AUDIT_SIGNING_KEY_FILE" "MUSTER_AUDIT_PUBLIC_KEY_FILES" "MUSTER_XDS_ADDR" "MUSTER_METRICS_ADDR" "MUSTER_TLS_CERT" "MUSTER_TLS_KEY" "MUSTER_TLS_CA" "MUSTER_TLS_CLIENT_CA" "MUSTER_PEER_ALLOW_HTTP" "MUSTER_PROXY_PROTOCOL_FROM" }}
 {{- if .Values.database.iam.enabled }}
 {{- $n = concat $n (list "MUSTER_DB_IAM" "MUSTER_DB_IAM_REGION" "PGSSLMODE" "PGSSLROOTCERT") }}
 {{- end }}
