@@ -465,3 +465,70 @@ func TestLintStrict(t *testing.T) {
 		t.Error("lint --strict passed IAM with sslmode=disable")
 	}
 }
+
+// TestChartOwnNamesGuarded: every volume, mount path and variable the
+// chart renders itself, in any values file, is refused as an extra, so
+// the lists in _helpers.tpl keep up with statefulset.yaml.
+func TestChartOwnNamesGuarded(t *testing.T) {
+	vols, paths, envs := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for f, set := range variants(t) {
+		if f == "extras.yaml" {
+			continue
+		}
+		sts := one[*appsv1.StatefulSet](t, mustRender(t, []string{f}, set))
+		for _, v := range sts.Spec.Template.Spec.Volumes {
+			vols[v.Name] = true
+		}
+		c := container(t, sts)
+		for _, m := range c.VolumeMounts {
+			paths[m.MountPath] = true
+		}
+		for _, e := range c.Env {
+			envs[e.Name] = true
+		}
+	}
+	// Every switch on at once: IAM, public keys, mutual TLS, reconciliation.
+	all := mustRender(t, []string{"aurora-iam.yaml"}, map[string]any{
+		"signingKey": map[string]any{"publicKeys": map[string]any{"existingSecret": "old-keys", "keys": []any{"old.pub"}}},
+		"tls":        map[string]any{"clientCA": map[string]any{"existingSecret": "client-ca"}},
+		"reconcile":  map[string]any{"enabled": true, "config": map[string]any{"kubernetes": []any{map[string]any{"cluster": "c", "members": map[string]any{"web": []any{"shop"}}}}}},
+	})
+	sts := one[*appsv1.StatefulSet](t, all)
+	for _, v := range sts.Spec.Template.Spec.Volumes {
+		vols[v.Name] = true
+	}
+	for _, m := range container(t, sts).VolumeMounts {
+		paths[m.MountPath] = true
+	}
+	for _, e := range container(t, sts).Env {
+		envs[e.Name] = true
+	}
+	if len(vols) < 8 || len(envs) < 20 {
+		t.Fatalf("only %d volumes and %d variables rendered: the variants lost a switch", len(vols), len(envs))
+	}
+	refused := func(what string, set map[string]any) {
+		t.Helper()
+		if _, err := render(t, []string{"minimal.yaml"}, set); err == nil {
+			t.Errorf("%s: rendered", what)
+		}
+	}
+	for v := range vols {
+		refused("extra volume "+v, map[string]any{"extraVolumes": []any{map[string]any{"name": v, "emptyDir": map[string]any{}}}})
+	}
+	for p := range paths {
+		refused("extra mount at "+p, map[string]any{"extraVolumes": []any{map[string]any{"name": "x", "emptyDir": map[string]any{}}},
+			"extraVolumeMounts": []any{map[string]any{"name": "x", "mountPath": p}}})
+	}
+	for e := range envs {
+		// Variables the chart sets only in some values files are refused
+		// when it sets them; render with the switch that sets each.
+		set := map[string]any{"extraEnv": []any{map[string]any{"name": e, "value": "x"}}}
+		if strings.HasPrefix(e, "MUSTER_DB_IAM") || strings.HasPrefix(e, "PGSSL") {
+			if _, err := render(t, []string{"aurora-iam.yaml"}, set); err == nil {
+				t.Errorf("extraEnv %s with IAM: rendered", e)
+			}
+			continue
+		}
+		refused("extraEnv "+e, set)
+	}
+}

@@ -189,6 +189,9 @@ bits set, as muster refuses one at start (did you mean the network?). */}}
 {{- end }}
 {{- $seenEnv = append $seenEnv .name }}
 {{- end }}
+{{- /* The chart's own volumes and mount paths (statefulset.yaml): an
+extra one by the same name or at, or inside, the same path would shadow
+it. Keep these lists with statefulset.yaml (TestChartOwnNamesGuarded). */}}
 {{- $volumes := list "tmp" "signing-key" "public-keys" "reconcile" "rds-ca" "tls" "tls-ca" "tls-client-ca" }}
 {{- $extra := list }}
 {{- range .Values.extraVolumes }}
