@@ -83,6 +83,25 @@ func TestExtraVolumesAndEnv(t *testing.T) {
 	}
 }
 
+// TestRDSBundleWithoutIAM: Aurora with a password and sslmode=verify-full
+// needs the RDS CA bundle too; without IAM the chart does not mount it, so
+// it comes in as an extra volume with PGSSLROOTCERT, which only IAM
+// reserves.
+func TestRDSBundleWithoutIAM(t *testing.T) {
+	o := mustRender(t, []string{"minimal.yaml"}, map[string]any{
+		"extraVolumes":      []any{map[string]any{"name": "rds-bundle", "configMap": map[string]any{"name": "rds-ca-bundle"}}},
+		"extraVolumeMounts": []any{map[string]any{"name": "rds-bundle", "mountPath": "/etc/muster/rds-bundle", "readOnly": true}},
+		"extraEnv":          []any{map[string]any{"name": "PGSSLROOTCERT", "value": "/etc/muster/rds-bundle/global-bundle.pem"}},
+	})
+	c := container(t, one[*appsv1.StatefulSet](t, o))
+	if got := env(c)["PGSSLROOTCERT"].Value; got != "/etc/muster/rds-bundle/global-bundle.pem" {
+		t.Errorf("PGSSLROOTCERT = %q", got)
+	}
+	if _, err := render(t, []string{"aurora-iam.yaml"}, map[string]any{"extraEnv": []any{map[string]any{"name": "PGSSLROOTCERT", "value": "/x"}}}); err == nil || !strings.Contains(err.Error(), "PGSSLROOTCERT, which the chart sets itself") {
+		t.Errorf("PGSSLROOTCERT in extraEnv with IAM: %v", err)
+	}
+}
+
 // TestExtraValuesRefused: what would shadow the chart's own files or
 // settings is refused with a message naming it.
 func TestExtraValuesRefused(t *testing.T) {
