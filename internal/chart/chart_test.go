@@ -233,6 +233,7 @@ func variants(t *testing.T) map[string]map[string]any {
 		"aurora-iam.yaml": nil,
 		"proxy-nlb.yaml":  nil,
 		"reconcile.yaml":  nil,
+		"extras.yaml":     nil,
 		"single.yaml":     {"signingKey": map[string]any{"privateKey": generatedKey(t)}},
 	}
 }
@@ -836,7 +837,7 @@ func TestBadValuesFailToRender(t *testing.T) {
 		{"replicas' TLS without their CA", map[string]any{"tls": map[string]any{"ca": map[string]any{"existingSecret": ""}}}, "set tls.ca.existingSecret"},
 		{"plain peers with TLS", map[string]any{"tls": map[string]any{"allowPlainPeers": true}}, "tls.allowPlainPeers is for replicas without TLS"},
 		{"IAM without the RDS CA bundle", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster", "iam": map[string]any{"enabled": true, "region": "eu-west-1"}}}, "database.iam.caBundle.configMap"},
-		{"IAM with sslmode=require", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster?sslmode=require", "iam": map[string]any{"enabled": true, "region": "eu-west-1", "caBundle": map[string]any{"configMap": "rds-ca"}}}}, "sslmode must be verify-full"},
+		{"IAM with sslmode=require", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster?sslmode=require", "iam": map[string]any{"enabled": true, "region": "eu-west-1", "caBundle": map[string]any{"configMap": "rds-ca"}}}}, "/database/url"},
 		{"not a CIDR", map[string]any{"proxyProtocol": map[string]any{"from": []any{"nlb"}}}, "proxyProtocol"},
 		{"bad role ARN", map[string]any{"serviceAccount": map[string]any{"roleArn": "muster-role"}}, "roleArn"},
 	} {
