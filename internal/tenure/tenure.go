@@ -98,7 +98,22 @@ type Book struct {
 
 	mu    sync.Mutex
 	known map[key]answer
+	// failed is when a lookup last failed to read the database; for
+	// UnreadableFor after it no lookup is tried.
+	failed time.Time
 }
+
+// UnreadableFor is how long after a lookup that could not read the
+// database (down, frozen, slow past the timeout) the Book answers every
+// unknown tenure with ErrUnreadable at once, without trying again. The
+// relay checks tenures on its read path: a database that hangs must cost
+// it one timeout, not one per record, or a peer's new epoch would hold
+// up every withdrawal it relays for a second each.
+const UnreadableFor = 5 * time.Second
+
+// ErrUnreadable is Owner's answer while a recent lookup could not read
+// the database: the caller cannot tell, and must not take it as none.
+var ErrUnreadable = errors.New("the tenures cannot be read now")
 
 // NoneFor is how long a tenure not found is taken as none before it is
 // looked up again.
@@ -142,6 +157,12 @@ func (b *Book) Owner(ctx context.Context, shard int, epoch uint64) (string, erro
 	case ok && now.Sub(a.at) < NoneFor:
 		return "", ErrNone
 	}
+	b.mu.Lock()
+	failed := b.failed
+	b.mu.Unlock()
+	if !failed.IsZero() && now.Sub(failed) < UnreadableFor {
+		return "", fmt.Errorf("look up the tenure of shard %d under epoch %d: %w", shard, epoch, ErrUnreadable)
+	}
 	var owner string
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
@@ -150,6 +171,9 @@ func (b *Book) Owner(ctx context.Context, shard int, epoch uint64) (string, erro
 	case errors.Is(err, pgx.ErrNoRows):
 		owner = ""
 	case err != nil:
+		b.mu.Lock()
+		b.failed = b.Now()
+		b.mu.Unlock()
 		return "", fmt.Errorf("look up the tenure of shard %d under epoch %d: %w", shard, epoch, err)
 	default:
 		v := sealed{Shard: int(row.Shard), Epoch: uint64(row.Epoch), Owner: row.Owner, LeaseEpoch: row.LeaseEpoch}

@@ -66,7 +66,20 @@ func TestRecordAndLookUp(t *testing.T) {
 
 	// The database away: not "none", an error the caller tells apart.
 	pool.Close()
-	if _, err := book.Owner(ctx, 5, 7); err == nil || errors.Is(err, tenure.ErrNone) {
+	if _, err := book.Owner(ctx, 5, 7); err == nil || errors.Is(err, tenure.ErrNone) || errors.Is(err, tenure.ErrUnreadable) {
 		t.Fatalf("lookup with the database closed: %v, want a read error", err)
+	}
+	// For UnreadableFor after that, an unknown tenure is answered at once
+	// (the relay must not wait a timeout per record), still not as none;
+	// a tenure already found is still found.
+	if _, err := book.Owner(ctx, 6, 7); !errors.Is(err, tenure.ErrUnreadable) || errors.Is(err, tenure.ErrNone) {
+		t.Fatalf("lookup just after a failed one: %v, want ErrUnreadable without trying", err)
+	}
+	if owner, err := book.Owner(ctx, 3, 7); err != nil || owner != "r1" {
+		t.Fatalf("a known tenure while the database is away: %q, %v", owner, err)
+	}
+	clk.Advance(tenure.UnreadableFor)
+	if _, err := book.Owner(ctx, 6, 7); err == nil || errors.Is(err, tenure.ErrUnreadable) || errors.Is(err, tenure.ErrNone) {
+		t.Fatalf("lookup once UnreadableFor has passed: %v, want a fresh read error", err)
 	}
 }
