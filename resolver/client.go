@@ -42,8 +42,8 @@ type Config struct {
 	Token func(ctx context.Context) (string, error)
 	// Services to hold; at least one.
 	Services []string
-	// Regions are peer regions to fall back to, in order of preference
-	// (issue 29): the client also holds each service's view in them, as
+	// Regions are peer regions to fall back to, in order of preference:
+	// the client also holds each service's view in them, as
 	// its own muster serves it from the peers' aggregate, and Pick uses
 	// them only when its own region has no routable capacity for the
 	// service (see WithRegions). A service that exists only in peer
@@ -475,7 +475,7 @@ func (c *Client) subscribe(ctx context.Context, base string, since uint64, full 
 		q.Set("regions", strings.Join(c.cfg.Regions, ","))
 	}
 	if !full {
-		// held names each service's exact version (issue 27): versions
+		// held names each service's exact version: versions
 		// are unique in the region, so any replica resumes each service
 		// from exactly the copy held, where since (for a server that
 		// predates held) can only be the lowest across them. A peer

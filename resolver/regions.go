@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Cross-region fallback (issue 29). A client in one region may also hold
+// Cross-region fallback. A client in one region may also hold
 // the views of its services in peer regions, as its own muster serves
 // them: the remote series "<service>@<region>" (RemoteSeries), followed
 // from that muster's read-only aggregate of the peer. Pick prefers the

@@ -93,7 +93,7 @@ type Endpoint struct {
 	// tripped (state "ineligible"). It is not part of the checksum.
 	LeaseExpired bool `json:"lease_expired,omitempty"`
 	// Region is the region the endpoint runs in, set on the endpoints of
-	// a peer region's view served through this region (issue 29); empty
+	// a peer region's view served through this region; empty
 	// on a local view's. It is not part of the checksum.
 	Region string `json:"region,omitempty"`
 }

@@ -53,7 +53,7 @@ func (s *Server) contractPut(w http.ResponseWriter, r *http.Request) {
 
 // contractPreview answers what a proposed contract would have done to the
 // service on the evidence muster holds for it, beside what the contract in
-// force did (issue 30). It takes the body PUT takes, authorised and
+// force did. It takes the body PUT takes, authorised and
 // validated as PUT does (registry.PreviewContract, which audits the
 // attempt either way, as contract.preview), and changes nothing else: the
 // replay runs on engines of its own (Evaluator.PreviewContract). It

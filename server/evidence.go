@@ -9,7 +9,7 @@ import (
 // Evidence an identity may not give is an attempt on capacity: a caller
 // reporting passive failures about a service it may not call, a workload
 // reporting a sibling unready, a prober reporting targets it was not
-// assigned. Such refusals are put on the audit record (issues 13, 15), the
+// assigned. Such refusals are put on the audit record, the
 // way a refused override is, but evidence arrives in floods and on the hot
 // path, so the handler only hands them to Config.RefusedEvidence
 // (audit.RefusalSummaries), which summarises them per identity per minute

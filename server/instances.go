@@ -124,7 +124,7 @@ func (s *Server) leaseRenew(w http.ResponseWriter, r *http.Request) {
 // instanceDeregister ends an instance. The instance itself deregisters at
 // once; anyone else's deregistration is an override, justified by an
 // optional JSON body ({"justification": "..."}) and checked and audited by
-// the policy package (issue 13).
+// the policy package.
 func (s *Server) instanceDeregister(w http.ResponseWriter, r *http.Request) {
 	id, ok := s.instanceID(w, r)
 	if !ok {

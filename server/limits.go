@@ -231,7 +231,7 @@ func (s *Server) refuseStreams(w http.ResponseWriter, r *http.Request, key strin
 }
 
 // Lease renewals are limited per identity like the other hot paths, but a
-// renewal refused for load must never cost a live lease (issue 26): a
+// renewal refused for load must never cost a live lease: a
 // fleet of 10,000 instances renewing every 10 s under one workload
 // identity sends 1,000 renewals a second, past the 600 of the default
 // LeaseRenewals. So the identity's bucket grows with the live leases it

@@ -54,7 +54,7 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 	setRateLimit(w.Header(), s.limits.reportItems.Charge(key, len(b.Reports)))
 	// The TCP peer is what a self-report is checked against (forwarded
 	// headers prove nothing, ADR-15), with the instance credential for an
-	// instance that has one (issue 25).
+	// instance that has one.
 	ctx := evaluator.WithInstanceCredential(evaluator.WithSourceAddr(r.Context(), sourceAddr(r)), instanceCredential(r))
 	res, err := s.cfg.Evaluator.Ingest(ctx, actor, b.Reports)
 	if err != nil {
@@ -62,8 +62,8 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.auditRefusedEvidence(actor, b.Reports, res)
-	// Mirrored to the region's other replicas, the owner among them
-	// (issue 27): only what was accepted, and without waiting.
+	// Mirrored to the region's other replicas, the owner among them:
+	// only what was accepted, and without waiting.
 	if s.cfg.Forwarder != nil && res.Accepted > 0 {
 		s.cfg.Forwarder.Offer(actor, accepted(b.Reports, res))
 	}
@@ -75,8 +75,8 @@ func (s *Server) eligibilityGet(w http.ResponseWriter, r *http.Request) {
 	actor := principal(r)
 	// Who may read the service is the registry's rule; that it exists is
 	// answered from the in-memory copy of services (Authz), so the
-	// verdicts the evaluator holds are served while PostgreSQL is away
-	// (issue 26). A service the copy does not hold (not loaded yet, or
+	// verdicts the evaluator holds are served while PostgreSQL is away.
+	// A service the copy does not hold (not loaded yet, or
 	// created through another replica since its last reload) is looked up
 	// in the registry.
 	if !registry.CanReadService(actor, name) {

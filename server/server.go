@@ -61,7 +61,7 @@ type Evaluator interface {
 	IngestForwarded(ctx context.Context, actor identity.Principal, reports []evaluator.Report) (evaluator.Result, error)
 	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
 	// PreviewContract replays a service's retained observed windows under
-	// its contract and a proposed one, changing nothing (issue 30).
+	// its contract and a proposed one, changing nothing.
 	PreviewContract(ctx context.Context, p registry.ContractPreview) (preview.Result, error)
 }
 
@@ -203,7 +203,7 @@ type Config struct {
 	// (publisher.Publisher.EpochsLeft), in GET /v1/replicas.
 	EpochsLeft func() uint64
 	// Forwarder, when set, is offered the evidence this replica accepts,
-	// to mirror it to the region's other replicas (issue 27); nil, none
+	// to mirror it to the region's other replicas; nil, none
 	// is forwarded.
 	Forwarder Forwarder
 	// Peers authenticates the region's other replicas (peer.Verifier):
@@ -213,7 +213,7 @@ type Config struct {
 	Peers PeerVerifier
 	// ReadOnly, when set and true, refuses reports (and forwarded
 	// reports) 503 read-only: the replica serves views it took from its
-	// peers while its database is unreachable (issue 27). Requests that
+	// peers while its database is unreachable. Requests that
 	// need the database are refused by Database already.
 	ReadOnly func() bool
 	// PeerHeartbeat is the peer stream's heartbeat period:

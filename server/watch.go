@@ -32,7 +32,7 @@ const MaxWatchServices = 100
 //	data: <one line of JSON>
 //
 // A client resumes with held=<service>:<version> for each service it holds
-// a view of (issue 27): versions are unique in the region, so each service
+// a view of: versions are unique in the region, so each service
 // resumes from exactly the client's copy, on any replica. since=<version>,
 // for the services not in held, is the lowest version the client holds
 // across them: a single number cannot name several owners' epochs, and
@@ -179,8 +179,8 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 }
 
 // parseHeld reads the held parameters of a watch: <service>:<version>,
-// one per service the client holds a view of, each a service it asks for
-// (issue 27). A version names one view in the region, so the server
+// one per service the client holds a view of, each a service it asks for.
+// A version names one view in the region, so the server
 // resumes each service from exactly it, whichever replica published it.
 func parseHeld(values []string, services []string) (map[string]uint64, *Problem) {
 	if len(values) == 0 {

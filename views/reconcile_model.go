@@ -2,7 +2,7 @@ package views
 
 import "time"
 
-// Reconcile is the data of the reconciliation page (issue 19): each
+// Reconcile is the data of the reconciliation page: each
 // source's state, and the diff between the sources and the registry.
 type Reconcile struct {
 	Page

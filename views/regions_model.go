@@ -35,7 +35,7 @@ type RoutingControlRow struct {
 	Named         bool
 }
 
-// Regions is the data of the regions page (issue 29): this region, the
+// Regions is the data of the regions page: this region, the
 // peer regions it follows and the routing controls it reads.
 type Regions struct {
 	Page

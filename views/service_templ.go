@@ -1720,7 +1720,7 @@ func overrideForm(s ServicePage, in Instance) templ.Component {
 }
 
 // deregisterForm ends an instance by hand: an override of its own kind,
-// checked against the disruption budget (issue 13).
+// checked against the disruption budget.
 func deregisterForm(s ServicePage, in Instance) templ.Component {
 	return templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
 		templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context

@@ -239,7 +239,7 @@ func sealOverrides(ac *app.Config, signer *audit.KeyFileSigner, keys audit.Keys,
 }
 
 // newAuditCheckpoints returns the worker that signs audit checkpoints
-// into the configured sink (issue 15) with the region's key, or nil when
+// into the configured sink with the region's key, or nil when
 // checkpoints are off, which is said at start. Refused evidence is
 // summarised by the app (app.Config.Refusals).
 func newAuditCheckpoints(ctx context.Context, cfg Config, signer *audit.KeyFileSigner, keys audit.Keys, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*audit.Checkpointer, error) {

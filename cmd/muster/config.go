@@ -43,7 +43,7 @@ type Config struct {
 	DatabaseURL string
 	Region      string
 	Issuers     []identity.IssuerConfig
-	// Reconcile is the file --reconcile-config names, parsed (issue 19);
+	// Reconcile is the file --reconcile-config names, parsed;
 	// nil without one.
 	Reconcile *reconcile.FileConfig
 	LeaseTTL  time.Duration

@@ -32,7 +32,7 @@ func sealCensus(ctx context.Context, pool *pgxpool.Pool, now time.Time) (seal.Ce
 }
 
 // startKeys loads the region's key and checks it against the database
-// before anything is served (issue 25): a key problem is a configuration
+// before anything is served: a key problem is a configuration
 // fault, and a replica that has one refuses to start, saying which key
 // and how many rows, while the replicas already running keep serving.
 // It refuses

@@ -15,7 +15,7 @@ import (
 
 // spiffeFile is the file --spiffe (MUSTER_SPIFFE) names: per SPIFFE trust
 // domain, the template its IDs' paths must match, whose {service}
-// segment is the muster service (issue 28). Like the platform issuers'
+// segment is the muster service. Like the platform issuers'
 // mappings of --reconcile-config, it is read once at start and a mistake
 // in it stops the start.
 //

@@ -19,7 +19,7 @@ import (
 	"github.com/musterhq/muster/internal/tlsreload"
 )
 
-// tlsFlags registers --tls-cert, --tls-key and --tls-ca (issue 28); the
+// tlsFlags registers --tls-cert, --tls-key and --tls-ca; the
 // environment fills what the flags leave empty (loadTLSEnv).
 func tlsFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) every listener serves over TLS, with --tls-key; reloaded when the file changes (MUSTER_TLS_CERT)")

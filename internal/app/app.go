@@ -93,7 +93,7 @@ const (
 	WorkerCensus    = "census"
 	// WorkerOwnership keeps this replica's share of the region's shards
 	// (internal/ownership): only a service's owner reaps its leases,
-	// writes its windows and transitions, and publishes it (issue 27).
+	// writes its windows and transitions, and publishes it.
 	WorkerOwnership = "ownership"
 	WorkerReaper    = "lease-reaper"
 	WorkerShifts    = "shifts"
@@ -200,7 +200,7 @@ type Config struct {
 	// Authenticator is Server's unless set.
 	XDS *xds.Config
 	// Reconcile, when it has sources, reconciles them into the registry,
-	// one worker per source named "reconcile <source>" (issue 19); its
+	// one worker per source named "reconcile <source>"; its
 	// Registry, Evidence, Logger and Registerer are the app's.
 	Reconcile reconcile.Config
 	// Relay tunes the relay from peer replicas (its Hub, Signer, Logger
@@ -303,12 +303,12 @@ type App struct {
 	// nil unless Config.XDS was set.
 	XDSRefusals *audit.RefusalSummaries
 	// ZoneHistory samples every zone's published state for the admin
-	// UI's sparklines (issue 30).
+	// UI's sparklines.
 	ZoneHistory *zonehistory.History
 	// ProberHistory samples every prober's reach likewise.
 	ProberHistory *zonehistory.History
 	// Lags keeps each service's withdrawal and delivery lags for the
-	// admin UI's histograms (issue 30).
+	// admin UI's histograms.
 	Lags    *lagstats.Recorder
 	Metrics *prometheus.Registry
 
@@ -412,7 +412,7 @@ func New(cfg Config) (*App, error) {
 		DatabaseUp: a.Monitor.Up, Keys: cfg.Policy.SealKeys.With(cfg.Policy.Sealer), Trust: trust, Logger: log, Registerer: metrics})
 
 	// Ownership: which services this replica evaluates for the record,
-	// reaps and publishes (issue 27).
+	// reaps and publishes.
 	oc := cfg.Ownership
 	oc.Pool, oc.ID, oc.Address, oc.Region, oc.Logger, oc.Registerer = pool, cfg.Replica, cfg.Address, cfg.Region, log, metrics
 	// Its reading of table replicas is the region's membership for every
@@ -502,7 +502,7 @@ func New(cfg Config) (*App, error) {
 	applied := policy.Applied{Verdicts: a.Evaluator, InForce: a.InForce, Now: now}
 	sc.Verdicts = applied
 	// A region drain moves clients to the peer regions that can take
-	// them, or is refused (issue 29).
+	// them, or is refused.
 	if sc.Fallback == nil {
 		sc.Fallback = a.fallbackRegions
 	}
@@ -774,7 +774,7 @@ func New(cfg Config) (*App, error) {
 			xc.Region = cfg.Region
 		}
 		if a.Federation != nil && xc.MayResolveRemote == nil {
-			// xDS priorities across regions (issue 29): a service's
+			// xDS priorities across regions: a service's
 			// assignment falls back to the peer regions in configuration
 			// order, each as far as its grants let the node resolve it.
 			if xc.Regions == nil {

@@ -31,7 +31,7 @@ const WorkerPeerAuthz = "peer-authz"
 // PostgreSQL and starts on Resume.
 var fromPeersWorkers = []string{WorkerMonitor, WorkerPeerAuthz, WorkerRelay, WorkerDNS, WorkerXDS}
 
-// StartFromPeers starts the replica without its database (issue 27): it
+// StartFromPeers starts the replica without its database: it
 // takes the current views from its peers (the relay, from Config.Peers
 // until the ownership worker can read the live replicas) and the
 // authorisation copy from them (GET /v1/peer/authz), and serves them

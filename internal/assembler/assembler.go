@@ -560,7 +560,7 @@ func (a *Assembler) Services() []string {
 }
 
 // Forget drops a service without publishing anything: this replica no
-// longer owns its publication (issue 27), and the next owner publishes
+// longer owns its publication, and the next owner publishes
 // from the view it restores. Its queued changes, alarms and slow starts go
 // with it; a later Restore or Update starts it afresh. Unknown services
 // are ignored.

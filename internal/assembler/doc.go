@@ -102,7 +102,7 @@
 // published as "eligible" (weight TrippedWeight when its own verdict had
 // it out). The override is not part of the checksum.
 //
-// # Lease expiry (issue 11)
+// # Lease expiry
 //
 // An instance whose lease ran out (InstanceInput.LeaseExpired) goes through
 // the same guard as a verdict: it is never routable (not even under a

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Authentication failures (issue 25): requests refused for want of a valid
+// Authentication failures: requests refused for want of a valid
 // token (forged, expired, from an unknown issuer, malformed) are put on
 // the record the way refused evidence is, without flooding it: one refused
 // "auth.refuse" row per source address per minute at most, with the

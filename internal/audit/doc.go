@@ -1,5 +1,5 @@
 // Package audit is muster's append-only, hash-chained audit log (ADR-02, 15),
-// anchored outside the database by signed checkpoints (issue 15).
+// anchored outside the database by signed checkpoints.
 //
 // # Rows and their hashes
 //

@@ -67,7 +67,7 @@ type Summary struct {
 }
 
 // RefusalSummaries puts refused evidence on the record without flooding
-// it (issue 15): refused report items are gathered in memory per identity
+// it: refused report items are gathered in memory per identity
 // and written as one "evidence.report" refused audit row per identity per
 // Every at most, with the identity, the counts by refusal code, and the
 // first few items. An identity's first refusal after a quiet Every is

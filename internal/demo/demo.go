@@ -105,7 +105,7 @@ type instance struct {
 	id, service, zone, addr string
 	ordinal                 int // 0 or 1 within its zone
 	// credential is what its registration returned: the instance sends
-	// it with its renewals and self-reports (issue 25).
+	// it with its renewals and self-reports.
 	credential string
 }
 

@@ -1,4 +1,4 @@
-// Package disbelief is muster's one rule for bulk removal (issue 26): a
+// Package disbelief is muster's one rule for bulk removal: a
 // signal that would remove more than a threshold of a scope at once is
 // probably a broken signal path, not a mass death, and is not believed
 // (Envoy's panic threshold, Kubernetes' zone disruption, Eureka's

@@ -78,7 +78,7 @@
 // same way. An admission whose transition was still buffered when the
 // process died is lost with it; that instance awaits its next success.
 //
-// # Instances registered a moment ago (issue 12)
+// # Instances registered a moment ago
 //
 // A workload registers and sends its first report at once, well inside
 // the refresh period. Two paths make sure that report finds its instance.
@@ -109,7 +109,7 @@
 // and muster_evaluator_instance_lookup_ids_total what became of each
 // unknown id.
 //
-// # Readiness from reconciliation (issue 19)
+// # Readiness from reconciliation
 //
 // A reconciled instance (package reconcile) has no token of its own to
 // report with until its workload presents one; its orchestrator relays

@@ -137,7 +137,7 @@ type instanceInfo struct {
 	address string
 	port    int
 	// credential is the hash of the instance's credential (unset: none),
-	// which a self-report about it must present (issue 25).
+	// which a self-report about it must present.
 	credential registry.CredentialHash
 }
 

@@ -104,7 +104,7 @@ func (e *Evaluator) pruneExpired(now time.Time) {
 }
 
 // LeaseExpiryEvidence says what health evidence this process has heard
-// of instances whose leases lapsed (issue 26): which of them it
+// of instances whose leases lapsed: which of them it
 // corroborates as gone, and which share an observation path muster cannot
 // hear (a prober in outage covering them, or a zone none of whose
 // instances is heard while another zone is).

@@ -288,8 +288,8 @@ func (e *Evaluator) attribute(at *attribution, r Report, now time.Time) (eligibi
 				r.InstanceID, inst.address, src)
 		}
 		// On one host every instance of a service shares the address: an
-		// instance registered with a credential is itself only with it
-		// (issue 25), so a sibling's report is not its self-evidence, and
+		// instance registered with a credential is itself only with it,
+		// so a sibling's report is not its self-evidence, and
 		// is refused (and audited) as any report about another instance.
 		switch inst.credential.Check(at.credential) {
 		case registry.CredentialMissing:

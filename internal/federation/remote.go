@@ -9,7 +9,7 @@ import (
 	"github.com/musterhq/muster/resolver"
 )
 
-// Cross-region resolution (issue 29): a peer region's view of a service
+// Cross-region resolution: a peer region's view of a service
 // reaches this region's callers as the remote series
 // "<service>@<region>" (stream.RemoteSeries) through the hub, and
 // through GET /v1/resolve. Its endpoints name their region; the view

@@ -1,5 +1,5 @@
 // Package forward mirrors the health evidence a replica accepts to every
-// other live replica of its region (issue 27).
+// other live replica of its region.
 //
 // Several replicas share one PostgreSQL, and each service has one owner
 // replica, which alone publishes its views. Registrations and lease

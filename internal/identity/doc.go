@@ -62,7 +62,7 @@
 // in the dev issuer's Mint (internal/devissuer), so it never mints a token
 // Verify would refuse.
 //
-// # Platform issuers (issue 19)
+// # Platform issuers
 //
 // A Kubernetes service-account issuer or an AWS web-identity issuer cannot
 // write muster's claims. An issuer configured with a ClaimMapping is read
@@ -76,7 +76,7 @@
 // it carrying muster_* claims, so it can never mint an operator, a tool, a
 // prober or a role. IssuerConfig.Kinds narrows a plain issuer the same way.
 //
-// # Client certificates (issue 28)
+// # Client certificates
 //
 // TrustDomains maps a client certificate, once verified against the
 // client CA bundle (internal/tlsreload.ClientCAs; this package does no

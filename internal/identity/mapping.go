@@ -8,7 +8,7 @@ import (
 )
 
 // Claim mapping types: platform issuers whose tokens cannot carry muster's
-// claims (issue 19).
+// claims.
 const (
 	// MappingKubernetes reads a projected service-account token: the
 	// "kubernetes.io" claim's namespace and serviceaccount.name map to a

@@ -30,8 +30,8 @@ const (
 // client certificate: "spiffe://" and the trust domain.
 const SPIFFEIssuerPrefix = "spiffe://"
 
-// TrustDomainConfig maps the SPIFFE IDs of one trust domain to workloads
-// (issue 28): Path is a template such as "/ns/{namespace}/sa/{service}".
+// TrustDomainConfig maps the SPIFFE IDs of one trust domain to workloads:
+// Path is a template such as "/ns/{namespace}/sa/{service}".
 type TrustDomainConfig struct {
 	// TrustDomain is the trust domain's name, e.g. "prod.example.org".
 	TrustDomain string

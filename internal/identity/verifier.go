@@ -94,8 +94,8 @@ type IssuerConfig struct {
 	// every http URL on a loopback host with this path, whatever the
 	// port: every `muster dev` process on one data folder signs with the
 	// folder's key under its own address, and they are one issuer, so a
-	// token one of them (or `muster token`) minted is good at all of them
-	// (issue 27). Its principals are home when URL is the home issuer.
+	// token one of them (or `muster token`) minted is good at all of them.
+	// Its principals are home when URL is the home issuer.
 	LoopbackPath string
 }
 

@@ -1,6 +1,6 @@
 // Package lagstats keeps, per service, how long muster's own steps took
 // for each change it propagated, as histograms held in memory for the
-// admin UI (issue 30): a failed sample to the published withdrawal
+// admin UI: a failed sample to the published withdrawal
 // (publisher), and the published view to each subscriber it was written
 // to (the watch stream and xDS). Prometheus has the same figures
 // (muster_withdrawal_lag_seconds, muster_xds_push_latency_seconds); this

@@ -19,7 +19,7 @@ import (
 // lgRegionsService is the service loadgen regions creates in region b.
 const lgRegionsService = "lg-regions"
 
-// loadgenRegions measures cross-region propagation (issue 29): a
+// loadgenRegions measures cross-region propagation: a
 // withdrawal in region b reaching region a's subscribers. It creates
 // lg-regions in b with --instances instances, opens --subscribers resolver
 // clients on a (Regions: [b]: the service exists only in b, so they hold

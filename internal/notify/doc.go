@@ -1,5 +1,5 @@
 // Package notify sends muster's alarms to the teams that own them and to
-// the platform (issue 30): each open alarm (a flap quarantine, a guard
+// the platform: each open alarm (a flap quarantine, a guard
 // trip, a prober outage or suspicion, a lease or reconciliation hold,
 // unsealed rows, a pending shift-back, …) goes to its service's owning
 // team's target and to the platform's, as an Alertmanager v2 alert (POST

@@ -258,7 +258,7 @@ func sourceWords(source netip.Addr) string {
 
 // MayReplace is registry.ReplaceGate: a reconciled endpoint at a live
 // instance's address and port ends that instance only within the
-// disruption budget an operator's deregistration needs (issue 25),
+// disruption budget an operator's deregistration needs,
 // counted the same way, under the same per-service lock, on the
 // evaluator's snapshot with the overrides in force. There is no co-signer
 // for reconciliation: over budget, the instance stays and the reconciled

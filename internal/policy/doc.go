@@ -94,7 +94,7 @@
 // exceed: "never" is kept literally, and such a refusal is not stored for
 // co-signing (restore capacity, or deregister the instance, instead).
 //
-// # Deregistration (issue 13)
+// # Deregistration
 //
 // Deregistering an instance removes its capacity for good, so anyone but
 // the instance itself doing it is an override: Service.Deregister runs

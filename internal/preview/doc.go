@@ -1,5 +1,5 @@
 // Package preview answers "what if this service had had another health
-// contract?" (issue 30): it replays the observed windows muster holds for
+// contract?": it replays the observed windows muster holds for
 // a service through the evaluation core twice, once under the contract in
 // force and once under a proposed one, and reports side by side how many
 // instances each would have removed, degraded or left unknown, when,

@@ -30,7 +30,7 @@
 // restored views are not handed to the streaming hub: it serves only what
 // is published after the rebuild.
 //
-// Several replicas (issue 27): only a service's owner publishes it
+// Several replicas: only a service's owner publishes it
 // (Config.Owns). A loss forgets the service at once (OwnershipChanged); a
 // gain is adopted (adopt) with a fresh epoch and the newest of the saved
 // and the hub's view restored, so the new owner's first version is a

@@ -36,7 +36,7 @@ type DisbeliefFile struct {
 	Window      time.Duration `yaml:"window"`
 	// Dwell is the old name of Window. It once also released a hold when
 	// a later reading still lacked the instances; nothing but recovery
-	// or a confirmation releases one now (issue 26).
+	// or a confirmation releases one now.
 	Dwell time.Duration `yaml:"dwell"`
 }
 

@@ -77,8 +77,7 @@ type Live struct {
 }
 
 // Disbelief is the threshold a reading is checked against before its
-// removals are applied: disbelief.Rule, the rule lease expiry follows too
-// (issue 26).
+// removals are applied: disbelief.Rule, the rule lease expiry follows too.
 type Disbelief struct {
 	// Fraction: a reading lacking more than this fraction of the source's
 	// live instances, or of one service's, is held (default 0.2).

@@ -14,7 +14,7 @@
 // endpoints' conditions to the evaluator as readiness evidence
 // (evaluator.ObserveReadiness).
 //
-// Membership is authorised where it enters (issue 25): before Decide, a
+// Membership is authorised where it enters: before Decide, a
 // pass keeps only the endpoints their services take from where they came
 // (Authorise: a service's sealed member sources, registry.MemberAuthorities,
 // or, for a service naming none, what the source's configuration vouches

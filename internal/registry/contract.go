@@ -328,7 +328,7 @@ type ContractPreview struct {
 	Proposed Contract
 }
 
-// PreviewContract authorises and validates a contract preview (issue 30)
+// PreviewContract authorises and validates a contract preview
 // exactly as PutContract authorises and validates a write: the same
 // check (contractEditable), the same refusals, each audited. An allowed
 // preview is audited too, as contract.preview with the stored contract

@@ -8,7 +8,7 @@ import (
 	"fmt"
 )
 
-// Instance credentials (issue 25).
+// Instance credentials.
 //
 // On one host every instance of a service shares an address, so the
 // address proof (HoldsAddress) tells a host, not an instance: a sibling

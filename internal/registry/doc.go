@@ -55,7 +55,7 @@
 // view only as far as each zone's minimum healthy fraction allows.
 // Deregistration (graceful shutdown) is never held.
 //
-// # Renewals at scale (issue 26)
+// # Renewals at scale
 //
 // A renewal is never lost to a limit: the server's per-identity renewal
 // limit grows with the live leases the identity registered

@@ -312,7 +312,7 @@ func (r *Registry) RenewWithCredential(ctx context.Context, actor identity.Princ
 // Deregistering an instance that has already ended changes nothing. It
 // checks who may act on the instance, not the disruption budget: the API
 // and the UI deregister through policy.Service.Deregister, where only the
-// instance itself is let through without the override checks (issue 13).
+// instance itself is let through without the override checks.
 // This is for callers inside muster and its tests.
 func (r *Registry) Deregister(ctx context.Context, actor identity.Principal, id uuid.UUID) (Instance, error) {
 	return r.changeInstance(ctx, actor, id, "instance.deregister", func(q *db.Queries, cur Instance, now time.Time) (Instance, bool, error) {

@@ -106,7 +106,7 @@ type ReaperConfig struct {
 	// ready once its evaluation state is rebuilt): while it is not, load
 	// balancers send it no renewals, so a lease's clock does not run
 	// either, and the grace after a start counts from readiness, not
-	// from when HTTP began to listen (issue 26).
+	// from when HTTP began to listen.
 	Ready  func() bool
 	Logger *slog.Logger
 	// Registerer receives the reaper's metrics; nil registers nowhere.
@@ -270,7 +270,7 @@ func (rp *Reaper) RunOnce(ctx context.Context) (int, error) {
 	q := db.New(reg.cfg.Pool)
 
 	// Renewals a rate limit refused on this replica count as renewals
-	// made when refused (issue 26): a renewal refused for load never
+	// made when refused: a renewal refused for load never
 	// expires a lease. A failure expires nothing this sweep (they are
 	// kept and retried) without restarting the grace.
 	if _, err := reg.FlushRefusedRenewals(ctx); err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/musterhq/muster/db"
 )
 
-// The evaluator's rebuild reads the instances through these (issue 26),
+// The evaluator's rebuild reads the instances through these,
 // and InstancesChangedSince after it.
 
 // NewestInstanceChange returns the newest updated_at of any instance row,

@@ -107,8 +107,8 @@ type Registry struct {
 // commit and before the write returns, where its next poll would learn
 // it too late: the evaluator follows its registry (it calls Follow from
 // its constructor, as NewAuthzCache hands itself over), so the workload's
-// first report, sent as soon as it has its id, finds its instance known
-// (issue 12), and a prober's first reports after its assignment are not
+// first report, sent as soon as it has its id, finds its instance known,
+// and a prober's first reports after its assignment are not
 // refused as not assigned while the next refresh is due. Construction runs
 // upstream first and nothing is bound afterwards.
 type Follower interface {

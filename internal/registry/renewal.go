@@ -16,7 +16,7 @@ import (
 	"github.com/musterhq/muster/internal/refusal"
 )
 
-// Renewals at scale (issue 26): a renewal is never lost to a limit.
+// Renewals at scale: a renewal is never lost to a limit.
 //
 //   - Lease renewals are limited per identity on each replica (the
 //     server's Limits.LeaseRenewals), and the limit grows with the live

@@ -1,5 +1,5 @@
 // Package routingcontrol reads the out-of-band region routing controls of
-// ADR-14 (issue 29): for each region, On or Off, in the style of Route 53
+// ADR-14: for each region, On or Off, in the style of Route 53
 // Application Recovery Controller's routing controls. The signal that
 // declares a region unhealthy is never derived from muster's registry or
 // from a peer's reachability: an operator (or a separately deployed

@@ -15,7 +15,7 @@ import (
 	"github.com/musterhq/muster/internal/assembler"
 )
 
-// Held shifts (issue 25): a drain is never ended by a verification
+// Held shifts: a drain is never ended by a verification
 // failure. A shift muster applied (its seal verified) whose row then
 // stops verifying (changed outside muster, or sealed by a key this
 // replica no longer trusts) or goes (deleted, or set to an end muster

@@ -50,7 +50,7 @@ type Update struct {
 	View  *Frame
 	Delta *Frame
 	// Rebased marks a delta whose base this publisher did not publish
-	// itself: it gained the service (issue 27) and restored the last view
+	// itself: it gained the service and restored the last view
 	// it had relayed or saved. The hub vouches for such a delta only to a
 	// client at exactly its base; one above it may hold a version the
 	// previous owner published and this replica never saw, and gets the
@@ -430,7 +430,7 @@ func (h *Hub) Subscribe(services []string, since uint64) (*Subscription, error) 
 }
 
 // SubscribeHeld is Subscribe for a client that says which version it
-// holds of each service in held (issue 27). A version names one view in
+// holds of each service in held. A version names one view in
 // the region (an owner's epoch is its high half), so the client's base is
 // known exactly, whichever replica published it and whichever replica
 // it resumes on: it gets nothing if it holds the hub's view or a later

@@ -8,7 +8,7 @@ import (
 )
 
 // A remote series carries a peer region's view of one of its services
-// (issue 29) through this region's hub, so the watch stream, held=
+// through this region's hub, so the watch stream, held=
 // resumption and the surfaces that follow the hub serve it as they serve
 // a local service. Its name is "<service>@<region>": a service name
 // cannot hold '@', so no local service is ever taken for one. Its

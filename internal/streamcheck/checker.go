@@ -31,7 +31,7 @@ type Config struct {
 	URL string
 	// Replicas, when set, are the base URLs of several replicas of one
 	// region: each subscription goes to one of them at random, as a
-	// client behind a load balancer or rotating URLs does (issue 27).
+	// client behind a load balancer or rotating URLs does.
 	// Compare reads URL.
 	Replicas []string
 	// Services are the services watched, on one stream.
@@ -335,7 +335,7 @@ func (c *Checker) Run(ctx context.Context) {
 	}
 }
 
-// resume is what the next subscription says it holds (issue 27): the
+// resume is what the next subscription says it holds: the
 // version of each service whose copy can be trusted, as held=; the others
 // (none held yet, or a copy after a gap or a checksum mismatch) get full
 // views. Versions name one view in the region, so this is exact on any

@@ -1,6 +1,6 @@
 // Package streamcheck checks muster's watch stream (GET /v1/watch) from
 // the outside, as a strict client would see it, so a test or a load
-// generator can say "0 gaps" with numbers behind it (issue 27).
+// generator can say "0 gaps" with numbers behind it.
 //
 // It speaks the protocol over raw HTTP and keeps its own copy of every
 // service's view, applying each frame itself: it does not use the

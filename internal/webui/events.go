@@ -12,7 +12,7 @@ import (
 	"github.com/musterhq/muster/internal/stream"
 )
 
-// Live updates (issue 30): a page marked data-live opens an EventSource on
+// Live updates: a page marked data-live opens an EventSource on
 // its events path, and refresh.js reloads the page's main content when a
 // change event arrives, instead of waiting for its refresh interval.
 // Without script the page is complete; the events only say "something

@@ -16,8 +16,8 @@ import (
 // deregisterInstance is the service page's "Deregister…" form. It goes
 // through policy.Service.Deregister with the session's principal, the
 // checked and audited path of DELETE /v1/instances/{id}: a signed-in
-// operator is never the instance itself, so it is always an override
-// (issue 13). Action has already refused (and audited) viewers.
+// operator is never the instance itself, so it is always an override.
+// Action has already refused (and audited) viewers.
 func (u *UI) deregisterInstance(w http.ResponseWriter, r *http.Request, p identity.Principal) {
 	service := r.PathValue("name")
 	id, err := uuid.Parse(r.PathValue("id"))

@@ -31,7 +31,7 @@ func regressedRows(rs []federation.RegressedService) []string {
 }
 
 // regionsPage shows this region, the peer regions it follows (link, age,
-// staleness, heals) and the routing controls it reads (issue 29), as GET
+// staleness, heals) and the routing controls it reads, as GET
 // /v1/regions and GET /v1/routing-controls do. Every signed-in role may
 // read it.
 func (u *UI) regionsPage(w http.ResponseWriter, r *http.Request, pg views.Page) {

@@ -176,7 +176,7 @@ type Config struct {
 	EpochsLeft func() uint64
 	// Region is this muster's region, on the regions page.
 	Region string
-	// PeerRegions, when set, are the peer regions followed (issue 29),
+	// PeerRegions, when set, are the peer regions followed,
 	// PeerStaleAfter their staleness threshold; RoutingControls, when
 	// set, the routing controls read. The regions page shows them.
 	PeerRegions     PeerRegions

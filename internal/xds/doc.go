@@ -18,7 +18,7 @@
 //
 // # Regions
 //
-// With Config.Regions (issue 29), a service's assignment also carries the
+// With Config.Regions, a service's assignment also carries the
 // peer regions' views of it, the remote series SERVICE@REGION the
 // federation follower hands the hub: the local view's localities at
 // priority 0 (locality.region Config.Region), then each peer region, in

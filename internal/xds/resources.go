@@ -90,7 +90,7 @@ func adsSource() *core.ConfigSource {
 
 // deterministicAny packs m with a deterministic encoding (anypb.New's is
 // not guaranteed to be), so every replica encodes, hashes and versions the
-// same resource alike should a map field ever be set in it (issue 27).
+// same resource alike should a map field ever be set in it.
 func deterministicAny(m proto.Message) (*anypb.Any, error) {
 	a := &anypb.Any{}
 	if err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true}); err != nil {
@@ -299,8 +299,8 @@ type tier struct {
 // mergeTiers joins the tiers' localities at contiguous priorities (see
 // Priorities) and names the result.
 //
-// The version must be the same on every replica for the same inputs
-// (issue 27), change whenever a series that contributes changes, and be
+// The version must be the same on every replica for the same inputs,
+// change whenever a series that contributes changes, and be
 // today's when no peer region contributes. It is the local view's
 // version (0 when the node does not see a local view), and, when a peer
 // region's series contributes localities, "." and a hash (FNV-64a,

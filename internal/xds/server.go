@@ -116,7 +116,7 @@ type Config struct {
 	// endpoints in an assignment that has peer regions' priorities.
 	Region string
 	// Regions are the peer regions a service's assignment falls back to,
-	// in order of preference (issue 29): each one whose series
+	// in order of preference: each one whose series
 	// SERVICE@REGION the hub holds and the node may resolve adds its
 	// endpoints at the next priority (Priorities). Empty: local
 	// endpoints only.

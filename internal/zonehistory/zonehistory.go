@@ -1,7 +1,7 @@
 // Package zonehistory samples each zone's routing state across the
 // estate (how many instances are eligible out of the guard's capacity,
 // how many are unknown) every interval and keeps the last day in memory,
-// for the admin UI's per-zone sparklines (issue 30); the same record
+// for the admin UI's per-zone sparklines; the same record
 // keeps each prober's reach (targets reported on, of those assigned). It is a record of
 // what muster published, never an input to a verdict; a restarted
 // process starts a new record.

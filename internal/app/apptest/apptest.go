@@ -262,7 +262,7 @@ type Options struct {
 	// configuration first.
 	XDS       bool
 	XDSConfig func(*xds.Config)
-	// Reconcile configures reconciliation sources (issue 19). Their
+	// Reconcile configures reconciliation sources. Their
 	// workers are held (Stack.Reconcile; tests call RunOnce) unless Run
 	// names them ("reconcile <source>").
 	Reconcile reconcile.Config
@@ -521,7 +521,7 @@ func New(t testing.TB, opts Options) *Stack {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = a.Authz.RunOnce(ctx)
 		// Take the shards before serving, so a test's first reaper step
-		// finds this replica the owner of every service (issue 27). A
+		// finds this replica the owner of every service. A
 		// stack built on a database another stack of this test process
 		// uses takes the shards over: the earlier one's ownership worker
 		// stops and releases them, so the newest stack owns, reaps and
