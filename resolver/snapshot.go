@@ -218,7 +218,7 @@ func (s *Snapshot) Tripped() bool { return s.tripped }
 
 // Registered returns how many instances the registry lists for the
 // service, all zones together; ok is false when a zone does not say
-// (Zone.Registered nil, a server from before issue 12). A view with no
+// (Zone.Registered nil, a server from before zones carried it). A view with no
 // zones has no registered instance.
 func (s *Snapshot) Registered() (n int, ok bool) {
 	for _, z := range s.zones {

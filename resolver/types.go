@@ -119,7 +119,7 @@ type Zone struct {
 	// Registered is how many instances the registry lists in the zone
 	// (active registrations, routable or not, admitted or not; instances
 	// whose lease expired are not counted). Nil: the server did not say
-	// (a muster from before issue 12). A zone absent from a view has no
+	// (a muster from before zones carried it). A zone absent from a view has no
 	// registered instance. The shrink guard uses it to tell a scale-down
 	// or decommission from a fault; it is not part of the checksum.
 	Registered *int `json:"registered,omitempty"`

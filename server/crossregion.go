@@ -15,7 +15,7 @@ import (
 	"github.com/musterhq/muster/internal/stream"
 )
 
-// Cross-region resolution (issue 29, ADR-14). A peer region's view of a
+// Cross-region resolution (ADR-14). A peer region's view of a
 // service is served here as the remote series "<service>@<region>"
 // (stream.RemoteSeries), from the read-only aggregate: its endpoints
 // name their region and it carries the aggregate's age. Who may resolve

@@ -43,7 +43,7 @@ type Limits struct {
 	// third of it), and grows with the identity's fleet: each live lease
 	// it registered adds one renewal at once and renewalsPerLease (4) per
 	// lease TTL, so a fleet renewing every TTL/3 under one identity is
-	// never refused for its size (issue 26; renewalLimiter). A batch
+	// never refused for its size (renewalLimiter). A batch
 	// (POST /v1/leases/renewals) costs renewalBatchCost: 1, plus 1 per
 	// renewalsPerToken (10) leases it names, plus 1 per lease it names
 	// that it does not renew.

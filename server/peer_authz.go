@@ -8,7 +8,7 @@ import (
 )
 
 // PeerAuthzPath is where a replica hands its copy of services and grants
-// to a peer (issue 27: a replica that starts while PostgreSQL is
+// to a peer (a replica that starts while PostgreSQL is
 // unreachable authorises watch and resolve with a peer's rows).
 const PeerAuthzPath = "/v1/peer/authz"
 

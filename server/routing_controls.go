@@ -8,7 +8,7 @@ import (
 )
 
 // RoutingControls are the out-of-band region routing controls this
-// replica reads (routingcontrol.Controls; ADR-14, issue 29).
+// replica reads (routingcontrol.Controls; ADR-14).
 type RoutingControls interface {
 	Status() routingcontrol.Status
 	// Alarms are routing_control_stale and routing_control_all_off.

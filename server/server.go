@@ -47,7 +47,7 @@ type KnownTokens interface {
 
 // ClientCertificates maps a client certificate chain the TLS handshake
 // took (leaf first) to the workload it proves, checking it against the
-// client CA bundle first (mutual TLS, issue 28). Its errors wrap
+// client CA bundle first (mutual TLS). Its errors wrap
 // identity.ErrCertificateUnmapped.
 type ClientCertificates interface {
 	Principal(chain []*x509.Certificate) (identity.Principal, error)

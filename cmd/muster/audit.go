@@ -28,8 +28,8 @@ import (
 	"github.com/musterhq/muster/internal/seal"
 )
 
-// AuditConfig configures the audit log's signed checkpoints (issue 15;
-// docs/audit.md).
+// AuditConfig configures the audit log's signed checkpoints
+// (docs/audit.md).
 type AuditConfig struct {
 	// Checkpoints is the sink: a directory, or s3://bucket/prefix
 	// (MUSTER_AUDIT_CHECKPOINTS; no flag on serve/dev). muster dev

@@ -215,16 +215,16 @@ type Config struct {
 	// app's). Off without Policy.Sealer: replicas cannot prove themselves.
 	Forward forward.Config
 	// RoutingControl, when set, reads the out-of-band region routing
-	// controls (ADR-14, issue 29) from its Source; served by GET
+	// controls (ADR-14) from its Source; served by GET
 	// /v1/routing-controls, with its alarms. Its Audit, Logger, Registerer
 	// and Replica are the app's; this muster's Region is a known region.
 	RoutingControl *routingcontrol.Config
-	// Federation follows the peer regions (ADR-14, issue 29): one worker
+	// Federation follows the peer regions (ADR-14): one worker
 	// per peer, named "federation <peer>". Its Region, Audit, Owns,
 	// Logger, Registerer and Now are the app's. No Peers: none.
 	Federation federation.Config
 	// Notify, when set, sends the alarms to the owning teams' and the
-	// platform's notification targets (internal/notify, issue 30); its
+	// platform's notification targets (internal/notify); its
 	// Alarms, Owner, Logger and Registerer are the app's, its Region the
 	// app's unless set.
 	Notify *notify.Config
@@ -536,7 +536,7 @@ func New(cfg Config) (*App, error) {
 	if cfg.Policy.Sealer == nil {
 		// Without the region's key replicas cannot relay to each other
 		// (buildRelay), so each publishes every service itself, as
-		// before issue 27: a subscriber's replica must hold every view.
+		// before replicas relayed views: a subscriber's replica must hold every view.
 		pbc.Owns, pbc.Services, pbc.HandingOver = nil, nil, nil
 	}
 	if a.Publisher, err = publisher.New(pbc); err != nil {

@@ -13,7 +13,7 @@ import (
 )
 
 // WorkerNotify sends the alarms to their owning teams' notification
-// targets and the platform's (internal/notify, issue 30).
+// targets and the platform's (internal/notify).
 const WorkerNotify = "notify"
 
 // buildNotifier builds the notifier from Config.Notify: its alarms are

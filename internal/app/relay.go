@@ -16,7 +16,7 @@ import (
 )
 
 // WorkerRelay keeps a stream open to every live peer replica and hands
-// what each publishes to this replica's hub (issue 27: every replica
+// what each publishes to this replica's hub (every replica
 // serves every view).
 const WorkerRelay = "relay"
 

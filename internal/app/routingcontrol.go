@@ -20,7 +20,7 @@ import (
 )
 
 // WorkerRoutingControl reads the out-of-band region routing controls
-// (internal/routingcontrol; ADR-14, issue 29).
+// (internal/routingcontrol; ADR-14).
 const WorkerRoutingControl = "routing-control"
 
 // buildRoutingControl builds the routing controls' reader from
@@ -61,7 +61,7 @@ func RoutingControlOwnershipKey(region string) string { return "routing-control:
 
 // actOnRoutingControl moves this region's clients when the routing
 // control turns the region off, and brings them back when it turns it on
-// (ADR-13, ADR-14, issue 29), through the shift-backs:
+// (ADR-13, ADR-14), through the shift-backs:
 //
 //   - Off: a region drain as system:routing-control, declared manual (the
 //     routing control is how people declare a regional failover). Clients

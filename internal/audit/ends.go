@@ -12,7 +12,7 @@ import (
 	"github.com/musterhq/muster/internal/seal"
 )
 
-// Records of ends (issue 25: no replay).
+// Records of ends (no replay).
 //
 // A seal proves muster wrote a row once, not that the row is still
 // what muster last wrote: an override lifted and set back to 'active'

@@ -66,7 +66,7 @@ type Config struct {
 	History int
 	// Regions are the peer regions (in order of preference) whose views
 	// of a served service answer for it when this region has no capacity
-	// for it (issue 29: every instance withdrawn, or the region drained),
+	// for it (every instance withdrawn, or the region drained),
 	// as the resolver's Pick does. A service only peer regions have is
 	// served when Services names it (not under AllServices: DNS carries
 	// no identity, so the peers' grants cannot apply).

@@ -52,8 +52,8 @@
 // Every change of a served view's version is a change of the zone: the
 // follower commits the changed services at most once per tenth of a
 // second (timed by the monotonic clock), and each commit takes a serial
-// from the views it holds, not from this replica's clock (issue 27:
-// several replicas serve one zone, and a secondary may transfer from any
+// from the views it holds, not from this replica's clock
+// (several replicas serve one zone, and a secondary may transfer from any
 // of them). The serial is the low 32 bits of a 64-bit point:
 //
 //	content point  c(M) = newest << 7 | (fp & 127)

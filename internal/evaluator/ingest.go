@@ -84,7 +84,7 @@ func (e *Evaluator) Ingest(ctx context.Context, actor identity.Principal, report
 }
 
 // IngestForwarded applies a batch another replica of the region accepted
-// from actor and forwarded (internal/forward, issue 27). That replica
+// from actor and forwarded (internal/forward). That replica
 // proved what only the request it received could prove: the address a
 // self-report came from and the instance credential it presented. Those
 // proofs are not asked again (the forwarded batch carries neither); every
@@ -259,8 +259,8 @@ func (e *Evaluator) attribute(at *attribution, r Report, now time.Time) (eligibi
 		if actor.Service != inst.service {
 			return s, codeNotOwnInstance, fmt.Sprintf("%s may report only about instances of %s, not of %s", actor, actor.Service, inst.service)
 		}
-		// A token bound to one pod (a Kubernetes service-account token,
-		// issue 19) speaks for that pod's reconciled instance only,
+		// A token bound to one pod (a Kubernetes service-account token)
+		// speaks for that pod's reconciled instance only,
 		// wherever the report comes from.
 		if actor.Pod != "" {
 			own := registry.ReconciledID(registry.SourcePrefixKubernetes+actor.Cluster, inst.service, actor.Pod)

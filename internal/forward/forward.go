@@ -64,7 +64,7 @@ type Config struct {
 	// Client sends the requests; one with DefaultTimeout when nil.
 	Client *http.Client
 	// TLS, when set, is the default Client's TLS configuration for peers
-	// served over https (their CA bundle; issue 28).
+	// served over https (their CA bundle).
 	TLS *tls.Config
 	// QueueLimit bounds the items queued for one peer (DefaultQueueLimit);
 	// beyond it the oldest are dropped and counted.

@@ -26,7 +26,7 @@ const keyRefetchInterval = 10 * time.Second
 // key ID is: at a start, or after an issuer's blip, muster holds no
 // usable key and refuses every token until a fetch succeeds, and a
 // 10 s lockout would let leases lapse for want of a renewal that could
-// have landed (fail-static, issue 11).
+// have landed (fail-static).
 const keyRetryAfterFailure = time.Second
 
 // maxKeySetBytes bounds a key set document; real ones are a few KiB.

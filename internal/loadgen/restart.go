@@ -26,7 +26,7 @@ import (
 // processes, as a restarted replica keeps its name.
 const lgwReplica = "loadgen-restart"
 
-// runRestart is `muster loadgen watch --restart` (issue 11, ADR-13): it
+// runRestart is `muster loadgen watch --restart` (ADR-13): it
 // runs `muster dev` on --data as a child process, connects the
 // subscribers, waits for the census to have persisted their number,
 // restarts muster (SIGTERM, then a new process with no memory of them and

@@ -1,5 +1,5 @@
 // Package ownership gives each service one owning replica in a region
-// (issue 27, "One owner per service"): services hash onto a fixed set of
+// ("One owner per service"): services hash onto a fixed set of
 // virtual shards, and each shard is held by one replica at a time through
 // a lease row in PostgreSQL, timed by the database's clock and carrying
 // an epoch that fences a deposed owner. Muster uses it for lease expiry,

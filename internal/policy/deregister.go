@@ -56,7 +56,7 @@ var errHidden = refusal.Forbidden.Sub("hidden", "forbidden")
 // for that address: the proof Register asks) is let through at once, as
 // a graceful shutdown must be, and audited as instance.deregister as the
 // registry always did. Anyone else's deregistration removes capacity as
-// mark_ineligible does, for good, so it is an override (issue 13, ADR-15)
+// mark_ineligible does, for good, so it is an override (ADR-15)
 // and goes through Create's checks in Create's order: authorisation (the
 // owning team's operator role or admin: a sibling workload is refused),
 // the per-actor per-service rate limit (shared with overrides), a
@@ -70,7 +70,7 @@ var errHidden = refusal.Forbidden.Sub("hidden", "forbidden")
 // service is answered as if the instance did not exist (audited all the
 // same).
 //
-// An instance with a credential (issue 25; registry/credential.go) is
+// An instance with a credential (registry/credential.go) is
 // itself only when the caller also presents that credential: on one host
 // every instance of a service shares the address, so the address proves a
 // host, not an instance, and a sibling there is anyone else.

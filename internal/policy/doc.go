@@ -1,5 +1,5 @@
 // Package policy admits operators' overrides and deregistrations and
-// rate-limits policy writes per actor (ADR-15, ADR-08; issues 6 and 13).
+// rate-limits policy writes per actor (ADR-15, ADR-08).
 // Marking an instance ineligible by hand, or ending it, is an authorised
 // denial-of-service mechanism, so it is treated as one: every attempt is
 // authorised, counted, justified, budget-checked and audited, and every

@@ -10,7 +10,7 @@ import (
 	"github.com/musterhq/muster/internal/seal"
 )
 
-// Seals (issue 16's hostile-administrator review; migration 000016).
+// Seals (a hostile database administrator's writes; migration 000016).
 //
 // The overrides table is the truth of what is in force, and PostgreSQL's
 // administrators can write it: without more, an INSERT of a row marking

@@ -77,7 +77,7 @@ type Config struct {
 	// RunOnce assembles nothing and keeps what is dirty: a Snapshot that
 	// is false because the evaluator is still rebuilding must not be
 	// taken for a service that no longer exists, whose view would be
-	// published emptied (issue 27: a restarted replica adopting its
+	// published emptied (a restarted replica adopting its
 	// shards published an empty view of each).
 	Ready func() bool
 	// Changes, when set, is where the publisher pulls what changed (the
@@ -123,7 +123,7 @@ type Config struct {
 	// loop: it must not block), for the guard-trip history (guardlog).
 	GuardEvents func([]guardlog.Event)
 	// Owns, when set, says whether this replica owns a service's
-	// publication now (issue 27, ownership.Manager): a service it does
+	// publication now (ownership.Manager): a service it does
 	// not own is neither assembled nor published. Nil: every service (a
 	// replica alone).
 	Owns func(service string) bool

@@ -1,5 +1,5 @@
 // Package reconcile derives instance existence from the authorities that
-// already know it (ADR-03, issue 19): Kubernetes EndpointSlices and
+// already know it (ADR-03): Kubernetes EndpointSlices and
 // inventory snapshots. Self-registration stays for runtimes nothing
 // watches.
 //

@@ -62,7 +62,7 @@ type WorkerConfig struct {
 	// Timeout bounds one pass's database and source work (default 10 s).
 	Timeout time.Duration
 	// Owns, when set, says whether this replica applies the source's
-	// readings (issue 27: one replica of the region does, the owner of
+	// readings (one replica of the region does, the owner of
 	// the source's shard). Every replica reads the source and hands its
 	// readiness to its own evaluator (every replica evaluates every
 	// service); only the owner writes the registry and counts believed

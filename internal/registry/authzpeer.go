@@ -14,7 +14,7 @@ import (
 var ErrNoSnapshot = errors.New("the copy of services and grants holds no rows yet")
 
 // The rows of services and grants as one replica hands them to another
-// (GET /v1/peer/authz, issue 27: a replica that starts while PostgreSQL
+// (GET /v1/peer/authz: a replica that starts while PostgreSQL
 // is unreachable takes its authorisation copy from a peer). They are the
 // rows as read from PostgreSQL, seals included, and the receiver verifies
 // every seal with its own keys, as it would rows read from the database:

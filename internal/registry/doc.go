@@ -9,7 +9,7 @@
 // by a new registration of the same endpoint end an instance and keep its row,
 // so an id is never reused and a stale cached endpoint is detectably stale.
 //
-// # Lease expiry (ADR-03, 05; issue 11)
+// # Lease expiry (ADR-03, 05)
 //
 // A lease is muster's claim that an instance renews; muster's own absence
 // must never look like the instance's. The Reaper therefore:

@@ -197,7 +197,7 @@ func callerName(p identity.Principal) string {
 }
 
 // MayResolveGranted applies MayResolve's rule to a service whose grants
-// another authority keeps (a peer region's, issue 29): granted reports
+// another authority keeps (a peer region's): granted reports
 // whether that authority granted a caller service.
 func MayResolveGranted(actor identity.Principal, service string, granted func(caller string) bool) error {
 	return mayResolve(actor, service, func(caller string) (bool, error) { return granted(caller), nil })

@@ -17,7 +17,7 @@ import (
 	"github.com/musterhq/muster/internal/seal"
 )
 
-// Member sources (issue 25; migration 000021): who may supply a service's
+// Member sources (migration 000021): who may supply a service's
 // members from each reconciliation source. A Kubernetes Service anywhere
 // can carry the annotation naming a muster service, so membership is
 // authorised where it enters: each service names the sources (and, for a

@@ -18,7 +18,7 @@ import (
 	"github.com/musterhq/muster/internal/refusal"
 )
 
-// Reconciled instances (ADR-03, issue 19) exist because an orchestrator or
+// Reconciled instances (ADR-03) exist because an orchestrator or
 // an inventory says so: their source is the reconciliation source's name
 // ("k8s/<cluster>", "snapshot/<name>"), they have no lease (the reaper
 // only ever reads instances with lease_expires_at set, so it can never

@@ -399,7 +399,7 @@ func (r *Registry) EndsOnRecord(ctx context.Context, ids []uuid.UUID) (ends map[
 // this replica or another: a re-registration replacing it) also has a
 // record of its end by now; it is a stale read, not a replay. So the
 // instances with a record are read again, and only those whose row still
-// reads active are returned (issue 27: three replicas under churn logged
+// reads active are returned (three replicas under churn logged
 // such races as rows written back by hand).
 func (r *Registry) Replayed(ctx context.Context, ids []uuid.UUID) (ends map[uuid.UUID]audit.End, forged int, err error) {
 	q := db.New(r.cfg.Pool)

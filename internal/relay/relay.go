@@ -50,7 +50,7 @@ type Config struct {
 	// open).
 	Client *http.Client
 	// TLS, when set, is the default Client's TLS configuration for peers
-	// served over https (their CA bundle; issue 28).
+	// served over https (their CA bundle).
 	TLS *tls.Config
 	// Refresh is how often Peers is read: 1 s.
 	Refresh time.Duration
@@ -539,7 +539,7 @@ func (r *Relay) apply(c *conn, rec Record) {
 
 // Synced reports whether a peer's opening snapshot has ever been taken
 // whole since start: this replica's hub holds the views that peer held
-// (issue 27: a replica started while PostgreSQL is unreachable is ready
+// (a replica started while PostgreSQL is unreachable is ready
 // from then on).
 func (r *Relay) Synced() bool { return r.synced.Load() }
 

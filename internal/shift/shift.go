@@ -180,7 +180,7 @@ type Config struct {
 	// sealed once the region's rows are).
 	Trust *seal.Trust
 	// Fallback, when set, names the peer regions that can take this
-	// region's traffic now (issue 29: followed, reached within the stale
+	// region's traffic now (followed, reached within the stale
 	// threshold, not turned off by the routing control), or says why none
 	// can. A region drain with none is refused with that reason (check
 	// no_fallback_region): draining a region moves its clients to those

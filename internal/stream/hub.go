@@ -218,7 +218,7 @@ func (h *Hub) Publish(updates []Update) {
 	}
 }
 
-// Relay records updates another replica published (issue 27: every
+// Relay records updates another replica published (every
 // replica serves every view; versions are issued only by a service's
 // owner), as Publish does but for the taps: a replica relays only what it
 // published itself. Updates at or below the version held are dropped, so

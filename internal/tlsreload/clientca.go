@@ -14,7 +14,7 @@ import (
 )
 
 // ClientCAConfig names the CA bundle client certificates are verified
-// against (mutual TLS, issue 28).
+// against (mutual TLS).
 type ClientCAConfig struct {
 	// File is a PEM bundle of one or more CA certificates. Required.
 	File string

@@ -71,7 +71,7 @@
 //
 // Every stream presents a muster token ("authorization: Bearer" metadata),
 // verified by the HTTP server's authenticator, or, with mutual TLS
-// (Config.ClientCertificates, issue 28), a client certificate that maps to
+// (Config.ClientCertificates), a client certificate that maps to
 // a workload; without either it is refused UNAUTHENTICATED before it can
 // ask for anything, and a workload token the certificate contradicts is
 // refused PERMISSION_DENIED. The cache is

@@ -129,7 +129,7 @@ type Config struct {
 	// ClientCertificates, when set, authenticates a stream whose TLS
 	// handshake took a client certificate and that presents no token as
 	// the workload the certificate maps to, and refuses a workload token
-	// the certificate contradicts (mutual TLS, issue 28).
+	// the certificate contradicts (mutual TLS).
 	ClientCertificates ClientCertificates
 	// Ready reports whether muster can answer for what exists: the
 	// evaluator rebuilt, views published, the authorisation copy loaded.

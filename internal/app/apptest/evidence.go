@@ -21,7 +21,7 @@ import (
 // window is evaluated and flushed to PostgreSQL as the evaluator's ticker
 // would, and the views published past the addition window. The platform
 // defaults (removal at 50%) remove nobody on it; a 5% removal threshold
-// removes both (the contract preview's tests, issue 30). It returns the
+// removes both (the contract preview's tests). It returns the
 // instances' ids and report, which sends one more window of successes.
 func (s *Stack) SelfReportedPay(t testing.TB, registrar string) (ids []string, report func()) {
 	t.Helper()
