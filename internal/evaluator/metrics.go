@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_samples_forwarded_total",
-			Help: "Health samples another replica of the region accepted and forwarded here (issue 27), by result here (accepted, refused); not counted in muster_samples_accepted_total or muster_samples_refused_total.",
+			Help: "Health samples another replica of the region accepted and forwarded here, by result here (accepted, refused); not counted in muster_samples_accepted_total or muster_samples_refused_total.",
 		}, []string{"result"}),
 		tick: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "muster_evaluation_tick_seconds", Help: "Time one evaluation tick takes.",
