@@ -41,7 +41,14 @@ type serviceMonitor struct {
 			Scheme        string `json:"scheme,omitempty"`
 			Interval      string `json:"interval,omitempty"`
 			ScrapeTimeout string `json:"scrapeTimeout,omitempty"`
-			Relabelings   []struct {
+			TLSConfig     *struct {
+				ServerName         string `json:"serverName,omitempty"`
+				InsecureSkipVerify bool   `json:"insecureSkipVerify,omitempty"`
+				CA                 *struct {
+					Secret *corev1.SecretKeySelector `json:"secret,omitempty"`
+				} `json:"ca,omitempty"`
+			} `json:"tlsConfig,omitempty"`
+			Relabelings []struct {
 				Action       string   `json:"action,omitempty"`
 				SourceLabels []string `json:"sourceLabels,omitempty"`
 				Regex        string   `json:"regex,omitempty"`
@@ -168,6 +175,30 @@ func TestServiceMonitor(t *testing.T) {
 	}
 	if set["job"] != "muster" {
 		t.Errorf("job %q, want muster (the rules select job=~\"muster.*\")", set["job"])
+	}
+	// minimal.yaml has TLS between the replicas, so the metrics port serves
+	// https: the scrape verifies it against the replicas' CA, for a name
+	// their certificate (*.muster-peers.muster.svc.cluster.local) holds.
+	tc := ep.TLSConfig
+	if ep.Scheme != "https" || tc == nil || tc.InsecureSkipVerify {
+		t.Fatalf("scheme %q tlsConfig %+v, want https verified", ep.Scheme, tc)
+	}
+	if tc.ServerName != "muster-0.muster-peers.muster.svc.cluster.local" {
+		t.Errorf("serverName %q", tc.ServerName)
+	}
+	if tc.CA == nil || tc.CA.Secret == nil || tc.CA.Secret.Name != "muster-tls" || tc.CA.Secret.Key != "ca.crt" {
+		t.Errorf("CA %+v, want muster-tls/ca.crt (tls.ca)", tc.CA)
+	}
+
+	// One replica on plain http: scraped over http.
+	o = mustRender(t, []string{"minimal.yaml"}, map[string]any{
+		"replicaCount": 1,
+		"tls":          map[string]any{"enabled": false, "existingSecret": "", "ca": map[string]any{"existingSecret": ""}},
+		"metrics":      map[string]any{"serviceMonitor": map[string]any{"enabled": true, "tlsServerName": "ignored.example"}},
+	})
+	ep = one[*serviceMonitor](t, o).Spec.Endpoints[0]
+	if ep.Scheme != "http" || ep.TLSConfig != nil {
+		t.Errorf("without TLS: scheme %q tlsConfig %+v", ep.Scheme, ep.TLSConfig)
 	}
 }
 
