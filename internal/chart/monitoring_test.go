@@ -317,3 +317,32 @@ func TestNetworkPolicyAlertTargetsAndPeerRegions(t *testing.T) {
 		t.Error("a peer region that is not a CIDR rendered")
 	}
 }
+
+// TestNetworkPolicyHTTPSAllowAll: the issuers' toggle opens 443 to every
+// address (IPv6 too, which 0.0.0.0/0 misses) and nothing else; without
+// it, only the listed CIDRs.
+func TestNetworkPolicyHTTPSAllowAll(t *testing.T) {
+	https := func(set map[string]any) []networkingv1.NetworkPolicyEgressRule {
+		np := one[*networkingv1.NetworkPolicy](t, mustRender(t, []string{"minimal.yaml"}, set))
+		var out []networkingv1.NetworkPolicyEgressRule
+		for _, r := range np.Spec.Egress {
+			for _, p := range r.Ports {
+				if p.Port.String() == "443" {
+					out = append(out, r)
+				}
+			}
+		}
+		return out
+	}
+	all := https(map[string]any{"networkPolicy": map[string]any{"egress": map[string]any{"https": map[string]any{"allowAll": true}}}})
+	if len(all) != 1 || len(all[0].To) != 0 || len(all[0].Ports) != 1 {
+		t.Errorf("allowAll: %+v, want one rule on 443 to any address", all)
+	}
+	narrow := https(map[string]any{"networkPolicy": map[string]any{"egress": map[string]any{"https": map[string]any{"cidrs": []any{"203.0.113.0/24"}}}}})
+	if len(narrow) != 1 || len(narrow[0].To) != 1 || narrow[0].To[0].IPBlock == nil || narrow[0].To[0].IPBlock.CIDR != "203.0.113.0/24" {
+		t.Errorf("narrowed: %+v", narrow)
+	}
+	if none := https(map[string]any{"networkPolicy": map[string]any{"egress": map[string]any{"https": map[string]any{"cidrs": []any{}}}}}); len(none) != 0 {
+		t.Errorf("no https CIDRs: %+v, want no rule", none)
+	}
+}
