@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -344,5 +345,24 @@ func TestNetworkPolicyHTTPSAllowAll(t *testing.T) {
 	}
 	if none := https(map[string]any{"networkPolicy": map[string]any{"egress": map[string]any{"https": map[string]any{"cidrs": []any{}}}}}); len(none) != 0 {
 		t.Errorf("no https CIDRs: %+v, want no rule", none)
+	}
+}
+
+// TestMonitoringDecoderRefuses shows the Prometheus Operator kinds are
+// decoded strictly too: a field the CRD lacks, or one misplaced, fails.
+func TestMonitoringDecoderRefuses(t *testing.T) {
+	good := "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: m}\nspec:\n  selector: {}\n  namespaceSelector: {}\n  endpoints: [{port: metrics}]\n"
+	if _, _, err := decodeStrict([]byte(good)); err != nil {
+		t.Fatalf("a good ServiceMonitor: %v", err)
+	}
+	for _, bad := range []string{
+		strings.Replace(good, "port: metrics", "port: metrics, relabeling: []", 1),
+		strings.Replace(good, "selector: {}", "selector: {}\n  interval: 30s", 1),
+		"apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {name: r}\nspec:\n  groups: [{name: g, rules: [{alert: A, expr: up, severity: page}]}]\n",
+		"apiVersion: monitoring.coreos.com/v1\nkind: PodMonitor\nmetadata: {name: p}\n",
+	} {
+		if _, _, err := decodeStrict([]byte(bad)); err == nil {
+			t.Errorf("decoded:\n%s", bad)
+		}
 	}
 }
