@@ -49,7 +49,8 @@ const (
 
 // expectedKinds are the only kinds the chart may render.
 var expectedKinds = []string{"StatefulSet", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceAccount",
-	"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret", "ConfigMap"}
+	"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret", "ConfigMap",
+	"ServiceMonitor", "PrometheusRule"}
 
 // strictDecoder decodes YAML into the Kubernetes API types and refuses
 // unknown and duplicate fields.
@@ -137,7 +138,7 @@ func decodeAll(t *testing.T, manifest string) objects {
 			continue
 		}
 		docs++
-		obj, gvk, err := strictDecoder.Decode(doc, nil, nil)
+		obj, gvk, err := decodeStrict(doc)
 		if err != nil {
 			t.Fatalf("document %d does not decode strictly: %v\n%s", docs, err, doc)
 		}
@@ -234,6 +235,7 @@ func variants(t *testing.T) map[string]map[string]any {
 		"proxy-nlb.yaml":  nil,
 		"reconcile.yaml":  nil,
 		"extras.yaml":     nil,
+		"monitoring.yaml": nil,
 		"single.yaml":     {"signingKey": map[string]any{"privateKey": generatedKey(t)}},
 	}
 }
