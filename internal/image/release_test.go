@@ -214,3 +214,46 @@ func TestReleaseReproducible(t *testing.T) {
 		}
 	})
 }
+
+// TestBaseHasNoHostCABundle: unless a bundle is asked for, the base layer
+// holds nothing read from the build machine.
+func TestBaseHasNoHostCABundle(t *testing.T) {
+	t.Parallel()
+	for _, f := range baseFiles(nil) {
+		if strings.HasPrefix(f.name, "etc/ssl") {
+			t.Errorf("the base layer holds %s without a bundle asked for", f.name)
+		}
+	}
+	var names []string
+	for _, f := range baseFiles([]byte("pem")) {
+		names = append(names, f.name)
+	}
+	if !strings.Contains(strings.Join(names, " "), "etc/ssl/certs/ca-certificates.crt") {
+		t.Errorf("a bundle asked for is not in the base layer: %v", names)
+	}
+}
+
+func TestChartAppVersion(t *testing.T) {
+	t.Parallel()
+	root, err := ModuleRoot(t.Context(), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ChartAppVersion(root)
+	if err != nil || !semver.MatchString(got) {
+		t.Errorf("ChartAppVersion(%s) = %q, %v; want the chart's version", root, got, err)
+	}
+	for _, bad := range []string{`appVersion: "1.0; rm -rf /"`, `version: 0.1.0`, `appVersion: [`} {
+		dir := t.TempDir()
+		path := filepath.Join(dir, ChartPath)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(bad+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := ChartAppVersion(dir); err == nil {
+			t.Errorf("Chart.yaml %q gave appVersion %q, want an error", bad, v)
+		}
+	}
+}
