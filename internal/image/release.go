@@ -76,6 +76,13 @@ func BuildRelease(ctx context.Context, rc ReleaseConfig) (*Release, error) {
 		case err != nil && rc.Created.IsZero():
 			return nil, fmt.Errorf("%s is not a git checkout to take the release time from, and no SOURCE_DATE_EPOCH was given: %w", rc.Src, err)
 		case err == nil:
+			// A release is labelled with its commit, so it must be built
+			// from exactly that commit, not from local changes on top.
+			if dirty, err := dirtyFiles(ctx, rc.Src); err != nil {
+				return nil, err
+			} else if dirty != "" {
+				return nil, fmt.Errorf("%s has changes not committed; a release is built from a commit as it is:\n%s", rc.Src, dirty)
+			}
 			if rc.Created.IsZero() {
 				rc.Created = at
 			}
@@ -144,6 +151,18 @@ func commitOf(ctx context.Context, dir string) (string, time.Time, error) {
 		return "", time.Time{}, fmt.Errorf("git log printed %q", out)
 	}
 	return rev, time.Unix(n, 0), nil
+}
+
+// dirtyFiles is `git status --porcelain` in dir: empty when the checkout
+// is exactly its commit.
+func dirtyFiles(ctx context.Context, dir string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", "status", "--porcelain")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("git status in %s: %w", dir, err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // WriteIndexLayout writes idx as a new OCI image layout in dir (which must

@@ -257,3 +257,35 @@ func TestChartAppVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseRefusesLocalChanges: a release is labelled with its commit,
+// so a checkout with changes on top is refused before anything is built.
+func TestReleaseRefusesLocalChanges(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	run := func(args ...string) {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), args[0], args[1:]...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	chart := filepath.Join(dir, ChartPath)
+	if err := os.MkdirAll(filepath.Dir(chart), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(chart, []byte("appVersion: \"0.1.0\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run("git", "init", "-q")
+	run("git", "add", ".")
+	run("git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "chart")
+	if err := os.WriteFile(filepath.Join(dir, "local.go"), []byte("package main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := BuildRelease(t.Context(), ReleaseConfig{Src: dir, Go: "/nonexistent/go-must-not-run"})
+	if err == nil || !strings.Contains(err.Error(), "not committed") || !strings.Contains(err.Error(), "local.go") {
+		t.Errorf("BuildRelease of a checkout with local changes: %v, want a refusal naming local.go", err)
+	}
+}
