@@ -2,6 +2,13 @@
 // without a Docker daemon or a registry:
 //
 //	go run ./cmd/muster-image --out DIR [--tar FILE] [--goarch amd64] [--tag latest]
+//	go run ./cmd/muster-image --release --out DIR [--sbom-dir DIR]
+//
+// --release builds the image the Helm chart runs by default: an OCI image
+// index for linux/amd64 and linux/arm64, tagged and labelled with the
+// chart's appVersion, dated by the checked-out commit (or
+// SOURCE_DATE_EPOCH), with an SPDX SBOM per architecture written beside
+// the layout. Two release builds of one commit give one index digest.
 //
 // It compiles ./cmd/muster statically for linux (see internal/image) and
 // writes an OCI image layout directory (--out), a tarball for `docker load`
@@ -16,6 +23,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -44,6 +52,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		out, tarFile string
 		tag, repo    string
 		verbose      bool
+		release      bool
+		sbomDir      string
 	)
 	fs := flag.NewFlagSet("muster-image", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -53,7 +63,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&repo, "repo", "muster", "the image's name in the tarball")
 	fs.StringVar(&cfg.GOARCH, "goarch", "amd64", "target architecture (GOOS is linux)")
 	fs.StringVar(&cfg.Src, "src", "", "module root to build (default: the module holding the current directory)")
-	fs.StringVar(&cfg.CACerts, "ca-certs", image.CACertPath, "PEM CA bundle to copy into the image")
+	fs.StringVar(&cfg.CACerts, "ca-certs", "", "PEM CA bundle to copy to "+image.CACertPath+" (default none: the binary carries Mozilla's roots)")
+	fs.BoolVar(&release, "release", false, "build the release: an index for linux/amd64 and linux/arm64 tagged with the chart's appVersion (needs --out)")
+	fs.StringVar(&sbomDir, "sbom-dir", "", "with --release, where the SPDX SBOMs go (default the directory holding --out)")
 	fs.StringVar(&cfg.Source, "source", "https://github.com/musterhq/muster", "the "+image.LabelSource+" label")
 	fs.StringVar(&cfg.Licenses, "licenses", "NOASSERTION", "the "+image.LabelLicenses+" label (an SPDX expression)")
 	fs.BoolVar(&verbose, "v", false, "show go build's output")
@@ -63,6 +75,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "muster-image: unexpected argument %q\n", fs.Arg(0))
 		return errUsage
+	}
+	if release {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for _, n := range []string{"tar", "tag", "goarch", "ca-certs", "repo"} {
+			if set[n] {
+				fmt.Fprintf(stderr, "muster-image: --release fixes what --%s would set; leave it out\n", n)
+				return errUsage
+			}
+		}
+		if out == "" {
+			fmt.Fprintln(stderr, "muster-image: --release needs --out DIR, a new directory for the OCI layout")
+			return errUsage
+		}
 	}
 	if out == "" && tarFile == "" {
 		fmt.Fprintln(stderr, "muster-image: say where the image goes: --out DIR and/or --tar FILE")
@@ -84,6 +110,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if verbose {
 		cfg.BuildOutput = stderr
+	}
+	if release {
+		if sbomDir == "" {
+			sbomDir = filepath.Dir(filepath.Clean(out))
+		}
+		return runRelease(ctx, cfg, out, sbomDir, stdout)
 	}
 
 	built, err := image.Build(ctx, cfg)
@@ -114,5 +146,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "muster %s linux/%s, revision %s, created %s\n%s\n",
 		built.Version, cfg.GOARCH, rev, built.Created.Format(time.RFC3339), digest)
+	return nil
+}
+
+func runRelease(ctx context.Context, cfg image.Config, out, sbomDir string, stdout io.Writer) error {
+	r, err := image.BuildRelease(ctx, image.ReleaseConfig{
+		Src: cfg.Src, Created: cfg.Created, Source: cfg.Source, Licenses: cfg.Licenses,
+		BuildOutput: cfg.BuildOutput,
+	})
+	if err != nil {
+		return err
+	}
+	if err := image.WriteIndexLayout(out, r.Index, r.Version); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s:%s\n", out, r.Version)
+	for i, arch := range image.ReleasePlatforms {
+		sbom, err := image.SBOM(r.Images[i], arch, cfg.Source)
+		if err != nil {
+			return err
+		}
+		path := filepath.Join(sbomDir, image.SBOMName(r.Version, arch))
+		if err := os.WriteFile(path, sbom, 0o644); err != nil {
+			return err
+		}
+		d, err := r.Images[i].Image.Digest()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "linux/%s %s, SBOM %s\n", arch, d, path)
+	}
+	digest, err := r.Index.Digest()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "muster %s (linux/amd64, linux/arm64), revision %s, created %s\n%s\n",
+		r.Version, r.Images[0].Revision, r.Created.Format(time.RFC3339), digest)
 	return nil
 }

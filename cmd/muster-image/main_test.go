@@ -18,6 +18,10 @@ func TestUsageErrors(t *testing.T) {
 		{nil, "--out DIR and/or --tar FILE"},
 		{[]string{"--out", t.TempDir(), "extra"}, `unexpected argument "extra"`},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
+		{[]string{"--release"}, "--release needs --out DIR"},
+		{[]string{"--release", "--out", t.TempDir(), "--tag", "v9"}, "--release fixes what --tag would set"},
+		{[]string{"--release", "--out", t.TempDir(), "--goarch", "riscv64"}, "--release fixes what --goarch would set"},
+		{[]string{"--release", "--out", t.TempDir(), "--tar", "m.tar"}, "--release fixes what --tar would set"},
 	} {
 		var stdout, stderr bytes.Buffer
 		err := run(t.Context(), tc.args, &stdout, &stderr)

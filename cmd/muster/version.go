@@ -10,6 +10,12 @@ import (
 	"github.com/musterhq/muster/internal/cli"
 )
 
+// version, when set by the linker (-ldflags "-X main.version=0.1.0", as
+// the release image build does), is the release this binary is: the Helm
+// chart's appVersion. Without it the module version Go stamped is printed,
+// which is "(devel)" for a build of a checkout.
+var version string
+
 // cmdVersion prints what the binary knows of its own build: the module
 // version, the Go toolchain and platform, and the VCS revision and commit
 // time when the build stamped them. Builds with -buildvcs=false (CI's) or
@@ -36,9 +42,12 @@ func cmdVersion(args []string, stdout, stderr io.Writer) error {
 //
 // The second line is there only when the build recorded a revision.
 func versionText(info *debug.BuildInfo) string {
-	version := info.Main.Version
-	if version == "" {
-		version = "(devel)"
+	v := info.Main.Version
+	if version != "" {
+		v = version
+	}
+	if v == "" {
+		v = "(devel)"
 	}
 	settings := map[string]string{}
 	for _, s := range info.Settings {
@@ -49,7 +58,7 @@ func versionText(info *debug.BuildInfo) string {
 		goos, goarch = runtime.GOOS, runtime.GOARCH
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "muster %s %s %s/%s\n", version, info.GoVersion, goos, goarch)
+	fmt.Fprintf(&b, "muster %s %s %s/%s\n", v, info.GoVersion, goos, goarch)
 	if rev := settings["vcs.revision"]; rev != "" {
 		b.WriteString("revision " + rev)
 		if t := settings["vcs.time"]; t != "" {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -56,9 +57,20 @@ type Config struct {
 	// GOARCH is the target architecture (default "amd64"); GOOS is always
 	// linux.
 	GOARCH string
-	// CACerts is the PEM bundle copied to CACertPath (default the build
-	// machine's /etc/ssl/certs/ca-certificates.crt).
+	// CACerts, when set, is a PEM bundle copied to CACertPath. By default
+	// the image holds none: the binary carries Mozilla's roots (see
+	// cmd/muster/roots.go), so the image does not depend on the build
+	// machine's bundle.
 	CACerts string
+	// Version, when set, is linked into the binary as the release it is
+	// (what `muster version` prints) and is the version label; the build
+	// then also ignores VCS stamping (-buildvcs=false), so a clone, a
+	// worktree and an exported tree of one commit build the same bytes.
+	Version string
+	// Revision, when set, is the revision label (a release passes the
+	// commit it builds); otherwise the label is the revision the build
+	// stamped, if any.
+	Revision string
 	// Source is the org.opencontainers.image.source label (default
 	// https://github.com/musterhq/muster).
 	Source string
@@ -78,9 +90,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.GOARCH == "" {
 		c.GOARCH = "amd64"
-	}
-	if c.CACerts == "" {
-		c.CACerts = CACertPath
 	}
 	if c.Source == "" {
 		c.Source = "https://github.com/musterhq/muster"
@@ -118,6 +127,9 @@ type Built struct {
 	// Modified is the build's vcs.modified: the tree had local changes.
 	Modified bool
 	Created  time.Time
+	// Binary is the compiled muster and Info its build information.
+	Binary []byte
+	Info   *debug.BuildInfo
 }
 
 // Build compiles muster from cfg.Src and assembles its image.
@@ -128,12 +140,15 @@ func Build(ctx context.Context, cfg Config) (*Built, error) {
 	}
 	// The CA bundle is read first, so a machine without one fails at once,
 	// not after a minute of compiling.
-	caCerts, err := os.ReadFile(cfg.CACerts)
-	if err != nil {
-		return nil, fmt.Errorf("read the CA bundle for %s (install Debian's ca-certificates or pass another bundle): %w", CACertPath, err)
-	}
-	if !bytes.Contains(caCerts, []byte("-----BEGIN CERTIFICATE-----")) {
-		return nil, fmt.Errorf("CA bundle %s holds no PEM certificate", cfg.CACerts)
+	var caCerts []byte
+	if cfg.CACerts != "" {
+		var err error
+		if caCerts, err = os.ReadFile(cfg.CACerts); err != nil {
+			return nil, fmt.Errorf("read the CA bundle for %s: %w", CACertPath, err)
+		}
+		if !bytes.Contains(caCerts, []byte("-----BEGIN CERTIFICATE-----")) {
+			return nil, fmt.Errorf("CA bundle %s holds no PEM certificate", cfg.CACerts)
+		}
 	}
 
 	tmp, err := os.MkdirTemp("", "muster-image-")
@@ -162,6 +177,14 @@ func Build(ctx context.Context, cfg Config) (*Built, error) {
 		Revision: settings["vcs.revision"],
 		Modified: settings["vcs.modified"] == "true",
 		Created:  cfg.Created,
+		Binary:   binary,
+		Info:     info,
+	}
+	if cfg.Version != "" {
+		b.Version = cfg.Version
+	}
+	if cfg.Revision != "" {
+		b.Revision, b.Modified = cfg.Revision, false
 	}
 	if b.Version == "" {
 		b.Version = "(devel)"
@@ -194,7 +217,7 @@ func Build(ctx context.Context, cfg Config) (*Built, error) {
 	created := v1.Time{Time: b.Created}
 	img, err = mutate.Append(img,
 		mutate.Addendum{Layer: base, MediaType: types.OCILayer, History: v1.History{
-			Created: created, CreatedBy: "muster-image: passwd, group, CA certificates", Comment: "base"}},
+			Created: created, CreatedBy: "muster-image: passwd, group", Comment: "base"}},
 		mutate.Addendum{Layer: app, MediaType: types.OCILayer, History: v1.History{
 			Created: created, CreatedBy: "muster-image: go build -trimpath ./cmd/muster (CGO_ENABLED=0)"}},
 	)
@@ -245,7 +268,11 @@ func Build(ctx context.Context, cfg Config) (*Built, error) {
 // and cfg.GOARCH. The caller's GOFLAGS still apply (CI's -buildvcs=false
 // leaves the revision out).
 func goBuild(ctx context.Context, cfg Config, out string) error {
-	cmd := exec.CommandContext(ctx, cfg.Go, "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./cmd/muster")
+	args := []string{"build", "-trimpath", "-ldflags=-s -w"}
+	if cfg.Version != "" {
+		args = []string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -X main.version=" + cfg.Version}
+	}
+	cmd := exec.CommandContext(ctx, cfg.Go, append(args, "-o", out, "./cmd/muster")...)
 	cmd.Dir = cfg.Src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+cfg.GOARCH)
 	cmd.Stdout = cfg.BuildOutput
@@ -266,23 +293,28 @@ type file struct {
 	data     []byte
 }
 
-// baseFiles is the base layer: the user database, the CA bundle, /tmp and
-// the user's home. Both users' shells are /sbin/nologin, which the image
+// baseFiles is the base layer: the user database, the CA bundle when one
+// was given, /tmp and the user's home. Both users' shells are /sbin/nologin, which the image
 // does not even hold.
 func baseFiles(caCerts []byte) []file {
 	passwd := fmt.Sprintf("root:x:0:0:root:/root:/sbin/nologin\n%s:x:%d:%d:%s:%s:/sbin/nologin\n", UserName, UID, UID, UserName, HomeDir)
 	group := fmt.Sprintf("root:x:0:\n%s:x:%d:\n", UserName, UID)
-	return []file{
+	files := []file{
 		{name: "etc/", mode: 0o755, dir: true},
 		{name: "etc/group", mode: 0o644, data: []byte(group)},
 		{name: "etc/passwd", mode: 0o644, data: []byte(passwd)},
-		{name: "etc/ssl/", mode: 0o755, dir: true},
-		{name: "etc/ssl/certs/", mode: 0o755, dir: true},
-		{name: strings.TrimPrefix(CACertPath, "/"), mode: 0o644, data: caCerts},
+	}
+	if caCerts != nil {
+		files = append(files,
+			file{name: "etc/ssl/", mode: 0o755, dir: true},
+			file{name: "etc/ssl/certs/", mode: 0o755, dir: true},
+			file{name: strings.TrimPrefix(CACertPath, "/"), mode: 0o644, data: caCerts})
+	}
+	return append(files, []file{
 		{name: "home/", mode: 0o755, dir: true},
 		{name: strings.TrimPrefix(HomeDir, "/") + "/", mode: 0o700, dir: true, uid: UID, gid: UID},
 		{name: "tmp/", mode: 0o1777, dir: true},
-	}
+	}...)
 }
 
 // layer writes files, in order, into an uncompressed tar with fixed
