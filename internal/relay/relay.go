@@ -191,6 +191,10 @@ type Relay struct {
 	// judged is the last judgement of what is current here (current.go),
 	// and lastJudge when the last round began; guarded by mu.
 	judged judgement
+	// maxTenureEpoch is the highest epoch a sealed tenure was seen under
+	// (verify.go): a view of a shard without a tenure is believed only
+	// under an epoch the region has issued.
+	maxTenureEpoch atomic.Uint64
 	// adopted: the hub has been told a judgement (adopt).
 	adopted   bool
 	lastJudge time.Time

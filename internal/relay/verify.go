@@ -82,7 +82,7 @@ func (r *Relay) verify(ctx context.Context, c *conn, rec *Record) error {
 		// A peer of the release before, in a rolling upgrade: it signs
 		// nothing and records no tenures.
 		r.metrics.unsigned.WithLabelValues(c.peer.ID).Inc()
-	} else if err := r.checkTenure(ctx, &v, sig); err != nil {
+	} else if err := r.checkTenure(ctx, c, &v, sig); err != nil {
 		return err
 	}
 	r.remember(&v)
@@ -189,7 +189,7 @@ func (r *Relay) remember(v *assembler.View) {
 // that cannot be told (the shard count or the tenures cannot be read:
 // PostgreSQL is away) the view is believed on its signature alone and
 // counted: a database outage must not stop relaying.
-func (r *Relay) checkTenure(ctx context.Context, v *assembler.View, sig *assembler.Signature) error {
+func (r *Relay) checkTenure(ctx context.Context, c *conn, v *assembler.View, sig *assembler.Signature) error {
 	if r.cfg.Tenures == nil || r.cfg.ShardOf == nil {
 		return nil
 	}
@@ -202,11 +202,24 @@ func (r *Relay) checkTenure(ctx context.Context, v *assembler.View, sig *assembl
 	owner, err := r.cfg.Tenures.Owner(ctx, shard, epoch)
 	switch {
 	case err == nil && owner == sig.Replica:
+		r.noteTenureEpoch(epoch)
 		return nil
 	case err == nil:
+		r.noteTenureEpoch(epoch)
 		return fmt.Errorf("%w: %s@%d is signed by replica %s, but shard %d's tenure under epoch %d is replica %s's", errOutsideTenure, v.Service, v.Version, sig.Replica, shard, epoch, owner)
+	case errors.Is(err, tenure.ErrNone) && epoch <= r.maxTenureEpoch.Load():
+		// No sealed tenure for this shard, under an epoch the region has
+		// issued (a sealed tenure of some shard under it or a later one
+		// was seen): an absence, which is never believed on its own. A
+		// tenure row deleted by hand, or one the owner had not recorded
+		// when it published, must not stop the region relaying views its
+		// key signed; it is alarmed and counted. An epoch above every
+		// tenure seen (a version that would freeze the service) is
+		// refused below.
+		r.refuse(c, fmt.Errorf("%w: %s@%d (signed by replica %s): shard %d has no sealed tenure under epoch %d; believed on its signature", errOutsideTenure, v.Service, v.Version, sig.Replica, shard, epoch))
+		return nil
 	case errors.Is(err, tenure.ErrNone):
-		return fmt.Errorf("%w: %s@%d (signed by replica %s): shard %d has no sealed tenure under epoch %d", errOutsideTenure, v.Service, v.Version, sig.Replica, shard, epoch)
+		return fmt.Errorf("%w: %s@%d (signed by replica %s): shard %d has no sealed tenure under epoch %d, above every tenure seen", errOutsideTenure, v.Service, v.Version, sig.Replica, shard, epoch)
 	default:
 		r.metrics.unchecked.Inc()
 		r.log.Debug("a view's tenure cannot be read; believed on its signature", "service", v.Service, "version", v.Version, "err", err)
@@ -270,4 +283,15 @@ func (r *Relay) refusalAlarmsLocked(now time.Time) []assembler.Alarm {
 		return a.Since.Compare(b.Since)
 	})
 	return out
+}
+
+// noteTenureEpoch raises the highest epoch a sealed tenure was seen
+// under.
+func (r *Relay) noteTenureEpoch(epoch uint64) {
+	for {
+		cur := r.maxTenureEpoch.Load()
+		if epoch <= cur || r.maxTenureEpoch.CompareAndSwap(cur, epoch) {
+			return
+		}
+	}
 }
