@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -104,6 +105,9 @@ func (c *Config) Validate() error {
 	if err := c.Targets.Validate(); err != nil {
 		return fmt.Errorf("notify: %w", err)
 	}
+	if err := c.Targets.loadCAs(); err != nil {
+		return fmt.Errorf("notify: %w", err)
+	}
 	if c.Alarms == nil {
 		return errors.New("notify: no alarm source")
 	}
@@ -146,9 +150,61 @@ type Notifier struct {
 	mu sync.Mutex // guards what follows; held by RunOnce, which the loop calls alone
 	// sent are the alarms sent as firing and not yet resolved, by key.
 	sent map[string]*firing
-	// queues are the deliveries waiting, by target name (a team, or
-	// PlatformTeam).
+	// queues are the deliveries waiting, by sink.
 	queues map[string]*queue
+	// sinks are where deliveries go, by name: a target with one URL is
+	// one sink named as the target (a team, or PlatformTeam); each member
+	// of an Alertmanager set is a sink of its own, TEAM@HOST.
+	sinks map[string]*sink
+}
+
+// sink is one URL of a target, with the client that reaches it.
+type sink struct {
+	target Target
+	url    string
+	client *http.Client
+}
+
+func (s *sink) host() string { return hostOf(s.url) }
+
+// sinkNames are the sinks of target name, built on first use.
+func (n *Notifier) sinkNames(name string) []string {
+	t := n.target(name)
+	members := t.members()
+	out := make([]string, 0, len(members))
+	for _, raw := range members {
+		key := name
+		if len(t.URLs) > 0 {
+			key = name + "@" + hostOf(raw)
+		}
+		if n.sinks[key] == nil {
+			n.sinks[key] = &sink{target: t, url: raw, client: n.clientFor(t)}
+		}
+		out = append(out, key)
+	}
+	return out
+}
+
+// clientFor is the configured client, or a copy of it trusting only the
+// target's CAs.
+func (n *Notifier) clientFor(t Target) *http.Client {
+	if t.roots == nil {
+		return n.cfg.Client
+	}
+	base, _ := n.cfg.Client.Transport.(*http.Transport)
+	if base == nil {
+		base = http.DefaultTransport.(*http.Transport)
+	}
+	tr := base.Clone()
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if tr.TLSClientConfig != nil {
+		tc = tr.TLSClientConfig.Clone()
+	}
+	tc.RootCAs = t.roots
+	tr.TLSClientConfig = tc
+	c := *n.cfg.Client
+	c.Transport = tr
+	return &c
 }
 
 type firing struct {
@@ -164,7 +220,7 @@ func New(cfg Config) (*Notifier, error) {
 		return nil, err
 	}
 	n := &Notifier{cfg: cfg, log: cfg.Logger.With("worker", "notify"), kick: make(chan struct{}, 1),
-		sent: map[string]*firing{}, queues: map[string]*queue{}}
+		sent: map[string]*firing{}, queues: map[string]*queue{}, sinks: map[string]*sink{}}
 	var err error
 	if n.metrics, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
@@ -274,7 +330,11 @@ func (n *Notifier) target(name string) Target {
 // enqueue queues f to each of its targets, resolved at endsAt unless that
 // is zero.
 func (n *Notifier) enqueue(now time.Time, key string, f *firing, endsAt time.Time) {
-	for _, name := range n.targets(f) {
+	var names []string
+	for _, target := range n.targets(f) {
+		names = append(names, n.sinkNames(target)...)
+	}
+	for _, name := range names {
 		q := n.queues[name]
 		if q == nil {
 			q = &queue{}
@@ -283,7 +343,7 @@ func (n *Notifier) enqueue(now time.Time, key string, f *firing, endsAt time.Tim
 		d := &delivery{id: key + "/" + f.team, key: key, alarm: f.alarm, team: f.team, startsAt: f.startsAt, endsAt: endsAt, next: now}
 		if dropped := q.put(d, n.cfg.QueueSize); dropped != nil {
 			n.metrics.deadLetter.WithLabelValues(name, "queue_full").Inc()
-			n.log.Warn("alert dropped: the target's queue is full", "target", name, "host", n.target(name).host(), "alertname", dropped.alarm.Kind, "service", dropped.alarm.Service)
+			n.log.Warn("alert dropped: the target's queue is full", "target", name, "host", n.sinks[name].host(), "alertname", dropped.alarm.Kind, "service", dropped.alarm.Service)
 		}
 		n.metrics.queued.WithLabelValues(name).Set(float64(len(q.items)))
 	}
@@ -298,7 +358,7 @@ func (n *Notifier) deliver(ctx context.Context, now time.Time) {
 		if len(due) == 0 {
 			continue
 		}
-		t := n.target(name)
+		t := n.sinks[name]
 		err := n.post(ctx, t, due, now)
 		if err != nil {
 			n.metrics.failures.WithLabelValues(name).Inc()
@@ -388,8 +448,8 @@ func (n *Notifier) alert(d *delivery, now time.Time, webhook bool) Alert {
 
 // post sends ds to t; an error never carries the URL (it may carry a
 // token).
-func (n *Notifier) post(ctx context.Context, t Target, ds []*delivery, now time.Time) error {
-	webhook := t.Kind == KindWebhook
+func (n *Notifier) post(ctx context.Context, t *sink, ds []*delivery, now time.Time) error {
+	webhook := t.target.Kind == KindWebhook
 	alerts := make([]Alert, 0, len(ds))
 	for _, d := range ds {
 		alerts = append(alerts, n.alert(d, now, webhook))
@@ -410,13 +470,13 @@ func (n *Notifier) post(ctx context.Context, t Target, ds []*delivery, now time.
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.endpoint(), bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.target.endpoint(t.url), bytes.NewReader(b))
 	if err != nil {
 		return errors.New("build request: malformed target URL")
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "muster-notify")
-	resp, err := n.cfg.Client.Do(req)
+	resp, err := t.client.Do(req)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {

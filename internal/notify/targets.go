@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,9 +34,31 @@ const PlatformTeam = "platform"
 type Target struct {
 	// URL may carry credentials (user:password@, a token in the query):
 	// only its host is logged.
-	URL string `json:"url" yaml:"url"`
+	URL string `json:"url,omitempty" yaml:"url,omitempty"`
+	// URLs, instead of URL, name every member of a highly available
+	// Alertmanager cluster. Each alert is posted to every member, as
+	// Prometheus does, and the cluster deduplicates: one member down or
+	// slow does not hold up the others, since each has its own queue and
+	// retries.
+	URLs []string `json:"urls,omitempty" yaml:"urls,omitempty"`
 	// Kind is KindAlertmanager (the default) or KindWebhook.
 	Kind string `json:"kind,omitempty" yaml:"kind,omitempty"`
+	// CAFile is a PEM file of the CAs the target's certificate must chain
+	// to, replacing the system roots for this target (as Prometheus'
+	// tls_config.ca_file does): an Alertmanager behind the cluster's own
+	// CA. Read when the targets are loaded.
+	CAFile string `json:"ca_file,omitempty" yaml:"ca_file,omitempty"`
+
+	// roots is CAFile's pool, loaded by LoadTargets (or by Validate).
+	roots *x509.CertPool
+}
+
+// members are the target's URLs: URL alone, or URLs.
+func (t Target) members() []string {
+	if t.URL != "" {
+		return []string{t.URL}
+	}
+	return t.URLs
 }
 
 // Targets maps the owning teams to their targets, with the platform's,
@@ -65,10 +88,28 @@ func (t Targets) Validate() error {
 }
 
 func (t Target) validate(name string) error {
-	u, err := url.Parse(t.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		// The URL is not repeated: it may carry a token.
-		return fmt.Errorf("target %s: url is not an http:// or https:// URL", name)
+	switch {
+	case t.URL != "" && len(t.URLs) > 0:
+		return fmt.Errorf("target %s: give url or urls, not both", name)
+	case t.URL == "" && len(t.URLs) == 0:
+		return fmt.Errorf("target %s: no url", name)
+	case len(t.URLs) > maxMembers:
+		return fmt.Errorf("target %s: %d urls; at most %d", name, len(t.URLs), maxMembers)
+	}
+	hosts := map[string]bool{}
+	for i, raw := range t.members() {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			// The URL is not repeated: it may carry a token.
+			if len(t.URLs) > 0 {
+				return fmt.Errorf("target %s: urls[%d] is not an http:// or https:// URL", name, i)
+			}
+			return fmt.Errorf("target %s: url is not an http:// or https:// URL", name)
+		}
+		if hosts[u.Host] {
+			return fmt.Errorf("target %s: urls name %s twice (each member once)", name, u.Host)
+		}
+		hosts[u.Host] = true
 	}
 	if t.Kind != "" && t.Kind != KindAlertmanager && t.Kind != KindWebhook {
 		return fmt.Errorf("target %s: kind %q: want %s or %s", name, t.Kind, KindAlertmanager, KindWebhook)
@@ -76,22 +117,42 @@ func (t Target) validate(name string) error {
 	return nil
 }
 
-// endpoint is the URL posted to.
-func (t Target) endpoint() string {
-	if t.Kind == KindWebhook {
-		return t.URL
+// maxMembers bounds an Alertmanager set: each member is a queue.
+const maxMembers = 16
+
+// loadCA reads CAFile into roots.
+func (t *Target) loadCA(name string) error {
+	if t.CAFile == "" || t.roots != nil {
+		return nil
 	}
-	u, err := url.Parse(t.URL)
+	b, err := os.ReadFile(t.CAFile)
 	if err != nil {
-		return t.URL
+		return fmt.Errorf("target %s: ca_file: %w", name, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return fmt.Errorf("target %s: ca_file %s holds no PEM certificate", name, t.CAFile)
+	}
+	t.roots = pool
+	return nil
+}
+
+// endpoint is the URL posted to for member raw.
+func (t Target) endpoint(raw string) string {
+	if t.Kind == KindWebhook {
+		return raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/api/v2/alerts"
 	return u.String()
 }
 
-// host is the target's host, all that is logged of it.
-func (t Target) host() string {
-	if u, err := url.Parse(t.URL); err == nil {
+// hostOf is a member's host, all that is logged of it.
+func hostOf(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
 		return u.Host
 	}
 	return "?"
@@ -100,7 +161,9 @@ func (t Target) host() string {
 // LoadTargets reads a targets file: YAML by a .yaml or .yml name, JSON
 // otherwise, e.g.
 //
-//	platform: {url: "https://alertmanager.platform:9093"}
+//	platform:
+//	  urls: ["https://am-0.monitoring:9093", "https://am-1.monitoring:9093"]
+//	  ca_file: /etc/muster/alertmanager-ca.pem
 //	teams:
 //	  payments: {url: "https://alertmanager.payments:9093"}
 //	  search:   {url: "https://hooks.example/muster?token=…", kind: webhook}
@@ -129,5 +192,25 @@ func LoadTargets(path string) (Targets, error) {
 	if err := t.Validate(); err != nil {
 		return Targets{}, fmt.Errorf("alert targets %s: %w", path, err)
 	}
+	if err := t.loadCAs(); err != nil {
+		return Targets{}, fmt.Errorf("alert targets %s: %w", path, err)
+	}
 	return t, nil
+}
+
+// loadCAs reads every target's CAFile.
+func (t *Targets) loadCAs() error {
+	if t.Platform != nil {
+		if err := t.Platform.loadCA(PlatformTeam); err != nil {
+			return err
+		}
+	}
+	for _, team := range slices.Sorted(maps.Keys(t.Teams)) {
+		tt := t.Teams[team]
+		if err := tt.loadCA(team); err != nil {
+			return err
+		}
+		t.Teams[team] = tt
+	}
+	return nil
 }

@@ -1,0 +1,142 @@
+package notify_test
+
+import (
+	"encoding/pem"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/musterhq/muster/internal/notify"
+	"github.com/musterhq/muster/internal/testclock"
+)
+
+// TestAlertmanagerSet: each alert goes to every member of an Alertmanager
+// set; a member that fails is retried on its own, and neither delays nor
+// duplicates what the healthy member got. Each member is its own series
+// in the metrics, TEAM@HOST.
+func TestAlertmanagerSet(t *testing.T) {
+	t.Parallel()
+	up, down := &flaky{}, &flaky{fail: 2}
+	upSrv, downSrv := httptest.NewServer(up), httptest.NewServer(down)
+	t.Cleanup(upSrv.Close)
+	t.Cleanup(downSrv.Close)
+	clock := testclock.New(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	alarms := &alarmSet{}
+	alarms.set(notify.Alarm{Kind: "shard_unowned", Since: clock.Now(), Detail: "3 shards"})
+	n, reg := newNotifier(t, clock, alarms, notify.Targets{Platform: &notify.Target{URLs: []string{upSrv.URL, downSrv.URL}}}, nil)
+
+	n.RunOnce(t.Context())
+	if posts, acc := up.state(); posts != 1 || len(acc) != 1 {
+		t.Fatalf("the healthy member: %d posts, %d accepted; want it at once", posts, len(acc))
+	}
+	if posts, acc := down.state(); posts != 1 || len(acc) != 0 {
+		t.Fatalf("the failing member: %d posts, %d accepted", posts, len(acc))
+	}
+	upHost, downHost := hostOfURL(t, upSrv.URL), hostOfURL(t, downSrv.URL)
+	if got := metric(t, reg, "muster_alerts_send_failures_total", map[string]string{"target": "platform@" + downHost}); got != 1 {
+		t.Fatalf("failures of the failing member %v, want 1", got)
+	}
+	clock.Advance(time.Second)
+	n.RunOnce(t.Context())
+	clock.Advance(2 * time.Second)
+	n.RunOnce(t.Context())
+	if _, acc := down.state(); len(acc) != 1 || acc[0][0].Labels["alertname"] != "shard_unowned" {
+		t.Fatalf("the failing member after its retries accepted %v", acc)
+	}
+	if posts, _ := up.state(); posts != 1 {
+		t.Fatalf("the healthy member got %d posts; the other's retries must not resend to it", posts)
+	}
+	for _, h := range []string{upHost, downHost} {
+		if got := metric(t, reg, "muster_alerts_sent_total", map[string]string{"target": "platform@" + h, "status": "firing"}); got != 1 {
+			t.Fatalf("sent to %s: %v, want 1", h, got)
+		}
+	}
+}
+
+// TestTargetCAFile: a target behind its own CA is reached with ca_file
+// and refused without it (the system roots do not know the CA).
+func TestTargetCAFile(t *testing.T) {
+	t.Parallel()
+	am := &flaky{}
+	srv := httptest.NewTLSServer(am)
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "am-ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	targets := filepath.Join(dir, "targets.yaml")
+	if err := os.WriteFile(targets, []byte("platform: {url: \""+srv.URL+"\", ca_file: "+caFile+"}\nteams:\n  payments: {url: \""+srv.URL+"/payments\"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := notify.LoadTargets(targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := testclock.New(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	alarms := &alarmSet{}
+	alarms.set(notify.Alarm{Kind: "instance_quarantined", Service: "web", Instance: "i-1", Since: clock.Now()})
+	n, reg := newNotifier(t, clock, alarms, loaded, nil)
+	n.RunOnce(t.Context())
+	if _, acc := am.state(); len(acc) != 1 {
+		t.Fatalf("accepted %d posts, want the platform's only", len(acc))
+	}
+	if got := metric(t, reg, "muster_alerts_sent_total", map[string]string{"target": "platform", "status": "firing"}); got != 1 {
+		t.Fatalf("platform sent %v, want 1", got)
+	}
+	if got := metric(t, reg, "muster_alerts_send_failures_total", map[string]string{"target": "payments"}); got != 1 {
+		t.Fatalf("payments (no ca_file) failures %v, want 1: its certificate is not one the system roots know", got)
+	}
+}
+
+// TestLoadTargetSets: urls and ca_file are checked when loaded, never
+// repeating a URL.
+func TestLoadTargetSets(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"both.yaml":    "platform: {url: \"https://a?token=s3cret\", urls: [\"https://b\"]}\n",
+		"none.yaml":    "platform: {kind: webhook}\n",
+		"twice.yaml":   "platform: {urls: [\"https://am-0:9093?token=s3cret\", \"https://am-0:9093\"]}\n",
+		"scheme.yaml":  "platform: {urls: [\"https://am-0:9093\", \"ftp://x?token=s3cret\"]}\n",
+		"nofile.yaml":  "platform: {url: \"https://am-0:9093\", ca_file: " + filepath.Join(dir, "missing.pem") + "}\n",
+		"notpem.yaml":  "platform: {url: \"https://am-0:9093\", ca_file: " + notPEM + "}\n",
+		"toomany.yaml": "platform: {urls: [" + manyURLs(17) + "]}\n",
+	} {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := notify.LoadTargets(p)
+		if err == nil {
+			t.Errorf("%s loaded", name)
+		} else if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: the error repeats the URL: %v", name, err)
+		}
+	}
+}
+
+func manyURLs(n int) string {
+	var out []string
+	for i := range n {
+		out = append(out, "\"https://am-"+string(rune('a'+i))+":9093\"")
+	}
+	return strings.Join(out, ", ")
+}
+
+func hostOfURL(t *testing.T, raw string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
+}
