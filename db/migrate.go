@@ -161,6 +161,52 @@ func (mg *Migrator) Up() (err error) {
 	return fmt.Errorf("migrate up: %w", err)
 }
 
+// ErrSchemaBehind is wrapped by Check's error for a database whose
+// schema lacks some of this release's migrations.
+var ErrSchemaBehind = errors.New("the database's schema is older than this release's migrations")
+
+// BehindError is Check's error for a clean schema at Database, below
+// Known, the last migration this release embeds. It matches
+// ErrSchemaBehind.
+type BehindError struct {
+	Database, Known uint
+}
+
+func (e *BehindError) Error() string {
+	return fmt.Sprintf("the database's schema is at version %d, behind this release's last migration %d: run `muster migrate up` (the chart's migrations Job does) and start again", e.Database, e.Known)
+}
+
+// Is makes a BehindError match ErrSchemaBehind.
+func (e *BehindError) Is(target error) bool { return target == ErrSchemaBehind }
+
+// Check looks at the schema and changes nothing: nil when it is clean at
+// this release's last migration, an *AheadError when it is clean past it
+// (a newer release migrated it), a *BehindError when it is clean before
+// it, and a *DirtyError when a migration stopped half-way. It is for a
+// process that must not migrate (a migrations Job runs them) but must not
+// serve on a schema it does not fit: it takes no lock, as it writes
+// nothing and a migration in progress shows as dirty.
+func (mg *Migrator) Check() error {
+	v, dirty, err := mg.Version()
+	if err != nil {
+		return err
+	}
+	if dirty {
+		return &DirtyError{Version: v}
+	}
+	known, err := latestMigration()
+	if err != nil {
+		return err
+	}
+	switch {
+	case v > known:
+		return &AheadError{Database: v, Known: known}
+	case v < known:
+		return &BehindError{Database: v, Known: known}
+	}
+	return nil
+}
+
 // repair makes a schema dirty at version v clean at the migration before
 // v, when v's up migration is transactional; else a *DirtyError.
 func (mg *Migrator) repair(v uint) error {

@@ -186,3 +186,54 @@ func TestAReleaseTakesANewerCleanSchema(t *testing.T) {
 		t.Fatalf("Up on a dirty schema ahead: %v, want a refusal for the dirty schema", err)
 	}
 }
+
+// TestCheckSaysWhereTheSchemaStands: Check, for a replica that must not
+// migrate, tells a schema at this release's last migration (nil) from one
+// behind it, one ahead of it and a dirty one, and changes none of them.
+func TestCheckSaysWhereTheSchemaStands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := dbtest.URL(t)
+	pool, err := db.Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	mg, err := db.NewMigrator(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mg.Close()
+	last, err := db.LatestMigration()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		version uint
+		dirty   bool
+		check   func(error) bool
+	}{
+		{last, false, func(err error) bool { return err == nil }},
+		{last - 1, false, func(err error) bool {
+			var b *db.BehindError
+			return errors.Is(err, db.ErrSchemaBehind) && errors.As(err, &b) && b.Database == last-1 && b.Known == last &&
+				strings.Contains(err.Error(), "muster migrate up")
+		}},
+		{last + 1, false, func(err error) bool { return errors.Is(err, db.ErrSchemaAhead) && !errors.Is(err, db.ErrSchemaBehind) }},
+		{last, true, func(err error) bool {
+			var d *db.DirtyError
+			return errors.As(err, &d) && d.Version == last && !errors.Is(err, db.ErrSchemaBehind)
+		}},
+		{last - 1, true, func(err error) bool { var d *db.DirtyError; return errors.As(err, &d) && d.Version == last-1 }},
+	} {
+		if _, err := pool.Exec(ctx, `UPDATE schema_migrations SET version = $1, dirty = $2`, tc.version, tc.dirty); err != nil {
+			t.Fatal(err)
+		}
+		if err := mg.Check(); !tc.check(err) {
+			t.Errorf("Check at version %d dirty %v: %v", tc.version, tc.dirty, err)
+		}
+		if v, dirty, err := mg.Version(); err != nil || v != tc.version || dirty != tc.dirty {
+			t.Errorf("after Check: version %d dirty %v (%v), want %d %v untouched", v, dirty, err, tc.version, tc.dirty)
+		}
+	}
+}

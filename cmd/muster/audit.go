@@ -63,6 +63,11 @@ type AuditConfig struct {
 	// by sealing key for seal_key_mismatch (MUSTER_SEAL_WATCH_INTERVAL,
 	// 30s; app.KeyWatch).
 	KeyWatchEvery time.Duration
+	// SecretFilesAllowShared (MUSTER_SECRET_FILES_ALLOW_SHARED=true)
+	// accepts a signing key file others may read when it lies on a
+	// read-only mount, as a CSI secret store writes it (mode 0644);
+	// audit.KeyFilePolicy says why both are needed.
+	SecretFilesAllowShared bool
 }
 
 func (c *AuditConfig) devDefaults(dataDir string) {
@@ -86,6 +91,13 @@ func loadAuditEnv(c *Config) error {
 		}
 	}
 	a.S3Endpoint = os.Getenv("MUSTER_AUDIT_S3_ENDPOINT")
+	if v := os.Getenv("MUSTER_SECRET_FILES_ALLOW_SHARED"); v != "" {
+		shared, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("MUSTER_SECRET_FILES_ALLOW_SHARED: %q is not true or false", v)
+		}
+		a.SecretFilesAllowShared = shared
+	}
 	a.MismatchShare = seal.DefaultMismatchShare
 	if v := os.Getenv("MUSTER_SEAL_MISMATCH_SHARE"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
@@ -205,7 +217,7 @@ func regionKey(cfg Config) (*audit.KeyFileSigner, audit.Keys, error) {
 	if cfg.Dev {
 		signer, err = audit.LoadOrCreateKeyFile(a.SigningKeyFile)
 	} else {
-		signer, err = audit.LoadKeyFile(a.SigningKeyFile)
+		signer, err = audit.LoadKeyFileWith(a.SigningKeyFile, audit.KeyFilePolicy{AllowShared: a.SecretFilesAllowShared})
 	}
 	return signer, keys, err
 }

@@ -242,3 +242,37 @@ func TestAuditVerifyAgainstS3(t *testing.T) {
 		t.Fatalf("verify against S3: %v %s %s", err, out, errOut)
 	}
 }
+
+// TestSecretFilesAllowSharedReachesTheKeyLoader: MUSTER_SECRET_FILES_ALLOW_SHARED
+// is read with the audit settings and handed to the signing key's loader:
+// without it a 0644 key is refused naming the setting; with it, the same
+// key on a writable file system is still refused, for not being on a
+// read-only mount (internal/audit's tests show one accepted there). A
+// value that is not a boolean is refused. (Not parallel: it sets the
+// environment.)
+func TestSecretFilesAllowSharedReachesTheKeyLoader(t *testing.T) {
+	key := filepath.Join(t.TempDir(), "signing.key")
+	if _, err := audit.LoadOrCreateKeyFile(key); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MUSTER_AUDIT_SIGNING_KEY_FILE", key)
+	for _, tc := range []struct{ env, want string }{
+		{"", "MUSTER_SECRET_FILES_ALLOW_SHARED=true"},
+		{"false", "MUSTER_SECRET_FILES_ALLOW_SHARED=true"},
+		{"true", "on a writable one"},
+		{"yes please", `MUSTER_SECRET_FILES_ALLOW_SHARED: "yes please"`},
+	} {
+		t.Setenv("MUSTER_SECRET_FILES_ALLOW_SHARED", tc.env)
+		cfg := Config{}
+		err := loadAuditEnv(&cfg)
+		if err == nil {
+			_, _, err = regionKey(cfg)
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("MUSTER_SECRET_FILES_ALLOW_SHARED=%q: %v, want an error saying %q", tc.env, err, tc.want)
+		}
+	}
+}

@@ -95,6 +95,12 @@ type Config struct {
 	// host name, else the AWS SDK's).
 	DBIAM       bool
 	DBIAMRegion string
+	// Migrate is what a start does with the schema (MUSTER_MIGRATE):
+	// MigrateUp (the default) applies the pending migrations; MigrateSkip
+	// applies none and refuses to start on a schema behind this release
+	// or dirty, for a deployment whose migrations Job runs them once per
+	// rollout (dbtarget.go).
+	Migrate string
 	// MaxPendingWindows bounds the observed windows kept in memory while
 	// PostgreSQL cannot take them (MUSTER_MAX_PENDING_WINDOWS, 2000000).
 	MaxPendingWindows int
@@ -389,6 +395,11 @@ func loadEnv(c *Config) error {
 		return fmt.Errorf("MUSTER_DB_IAM %q: want 1 or 0", v)
 	}
 	c.DBIAMRegion = os.Getenv("MUSTER_DB_IAM_REGION")
+	switch c.Migrate = envOr("MUSTER_MIGRATE", MigrateUp); c.Migrate {
+	case MigrateUp, MigrateSkip:
+	default:
+		return fmt.Errorf("MUSTER_MIGRATE %q: want %s (a start applies the pending migrations, the default) or %s (a migrations Job applies them; a start refuses a schema behind this release or dirty)", c.Migrate, MigrateUp, MigrateSkip)
+	}
 	if v := os.Getenv("MUSTER_MAX_PENDING_WINDOWS"); v != "" {
 		if c.MaxPendingWindows, err = strconv.Atoi(v); err != nil {
 			return fmt.Errorf("MUSTER_MAX_PENDING_WINDOWS: %w", err)

@@ -21,9 +21,16 @@ import (
 // in for the URL's password. Built once per process, so every pool and the
 // migrator share one cached token.
 type dbTarget struct {
-	url string
-	iam *db.IAMTokens // nil: the URL's own password (or none)
+	url     string
+	iam     *db.IAMTokens // nil: the URL's own password (or none)
+	migrate string        // MigrateUp or MigrateSkip (Config.Migrate)
 }
+
+// What a start does with the schema (MUSTER_MIGRATE).
+const (
+	MigrateUp   = "up"
+	MigrateSkip = "skip"
+)
 
 // newDBTarget prepares the connections to dbURL. For serve the URL gets
 // target_session_attrs=read-write unless it sets target_session_attrs
@@ -33,7 +40,7 @@ type dbTarget struct {
 // the AWS SDK's configured region; the credentials come from the SDK's
 // default chain (IRSA, ECS task role, instance profile, environment).
 func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error) {
-	t := dbTarget{url: dbURL}
+	t := dbTarget{url: dbURL, migrate: cmpOr(cfg.Migrate, MigrateUp)}
 	// A key=value DSN (which tools accept; serve's migrations need a URL)
 	// is left as it is: it can say target_session_attrs itself.
 	if !cfg.Dev && (strings.HasPrefix(dbURL, "postgres://") || strings.HasPrefix(dbURL, "postgresql://")) {
@@ -77,7 +84,7 @@ func (t dbTarget) open(ctx context.Context, c db.PoolConfig) (*pgxpool.Pool, err
 	return db.OpenPool(ctx, c)
 }
 
-// migrate applies the pending migrations. A database a newer release
+// prepareSchema applies the pending migrations. A database a newer release
 // already migrated (clean) is used as it is, with a warning: during a
 // rolling upgrade a replica of the older release that restarts must
 // start, and migrations are additive by policy (docs/replicas.md,
@@ -85,12 +92,18 @@ func (t dbTarget) open(ctx context.Context, c db.PoolConfig) (*pgxpool.Pool, err
 // migration that runs in one transaction is repaired, with a warning (the
 // migration is run again: db.Migrator.Up); any other dirty schema is
 // refused, naming `muster migrate force`.
-func (t dbTarget) migrate(log *slog.Logger) error {
+//
+// With MUSTER_MIGRATE=skip nothing is applied or repaired: the schema is
+// only looked at (checkSchema).
+func (t dbTarget) prepareSchema(log *slog.Logger) error {
 	mg, err := t.migrator()
 	if err != nil {
 		return err
 	}
 	defer mg.Close()
+	if t.migrate == MigrateSkip {
+		return checkSchema(mg, log)
+	}
 	err = mg.Up()
 	if mg.Repaired != 0 {
 		log.Warn("the schema was dirty: a migration was stopped half-way (a replica killed while migrating); it runs in one transaction, so nothing of it stayed, and it was run again",
@@ -102,6 +115,39 @@ func (t dbTarget) migrate(log *slog.Logger) error {
 		return nil
 	}
 	return err
+}
+
+// checkSchema is a start's look at the schema under MUSTER_MIGRATE=skip,
+// where a migrations Job (the chart's, run by Helm before each rollout)
+// applies the migrations and the replicas never do: a replica killed by
+// its startup probe mid-migration can then not leave the schema dirty,
+// and a long migration is not cut short by a probe. A schema behind this
+// release, or dirty (the Job is still running, or stopped half-way), is
+// refused with the reason: the pod exits, Kubernetes restarts it, and it
+// starts once the Job has finished. A schema ahead (a newer release
+// migrated it) is taken with the same warning as under MUSTER_MIGRATE=up.
+func checkSchema(mg *db.Migrator, log *slog.Logger) error {
+	err := mg.Check()
+	var behind *db.BehindError
+	var dirty *db.DirtyError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, db.ErrSchemaAhead):
+		log.Warn("the database was migrated by a newer release; this one starts on it unchanged (migrations are additive): finish the rolling upgrade",
+			"err", err)
+		return nil
+	case errors.As(err, &behind):
+		return fmt.Errorf("MUSTER_MIGRATE=skip: the database's schema is at version %d, behind this release's last migration %d, and this replica does not migrate: "+
+			"the migrations Job (`muster migrate up`) has not finished; this start is refused so the replica is restarted and tries again (docs/production.md, Migrations)",
+			behind.Database, behind.Known)
+	case errors.As(err, &dirty):
+		return fmt.Errorf("MUSTER_MIGRATE=skip: the schema is dirty at version %d: migration %d is running in the migrations Job, or stopped half-way; this replica does not migrate, so this start is refused. "+
+			"If no Job is running, run `muster migrate up` (it runs a migration that stopped half-way again when it runs in one transaction; `muster migrate status` tells), "+
+			"else repair it and run `muster migrate force VERSION` (docs/production.md, Migrations)",
+			dirty.Version, dirty.Version)
+	}
+	return fmt.Errorf("MUSTER_MIGRATE=skip: look at the schema's version: %w", err)
 }
 
 // migrator opens a migrator on the target, with its IAM tokens if any.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -249,5 +250,73 @@ func TestMigrateTakesTheIAMPath(t *testing.T) {
 	}
 	if strings.Contains(err.Error()+out+errOut, "X-Amz-Signature") {
 		t.Error("the token appears in the command's error or output")
+	}
+}
+
+// TestStartWithMigrateSkip: with MUSTER_MIGRATE=skip (a migrations Job
+// applies them) a start never migrates. On a schema behind this release
+// it exits at once saying the Job has not finished; on a dirty one (the
+// Job still running, or stopped half-way) it exits saying so and how to
+// clear it; neither is changed (a replica must never repair what the Job
+// may be running). On a schema at this release's last migration it
+// serves. A value other than up or skip is refused. (Not parallel: the
+// start reads DATABASE_URL.)
+func TestStartWithMigrateSkip(t *testing.T) {
+	ctx := context.Background()
+	u := dbtest.URL(t)
+	t.Setenv("DATABASE_URL", u)
+	t.Setenv("MUSTER_MIGRATE", "skip")
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	last, err := db.LatestMigration()
+	if err != nil {
+		t.Fatal(err)
+	}
+	setVersion := func(v uint, dirty bool) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `UPDATE schema_migrations SET version = $1, dirty = $2`, v, dirty); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := devDir(t)
+	for _, tc := range []struct {
+		version uint
+		dirty   bool
+		want    []string
+	}{
+		{last - 1, false, []string{"MUSTER_MIGRATE=skip", fmt.Sprintf("at version %d, behind this release's last migration %d", last-1, last), "migrations Job"}},
+		{last, true, []string{"MUSTER_MIGRATE=skip", fmt.Sprintf("dirty at version %d", last), "muster migrate up", "muster migrate force VERSION"}},
+	} {
+		setVersion(tc.version, tc.dirty)
+		_, stderr, err := runCmd(t, "dev", "--addr", "127.0.0.1:0", "--data", dir)
+		if err == nil {
+			t.Fatalf("a start on version %d dirty %v with MUSTER_MIGRATE=skip did not fail:\n%s", tc.version, tc.dirty, stderr)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("the refusal at version %d dirty %v: %v, want it to say %q", tc.version, tc.dirty, err, w)
+			}
+		}
+		var v uint
+		var dirty bool
+		if err := conn.QueryRow(ctx, `SELECT version, dirty FROM schema_migrations`).Scan(&v, &dirty); err != nil || v != tc.version || dirty != tc.dirty {
+			t.Fatalf("after the refused start: version %d dirty %v (%v), want %d %v untouched", v, dirty, err, tc.version, tc.dirty)
+		}
+	}
+
+	// The Job has finished: the start serves.
+	setVersion(last, false)
+	d := startDev(t, dir)
+	if code, _ := call(t, "GET", d.url+"/healthz", "", ""); code != http.StatusOK {
+		t.Errorf("healthz on a current schema with MUSTER_MIGRATE=skip: %d", code)
+	}
+	d.stop()
+
+	t.Setenv("MUSTER_MIGRATE", "later")
+	if _, _, err := runCmd(t, "dev", "--addr", "127.0.0.1:0", "--data", dir); err == nil || !strings.Contains(err.Error(), `MUSTER_MIGRATE "later"`) {
+		t.Errorf("MUSTER_MIGRATE=later: %v, want a refusal naming it", err)
 	}
 }

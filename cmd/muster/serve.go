@@ -342,8 +342,8 @@ func resumeWhenDatabaseAnswers(ctx, startCtx context.Context, cfg Config, target
 		if err != nil {
 			continue
 		}
-		if err := target.migrate(log); err != nil {
-			log.Warn("PostgreSQL answers, but the migration failed; trying again", "err", err)
+		if err := target.prepareSchema(log); err != nil {
+			log.Warn("PostgreSQL answers, but the schema is not ready (the migration failed, or with MUSTER_MIGRATE=skip the migrations Job has not finished); trying again", "err", err)
 			continue
 		}
 		if _, _, err := startKeys(ctx, cfg, pool, log); err != nil {
@@ -360,7 +360,7 @@ func resumeWhenDatabaseAnswers(ctx, startCtx context.Context, cfg Config, target
 // openPools migrates the database and opens the shared pool and the
 // database monitor's own one-connection pool.
 func openPools(ctx context.Context, cfg Config, target dbTarget, log *slog.Logger) (pool, monPool *pgxpool.Pool, closeAll func(), err error) {
-	if err := target.migrate(log); err != nil {
+	if err := target.prepareSchema(log); err != nil {
 		return nil, nil, nil, err
 	}
 	if pool, err = target.open(ctx, db.PoolConfig{IOTimeout: cfg.DBIOTimeout}); err != nil {

@@ -191,11 +191,30 @@ func NewKeySigner(key ed25519.PrivateKey) *KeyFileSigner {
 // file that its group or others may read or write: a signing key anyone
 // else on the host can read anchors nothing.
 func LoadKeyFile(path string) (*KeyFileSigner, error) {
+	return LoadKeyFileWith(path, KeyFilePolicy{})
+}
+
+// KeyFilePolicy widens the key files LoadKeyFileWith accepts.
+type KeyFilePolicy struct {
+	// AllowShared accepts a key file its group or others may read (but
+	// not write) when it lies on a read-only mount: how a CSI secret
+	// store (the Secrets Store CSI driver, Vault's and AWS's providers)
+	// presents a secret, mode 0644 on a read-only volume, which only the
+	// pod's own containers see. Both are needed: the setting is the
+	// operator saying the files' readers are the process's own (a
+	// container), and the read-only mount is what a secret store gives
+	// and a world-readable file in a home directory or /tmp is not.
+	// MUSTER_SECRET_FILES_ALLOW_SHARED.
+	AllowShared bool
+}
+
+// LoadKeyFileWith is LoadKeyFile under policy p.
+func LoadKeyFileWith(path string, p KeyFilePolicy) (*KeyFileSigner, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("audit signing key: %w", err)
 	}
-	if err := keyFileMode(path, st); err != nil {
+	if err := keyFileMode(path, st, p, readOnlyMount); err != nil {
 		return nil, err
 	}
 	b, err := os.ReadFile(path)
@@ -453,10 +472,28 @@ func checkLink(name string, prev *Checkpoint, c Checkpoint) error {
 // this process's own: how Kubernetes mounts a Secret for a pod that does
 // not run as root (owned by root, group the pod's fsGroup, mode 0440), so
 // only the pod's own processes can read it.
-func keyFileMode(path string, st fs.FileInfo) error {
+//
+// Under p.AllowShared a file its group or others may read, but nobody
+// but its owner write, is accepted when readOnly says it lies on a
+// read-only mount (a CSI secret store's volume).
+func keyFileMode(path string, st fs.FileInfo, p KeyFilePolicy, readOnly func(string) (bool, error)) error {
 	m := st.Mode().Perm()
-	if m&0o027 != 0 || (m&0o040 != 0 && !ownGroup(st)) {
-		return fmt.Errorf("audit signing key %s has mode %04o: it must be readable by its owner only (chmod 600 %s), or also by its group when that is this process's own (a Kubernetes Secret under fsGroup)", path, m, path)
+	if m&0o027 == 0 && (m&0o040 == 0 || ownGroup(st)) {
+		return nil
+	}
+	refused := fmt.Errorf("audit signing key %s has mode %04o: it must be readable by its owner only (chmod 600 %s), or also by its group when that is this process's own (a Kubernetes Secret under fsGroup)", path, m, path)
+	if m&0o022 != 0 {
+		return refused
+	}
+	if !p.AllowShared {
+		return fmt.Errorf("%w; a file others may read is accepted only on a read-only mount (a CSI secret store's volume) with MUSTER_SECRET_FILES_ALLOW_SHARED=true", refused)
+	}
+	ro, err := readOnly(path)
+	if err != nil {
+		return fmt.Errorf("audit signing key %s: look at its mount: %w", path, err)
+	}
+	if !ro {
+		return fmt.Errorf("%w; MUSTER_SECRET_FILES_ALLOW_SHARED=true accepts a file others may read only on a read-only mount (a CSI secret store's volume), and %s is on a writable one", refused, path)
 	}
 	return nil
 }

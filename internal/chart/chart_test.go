@@ -27,6 +27,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/loader"
 	release "helm.sh/helm/v4/pkg/release/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -49,8 +50,8 @@ const (
 
 // expectedKinds are the only kinds the chart may render.
 var expectedKinds = []string{"StatefulSet", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceAccount",
-	"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret", "ConfigMap",
-	"ServiceMonitor", "PrometheusRule"}
+	"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap",
+	"ServiceMonitor", "PrometheusRule", "Job"}
 
 // strictDecoder decodes YAML into the Kubernetes API types and refuses
 // unknown and duplicate fields.
@@ -66,6 +67,21 @@ func render(t *testing.T, files []string, set map[string]any) (string, error) {
 
 // renderOn renders as render does, for a cluster of the given version.
 func renderOn(t *testing.T, kubeVersion string, files []string, set map[string]any) (string, error) {
+	t.Helper()
+	manifest, _, err := renderRelease(t, kubeVersion, files, set)
+	return manifest, err
+}
+
+// renderHooks renders as render does and returns the Helm hooks (which
+// Helm keeps out of the release's manifest) as one manifest.
+func renderHooks(t *testing.T, files []string, set map[string]any) (string, error) {
+	t.Helper()
+	_, hooks, err := renderRelease(t, "v1.33.0", files, set)
+	return hooks, err
+}
+
+// renderRelease renders the release's objects and, apart, its hooks.
+func renderRelease(t *testing.T, kubeVersion string, files []string, set map[string]any) (manifest, hooks string, err error) {
 	t.Helper()
 	ch, err := loader.Load(chartDir)
 	if err != nil {
@@ -88,13 +104,17 @@ func renderOn(t *testing.T, kubeVersion string, files []string, set map[string]a
 	}
 	rel, err := install.Run(ch, vals)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	r, ok := rel.(*release.Release)
 	if !ok {
 		t.Fatalf("install returned a %T", rel)
 	}
-	return r.Manifest, nil
+	var hb strings.Builder
+	for _, h := range r.Hooks {
+		hb.WriteString("---\n# Source: " + h.Path + "\n" + h.Manifest + "\n")
+	}
+	return r.Manifest, hb.String(), nil
 }
 
 // merge sets src over dst, maps merged key by key.
@@ -236,7 +256,7 @@ func variants(t *testing.T) map[string]map[string]any {
 		"reconcile.yaml":  nil,
 		"extras.yaml":     nil,
 		"monitoring.yaml": nil,
-		"single.yaml":     {"signingKey": map[string]any{"privateKey": generatedKey(t)}},
+		"single.yaml":     nil,
 	}
 }
 
@@ -248,6 +268,11 @@ func TestEveryVariantDecodesStrictly(t *testing.T) {
 			if n := len(of[*corev1.Service](o)); n != 2 {
 				t.Errorf("want the API Service and the headless one, got %d Services", n)
 			}
+			hooks, err := renderHooks(t, []string{f}, variants(t)[f])
+			if err != nil {
+				t.Fatal(err)
+			}
+			one[*batchv1.Job](t, decodeAll(t, hooks))
 		})
 	}
 }
@@ -710,8 +735,7 @@ func TestReconciliationRBAC(t *testing.T) {
 }
 
 func TestSingleReplica(t *testing.T) {
-	key := generatedKey(t)
-	o := mustRender(t, []string{"single.yaml"}, map[string]any{"signingKey": map[string]any{"privateKey": key}})
+	o := mustRender(t, []string{"single.yaml"}, nil)
 	sts := one[*appsv1.StatefulSet](t, o)
 	if *sts.Spec.Replicas != 1 {
 		t.Errorf("replicas = %d", *sts.Spec.Replicas)
@@ -726,18 +750,14 @@ func TestSingleReplica(t *testing.T) {
 	if want := "ghcr.io/musterhq/muster@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"; c.Image != want {
 		t.Errorf("image = %q, want %q", c.Image, want)
 	}
-	s := one[*corev1.Secret](t, o)
-	if string(s.Data["signing.key"]) != key || s.Annotations["helm.sh/resource-policy"] != "keep" {
-		t.Errorf("signing key Secret %s: data or keep annotation wrong", s.Name)
-	}
 	var secretVol string
 	for _, v := range sts.Spec.Template.Spec.Volumes {
 		if v.Name == "signing-key" {
 			secretVol = v.Secret.SecretName
 		}
 	}
-	if secretVol != s.Name {
-		t.Errorf("the key volume mounts Secret %q, not the one created (%q)", secretVol, s.Name)
+	if secretVol != "muster-signing-key" {
+		t.Errorf("the key volume mounts Secret %q, want signingKey.existingSecret's", secretVol)
 	}
 }
 
@@ -829,7 +849,7 @@ func TestBadValuesFailToRender(t *testing.T) {
 		{"unknown nested key", map[string]any{"tls": map[string]any{"secretName": "x"}}, "secretName"},
 		{"password in the URL", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster:hunter2@db:5432/muster"}}, "carries a password"},
 		{"password parameter", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster?password=hunter2"}}, "password parameter"},
-		{"no signing key", map[string]any{"signingKey": map[string]any{"existingSecret": ""}}, "signing key"},
+		{"no signing key", map[string]any{"signingKey": map[string]any{"existingSecret": ""}}, "/signingKey/existingSecret"},
 		{"no issuers", map[string]any{"issuers": []any{}}, "MUSTER_ISSUERS"},
 		{"IAM without region", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster", "iam": map[string]any{"enabled": true}}}, "MUSTER_DB_IAM_REGION"},
 		{"grace shorter than the drain", map[string]any{"terminationGracePeriodSeconds": 30}, "at least"},

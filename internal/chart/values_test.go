@@ -1,7 +1,6 @@
 package chart_test
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -111,8 +110,8 @@ func TestExtraValuesRefused(t *testing.T) {
 		set  map[string]any
 		want string
 	}{
-		{"a CSI mount over the signing key", map[string]any{"extraVolumes": vol, "extraVolumeMounts": []any{map[string]any{"name": "store", "mountPath": "/var/run/muster/signing-key"}}}, "CSI secret store writes 0644"},
-		{"a mount inside the signing key's", map[string]any{"extraVolumes": vol, "extraVolumeMounts": []any{map[string]any{"name": "store", "mountPath": "/var/run/muster/signing-key/x/"}}}, "signingKey.existingSecret"},
+		{"a CSI mount over the signing key", map[string]any{"extraVolumes": vol, "extraVolumeMounts": []any{map[string]any{"name": "store", "mountPath": "/var/run/muster/signing-key"}}}, "give the key's path there as signingKey.file"},
+		{"a mount inside the signing key's", map[string]any{"extraVolumes": vol, "extraVolumeMounts": []any{map[string]any{"name": "store", "mountPath": "/var/run/muster/signing-key/x/"}}}, "over the signing key's Secret"},
 		{"a mount inside the TLS files'", map[string]any{"extraVolumes": vol, "extraVolumeMounts": []any{map[string]any{"name": "store", "mountPath": "/etc/muster/tls/extra"}}}, "inside the chart's own mount /etc/muster/tls"},
 		{"a mount of no extra volume", map[string]any{"extraVolumes": vol, "extraVolumeMounts": []any{map[string]any{"name": "tls", "mountPath": "/x"}}}, "not in extraVolumes"},
 		{"a relative mount path", map[string]any{"extraVolumes": vol, "extraVolumeMounts": []any{map[string]any{"name": "store", "mountPath": "x"}}}, "mountPath"},
@@ -141,47 +140,37 @@ func TestExtraValuesRefused(t *testing.T) {
 	}
 }
 
-// TestChecksumsRollPods: the Secret and ConfigMap the chart creates are
-// hashed into the pod template, so changing them (a new key, a new
-// reconcile file) changes the template and rolls the pods; rendering the
-// same values twice gives the same hash.
+// TestChecksumsRollPods: the ConfigMap the chart creates is hashed into
+// the pod template, so changing it (a new reconcile file) changes the
+// template and rolls the pods; rendering the same values twice gives the
+// same hash.
 func TestChecksumsRollPods(t *testing.T) {
 	ann := func(set map[string]any, reconcileEvery string) map[string]string {
 		t.Helper()
 		merge(set, map[string]any{"reconcile": map[string]any{"config": map[string]any{"every": reconcileEvery}}})
 		return one[*appsv1.StatefulSet](t, mustRender(t, []string{"single.yaml"}, set)).Spec.Template.Annotations
 	}
-	keyA, keyB := generatedKey(t), generatedKey(t)
-	base := ann(map[string]any{"signingKey": map[string]any{"privateKey": keyA}}, "5s")
-	for _, k := range []string{"checksum/signing-key", "checksum/reconcile"} {
-		if len(base[k]) != 64 {
-			t.Fatalf("annotation %s = %q, want a SHA-256", k, base[k])
-		}
+	base := ann(map[string]any{}, "5s")
+	if len(base["checksum/reconcile"]) != 64 {
+		t.Fatalf("annotation checksum/reconcile = %q, want a SHA-256", base["checksum/reconcile"])
 	}
-	again := ann(map[string]any{"signingKey": map[string]any{"privateKey": keyA}}, "5s")
-	newKey := ann(map[string]any{"signingKey": map[string]any{"privateKey": keyB}}, "5s")
-	newConfig := ann(map[string]any{"signingKey": map[string]any{"privateKey": keyA}}, "10s")
-	if again["checksum/signing-key"] != base["checksum/signing-key"] || again["checksum/reconcile"] != base["checksum/reconcile"] {
+	again := ann(map[string]any{}, "5s")
+	newConfig := ann(map[string]any{}, "10s")
+	if again["checksum/reconcile"] != base["checksum/reconcile"] {
 		t.Error("the same values hash differently")
 	}
-	if newKey["checksum/signing-key"] == base["checksum/signing-key"] || newKey["checksum/reconcile"] != base["checksum/reconcile"] {
-		t.Errorf("a new key: %v, was %v; want only checksum/signing-key changed", newKey, base)
-	}
-	if newConfig["checksum/reconcile"] == base["checksum/reconcile"] || newConfig["checksum/signing-key"] != base["checksum/signing-key"] {
-		t.Errorf("a new reconcile file: %v, was %v; want only checksum/reconcile changed", newConfig, base)
-	}
-	if strings.Contains(fmt.Sprint(base), strings.TrimSpace(strings.Split(keyA, "\n")[1])) {
-		t.Error("the key itself is in the pod's annotations")
+	if newConfig["checksum/reconcile"] == base["checksum/reconcile"] {
+		t.Errorf("a new reconcile file: %v, was %v; want checksum/reconcile changed", newConfig, base)
 	}
 	// The operator's annotations sit beside the hashes.
-	withOwn := ann(map[string]any{"signingKey": map[string]any{"privateKey": keyA}, "podAnnotations": map[string]any{"example.com/team": "infra"}}, "5s")
-	if withOwn["example.com/team"] != "infra" || withOwn["checksum/signing-key"] != base["checksum/signing-key"] {
+	withOwn := ann(map[string]any{"podAnnotations": map[string]any{"example.com/team": "infra"}}, "5s")
+	if withOwn["example.com/team"] != "infra" || withOwn["checksum/reconcile"] != base["checksum/reconcile"] {
 		t.Errorf("annotations %v: want podAnnotations and the hashes", withOwn)
 	}
 	// Nothing created by the chart: nothing to hash.
 	for k := range one[*appsv1.StatefulSet](t, mustRender(t, []string{"minimal.yaml"}, nil)).Spec.Template.Annotations {
 		if strings.HasPrefix(k, "checksum/") {
-			t.Errorf("annotation %s without a chart-made Secret or ConfigMap", k)
+			t.Errorf("annotation %s without a chart-made ConfigMap", k)
 		}
 	}
 }

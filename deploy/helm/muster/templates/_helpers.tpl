@@ -60,9 +60,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.tls.enabled }}https{{ else }}http{{ end }}
 {{- end }}
 
-{{/* The signing key's Secret: the existing one, or the one created here. */}}
+{{/* The signing key's Secret (the operator's: the chart takes no key). */}}
 {{- define "muster.signingKeySecret" -}}
-{{- default (printf "%s-signing-key" (include "muster.fullname" .)) .Values.signingKey.existingSecret }}
+{{- .Values.signingKey.existingSecret }}
 {{- end }}
 
 {{/* MUSTER_PEERS: every replica's stable base URL (the pod's own included:
@@ -84,11 +84,24 @@ what to set. */}}
 {{- if not .Values.issuers }}
 {{- fail "muster: set issuers, the OIDC issuer URLs whose tokens muster accepts (MUSTER_ISSUERS)" }}
 {{- end }}
-{{- if and (not .Values.signingKey.existingSecret) (not .Values.signingKey.privateKey) }}
-{{- fail "muster: set signingKey.existingSecret (or signingKey.privateKey): the replicas authenticate each other with the region's signing key (docs/keys.md)" }}
+{{- if .Values.signingKey.privateKey }}
+{{- fail "muster: signingKey.privateKey is no longer taken: Helm keeps values in its release record, readable by whoever reads the release. Create the key's Secret and set signingKey.existingSecret: openssl genpkey -algorithm ed25519 -out signing.key && kubectl -n NAMESPACE create secret generic muster-signing-key --from-file=signing.key (docs/keys.md)" }}
 {{- end }}
-{{- if and .Values.signingKey.existingSecret .Values.signingKey.privateKey }}
-{{- fail "muster: set signingKey.existingSecret or signingKey.privateKey, not both" }}
+{{- if and (not .Values.signingKey.existingSecret) (not .Values.signingKey.file) }}
+{{- fail "muster: set signingKey.existingSecret, a Secret holding the region's signing key (openssl genpkey -algorithm ed25519 -out signing.key && kubectl -n NAMESPACE create secret generic muster-signing-key --from-file=signing.key), or signingKey.file in a CSI secret store's mount: the replicas authenticate each other with it (docs/keys.md)" }}
+{{- end }}
+{{- if and .Values.signingKey.existingSecret .Values.signingKey.file }}
+{{- fail "muster: set signingKey.existingSecret or signingKey.file, not both" }}
+{{- end }}
+{{- with .Values.signingKey.file }}
+{{- $keyFile := . }}
+{{- $in := false }}
+{{- range $.Values.extraVolumeMounts }}
+{{- if hasPrefix (printf "%s/" (trimSuffix "/" .mountPath)) $keyFile }}{{ $in = true }}{{ end }}
+{{- end }}
+{{- if not $in }}
+{{- fail (printf "muster: signingKey.file %q is in none of extraVolumeMounts: mount the CSI secret store holding it there" $keyFile) }}
+{{- end }}
 {{- end }}
 {{- $dbSources := 0 }}
 {{- range list .Values.database.existingSecret .Values.database.url .Values.database.urlFile }}{{ if . }}{{ $dbSources = add1 $dbSources }}{{ end }}{{ end }}
@@ -209,7 +222,7 @@ it. Keep these lists with statefulset.yaml (TestChartOwnNamesGuarded). */}}
 {{- range $paths }}
 {{- if or (eq $at .) (hasPrefix (printf "%s/" .) $at) }}
 {{- if eq . "/var/run/muster/signing-key" }}
-{{- fail (printf "muster: extraVolumeMounts mounts %q over the signing key (%s): give the key as a Kubernetes Secret (signingKey.existingSecret), mounted 0440 under the pod's fsGroup; muster refuses a key file others may read, and a CSI secret store writes 0644 (sync it to a Secret: README.md, Extra volumes)" $at .) }}
+{{- fail (printf "muster: extraVolumeMounts mounts %q over the signing key's Secret (%s): mount a CSI secret store elsewhere and give the key's path there as signingKey.file (README.md, Extra volumes)" $at .) }}
 {{- end }}
 {{- fail (printf "muster: extraVolumeMounts mounts %q inside the chart's own mount %s: choose another path" $at .) }}
 {{- end }}
@@ -224,7 +237,10 @@ it. Keep these lists with statefulset.yaml (TestChartOwnNamesGuarded). */}}
 (extraEnv may not set them again), comma-separated; GOMEMLIMIT only when the
 chart computes it. */}}
 {{- define "muster.envNames" -}}
-{{- $n := list "POD_IP" "POD_NAME" "MUSTER_REPLICA" "MUSTER_PEERS" "MUSTER_ADVERTISE_URL" "MUSTER_REGION" "MUSTER_ISSUERS" "MUSTER_AUDIENCE" "MUSTER_LOG_LEVEL" "DATABASE_URL" "DATABASE_URL_FILE" "MUSTER_AUDIT_SIGNING_KEY_FILE" "MUSTER_AUDIT_PUBLIC_KEY_FILES" "MUSTER_XDS_ADDR" "MUSTER_METRICS_ADDR" "MUSTER_TLS_CERT" "MUSTER_TLS_KEY" "MUSTER_TLS_CA" "MUSTER_TLS_CLIENT_CA" "MUSTER_PEER_ALLOW_HTTP" "MUSTER_PROXY_PROTOCOL_FROM" }}
+{{- $n := list "POD_IP" "POD_NAME" "MUSTER_REPLICA" "MUSTER_PEERS" "MUSTER_ADVERTISE_URL" "MUSTER_REGION" "MUSTER_ISSUERS" "MUSTER_AUDIENCE" "MUSTER_LOG_LEVEL" "DATABASE_URL" "DATABASE_URL_FILE" "MUSTER_AUDIT_SIGNING_KEY_FILE" "MUSTER_AUDIT_PUBLIC_KEY_FILES" "MUSTER_XDS_ADDR" "MUSTER_METRICS_ADDR" "MUSTER_TLS_CERT" "MUSTER_TLS_KEY" "MUSTER_TLS_CA" "MUSTER_TLS_CLIENT_CA" "MUSTER_PEER_ALLOW_HTTP" "MUSTER_PROXY_PROTOCOL_FROM" "MUSTER_MIGRATE" }}
+{{- if include "muster.csi" . }}
+{{- $n = append $n "MUSTER_SECRET_FILES_ALLOW_SHARED" }}
+{{- end }}
 {{- if .Values.database.iam.enabled }}
 {{- $n = concat $n (list "MUSTER_DB_IAM" "MUSTER_DB_IAM_REGION" "PGSSLMODE" "PGSSLROOTCERT") }}
 {{- end }}
