@@ -118,6 +118,7 @@ type typeState struct {
 	// State of the world.
 	key     string    // templateKey of the subscription
 	version string    // the version the client holds, or was last sent
+	acked   string    // the version the client last ACKed (tests wait on it)
 	pending *template // to send, when it differs from what the client holds
 	lead    uint64    // newest local view version sent (push latency)
 
@@ -389,6 +390,9 @@ func (a *adsStream) takeSotW(i int, t string, req *discovery.DiscoveryRequest, n
 	st := &a.types[i]
 	if a.closed || st.nonce != "" && req.GetResponseNonce() != st.nonce {
 		return nil, nil
+	}
+	if !nack && st.nonce != "" {
+		st.acked = req.GetVersionInfo()
 	}
 	asked := req.GetResourceNames()
 	wildcard := a.wildcard(t, st, asked)

@@ -16,6 +16,18 @@
 // and weights). The first three depend only on the name; the assignment
 // is rebuilt whenever the service's view changes.
 //
+// # Weights
+//
+// Envoy weighs endpoints within a locality; gRPC clients weigh only
+// localities (round robin within one, endpoint weights ignored). So an
+// endpoint whose weight is below its zone's top weight (slow start, an
+// override, a guard's republished endpoints) is given a locality of its
+// own, sub_zone its instance id, weighted by its share: both kinds of
+// client then give every endpoint the resolver's share. A zone of one
+// weight stays one locality, as it always was, so the steady state's
+// bytes and versions are unchanged; while a zone is split the locality
+// weights are ×10,000 rather than ×100, for resolution (Assignment).
+//
 // # Regions
 //
 // With Config.Regions, a service's assignment also carries the

@@ -1,5 +1,11 @@
 package xds
 
+import (
+	"slices"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+)
+
 // Encodes is how many resources this process has encoded for xDS
 // (each once per version, whichever streams and principals it reaches).
 func Encodes() int64 { return encodes.Load() }
@@ -52,3 +58,32 @@ func (s *Server) HoldStreams(principal string) (release func()) {
 
 // NameCost is what the limits count a subscribed name as holding.
 func NameCost(name string) int64 { return nameCost(name) }
+
+// AckedAssignments is the assignment version each state-of-the-world
+// stream's client last ACKed ("" before its first ACK).
+func (s *Server) AckedAssignments() []string {
+	i := slices.Index(pushOrder[:], resource.EndpointType)
+	s.cache.mu.Lock()
+	nodes := make([]*nodeWatches, 0, len(s.cache.nodes))
+	for _, nw := range s.cache.nodes {
+		nodes = append(nodes, nw)
+	}
+	s.cache.mu.Unlock()
+	var streams []*adsStream
+	for _, nw := range nodes {
+		nw.mu.Lock()
+		for a := range nw.streams {
+			streams = append(streams, a)
+		}
+		nw.mu.Unlock()
+	}
+	var out []string
+	for _, a := range streams {
+		a.mu.Lock()
+		if !a.delta {
+			out = append(out, a.types[i].acked)
+		}
+		a.mu.Unlock()
+	}
+	return out
+}

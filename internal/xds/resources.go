@@ -25,12 +25,17 @@ import (
 )
 
 // Weight scales: an endpoint's load_balancing_weight is its weight (0,1]
-// times endpointScale, at least 1; a locality's is its zone's traffic
-// weight times localityScale times the zone's total endpoint weight, at
-// least 1.
+// times endpointScale, at least 1; a locality's is the sum of its
+// endpoints' shares (weight × zone traffic weight) times localityScale,
+// at least 1, or times fineScale when the assignment splits a zone (see
+// Assignment).
 const (
 	endpointScale = 100
 	localityScale = 100
+	// fineScale: 1/10,000 of a full-weight endpoint's share, so that a
+	// locality of one endpoint at the smallest step (weight 0.1 in a zone
+	// at traffic weight 0.1: 100) rounds by at most 0.5%.
+	fineScale = 10_000
 )
 
 // serviceResources are the four resources of one service, with their
@@ -165,7 +170,8 @@ func contentVersion(r types.Resource) (string, error) {
 // endpoints the Go resolver routes to (Snapshot.Targets: eligible,
 // degraded and health-unknown endpoints, every endpoint of a zone whose
 // guard tripped; a drained zone's only when every zone is drained), one
-// locality per zone.
+// locality per zone, and one more per endpoint whose weight differs from
+// its zone's.
 //
 // health_status: eligible → HEALTHY, degraded → DEGRADED, health unknown
 // → UNKNOWN, and an endpoint the guard republishes although it is
@@ -175,11 +181,30 @@ func contentVersion(r types.Resource) (string, error) {
 // DEGRADED endpoints, and muster must never be the reason traffic stops.
 //
 // load_balancing_weight: the endpoint's weight (slow start) × 100, at
-// least 1. A locality's weight is its zone's traffic weight × 100 × the
-// zone's total endpoint weight (at least 1), so each zone gets the share
-// the resolver gives it (Target.Share summed over the zone), and a
-// shift-back moves traffic between zones by the zone weights. When every
-// zone is drained the traffic weights are ignored, as in the resolver.
+// least 1. Envoy honours it, but gRPC clients do not: their round robin
+// spreads a locality's traffic evenly over its endpoints, and only the
+// locality weights (weighted_target) carry weight. So each zone's
+// endpoints at the zone's highest weight stay in the zone's locality
+// (sub_zone empty), and every other endpoint (ramping through slow
+// start, lowered by an override, degraded at a lower weight) gets a
+// locality of its own: same region and zone, sub_zone its instance id.
+// Within every locality the endpoints then share one weight, so Envoy
+// (locality share × endpoint share) and gRPC (locality share × 1/n) give
+// each endpoint the same probability, the resolver's Target.Share over
+// the total. A sub-locality is named by the instance rather than by its
+// weight so that a ramp step changes its weight and not its name: a
+// renamed locality is a new child balancer to gRPC, which would open a
+// new connection to the warming instance at every step.
+//
+// A locality's weight is the sum of its endpoints' shares (weight × the
+// zone's traffic weight) × 100, at least 1, so each zone gets the share
+// the resolver gives it and a shift-back moves traffic between zones by
+// the zone weights. When no zone is split the assignment is exactly what
+// it has always been (×100); when one is, every locality is weighted
+// × 10,000 (fineScale, lowered only should the sum not fit gRPC's 32
+// bits), so that a ramping endpoint's small share is not lost to
+// rounding. When every zone is drained the traffic weights are ignored,
+// as in the resolver.
 func Assignment(s *resolver.Snapshot) *endpoint.ClusterLoadAssignment {
 	targets := s.Targets()
 	zones := s.Zones()
@@ -190,19 +215,19 @@ func Assignment(s *resolver.Snapshot) *endpoint.ClusterLoadAssignment {
 			break
 		}
 	}
-	byZone := map[string]*endpoint.LocalityLbEndpoints{}
-	share := map[string]float64{}
-	for _, t := range targets {
-		loc := byZone[t.Zone]
-		if loc == nil {
-			loc = &endpoint.LocalityLbEndpoints{Locality: &core.Locality{Zone: t.Zone}}
-			byZone[t.Zone] = loc
-		}
+	type member struct {
+		lb *endpoint.LbEndpoint
+		t  *resolver.Target
+	}
+	byZone := map[string][]member{}
+	top := map[string]float64{} // each zone's highest weight
+	for i := range targets {
+		t := &targets[i]
 		h := healthOf(t.Endpoint, zones)
 		if h == core.HealthStatus_DEGRADED && !routable {
 			h = core.HealthStatus_UNKNOWN
 		}
-		loc.LbEndpoints = append(loc.LbEndpoints, &endpoint.LbEndpoint{
+		byZone[t.Zone] = append(byZone[t.Zone], member{t: t, lb: &endpoint.LbEndpoint{
 			HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
 				Address: &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
 					Protocol: core.SocketAddress_TCP, Address: t.Address,
@@ -211,18 +236,56 @@ func Assignment(s *resolver.Snapshot) *endpoint.ClusterLoadAssignment {
 			}},
 			HealthStatus:        h,
 			LoadBalancingWeight: wrapperspb.UInt32(scaled(t.Weight, endpointScale)),
-		})
-		share[t.Zone] += t.Share
+		}})
+		top[t.Zone] = max(top[t.Zone], t.Weight)
 	}
 	names := make([]string, 0, len(byZone))
 	for z := range byZone {
 		names = append(names, z)
 	}
 	slices.Sort(names)
-	cla := &endpoint.ClusterLoadAssignment{ClusterName: s.Service()}
+	var locs []*endpoint.LocalityLbEndpoints
+	var shares []float64 // by locality
+	var total float64
+	split := false
 	for _, z := range names {
-		loc := byZone[z]
-		loc.LoadBalancingWeight = wrapperspb.UInt32(scaled(share[z], localityScale))
+		zone := &endpoint.LocalityLbEndpoints{Locality: &core.Locality{Zone: z}}
+		var share float64
+		var own []*endpoint.LocalityLbEndpoints
+		var ownShares []float64
+		for _, m := range byZone[z] {
+			total += m.t.Share
+			if m.t.Weight == top[z] {
+				zone.LbEndpoints = append(zone.LbEndpoints, m.lb)
+				share += m.t.Share
+				continue
+			}
+			split = true
+			own = append(own, &endpoint.LocalityLbEndpoints{
+				Locality:    &core.Locality{Zone: z, SubZone: m.t.InstanceID},
+				LbEndpoints: []*endpoint.LbEndpoint{m.lb},
+			})
+			ownShares = append(ownShares, m.t.Share)
+		}
+		locs = append(append(locs, zone), own...)
+		shares = append(append(shares, share), ownShares...)
+	}
+	scale := float64(localityScale)
+	if split {
+		// The weights, each rounded up to at least 1, must sum to at most
+		// 2^32-1 (gRPC rejects a priority whose weights do not).
+		scale = fineScale
+		for scale > localityScale && total*scale+float64(len(locs)) > math.MaxUint32 {
+			scale /= 10
+		}
+	}
+	cla := &endpoint.ClusterLoadAssignment{ClusterName: s.Service()}
+	for i, loc := range locs {
+		if split {
+			loc.LoadBalancingWeight = wrapperspb.UInt32(uint32(min(max(1, math.Round(shares[i]*scale)), math.MaxUint32)))
+		} else {
+			loc.LoadBalancingWeight = wrapperspb.UInt32(scaled(shares[i], scale))
+		}
 		cla.Endpoints = append(cla.Endpoints, loc)
 	}
 	return cla
@@ -399,9 +462,20 @@ func distinctPriorities(cla *endpoint.ClusterLoadAssignment) []uint32 {
 
 // blendLocalities is one priority holding local's localities and peer's,
 // their locality weights scaled so that local's sum to local.share of the
-// whole and peer's to the rest.
+// whole and peer's to the rest: to about blendScale together, or
+// fineBlendScale when either holds a locality of its own for an endpoint
+// (a ramping endpoint's locality may hold a ten-thousandth of the
+// weight, which blendScale would round to 1).
 func blendLocalities(local, peer *tier) *endpoint.ClusterLoadAssignment {
 	out := &endpoint.ClusterLoadAssignment{ClusterName: local.cla.GetClusterName()}
+	scale := float64(blendScale)
+	for _, t := range []*tier{local, peer} {
+		for _, loc := range t.cla.GetEndpoints() {
+			if loc.GetLocality().GetSubZone() != "" {
+				scale = fineBlendScale
+			}
+		}
+	}
 	add := func(t *tier, part float64) {
 		var total float64
 		for _, loc := range t.cla.GetEndpoints() {
@@ -417,7 +491,7 @@ func blendLocalities(local, peer *tier) *endpoint.ClusterLoadAssignment {
 			if total > 0 {
 				w = float64(loc.GetLoadBalancingWeight().GetValue()) / total
 			}
-			c.LoadBalancingWeight = wrapperspb.UInt32(max(1, uint32(math.Round(w*part*blendScale))))
+			c.LoadBalancingWeight = wrapperspb.UInt32(max(1, uint32(math.Round(w*part*scale))))
 			out.Endpoints = append(out.Endpoints, c)
 		}
 	}
@@ -429,3 +503,8 @@ func blendLocalities(local, peer *tier) *endpoint.ClusterLoadAssignment {
 // blendScale is what the blended locality weights of one priority sum to
 // (about): fine enough for the steps' shares.
 const blendScale = 10_000
+
+// fineBlendScale is blendScale for blends that hold endpoints' own
+// localities: 10^9, which with each locality's rounding up to 1 leaves
+// room for 3×10^9 localities below gRPC's 2^32-1.
+const fineBlendScale = 1_000_000_000

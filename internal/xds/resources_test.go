@@ -38,7 +38,12 @@ func render(t *testing.T, s *resolver.Snapshot) string {
 			a := e.GetEndpoint().GetAddress().GetSocketAddress()
 			eps = append(eps, fmt.Sprintf("%s=%s/%d", a.GetAddress(), strings.ToLower(e.GetHealthStatus().String()), e.GetLoadBalancingWeight().GetValue()))
 		}
-		out = append(out, fmt.Sprintf("%s:%d[%s]", loc.GetLocality().GetZone(), loc.GetLoadBalancingWeight().GetValue(), strings.Join(eps, " ")))
+		name := loc.GetLocality().GetZone()
+		if sub := loc.GetLocality().GetSubZone(); sub != "" {
+			// An endpoint's own locality: its instance id, shortened.
+			name += "/" + strings.TrimLeft(sub[strings.LastIndex(sub, "-")+1:], "0")
+		}
+		out = append(out, fmt.Sprintf("%s:%d[%s]", name, loc.GetLoadBalancingWeight().GetValue(), strings.Join(eps, " ")))
 	}
 	return strings.Join(out, " ")
 }
@@ -62,7 +67,10 @@ func TestAssignmentMapsMustersStates(t *testing.T) {
 			ep("5", "az1", "eligible", "known", 0.25), // ramping (slow start)
 		},
 		zones: map[string]resolver.Zone{"az1": ok},
-		want:  "az1:275[10.0.0.1=healthy/100 10.0.0.2=degraded/50 10.0.0.3=unknown/100 10.0.0.5=healthy/25]",
+		// Endpoints below the zone's top weight get localities of their
+		// own, so gRPC (which ignores endpoint weights) weighs them too;
+		// the localities are weighted ×10,000 once a zone is split.
+		want: "az1:20000[10.0.0.1=healthy/100 10.0.0.3=unknown/100] az1/2:5000[10.0.0.2=degraded/50] az1/5:2500[10.0.0.5=healthy/25]",
 	}, {
 		name:  "every target degraded: published routable to gRPC",
 		eps:   []resolver.Endpoint{ep("1", "az1", "degraded", "known", 1), ep("2", "az1", "degraded", "known", 1)},
