@@ -132,6 +132,9 @@ func TestBreakGlassTokenIsAnAdminUntilItExpires(t *testing.T) {
 	if r := st.Do(t, "GET", "/v1/alarms", tok, "", ""); r.Status != http.StatusOK {
 		t.Fatalf("GET /v1/alarms: %d %s", r.Status, r.Body)
 	}
+	if n := st.RequestQueries("/v1/alarms"); n != 0 {
+		t.Errorf("GET /v1/alarms with a grant read a moment ago ran %d queries, want 0", n)
+	}
 	if used := events(t, st, audit.Filter{Action: "breakglass.use"}); len(used) != 1 {
 		t.Fatalf("breakglass.use rows after a second request: %d", len(used))
 	}
@@ -157,8 +160,12 @@ func TestBreakGlassTokenIsAnAdminUntilItExpires(t *testing.T) {
 	// Still good just before its expiry (the row read again: the cache's
 	// entry is old), refused after it and the leeway.
 	st.Clock.Advance(g.ExpiresAt.Sub(st.Clock.Now()) - time.Second)
+	before := st.RequestQueries("/v1/alarms")
 	if r := st.Do(t, "GET", "/v1/alarms", tok, "", ""); r.Status != http.StatusOK {
 		t.Fatalf("a second before expiry: %d %s", r.Status, r.Body)
+	}
+	if n := st.RequestQueries("/v1/alarms") - before; n != 1 {
+		t.Errorf("a request with a grant read %s ago ran %d queries, want 1 (the grant read again)", breakglass.DefaultCacheFor, n)
 	}
 	st.Clock.Advance(time.Second + breakglass.Leeway)
 	refused(t, "after expiry", st.Do(t, "GET", "/v1/alarms", tok, "", ""), "token expired")
