@@ -382,3 +382,60 @@ func TestBreakGlassRequestsAreChecked(t *testing.T) {
 		t.Fatalf("%d audit rows written by refused requests (%v)", n, err)
 	}
 }
+
+// TestBreakGlassWhileTheDatabaseIsAway: a grant read less than the
+// cache's bound ago is still honoured when PostgreSQL cannot be reached;
+// one that must be read answers ErrIssuerUnavailable (the server's 503),
+// not a refusal, and nothing is counted as refused for the token's sake.
+func TestBreakGlassWhileTheDatabaseIsAway(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	pool, err := db.OpenPool(ctx, db.PoolConfig{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	away, err := db.OpenPool(ctx, db.PoolConfig{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	clock := func() time.Time { return now }
+	key := apptest.SealKey()
+	req := breakglass.Request{Operator: "alice", Reason: "idp down", IssuedBy: "root@muster-0"}
+	_, first, err := breakglass.Issue(ctx, pool, key, "local", req, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, second, err := breakglass.Issue(ctx, pool, key, "local", req, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	s, err := breakglass.New(breakglass.Config{Pool: away, Region: "local", Keys: seal.Keys{}.With(key), Now: clock, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.Verify(ctx, first); err != nil || p.String() != "breakglass#operator:alice" || p.Role != identity.RoleAdmin {
+		t.Fatalf("with the database: %v %v", p, err)
+	}
+	away.Close()
+	now = now.Add(breakglass.DefaultCacheFor - time.Second)
+	if _, err := s.Verify(ctx, first); err != nil {
+		t.Fatalf("a grant read %s ago, the database away: %v", breakglass.DefaultCacheFor-time.Second, err)
+	}
+	_, err = s.Verify(ctx, second)
+	if !errors.Is(err, identity.ErrIssuerUnavailable) || errors.Is(err, identity.ErrInvalidToken) {
+		t.Fatalf("a grant not read yet, the database away: %v, want ErrIssuerUnavailable", err)
+	}
+	now = now.Add(time.Second)
+	if _, err := s.Verify(ctx, first); !errors.Is(err, identity.ErrIssuerUnavailable) {
+		t.Fatalf("a grant read %s ago, the database away: %v, want ErrIssuerUnavailable", breakglass.DefaultCacheFor, err)
+	}
+	for _, reason := range []string{breakglass.FailureNoGrant, breakglass.FailureRevoked, breakglass.FailureUnsealed} {
+		if n := counter(t, reg, "muster_breakglass_refusals_total", "reason", reason); n != 0 {
+			t.Errorf("muster_breakglass_refusals_total{reason=%s} = %v while the database was away", reason, n)
+		}
+	}
+}
