@@ -36,6 +36,21 @@ type AuthzReloadConfirmation struct {
 	SealKey     *string
 }
 
+type BreakglassGrant struct {
+	ID        uuid.UUID
+	Region    string
+	Operator  string
+	Role      string
+	Reason    string
+	IssuedBy  string
+	IssuedAt  time.Time
+	ExpiresAt time.Time
+	RevokedAt *time.Time
+	RevokedBy *string
+	Seal      []byte
+	SealKey   string
+}
+
 type GuardEvent struct {
 	ID         int64
 	Service    string

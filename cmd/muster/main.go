@@ -9,6 +9,8 @@
 //	muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
 //	muster seal status [--data DIR]                              live rows per sealing key
 //	muster seal rotate [--data DIR] [--batch N]                  re-seal live rows under the signing key
+//	muster breakglass --operator NAME --reason TEXT [--ttl 1h]   an audited, expiring operator token (docs/identity.md)
+//	muster breakglass revoke ID | list
 //	muster tgsync  --config FILE [--once] [--dry-run] [--json]     target-group sync (ELBv2, HAProxy)
 //	muster loadgen seed|rebuild|reports
 //	muster version                                               module version, Go version, VCS revision
@@ -40,6 +42,8 @@ usage:
   muster audit export --since TIME [--until TIME] [--checkpoints SINK] [--out FILE]
   muster seal status [--data DIR]
   muster seal rotate [--data DIR] [--batch N]
+  muster breakglass --operator NAME --reason TEXT [--ttl 1h] [--role admin] [--data DIR]
+  muster breakglass revoke ID | list [--since 168h]   (where the signing key is; docs/identity.md)
   muster resolve SERVICE [--server URL] [--cache DIR] [--token T] [--data DIR] [--watch] [--json] [--timeout 5s]
   muster tgsync  --config FILE [--once] [--dry-run] [--json] [--own-group] [--metrics-addr ADDR] [--endpoint-url URL]
   muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)
@@ -101,6 +105,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdResolve(ctx, args[1:], stdout, stderr)
 	case "seal":
 		return cmdSeal(ctx, args[1:], stdout, stderr)
+	case "breakglass":
+		return cmdBreakglass(ctx, args[1:], stdout, stderr)
 	case "tgsync":
 		return cmdTgsync(ctx, args[1:], stdout, stderr)
 	case "version":

@@ -381,6 +381,8 @@ func TestUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{}, {"frobnicate"}, {"migrate"}, {"migrate", "sideways", "--data", untouched}, {"audit"}, {"token"},
 		{"dev", "--no-such-flag"}, {"dev", "extra-arg"},
+		{"breakglass", "--data", untouched}, {"breakglass", "--operator", "alice", "--data", untouched},
+		{"breakglass", "revoke"}, {"breakglass", "revoke", "not-a-grant", "--data", untouched},
 	} {
 		_, _, err := runCmd(t, args...)
 		if exitCode(err) != 2 {

@@ -477,6 +477,11 @@ func appConfig(cfg Config, base string, pool, monPool *pgxpool.Pool, replica str
 		Federation:     cfg.Federation,
 	}
 	ac.RoutingControl = cfg.routingControl
+	// Break-glass tokens are addressed as the issuers' are
+	// (MUSTER_AUDIENCE), which is what muster breakglass writes.
+	if len(cfg.Issuers) > 0 {
+		ac.BreakGlass.Audience = cfg.Issuers[0].Audience
+	}
 	if cfg.notify != nil {
 		nc := *cfg.notify
 		nc.GeneratorURL = base + "/v1/alarms"

@@ -54,6 +54,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/breakglass"
 	"github.com/musterhq/muster/internal/disbelief"
 	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/evaluator"
@@ -102,6 +103,9 @@ const (
 	WorkerPublisher = "publisher"
 	WorkerEvaluator = "evaluator"
 	WorkerRefusals  = "refused-evidence"
+	// WorkerBreakGlass lists the live break-glass grants for their
+	// alarms.
+	WorkerBreakGlass = "breakglass"
 	// WorkerAuthFailures summarises authentication failures into the
 	// audit log.
 	WorkerAuthFailures = "auth-failures"
@@ -184,6 +188,10 @@ type Config struct {
 	// Refusals tunes the summaries of refused evidence in the audit log
 	// (its Log, Logger and Registerer are the app's).
 	Refusals audit.RefusalSummariesConfig
+	// BreakGlass tunes the break-glass grants (its Audience; the Pool,
+	// Region, Keys, Now, Logger and Registerer are the app's). Only with
+	// the region's signing key (Policy.Sealer).
+	BreakGlass breakglass.Config
 	// AuthFailures tunes the summaries of authentication failures (a
 	// forged, expired, malformed or unknown issuer's token) in the audit
 	// log: per source address per minute.
@@ -287,6 +295,9 @@ type App struct {
 	KeyWatch  *KeyWatch
 	// AuthFailures summarises authentication failures into the audit log.
 	AuthFailures *audit.RefusalSummaries
+	// BreakGlass takes break-glass tokens and alarms live grants; nil
+	// without the region's signing key.
+	BreakGlass *breakglass.Service
 	// Reconcile is nil unless Config.Reconcile has sources.
 	Reconcile *reconcile.Reconciler
 	// RoutingControls is nil unless Config.RoutingControl is set.
@@ -358,7 +369,7 @@ type worker struct {
 // caller's audit checkpoint covers them), the caller's (""), then the
 // rest downstream to upstream, the guard log last (it records the
 // publisher's last events).
-var stopOrder = []string{WorkerCensus, WorkerNotify, WorkerRelay, stopFederation, WorkerXDS, WorkerXDSRefusals, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControlReconcile, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
+var stopOrder = []string{WorkerCensus, WorkerNotify, WorkerBreakGlass, WorkerRelay, stopFederation, WorkerXDS, WorkerXDSRefusals, WorkerDNS, stopReconcile, WorkerEvaluator, WorkerForward, WorkerRefusals, WorkerAuthFailures, WorkerRoutingControlReconcile, WorkerRoutingControl, "", WorkerOwnership, WorkerPublisher, WorkerShifts, WorkerSweeper, WorkerReaper, WorkerOverrides, WorkerPeerAuthz, WorkerAuthz, WorkerMonitor, WorkerGuards}
 
 // New builds muster in data-flow order. Nothing is started.
 func New(cfg Config) (*App, error) {
@@ -641,8 +652,21 @@ func New(cfg Config) (*App, error) {
 	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, trust, now, log, metrics); err != nil {
 		return nil, err
 	}
+	// Break glass: a token the region's key signed for a sealed, live
+	// grant is an operator's (internal/breakglass); every other token
+	// goes to the issuers as before.
+	if cfg.Policy.Sealer != nil && svc.Authenticator != nil {
+		bc := cfg.BreakGlass
+		bc.Pool, bc.Region, bc.Keys, bc.Logger, bc.Registerer = pool, cfg.Region, trusted, log, metrics
+		bc.Now = orNow(bc.Now, now)
+		if a.BreakGlass, err = breakglass.New(bc); err != nil {
+			return nil, err
+		}
+		svc.Authenticator = a.BreakGlass.Wrap(svc.Authenticator)
+	}
 	svc.Tampering = func() []assembler.Alarm {
-		return slices.Concat(a.InForce.Alarms(), a.Evaluator.SealAlarms(), a.Authz.Alarms(), a.KeyWatch.Alarms(), a.Registry.ConfirmationAlarms())
+		return slices.Concat(a.InForce.Alarms(), a.Evaluator.SealAlarms(), a.Authz.Alarms(), a.KeyWatch.Alarms(), a.Registry.ConfirmationAlarms(),
+			a.BreakGlass.Alarms())
 	}
 	svc.ReplicaAlarms = a.replicaAlarms
 	if a.Reconcile != nil {
@@ -860,6 +884,9 @@ func New(cfg Config) (*App, error) {
 	}
 	if a.Notifier != nil {
 		a.workers = append(a.workers, worker{name: WorkerNotify, w: a.Notifier, detached: true})
+	}
+	if a.BreakGlass != nil {
+		a.workers = append(a.workers, worker{name: WorkerBreakGlass, w: a.BreakGlass, detached: true})
 	}
 	for _, w := range cfg.Workers {
 		if w.Name == "" || w.Worker == nil || slices.ContainsFunc(a.workers, func(x worker) bool { return x.name == w.Name }) {
