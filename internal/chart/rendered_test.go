@@ -191,11 +191,18 @@ func TestRenderedStatefulSetRuns(t *testing.T) {
 	// shards with none unowned.
 	for _, p := range pods {
 		var last string
-		wait.For(t, 30*time.Second, p.name+" seeing the three replicas, each with a share", func() bool {
+		wait.For(t, 60*time.Second, p.name+" seeing the three replicas, each with a share", func() bool {
 			p.mustRun(t)
 			req, _ := http.NewRequest("GET", p.url("api")+"/v1/replicas", nil)
 			req.Header.Set("Authorization", "Bearer "+admin)
-			code, body := do(t, api, req)
+			res, err := api.Do(req)
+			if err != nil {
+				last = err.Error()
+				return false
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			code, body := res.StatusCode, string(b)
 			last = fmt.Sprintf("%d %s", code, body)
 			var st struct {
 				Replicas []struct {
