@@ -5,6 +5,8 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,6 +15,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -22,6 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/internal/tlsreload"
 	"github.com/musterhq/muster/internal/worker"
 )
 
@@ -149,6 +153,9 @@ type Notifier struct {
 	// queues are the deliveries waiting, by target name (a team, or
 	// PlatformTeam).
 	queues map[string]*queue
+	// clients are the targets' with a CA of their own, by target name;
+	// the others post with cfg.Client.
+	clients map[string]*http.Client
 }
 
 type firing struct {
@@ -169,7 +176,59 @@ func New(cfg Config) (*Notifier, error) {
 	if n.metrics, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
+	n.clients = map[string]*http.Client{}
+	named := map[string]Target{}
+	if cfg.Targets.Platform != nil {
+		named[PlatformTeam] = *cfg.Targets.Platform
+	}
+	maps.Copy(named, cfg.Targets.Teams)
+	for name, t := range named {
+		if t.CA == "" {
+			continue
+		}
+		// A bundle that does not load at start stops the start: alerts
+		// to this target could never be delivered.
+		cas, err := tlsreload.NewClientCAs(tlsreload.ClientCAConfig{File: t.CA, Logger: cfg.Logger, Now: cfg.Now})
+		if err != nil {
+			return nil, fmt.Errorf("notify: target %s: ca: %w", name, err)
+		}
+		n.clients[name] = &http.Client{Timeout: cfg.Timeout, Transport: caTransport(cas.Pool)}
+	}
 	return n, nil
+}
+
+// caTransport verifies a target's https certificate against the bundle
+// pool returns at each handshake (the chain, and the host name or IP
+// address dialled), so a CA rotated on disk is trusted from the next
+// connection on.
+func caTransport(pool func() *x509.CertPool) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		cfg := &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			ServerName: host,
+			// Verified in VerifyConnection against the bundle as it is
+			// now: a fixed RootCAs would keep the bundle of the start.
+			InsecureSkipVerify: true,
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) == 0 {
+					return errors.New("the target sent no certificate")
+				}
+				opts := x509.VerifyOptions{Roots: pool(), DNSName: host, Intermediates: x509.NewCertPool()}
+				for _, c := range cs.PeerCertificates[1:] {
+					opts.Intermediates.AddCert(c)
+				}
+				_, err := cs.PeerCertificates[0].Verify(opts)
+				return err
+			},
+		}
+		return (&tls.Dialer{Config: cfg}).DialContext(ctx, network, addr)
+	}
+	return t
 }
 
 // Start diffs and sends at once, then every Interval or when poked,
@@ -299,7 +358,11 @@ func (n *Notifier) deliver(ctx context.Context, now time.Time) {
 			continue
 		}
 		t := n.target(name)
-		err := n.post(ctx, t, due, now)
+		client := n.cfg.Client
+		if c, ok := n.clients[name]; ok {
+			client = c
+		}
+		err := n.post(ctx, client, t, due, now)
 		if err != nil {
 			n.metrics.failures.WithLabelValues(name).Inc()
 		}
@@ -388,7 +451,7 @@ func (n *Notifier) alert(d *delivery, now time.Time, webhook bool) Alert {
 
 // post sends ds to t; an error never carries the URL (it may carry a
 // token).
-func (n *Notifier) post(ctx context.Context, t Target, ds []*delivery, now time.Time) error {
+func (n *Notifier) post(ctx context.Context, client *http.Client, t Target, ds []*delivery, now time.Time) error {
 	webhook := t.Kind == KindWebhook
 	alerts := make([]Alert, 0, len(ds))
 	for _, d := range ds {
@@ -416,7 +479,7 @@ func (n *Notifier) post(ctx context.Context, t Target, ds []*delivery, now time.
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "muster-notify")
-	resp, err := n.cfg.Client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {

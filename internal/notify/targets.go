@@ -36,6 +36,12 @@ type Target struct {
 	URL string `json:"url" yaml:"url"`
 	// Kind is KindAlertmanager (the default) or KindWebhook.
 	Kind string `json:"kind,omitempty" yaml:"kind,omitempty"`
+	// CA is a PEM bundle file the target's https certificate must chain
+	// to, instead of the system roots (an Alertmanager behind a private
+	// CA). It is read again when it changes; a bundle that no longer
+	// loads keeps the last good one. A relative path in a targets file is
+	// the file's folder's.
+	CA string `json:"ca,omitempty" yaml:"ca,omitempty"`
 }
 
 // Targets maps the owning teams to their targets, with the platform's,
@@ -73,6 +79,9 @@ func (t Target) validate(name string) error {
 	if t.Kind != "" && t.Kind != KindAlertmanager && t.Kind != KindWebhook {
 		return fmt.Errorf("target %s: kind %q: want %s or %s", name, t.Kind, KindAlertmanager, KindWebhook)
 	}
+	if t.CA != "" && u.Scheme != "https" {
+		return fmt.Errorf("target %s: ca is for an https:// URL", name)
+	}
 	return nil
 }
 
@@ -104,6 +113,7 @@ func (t Target) host() string {
 //	teams:
 //	  payments: {url: "https://alertmanager.payments:9093"}
 //	  search:   {url: "https://hooks.example/muster?token=…", kind: webhook}
+//	  batch:    {url: "https://alertmanager.batch:9093", ca: batch-ca.pem}
 func LoadTargets(path string) (Targets, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -125,6 +135,18 @@ func LoadTargets(path string) (Targets, error) {
 	}
 	if t.Empty() {
 		return Targets{}, fmt.Errorf("alert targets %s: no platform target and no team's", path)
+	}
+	rel := func(tg *Target) {
+		if tg.CA != "" && !filepath.IsAbs(tg.CA) {
+			tg.CA = filepath.Join(filepath.Dir(path), tg.CA)
+		}
+	}
+	if t.Platform != nil {
+		rel(t.Platform)
+	}
+	for name, tg := range t.Teams {
+		rel(&tg)
+		t.Teams[name] = tg
 	}
 	if err := t.Validate(); err != nil {
 		return Targets{}, fmt.Errorf("alert targets %s: %w", path, err)
