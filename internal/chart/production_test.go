@@ -109,7 +109,6 @@ func TestProductionValues(t *testing.T) {
 		"MUSTER_PEER_TOKENS":   "us-east-1=/etc/muster/peer-tokens/us-east-1,ap-southeast-2=/etc/muster/peer-tokens/ap-southeast-2",
 		"MUSTER_PEER_CAS":      "us-east-1=/etc/muster/cas/us-east-1.pem,ap-southeast-2=/etc/muster/cas/ap-southeast-2.pem",
 		"MUSTER_ALERT_TARGETS": "/etc/muster/alerts/targets.yaml",
-		"SSL_CERT_FILE":        "/etc/muster/cas/roots-and-alert-targets.pem",
 		// 90% of the 2Gi limit.
 		"GOMEMLIMIT": "1932735283",
 		"MUSTER_PEERS": "https://muster-0.muster-peers.muster.svc.cluster.local:8080," +
@@ -162,7 +161,7 @@ func TestProductionValues(t *testing.T) {
 			}
 		}
 	}
-	if len(files) < 15 {
+	if len(files) < 14 {
 		t.Fatalf("only %d files named: %v", len(files), files)
 	}
 	for _, f := range files {
