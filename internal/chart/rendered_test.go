@@ -828,3 +828,23 @@ func randSerial(t *testing.T) *big.Int {
 	}
 	return n
 }
+
+// TestExpandVars: $(VAR) as the kubelet expands it in the environment and
+// arguments the process test runs with.
+func TestExpandVars(t *testing.T) {
+	vars := map[string]string{"POD_NAME": "muster-0", "POD_IP": "::1"}
+	for in, want := range map[string]string{
+		"$(POD_NAME)":            "muster-0",
+		"https://$(POD_NAME).x":  "https://muster-0.x",
+		"[$(POD_IP)]:9464":       "[::1]:9464",
+		"$(UNSET) stays":         "$(UNSET) stays",
+		"$$(POD_NAME) is quoted": "$(POD_NAME) is quoted",
+		"a $ b $x":               "a $ b $x",
+		"open $(POD_NAME":        "open $(POD_NAME",
+		"end $":                  "end $",
+	} {
+		if got := expandVars(in, vars); got != want {
+			t.Errorf("expand %q = %q, want %q", in, got, want)
+		}
+	}
+}
