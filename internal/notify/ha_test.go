@@ -1,7 +1,6 @@
 package notify_test
 
 import (
-	"encoding/pem"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -57,43 +56,7 @@ func TestAlertmanagerSet(t *testing.T) {
 	}
 }
 
-// TestTargetCAFile: a target behind its own CA is reached with ca_file
-// and refused without it (the system roots do not know the CA).
-func TestTargetCAFile(t *testing.T) {
-	t.Parallel()
-	am := &flaky{}
-	srv := httptest.NewTLSServer(am)
-	t.Cleanup(srv.Close)
-	dir := t.TempDir()
-	caFile := filepath.Join(dir, "am-ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	targets := filepath.Join(dir, "targets.yaml")
-	if err := os.WriteFile(targets, []byte("platform: {url: \""+srv.URL+"\", ca_file: "+caFile+"}\nteams:\n  payments: {url: \""+srv.URL+"/payments\"}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	loaded, err := notify.LoadTargets(targets)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := testclock.New(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
-	alarms := &alarmSet{}
-	alarms.set(notify.Alarm{Kind: "instance_quarantined", Service: "web", Instance: "i-1", Since: clock.Now()})
-	n, reg := newNotifier(t, clock, alarms, loaded, nil)
-	n.RunOnce(t.Context())
-	if _, acc := am.state(); len(acc) != 1 {
-		t.Fatalf("accepted %d posts, want the platform's only", len(acc))
-	}
-	if got := metric(t, reg, "muster_alerts_sent_total", map[string]string{"target": "platform", "status": "firing"}); got != 1 {
-		t.Fatalf("platform sent %v, want 1", got)
-	}
-	if got := metric(t, reg, "muster_alerts_send_failures_total", map[string]string{"target": "payments"}); got != 1 {
-		t.Fatalf("payments (no ca_file) failures %v, want 1: its certificate is not one the system roots know", got)
-	}
-}
-
-// TestLoadTargetSets: urls and ca_file are checked when loaded, never
+// TestLoadTargetSets: urls (and a ca on an http member) are checked when loaded, never
 // repeating a URL.
 func TestLoadTargetSets(t *testing.T) {
 	t.Parallel()
@@ -107,8 +70,7 @@ func TestLoadTargetSets(t *testing.T) {
 		"none.yaml":    "platform: {kind: webhook}\n",
 		"twice.yaml":   "platform: {urls: [\"https://am-0:9093?token=s3cret\", \"https://am-0:9093\"]}\n",
 		"scheme.yaml":  "platform: {urls: [\"https://am-0:9093\", \"ftp://x?token=s3cret\"]}\n",
-		"nofile.yaml":  "platform: {url: \"https://am-0:9093\", ca_file: " + filepath.Join(dir, "missing.pem") + "}\n",
-		"notpem.yaml":  "platform: {url: \"https://am-0:9093\", ca_file: " + notPEM + "}\n",
+		"httpca.yaml":  "platform: {urls: [\"https://am-0:9093\", \"http://am-1:9093?token=s3cret\"], ca: " + notPEM + "}\n",
 		"toomany.yaml": "platform: {urls: [" + manyURLs(17) + "]}\n",
 	} {
 		p := filepath.Join(dir, name)

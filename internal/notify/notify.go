@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/musterhq/muster/internal/tlsreload"
 	"github.com/musterhq/muster/internal/worker"
 )
 
@@ -105,9 +108,6 @@ func (c *Config) Validate() error {
 	if err := c.Targets.Validate(); err != nil {
 		return fmt.Errorf("notify: %w", err)
 	}
-	if err := c.Targets.loadCAs(); err != nil {
-		return fmt.Errorf("notify: %w", err)
-	}
 	if c.Alarms == nil {
 		return errors.New("notify: no alarm source")
 	}
@@ -152,6 +152,9 @@ type Notifier struct {
 	sent map[string]*firing
 	// queues are the deliveries waiting, by sink.
 	queues map[string]*queue
+	// clients are the targets' with a CA of their own, by target name;
+	// the others post with cfg.Client.
+	clients map[string]*http.Client
 	// sinks are where deliveries go, by name: a target with one URL is
 	// one sink named as the target (a team, or PlatformTeam); each member
 	// of an Alertmanager set is a sink of its own, TEAM@HOST.
@@ -178,33 +181,15 @@ func (n *Notifier) sinkNames(name string) []string {
 			key = name + "@" + hostOf(raw)
 		}
 		if n.sinks[key] == nil {
-			n.sinks[key] = &sink{target: t, url: raw, client: n.clientFor(t)}
+			client := n.cfg.Client
+			if c, ok := n.clients[name]; ok {
+				client = c
+			}
+			n.sinks[key] = &sink{target: t, url: raw, client: client}
 		}
 		out = append(out, key)
 	}
 	return out
-}
-
-// clientFor is the configured client, or a copy of it trusting only the
-// target's CAs.
-func (n *Notifier) clientFor(t Target) *http.Client {
-	if t.roots == nil {
-		return n.cfg.Client
-	}
-	base, _ := n.cfg.Client.Transport.(*http.Transport)
-	if base == nil {
-		base = http.DefaultTransport.(*http.Transport)
-	}
-	tr := base.Clone()
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if tr.TLSClientConfig != nil {
-		tc = tr.TLSClientConfig.Clone()
-	}
-	tc.RootCAs = t.roots
-	tr.TLSClientConfig = tc
-	c := *n.cfg.Client
-	c.Transport = tr
-	return &c
 }
 
 type firing struct {
@@ -225,7 +210,59 @@ func New(cfg Config) (*Notifier, error) {
 	if n.metrics, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
+	n.clients = map[string]*http.Client{}
+	named := map[string]Target{}
+	if cfg.Targets.Platform != nil {
+		named[PlatformTeam] = *cfg.Targets.Platform
+	}
+	maps.Copy(named, cfg.Targets.Teams)
+	for name, t := range named {
+		if t.CA == "" {
+			continue
+		}
+		// A bundle that does not load at start stops the start: alerts
+		// to this target could never be delivered.
+		cas, err := tlsreload.NewClientCAs(tlsreload.ClientCAConfig{File: t.CA, Logger: cfg.Logger, Now: cfg.Now})
+		if err != nil {
+			return nil, fmt.Errorf("notify: target %s: ca: %w", name, err)
+		}
+		n.clients[name] = &http.Client{Timeout: cfg.Timeout, Transport: caTransport(cas.Pool)}
+	}
 	return n, nil
+}
+
+// caTransport verifies a target's https certificate against the bundle
+// pool returns at each handshake (the chain, and the host name or IP
+// address dialled), so a CA rotated on disk is trusted from the next
+// connection on.
+func caTransport(pool func() *x509.CertPool) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		cfg := &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			ServerName: host,
+			// Verified in VerifyConnection against the bundle as it is
+			// now: a fixed RootCAs would keep the bundle of the start.
+			InsecureSkipVerify: true,
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) == 0 {
+					return errors.New("the target sent no certificate")
+				}
+				opts := x509.VerifyOptions{Roots: pool(), DNSName: host, Intermediates: x509.NewCertPool()}
+				for _, c := range cs.PeerCertificates[1:] {
+					opts.Intermediates.AddCert(c)
+				}
+				_, err := cs.PeerCertificates[0].Verify(opts)
+				return err
+			},
+		}
+		return (&tls.Dialer{Config: cfg}).DialContext(ctx, network, addr)
+	}
+	return t
 }
 
 // Start diffs and sends at once, then every Interval or when poked,

@@ -1,7 +1,6 @@
 package notify
 
 import (
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,14 +42,12 @@ type Target struct {
 	URLs []string `json:"urls,omitempty" yaml:"urls,omitempty"`
 	// Kind is KindAlertmanager (the default) or KindWebhook.
 	Kind string `json:"kind,omitempty" yaml:"kind,omitempty"`
-	// CAFile is a PEM file of the CAs the target's certificate must chain
-	// to, replacing the system roots for this target (as Prometheus'
-	// tls_config.ca_file does): an Alertmanager behind the cluster's own
-	// CA. Read when the targets are loaded.
-	CAFile string `json:"ca_file,omitempty" yaml:"ca_file,omitempty"`
-
-	// roots is CAFile's pool, loaded by LoadTargets (or by Validate).
-	roots *x509.CertPool
+	// CA is a PEM bundle file the target's https certificate must chain
+	// to, instead of the system roots (an Alertmanager behind a private
+	// CA). It is read again when it changes; a bundle that no longer
+	// loads keeps the last good one. A relative path in a targets file is
+	// the file's folder's.
+	CA string `json:"ca,omitempty" yaml:"ca,omitempty"`
 }
 
 // members are the target's URLs: URL alone, or URLs.
@@ -60,6 +57,9 @@ func (t Target) members() []string {
 	}
 	return t.URLs
 }
+
+// maxMembers bounds an Alertmanager set: each member is a queue.
+const maxMembers = 16
 
 // Targets maps the owning teams to their targets, with the platform's,
 // which receives every alarm.
@@ -110,30 +110,13 @@ func (t Target) validate(name string) error {
 			return fmt.Errorf("target %s: urls name %s twice (each member once)", name, u.Host)
 		}
 		hosts[u.Host] = true
+		if t.CA != "" && u.Scheme != "https" {
+			return fmt.Errorf("target %s: ca is for an https:// URL", name)
+		}
 	}
 	if t.Kind != "" && t.Kind != KindAlertmanager && t.Kind != KindWebhook {
 		return fmt.Errorf("target %s: kind %q: want %s or %s", name, t.Kind, KindAlertmanager, KindWebhook)
 	}
-	return nil
-}
-
-// maxMembers bounds an Alertmanager set: each member is a queue.
-const maxMembers = 16
-
-// loadCA reads CAFile into roots.
-func (t *Target) loadCA(name string) error {
-	if t.CAFile == "" || t.roots != nil {
-		return nil
-	}
-	b, err := os.ReadFile(t.CAFile)
-	if err != nil {
-		return fmt.Errorf("target %s: ca_file: %w", name, err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return fmt.Errorf("target %s: ca_file %s holds no PEM certificate", name, t.CAFile)
-	}
-	t.roots = pool
 	return nil
 }
 
@@ -163,10 +146,11 @@ func hostOf(raw string) string {
 //
 //	platform:
 //	  urls: ["https://am-0.monitoring:9093", "https://am-1.monitoring:9093"]
-//	  ca_file: /etc/muster/alertmanager-ca.pem
+//	  ca: alertmanager-ca.pem
 //	teams:
 //	  payments: {url: "https://alertmanager.payments:9093"}
 //	  search:   {url: "https://hooks.example/muster?token=…", kind: webhook}
+//	  batch:    {url: "https://alertmanager.batch:9093", ca: batch-ca.pem}
 func LoadTargets(path string) (Targets, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -189,28 +173,20 @@ func LoadTargets(path string) (Targets, error) {
 	if t.Empty() {
 		return Targets{}, fmt.Errorf("alert targets %s: no platform target and no team's", path)
 	}
+	rel := func(tg *Target) {
+		if tg.CA != "" && !filepath.IsAbs(tg.CA) {
+			tg.CA = filepath.Join(filepath.Dir(path), tg.CA)
+		}
+	}
+	if t.Platform != nil {
+		rel(t.Platform)
+	}
+	for name, tg := range t.Teams {
+		rel(&tg)
+		t.Teams[name] = tg
+	}
 	if err := t.Validate(); err != nil {
 		return Targets{}, fmt.Errorf("alert targets %s: %w", path, err)
 	}
-	if err := t.loadCAs(); err != nil {
-		return Targets{}, fmt.Errorf("alert targets %s: %w", path, err)
-	}
 	return t, nil
-}
-
-// loadCAs reads every target's CAFile.
-func (t *Targets) loadCAs() error {
-	if t.Platform != nil {
-		if err := t.Platform.loadCA(PlatformTeam); err != nil {
-			return err
-		}
-	}
-	for _, team := range slices.Sorted(maps.Keys(t.Teams)) {
-		tt := t.Teams[team]
-		if err := tt.loadCA(team); err != nil {
-			return err
-		}
-		t.Teams[team] = tt
-	}
-	return nil
 }
