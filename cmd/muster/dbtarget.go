@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/rdsca"
 )
 
 // dbTarget is how muster connects to its database: the URL, and for Aurora
@@ -23,6 +26,9 @@ import (
 type dbTarget struct {
 	url string
 	iam *db.IAMTokens // nil: the URL's own password (or none)
+	// roots is the RDS CA bundle built into muster when it verifies the
+	// server (see rdsRoots); nil: the URL's own settings alone.
+	roots *x509.CertPool
 }
 
 // newDBTarget prepares the connections to dbURL. For serve the URL gets
@@ -43,6 +49,7 @@ func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error
 		}
 		t.url = u
 	}
+	t.roots = rdsRoots(t.url, cfg.DBIAM)
 	if !cfg.DBIAM {
 		return t, nil
 	}
@@ -71,9 +78,50 @@ func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error
 	return t, nil
 }
 
-// open opens a pool on the target; c.URL and c.IAM are filled in.
+// rdsRoots decides whether muster verifies the database server against
+// the RDS CA bundle built into it (internal/rdsca): when the connection
+// string asks for verification (sslmode verify-full or verify-ca) but
+// names no sslrootcert, with IAM database authentication (which only RDS
+// and Aurora take) or to hosts that are all RDS endpoints. The image's
+// system roots hold no RDS CA, so without it every such connection would
+// fail with "certificate signed by unknown authority". An sslrootcert
+// wins (a bundle newer than this release's, or a CA of your own); a
+// connection string pgx cannot parse is left to fail where it is opened.
+func rdsRoots(dbURL string, iam bool) *x509.CertPool {
+	hosts, err := db.SystemRootHosts(dbURL)
+	if err != nil || len(hosts) == 0 {
+		return nil
+	}
+	if !iam && slices.ContainsFunc(hosts, func(h string) bool { return !isRDSHost(h) }) {
+		return nil
+	}
+	return rdsca.Pool()
+}
+
+// isRDSHost reports whether host is an RDS or Aurora endpoint (a cluster,
+// instance or proxy endpoint under rds.amazonaws.com, or .com.cn in the
+// China regions).
+func isRDSHost(host string) bool {
+	h := strings.TrimSuffix(strings.ToLower(host), ".")
+	return strings.HasSuffix(h, ".rds.amazonaws.com") || strings.HasSuffix(h, ".rds.amazonaws.com.cn")
+}
+
+// logRoots says, once at start, that the built-in RDS bundle is in use
+// and which one, so an operator whose verification fails knows what the
+// server was checked against.
+func (t dbTarget) logRoots(log *slog.Logger) {
+	if t.roots == nil {
+		return
+	}
+	b := rdsca.Info()
+	log.Info("DATABASE_URL names no sslrootcert: the database server's certificate is verified against the RDS CA bundle built into muster (mount a newer bundle and name it in sslrootcert to replace it)",
+		"bundle", b.Package, "certificates", b.Certs)
+}
+
+// open opens a pool on the target; c.URL, c.IAM and c.RootCAs are filled
+// in.
 func (t dbTarget) open(ctx context.Context, c db.PoolConfig) (*pgxpool.Pool, error) {
-	c.URL, c.IAM = t.url, t.iam
+	c.URL, c.IAM, c.RootCAs = t.url, t.iam, t.roots
 	return db.OpenPool(ctx, c)
 }
 
@@ -106,5 +154,5 @@ func (t dbTarget) migrate(log *slog.Logger) error {
 
 // migrator opens a migrator on the target, with its IAM tokens if any.
 func (t dbTarget) migrator() (*db.Migrator, error) {
-	return db.OpenMigrator(t.url, t.iam)
+	return db.OpenMigratorRoots(t.url, t.iam, t.roots)
 }

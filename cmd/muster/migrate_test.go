@@ -251,3 +251,34 @@ func TestMigrateTakesTheIAMPath(t *testing.T) {
 		t.Error("the token appears in the command's error or output")
 	}
 }
+
+// TestIAMWithoutRootCertTrustsOnlyRDS: with MUSTER_DB_IAM=1 and no
+// sslrootcert, `muster migrate` verifies the server against the RDS CA
+// bundle built in, not against nothing and not against the system roots:
+// a stand-in server whose certificate a test CA signed (valid for its
+// address, so only the authority is wrong) is refused with "unknown
+// authority", and no login, so no token, reaches it. (Not parallel: the
+// command reads the environment.)
+func TestIAMWithoutRootCertTrustsOnlyRDS(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDSTANDINEXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "stand-in-secret-not-a-real-key")
+	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_REGION", "")
+	t.Setenv("MUSTER_DB_IAM_REGION", "eu-west-1")
+	t.Setenv("PGSSLMODE", "")
+	t.Setenv("PGSSLROOTCERT", "")
+	t.Setenv("MUSTER_DB_IAM", "1")
+	rds := newStandInRDS(t, tlstest.NewCA(t))
+	t.Setenv("DATABASE_URL", "postgres://muster_app@"+rds.addr+"/muster?connect_timeout=10&sslmode=verify-full")
+	_, _, err := runCmd(t, "migrate", "up")
+	if err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("migrate up against a server of another CA: %v, want the certificate refused (unknown authority)", err)
+	}
+	select {
+	case l := <-rds.logins:
+		t.Fatalf("a login reached a server the RDS bundle does not vouch for: user %s", l[0])
+	default:
+	}
+}
