@@ -40,6 +40,7 @@ type dbTarget struct {
 // default chain (IRSA, ECS task role, instance profile, environment).
 func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error) {
 	t := dbTarget{url: dbURL}
+	var err error
 	// A key=value DSN (which tools accept; serve's migrations need a URL)
 	// is left as it is: it can say target_session_attrs itself.
 	if !cfg.Dev && (strings.HasPrefix(dbURL, "postgres://") || strings.HasPrefix(dbURL, "postgresql://")) {
@@ -49,7 +50,9 @@ func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error
 		}
 		t.url = u
 	}
-	t.roots = rdsRoots(t.url, cfg.DBIAM)
+	if t.roots, err = rdsRoots(t.url, cfg.DBIAM); err != nil {
+		return dbTarget{}, err
+	}
 	if !cfg.DBIAM {
 		return t, nil
 	}
@@ -87,15 +90,23 @@ func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error
 // fail with "certificate signed by unknown authority". An sslrootcert
 // wins (a bundle newer than this release's, or a CA of your own); a
 // connection string pgx cannot parse is left to fail where it is opened.
-func rdsRoots(dbURL string, iam bool) *x509.CertPool {
+func rdsRoots(dbURL string, iam bool) (*x509.CertPool, error) {
 	hosts, err := db.SystemRootHosts(dbURL)
 	if err != nil || len(hosts) == 0 {
-		return nil
+		return nil, nil
 	}
 	if !iam && slices.ContainsFunc(hosts, func(h string) bool { return !isRDSHost(h) }) {
-		return nil
+		return nil, nil
 	}
-	return rdsca.Pool()
+	for _, h := range hosts {
+		// A region the bundle has no CA for would fail every connection
+		// with "unknown authority": say so now, with the fix.
+		if r := db.RegionFromHost(strings.ToLower(h)); isRDSHost(h) && !rdsca.HasRegion(r) {
+			return nil, fmt.Errorf("DATABASE_URL names no sslrootcert, and the RDS CA bundle built into muster (%s) holds no CA of %s's region %q: "+
+				"mount an RDS CA bundle that covers it (AWS publishes one per region) and name it in sslrootcert (docs/production.md, \"The RDS CA bundle\")", rdsca.Info().Package, h, r)
+		}
+	}
+	return rdsca.Pool(), nil
 }
 
 // isRDSHost reports whether host is an RDS or Aurora endpoint (a cluster,

@@ -178,6 +178,20 @@ func TestDBTargetRDSRoots(t *testing.T) {
 		systemRoots // pgx's nil RootCAs, or sslrootcert=system
 		unverified
 	)
+	// A region whose CAs the bundle lacks is refused at start, naming it
+	// and the fix; with a bundle of one's own it is fine.
+	for _, u := range []string{
+		"postgres://muster@" + china + "/muster?sslmode=verify-full",
+		"postgres://muster_app@muster.cluster-c1x2.ca-west-1.rds.amazonaws.com/muster?sslmode=verify-ca",
+	} {
+		_, err := newDBTarget(context.Background(), Config{}, u)
+		if err == nil || !strings.Contains(err.Error(), "holds no CA of") || !strings.Contains(err.Error(), "sslrootcert") {
+			t.Errorf("%s: %v, want a refusal naming the region and sslrootcert", u, err)
+		}
+		if _, err := newDBTarget(context.Background(), Config{}, u+"&sslrootcert="+bundle); err != nil {
+			t.Errorf("%s with its own bundle: %v", u, err)
+		}
+	}
 	for _, tc := range []struct {
 		iam      bool
 		url, env string // env: PGSSLROOTCERT
@@ -187,7 +201,6 @@ func TestDBTargetRDSRoots(t *testing.T) {
 		{true, "postgres://muster_app@db.internal.example/muster?sslmode=verify-full", "", builtIn}, // IAM is RDS's
 		{false, "postgres://muster@" + writer + "/muster?sslmode=verify-full", "", builtIn},
 		{false, "postgres://muster@" + strings.ToUpper(writer) + ".:5432/muster?sslmode=verify-ca", "", builtIn},
-		{false, "postgres://muster@" + china + "/muster?sslmode=verify-full", "", builtIn},
 		{false, "postgres://muster@db.internal.example/muster?sslmode=verify-full", "", systemRoots},
 		{false, "postgres://muster@" + writer + ",db.internal.example/muster?sslmode=verify-full", "", systemRoots}, // not all RDS
 		{false, "postgres://muster@rds.amazonaws.com.evil.example/muster?sslmode=verify-full", "", systemRoots},

@@ -84,9 +84,9 @@ func TestExtraVolumesAndEnv(t *testing.T) {
 }
 
 // TestRDSBundleWithoutIAM: Aurora with a password and sslmode=verify-full
-// needs the RDS CA bundle too; without IAM the chart does not mount it, so
-// it comes in as an extra volume with PGSSLROOTCERT, which only IAM
-// reserves.
+// is verified against the RDS CA bundle built into muster; a bundle of
+// one's own comes in as an extra volume with PGSSLROOTCERT, which only
+// IAM with database.iam.caBundle reserves.
 func TestRDSBundleWithoutIAM(t *testing.T) {
 	o := mustRender(t, []string{"minimal.yaml"}, map[string]any{
 		"extraVolumes":      []any{map[string]any{"name": "rds-bundle", "configMap": map[string]any{"name": "rds-ca-bundle"}}},
@@ -98,7 +98,18 @@ func TestRDSBundleWithoutIAM(t *testing.T) {
 		t.Errorf("PGSSLROOTCERT = %q", got)
 	}
 	if _, err := render(t, []string{"aurora-iam.yaml"}, map[string]any{"extraEnv": []any{map[string]any{"name": "PGSSLROOTCERT", "value": "/x"}}}); err == nil || !strings.Contains(err.Error(), "PGSSLROOTCERT, which the chart sets itself") {
-		t.Errorf("PGSSLROOTCERT in extraEnv with IAM: %v", err)
+		t.Errorf("PGSSLROOTCERT in extraEnv with IAM and caBundle: %v", err)
+	}
+	// With IAM and no caBundle the chart sets no PGSSLROOTCERT: a bundle
+	// may come in as an extra volume, as without IAM.
+	o = mustRender(t, []string{"aurora-iam.yaml"}, map[string]any{
+		"database":          map[string]any{"iam": map[string]any{"caBundle": map[string]any{"configMap": ""}}},
+		"extraVolumes":      []any{map[string]any{"name": "rds-bundle", "configMap": map[string]any{"name": "rds-ca-bundle"}}},
+		"extraVolumeMounts": []any{map[string]any{"name": "rds-bundle", "mountPath": "/etc/muster/rds-bundle", "readOnly": true}},
+		"extraEnv":          []any{map[string]any{"name": "PGSSLROOTCERT", "value": "/etc/muster/rds-bundle/global-bundle.pem"}},
+	})
+	if got := env(container(t, one[*appsv1.StatefulSet](t, o)))["PGSSLROOTCERT"].Value; got != "/etc/muster/rds-bundle/global-bundle.pem" {
+		t.Errorf("IAM without caBundle, PGSSLROOTCERT from extraEnv = %q", got)
 	}
 }
 
@@ -316,6 +327,9 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"IAM, sslmode empty", "minimal.yaml", iamURL("postgres://muster@db/muster?sslmode="), true},
 		{"IAM, sslmode=verify-full", "minimal.yaml", iamURL("postgres://muster@db/muster?sslmode=verify-full&connect_timeout=5"), false},
 		{"IAM, sslmode left out", "minimal.yaml", iamURL("postgres://muster@db/muster"), false},
+		{"IAM without a CA bundle of its own (the built-in one)", "minimal.yaml", merged(iamURL("postgres://muster@db/muster"), map[string]any{"database": map[string]any{"iam": map[string]any{"caBundle": map[string]any{"configMap": ""}}}}), false},
+		{"IAM with a CA bundle ConfigMap that is no name", "minimal.yaml", merged(iamURL("postgres://muster@db/muster"), map[string]any{"database": map[string]any{"iam": map[string]any{"caBundle": map[string]any{"configMap": "RDS_CA"}}}}), true},
+		{"IAM with a CA bundle key that is a path", "minimal.yaml", merged(iamURL("postgres://muster@db/muster"), map[string]any{"database": map[string]any{"iam": map[string]any{"caBundle": map[string]any{"key": "../etc/bundle.pem"}}}}), true},
 		{"no IAM, sslmode=disable", "minimal.yaml", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@localhost/muster?sslmode=disable"}}, false},
 		{"RBAC bound to the default account", "reconcile.yaml", saOff(""), true},
 		{"RBAC bound to the account named default", "reconcile.yaml", saOff("default"), true},

@@ -52,8 +52,9 @@ type Bundle struct {
 
 // contents is the bundle, parsed once.
 type contents struct {
-	info  Bundle
-	certs []*x509.Certificate
+	info    Bundle
+	certs   []*x509.Certificate
+	regions map[string]bool
 }
 
 var parsed = sync.OnceValues(parse)
@@ -82,6 +83,14 @@ func Pool() *x509.CertPool {
 func Info() Bundle {
 	return mustParse().info
 }
+
+// HasRegion reports whether the bundle holds a CA of the AWS region
+// (eu-west-1), by the certificates' names ("Amazon RDS eu-west-1 Root CA
+// RSA2048 G1"). RDS signs each region's servers with that region's CAs,
+// so a region the bundle lacks (one opened after this release, GovCloud,
+// China) cannot be verified with it: muster says so at start rather than
+// failing every connection.
+func HasRegion(region string) bool { return mustParse().regions[region] }
 
 // Certificates returns the embedded certificates, parsed, in file order.
 func Certificates() []*x509.Certificate {
@@ -130,5 +139,15 @@ func parse() (contents, error) {
 	if b.Package == "" || b.Integrity == "" || want != len(certs) {
 		return contents{}, fmt.Errorf("rdsca: the header (package %q, integrity %q, %d certificates) does not describe the %d certificates", b.Package, b.Integrity, want, len(certs))
 	}
-	return contents{info: b, certs: certs}, nil
+	regions := map[string]bool{}
+	for _, c := range certs {
+		f := strings.Fields(c.Subject.CommonName)
+		if len(f) > 3 && (f[2] == "Beta" || f[2] == "Preview") {
+			f = f[1:]
+		}
+		if len(f) > 2 && f[0] == "Amazon" && f[1] == "RDS" && strings.Count(f[2], "-") >= 2 {
+			regions[f[2]] = true
+		}
+	}
+	return contents{info: b, certs: certs, regions: regions}, nil
 }

@@ -53,6 +53,19 @@ func TestBundle(t *testing.T) {
 	t.Logf("%s: %d certificates, %d of them self-signed roots", info.Package, len(certs), roots)
 }
 
+// TestHasRegion: the regions are read from the CAs' names; a region the
+// bundle has no CA for, or a word that is no region, is not one.
+func TestHasRegion(t *testing.T) {
+	for region, want := range map[string]bool{
+		"us-east-1": true, "eu-west-1": true, "ap-southeast-4": true, "af-south-1": true,
+		"cn-north-1": false, "us-gov-west-1": false, "Root": false, "": false, "eu-west-99": false,
+	} {
+		if got := rdsca.HasRegion(region); got != want {
+			t.Errorf("HasRegion(%q) = %t, want %t", region, got, want)
+		}
+	}
+}
+
 func slicesEqual(got []string, want string) bool { return len(got) == 1 && got[0] == want }
 
 // TestGeneratedIsCommitted: scripts/rdsca-update, run for the version in
