@@ -1,6 +1,7 @@
 package chart_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/common"
@@ -19,6 +21,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/proxied"
 )
 
@@ -563,5 +566,54 @@ func TestChartOwnNamesGuarded(t *testing.T) {
 			continue
 		}
 		refused("extraEnv "+e, set)
+	}
+}
+
+// TestMinReadySecondsCoversTheShareBound: a rolling update moves to the
+// next replica only once the new one has held its share of the shards,
+// which a ready replica takes within ownership.ShareTakenWithin. The
+// schema's minimum for minReadySeconds is at least that bound plus one
+// ownership round (the rounds' own database work), the default at least
+// twice the bound, the schema refuses one second under its minimum and
+// takes the minimum, and the StatefulSet carries the default.
+func TestMinReadySecondsCoversTheShareBound(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			MinReadySeconds struct {
+				Minimum *int `json:"minimum"`
+			} `json:"minReadySeconds"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	minimum := schema.Properties.MinReadySeconds.Minimum
+	floor := ownership.ShareTakenWithin + ownership.DefaultInterval
+	if minimum == nil || time.Duration(*minimum)*time.Second < floor {
+		t.Fatalf("the schema's minimum for minReadySeconds is %v, want at least %s (ShareTakenWithin %s and a round)", minimum, floor, ownership.ShareTakenWithin)
+	}
+	vals, err := common.ReadValuesFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, ok := vals["minReadySeconds"].(float64)
+	if !ok {
+		t.Fatalf("values.yaml's minReadySeconds is %T %v", vals["minReadySeconds"], vals["minReadySeconds"])
+	}
+	if time.Duration(def)*time.Second < 2*ownership.ShareTakenWithin || int(def) < *minimum {
+		t.Errorf("the default minReadySeconds %v is below twice ShareTakenWithin (%s) or the schema's minimum %d", def, 2*ownership.ShareTakenWithin, *minimum)
+	}
+	if err := schemaErr(t, "minimal.yaml", map[string]any{"minReadySeconds": *minimum - 1}); err == nil {
+		t.Errorf("the schema takes minReadySeconds %d, under its minimum", *minimum-1)
+	}
+	if err := schemaErr(t, "minimal.yaml", map[string]any{"minReadySeconds": *minimum}); err != nil {
+		t.Errorf("the schema refuses minReadySeconds %d, its minimum: %v", *minimum, err)
+	}
+	if got := one[*appsv1.StatefulSet](t, mustRender(t, []string{"minimal.yaml"}, nil)).Spec.MinReadySeconds; got != int32(def) {
+		t.Errorf("the StatefulSet's minReadySeconds is %d, want the default %v", got, def)
 	}
 }
