@@ -133,7 +133,20 @@ func (t dbTarget) logRoots(log *slog.Logger) {
 // in.
 func (t dbTarget) open(ctx context.Context, c db.PoolConfig) (*pgxpool.Pool, error) {
 	c.URL, c.IAM, c.RootCAs = t.url, t.iam, t.roots
-	return db.OpenPool(ctx, c)
+	p, err := db.OpenPool(ctx, c)
+	return p, t.explainRoots(err)
+}
+
+// explainRoots adds to a certificate refusal under the built-in RDS CA
+// bundle what the server was verified against and the way out, so an
+// operator of `muster migrate` (whose quiet log leaves out logRoots'
+// line) is not left guessing.
+func (t dbTarget) explainRoots(err error) error {
+	var unknown x509.UnknownAuthorityError
+	if err == nil || t.roots == nil || !errors.As(err, &unknown) {
+		return err
+	}
+	return fmt.Errorf("%w (verified against the RDS CA bundle built into muster, %s, as DATABASE_URL names no sslrootcert: if this is the database, name a bundle that holds its CA in sslrootcert)", err, rdsca.Info().Package)
 }
 
 // migrate applies the pending migrations. A database a newer release
@@ -165,5 +178,6 @@ func (t dbTarget) migrate(log *slog.Logger) error {
 
 // migrator opens a migrator on the target, with its IAM tokens if any.
 func (t dbTarget) migrator() (*db.Migrator, error) {
-	return db.OpenMigratorRoots(t.url, t.iam, t.roots)
+	mg, err := db.OpenMigratorRoots(t.url, t.iam, t.roots)
+	return mg, t.explainRoots(err)
 }

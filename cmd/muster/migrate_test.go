@@ -18,6 +18,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/rdsca"
 	"github.com/musterhq/muster/internal/tlsreload/tlstest"
 )
 
@@ -257,7 +258,8 @@ func TestMigrateTakesTheIAMPath(t *testing.T) {
 // bundle built in, not against nothing and not against the system roots:
 // a stand-in server whose certificate a test CA signed (valid for its
 // address, so only the authority is wrong) is refused with "unknown
-// authority", and no login, so no token, reaches it. (Not parallel: the
+// authority", the error naming the built-in bundle and the way out, and
+// no login, so no token, reaches it. (Not parallel: the
 // command reads the environment.)
 func TestIAMWithoutRootCertTrustsOnlyRDS(t *testing.T) {
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDSTANDINEXAMPLE")
@@ -273,8 +275,8 @@ func TestIAMWithoutRootCertTrustsOnlyRDS(t *testing.T) {
 	rds := newStandInRDS(t, tlstest.NewCA(t))
 	t.Setenv("DATABASE_URL", "postgres://muster_app@"+rds.addr+"/muster?connect_timeout=10&sslmode=verify-full")
 	_, _, err := runCmd(t, "migrate", "up")
-	if err == nil || !strings.Contains(err.Error(), "unknown authority") {
-		t.Fatalf("migrate up against a server of another CA: %v, want the certificate refused (unknown authority)", err)
+	if err == nil || !strings.Contains(err.Error(), "unknown authority") || !strings.Contains(err.Error(), "built into muster, "+rdsca.Info().Package) {
+		t.Fatalf("migrate up against a server of another CA: %v, want the certificate refused (unknown authority), naming the built-in bundle", err)
 	}
 	select {
 	case l := <-rds.logins:
