@@ -105,7 +105,7 @@ func TestSetRootCAs(t *testing.T) {
 		if err := connect(url, ca.Pool()); err == nil || strings.Contains(err.Error(), "certificate") {
 			t.Errorf("%s against the server's CA: %v, want the handshake done and the stand-in's hang-up", mode, err)
 		}
-		if handshakes() != before+1 {
+		if handshakes() <= before {
 			t.Errorf("%s against the server's CA: no handshake completed", mode)
 		}
 	}
