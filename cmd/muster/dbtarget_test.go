@@ -178,6 +178,18 @@ func TestDBTargetRDSRoots(t *testing.T) {
 		systemRoots // pgx's nil RootCAs, or sslrootcert=system
 		unverified
 	)
+	// The chart's form: IAM, a URL without sslmode, PGSSLMODE=verify-full
+	// and no PGSSLROOTCERT (database.iam.caBundle left out).
+	t.Setenv("PGSSLMODE", "verify-full")
+	chartTarget, err := newDBTarget(context.Background(), Config{DBIAM: true}, "postgres://muster_app@"+writer+":5432/muster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chartTarget.roots == nil || !chartTarget.roots.Equal(rds) {
+		t.Error("IAM with PGSSLMODE=verify-full and no sslrootcert: the built-in RDS bundle is not used")
+	}
+	t.Setenv("PGSSLMODE", "")
+
 	// A region whose CAs the bundle lacks is refused at start, naming it
 	// and the fix; with a bundle of one's own it is fine.
 	for _, u := range []string{
