@@ -2,6 +2,7 @@ package db
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -24,6 +25,9 @@ type Migrator struct {
 	m   *migrate.Migrate
 	url string
 	iam *IAMTokens // nil: the URL's own password
+	// roots verify the server where the URL names no sslrootcert (nil:
+	// the URL's own settings alone).
+	roots *x509.CertPool
 
 	// Repaired is the version of the dirty migration the last Up ran
 	// again (0: none): the caller says so in its log.
@@ -52,6 +56,14 @@ func NewMigrator(databaseURL string) (*Migrator, error) {
 // IAM tokens: each of the migrator's connections presents the current
 // token of iam as its password.
 func NewMigratorIAM(databaseURL string, iam *IAMTokens) (*Migrator, error) {
+	return newMigratorPgx(databaseURL, iam, nil)
+}
+
+// newMigratorPgx opens golang-migrate on a pgx configuration of its own
+// rather than a URL golang-migrate parses, so each new connection can
+// present iam's token (if set) and verify the server against roots (if
+// set: see SetRootCAs).
+func newMigratorPgx(databaseURL string, iam *IAMTokens, roots *x509.CertPool) (*Migrator, error) {
 	src, err := iofs.New(migrations.FS, ".")
 	if err != nil {
 		return nil, fmt.Errorf("open embedded migrations: %w", err)
@@ -61,7 +73,12 @@ func NewMigratorIAM(databaseURL string, iam *IAMTokens) (*Migrator, error) {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
 	cc.OnPgError = closeOnReadOnly(cc.OnPgError)
-	sqlDB := stdlib.OpenDB(*cc, stdlib.OptionBeforeConnect(iam.beforeConnect))
+	SetRootCAs(&cc.Config, roots)
+	var opts []stdlib.OptionOpenDB
+	if iam != nil {
+		opts = append(opts, stdlib.OptionBeforeConnect(iam.beforeConnect))
+	}
+	sqlDB := stdlib.OpenDB(*cc, opts...)
 	drv, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{})
 	if err != nil {
 		sqlDB.Close()
@@ -72,15 +89,22 @@ func NewMigratorIAM(databaseURL string, iam *IAMTokens) (*Migrator, error) {
 		drv.Close()
 		return nil, fmt.Errorf("open migrations target: %w", err)
 	}
-	return &Migrator{m: m, url: databaseURL, iam: iam}, nil
+	return &Migrator{m: m, url: databaseURL, iam: iam, roots: roots}, nil
 }
 
 // OpenMigrator is NewMigrator, or NewMigratorIAM when iam is set.
 func OpenMigrator(databaseURL string, iam *IAMTokens) (*Migrator, error) {
-	if iam == nil {
+	return OpenMigratorRoots(databaseURL, iam, nil)
+}
+
+// OpenMigratorRoots is OpenMigrator whose connections verify the server
+// against roots where the URL names no sslrootcert (SetRootCAs); roots
+// nil changes nothing.
+func OpenMigratorRoots(databaseURL string, iam *IAMTokens, roots *x509.CertPool) (*Migrator, error) {
+	if iam == nil && roots == nil {
 		return NewMigrator(databaseURL)
 	}
-	return NewMigratorIAM(databaseURL, iam)
+	return newMigratorPgx(databaseURL, iam, roots)
 }
 
 // ErrSchemaAhead is wrapped by Up's error when the database was migrated
@@ -253,6 +277,7 @@ func (mg *Migrator) lock(ctx context.Context) (unlock func() error, err error) {
 	if err != nil {
 		return nil, errors.New("migrate: parse database url") // pgx's error may quote the URL
 	}
+	SetRootCAs(&cc.Config, mg.roots)
 	if mg.iam != nil {
 		if cc.Password, err = mg.iam.Token(ctx); err != nil {
 			return nil, err

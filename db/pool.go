@@ -2,6 +2,7 @@ package db
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -43,6 +44,11 @@ type PoolConfig struct {
 	// authentication token as its password (Aurora and RDS IAM auth); the
 	// URL's password is then ignored.
 	IAM *IAMTokens
+	// RootCAs, when set, verify the server's certificate wherever the URL
+	// asks for verification (sslmode verify-full or verify-ca) but names
+	// no sslrootcert, instead of the system roots (SetRootCAs): the RDS CA
+	// bundle built into muster. An sslrootcert in the URL wins.
+	RootCAs *x509.CertPool
 }
 
 // OpenPool connects a pool and pings it within the context's deadline.
@@ -79,6 +85,7 @@ func OpenPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if c.IAM != nil {
 		cfg.BeforeConnect = c.IAM.beforeConnect
 	}
+	SetRootCAs(&cfg.ConnConfig.Config, c.RootCAs)
 	cfg.ConnConfig.OnPgError = closeOnReadOnly(cfg.ConnConfig.OnPgError)
 	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
 		registerUUID(c.TypeMap())

@@ -544,9 +544,11 @@ func (c *Config) Validate() error {
 // and verify-ca encrypt but check no host name (require checks nothing at
 // all without a root certificate), so whoever answers on the writer's
 // address, a spoofed DNS answer or a man in the middle, would be handed a
-// token that logs in to the real database. verify-full with the RDS CA
-// bundle is the only mode that rules that out; the bundle is read now so
-// a missing or wrong file stops the start instead of every connection.
+// token that logs in to the real database. verify-full is the only mode
+// that rules that out. The server is verified against the sslrootcert the
+// URL names, read now so a missing or wrong file stops the start instead
+// of every connection, or without one against the RDS CA bundle built
+// into muster (dbtarget.go, rdsRoots).
 func (c *Config) validateIAM() error {
 	if !c.DBIAM {
 		return nil
@@ -565,18 +567,18 @@ func (c *Config) validateIAM() error {
 	q := u.Query()
 	mode := cmpOr(q.Get("sslmode"), os.Getenv("PGSSLMODE"))
 	if mode != "verify-full" {
-		return fmt.Errorf("MUSTER_DB_IAM: DATABASE_URL's sslmode is %q; an IAM token is a password, so muster sends it only to a server whose certificate it has verified: "+
-			"add sslmode=verify-full&sslrootcert=/path/to/global-bundle.pem (the RDS CA bundle) to DATABASE_URL", mode)
+		return fmt.Errorf("MUSTER_DB_IAM: DATABASE_URL's sslmode is %q; an IAM token is a password, so muster sends it only to a server whose certificate and host name it has verified: "+
+			"add sslmode=verify-full to DATABASE_URL (the server is verified against the RDS CA bundle built into muster, or the sslrootcert you name)", mode)
 	}
 	root := cmpOr(q.Get("sslrootcert"), os.Getenv("PGSSLROOTCERT"))
 	switch root {
 	case "":
-		return errors.New("MUSTER_DB_IAM: DATABASE_URL has no sslrootcert; add sslrootcert=/path/to/global-bundle.pem, the RDS CA bundle (https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem) the server's certificate is verified against")
+		return nil // the built-in RDS CA bundle
 	case "system":
-		return errors.New("MUSTER_DB_IAM: DATABASE_URL's sslrootcert is \"system\", but the RDS CAs are not among the system roots; give the RDS CA bundle's file (sslrootcert=/path/to/global-bundle.pem)")
+		return errors.New("MUSTER_DB_IAM: DATABASE_URL's sslrootcert is \"system\", but the RDS CAs are not among the system roots; leave sslrootcert out to use the RDS CA bundle built into muster, or give a bundle's file (sslrootcert=/path/to/global-bundle.pem)")
 	}
 	if err := checkCABundle(root); err != nil {
-		return fmt.Errorf("MUSTER_DB_IAM: DATABASE_URL's sslrootcert: %w; give the RDS CA bundle (https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem)", err)
+		return fmt.Errorf("MUSTER_DB_IAM: DATABASE_URL's sslrootcert: %w; give the RDS CA bundle (https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem), or leave sslrootcert out to use the one built into muster", err)
 	}
 	return nil
 }

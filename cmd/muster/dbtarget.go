@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/rdsca"
 )
 
 // dbTarget is how muster connects to its database: the URL, and for Aurora
@@ -24,6 +27,9 @@ type dbTarget struct {
 	url     string
 	iam     *db.IAMTokens // nil: the URL's own password (or none)
 	migrate string        // MigrateUp or MigrateSkip (Config.Migrate)
+	// roots is the RDS CA bundle built into muster when it verifies the
+	// server (see rdsRoots); nil: the URL's own settings alone.
+	roots *x509.CertPool
 }
 
 // What a start does with the schema (MUSTER_MIGRATE).
@@ -41,6 +47,7 @@ const (
 // default chain (IRSA, ECS task role, instance profile, environment).
 func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error) {
 	t := dbTarget{url: dbURL, migrate: cmpOr(cfg.Migrate, MigrateUp)}
+	var err error
 	// A key=value DSN (which tools accept; serve's migrations need a URL)
 	// is left as it is: it can say target_session_attrs itself.
 	if !cfg.Dev && (strings.HasPrefix(dbURL, "postgres://") || strings.HasPrefix(dbURL, "postgresql://")) {
@@ -49,6 +56,9 @@ func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error
 			return dbTarget{}, err
 		}
 		t.url = u
+	}
+	if t.roots, err = rdsRoots(t.url, cfg.DBIAM); err != nil {
+		return dbTarget{}, err
 	}
 	if !cfg.DBIAM {
 		return t, nil
@@ -78,10 +88,72 @@ func newDBTarget(ctx context.Context, cfg Config, dbURL string) (dbTarget, error
 	return t, nil
 }
 
-// open opens a pool on the target; c.URL and c.IAM are filled in.
+// rdsRoots decides whether muster verifies the database server against
+// the RDS CA bundle built into it (internal/rdsca): when the connection
+// string asks for verification (sslmode verify-full or verify-ca) but
+// names no sslrootcert, with IAM database authentication (which only RDS
+// and Aurora take) or to hosts that are all RDS endpoints. The image's
+// system roots hold no RDS CA, so without it every such connection would
+// fail with "certificate signed by unknown authority". An sslrootcert
+// wins (a bundle newer than this release's, or a CA of your own); a
+// connection string pgx cannot parse is left to fail where it is opened.
+func rdsRoots(dbURL string, iam bool) (*x509.CertPool, error) {
+	hosts, err := db.SystemRootHosts(dbURL)
+	if err != nil || len(hosts) == 0 {
+		return nil, nil
+	}
+	if !iam && slices.ContainsFunc(hosts, func(h string) bool { return !isRDSHost(h) }) {
+		return nil, nil
+	}
+	for _, h := range hosts {
+		// A region the bundle has no CA for would fail every connection
+		// with "unknown authority": say so now, with the fix.
+		if r := db.RegionFromHost(strings.ToLower(h)); isRDSHost(h) && !rdsca.HasRegion(r) {
+			return nil, fmt.Errorf("DATABASE_URL names no sslrootcert, and the RDS CA bundle built into muster (%s) holds no CA of %s's region %q: "+
+				"mount an RDS CA bundle that covers it (AWS publishes one per region) and name it in sslrootcert (docs/production.md, \"The RDS CA bundle\")", rdsca.Info().Package, h, r)
+		}
+	}
+	return rdsca.Pool(), nil
+}
+
+// isRDSHost reports whether host is an RDS or Aurora endpoint (a cluster,
+// instance or proxy endpoint under rds.amazonaws.com, or .com.cn in the
+// China regions).
+func isRDSHost(host string) bool {
+	h := strings.TrimSuffix(strings.ToLower(host), ".")
+	return strings.HasSuffix(h, ".rds.amazonaws.com") || strings.HasSuffix(h, ".rds.amazonaws.com.cn")
+}
+
+// logRoots says, once at start, that the built-in RDS bundle is in use
+// and which one, so an operator whose verification fails knows what the
+// server was checked against.
+func (t dbTarget) logRoots(log *slog.Logger) {
+	if t.roots == nil {
+		return
+	}
+	b := rdsca.Info()
+	log.Info("DATABASE_URL names no sslrootcert: the database server's certificate is verified against the RDS CA bundle built into muster (mount a newer bundle and name it in sslrootcert to replace it)",
+		"bundle", b.Package, "certificates", b.Certs)
+}
+
+// open opens a pool on the target; c.URL, c.IAM and c.RootCAs are filled
+// in.
 func (t dbTarget) open(ctx context.Context, c db.PoolConfig) (*pgxpool.Pool, error) {
-	c.URL, c.IAM = t.url, t.iam
-	return db.OpenPool(ctx, c)
+	c.URL, c.IAM, c.RootCAs = t.url, t.iam, t.roots
+	p, err := db.OpenPool(ctx, c)
+	return p, t.explainRoots(err)
+}
+
+// explainRoots adds to a certificate refusal under the built-in RDS CA
+// bundle what the server was verified against and the way out, so an
+// operator of `muster migrate` (whose quiet log leaves out logRoots'
+// line) is not left guessing.
+func (t dbTarget) explainRoots(err error) error {
+	var unknown x509.UnknownAuthorityError
+	if err == nil || t.roots == nil || !errors.As(err, &unknown) {
+		return err
+	}
+	return fmt.Errorf("%w (verified against the RDS CA bundle built into muster, %s, as DATABASE_URL names no sslrootcert: if this is the database, name a bundle that holds its CA in sslrootcert)", err, rdsca.Info().Package)
 }
 
 // prepareSchema applies the pending migrations. A database a newer release
@@ -152,5 +224,6 @@ func checkSchema(mg *db.Migrator, log *slog.Logger) error {
 
 // migrator opens a migrator on the target, with its IAM tokens if any.
 func (t dbTarget) migrator() (*db.Migrator, error) {
-	return db.OpenMigrator(t.url, t.iam)
+	mg, err := db.OpenMigratorRoots(t.url, t.iam, t.roots)
+	return mg, t.explainRoots(err)
 }

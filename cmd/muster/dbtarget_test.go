@@ -1,21 +1,28 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/musterhq/muster/db"
+	"github.com/musterhq/muster/internal/rdsca"
 	"github.com/musterhq/muster/internal/tlsreload/tlstest"
 )
 
 // TestLoadEnvDatabaseIAM: with MUSTER_DB_IAM=1 muster starts only when
 // DATABASE_URL verifies the server's certificate and host name
-// (sslmode=verify-full) against a CA bundle that is there and holds only
-// certificates; sslmode=require, which verifies nothing, is refused with a
-// message naming the fix.
+// (sslmode=verify-full), against the CA bundle it names (which must be
+// there and hold only certificates) or, naming none, the RDS bundle built
+// in; sslmode=require, which verifies nothing, is refused with a message
+// naming the fix.
 func TestLoadEnvDatabaseIAM(t *testing.T) {
 	t.Setenv("PGSSLMODE", "") // the URL alone decides, until the end
 	t.Setenv("PGSSLROOTCERT", "")
@@ -34,12 +41,12 @@ func TestLoadEnvDatabaseIAM(t *testing.T) {
 		want     string // "" ok, else a fragment of the refusal
 	}{
 		{"1", base + "?sslmode=verify-full&sslrootcert=" + bundle, ""},
-		{"1", base + "?sslmode=require", "sslmode=verify-full&sslrootcert="},                  // encrypts, verifies nothing
+		{"1", base + "?sslmode=require", "add sslmode=verify-full"},                           // encrypts, verifies nothing
 		{"1", base + "?sslmode=require&sslrootcert=" + bundle, "sslmode=verify-full"},         // verifies the chain, not the host name
 		{"1", base + "?sslmode=verify-ca&sslrootcert=" + bundle, "sslmode=verify-full"},       // the same
 		{"1", base, "sslmode=verify-full"},                                                    // no TLS asked for
 		{"1", base + "?sslmode=prefer", "sslmode=verify-full"},                                // may fall back to plain text
-		{"1", base + "?sslmode=verify-full", "RDS CA bundle"},                                 // no bundle named
+		{"1", base + "?sslmode=verify-full", ""},                                              // the built-in RDS bundle
 		{"1", base + "?sslmode=verify-full&sslrootcert=system", "not among the system roots"}, // the RDS CAs are not there
 		{"1", base + "?sslmode=verify-full&sslrootcert=" + filepath.Join(dir, "missing.pem"), "no such file"},
 		{"1", base + "?sslmode=verify-full&sslrootcert=" + notPEM, "no PEM certificate"},
@@ -129,6 +136,128 @@ func TestDBTargetSignsIAMTokens(t *testing.T) {
 		target, err := newDBTarget(context.Background(), Config{Dev: tc.dev}, tc.url)
 		if err != nil || target.url != tc.want || target.iam != nil {
 			t.Errorf("dev %t %s: %+v, %v; want %s without IAM", tc.dev, tc.url, target, err, tc.want)
+		}
+	}
+}
+
+// TestDBTargetRDSRoots: where DATABASE_URL asks for verification
+// (verify-full, verify-ca) but names no sslrootcert, to RDS endpoints or
+// with IAM, the pools muster opens verify the server against the RDS CA
+// bundle built into it, and say so in one log line naming the bundle; an
+// sslrootcert (in the URL, in PGSSLROOTCERT, or "system") wins, another
+// host keeps the system roots, and a mode that verifies nothing is left
+// as it is. The pools are lazy: nothing is dialled. (Not parallel: the PG*
+// and AWS environment.)
+func TestDBTargetRDSRoots(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDSTANDINEXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "stand-in-secret-not-a-real-key")
+	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_REGION", "eu-west-1")
+	t.Setenv("PGSSLMODE", "")
+	t.Setenv("PGSSLROOTCERT", "")
+	ca := tlstest.NewCA(t)
+	bundle := filepath.Join(t.TempDir(), "own-bundle.pem")
+	tlstest.WriteFile(t, bundle, ca.PEM)
+	own := x509.NewCertPool()
+	own.AppendCertsFromPEM(ca.PEM)
+	system, err := x509.SystemCertPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rds := rdsca.Pool()
+	const (
+		writer = "muster.cluster-c1x2.eu-west-1.rds.amazonaws.com"
+		china  = "muster.cluster-c1x2.cn-north-1.rds.amazonaws.com.cn"
+	)
+	type roots int
+	const (
+		builtIn roots = iota
+		ownFile
+		systemRoots // pgx's nil RootCAs, or sslrootcert=system
+		unverified
+	)
+	// The chart's form: IAM, a URL without sslmode, PGSSLMODE=verify-full
+	// and no PGSSLROOTCERT (database.iam.caBundle left out).
+	t.Setenv("PGSSLMODE", "verify-full")
+	chartTarget, err := newDBTarget(context.Background(), Config{DBIAM: true}, "postgres://muster_app@"+writer+":5432/muster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chartTarget.roots == nil || !chartTarget.roots.Equal(rds) {
+		t.Error("IAM with PGSSLMODE=verify-full and no sslrootcert: the built-in RDS bundle is not used")
+	}
+	t.Setenv("PGSSLMODE", "")
+
+	// A region whose CAs the bundle lacks is refused at start, naming it
+	// and the fix; with a bundle of one's own it is fine.
+	for _, u := range []string{
+		"postgres://muster@" + china + "/muster?sslmode=verify-full",
+		"postgres://muster_app@muster.cluster-c1x2.ca-west-1.rds.amazonaws.com/muster?sslmode=verify-ca",
+	} {
+		_, err := newDBTarget(context.Background(), Config{}, u)
+		if err == nil || !strings.Contains(err.Error(), "holds no CA of") || !strings.Contains(err.Error(), "sslrootcert") {
+			t.Errorf("%s: %v, want a refusal naming the region and sslrootcert", u, err)
+		}
+		if _, err := newDBTarget(context.Background(), Config{}, u+"&sslrootcert="+bundle); err != nil {
+			t.Errorf("%s with its own bundle: %v", u, err)
+		}
+	}
+	for _, tc := range []struct {
+		iam      bool
+		url, env string // env: PGSSLROOTCERT
+		want     roots
+	}{
+		{true, "postgres://muster_app@" + writer + "/muster?sslmode=verify-full", "", builtIn},
+		{true, "postgres://muster_app@db.internal.example/muster?sslmode=verify-full", "", builtIn}, // IAM is RDS's
+		{false, "postgres://muster@" + writer + "/muster?sslmode=verify-full", "", builtIn},
+		{false, "postgres://muster@" + strings.ToUpper(writer) + ".:5432/muster?sslmode=verify-ca", "", builtIn},
+		{false, "postgres://muster@db.internal.example/muster?sslmode=verify-full", "", systemRoots},
+		{false, "postgres://muster@" + writer + ",db.internal.example/muster?sslmode=verify-full", "", systemRoots}, // not all RDS
+		{false, "postgres://muster@rds.amazonaws.com.evil.example/muster?sslmode=verify-full", "", systemRoots},
+		{false, "postgres://muster@" + writer + "/muster?sslmode=require", "", unverified},
+		{true, "postgres://muster_app@" + writer + "/muster?sslmode=verify-full&sslrootcert=" + bundle, "", ownFile},
+		{false, "postgres://muster@" + writer + "/muster?sslmode=verify-ca&sslrootcert=" + bundle, "", ownFile},
+		{true, "postgres://muster_app@" + writer + "/muster?sslmode=verify-full", bundle, ownFile},
+		{false, "postgres://muster@" + writer + "/muster?sslmode=verify-full&sslrootcert=system", "", systemRoots},
+	} {
+		t.Setenv("PGSSLROOTCERT", tc.env)
+		target, err := newDBTarget(context.Background(), Config{DBIAM: tc.iam}, tc.url)
+		if err != nil {
+			t.Fatalf("iam %t %s: %v", tc.iam, tc.url, err)
+		}
+		var logged bytes.Buffer
+		target.logRoots(slog.New(slog.NewTextHandler(&logged, nil)))
+		pool, err := target.open(context.Background(), db.PoolConfig{Lazy: true})
+		if err != nil {
+			t.Fatalf("iam %t %s: %v", tc.iam, tc.url, err)
+		}
+		tlsCfg := pool.Config().ConnConfig.TLSConfig
+		pool.Close()
+		var got roots
+		switch {
+		case tlsCfg == nil:
+			t.Fatalf("iam %t %s: no TLS", tc.iam, tc.url)
+		case tlsCfg.RootCAs == nil || tlsCfg.RootCAs.Equal(system):
+			got = systemRoots
+			if tlsCfg.InsecureSkipVerify && tlsCfg.VerifyPeerCertificate == nil {
+				got = unverified
+			}
+		case tlsCfg.RootCAs.Equal(rds):
+			got = builtIn
+		case tlsCfg.RootCAs.Equal(own):
+			got = ownFile
+		default:
+			t.Fatalf("iam %t %s: roots of unknown origin", tc.iam, tc.url)
+		}
+		if got != tc.want {
+			t.Errorf("iam %t %s (PGSSLROOTCERT %q): roots %d, want %d (0 built-in, 1 own file, 2 system, 3 unverified)", tc.iam, tc.url, tc.env, got, tc.want)
+		}
+		info := rdsca.Info()
+		wantLog := fmt.Sprintf("bundle=%s certificates=%d", info.Package, info.Certs)
+		if n := strings.Count(logged.String(), "\n"); (got == builtIn) != (n == 1 && strings.Contains(logged.String(), wantLog)) {
+			t.Errorf("iam %t %s: logged %q; want one line naming %q exactly when the built-in bundle is used", tc.iam, tc.url, logged.String(), wantLog)
 		}
 	}
 }

@@ -70,6 +70,7 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if err != nil {
 		return err
 	}
+	target.logRoots(log)
 	mg, err := target.migrator()
 	if err != nil {
 		return err

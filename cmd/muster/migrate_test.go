@@ -19,6 +19,7 @@ import (
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/db/dbtest"
 	"github.com/musterhq/muster/internal/cli"
+	"github.com/musterhq/muster/internal/rdsca"
 	"github.com/musterhq/muster/internal/tlsreload/tlstest"
 )
 
@@ -318,5 +319,37 @@ func TestStartWithMigrateSkip(t *testing.T) {
 	t.Setenv("MUSTER_MIGRATE", "later")
 	if _, _, err := runCmd(t, "dev", "--addr", "127.0.0.1:0", "--data", dir); err == nil || !strings.Contains(err.Error(), `MUSTER_MIGRATE "later"`) {
 		t.Errorf("MUSTER_MIGRATE=later: %v, want a refusal naming it", err)
+	}
+}
+
+// TestIAMWithoutRootCertTrustsOnlyRDS: with MUSTER_DB_IAM=1 and no
+// sslrootcert, `muster migrate` verifies the server against the RDS CA
+// bundle built in, not against nothing and not against the system roots:
+// a stand-in server whose certificate a test CA signed (valid for its
+// address, so only the authority is wrong) is refused with "unknown
+// authority", the error naming the built-in bundle and the way out, and
+// no login, so no token, reaches it. (Not parallel: the
+// command reads the environment.)
+func TestIAMWithoutRootCertTrustsOnlyRDS(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDSTANDINEXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "stand-in-secret-not-a-real-key")
+	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_REGION", "")
+	t.Setenv("MUSTER_DB_IAM_REGION", "eu-west-1")
+	t.Setenv("PGSSLMODE", "")
+	t.Setenv("PGSSLROOTCERT", "")
+	t.Setenv("MUSTER_DB_IAM", "1")
+	rds := newStandInRDS(t, tlstest.NewCA(t))
+	t.Setenv("DATABASE_URL", "postgres://muster_app@"+rds.addr+"/muster?connect_timeout=10&sslmode=verify-full")
+	_, _, err := runCmd(t, "migrate", "up")
+	if err == nil || !strings.Contains(err.Error(), "unknown authority") || !strings.Contains(err.Error(), "built into muster, "+rdsca.Info().Package) {
+		t.Fatalf("migrate up against a server of another CA: %v, want the certificate refused (unknown authority), naming the built-in bundle", err)
+	}
+	select {
+	case l := <-rds.logins:
+		t.Fatalf("a login reached a server the RDS bundle does not vouch for: user %s", l[0])
+	default:
 	}
 }

@@ -167,6 +167,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
+	target.logRoots(log)
 	pool, monPool, closePools, fromPeers, err := openPoolsOrPeers(ctx, cfg, target, log)
 	if err != nil {
 		return err

@@ -520,6 +520,26 @@ func TestAuroraIAMAndIRSA(t *testing.T) {
 	if !mounted {
 		t.Error("the RDS CA bundle's ConfigMap is not mounted read-only at /etc/muster/rds-ca")
 	}
+	// Without a ConfigMap of its own the server is still verified
+	// (verify-full), against the RDS bundle built into muster: no
+	// PGSSLROOTCERT, no volume, and the render names no empty ConfigMap.
+	noBundle := one[*appsv1.StatefulSet](t, mustRender(t, []string{"aurora-iam.yaml"}, map[string]any{
+		"database": map[string]any{"iam": map[string]any{"caBundle": map[string]any{"configMap": ""}}}}))
+	nc := container(t, noBundle)
+	ne := env(nc)
+	if _, set := ne["PGSSLROOTCERT"]; set || ne["PGSSLMODE"].Value != "verify-full" || ne["MUSTER_DB_IAM"].Value != "1" {
+		t.Errorf("IAM without caBundle: PGSSLMODE = %q, PGSSLROOTCERT set %t; want verify-full against the built-in bundle", ne["PGSSLMODE"].Value, set)
+	}
+	for _, m := range nc.VolumeMounts {
+		if m.MountPath == "/etc/muster/rds-ca" {
+			t.Error("IAM without caBundle mounts /etc/muster/rds-ca")
+		}
+	}
+	for _, v := range noBundle.Spec.Template.Spec.Volumes {
+		if v.Name == "rds-ca" {
+			t.Errorf("IAM without caBundle has the rds-ca volume %+v", v)
+		}
+	}
 	sa := one[*corev1.ServiceAccount](t, o)
 	if sa.Annotations["eks.amazonaws.com/role-arn"] != arn {
 		t.Errorf("ServiceAccount annotations = %v, want the IRSA role", sa.Annotations)
@@ -858,7 +878,6 @@ func TestBadValuesFailToRender(t *testing.T) {
 		{"replicas without TLS", map[string]any{"tls": map[string]any{"enabled": false}}, "3 replicas need TLS between them"},
 		{"replicas' TLS without their CA", map[string]any{"tls": map[string]any{"ca": map[string]any{"existingSecret": ""}}}, "set tls.ca.existingSecret"},
 		{"plain peers with TLS", map[string]any{"tls": map[string]any{"allowPlainPeers": true}}, "tls.allowPlainPeers is for replicas without TLS"},
-		{"IAM without the RDS CA bundle", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster", "iam": map[string]any{"enabled": true, "region": "eu-west-1"}}}, "database.iam.caBundle.configMap"},
 		{"IAM with sslmode=require", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@db/muster?sslmode=require", "iam": map[string]any{"enabled": true, "region": "eu-west-1", "caBundle": map[string]any{"configMap": "rds-ca"}}}}, "/database/url"},
 		{"not a CIDR", map[string]any{"proxyProtocol": map[string]any{"from": []any{"nlb"}}}, "proxyProtocol"},
 		{"bad role ARN", map[string]any{"serviceAccount": map[string]any{"roleArn": "muster-role"}}, "roleArn"},

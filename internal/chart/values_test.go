@@ -1,6 +1,7 @@
 package chart_test
 
 import (
+	"encoding/json"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/common"
@@ -18,6 +20,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/proxied"
 )
 
@@ -83,9 +86,9 @@ func TestExtraVolumesAndEnv(t *testing.T) {
 }
 
 // TestRDSBundleWithoutIAM: Aurora with a password and sslmode=verify-full
-// needs the RDS CA bundle too; without IAM the chart does not mount it, so
-// it comes in as an extra volume with PGSSLROOTCERT, which only IAM
-// reserves.
+// is verified against the RDS CA bundle built into muster; a bundle of
+// one's own comes in as an extra volume with PGSSLROOTCERT, which only
+// IAM with database.iam.caBundle reserves.
 func TestRDSBundleWithoutIAM(t *testing.T) {
 	o := mustRender(t, []string{"minimal.yaml"}, map[string]any{
 		"extraVolumes":      []any{map[string]any{"name": "rds-bundle", "configMap": map[string]any{"name": "rds-ca-bundle"}}},
@@ -97,7 +100,18 @@ func TestRDSBundleWithoutIAM(t *testing.T) {
 		t.Errorf("PGSSLROOTCERT = %q", got)
 	}
 	if _, err := render(t, []string{"aurora-iam.yaml"}, map[string]any{"extraEnv": []any{map[string]any{"name": "PGSSLROOTCERT", "value": "/x"}}}); err == nil || !strings.Contains(err.Error(), "PGSSLROOTCERT, which the chart sets itself") {
-		t.Errorf("PGSSLROOTCERT in extraEnv with IAM: %v", err)
+		t.Errorf("PGSSLROOTCERT in extraEnv with IAM and caBundle: %v", err)
+	}
+	// With IAM and no caBundle the chart sets no PGSSLROOTCERT: a bundle
+	// may come in as an extra volume, as without IAM.
+	o = mustRender(t, []string{"aurora-iam.yaml"}, map[string]any{
+		"database":          map[string]any{"iam": map[string]any{"caBundle": map[string]any{"configMap": ""}}},
+		"extraVolumes":      []any{map[string]any{"name": "rds-bundle", "configMap": map[string]any{"name": "rds-ca-bundle"}}},
+		"extraVolumeMounts": []any{map[string]any{"name": "rds-bundle", "mountPath": "/etc/muster/rds-bundle", "readOnly": true}},
+		"extraEnv":          []any{map[string]any{"name": "PGSSLROOTCERT", "value": "/etc/muster/rds-bundle/global-bundle.pem"}},
+	})
+	if got := env(container(t, one[*appsv1.StatefulSet](t, o)))["PGSSLROOTCERT"].Value; got != "/etc/muster/rds-bundle/global-bundle.pem" {
+		t.Errorf("IAM without caBundle, PGSSLROOTCERT from extraEnv = %q", got)
 	}
 }
 
@@ -305,6 +319,9 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"IAM, sslmode empty", "minimal.yaml", iamURL("postgres://muster@db/muster?sslmode="), true},
 		{"IAM, sslmode=verify-full", "minimal.yaml", iamURL("postgres://muster@db/muster?sslmode=verify-full&connect_timeout=5"), false},
 		{"IAM, sslmode left out", "minimal.yaml", iamURL("postgres://muster@db/muster"), false},
+		{"IAM without a CA bundle of its own (the built-in one)", "minimal.yaml", merged(iamURL("postgres://muster@db/muster"), map[string]any{"database": map[string]any{"iam": map[string]any{"caBundle": map[string]any{"configMap": ""}}}}), false},
+		{"IAM with a CA bundle ConfigMap that is no name", "minimal.yaml", merged(iamURL("postgres://muster@db/muster"), map[string]any{"database": map[string]any{"iam": map[string]any{"caBundle": map[string]any{"configMap": "RDS_CA"}}}}), true},
+		{"IAM with a CA bundle key that is a path", "minimal.yaml", merged(iamURL("postgres://muster@db/muster"), map[string]any{"database": map[string]any{"iam": map[string]any{"caBundle": map[string]any{"key": "../etc/bundle.pem"}}}}), true},
 		{"no IAM, sslmode=disable", "minimal.yaml", map[string]any{"database": map[string]any{"existingSecret": "", "url": "postgres://muster@localhost/muster?sslmode=disable"}}, false},
 		{"RBAC bound to the default account", "reconcile.yaml", saOff(""), true},
 		{"RBAC bound to the account named default", "reconcile.yaml", saOff("default"), true},
@@ -538,5 +555,54 @@ func TestChartOwnNamesGuarded(t *testing.T) {
 			continue
 		}
 		refused("extraEnv "+e, set)
+	}
+}
+
+// TestMinReadySecondsCoversTheShareBound: a rolling update moves to the
+// next replica only once the new one has held its share of the shards,
+// which a ready replica takes within ownership.ShareTakenWithin. The
+// schema's minimum for minReadySeconds is at least that bound plus one
+// ownership round (the rounds' own database work), the default at least
+// twice the bound, the schema refuses one second under its minimum and
+// takes the minimum, and the StatefulSet carries the default.
+func TestMinReadySecondsCoversTheShareBound(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			MinReadySeconds struct {
+				Minimum *int `json:"minimum"`
+			} `json:"minReadySeconds"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	minimum := schema.Properties.MinReadySeconds.Minimum
+	floor := ownership.ShareTakenWithin + ownership.DefaultInterval
+	if minimum == nil || time.Duration(*minimum)*time.Second < floor {
+		t.Fatalf("the schema's minimum for minReadySeconds is %v, want at least %s (ShareTakenWithin %s and a round)", minimum, floor, ownership.ShareTakenWithin)
+	}
+	vals, err := common.ReadValuesFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, ok := vals["minReadySeconds"].(float64)
+	if !ok {
+		t.Fatalf("values.yaml's minReadySeconds is %T %v", vals["minReadySeconds"], vals["minReadySeconds"])
+	}
+	if time.Duration(def)*time.Second < 2*ownership.ShareTakenWithin || int(def) < *minimum {
+		t.Errorf("the default minReadySeconds %v is below twice ShareTakenWithin (%s) or the schema's minimum %d", def, 2*ownership.ShareTakenWithin, *minimum)
+	}
+	if err := schemaErr(t, "minimal.yaml", map[string]any{"minReadySeconds": *minimum - 1}); err == nil {
+		t.Errorf("the schema takes minReadySeconds %d, under its minimum", *minimum-1)
+	}
+	if err := schemaErr(t, "minimal.yaml", map[string]any{"minReadySeconds": *minimum}); err != nil {
+		t.Errorf("the schema refuses minReadySeconds %d, its minimum: %v", *minimum, err)
+	}
+	if got := one[*appsv1.StatefulSet](t, mustRender(t, []string{"minimal.yaml"}, nil)).Spec.MinReadySeconds; got != int32(def) {
+		t.Errorf("the StatefulSet's minReadySeconds is %d, want the default %v", got, def)
 	}
 }

@@ -124,6 +124,55 @@ func TestAJoinerTakesShardsOnlyOnceReady(t *testing.T) {
 	h.check(t)
 }
 
+// TestAJoinerHasItsShareAfterTwoRoundsAndALook: what ShareTakenWithin
+// counts. Once a joiner is ready, three steps give it its share, each
+// driven by hand here: its own round (the heartbeat says ready), the
+// holder's round (it offers the joiner its excess) and the joiner's look
+// at the offers (it takes them). Before the last step it holds nothing;
+// after it, it holds its share in the database. The workers are not
+// started, so no other round or look runs in between.
+func TestAJoinerHasItsShareAfterTwoRoundsAndALook(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	var aReady, bReady atomic.Bool
+	aReady.Store(true)
+	a := newReplica(t, pool, "a", withReady(&aReady))
+	b := newReplica(t, pool, "b", withReady(&bReady))
+	rounds(t, a)
+	if n := len(a.Owned()); n != shards {
+		t.Fatalf("a alone holds %d shards after a round, want %d", n, shards)
+	}
+	rounds(t, b, a) // b known to a, not ready: nothing moves
+	bReady.Store(true)
+	want := ownership.Targets([]string{"a", "b"}, shards)["b"]
+	held := func() int {
+		n := 0
+		for _, l := range leases(t, pool) {
+			if l.owner == "b" {
+				n++
+			}
+		}
+		return n
+	}
+	rounds(t, b) // 1: b's heartbeat says it is ready
+	if n := held(); n != 0 {
+		t.Fatalf("b holds %d shards after its own round, want 0 (a holds them all, and offered none yet)", n)
+	}
+	rounds(t, a) // 2: a offers b its excess
+	if n := held(); n != 0 {
+		t.Fatalf("b holds %d shards after a's round, want 0 until it looks at the offers", n)
+	}
+	if err := b.HandoverOnce(t.Context()); err != nil { // 3: b takes them
+		t.Fatal(err)
+	}
+	if n, own := held(), len(b.Owned()); n != want || own != want {
+		t.Fatalf("after two rounds and a look b holds %d shards in the database and %d by its own account, want its share %d", n, own, want)
+	}
+	if ownership.ShareTakenWithin != 2*ownership.DefaultInterval+ownership.DefaultOfferPoll {
+		t.Errorf("ShareTakenWithin %s is not two rounds and a look at the offers", ownership.ShareTakenWithin)
+	}
+}
+
 // TestHandoverBeforeStop: a replica about to stop hands every shard to
 // the others before it lets go: Handover returns with nothing held, the
 // others own everything, no shard was ever free in the database, and the

@@ -30,6 +30,18 @@ const (
 	// shards offered to it and for the takes of those it offered: a
 	// handover then costs a fraction of a second, not a round.
 	DefaultOfferPoll = 250 * time.Millisecond
+
+	// ShareTakenWithin bounds, at the defaults, how long a replica that
+	// has become ready (Config.Ready) waits for its share of the shards:
+	// its next round's heartbeat tells the others it is ready (within an
+	// Interval), each holder's next round after that offers it their
+	// excess (within another), and its next look at the offers takes them
+	// (within an OfferPoll); each round's own database work comes on top.
+	// A rolling restart that moves to the next replica sooner may stop a
+	// replica before the shards it would hand over have anywhere to go
+	// but the replicas left: the chart's minReadySeconds exceeds this
+	// with a margin.
+	ShareTakenWithin = 2*DefaultInterval + DefaultOfferPoll
 )
 
 // pruneAfter is how long a replica's row outlives its last heartbeat, for

@@ -136,9 +136,6 @@ what to set. */}}
 {{- if and .Values.database.iam.enabled .Values.database.existingSecret }}
 {{- fail "muster: with database.iam.enabled give database.url (no password) rather than a Secret: IAM mode takes no password" }}
 {{- end }}
-{{- if and .Values.database.iam.enabled (not .Values.database.iam.caBundle.configMap) }}
-{{- fail "muster: database.iam.enabled needs database.iam.caBundle.configMap, a ConfigMap holding the RDS CA bundle (https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem): an IAM token is a password, sent only to a server whose certificate muster verified (sslmode=verify-full)" }}
-{{- end }}
 {{- if and .Values.database.iam.enabled .Values.database.url (regexMatch "(?i)[?&]sslmode=" .Values.database.url) (not (regexMatch "(?i)[?&]sslmode=verify-full(&|$)" .Values.database.url)) }}
 {{- fail "muster: with database.iam.enabled, database.url's sslmode must be verify-full (or left out: the chart sets PGSSLMODE=verify-full); require and verify-ca do not check the server's name, and the IAM token would go to whoever answers" }}
 {{- end }}
@@ -242,7 +239,10 @@ chart computes it. */}}
 {{- $n = append $n "MUSTER_SECRET_FILES_ALLOW_SHARED" }}
 {{- end }}
 {{- if .Values.database.iam.enabled }}
-{{- $n = concat $n (list "MUSTER_DB_IAM" "MUSTER_DB_IAM_REGION" "PGSSLMODE" "PGSSLROOTCERT") }}
+{{- $n = concat $n (list "MUSTER_DB_IAM" "MUSTER_DB_IAM_REGION" "PGSSLMODE") }}
+{{- if .Values.database.iam.caBundle.configMap }}
+{{- $n = append $n "PGSSLROOTCERT" }}
+{{- end }}
 {{- end }}
 {{- if include "muster.goMemLimit" . }}
 {{- $n = append $n "GOMEMLIMIT" }}

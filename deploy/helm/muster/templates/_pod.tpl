@@ -46,12 +46,15 @@ and security settings) and the two cannot drift apart. */}}
 - name: MUSTER_DB_IAM_REGION
   value: {{ .Values.database.iam.region | quote }}
 # The IAM token goes only to a server whose certificate and
-# name are verified against the RDS CA bundle (DATABASE_URL's
-# own sslmode and sslrootcert win over these).
+# name are verified: against the RDS CA bundle built into
+# muster, or the one mounted from caBundle.configMap
+# (DATABASE_URL's own sslmode and sslrootcert win over these).
 - name: PGSSLMODE
   value: verify-full
+{{- if .Values.database.iam.caBundle.configMap }}
 - name: PGSSLROOTCERT
   value: /etc/muster/rds-ca/{{ .Values.database.iam.caBundle.key }}
+{{- end }}
 {{- end }}
 - name: MUSTER_AUDIT_SIGNING_KEY_FILE
   value: {{ .Values.signingKey.file | default "/var/run/muster/signing-key/signing.key" | quote }}
@@ -142,7 +145,7 @@ migrations do not read. */}}
   mountPath: /etc/muster/reconcile
   readOnly: true
 {{- end }}
-{{- if .Values.database.iam.enabled }}
+{{- if and .Values.database.iam.enabled .Values.database.iam.caBundle.configMap }}
 - name: rds-ca
   mountPath: /etc/muster/rds-ca
   readOnly: true
@@ -198,7 +201,7 @@ migrations do not read. */}}
   configMap:
     name: {{ include "muster.fullname" . }}-reconcile
 {{- end }}
-{{- if .Values.database.iam.enabled }}
+{{- if and .Values.database.iam.enabled .Values.database.iam.caBundle.configMap }}
 - name: rds-ca
   configMap:
     name: {{ .Values.database.iam.caBundle.configMap }}
