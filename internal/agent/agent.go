@@ -1,0 +1,472 @@
+package agent
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/stream"
+	"github.com/musterhq/muster/internal/worker"
+	"github.com/musterhq/muster/resolver"
+)
+
+// Defaults.
+const (
+	// DefaultMaxServices bounds the service set local clients can grow.
+	DefaultMaxServices = 256
+	// RefusalMemory is how long a service upstream refused stays refused
+	// locally before a local client's request asks upstream again.
+	RefusalMemory = time.Minute
+	// checkTimeout bounds one upstream check of a service asked for.
+	checkTimeout = 10 * time.Second
+)
+
+// Principal is who every local stream is, to the xDS server the agent
+// runs: the agent itself. What it may see is what upstream grants the
+// agent's identity.
+var Principal = identity.Principal{Kind: identity.KindWorkload, Service: "local", Subject: "muster-agent"}
+
+// Config configures an Agent.
+type Config struct {
+	// Upstream are muster's base URLs (replicas, or the load balancer),
+	// tried in turn on every reconnect.
+	Upstream []string
+	// Services are held from the start; local clients add more.
+	Services []string
+	// CacheDir keeps the last-known-good views (required: a restart with
+	// muster down serves them at once).
+	CacheDir string
+	// Token returns the workload token for each upstream request (a
+	// projected token file, re-read every time). Nil: the client
+	// certificate is the identity.
+	Token func(ctx context.Context) (string, error)
+	// RootCAs verify an https upstream (nil: the system roots).
+	RootCAs *x509.CertPool
+	// GetClientCertificate presents the workload's SVID to an upstream
+	// that asks for one; called on each handshake, so a rotated file is
+	// taken on the next connection.
+	GetClientCertificate func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
+	// HTTPClient, when set, makes every upstream request (tests); it
+	// replaces RootCAs and GetClientCertificate.
+	HTTPClient *http.Client
+	// ViewKeys are the region's public keys: with them only signed views
+	// are taken.
+	ViewKeys map[string]ed25519.PublicKey
+	// MaxServices bounds the set: DefaultMaxServices.
+	MaxServices int
+	// BaseBackoff and MaxBackoff shape the upstream reconnection backoff
+	// (the resolver's defaults when zero).
+	BaseBackoff, MaxBackoff time.Duration
+	Now                     func() time.Time
+	Logger                  *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if len(c.Upstream) == 0 {
+		return errors.New("agent: at least one upstream URL is required")
+	}
+	for _, u := range c.Upstream {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return fmt.Errorf("agent: upstream %q is not an http(s) base URL", u)
+		}
+	}
+	if c.CacheDir == "" {
+		return errors.New("agent: a cache folder is required (the last-known-good views a restart serves)")
+	}
+	for _, s := range c.Services {
+		if !validName(s) {
+			return fmt.Errorf("agent: %q is not a service name", s)
+		}
+	}
+	if c.MaxServices <= 0 {
+		c.MaxServices = DefaultMaxServices
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{}
+		if c.RootCAs != nil || c.GetClientCertificate != nil {
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.TLSClientConfig = &tls.Config{RootCAs: c.RootCAs, GetClientCertificate: c.GetClientCertificate, MinVersion: tls.VersionTLS12}
+			c.HTTPClient.Transport = t
+		}
+	}
+	return nil
+}
+
+var labelRE = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// validName is muster's rule for a service name (a DNS label).
+func validName(s string) bool { return labelRE.MatchString(s) }
+
+// Refusal is why a service is not served: upstream refused the agent's
+// identity, or the service is unknown there.
+type Refusal struct {
+	Status int // upstream's HTTP status (403, 404, 400)
+	Detail string
+	At     time.Time
+}
+
+func (r Refusal) Error() string { return r.Detail }
+
+// Agent follows muster for a service set and feeds a local hub.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	hub    *stream.Hub
+	runner worker.Runner
+
+	mu        sync.Mutex
+	services  []string // accepted: the client's set, sorted
+	checking  map[string]bool
+	refused   map[string]Refusal
+	client    *resolver.Client
+	swapped   chan struct{} // closed and replaced when client changes
+	published map[string]uint64
+	closed    bool
+	checks    sync.WaitGroup
+}
+
+// New builds an Agent and starts its upstream client: what the cache
+// folder holds is in the hub before New returns.
+func New(ctx context.Context, cfg Config) (*Agent, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	services := slices.Compact(slices.Sorted(slices.Values(cfg.Services)))
+	a := &Agent{
+		cfg: cfg, log: cfg.Logger.With("component", "agent"),
+		hub:      stream.NewHub(stream.Config{Now: cfg.Now, DrainSpread: -1}),
+		services: services, checking: map[string]bool{}, refused: map[string]Refusal{},
+		swapped: make(chan struct{}), published: map[string]uint64{},
+	}
+	if len(services) > 0 {
+		c, err := a.newClient(ctx, services)
+		if err != nil {
+			return nil, err
+		}
+		a.client = c
+		a.feed(c)
+	}
+	return a, nil
+}
+
+// Hub is the local hub the surfaces serve from.
+func (a *Agent) Hub() *stream.Hub { return a.hub }
+
+func (a *Agent) newClient(ctx context.Context, services []string) (*resolver.Client, error) {
+	c, err := resolver.New(context.WithoutCancel(ctx), resolver.Config{
+		URLs: a.cfg.Upstream, Token: a.cfg.Token, Services: services, CacheDir: a.cfg.CacheDir,
+		HTTPClient: a.cfg.HTTPClient, ViewKeys: a.cfg.ViewKeys, Clock: a.cfg.Now,
+		BaseBackoff: a.cfg.BaseBackoff, MaxBackoff: a.cfg.MaxBackoff,
+		// The agent's clients make the calls; it has no outcomes to
+		// report.
+		ReportInterval: -1,
+		Logger:         a.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: start the upstream client for %v: %w", services, err)
+	}
+	return c, nil
+}
+
+// Start runs the feeder until Stop: every update the upstream client
+// routes on goes to the hub.
+func (a *Agent) Start(ctx context.Context) error { return a.runner.Start(ctx, a.run) }
+
+// Stop stops the feeder, the checks and the upstream client. The hub is
+// closed (local watch streams get a drain frame). Safe to call twice.
+func (a *Agent) Stop() {
+	a.runner.Stop()
+	a.mu.Lock()
+	c := a.client
+	a.client, a.closed = nil, true
+	a.mu.Unlock()
+	a.checks.Wait()
+	if c != nil {
+		_ = c.Close()
+	}
+	a.hub.Close()
+}
+
+func (a *Agent) run(ctx context.Context) {
+	// A held update is followed by the client's own sweep, which also
+	// closes Updated; the tick re-reads the set in case a swap raced.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		a.mu.Lock()
+		c, swapped := a.client, a.swapped
+		a.mu.Unlock()
+		var updated <-chan struct{}
+		if c != nil {
+			updated = c.Updated()
+			a.feed(c)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-updated:
+		case <-swapped:
+		case <-tick.C:
+		}
+	}
+}
+
+// feed publishes to the hub every service whose routed view is newer
+// than the one it holds. The routed view is what the resolver routes on:
+// while its shrink guard holds a larger set, that set.
+func (a *Agent) feed(c *resolver.Client) {
+	var updates []stream.Update
+	for _, s := range a.Services() {
+		r, err := c.Resolve(s)
+		if err != nil {
+			continue
+		}
+		a.mu.Lock()
+		have := a.published[s]
+		a.mu.Unlock()
+		if r.Version() <= have {
+			continue
+		}
+		b, err := json.Marshal(r.View())
+		if err != nil {
+			a.log.Error("agent: encode a view", "service", s, "err", err)
+			continue
+		}
+		a.mu.Lock()
+		a.published[s] = r.Version()
+		a.mu.Unlock()
+		updates = append(updates, stream.Update{View: &stream.Frame{Kind: stream.KindView, Service: s, Version: r.Version(), JSON: b}})
+	}
+	if len(updates) > 0 {
+		a.hub.Publish(updates)
+	}
+}
+
+// Services is the set followed upstream, sorted.
+func (a *Agent) Services() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.services)
+}
+
+// Held reports whether service is in the set followed upstream.
+func (a *Agent) Held(service string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := slices.BinarySearch(a.services, service)
+	return ok
+}
+
+// Refused returns why service is not served, if upstream refused it
+// within RefusalMemory.
+func (a *Agent) Refused(service string) (Refusal, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.refused[service]
+	if ok && a.cfg.Now().Sub(r.At) >= RefusalMemory {
+		return Refusal{}, false
+	}
+	return r, ok
+}
+
+// ErrTooManyServices is Want's answer once the set is full.
+var ErrTooManyServices = errors.New("agent: the service set is full")
+
+// Want asks for service to be followed: nothing when it is already, is
+// being checked, or was refused within RefusalMemory; otherwise upstream
+// is asked, in the background, whether the agent may resolve it, and
+// the set grows when it may. It never blocks on the network.
+func (a *Agent) Want(service string) error {
+	if !validName(service) {
+		return fmt.Errorf("%q is not a service name", service)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := slices.BinarySearch(a.services, service); ok || a.checking[service] || a.closed {
+		return nil
+	}
+	if r, ok := a.refused[service]; ok && a.cfg.Now().Sub(r.At) < RefusalMemory {
+		return r
+	}
+	if len(a.services)+len(a.checking) >= a.cfg.MaxServices {
+		return fmt.Errorf("%w: it holds %d services and at most %d (--max-services)", ErrTooManyServices, len(a.services), a.cfg.MaxServices)
+	}
+	a.checking[service] = true
+	a.checks.Go(func() { a.check(service) })
+	return nil
+}
+
+// check asks upstream for service's view with the agent's identity and
+// adds it to the set unless upstream refuses it.
+func (a *Agent) check(service string) {
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
+	refusal, ok, err := a.ask(ctx, service)
+	a.mu.Lock()
+	delete(a.checking, service)
+	a.mu.Unlock()
+	switch {
+	case err != nil:
+		// Upstream cannot say: nothing is added (a service it refuses
+		// would end the watch stream of the whole set); the next request
+		// of a local client asks again.
+		a.log.Warn("agent: cannot check a service a local client asked for; not added yet", "service", service, "err", err)
+	case !ok:
+		a.mu.Lock()
+		a.refused[service] = refusal
+		a.mu.Unlock()
+		a.log.Warn("agent: upstream refuses a service a local client asked for; it is not served", "service", service, "status", refusal.Status, "detail", refusal.Detail)
+	default:
+		a.add(service)
+	}
+}
+
+// ask is GET /v1/resolve/SERVICE upstream, each URL in turn until one
+// answers: ok when muster serves the service to the agent (200, or 503
+// while its first view is not yet published).
+func (a *Agent) ask(ctx context.Context, service string) (Refusal, bool, error) {
+	var last error
+	for _, base := range a.cfg.Upstream {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/v1/resolve/"+url.PathEscape(service), nil)
+		if err != nil {
+			return Refusal{}, false, err
+		}
+		if a.cfg.Token != nil {
+			tok, err := a.cfg.Token(ctx)
+			if err != nil {
+				return Refusal{}, false, fmt.Errorf("token: %w", err)
+			}
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		res, err := a.cfg.HTTPClient.Do(req)
+		if err != nil {
+			last = err
+			continue
+		}
+		body, _ := io.ReadAll(io.LimitReader(res.Body, 4<<10))
+		res.Body.Close()
+		switch {
+		case res.StatusCode == http.StatusOK:
+			return Refusal{}, true, nil
+		case res.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body), "not-ready"):
+			return Refusal{}, true, nil
+		case res.StatusCode == http.StatusForbidden, res.StatusCode == http.StatusNotFound, res.StatusCode == http.StatusBadRequest:
+			var p struct {
+				Detail string `json:"detail"`
+			}
+			_ = json.Unmarshal(body, &p)
+			if p.Detail == "" {
+				p.Detail = res.Status
+			}
+			return Refusal{Status: res.StatusCode, Detail: "upstream refuses " + service + ": " + p.Detail, At: a.cfg.Now()}, false, nil
+		}
+		last = fmt.Errorf("%s: %s", base, res.Status)
+	}
+	return Refusal{}, false, last
+}
+
+// add grows the set by service and replaces the upstream client with
+// one holding the larger set. The old one is closed first, so only one
+// writes the cache folder; the hub keeps serving what it holds while the
+// new one connects (it starts from the same last-known-good files).
+func (a *Agent) add(service string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return
+	}
+	if _, ok := slices.BinarySearch(a.services, service); ok {
+		return
+	}
+	next := slices.Clone(a.services)
+	i, _ := slices.BinarySearch(next, service)
+	next = slices.Insert(next, i, service)
+	if a.client != nil {
+		_ = a.client.Close()
+		a.client = nil
+	}
+	c, err := a.newClient(context.Background(), next)
+	if err != nil {
+		a.log.Error("agent: grow the service set", "service", service, "err", err)
+		// Keep following what was followed.
+		if c, err = a.newClient(context.Background(), a.services); err == nil {
+			a.client = c
+		}
+		return
+	}
+	a.services, a.client = next, c
+	close(a.swapped)
+	a.swapped = make(chan struct{})
+	a.log.Info("agent: following a service a local client asked for", "service", service, "services", len(next))
+}
+
+// Ready reports whether every service followed has a view in the hub:
+// fresh, held through an outage, or loaded from the cache folder.
+func (a *Agent) Ready() bool {
+	for _, s := range a.Services() {
+		if _, ok := a.hub.View(s); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// Status is the upstream client's state.
+type Status struct {
+	Connected  bool
+	Synced     bool
+	Reconnects uint64
+	LastError  error
+}
+
+// Upstream returns the upstream client's state (zero before a first
+// service).
+func (a *Agent) Upstream() Status {
+	a.mu.Lock()
+	c := a.client
+	a.mu.Unlock()
+	if c == nil {
+		return Status{}
+	}
+	st := c.Stats()
+	return Status{Connected: st.Connected, Synced: st.Synced, Reconnects: st.Reconnects, LastError: st.LastError}
+}
+
+// Ages returns how old each held view's data is, by service.
+func (a *Agent) Ages() map[string]time.Duration {
+	now := a.cfg.Now()
+	out := map[string]time.Duration{}
+	a.mu.Lock()
+	c := a.client
+	a.mu.Unlock()
+	if c == nil {
+		return out
+	}
+	for _, s := range a.Services() {
+		if r, err := c.Resolve(s); err == nil {
+			out[s] = r.Snapshot.Age(now)
+		}
+	}
+	return out
+}
