@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -152,7 +153,14 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	services := slices.Compact(slices.Sorted(slices.Values(cfg.Services)))
+	// The set local clients grew before a restart is what the cache
+	// folder holds: it is followed again from the start, so a restart
+	// with muster down serves every view it served before.
+	services := append(slices.Clone(cfg.Services), cachedServices(cfg.CacheDir)...)
+	services = slices.Compact(slices.Sorted(slices.Values(services)))
+	if len(services) > cfg.MaxServices {
+		services = services[:cfg.MaxServices]
+	}
 	a := &Agent{
 		cfg: cfg, log: cfg.Logger.With("component", "agent"),
 		hub:      stream.NewHub(stream.Config{Now: cfg.Now, DrainSpread: -1}),
@@ -466,6 +474,23 @@ func (a *Agent) Ages() map[string]time.Duration {
 	for _, s := range a.Services() {
 		if r, err := c.Resolve(s); err == nil {
 			out[s] = r.Snapshot.Age(now)
+		}
+	}
+	return out
+}
+
+// cachedServices names the services whose last-known-good file is in
+// dir (resolver.FileName).
+func cachedServices(dir string) []string {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".view.json")
+		if ok && e.Type().IsRegular() && validName(name) {
+			out = append(out, name)
 		}
 	}
 	return out

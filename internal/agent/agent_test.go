@@ -1,0 +1,350 @@
+package agent_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/xds"
+
+	"github.com/musterhq/muster/db/dbtest"
+	"github.com/musterhq/muster/internal/agent"
+	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/devissuer"
+	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/internal/xds/xdstest"
+	"github.com/musterhq/muster/resolver"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+var admin = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
+
+// gate forwards TCP to muster until Close: muster unreachable, as the
+// agent sees it, without stopping the stack.
+type gate struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newGate(t *testing.T, target string) *gate {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			g.mu.Lock()
+			g.conns = append(g.conns, c, u)
+			g.mu.Unlock()
+			go func() { _, _ = io.Copy(u, c); u.Close() }()
+			go func() { _, _ = io.Copy(c, u); c.Close() }()
+		}
+	}()
+	t.Cleanup(g.Close)
+	return g
+}
+
+func (g *gate) URL() string { return "http://" + g.ln.Addr().String() }
+
+func (g *gate) Close() {
+	_ = g.ln.Close()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, c := range g.conns {
+		_ = c.Close()
+	}
+}
+
+// running is one agent process's worth: the agent, its surfaces and
+// their listeners.
+type running struct {
+	a        *agent.Agent
+	srv      *agent.Server
+	xdsAddr  string
+	httpURL  string
+	httpSrv  *http.Server
+	stopOnce sync.Once
+}
+
+func startAgent(t *testing.T, cfg agent.Config, xdsAddr string) *running {
+	t.Helper()
+	ctx := context.Background()
+	a, err := agent.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xln, err := agent.Listen(xdsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hln, err := agent.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: []*agent.Listener{xln, hln}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := &running{a: a, srv: srv, xdsAddr: xln.Addr().String(), httpURL: "http://" + hln.Addr().String(), httpSrv: &http.Server{Handler: srv.Handler()}}
+	go func() { _ = srv.ServeXDS(xln) }()
+	go func() { _ = r.httpSrv.Serve(hln) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *running) stop() {
+	r.stopOnce.Do(func() {
+		r.srv.XDS().Close()
+		r.srv.Stop()
+		_ = r.httpSrv.Close()
+		r.a.Stop()
+	})
+}
+
+// insecureBootstrap is what a stock gRPC client is given: plaintext to
+// the agent, no call credentials.
+func insecureBootstrap(addr string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"xds_servers": []any{map[string]any{
+			"server_uri":      addr,
+			"channel_creds":   []any{map[string]any{"type": "insecure"}},
+			"server_features": []string{"xds_v3"},
+		}},
+		"node": map[string]any{"id": "agent-test", "locality": map[string]string{"zone": "az1"}},
+	})
+	return b
+}
+
+func dial(t *testing.T, addr, service string) *grpc.ClientConn {
+	t.Helper()
+	builder, err := xds.NewXDSResolverWithConfigForTesting(insecureBootstrap(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return xdstest.DialWith(t, builder, service)
+}
+
+// reaches reports whether n calls in a row reach exactly want.
+func reaches(ctx context.Context, conn *grpc.ClientConn, n int, want ...string) bool {
+	got := xdstest.Tally(ctx, conn, n)
+	keys := make([]string, 0, len(got))
+	for k := range got {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return slices.Equal(keys, slices.Sorted(slices.Values(want)))
+}
+
+func get(t *testing.T, url string) (int, []byte) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+// TestAgentServesStockGRPCClients: a grpc-go client with an insecure
+// bootstrap and no credentials, pointed at muster agent, resolves
+// xds:///web (a service the agent did not follow until the client asked
+// for it), follows a withdrawal, and, with muster unreachable and the
+// agent restarted, still reaches the last known backends. The agent's
+// watch stream and /v1/resolve answer in muster's formats; a service
+// upstream refuses is refused locally.
+func TestAgentServesStockGRPCClients(t *testing.T) {
+	t.Parallel()
+	s := apptest.New(t, apptest.Options{})
+	s.Seed(t)
+	ctx := context.Background()
+	ids := map[string]string{}
+	for _, id := range []string{"a1", "a2", "a3"} {
+		b := xdstest.StartBackend(t, id)
+		in, err := s.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "127.0.0.1", Port: b.Addr.Port, Zone: "az1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[id] = in.ID.String()
+	}
+	if _, err := s.Registry.PutProberAssignments(ctx, admin, "prober-1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Registry.PutGrants(ctx, admin, "web", []string{"api"}); err != nil {
+		t.Fatal(err)
+	}
+	prober := s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"})
+	if err := s.Evaluator.SyncNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	report := func(outcome string, backends ...string) {
+		t.Helper()
+		var items []string
+		for _, b := range backends {
+			items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":%q}`, ids[b], outcome))
+		}
+		if r := s.JSON(t, "POST", "/v1/reports", prober, `{"reports":[`+strings.Join(items, ",")+`]}`); r.Status != http.StatusOK {
+			t.Fatalf("reports: %d %s", r.Status, r.Body)
+		}
+		s.Evaluator.EvaluateNow()
+		s.Publisher.RunOnce()
+		s.Clock.Advance(1100 * time.Millisecond)
+		s.Publisher.RunOnce()
+	}
+	report("success", "a1", "a2", "a3")
+
+	// The agent holds workload api's token (re-read on every request,
+	// as from a projected token file) and the region's view key.
+	token := s.Token(t, apptest.API)
+	g := newGate(t, strings.TrimPrefix(s.URL, "http://"))
+	cache := t.TempDir()
+	cfg := agent.Config{
+		Upstream: []string{g.URL()}, Services: []string{"api"}, CacheDir: cache,
+		Token:       func(context.Context) (string, error) { return token, nil },
+		ViewKeys:    map[string]ed25519.PublicKey{apptest.SealKey().KeyID(): apptest.SealKey().Public()},
+		BaseBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
+	}
+	ag := startAgent(t, cfg, "127.0.0.1:0")
+	wait.For(t, 10*time.Second, "the agent ready with api's view", func() bool { st, _ := get(t, ag.httpURL+"/readyz"); return st == http.StatusOK })
+	if ag.a.Held("web") {
+		t.Fatal("the agent follows web before any local client asked for it")
+	}
+
+	conn := dial(t, ag.xdsAddr, "web")
+	start := time.Now()
+	wait.For(t, 30*time.Second, "calls through the agent reaching a1, a2 and a3", func() bool { return reaches(t.Context(), conn, 90, "a1", "a2", "a3") })
+	t.Logf("xds:///web resolved through the agent %s after the dial (the agent added web to its upstream set)", time.Since(start).Round(time.Millisecond))
+	if got := ag.a.Services(); !slices.Equal(got, []string{"api", "web"}) {
+		t.Fatalf("the agent follows %v; want api and web", got)
+	}
+
+	// A withdrawal reaches the client through the agent.
+	start = time.Now()
+	report("hard_failure", "a3")
+	wait.For(t, 5*time.Second, "a3 out of the client's rotation", func() bool { return reaches(t.Context(), conn, 30, "a1", "a2") })
+	lag := time.Since(start)
+	t.Logf("withdrawal: a3 out of the client's rotation %s after its hard failure was reported (polled with 30 calls)", lag.Round(time.Millisecond))
+
+	// muster's formats: /v1/resolve, and the watch stream the resolver
+	// library reads, without a token.
+	st, body := get(t, ag.httpURL+"/v1/resolve/web")
+	var v resolver.View
+	if st != http.StatusOK || json.Unmarshal(body, &v) != nil || v.Service != "web" || len(v.Endpoints) != 2 {
+		t.Fatalf("agent /v1/resolve/web: %d %s", st, body)
+	}
+	if _, err := resolver.SnapshotOf(v, time.Now()); err != nil {
+		t.Fatalf("the agent's view does not check: %v", err)
+	}
+	rc, err := resolver.New(ctx, resolver.Config{URLs: []string{ag.httpURL}, Services: []string{"web"}, ReportInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	wait.For(t, 10*time.Second, "a resolver client synced through the agent's watch", func() bool {
+		r, err := rc.Resolve("web")
+		return err == nil && rc.Stats().Synced && r.Version() == v.Version && r.Routable() == 2
+	})
+
+	// A service upstream does not serve the agent is refused locally,
+	// and the set it follows is unchanged.
+	var last string
+	wait.For(t, 10*time.Second, "an unknown service refused as upstream refuses it", func() bool {
+		st, body := get(t, ag.httpURL+"/v1/resolve/nosuch")
+		last = fmt.Sprintf("%d %s", st, body)
+		return (st == http.StatusNotFound || st == http.StatusForbidden) && strings.Contains(string(body), "upstream refuses nosuch")
+	})
+	t.Logf("the agent answers an unknown service: %s", last)
+	if got := ag.a.Services(); !slices.Equal(got, []string{"api", "web"}) {
+		t.Fatalf("after a refused service the agent follows %v", got)
+	}
+
+	scrape := func(r *running) string { _, b := get(t, r.httpURL+"/metrics"); return string(b) }
+	m := scrape(ag)
+	for _, re := range []string{`muster_agent_upstream_connected 1`, `muster_agent_views 2`, `muster_agent_view_age_seconds\{service="web"\} `, `muster_agent_local_streams\{surface="xds"\} [1-9]`, `muster_xds_streams`} {
+		if !regexp.MustCompile(re).MatchString(m) {
+			t.Fatalf("metrics lack %s:\n%s", re, m)
+		}
+	}
+
+	// muster unreachable, the agent restarted on the same port and cache
+	// folder: it is ready at once, and a new client reaches a1 and a2.
+	g.Close()
+	ag.stop()
+	rc.Close()
+	ag2 := startAgent(t, cfg, ag.xdsAddr)
+	if !ag2.a.Ready() || !slices.Equal(ag2.a.Services(), []string{"api", "web"}) {
+		t.Fatalf("restarted with muster down: ready %v, services %v; want ready with api and web from the cache", ag2.a.Ready(), ag2.a.Services())
+	}
+	conn2 := dial(t, ag2.xdsAddr, "web")
+	wait.For(t, 30*time.Second, "a new client reaching the last known backends through the restarted agent", func() bool {
+		return reaches(t.Context(), conn2, 30, "a1", "a2")
+	})
+	// The first client's xDS stream came back to the restarted agent on
+	// its own backoff; meanwhile and since, its calls land on a1 and a2.
+	if !reaches(t.Context(), conn, 30, "a1", "a2") {
+		t.Fatal("the first client stopped reaching a1 and a2 across the agent's restart")
+	}
+	if m := scrape(ag2); !strings.Contains(m, "muster_agent_upstream_connected 0") {
+		t.Fatalf("with muster unreachable the agent reports it connected:\n%s", m)
+	}
+}
+
+// TestListenOnlyOnLoopback: an address anyone but the host could reach
+// is refused with a clear error; loopback and Unix sockets are taken.
+func TestListenOnlyOnLoopback(t *testing.T) {
+	t.Parallel()
+	for _, addr := range []string{"0.0.0.0:0", ":0", "10.1.2.3:15010", "[::]:0", "example.com:15010", "127.0.0.1"} {
+		ln, err := agent.Listen(addr)
+		if err == nil {
+			ln.Close()
+			t.Fatalf("Listen(%q) listened", addr)
+		}
+		if !errors.Is(err, agent.ErrNotLoopback) {
+			t.Fatalf("Listen(%q): %v; want ErrNotLoopback", addr, err)
+		}
+		if !strings.Contains(err.Error(), "only on loopback") {
+			t.Fatalf("Listen(%q): %q does not say why", addr, err)
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:0", "localhost:0", "unix:" + t.TempDir() + "/agent.sock"} {
+		ln, err := agent.Listen(addr)
+		if err != nil {
+			t.Fatalf("Listen(%q): %v", addr, err)
+		}
+		ln.Close()
+	}
+}
