@@ -16,7 +16,7 @@ import (
 	"github.com/musterhq/muster/resolver"
 )
 
-const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FILE | --cert FILE --key FILE) [--service S,...] [--ca FILE] [--view-keys FILE,...] [--cache DIR] [--xds-addr 127.0.0.1:15010] [--http-addr 127.0.0.1:15011] [--max-services 256]"
+const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FILE | --cert FILE --key FILE) [--service S,...] [--ca FILE] [--view-keys FILE,...] [--cache DIR] [--xds-addr 127.0.0.1:15010] [--http-addr 127.0.0.1:15011] [--dns-addr 127.0.0.1:15053 [--dns-zone Z]] [--max-services 256]"
 
 // cmdAgent runs muster agent: it holds one workload's identity and
 // serves that workload's data planes, without credentials, on loopback
@@ -24,7 +24,7 @@ const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FI
 func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		upstream, services, tokenFile, certFile, keyFile, caFile, viewKeys string
-		cacheDir, xdsAddr, httpAddr                                        string
+		cacheDir, xdsAddr, httpAddr, dnsAddr, dnsZone                      string
 		maxServices                                                        int
 	)
 	fs := cli.NewFlags("agent", stderr)
@@ -38,6 +38,8 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&cacheDir, "cache", envOr("MUSTER_AGENT_CACHE", "/var/cache/muster-agent"), "last-known-good views, served at once after a restart with muster down (MUSTER_AGENT_CACHE)")
 	fs.StringVar(&xdsAddr, "xds-addr", envOr("MUSTER_AGENT_XDS_ADDR", "127.0.0.1:15010"), "xDS for local clients: a loopback HOST:PORT or unix:/path; \"\" turns it off (MUSTER_AGENT_XDS_ADDR)")
 	fs.StringVar(&httpAddr, "http-addr", envOr("MUSTER_AGENT_HTTP_ADDR", "127.0.0.1:15011"), "/v1/watch, /v1/resolve, /readyz and /metrics: a loopback HOST:PORT or unix:/path (MUSTER_AGENT_HTTP_ADDR)")
+	fs.StringVar(&dnsAddr, "dns-addr", os.Getenv("MUSTER_AGENT_DNS_ADDR"), "DNS (UDP and TCP) for the services the agent follows, as muster's zone answers them: a loopback HOST:PORT; \"\" (default) turns it off (MUSTER_AGENT_DNS_ADDR)")
+	fs.StringVar(&dnsZone, "dns-zone", envOr("MUSTER_AGENT_DNS_ZONE", "muster.internal."), "the zone --dns-addr answers for (MUSTER_AGENT_DNS_ZONE)")
 	fs.IntVar(&maxServices, "max-services", agent.DefaultMaxServices, "most services local clients can make the agent follow")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -72,6 +74,12 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("agent: --xds-addr: %w", err)
 		}
 		listeners = append(listeners, xln)
+	}
+
+	if dnsAddr != "" {
+		if err := agent.CheckLoopback(dnsAddr); err != nil {
+			return fmt.Errorf("agent: --dns-addr: %w", err)
+		}
 	}
 
 	var tokenFn func(context.Context) (string, error)
@@ -110,7 +118,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer a.Stop()
-	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: listeners, Logger: cfg.Logger})
+	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: listeners, DNSAddr: dnsAddr, DNSZone: dnsZone, Logger: cfg.Logger})
 	if err != nil {
 		return err
 	}
@@ -131,8 +139,8 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			errc <- err
 		}
 	}()
-	fmt.Fprintf(stdout, "muster agent: xDS on %s, HTTP on %s, following %s (services %s)\n",
-		cmpOr(xdsAddr, "(off)"), httpAddr, strings.Join(cfg.Upstream, ","), strings.Join(a.Services(), ","))
+	fmt.Fprintf(stdout, "muster agent: xDS on %s, HTTP on %s, DNS on %s, following %s (services %s)\n",
+		cmpOr(xdsAddr, "(off)"), httpAddr, cmpOr(dnsAddr, "(off)"), strings.Join(cfg.Upstream, ","), strings.Join(a.Services(), ","))
 	var served error
 	select {
 	case <-ctx.Done():

@@ -25,6 +25,7 @@ func TestAgentRefusesAddressesOffLoopback(t *testing.T) {
 		{"--xds-addr", "0.0.0.0:0", "--http-addr", "127.0.0.1:0"},
 		{"--xds-addr", ":0", "--http-addr", "127.0.0.1:0"},
 		{"--xds-addr", "127.0.0.1:0", "--http-addr", "10.0.0.1:15011"},
+		{"--xds-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--dns-addr", "0.0.0.0:15053"},
 	} {
 		_, _, err := runCmd(t, append(base, extra...)...)
 		if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "only on loopback") {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/xds"
 
@@ -90,6 +91,7 @@ type running struct {
 	srv      *agent.Server
 	xdsAddr  string
 	httpURL  string
+	dnsAddr  string
 	httpSrv  *http.Server
 	stopOnce sync.Once
 }
@@ -109,7 +111,7 @@ func startAgent(t *testing.T, cfg agent.Config, xdsAddr string) *running {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: []*agent.Listener{xln, hln}})
+	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: []*agent.Listener{xln, hln}, DNSAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +122,7 @@ func startAgent(t *testing.T, cfg agent.Config, xdsAddr string) *running {
 		t.Fatal(err)
 	}
 	r := &running{a: a, srv: srv, xdsAddr: xln.Addr().String(), httpURL: "http://" + hln.Addr().String(), httpSrv: &http.Server{Handler: srv.Handler()}}
+	r.dnsAddr = srv.DNS().Addr().String()
 	go func() { _ = srv.ServeXDS(xln) }()
 	go func() { _ = r.httpSrv.Serve(hln) }()
 	t.Cleanup(r.stop)
@@ -169,6 +172,26 @@ func reaches(ctx context.Context, conn *grpc.ClientConn, n int, want ...string) 
 	return slices.Equal(keys, slices.Sorted(slices.Values(want)))
 }
 
+// srvPorts is the ports of the SRV records the agent's DNS answers for
+// service, sorted.
+func srvPorts(t *testing.T, addr, service string) []int {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion("_"+service+"._tcp.muster.internal.", dns.TypeSRV)
+	r, _, err := (&dns.Client{Net: "udp", Timeout: 3 * time.Second}).Exchange(m, addr)
+	if err != nil {
+		t.Fatalf("SRV %s: %v", service, err)
+	}
+	var ports []int
+	for _, rr := range r.Answer {
+		if srv, ok := rr.(*dns.SRV); ok {
+			ports = append(ports, int(srv.Port))
+		}
+	}
+	slices.Sort(ports)
+	return ports
+}
+
 func get(t *testing.T, url string) (int, []byte) {
 	t.Helper()
 	res, err := http.Get(url)
@@ -192,9 +215,10 @@ func TestAgentServesStockGRPCClients(t *testing.T) {
 	s := apptest.New(t, apptest.Options{})
 	s.Seed(t)
 	ctx := context.Background()
-	ids := map[string]string{}
+	ids, ports := map[string]string{}, map[string]int{}
 	for _, id := range []string{"a1", "a2", "a3"} {
 		b := xdstest.StartBackend(t, id)
+		ports[id] = b.Addr.Port
 		in, err := s.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "127.0.0.1", Port: b.Addr.Port, Zone: "az1"})
 		if err != nil {
 			t.Fatal(err)
@@ -259,6 +283,11 @@ func TestAgentServesStockGRPCClients(t *testing.T) {
 	lag := time.Since(start)
 	t.Logf("withdrawal: a3 out of the client's rotation %s after its hard failure was reported (polled with 30 calls)", lag.Round(time.Millisecond))
 
+	// The DNS port answers what the client routes to.
+	want := []int{ports["a1"], ports["a2"]}
+	slices.Sort(want)
+	wait.For(t, 5*time.Second, "the agent's DNS answering a1 and a2", func() bool { return slices.Equal(srvPorts(t, ag.dnsAddr, "web"), want) })
+
 	// muster's formats: /v1/resolve, and the watch stream the resolver
 	// library reads, without a token.
 	st, body := get(t, ag.httpURL+"/v1/resolve/web")
@@ -313,6 +342,9 @@ func TestAgentServesStockGRPCClients(t *testing.T) {
 	wait.For(t, 30*time.Second, "a new client reaching the last known backends through the restarted agent", func() bool {
 		return reaches(t.Context(), conn2, 30, "a1", "a2")
 	})
+	if got := srvPorts(t, ag2.dnsAddr, "web"); !slices.Equal(got, want) {
+		t.Fatalf("the restarted agent's DNS answers ports %v; want %v (a1, a2)", got, want)
+	}
 	// The first client's xDS stream came back to the restarted agent on
 	// its own backoff; meanwhile and since, its calls land on a1 and a2.
 	if !reaches(t.Context(), conn, 30, "a1", "a2") {

@@ -34,16 +34,10 @@ func Listen(addr string) (*Listener, error) {
 		}
 		return &Listener{Listener: ln}, nil
 	}
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %q: %w: %w", addr, ErrNotLoopback, err)
+	if err := CheckLoopback(addr); err != nil {
+		return nil, err
 	}
-	if host != "localhost" {
-		ip, err := netip.ParseAddr(host)
-		if err != nil || !ip.IsLoopback() {
-			return nil, fmt.Errorf("listen %q: %w", addr, ErrNotLoopback)
-		}
-	}
+	host, _, _ := net.SplitHostPort(addr)
 	network := "tcp"
 	if host == "localhost" {
 		network = "tcp4" // localhost could resolve to anything in a hostile resolv; 127.0.0.1 cannot
@@ -54,6 +48,23 @@ func Listen(addr string) (*Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
 	return &Listener{Listener: ln}, nil
+}
+
+// CheckLoopback returns ErrNotLoopback, wrapped with addr, unless addr
+// is HOST:PORT with HOST a loopback address or "localhost".
+func CheckLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("listen %q: %w: %w", addr, ErrNotLoopback, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.IsLoopback() {
+		return fmt.Errorf("listen %q: %w", addr, ErrNotLoopback)
+	}
+	return nil
 }
 
 // Listener accepts only loopback peers (and any peer of a Unix socket,

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc/peer"
 
+	"github.com/musterhq/muster/internal/dnszone"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/xds"
@@ -36,6 +37,7 @@ const DefaultHeartbeat = 15 * time.Second
 type Server struct {
 	a         *Agent
 	xds       *xds.Server
+	dns       *dnszone.Server
 	reg       *prometheus.Registry
 	log       *slog.Logger
 	heartbeat time.Duration
@@ -48,7 +50,12 @@ type ServerConfig struct {
 	Heartbeat time.Duration
 	// Listeners are counted in muster_agent_refused_connections_total.
 	Listeners []*Listener
-	Logger    *slog.Logger
+	// DNSAddr, when set, serves the services the agent follows as
+	// muster's DNS zone does (internal/dnszone) on this loopback
+	// HOST:PORT (UDP and TCP); DNSZone is its zone
+	// (dnszone.DefaultZone when empty).
+	DNSAddr, DNSZone string
+	Logger           *slog.Logger
 }
 
 // NewServer builds the local surfaces of a; the xDS feeder runs from
@@ -82,17 +89,47 @@ func NewServer(a *Agent, cfg ServerConfig) (*Server, error) {
 		return nil, err
 	}
 	s.xds = x
+	if cfg.DNSAddr != "" {
+		if err := CheckLoopback(cfg.DNSAddr); err != nil {
+			return nil, fmt.Errorf("dns: %w", err)
+		}
+		// Every service the local hub holds: the agent's, which
+		// upstream granted it.
+		if s.dns, err = dnszone.New(dnszone.Config{Addr: cfg.DNSAddr, Zone: cfg.DNSZone, Services: []string{dnszone.AllServices},
+			Hub: a.hub, Ready: a.Ready, Logger: cfg.Logger, Registerer: s.reg}); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.register(cfg.Listeners); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// Start starts the xDS feeder.
-func (s *Server) Start(ctx context.Context) error { return s.xds.Start(ctx) }
+// Start starts the xDS feeder, and the DNS server when configured.
+func (s *Server) Start(ctx context.Context) error {
+	if err := s.xds.Start(ctx); err != nil {
+		return err
+	}
+	if s.dns != nil {
+		if err := s.dns.Start(ctx); err != nil {
+			s.xds.Stop()
+			return err
+		}
+	}
+	return nil
+}
 
-// Stop stops the xDS feeder. Safe to call twice.
-func (s *Server) Stop() { s.xds.Stop() }
+// Stop stops the xDS feeder and the DNS server. Safe to call twice.
+func (s *Server) Stop() {
+	s.xds.Stop()
+	if s.dns != nil {
+		s.dns.Stop()
+	}
+}
+
+// DNS is the local DNS server (nil unless ServerConfig.DNSAddr).
+func (s *Server) DNS() *dnszone.Server { return s.dns }
 
 // XDS is the local xDS server (ServeXDS, Drain, Close).
 func (s *Server) XDS() *xds.Server { return s.xds }
