@@ -17,8 +17,12 @@ import (
 	"testing"
 	"time"
 
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/miekg/dns"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/xds"
 
 	"github.com/musterhq/muster/db/dbtest"
@@ -172,6 +176,44 @@ func reaches(ctx context.Context, conn *grpc.ClientConn, n int, want ...string) 
 	return slices.Equal(keys, slices.Sorted(slices.Values(want)))
 }
 
+// deltaEndpoints opens a delta ADS stream to the agent with no
+// credentials, subscribes to service's assignment and returns how many
+// endpoints it has and its version.
+func deltaEndpoints(t *testing.T, addr, service string) (int, string) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{service}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.Recv()
+	if err != nil {
+		t.Fatalf("delta stream to the agent: %v", err)
+	}
+	for _, res := range r.GetResources() {
+		var cla endpoint.ClusterLoadAssignment
+		if err := res.GetResource().UnmarshalTo(&cla); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, l := range cla.GetEndpoints() {
+			n += len(l.GetLbEndpoints())
+		}
+		return n, res.GetVersion()
+	}
+	t.Fatalf("delta response without %s's assignment: %v", service, r)
+	return 0, ""
+}
+
 // srvPorts is the ports of the SRV records the agent's DNS answers for
 // service, sorted.
 func srvPorts(t *testing.T, addr, service string) []int {
@@ -287,6 +329,12 @@ func TestAgentServesStockGRPCClients(t *testing.T) {
 	want := []int{ports["a1"], ports["a2"]}
 	slices.Sort(want)
 	wait.For(t, 5*time.Second, "the agent's DNS answering a1 and a2", func() bool { return slices.Equal(srvPorts(t, ag.dnsAddr, "web"), want) })
+
+	// Delta xDS without credentials: the assignment a delta client
+	// holds is the view's, a1 and a2.
+	if n, ver := deltaEndpoints(t, ag.xdsAddr, "web"); n != 2 || ver == "" {
+		t.Fatalf("delta: web's assignment has %d endpoints at version %q; want 2", n, ver)
+	}
 
 	// muster's formats: /v1/resolve, and the watch stream the resolver
 	// library reads, without a token.
