@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"context"
 	"net"
 	"testing"
+
+	"google.golang.org/grpc/peer"
 )
 
 // fixedListener hands out one connection per address given, then
@@ -61,5 +64,29 @@ func TestListenerDropsNonLoopbackPeers(t *testing.T) {
 	}
 	if _, err := l.Accept(); err == nil {
 		t.Fatal("Accept after the last connection")
+	}
+}
+
+// TestLocalStreamsAreTheAgents: an xDS stream from loopback or a Unix
+// socket is the agent's own principal, with or without a token; one
+// from anywhere else (were the xDS server ever handed another listener)
+// is refused.
+func TestLocalStreamsAreTheAgents(t *testing.T) {
+	t.Parallel()
+	from := func(a net.Addr) context.Context { return peer.NewContext(t.Context(), &peer.Peer{Addr: a}) }
+	for _, a := range []net.Addr{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5}, &net.TCPAddr{IP: net.IPv6loopback, Port: 5}, &net.UnixAddr{Name: "@", Net: "unix"}} {
+		p, err := anonymous(from(a))
+		if err != nil || p.String() != Principal.String() {
+			t.Fatalf("a stream from %s: %v, %v; want the agent's principal", a, p, err)
+		}
+		if p, err := (localOnly{}).Verify(from(a), "whatever-token"); err != nil || p.String() != Principal.String() {
+			t.Fatalf("a stream from %s with a token: %v, %v; want the agent's principal", a, p, err)
+		}
+	}
+	if _, err := anonymous(from(&net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 5})); err == nil {
+		t.Fatal("a stream from 10.0.0.7 was given the agent's principal")
+	}
+	if _, err := anonymous(t.Context()); err == nil {
+		t.Fatal("a stream with no peer was given the agent's principal")
 	}
 }
