@@ -145,6 +145,11 @@ type Agent struct {
 	published map[string]uint64
 	closed    bool
 	checks    sync.WaitGroup
+	// revoked is closed and replaced when services leave the set
+	// because upstream stopped serving them (the xDS server's Authz).
+	revoked     chan struct{}
+	rechecking  bool
+	lastRecheck time.Time
 }
 
 // New builds an Agent and starts its upstream client: what the cache
@@ -165,7 +170,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		cfg: cfg, log: cfg.Logger.With("component", "agent"),
 		hub:      stream.NewHub(stream.Config{Now: cfg.Now, DrainSpread: -1}),
 		services: services, checking: map[string]bool{}, refused: map[string]Refusal{},
-		swapped: make(chan struct{}), published: map[string]uint64{},
+		swapped: make(chan struct{}), published: map[string]uint64{}, revoked: make(chan struct{}),
 	}
 	if len(services) > 0 {
 		c, err := a.newClient(ctx, services)
@@ -236,6 +241,7 @@ func (a *Agent) run(ctx context.Context) {
 		case <-updated:
 		case <-swapped:
 		case <-tick.C:
+			a.recheck()
 		}
 	}
 }
@@ -494,4 +500,106 @@ func cachedServices(dir string) []string {
 		}
 	}
 	return out
+}
+
+// recheckEvery spaces the checks of the whole set while upstream
+// refuses the agent's watch.
+const recheckEvery = 10 * time.Second
+
+// refusedWatch reports whether err is muster refusing the watch itself
+// (403: a grant withdrawn; 404: a service deleted), which no retry
+// mends: the resolver's error carries the response status.
+func refusedWatch(err error) bool {
+	if err == nil {
+		return false
+	}
+	m := err.Error()
+	return strings.Contains(m, ": 403 ") || strings.Contains(m, ": 404 ")
+}
+
+// recheck: while upstream refuses the watch of the whole set (muster
+// refuses a watch naming any service the caller may not resolve), every
+// service followed is asked about in turn, and those upstream now
+// refuses leave the set, so that the others are followed again.
+func (a *Agent) recheck() {
+	st := a.Upstream()
+	if st.Connected || !refusedWatch(st.LastError) {
+		return
+	}
+	a.mu.Lock()
+	if a.closed || a.rechecking || a.cfg.Now().Sub(a.lastRecheck) < recheckEvery {
+		a.mu.Unlock()
+		return
+	}
+	a.rechecking, a.lastRecheck = true, a.cfg.Now()
+	services := slices.Clone(a.services)
+	a.checks.Add(1)
+	a.mu.Unlock()
+	go func() {
+		defer a.checks.Done()
+		var gone []string
+		refusals := map[string]Refusal{}
+		for _, svc := range services {
+			ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+			ref, ok, err := a.ask(ctx, svc)
+			cancel()
+			if err == nil && !ok {
+				gone = append(gone, svc)
+				refusals[svc] = ref
+			}
+		}
+		a.drop(gone, refusals)
+		a.mu.Lock()
+		a.rechecking = false
+		a.mu.Unlock()
+	}()
+}
+
+// drop takes services upstream no longer serves the agent out of the
+// set: they are refused locally (the xDS server is told at once), their
+// last-known-good files are removed (a restart must not follow them
+// again), and the others are followed by a new upstream client.
+func (a *Agent) drop(gone []string, refusals map[string]Refusal) {
+	if len(gone) == 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return
+	}
+	next := slices.DeleteFunc(slices.Clone(a.services), func(s string) bool { return slices.Contains(gone, s) })
+	for _, svc := range gone {
+		a.refused[svc] = refusals[svc]
+		delete(a.published, svc)
+		if err := os.Remove(resolver.FileName(a.cfg.CacheDir, svc)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			a.log.Warn("agent: remove the last-known-good file of a service upstream refuses", "service", svc, "err", err)
+		}
+		a.log.Warn("agent: upstream no longer serves a service to the agent; it is no longer served", "service", svc, "detail", refusals[svc].Detail)
+	}
+	if a.client != nil {
+		_ = a.client.Close()
+		a.client = nil
+	}
+	a.services = next
+	if len(next) > 0 {
+		c, err := a.newClient(context.Background(), next)
+		if err != nil {
+			a.log.Error("agent: follow the services left", "err", err)
+		} else {
+			a.client = c
+		}
+	}
+	close(a.revoked)
+	a.revoked = make(chan struct{})
+	close(a.swapped)
+	a.swapped = make(chan struct{})
+}
+
+// Revoked is closed when services leave the set because upstream stopped
+// serving them.
+func (a *Agent) Revoked() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.revoked
 }

@@ -428,3 +428,57 @@ func TestListenOnlyOnLoopback(t *testing.T) {
 		ln.Close()
 	}
 }
+
+// TestAgentDropsWhatUpstreamRevokes: when web's owners withdraw the
+// grant the agent's identity resolved it by, muster refuses the agent's
+// watch of its whole set; the agent finds which service upstream no
+// longer serves it, stops serving that one (and forgets its
+// last-known-good file), and follows the others again.
+func TestAgentDropsWhatUpstreamRevokes(t *testing.T) {
+	t.Parallel()
+	s := apptest.New(t, apptest.Options{})
+	s.Seed(t)
+	ctx := context.Background()
+	if _, err := s.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "127.0.0.1", Port: 9000, Zone: "az1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Registry.PutGrants(ctx, admin, "web", []string{"api"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Evaluator.SyncNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.Evaluator.EvaluateNow()
+	s.Publisher.RunOnce()
+	s.Clock.Advance(1100 * time.Millisecond)
+	s.Publisher.RunOnce()
+
+	token := s.Token(t, apptest.API)
+	cache := t.TempDir()
+	ag := startAgent(t, agent.Config{
+		Upstream: []string{s.URL}, Services: []string{"api", "web"}, CacheDir: cache,
+		Token:       func(context.Context) (string, error) { return token, nil },
+		BaseBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
+	}, "127.0.0.1:0")
+	wait.For(t, 10*time.Second, "the agent serving web", func() bool { st, _ := get(t, ag.httpURL+"/v1/resolve/web"); return st == http.StatusOK })
+
+	if _, err := s.Registry.PutGrants(ctx, admin, "web", []string{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	wait.For(t, 30*time.Second, "web refused by the agent once upstream refuses it", func() bool {
+		st, _ := get(t, ag.httpURL+"/v1/resolve/web")
+		return st == http.StatusForbidden
+	})
+	t.Logf("web no longer served %s after its grant was withdrawn", time.Since(start).Round(time.Millisecond))
+	if got := ag.a.Services(); !slices.Equal(got, []string{"api"}) {
+		t.Fatalf("the agent follows %v; want api alone", got)
+	}
+	if _, err := resolver.LoadView(cache, "web"); err == nil {
+		t.Fatal("web's last-known-good file is still in the cache folder")
+	}
+	wait.For(t, 10*time.Second, "the agent following api again", func() bool { return ag.a.Upstream().Connected })
+	if st, _ := get(t, ag.httpURL+"/v1/resolve/api"); st != http.StatusOK {
+		t.Fatalf("api through the agent: %d", st)
+	}
+}

@@ -172,9 +172,9 @@ func (z localAuthz) MayResolve(_ identity.Principal, service string) error {
 	return fmt.Errorf("%s: not followed yet", service)
 }
 
-// Revoked never fires: upstream's refusals reach the agent as refused
-// checks and ended watch streams, not as a local revocation.
-func (localAuthz) Revoked() <-chan struct{} { return nil }
+// Revoked is closed when services leave the set because upstream no
+// longer serves them to the agent.
+func (z localAuthz) Revoked() <-chan struct{} { return z.a.Revoked() }
 
 // Handler serves /v1/resolve/{service}, /v1/watch, /readyz and
 // /metrics.
@@ -242,8 +242,10 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 	if !s.admit(w, name) {
 		return
 	}
+	// The hub keeps the last view of a service upstream stopped
+	// serving; only a service followed is answered.
 	f, ok := s.a.hub.View(name)
-	if !ok {
+	if !ok || !s.a.Held(name) {
 		writeProblem(w, http.StatusServiceUnavailable, "not-ready", "the agent holds no view of "+name+" yet (it is asking muster for it); retry shortly", 1)
 		return
 	}
@@ -264,6 +266,13 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, name := range services {
 		if !s.admit(w, name) {
+			return
+		}
+		// The hub keeps the last view of a service upstream stopped
+		// serving: a watch of one is held off until upstream says
+		// again that the agent may follow it.
+		if _, has := s.a.hub.View(name); has && !s.a.Held(name) {
+			writeProblem(w, http.StatusServiceUnavailable, "not-ready", "the agent is asking muster whether it may follow "+name+" again; retry shortly", 1)
 			return
 		}
 	}
