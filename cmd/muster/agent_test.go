@@ -1,10 +1,22 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/resolver"
 )
 
 // TestAgentRefusesAddressesOffLoopback: muster agent serves without
@@ -42,5 +54,93 @@ func TestAgentRefusesAddressesOffLoopback(t *testing.T) {
 		if _, _, err := runCmd(t, args...); exitCode(err) != 2 {
 			t.Fatalf("muster %v: %v; want a usage error", args, err)
 		}
+	}
+}
+
+// TestAgentCommandServes: `muster agent` with a token file and the
+// region's view key file, against a real muster (in-process), serves
+// web's view on its HTTP port without credentials, reports ready and its
+// metrics, and ends cleanly on its context.
+func TestAgentCommandServes(t *testing.T) {
+	t.Parallel()
+	s := apptest.New(t, apptest.Options{})
+	s.Seed(t)
+	admin := s.Token(t, apptest.Admin)
+	if r := s.JSON(t, "POST", "/v1/services/web/instances", s.Token(t, apptest.Web), `{"address":"127.0.0.1","port":9000,"zone":"az1"}`); r.Status != http.StatusCreated {
+		t.Fatalf("register: %d %s", r.Status, r.Body)
+	}
+	if r := s.JSON(t, "PUT", "/v1/services/web/grants", admin, `{"callers":["api"]}`); r.Status != http.StatusOK {
+		t.Fatalf("grant: %d %s", r.Status, r.Body)
+	}
+	s.SyncNow(t)
+	s.Evaluator.EvaluateNow()
+	s.Publisher.RunOnce()
+	s.Clock.Advance(1100 * time.Millisecond)
+	s.Publisher.RunOnce()
+
+	dir := t.TempDir()
+	tok, pub := filepath.Join(dir, "token"), filepath.Join(dir, "region.pub")
+	if err := os.WriteFile(tok, []byte(s.Token(t, apptest.API)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(apptest.SealKey().Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pub, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := freeAddr(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var out, errw bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"agent", "--upstream", s.URL, "--token-file", tok, "--view-keys", pub, "--service", "web",
+			"--cache", filepath.Join(dir, "cache"), "--xds-addr", freeAddr(t), "--http-addr", httpAddr, "--dns-addr", freeAddr(t)}, &out, &errw)
+	}()
+	base := "http://" + httpAddr
+	wait.For(t, 20*time.Second, "the agent ready", func() bool {
+		res, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	})
+	res, err := http.Get(base + "/v1/resolve/web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v resolver.View
+	err = json.NewDecoder(res.Body).Decode(&v)
+	res.Body.Close()
+	// web's instance awaits its first probe: the view names it
+	// registered in az1 and routes to nothing yet.
+	if z, ok := v.Zones["az1"]; err != nil || res.StatusCode != http.StatusOK || v.Service != "web" || !ok || z.Registered == nil || *z.Registered != 1 {
+		t.Fatalf("the agent's /v1/resolve/web: %d %+v %v", res.StatusCode, v, err)
+	}
+	res, err = http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	for _, want := range []string{"muster_agent_upstream_connected 1", "muster_agent_ready 1", "muster_dns_"} {
+		if !strings.Contains(string(m), want) {
+			t.Fatalf("the agent's metrics lack %q", want)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("muster agent: %v\n%s", err, errw.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("muster agent did not end within 15 s of its context")
+	}
+	if !strings.Contains(out.String(), "muster agent: xDS on") {
+		t.Fatalf("stdout: %q", out.String())
 	}
 }
