@@ -16,7 +16,7 @@ import (
 	"github.com/musterhq/muster/resolver"
 )
 
-const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FILE | --cert FILE --key FILE) [--service S,...] [--ca FILE] [--view-keys FILE,...] [--cache DIR] [--xds-addr 127.0.0.1:15010] [--http-addr 127.0.0.1:15011] [--dns-addr 127.0.0.1:15053 [--dns-zone Z]] [--max-services 256]"
+const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FILE | --cert FILE --key FILE) [--service S,...] [--ca FILE] [--view-keys FILE,...] [--cache DIR] [--xds-addr 127.0.0.1:15010] [--http-addr 127.0.0.1:15011] [--dns-addr 127.0.0.1:15053 [--dns-zone Z]] [--regions R,...] [--max-services 256]"
 
 // cmdAgent runs muster agent: it holds one workload's identity and
 // serves that workload's data planes, without credentials, on loopback
@@ -24,7 +24,7 @@ const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FI
 func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		upstream, services, tokenFile, certFile, keyFile, caFile, viewKeys string
-		cacheDir, xdsAddr, httpAddr, dnsAddr, dnsZone                      string
+		cacheDir, xdsAddr, httpAddr, dnsAddr, dnsZone, region, regions     string
 		maxServices                                                        int
 	)
 	fs := cli.NewFlags("agent", stderr)
@@ -40,6 +40,8 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&httpAddr, "http-addr", envOr("MUSTER_AGENT_HTTP_ADDR", "127.0.0.1:15011"), "/v1/watch, /v1/resolve, /readyz and /metrics: a loopback HOST:PORT or unix:/path (MUSTER_AGENT_HTTP_ADDR)")
 	fs.StringVar(&dnsAddr, "dns-addr", os.Getenv("MUSTER_AGENT_DNS_ADDR"), "DNS (UDP and TCP) for the services the agent follows, as muster's zone answers them: a loopback HOST:PORT; \"\" (default) turns it off (MUSTER_AGENT_DNS_ADDR)")
 	fs.StringVar(&dnsZone, "dns-zone", envOr("MUSTER_AGENT_DNS_ZONE", "muster.internal."), "the zone --dns-addr answers for (MUSTER_AGENT_DNS_ZONE)")
+	fs.StringVar(&region, "region", envOr("MUSTER_REGION", "local"), "this region's name: the locality.region of local endpoints when peer regions' take priorities (MUSTER_REGION)")
+	fs.StringVar(&regions, "regions", os.Getenv("MUSTER_AGENT_REGIONS"), "peer regions to fall back to, in order of preference, comma-separated, as muster serves them (MUSTER_AGENT_REGIONS)")
 	fs.IntVar(&maxServices, "max-services", agent.DefaultMaxServices, "most services local clients can make the agent follow")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -102,6 +104,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg := agent.Config{
 		Upstream: splitList(upstream), Services: splitList(services), CacheDir: cacheDir,
+		Region: region, Regions: splitList(regions),
 		Token: tokenFn, RootCAs: roots, GetClientCertificate: getCert, MaxServices: maxServices,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}

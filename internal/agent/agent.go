@@ -67,6 +67,15 @@ type Config struct {
 	// ViewKeys are the region's public keys: with them only signed views
 	// are taken.
 	ViewKeys map[string]ed25519.PublicKey
+	// Region is this region's name (the locality.region of the local
+	// endpoints in an xDS assignment that has peer regions' priorities).
+	Region string
+	// Regions are the peer regions to fall back to, in order of
+	// preference, as the resolver's Config.Regions: each service's view
+	// in them is followed too (as muster serves it from the peers'
+	// aggregate) and served to local clients as its lower priorities
+	// (xDS) or fallback (DNS). Empty: this region only.
+	Regions []string
 	// MaxServices bounds the set: DefaultMaxServices.
 	MaxServices int
 	// BaseBackoff and MaxBackoff shape the upstream reconnection backoff
@@ -92,6 +101,11 @@ func (c *Config) validate() error {
 	for _, s := range c.Services {
 		if !validName(s) {
 			return fmt.Errorf("agent: %q is not a service name", s)
+		}
+	}
+	for i, r := range c.Regions {
+		if r == "" || strings.ContainsAny(r, "@,/") || r == c.Region || slices.Contains(c.Regions[:i], r) {
+			return fmt.Errorf("agent: regions %q: each a peer region's name, once, not this region (%q)", c.Regions, c.Region)
 		}
 	}
 	if c.MaxServices <= 0 {
@@ -188,7 +202,7 @@ func (a *Agent) Hub() *stream.Hub { return a.hub }
 
 func (a *Agent) newClient(ctx context.Context, services []string) (*resolver.Client, error) {
 	c, err := resolver.New(context.WithoutCancel(ctx), resolver.Config{
-		URLs: a.cfg.Upstream, Token: a.cfg.Token, Services: services, CacheDir: a.cfg.CacheDir,
+		URLs: a.cfg.Upstream, Token: a.cfg.Token, Services: services, Regions: a.cfg.Regions, CacheDir: a.cfg.CacheDir,
 		HTTPClient: a.cfg.HTTPClient, ViewKeys: a.cfg.ViewKeys, Clock: a.cfg.Now,
 		BaseBackoff: a.cfg.BaseBackoff, MaxBackoff: a.cfg.MaxBackoff,
 		// The agent's clients make the calls; it has no outcomes to
@@ -249,32 +263,79 @@ func (a *Agent) run(ctx context.Context) {
 // feed publishes to the hub every service whose routed view is newer
 // than the one it holds. The routed view is what the resolver routes on:
 // while its shrink guard holds a larger set, that set.
+//
+// A peer region's series (SERVICE@REGION) carries that region's versions
+// and goes to the hub as the federation follower hands muster's hub one.
 func (a *Agent) feed(c *resolver.Client) {
-	var updates []stream.Update
-	for _, s := range a.Services() {
-		r, err := c.Resolve(s)
-		if err != nil {
-			continue
+	var local []stream.Update
+	var remote []*stream.Frame
+	for _, svc := range a.Services() {
+		for _, series := range a.series(svc) {
+			f := a.frame(c, series)
+			switch {
+			case f == nil:
+			case series == svc:
+				local = append(local, stream.Update{View: f})
+			default:
+				remote = append(remote, f)
+			}
 		}
-		a.mu.Lock()
-		have := a.published[s]
-		a.mu.Unlock()
-		if r.Version() <= have {
-			continue
-		}
-		b, err := json.Marshal(r.View())
-		if err != nil {
-			a.log.Error("agent: encode a view", "service", s, "err", err)
-			continue
-		}
-		a.mu.Lock()
-		a.published[s] = r.Version()
-		a.mu.Unlock()
-		updates = append(updates, stream.Update{View: &stream.Frame{Kind: stream.KindView, Service: s, Version: r.Version(), JSON: b}})
 	}
-	if len(updates) > 0 {
-		a.hub.Publish(updates)
+	if len(local) > 0 {
+		a.hub.Publish(local)
 	}
+	if len(remote) > 0 {
+		a.hub.PublishRemote(remote)
+	}
+}
+
+// series names service's local series and its series in each peer
+// region followed.
+func (a *Agent) series(service string) []string {
+	out := []string{service}
+	for _, r := range a.cfg.Regions {
+		out = append(out, resolver.RemoteSeries(service, r))
+	}
+	return out
+}
+
+// frame is series' routed view as a hub frame, when it is newer than the
+// one the hub was given; nil otherwise.
+func (a *Agent) frame(c *resolver.Client, series string) *stream.Frame {
+	r, err := c.Resolve(series)
+	if err != nil {
+		return nil
+	}
+	a.mu.Lock()
+	have := a.published[series]
+	a.mu.Unlock()
+	if r.Version() <= have {
+		return nil
+	}
+	v := r.View()
+	if _, region, ok := resolver.SplitSeries(series); ok {
+		v.Region = region
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		a.log.Error("agent: encode a view", "series", series, "err", err)
+		return nil
+	}
+	a.mu.Lock()
+	a.published[series] = r.Version()
+	a.mu.Unlock()
+	return &stream.Frame{Kind: stream.KindView, Service: series, Version: r.Version(), JSON: b}
+}
+
+// view is the hub's view of service: the local one, else the first peer
+// region's (in order of preference) that the hub holds.
+func (a *Agent) view(service string) (*stream.Frame, bool) {
+	for _, series := range a.series(service) {
+		if f, ok := a.hub.View(series); ok {
+			return f, true
+		}
+	}
+	return nil, false
 }
 
 // Services is the set followed upstream, sorted.
@@ -439,7 +500,7 @@ func (a *Agent) add(service string) {
 // fresh, held through an outage, or loaded from the cache folder.
 func (a *Agent) Ready() bool {
 	for _, s := range a.Services() {
-		if _, ok := a.hub.View(s); !ok {
+		if _, ok := a.view(s); !ok {
 			return false
 		}
 	}
@@ -571,9 +632,11 @@ func (a *Agent) drop(gone []string, refusals map[string]Refusal) {
 	next := slices.DeleteFunc(slices.Clone(a.services), func(s string) bool { return slices.Contains(gone, s) })
 	for _, svc := range gone {
 		a.refused[svc] = refusals[svc]
-		delete(a.published, svc)
-		if err := os.Remove(resolver.FileName(a.cfg.CacheDir, svc)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			a.log.Warn("agent: remove the last-known-good file of a service upstream refuses", "service", svc, "err", err)
+		for _, series := range a.series(svc) {
+			delete(a.published, series)
+			if err := os.Remove(resolver.FileName(a.cfg.CacheDir, series)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				a.log.Warn("agent: remove the last-known-good file of a service upstream refuses", "series", series, "err", err)
+			}
 		}
 		a.log.Warn("agent: upstream no longer serves a service to the agent; it is no longer served", "service", svc, "detail", refusals[svc].Detail)
 	}

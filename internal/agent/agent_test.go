@@ -482,3 +482,49 @@ func TestAgentDropsWhatUpstreamRevokes(t *testing.T) {
 		t.Fatalf("api through the agent: %d", st)
 	}
 }
+
+// TestAgentFallsBackToPeerRegionsFromItsCache: an agent following a
+// peer region, started with muster unreachable, serves from its cache
+// folder web's local view (nothing routable) and its view in eu-west at
+// the next priority: a stock grpc-go client reaches eu-west's backend.
+func TestAgentFallsBackToPeerRegionsFromItsCache(t *testing.T) {
+	t.Parallel()
+	local, peer := xdstest.StartBackend(t, "local-1"), xdstest.StartBackend(t, "eu-west-1")
+	ep := func(n int, b *xdstest.Backend, state string, w float64, region string) resolver.Endpoint {
+		return resolver.Endpoint{InstanceID: fmt.Sprintf("00000000-0000-4000-8000-%012d", n), Address: "127.0.0.1", Port: b.Addr.Port,
+			Zone: "az1", State: state, Weight: w, Health: resolver.HealthKnown, Region: region}
+	}
+	view := func(series, region string, version uint64, eps ...resolver.Endpoint) resolver.View {
+		return resolver.View{Service: series, Version: version, Endpoints: eps, Region: region,
+			Zones:       map[string]resolver.Zone{"az1": {Guard: resolver.GuardOK}},
+			GeneratedAt: time.Now().Add(-time.Minute), Checksum: resolver.Checksum(eps)}
+	}
+	cache := t.TempDir()
+	c, err := resolver.NewCache([]string{"web"}, resolver.WithDir(cache), resolver.WithRegions("eu-west"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ApplyView(view("web", "", 5, ep(1, local, "ineligible", 0, ""))); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ApplyView(view("web@eu-west", "eu-west", 9, ep(2, peer, "eligible", 1, "eu-west"))); err != nil {
+		t.Fatal(err)
+	}
+
+	ag := startAgent(t, agent.Config{
+		Upstream: []string{"http://127.0.0.1:1"}, Services: []string{"web"}, CacheDir: cache,
+		Region: "local", Regions: []string{"eu-west"},
+		Token: func(context.Context) (string, error) { return "unused", nil },
+	}, "127.0.0.1:0")
+	if !ag.a.Ready() {
+		t.Fatal("the agent is not ready with web's views in its cache folder")
+	}
+	conn := dial(t, ag.xdsAddr, "web")
+	wait.For(t, 30*time.Second, "calls reaching eu-west's backend", func() bool { return reaches(t.Context(), conn, 30, "eu-west-1") })
+	// The local view's only endpoint is ineligible, absent from the
+	// assignment; eu-west's is its lower priority, and the version
+	// names both views (LOCAL.HASH).
+	if n, ver := deltaEndpoints(t, ag.xdsAddr, "web"); n != 1 || !strings.HasPrefix(ver, "5.") {
+		t.Fatalf("delta: web's assignment has %d endpoints at version %q; want eu-west's one at 5.HASH", n, ver)
+	}
+}

@@ -81,9 +81,14 @@ func NewServer(a *Agent, cfg ServerConfig) (*Server, error) {
 				_ = a.Want(n)
 			}
 		},
-		Ready:      a.Ready,
-		Logger:     cfg.Logger,
-		Registerer: s.reg,
+		Ready:   a.Ready,
+		Region:  a.cfg.Region,
+		Regions: a.cfg.Regions,
+		// A peer region's series of a service the agent follows: muster
+		// served it to the agent's identity, the peer's grants applied.
+		MayResolveRemote: func(_ identity.Principal, _, service string) bool { return a.Held(service) },
+		Logger:           cfg.Logger,
+		Registerer:       s.reg,
 	})
 	if err != nil {
 		return nil, err
@@ -96,7 +101,7 @@ func NewServer(a *Agent, cfg ServerConfig) (*Server, error) {
 		// Every service the local hub holds: the agent's, which
 		// upstream granted it.
 		if s.dns, err = dnszone.New(dnszone.Config{Addr: cfg.DNSAddr, Zone: cfg.DNSZone, Services: []string{dnszone.AllServices},
-			Hub: a.hub, Ready: a.Ready, Logger: cfg.Logger, Registerer: s.reg}); err != nil {
+			Regions: a.cfg.Regions, Hub: a.hub, Ready: a.Ready, Logger: cfg.Logger, Registerer: s.reg}); err != nil {
 			return nil, err
 		}
 	}
@@ -244,7 +249,7 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 	}
 	// The hub keeps the last view of a service upstream stopped
 	// serving; only a service followed is answered.
-	f, ok := s.a.hub.View(name)
+	f, ok := s.a.view(name)
 	if !ok || !s.a.Held(name) {
 		writeProblem(w, http.StatusServiceUnavailable, "not-ready", "the agent holds no view of "+name+" yet (it is asking muster for it); retry shortly", 1)
 		return
@@ -271,10 +276,26 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		// The hub keeps the last view of a service upstream stopped
 		// serving: a watch of one is held off until upstream says
 		// again that the agent may follow it.
-		if _, has := s.a.hub.View(name); has && !s.a.Held(name) {
+		if _, has := s.a.view(name); has && !s.a.Held(name) {
 			writeProblem(w, http.StatusServiceUnavailable, "not-ready", "the agent is asking muster whether it may follow "+name+" again; retry shortly", 1)
 			return
 		}
+	}
+	// A client following peer regions (the resolver's Config.Regions)
+	// asks for each service's series in them too: regions the agent
+	// follows.
+	if rs := q.Get("regions"); rs != "" {
+		local := services
+		for _, r := range strings.Split(rs, ",") {
+			if !slices.Contains(s.a.cfg.Regions, r) {
+				writeProblem(w, http.StatusBadRequest, "bad-parameter", fmt.Sprintf("region %q is not one the agent follows (%s)", r, strings.Join(s.a.cfg.Regions, ",")), 0)
+				return
+			}
+			for _, name := range local {
+				services = append(services, stream.RemoteSeries(name, r))
+			}
+		}
+		services = slices.Compact(slices.Sorted(slices.Values(services)))
 	}
 	var since uint64
 	if v := q.Get("since"); v != "" {
@@ -365,7 +386,7 @@ func writeFrame(w http.ResponseWriter, f *stream.Frame) error {
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	var missing []string
 	for _, name := range s.a.Services() {
-		if _, ok := s.a.hub.View(name); !ok {
+		if _, ok := s.a.view(name); !ok {
 			missing = append(missing, name)
 		}
 	}
