@@ -245,6 +245,84 @@ func get(t *testing.T, url string) (int, []byte) {
 	return res.StatusCode, b
 }
 
+// web is a stack whose service web has an instance on a real gRPC
+// backend per id, admitted by a prober's first success, and granted to
+// api (the identity the agents hold).
+type web struct {
+	*apptest.Stack
+	t      *testing.T
+	ids    map[string]string // backend id -> instance id
+	ports  map[string]int
+	prober string
+}
+
+func newWeb(t *testing.T, backends ...string) *web {
+	t.Helper()
+	s := apptest.New(t, apptest.Options{})
+	s.Seed(t)
+	ctx := context.Background()
+	w := &web{Stack: s, t: t, ids: map[string]string{}, ports: map[string]int{}}
+	for _, id := range backends {
+		b := xdstest.StartBackend(t, id)
+		w.ports[id] = b.Addr.Port
+		in, err := s.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "127.0.0.1", Port: b.Addr.Port, Zone: "az1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.ids[id] = in.ID.String()
+	}
+	if _, err := s.Registry.PutProberAssignments(ctx, admin, "prober-1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Registry.PutGrants(ctx, admin, "web", []string{"api"}); err != nil {
+		t.Fatal(err)
+	}
+	w.prober = s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"})
+	if err := s.Evaluator.SyncNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.report("success", backends...)
+	return w
+}
+
+// report sends one probe outcome for each named backend and publishes
+// what follows (additions wait for their 1 s window, on the stack's
+// clock; withdrawals go at once).
+func (w *web) report(outcome string, backends ...string) {
+	w.t.Helper()
+	w.withdraw(outcome, backends...)
+	w.Clock.Advance(1100 * time.Millisecond)
+	w.Publisher.RunOnce()
+}
+
+// withdraw sends one probe outcome for each named backend and publishes
+// the withdrawals that follow, which go at once; it returns when the
+// publication is in muster's hub.
+func (w *web) withdraw(outcome string, backends ...string) {
+	w.t.Helper()
+	var items []string
+	for _, b := range backends {
+		items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":%q}`, w.ids[b], outcome))
+	}
+	if r := w.JSON(w.t, "POST", "/v1/reports", w.prober, `{"reports":[`+strings.Join(items, ",")+`]}`); r.Status != http.StatusOK {
+		w.t.Fatalf("reports: %d %s", r.Status, r.Body)
+	}
+	w.Evaluator.EvaluateNow()
+	w.Publisher.RunOnce()
+}
+
+// agentConfig is an agent holding api's token and the region's view
+// key, following muster at upstream.
+func (w *web) agentConfig(upstream, cache string, services ...string) agent.Config {
+	token := w.Token(w.t, apptest.API)
+	return agent.Config{
+		Upstream: []string{upstream}, Services: services, CacheDir: cache,
+		Token:       func(context.Context) (string, error) { return token, nil },
+		ViewKeys:    map[string]ed25519.PublicKey{apptest.SealKey().KeyID(): apptest.SealKey().Public()},
+		BaseBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
+	}
+}
+
 // TestAgentServesStockGRPCClients: a grpc-go client with an insecure
 // bootstrap and no credentials, pointed at muster agent, resolves
 // xds:///web (a service the agent did not follow until the client asked
@@ -254,56 +332,13 @@ func get(t *testing.T, url string) (int, []byte) {
 // upstream refuses is refused locally.
 func TestAgentServesStockGRPCClients(t *testing.T) {
 	t.Parallel()
-	s := apptest.New(t, apptest.Options{})
-	s.Seed(t)
+	w := newWeb(t, "a1", "a2", "a3")
+	s, ports, report := w.Stack, w.ports, w.report
 	ctx := context.Background()
-	ids, ports := map[string]string{}, map[string]int{}
-	for _, id := range []string{"a1", "a2", "a3"} {
-		b := xdstest.StartBackend(t, id)
-		ports[id] = b.Addr.Port
-		in, err := s.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "127.0.0.1", Port: b.Addr.Port, Zone: "az1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[id] = in.ID.String()
-	}
-	if _, err := s.Registry.PutProberAssignments(ctx, admin, "prober-1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Registry.PutGrants(ctx, admin, "web", []string{"api"}); err != nil {
-		t.Fatal(err)
-	}
-	prober := s.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"})
-	if err := s.Evaluator.SyncNow(ctx); err != nil {
-		t.Fatal(err)
-	}
-	report := func(outcome string, backends ...string) {
-		t.Helper()
-		var items []string
-		for _, b := range backends {
-			items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":%q}`, ids[b], outcome))
-		}
-		if r := s.JSON(t, "POST", "/v1/reports", prober, `{"reports":[`+strings.Join(items, ",")+`]}`); r.Status != http.StatusOK {
-			t.Fatalf("reports: %d %s", r.Status, r.Body)
-		}
-		s.Evaluator.EvaluateNow()
-		s.Publisher.RunOnce()
-		s.Clock.Advance(1100 * time.Millisecond)
-		s.Publisher.RunOnce()
-	}
-	report("success", "a1", "a2", "a3")
 
-	// The agent holds workload api's token (re-read on every request,
-	// as from a projected token file) and the region's view key.
-	token := s.Token(t, apptest.API)
+	// The agent holds workload api's token and the region's view key.
 	g := newGate(t, strings.TrimPrefix(s.URL, "http://"))
-	cache := t.TempDir()
-	cfg := agent.Config{
-		Upstream: []string{g.URL()}, Services: []string{"api"}, CacheDir: cache,
-		Token:       func(context.Context) (string, error) { return token, nil },
-		ViewKeys:    map[string]ed25519.PublicKey{apptest.SealKey().KeyID(): apptest.SealKey().Public()},
-		BaseBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
-	}
+	cfg := w.agentConfig(g.URL(), t.TempDir(), "api")
 	ag := startAgent(t, cfg, "127.0.0.1:0")
 	wait.For(t, 10*time.Second, "the agent ready with api's view", func() bool { st, _ := get(t, ag.httpURL+"/readyz"); return st == http.StatusOK })
 	if ag.a.Held("web") {
