@@ -199,19 +199,19 @@ func deltaEndpoints(t *testing.T, addr, service string) (int, string) {
 	if err != nil {
 		t.Fatalf("delta stream to the agent: %v", err)
 	}
-	for _, res := range r.GetResources() {
-		var cla endpoint.ClusterLoadAssignment
-		if err := res.GetResource().UnmarshalTo(&cla); err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, l := range cla.GetEndpoints() {
-			n += len(l.GetLbEndpoints())
-		}
-		return n, res.GetVersion()
+	if len(r.GetResources()) != 1 || r.GetResources()[0].GetName() != service {
+		t.Fatalf("delta response: want %s's assignment alone, got %v", service, r)
 	}
-	t.Fatalf("delta response without %s's assignment: %v", service, r)
-	return 0, ""
+	res := r.GetResources()[0]
+	var cla endpoint.ClusterLoadAssignment
+	if err := res.GetResource().UnmarshalTo(&cla); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range cla.GetEndpoints() {
+		n += len(l.GetLbEndpoints())
+	}
+	return n, res.GetVersion()
 }
 
 // srvPorts is the ports of the SRV records the agent's DNS answers for
