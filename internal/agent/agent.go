@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -76,6 +77,9 @@ type Config struct {
 	// aggregate) and served to local clients as its lower priorities
 	// (xDS) or fallback (DNS). Empty: this region only.
 	Regions []string
+	// RetryUnchecked is how long after a failed check (upstream
+	// unreachable) a service asked for is checked again: 5 s.
+	RetryUnchecked time.Duration
 	// MaxServices bounds the set: DefaultMaxServices.
 	MaxServices int
 	// BaseBackoff and MaxBackoff shape the upstream reconnection backoff
@@ -107,6 +111,9 @@ func (c *Config) validate() error {
 		if r == "" || strings.ContainsAny(r, "@,/") || r == c.Region || slices.Contains(c.Regions[:i], r) {
 			return fmt.Errorf("agent: regions %q: each a peer region's name, once, not this region (%q)", c.Regions, c.Region)
 		}
+	}
+	if c.RetryUnchecked <= 0 {
+		c.RetryUnchecked = DefaultRetryUnchecked
 	}
 	if c.MaxServices <= 0 {
 		c.MaxServices = DefaultMaxServices
@@ -154,6 +161,10 @@ type Agent struct {
 	services  []string // accepted: the client's set, sorted
 	checking  map[string]bool
 	refused   map[string]Refusal
+	// unchecked holds the services asked for that upstream could not be
+	// asked about (unreachable), with when it failed: asked again every
+	// Config.RetryUnchecked, since a local client that asked may not ask again.
+	unchecked map[string]time.Time
 	client    *resolver.Client
 	swapped   chan struct{} // closed and replaced when client changes
 	published map[string]uint64
@@ -183,7 +194,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, log: cfg.Logger.With("component", "agent"),
 		hub:      stream.NewHub(stream.Config{Now: cfg.Now, DrainSpread: -1}),
-		services: services, checking: map[string]bool{}, refused: map[string]Refusal{},
+		services: services, checking: map[string]bool{}, refused: map[string]Refusal{}, unchecked: map[string]time.Time{},
 		swapped: make(chan struct{}), published: map[string]uint64{}, revoked: make(chan struct{}),
 	}
 	if len(services) > 0 {
@@ -256,6 +267,7 @@ func (a *Agent) run(ctx context.Context) {
 		case <-swapped:
 		case <-tick.C:
 			a.recheck()
+			a.retryUnchecked()
 		}
 	}
 }
@@ -384,6 +396,19 @@ func (a *Agent) Want(service string) error {
 	if r, ok := a.refused[service]; ok && a.cfg.Now().Sub(r.At) < RefusalMemory {
 		return r
 	}
+	if len(a.refused) >= maxRefused {
+		// Names local clients made up cost memory only until they are
+		// forgotten.
+		for name, r := range a.refused {
+			if a.cfg.Now().Sub(r.At) >= RefusalMemory {
+				delete(a.refused, name)
+			}
+		}
+		if len(a.refused) >= maxRefused {
+			return fmt.Errorf("%w: upstream refused %d names in the last %s; not asking about more", ErrTooManyServices, len(a.refused), RefusalMemory)
+		}
+	}
+	delete(a.unchecked, service)
 	if len(a.services)+len(a.checking) >= a.cfg.MaxServices {
 		return fmt.Errorf("%w: it holds %d services and at most %d (--max-services)", ErrTooManyServices, len(a.services), a.cfg.MaxServices)
 	}
@@ -404,8 +429,11 @@ func (a *Agent) check(service string) {
 	switch {
 	case err != nil:
 		// Upstream cannot say: nothing is added (a service it refuses
-		// would end the watch stream of the whole set); the next request
-		// of a local client asks again.
+		// would end the watch stream of the whole set); it is asked
+		// again in a while, and at the next request of a local client.
+		a.mu.Lock()
+		a.unchecked[service] = a.cfg.Now()
+		a.mu.Unlock()
 		a.log.Warn("agent: cannot check a service a local client asked for; not added yet", "service", service, "err", err)
 	case !ok:
 		a.mu.Lock()
@@ -562,6 +590,36 @@ func cachedServices(dir string) []string {
 	}
 	return out
 }
+
+// Unchecked names the services local clients asked for that upstream
+// could not be asked about yet (unreachable), sorted.
+func (a *Agent) Unchecked() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Sorted(maps.Keys(a.unchecked))
+}
+
+// retryUnchecked asks again about the services upstream could not be
+// asked about, Config.RetryUnchecked after it failed.
+func (a *Agent) retryUnchecked() {
+	a.mu.Lock()
+	var due []string
+	for name, at := range a.unchecked {
+		if a.cfg.Now().Sub(at) >= a.cfg.RetryUnchecked {
+			due = append(due, name)
+		}
+	}
+	a.mu.Unlock()
+	for _, name := range due {
+		_ = a.Want(name)
+	}
+}
+
+// DefaultRetryUnchecked is Config.RetryUnchecked's default.
+const DefaultRetryUnchecked = 5 * time.Second
+
+// maxRefused bounds the refusals remembered.
+const maxRefused = 4096
 
 // recheckEvery spaces the checks of the whole set while upstream
 // refuses the agent's watch.

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,9 +44,10 @@ var admin = identity.Principal{Kind: identity.KindOperator, Subject: "alice", Ro
 // gate forwards TCP to muster until Close: muster unreachable, as the
 // agent sees it, without stopping the stack.
 type gate struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
+	ln     net.Listener
+	mu     sync.Mutex
+	conns  []net.Conn
+	paused atomic.Bool // connections are closed as they come
 }
 
 func newGate(t *testing.T, target string) *gate {
@@ -60,6 +62,10 @@ func newGate(t *testing.T, target string) *gate {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if g.paused.Load() {
+				c.Close()
+				continue
 			}
 			u, err := net.Dial("tcp", target)
 			if err != nil {
@@ -561,5 +567,34 @@ func TestAgentFallsBackToPeerRegionsFromItsCache(t *testing.T) {
 	// names both views (LOCAL.HASH).
 	if n, ver := deltaEndpoints(t, ag.xdsAddr, "web"); n != 1 || !strings.HasPrefix(ver, "5.") {
 		t.Fatalf("delta: web's assignment has %d endpoints at version %q; want eu-west's one at 5.HASH", n, ver)
+	}
+}
+
+// TestAgentAsksAgainOnceMusterAnswers: a service a local client asks for
+// while muster is unreachable cannot be checked, so it is not followed;
+// the agent asks again on its own and follows it once muster answers,
+// without the client asking again.
+func TestAgentAsksAgainOnceMusterAnswers(t *testing.T) {
+	t.Parallel()
+	w := newWeb(t, "a1")
+	g := newGate(t, strings.TrimPrefix(w.URL, "http://"))
+	g.paused.Store(true)
+	cfg := w.agentConfig(g.URL(), t.TempDir())
+	cfg.RetryUnchecked = 100 * time.Millisecond
+	ag := startAgent(t, cfg, "127.0.0.1:0")
+	if st, body := get(t, ag.httpURL+"/v1/resolve/web"); st != http.StatusServiceUnavailable || !strings.Contains(string(body), "not-ready") {
+		t.Fatalf("web asked for with muster unreachable: %d %s; want 503 not-ready", st, body)
+	}
+	wait.For(t, 15*time.Second, "web's check failed and pending", func() bool { return slices.Equal(ag.a.Unchecked(), []string{"web"}) })
+	if ag.a.Held("web") {
+		t.Fatal("web followed without upstream's word")
+	}
+	g.paused.Store(false)
+	wait.For(t, 20*time.Second, "web followed once muster answers", func() bool { return ag.a.Held("web") && ag.a.Ready() })
+	if st, _ := get(t, ag.httpURL+"/v1/resolve/web"); st != http.StatusOK {
+		t.Fatalf("web through the agent: %d", st)
+	}
+	if u := ag.a.Unchecked(); len(u) != 0 {
+		t.Fatalf("still unchecked: %v", u)
 	}
 }
