@@ -157,10 +157,10 @@ type Agent struct {
 	hub    *stream.Hub
 	runner worker.Runner
 
-	mu        sync.Mutex
-	services  []string // accepted: the client's set, sorted
-	checking  map[string]bool
-	refused   map[string]Refusal
+	mu       sync.Mutex
+	services []string // accepted: the client's set, sorted
+	checking map[string]bool
+	refused  map[string]Refusal
 	// unchecked holds the services asked for that upstream could not be
 	// asked about (unreachable), with when it failed: asked again every
 	// Config.RetryUnchecked, since a local client that asked may not ask again.
