@@ -81,9 +81,12 @@ func NewServer(a *Agent, cfg ServerConfig) (*Server, error) {
 				_ = a.Want(n)
 			}
 		},
-		Ready:   a.Ready,
-		Region:  a.cfg.Region,
-		Regions: a.cfg.Regions,
+		Ready: a.Ready,
+		// A local client has this agent only: spreading its
+		// reconnection over muster's 5 s would only delay it.
+		DrainWindow: 500 * time.Millisecond,
+		Region:      a.cfg.Region,
+		Regions:     a.cfg.Regions,
 		// A peer region's series of a service the agent follows: muster
 		// served it to the agent's identity, the peer's grants applied.
 		MayResolveRemote: func(_ identity.Principal, _, service string) bool { return a.Held(service) },
