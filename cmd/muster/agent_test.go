@@ -90,24 +90,7 @@ func TestAgentCommandServes(t *testing.T) {
 	if err := os.WriteFile(pub, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	httpAddr := freeAddr(t)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var out, errw bytes.Buffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"agent", "--upstream", s.URL, "--token-file", tok, "--view-keys", pub, "--service", "web",
-			"--cache", filepath.Join(dir, "cache"), "--xds-addr", freeAddr(t), "--http-addr", httpAddr, "--dns-addr", freeAddr(t)}, &out, &errw)
-	}()
-	base := "http://" + httpAddr
-	wait.For(t, 20*time.Second, "the agent ready", func() bool {
-		res, err := http.Get(base + "/readyz")
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	})
+	base, stop := runAgent(t, "--upstream", s.URL, "--token-file", tok, "--view-keys", pub, "--service", "web", "--dns-addr", freeAddr(t))
 	res, err := http.Get(base + "/v1/resolve/web")
 	if err != nil {
 		t.Fatal(err)
@@ -131,16 +114,56 @@ func TestAgentCommandServes(t *testing.T) {
 			t.Fatalf("the agent's metrics lack %q", want)
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("muster agent: %v\n%s", err, errw.String())
+	if out := stop(); !strings.Contains(out, "muster agent: xDS on") {
+		t.Fatalf("stdout: %q", out)
+	}
+}
+
+// runAgent runs `muster agent ARGS` in-process on free loopback ports
+// with a cache folder of its own, waits until it is ready, and returns
+// its HTTP base URL and a function that ends it (its context) and
+// returns its standard output once it has.
+func runAgent(t *testing.T, args ...string) (base string, stop func() string) {
+	t.Helper()
+	httpAddr := freeAddr(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	var out, errw bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"agent", "--cache", filepath.Join(t.TempDir(), "cache"), "--xds-addr", freeAddr(t), "--http-addr", httpAddr}, args...), &out, &errw)
+	}()
+	stopped := false
+	stop = func() string {
+		t.Helper()
+		if stopped {
+			return out.String()
 		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("muster agent did not end within 15 s of its context")
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("muster agent: %v\n%s", err, errw.String())
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("muster agent did not end within 15 s of its context")
+		}
+		return out.String()
 	}
-	if !strings.Contains(out.String(), "muster agent: xDS on") {
-		t.Fatalf("stdout: %q", out.String())
-	}
+	t.Cleanup(func() { stop() })
+	base = "http://" + httpAddr
+	wait.For(t, 30*time.Second, "the agent ready", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("muster agent ended: %v\n%s", err, errw.String())
+		default:
+		}
+		res, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	})
+	return base, stop
 }
