@@ -13,6 +13,7 @@
 //	muster breakglass revoke ID | list
 //	muster tgsync  --config FILE [--once] [--dry-run] [--json]     target-group sync (ELBv2, HAProxy)
 //	muster loadgen seed|rebuild|reports
+//	muster agent   --upstream URL (--token-file F | --cert F --key F)   local xDS/watch for one workload
 //	muster version                                               module version, Go version, VCS revision
 package main
 
@@ -47,6 +48,8 @@ usage:
   muster resolve SERVICE [--server URL] [--cache DIR] [--token T] [--data DIR] [--watch] [--json] [--timeout 5s]
   muster tgsync  --config FILE [--once] [--dry-run] [--json] [--own-group] [--metrics-addr ADDR] [--endpoint-url URL]
   muster loadgen seed|rebuild|reports ...   (benchmarks; see muster loadgen)
+  muster agent   --upstream URL[,URL] (--token-file FILE | --cert FILE --key FILE) [--service S,...]
+                 [--xds-addr 127.0.0.1:15010] [--http-addr 127.0.0.1:15011] [--cache DIR]   (docs/agent.md)
   muster version
 
 environment: DATABASE_URL (or DATABASE_URL_FILE), MUSTER_ISSUERS, MUSTER_AUDIENCE (muster),
@@ -109,6 +112,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdBreakglass(ctx, args[1:], stdout, stderr)
 	case "tgsync":
 		return cmdTgsync(ctx, args[1:], stdout, stderr)
+	case "agent":
+		return cmdAgent(ctx, args[1:], stdout, stderr)
 	case "version":
 		return cmdVersion(args[1:], stdout, stderr)
 	case "help", "-h", "--help":

@@ -244,6 +244,13 @@ func TestMTLSSpiffe(t *testing.T) {
 		"--data", t.TempDir(), "--cache", t.TempDir()); err != nil || !strings.Contains(out, "10.1.2.3") {
 		t.Errorf("muster resolve --cert: %v\n%s\n%s", err, out, errOut)
 	}
+	// muster agent holding web's SVID files serves web's view, without
+	// credentials, on loopback.
+	agentURL, stopAgent := runAgent(t, "--upstream", url, "--ca", caFile, "--cert", webCertFile, "--key", webKeyFile, "--service", "web")
+	if code, body, err := plain.do("GET", agentURL+"/v1/resolve/web", "", "", ""); err != nil || code != 200 || !strings.Contains(body, "10.1.2.3") {
+		t.Errorf("web through muster agent --cert: %d %v %s", code, err, body)
+	}
+	stopAgent()
 
 	// (7) The client CA bundle rotated on disk is taken on new
 	// connections without a restart: the new CA's certificates are

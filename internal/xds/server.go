@@ -138,6 +138,17 @@ type Config struct {
 	// that nothing exists (which a gRPC client would act on by dropping
 	// its listener). Nil: always ready.
 	Ready func() bool
+	// Anonymous, when set, authenticates a stream that presents neither a
+	// token nor a client certificate: it gets the principal Anonymous
+	// returns, and is refused UNAUTHENTICATED with its error. muster
+	// agent sets it, on loopback only, to give its local clients (which
+	// can send no credentials) the agent's own principal. Nil: such a
+	// stream is refused.
+	Anonymous func(ctx context.Context) (identity.Principal, error)
+	// Requested, when set, is told the names a stream asks for that the
+	// server holds no service of (muster agent fetches them upstream).
+	// It is called on the stream's goroutine and must not block.
+	Requested func(names []string)
 	// TLS, when set, is the listener's TLS configuration (clients that send
 	// their token as JWT call credentials, gRFC A97, need one).
 	TLS *tls.Config
@@ -496,6 +507,14 @@ func (s *Server) authenticate(ctx context.Context) (identity.Principal, error) {
 		s.recordAuthFailure(ctx, identity.FailureCertificateUnmapped)
 		return identity.Principal{}, status.Error(codes.Unauthenticated, "present a muster token as \"authorization: Bearer TOKEN\" metadata, or a client certificate that maps to a workload: "+err.Error())
 	}
+	if errors.Is(err, identity.ErrNoToken) && s.cfg.Anonymous != nil {
+		p, aerr := s.cfg.Anonymous(ctx)
+		if aerr == nil {
+			return p, nil
+		}
+		s.m.denied.WithLabelValues("unauthenticated").Inc()
+		return identity.Principal{}, status.Error(codes.Unauthenticated, aerr.Error())
+	}
 	switch {
 	case errors.Is(err, identity.ErrIssuerUnavailable):
 		s.m.denied.WithLabelValues("issuer_unavailable").Inc()
@@ -600,16 +619,23 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 	}
 	// The server's lock is taken for a few hundred names at a time, so
 	// that a request of many names never holds up the feeder.
-	var denied []string
+	var denied, unheld []string
 	for chunk := range slices.Chunk(names, 256) {
 		s.mu.RLock()
 		n := s.nodes[r.key]
 		for _, name := range chunk {
-			if _, held := s.services[name]; held && n != nil && !n.visible[name].visible() {
+			_, held := s.services[name]
+			if held && n != nil && !n.visible[name].visible() {
 				denied = append(denied, name)
+			}
+			if !held && s.cfg.Requested != nil && name != "*" && name != "" {
+				unheld = append(unheld, name)
 			}
 		}
 		s.mu.RUnlock()
+	}
+	if len(unheld) > 0 {
+		s.cfg.Requested(unheld)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
