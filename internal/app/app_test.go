@@ -25,7 +25,7 @@ func TestProductionWorkersPublishUnstepped(t *testing.T) {
 	t.Parallel()
 	s := apptest.New(t, apptest.Options{Run: apptest.Held})
 	want := []string{app.WorkerMonitor, app.WorkerAuthz, app.WorkerOverrides, app.WorkerCensus, app.WorkerOwnership, app.WorkerReaper, app.WorkerShifts,
-		app.WorkerSweeper, app.WorkerGuards, app.WorkerPublisher, app.WorkerEvaluator, app.WorkerRefusals, app.WorkerKeyWatch, app.WorkerAuthFailures, app.WorkerZoneHistory, app.WorkerProberHistory, app.WorkerRelay, app.WorkerForward}
+		app.WorkerSweeper, app.WorkerGuards, app.WorkerPublisher, app.WorkerEvaluator, app.WorkerRefusals, app.WorkerKeyWatch, app.WorkerAuthFailures, app.WorkerZoneHistory, app.WorkerProberHistory, app.WorkerRelay, app.WorkerForward, app.WorkerBreakGlass}
 	if got := s.App.Workers(); !slices.Equal(got, want) {
 		t.Fatalf("workers in start order %v, want %v", got, want)
 	}

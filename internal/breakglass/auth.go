@@ -205,7 +205,7 @@ func (s *Service) check(ctx context.Context, raw string) (identity.Principal, *c
 	if len(raw) > maxTokenBytes {
 		return refuse(identity.FailureMalformed, "token too large")
 	}
-	jws, err := jose.ParseSigned(raw, []jose.SignatureAlgorithm{jose.EdDSA})
+	jws, err := jose.ParseSignedCompact(raw, []jose.SignatureAlgorithm{jose.EdDSA})
 	if err != nil || len(jws.Signatures) != 1 {
 		return refuse(identity.FailureMalformed, "malformed break-glass token")
 	}

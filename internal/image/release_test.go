@@ -23,7 +23,7 @@ import (
 // `muster version` prints.
 //
 // A cold arm64 compile of muster takes minutes on two cores, which CI
-// cannot afford, so the test runs only when MUSTER_RELEASE_TEST is set:
+// cannot afford, so the test runs only when MUSTER_RELEASE_TEST is set (.ci/run sets it):
 //
 //	MUSTER_RELEASE_TEST=1 go test -race -count=1 -run TestReleaseReproducible ./internal/image/
 func TestReleaseReproducible(t *testing.T) {
