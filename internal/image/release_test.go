@@ -22,8 +22,10 @@ import (
 // the right machines, the chart's appVersion as label, tag and what
 // `muster version` prints.
 //
-// A cold arm64 compile of muster takes minutes on two cores, which CI
-// cannot afford, so the test runs only when MUSTER_RELEASE_TEST is set (.ci/run sets it):
+// A cold arm64 compile of muster takes minutes on two cores, too much for
+// every `go test ./...` on a laptop, so the test runs only when
+// MUSTER_RELEASE_TEST is set; .ci/run sets it (about a minute there, with
+// the build cache warm):
 //
 //	MUSTER_RELEASE_TEST=1 go test -race -count=1 -run TestReleaseReproducible ./internal/image/
 func TestReleaseReproducible(t *testing.T) {
