@@ -19,7 +19,7 @@ import (
 
 const agentReadyzUsage = "usage: muster agent readyz [--http-addr 127.0.0.1:15011]"
 
-const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FILE | --cert FILE --key FILE) [--service S,...] [--ca FILE] [--view-keys FILE,...] [--cache DIR] [--xds-addr 127.0.0.1:15010] [--http-addr 127.0.0.1:15011] [--dns-addr 127.0.0.1:15053 [--dns-zone Z]] [--regions R,...] [--max-services 256]"
+const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FILE | --cert FILE --key FILE) [--service S,...] [--ca FILE] [--view-keys FILE,...] [--cache DIR] [--xds-addr 127.0.0.1:15010] [--http-addr 127.0.0.1:15011] [--dns-addr 127.0.0.1:15053 [--dns-zone Z]] [--regions R,...] [--max-services 256] [--max-streams 1000]"
 
 // cmdAgent runs muster agent: it holds one workload's identity and
 // serves that workload's data planes, without credentials, on loopback
@@ -31,7 +31,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var (
 		upstream, services, tokenFile, certFile, keyFile, caFile, viewKeys string
 		cacheDir, xdsAddr, httpAddr, dnsAddr, dnsZone, region, regions     string
-		maxServices                                                        int
+		maxServices, maxStreams                                            int
 	)
 	fs := cli.NewFlags("agent", stderr)
 	fs.StringVar(&upstream, "upstream", os.Getenv("MUSTER_AGENT_UPSTREAM"), "muster's base URLs, comma-separated: the replicas or the load balancer, tried in turn (MUSTER_AGENT_UPSTREAM)")
@@ -49,6 +49,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&region, "region", envOr("MUSTER_REGION", "local"), "this region's name: the locality.region of local endpoints when peer regions' take priorities (MUSTER_REGION)")
 	fs.StringVar(&regions, "regions", os.Getenv("MUSTER_AGENT_REGIONS"), "peer regions to fall back to, in order of preference, comma-separated, as muster serves them (MUSTER_AGENT_REGIONS)")
 	fs.IntVar(&maxServices, "max-services", agent.DefaultMaxServices, "most services local clients can make the agent follow")
+	fs.IntVar(&maxStreams, "max-streams", agent.DefaultMaxStreams, "most local streams open at once on each of xDS and the watch stream")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -127,7 +128,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer a.Stop()
-	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: listeners, DNSAddr: dnsAddr, DNSZone: dnsZone, Logger: cfg.Logger})
+	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: listeners, DNSAddr: dnsAddr, DNSZone: dnsZone, MaxStreams: maxStreams, Logger: cfg.Logger})
 	if err != nil {
 		return err
 	}

@@ -108,6 +108,13 @@ type running struct {
 
 func startAgent(t *testing.T, cfg agent.Config, xdsAddr string) *running {
 	t.Helper()
+	return startAgentWith(t, cfg, xdsAddr, agent.ServerConfig{})
+}
+
+// startAgentWith is startAgent with the local surfaces configured by
+// scfg (its listeners and DNS address are the test's).
+func startAgentWith(t *testing.T, cfg agent.Config, xdsAddr string, scfg agent.ServerConfig) *running {
+	t.Helper()
 	ctx := context.Background()
 	a, err := agent.New(ctx, cfg)
 	if err != nil {
@@ -121,7 +128,8 @@ func startAgent(t *testing.T, cfg agent.Config, xdsAddr string) *running {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: []*agent.Listener{xln, hln}, DNSAddr: "127.0.0.1:0"})
+	scfg.Listeners, scfg.DNSAddr = []*agent.Listener{xln, hln}, "127.0.0.1:0"
+	srv, err := agent.NewServer(a, scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
