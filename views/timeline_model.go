@@ -24,8 +24,11 @@ type Timeline struct {
 	Service string
 	// Span is the window's length as ?span= takes it ("1h"); Spans are
 	// the spans offered as links.
-	Span     string
-	Spans    []string
+	Span  string
+	Spans []string
+	// FitSpan is a shorter offered span whose window still holds every
+	// registration drawn, linked from the page ("" when none is shorter).
+	FitSpan  string
 	From, To time.Time
 	// EndParam is the end query parameter that shows this window ("" for
 	// the window ending now); Earlier and Later are those of the windows

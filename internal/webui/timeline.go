@@ -379,7 +379,11 @@ func layoutTimeline(tl *views.Timeline, d timelineData) {
 	if d.Tick > 0 {
 		for t := d.From.Truncate(d.Tick); !t.After(d.To); t = t.Add(d.Tick) {
 			if !t.Before(d.From) {
-				tl.Ticks = append(tl.Ticks, views.TimelineTick{X: x(t), Label: views.Clock(t)})
+				label := views.Clock(t)
+				if d.Tick < time.Minute {
+					label = t.UTC().Format("15:04:05")
+				}
+				tl.Ticks = append(tl.Ticks, views.TimelineTick{X: x(t), Label: label})
 			}
 		}
 	}

@@ -447,4 +447,11 @@ func TestLayoutTimelineLifetimes(t *testing.T) {
 	if strings.Contains(html, "before the window") {
 		t.Error("a span of an instance registered in the window says it began before the window")
 	}
+
+	// A window of seconds labels its ticks with seconds.
+	d.From, d.To, d.Tick = at(59), at(59).Add(30*time.Second), tickFor(30*time.Second)
+	layoutTimeline(&tl, d)
+	if len(tl.Ticks) != 7 || tl.Ticks[1].Label != "05:59:05" {
+		t.Errorf("ticks over 30 s: %+v", tl.Ticks)
+	}
 }

@@ -118,6 +118,9 @@ func (u *UI) buildTimeline(ctx context.Context, actor identity.Principal, tl *vi
 	}
 	span := to.Sub(from)
 	tl.Span = spanText(span)
+	if fit := fitSpan(to, first); fit < span {
+		tl.FitSpan = spanText(fit)
+	}
 	tl.Earlier = from.Format(time.RFC3339)
 	if later := to.Add(span); later.Before(tl.Now) {
 		tl.Later, tl.LaterOK = later.Format(time.RFC3339), true
