@@ -196,7 +196,14 @@ func lifeSpans(in timelineInstance, changes []evaluator.Change, at evaluator.Sta
 	}
 	var out []views.TimelineBand
 	for _, c := range changes {
-		if c.At.Before(start) || !c.At.Before(end) || c.To == cur.State {
+		if c.At.Before(start) {
+			// Written a moment before the registration's time (the
+			// evaluator and the registry may read different clocks):
+			// it still sets the state the row opens in.
+			cur.State, cur.Weight = c.To, c.Weight
+			continue
+		}
+		if !c.At.Before(end) || c.To == cur.State {
 			continue
 		}
 		if c.At.After(cur.Start) {

@@ -321,6 +321,15 @@ func TestLifeSpans(t *testing.T) {
 			want: []span{{State: "ineligible", Reason: "registered", Start: at(45), End: to, Began: at(45)}},
 		},
 		{
+			name: "a first transition stamped a moment before the registration still sets the state",
+			inst: timelineInstance{ID: id, State: "eligible", Registered: at(30).Add(time.Millisecond)},
+			changes: []evaluator.Change{
+				change(30, "ineligible", "eligible", "first success: entering rotation"),
+			},
+			at: evaluator.StateAt{State: "ineligible", At: at(30)}, known: true,
+			want: []span{{State: "eligible", Reason: "registered", Start: at(30).Add(time.Millisecond), End: to, Began: at(30).Add(time.Millisecond)}},
+		},
+		{
 			name: "ended before the window: no band",
 			inst: timelineInstance{ID: id, Registered: at(-120), Ended: ptr(at(-1)), EndState: "replaced"},
 		},
