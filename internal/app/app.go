@@ -785,6 +785,7 @@ func New(cfg Config) (*App, error) {
 	if cfg.XDS != nil {
 		xc := *cfg.XDS
 		xc.Hub, xc.Admission, xc.Authz, xc.Logger, xc.Registerer = a.Hub, a.Admission, a.Authz, log, metrics
+		xc.Lags = a.Lags
 		if xc.Authenticator == nil {
 			xc.Authenticator = cfg.Server.Authenticator
 		}
