@@ -8,7 +8,9 @@ import (
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/notify"
+	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/server"
 )
 
@@ -40,9 +42,33 @@ func (a *App) buildNotifier(cfg Config, svc server.Config) error {
 				Detail:  q.Detail()})
 		}
 		for _, al := range open {
-			out = append(out, notify.Alarm{Kind: al.Kind, Service: al.Service, Zone: al.Zone, Since: al.Since, Detail: al.Detail})
+			if al.Kind == evaluator.AlarmInstanceQuarantined {
+				continue // sent above, with its instance and flap history
+			}
+			n := notify.Alarm{Kind: al.Kind, Service: al.Service, Zone: al.Zone, Since: al.Since, Detail: al.Detail}
+			if replicaAlarms[al.Kind] {
+				n.Replica = cfg.Replica
+			}
+			out = append(out, n)
 		}
 		return out
+	}
+	// One replica of the region sends each alarm: the owner of its
+	// service's shard, or of RegionAlarmsOwnershipKey's for an
+	// estate-wide one, so a webhook hears of it once, and a replica's own
+	// condition from that replica. When the sender dies its shards move
+	// within the lease bound (9 s) and the new owner sends at its next
+	// round.
+	nc.Sends = func(al notify.Alarm) bool {
+		key := RegionAlarmsOwnershipKey
+		switch {
+		case al.Replica != "":
+			return true
+		case al.Service != "":
+			key = al.Service
+		}
+		_, ok := a.Ownership.Owns(key)
+		return ok
 	}
 	nc.Owner = a.Authz.Owner
 	if nc.Region == "" {
@@ -55,6 +81,24 @@ func (a *App) buildNotifier(cfg Config, svc server.Config) error {
 	}
 	a.Notifier = n
 	return nil
+}
+
+// RegionAlarmsOwnershipKey is what the region's estate-wide alarms hash
+// onto the shards as: the owner of that shard sends them.
+const RegionAlarmsOwnershipKey = "alarms:region"
+
+// replicaAlarms are the kinds that are one replica's own condition, not
+// the region's: each replica sends its own, labelled with its name.
+var replicaAlarms = map[string]bool{
+	server.AlarmDatabaseUnreachable: true,
+	AlarmClockSkew:                  true,
+	AlarmPeerTrustUpgrade:           true,
+	relay.AlarmRelayBehind:          true,
+	relay.AlarmRelayCutOff:          true,
+	relay.AlarmRelayForged:          true,
+	relay.AlarmViewOutsideTenure:    true,
+	forward.AlarmForwardRefused:     true,
+	forward.AlarmEvidenceRefused:    true,
 }
 
 // alarmsOpen exports the open alarms GET /v1/alarms lists, counted by

@@ -55,10 +55,19 @@ type Alarm struct {
 	// Summary is one line; Detail the full text (a quarantine's flap
 	// history). Both change freely without making a new alarm.
 	Summary, Detail string
+	// Replica names the replica whose own condition the alarm is (its
+	// database unreachable, its clock skewed, a peer it cannot follow):
+	// each replica sends such an alarm itself, labelled replica, as it is
+	// not a copy of another's. Empty for the region's alarms.
+	Replica string
 }
 
 func (a Alarm) key() string {
-	h := sha256.Sum256([]byte(strings.Join([]string{a.Kind, a.Service, a.Instance, a.Zone, a.Since.UTC().Format(time.RFC3339Nano)}, "\x00")))
+	parts := []string{a.Kind, a.Service, a.Instance, a.Zone, a.Since.UTC().Format(time.RFC3339Nano)}
+	if a.Replica != "" {
+		parts = append(parts, a.Replica)
+	}
+	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
 	return hex.EncodeToString(h[:6])
 }
 
@@ -69,6 +78,14 @@ type Config struct {
 	// Alarms returns the open alarms; called from the notifier's
 	// goroutine, it must not block on the network or the database.
 	Alarms func() []Alarm
+	// Sends reports whether this replica is the one of the region that
+	// sends a (app: the owner of a's service's shard, or of the region's
+	// alarms' key; a replica's own alarms always), so each target hears
+	// of an alarm once per region rather than once per replica. An alarm
+	// another replica sends is forgotten here without a resolution: it is
+	// not over, only not this replica's to report. Nil: every alarm (a
+	// replica alone).
+	Sends func(Alarm) bool
 	// Owner returns a service's owning team, false when unknown (the
 	// alarm then goes to the platform only, labelled team=platform).
 	Owner func(service string) (string, bool)
@@ -303,9 +320,14 @@ func (n *Notifier) RunOnce(ctx context.Context) {
 	defer n.mu.Unlock()
 	now := n.cfg.Now()
 	open := map[string]bool{}
+	handed := map[string]bool{}
 	for _, a := range n.cfg.Alarms() {
 		k := a.key()
 		if open[k] {
+			continue
+		}
+		if n.cfg.Sends != nil && !n.cfg.Sends(a) {
+			handed[k] = true
 			continue
 		}
 		open[k] = true
@@ -335,7 +357,14 @@ func (n *Notifier) RunOnce(ctx context.Context) {
 		n.enqueue(now, k, f, time.Time{})
 	}
 	for _, k := range slices.Sorted(maps.Keys(n.sent)) {
-		if !open[k] {
+		switch {
+		case open[k]:
+		case handed[k]:
+			// Still open, now another replica's to send (the shard
+			// moved): no resolution, or the target would hear it end.
+			delete(n.sent, k)
+			n.forget(k)
+		default:
 			n.enqueue(now, k, n.sent[k], now)
 			delete(n.sent, k)
 		}
@@ -461,7 +490,7 @@ type Webhook struct {
 func (n *Notifier) alert(d *delivery, now time.Time, webhook bool) Alert {
 	a := d.alarm
 	labels := map[string]string{"alertname": a.Kind, "team": d.team, "alarm": d.key, "source": "muster"}
-	for k, v := range map[string]string{"service": a.Service, "instance": a.Instance, "zone": a.Zone, "region": n.cfg.Region} {
+	for k, v := range map[string]string{"service": a.Service, "instance": a.Instance, "zone": a.Zone, "region": n.cfg.Region, "replica": a.Replica} {
 		if v != "" {
 			labels[k] = v
 		}
