@@ -65,7 +65,8 @@ func TestWebhookHearsEachAlarmOncePerRegion(t *testing.T) {
 	url := dbtest.URL(t)
 	notifyTo := func() *notify.Config {
 		return &notify.Config{Targets: notify.Targets{Platform: &notify.Target{URL: hook.srv.URL, Kind: notify.KindWebhook}},
-			Interval: 50 * time.Millisecond, Resend: time.Hour}
+			// Resend as short as the round: a webhook is never resent to.
+			Interval: 50 * time.Millisecond, Resend: 50 * time.Millisecond}
 	}
 	b := apptest.New(t, apptest.Options{Replica: "b", DatabaseURL: url, Notify: notifyTo()})
 	grant := func(st *apptest.Stack, operator string) string {

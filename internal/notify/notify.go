@@ -344,17 +344,20 @@ func (n *Notifier) RunOnce(ctx context.Context) {
 			n.enqueue(now, k, f, now)
 			f = nil
 		}
+		resend := false
 		switch {
 		case f == nil:
 			f = &firing{alarm: a, team: team, startsAt: now}
 			n.sent[k] = f
-		case f.alarm.Detail != a.Detail || f.alarm.Summary != a.Summary || now.Sub(f.lastSent) >= n.cfg.Resend:
+		case f.alarm.Detail != a.Detail || f.alarm.Summary != a.Summary:
 			f.alarm = a
+		case now.Sub(f.lastSent) >= n.cfg.Resend:
+			resend = true
 		default:
 			continue
 		}
 		f.lastSent = now
-		n.enqueue(now, k, f, time.Time{})
+		n.enqueueFiring(now, k, f, resend)
 	}
 	for _, k := range slices.Sorted(maps.Keys(n.sent)) {
 		switch {
@@ -396,8 +399,23 @@ func (n *Notifier) target(name string) Target {
 // enqueue queues f to each of its targets, resolved at endsAt unless that
 // is zero.
 func (n *Notifier) enqueue(now time.Time, key string, f *firing, endsAt time.Time) {
+	n.enqueueTo(now, key, f, endsAt, false)
+}
+
+// enqueueFiring queues f as firing. A resend (nothing changed but time)
+// goes to Alertmanager targets only: Alertmanager resolves an alert it
+// stops hearing about once its endsAt passes, so it must hear it again,
+// while a webhook would only page its receiver again for the same alarm.
+func (n *Notifier) enqueueFiring(now time.Time, key string, f *firing, resend bool) {
+	n.enqueueTo(now, key, f, time.Time{}, resend)
+}
+
+func (n *Notifier) enqueueTo(now time.Time, key string, f *firing, endsAt time.Time, resend bool) {
 	var names []string
 	for _, target := range n.targets(f) {
+		if resend && n.target(target).Kind == KindWebhook {
+			continue
+		}
 		names = append(names, n.sinkNames(target)...)
 	}
 	for _, name := range names {
