@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -45,14 +46,54 @@ func (bearerBuilder) Name() string { return CredsType }
 func (bearerBuilder) Build(cfg json.RawMessage) (credentials.Bundle, func(), error) {
 	var c struct {
 		Token string `json:"token"`
+		// ReconnectWithin, a Go duration, is how long the client's
+		// channel to the xDS server may wait between connection
+		// attempts at most ("" leaves grpc-go's defaults).
+		ReconnectWithin string `json:"reconnect_within"`
 	}
 	if err := json.Unmarshal(cfg, &c); err != nil {
 		return nil, nil, fmt.Errorf("muster_bearer config: %w", err)
 	}
-	return bundle{token: c.Token}, func() {}, nil
+	b := bundle{token: c.Token}
+	if c.ReconnectWithin != "" {
+		d, err := time.ParseDuration(c.ReconnectWithin)
+		if err != nil || d <= 0 {
+			return nil, nil, fmt.Errorf("muster_bearer config: reconnect_within %q: not a positive duration", c.ReconnectWithin)
+		}
+		b.reconnectWithin = d
+	}
+	return b, func() {}, nil
 }
 
-type bundle struct{ token string }
+type bundle struct {
+	token           string
+	reconnectWithin time.Duration
+}
+
+// DialOptions is read by grpc-go's bootstrap for the channel to the xDS
+// server. With reconnectWithin set, that channel retries at least that
+// often instead of backing off up to 2 min, and the ADS stream waits for
+// the channel to connect instead of failing at once and backing off on
+// a schedule of its own (also up to 2 min): a test that stops the server
+// sees the client come back within about reconnectWithin of the server's
+// return, not after both backoffs have run out.
+func (b bundle) DialOptions() []grpc.DialOption {
+	if b.reconnectWithin == 0 {
+		return nil
+	}
+	return []grpc.DialOption{
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  min(100*time.Millisecond, b.reconnectWithin),
+				Multiplier: backoff.DefaultConfig.Multiplier,
+				Jitter:     backoff.DefaultConfig.Jitter,
+				MaxDelay:   b.reconnectWithin,
+			},
+			MinConnectTimeout: 20 * time.Second,
+		}),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)),
+	}
+}
 
 func (b bundle) TransportCredentials() credentials.TransportCredentials {
 	return insecure.NewCredentials()
@@ -77,10 +118,14 @@ func Bearer(token string) credentials.PerRPCCredentials { return bearer(token) }
 // Bootstrap is a grpc-go xDS bootstrap pointing at the xDS server addr,
 // presenting token.
 func Bootstrap(addr, token string) []byte {
+	return bootstrapJSON(addr, map[string]string{"token": token})
+}
+
+func bootstrapJSON(addr string, creds map[string]string) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"xds_servers": []any{map[string]any{
 			"server_uri":      addr,
-			"channel_creds":   []any{map[string]any{"type": CredsType, "config": map[string]string{"token": token}}},
+			"channel_creds":   []any{map[string]any{"type": CredsType, "config": creds}},
 			"server_features": []string{"xds_v3"},
 		}},
 		"node": map[string]any{"id": "xdstest", "locality": map[string]string{"zone": "az1"}},
@@ -93,6 +138,20 @@ func Bootstrap(addr, token string) []byte {
 func Dial(t testing.TB, addr, token, service string) *grpc.ClientConn {
 	t.Helper()
 	builder, err := xds.NewXDSResolverWithConfigForTesting(Bootstrap(addr, token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return DialWith(t, builder, service)
+}
+
+// DialReconnecting is Dial for a client that follows a stopped and
+// restarted xDS server within about reconnectWithin of its return
+// (bundle.DialOptions): grpc-go's own backoffs would add up to 2 min
+// after a long outage, and that wait is grpc-go's, not the server's.
+func DialReconnecting(t testing.TB, addr, token, service string, reconnectWithin time.Duration) *grpc.ClientConn {
+	t.Helper()
+	cfg := bootstrapJSON(addr, map[string]string{"token": token, "reconnect_within": reconnectWithin.String()})
+	builder, err := xds.NewXDSResolverWithConfigForTesting(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
