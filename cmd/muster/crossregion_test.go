@@ -32,6 +32,7 @@ import (
 // peer_stale alarm), and the client still routes on it.
 func TestCrossRegionResolution(t *testing.T) {
 	realTime(t, "two regions, one stopped")
+	t.Parallel() // its own two regions, data folders and ports
 	dirs := regionDirs(t, 2)
 	dirA, dirB := dirs[0], dirs[1]
 	p := newProcs(t)

@@ -35,6 +35,7 @@ import (
 // added. b's audit log shows nothing done by a's token.
 func TestTwoRegionsFollowAndHeal(t *testing.T) {
 	realTime(t, "two regions, one stopped, changed and restarted")
+	t.Parallel() // its own two regions, data folders and ports
 	dirs := regionDirs(t, 2)
 	dirA, dirB := dirs[0], dirs[1]
 	p := newProcs(t)

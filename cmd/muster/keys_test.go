@@ -47,6 +47,7 @@ func runToExit(t *testing.T, env []string, args ...string) (string, error) {
 // does), the rotated replica starts and serves the same view.
 func TestKeyTroubleRefusesToStart(t *testing.T) {
 	realTime(t, "muster processes started with the wrong keys beside a running one")
+	t.Parallel() // its own data folder and ports; keys reach the children through exec.Cmd
 	dir := devDir(t)
 	addr := freeAddr(t)
 	url := "http://" + addr

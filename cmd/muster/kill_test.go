@@ -161,6 +161,7 @@ func freeAddr(t *testing.T) string {
 // resolvers re-subscribe and converge without a version going backwards.
 func TestResolverOutlivesAKilledServer(t *testing.T) {
 	realTime(t, "muster SIGKILLed under two resolvers")
+	t.Parallel() // its own data folder, port and process
 	dir := devDir(t)
 	addr := freeAddr(t)
 	url := "http://" + addr

@@ -99,6 +99,7 @@ func (m *mtlsClient) must(method, u, tok, cred, body string, want int) string {
 // resolver (and muster resolve --cert) presents one; and a rotated CA
 // bundle is taken without a restart.
 func TestMTLSSpiffe(t *testing.T) {
+	t.Parallel() // its own data folder, certificates, ports and process
 	dir := devDir(t)
 	addr, xaddr := freeAddr(t), freeAddr(t)
 	t.Cleanup(func() {

@@ -27,6 +27,7 @@ import (
 // and no version it served ever goes back.
 func TestReplicaStartsWithoutTheDatabase(t *testing.T) {
 	realTime(t, "three muster processes across a PostgreSQL stop and start")
+	t.Parallel() // its own cluster, ports and processes
 	dir := devDir(t)
 	ctx := context.Background()
 	t.Cleanup(func() {

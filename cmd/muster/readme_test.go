@@ -76,6 +76,7 @@ curl() {
 // says it does.
 func TestREADMETour(t *testing.T) {
 	realTime(t, "the README's tour against muster dev")
+	t.Parallel() // its own data folder and port; the tour's shell gets its env through exec.Cmd
 	testbin.Require(t, "curl")
 	testbin.Require(t, "jq")
 	exe, err := os.Executable()

@@ -16,6 +16,7 @@ import (
 // no lease), and the diff API lists the never-ready one as a startup failure.
 func TestDevReconcilesASnapshot(t *testing.T) {
 	realTime(t, "muster dev with a reconcile config")
+	t.Parallel() // its own data folder and in-process muster dev
 	dir := devDir(t)
 	snap := filepath.Join(dir, "fleet.json")
 	if err := os.WriteFile(snap, []byte(`{"instances":[

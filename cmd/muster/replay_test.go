@@ -22,6 +22,7 @@ import (
 // restarted either: muster's own record of each end outranks the row.
 func TestReplayedRowsChangeNothingAcrossARestart(t *testing.T) {
 	realTime(t, "a muster process restarted over rows written back by hand")
+	t.Parallel() // its own data folder, port and processes
 	dir := devDir(t)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -63,6 +65,7 @@ func viewShape(t *testing.T, base, tok string) (string, bool) {
 // override, keeps the same drain and can step it back.
 func TestSealRotateRetiresTheOldKey(t *testing.T) {
 	realTime(t, "muster processes restarted across a key rotation")
+	t.Parallel() // its own data folder, ports and processes; keys reach every command through exec.Cmd
 	dir := devDir(t)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -160,20 +163,11 @@ func TestSealRotateRetiresTheOldKey(t *testing.T) {
 	admin = token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
 	sameView(url, admin, "the replica trusting both keys")
 
-	// Step 3: re-seal, beside it.
-	env := func(k, v string) func() {
-		prev, had := os.LookupEnv(k)
-		_ = os.Setenv(k, v)
-		return func() {
-			if had {
-				_ = os.Setenv(k, prev)
-			} else {
-				_ = os.Unsetenv(k)
-			}
-		}
-	}
-	restore := []func(){env("MUSTER_AUDIT_SIGNING_KEY_FILE", newFile), env("MUSTER_AUDIT_PUBLIC_KEY_FILES", keyFile+".pub")}
-	out, errOut, err := runCmd(t, "seal", "rotate", "--data", dir, "--batch", "2")
+	// Step 3: re-seal, beside it. The commands run as child processes,
+	// their keys in their own environment, so the test can run beside
+	// others.
+	rotateEnv := []string{"MUSTER_AUDIT_SIGNING_KEY_FILE=" + newFile, "MUSTER_AUDIT_PUBLIC_KEY_FILES=" + keyFile + ".pub"}
+	out, errOut, err := runChild(t, rotateEnv, "seal", "rotate", "--data", dir, "--batch", "2")
 	if err != nil {
 		t.Fatalf("muster seal rotate: %v\n%s%s", err, out, errOut)
 	}
@@ -184,19 +178,12 @@ func TestSealRotateRetiresTheOldKey(t *testing.T) {
 		}
 	}
 	// Run again: there is nothing left to do.
-	again, _, err := runCmd(t, "seal", "rotate", "--data", dir)
+	again, _, err := runChild(t, rotateEnv, "seal", "rotate", "--data", dir)
 	if err != nil || !strings.Contains(again, "instances: re-sealed 0") || !strings.Contains(again, "shifts: re-sealed 0") {
 		t.Errorf("a second muster seal rotate: %v\n%s", err, again)
 	}
-	for _, f := range restore {
-		f()
-	}
 	// Step 4: the old key covers nothing.
-	restore = []func(){env("MUSTER_AUDIT_SIGNING_KEY_FILE", newFile), env("MUSTER_AUDIT_PUBLIC_KEY_FILES", "")}
-	status, _, err := runCmd(t, "seal", "status", "--data", dir)
-	for _, f := range restore {
-		f()
-	}
+	status, _, err := runChild(t, []string{"MUSTER_AUDIT_SIGNING_KEY_FILE=" + newFile, "MUSTER_AUDIT_PUBLIC_KEY_FILES="}, "seal", "status", "--data", dir)
 	if err != nil || strings.Contains(status, "\n"+old.KeyID()) || !strings.Contains(status, newKey.KeyID()+"  yes (signs)") || strings.Contains(status, "would not start") {
 		t.Errorf("muster seal status after the rotation, trusting the new key alone (old key %s): %v\n%s", old.KeyID(), err, status)
 	}
@@ -231,4 +218,24 @@ func TestSealRotateRetiresTheOldKey(t *testing.T) {
 	if code, body := call(t, "GET", url+"/v1/shifts/"+sh.ID, admin, ""); code != 200 || !strings.Contains(string(body), `"step":1`) {
 		t.Errorf("the drain after one step: %d %s", code, body)
 	}
+}
+
+// runChild runs a muster command as a child process (the test binary as
+// muster, as startProcess does) with env added to the test's environment,
+// and returns its stdout and stderr: a parallel test cannot set the
+// environment the in-process commands read.
+func runChild(t *testing.T, env []string, args ...string) (string, string, error) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = append(append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1"), env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
 }

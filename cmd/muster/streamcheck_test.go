@@ -30,12 +30,14 @@ import (
 // published, the restarted process sent deltas from the older view it
 // restored to clients holding a later one: gaps.
 func TestStreamCheckAcrossASIGKILL(t *testing.T) {
+	t.Parallel() // its own data folder, port and process
 	streamCheckAcrossRestart(t, syscall.SIGKILL)
 }
 
 // TestStreamCheckAcrossASIGTERM is TestStreamCheckAcrossASIGKILL with an
 // orderly stop: the streams drain and the last views are saved.
 func TestStreamCheckAcrossASIGTERM(t *testing.T) {
+	t.Parallel() // its own data folder, port and process
 	streamCheckAcrossRestart(t, syscall.SIGTERM)
 }
 

@@ -26,6 +26,7 @@ import (
 // peers, answers a resolver that trusts the CA, and serves a rotated
 // certificate on the next connection without a restart.
 func TestTLSEveryListenerAndRotation(t *testing.T) {
+	t.Parallel() // its own data folder, certificates, ports and process
 	dir := devDir(t)
 	addr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	t.Cleanup(func() {
@@ -166,6 +167,7 @@ func httpsCaller(t *testing.T, ca *tlstest.CA) func(method, u, tok, body string)
 // trusting the CA of --tls-ca (MUSTER_TLS_CA): a resolver at either
 // replica gets the view, whichever replica owns the service's shard.
 func TestTLSReplicasRelayOverHTTPS(t *testing.T) {
+	t.Parallel() // its own data folder, certificates, ports and processes
 	if testing.Short() {
 		t.Skip("starts two muster dev processes")
 	}
