@@ -23,6 +23,7 @@ import (
 	"github.com/musterhq/muster/internal/tgsync/elbv2standin"
 	"github.com/musterhq/muster/internal/tgsync/haproxytest"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/resolver"
 )
 
 // tgsyncProc is `muster tgsync` run in-process until the test ends.
@@ -109,11 +110,13 @@ func pool(t *testing.T, hp *haproxytest.Proxy) []string {
 // 2 s; all of az1 fails (a bad rollout), the guard trips and az1's
 // backends keep their traffic. Ten instances of api scale down to four
 // (six deregister themselves) and HAProxy follows within the client
-// guard's confirm time. Then muster is SIGKILLed for 2 minutes: HAProxy's
-// server sets do not change and traffic keeps flowing.
+// guard's confirm time. Then muster is SIGKILLed for 75 s (longer than
+// the resolver's heartbeat timeout, 45 s, and its longest backoff, 30 s,
+// together, and than 37 of tgsync's 2 s intervals): HAProxy's server sets do
+// not change and traffic keeps flowing.
 func TestTgsyncHAProxyEndToEnd(t *testing.T) {
-	realTime(t, "muster SIGKILLed for 2 min under tgsync and haproxy")
-	t.Parallel() // its own data folder, ports and processes; the 2 min overlap other tests
+	realTime(t, "muster SIGKILLed for 75 s under tgsync and haproxy")
+	t.Parallel() // its own data folder, ports and processes; the outage overlaps other tests
 	dir := devDir(t)
 	addr := freeAddr(t)
 	url := "http://" + addr
@@ -266,7 +269,7 @@ bindings:
 	})
 	t.Logf("api scale-down 10 -> 4 followed by HAProxy in %s", time.Since(start).Round(time.Millisecond))
 
-	// muster SIGKILLed for 2 minutes: nothing changes in HAProxy, and
+	// muster SIGKILLed for 75 s: nothing changes in HAProxy, and
 	// traffic keeps flowing to the same backends.
 	webBefore, apiBefore := pool(t, webHP), pool(t, apiHP)
 	if err := proc.Process.Signal(syscall.SIGKILL); err != nil {
@@ -274,9 +277,13 @@ bindings:
 	}
 	_ = proc.Wait()
 	killed = true
-	outage := 2 * time.Minute
+	// Longer than the resolver's heartbeat timeout and its longest
+	// backoff together: by then tgsync's resolver has given the stream up
+	// and retried at its slowest, and tgsync has run 37 intervals on the
+	// view it held. A longer outage repeats the same steady state.
+	outage := resolver.DefaultHeartbeatTimeout + resolver.DefaultMaxBackoff
 	if d, err := time.ParseDuration(os.Getenv("MUSTER_TEST_TGSYNC_OUTAGE")); err == nil {
-		outage = d // a shorter outage while developing
+		outage = d // a shorter outage while developing, or a longer one
 	}
 	deadline := time.Now().Add(outage)
 	checks := 0
