@@ -19,7 +19,7 @@ import (
 )
 
 // outageScale is the outage length and lease TTL of the outage tests. By
-// default they are scaled down (a 3 s TTL, a 10 s outage: more than three
+// default they are scaled down (an 8 s TTL, a 24 s outage: three
 // leases) so CI stays fast; MUSTER_TEST_OUTAGE=2m runs the figures
 // (the default 30 s TTL, a 2 min outage).
 func outageScale(t *testing.T) (outage, ttl time.Duration) {
