@@ -18,10 +18,11 @@ import (
 	"github.com/musterhq/muster/internal/peer"
 )
 
-// Forwarder takes the evidence this replica accepted, to mirror it to the
-// region's other replicas (forward.Forwarder). Offer must not block.
+// Forwarder takes the evidence this replica accepted, to take it to the
+// replicas that keep each service's evidence (forward.Forwarder):
+// services[i] is reports[i]'s service. Offer must not block.
 type Forwarder interface {
-	Offer(actor identity.Principal, reports []evaluator.Report)
+	Offer(actor identity.Principal, reports []evaluator.Report, services []string)
 }
 
 // PeerVerifier checks that a request comes from a replica of this region
@@ -176,22 +177,30 @@ func (s *Server) peerReportsPost(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, res)
 }
 
-// accepted returns the reports of a batch that res did not refuse.
-func accepted(reports []evaluator.Report, res evaluator.Result) []evaluator.Report {
+// accepted returns the reports of a batch that res did not refuse, and
+// their services (nil when res names none).
+func accepted(reports []evaluator.Report, res evaluator.Result) ([]evaluator.Report, []string) {
 	if len(res.Refused) == 0 {
-		return reports
+		return reports, res.Services
 	}
 	refused := make(map[int]bool, len(res.Refused))
 	for _, r := range res.Refused {
 		refused[r.Index] = true
 	}
 	out := make([]evaluator.Report, 0, res.Accepted)
+	var services []string
+	if len(res.Services) == len(reports) {
+		services = make([]string, 0, res.Accepted)
+	}
 	for i, r := range reports {
 		if !refused[i] {
 			out = append(out, r)
+			if services != nil {
+				services = append(services, res.Services[i])
+			}
 		}
 	}
-	return out
+	return out, services
 }
 
 // decodePeer reads a replica-to-replica JSON body of at most limit bytes

@@ -62,10 +62,11 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.auditRefusedEvidence(actor, b.Reports, res)
-	// Mirrored to the region's other replicas, the owner among them:
-	// only what was accepted, and without waiting.
+	// Taken to the replicas that keep each service's evidence (its owner
+	// and standby): only what was accepted, and without waiting.
 	if s.cfg.Forwarder != nil && res.Accepted > 0 {
-		s.cfg.Forwarder.Offer(actor, accepted(b.Reports, res))
+		reports, services := accepted(b.Reports, res)
+		s.cfg.Forwarder.Offer(actor, reports, services)
 	}
 	writeJSON(w, http.StatusOK, res)
 }

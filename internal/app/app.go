@@ -452,6 +452,12 @@ func New(cfg Config) (*App, error) {
 	// tenure, or by anyone while no other replica is known to own the
 	// service.
 	ec.Fence = a.Fence
+	if cfg.Policy.Sealer != nil && ec.Evaluates == nil {
+		// With forwarding, a replica keeps only the evidence of the
+		// services it owns or stands by for (docs/replicas.md, "Evidence
+		// reaches the owner").
+		ec.Evaluates = a.Ownership.Evaluates
+	}
 	if ec.DatabaseUp == nil { // a test may stand in for the monitor
 		ec.DatabaseUp = a.Monitor.Up
 	}
@@ -629,8 +635,8 @@ func New(cfg Config) (*App, error) {
 	if cfg.Policy.Sealer != nil {
 		trusted = cfg.Policy.SealKeys.With(cfg.Policy.Sealer)
 	}
-	// Evidence reaches every live replica, the owner among them (issue
-	// 27), signed and checked with the region's key.
+	// Evidence reaches the replicas that keep it (each service's owner
+	// and standby), signed and checked with the region's key.
 	if cfg.Policy.Sealer != nil {
 		fc := cfg.Forward
 		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: now, V1: cfg.PeerUpgrade}
@@ -641,6 +647,7 @@ func New(cfg Config) (*App, error) {
 			}
 			return out
 		}
+		fc.Route, fc.ShardRoute = a.Ownership.EvidenceRoute, a.Ownership.ShardRoute
 		fc.Logger, fc.Registerer, fc.Now = log, metrics, orNow(fc.Now, now)
 		if a.Forwarder, err = forward.New(fc); err != nil {
 			return nil, err

@@ -87,7 +87,16 @@ type Config struct {
 	// the leases unreadable) any replica writes them unfenced, so nothing
 	// observed is lost for want of an owner (see Evaluator.publish for
 	// why that is safe). Nil: every service, unfenced.
-	Fence      *fence.Fence
+	Fence *fence.Fence
+	// Evaluates, when set, says whether this replica keeps the evidence
+	// it takes about a service (it owns the service or stands by for it:
+	// ownership.Manager.Evaluates). Evidence about any other service is
+	// attributed and answered as usual, then only handed to the
+	// forwarder, which takes it to the replicas that keep it: so each
+	// sample is held by at most two replicas, whatever their number.
+	// Nil: every service. Forwarded evidence is always kept (the sender
+	// routed it here).
+	Evaluates  func(service string) bool
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }

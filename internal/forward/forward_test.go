@@ -208,8 +208,8 @@ func TestForwardsSignedBatches(t *testing.T) {
 	first, second := items(3), items(2)
 	at := h.now.Add(-time.Second)
 	second[0].At = &at
-	h.f.Offer(prober, first)
-	h.f.Offer(web, second)
+	h.f.Offer(prober, first, nil)
+	h.f.Offer(web, second, nil)
 	wait.For(t, 10*time.Second, "5 reports at peer b", func() bool { return len(b.reports()) == 5 })
 
 	b.mu.Lock()
@@ -293,7 +293,7 @@ func TestPeerDownGetsTheQueueWhenBack(t *testing.T) {
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
 	sent := items(40)
 	for i := 0; i < len(sent); i += 10 {
-		h.f.Offer(prober, sent[i:i+10])
+		h.f.Offer(prober, sent[i:i+10], nil)
 	}
 	wait.For(t, 10*time.Second, "three attempts on the peer that is down", func() bool { return b.attempts.Load() >= 3 })
 	if n := len(b.reports()); n != 0 {
@@ -326,7 +326,7 @@ func TestQueueOverflowDropsOldest(t *testing.T) {
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
 	sent := items(25)
 	for i := range sent {
-		h.f.Offer(prober, sent[i:i+1])
+		h.f.Offer(prober, sent[i:i+1], nil)
 	}
 	wait.For(t, 10*time.Second, "15 dropped", func() bool { return h.metric(t, "muster_evidence_forward_dropped_total", "b") == 15 })
 	if q := h.f.Queued("b"); q > 10 {
@@ -355,7 +355,7 @@ func TestForgetsAPeerNoLongerListed(t *testing.T) {
 	b.down.Store(true)
 	h := newHarness(t, k, nil, forward.Peer{ID: "b", Address: b.URL})
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
-	h.f.Offer(prober, items(4))
+	h.f.Offer(prober, items(4), nil)
 	h.peers.Store(&[]forward.Peer{})
 	h.f.RunOnce(t.Context())
 	if q := h.f.Queued("b"); q != 0 || hasSeries(h, "b") {
@@ -364,7 +364,7 @@ func TestForgetsAPeerNoLongerListed(t *testing.T) {
 	if d := h.metric(t, "muster_evidence_forward_dropped_total", "b"); d != 4 {
 		t.Errorf("%v dropped, want the 4 queued", d)
 	}
-	h.f.Offer(prober, items(2))
+	h.f.Offer(prober, items(2), nil)
 	if q := h.f.Queued("b"); q != 0 {
 		t.Fatalf("a forgotten peer was offered %d", q)
 	}
@@ -386,12 +386,12 @@ func TestAPeerThatJoinsGetsTheRecentEvidence(t *testing.T) {
 			c.Now = func() time.Time { return h.now }
 		})
 		old, recent, later := items(2), items(3), items(1)
-		h.f.Offer(prober, old)
+		h.f.Offer(prober, old, nil)
 		h.now = h.now.Add(forward.DefaultReplay + time.Second) // old falls out of the window
-		h.f.Offer(prober, recent)
+		h.f.Offer(prober, recent, nil)
 		h.peers.Store(&[]forward.Peer{{ID: "b", Address: b.URL}})
 		h.f.RunOnce(t.Context())
-		h.f.Offer(prober, later)
+		h.f.Offer(prober, later, nil)
 		want := append(append([]evaluator.Report(nil), recent...), later...)
 		if replay < 0 {
 			want = later
@@ -413,7 +413,7 @@ func TestUntrustedKeyIsRetriedNotDelivered(t *testing.T) {
 	b := newFakePeer(t, newKey(t)) // trusts another key
 	h := newHarness(t, newKey(t), nil, forward.Peer{ID: "b", Address: b.URL})
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
-	h.f.Offer(prober, items(3))
+	h.f.Offer(prober, items(3), nil)
 	wait.For(t, 10*time.Second, "three refused attempts", func() bool { return b.attempts.Load() >= 3 })
 	if n := len(b.reports()); n != 0 {
 		t.Fatalf("a peer took %d reports signed with a key it does not trust", n)
@@ -430,7 +430,7 @@ func TestStopFlushes(t *testing.T) {
 	b := newFakePeer(t, k)
 	h := newHarness(t, k, func(c *forward.Config) { c.BatchWait = time.Hour }, forward.Peer{ID: "b", Address: b.URL})
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
-	h.f.Offer(prober, items(7))
+	h.f.Offer(prober, items(7), nil)
 	h.f.Stop()
 	if n := len(b.reports()); n != 7 {
 		t.Fatalf("after Stop the peer holds %d reports, want 7", n)

@@ -161,7 +161,7 @@ func TestRefusedItemsAreRetriedOrCounted(t *testing.T) {
 	}
 	b.retryFor = 2
 	b.mu.Unlock()
-	h.f.Offer(prober, reports)
+	h.f.Offer(prober, reports, nil)
 
 	wait.For(t, 10*time.Second, "the retried items settled", func() bool {
 		return h.metric(t, "muster_evidence_forwarded_total", "b") >= 6 && refusedMetric(t, h, "b", "not_granted") >= 1
@@ -222,7 +222,7 @@ func TestWholeBodyRefusalsAreCounted(t *testing.T) {
 	counts.mu.Lock()
 	counts.codes[reports[0].InstanceID] = "stale"
 	counts.mu.Unlock()
-	h.f.Offer(prober, reports)
+	h.f.Offer(prober, reports, nil)
 	// The body refused whole is looked at in halves (refused.go) and,
 	// refused every time, dropped and counted under the peer's reason.
 	strictRefused := func() float64 {

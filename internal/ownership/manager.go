@@ -231,6 +231,9 @@ type Manager struct {
 	unownedSince map[int]time.Time
 	// others are the shards another replica held at the last reading.
 	others map[int]string
+	// routes are where evidence goes, by shard (route.go); read
+	// without mu.
+	routes routeTable
 	// offered are the shards this replica offers: to whom, since when
 	// (local clock).
 	offered map[int]offer
@@ -1357,6 +1360,7 @@ func (m *Manager) noteRegion(now time.Time, replicas []db.Replica, sealed map[st
 			others[int(r.Shard)] = *r.Owner
 		}
 	}
+	m.noteRoutes(replicas, rows)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.others = others
