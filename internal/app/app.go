@@ -648,6 +648,13 @@ func New(cfg Config) (*App, error) {
 			return out
 		}
 		fc.Route, fc.ShardRoute = a.Ownership.EvidenceRoute, a.Ownership.ShardRoute
+		fc.Local = func(actor identity.Principal, reports []evaluator.Report) {
+			ctx, cancel := context.WithTimeout(context.Background(), forward.DefaultTimeout)
+			defer cancel()
+			if _, err := a.Evaluator.IngestForwarded(ctx, actor, reports); err != nil {
+				log.Warn("recent evidence of a shard this replica now keeps not taken", "items", len(reports), "err", err)
+			}
+		}
 		fc.Logger, fc.Registerer, fc.Now = log, metrics, orNow(fc.Now, now)
 		if a.Forwarder, err = forward.New(fc); err != nil {
 			return nil, err

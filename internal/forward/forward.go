@@ -69,6 +69,11 @@ type Config struct {
 	// shard's destination that shard's recent evidence).
 	Route      func(service string) (shard int, to []string, ok bool)
 	ShardRoute func(shard int) (to []string, ok bool)
+	// Local, when set, is handed the evidence accepted here within
+	// Replay of a shard this replica becomes a destination of (it did
+	// not keep it when it was accepted: evaluator.Config.Evaluates), so
+	// it takes the shard with current windows. It must not block long.
+	Local func(actor identity.Principal, reports []evaluator.Report)
 	// Client sends the requests; one with DefaultTimeout when nil.
 	Client *http.Client
 	// TLS, when set, is the default Client's TLS configuration for peers
@@ -482,7 +487,7 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 			// replica until one takes them); the rest is dropped.
 			queued := append(append(p.urgent, p.items[p.head:]...), p.retry...)
 			p.items, p.head, p.retry, p.urgent = nil, 0, nil, nil
-			if n := len(queued) - f.reroute(queued, id, routes, listed); n > 0 {
+			if n := len(queued) - f.reroute(queued, id, routes, f.replayFrom()); n > 0 {
 				f.drop(p, n)
 			}
 			delete(f.peers, id)
@@ -520,9 +525,18 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 	// A peer already listed that became a destination of a shard (an
 	// offer to it, a standby that changed) is sent that shard's recent
 	// evidence, so it takes the shard with current windows.
+	var local []item
 	if f.cfg.Replay > 0 && f.routed != nil {
 		for shard, to := range routes {
 			for _, id := range to {
+				if id == f.cfg.Signer.ID && f.cfg.Local != nil && !slices.Contains(f.routed[shard], id) {
+					for _, it := range f.recent[f.recentHead:] {
+						if it.shard == shard && !slices.Contains(it.to, id) {
+							local = append(local, it)
+						}
+					}
+					continue
+				}
 				p, ok := f.peers[id]
 				if !ok || slices.Contains(added, p) || slices.Contains(f.routed[shard], id) {
 					continue
@@ -548,6 +562,7 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		f.routed = routes
 	}
 	f.mu.Unlock()
+	f.replayLocal(local)
 	f.endBursts()
 	for _, p := range gone {
 		f.log.Info("peer no longer live; its queue is dropped", "peer", p.id)
@@ -560,6 +575,26 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		if err := p.runner.Start(context.WithoutCancel(ctx), func(ctx context.Context) { f.send(ctx, p) }); err != nil {
 			f.log.Error("start a sender", "peer", p.id, "err", err)
 		}
+	}
+}
+
+// replayLocal hands Config.Local the items of shards this replica just
+// became a destination of, one call per run of one actor.
+func (f *Forwarder) replayLocal(items []item) {
+	for len(items) > 0 {
+		n := 1
+		for n < len(items) && items[n].actor == items[0].actor {
+			n++
+		}
+		actor, err := items[0].actor.Principal()
+		if err == nil {
+			reports := make([]evaluator.Report, n)
+			for i, it := range items[:n] {
+				reports[i] = it.report
+			}
+			f.cfg.Local(actor, reports)
+		}
+		items = items[n:]
 	}
 }
 
@@ -576,15 +611,30 @@ func keeps(it item, id string, routes map[int][]string) bool {
 	return slices.Contains(to, id)
 }
 
+// replayFrom is when the oldest item the replay buffer holds was
+// offered (zero when it holds none). Called with f.mu held.
+func (f *Forwarder) replayFrom() time.Time {
+	if f.cfg.Replay <= 0 || f.recentHead >= len(f.recent) {
+		return time.Time{}
+	}
+	return f.recent[f.recentHead].offered
+}
+
 // reroute gives the items that waited for a peer gone (gone) to the
 // peers listed that now keep their shards and were not sent them, and
-// returns how many found at least one. Called with f.mu held.
-func (f *Forwarder) reroute(items []item, gone string, routes map[int][]string, listed map[string]string) int {
+// returns how many found at least one or are still in the replay buffer
+// (from on: those reach the shards' new destinations with its replay,
+// below, and are not sent twice). Called with f.mu held.
+func (f *Forwarder) reroute(items []item, gone string, routes map[int][]string, from time.Time) int {
 	placed := 0
 	woken := map[*peerQueue]bool{}
 	for _, it := range items {
 		if it.shard < 0 || it.to == nil {
 			continue // it went to every peer already
+		}
+		if !from.IsZero() && !it.offered.Before(from) {
+			placed++
+			continue
 		}
 		to, ok := routes[it.shard]
 		if !ok {
@@ -593,7 +643,7 @@ func (f *Forwarder) reroute(items []item, gone string, routes map[int][]string, 
 		sent := false
 		for _, id := range to {
 			p, ok := f.peers[id]
-			if id == gone || !ok || listed[id] == "" || slices.Contains(it.to, id) {
+			if id == gone || !ok || p.forgotten || slices.Contains(it.to, id) {
 				continue
 			}
 			f.enqueue(p, it)
@@ -843,6 +893,8 @@ func (f *Forwarder) putBack(p *peerQueue, batch []item) {
 	defer f.mu.Unlock()
 	p.inflight = 0
 	if p.forgotten {
+		// Its peer stopped being live while the batch was out.
+		f.drop(p, len(batch)-f.reroute(batch, p.id, f.routed, f.replayFrom()))
 		return
 	}
 	p.items = append(batch, p.items[p.head:]...)

@@ -55,8 +55,13 @@ type fakePeer struct {
 }
 
 func newFakePeer(t testing.TB, trusted seal.Signer) *fakePeer {
-	// Every fake peer is replica b: the forwarder signs for it by that id.
-	p := &fakePeer{verifier: &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(trusted) }, Self: []string{"b"}}, senders: map[string]bool{}}
+	// Every fake peer is replica b unless named: the forwarder signs for
+	// it by that id.
+	return newFakePeerAs(t, trusted, "b")
+}
+
+func newFakePeerAs(t testing.TB, trusted seal.Signer, id string) *fakePeer {
+	p := &fakePeer{verifier: &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(trusted) }, Self: []string{id}}, senders: map[string]bool{}}
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.attempts.Add(1)
 		if r.Method != http.MethodPost || r.URL.Path != forward.Path || r.Header.Get("Content-Type") != "application/json" {
