@@ -298,9 +298,9 @@ type peerQueue struct {
 	wake   chan struct{}
 
 	// Guarded by Forwarder.mu.
-	address   string
-	items     []item // items[head:] wait, oldest first
-	head      int
+	address string
+	items   []item // items[head:] wait, oldest first
+	head    int
 	// urgent are hard failures waiting, sent before items.
 	urgent    []item
 	inflight  int // taken by the sender, not yet settled
