@@ -78,8 +78,8 @@ type Config struct {
 	// report passive evidence about it.
 	MayResolve func(actor identity.Principal, service string) error
 	// Fence, when set, says whether this replica writes a service's
-	// observations, and under which tenure: every replica evaluates every
-	// service on the evidence mirrored to it, but only the owner writes
+	// observations, and under which tenure: a service's owner and its
+	// standby both keep its evidence (Evaluates), but only the owner writes
 	// the observed windows and the transitions, so the database holds
 	// each once, and an owner deposed between deciding and writing (a
 	// pause) writes none (fence.Fence.ClaimUnlessOwned). While no other
