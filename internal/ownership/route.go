@@ -56,7 +56,13 @@ func (m *Manager) noteRoutes(replicas []db.Replica, rows []db.ShardLeaseListRow)
 			continue
 		}
 		rt.to[s] = []string{owner}
-		if sb := standby(s, owner, r.OfferedTo, live, ready); sb != "" {
+		sb := standby(s, owner, r.OfferedTo, live, ready)
+		if sb == "" {
+			// No other replica is ready (they are starting): one of
+			// them will be, and it had better hold current windows.
+			sb = standby(s, owner, nil, live, all)
+		}
+		if sb != "" {
 			rt.to[s] = append(rt.to[s], sb)
 		}
 	}
@@ -67,8 +73,8 @@ func (m *Manager) noteRoutes(replicas []db.Replica, rows []db.ShardLeaseListRow)
 // evidence: the replica the shard is offered to while a move is under
 // way (so the new owner holds current windows when it takes it), else
 // the ready replica with the highest rendezvous score for the shard (the
-// order the balance deals shards in), so the standby changes only when
-// that replica comes or goes.
+// order the balance deals shards in; any live one when no other is
+// ready), so the standby changes only when that replica comes or goes.
 func standby(shard int, owner string, offeredTo *string, live map[string]bool, ready []string) string {
 	if offeredTo != nil && *offeredTo != owner && live[*offeredTo] {
 		return *offeredTo
