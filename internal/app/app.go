@@ -86,6 +86,12 @@ import (
 // DefaultShutdownGrace is Config.ShutdownGrace's default.
 const DefaultShutdownGrace = 25 * time.Second
 
+// DefaultFollowWindows is how often a replica reads the observed windows
+// the other replicas write, for the services it does not evaluate: its
+// state of them is then at most a flush (10 s), this and the follower's
+// settle margin (5 s) behind their owners'.
+const DefaultFollowWindows = 2 * time.Second
+
 // Names of the workers, for Start's hold list and Worker.
 const (
 	WorkerMonitor   = "database-monitor"
@@ -454,9 +460,16 @@ func New(cfg Config) (*App, error) {
 	ec.Fence = a.Fence
 	if cfg.Policy.Sealer != nil && ec.Evaluates == nil {
 		// With forwarding, a replica keeps only the evidence of the
-		// services it owns or stands by for (docs/replicas.md, "Evidence
-		// reaches the owner").
+		// services it owns (or is being offered), and follows the
+		// windows their owners write for the others (docs/replicas.md,
+		// "Evidence reaches the owner").
 		ec.Evaluates = a.Ownership.Evaluates
+		if ec.FollowEvery == 0 {
+			ec.FollowEvery = DefaultFollowWindows
+		}
+	}
+	if ec.Replica == "" {
+		ec.Replica = a.Ownership.ID()
 	}
 	if ec.DatabaseUp == nil { // a test may stand in for the monitor
 		ec.DatabaseUp = a.Monitor.Up

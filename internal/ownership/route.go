@@ -7,10 +7,15 @@ import (
 	"github.com/musterhq/muster/db"
 )
 
-// Evidence about a service is evaluated where the service is owned, and
-// kept warm on at most one other replica, its standby (internal/forward,
-// docs/replicas.md "Evidence reaches the owner"). The routes are a
-// table per shard, rebuilt from each round's reading of the leases and
+// Evidence about a service is evaluated where the service is owned
+// (internal/forward, docs/replicas.md "Evidence reaches the owner"): each
+// sample goes to its service's owner, and to a second replica only while
+// the shard is offered to it in a move, so the new owner takes it with
+// current windows. Every other replica keeps its copy of the service's
+// state warm from the windows the owner writes to PostgreSQL every
+// flush (evaluator.Config.FollowWindows), which costs a row per instance
+// and class per flush instead of a copy of every sample. The routes are
+// a table per shard, rebuilt from each round's reading of the leases and
 // the live replicas, and read without a lock on every report.
 
 // routes is one reading's destinations per shard.
@@ -19,27 +24,22 @@ type routes struct {
 }
 
 // noteRoutes rebuilds the evidence routes from a round's reading: for
-// each shard, its owner and its standby; for a shard without a live
-// owner (free, or held by a replica that stopped heartbeating), every
-// live replica, since any of them may be dealt it.
+// each shard, its owner, and the replica it is offered to while a move
+// is under way; for a shard without a live owner (free, or held by a
+// replica that stopped heartbeating), every live replica, since any of
+// them may be dealt it.
 func (m *Manager) noteRoutes(replicas []db.Replica, rows []db.ShardLeaseListRow) {
 	live := map[string]bool{}
-	var ready, all []string
+	var all []string
 	for _, r := range replicas {
 		live[r.ID] = true
 		all = append(all, r.ID)
-		if r.Ready {
-			ready = append(ready, r.ID)
-		}
 	}
 	if !live[m.cfg.ID] {
 		live[m.cfg.ID] = true
 		all = append(all, m.cfg.ID)
 	}
 	slices.Sort(all)
-	if len(ready) == 0 {
-		ready = all
-	}
 	n := 0
 	for _, r := range rows {
 		n = max(n, int(r.Shard)+1)
@@ -56,44 +56,17 @@ func (m *Manager) noteRoutes(replicas []db.Replica, rows []db.ShardLeaseListRow)
 			continue
 		}
 		rt.to[s] = []string{owner}
-		sb := standby(s, owner, r.OfferedTo, live, ready)
-		if sb == "" {
-			// No other replica is ready (they are starting): one of
-			// them will be, and it had better hold current windows.
-			sb = standby(s, owner, nil, live, all)
-		}
-		if sb != "" {
-			rt.to[s] = append(rt.to[s], sb)
+		if o := r.OfferedTo; o != nil && *o != owner && live[*o] {
+			rt.to[s] = append(rt.to[s], *o)
 		}
 	}
 	m.routes.Store(rt)
 }
 
-// standby is the one replica besides owner that is sent a shard's
-// evidence: the replica the shard is offered to while a move is under
-// way (so the new owner holds current windows when it takes it), else
-// the ready replica with the highest rendezvous score for the shard (the
-// order the balance deals shards in; any live one when no other is
-// ready), so the standby changes only when that replica comes or goes.
-func standby(shard int, owner string, offeredTo *string, live map[string]bool, ready []string) string {
-	if offeredTo != nil && *offeredTo != owner && live[*offeredTo] {
-		return *offeredTo
-	}
-	best, bestScore := "", uint64(0)
-	for _, id := range ready {
-		if id == owner {
-			continue
-		}
-		if sc := score(id, shard); best == "" || sc > bestScore || (sc == bestScore && id < best) {
-			best, bestScore = id, sc
-		}
-	}
-	return best
-}
-
 // EvidenceRoute returns the shard of service and the replicas its
-// evidence goes to (this one possibly among them): its owner and its
-// standby, or every live replica while the shard has no live owner. ok
+// evidence goes to (this one possibly among them): its owner (and the
+// replica it is offered to, during a move), or every live replica while
+// the shard has no live owner. ok
 // is false before the first reading of the leases: the caller then
 // sends to everyone, as nothing better is known.
 func (m *Manager) EvidenceRoute(service string) (shard int, to []string, ok bool) {
@@ -129,7 +102,7 @@ func (m *Manager) ShardRoute(shard int) (to []string, ok bool) {
 }
 
 // Evaluates says whether this replica keeps evidence about service: it
-// owns it or stands by for it, the shard has no live owner, or no
+// owns it or is being offered it, the shard has no live owner, or no
 // reading has been made yet.
 func (m *Manager) Evaluates(service string) bool {
 	_, to, ok := m.EvidenceRoute(service)

@@ -9,11 +9,11 @@ import (
 	"github.com/musterhq/muster/internal/wait"
 )
 
-// TestEvidenceRoutes: with three replicas balanced, every replica reads
-// the same route for a service: its owner first, then one standby, two
-// replicas in all; so a service's evidence is kept by exactly two of the
-// three (Evaluates). When the owner is killed, its shards route to every
-// live replica until one takes them, and then to two again.
+// TestEvidenceRoutes: with three replicas balanced (no move under way),
+// every replica reads the same route for a service: its owner alone; so
+// a service's evidence is kept by exactly one of the three (Evaluates).
+// When the owner is killed, its shards route to every live replica until
+// one takes them, and then to the new owner alone.
 func TestEvidenceRoutes(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.New(t)
@@ -24,12 +24,12 @@ func TestEvidenceRoutes(t *testing.T) {
 		return balanced(t, pool, a, b, c)
 	})
 	rounds(t, a, b, c) // every reading after the last move
-	standbys := map[string]int{}
+	owners := map[string]int{}
 	for i := range 300 {
 		svc := fmt.Sprintf("svc-%d", i)
 		_, want, ok := a.EvidenceRoute(svc)
-		if !ok || len(want) != 2 || want[0] == want[1] {
-			t.Fatalf("%s routes to %v (%v), want an owner and one standby", svc, want, ok)
+		if !ok || len(want) != 1 {
+			t.Fatalf("%s routes to %v (%v), want its owner alone", svc, want, ok)
 		}
 		keep := 0
 		for _, r := range rs {
@@ -43,13 +43,13 @@ func TestEvidenceRoutes(t *testing.T) {
 				keep++
 			}
 		}
-		if keep != 2 {
-			t.Fatalf("%s is kept by %d replicas, want 2", svc, keep)
+		if keep != 1 {
+			t.Fatalf("%s is kept by %d replicas, want 1", svc, keep)
 		}
-		standbys[want[1]]++
+		owners[want[0]]++
 	}
-	if len(standbys) != 3 {
-		t.Errorf("standbys %v: want the three replicas sharing the role", standbys)
+	if len(owners) != 3 {
+		t.Errorf("owners %v: want the three replicas sharing the services", owners)
 	}
 
 	// c is killed: no more rounds.
@@ -63,15 +63,12 @@ func TestEvidenceRoutes(t *testing.T) {
 	wait.For(t, patience, "c's shards taken by a survivor", func() bool {
 		rounds(t, a, b)
 		_, to, _ := a.EvidenceRoute(orphan)
-		if slices.Contains(to, "a") && slices.Contains(to, "b") && !slices.Contains(to, "c") && len(to) == 2 {
-			_, ownsA := a.Owns(orphan)
-			_, ownsB := b.Owns(orphan)
-			if !ownsA && !ownsB {
-				sawAll = true // between owners: every live replica
-			}
-			return ownsA || ownsB
+		_, ownsA := a.Owns(orphan)
+		_, ownsB := b.Owns(orphan)
+		if slices.Equal(to, []string{"a", "b"}) && !ownsA && !ownsB {
+			sawAll = true // between owners: every live replica
 		}
-		return false
+		return (ownsA || ownsB) && len(to) == 1
 	})
 	_, to, _ := a.EvidenceRoute(orphan)
 	if _, owns := a.Owns(orphan); owns != (to[0] == "a") {
