@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strings"
 	"sync"
@@ -101,14 +102,28 @@ type peerBatch struct {
 	reports []evaluator.Report
 }
 
-// decodePeerReports reads and checks a POST /v1/peer/reports body: JSON
-// as decodePeer takes it (400, 413, 415; members it does not know are
-// ignored, the first of them returned), then 1 to evaluator.MaxBatch
+// decodePeerReports reads and checks a POST /v1/peer/reports body: the
+// compact form (forward.BinaryContentType; 400 when it cannot be read
+// whole), or JSON as decodePeer takes it (400, 413, 415; members it does
+// not know are ignored, the first of them returned), then 1 to evaluator.MaxBatch
 // items in all, none of its batches empty, every actor a principal (422).
 // A body refused is refused whole: nothing of it is applied.
 func decodePeerReports(w http.ResponseWriter, r *http.Request) ([]peerBatch, string, *Problem) {
-	b, unknown, p := decodePeer[forward.Body](w, r, forward.MaxBodyBytes)
-	if p != nil {
+	var (
+		b       forward.Body
+		unknown string
+		p       *Problem
+	)
+	if mediaType(r) == forward.BinaryContentType {
+		// The compact form every replica of this release sends.
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, forward.MaxBodyBytes))
+		if err == nil {
+			b.Batches, err = forward.DecodeBinary(body, evaluator.MaxBatch)
+		}
+		if err != nil {
+			return nil, "", problem(http.StatusBadRequest, "malformed-evidence", "the compact evidence body could not be read: "+err.Error())
+		}
+	} else if b, unknown, p = decodePeer[forward.Body](w, r, forward.MaxBodyBytes); p != nil {
 		return nil, "", p
 	}
 	p = problem(http.StatusUnprocessableEntity, "validation", "the forwarded evidence is not valid")
@@ -288,4 +303,14 @@ func memberPattern(pointer string) string {
 		}
 	}
 	return strings.Join(parts, "/")
+}
+
+// mediaType is the request's media type without parameters ("" when it
+// has none or it does not parse).
+func mediaType(r *http.Request) string {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil {
+		return ""
+	}
+	return mt
 }

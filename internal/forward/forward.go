@@ -120,9 +120,12 @@ type Config struct {
 	// RefusedAlarm is how long evidence_refused stays raised after a
 	// peer's last refusal (DefaultRefusedAlarm).
 	RefusedAlarm time.Duration
-	Logger       *slog.Logger
-	Registerer   prometheus.Registerer
-	Now          func() time.Time
+	// JSON sends every peer JSON bodies instead of the compact form
+	// (BinaryContentType), as the release before did.
+	JSON       bool
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	Now        func() time.Time
 }
 
 // Validate checks the configuration and fills defaults.
@@ -316,6 +319,9 @@ type peerQueue struct {
 	burstDetail             string
 
 	forwarded, dropped prometheus.Counter
+	// jsonUntil: the peer refused a compact body (415); it is sent JSON
+	// until then (wall clock).
+	jsonUntil time.Time
 }
 
 // New builds a Forwarder; nothing runs until Start.
@@ -911,9 +917,18 @@ var errRefused = errors.New("refused by the peer")
 // MaxBodyBytes. It returns how many of the items (from the first) were
 // delivered.
 func (f *Forwarder) deliver(ctx context.Context, p *peerQueue, batch []item) (int, error) {
-	body, err := encode(batch)
-	if stripped := f.strippedFor(p); err == nil && len(stripped) > 0 {
-		body, err = strip(body, stripped)
+	compact := f.compactFor(p)
+	var (
+		body []byte
+		err  error
+	)
+	if compact {
+		body, err = encodeBinary(batch)
+	} else {
+		body, err = encode(batch)
+		if stripped := f.strippedFor(p); err == nil && len(stripped) > 0 {
+			body, err = strip(body, stripped)
+		}
 	}
 	if err != nil {
 		return 0, &refusedError{detail: "encode: " + err.Error()}
@@ -929,12 +944,32 @@ func (f *Forwarder) deliver(ctx context.Context, p *peerQueue, batch []item) (in
 	f.mu.Lock()
 	addr := p.address
 	f.mu.Unlock()
-	res, err := f.post(ctx, p.id, addr, body)
+	contentType := "application/json"
+	if compact {
+		contentType = BinaryContentType
+	}
+	res, err := f.post(ctx, p.id, addr, body, contentType)
+	if rf := (*refusedError)(nil); compact && errors.As(err, &rf) && rf.status == http.StatusUnsupportedMediaType {
+		// A peer of the release before: JSON, for StripFor.
+		f.mu.Lock()
+		p.jsonUntil = time.Now().Add(f.cfg.StripFor)
+		f.mu.Unlock()
+		f.log.Info("peer takes no compact evidence bodies (a release before this one?); sending it JSON", "peer", p.id)
+		return f.deliver(ctx, p, batch)
+	}
 	if err != nil {
 		return 0, err
 	}
 	f.settleResult(p, batch, res)
 	return len(batch), nil
+}
+
+// compactFor says whether p is sent BinaryContentType: unless it refused
+// it within StripFor.
+func (f *Forwarder) compactFor(p *peerQueue) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.cfg.JSON && time.Now().After(p.jsonUntil)
 }
 
 // settleResult counts what the peer answered for batch: the items it
@@ -1150,12 +1185,12 @@ const maxAnswer = 1 << 20
 // post sends one body to addr and returns the peer's answer. A 2xx whose
 // body is not a Result (none, or cut short) counts every item applied, as
 // the release before did.
-func (f *Forwarder) post(ctx context.Context, peerID, addr string, body []byte) (Result, error) {
+func (f *Forwarder) post(ctx context.Context, peerID, addr string, body []byte, contentType string) (Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, addr+Path, bytes.NewReader(body))
 	if err != nil {
 		return Result{}, &refusedError{detail: "build the request: " + err.Error()}
 	}
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
 	// Signed for this peer alone: another replica refuses the request.
 	if err := f.cfg.Signer.Sign(ctx, req, peerID, body); err != nil {
 		return Result{}, fmt.Errorf("sign: %w", err)

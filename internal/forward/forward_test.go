@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,6 +48,10 @@ type fakePeer struct {
 	verifier *peer.Verifier
 	down     atomic.Bool  // answer 503
 	attempts atomic.Int64 // requests seen, answered or not
+	// jsonOnly: answer a compact body 415, as a release before it did;
+	// refusedCompact counts those answers.
+	jsonOnly       atomic.Bool
+	refusedCompact atomic.Int64
 
 	mu      sync.Mutex
 	batches []forward.Batch
@@ -64,8 +69,14 @@ func newFakePeerAs(t testing.TB, trusted seal.Signer, id string) *fakePeer {
 	p := &fakePeer{verifier: &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(trusted) }, Self: []string{id}}, senders: map[string]bool{}}
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.attempts.Add(1)
-		if r.Method != http.MethodPost || r.URL.Path != forward.Path || r.Header.Get("Content-Type") != "application/json" {
+		ct := r.Header.Get("Content-Type")
+		if r.Method != http.MethodPost || r.URL.Path != forward.Path || (ct != "application/json" && ct != forward.BinaryContentType) {
 			http.Error(w, "wrong route", http.StatusNotFound)
+			return
+		}
+		if ct == forward.BinaryContentType && p.jsonOnly.Load() {
+			p.refusedCompact.Add(1)
+			http.Error(w, "unsupported media type", http.StatusUnsupportedMediaType)
 			return
 		}
 		if p.down.Load() {
@@ -83,7 +94,12 @@ func newFakePeerAs(t testing.TB, trusted seal.Signer, id string) *fakePeer {
 			return
 		}
 		var b forward.Body
-		if err := json.Unmarshal(body, &b); err != nil {
+		if ct == forward.BinaryContentType {
+			b.Batches, err = forward.DecodeBinary(body, evaluator.MaxBatch)
+		} else {
+			err = json.Unmarshal(body, &b)
+		}
+		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
@@ -455,4 +471,43 @@ func TestActorPrincipalRefusesWhatNoPrincipalIs(t *testing.T) {
 			t.Errorf("%+v decodes to %v", a, p)
 		}
 	}
+}
+
+// TestAnOlderPeerIsSentJSON: a peer that answers a compact body 415 (a
+// replica of the release before, which reads JSON only) is sent the same
+// batch again as JSON, and JSON from then on: every report arrives, and
+// the compact form is tried once.
+func TestAnOlderPeerIsSentJSON(t *testing.T) {
+	t.Parallel()
+	k := newKey(t)
+	old, cur := newFakePeerAs(t, k, "b"), newFakePeerAs(t, k, "c")
+	old.jsonOnly.Store(true)
+	h := newHarness(t, k, nil, forward.Peer{ID: "b", Address: old.URL}, forward.Peer{ID: "c", Address: cur.URL})
+	wait.For(t, 10*time.Second, "the forwarder to know its peers", func() bool { return hasSeries(h, "b") && hasSeries(h, "c") })
+	for range 3 {
+		h.f.Offer(prober, items(10), nil)
+		n := len(old.reports()) + 10
+		wait.For(t, 10*time.Second, "the batch at the older peer", func() bool { return len(old.reports()) == n })
+	}
+	wait.For(t, 10*time.Second, "every batch at the current peer", func() bool { return len(cur.reports()) == 30 })
+	if n := old.refusedCompact.Load(); n != 1 {
+		t.Errorf("the older peer was sent %d compact bodies, want 1 (then JSON)", n)
+	}
+	for _, hd := range old.headerList() {
+		if ct := hd.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("the older peer took a %s body", ct)
+		}
+	}
+	for _, hd := range cur.headerList() {
+		if ct := hd.Get("Content-Type"); ct != forward.BinaryContentType {
+			t.Errorf("the current peer took a %s body, want the compact form", ct)
+		}
+	}
+}
+
+// headerList is a copy of the headers of the requests taken so far.
+func (p *fakePeer) headerList() []http.Header {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.headers)
 }

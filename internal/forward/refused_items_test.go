@@ -57,6 +57,12 @@ type refusingPeer struct {
 func newRefusingPeer(t *testing.T) *refusingPeer {
 	p := &refusingPeer{codes: map[uuid.UUID]string{}, always: map[uuid.UUID]bool{}, seen: map[uuid.UUID]int{}, applied: map[uuid.UUID]bool{}, retryFor: 2}
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A peer of the release before: JSON only. The sender falls
+		// back to JSON for it.
+		if r.Header.Get("Content-Type") == forward.BinaryContentType {
+			http.Error(w, "unsupported media type", http.StatusUnsupportedMediaType)
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		p.mu.Lock()
 		defer p.mu.Unlock()
