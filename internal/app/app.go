@@ -65,6 +65,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/lagstats"
 	"github.com/musterhq/muster/internal/notify"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/policy"
@@ -291,8 +292,11 @@ type App struct {
 	// Forwarder mirrors accepted evidence to the other live replicas; nil
 	// without a signing key.
 	Forwarder *forward.Forwarder
-	Refusals  *audit.RefusalSummaries
-	KeyWatch  *KeyWatch
+	// OwnerReads answers reads of evaluator state from each service's
+	// owner (eligibility, quarantines, the UI's counts).
+	OwnerReads *ownerread.Reader
+	Refusals   *audit.RefusalSummaries
+	KeyWatch   *KeyWatch
 	// AuthFailures summarises authentication failures into the audit log.
 	AuthFailures *audit.RefusalSummaries
 	// BreakGlass takes break-glass tokens and alarms live grants; nil
@@ -663,6 +667,9 @@ func New(cfg Config) (*App, error) {
 	} else {
 		log.Info("no signing key: evidence is neither forwarded to the region's other replicas nor taken from them")
 	}
+	if err := a.buildOwnerReads(cfg, &svc); err != nil {
+		return nil, err
+	}
 	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, trust, now, log, metrics); err != nil {
 		return nil, err
 	}
@@ -724,7 +731,7 @@ func New(cfg Config) (*App, error) {
 		uc.ZoneHistory, uc.ZoneHistoryEvery = a.ZoneHistory, 30*time.Second
 		uc.ProberHistory = a.ProberHistory
 		uc.Lags, uc.Hub = a.Lags, a.Hub
-		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
+		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.OwnerReads, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
 		uc.ContractPreview = func(ctx context.Context, actor identity.Principal, service string, c registry.Contract) (preview.Result, error) {
 			pv, err := a.Registry.PreviewContract(ctx, actor, service, c)

@@ -486,3 +486,27 @@ func (r *Reader) get(ctx context.Context, p Peer, path string, into any) (result
 	}
 	return "ok", nil
 }
+
+// PageEvaluator is what Local needs of an evaluator.
+type PageEvaluator interface {
+	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
+	AllServiceStats() ([]eligibility.ServiceStats, time.Time, error)
+}
+
+// Local is a Reader that answers everything from ev: a replica alone, or
+// a page under test.
+func Local(ev PageEvaluator) *Reader {
+	e, ok := ev.(Evaluator)
+	if !ok {
+		e = noQuarantines{ev}
+	}
+	r, err := New(Config{Evaluator: e})
+	if err != nil {
+		panic(err) // only Evaluator is required, and it is set
+	}
+	return r
+}
+
+type noQuarantines struct{ PageEvaluator }
+
+func (noQuarantines) QuarantineAlarms() []evaluator.QuarantineAlarm { return nil }
