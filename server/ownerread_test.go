@@ -19,6 +19,7 @@ import (
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/audit"
+	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/ownerread"
@@ -100,6 +101,19 @@ func TestReadsAnsweredByTheOwner(t *testing.T) {
 		t.Errorf("%s asked its owner %v times, want at least once", otherID, n)
 	}
 
+	// The UI overview's counts of web are the owner's too.
+	ownStats, _, err := own.Evaluator.AllServiceStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats, _, unanswered, err := other.App.OwnerReads.Stats(t.Context())
+	if err != nil || len(unanswered) != 0 {
+		t.Fatalf("%s's stats: unanswered %v, %v", otherID, unanswered, err)
+	}
+	if got, want := statsOf(stats, "web"), statsOf(ownStats, "web"); got == nil || want == nil || !reflect.DeepEqual(*got, *want) {
+		t.Errorf("%s's counts of web %+v, the owner's %+v", otherID, got, want)
+	}
+
 	// A quarantine the owner holds is listed by both.
 	if r := own.JSON(t, "PUT", "/v1/probers/prober-az1/assignments", own.Token(t, adminReq), `{"services":["web"]}`); r.Status != http.StatusOK {
 		t.Fatalf("assign the prober: %d %s", r.Status, r.Body)
@@ -170,6 +184,9 @@ func TestReadsAnsweredByTheOwner(t *testing.T) {
 	}
 	if u, ok := alarmOf(al.Alarms, server.AlarmOwnerUnreachable); !ok || !strings.Contains(u.Detail, "replica "+ownID+" ") {
 		t.Errorf("owner_unreachable %+v (listed %v), want it naming %s", u, ok, ownID)
+	}
+	if stats, _, unanswered, err := other.App.OwnerReads.Stats(t.Context()); err != nil || !reflect.DeepEqual(unanswered, []string{ownID}) || statsOf(stats, "web") != nil {
+		t.Errorf("%s's stats with the owner down: web %+v, unanswered %v (%v); want web left out and %s named", otherID, statsOf(stats, "web"), unanswered, err, ownID)
 	}
 	if n := labelled(t, other, "muster_owner_reads_incomplete_total", "kind", "quarantines"); n < 1 {
 		t.Errorf("muster_owner_reads_incomplete_total{kind=quarantines} %v, want at least 1", n)
@@ -263,6 +280,15 @@ func alarmListOf(t *testing.T, s *stack) alarmListBody {
 		t.Fatalf("GET /v1/alarms from %s: %d %s", s.URL, r.Status, r.Body)
 	}
 	return apptest.Decode[alarmListBody](t, r)
+}
+
+func statsOf(stats []eligibility.ServiceStats, service string) *eligibility.ServiceStats {
+	for i := range stats {
+		if stats[i].Service == service {
+			return &stats[i]
+		}
+	}
+	return nil
 }
 
 func quarantinedIn(el evaluator.ServiceEligibility, id uuid.UUID) bool {
