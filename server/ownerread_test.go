@@ -114,6 +114,15 @@ func TestReadsAnsweredByTheOwner(t *testing.T) {
 		t.Errorf("%s's counts of web %+v, the owner's %+v", otherID, got, want)
 	}
 
+	// A contract preview replays on the owner, whichever replica is asked.
+	ownPreview := previewOf(t, own, http.StatusOK)
+	if otherPreview := previewOf(t, other, http.StatusOK); otherPreview != ownPreview {
+		t.Errorf("%s's preview\n%s\nthe owner's\n%s", otherID, otherPreview, ownPreview)
+	}
+	if n := labelledBoth(t, other, "muster_owner_reads_total", "kind", "preview", "result", "ok"); n != 1 {
+		t.Errorf("%s asked the owner for %v previews, want 1", otherID, n)
+	}
+
 	// A quarantine the owner holds is listed by both.
 	if r := own.JSON(t, "PUT", "/v1/probers/prober-az1/assignments", own.Token(t, adminReq), `{"services":["web"]}`); r.Status != http.StatusOK {
 		t.Fatalf("assign the prober: %d %s", r.Status, r.Body)
@@ -173,6 +182,9 @@ func TestReadsAnsweredByTheOwner(t *testing.T) {
 	}
 	if strings.Contains(string(r.Body), `"unknown"`) {
 		t.Errorf("the 503 carries verdicts: %s", r.Body)
+	}
+	if body := previewOf(t, other, http.StatusServiceUnavailable); !strings.Contains(body, "owner-unavailable") || !strings.Contains(body, "replica "+ownID+" owns service web") {
+		t.Errorf("preview with the owner down: %s", body)
 	}
 	other.Clock.Advance(2 * time.Second)
 	al := alarmListOf(t, other)
@@ -255,6 +267,41 @@ func rounds(t *testing.T, stacks ...*stack) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// previewOf previews web's contract in force as the proposed one on s,
+// and returns the body, which must come with status want.
+func previewOf(t *testing.T, s *stack, want int) string {
+	t.Helper()
+	r := s.JSON(t, "POST", "/v1/services/web/contract/preview", s.Token(t, adminReq), `{}`)
+	if r.Status != want {
+		t.Fatalf("preview on %s: %d %s, want %d", s.URL, r.Status, r.Body, want)
+	}
+	return string(r.Body)
+}
+
+// labelledBoth reads the counter of name with both labels.
+func labelledBoth(t *testing.T, s *stack, name, l1, v1, l2, v2 string) float64 {
+	t.Helper()
+	mfs, err := s.Metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			if got[l1] == v1 && got[l2] == v2 {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 // eligibilityOf reads web's eligibility from s.

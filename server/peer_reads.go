@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +14,8 @@ import (
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/ownerread"
+	"github.com/musterhq/muster/internal/preview"
+	"github.com/musterhq/muster/internal/registry"
 )
 
 // OwnerReads answers reads of evaluator state from the replica that owns
@@ -31,6 +34,10 @@ type OwnerReads interface {
 	// peer's list with: the services it answers for.
 	LocalQuarantines() []evaluator.QuarantineAlarm
 	LocalStats() ([]eligibility.ServiceStats, time.Time, error)
+	// PreviewContract replays a proposed contract on the service's
+	// owner; an owner that does not answer is an
+	// *ownerread.OwnerUnreachableError.
+	PreviewContract(ctx context.Context, p registry.ContractPreview) (preview.Result, error)
 }
 
 // AlarmOwnerUnreachable is listed while a replica that owns services did
@@ -56,8 +63,8 @@ func ownerUnreachableProblem(err error) *Problem {
 		return nil
 	}
 	p := problem(http.StatusServiceUnavailable, "owner-unavailable", fmt.Sprintf(
-		"replica %s owns service %s and holds its verdicts, and it did not answer this replica (%v); "+
-			"nothing is known of them here: retry after Retry-After (if %s is down, another replica takes its shards within 9 s)",
+		"replica %s owns service %s and alone holds its evaluation state (verdicts, quarantines, recent evidence), and it did not answer this replica (%v); "+
+			"nothing is known of it here: retry after Retry-After (if %s is down, another replica takes its shards within 9 s)",
 		oe.Owner, oe.Service, oe.Err, oe.Owner))
 	p.retryAfter = 1
 	p.Extensions = map[string]any{"owner": oe.Owner}
@@ -120,6 +127,37 @@ func (s *Server) peerStats(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ownerread.StatsBody(st, at))
+}
+
+// peerContractPreview replays, for a peer, a contract preview that peer
+// authorised, validated and audited (the owner holds the instances'
+// readiness and the windows not yet flushed). 421 when this replica does
+// not answer for the service.
+func (s *Server) peerContractPreview(w http.ResponseWriter, r *http.Request) {
+	if p := jsonContentType(r); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	var b ownerread.PreviewBody
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)).Decode(&b); err != nil {
+		writeProblem(w, r, problem(http.StatusBadRequest, "malformed-json", "the preview could not be decoded: "+err.Error()))
+		return
+	}
+	if !registry.ValidName(b.Service.Name) {
+		writeProblem(w, r, problem(http.StatusUnprocessableEntity, "validation", "the preview names no valid service"))
+		return
+	}
+	if s.cfg.Reads == nil || !s.cfg.Reads.Answers(b.Service.Name) {
+		writeProblem(w, r, problem(http.StatusMisdirectedRequest, "not-owner",
+			"this replica does not own service "+b.Service.Name+" by its reading of the leases, so it holds none of its evidence"))
+		return
+	}
+	res, err := s.cfg.Evaluator.PreviewContract(r.Context(), b.ContractPreview())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
 }
 
 // livePeer admits only a signed peer (authenticatePeer ran) that is a

@@ -473,6 +473,7 @@ func (s *Server) routes() chi.Router {
 	r.With(s.authenticatePeer, s.livePeer).Get(ownerread.EligibilityPath+"{service}", s.peerEligibility)
 	r.With(s.authenticatePeer, s.livePeer).Get(ownerread.QuarantinesPath, s.peerQuarantines)
 	r.With(s.authenticatePeer, s.livePeer).Get(ownerread.StatsPath, s.peerStats)
+	r.With(s.authenticatePeer, s.livePeer).Post(ownerread.PreviewPath, s.peerContractPreview)
 	r.With(s.authenticatePeer, s.readOnly, s.dbBudget).Post(forward.Path, s.peerReportsPost)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)

@@ -738,7 +738,7 @@ func New(cfg Config) (*App, error) {
 			if err != nil {
 				return preview.Result{}, err
 			}
-			return a.Evaluator.PreviewContract(ctx, pv)
+			return a.OwnerReads.PreviewContract(ctx, pv)
 		}
 		if a.Reconcile != nil {
 			uc.Reconcile = a.Reconcile

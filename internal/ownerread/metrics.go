@@ -20,7 +20,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	m := metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_owner_reads_total",
-			Help: "Reads of evaluator state asked of the replica that owns the services, by kind (eligibility, quarantines, stats) and result (ok, timeout, unreachable, refused, malformed, unsendable, no_address).",
+			Help: "Reads of evaluator state asked of the replica that owns the services, by kind (eligibility, quarantines, stats, preview) and result (ok, timeout, unreachable, refused, malformed, unsendable, no_address).",
 		}, []string{"kind", "result"}),
 		incomplete: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_owner_reads_incomplete_total",
