@@ -32,17 +32,11 @@ func (a *App) buildOwnerReads(cfg Config, svc *server.Config) error {
 		return err
 	}
 	svc.Reads = a.OwnerReads
+	// A replica that has heartbeated since this one started: one cut off
+	// from PostgreSQL since still serves its callers, and asks owners for
+	// them.
 	svc.PeerLive = func(id string) bool {
-		region := a.Ownership.Region()
-		if region.At.IsZero() {
-			return true // nothing read yet: the signature is all there is
-		}
-		for _, r := range region.Replicas {
-			if r.ID == id {
-				return true
-			}
-		}
-		return false
+		return a.Ownership.Region().At.IsZero() || a.Ownership.Seen(id)
 	}
 	return nil
 }

@@ -29,3 +29,14 @@ func (m *Manager) Owner(service string) (id string, known bool) {
 	}
 	return "", true
 }
+
+// Seen reports whether any reading of the region since this replica
+// started showed replica id live (a believed row heartbeating within the
+// lease TTL). Reads of evaluator state are answered to such replicas
+// only: a replica cut off from PostgreSQL stops heartbeating but still
+// serves its callers, and its reads are no less legitimate for that.
+func (m *Manager) Seen(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.seen[id]
+}
