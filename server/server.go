@@ -213,15 +213,16 @@ type Config struct {
 	// request is refused 401 (a region without a signing key).
 	Peers PeerVerifier
 	// Reads, when set, answers reads of evaluator state (a service's
-	// eligibility, the quarantines GET /v1/alarms lists) from the replica
-	// that owns each service, and serves the peer reads
-	// (/v1/peer/eligibility, /v1/peer/quarantines, /v1/peer/stats). Nil:
+	// eligibility, the quarantines GET /v1/alarms lists, contract
+	// previews) from the replica that owns each service, and serves the
+	// peer reads (/v1/peer/eligibility, /v1/peer/quarantines,
+	// /v1/peer/stats, /v1/peer/contract-preview). Nil:
 	// this replica's evaluator answers everything (it evaluates every
 	// service), and /v1/alarms lists no quarantine.
 	Reads OwnerReads
-	// PeerLive, when set, says whether a replica is live by this
-	// replica's reading; peer reads from one that is not are refused
-	// 403.
+	// PeerLive, when set, says whether a replica has been seen live
+	// (ownership.Manager.Seen); peer reads from one never seen are
+	// refused 403.
 	PeerLive func(id string) bool
 	// ReadOnly, when set and true, refuses reports (and forwarded
 	// reports) 503 read-only: the replica serves views it took from its

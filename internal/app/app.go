@@ -292,13 +292,14 @@ type App struct {
 	// Forwarder mirrors accepted evidence to the other live replicas; nil
 	// without a signing key.
 	Forwarder *forward.Forwarder
-	// OwnerReads answers reads of evaluator state from each service's
-	// owner (eligibility, quarantines, the UI's counts).
-	OwnerReads *ownerread.Reader
-	Refusals   *audit.RefusalSummaries
-	KeyWatch   *KeyWatch
+	Refusals  *audit.RefusalSummaries
+	KeyWatch  *KeyWatch
 	// AuthFailures summarises authentication failures into the audit log.
 	AuthFailures *audit.RefusalSummaries
+	// OwnerReads answers reads of evaluator state from each service's
+	// owner (eligibility, quarantines, the UI's counts, contract
+	// previews).
+	OwnerReads *ownerread.Reader
 	// BreakGlass takes break-glass tokens and alarms live grants; nil
 	// without the region's signing key.
 	BreakGlass *breakglass.Service

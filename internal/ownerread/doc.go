@@ -1,6 +1,7 @@
 // Package ownerread answers reads of evaluator state (a service's
-// verdicts, the quarantines in force, every service's counts) on any
-// replica of a region, from the replica that holds that state.
+// verdicts, the quarantines in force, every service's counts, a contract
+// preview's replay) on any replica of a region, from the replica that
+// holds that state.
 //
 // Only the owner of a service's shard receives and evaluates its
 // evidence, so another replica's evaluator knows nothing of it, and
@@ -10,7 +11,8 @@
 // ownership has not been read yet, or when its shard has no live owner
 // (every replica is then sent its evidence); otherwise it asks the owner
 // over a signed replica-to-replica request (server's /v1/peer/eligibility,
-// /v1/peer/quarantines and /v1/peer/stats) with a short timeout.
+// /v1/peer/quarantines, /v1/peer/stats and /v1/peer/contract-preview)
+// with a short timeout.
 //
 // Lists fan out to every live replica holding shards, in parallel, each
 // answering for the services it owns or publishes; the Reader keeps each
@@ -25,5 +27,5 @@
 // notifier, which must not resolve a quarantine only because its owner
 // was briefly unreachable, QuarantinesHeld uses a replica's last answer
 // for up to HoldFor (30 s; the shard moves within 9 s of its owner dying,
-// and the new owner restores the quarantine).
+// after which its new owner answers).
 package ownerread
