@@ -160,15 +160,15 @@ func (s *Server) peerContractPreview(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, res)
 }
 
-// livePeer admits only a signed peer (authenticatePeer ran) that is a
-// live replica of the region by this replica's reading (Config.PeerLive):
-// a signature of a replica that stopped heartbeating reads nothing.
+// livePeer admits only a signed peer (authenticatePeer ran) that this
+// replica has seen live in the region (Config.PeerLive): a process that
+// holds the key but never joined the region reads nothing.
 func (s *Server) livePeer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, _ := r.Context().Value(peerKey{}).(string)
 		if s.cfg.PeerLive != nil && !s.cfg.PeerLive(id) {
 			writeProblem(w, r, problem(http.StatusForbidden, "forbidden",
-				"replica "+id+" is not a live replica of this region by this replica's reading; its reads are refused"))
+				"replica "+id+" has not been seen live in this region by this replica (no heartbeat in its readings since it started); its reads are refused"))
 			return
 		}
 		next.ServeHTTP(w, r)
