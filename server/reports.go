@@ -91,7 +91,11 @@ func (s *Server) eligibilityGet(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	v, err := s.cfg.Evaluator.ServiceEligibility(name)
+	v, err := s.eligibility(r.Context(), name)
+	if p := ownerUnreachableProblem(err); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return

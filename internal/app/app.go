@@ -65,6 +65,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/lagstats"
 	"github.com/musterhq/muster/internal/notify"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/policy"
@@ -301,6 +302,10 @@ type App struct {
 	KeyWatch  *KeyWatch
 	// AuthFailures summarises authentication failures into the audit log.
 	AuthFailures *audit.RefusalSummaries
+	// OwnerReads answers reads of evaluator state from each service's
+	// owner (eligibility, quarantines, the UI's counts, contract
+	// previews).
+	OwnerReads *ownerread.Reader
 	// BreakGlass takes break-glass tokens and alarms live grants; nil
 	// without the region's signing key.
 	BreakGlass *breakglass.Service
@@ -676,6 +681,9 @@ func New(cfg Config) (*App, error) {
 	} else {
 		log.Info("no signing key: evidence is neither forwarded to the region's other replicas nor taken from them")
 	}
+	if err := a.buildOwnerReads(cfg, &svc); err != nil {
+		return nil, err
+	}
 	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, trust, now, log, metrics); err != nil {
 		return nil, err
 	}
@@ -737,14 +745,14 @@ func New(cfg Config) (*App, error) {
 		uc.ZoneHistory, uc.ZoneHistoryEvery = a.ZoneHistory, 30*time.Second
 		uc.ProberHistory = a.ProberHistory
 		uc.Lags, uc.Hub = a.Lags, a.Hub
-		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
+		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.OwnerReads, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
 		uc.ContractPreview = func(ctx context.Context, actor identity.Principal, service string, c registry.Contract) (preview.Result, error) {
 			pv, err := a.Registry.PreviewContract(ctx, actor, service, c)
 			if err != nil {
 				return preview.Result{}, err
 			}
-			return a.Evaluator.PreviewContract(ctx, pv)
+			return a.OwnerReads.PreviewContract(ctx, pv)
 		}
 		if a.Reconcile != nil {
 			uc.Reconcile = a.Reconcile

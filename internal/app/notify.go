@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/notify"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/server"
 )
 
@@ -29,9 +31,17 @@ func (a *App) buildNotifier(cfg Config, svc server.Config) error {
 	}
 	nc := *cfg.Notify
 	listed := server.AlarmsOf(svc)
-	ev := a.Evaluator
+	reads := a.OwnerReads
 	nc.Alarms = func() []notify.Alarm {
-		qs := ev.QuarantineAlarms()
+		// Every service's quarantines, each from its owner: the replica
+		// that sends the region's alarms owns only some of them. An owner
+		// that does not answer is stood in for by its last answer for a
+		// while (ownerread.DefaultHoldFor), so its alerts are not resolved
+		// only because it was away for a moment. Asking takes at most the
+		// reader's timeout (1 s) per round.
+		ctx, cancel := context.WithTimeout(context.Background(), ownerread.DefaultTimeout+100*time.Millisecond)
+		qs, _ := reads.QuarantinesHeld(ctx)
+		cancel()
 		open := listed()
 		out := make([]notify.Alarm, 0, len(qs)+len(open))
 		for _, q := range qs {
@@ -40,6 +50,12 @@ func (a *App) buildNotifier(cfg Config, svc server.Config) error {
 				Detail:  q.Detail()})
 		}
 		for _, al := range open {
+			// The quarantines are sent above with their instance; an
+			// owner that did not answer is a moment's state of this
+			// replica's requests, not a condition to page on.
+			if al.Kind == evaluator.AlarmInstanceQuarantined || al.Kind == server.AlarmOwnerUnreachable {
+				continue
+			}
 			out = append(out, notify.Alarm{Kind: al.Kind, Service: al.Service, Zone: al.Zone, Since: al.Since, Detail: al.Detail})
 		}
 		return out

@@ -231,6 +231,9 @@ type Manager struct {
 	unownedSince map[int]time.Time
 	// others are the shards another replica held at the last reading.
 	others map[int]string
+	// seen are the replicas any reading since start showed live
+	// (Seen, owner.go).
+	seen map[string]bool
 	// routes are where evidence goes, by shard (route.go); read
 	// without mu.
 	routes routeTable
@@ -1364,6 +1367,12 @@ func (m *Manager) noteRegion(now time.Time, replicas []db.Replica, sealed map[st
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.others = others
+	if m.seen == nil {
+		m.seen = map[string]bool{}
+	}
+	for _, r := range replicas {
+		m.seen[r.ID] = true
+	}
 	since := map[int]time.Time{}
 	for _, s := range unowned {
 		if t, ok := m.unownedSince[s]; ok {
