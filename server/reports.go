@@ -62,8 +62,9 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.auditRefusedEvidence(actor, b.Reports, res)
-	// Taken to the replicas that keep each service's evidence (its owner
-	// and standby): only what was accepted, and without waiting.
+	// Taken to the replica that keeps each service's evidence (its
+	// owner, and the replica offered it during a move): only what was
+	// accepted, and without waiting.
 	if s.cfg.Forwarder != nil && res.Accepted > 0 {
 		reports, services := accepted(b.Reports, res)
 		s.cfg.Forwarder.Offer(actor, reports, services)

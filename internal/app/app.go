@@ -653,8 +653,9 @@ func New(cfg Config) (*App, error) {
 	if cfg.Policy.Sealer != nil {
 		trusted = cfg.Policy.SealKeys.With(cfg.Policy.Sealer)
 	}
-	// Evidence reaches the replicas that keep it (each service's owner
-	// and standby), signed and checked with the region's key.
+	// Evidence reaches the replica that keeps it (each service's owner,
+	// and the replica offered it during a move), signed and checked with
+	// the region's key.
 	if cfg.Policy.Sealer != nil {
 		fc := cfg.Forward
 		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: now, V1: cfg.PeerUpgrade}

@@ -113,8 +113,8 @@ type Config struct {
 	// reads (DefaultFollowMargin): a window becomes visible when its
 	// write commits, stamped with when the write began.
 	FollowMargin time.Duration
-	Logger      *slog.Logger
-	Registerer  prometheus.Registerer
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer
 }
 
 // Validate checks the configuration and fills defaults.

@@ -167,7 +167,7 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 			service := e.instances[r.InstanceID].service
 			res.Services[i] = service
 			if e.cfg.Evaluates != nil && !e.cfg.Evaluates(service) {
-				// Kept by its owner and standby, to which the
+				// Kept by its owner, to which the
 				// forwarder takes it; nothing of it is held here.
 				res.Accepted++
 				continue

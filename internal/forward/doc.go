@@ -1,6 +1,5 @@
 // Package forward takes the health evidence a replica accepts to the
-// replicas of its region that keep it: each service's owner and one
-// standby.
+// replica of its region that evaluates it: each service's owner.
 //
 // Several replicas share one PostgreSQL, and each service has one owner
 // replica, which alone publishes its views. Registrations and lease
@@ -9,30 +8,30 @@
 // the reporter's connection hits. So the replica that receives a batch
 // authenticates, rate-limits and attributes it as before (the reporter's
 // answer says what was accepted), keeps in its own evaluator only what is
-// about services it owns or stands by for (evaluator.Config.Evaluates),
+// about services it owns (evaluator.Config.Evaluates),
 // and offers every item it accepted (never one it refused) to the
 // Forwarder with its service. The Forwarder sends each item, with POST
 // /v1/peer/reports signed as this replica with the region's key
 // (internal/peer), to the replicas its shard routes to other than this
 // one (Config.Route, ownership.Manager.EvidenceRoute):
 //
-//   - the shard's owner, and one standby: the replica the shard is offered
-//     to while a move is under way, else the ready replica with the highest
-//     rendezvous score for the shard. So each sample is held by two
-//     replicas whatever their number, and sent at most twice (once when
-//     this replica is the owner or the standby); a region's evidence
-//     capacity grows with its replicas instead of every replica paying
-//     for all of it.
+//   - the shard's owner, and the replica the shard is offered to while a
+//     move is under way. So each sample is sent at most once (twice during
+//     a move) whatever the number of replicas, and evaluated by one; every
+//     other replica keeps its state of the service warm from the windows
+//     the owner writes to PostgreSQL (evaluator.Config.FollowEvery). A
+//     region's evidence capacity grows with its replicas instead of every
+//     replica paying for all of it.
 //   - a shard with no live owner (free, or held by a replica that
 //     stopped heartbeating) routes to every live replica until one takes
 //     it: any of them may be dealt it.
 //
 // Routing follows a reading that may be a round (2 s) old while ownership
 // moves. The rule that keeps a move from losing evidence: a move is an
-// offer first, and the replica offered a shard is its standby, so from
+// offer first, and the replica offered a shard is a destination, so from
 // the offer until the sender reads the new owner, evidence goes to both
 // the old owner and the new one. A replica that becomes a shard's
-// destination (offered it, a new standby, or every replica when the owner
+// destination (offered it, or every replica when the owner
 // died; this replica itself included, through Config.Local) is sent the
 // evidence of that shard accepted here within Config.Replay (30 s, and at
 // most QueueLimit items), so a new owner decides on current windows, not
@@ -41,7 +40,9 @@
 // it, and is otherwise sent to the shard's current destinations that did
 // not have it (muster_evidence_forward_rerouted_total).
 //
-// What travels is the actor (the principal the receiving replica
+// The body is compact (BinaryContentType, binary.go) for peers that take
+// it, JSON for one that answers it 415 (the release before). What
+// travels is the actor (the principal the receiving replica
 // authenticated, without its token or addresses) and the reports, each
 // stamped with the time it was received when it carried none, so a peer
 // reached late places it when it happened. The proofs only the receiving

@@ -62,8 +62,9 @@ type Config struct {
 	// skipped if listed); read every RefreshPeers.
 	Peers func() []Peer
 	// Route, when set, says where evidence about a service goes: its
-	// shard and the replicas that keep it (owner and standby, this one
-	// possibly among them; ownership.Manager.EvidenceRoute). ok false,
+	// shard and the replicas that keep it (its owner, and the replica
+	// offered it during a move; this one possibly among them:
+	// ownership.Manager.EvidenceRoute). ok false,
 	// or Route nil: every peer. ShardRoute answers the same for a shard
 	// (read every RefreshPeers, to send a replica that becomes a
 	// shard's destination that shard's recent evidence).
@@ -235,7 +236,7 @@ type dropBurst struct {
 // meant for it was dropped undelivered (its queue's bound, or it stopped
 // being live with nobody else to take its items) within
 // Config.RefusedAlarm: that replica, possibly a service's owner or
-// standby, decides without it.
+// replica it is offered to, decides without it.
 const AlarmEvidenceDropped = "evidence_dropped"
 
 // drop counts n of p's items dropped undelivered. Called with f.mu held.
@@ -529,7 +530,7 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		added = append(added, p)
 	}
 	// A peer already listed that became a destination of a shard (an
-	// offer to it, a standby that changed) is sent that shard's recent
+	// offer to it) is sent that shard's recent
 	// evidence, so it takes the shard with current windows.
 	var local []item
 	if f.cfg.Replay > 0 && f.routed != nil {
