@@ -561,6 +561,75 @@ func (q *Queries) InstanceListChangedSince(ctx context.Context, arg InstanceList
 	return items, nil
 }
 
+const instanceListDuring = `-- name: InstanceListDuring :many
+SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
+WHERE service = $1
+  AND id > $2::uuid
+  AND created_at < $3::timestamptz
+  AND (state = 'active' OR COALESCE(ended_at, updated_at) > $4::timestamptz)
+ORDER BY id
+LIMIT $5
+`
+
+type InstanceListDuringParams struct {
+	Service string
+	After   uuid.UUID
+	Until   time.Time
+	Since   time.Time
+	Lim     int32
+}
+
+// A service's instances registered at some time in [since, until), in any
+// state, by id after a cursor: the timeline's rows. An end muster did not
+// stamp (ended by hand) counts as at updated_at. Through
+// instances_service_idx.
+func (q *Queries) InstanceListDuring(ctx context.Context, arg InstanceListDuringParams) ([]Instance, error) {
+	rows, err := q.db.Query(ctx, instanceListDuring,
+		arg.Service,
+		arg.After,
+		arg.Until,
+		arg.Since,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Instance
+	for rows.Next() {
+		var i Instance
+		if err := rows.Scan(
+			&i.ID,
+			&i.Service,
+			&i.Address,
+			&i.Port,
+			&i.Zone,
+			&i.Region,
+			&i.Source,
+			&i.State,
+			&i.LeaseExpiresAt,
+			&i.RegisteredBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.EndedAt,
+			&i.Seal,
+			&i.SealKey,
+			&i.EndSeal,
+			&i.EndSealKey,
+			&i.SealedIdentity,
+			&i.CredentialHash,
+			&i.CredentialProven,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const instanceListEndedSince = `-- name: InstanceListEndedSince :many
 SELECT id, service, address, port, zone, region, source, state, lease_expires_at, registered_by, created_at, updated_at, ended_at, seal, seal_key, end_seal, end_seal_key, sealed_identity, credential_hash, credential_proven FROM instances
 WHERE state <> 'active'

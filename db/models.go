@@ -70,6 +70,16 @@ type HealthContract struct {
 	SealKey   *string
 }
 
+type HistorySample struct {
+	Kind     string
+	Series   string
+	At       time.Time
+	Eligible int32
+	Total    int32
+	Unknown  int32
+	State    string
+}
+
 type Instance struct {
 	ID               uuid.UUID
 	Service          string

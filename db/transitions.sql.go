@@ -210,16 +210,18 @@ func (q *Queries) TransitionsQuarantines(ctx context.Context, arg TransitionsQua
 }
 
 const transitionsStateAt = `-- name: TransitionsStateAt :many
-SELECT a.id::uuid AS instance_id, COALESCE(b.to_state, f.from_state)::text AS state
+SELECT a.id::uuid AS instance_id, COALESCE(b.to_state, f.from_state)::text AS state,
+    (b.to_state IS NOT NULL)::boolean AS before,
+    COALESCE(b.at, f.at)::timestamptz AS at, COALESCE(b.reason, '')::text AS reason
 FROM unnest($1::uuid[]) AS a(id)
 LEFT JOIN LATERAL (
-    SELECT to_state FROM transitions
+    SELECT to_state, at, reason FROM transitions
     WHERE transitions.instance_id = a.id AND at < $2::timestamptz
     ORDER BY at DESC, id DESC
     LIMIT 1
 ) b ON true
 LEFT JOIN LATERAL (
-    SELECT from_state FROM transitions
+    SELECT from_state, at FROM transitions
     WHERE transitions.instance_id = a.id AND at >= $2::timestamptz
     ORDER BY at, id
     LIMIT 1
@@ -235,12 +237,16 @@ type TransitionsStateAtParams struct {
 type TransitionsStateAtRow struct {
 	InstanceID uuid.UUID
 	State      string
+	Before     bool
+	At         time.Time
+	Reason     string
 }
 
 // The state each of the given instances was in at the given time, for
-// those with a transition: the last one's to_state before it, else the
-// first one's from_state after it. Two index probes per instance through
-// transitions_instance_idx, however long the log.
+// those with a transition: the last one's to_state before it (before is
+// true, at and reason are that transition's), else the first one's
+// from_state after it (the state it was registered in). Two index probes
+// per instance through transitions_instance_idx, however long the log.
 func (q *Queries) TransitionsStateAt(ctx context.Context, arg TransitionsStateAtParams) ([]TransitionsStateAtRow, error) {
 	rows, err := q.db.Query(ctx, transitionsStateAt, arg.Ids, arg.At)
 	if err != nil {
@@ -250,7 +256,13 @@ func (q *Queries) TransitionsStateAt(ctx context.Context, arg TransitionsStateAt
 	var items []TransitionsStateAtRow
 	for rows.Next() {
 		var i TransitionsStateAtRow
-		if err := rows.Scan(&i.InstanceID, &i.State); err != nil {
+		if err := rows.Scan(
+			&i.InstanceID,
+			&i.State,
+			&i.Before,
+			&i.At,
+			&i.Reason,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -70,6 +70,19 @@ WHERE service = sqlc.arg(service)
 ORDER BY id
 LIMIT sqlc.arg(lim);
 
+-- name: InstanceListDuring :many
+-- A service's instances registered at some time in [since, until), in any
+-- state, by id after a cursor: the timeline's rows. An end muster did not
+-- stamp (ended by hand) counts as at updated_at. Through
+-- instances_service_idx.
+SELECT * FROM instances
+WHERE service = sqlc.arg(service)
+  AND id > sqlc.arg(after)::uuid
+  AND created_at < sqlc.arg(until)::timestamptz
+  AND (state = 'active' OR COALESCE(ended_at, updated_at) > sqlc.arg(since)::timestamptz)
+ORDER BY id
+LIMIT sqlc.arg(lim);
+
 -- name: InstanceInsert :one
 -- seal is the identity's seal, made before the insert (registry/seal.go);
 -- credential_hash the SHA-256 of the instance's credential (NULL: none).

@@ -54,19 +54,22 @@ LIMIT sqlc.arg(lim);
 
 -- name: TransitionsStateAt :many
 -- The state each of the given instances was in at the given time, for
--- those with a transition: the last one's to_state before it, else the
--- first one's from_state after it. Two index probes per instance through
--- transitions_instance_idx, however long the log.
-SELECT a.id::uuid AS instance_id, COALESCE(b.to_state, f.from_state)::text AS state
+-- those with a transition: the last one's to_state before it (before is
+-- true, at and reason are that transition's), else the first one's
+-- from_state after it (the state it was registered in). Two index probes
+-- per instance through transitions_instance_idx, however long the log.
+SELECT a.id::uuid AS instance_id, COALESCE(b.to_state, f.from_state)::text AS state,
+    (b.to_state IS NOT NULL)::boolean AS before,
+    COALESCE(b.at, f.at)::timestamptz AS at, COALESCE(b.reason, '')::text AS reason
 FROM unnest(sqlc.arg(ids)::uuid[]) AS a(id)
 LEFT JOIN LATERAL (
-    SELECT to_state FROM transitions
+    SELECT to_state, at, reason FROM transitions
     WHERE transitions.instance_id = a.id AND at < sqlc.arg(at)::timestamptz
     ORDER BY at DESC, id DESC
     LIMIT 1
 ) b ON true
 LEFT JOIN LATERAL (
-    SELECT from_state FROM transitions
+    SELECT from_state, at FROM transitions
     WHERE transitions.instance_id = a.id AND at >= sqlc.arg(at)::timestamptz
     ORDER BY at, id
     LIMIT 1

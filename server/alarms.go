@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/musterhq/muster/internal/assembler"
+	"github.com/musterhq/muster/internal/evaluator"
 )
 
 // alarmList is the body of GET /v1/alarms.
@@ -115,8 +116,20 @@ func allAlarms(ctx context.Context, cfg *Config) []assembler.Alarm {
 			out = append(out, a.Alarm())
 		}
 	}
+	// The evaluator's flap quarantines in force, when they are not asked
+	// of their owners (above): the notifier sends them to the owning
+	// team, so the list (and muster_alarms_open, and the overview) names
+	// them too.
+	if q, ok := cfg.Probers.(interface {
+		QuarantineAlarms() []evaluator.QuarantineAlarm
+	}); ok && cfg.Reads == nil {
+		for _, a := range q.QuarantineAlarms() {
+			out = append(out, assembler.Alarm{Kind: evaluator.AlarmInstanceQuarantined, Service: a.Service, Zone: a.Zone,
+				Instance: a.InstanceID.String(), Since: a.At, Detail: a.Detail()})
+		}
+	}
 	slices.SortStableFunc(out, func(a, b assembler.Alarm) int {
-		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Service, b.Service), cmp.Compare(a.Zone, b.Zone))
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Service, b.Service), cmp.Compare(a.Zone, b.Zone), cmp.Compare(a.Instance, b.Instance))
 	})
 	return out
 }

@@ -21,8 +21,14 @@ const (
 // instance's row.
 type Timeline struct {
 	Page
-	Service  string
-	Span     string // "1h" or "24h"
+	Service string
+	// Span is the window's length as ?span= takes it ("1h"); Spans are
+	// the spans offered as links.
+	Span  string
+	Spans []string
+	// FitSpan is a shorter offered span whose window still holds every
+	// registration drawn, linked from the page ("" when none is shorter).
+	FitSpan  string
 	From, To time.Time
 	// EndParam is the end query parameter that shows this window ("" for
 	// the window ending now); Earlier and Later are those of the windows
@@ -40,6 +46,10 @@ type Timeline struct {
 	Truncated bool
 	// Notes say which parts could not be read.
 	Notes []string
+	// FirstRegistered is the earliest registration among the instances
+	// drawn (zero when none is known): the page says where the activity
+	// begins when it is inside the window.
+	FirstRegistered time.Time
 }
 
 // TimelineRow is one row of the plot.
@@ -50,6 +60,17 @@ type TimelineRow struct {
 	Y     float64
 	Bands []TimelineBand
 	Marks []TimelineMark
+	// Absent are the parts of the window before the instance's
+	// registration or after its end: drawn as a thin dashed line, not a
+	// band, since it had no state there.
+	Absent []TimelineGap
+}
+
+// TimelineGap is a stretch of a row where its instance was not
+// registered.
+type TimelineGap struct {
+	X, W  float64
+	Title string
 }
 
 // TimelineBand is a span of one state (an instance's verdict, or a zone's
@@ -57,8 +78,17 @@ type TimelineRow struct {
 type TimelineBand struct {
 	State      string
 	Start, End time.Time
-	// Reason is why the span began ("" when it began before the window).
+	// Reason is why the span began ("registered" when the instance was
+	// registered in it; "" when it began before the window and the log
+	// does not say why).
 	Reason string
+	// Began is when the span truly began: Start, or the time of the last
+	// transition before the window when the span began before it; zero
+	// when that is not known.
+	Began time.Time
+	// Ended says how the instance ended at End (deregistered, expired,
+	// replaced); "" when the span ends otherwise.
+	Ended string
 	// Weight is the instance's weight as the span began.
 	Weight float64
 	X, W   float64
@@ -98,6 +128,9 @@ func StateText(s string) string {
 	}
 	return s
 }
+
+// BeganBefore says a band began before its window's start.
+func (b TimelineBand) BeganBefore() bool { return !b.Began.IsZero() && b.Began.Before(b.Start) }
 
 // bandFill is the pattern a state's bands are filled with: colour plus
 // texture, so states differ without colour too.

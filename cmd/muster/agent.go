@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -16,16 +17,21 @@ import (
 	"github.com/musterhq/muster/resolver"
 )
 
-const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FILE | --cert FILE --key FILE) [--service S,...] [--ca FILE] [--view-keys FILE,...] [--cache DIR] [--xds-addr 127.0.0.1:15010] [--http-addr 127.0.0.1:15011] [--dns-addr 127.0.0.1:15053 [--dns-zone Z]] [--regions R,...] [--max-services 256]"
+const agentReadyzUsage = "usage: muster agent readyz [--http-addr 127.0.0.1:15011]"
+
+const agentUsage = "usage: muster agent --upstream URL[,URL...] (--token-file FILE | --cert FILE --key FILE) [--service S,...] [--ca FILE] [--view-keys FILE,...] [--cache DIR] [--xds-addr 127.0.0.1:15010] [--http-addr 127.0.0.1:15011] [--dns-addr 127.0.0.1:15053 [--dns-zone Z]] [--regions R,...] [--max-services 256] [--max-streams 1000]"
 
 // cmdAgent runs muster agent: it holds one workload's identity and
 // serves that workload's data planes, without credentials, on loopback
 // or a Unix socket (docs/agent.md).
 func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "readyz" {
+		return cmdAgentReadyz(ctx, args[1:], stdout, stderr)
+	}
 	var (
 		upstream, services, tokenFile, certFile, keyFile, caFile, viewKeys string
 		cacheDir, xdsAddr, httpAddr, dnsAddr, dnsZone, region, regions     string
-		maxServices                                                        int
+		maxServices, maxStreams                                            int
 	)
 	fs := cli.NewFlags("agent", stderr)
 	fs.StringVar(&upstream, "upstream", os.Getenv("MUSTER_AGENT_UPSTREAM"), "muster's base URLs, comma-separated: the replicas or the load balancer, tried in turn (MUSTER_AGENT_UPSTREAM)")
@@ -43,6 +49,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&region, "region", envOr("MUSTER_REGION", "local"), "this region's name: the locality.region of local endpoints when peer regions' take priorities (MUSTER_REGION)")
 	fs.StringVar(&regions, "regions", os.Getenv("MUSTER_AGENT_REGIONS"), "peer regions to fall back to, in order of preference, comma-separated, as muster serves them (MUSTER_AGENT_REGIONS)")
 	fs.IntVar(&maxServices, "max-services", agent.DefaultMaxServices, "most services local clients can make the agent follow")
+	fs.IntVar(&maxStreams, "max-streams", agent.DefaultMaxStreams, "most local streams open at once on each of xDS and the watch stream")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -121,7 +128,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer a.Stop()
-	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: listeners, DNSAddr: dnsAddr, DNSZone: dnsZone, Logger: cfg.Logger})
+	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: listeners, DNSAddr: dnsAddr, DNSZone: dnsZone, MaxStreams: maxStreams, Logger: cfg.Logger})
 	if err != nil {
 		return err
 	}
@@ -175,4 +182,46 @@ func readToken(file string) (string, error) {
 		return "", fmt.Errorf("%s is empty", file)
 	}
 	return tok, nil
+}
+
+// cmdAgentReadyz asks a running agent's /readyz and succeeds only on 200:
+// the agent listens on loopback alone, so a kubelet's HTTP probe (sent
+// from the node, to the pod's address) cannot reach a sidecar's port; an
+// exec probe running this inside the pod can.
+func cmdAgentReadyz(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var httpAddr string
+	fs := cli.NewFlags("agent readyz", stderr)
+	fs.StringVar(&httpAddr, "http-addr", envOr("MUSTER_AGENT_HTTP_ADDR", "127.0.0.1:15011"), "the agent's --http-addr: a loopback HOST:PORT or unix:/path (MUSTER_AGENT_HTTP_ADDR)")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(stderr, agentReadyzUsage)
+		return fmt.Errorf("agent readyz: unexpected argument %q: %w", fs.Arg(0), cli.ErrUsage)
+	}
+	tr := &http.Transport{}
+	url := "http://" + httpAddr + "/readyz"
+	if path, ok := strings.CutPrefix(httpAddr, "unix:"); ok {
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}
+		url = "http://agent/readyz"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return fmt.Errorf("agent readyz: %w", err)
+	}
+	res, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return fmt.Errorf("agent readyz: %w", err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("agent readyz: %d %s", res.StatusCode, strings.TrimSpace(string(body)))
+	}
+	_, _ = stdout.Write(body)
+	return nil
 }

@@ -114,6 +114,14 @@ func TestAgentCommandServes(t *testing.T) {
 			t.Fatalf("the agent's metrics lack %q", want)
 		}
 	}
+	// The exec probe the deployment examples give a sidecar: ready
+	// answers 0, a port nothing serves an error.
+	if out, errOut, err := runCmd(t, "agent", "readyz", "--http-addr", strings.TrimPrefix(base, "http://")); err != nil || out != "ok\n" {
+		t.Fatalf("muster agent readyz against the ready agent: %v %q %s", err, out, errOut)
+	}
+	if _, _, err := runCmd(t, "agent", "readyz", "--http-addr", freeAddr(t)); err == nil || exitCode(err) != 1 {
+		t.Fatalf("muster agent readyz against nothing: %v; want exit 1", err)
+	}
 	if out := stop(); !strings.Contains(out, "muster agent: xDS on") {
 		t.Fatalf("stdout: %q", out)
 	}

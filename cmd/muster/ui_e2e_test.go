@@ -455,8 +455,8 @@ func demoHistograms(t *testing.T, b *tab) {
 	secs := get(b, "histograms", chromedp.Evaluate[[]section](`Array.from(document.querySelectorAll("section.lag")).map(s => ({
 		Total: s.getAttribute("data-total"),
 		Counts: Array.from(s.querySelectorAll("rect.hist-bar")).map(r => r.getAttribute("data-count"))}))`))
-	if len(secs) != 2 {
-		t.Fatalf("%d histograms on the propagation page, want 2", len(secs))
+	if len(secs) != 3 {
+		t.Fatalf("%d histograms on the propagation page, want 3 (withdrawals, watch streams, xDS streams)", len(secs))
 	}
 	for _, sec := range secs {
 		var sum uint64

@@ -108,6 +108,13 @@ type running struct {
 
 func startAgent(t *testing.T, cfg agent.Config, xdsAddr string) *running {
 	t.Helper()
+	return startAgentWith(t, cfg, xdsAddr, agent.ServerConfig{})
+}
+
+// startAgentWith is startAgent with the local surfaces configured by
+// scfg (its listeners and DNS address are the test's).
+func startAgentWith(t *testing.T, cfg agent.Config, xdsAddr string, scfg agent.ServerConfig) *running {
+	t.Helper()
 	ctx := context.Background()
 	a, err := agent.New(ctx, cfg)
 	if err != nil {
@@ -121,7 +128,8 @@ func startAgent(t *testing.T, cfg agent.Config, xdsAddr string) *running {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := agent.NewServer(a, agent.ServerConfig{Listeners: []*agent.Listener{xln, hln}, DNSAddr: "127.0.0.1:0"})
+	scfg.Listeners, scfg.DNSAddr = []*agent.Listener{xln, hln}, "127.0.0.1:0"
+	srv, err := agent.NewServer(a, scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,18 +272,22 @@ type web struct {
 
 func newWeb(t *testing.T, backends ...string) *web {
 	t.Helper()
+	zones := make([]string, len(backends))
+	for i := range zones {
+		zones[i] = "az1"
+	}
+	return newWebIn(t, backends, zones)
+}
+
+// newWebIn is newWeb with backends[i] in zones[i].
+func newWebIn(t *testing.T, backends, zones []string) *web {
+	t.Helper()
 	s := apptest.New(t, apptest.Options{})
 	s.Seed(t)
 	ctx := context.Background()
 	w := &web{Stack: s, t: t, ids: map[string]string{}, ports: map[string]int{}}
-	for _, id := range backends {
-		b := xdstest.StartBackend(t, id)
-		w.ports[id] = b.Addr.Port
-		in, err := s.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "127.0.0.1", Port: b.Addr.Port, Zone: "az1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.ids[id] = in.ID.String()
+	for i, id := range backends {
+		w.register(id, zones[i])
 	}
 	if _, err := s.Registry.PutProberAssignments(ctx, admin, "prober-1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
 		t.Fatal(err)
@@ -289,6 +301,18 @@ func newWeb(t *testing.T, backends ...string) *web {
 	}
 	w.report("success", backends...)
 	return w
+}
+
+// register starts backend id's gRPC server and registers it in zone.
+func (w *web) register(id, zone string) {
+	w.t.Helper()
+	b := xdstest.StartBackend(w.t, id)
+	w.ports[id] = b.Addr.Port
+	in, err := w.Registry.Register(context.Background(), admin, netip.Addr{}, "web", registry.Registration{Address: "127.0.0.1", Port: b.Addr.Port, Zone: zone})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.ids[id] = in.ID.String()
 }
 
 // report sends one probe outcome for each named backend and publishes

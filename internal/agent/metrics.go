@@ -3,6 +3,8 @@ package agent
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/musterhq/muster/internal/stream"
 )
 
 // register puts the agent's metrics, the xDS server's (registered by
@@ -15,7 +17,24 @@ func (s *Server) register(listeners []*Listener) error {
 		}
 		return 0
 	}
+	s.watchAdmissionRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "muster_agent_watch_admission_refused_total",
+		Help: "Local watch (re)subscriptions refused by reconnect admission (xDS streams: muster_xds_admission_refused_total)."})
+	s.watchStreamsRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "muster_agent_watch_streams_refused_total",
+		Help: "Local watch streams refused because --max-streams were open (xDS streams: muster_xds_refused_total{reason=\"streams_per_principal\"})."})
+	adm := func(f func(stream.AdmissionStats) float64) func() float64 {
+		return func() float64 { return f(s.admission.Stats()) }
+	}
 	cs := []prometheus.Collector{
+		s.watchAdmissionRefused, s.watchStreamsRefused,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_agent_admission_budget",
+			Help: "Local (re)subscriptions, xDS and watch, admitted per admission window now."},
+			adm(func(st stream.AdmissionStats) float64 { return float64(st.Budget) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_agent_admitted_window",
+			Help: "Local (re)subscriptions, xDS and watch, admitted within the last admission window."},
+			adm(func(st stream.AdmissionStats) float64 { return float64(st.InWindow) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "muster_agent_admitted_total",
+			Help: "Local (re)subscriptions, xDS and watch, admitted since start."},
+			adm(func(st stream.AdmissionStats) float64 { return float64(st.Admitted) })),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "muster_agent_upstream_connected",

@@ -32,16 +32,27 @@ const MaxWatchServices = 256
 // dead stream).
 const DefaultHeartbeat = 15 * time.Second
 
+// DefaultMaxStreams bounds the local streams open at once on each
+// surface (xDS, watch): far above what one workload or one host opens,
+// low enough that a client leaking streams cannot grow the agent without
+// bound.
+const DefaultMaxStreams = 1000
+
 // Server is the agent's local surfaces over an Agent's hub: xDS, and
 // the HTTP handler for /v1/resolve, /v1/watch, /readyz and /metrics.
 type Server struct {
-	a         *Agent
-	xds       *xds.Server
-	dns       *dnszone.Server
-	reg       *prometheus.Registry
-	log       *slog.Logger
-	heartbeat time.Duration
-	watches   atomic.Int64
+	a          *Agent
+	xds        *xds.Server
+	dns        *dnszone.Server
+	reg        *prometheus.Registry
+	log        *slog.Logger
+	heartbeat  time.Duration
+	admission  *stream.Admission
+	maxStreams int
+	watches    atomic.Int64
+	// Watch streams refused by admission and by MaxStreams (xDS's are
+	// muster_xds_admission_refused_total and muster_xds_refused_total).
+	watchAdmissionRefused, watchStreamsRefused prometheus.Counter
 }
 
 // ServerConfig configures a Server.
@@ -55,7 +66,17 @@ type ServerConfig struct {
 	// HOST:PORT (UDP and TCP); DNSZone is its zone
 	// (dnszone.DefaultZone when empty).
 	DNSAddr, DNSZone string
-	Logger           *slog.Logger
+	// Admission is reconnect admission for local streams, xDS and watch
+	// together, as muster's own /v1/watch and xDS share one: zero
+	// fields take stream.NewAdmission's defaults (50, or 5% of the
+	// recent peak, per 10 s). A restarted agent's clients then come
+	// back over windows instead of at once; a refused one keeps what it
+	// holds and is told when to come back.
+	Admission stream.AdmissionConfig
+	// MaxStreams bounds the streams open at once on each surface, xDS
+	// and watch: DefaultMaxStreams.
+	MaxStreams int
+	Logger     *slog.Logger
 }
 
 // NewServer builds the local surfaces of a; the xDS feeder runs from
@@ -67,12 +88,19 @@ func NewServer(a *Agent, cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{a: a, reg: prometheus.NewRegistry(), log: cfg.Logger.With("component", "agent"), heartbeat: cfg.Heartbeat}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = DefaultMaxStreams
+	}
+	s := &Server{a: a, reg: prometheus.NewRegistry(), log: cfg.Logger.With("component", "agent"), heartbeat: cfg.Heartbeat,
+		admission: stream.NewAdmission(cfg.Admission), maxStreams: cfg.MaxStreams}
+	// Every local stream has the agent's principal: the per-principal
+	// stream limit is the xDS surface's cap.
+	limits := xds.DefaultLimits()
+	limits.StreamsPerPrincipal = cfg.MaxStreams
 	x, err := xds.New(xds.Config{
-		Hub: a.hub,
-		// Local clients are one workload's: admission guards muster
-		// against a fleet, not the agent against its own host.
-		Admission:     stream.NewAdmission(stream.AdmissionConfig{Floor: 1 << 20}),
+		Hub:           a.hub,
+		Admission:     s.admission,
+		Limits:        limits,
 		Authenticator: localOnly{},
 		Authz:         localAuthz{a},
 		Anonymous:     anonymous,
@@ -272,6 +300,13 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "bad-parameter", fmt.Sprintf("name 1 to %d services with ?service=", MaxWatchServices), 0)
 		return
 	}
+	// Refused before anything is asked of muster for it: a refused
+	// watch changes nothing.
+	current, _ := s.a.hub.Subscribers()
+	if ok, retry := s.admission.Check(current); !ok {
+		s.refuseAdmission(w, retry)
+		return
+	}
 	for _, name := range services {
 		if !s.admit(w, name) {
 			return
@@ -319,14 +354,25 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		held[name] = n
 	}
+	if open := s.watches.Add(1); open > int64(s.maxStreams) {
+		s.watches.Add(-1)
+		s.watchStreamsRefused.Inc()
+		writeProblem(w, http.StatusServiceUnavailable, "too-many-streams",
+			fmt.Sprintf("the agent holds %d watch streams, its limit (--max-streams); keep routing on your cached view and come back later", s.maxStreams), 10)
+		return
+	}
+	defer s.watches.Add(-1)
+	current, _ = s.a.hub.Subscribers()
+	if ok, retry := s.admission.Admit(current); !ok {
+		s.refuseAdmission(w, retry)
+		return
+	}
 	sub, err := s.a.hub.SubscribeHeld(services, since, held)
 	if err != nil {
 		writeProblem(w, http.StatusServiceUnavailable, "draining", "the agent is shutting down; reconnect with jitter", 1)
 		return
 	}
 	defer sub.Close()
-	s.watches.Add(1)
-	defer s.watches.Add(-1)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
@@ -364,6 +410,14 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// refuseAdmission answers a watch admission has no slot for, as muster
+// does: 503 and a jittered Retry-After.
+func (s *Server) refuseAdmission(w http.ResponseWriter, retry time.Duration) {
+	s.watchAdmissionRefused.Inc()
+	writeProblem(w, http.StatusServiceUnavailable, "admission",
+		"too many clients are (re)subscribing right now; keep routing on your cached view and come back after Retry-After", int(retry/time.Second))
 }
 
 var heartbeat = &stream.Frame{Kind: stream.KindHeartbeat, JSON: []byte(`{}`)}

@@ -37,6 +37,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -735,10 +736,15 @@ func New(cfg Config) (*App, error) {
 		}
 		return servingReady(ctx)
 	}
-	if a.ZoneHistory, err = zonehistory.New(zonehistory.Config{Read: a.zoneCounts, Now: now}); err != nil {
+	// The histories live in PostgreSQL, written by the owner of each
+	// kind's shard, so a restart keeps them and every replica draws the
+	// same points.
+	if a.ZoneHistory, err = zonehistory.New(zonehistory.Config{Read: a.zoneCounts, Now: now,
+		Pool: pool, Kind: zonehistory.KindZone, Fence: a.Fence, Logger: log}); err != nil {
 		return nil, err
 	}
-	if a.ProberHistory, err = zonehistory.New(zonehistory.Config{Read: a.proberReach, Now: now}); err != nil {
+	if a.ProberHistory, err = zonehistory.New(zonehistory.Config{Read: a.proberReach, Now: now,
+		Pool: pool, Kind: zonehistory.KindProber, Fence: a.Fence, Logger: log}); err != nil {
 		return nil, err
 	}
 	if cfg.UI != nil {
@@ -815,6 +821,7 @@ func New(cfg Config) (*App, error) {
 	if cfg.XDS != nil {
 		xc := *cfg.XDS
 		xc.Hub, xc.Admission, xc.Authz, xc.Logger, xc.Registerer = a.Hub, a.Admission, a.Authz, log, metrics
+		xc.Lags = a.Lags
 		if xc.Authenticator == nil {
 			xc.Authenticator = cfg.Server.Authenticator
 		}
@@ -1227,14 +1234,23 @@ func orNow(own, app func() time.Time) func() time.Time {
 
 // zoneCounts is every zone's state as published: the guard's eligible
 // and capacity counts and the instances muster cannot vouch for (verdict
-// unknown, or health unknown), summed over the local services' last
-// views.
+// unknown, or health unknown), summed over the last view of every
+// service of the region the hub holds: those this replica publishes and
+// those relayed from their owners, so one replica's reading is the
+// region's.
 func (a *App) zoneCounts() map[string]zonehistory.Counts {
 	out := map[string]zonehistory.Counts{}
 	for _, name := range a.Hub.Services() {
 		v, ok := a.Publisher.View(name)
 		if !ok {
-			continue
+			f, held := a.Hub.View(name)
+			if !held {
+				continue
+			}
+			v = &assembler.View{}
+			if err := json.Unmarshal(f.JSON, v); err != nil {
+				continue
+			}
 		}
 		for zone, z := range v.Zones {
 			c := out[zone]

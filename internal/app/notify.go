@@ -1,7 +1,6 @@
 package app
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -9,8 +8,9 @@ import (
 
 	"github.com/musterhq/muster/internal/assembler"
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/notify"
-	"github.com/musterhq/muster/internal/ownerread"
+	"github.com/musterhq/muster/internal/relay"
 	"github.com/musterhq/muster/server"
 )
 
@@ -31,17 +31,11 @@ func (a *App) buildNotifier(cfg Config, svc server.Config) error {
 	}
 	nc := *cfg.Notify
 	listed := server.AlarmsOf(svc)
-	reads := a.OwnerReads
+	ev := a.Evaluator
 	nc.Alarms = func() []notify.Alarm {
-		// Every service's quarantines, each from its owner: the replica
-		// that sends the region's alarms owns only some of them. An owner
-		// that does not answer is stood in for by its last answer for a
-		// while (ownerread.DefaultHoldFor), so its alerts are not resolved
-		// only because it was away for a moment. Asking takes at most the
-		// reader's timeout (1 s) per round.
-		ctx, cancel := context.WithTimeout(context.Background(), ownerread.DefaultTimeout+100*time.Millisecond)
-		qs, _ := reads.QuarantinesHeld(ctx)
-		cancel()
+		// This replica's quarantines: it sends only the alarms of the
+		// services it owns (Sends, below), whose evidence comes to it.
+		qs := ev.QuarantineAlarms()
 		open := listed()
 		out := make([]notify.Alarm, 0, len(qs)+len(open))
 		for _, q := range qs {
@@ -50,15 +44,37 @@ func (a *App) buildNotifier(cfg Config, svc server.Config) error {
 				Detail:  q.Detail()})
 		}
 		for _, al := range open {
-			// The quarantines are sent above with their instance; an
-			// owner that did not answer is a moment's state of this
-			// replica's requests, not a condition to page on.
+			// Quarantines are sent above, with their instance and flap
+			// history. An owner that did not answer a read is a moment's
+			// state of this replica's requests, not a condition to page
+			// on.
 			if al.Kind == evaluator.AlarmInstanceQuarantined || al.Kind == server.AlarmOwnerUnreachable {
 				continue
 			}
-			out = append(out, notify.Alarm{Kind: al.Kind, Service: al.Service, Zone: al.Zone, Since: al.Since, Detail: al.Detail})
+			n := notify.Alarm{Kind: al.Kind, Service: al.Service, Zone: al.Zone, Since: al.Since, Detail: al.Detail}
+			if replicaAlarms[al.Kind] {
+				n.Replica = cfg.Replica
+			}
+			out = append(out, n)
 		}
 		return out
+	}
+	// One replica of the region sends each alarm: the owner of its
+	// service's shard, or of RegionAlarmsOwnershipKey's for an
+	// estate-wide one, so a webhook hears of it once, and a replica's own
+	// condition from that replica. When the sender dies its shards move
+	// within the lease bound (9 s) and the new owner sends at its next
+	// round.
+	nc.Sends = func(al notify.Alarm) bool {
+		key := RegionAlarmsOwnershipKey
+		switch {
+		case al.Replica != "":
+			return true
+		case al.Service != "":
+			key = al.Service
+		}
+		_, ok := a.Ownership.Owns(key)
+		return ok
 	}
 	nc.Owner = a.Authz.Owner
 	if nc.Region == "" {
@@ -71,6 +87,24 @@ func (a *App) buildNotifier(cfg Config, svc server.Config) error {
 	}
 	a.Notifier = n
 	return nil
+}
+
+// RegionAlarmsOwnershipKey is what the region's estate-wide alarms hash
+// onto the shards as: the owner of that shard sends them.
+const RegionAlarmsOwnershipKey = "alarms:region"
+
+// replicaAlarms are the kinds that are one replica's own condition, not
+// the region's: each replica sends its own, labelled with its name.
+var replicaAlarms = map[string]bool{
+	server.AlarmDatabaseUnreachable: true,
+	AlarmClockSkew:                  true,
+	AlarmPeerTrustUpgrade:           true,
+	relay.AlarmRelayBehind:          true,
+	relay.AlarmRelayCutOff:          true,
+	relay.AlarmRelayForged:          true,
+	relay.AlarmViewOutsideTenure:    true,
+	forward.AlarmForwardRefused:     true,
+	forward.AlarmEvidenceRefused:    true,
 }
 
 // alarmsOpen exports the open alarms GET /v1/alarms lists, counted by

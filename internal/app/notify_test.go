@@ -156,65 +156,7 @@ func TestQuarantineAlertReachesOwningTeam(t *testing.T) {
 		Targets:  notify.Targets{Platform: &notify.Target{URL: am}, Teams: map[string]notify.Target{"payments": {URL: am}}},
 		Interval: 100 * time.Millisecond,
 	}})
-	st.Seed(t)
-	ctx := context.Background()
-	admin := identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
-	var ids []string
-	for i, zone := range []string{"az1", "az2", "az3"} {
-		in, err := st.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: fmt.Sprintf("10.0.0.%d", i+1), Port: 8080, Zone: zone})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, in.ID.String())
-	}
-	if _, err := st.Registry.PutProberAssignments(ctx, admin, "prober-1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
-		t.Fatal(err)
-	}
-	st.WaitReady(t)
-	if err := st.Evaluator.SyncNow(ctx); err != nil {
-		t.Fatal(err)
-	}
-	token := st.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"})
-	probe := func(outcome string, ids ...string) {
-		t.Helper()
-		var items []string
-		for _, id := range ids {
-			items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":%q}`, id, outcome))
-		}
-		r := st.JSON(t, "POST", "/v1/reports", token, `{"reports":[`+strings.Join(items, ",")+`]}`)
-		if r.Status != http.StatusOK || strings.Contains(string(r.Body), `"code"`) {
-			t.Fatalf("reports: %d %s", r.Status, r.Body)
-		}
-		st.Evaluator.EvaluateNow()
-	}
-	until := func() *time.Time {
-		t.Helper()
-		el, err := st.Evaluator.ServiceEligibility("web")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, in := range el.Instances {
-			if in.InstanceID.String() == ids[0] {
-				return in.QuarantineUntil
-			}
-		}
-		t.Fatalf("no instance %s", ids[0])
-		return nil
-	}
-	probe("success", ids...)
-	// Flap ids[0] until the evaluator quarantines it, the others fresh.
-	for i := 0; until() == nil; i++ {
-		if i == 12 {
-			t.Fatal("not quarantined after 12 flaps")
-		}
-		probe("hard_failure", ids[0])
-		if until() != nil {
-			break
-		}
-		st.Clock.Advance(35 * time.Second)
-		probe("success", ids...)
-		st.Clock.Advance(time.Second)
-	}
+	ids, until, probe := flapUntilQuarantined(t, st)
 
 	var labels, ann map[string]string
 	wait.For(t, 30*time.Second, "payments' receiver gets the quarantine alert", func() bool {
@@ -244,4 +186,72 @@ func TestQuarantineAlertReachesOwningTeam(t *testing.T) {
 		_, _, ok := payments.find(evaluator.AlarmInstanceQuarantined, ids[0], "resolved")
 		return ok
 	})
+}
+
+// flapUntilQuarantined registers web (payments) with an instance in each
+// of az1-az3 assigned to prober-1, and flaps the first until the
+// evaluator quarantines it. It returns the instances, the first's
+// quarantine end (nil when none) and a prober report that evaluates.
+func flapUntilQuarantined(t *testing.T, st *apptest.Stack) (ids []string, until func() *time.Time, probe func(outcome string, ids ...string)) {
+	t.Helper()
+	st.Seed(t)
+	ctx := context.Background()
+	admin := identity.Principal{Kind: identity.KindOperator, Subject: "alice", Role: identity.RoleAdmin}
+	for i, zone := range []string{"az1", "az2", "az3"} {
+		in, err := st.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: fmt.Sprintf("10.0.0.%d", i+1), Port: 8080, Zone: zone})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, in.ID.String())
+	}
+	if _, err := st.Registry.PutProberAssignments(ctx, admin, "prober-1", registry.ProberAssignments{Services: []string{"web"}}); err != nil {
+		t.Fatal(err)
+	}
+	st.WaitReady(t)
+	if err := st.Evaluator.SyncNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	token := st.Token(t, devissuer.TokenRequest{Kind: identity.KindProber, Subject: "prober-1"})
+	probe = func(outcome string, ids ...string) {
+		t.Helper()
+		var items []string
+		for _, id := range ids {
+			items = append(items, fmt.Sprintf(`{"instance_id":%q,"class":"probe","outcome":%q}`, id, outcome))
+		}
+		r := st.JSON(t, "POST", "/v1/reports", token, `{"reports":[`+strings.Join(items, ",")+`]}`)
+		if r.Status != http.StatusOK || strings.Contains(string(r.Body), `"code"`) {
+			t.Fatalf("reports: %d %s", r.Status, r.Body)
+		}
+		st.Evaluator.EvaluateNow()
+	}
+	until = func() *time.Time {
+		t.Helper()
+		el, err := st.Evaluator.ServiceEligibility("web")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range el.Instances {
+			if in.InstanceID.String() == ids[0] {
+				return in.QuarantineUntil
+			}
+		}
+		t.Fatalf("no instance %s", ids[0])
+		return nil
+	}
+	probe("success", ids...)
+	// Flap ids[0] until the evaluator quarantines it, the others fresh.
+	for i := 0; until() == nil; i++ {
+		if i == 12 {
+			t.Fatal("not quarantined after 12 flaps")
+		}
+		probe("hard_failure", ids[0])
+		if until() != nil {
+			break
+		}
+		st.Clock.Advance(35 * time.Second)
+		probe("success", ids...)
+		st.Clock.Advance(time.Second)
+	}
+
+	return ids, until, probe
 }

@@ -179,11 +179,14 @@ func (d *Delta) Encoded() []byte { return d.enc }
 // Alarm is an open alarm. Since is when the condition began; Detail carries
 // the numbers as of the last Update.
 type Alarm struct {
-	Kind    string    `json:"kind"`
-	Service string    `json:"service"`
-	Zone    string    `json:"zone,omitempty"`
-	Since   time.Time `json:"since"`
-	Detail  string    `json:"detail"`
+	Kind    string `json:"kind"`
+	Service string `json:"service"`
+	Zone    string `json:"zone,omitempty"`
+	// Instance is the instance the alarm is about, if one (a
+	// quarantine).
+	Instance string    `json:"instance,omitempty"`
+	Since    time.Time `json:"since"`
+	Detail   string    `json:"detail"`
 }
 
 // InstanceInput is one instance's verdict after overrides, as the evaluator

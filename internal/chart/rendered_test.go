@@ -2,12 +2,8 @@ package chart_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -104,13 +100,13 @@ func TestRenderedStatefulSetRuns(t *testing.T) {
 	sts := one[*appsv1.StatefulSet](t, o)
 	c := container(t, sts)
 
-	serverCA := newServerCA(t)
+	serverCA := tlstest.NewCA(t)
 	clientCA := tlstest.NewCA(t)
-	leaf1 := serverCA.leaf(t, sts, "muster-1")
+	leaf1 := serverLeaf(t, serverCA, sts, "muster-1")
 	secrets := map[string]map[string][]byte{
 		"muster-database":      {"DATABASE_URL": []byte(dbtest.URL(t))},
 		"muster-signing-key":   {"signing.key": []byte(generatedKey(t))},
-		"muster-tls":           {"tls.crt": leaf1.cert, "tls.key": leaf1.key, "ca.crt": serverCA.pem},
+		"muster-tls":           {"tls.crt": leaf1.cert, "tls.key": leaf1.key, "ca.crt": serverCA.PEM},
 		"muster-spiffe-bundle": {"bundle.pem": clientCA.PEM},
 	}
 	configMaps := map[string]map[string][]byte{
@@ -163,7 +159,7 @@ func TestRenderedStatefulSetRuns(t *testing.T) {
 		}
 	}
 
-	roots := serverCA.pool()
+	roots := serverCA.Pool()
 	api := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	t.Cleanup(api.CloseIdleConnections)
 	began := time.Now()
@@ -310,8 +306,8 @@ func TestRenderedStatefulSetRuns(t *testing.T) {
 			t.Fatalf("%s serves serial %s, want the Secret's %s", name, s, leaf1.serial)
 		}
 	}
-	leaf2 := serverCA.leaf(t, sts, "muster-2")
-	secrets["muster-tls"] = map[string][]byte{"tls.crt": leaf2.cert, "tls.key": leaf2.key, "ca.crt": serverCA.pem}
+	leaf2 := serverLeaf(t, serverCA, sts, "muster-2")
+	secrets["muster-tls"] = map[string][]byte{"tls.crt": leaf2.cert, "tls.key": leaf2.key, "ca.crt": serverCA.PEM}
 	rotated := time.Now()
 	for _, p := range pods {
 		p.update(t, "muster-tls", secrets["muster-tls"])
@@ -751,82 +747,27 @@ func servedSerial(t *testing.T, addr string, roots *x509.CertPool) string {
 	return c.ConnectionState().PeerCertificates[0].SerialNumber.String()
 }
 
-// serverCA issues the replicas' serving certificates, as cert-manager
-// would for the chart: the headless Service's wildcard name, and here
-// also the loopback addresses the test reaches them at.
-type serverCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
 type leaf struct {
 	cert, key []byte
 	serial    *big.Int
 }
 
-func newServerCA(t *testing.T) *serverCA {
+// serverLeaf issues a replica's serving certificate from ca as
+// cert-manager would for the chart: the headless Service's wildcard name,
+// and here also the loopback addresses the test reaches them at.
+func serverLeaf(t *testing.T, ca *tlstest.CA, sts *appsv1.StatefulSet, cn string) leaf {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certPEM, keyPEM := ca.LeafFor(t, cn, []string{fmt.Sprintf("*.%s.%s.svc.cluster.local", sts.Spec.ServiceName, namespace), "localhost"},
+		[]net.IP{net.IPv6loopback, net.IPv4(127, 0, 0, 1)}, 12*time.Hour)
+	block, _ := pem.Decode(certPEM)
+	if block == nil {
+		t.Fatal("the issued certificate is not PEM")
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: randSerial(t), Subject: pkix.Name{CommonName: "muster test server CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &serverCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-func (ca *serverCA) pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(ca.cert)
-	return p
-}
-
-func (ca *serverCA) leaf(t *testing.T, sts *appsv1.StatefulSet, cn string) leaf {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: randSerial(t), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(12 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:    []string{fmt.Sprintf("*.%s.%s.svc.cluster.local", sts.Spec.ServiceName, namespace), "localhost"},
-		IPAddresses: []net.IP{net.IPv6loopback, net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return leaf{
-		cert:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		key:    pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}),
-		serial: tmpl.SerialNumber,
-	}
-}
-
-func randSerial(t *testing.T) *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return leaf{cert: certPEM, key: keyPEM, serial: cert.SerialNumber}
 }
 
 // TestExpandVars: $(VAR) as the kubelet expands it in the environment and

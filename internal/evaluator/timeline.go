@@ -37,12 +37,25 @@ func Window(ctx context.Context, pool *pgxpool.Pool, service string, since, unti
 	return out, truncated, nil
 }
 
+// StateAt is an instance's state at a time as the transitions log tells
+// it.
+type StateAt struct {
+	State string
+	// Before says the state is the to-state of the last transition before
+	// the time (At and Reason are that transition's); otherwise it is the
+	// from-state of the first transition at or after it (At), the state the
+	// instance was registered in.
+	Before bool
+	At     time.Time
+	Reason string
+}
+
 // StatesAt returns the state each of ids was in at at, as the transitions
 // log tells it: the last transition's to-state before at, else the first
 // one's from-state after it. Instances with no transition at all are
-// left out (their state has never changed).
-func StatesAt(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, at time.Time) (map[uuid.UUID]string, error) {
-	out := make(map[uuid.UUID]string, len(ids))
+// left out (their state has never changed). One query for all of ids.
+func StatesAt(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, at time.Time) (map[uuid.UUID]StateAt, error) {
+	out := make(map[uuid.UUID]StateAt, len(ids))
 	if len(ids) == 0 {
 		return out, nil
 	}
@@ -51,7 +64,7 @@ func StatesAt(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, at time.
 		return nil, fmt.Errorf("states of %d instances at %s: %w", len(ids), at.Format(time.RFC3339), err)
 	}
 	for _, r := range rows {
-		out[r.InstanceID] = r.State
+		out[r.InstanceID] = StateAt{State: r.State, Before: r.Before, At: r.At, Reason: r.Reason}
 	}
 	return out, nil
 }

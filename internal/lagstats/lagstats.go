@@ -2,7 +2,8 @@
 // for each change it propagated, as histograms held in memory for the
 // admin UI: a failed sample to the published withdrawal
 // (publisher), and the published view to each subscriber it was written
-// to (the watch stream and xDS). Prometheus has the same figures
+// to, by path: a watch stream (Delivered) or an xDS stream
+// (DeliveredXDS). Prometheus has the same figures
 // (muster_withdrawal_lag_seconds, muster_xds_push_latency_seconds); this
 // is what one service's page can draw without a query language. Nothing
 // here is an input to a verdict. Observing costs a map read and two
@@ -22,9 +23,12 @@ type Stage int
 const (
 	// Published: the first failed sample to the published withdrawal.
 	Published Stage = iota
-	// Delivered: the published view to a subscriber (a watch stream's
-	// frame written, an xDS response sent), per subscriber.
+	// Delivered: the published view to a watch stream, per stream (its
+	// frame written).
 	Delivered
+	// DeliveredXDS: the published view to an xDS stream, per stream (a
+	// response carrying its assignment sent).
+	DeliveredXDS
 	stages
 )
 
@@ -34,6 +38,8 @@ func (s Stage) String() string {
 		return "published"
 	case Delivered:
 		return "delivered"
+	case DeliveredXDS:
+		return "delivered_xds"
 	}
 	return "unknown"
 }

@@ -19,6 +19,16 @@
 // slow or dead target costs retries here, never a request or a
 // publication.
 //
+// # One sender per region
+//
+// Every replica holds the region's alarms; Config.Sends says which this
+// replica sends (app: the owner of the alarm's service's shard, or of
+// the region alarms' key; a replica's own condition, Alarm.Replica,
+// always), so a webhook, which deduplicates nothing, hears of each alarm
+// once per region. An alarm that becomes another replica's to send is
+// forgotten without a resolution (it has not ended), its queued copies
+// dropped; the new sender fires it afresh.
+//
 // # Delivery
 //
 // Each target has a bounded queue (Config.QueueSize) holding at most one

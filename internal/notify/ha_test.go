@@ -1,11 +1,14 @@
 package notify_test
 
 import (
+	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,4 +104,65 @@ func hostOfURL(t *testing.T, raw string) string {
 		t.Fatal(err)
 	}
 	return u.Host
+}
+
+// TestWebhookHearsAnAlarmOnce: a firing alert is resent to Alertmanager
+// every Resend (it expires what it stops hearing about), never to a
+// webhook, which would page again for the same alarm; a webhook hears a
+// changed description and the resolution.
+func TestWebhookHearsAnAlarmOnce(t *testing.T) {
+	t.Parallel()
+	am, hook := &flaky{}, &hookRecorder{}
+	amSrv, hookSrv := httptest.NewServer(am), httptest.NewServer(hook)
+	t.Cleanup(amSrv.Close)
+	t.Cleanup(hookSrv.Close)
+	clock := testclock.New(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	alarms := &alarmSet{}
+	alarm := notify.Alarm{Kind: "instance_quarantined", Service: "web", Instance: "i-1", Since: clock.Now(), Detail: "3 flaps"}
+	alarms.set(alarm)
+	n, _ := newNotifier(t, clock, alarms, notify.Targets{
+		Platform: &notify.Target{URL: amSrv.URL},
+		Teams:    map[string]notify.Target{"payments": {URL: hookSrv.URL, Kind: notify.KindWebhook}},
+	}, nil)
+	n.RunOnce(t.Context())
+	for range 3 {
+		clock.Advance(time.Minute)
+		n.RunOnce(t.Context())
+	}
+	if posts, _ := am.state(); posts != 4 {
+		t.Fatalf("Alertmanager got %d posts over three resends, want 4", posts)
+	}
+	if got := hook.statuses(); len(got) != 1 || got[0] != "firing" {
+		t.Fatalf("webhook heard %v over three resends, want one firing", got)
+	}
+	alarm.Detail = "4 flaps"
+	alarms.set(alarm)
+	n.RunOnce(t.Context())
+	alarms.set()
+	n.RunOnce(t.Context())
+	if got := hook.statuses(); len(got) != 3 || got[1] != "firing" || got[2] != "resolved" {
+		t.Fatalf("webhook heard %v, want firing, firing (the new description), resolved", got)
+	}
+}
+
+type hookRecorder struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (h *hookRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var b notify.Webhook
+	if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	h.mu.Lock()
+	h.seen = append(h.seen, b.Status)
+	h.mu.Unlock()
+}
+
+func (h *hookRecorder) statuses() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.seen...)
 }

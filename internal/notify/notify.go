@@ -55,10 +55,19 @@ type Alarm struct {
 	// Summary is one line; Detail the full text (a quarantine's flap
 	// history). Both change freely without making a new alarm.
 	Summary, Detail string
+	// Replica names the replica whose own condition the alarm is (its
+	// database unreachable, its clock skewed, a peer it cannot follow):
+	// each replica sends such an alarm itself, labelled replica, as it is
+	// not a copy of another's. Empty for the region's alarms.
+	Replica string
 }
 
 func (a Alarm) key() string {
-	h := sha256.Sum256([]byte(strings.Join([]string{a.Kind, a.Service, a.Instance, a.Zone, a.Since.UTC().Format(time.RFC3339Nano)}, "\x00")))
+	parts := []string{a.Kind, a.Service, a.Instance, a.Zone, a.Since.UTC().Format(time.RFC3339Nano)}
+	if a.Replica != "" {
+		parts = append(parts, a.Replica)
+	}
+	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
 	return hex.EncodeToString(h[:6])
 }
 
@@ -69,6 +78,14 @@ type Config struct {
 	// Alarms returns the open alarms; called from the notifier's
 	// goroutine, it must not block on the network or the database.
 	Alarms func() []Alarm
+	// Sends reports whether this replica is the one of the region that
+	// sends a (app: the owner of a's service's shard, or of the region's
+	// alarms' key; a replica's own alarms always), so each target hears
+	// of an alarm once per region rather than once per replica. An alarm
+	// another replica sends is forgotten here without a resolution: it is
+	// not over, only not this replica's to report. Nil: every alarm (a
+	// replica alone).
+	Sends func(Alarm) bool
 	// Owner returns a service's owning team, false when unknown (the
 	// alarm then goes to the platform only, labelled team=platform).
 	Owner func(service string) (string, bool)
@@ -303,9 +320,14 @@ func (n *Notifier) RunOnce(ctx context.Context) {
 	defer n.mu.Unlock()
 	now := n.cfg.Now()
 	open := map[string]bool{}
+	handed := map[string]bool{}
 	for _, a := range n.cfg.Alarms() {
 		k := a.key()
 		if open[k] {
+			continue
+		}
+		if n.cfg.Sends != nil && !n.cfg.Sends(a) {
+			handed[k] = true
 			continue
 		}
 		open[k] = true
@@ -322,20 +344,30 @@ func (n *Notifier) RunOnce(ctx context.Context) {
 			n.enqueue(now, k, f, now)
 			f = nil
 		}
+		resend := false
 		switch {
 		case f == nil:
 			f = &firing{alarm: a, team: team, startsAt: now}
 			n.sent[k] = f
-		case f.alarm.Detail != a.Detail || f.alarm.Summary != a.Summary || now.Sub(f.lastSent) >= n.cfg.Resend:
+		case f.alarm.Detail != a.Detail || f.alarm.Summary != a.Summary:
 			f.alarm = a
+		case now.Sub(f.lastSent) >= n.cfg.Resend:
+			resend = true
 		default:
 			continue
 		}
 		f.lastSent = now
-		n.enqueue(now, k, f, time.Time{})
+		n.enqueueFiring(now, k, f, resend)
 	}
 	for _, k := range slices.Sorted(maps.Keys(n.sent)) {
-		if !open[k] {
+		switch {
+		case open[k]:
+		case handed[k]:
+			// Still open, now another replica's to send (the shard
+			// moved): no resolution, or the target would hear it end.
+			delete(n.sent, k)
+			n.forget(k)
+		default:
 			n.enqueue(now, k, n.sent[k], now)
 			delete(n.sent, k)
 		}
@@ -367,8 +399,23 @@ func (n *Notifier) target(name string) Target {
 // enqueue queues f to each of its targets, resolved at endsAt unless that
 // is zero.
 func (n *Notifier) enqueue(now time.Time, key string, f *firing, endsAt time.Time) {
+	n.enqueueTo(now, key, f, endsAt, false)
+}
+
+// enqueueFiring queues f as firing. A resend (nothing changed but time)
+// goes to Alertmanager targets only: Alertmanager resolves an alert it
+// stops hearing about once its endsAt passes, so it must hear it again,
+// while a webhook would only page its receiver again for the same alarm.
+func (n *Notifier) enqueueFiring(now time.Time, key string, f *firing, resend bool) {
+	n.enqueueTo(now, key, f, time.Time{}, resend)
+}
+
+func (n *Notifier) enqueueTo(now time.Time, key string, f *firing, endsAt time.Time, resend bool) {
 	var names []string
 	for _, target := range n.targets(f) {
+		if resend && n.target(target).Kind == KindWebhook {
+			continue
+		}
 		names = append(names, n.sinkNames(target)...)
 	}
 	for _, name := range names {
@@ -461,7 +508,7 @@ type Webhook struct {
 func (n *Notifier) alert(d *delivery, now time.Time, webhook bool) Alert {
 	a := d.alarm
 	labels := map[string]string{"alertname": a.Kind, "team": d.team, "alarm": d.key, "source": "muster"}
-	for k, v := range map[string]string{"service": a.Service, "instance": a.Instance, "zone": a.Zone, "region": n.cfg.Region} {
+	for k, v := range map[string]string{"service": a.Service, "instance": a.Instance, "zone": a.Zone, "region": n.cfg.Region, "replica": a.Replica} {
 		if v != "" {
 			labels[k] = v
 		}

@@ -97,3 +97,12 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	}
 	return m, nil
 }
+
+// forget drops every queued delivery of the alert key: another replica
+// sends it now, and a late copy from here would be a duplicate.
+func (n *Notifier) forget(key string) {
+	for name, q := range n.queues {
+		q.items = slices.DeleteFunc(q.items, func(d *delivery) bool { return d.key == key })
+		n.metrics.queued.WithLabelValues(name).Set(float64(len(q.items)))
+	}
+}

@@ -523,6 +523,33 @@ func (r *Registry) ListInstances(ctx context.Context, actor identity.Principal, 
 	return out, nil
 }
 
+// InstancesDuring returns a service's instances that were registered at
+// some time in [since, until), live or ended, ordered by id after
+// page.After: the rows of its timeline.
+func (r *Registry) InstancesDuring(ctx context.Context, actor identity.Principal, service string, since, until time.Time, page Page) ([]Instance, error) {
+	if _, err := r.GetService(ctx, actor, service); err != nil {
+		return nil, err
+	}
+	after := uuid.Nil
+	if page.After != "" {
+		var err error
+		if after, err = uuid.Parse(page.After); err != nil {
+			return nil, invalid("bad page cursor", []FieldError{{Field: "cursor", Message: "not an instance id"}})
+		}
+	}
+	rows, err := db.New(r.cfg.Pool).InstanceListDuring(ctx, db.InstanceListDuringParams{
+		Service: service, After: after, Since: since, Until: until, Lim: page.limit(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list instances of %s during [%s, %s): %w", service, since.Format(time.RFC3339), until.Format(time.RFC3339), err)
+	}
+	out := make([]Instance, len(rows))
+	for i, row := range rows {
+		out[i] = instanceFromRow(row)
+	}
+	return out, nil
+}
+
 func instanceFromRow(row db.Instance) Instance {
 	return Instance{
 		ID: row.ID, Service: row.Service, Address: row.Address, Port: int(row.Port),

@@ -437,7 +437,9 @@ func TestLeaseLifecycle(t *testing.T) {
 		t.Fatalf("re-registration: %+v, %v", again, err)
 	}
 
-	// Deregistration ends it; doing it twice changes nothing.
+	// Deregistration ends it; doing it twice changes nothing. (A second
+	// after its registration: the windows below tell the two apart.)
+	e.clock.Advance(time.Second)
 	if _, err := e.reg.Deregister(ctx, webWL, again.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -455,6 +457,40 @@ func TestLeaseLifecycle(t *testing.T) {
 	if len(all) != 2 {
 		t.Fatalf("all instances = %d, want 2", len(all))
 	}
+
+	// The timeline's rows: the instances registered at some time in a
+	// window, by their registration and their end.
+	first, _ := e.reg.GetInstance(ctx, admin, inst.ID)
+	second, _ := e.reg.GetInstance(ctx, admin, again.ID)
+	during := func(since, until time.Time) []uuid.UUID {
+		t.Helper()
+		got, err := e.reg.InstancesDuring(ctx, admin, "web", since, until, registry.Page{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []uuid.UUID
+		for _, in := range got {
+			ids = append(ids, in.ID)
+		}
+		return ids
+	}
+	for _, tc := range []struct {
+		name         string
+		since, until time.Time
+		want         []uuid.UUID
+	}{
+		{"before the first registration", first.CreatedAt.Add(-time.Hour), first.CreatedAt, nil},
+		{"the first one's life", first.CreatedAt, *first.EndedAt, []uuid.UUID{inst.ID}},
+		{"after the first one ended", *first.EndedAt, second.EndedAt.Add(time.Second), []uuid.UUID{again.ID}},
+		{"after both ended", second.EndedAt.Add(time.Second), second.EndedAt.Add(time.Hour), nil},
+		{"across both", first.CreatedAt.Add(-time.Hour), second.EndedAt.Add(time.Hour), sortedIDs(inst.ID, again.ID)},
+	} {
+		if got := during(tc.since, tc.until); !slices.Equal(got, tc.want) {
+			t.Errorf("instances during %s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	_, err = e.reg.InstancesDuring(ctx, admin, "web", first.CreatedAt, *second.EndedAt, registry.Page{After: "not-an-id"})
+	wantKind(t, err, registry.ErrInvalid)
 	rep, err := audit.Verify(ctx, e.q)
 	if err != nil {
 		t.Fatalf("audit chain after the lifecycle: %v", err)
@@ -1240,4 +1276,10 @@ func TestADeposedOwnerExpiresNothing(t *testing.T) {
 	if evs := e.events(t, audit.Filter{Action: "lease.expire"}); len(evs) != 2 {
 		t.Fatalf("%d expiries audited, want 2", len(evs))
 	}
+}
+
+// sortedIDs returns ids in the order the registry lists them.
+func sortedIDs(ids ...uuid.UUID) []uuid.UUID {
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
+	return ids
 }

@@ -124,6 +124,9 @@ func TestBrowserWithdrawalLagHistogramCountsEachChange(t *testing.T) {
 		if total != strconv.FormatUint(h.Total, 10) {
 			t.Errorf("%s: the page's total %s, the recorder's %d", h.Stage, total, h.Total)
 		}
+		if h.Total == 0 {
+			continue // no xDS client here: drawn as nothing measured yet
+		}
 		counts := run(t, b, "bars", chromedp.Evaluate[[]string](fmt.Sprintf(`Array.from(document.querySelectorAll(%q)).map(r => r.getAttribute("data-count"))`, sec+" rect.hist-bar")))
 		var wantCounts []string
 		for _, c := range h.Counts {

@@ -22,15 +22,19 @@ func TestBrowserProberReachSparkline(t *testing.T) {
 	dir := artifactDir(t)
 	e := newEstate(t, apptest.Options{}, map[string]int{"az1": 2, "az2": 2})
 	hist := e.App.ProberHistory
-	hist.SampleNow()
+	if err := hist.SampleNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	for range 12 { // a minute of reports on half of the targets
 		e.Clock.Advance(5 * time.Second)
 		e.probe(t, "success", e.zones["az1"]...)
 	}
-	hist.SampleNow()
+	if err := hist.SampleNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 
 	var values []string
-	for _, s := range hist.Since(time.Time{}) {
+	for _, s := range hist.Since(t.Context(), time.Time{}) {
 		if s.Zone == "prober-1" {
 			for _, x := range s.Samples {
 				values = append(values, formatShare(x.Fraction()))

@@ -25,7 +25,9 @@ func TestBrowserOverviewSparklinesFollowTheZones(t *testing.T) {
 	s := newUIStack(t)
 	report := payWithEvidence(t, s)
 	hist := s.App.ZoneHistory
-	hist.SampleNow()
+	if err := hist.SampleNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 
 	// Three minutes of silence, evaluated each minute: pay's instances go
 	// unknown.
@@ -34,7 +36,9 @@ func TestBrowserOverviewSparklinesFollowTheZones(t *testing.T) {
 		s.Evaluator.EvaluateNow()
 		s.Publisher.RunOnce()
 	}
-	hist.SampleNow()
+	if err := hist.SampleNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	// Heard again, for half a minute.
 	for range 3 {
 		report()
@@ -42,9 +46,11 @@ func TestBrowserOverviewSparklinesFollowTheZones(t *testing.T) {
 		s.Evaluator.EvaluateNow()
 		s.Publisher.RunOnce()
 	}
-	hist.SampleNow()
+	if err := hist.SampleNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 
-	series := hist.Since(time.Time{})
+	series := hist.Since(t.Context(), time.Time{})
 	var unknown, fraction []string
 	for _, z := range series {
 		if z.Zone != "az1" {

@@ -47,8 +47,11 @@ func lagHistogram(h lagstats.Histogram) views.LagHistogram {
 		out.Title = "Withdrawals: first failed sample to published"
 		out.Help = "For each withdrawal, from the first failed sample muster took to the view without the instance (the publisher's measurement)."
 	case lagstats.Delivered:
-		out.Title = "Changes: published to each subscriber"
-		out.Help = "For each view change and each watch stream it was written to, from the hub taking it to the frame written (xDS pushes are in muster_xds_push_latency_seconds)."
+		out.Title = "Changes: published to each watch stream"
+		out.Help = "For each view change and each watch stream it was written to, from the hub taking it to the frame written."
+	case lagstats.DeliveredXDS:
+		out.Title = "Changes: published to each xDS stream"
+		out.Help = "For each view change and each xDS stream it was pushed to, from the hub taking it to the response carrying its assignment sent (as muster_xds_push_latency_seconds, per service)."
 	}
 	for i, c := range h.Counts {
 		b := views.LagBucket{Count: c}

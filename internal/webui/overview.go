@@ -50,11 +50,11 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 	o := views.Overview{Page: pg, Owner: owner, State: state, Sort: sortBy, Evaluated: pg.Now}
 	if u.cfg.ZoneHistory != nil {
 		o.ZonesShown, o.ZonesEvery = true, u.cfg.ZoneHistoryEvery.String()
-		o.Zones = zoneTrends(u.cfg.ZoneHistory.Since(pg.Now.Add(-time.Hour)))
+		o.Zones = zoneTrends(u.cfg.ZoneHistory.Since(r.Context(), pg.Now.Add(-time.Hour)))
 	}
 	if u.cfg.ProberHistory != nil {
 		o.ProbersShown, o.ZonesEvery = true, u.cfg.ZoneHistoryEvery.String()
-		o.Probers = proberTrends(u.cfg.ProberHistory.Since(pg.Now.Add(-time.Hour)))
+		o.Probers = proberTrends(u.cfg.ProberHistory.Since(r.Context(), pg.Now.Add(-time.Hour)))
 	}
 	var services []registry.Service
 	page := registry.Page{Limit: registry.MaxPageSize}

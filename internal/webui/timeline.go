@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,12 +18,19 @@ import (
 	"github.com/musterhq/muster/views"
 )
 
-// timelineSpans are the windows the timeline offers (?span=), with the
-// spacing of their axis ticks.
-var timelineSpans = map[string]struct{ span, tick time.Duration }{
-	"1h":  {time.Hour, 10 * time.Minute},
-	"24h": {24 * time.Hour, 2 * time.Hour},
-}
+// The timeline's spans: the page offers timelineOffered as links, and
+// ?span= takes any duration from timelineMinSpan to timelineMaxSpan (a
+// short one zooms in on an incident's seconds).
+var timelineOffered = []time.Duration{5 * time.Minute, 15 * time.Minute, time.Hour, 6 * time.Hour, 24 * time.Hour}
+
+const (
+	timelineMinSpan = 30 * time.Second
+	timelineMaxSpan = 24 * time.Hour
+	// timelineDefaultSpan is the longest span the page picks by itself: a
+	// service younger than it is shown over the smallest offered span
+	// that reaches back to its first registration still shown.
+	timelineDefaultSpan = time.Hour
+)
 
 // errTimelineWindow is a span or end query parameter the timeline cannot
 // show; its text is for the operator.
@@ -30,38 +38,98 @@ type errTimelineWindow string
 
 func (e errTimelineWindow) Error() string { return string(e) }
 
-// timelineWindow reads ?span=1h|24h (default 1h) and ?end=RFC3339
-// (default now) into the window [from, to). An end in the future is
-// refused rather than drawn empty; end is kept to the second.
-func timelineWindow(span, end string, now time.Time) (from, to time.Time, _ error) {
-	if span == "" {
-		span = "1h"
-	}
-	s, ok := timelineSpans[span]
-	if !ok {
-		return from, to, errTimelineWindow(fmt.Sprintf("span must be 1h or 24h, not %q.", truncate(span)))
+// timelineWindow reads ?span= (a duration, default an hour) and
+// ?end=RFC3339 (default now) into the window [from, to); chosen says the
+// span was given (otherwise fitSpan may narrow the window). An end in the
+// future is refused rather than drawn empty; end is kept to the second.
+func timelineWindow(span, end string, now time.Time) (from, to time.Time, chosen bool, _ error) {
+	d := timelineDefaultSpan
+	if span != "" {
+		var err error
+		d, err = time.ParseDuration(span)
+		if err != nil || d < timelineMinSpan || d > timelineMaxSpan || d%time.Second != 0 {
+			return from, to, false, errTimelineWindow(fmt.Sprintf("span must be a whole number of seconds from %s to %s, like 5m, 1h or 24h, not %q.",
+				spanText(timelineMinSpan), spanText(timelineMaxSpan), truncate(span)))
+		}
+		chosen = true
 	}
 	to = now.UTC().Truncate(time.Second)
 	if end != "" {
 		t, err := time.Parse(time.RFC3339, end)
 		if err != nil {
-			return from, to, errTimelineWindow(fmt.Sprintf("end must be a time in RFC 3339 form, like %s, not %q.", to.Format(time.RFC3339), truncate(end)))
+			return from, to, false, errTimelineWindow(fmt.Sprintf("end must be a time in RFC 3339 form, like %s, not %q.", to.Format(time.RFC3339), truncate(end)))
 		}
 		if t.After(now) {
-			return from, to, errTimelineWindow(fmt.Sprintf("end %s is in the future; the timeline shows what has happened.", t.UTC().Format(time.RFC3339)))
+			return from, to, false, errTimelineWindow(fmt.Sprintf("end %s is in the future; the timeline shows what has happened.", t.UTC().Format(time.RFC3339)))
 		}
 		to = t.UTC().Truncate(time.Second)
 	}
-	return to.Add(-s.span), to, nil
+	return to.Add(-d), to, chosen, nil
 }
 
-// timelineInstance is a live instance as the timeline labels it. State
-// is its verdict now, drawn across the window when the transitions log
-// has nothing on it (its state has never changed).
+// fitSpan is the span shown when none was asked for: the smallest offered
+// span ending at to that reaches back to first (the earliest registration
+// among the instances of the default window), so a young service's
+// activity fills the plot rather than its last pixels; the default span
+// when first is older, or there is no instance.
+func fitSpan(to, first time.Time) time.Duration {
+	if first.IsZero() {
+		return timelineDefaultSpan
+	}
+	for _, d := range timelineOffered {
+		if d > timelineDefaultSpan {
+			break
+		}
+		if !to.Add(-d).After(first) {
+			return d
+		}
+	}
+	return timelineDefaultSpan
+}
+
+// spanText writes a span as ?span= takes it: 5m, 1h, 90s, 1h30m.
+func spanText(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// tickFor is the spacing of the axis ticks over span: the smallest round
+// step that gives at most eight.
+func tickFor(span time.Duration) time.Duration {
+	steps := []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second, 30 * time.Second,
+		time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute, 30 * time.Minute,
+		time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour}
+	for _, s := range steps {
+		if span/s <= 8 {
+			return s
+		}
+	}
+	return 6 * time.Hour
+}
+
+// timelineInstance is an instance as the timeline draws it: its label,
+// its lifetime in the registry, and its verdict now (drawn when the
+// transitions log has nothing on it: its state has never changed).
 type timelineInstance struct {
 	ID          uuid.UUID
 	Label, Zone string
-	State       string
+	// State is the verdict now; "" for an ended instance (nothing is
+	// known of it but the log).
+	State string
+	// Registered is when it was registered; zero when unknown (an
+	// instance the log names that the registry did not list), taken as
+	// before the window.
+	Registered time.Time
+	// Ended is when it ended, nil while it is live; EndState how
+	// (deregistered, expired, replaced).
+	Ended    *time.Time
+	EndState string
 }
 
 // timelineData is what a timeline is laid out from.
@@ -72,22 +140,92 @@ type timelineData struct {
 	// Changes are the service's transitions in [From, To), oldest first.
 	Changes []evaluator.Change
 	// StateAt is each instance's state at From as the log tells it.
-	StateAt   map[uuid.UUID]string
+	StateAt   map[uuid.UUID]evaluator.StateAt
 	Overrides []policy.Override
 	Guards    []guardlog.Episode
 	Shifts    []shift.Shift
 }
 
+// lifeSpans returns the state spans of one instance over [from, to),
+// given its transitions in the window (oldest first) and its state at
+// from as the log tells it (known false: the log has nothing on it).
+// Nothing is drawn before its registration or after its end. Where the
+// row begins, the state is:
+//   - registered in the window: the state it was registered in, the
+//     first transition's from-state (else its verdict now: it never
+//     changed), the span's reason "registered";
+//   - registered before the window: the to-state of its last transition
+//     before the window, with that transition's time and reason; else
+//     the from-state of its first transition, else its verdict now.
+//
+// A change to another state closes the span and opens the next; a change
+// that keeps the state (a weight change) does not. The last span ends at
+// the instance's end (saying how it ended) or the window's.
+func lifeSpans(in timelineInstance, changes []evaluator.Change, at evaluator.StateAt, known bool, from, to time.Time) []views.TimelineBand {
+	start, end, ended := from, to, ""
+	registeredHere := !in.Registered.IsZero() && !in.Registered.Before(from)
+	if registeredHere {
+		start = in.Registered
+	}
+	if in.Ended != nil && in.Ended.Before(to) {
+		end, ended = *in.Ended, in.EndState
+		if ended == "" {
+			ended = "ended"
+		}
+	}
+	if !end.After(start) {
+		return nil
+	}
+	cur := views.TimelineBand{State: in.State, Start: start, Began: start}
+	switch {
+	case registeredHere:
+		cur.Reason = "registered"
+		if len(changes) > 0 {
+			cur.State = changes[0].From
+		} else if known {
+			cur.State = at.State
+		}
+	case known && at.Before:
+		cur.State, cur.Began, cur.Reason = at.State, at.At, at.Reason
+	case len(changes) > 0:
+		cur.State, cur.Began = changes[0].From, time.Time{}
+	case known:
+		cur.State, cur.Began = at.State, time.Time{}
+	default:
+		cur.Began = time.Time{}
+	}
+	var out []views.TimelineBand
+	for _, c := range changes {
+		if c.At.Before(start) {
+			// Written a moment before the registration's time (the
+			// evaluator and the registry may read different clocks):
+			// it still sets the state the row opens in.
+			cur.State, cur.Weight = c.To, c.Weight
+			continue
+		}
+		if !c.At.Before(end) || c.To == cur.State {
+			continue
+		}
+		if c.At.After(cur.Start) {
+			cur.End = c.At
+			out = append(out, cur)
+		}
+		cur = views.TimelineBand{State: c.To, Reason: c.Reason, Weight: c.Weight, Start: c.At, Began: c.At}
+	}
+	cur.End, cur.Ended = end, ended
+	return append(out, cur)
+}
+
 // layoutTimeline lays d out into tl's rows, marks and ticks: a pure
 // function of its input, so tested without a database or a browser.
 //
-// Each instance row starts in the state it was in at From (the first
-// change's from-state, else the last one before the window, else its
-// verdict now), and a change to another state closes the band and opens
-// the next; a change that keeps the state (a weight change) does not.
-// Bands are clipped to the window. Instances with changes but no longer
-// registered get rows of their own. Zone rows carry guard trips (a band
-// while tripped, a mark where it tripped) and shift steps.
+// Each instance that was registered at some time in the window gets a
+// row with its state spans (lifeSpans), and a "not registered" line
+// where the window runs before its registration or after its end;
+// instances the log names that are not among d.Instances get rows of
+// their own, from their first transition's from-state. Bands are
+// clipped to the window. Zone rows carry guard trips (a band while
+// tripped, a mark where it tripped) and shift steps.
 func layoutTimeline(tl *views.Timeline, d timelineData) {
 	tl.From, tl.To = d.From, d.To
 	window := float64(d.To.Sub(d.From))
@@ -104,55 +242,47 @@ func layoutTimeline(tl *views.Timeline, d timelineData) {
 		return views.TimelineBand{State: state, Reason: reason, Weight: weight, Start: start, End: end, X: x(start), W: x(end) - x(start)}
 	}
 
-	// Instance rows: the registered instances, then any the log names.
-	index := make(map[uuid.UUID]int, len(d.Instances))
-	rows := make([]views.TimelineRow, 0, len(d.Instances))
-	initial := make([]string, 0, len(d.Instances))
-	for _, inst := range d.Instances {
-		index[inst.ID] = len(rows)
-		rows = append(rows, views.TimelineRow{Key: inst.ID.String(), Label: inst.Label, Zone: inst.Zone})
-		st, ok := d.StateAt[inst.ID]
-		if !ok {
-			st = inst.State
-		}
-		initial = append(initial, st)
+	// Instance rows: the instances of the window, then any the log names.
+	byID := make(map[uuid.UUID][]evaluator.Change)
+	insts := slices.Clone(d.Instances)
+	listed := make(map[uuid.UUID]bool, len(insts))
+	for _, inst := range insts {
+		listed[inst.ID] = true
 	}
 	for _, c := range d.Changes {
-		if _, ok := index[c.InstanceID]; !ok {
-			index[c.InstanceID] = len(rows)
-			rows = append(rows, views.TimelineRow{Key: c.InstanceID.String(), Label: "deregistered " + c.InstanceID.String()[:8]})
-			initial = append(initial, c.From)
+		if !listed[c.InstanceID] {
+			listed[c.InstanceID] = true
+			insts = append(insts, timelineInstance{ID: c.InstanceID, Label: "unlisted " + c.InstanceID.String()[:8]})
 		}
+		byID[c.InstanceID] = append(byID[c.InstanceID], c)
 	}
-	// Open bands: a row's current state and when it began.
-	type open struct {
-		state, reason string
-		weight        float64
-		since         time.Time
-		changed       bool
-	}
-	cur := make([]open, len(rows))
-	for i := range rows {
-		cur[i] = open{state: initial[i], since: d.From}
-	}
-	for _, c := range d.Changes {
-		i := index[c.InstanceID]
-		o := &cur[i]
-		if !o.changed {
-			// The log's own from-state beats the guesses above.
-			o.state, o.changed = c.From, true
-		}
-		if c.To == o.state {
+	index := make(map[uuid.UUID]int, len(insts))
+	rows := make([]views.TimelineRow, 0, len(insts))
+	tl.FirstRegistered = time.Time{}
+	for _, inst := range insts {
+		at, known := d.StateAt[inst.ID]
+		bands := lifeSpans(inst, byID[inst.ID], at, known, d.From, d.To)
+		if len(bands) == 0 {
 			continue
 		}
-		if c.At.After(o.since) {
-			rows[i].Bands = append(rows[i].Bands, band(o.state, o.reason, o.weight, o.since, c.At))
+		r := views.TimelineRow{Key: inst.ID.String(), Label: inst.Label, Zone: inst.Zone}
+		for _, b := range bands {
+			b.X, b.W = x(b.Start), x(b.End)-x(b.Start)
+			r.Bands = append(r.Bands, b)
 		}
-		*o = open{state: c.To, reason: c.Reason, weight: c.Weight, since: c.At, changed: true}
-	}
-	for i := range rows {
-		o := cur[i]
-		rows[i].Bands = append(rows[i].Bands, band(o.state, o.reason, o.weight, o.since, d.To))
+		if first := bands[0].Start; first.After(d.From) {
+			r.Absent = append(r.Absent, views.TimelineGap{X: x(d.From), W: x(first) - x(d.From),
+				Title: "not registered until " + views.Absolute(first)})
+		}
+		if last := bands[len(bands)-1]; last.Ended != "" {
+			r.Absent = append(r.Absent, views.TimelineGap{X: x(last.End), W: x(d.To) - x(last.End),
+				Title: last.Ended + " at " + views.Absolute(last.End)})
+		}
+		if !inst.Registered.IsZero() && (tl.FirstRegistered.IsZero() || inst.Registered.Before(tl.FirstRegistered)) {
+			tl.FirstRegistered = inst.Registered
+		}
+		index[inst.ID] = len(rows)
+		rows = append(rows, r)
 	}
 
 	// Overrides, on their instance's row.
@@ -256,7 +386,11 @@ func layoutTimeline(tl *views.Timeline, d timelineData) {
 	if d.Tick > 0 {
 		for t := d.From.Truncate(d.Tick); !t.After(d.To); t = t.Add(d.Tick) {
 			if !t.Before(d.From) {
-				tl.Ticks = append(tl.Ticks, views.TimelineTick{X: x(t), Label: views.Clock(t)})
+				label := views.Clock(t)
+				if d.Tick < time.Minute {
+					label = t.UTC().Format("15:04:05")
+				}
+				tl.Ticks = append(tl.Ticks, views.TimelineTick{X: x(t), Label: label})
 			}
 		}
 	}

@@ -28,12 +28,12 @@ func BenchmarkServiceTimeline1000Instances24h(b *testing.B) {
 	from := to.Add(-24 * time.Hour)
 	rng := rand.New(rand.NewPCG(1, 2))
 	states := []string{"eligible", "degraded", "ineligible", "unknown"}
-	d := timelineData{From: from, To: to, Tick: timelineSpans["24h"].tick, StateAt: map[uuid.UUID]string{}}
+	d := timelineData{From: from, To: to, Tick: tickFor(24 * time.Hour), StateAt: map[uuid.UUID]evaluator.StateAt{}}
 	for i := range instances {
 		id := uuid.New()
 		d.Instances = append(d.Instances, timelineInstance{ID: id, Label: fmt.Sprintf("10.%d.%d.%d:8080", i%3, i/250, i%250),
 			Zone: fmt.Sprintf("az%d", i%3+1), State: "eligible"})
-		d.StateAt[id] = "eligible"
+		d.StateAt[id] = evaluator.StateAt{State: "eligible", Before: true, At: from.Add(-time.Hour)}
 		n := 4
 		if i%10 == 0 {
 			n = 40

@@ -35,23 +35,20 @@ func (u *UI) serviceTimeline(w http.ResponseWriter, r *http.Request, pg views.Pa
 		return
 	}
 	q := r.URL.Query()
-	from, to, err := timelineWindow(q.Get("span"), q.Get("end"), pg.Now)
+	from, to, chosen, err := timelineWindow(q.Get("span"), q.Get("end"), pg.Now)
 	if err != nil {
 		u.message(w, r, http.StatusBadRequest, "Timeline window not understood", err.Error())
 		return
 	}
 	pg.Title, pg.Nav = name+" timeline", "overview"
-	tl := views.Timeline{Page: pg, Service: name, Span: spanOf(to.Sub(from))}
+	tl := views.Timeline{Page: pg, Service: name}
+	for _, d := range timelineOffered {
+		tl.Spans = append(tl.Spans, spanText(d))
+	}
 	if q.Get("end") != "" {
 		tl.EndParam = to.Format(time.RFC3339)
 	}
-	tl.Earlier = from.Format(time.RFC3339)
-	if later := to.Add(to.Sub(from)); later.Before(pg.Now) {
-		tl.Later, tl.LaterOK = later.Format(time.RFC3339), true
-	} else {
-		tl.LaterOK = tl.EndParam != ""
-	}
-	err = u.buildTimeline(r.Context(), principalFrom(r.Context()), &tl, from, to)
+	err = u.buildTimeline(r.Context(), principalFrom(r.Context()), &tl, from, to, chosen)
 	if errors.Is(err, registry.ErrNotFound) {
 		u.message(w, r, http.StatusNotFound, "No such service", "There is no service "+name+" in the registry.")
 		return
@@ -64,25 +61,17 @@ func (u *UI) serviceTimeline(w http.ResponseWriter, r *http.Request, pg views.Pa
 	u.render(w, r, http.StatusOK, views.TimelinePage(tl))
 }
 
-func spanOf(d time.Duration) string {
-	for k, s := range timelineSpans {
-		if s.span == d {
-			return k
-		}
-	}
-	return ""
-}
-
-// buildTimeline reads the instances from the registry, their verdicts
-// from memory, the transitions, guard trips, overrides and shifts from
-// PostgreSQL, and lays them out. The registry and the transitions are
-// needed; a part of the rest that cannot be read is said on the page.
-func (u *UI) buildTimeline(ctx context.Context, actor identity.Principal, tl *views.Timeline, from, to time.Time) error {
+// buildTimeline reads the instances registered in the window from the
+// registry, their verdicts from memory, the transitions, guard trips,
+// overrides and shifts from PostgreSQL, and lays them out. Unless the span
+// was chosen, the window is narrowed to fit the service's activity
+// (fitSpan) once the instances are read. The registry and the transitions
+// are needed; a part of the rest that cannot be read is said on the page.
+func (u *UI) buildTimeline(ctx context.Context, actor identity.Principal, tl *views.Timeline, from, to time.Time, chosen bool) error {
 	name := tl.Service
 	if _, err := u.cfg.Registry.GetService(ctx, actor, name); err != nil {
 		return err
 	}
-	d := timelineData{From: from, To: to, Tick: timelineSpans[tl.Span].tick}
 	states := map[uuid.UUID]string{}
 	if el, err := u.cfg.Evaluator.Eligibility(ctx, name); err == nil {
 		for _, in := range el.Instances {
@@ -93,25 +82,58 @@ func (u *UI) buildTimeline(ctx context.Context, actor identity.Principal, tl *vi
 		// holds; only the current states are left out.
 		return err
 	}
+	var insts []timelineInstance
+	var first time.Time
 	page := registry.Page{Limit: registry.MaxPageSize}
-	var ids []uuid.UUID
 	for {
-		batch, err := u.cfg.Registry.ListInstances(ctx, actor, name, registry.InstanceFilter{}, page)
+		batch, err := u.cfg.Registry.InstancesDuring(ctx, actor, name, from, to, page)
 		if err != nil {
 			return err
 		}
 		for _, in := range batch {
-			st, ok := states[in.ID]
-			if !ok {
-				st = "unknown"
+			ti := timelineInstance{ID: in.ID, Label: in.Address + ":" + strconv.Itoa(in.Port), Zone: in.Zone, Registered: in.CreatedAt}
+			if in.State == "active" {
+				ti.State = "unknown"
+				if st, ok := states[in.ID]; ok {
+					ti.State = st
+				}
+			} else {
+				// An end muster did not stamp (ended by hand) is taken
+				// as the row's last change.
+				end := in.UpdatedAt
+				if in.EndedAt != nil {
+					end = *in.EndedAt
+				}
+				ti.Ended, ti.EndState = &end, in.State
 			}
-			d.Instances = append(d.Instances, timelineInstance{ID: in.ID, Label: in.Address + ":" + strconv.Itoa(in.Port), Zone: in.Zone, State: st})
-			ids = append(ids, in.ID)
+			if first.IsZero() || in.CreatedAt.Before(first) {
+				first = in.CreatedAt
+			}
+			insts = append(insts, ti)
 		}
 		if len(batch) < page.Limit {
 			break
 		}
 		page.After = batch[len(batch)-1].ID.String()
+	}
+	if !chosen {
+		from = to.Add(-fitSpan(to, first))
+	}
+	span := to.Sub(from)
+	tl.Span = spanText(span)
+	if fit := fitSpan(to, first); fit < span {
+		tl.FitSpan = spanText(fit)
+	}
+	tl.Earlier = from.Format(time.RFC3339)
+	if later := to.Add(span); later.Before(tl.Now) {
+		tl.Later, tl.LaterOK = later.Format(time.RFC3339), true
+	} else {
+		tl.LaterOK = tl.EndParam != ""
+	}
+	d := timelineData{From: from, To: to, Tick: tickFor(span), Instances: insts}
+	ids := make([]uuid.UUID, 0, len(insts))
+	for _, in := range insts {
+		ids = append(ids, in.ID)
 	}
 	var err error
 	if d.Changes, tl.Truncated, err = evaluator.Window(ctx, u.cfg.Pool, name, from, to, timelineChangeLimit); err != nil {

@@ -155,13 +155,13 @@ type Config struct {
 	// its sparklines from (zonehistory.History), sampled every
 	// ZoneHistoryEvery.
 	ZoneHistory interface {
-		Since(time.Time) []zonehistory.Series
+		Since(context.Context, time.Time) []zonehistory.Series
 	}
 	ZoneHistoryEvery time.Duration
 	// ProberHistory, when set, is every prober's reach over time
 	// (targets reported on, of those assigned), sampled likewise.
 	ProberHistory interface {
-		Since(time.Time) []zonehistory.Series
+		Since(context.Context, time.Time) []zonehistory.Series
 	}
 	// Hub, when set, gives pages live updates: they reload their content
 	// when a view they show changes (GET /events, refresh.js).

@@ -3,6 +3,8 @@ package xds
 import (
 	"slices"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 )
 
@@ -86,4 +88,10 @@ func (s *Server) AckedAssignments() []string {
 		a.mu.Unlock()
 	}
 	return out
+}
+
+// ChancesByPort is each endpoint's chance of a call at priority 0, by
+// port, under Envoy's weights or gRPC's round robin (weights_test.go).
+func ChancesByPort(cla *endpoint.ClusterLoadAssignment, envoy bool) map[uint32]float64 {
+	return chancesBy(cla, envoy, (*core.SocketAddress).GetPortValue)
 }

@@ -184,7 +184,7 @@ func (s *Server) apply(frames []*stream.Frame) {
 			sr.remote[region] = p
 		} else {
 			sr.local, sr.version = p, p.version
-			s.notePublished(f.Version, f.PublishedAt)
+			s.notePublished(f.Version, service, f.PublishedAt)
 		}
 	}
 	if len(built) == 0 {
@@ -394,12 +394,19 @@ func (s *Server) setSnapshot(n *node) {
 	s.cache.SetSnapshot(n.key, newNodeSnapshot(list))
 }
 
+// publication is when the hub received a local view, and its service.
+type publication struct {
+	at      time.Time
+	service string
+}
+
 // notePublished remembers, for the last 4096 local views built, when
-// the hub received their version (for the push latency histogram).
-func (s *Server) notePublished(version uint64, at time.Time) {
+// the hub received their version and whose it is (for the push latency
+// histograms).
+func (s *Server) notePublished(version uint64, service string, at time.Time) {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
-	s.published[version] = at
+	s.published[version] = publication{at: at, service: service}
 	s.pubOrder = append(s.pubOrder, version)
 	if len(s.pubOrder) > 4096 {
 		for _, v := range s.pubOrder[:1024] {
@@ -409,8 +416,8 @@ func (s *Server) notePublished(version uint64, at time.Time) {
 	}
 }
 
-// publishedAt returns when the hub received version.
-func (s *Server) publishedAt(version uint64) (time.Time, bool) {
+// publishedAt returns when the hub received version, and its service.
+func (s *Server) publishedAt(version uint64) (publication, bool) {
 	s.pubMu.RLock()
 	defer s.pubMu.RUnlock()
 	at, ok := s.published[version]

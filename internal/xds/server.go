@@ -33,6 +33,7 @@ import (
 
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/lagstats"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/internal/worker"
 )
@@ -97,7 +98,11 @@ func peerAddress(ctx context.Context) string {
 // Config configures a Server. Hub, Admission, Authenticator and Authz
 // connect it to the rest of muster (internal/app sets them).
 type Config struct {
-	Hub           *stream.Hub
+	Hub *stream.Hub
+	// Lags, when set, keeps each push's latency per service for the admin
+	// UI's propagation page (lagstats.DeliveredXDS), beside the watch
+	// streams' deliveries.
+	Lags          *lagstats.Recorder
 	Admission     *stream.Admission
 	Authenticator Authenticator
 	// AuthFailures, when set, puts streams refused for a forged, expired,
@@ -230,7 +235,7 @@ type Server struct {
 	rpcs     map[*rpc]struct{}
 
 	pubMu     sync.RWMutex
-	published map[uint64]time.Time
+	published map[uint64]publication
 	pubOrder  []uint64
 }
 
@@ -252,7 +257,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger.With("component", "xds"),
 		services: map[string]*serviceResources{}, nodes: map[string]*node{},
-		rpcs: map[*rpc]struct{}{}, published: map[uint64]time.Time{},
+		rpcs: map[*rpc]struct{}{}, published: map[uint64]publication{},
 		acct: newAccounts(cfg.Limits),
 	}
 	var err error
@@ -651,8 +656,10 @@ func (s *Server) checkDenied(r *rpc, names []string) {
 // observeLead records how long ago the hub received the local view
 // version v, whose assignment was just sent.
 func (s *Server) observeLead(v uint64) {
-	if at, ok := s.publishedAt(v); ok {
-		s.m.latency.Observe(s.cfg.Now().Sub(at).Seconds())
+	if p, ok := s.publishedAt(v); ok {
+		d := s.cfg.Now().Sub(p.at)
+		s.m.latency.Observe(d.Seconds())
+		s.cfg.Lags.Observe(p.service, lagstats.DeliveredXDS, d)
 	}
 }
 

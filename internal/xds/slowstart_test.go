@@ -17,6 +17,7 @@ import (
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/wait"
+	"github.com/musterhq/muster/internal/xds"
 	"github.com/musterhq/muster/internal/xds/xdstest"
 	"github.com/musterhq/muster/resolver"
 )
@@ -204,35 +205,9 @@ func assignmentAt(d *deltaStream, version uint64) *endpoint.ClusterLoadAssignmen
 	}
 }
 
-// chances is each endpoint's (port's) chance of a call at priority 0:
-// its locality's weight over the total, times its endpoint weight over
-// the locality's (Envoy), or over the locality's endpoints (gRPC, whose
-// round robin ignores endpoint weights).
+// chances is each endpoint's (port's) chance of a call at priority 0,
+// as Envoy (endpoint weights) or gRPC (round robin within a locality)
+// gives it.
 func chances(cla *endpoint.ClusterLoadAssignment, envoy bool) map[uint32]float64 {
-	var total float64
-	for _, loc := range cla.GetEndpoints() {
-		if loc.GetPriority() == 0 {
-			total += float64(loc.GetLoadBalancingWeight().GetValue())
-		}
-	}
-	out := map[uint32]float64{}
-	for _, loc := range cla.GetEndpoints() {
-		if loc.GetPriority() != 0 {
-			continue
-		}
-		var in float64
-		for _, e := range loc.GetLbEndpoints() {
-			in += float64(e.GetLoadBalancingWeight().GetValue())
-		}
-		for _, e := range loc.GetLbEndpoints() {
-			p := float64(loc.GetLoadBalancingWeight().GetValue()) / total
-			if envoy {
-				p *= float64(e.GetLoadBalancingWeight().GetValue()) / in
-			} else {
-				p /= float64(len(loc.GetLbEndpoints()))
-			}
-			out[e.GetEndpoint().GetAddress().GetSocketAddress().GetPortValue()] += p
-		}
-	}
-	return out
+	return xds.ChancesByPort(cla, envoy)
 }

@@ -71,13 +71,19 @@ func priorAssignment(s *resolver.Snapshot) *endpoint.ClusterLoadAssignment {
 // for Envoy, its endpoint weight over its locality's total, and for gRPC
 // (round robin within a locality, endpoint weights ignored), 1/n.
 func probabilities(cla *endpoint.ClusterLoadAssignment, envoy bool) map[string]float64 {
+	return chancesBy(cla, envoy, (*core.SocketAddress).GetAddress)
+}
+
+// chancesBy is probabilities keyed by what key takes from an endpoint's
+// socket address.
+func chancesBy[K comparable](cla *endpoint.ClusterLoadAssignment, envoy bool, key func(*core.SocketAddress) K) map[K]float64 {
 	var total float64
 	for _, loc := range cla.GetEndpoints() {
 		if loc.GetPriority() == 0 {
 			total += float64(loc.GetLoadBalancingWeight().GetValue())
 		}
 	}
-	out := map[string]float64{}
+	out := map[K]float64{}
 	for _, loc := range cla.GetEndpoints() {
 		if loc.GetPriority() != 0 {
 			continue
@@ -93,7 +99,7 @@ func probabilities(cla *endpoint.ClusterLoadAssignment, envoy bool) map[string]f
 			} else {
 				p /= float64(len(loc.GetLbEndpoints()))
 			}
-			out[e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()] += p
+			out[key(e.GetEndpoint().GetAddress().GetSocketAddress())] += p
 		}
 	}
 	return out

@@ -16,15 +16,19 @@ func TestHistoryKeepsADayPerZone(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 5 {
-		h.SampleNow()
+		if err := h.SampleNow(t.Context()); err != nil {
+			t.Fatal(err)
+		}
 		now = now.Add(time.Minute)
 	}
 	delete(counts, "az2")
 	for range 8 {
-		h.SampleNow()
+		if err := h.SampleNow(t.Context()); err != nil {
+			t.Fatal(err)
+		}
 		now = now.Add(time.Minute)
 	}
-	all := h.Since(time.Time{})
+	all := h.Since(t.Context(), time.Time{})
 	if len(all) != 2 || all[0].Zone != "az1" || all[1].Zone != "az2" {
 		t.Fatalf("zones %+v", all)
 	}
@@ -37,15 +41,17 @@ func TestHistoryKeepsADayPerZone(t *testing.T) {
 	if f := all[0].Samples[0].Fraction(); f != 0.75 {
 		t.Fatalf("fraction %v", f)
 	}
-	recent := h.Since(now.Add(-3 * time.Minute))
+	recent := h.Since(t.Context(), now.Add(-3*time.Minute))
 	if len(recent) != 1 || len(recent[0].Samples) != 3 {
 		t.Fatalf("the last 3 minutes: %+v", recent)
 	}
 	for range 5 {
-		h.SampleNow()
+		if err := h.SampleNow(t.Context()); err != nil {
+			t.Fatal(err)
+		}
 		now = now.Add(time.Minute)
 	}
-	if got := h.Since(time.Time{}); len(got) != 1 {
+	if got := h.Since(t.Context(), time.Time{}); len(got) != 1 {
 		t.Fatalf("az2 was not forgotten once its samples aged out: %+v", got)
 	}
 }

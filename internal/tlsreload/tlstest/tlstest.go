@@ -62,6 +62,14 @@ func (ca *CA) Pool() *x509.CertPool {
 // valid for notAfter from now; it returns the certificate and key PEM.
 func (ca *CA) Leaf(t testing.TB, cn string, notAfter time.Duration) (certPEM, keyPEM []byte) {
 	t.Helper()
+	return ca.LeafFor(t, cn, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, notAfter)
+}
+
+// LeafFor issues a server certificate named cn for the names and
+// addresses given, valid for notAfter from now; it returns the
+// certificate and key PEM.
+func (ca *CA) LeafFor(t testing.TB, cn string, dnsNames []string, ips []net.IP, notAfter time.Duration) (certPEM, keyPEM []byte) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +78,7 @@ func (ca *CA) Leaf(t testing.TB, cn string, notAfter time.Duration) (certPEM, ke
 		SerialNumber: serial(t), Subject: pkix.Name{CommonName: cn},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(notAfter),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
+		IPAddresses: ips, DNSNames: dnsNames,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
