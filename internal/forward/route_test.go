@@ -51,12 +51,12 @@ func services(n int, service string) []string {
 	return out
 }
 
-// TestEvidenceGoesToOwnerAndStandbyOnly: with four replicas (this one
+// TestEvidenceGoesOnlyWhereItsShardRoutes: with four replicas (this one
 // and b, c, d), each report reaches only the replicas its shard's route
-// names, never this replica itself and never a third peer: two copies
-// per sample whatever the number of replicas. A report with no known
-// service goes to every peer.
-func TestEvidenceGoesToOwnerAndStandbyOnly(t *testing.T) {
+// names (the owner, and during a move the replica offered the shard),
+// never this replica itself and never another peer. A report with no
+// known service goes to every peer.
+func TestEvidenceGoesOnlyWhereItsShardRoutes(t *testing.T) {
 	t.Parallel()
 	k := newKey(t)
 	b, c, d := newFakePeerAs(t, k, "b"), newFakePeerAs(t, k, "c"), newFakePeerAs(t, k, "d")
@@ -150,7 +150,7 @@ func goneQueueRerouted(t *testing.T, replay time.Duration) {
 	sent := items(20)
 	sent[3].Outcome = "hard_failure"
 	h.f.Offer(prober, sent, services(20, "svc-0"))
-	wait.For(t, 10*time.Second, "the standby c holding the reports", func() bool { return len(c.reports()) == 20 })
+	wait.For(t, 10*time.Second, "c, offered the shard, holding the reports", func() bool { return len(c.reports()) == 20 })
 	if n := h.f.Queued("b"); n != 20 {
 		t.Fatalf("%d items queued for the owner b that is down, want 20", n)
 	}
@@ -186,7 +186,7 @@ func goneQueueRerouted(t *testing.T, replay time.Duration) {
 }
 
 // TestAReplicaDealtAShardIsSentItsRecentEvidence: a peer that becomes a
-// destination of a shard (offered it, or its new standby) is sent the
+// destination of a shard (offered it) is sent the
 // evidence of that shard accepted here within Replay, and not that of
 // other shards.
 func TestAReplicaDealtAShardIsSentItsRecentEvidence(t *testing.T) {
