@@ -77,7 +77,8 @@ func quarantineAlarms(ctx context.Context, reads OwnerReads, now time.Time) []as
 	qs, unanswered := reads.Quarantines(ctx)
 	out := make([]assembler.Alarm, 0, len(qs)+len(unanswered))
 	for _, q := range qs {
-		out = append(out, assembler.Alarm{Kind: evaluator.AlarmInstanceQuarantined, Service: q.Service, Zone: q.Zone, Since: q.At, Detail: q.Detail()})
+		out = append(out, assembler.Alarm{Kind: evaluator.AlarmInstanceQuarantined, Service: q.Service, Zone: q.Zone,
+			Instance: q.InstanceID.String(), Since: q.At, Detail: q.Detail()})
 	}
 	for _, id := range unanswered {
 		out = append(out, assembler.Alarm{Kind: AlarmOwnerUnreachable, Since: now, Detail: fmt.Sprintf(
