@@ -36,6 +36,10 @@ type Refusal struct {
 type Result struct {
 	Accepted int       `json:"accepted"`
 	Refused  []Refusal `json:"refused"`
+	// Services names, by index of the batch, the service of each item
+	// accepted ("" for one refused), for the forwarder's routing; never
+	// sent to the reporter. Set by Ingest only.
+	Services []string `json:"-"`
 }
 
 // MaxBatch bounds the items in one batch.
@@ -155,6 +159,19 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 		if code != "" {
 			refuse(i, code, "%s", why)
 			continue
+		}
+		if !forwarded {
+			if res.Services == nil {
+				res.Services = make([]string, len(reports))
+			}
+			service := e.instances[r.InstanceID].service
+			res.Services[i] = service
+			if e.cfg.Evaluates != nil && !e.cfg.Evaluates(service) {
+				// Kept by its owner, to which the
+				// forwarder takes it; nothing of it is held here.
+				res.Accepted++
+				continue
+			}
 		}
 		if err := e.engine.Observe(s); err != nil {
 			refuse(i, codeUnknownInstance, "instance %s is not known to the evaluator", r.InstanceID)
