@@ -320,7 +320,6 @@ type peerQueue struct {
 	burstDetail             string
 
 	forwarded, dropped prometheus.Counter
-	queued             prometheus.Gauge
 	// jsonUntil: the peer refused a compact body (415); it is sent JSON
 	// until then (wall clock).
 	jsonUntil time.Time
@@ -405,12 +404,12 @@ func (f *Forwarder) enqueue(p *peerQueue, it item) {
 func (f *Forwarder) trimRecent(now time.Time) {
 	cut := now.Add(-f.cfg.Replay)
 	for f.recentHead < len(f.recent) && (f.recent[f.recentHead].offered.Before(cut) || len(f.recent)-f.recentHead > f.cfg.QueueLimit) {
+		f.recent[f.recentHead] = item{}
 		f.recentHead++
 	}
 	if f.recentHead > 0 && f.recentHead >= len(f.recent)/2 {
-		// Into a new array, the old one (and what it held before the
-		// head) let go whole: cheaper than clearing item by item.
-		f.recent = slices.Clone(f.recent[f.recentHead:])
+		f.recent = append(f.recent[:0], f.recent[f.recentHead:]...)
+		clear(f.recent[len(f.recent):cap(f.recent)])
 		f.recentHead = 0
 	}
 }
@@ -428,12 +427,11 @@ func (f *Forwarder) trim(p *peerQueue) {
 		f.drop(p, over)
 	}
 	if p.head > 0 && p.head >= len(p.items)/2 {
-		// Into a new array: the batch in flight may be a slice of this
-		// one (take), and the old array goes with it.
-		p.items = slices.Clone(p.items[p.head:])
+		p.items = append(p.items[:0], p.items[p.head:]...)
+		clear(p.items[len(p.items):cap(p.items)])
 		p.head = 0
 	}
-	p.queued.Set(float64(len(p.items) - p.head + len(p.urgent) + p.inflight))
+	f.met.queue.WithLabelValues(p.id).Set(float64(len(p.items) - p.head + len(p.urgent) + p.inflight))
 }
 
 // Start reads the peers and starts a sender for each; it re-reads them
@@ -514,7 +512,7 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 			continue
 		}
 		p := &peerQueue{id: id, address: addr, wake: make(chan struct{}, 1),
-			forwarded: f.met.forwarded.WithLabelValues(id), dropped: f.met.dropped.WithLabelValues(id), queued: f.met.queue.WithLabelValues(id)}
+			forwarded: f.met.forwarded.WithLabelValues(id), dropped: f.met.dropped.WithLabelValues(id)}
 		// A peer that joins is sent what arrived here within Replay
 		// about the shards it keeps first (Config.Replay).
 		if f.cfg.Replay > 0 {
@@ -869,29 +867,16 @@ func (f *Forwarder) take(p *peerQueue, n int) []item {
 	if n+u == 0 {
 		return nil
 	}
-	var batch []item
-	if u == 0 {
-		// The common case: a slice of the queue's array, neither copied
-		// nor cleared (a few thousand items of a few hundred bytes each
-		// at every request). Nothing writes that part of the array again:
-		// appends go past it, and trim compacts into a new array.
-		batch = p.items[p.head : p.head+n : p.head+n]
-	} else {
-		batch = make([]item, 0, u+n)
-		batch = append(batch, p.urgent[:u]...)
-		batch = append(batch, p.items[p.head:p.head+n]...)
-		clear(p.urgent[:u])
-		p.urgent = p.urgent[u:]
-		if len(p.urgent) == 0 {
-			p.urgent = nil
-		}
+	batch := make([]item, 0, u+n)
+	batch = append(batch, p.urgent[:u]...)
+	clear(p.urgent[:u])
+	p.urgent = p.urgent[u:]
+	if len(p.urgent) == 0 {
+		p.urgent = nil
 	}
+	batch = append(batch, p.items[p.head:p.head+n]...)
+	clear(p.items[p.head : p.head+n])
 	p.head += n
-	if p.head == len(p.items) {
-		// Empty: the next append starts a new array, and the old one
-		// goes with the batch.
-		p.items, p.head = nil, 0
-	}
 	p.inflight = n + u
 	f.trim(p)
 	return batch
