@@ -320,6 +320,9 @@ type peerQueue struct {
 	burstDetail             string
 
 	forwarded, dropped prometheus.Counter
+	// queued is its muster_evidence_forward_queue series, held rather
+	// than looked up on every offer and take.
+	queued prometheus.Gauge
 	// jsonUntil: the peer refused a compact body (415); it is sent JSON
 	// until then (wall clock).
 	jsonUntil time.Time
@@ -431,7 +434,7 @@ func (f *Forwarder) trim(p *peerQueue) {
 		clear(p.items[len(p.items):cap(p.items)])
 		p.head = 0
 	}
-	f.met.queue.WithLabelValues(p.id).Set(float64(len(p.items) - p.head + len(p.urgent) + p.inflight))
+	p.queued.Set(float64(len(p.items) - p.head + len(p.urgent) + p.inflight))
 }
 
 // Start reads the peers and starts a sender for each; it re-reads them
@@ -512,7 +515,7 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 			continue
 		}
 		p := &peerQueue{id: id, address: addr, wake: make(chan struct{}, 1),
-			forwarded: f.met.forwarded.WithLabelValues(id), dropped: f.met.dropped.WithLabelValues(id)}
+			forwarded: f.met.forwarded.WithLabelValues(id), dropped: f.met.dropped.WithLabelValues(id), queued: f.met.queue.WithLabelValues(id)}
 		// A peer that joins is sent what arrived here within Replay
 		// about the shards it keeps first (Config.Replay).
 		if f.cfg.Replay > 0 {
