@@ -25,7 +25,8 @@ import (
 // answered from the same windows.
 //
 // Rows are read by the time they were written on the database's clock
-// (the writers' clocks may disagree by any amount), up to that clock less
+// (the writers' clocks may disagree by any amount), and applied at that
+// time carried over to this replica's clock, up to that clock less
 // Config.FollowMargin: a row is visible when its transaction commits but
 // stamped when it began, and a window write is one COPY of at most
 // windowChunk rows within DBTimeout. A write slower than that is missed
@@ -106,6 +107,14 @@ func (e *Evaluator) followWindows(ctx context.Context) (int, error) {
 	if e.follow.at.IsZero() {
 		e.follow = followCursor{at: upto, class: math.MinInt16}
 	}
+	// A window is placed at its write time on this replica's clock, not
+	// at its end on the writer's: replicas' clocks may be far apart, and
+	// a window stamped ahead of this clock would keep an instance from
+	// falling silent here, one stamped behind would make it silent early.
+	// The database's now was read just above; its offset from this
+	// clock carries the write time over.
+	now := e.cfg.Now()
+	offset := now.Sub(upto.Add(e.cfg.FollowMargin))
 	params := db.ObservedWindowsWrittenParams{Upto: upto, Reader: e.cfg.Replica, Lim: followPage}
 	applied := 0
 	for {
@@ -122,7 +131,7 @@ func (e *Evaluator) followWindows(ctx context.Context) (int, error) {
 				if !ok || (e.cfg.Evaluates != nil && e.cfg.Evaluates(in.service)) {
 					continue // unknown here, or its evidence comes here live
 				}
-				e.replayWindow(db.ObservedWindowsSinceRow{InstanceID: w.InstanceID, Class: w.Class, WindowEnd: w.WindowEnd,
+				e.replayWindow(db.ObservedWindowsSinceRow{InstanceID: w.InstanceID, Class: w.Class, WindowEnd: localTime(w.WrittenAt, offset, now),
 					Successes: w.Successes, Failures: w.Failures, HardFailures: w.HardFailures, Unobservable: w.Unobservable,
 					Reporters: w.Reporters}, e.replayer)
 				applied++
@@ -141,4 +150,13 @@ func (e *Evaluator) followWindows(ctx context.Context) (int, error) {
 	e.follow = followCursor{at: upto, id: uuid.Max, class: math.MaxInt16}
 	e.metrics.windowsFollowed.Add(float64(applied))
 	return applied, nil
+}
+
+// localTime is a database time at on this replica's clock (offset from
+// the database's), never after now.
+func localTime(at time.Time, offset time.Duration, now time.Time) time.Time {
+	if t := at.Add(offset); t.Before(now) {
+		return t
+	}
+	return now
 }

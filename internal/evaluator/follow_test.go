@@ -19,12 +19,26 @@ import (
 // as the owner does, without one sample of web reaching it. It applies
 // each window once, never the windows it wrote itself, and nothing of a
 // service it evaluates (whose evidence comes to it live).
+//
+// The follower's clock may be far from the owner's (here 5 minutes
+// ahead, beyond the 90 s after which an instance is silent): a window is
+// placed at its write time on the follower's clock, so what the owner saw
+// a moment ago is a moment old at the follower too.
 func TestAFollowerKeepsWarmFromTheOwnersWindows(t *testing.T) {
 	t.Parallel()
+	for _, skew := range []time.Duration{0, 5 * time.Minute} {
+		t.Run(skew.String(), func(t *testing.T) {
+			t.Parallel()
+			followerKeepsWarm(t, skew)
+		})
+	}
+}
+
+func followerKeepsWarm(t *testing.T, skew time.Duration) {
 	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Replica = "owner" }})
 	ctx := context.Background()
 	follower := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
-		c.Now = f.Clock.Now
+		c.Now = func() time.Time { return f.Clock.Now().Add(skew) }
 		c.Replica = "follower"
 		c.Evaluates = func(service string) bool { return service != "web" }
 		c.FollowMargin = time.Millisecond
