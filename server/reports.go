@@ -62,12 +62,10 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.auditRefusedEvidence(actor, b.Reports, res)
-	// Taken to the replica that keeps each service's evidence (its
-	// owner, and the replica offered it during a move): only what was
-	// accepted, and without waiting.
+	// Mirrored to the region's other replicas, the owner among them:
+	// only what was accepted, and without waiting.
 	if s.cfg.Forwarder != nil && res.Accepted > 0 {
-		reports, services := accepted(b.Reports, res)
-		s.cfg.Forwarder.Offer(actor, reports, services)
+		s.cfg.Forwarder.Offer(actor, accepted(b.Reports, res))
 	}
 	writeJSON(w, http.StatusOK, res)
 }
@@ -92,11 +90,7 @@ func (s *Server) eligibilityGet(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	v, err := s.eligibility(r.Context(), name)
-	if p := ownerUnreachableProblem(err); p != nil {
-		writeProblem(w, r, p)
-		return
-	}
+	v, err := s.cfg.Evaluator.ServiceEligibility(name)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

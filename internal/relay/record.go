@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	jsonv2 "github.com/go-json-experiment/json"
 	"strconv"
 	"time"
 
@@ -56,9 +55,7 @@ var ErrMalformed = errors.New("malformed peer record")
 // be reused.
 func Decode(line []byte) (Record, error) {
 	var r Record
-	// The faster decoder: its raw values (the view and the delta) are
-	// the line's bytes, verbatim, as encoding/json's.
-	if err := jsonv2.Unmarshal(line, &r); err != nil {
+	if err := json.Unmarshal(line, &r); err != nil {
 		return Record{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	switch r.Kind {

@@ -1,4 +1,0 @@
-package ownership
-
-// ShardOfFast exposes shardOf to the tests.
-var ShardOfFast = shardOf
