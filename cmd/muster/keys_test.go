@@ -22,19 +22,26 @@ import (
 // muster that must refuse to start.
 func runToExit(t *testing.T, env []string, args ...string) (string, error) {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, exe, args...)
-	cmd.Env = append(append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1"), env...)
-	out, err := cmd.CombinedOutput()
+	out, err := musterChild(ctx, t, env, args...).CombinedOutput()
 	if ctx.Err() != nil {
 		t.Fatalf("muster %v still running after 2 minutes; it should have refused to start:\n%s", args, out)
 	}
 	return string(out), err
+}
+
+// musterChild is a command running this binary as muster with args and
+// env added to the test's environment, ended with ctx.
+func musterChild(ctx context.Context, t *testing.T, env []string, args ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = append(append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1"), env...)
+	return cmd
 }
 
 // TestKeyTroubleRefusesToStart (issue 25): a second replica whose keys do
