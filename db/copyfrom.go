@@ -89,6 +89,7 @@ func (r iteratorForObservedWindowsInsert) Values() ([]interface{}, error) {
 		r.rows[0].HardFailures,
 		r.rows[0].Unobservable,
 		r.rows[0].Reporters,
+		r.rows[0].Writer,
 	}, nil
 }
 
@@ -97,7 +98,7 @@ func (r iteratorForObservedWindowsInsert) Err() error {
 }
 
 func (q *Queries) ObservedWindowsInsert(ctx context.Context, arg []ObservedWindowsInsertParams) (int64, error) {
-	return q.db.CopyFrom(ctx, []string{"observed_windows"}, []string{"instance_id", "class", "window_start", "window_end", "successes", "failures", "hard_failures", "unobservable", "reporters"}, &iteratorForObservedWindowsInsert{rows: arg})
+	return q.db.CopyFrom(ctx, []string{"observed_windows"}, []string{"instance_id", "class", "window_start", "window_end", "successes", "failures", "hard_failures", "unobservable", "reporters", "writer"}, &iteratorForObservedWindowsInsert{rows: arg})
 }
 
 // iteratorForTransitionsInsert implements pgx.CopyFromSource.

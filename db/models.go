@@ -133,6 +133,8 @@ type ObservedWindow struct {
 	HardFailures int32
 	Unobservable int32
 	Reporters    int32
+	WrittenAt    time.Time
+	Writer       string
 }
 
 type Override struct {

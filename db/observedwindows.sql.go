@@ -77,6 +77,7 @@ type ObservedWindowsInsertParams struct {
 	HardFailures int32
 	Unobservable int32
 	Reporters    int32
+	Writer       string
 }
 
 const observedWindowsPrune = `-- name: ObservedWindowsPrune :execrows
@@ -89,6 +90,20 @@ func (q *Queries) ObservedWindowsPrune(ctx context.Context, before time.Time) (i
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const observedWindowsSettled = `-- name: ObservedWindowsSettled :one
+SELECT (now() - make_interval(secs => $1::float8))::timestamptz AS settled
+`
+
+// The newest write time a follower may read up to: the database's now,
+// less a margin for the transactions still writing (a row becomes visible
+// when its transaction commits, stamped with when it began).
+func (q *Queries) ObservedWindowsSettled(ctx context.Context, marginSeconds float64) (time.Time, error) {
+	row := q.db.QueryRow(ctx, observedWindowsSettled, marginSeconds)
+	var settled time.Time
+	err := row.Scan(&settled)
+	return settled, err
 }
 
 const observedWindowsSince = `-- name: ObservedWindowsSince :many
@@ -147,6 +162,77 @@ func (q *Queries) ObservedWindowsSince(ctx context.Context, arg ObservedWindowsS
 			&i.HardFailures,
 			&i.Unobservable,
 			&i.Reporters,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const observedWindowsWritten = `-- name: ObservedWindowsWritten :many
+SELECT instance_id, class, window_end, successes, failures, hard_failures, unobservable, reporters, written_at
+FROM observed_windows
+WHERE written_at <= $1::timestamptz
+  AND (written_at, instance_id, class) > ($2::timestamptz, $3::uuid, $4::smallint)
+  AND writer <> $5::text
+ORDER BY written_at, instance_id, class
+LIMIT $6
+`
+
+type ObservedWindowsWrittenParams struct {
+	Upto       time.Time
+	AfterAt    time.Time
+	AfterID    uuid.UUID
+	AfterClass int16
+	Reader     string
+	Lim        int32
+}
+
+type ObservedWindowsWrittenRow struct {
+	InstanceID   uuid.UUID
+	Class        int16
+	WindowEnd    time.Time
+	Successes    int32
+	Failures     int32
+	HardFailures int32
+	Unobservable int32
+	Reporters    int32
+	WrittenAt    time.Time
+}
+
+// One page of the windows other replicas wrote in (after, upto], by write
+// time: pass the last row's (written_at, instance_id, class) as the cursor
+// for the next page.
+func (q *Queries) ObservedWindowsWritten(ctx context.Context, arg ObservedWindowsWrittenParams) ([]ObservedWindowsWrittenRow, error) {
+	rows, err := q.db.Query(ctx, observedWindowsWritten,
+		arg.Upto,
+		arg.AfterAt,
+		arg.AfterID,
+		arg.AfterClass,
+		arg.Reader,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ObservedWindowsWrittenRow
+	for rows.Next() {
+		var i ObservedWindowsWrittenRow
+		if err := rows.Scan(
+			&i.InstanceID,
+			&i.Class,
+			&i.WindowEnd,
+			&i.Successes,
+			&i.Failures,
+			&i.HardFailures,
+			&i.Unobservable,
+			&i.Reporters,
+			&i.WrittenAt,
 		); err != nil {
 			return nil, err
 		}

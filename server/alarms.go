@@ -2,6 +2,7 @@ package server
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"net/http"
 	"slices"
@@ -14,6 +15,10 @@ import (
 // alarmList is the body of GET /v1/alarms.
 type alarmList struct {
 	Alarms []assembler.Alarm `json:"alarms"`
+	// Incomplete says a replica that owns services did not answer for
+	// their quarantines (each is named by an owner_unreachable alarm):
+	// the list lacks them, it does not say they have none.
+	Incomplete bool `json:"incomplete"`
 }
 
 // alarmsGet lists the open alarms. Estate-wide information: operators and
@@ -22,11 +27,12 @@ func (s *Server) alarmsGet(w http.ResponseWriter, r *http.Request) {
 	if !estateReader(w, r, "the alarm list") {
 		return
 	}
-	alarms := allAlarms(&s.cfg)
+	alarms := allAlarms(r.Context(), &s.cfg)
 	if alarms == nil {
 		alarms = []assembler.Alarm{}
 	}
-	writeJSON(w, http.StatusOK, alarmList{Alarms: alarms})
+	incomplete := slices.ContainsFunc(alarms, func(a assembler.Alarm) bool { return a.Kind == AlarmOwnerUnreachable })
+	writeJSON(w, http.StatusOK, alarmList{Alarms: alarms, Incomplete: incomplete})
 }
 
 // AlarmDatabaseUnreachable is open while PostgreSQL does not answer this
@@ -52,18 +58,27 @@ func databaseAlarm(cfg *Config) (assembler.Alarm, bool) {
 // Alarms lists every open alarm, as GET /v1/alarms does: the guard's,
 // the shift-backs', the lease reaper's, the database's, the probers' and
 // those of rows written outside muster.
-func (s *Server) Alarms() []assembler.Alarm { return allAlarms(&s.cfg) }
+func (s *Server) Alarms() []assembler.Alarm { return allAlarms(context.Background(), &s.cfg) }
 
 // AlarmsOf returns the list of open alarms a server built on cfg answers
 // GET /v1/alarms with, from cfg's sources (Alarms, Shifts, Leases,
 // Database, Probers). The UI's banner is given it, so it shows the same
 // list without needing the server that mounts it.
 func AlarmsOf(cfg Config) func() []assembler.Alarm {
-	return func() []assembler.Alarm { return allAlarms(&cfg) }
+	return func() []assembler.Alarm { return allAlarms(context.Background(), &cfg) }
 }
 
-func allAlarms(cfg *Config) []assembler.Alarm {
+// The quarantines are asked of their owners (Config.Reads), each within
+// a second: a caller without a deadline of its own waits at most that.
+func allAlarms(ctx context.Context, cfg *Config) []assembler.Alarm {
 	out := cfg.Alarms.Alarms()
+	if cfg.Reads != nil {
+		now := time.Now
+		if cfg.Now != nil {
+			now = cfg.Now
+		}
+		out = append(out, quarantineAlarms(ctx, cfg.Reads, now())...)
+	}
 	if cfg.Shifts != nil {
 		out = append(out, cfg.Shifts.Alarms()...)
 	}
@@ -101,12 +116,13 @@ func allAlarms(cfg *Config) []assembler.Alarm {
 			out = append(out, a.Alarm())
 		}
 	}
-	// The evaluator's flap quarantines in force: the notifier sends them
-	// to the owning team, so the list (and muster_alarms_open, and the
-	// overview) names them too.
+	// The evaluator's flap quarantines in force, when they are not asked
+	// of their owners (above): the notifier sends them to the owning
+	// team, so the list (and muster_alarms_open, and the overview) names
+	// them too.
 	if q, ok := cfg.Probers.(interface {
 		QuarantineAlarms() []evaluator.QuarantineAlarm
-	}); ok {
+	}); ok && cfg.Reads == nil {
 		for _, a := range q.QuarantineAlarms() {
 			out = append(out, assembler.Alarm{Kind: evaluator.AlarmInstanceQuarantined, Service: a.Service, Zone: a.Zone,
 				Instance: a.InstanceID.String(), Since: a.At, Detail: a.Detail()})

@@ -218,14 +218,19 @@ func following(s *stack, peer string) bool {
 	return false
 }
 
-// waitState evaluates on s until id's verdict is state.
+// waitState evaluates on s until id's verdict in s's own evaluator is
+// state. It reads the evaluator, not GET /v1/services/web/eligibility,
+// which a replica that does not own web answers from web's owner.
 func waitState(t *testing.T, s *stack, id uuid.UUID, state string) {
 	t.Helper()
 	last := ""
 	wait.For(t, 10*time.Second, "instance "+id.String()+" "+state+" at "+s.URL, func() bool {
 		s.Evaluator.EvaluateNow()
-		r := s.Do(t, "GET", "/v1/services/web/eligibility", s.Token(t, adminReq), "", "")
-		for _, v := range apptest.Decode[evaluator.ServiceEligibility](t, r).Instances {
+		el, err := s.Evaluator.ServiceEligibility("web")
+		if err != nil {
+			return false
+		}
+		for _, v := range el.Instances {
 			if v.InstanceID == id {
 				last = v.State
 			}

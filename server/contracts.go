@@ -74,7 +74,17 @@ func (s *Server) contractPreview(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	res, err := s.cfg.Evaluator.PreviewContract(r.Context(), pv)
+	// The replay needs what only the service's owner holds (its
+	// instances' readiness, the windows not yet flushed).
+	preview := s.cfg.Evaluator.PreviewContract
+	if s.cfg.Reads != nil {
+		preview = s.cfg.Reads.PreviewContract
+	}
+	res, err := preview(r.Context(), pv)
+	if p := ownerUnreachableProblem(err); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return

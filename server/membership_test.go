@@ -168,11 +168,13 @@ func TestAHandWrittenReplicaIsNeverFollowed(t *testing.T) {
 	for range 3 {
 		round()
 	}
-	// Evidence reported to a reaches b, and nothing reaches the rogue.
-	before := labelled(t, a, "muster_evidence_forwarded_total", "peer", "b")
-	a.Admit(t, ids[0])
-	wait.For(t, 10*time.Second, "a report to a forwarded to b", func() bool {
-		return labelled(t, a, "muster_evidence_forwarded_total", "peer", "b") > before
+	// Evidence reported to b reaches a, web's owner, and nothing
+	// reaches the rogue.
+	b.KnowCredentials(a)
+	before := labelled(t, b, "muster_evidence_forwarded_total", "peer", "a")
+	b.Admit(t, ids[0])
+	wait.For(t, 10*time.Second, "a report to b forwarded to a", func() bool {
+		return labelled(t, b, "muster_evidence_forwarded_total", "peer", "a") > before
 	})
 	for _, s := range []*stack{a, b} {
 		for _, st := range s.App.Relay.Status() {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strings"
 	"sync"
@@ -18,10 +19,11 @@ import (
 	"github.com/musterhq/muster/internal/peer"
 )
 
-// Forwarder takes the evidence this replica accepted, to mirror it to the
-// region's other replicas (forward.Forwarder). Offer must not block.
+// Forwarder takes the evidence this replica accepted, to take it to the
+// replicas that keep each service's evidence (forward.Forwarder):
+// services[i] is reports[i]'s service. Offer must not block.
 type Forwarder interface {
-	Offer(actor identity.Principal, reports []evaluator.Report)
+	Offer(actor identity.Principal, reports []evaluator.Report, services []string)
 }
 
 // PeerVerifier checks that a request comes from a replica of this region
@@ -100,14 +102,28 @@ type peerBatch struct {
 	reports []evaluator.Report
 }
 
-// decodePeerReports reads and checks a POST /v1/peer/reports body: JSON
-// as decodePeer takes it (400, 413, 415; members it does not know are
-// ignored, the first of them returned), then 1 to evaluator.MaxBatch
+// decodePeerReports reads and checks a POST /v1/peer/reports body: the
+// compact form (forward.BinaryContentType; 400 when it cannot be read
+// whole), or JSON as decodePeer takes it (400, 413, 415; members it does
+// not know are ignored, the first of them returned), then 1 to evaluator.MaxBatch
 // items in all, none of its batches empty, every actor a principal (422).
 // A body refused is refused whole: nothing of it is applied.
 func decodePeerReports(w http.ResponseWriter, r *http.Request) ([]peerBatch, string, *Problem) {
-	b, unknown, p := decodePeer[forward.Body](w, r, forward.MaxBodyBytes)
-	if p != nil {
+	var (
+		b       forward.Body
+		unknown string
+		p       *Problem
+	)
+	if mediaType(r) == forward.BinaryContentType {
+		// The compact form every replica of this release sends.
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, forward.MaxBodyBytes))
+		if err == nil {
+			b.Batches, err = forward.DecodeBinary(body, evaluator.MaxBatch)
+		}
+		if err != nil {
+			return nil, "", problem(http.StatusBadRequest, "malformed-evidence", "the compact evidence body could not be read: "+err.Error())
+		}
+	} else if b, unknown, p = decodePeer[forward.Body](w, r, forward.MaxBodyBytes); p != nil {
 		return nil, "", p
 	}
 	p = problem(http.StatusUnprocessableEntity, "validation", "the forwarded evidence is not valid")
@@ -176,22 +192,30 @@ func (s *Server) peerReportsPost(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, res)
 }
 
-// accepted returns the reports of a batch that res did not refuse.
-func accepted(reports []evaluator.Report, res evaluator.Result) []evaluator.Report {
+// accepted returns the reports of a batch that res did not refuse, and
+// their services (nil when res names none).
+func accepted(reports []evaluator.Report, res evaluator.Result) ([]evaluator.Report, []string) {
 	if len(res.Refused) == 0 {
-		return reports
+		return reports, res.Services
 	}
 	refused := make(map[int]bool, len(res.Refused))
 	for _, r := range res.Refused {
 		refused[r.Index] = true
 	}
 	out := make([]evaluator.Report, 0, res.Accepted)
+	var services []string
+	if len(res.Services) == len(reports) {
+		services = make([]string, 0, res.Accepted)
+	}
 	for i, r := range reports {
 		if !refused[i] {
 			out = append(out, r)
+			if services != nil {
+				services = append(services, res.Services[i])
+			}
 		}
 	}
-	return out
+	return out, services
 }
 
 // decodePeer reads a replica-to-replica JSON body of at most limit bytes
@@ -279,4 +303,14 @@ func memberPattern(pointer string) string {
 		}
 	}
 	return strings.Join(parts, "/")
+}
+
+// mediaType is the request's media type without parameters ("" when it
+// has none or it does not parse).
+func mediaType(r *http.Request) string {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil {
+		return ""
+	}
+	return mt
 }

@@ -5,8 +5,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/forward"
 )
 
 // FuzzPeerReports feeds arbitrary bodies to the decoder of POST
@@ -32,6 +36,17 @@ func FuzzPeerReports(f *testing.F) {
 		f.Add(seed, "application/json")
 	}
 	f.Add(`{}`, "text/plain")
+	at := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	compact, err := forward.EncodeBinary(forward.Body{Batches: []forward.Batch{
+		{Actor: forward.Actor{Subject: "web", Kind: "workload", Service: "web"}, Reports: []evaluator.Report{{InstanceID: uuid.MustParse(id), Class: "self", Outcome: "success", At: &at}}},
+		{Actor: forward.Actor{Subject: "x", Kind: "robot"}, Reports: []evaluator.Report{{InstanceID: uuid.MustParse(id), Class: "probe", Outcome: "hard_failure"}}},
+	}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(string(compact), forward.BinaryContentType)
+	f.Add(string(compact[:len(compact)-3]), forward.BinaryContentType)
+	f.Add("MEV1\x01\x00\x00", forward.BinaryContentType)
 	f.Fuzz(func(t *testing.T, body, ctype string) {
 		r := httptest.NewRequest(http.MethodPost, "/v1/peer/reports", strings.NewReader(body))
 		r.Header.Set("Content-Type", ctype)

@@ -14,10 +14,12 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/forward"
+	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/wait"
 	"github.com/musterhq/muster/server"
@@ -357,7 +359,10 @@ func TestPeerReportsIgnoreUnknownMembers(t *testing.T) {
 // /v1/alarms lists evidence_forward_refused naming the peer.
 func TestARefusingPeerIsAlarmed(t *testing.T) {
 	t.Parallel()
-	s := apptest.New(t, apptest.Options{Replica: "a"})
+	// a is never dealt a shard: z, the refusing replica, owns every
+	// service, so a sends it what it takes.
+	s := apptest.New(t, apptest.Options{Replica: "a", Hold: []string{app.WorkerOwnership},
+		Ownership: func(c *ownership.Config) { c.Ready = func() bool { return false } }})
 	s.Seed(t)
 	in := registerOnHost(t, s, 9000)
 	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -366,8 +371,9 @@ func TestARefusingPeerIsAlarmed(t *testing.T) {
 		_, _ = io.WriteString(w, `{"type":"https://muster.dev/problems/validation","title":"Unprocessable Entity","status":422,"detail":"not this"}`)
 	}))
 	t.Cleanup(refusing.Close)
-	// A live replica z at that address, as its heartbeat would record it.
-	s.Member(t, "z", refusing.URL)
+	// A live replica z at that address holding every shard, as its
+	// heartbeat and leases would record it.
+	s.MemberOwning(t, "z", refusing.URL)
 	if err := s.App.Ownership.RunOnce(t.Context()); err != nil {
 		t.Fatal(err)
 	}

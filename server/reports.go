@@ -62,10 +62,12 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.auditRefusedEvidence(actor, b.Reports, res)
-	// Mirrored to the region's other replicas, the owner among them:
-	// only what was accepted, and without waiting.
+	// Taken to the replica that keeps each service's evidence (its
+	// owner, and the replica offered it during a move): only what was
+	// accepted, and without waiting.
 	if s.cfg.Forwarder != nil && res.Accepted > 0 {
-		s.cfg.Forwarder.Offer(actor, accepted(b.Reports, res))
+		reports, services := accepted(b.Reports, res)
+		s.cfg.Forwarder.Offer(actor, reports, services)
 	}
 	writeJSON(w, http.StatusOK, res)
 }
@@ -90,7 +92,11 @@ func (s *Server) eligibilityGet(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	v, err := s.cfg.Evaluator.ServiceEligibility(name)
+	v, err := s.eligibility(r.Context(), name)
+	if p := ownerUnreachableProblem(err); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return

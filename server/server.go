@@ -24,6 +24,7 @@ import (
 	"github.com/musterhq/muster/internal/forward"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/lagstats"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/preview"
 	"github.com/musterhq/muster/internal/registry"
@@ -211,6 +212,18 @@ type Config struct {
 	// /v1/peer/reports takes the evidence they accepted. Nil: every such
 	// request is refused 401 (a region without a signing key).
 	Peers PeerVerifier
+	// Reads, when set, answers reads of evaluator state (a service's
+	// eligibility, the quarantines GET /v1/alarms lists, contract
+	// previews) from the replica that owns each service, and serves the
+	// peer reads (/v1/peer/eligibility, /v1/peer/quarantines,
+	// /v1/peer/stats, /v1/peer/contract-preview). Nil:
+	// this replica's evaluator answers everything (it evaluates every
+	// service), and /v1/alarms lists no quarantine.
+	Reads OwnerReads
+	// PeerLive, when set, says whether a replica has been seen live
+	// (ownership.Manager.Seen); peer reads from one never seen are
+	// refused 403.
+	PeerLive func(id string) bool
 	// ReadOnly, when set and true, refuses reports (and forwarded
 	// reports) 503 read-only: the replica serves views it took from its
 	// peers while its database is unreachable. Requests that
@@ -456,6 +469,12 @@ func (s *Server) routes() chi.Router {
 	// other's publications and mirror the evidence they accepted.
 	r.With(s.authenticatePeer).Get("/v1/peer/updates", s.peerUpdates)
 	r.With(s.authenticatePeer).Get(PeerAuthzPath, s.peerAuthz)
+	// Reads of evaluator state a replica that does not own a service
+	// asks its owner for; the asker has authorised its own caller.
+	r.With(s.authenticatePeer, s.livePeer).Get(ownerread.EligibilityPath+"{service}", s.peerEligibility)
+	r.With(s.authenticatePeer, s.livePeer).Get(ownerread.QuarantinesPath, s.peerQuarantines)
+	r.With(s.authenticatePeer, s.livePeer).Get(ownerread.StatsPath, s.peerStats)
+	r.With(s.authenticatePeer, s.livePeer).Post(ownerread.PreviewPath, s.peerContractPreview)
 	r.With(s.authenticatePeer, s.readOnly, s.dbBudget).Post(forward.Path, s.peerReportsPost)
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)

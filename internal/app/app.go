@@ -66,6 +66,7 @@ import (
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/lagstats"
 	"github.com/musterhq/muster/internal/notify"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/internal/ownership"
 	"github.com/musterhq/muster/internal/peer"
 	"github.com/musterhq/muster/internal/policy"
@@ -86,6 +87,12 @@ import (
 
 // DefaultShutdownGrace is Config.ShutdownGrace's default.
 const DefaultShutdownGrace = 25 * time.Second
+
+// DefaultFollowWindows is how often a replica reads the observed windows
+// the other replicas write, for the services it does not evaluate: its
+// state of them is then at most a flush (10 s), this and the follower's
+// settle margin (5 s) behind their owners'.
+const DefaultFollowWindows = 2 * time.Second
 
 // Names of the workers, for Start's hold list and Worker.
 const (
@@ -296,6 +303,10 @@ type App struct {
 	KeyWatch  *KeyWatch
 	// AuthFailures summarises authentication failures into the audit log.
 	AuthFailures *audit.RefusalSummaries
+	// OwnerReads answers reads of evaluator state from each service's
+	// owner (eligibility, quarantines, the UI's counts, contract
+	// previews).
+	OwnerReads *ownerread.Reader
 	// BreakGlass takes break-glass tokens and alarms live grants; nil
 	// without the region's signing key.
 	BreakGlass *breakglass.Service
@@ -453,6 +464,19 @@ func New(cfg Config) (*App, error) {
 	// tenure, or by anyone while no other replica is known to own the
 	// service.
 	ec.Fence = a.Fence
+	if cfg.Policy.Sealer != nil && ec.Evaluates == nil {
+		// With forwarding, a replica keeps only the evidence of the
+		// services it owns (or is being offered), and follows the
+		// windows their owners write for the others (docs/replicas.md,
+		// "Evidence reaches the owner").
+		ec.Evaluates = a.Ownership.Evaluates
+		if ec.FollowEvery == 0 {
+			ec.FollowEvery = DefaultFollowWindows
+		}
+	}
+	if ec.Replica == "" {
+		ec.Replica = a.Ownership.ID()
+	}
 	if ec.DatabaseUp == nil { // a test may stand in for the monitor
 		ec.DatabaseUp = a.Monitor.Up
 	}
@@ -630,8 +654,9 @@ func New(cfg Config) (*App, error) {
 	if cfg.Policy.Sealer != nil {
 		trusted = cfg.Policy.SealKeys.With(cfg.Policy.Sealer)
 	}
-	// Evidence reaches every live replica, the owner among them (issue
-	// 27), signed and checked with the region's key.
+	// Evidence reaches the replica that keeps it (each service's owner,
+	// and the replica offered it during a move), signed and checked with
+	// the region's key.
 	if cfg.Policy.Sealer != nil {
 		fc := cfg.Forward
 		fc.Signer = peer.Signer{ID: cfg.Replica, Key: cfg.Policy.Sealer, Now: now, V1: cfg.PeerUpgrade}
@@ -642,6 +667,14 @@ func New(cfg Config) (*App, error) {
 			}
 			return out
 		}
+		fc.Route, fc.ShardRoute = a.Ownership.EvidenceRoute, a.Ownership.ShardRoute
+		fc.Local = func(actor identity.Principal, reports []evaluator.Report) {
+			ctx, cancel := context.WithTimeout(context.Background(), forward.DefaultTimeout)
+			defer cancel()
+			if _, err := a.Evaluator.IngestForwarded(ctx, actor, reports); err != nil {
+				log.Warn("recent evidence of a shard this replica now keeps not taken", "items", len(reports), "err", err)
+			}
+		}
 		fc.Logger, fc.Registerer, fc.Now = log, metrics, orNow(fc.Now, now)
 		if a.Forwarder, err = forward.New(fc); err != nil {
 			return nil, err
@@ -649,6 +682,9 @@ func New(cfg Config) (*App, error) {
 		svc.Forwarder = a.Forwarder
 	} else {
 		log.Info("no signing key: evidence is neither forwarded to the region's other replicas nor taken from them")
+	}
+	if err := a.buildOwnerReads(cfg, &svc); err != nil {
+		return nil, err
 	}
 	if a.KeyWatch, err = NewKeyWatch(cfg.KeyWatch, pool, trusted, trust, now, log, metrics); err != nil {
 		return nil, err
@@ -716,14 +752,14 @@ func New(cfg Config) (*App, error) {
 		uc.ZoneHistory, uc.ZoneHistoryEvery = a.ZoneHistory, 30*time.Second
 		uc.ProberHistory = a.ProberHistory
 		uc.Lags, uc.Hub = a.Lags, a.Hub
-		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.Evaluator, a.Publisher, audit.NewLog(pool)
+		uc.Logger, uc.Pool, uc.Registry, uc.Evaluator, uc.Publisher, uc.Audit = log, pool, a.Registry, a.OwnerReads, a.Publisher, audit.NewLog(pool)
 		uc.Overrides, uc.InForce, uc.Guards, uc.Shifts = a.Policy, a.InForce, a.Guards, a.Shifts
 		uc.ContractPreview = func(ctx context.Context, actor identity.Principal, service string, c registry.Contract) (preview.Result, error) {
 			pv, err := a.Registry.PreviewContract(ctx, actor, service, c)
 			if err != nil {
 				return preview.Result{}, err
 			}
-			return a.Evaluator.PreviewContract(ctx, pv)
+			return a.OwnerReads.PreviewContract(ctx, pv)
 		}
 		if a.Reconcile != nil {
 			uc.Reconcile = a.Reconcile

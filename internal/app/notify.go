@@ -33,6 +33,8 @@ func (a *App) buildNotifier(cfg Config, svc server.Config) error {
 	listed := server.AlarmsOf(svc)
 	ev := a.Evaluator
 	nc.Alarms = func() []notify.Alarm {
+		// This replica's quarantines: it sends only the alarms of the
+		// services it owns (Sends, below), whose evidence comes to it.
 		qs := ev.QuarantineAlarms()
 		open := listed()
 		out := make([]notify.Alarm, 0, len(qs)+len(open))
@@ -42,8 +44,12 @@ func (a *App) buildNotifier(cfg Config, svc server.Config) error {
 				Detail:  q.Detail()})
 		}
 		for _, al := range open {
-			if al.Kind == evaluator.AlarmInstanceQuarantined {
-				continue // sent above, with its instance and flap history
+			// Quarantines are sent above, with their instance and flap
+			// history. An owner that did not answer a read is a moment's
+			// state of this replica's requests, not a condition to page
+			// on.
+			if al.Kind == evaluator.AlarmInstanceQuarantined || al.Kind == server.AlarmOwnerUnreachable {
+				continue
 			}
 			n := notify.Alarm{Kind: al.Kind, Service: al.Service, Zone: al.Zone, Since: al.Since, Detail: al.Detail}
 			if replicaAlarms[al.Kind] {

@@ -2,9 +2,9 @@ package dnszone
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	jsonv2 "github.com/go-json-experiment/json"
 	"log/slog"
 	"maps"
 	"net"
@@ -356,7 +356,7 @@ func (s *Server) apply(f *stream.Frame) {
 	var next *resolver.View
 	if f.Kind == stream.KindDelta && held != nil && f.FromVersion == held.Version {
 		var d resolver.Delta
-		if err := json.Unmarshal(f.JSON, &d); err == nil {
+		if err := jsonv2.Unmarshal(f.JSON, &d); err == nil {
 			next = applyDelta(held, d)
 		}
 	}
@@ -400,7 +400,7 @@ func (s *Server) apply(f *stream.Frame) {
 
 func (s *Server) decode(f *stream.Frame) *resolver.View {
 	var v resolver.View
-	if err := json.Unmarshal(f.JSON, &v); err != nil || v.Service != f.Service {
+	if err := jsonv2.Unmarshal(f.JSON, &v); err != nil || v.Service != f.Service {
 		s.m.viewErrors.Inc()
 		s.log.Warn("dns: a view that does not decode", "service", f.Service, "version", f.Version, "err", err)
 		return nil

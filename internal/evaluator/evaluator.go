@@ -78,8 +78,9 @@ type Config struct {
 	// report passive evidence about it.
 	MayResolve func(actor identity.Principal, service string) error
 	// Fence, when set, says whether this replica writes a service's
-	// observations, and under which tenure: every replica evaluates every
-	// service on the evidence mirrored to it, but only the owner writes
+	// observations, and under which tenure: a service's owner (and the
+	// replica it is offered to, during a move) keep its evidence
+	// (Evaluates), but only the owner writes
 	// the observed windows and the transitions, so the database holds
 	// each once, and an owner deposed between deciding and writing (a
 	// pause) writes none (fence.Fence.ClaimUnlessOwned). While no other
@@ -87,9 +88,33 @@ type Config struct {
 	// the leases unreadable) any replica writes them unfenced, so nothing
 	// observed is lost for want of an owner (see Evaluator.publish for
 	// why that is safe). Nil: every service, unfenced.
-	Fence      *fence.Fence
-	Logger     *slog.Logger
-	Registerer prometheus.Registerer
+	Fence *fence.Fence
+	// Evaluates, when set, says whether this replica keeps the evidence
+	// it takes about a service (it owns the service, or is being offered
+	// it: ownership.Manager.Evaluates). Evidence about any other service
+	// is attributed and answered as usual, then only handed to the
+	// forwarder, which takes it to the replica that keeps it: so each
+	// sample is held by one replica (two during a move), whatever their
+	// number. Nil: every service. Forwarded evidence is always kept (the
+	// sender routed it here).
+	Evaluates func(service string) bool
+	// Replica is this replica's id, written beside the windows it flushes
+	// so that it does not read them back when following (FollowEvery).
+	Replica string
+	// FollowEvery, when positive, is how often the windows other replicas
+	// wrote are read and applied to the services this replica does not
+	// evaluate (Evaluates false), so that its state of every service is
+	// at most a flush and this period behind the owner's: a replica dealt
+	// a service (its owner died, or a move) decides on current windows,
+	// and a read on any replica answers from them. 0: never (a replica
+	// that evaluates everything, or the one-replica tests).
+	FollowEvery time.Duration
+	// FollowMargin is how far behind the database's now the follower
+	// reads (DefaultFollowMargin): a window becomes visible when its
+	// write commits, stamped with when the write began.
+	FollowMargin time.Duration
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer
 }
 
 // Validate checks the configuration and fills defaults.
@@ -108,6 +133,7 @@ func (c *Config) Validate() error {
 	def(&c.Tick, 200*time.Millisecond)
 	def(&c.RefreshEvery, time.Second)
 	def(&c.FlushEvery, 10*time.Second)
+	def(&c.FollowMargin, DefaultFollowMargin)
 	def(&c.Retention, 5*time.Minute)
 	if c.FlushEvery > time.Minute {
 		return fmt.Errorf("evaluator: FlushEvery %s exceeds the 60 s observed-state RPO", c.FlushEvery)
@@ -173,6 +199,13 @@ type Evaluator struct {
 	metrics *metrics
 
 	ready atomic.Bool
+
+	// followMu guards follow, where reading the windows other replicas
+	// write resumes (follow.go); replayer is the reporter the rebuild and
+	// the follower apply windows as.
+	followMu sync.Mutex
+	follow   followCursor
+	replayer eligibility.ReporterID
 
 	evalMu sync.Mutex // serialises runOnce, publication included
 
@@ -358,6 +391,9 @@ func (e *Evaluator) run(ctx context.Context) {
 	// flushes run in a loop of their own, so a database that hangs delays
 	// what the registry says, never a withdrawal.
 	wg.Go(func() { e.databaseLoop(ctx) })
+	if e.cfg.FollowEvery > 0 {
+		wg.Go(func() { e.followLoop(ctx) })
+	}
 	tick := time.NewTicker(e.cfg.Tick)
 	defer tick.Stop()
 	// A hard failure is evaluated at once unless an early evaluation ran
@@ -427,6 +463,7 @@ func (e *Evaluator) databaseLoop(ctx context.Context) {
 	flush := time.NewTicker(e.cfg.FlushEvery)
 	defer refresh.Stop()
 	defer flush.Stop()
+
 	var lastKick time.Time
 	for {
 		select {
@@ -578,6 +615,9 @@ func (e *Evaluator) rebuild(ctx context.Context) error {
 		return err
 	}
 	atook := time.Since(astart)
+	if err := e.startFollowing(ctx); err != nil {
+		return err
+	}
 	n, err := e.replayWindows(ctx)
 	if err != nil {
 		return err
@@ -1007,3 +1047,7 @@ func (e *Evaluator) SyncNow(ctx context.Context) error { return e.refresh(ctx) }
 // FlushNow writes the observed windows counted so far, as the flush ticker
 // would.
 func (e *Evaluator) FlushNow(ctx context.Context) error { return e.flushWindows(ctx) }
+
+// FollowNow reads and applies the windows other replicas wrote since the
+// last follow (see follow.go), and returns how many it applied.
+func (e *Evaluator) FollowNow(ctx context.Context) (int, error) { return e.followWindows(ctx) }

@@ -73,3 +73,45 @@ func TestIngestForwarded(t *testing.T) {
 		t.Errorf("%v observed windows written for the forwarded evidence, want 1", n)
 	}
 }
+
+// TestIngestKeepsOnlyWhatItEvaluates: a replica that neither owns nor
+// stands by for a service (Config.Evaluates says no) attributes and
+// answers a report about it as usual, names its service for the
+// forwarder, and keeps nothing of it: no observed window. What it is
+// forwarded about that service it keeps (the sender routed it there).
+func TestIngestKeepsOnlyWhatItEvaluates(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) {
+		c.Evaluates = func(service string) bool { return service != "web" }
+	}})
+	prober := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
+	items := []evaluator.Report{
+		{InstanceID: uuid.MustParse(f.web[0]), Class: "probe", Outcome: "success"},
+		{InstanceID: uuid.MustParse(f.web[1]), Class: "probe", Outcome: "meh"},
+	}
+	res, err := f.Evaluator.Ingest(t.Context(), prober, items)
+	if err != nil || res.Accepted != 1 || len(res.Refused) != 1 || res.Refused[0].Code != "invalid" {
+		t.Fatalf("Ingest about a service kept elsewhere: %+v %v", res, err)
+	}
+	if len(res.Services) != 2 || res.Services[0] != "web" || res.Services[1] != "" {
+		t.Fatalf("services %q, want [web \"\"]", res.Services)
+	}
+	if got := metric(t, f, "muster_samples_accepted_total"); got != 1 {
+		t.Errorf("muster_samples_accepted_total = %v, want 1 (accepted here, kept by its owner)", got)
+	}
+	if err := f.Evaluator.FlushNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := metric(t, f, "muster_observed_windows_written_total"); n != 0 {
+		t.Errorf("%v observed windows written for evidence kept elsewhere, want 0", n)
+	}
+	if res, err := f.Evaluator.IngestForwarded(t.Context(), prober, items[:1]); err != nil || res.Accepted != 1 || res.Services != nil {
+		t.Fatalf("IngestForwarded: %+v %v", res, err)
+	}
+	if err := f.Evaluator.FlushNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := metric(t, f, "muster_observed_windows_written_total"); n != 1 {
+		t.Errorf("%v observed windows written for forwarded evidence, want 1", n)
+	}
+}

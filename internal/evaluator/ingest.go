@@ -36,6 +36,10 @@ type Refusal struct {
 type Result struct {
 	Accepted int       `json:"accepted"`
 	Refused  []Refusal `json:"refused"`
+	// Services names, by index of the batch, the service of each item
+	// accepted ("" for one refused), for the forwarder's routing; never
+	// sent to the reporter. Set by Ingest only.
+	Services []string `json:"-"`
 }
 
 // MaxBatch bounds the items in one batch.
@@ -142,7 +146,10 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 	defer e.mu.Unlock()
 	now := e.cfg.Now()
 	for i, r := range reports {
-		s, code, why := e.attribute(&at, r, now)
+		// One lookup of the instance per item: the map holds a region's
+		// instances, and this is the hottest loop of ingest.
+		inst, known := e.instances[r.InstanceID]
+		s, code, why := e.attribute(&at, r, inst, known, now)
 		if code == codeUnknownInstance {
 			if a, ok := answers[r.InstanceID]; ok {
 				code, why = a.code, a.reason
@@ -155,6 +162,19 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 		if code != "" {
 			refuse(i, code, "%s", why)
 			continue
+		}
+		if !forwarded {
+			if res.Services == nil {
+				res.Services = make([]string, len(reports))
+			}
+			service := inst.service
+			res.Services[i] = service
+			if e.cfg.Evaluates != nil && !e.cfg.Evaluates(service) {
+				// Kept by its owner, to which the
+				// forwarder takes it; nothing of it is held here.
+				res.Accepted++
+				continue
+			}
 		}
 		if err := e.engine.Observe(s); err != nil {
 			refuse(i, codeUnknownInstance, "instance %s is not known to the evaluator", r.InstanceID)
@@ -194,13 +214,13 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 }
 
 // attribute checks one report against the reporter's identity and turns it
-// into a sample. It returns a refusal code and reason, or "" on success.
-// Called with e.mu held.
-func (e *Evaluator) attribute(at *attribution, r Report, now time.Time) (eligibility.Sample, string, string) {
+// into a sample; inst is the report's instance (known false: none). It
+// returns a refusal code and reason, or "" on success. Called with e.mu
+// held.
+func (e *Evaluator) attribute(at *attribution, r Report, inst instanceInfo, known bool, now time.Time) (eligibility.Sample, string, string) {
 	actor, reporter := at.actor, at.reporter
 	var s eligibility.Sample
-	inst, ok := e.instances[r.InstanceID]
-	if !ok {
+	if !known {
 		return s, codeUnknownInstance, fmt.Sprintf("no active instance %s", r.InstanceID)
 	}
 	class, err := eligibility.ParseClass(r.Class)

@@ -15,6 +15,7 @@ type metrics struct {
 	windowsWritten     prometheus.Counter
 	windowsDropped     prometheus.Counter
 	windowsPending     prometheus.Gauge
+	windowsFollowed    prometheus.Counter
 	transitionsWritten prometheus.Counter
 	transitionsDropped prometheus.Counter
 	loadedOnDemand     *prometheus.CounterVec
@@ -55,6 +56,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "muster_observed_windows_dropped_total",
 			Help: "Observed windows never written: over the bound of those kept while PostgreSQL was away, or older than the prune horizon by the time it came back (observed state is lossy by design).",
 		}),
+		windowsFollowed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_windows_followed_total",
+			Help: "Observed windows other replicas wrote that this replica read and applied to the services it does not evaluate, keeping its state of them warm.",
+		}),
 		windowsPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "muster_observed_windows_pending", Help: "Observed windows kept in memory because a flush failed, waiting for PostgreSQL.",
 		}),
@@ -81,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.accepted, m.refused, m.forwarded, m.tick, m.transitions, m.damping, m.rebuild,
-		m.windowsWritten, m.windowsDropped, m.windowsPending, m.transitionsWritten, m.transitionsDropped,
+		m.windowsWritten, m.windowsDropped, m.windowsPending, m.windowsFollowed, m.transitionsWritten, m.transitionsDropped,
 		m.loadedOnDemand, m.lookups, m.lookupIDs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -126,7 +126,7 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 		batch = append(batch, pendingWindow{ObservedWindowsInsertParams: db.ObservedWindowsInsertParams{
 			InstanceID: k.id, Class: int16(k.class), WindowStart: start, WindowEnd: now,
 			Successes: int32(w.successes), Failures: int32(w.failures), HardFailures: int32(w.hard),
-			Unobservable: int32(w.unobservable), Reporters: int32(max(w.nrep, 1)),
+			Unobservable: int32(w.unobservable), Reporters: int32(max(w.nrep, 1)), Writer: e.cfg.Replica,
 		}, tenure: tenures[k]})
 	}
 	// What the prune below would delete at once is not worth writing.
@@ -220,6 +220,7 @@ func (e *Evaluator) replayWindows(ctx context.Context) (int, error) {
 	const page = 50_000
 	since := e.cfg.Now().Add(-e.cfg.Retention)
 	replayer := e.internReporter("system:rebuild")
+	e.replayer = replayer
 	// The replayed probe windows are the instances' history, not a prober
 	// (they would contradict a live prober's hard failure as a healthy
 	// peer until they fell silent): the first live sample supersedes them.

@@ -99,7 +99,7 @@ func benchForward(b *testing.B, every time.Duration) {
 			time.Sleep(time.Until(start.Add(time.Duration(i) * every))) // pacing the load
 		}
 		offered[i] = time.Now()
-		f.Offer(prober, reports)
+		f.Offer(prober, reports, nil)
 	}
 	<-done
 	elapsed := time.Since(start)

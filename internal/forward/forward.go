@@ -61,6 +61,20 @@ type Config struct {
 	// Peers lists the other live replicas of the region (this one is
 	// skipped if listed); read every RefreshPeers.
 	Peers func() []Peer
+	// Route, when set, says where evidence about a service goes: its
+	// shard and the replicas that keep it (its owner, and the replica
+	// offered it during a move; this one possibly among them:
+	// ownership.Manager.EvidenceRoute). ok false,
+	// or Route nil: every peer. ShardRoute answers the same for a shard
+	// (read every RefreshPeers, to send a replica that becomes a
+	// shard's destination that shard's recent evidence).
+	Route      func(service string) (shard int, to []string, ok bool)
+	ShardRoute func(shard int) (to []string, ok bool)
+	// Local, when set, is handed the evidence accepted here within
+	// Replay of a shard this replica becomes a destination of (it did
+	// not keep it when it was accepted: evaluator.Config.Evaluates), so
+	// it takes the shard with current windows. It must not block long.
+	Local func(actor identity.Principal, reports []evaluator.Report)
 	// Client sends the requests; one with DefaultTimeout when nil.
 	Client *http.Client
 	// TLS, when set, is the default Client's TLS configuration for peers
@@ -107,9 +121,12 @@ type Config struct {
 	// RefusedAlarm is how long evidence_refused stays raised after a
 	// peer's last refusal (DefaultRefusedAlarm).
 	RefusedAlarm time.Duration
-	Logger       *slog.Logger
-	Registerer   prometheus.Registerer
-	Now          func() time.Time
+	// JSON sends every peer JSON bodies instead of the compact form
+	// (BinaryContentType), as the release before did.
+	JSON       bool
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	Now        func() time.Time
 }
 
 // Validate checks the configuration and fills defaults.
@@ -200,6 +217,63 @@ type Forwarder struct {
 	recentHead int
 	// refusals are the peers' recent refusals, by peer id, for Alarms.
 	refusals map[string]*refusals
+	// routed is, by shard, the replicas its evidence went to at the last
+	// RunOnce (Config.ShardRoute), to notice one that becomes a
+	// destination.
+	routed map[int][]string
+	// drops are the current bursts of items dropped undelivered, by
+	// peer id, for AlarmEvidenceDropped.
+	drops map[string]*dropBurst
+}
+
+// dropBurst is a peer's items dropped undelivered since a moment.
+type dropBurst struct {
+	since, last time.Time
+	items       int
+}
+
+// AlarmEvidenceDropped is raised, per peer, while accepted evidence
+// meant for it was dropped undelivered (its queue's bound, or it stopped
+// being live with nobody else to take its items) within
+// Config.RefusedAlarm: that replica, possibly a service's owner or
+// replica it is offered to, decides without it.
+const AlarmEvidenceDropped = "evidence_dropped"
+
+// drop counts n of p's items dropped undelivered. Called with f.mu held.
+func (f *Forwarder) drop(p *peerQueue, n int) {
+	if n <= 0 {
+		return
+	}
+	p.dropped.Add(float64(n))
+	now := f.cfg.Now()
+	if f.drops == nil {
+		f.drops = map[string]*dropBurst{}
+	}
+	b := f.drops[p.id]
+	if b == nil || now.Sub(b.last) > f.cfg.RefusedAlarm {
+		b = &dropBurst{since: now}
+		f.drops[p.id] = b
+		f.log.Warn("evidence dropped undelivered (evidence_dropped)", "peer", p.id, "items", n)
+	}
+	b.last = now
+	b.items += n
+}
+
+// dropAlarms lists AlarmEvidenceDropped per peer with drops within
+// Config.RefusedAlarm, and forgets the older bursts. Called with f.mu
+// held.
+func (f *Forwarder) dropAlarms(now time.Time) []assembler.Alarm {
+	var out []assembler.Alarm
+	for id, b := range f.drops {
+		if now.Sub(b.last) > f.cfg.RefusedAlarm {
+			delete(f.drops, id)
+			continue
+		}
+		out = append(out, assembler.Alarm{Kind: AlarmEvidenceDropped, Since: b.since, Detail: fmt.Sprintf(
+			"%d evidence items this replica accepted for replica %s were dropped undelivered since %s (its queue's bound of %d items, or it stopped being live with no other replica keeping their shards); its evaluator decides without them",
+			b.items, id, b.since.UTC().Format(time.RFC3339), f.cfg.QueueLimit)})
+	}
+	return out
 }
 
 // item is one report waiting for one peer.
@@ -207,6 +281,13 @@ type item struct {
 	actor   *Actor // shared by the items of one Offer
 	report  evaluator.Report
 	offered time.Time
+	// shard is the report's service's shard (-1: not routed); to, the
+	// replicas it was routed to when offered (nil: every peer), shared
+	// by its copies; hard, whether it reports a hard failure (sent
+	// before anything else queued).
+	shard int
+	to    []string
+	hard  bool
 	// retries: times the peer refused it for a reason a retry may fix;
 	// due: when it may be sent again (wall clock, with its monotonic
 	// reading).
@@ -221,9 +302,11 @@ type peerQueue struct {
 	wake   chan struct{}
 
 	// Guarded by Forwarder.mu.
-	address   string
-	items     []item // items[head:] wait, oldest first
-	head      int
+	address string
+	items   []item // items[head:] wait, oldest first
+	head    int
+	// urgent are hard failures waiting, sent before items.
+	urgent    []item
 	inflight  int // taken by the sender, not yet settled
 	forgotten bool
 	limits    peerLimits
@@ -237,6 +320,12 @@ type peerQueue struct {
 	burstDetail             string
 
 	forwarded, dropped prometheus.Counter
+	// queued is its muster_evidence_forward_queue series, held rather
+	// than looked up on every offer and take.
+	queued prometheus.Gauge
+	// jsonUntil: the peer refused a compact body (415); it is sent JSON
+	// until then (wall clock).
+	jsonUntil time.Time
 }
 
 // New builds a Forwarder; nothing runs until Start.
@@ -252,32 +341,48 @@ func New(cfg Config) (*Forwarder, error) {
 	return f, nil
 }
 
-// Offer queues reports, accepted from actor, for every peer. It never
+// Offer queues reports, accepted from actor, for the replicas that keep
+// their services' evidence (Config.Route; services[i] is reports[i]'s
+// service, "" or a short slice: unknown, sent to every peer). It never
 // blocks on the network: a full queue drops its oldest items instead.
 // Reports with no time are stamped with now, when they were received.
-func (f *Forwarder) Offer(actor identity.Principal, reports []evaluator.Report) {
+// Hard failures go to a queue of their own, sent first.
+func (f *Forwarder) Offer(actor identity.Principal, reports []evaluator.Report, services []string) {
 	if len(reports) == 0 {
 		return
 	}
 	a := ActorOf(actor)
 	now := f.cfg.Now()
+	items := make([]item, len(reports))
+	for i, r := range reports {
+		if r.At == nil {
+			r.At = &now
+		}
+		it := item{actor: &a, report: r, offered: now, shard: -1, hard: r.Outcome == "hard_failure"}
+		if f.cfg.Route != nil && i < len(services) && services[i] != "" {
+			if shard, to, ok := f.cfg.Route(services[i]); ok {
+				it.shard, it.to = shard, to
+			}
+		}
+		items[i] = it
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.cfg.Replay > 0 {
-		for _, r := range reports {
-			if r.At == nil {
-				r.At = &now
-			}
-			f.recent = append(f.recent, item{actor: &a, report: r, offered: now})
-		}
+		f.recent = append(f.recent, items...)
 		f.trimRecent(now)
 	}
 	for _, p := range f.peers {
-		for _, r := range reports {
-			if r.At == nil {
-				r.At = &now
+		queued := false
+		for _, it := range items {
+			if it.to != nil && !slices.Contains(it.to, p.id) {
+				continue
 			}
-			p.items = append(p.items, item{actor: &a, report: r, offered: now})
+			f.enqueue(p, it)
+			queued = true
+		}
+		if !queued {
+			continue
 		}
 		f.trim(p)
 		select {
@@ -285,6 +390,16 @@ func (f *Forwarder) Offer(actor identity.Principal, reports []evaluator.Report) 
 		default:
 		}
 	}
+}
+
+// enqueue appends it to p's queue, a hard failure to its urgent one.
+// Called with f.mu held; the caller trims.
+func (f *Forwarder) enqueue(p *peerQueue, it item) {
+	if it.hard {
+		p.urgent = append(p.urgent, it)
+		return
+	}
+	p.items = append(p.items, it)
 }
 
 // trimRecent forgets what was offered before Replay, and the oldest
@@ -304,17 +419,22 @@ func (f *Forwarder) trimRecent(now time.Time) {
 
 // trim drops the oldest items beyond the limit. Called with f.mu held.
 func (f *Forwarder) trim(p *peerQueue) {
+	if over := len(p.urgent) - f.cfg.QueueLimit; over > 0 {
+		clear(p.urgent[:over])
+		p.urgent = p.urgent[over:]
+		f.drop(p, over)
+	}
 	if over := len(p.items) - p.head - f.cfg.QueueLimit; over > 0 {
 		clear(p.items[p.head : p.head+over])
 		p.head += over
-		p.dropped.Add(float64(over))
+		f.drop(p, over)
 	}
 	if p.head > 0 && p.head >= len(p.items)/2 {
 		p.items = append(p.items[:0], p.items[p.head:]...)
 		clear(p.items[len(p.items):cap(p.items)])
 		p.head = 0
 	}
-	f.met.queue.WithLabelValues(p.id).Set(float64(len(p.items) - p.head + p.inflight))
+	p.queued.Set(float64(len(p.items) - p.head + len(p.urgent) + p.inflight))
 }
 
 // Start reads the peers and starts a sender for each; it re-reads them
@@ -350,6 +470,18 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		}
 	}
 	var gone, added []*peerQueue
+	// The shards whose destinations changed since the last run, and
+	// where they go now.
+	routes := map[int][]string{}
+	if f.cfg.ShardRoute != nil {
+		for shard := 0; ; shard++ {
+			to, ok := f.cfg.ShardRoute(shard)
+			if !ok {
+				break
+			}
+			routes[shard] = to
+		}
+	}
 	f.mu.Lock()
 	if !f.running {
 		f.mu.Unlock()
@@ -359,10 +491,15 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		addr, ok := listed[id]
 		if !ok {
 			p.forgotten = true
-			if n := len(p.items) - p.head + len(p.retry); n > 0 {
-				p.dropped.Add(float64(n))
+			// What waited for it goes to the replicas now keeping its
+			// shards that it was not sent to (a replica that stopped
+			// heartbeating owns nothing: its shards go to every live
+			// replica until one takes them); the rest is dropped.
+			queued := append(append(p.urgent, p.items[p.head:]...), p.retry...)
+			p.items, p.head, p.retry, p.urgent = nil, 0, nil, nil
+			if n := len(queued) - f.reroute(queued, id, routes, f.replayFrom()); n > 0 {
+				f.drop(p, n)
 			}
-			p.items, p.head, p.retry = nil, 0, nil
 			delete(f.peers, id)
 			f.met.queue.DeleteLabelValues(id)
 			gone = append(gone, p)
@@ -370,26 +507,72 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		}
 		p.address = addr
 	}
+	if f.cfg.Replay > 0 {
+		f.trimRecent(f.cfg.Now())
+	}
 	for id, addr := range listed {
 		if _, ok := f.peers[id]; ok {
 			continue
 		}
 		p := &peerQueue{id: id, address: addr, wake: make(chan struct{}, 1),
-			forwarded: f.met.forwarded.WithLabelValues(id), dropped: f.met.dropped.WithLabelValues(id)}
+			forwarded: f.met.forwarded.WithLabelValues(id), dropped: f.met.dropped.WithLabelValues(id), queued: f.met.queue.WithLabelValues(id)}
 		// A peer that joins is sent what arrived here within Replay
-		// first (Config.Replay).
+		// about the shards it keeps first (Config.Replay).
 		if f.cfg.Replay > 0 {
-			f.trimRecent(f.cfg.Now())
-			p.items = append(p.items, f.recent[f.recentHead:]...)
-			if len(p.items) > 0 {
+			for _, it := range f.recent[f.recentHead:] {
+				if keeps(it, id, routes) {
+					f.enqueue(p, it)
+				}
+			}
+			if len(p.items)+len(p.urgent) > 0 {
 				p.wake <- struct{}{}
 			}
 		}
-		f.met.queue.WithLabelValues(id).Set(float64(len(p.items)))
+		f.met.queue.WithLabelValues(id).Set(float64(len(p.items) + len(p.urgent)))
 		f.peers[id] = p
 		added = append(added, p)
 	}
+	// A peer already listed that became a destination of a shard (an
+	// offer to it) is sent that shard's recent
+	// evidence, so it takes the shard with current windows.
+	var local []item
+	if f.cfg.Replay > 0 && f.routed != nil {
+		for shard, to := range routes {
+			for _, id := range to {
+				if id == f.cfg.Signer.ID && f.cfg.Local != nil && !slices.Contains(f.routed[shard], id) {
+					for _, it := range f.recent[f.recentHead:] {
+						if it.shard == shard && !slices.Contains(it.to, id) {
+							local = append(local, it)
+						}
+					}
+					continue
+				}
+				p, ok := f.peers[id]
+				if !ok || slices.Contains(added, p) || slices.Contains(f.routed[shard], id) {
+					continue
+				}
+				n := 0
+				for _, it := range f.recent[f.recentHead:] {
+					if it.shard == shard && !slices.Contains(it.to, id) {
+						f.enqueue(p, it)
+						n++
+					}
+				}
+				if n > 0 {
+					f.trim(p)
+					select {
+					case p.wake <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+	}
+	if len(routes) > 0 {
+		f.routed = routes
+	}
 	f.mu.Unlock()
+	f.replayLocal(local)
 	f.endBursts()
 	for _, p := range gone {
 		f.log.Info("peer no longer live; its queue is dropped", "peer", p.id)
@@ -403,6 +586,92 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 			f.log.Error("start a sender", "peer", p.id, "err", err)
 		}
 	}
+}
+
+// replayLocal hands Config.Local the items of shards this replica just
+// became a destination of, one call per run of one actor.
+func (f *Forwarder) replayLocal(items []item) {
+	for len(items) > 0 {
+		n := 1
+		for n < len(items) && items[n].actor == items[0].actor {
+			n++
+		}
+		actor, err := items[0].actor.Principal()
+		if err == nil {
+			reports := make([]evaluator.Report, n)
+			for i, it := range items[:n] {
+				reports[i] = it.report
+			}
+			f.cfg.Local(actor, reports)
+		}
+		items = items[n:]
+	}
+}
+
+// keeps says whether peer id should be sent it, by the routes read now:
+// an item routed nowhere in particular goes to every peer.
+func keeps(it item, id string, routes map[int][]string) bool {
+	if it.shard < 0 || it.to == nil {
+		return true
+	}
+	to, ok := routes[it.shard]
+	if !ok {
+		return true
+	}
+	return slices.Contains(to, id)
+}
+
+// replayFrom is when the oldest item the replay buffer holds was
+// offered (zero when it holds none). Called with f.mu held.
+func (f *Forwarder) replayFrom() time.Time {
+	if f.cfg.Replay <= 0 || f.recentHead >= len(f.recent) {
+		return time.Time{}
+	}
+	return f.recent[f.recentHead].offered
+}
+
+// reroute gives the items that waited for a peer gone (gone) to the
+// peers listed that now keep their shards and were not sent them, and
+// returns how many found at least one or are still in the replay buffer
+// (from on: those reach the shards' new destinations with its replay,
+// below, and are not sent twice). Called with f.mu held.
+func (f *Forwarder) reroute(items []item, gone string, routes map[int][]string, from time.Time) int {
+	placed := 0
+	woken := map[*peerQueue]bool{}
+	for _, it := range items {
+		if it.shard < 0 || it.to == nil {
+			continue // it went to every peer already
+		}
+		if !from.IsZero() && !it.offered.Before(from) {
+			placed++
+			continue
+		}
+		to, ok := routes[it.shard]
+		if !ok {
+			continue
+		}
+		sent := false
+		for _, id := range to {
+			p, ok := f.peers[id]
+			if id == gone || !ok || p.forgotten || slices.Contains(it.to, id) {
+				continue
+			}
+			f.enqueue(p, it)
+			woken[p], sent = true, true
+		}
+		if sent {
+			placed++
+			f.met.rerouted.Add(1)
+		}
+	}
+	for p := range woken {
+		f.trim(p)
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+	return placed
 }
 
 // stopAll stops every sender (each flushes) and forgets the peers.
@@ -432,7 +701,7 @@ func (f *Forwarder) Queued(id string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if p, ok := f.peers[id]; ok {
-		return len(p.items) - p.head + p.inflight + len(p.retry)
+		return len(p.items) - p.head + len(p.urgent) + p.inflight + len(p.retry)
 	}
 	return 0
 }
@@ -441,7 +710,15 @@ func (f *Forwarder) Queued(id string) int {
 func (f *Forwarder) waiting(p *peerQueue) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(p.items) - p.head
+	return len(p.items) - p.head + len(p.urgent)
+}
+
+// hasUrgent says whether hard failures wait for p: they are sent at
+// once, without waiting to coalesce.
+func (f *Forwarder) hasUrgent(p *peerQueue) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(p.urgent) > 0
 }
 
 // send is peer p's sender loop: wait for items, coalesce, deliver,
@@ -506,7 +783,7 @@ func (f *Forwarder) send(ctx context.Context, p *peerQueue) {
 // coalesce waits up to BatchWait for a full batch. It reports false when
 // ctx ended.
 func (f *Forwarder) coalesce(ctx context.Context, p *peerQueue) bool {
-	if f.waiting(p) >= f.cfg.MaxBatch {
+	if f.waiting(p) >= f.cfg.MaxBatch || f.hasUrgent(p) {
 		return true
 	}
 	t := time.NewTimer(f.cfg.BatchWait)
@@ -518,7 +795,7 @@ func (f *Forwarder) coalesce(ctx context.Context, p *peerQueue) bool {
 		case <-t.C:
 			return true
 		case <-p.wake:
-			if f.waiting(p) >= f.cfg.MaxBatch {
+			if f.waiting(p) >= f.cfg.MaxBatch || f.hasUrgent(p) {
 				return true
 			}
 		}
@@ -531,16 +808,16 @@ func (f *Forwarder) flush(p *peerQueue) {
 	defer cancel()
 	// Retries not yet due go now, or are dropped with the rest.
 	f.mu.Lock()
-	if !p.forgotten && len(p.retry) > 0 {
-		p.items = append(p.retry, p.items[p.head:]...)
-		p.head, p.retry = 0, nil
+	if !p.forgotten && len(p.retry)+len(p.urgent) > 0 {
+		p.items = append(append(p.urgent, p.retry...), p.items[p.head:]...)
+		p.head, p.retry, p.urgent = 0, nil, nil
 	}
 	f.mu.Unlock()
 	defer func() {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if n := len(p.retry); n > 0 {
-			p.dropped.Add(float64(n))
+			f.drop(p, n)
 			p.retry = nil
 		}
 	}()
@@ -587,15 +864,23 @@ func (f *Forwarder) take(p *peerQueue, n int) []item {
 	if p.forgotten {
 		return nil
 	}
-	n = min(n, len(p.items)-p.head)
-	if n == 0 {
+	// Hard failures first: they never wait behind bulk successes.
+	u := min(n, len(p.urgent))
+	n = min(n-u, len(p.items)-p.head)
+	if n+u == 0 {
 		return nil
 	}
-	batch := make([]item, n)
-	copy(batch, p.items[p.head:p.head+n])
+	batch := make([]item, 0, u+n)
+	batch = append(batch, p.urgent[:u]...)
+	clear(p.urgent[:u])
+	p.urgent = p.urgent[u:]
+	if len(p.urgent) == 0 {
+		p.urgent = nil
+	}
+	batch = append(batch, p.items[p.head:p.head+n]...)
 	clear(p.items[p.head : p.head+n])
 	p.head += n
-	p.inflight = n
+	p.inflight = n + u
 	f.trim(p)
 	return batch
 }
@@ -618,6 +903,8 @@ func (f *Forwarder) putBack(p *peerQueue, batch []item) {
 	defer f.mu.Unlock()
 	p.inflight = 0
 	if p.forgotten {
+		// Its peer stopped being live while the batch was out.
+		f.drop(p, len(batch)-f.reroute(batch, p.id, f.routed, f.replayFrom()))
 		return
 	}
 	p.items = append(batch, p.items[p.head:]...)
@@ -634,9 +921,18 @@ var errRefused = errors.New("refused by the peer")
 // MaxBodyBytes. It returns how many of the items (from the first) were
 // delivered.
 func (f *Forwarder) deliver(ctx context.Context, p *peerQueue, batch []item) (int, error) {
-	body, err := encode(batch)
-	if stripped := f.strippedFor(p); err == nil && len(stripped) > 0 {
-		body, err = strip(body, stripped)
+	compact := f.compactFor(p)
+	var (
+		body []byte
+		err  error
+	)
+	if compact {
+		body, err = encodeBinary(batch)
+	} else {
+		body, err = encode(batch)
+		if stripped := f.strippedFor(p); err == nil && len(stripped) > 0 {
+			body, err = strip(body, stripped)
+		}
 	}
 	if err != nil {
 		return 0, &refusedError{detail: "encode: " + err.Error()}
@@ -652,12 +948,32 @@ func (f *Forwarder) deliver(ctx context.Context, p *peerQueue, batch []item) (in
 	f.mu.Lock()
 	addr := p.address
 	f.mu.Unlock()
-	res, err := f.post(ctx, p.id, addr, body)
+	contentType := "application/json"
+	if compact {
+		contentType = BinaryContentType
+	}
+	res, err := f.post(ctx, p.id, addr, body, contentType)
+	if rf := (*refusedError)(nil); compact && errors.As(err, &rf) && rf.status == http.StatusUnsupportedMediaType {
+		// A peer of the release before: JSON, for StripFor.
+		f.mu.Lock()
+		p.jsonUntil = time.Now().Add(f.cfg.StripFor)
+		f.mu.Unlock()
+		f.log.Info("peer takes no compact evidence bodies (a release before this one?); sending it JSON", "peer", p.id)
+		return f.deliver(ctx, p, batch)
+	}
 	if err != nil {
 		return 0, err
 	}
 	f.settleResult(p, batch, res)
 	return len(batch), nil
+}
+
+// compactFor says whether p is sent BinaryContentType: unless it refused
+// it within StripFor.
+func (f *Forwarder) compactFor(p *peerQueue) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.cfg.JSON && time.Now().After(p.jsonUntil)
 }
 
 // settleResult counts what the peer answered for batch: the items it
@@ -705,7 +1021,7 @@ func (f *Forwarder) settleResult(p *peerQueue, batch []item, res Result) {
 			if over := len(p.retry) - f.cfg.QueueLimit; over > 0 {
 				clear(p.retry[:over])
 				p.retry = p.retry[over:]
-				p.dropped.Add(float64(over))
+				f.drop(p, over)
 			}
 		}
 		f.mu.Unlock()
@@ -873,12 +1189,12 @@ const maxAnswer = 1 << 20
 // post sends one body to addr and returns the peer's answer. A 2xx whose
 // body is not a Result (none, or cut short) counts every item applied, as
 // the release before did.
-func (f *Forwarder) post(ctx context.Context, peerID, addr string, body []byte) (Result, error) {
+func (f *Forwarder) post(ctx context.Context, peerID, addr string, body []byte, contentType string) (Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, addr+Path, bytes.NewReader(body))
 	if err != nil {
 		return Result{}, &refusedError{detail: "build the request: " + err.Error()}
 	}
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
 	// Signed for this peer alone: another replica refuses the request.
 	if err := f.cfg.Signer.Sign(ctx, req, peerID, body); err != nil {
 		return Result{}, fmt.Errorf("sign: %w", err)

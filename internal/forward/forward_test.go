@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,6 +48,10 @@ type fakePeer struct {
 	verifier *peer.Verifier
 	down     atomic.Bool  // answer 503
 	attempts atomic.Int64 // requests seen, answered or not
+	// jsonOnly: answer a compact body 415, as a release before it did;
+	// refusedCompact counts those answers.
+	jsonOnly       atomic.Bool
+	refusedCompact atomic.Int64
 
 	mu      sync.Mutex
 	batches []forward.Batch
@@ -55,12 +60,23 @@ type fakePeer struct {
 }
 
 func newFakePeer(t testing.TB, trusted seal.Signer) *fakePeer {
-	// Every fake peer is replica b: the forwarder signs for it by that id.
-	p := &fakePeer{verifier: &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(trusted) }, Self: []string{"b"}}, senders: map[string]bool{}}
+	// Every fake peer is replica b unless named: the forwarder signs for
+	// it by that id.
+	return newFakePeerAs(t, trusted, "b")
+}
+
+func newFakePeerAs(t testing.TB, trusted seal.Signer, id string) *fakePeer {
+	p := &fakePeer{verifier: &peer.Verifier{Keys: func() seal.Keys { return seal.Keys{}.With(trusted) }, Self: []string{id}}, senders: map[string]bool{}}
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.attempts.Add(1)
-		if r.Method != http.MethodPost || r.URL.Path != forward.Path || r.Header.Get("Content-Type") != "application/json" {
+		ct := r.Header.Get("Content-Type")
+		if r.Method != http.MethodPost || r.URL.Path != forward.Path || (ct != "application/json" && ct != forward.BinaryContentType) {
 			http.Error(w, "wrong route", http.StatusNotFound)
+			return
+		}
+		if ct == forward.BinaryContentType && p.jsonOnly.Load() {
+			p.refusedCompact.Add(1)
+			http.Error(w, "unsupported media type", http.StatusUnsupportedMediaType)
 			return
 		}
 		if p.down.Load() {
@@ -78,7 +94,12 @@ func newFakePeer(t testing.TB, trusted seal.Signer) *fakePeer {
 			return
 		}
 		var b forward.Body
-		if err := json.Unmarshal(body, &b); err != nil {
+		if ct == forward.BinaryContentType {
+			b.Batches, err = forward.DecodeBinary(body, evaluator.MaxBatch)
+		} else {
+			err = json.Unmarshal(body, &b)
+		}
+		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
@@ -208,8 +229,8 @@ func TestForwardsSignedBatches(t *testing.T) {
 	first, second := items(3), items(2)
 	at := h.now.Add(-time.Second)
 	second[0].At = &at
-	h.f.Offer(prober, first)
-	h.f.Offer(web, second)
+	h.f.Offer(prober, first, nil)
+	h.f.Offer(web, second, nil)
 	wait.For(t, 10*time.Second, "5 reports at peer b", func() bool { return len(b.reports()) == 5 })
 
 	b.mu.Lock()
@@ -293,7 +314,7 @@ func TestPeerDownGetsTheQueueWhenBack(t *testing.T) {
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
 	sent := items(40)
 	for i := 0; i < len(sent); i += 10 {
-		h.f.Offer(prober, sent[i:i+10])
+		h.f.Offer(prober, sent[i:i+10], nil)
 	}
 	wait.For(t, 10*time.Second, "three attempts on the peer that is down", func() bool { return b.attempts.Load() >= 3 })
 	if n := len(b.reports()); n != 0 {
@@ -326,7 +347,7 @@ func TestQueueOverflowDropsOldest(t *testing.T) {
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
 	sent := items(25)
 	for i := range sent {
-		h.f.Offer(prober, sent[i:i+1])
+		h.f.Offer(prober, sent[i:i+1], nil)
 	}
 	wait.For(t, 10*time.Second, "15 dropped", func() bool { return h.metric(t, "muster_evidence_forward_dropped_total", "b") == 15 })
 	if q := h.f.Queued("b"); q > 10 {
@@ -355,7 +376,7 @@ func TestForgetsAPeerNoLongerListed(t *testing.T) {
 	b.down.Store(true)
 	h := newHarness(t, k, nil, forward.Peer{ID: "b", Address: b.URL})
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
-	h.f.Offer(prober, items(4))
+	h.f.Offer(prober, items(4), nil)
 	h.peers.Store(&[]forward.Peer{})
 	h.f.RunOnce(t.Context())
 	if q := h.f.Queued("b"); q != 0 || hasSeries(h, "b") {
@@ -364,7 +385,7 @@ func TestForgetsAPeerNoLongerListed(t *testing.T) {
 	if d := h.metric(t, "muster_evidence_forward_dropped_total", "b"); d != 4 {
 		t.Errorf("%v dropped, want the 4 queued", d)
 	}
-	h.f.Offer(prober, items(2))
+	h.f.Offer(prober, items(2), nil)
 	if q := h.f.Queued("b"); q != 0 {
 		t.Fatalf("a forgotten peer was offered %d", q)
 	}
@@ -386,12 +407,12 @@ func TestAPeerThatJoinsGetsTheRecentEvidence(t *testing.T) {
 			c.Now = func() time.Time { return h.now }
 		})
 		old, recent, later := items(2), items(3), items(1)
-		h.f.Offer(prober, old)
+		h.f.Offer(prober, old, nil)
 		h.now = h.now.Add(forward.DefaultReplay + time.Second) // old falls out of the window
-		h.f.Offer(prober, recent)
+		h.f.Offer(prober, recent, nil)
 		h.peers.Store(&[]forward.Peer{{ID: "b", Address: b.URL}})
 		h.f.RunOnce(t.Context())
-		h.f.Offer(prober, later)
+		h.f.Offer(prober, later, nil)
 		want := append(append([]evaluator.Report(nil), recent...), later...)
 		if replay < 0 {
 			want = later
@@ -413,7 +434,7 @@ func TestUntrustedKeyIsRetriedNotDelivered(t *testing.T) {
 	b := newFakePeer(t, newKey(t)) // trusts another key
 	h := newHarness(t, newKey(t), nil, forward.Peer{ID: "b", Address: b.URL})
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
-	h.f.Offer(prober, items(3))
+	h.f.Offer(prober, items(3), nil)
 	wait.For(t, 10*time.Second, "three refused attempts", func() bool { return b.attempts.Load() >= 3 })
 	if n := len(b.reports()); n != 0 {
 		t.Fatalf("a peer took %d reports signed with a key it does not trust", n)
@@ -430,7 +451,7 @@ func TestStopFlushes(t *testing.T) {
 	b := newFakePeer(t, k)
 	h := newHarness(t, k, func(c *forward.Config) { c.BatchWait = time.Hour }, forward.Peer{ID: "b", Address: b.URL})
 	wait.For(t, 10*time.Second, "the forwarder to know peer b", func() bool { return hasSeries(h, "b") })
-	h.f.Offer(prober, items(7))
+	h.f.Offer(prober, items(7), nil)
 	h.f.Stop()
 	if n := len(b.reports()); n != 7 {
 		t.Fatalf("after Stop the peer holds %d reports, want 7", n)
@@ -450,4 +471,43 @@ func TestActorPrincipalRefusesWhatNoPrincipalIs(t *testing.T) {
 			t.Errorf("%+v decodes to %v", a, p)
 		}
 	}
+}
+
+// TestAnOlderPeerIsSentJSON: a peer that answers a compact body 415 (a
+// replica of the release before, which reads JSON only) is sent the same
+// batch again as JSON, and JSON from then on: every report arrives, and
+// the compact form is tried once.
+func TestAnOlderPeerIsSentJSON(t *testing.T) {
+	t.Parallel()
+	k := newKey(t)
+	old, cur := newFakePeerAs(t, k, "b"), newFakePeerAs(t, k, "c")
+	old.jsonOnly.Store(true)
+	h := newHarness(t, k, nil, forward.Peer{ID: "b", Address: old.URL}, forward.Peer{ID: "c", Address: cur.URL})
+	wait.For(t, 10*time.Second, "the forwarder to know its peers", func() bool { return hasSeries(h, "b") && hasSeries(h, "c") })
+	for range 3 {
+		h.f.Offer(prober, items(10), nil)
+		n := len(old.reports()) + 10
+		wait.For(t, 10*time.Second, "the batch at the older peer", func() bool { return len(old.reports()) == n })
+	}
+	wait.For(t, 10*time.Second, "every batch at the current peer", func() bool { return len(cur.reports()) == 30 })
+	if n := old.refusedCompact.Load(); n != 1 {
+		t.Errorf("the older peer was sent %d compact bodies, want 1 (then JSON)", n)
+	}
+	for _, hd := range old.headerList() {
+		if ct := hd.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("the older peer took a %s body", ct)
+		}
+	}
+	for _, hd := range cur.headerList() {
+		if ct := hd.Get("Content-Type"); ct != forward.BinaryContentType {
+			t.Errorf("the current peer took a %s body, want the compact form", ct)
+		}
+	}
+}
+
+// headerList is a copy of the headers of the requests taken so far.
+func (p *fakePeer) headerList() []http.Header {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.headers)
 }

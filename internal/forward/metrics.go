@@ -8,6 +8,7 @@ type metrics struct {
 	refused   *prometheus.CounterVec
 	lag       prometheus.Histogram
 	queue     *prometheus.GaugeVec
+	rerouted  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
@@ -27,6 +28,10 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 			Name: "muster_evidence_forward_lag_seconds", Help: "Time from an evidence item's acceptance here to a peer's acknowledgement of it.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}),
+		rerouted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_evidence_forward_rerouted_total",
+			Help: "Evidence items queued for a replica that stopped being live, sent instead to the replicas now keeping their shards.",
+		}),
 		queue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "muster_evidence_forward_queue", Help: "Evidence items waiting to be forwarded, by peer.",
 		}, []string{"peer"}),
@@ -34,7 +39,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.dropped, m.refused, m.lag, m.queue} {
+	for _, c := range []prometheus.Collector{m.forwarded, m.dropped, m.refused, m.lag, m.queue, m.rerouted} {
 		if err := reg.Register(c); err != nil {
 			return metrics{}, err
 		}

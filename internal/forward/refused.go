@@ -324,6 +324,7 @@ func (f *Forwarder) Alarms() []assembler.Alarm {
 	now := f.cfg.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	out = append(out, f.dropAlarms(now)...)
 	for id, ep := range f.refusals {
 		if now.Sub(ep.last) > f.cfg.RefusedAlarmFor {
 			delete(f.refusals, id)

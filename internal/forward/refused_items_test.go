@@ -57,6 +57,12 @@ type refusingPeer struct {
 func newRefusingPeer(t *testing.T) *refusingPeer {
 	p := &refusingPeer{codes: map[uuid.UUID]string{}, always: map[uuid.UUID]bool{}, seen: map[uuid.UUID]int{}, applied: map[uuid.UUID]bool{}, retryFor: 2}
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A peer of the release before: JSON only. The sender falls
+		// back to JSON for it.
+		if r.Header.Get("Content-Type") == forward.BinaryContentType {
+			http.Error(w, "unsupported media type", http.StatusUnsupportedMediaType)
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -161,7 +167,7 @@ func TestRefusedItemsAreRetriedOrCounted(t *testing.T) {
 	}
 	b.retryFor = 2
 	b.mu.Unlock()
-	h.f.Offer(prober, reports)
+	h.f.Offer(prober, reports, nil)
 
 	wait.For(t, 10*time.Second, "the retried items settled", func() bool {
 		return h.metric(t, "muster_evidence_forwarded_total", "b") >= 6 && refusedMetric(t, h, "b", "not_granted") >= 1
@@ -222,7 +228,7 @@ func TestWholeBodyRefusalsAreCounted(t *testing.T) {
 	counts.mu.Lock()
 	counts.codes[reports[0].InstanceID] = "stale"
 	counts.mu.Unlock()
-	h.f.Offer(prober, reports)
+	h.f.Offer(prober, reports, nil)
 	// The body refused whole is looked at in halves (refused.go) and,
 	// refused every time, dropped and counted under the peer's reason.
 	strictRefused := func() float64 {

@@ -13,12 +13,15 @@ import (
 	"net/url"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/musterhq/muster/db"
 	"github.com/musterhq/muster/internal/cli"
@@ -33,6 +36,7 @@ const loadgenUsage = `usage:
   muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--ended 0] [--ended-per-hour 5000] [--minutes 5] [--history 10] [--quarantined 600]
   muster loadgen rebuild [--data DIR] [--instances 60000] [--ended 1000000] [seed's other flags] [--cpuprofile FILE]
   muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--probers 8] [--duration 20s]
+  muster loadgen reports --replicas URL,URL,... [reports' other flags]
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
   muster loadgen watch   --replicas URL,URL,... [watch's other flags]
   muster loadgen watch   --restart [--data DIR] [--clients 10000] [--admission-window 10s] [--admission-floor 50]
@@ -349,12 +353,13 @@ func seedTransitions(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, s
 // batch latency.
 func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
-		base, dir                   string
+		base, dir, replicaList      string
 		batch, concurrency, probers int
 		duration                    time.Duration
 	)
 	fs := cli.NewFlags("loadgen reports", stderr)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "muster to load")
+	fs.StringVar(&replicaList, "replicas", "", "replicas of one region to spread the load over, round-robin by request (comma-separated base URLs; the first is used for setup)")
 	fs.StringVar(&dir, "data", ".muster", "dev data folder, for minting tokens")
 	fs.IntVar(&batch, "batch", 1000, "reports per request")
 	fs.IntVar(&concurrency, "concurrency", 4, "requests in flight")
@@ -373,6 +378,19 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if probers < 1 {
 		return fmt.Errorf("--probers %d: want at least 1", probers)
+	}
+	targets := []string{base}
+	if replicaList != "" {
+		targets = nil
+		for _, u := range strings.Split(replicaList, ",") {
+			if u = strings.TrimSuffix(strings.TrimSpace(u), "/"); u != "" {
+				targets = append(targets, u)
+			}
+		}
+		if len(targets) == 0 {
+			return errors.New("--replicas: give at least one URL")
+		}
+		base = targets[0]
 	}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: concurrency}}
 	services, err := loadgenInstances(ctx, client, base, admin)
@@ -403,7 +421,13 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, %d prober identities, for %s\n",
-		base, total, batch, concurrency, probers, duration)
+		strings.Join(targets, ","), total, batch, concurrency, probers, duration)
+	cpuBefore := make([]float64, len(targets))
+	for i, u := range targets {
+		if cpuBefore[i], err = replicaCPU(ctx, client, u, admin); err != nil {
+			return err
+		}
+	}
 
 	var (
 		sent, refused, limited atomic.Int64
@@ -434,7 +458,7 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 				buf.Reset()
 				_ = json.NewEncoder(&buf).Encode(map[string]any{"reports": reports})
 				t0 := time.Now()
-				res, err := postReports(ctx, client, base, tokens[p], buf.Bytes())
+				res, err := postReports(ctx, client, targets[(w+j)%len(targets)], tokens[p], buf.Bytes())
 				lat := time.Since(t0)
 				if errors.Is(err, errReportsLimited) {
 					limited.Add(1)
@@ -470,7 +494,56 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	fmt.Fprintf(stdout, "reports: %d samples accepted, %d refused, in %d batches over %s: %.0f samples/s; batch latency p50 %s p99 %s max %s; %d batches rate-limited (429)\n",
 		sent.Load(), refused.Load(), len(latencies), elapsed.Round(time.Millisecond), float64(sent.Load())/elapsed.Seconds(),
 		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), pct(1).Round(time.Microsecond), limited.Load())
+	// The region's cost: every replica's CPU, whether it took the
+	// reports or was forwarded them, per million samples accepted.
+	var sum float64
+	per := make([]string, len(targets))
+	for i, u := range targets {
+		after, err := replicaCPU(ctx, client, u, admin)
+		if err != nil {
+			return err
+		}
+		d := after - cpuBefore[i]
+		sum += d
+		per[i] = fmt.Sprintf("%s %.2f s", u, d)
+	}
+	perMillion := func(cpu float64) float64 {
+		if sent.Load() == 0 {
+			return 0
+		}
+		return cpu / float64(sent.Load()) * 1e6
+	}
+	fmt.Fprintf(stdout, "region: %d replicas, %.0f samples/s accepted; muster CPU %.2f s (%s): %.2f CPU-seconds per million samples\n",
+		len(targets), float64(sent.Load())/elapsed.Seconds(), sum, strings.Join(per, ", "), perMillion(sum))
 	return nil
+}
+
+// replicaCPU reads process_cpu_seconds_total from base's GET /metrics
+// (as the admin tool).
+func replicaCPU(ctx context.Context, client *http.Client, base, token string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("GET %s/metrics: %w", base, err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET %s/metrics: %d", base, res.StatusCode)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(res.Body)
+	if err != nil {
+		return 0, fmt.Errorf("GET %s/metrics: %w", base, err)
+	}
+	f, ok := families["process_cpu_seconds_total"]
+	if !ok || len(f.GetMetric()) == 0 {
+		return 0, fmt.Errorf("GET %s/metrics has no process_cpu_seconds_total", base)
+	}
+	return f.GetMetric()[0].GetCounter().GetValue(), nil
 }
 
 // loadgenProbers mints a prober identity for each list of services: the

@@ -231,6 +231,12 @@ type Manager struct {
 	unownedSince map[int]time.Time
 	// others are the shards another replica held at the last reading.
 	others map[int]string
+	// seen are the replicas any reading since start showed live
+	// (Seen, owner.go).
+	seen map[string]bool
+	// routes are where evidence goes, by shard (route.go); read
+	// without mu.
+	routes routeTable
 	// offered are the shards this replica offers: to whom, since when
 	// (local clock).
 	offered map[int]offer
@@ -1357,9 +1363,16 @@ func (m *Manager) noteRegion(now time.Time, replicas []db.Replica, sealed map[st
 			others[int(r.Shard)] = *r.Owner
 		}
 	}
+	m.noteRoutes(replicas, rows)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.others = others
+	if m.seen == nil {
+		m.seen = map[string]bool{}
+	}
+	for _, r := range replicas {
+		m.seen[r.ID] = true
+	}
 	since := map[int]time.Time{}
 	for _, s := range unowned {
 		if t, ok := m.unownedSince[s]; ok {

@@ -52,3 +52,16 @@ func TestShardOfSpreads(t *testing.T) {
 		t.Errorf("names differing only in the high bits of one byte all share one shard")
 	}
 }
+
+// TestShardOfWithoutAllocations: the evidence routes' hash is ShardOf's.
+func TestShardOfWithoutAllocations(t *testing.T) {
+	for i := range 10000 {
+		svc := fmt.Sprintf("svc-%d-%x", i, i*7919)
+		if got, want := ownership.ShardOfFast(svc, 64), ownership.ShardOf(svc, 64); got != want {
+			t.Fatalf("%s: %d, ShardOf says %d", svc, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { ownership.ShardOfFast("payments-api", 64) }); n != 0 {
+		t.Errorf("%v allocations per call, want 0", n)
+	}
+}

@@ -2,9 +2,9 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	jsonv2 "github.com/go-json-experiment/json"
 	"maps"
 	"slices"
 	"time"
@@ -62,7 +62,7 @@ type refusal struct {
 // ErrForged when the stream must end, or errOutsideTenure.
 func (r *Relay) verify(ctx context.Context, c *conn, rec *Record) error {
 	var v assembler.View
-	if err := json.Unmarshal(rec.View, &v); err != nil {
+	if err := jsonv2.Unmarshal(rec.View, &v); err != nil {
 		return fmt.Errorf("%w: the view of %s@%d does not decode: %w", ErrForged, rec.Service, rec.Version, err)
 	}
 	if v.Service != rec.Service || v.Version != rec.Version {
@@ -97,7 +97,7 @@ func (r *Relay) verify(ctx context.Context, c *conn, rec *Record) error {
 // be checked.
 func (r *Relay) verifyDelta(rec *Record, v *assembler.View) error {
 	var d assembler.Delta
-	if err := json.Unmarshal(rec.Delta, &d); err != nil {
+	if err := jsonv2.Unmarshal(rec.Delta, &d); err != nil {
 		return fmt.Errorf("%w: the delta of %s@%d does not decode: %w", ErrForged, rec.Service, rec.Version, err)
 	}
 	switch {
@@ -168,7 +168,7 @@ func (r *Relay) base(service string, version uint64) *assembler.View {
 	}
 	// The hub holds only views this replica published or verified.
 	var hv assembler.View
-	if err := json.Unmarshal(f.JSON, &hv); err != nil || hv.Service != service || hv.Version != version {
+	if err := jsonv2.Unmarshal(f.JSON, &hv); err != nil || hv.Service != service || hv.Version != version {
 		return nil
 	}
 	return &hv

@@ -15,6 +15,7 @@ import (
 	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/views"
 )
@@ -78,7 +79,7 @@ func BenchmarkOverview(b *testing.B) {
 			"az2": {Guard: "tripped", Eligible: 10, Total: 44, MinHealthyFraction: 0.5},
 		}}
 	}
-	u, err := New(Config{Pool: pool, Registry: reg, Evaluator: f, Publisher: f, Audit: audit.NewLog(pool), SessionCleanup: -1,
+	u, err := New(Config{Pool: pool, Registry: reg, Evaluator: ownerread.Local(f), Publisher: f, Audit: audit.NewLog(pool), SessionCleanup: -1,
 		OIDC: OIDCConfig{IssuerURL: "https://id.example", ClientID: "ui", RedirectURL: "https://muster.example/ui/auth/callback"}})
 	if err != nil {
 		b.Fatal(err)

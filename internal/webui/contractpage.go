@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/internal/preview"
 	"github.com/musterhq/muster/internal/refusal"
 	"github.com/musterhq/muster/internal/registry"
@@ -184,6 +185,11 @@ func (u *UI) contractRefusal(err error) (int, string) {
 	var se *refusal.Error
 	if errors.As(err, &se) {
 		return refusalStatus(se), se.Detail + fieldsText(se.Fields) + " Nothing was changed."
+	}
+	var away *ownerread.OwnerUnreachableError
+	if errors.As(err, &away) {
+		return http.StatusServiceUnavailable, fmt.Sprintf("Replica %s owns this service and holds its evidence, and it did not answer: the preview could not be run. "+
+			"Nothing was changed; try again in a moment (if %s is down, another replica takes its shards within 9 s).", away.Owner, away.Owner)
 	}
 	u.log.Error("contract action", "err", err)
 	return http.StatusServiceUnavailable, "muster could not do it right now (the database or the evaluator is not answering); nothing was changed. Try again in a moment."

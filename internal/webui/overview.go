@@ -3,9 +3,11 @@ package webui
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/musterhq/muster/internal/assembler"
@@ -86,7 +88,7 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 	// One pass over the evaluator's instances for every service's counts:
 	// asking for each service's full verdicts would cost 60,000 verdicts
 	// with reasons per page at region scale.
-	stats, at, err := u.cfg.Evaluator.AllServiceStats()
+	stats, at, unanswered, err := u.cfg.Evaluator.Stats(r.Context())
 	switch {
 	case errors.Is(err, evaluator.ErrNotReady):
 		o.Unavailable = "The evaluator is still rebuilding its state: instance counts are not known yet and show as 0."
@@ -94,6 +96,11 @@ func (u *UI) buildOverview(r *http.Request, actor identity.Principal, pg views.P
 		return o, err
 	default:
 		o.Evaluated = at
+	}
+	if len(unanswered) > 0 {
+		o.Unavailable = strings.TrimSpace(o.Unavailable + " " + fmt.Sprintf(
+			"Replicas %s own services and did not answer: the counts of their services are not known here and show as 0 (not unknown); reload in a moment.",
+			strings.Join(unanswered, ", ")))
 	}
 	statsBy := make(map[string]*eligibility.ServiceStats, len(stats))
 	for i := range stats {

@@ -15,6 +15,7 @@ import (
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/guardlog"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/views"
@@ -101,7 +102,7 @@ func BenchmarkServicePage(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	u, err := New(Config{Pool: pool, Registry: reg, Evaluator: f, Publisher: f, Audit: audit.NewLog(pool), SessionCleanup: -1,
+	u, err := New(Config{Pool: pool, Registry: reg, Evaluator: ownerread.Local(f), Publisher: f, Audit: audit.NewLog(pool), SessionCleanup: -1,
 		Overrides: pol, Guards: guards,
 		OIDC: OIDCConfig{IssuerURL: "https://id.example", ClientID: "ui", RedirectURL: "https://muster.example/ui/auth/callback"}})
 	if err != nil {

@@ -3,6 +3,7 @@ package webui
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/views"
@@ -108,10 +110,14 @@ func (u *UI) buildServicePage(ctx context.Context, actor identity.Principal, pg 
 		}
 	}
 
-	el, err := u.cfg.Evaluator.ServiceEligibility(name)
+	el, err := u.cfg.Evaluator.Eligibility(ctx, name)
+	var away *ownerread.OwnerUnreachableError
 	switch {
 	case errors.Is(err, evaluator.ErrNotReady):
 		sp.Unavailable = "The evaluator is still rebuilding its state: verdicts are not known yet."
+	case errors.As(err, &away):
+		sp.Unavailable = fmt.Sprintf("Replica %s owns this service and holds its verdicts, and it did not answer: they are not known here (not unknown). "+
+			"Reload in a moment; if %s is down, another replica takes its shards within 9 s.", away.Owner, away.Owner)
 	case err != nil:
 		return sp, err
 	default:

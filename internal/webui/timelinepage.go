@@ -11,6 +11,7 @@ import (
 
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/ownerread"
 	"github.com/musterhq/muster/internal/policy"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/shift"
@@ -72,11 +73,13 @@ func (u *UI) buildTimeline(ctx context.Context, actor identity.Principal, tl *vi
 		return err
 	}
 	states := map[uuid.UUID]string{}
-	if el, err := u.cfg.Evaluator.ServiceEligibility(name); err == nil {
+	if el, err := u.cfg.Evaluator.Eligibility(ctx, name); err == nil {
 		for _, in := range el.Instances {
 			states[in.InstanceID] = in.State
 		}
-	} else if !errors.Is(err, evaluator.ErrNotReady) {
+	} else if !errors.Is(err, evaluator.ErrNotReady) && !errors.Is(err, ownerread.ErrOwnerUnreachable) {
+		// Without the owner the timeline still shows what PostgreSQL
+		// holds; only the current states are left out.
 		return err
 	}
 	var insts []timelineInstance

@@ -74,10 +74,16 @@ import (
 	"github.com/musterhq/muster/static"
 )
 
-// Eligibility is the evaluator as the pages read it.
+// Eligibility is the evaluator state as the pages read it, each service's
+// from the replica that owns it (ownerread.Reader; ownerread.Local for a
+// replica alone).
 type Eligibility interface {
-	ServiceEligibility(service string) (evaluator.ServiceEligibility, error)
-	AllServiceStats() ([]eligibility.ServiceStats, time.Time, error)
+	// Eligibility fails with an *ownerread.OwnerUnreachableError when
+	// the service's owner did not answer.
+	Eligibility(ctx context.Context, service string) (evaluator.ServiceEligibility, error)
+	// Stats names the replicas that did not answer: their services have
+	// no counts.
+	Stats(ctx context.Context) (stats []eligibility.ServiceStats, at time.Time, unanswered []string, err error)
 }
 
 // OverrideCounts is the overrides in force (policy.InForce) as the

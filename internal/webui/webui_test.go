@@ -1,6 +1,7 @@
 package webui_test
 
 import (
+	"github.com/musterhq/muster/internal/ownerread"
 	"net/http"
 	"net/url"
 	"strings"
@@ -361,7 +362,7 @@ func TestAuditPageShowsBrokenChain(t *testing.T) {
 func TestInsecureCookieOnlyOnLoopback(t *testing.T) {
 	t.Parallel()
 	st := newUIStack(t)
-	cfg := webui.Config{Pool: st.Pool, Registry: st.Registry, Evaluator: st.Evaluator, Publisher: st.Publisher,
+	cfg := webui.Config{Pool: st.Pool, Registry: st.Registry, Evaluator: ownerread.Local(st.Evaluator), Publisher: st.Publisher,
 		Audit: audit.NewLog(st.Pool), InsecureCookie: true,
 		OIDC: webui.OIDCConfig{IssuerURL: "https://id.example", ClientID: "ui", RedirectURL: "https://muster.example/ui/auth/callback"}}
 	if _, err := webui.New(cfg); err == nil {

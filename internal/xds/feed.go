@@ -2,8 +2,8 @@ package xds
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	jsonv2 "github.com/go-json-experiment/json"
 	"maps"
 	"slices"
 	"strings"
@@ -226,7 +226,7 @@ func (sr *serviceResources) part(region string, remote bool) *part {
 // buildPart decodes a view frame of series into its assignment.
 func buildPart(series string, f *stream.Frame, now time.Time) (*part, error) {
 	var v resolver.View
-	if err := json.Unmarshal(f.JSON, &v); err != nil {
+	if err := jsonv2.Unmarshal(f.JSON, &v); err != nil {
 		return nil, fmt.Errorf("decode view: %w", err)
 	}
 	snap, err := resolver.SnapshotOf(v, now)

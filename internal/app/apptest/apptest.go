@@ -138,6 +138,16 @@ func (s *Stack) Credential(id string) string {
 	return secret
 }
 
+// KnowCredentials makes the instances registered through other's Do
+// known here with their credentials, as a client that registered through
+// one replica and reports to another keeps its credential.
+func (s *Stack) KnowCredentials(other *Stack) {
+	other.credentials.Range(func(k, v any) bool {
+		s.credentials.Store(k, v)
+		return true
+	})
+}
+
 // AsInstance is the header an instance registered through Do presents
 // its credential in (registry.CredentialHeader); empty when it has none.
 func (s *Stack) AsInstance(id string) http.Header {

@@ -1,0 +1,106 @@
+package evaluator_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	st "github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/evaluator"
+	"github.com/musterhq/muster/internal/identity"
+)
+
+// TestAFollowerKeepsWarmFromTheOwnersWindows: a replica that does not
+// evaluate web (its evidence goes to web's owner) takes web's state from
+// the windows the owner writes: after the owner saw web[0] fail and
+// flushed, the follower holds web[0] ineligible and the others eligible,
+// as the owner does, without one sample of web reaching it. It applies
+// each window once, never the windows it wrote itself, and nothing of a
+// service it evaluates (whose evidence comes to it live).
+//
+// The follower's clock may be far from the owner's (here 5 minutes
+// ahead, beyond the 90 s after which an instance is silent): a window is
+// placed at its write time on the follower's clock, so what the owner saw
+// a moment ago is a moment old at the follower too.
+func TestAFollowerKeepsWarmFromTheOwnersWindows(t *testing.T) {
+	t.Parallel()
+	for _, skew := range []time.Duration{0, 5 * time.Minute} {
+		t.Run(skew.String(), func(t *testing.T) {
+			t.Parallel()
+			followerKeepsWarm(t, skew)
+		})
+	}
+}
+
+func followerKeepsWarm(t *testing.T, skew time.Duration) {
+	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Replica = "owner" }})
+	ctx := context.Background()
+	follower := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
+		c.Now = func() time.Time { return f.Clock.Now().Add(skew) }
+		c.Replica = "follower"
+		c.Evaluates = func(service string) bool { return service != "web" }
+		c.FollowMargin = time.Millisecond
+	}})
+	g := &fixture{Stack: follower, web: f.web}
+	g.waitReady(t)
+	if err := follower.Evaluator.SyncNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := follower.Evaluator.FollowNow(ctx); err != nil || n != 0 {
+		t.Fatalf("a first follow with nothing written since the rebuild applied %d windows (%v)", n, err)
+	}
+
+	p1 := f.Token(t, prober1)
+	for range 10 {
+		f.post(t, p1, report(f.web[0], "probe", "failure"), report(f.web[1], "probe", "success"), report(f.web[2], "probe", "success"))
+		f.Clock.Advance(time.Second)
+		f.Evaluator.EvaluateNow()
+	}
+	if v := f.verdict(t, "web", f.web[0]); v.State != "ineligible" {
+		t.Fatalf("at the owner: %+v", v)
+	}
+	if err := f.Evaluator.FlushNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A window the follower writes itself (of evidence forwarded to it,
+	// which it keeps) must not come back to it.
+	az1 := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
+	if res, err := follower.Evaluator.IngestForwarded(ctx, az1, []evaluator.Report{{InstanceID: uuid.MustParse(f.web[1]), Class: "probe", Outcome: "success"}}); err != nil || res.Accepted != 1 {
+		t.Fatalf("forwarded to the follower: %+v %v", res, err)
+	}
+	if err := follower.Evaluator.FlushNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := metric(t, g, "muster_observed_windows_written_total"); n != 1 {
+		t.Fatalf("the follower wrote %v windows, want 1", n)
+	}
+	var applied int
+	deadline := time.Now().Add(10 * time.Second)
+	for applied == 0 && time.Now().Before(deadline) { // the margin: the owner's write must be a millisecond old
+		n, err := follower.Evaluator.FollowNow(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		applied += n
+	}
+	if applied != 3 {
+		t.Fatalf("the follower applied %d windows, want 3 (web's three instances, probe class)", applied)
+	}
+	follower.Evaluator.EvaluateNow()
+	if v := g.verdict(t, "web", f.web[0]); v.State != "ineligible" {
+		t.Errorf("at the follower, the failing instance is %+v", v)
+	}
+	for _, id := range f.web[1:] {
+		if v := g.verdict(t, "web", id); v.State != "eligible" {
+			t.Errorf("at the follower, healthy %s is %+v", id, v)
+		}
+	}
+	if n, err := follower.Evaluator.FollowNow(ctx); err != nil || n != 0 {
+		t.Errorf("a second follow applied %d windows (%v), want 0: each is applied once", n, err)
+	}
+	if got := metric(t, &fixture{Stack: follower}, "muster_windows_followed_total"); got != 3 {
+		t.Errorf("muster_windows_followed_total = %v, want 3", got)
+	}
+}

@@ -1,0 +1,4 @@
+package ownership
+
+// ShardOfFast exposes shardOf to the tests.
+var ShardOfFast = shardOf
