@@ -88,6 +88,22 @@ type cand struct {
 	// (a tripped guard or a mark_eligible override) and its slow start is
 	// not over; zero otherwise.
 	rampFrom time.Time
+	// served: the input says the instance awaits its first success, but
+	// clients route to it in the published view (see serving).
+	served bool
+}
+
+// serving reports whether clients route to instance id in the published
+// view (a weight above zero). Such an instance has been in rotation, so
+// it is capacity whatever the input says: the evaluator's word that an
+// instance "awaits its first success" is state it can lose (a replica
+// dealt a service it never evaluated, a restart whose record of
+// admissions could not be read), and taking that word would drop what
+// clients route to without the guard counting it, which is exactly the
+// withdrawal of a whole service the guard exists to stop.
+func (sv *service) serving(id uuid.UUID) bool {
+	p, ok := sv.pub[id]
+	return ok && p.Weight > 0
 }
 
 // pending is one queued endpoint change.
@@ -213,20 +229,22 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 	routableAll := 0
 	for i := range s.Instances {
 		x := &s.Instances[i]
-		if sv.cur[x.ID].idx != i {
+		c := sv.cur[x.ID]
+		if c.idx != i {
 			continue
 		}
+		c.served = x.Awaiting && sv.serving(x.ID)
 		zc := counts[x.Zone]
 		if !x.LeaseExpired {
 			zc.registered++
 		}
-		if !counted(x) {
+		if !counted(x) && !c.served {
 			zc.awaiting++
 		}
 		if routable(x) {
 			routableAll++
 		}
-		zc.Add(x)
+		zc.add(x, c.served)
 		counts[x.Zone] = zc
 	}
 	old := sv.zones
@@ -265,7 +283,7 @@ func (a *Assembler) Update(s ServiceInput, now time.Time) {
 		ours := false
 		// A tripped guard publishes the zone's capacity: never an
 		// instance that has not yet been in rotation.
-		guardKeeps := zones[x.Zone].Guard == GuardTripped && !x.Awaiting
+		guardKeeps := zones[x.Zone].Guard == GuardTripped && (!x.Awaiting || c.served)
 		switch {
 		case x.LeaseExpired:
 			// Gone from the registry: kept only as far as the guard needs.

@@ -122,6 +122,61 @@ func TestTrippedGuardNeverPublishesAwaiting(t *testing.T) {
 	}
 }
 
+// What clients route to is capacity, whatever the input says: a replica
+// dealt a service it never evaluated continues from the previous owner's
+// view (Restore) and may hold every instance as awaiting its first
+// success (it never heard one). Those the restored view serves count, so
+// the guard trips and keeps them instead of withdrawing the service; an
+// awaiting instance the view never served stays out; and once the input
+// admits them the view is the input's again.
+func TestServedInstancesAreCapacityWhateverTheInputSays(t *testing.T) {
+	t.Parallel()
+	vs := &versions{}
+	prev := assembler.New(assembler.Options{})
+	ready := zoned(0, elig, 4, "a")
+	prev.Update(svc("web", 0.5, ready), t0)
+	settle(t, prev, t0, vs)
+	base := mustView(t, prev, "web")
+
+	a := assembler.New(assembler.Options{})
+	if err := a.Restore(base); err != nil {
+		t.Fatal(err)
+	}
+	var lost []assembler.InstanceInput
+	for n := range 4 {
+		lost = append(lost, awaiting(n, "a"))
+	}
+	lost = append(lost, awaiting(9, "a")) // registered since: never served
+	now := t0.Add(time.Minute)
+	a.Update(svc("web", 0.5, lost), now)
+	settle(t, a, now, vs)
+	v := mustView(t, a, "web")
+	if z := v.Zones["a"]; z.Guard != assembler.GuardTripped || z.Total != 4 || z.Registered != 5 {
+		t.Fatalf("zone a %+v, want tripped with the 4 served instances counted, 5 registered", z)
+	}
+	got := byID(v)
+	for n := range 4 {
+		if e, ok := got[id(n)]; !ok || e.Weight <= 0 {
+			t.Fatalf("served instance %d is %+v (published %v), want kept by the guard", n, e, ok)
+		}
+	}
+	if e, ok := got[id(9)]; ok {
+		t.Fatalf("an instance never served is published: %+v", e)
+	}
+
+	// The evidence arrives: the input admits them, and the view follows it.
+	later := now.Add(time.Minute)
+	a.Update(svc("web", 0.5, append(zoned(0, elig, 4, "a"), awaiting(9, "a"))), later)
+	settle(t, a, later, vs)
+	v = mustView(t, a, "web")
+	if z := v.Zones["a"]; z.Guard != assembler.GuardOK || z.Eligible != 4 || z.Total != 4 {
+		t.Fatalf("zone a %+v, want ok at 4 of 4", z)
+	}
+	if al := a.Alarms(); len(al) != 0 {
+		t.Fatalf("alarms %+v after the input admitted every served instance", al)
+	}
+}
+
 // Slow start applies to endpoints the assembler puts into rotation: a
 // tripped guard's and a mark_eligible override's. They enter at 1/10 and
 // step up to full weight over the contract's slow start, NextDue saying

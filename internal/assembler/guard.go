@@ -41,8 +41,12 @@ type Capacity struct {
 }
 
 // Add counts x.
-func (c *Capacity) Add(x *InstanceInput) {
-	if counted(x) {
+func (c *Capacity) Add(x *InstanceInput) { c.add(x, false) }
+
+// add counts x, as capacity also when served: clients route to it in the
+// published view, whatever x.Awaiting says (service.serving).
+func (c *Capacity) add(x *InstanceInput, served bool) {
+	if counted(x) || served {
 		c.Counted++
 	}
 	if routable(x) {

@@ -2,6 +2,7 @@ package evaluator_test
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	st "github.com/musterhq/muster/internal/app/apptest"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
+	"github.com/musterhq/muster/internal/registry"
 )
 
 // TestAFollowerKeepsWarmFromTheOwnersWindows: a replica that does not
@@ -102,5 +104,67 @@ func followerKeepsWarm(t *testing.T, skew time.Duration) {
 	}
 	if got := metric(t, &fixture{Stack: follower}, "muster_windows_followed_total"); got != 3 {
 		t.Errorf("muster_windows_followed_total = %v, want 3", got)
+	}
+}
+
+// TestAFollowerAdmitsWhatTheOwnerAdmits: an instance registered after the
+// follower started is admitted at the owner on its first probe success;
+// the follower, which never hears a sample of it, must hold it admitted
+// from the owner's windows alone, or else the replica dealt the service
+// when its owner dies would start with it awaiting its first success
+// (out of the view and out of the fraction guard's count).
+func TestAFollowerAdmitsWhatTheOwnerAdmits(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Replica = "owner" }})
+	ctx := context.Background()
+	follower := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
+		c.Now = f.Clock.Now
+		c.Replica = "follower"
+		c.Evaluates = func(service string) bool { return service != "web" }
+		c.FollowMargin = time.Millisecond
+	}})
+	follower.WaitReady(t)
+	if _, err := follower.Evaluator.FollowNow(ctx); err != nil { // where following starts
+		t.Fatal(err)
+	}
+	in, err := f.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "10.0.0.9", Port: 8080, Zone: "az1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*st.Stack{f.Stack, follower} {
+		if err := s.Evaluator.SyncNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s.Evaluator.EvaluateNow()
+	}
+	if x, _ := inRotation(t, follower.Evaluator, "web", in.ID); !x.Awaiting {
+		t.Fatalf("a new instance at the follower before any evidence: %+v, want awaiting", x)
+	}
+	p1 := f.Token(t, prober1)
+	for range 3 {
+		f.post(t, p1, report(in.ID.String(), "probe", "success"))
+		f.Clock.Advance(time.Second)
+		f.Evaluator.EvaluateNow()
+	}
+	if x, ok := inRotation(t, f.Evaluator, "web", in.ID); !ok || x.Awaiting {
+		t.Fatalf("at the owner: %+v", x)
+	}
+	if err := f.Evaluator.FlushNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var applied int
+	for deadline := time.Now().Add(10 * time.Second); applied == 0 && time.Now().Before(deadline); {
+		n, err := follower.Evaluator.FollowNow(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		applied += n
+	}
+	if applied == 0 {
+		t.Fatal("the follower applied no window of the owner's")
+	}
+	follower.Evaluator.EvaluateNow()
+	if x, ok := inRotation(t, follower.Evaluator, "web", in.ID); !ok || x.Awaiting {
+		t.Fatalf("at the follower, the instance the owner admitted is %+v (in rotation %v)", x, ok)
 	}
 }
