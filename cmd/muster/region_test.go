@@ -462,6 +462,51 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 	t.Logf("a hard failure reported to %s (owner %s) withdrew %s at all %d subscribers of %s in %s (budget: 99%% within 5 s)",
 		other, owner, target, len(probedWatchers), regionProbed, withdrawal.Round(time.Millisecond))
 
+	// explain logs where the withdrawal of target went missing: each
+	// replica's view of it and verdict, the forwarding counters, and the
+	// subscribers still routing to it (how many it returns).
+	explain := func(target string) int {
+		u := uuid.MustParse(target)
+		for _, b := range bases() {
+			code, body := call(t, "GET", b+"/v1/resolve/"+regionProbed, viewer, "")
+			var v assembler.View
+			_ = json.Unmarshal(body, &v)
+			w := -1.0
+			for _, ep := range v.Endpoints {
+				if ep.InstanceID == u {
+					w = ep.Weight
+				}
+			}
+			t.Logf("replica %s: %d, %s version %d, weight of %s %v (-1: absent)", b, code, regionProbed, v.Version, target, w)
+		}
+		n := 0
+		for _, c := range probedWatchers {
+			if c.Routable(regionProbed, u) {
+				ver, _, _ := c.Held(regionProbed)
+				n++
+				t.Logf("a subscriber still routes to %s: holds version %d; %v", target, ver, c.Counts())
+			}
+		}
+		for _, b := range bases() {
+			_, body := call(t, "GET", b+"/v1/services/"+regionProbed+"/eligibility", admin, "")
+			var el struct{ Instances []json.RawMessage }
+			_ = json.Unmarshal(body, &el)
+			line := ""
+			for _, in := range el.Instances {
+				if strings.Contains(string(in), target) {
+					line = string(in)
+				}
+			}
+			t.Logf("GET %s/v1/services/%s/eligibility, %s: %s", b, regionProbed, target, line)
+			_, m := call(t, "GET", b+"/metrics", admin, "")
+			for _, name := range []string{"muster_samples_forwarded_total", "muster_evidence_forward_", "muster_windows_followed_total", "muster_transitions_total"} {
+				t.Logf("%s: %s", b, grepLines(m, name))
+			}
+			r := region(b)
+			t.Logf("%s owns %d shards (%v), unowned %v", b, len(r.Owned), slices.ContainsFunc(r.Owned, func(s ownership.ShardStatus) bool { return s.Shard == ownership.ShardOf(regionProbed, 64) }), r.Unowned)
+		}
+		return n
+	}
 	// SIGKILL the owner of regionProbed while the prober reports on it.
 	// Its evidence is kept by the owner and one standby only (not by
 	// every replica), so this is the case where it could be lost.
@@ -498,7 +543,13 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 	if code, body := send(ctx, "POST", survivor+"/v1/reports", prober, fmt.Sprintf(`{"reports":[{"instance_id":%q,"class":"probe","outcome":"hard_failure"}]}`, lastOne)); code != 200 {
 		t.Fatalf("hard failure reported to %s 1 s after the owner's kill: %d %s", survivor, code, body)
 	}
-	wait.For(t, 30*time.Second, fmt.Sprintf("the withdrawal of %s, reported 1 s after its owner's kill, reaching every subscriber", lastOne), routableEverywhere(lastOne, false))
+	for deadline, withdrawn := time.Now().Add(30*time.Second), routableEverywhere(lastOne, false); !withdrawn(); {
+		if time.Now().After(deadline) {
+			n := explain(lastOne)
+			t.Fatalf("the withdrawal of %s, reported 1 s after its owner's kill, reached %d of %d subscribers in 30 s", lastOne, len(probedWatchers)-n, len(probedWatchers))
+		}
+		time.Sleep(50 * time.Millisecond) // polling, with the deadline above
+	}
 	afterKill := time.Since(reported)
 	// A SIGKILL is the rare case the 99.9% bound covers: the shard moves
 	// when the dead owner's lease expires (TTL 7 s + a 2 s round).
@@ -548,43 +599,7 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 		withdrawn := routableEverywhere(target, false)
 		for deadline := time.Now().Add(time.Minute); !withdrawn(); {
 			if time.Now().After(deadline) {
-				// Where it went missing: each replica's view of the
-				// instance, and the subscribers still routing to it.
-				u := uuid.MustParse(target)
-				for _, b := range bases() {
-					code, body := call(t, "GET", b+"/v1/resolve/"+regionProbed, viewer, "")
-					var v assembler.View
-					_ = json.Unmarshal(body, &v)
-					w := -1.0
-					for _, ep := range v.Endpoints {
-						if ep.InstanceID == u {
-							w = ep.Weight
-						}
-					}
-					t.Logf("replica %s: %d, %s version %d, weight of %s %v (-1: absent)", b, code, regionProbed, v.Version, target, w)
-				}
-				n := 0
-				for _, c := range probedWatchers {
-					if c.Routable(regionProbed, u) {
-						ver, _, _ := c.Held(regionProbed)
-						n++
-						t.Logf("a subscriber still routes to %s: holds version %d; %v", target, ver, c.Counts())
-					}
-				}
-				for _, b := range bases() {
-					_, body := call(t, "GET", b+"/v1/services/"+regionProbed+"/eligibility", admin, "")
-					var el struct{ Instances []json.RawMessage }
-					_ = json.Unmarshal(body, &el)
-					line := ""
-					for _, in := range el.Instances {
-						if strings.Contains(string(in), target) {
-							line = string(in)
-						}
-					}
-					t.Logf("GET %s/v1/services/%s/eligibility, %s: %s", b, regionProbed, target, line)
-					_, m := call(t, "GET", b+"/metrics", admin, "")
-					t.Logf("%s: %s", b, grepLines(m, "muster_samples_forwarded_total"))
-				}
+				n := explain(target)
 				t.Fatalf("the withdrawal of %s (reported while replica %d drained, answered %s) reached %d of %d subscribers in 1m", target, i, answer, len(probedWatchers)-n, len(probedWatchers))
 			}
 			time.Sleep(50 * time.Millisecond) // polling, with the deadline above

@@ -562,6 +562,12 @@ func New(cfg Config) (*App, error) {
 	// PostgreSQL is unreachable goes on (ownership.Manager.Publishes).
 	pbc.Owns, pbc.Services = a.Ownership.Publishes, a.Evaluator.Services
 	pbc.HandingOver = a.Ownership.HandingOver
+	// A replica dealt a service has followed its owner's windows; the
+	// admissions the owner recorded are restored before it publishes.
+	pbc.Adopting = func(ctx context.Context, owns func(string) bool) error {
+		_, err := a.Evaluator.RestoreAdmissions(ctx, owns)
+		return err
+	}
 	// Views are signed by the region's key as the owner publishes them,
 	// each epoch recorded as the tenures of the shards held.
 	pbc.Signer, pbc.Replica, pbc.ViewKeys = cfg.Policy.Sealer, cfg.Replica, cfg.Policy.SealKeys
@@ -573,7 +579,7 @@ func New(cfg Config) (*App, error) {
 		// Without the region's key replicas cannot relay to each other
 		// (buildRelay), so each publishes every service itself, as
 		// before replicas relayed views: a subscriber's replica must hold every view.
-		pbc.Owns, pbc.Services, pbc.HandingOver = nil, nil, nil
+		pbc.Owns, pbc.Services, pbc.HandingOver, pbc.Adopting = nil, nil, nil, nil
 	}
 	if a.Publisher, err = publisher.New(pbc); err != nil {
 		return nil, err

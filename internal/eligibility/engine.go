@@ -303,6 +303,30 @@ type service struct {
 	contradictions uint64
 	// changed: named in Engine.changed (cleared by Tick).
 	changed bool
+	// silenceFrom: silence is measured from no earlier than this
+	// (HoldSilence); 0: from each class's last sample.
+	silenceFrom int64
+}
+
+// heard is when a class last heard at last counts as heard for silence:
+// never earlier than the service's silenceFrom.
+func (s *service) heard(last int64) int64 { return max(last, s.silenceFrom) }
+
+// HoldSilence makes silence of service's instances count from no earlier
+// than at: a class heard at all before at is speaking until a silence
+// window after at. The evaluator holds it, every tick, for each service
+// another replica evaluates: this replica hears of those only through
+// the windows their owner writes, a flush and a follow late, so the
+// gaps between them are the region's own observation path lagging, not
+// the instances falling silent (ADR-05: silence of the observation path
+// says nothing of an instance). Once the service is evaluated here the
+// hold stops advancing, and a class that stays silent a window past it
+// is silent. Unknown services are ignored.
+func (e *Engine) HoldSilence(service string, at time.Time) {
+	if i, ok := e.svcIdx[service]; ok {
+		s := e.svcs[i]
+		s.silenceFrom = max(s.silenceFrom, at.UnixNano())
+	}
 }
 
 // Engine holds evidence and verdicts for every instance. It is not safe for
@@ -600,6 +624,14 @@ func (e *Engine) Observe(s Sample) error {
 	default:
 		cs.t.add(at, fail, total, svc.invH) // caller traffic
 		t = in.reporter(s.Reporter)
+	}
+	if in.hard && !in.hardExternal && s.Class == in.hardClass && s.Reporter == in.hardRep && at < in.hardAt {
+		// Superseded: the hard failure this reporter reported after it
+		// is its latest word. A batch can deliver a hard failure ahead
+		// of the reporter's older samples (hard failures are forwarded
+		// first; a replica taking a service is replayed what its
+		// owner was sent), and older successes must not dilute it.
+		return nil
 	}
 	t.add(at, fail, total, svc.invH)
 	cs.lastSample = max(cs.lastSample, at)

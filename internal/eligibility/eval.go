@@ -140,11 +140,11 @@ func (e *Engine) assess(in *instance, svc *service, now int64) assessment {
 	ps := &in.cls[Passive]
 	// n decayed with half-life H holds rate × H / ln 2 requests.
 	a.rps = ps.t.volume(now, svc.invH) * math.Ln2 * svc.invH * float64(time.Second)
-	if c.present(Passive) && ps.lastSample != 0 && now-ps.lastSample <= svc.window {
+	if c.present(Passive) && ps.lastSample != 0 && now-svc.heard(ps.lastSample) <= svc.window {
 		var num, den float64
 		for k := range in.rep {
 			r := &in.rep[k]
-			if r.last == 0 || now-r.last > svc.window {
+			if r.last == 0 || now-svc.heard(r.last) > svc.window {
 				continue
 			}
 			conf := min(1, r.volume(now, svc.invH)/e.opt.MinReporterVolume)
@@ -173,7 +173,7 @@ func (e *Engine) assess(in *instance, svc *service, now int64) assessment {
 		n := 0
 		for k := range in.probe {
 			sl := &in.probe[k]
-			if sl.t.last == 0 || now-sl.t.last > win {
+			if sl.t.last == 0 || now-svc.heard(sl.t.last) > win {
 				continue
 			}
 			bit := uint8(1) << k
@@ -196,7 +196,7 @@ func (e *Engine) assess(in *instance, svc *service, now int64) assessment {
 			a.speaking[Probe], a.rate[Probe] = true, sum/float64(n)
 		}
 	}
-	if cs := &in.cls[Self]; c.present(Self) && cs.lastSample != 0 && now-cs.lastSample <= svc.window {
+	if cs := &in.cls[Self]; c.present(Self) && cs.lastSample != 0 && now-svc.heard(cs.lastSample) <= svc.window {
 		a.speaking[Self], a.rate[Self] = true, cs.t.rate()
 	}
 	var num, den float64
@@ -498,21 +498,21 @@ func (e *Engine) due(in *instance, svc *service, a *assessment, now int64) int64
 	d := now + svc.interval
 	for _, cl := range [...]Class{Self, Passive} {
 		if a.speaking[cl] {
-			d = min(d, in.cls[cl].lastSample+svc.window+1)
+			d = min(d, svc.heard(in.cls[cl].lastSample)+svc.window+1)
 		}
 	}
 	if a.slotSpeaking != 0 {
 		win := e.windowFor(svc, Probe, a.passivePrimary)
 		for k := range in.probe {
 			if a.slotSpeaking&(1<<k) != 0 {
-				d = min(d, in.probe[k].t.last+win+1)
+				d = min(d, svc.heard(in.probe[k].t.last)+win+1)
 			}
 		}
 	}
 	if a.speaking[Passive] {
 		for k := range in.rep {
-			if l := in.rep[k].last; l != 0 && now-l <= svc.window {
-				d = min(d, l+svc.window+1)
+			if l := in.rep[k].last; l != 0 && now-svc.heard(l) <= svc.window {
+				d = min(d, svc.heard(l)+svc.window+1)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package eligibility_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -1362,5 +1363,100 @@ func TestReplayedHistoryDoesNotContradictALiveProber(t *testing.T) {
 	trs := s.all[from:]
 	if len(trs) != 1 || trs[0].To != eligibility.Ineligible {
 		t.Fatalf("transitions after the live prober's hard failure %+v, want one to ineligible", trs)
+	}
+}
+
+// A hard failure is its reporter's latest word: the same prober's older
+// successes, delivered after it (a forwarder sends hard failures first;
+// a replica taking a service is replayed what its owner was sent), do
+// not dilute it, and the instance is withdrawn.
+func TestOlderSuccessesDoNotDiluteAHardFailure(t *testing.T) {
+	t.Parallel()
+	const az1 eligibility.ReporterID = 7
+	s := newSim(t, eligibility.Options{})
+	s.service("svc", contract(probeOnly))
+	id := s.add(1, "svc")
+	s.e.AssignProber(az1, []eligibility.InstanceID{id})
+	s.run(10*time.Second, time.Second, func(time.Time) { s.obs(id, probe, ok, az1) })
+	if v := s.verdict(id); v.State != eligibility.Eligible {
+		t.Fatalf("setup: %+v", v)
+	}
+	failedAt := s.now.Add(time.Second)
+	if err := s.e.Observe(eligibility.Sample{Instance: id, Class: probe, Outcome: hard, At: failedAt, Reporter: az1}); err != nil {
+		t.Fatal(err)
+	}
+	// The 30 s before it arrive late, every half second.
+	for back := 30 * time.Second; back > 0; back -= 500 * time.Millisecond {
+		if err := s.e.Observe(eligibility.Sample{Instance: id, Class: probe, Outcome: ok, At: failedAt.Add(-back), Reporter: az1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.now = failedAt
+	trs := s.tick()
+	if len(trs) != 1 || trs[0].To != eligibility.Ineligible {
+		t.Fatalf("after a hard failure and the prober's older successes: %+v, want one withdrawal; verdict %+v", trs, s.verdict(id))
+	}
+	// A newer success still ends it, as before.
+	s.now = s.now.Add(time.Second)
+	s.obs(id, probe, ok, az1)
+	s.tick()
+	if v := s.verdict(id); v.State != eligibility.Ineligible {
+		t.Fatalf("right after: %+v (the dwell holds it out)", v)
+	}
+}
+
+// HoldSilence: a service whose evidence comes late (another replica
+// evaluates it; this one reads its owner's windows) never falls silent
+// while held, so a replica dealt it takes it with the verdicts the owner
+// held, and a hard failure alone still withdraws an instance. Once the
+// hold stops, a class unheard for a silence window past it is silent.
+func TestHeldSilence(t *testing.T) {
+	t.Parallel()
+	const az1 eligibility.ReporterID = 7
+	for _, held := range []bool{false, true} {
+		t.Run(fmt.Sprintf("held=%v", held), func(t *testing.T) {
+			t.Parallel()
+			s := newSim(t, eligibility.Options{})
+			s.service("svc", contract(probeOnly))
+			id := s.add(1, "svc")
+			s.e.AssignProber(az1, []eligibility.InstanceID{id})
+			s.run(10*time.Second, time.Second, func(time.Time) { s.obs(id, probe, ok, az1) })
+			// 20 s without a sample: beyond the 15 s silence window.
+			s.run(20*time.Second, time.Second, func(now time.Time) {
+				if held {
+					s.e.HoldSilence("svc", now)
+				}
+			})
+			want := eligibility.Unknown
+			if held {
+				want = eligibility.Eligible
+			}
+			if v := s.verdict(id); v.State != want {
+				t.Fatalf("after 20 s unheard: %+v, want %v", v, want)
+			}
+			s.now = s.now.Add(time.Second)
+			s.obs(id, probe, hard, az1)
+			trs := s.tick()
+			withdrawn := len(trs) == 1 && trs[0].To == eligibility.Ineligible
+			if withdrawn != held {
+				t.Fatalf("a hard failure alone: %+v (withdrawn %v, want %v: a silent instance needs a second class)", trs, withdrawn, held)
+			}
+		})
+	}
+	// The hold stops: silent a window later.
+	s := newSim(t, eligibility.Options{})
+	s.service("svc", contract(probeOnly))
+	id := s.add(1, "svc")
+	s.e.AssignProber(az1, []eligibility.InstanceID{id})
+	s.run(10*time.Second, time.Second, func(time.Time) { s.obs(id, probe, ok, az1) })
+	s.run(20*time.Second, time.Second, func(now time.Time) { s.e.HoldSilence("svc", now) })
+	stopped := s.now
+	s.run(14*time.Second, time.Second, nil)
+	if v := s.verdict(id); v.State != eligibility.Eligible {
+		t.Fatalf("14 s after the hold stopped: %+v", v)
+	}
+	s.run(2*time.Second, time.Second, nil)
+	if v := s.verdict(id); v.State != eligibility.Unknown {
+		t.Fatalf("%v after the hold stopped: %+v, want unknown", s.now.Sub(stopped), v)
 	}
 }

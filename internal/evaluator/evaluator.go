@@ -531,6 +531,7 @@ func (e *Evaluator) runOnce() {
 	start := time.Now()
 	e.mu.Lock()
 	now := e.cfg.Now()
+	e.holdFollowedSilence(now)
 	ts := append(e.ended, e.engine.Tick(now)...)
 	e.ended = nil
 	e.noteQuarantines(ts)
@@ -547,6 +548,24 @@ func (e *Evaluator) runOnce() {
 	e.mu.Unlock()
 	e.metrics.tick.Observe(time.Since(start).Seconds())
 	e.publish(ts, changed)
+}
+
+// holdFollowedSilence holds silence off, at now, for every service
+// another replica evaluates (eligibility.Engine.HoldSilence): this
+// replica hears of them only through their owner's windows, which come a
+// flush and a follow late, and a replica dealt one of them (its owner
+// died) must take it with the verdicts the owner held, not with every
+// instance gone silent in the gaps, where a hard failure alone could no
+// longer withdraw one. Called with e.mu held.
+func (e *Evaluator) holdFollowedSilence(now time.Time) {
+	if e.cfg.Evaluates == nil || e.cfg.FollowEvery <= 0 {
+		return
+	}
+	for name := range e.services {
+		if !e.cfg.Evaluates(name) {
+			e.engine.HoldSilence(name, now)
+		}
+	}
 }
 
 // publish records the transitions and queues them, with the services

@@ -3,15 +3,19 @@ package evaluator_test
 import (
 	"context"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/musterhq/muster/db"
 	st "github.com/musterhq/muster/internal/app/apptest"
+	"github.com/musterhq/muster/internal/eligibility"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
+	"github.com/musterhq/muster/internal/wait"
 )
 
 // TestAFollowerKeepsWarmFromTheOwnersWindows: a replica that does not
@@ -166,5 +170,135 @@ func TestAFollowerAdmitsWhatTheOwnerAdmits(t *testing.T) {
 	follower.Evaluator.EvaluateNow()
 	if x, ok := inRotation(t, follower.Evaluator, "web", in.ID); !ok || x.Awaiting {
 		t.Fatalf("at the follower, the instance the owner admitted is %+v (in rotation %v)", x, ok)
+	}
+}
+
+// TestADealtReplicaRestoresTheOwnersAdmissions: a replica that missed
+// every window of an instance the owner admitted (here it follows
+// nothing) holds it awaiting its first success. When it is dealt the
+// service, RestoreAdmissions finds the owner's record of admitting it in
+// PostgreSQL and takes it as having served, as the rebuild at a start
+// does; the services it is not dealt are left as they are.
+func TestADealtReplicaRestoresTheOwnersAdmissions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Replica = "owner" }})
+	ctx := context.Background()
+	follower := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
+		c.Now = f.Clock.Now
+		c.Replica = "follower"
+		c.Evaluates = func(service string) bool { return service != "web" }
+	}})
+	follower.WaitReady(t)
+	in, err := f.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "10.0.0.9", Port: 8080, Zone: "az1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*st.Stack{f.Stack, follower} {
+		if err := s.Evaluator.SyncNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p1 := f.Token(t, prober1)
+	f.post(t, p1, report(in.ID.String(), "probe", "success"))
+	f.Clock.Advance(time.Second)
+	f.Evaluator.EvaluateNow()
+	if x, ok := inRotation(t, f.Evaluator, "web", in.ID); !ok || x.Awaiting {
+		t.Fatalf("at the owner: %+v", x)
+	}
+	// The owner's admission is on record (written in the background).
+	wait.For(t, 10*time.Second, "the owner's admission on record", func() bool {
+		rows, err := db.New(f.Pool).TransitionsLatestFor(ctx, []uuid.UUID{in.ID})
+		return err == nil && len(rows) == 1
+	})
+	follower.Evaluator.EvaluateNow()
+	if x, _ := inRotation(t, follower.Evaluator, "web", in.ID); !x.Awaiting {
+		t.Fatalf("the follower, which read no window, holds %+v; want awaiting", x)
+	}
+	if n, err := follower.Evaluator.RestoreAdmissions(ctx, func(s string) bool { return s == "api" }); err != nil || n != 0 {
+		t.Fatalf("restoring api's admissions restored %d (%v), want 0", n, err)
+	}
+	if x, _ := inRotation(t, follower.Evaluator, "web", in.ID); !x.Awaiting {
+		t.Fatalf("restoring another service's admissions changed web's instance: %+v", x)
+	}
+	if n, err := follower.Evaluator.RestoreAdmissions(ctx, func(s string) bool { return s == "web" }); err != nil || n != 1 {
+		t.Fatalf("restoring web's admissions restored %d (%v), want 1", n, err)
+	}
+	follower.Evaluator.EvaluateNow()
+	if x, ok := inRotation(t, follower.Evaluator, "web", in.ID); !ok || x.Awaiting {
+		t.Fatalf("dealt web, the follower holds the instance the owner admitted as %+v (in rotation %v)", x, ok)
+	}
+}
+
+// TestAFollowerTakesAServiceWithTheOwnersVerdicts: a follower hears of
+// web only through the owner's windows, a flush and a follow late, so it
+// holds web's silence off (the gaps are the region's own lag). When the
+// owner dies and the follower is dealt web a minute after the owner's
+// last window, web's instances are as the owner held them, eligible,
+// not silent; and a prober's hard failure, forwarded to the new owner,
+// withdraws one alone, as it would have at the owner (a silent instance
+// would need a second class).
+func TestAFollowerTakesAServiceWithTheOwnersVerdicts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Replica = "owner" }})
+	ctx := context.Background()
+	var dealt atomic.Bool
+	follower := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
+		c.Now = f.Clock.Now
+		c.Replica = "follower"
+		c.Evaluates = func(service string) bool { return service != "web" || dealt.Load() }
+		c.FollowEvery = time.Hour // only FollowNow reads; the hold needs following on
+		c.FollowMargin = time.Millisecond
+	}})
+	follower.WaitReady(t)
+	if err := follower.Evaluator.SyncNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p1 := f.Token(t, prober1)
+	for range 5 {
+		f.post(t, p1, report(f.web[0], "probe", "success"), report(f.web[1], "probe", "success"), report(f.web[2], "probe", "success"))
+		f.Clock.Advance(time.Second)
+		f.Evaluator.EvaluateNow()
+	}
+	if err := f.Evaluator.FlushNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var applied int
+	for deadline := time.Now().Add(10 * time.Second); applied < 3 && time.Now().Before(deadline); {
+		n, err := follower.Evaluator.FollowNow(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		applied += n
+	}
+	if applied < 3 {
+		t.Fatalf("the follower applied %d windows, want 3", applied)
+	}
+	// The owner is gone: no window for a minute.
+	for range 60 {
+		f.Clock.Advance(time.Second)
+		follower.Evaluator.EvaluateNow()
+	}
+	for _, id := range f.web {
+		if x, ok := inRotation(t, follower.Evaluator, "web", uuid.MustParse(id)); !ok || x.State != eligibility.Eligible {
+			t.Fatalf("a minute after the owner's last window, the follower holds %s as %+v; want eligible, as the owner held it", id, x)
+		}
+	}
+	dealt.Store(true)
+	az1 := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
+	if res, err := follower.Evaluator.IngestForwarded(ctx, az1, []evaluator.Report{{InstanceID: uuid.MustParse(f.web[0]), Class: "probe", Outcome: "hard_failure"}}); err != nil || res.Accepted != 1 {
+		t.Fatalf("forwarded to the new owner: %+v %v", res, err)
+	}
+	follower.Evaluator.EvaluateNow()
+	if x, ok := inRotation(t, follower.Evaluator, "web", uuid.MustParse(f.web[0])); ok {
+		t.Fatalf("the new owner holds the hard-failed instance as %+v; want it withdrawn", x)
+	}
+	// Its other instances, unheard since, fall silent a window after the
+	// hold stopped, as at any owner.
+	for range 16 {
+		f.Clock.Advance(time.Second)
+		follower.Evaluator.EvaluateNow()
+	}
+	if x, _ := inRotation(t, follower.Evaluator, "web", uuid.MustParse(f.web[1])); x.State != eligibility.Unknown {
+		t.Fatalf("16 s after the new owner took web without a sample, %s is %+v; want unknown", f.web[1], x)
 	}
 }

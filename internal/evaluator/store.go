@@ -494,15 +494,36 @@ const admissionBatch = 10_000
 // count until it is heard again. Expired instances kept for the guard are
 // settled the same way. It returns how many instances were restored.
 func (e *Evaluator) restoreAdmissions(ctx context.Context) (int, error) {
+	return e.restoreAdmissionsOf(ctx, nil)
+}
+
+// RestoreAdmissions is the rebuild's restoreAdmissions for the services
+// of (all when of is nil), run again when this replica is dealt them
+// (publisher.Config.Adopting): it has kept their state from their owner's
+// windows, in which an instance the owner admitted may still await its
+// first success here (a window read before the instance was known, a
+// write the follower missed), and the owner's record of admitting it is
+// in PostgreSQL. It returns how many instances it restored.
+func (e *Evaluator) RestoreAdmissions(ctx context.Context, of func(service string) bool) (int, error) {
+	return e.restoreAdmissionsOf(ctx, of)
+}
+
+func (e *Evaluator) restoreAdmissionsOf(ctx context.Context, of func(service string) bool) (int, error) {
 	now := e.cfg.Now()
 	e.mu.Lock()
 	var ids []uuid.UUID
-	for id := range e.instances {
+	for id, info := range e.instances {
+		if of != nil && !of(info.service) {
+			continue
+		}
 		if r, ok := e.engine.Routing(eligibility.InstanceID(id), now); ok && r.Awaiting {
 			ids = append(ids, id)
 		}
 	}
-	for _, kept := range e.expired {
+	for service, kept := range e.expired {
+		if of != nil && !of(service) {
+			continue
+		}
 		for id, x := range kept {
 			if x.awaiting {
 				ids = append(ids, id)

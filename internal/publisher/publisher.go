@@ -137,6 +137,15 @@ type Config struct {
 	// published, and this replica forgets the service.
 	HandingOver func(service string) bool
 
+	// Adopting, when set, is called by each adoption of gained shards
+	// (and the start's) before the services they bring are assembled,
+	// with Owns: the evaluator restores the admissions on record of the
+	// instances it holds as awaiting their first success
+	// (evaluator.RestoreAdmissions), so that the new owner's first view
+	// does not take out what the previous owner admitted. An error fails
+	// the adoption, which is retried.
+	Adopting func(ctx context.Context, owns func(service string) bool) error
+
 	// Signer, when set, is the region's key: every version is signed
 	// with it as it is encoded (assembler.SignWith, as Replica), each
 	// version epoch is recorded as a sealed tenure of the shards this
@@ -621,6 +630,11 @@ func (p *Publisher) adopt(ctx context.Context) error {
 	if p.beforeLoad != nil {
 		if err := p.beforeLoad(); err != nil {
 			return err
+		}
+	}
+	if p.cfg.Adopting != nil {
+		if err := p.cfg.Adopting(lctx, p.cfg.Owns); err != nil {
+			return fmt.Errorf("publisher: restore the admissions of gained services: %w", err)
 		}
 	}
 	views, skipped, err := p.store.load(lctx)
