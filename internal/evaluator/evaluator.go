@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -159,6 +160,9 @@ func (c *Config) Validate() error {
 
 type instanceInfo struct {
 	service string
+	// svc is service's number (Evaluator.serviceNumber; 0: none), which
+	// a prober's assignment is checked by without hashing the name.
+	svc     int32
 	zone    string
 	address string
 	port    int
@@ -220,6 +224,14 @@ type Evaluator struct {
 	ended   []eligibility.Transition
 	changed map[string]struct{}
 	probers map[string]*proberAssignment
+	// serviceNumbers numbers every service name met, from 1, for
+	// instanceInfo.svc and proberAssignment.named; never reused.
+	// serviceNames[n-1] is the name numbered n, the one copy every
+	// instance of it refers to (instanceInfo.service): ingest reads the
+	// service of every report (routes, assignments), and one copy per
+	// service stays in cache where one per instance would miss.
+	serviceNumbers map[string]int32
+	serviceNames   []string
 	// assignGen counts the assignments ProberAssigned applied.
 	assignGen uint64
 	// afterAssignmentsRead, when set (tests only), runs in refresh just
@@ -311,6 +323,7 @@ func New(cfg Config) (*Evaluator, error) {
 		services:          map[string]*serviceInfo{},
 		changed:           map[string]struct{}{},
 		probers:           map[string]*proberAssignment{},
+		serviceNumbers:    map[string]int32{},
 		expired:           map[string]map[uuid.UUID]expiredInstance{},
 		unsealed:          map[uuid.UUID]unsealedInstance{},
 		replays:           map[uuid.UUID]replayedInstance{},
@@ -859,6 +872,11 @@ func (e *Evaluator) applyAssignment(a registry.ProberAssignments) *proberAssignm
 	var targets []eligibility.InstanceID
 	for _, s := range a.Services {
 		pa.services[s] = true
+		n := e.serviceNumber(s)
+		if int(n) >= len(pa.named) {
+			pa.named = append(pa.named, make([]bool, int(n)+1-len(pa.named))...)
+		}
+		pa.named[n] = true
 		for id := range e.byService[s] {
 			targets = append(targets, eligibility.InstanceID(id))
 		}
@@ -935,7 +953,8 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 			e.log.Warn("add instance", "instance", in.ID, "err", err)
 			return
 		}
-		e.instances[in.ID] = instanceInfo{service: in.Service, zone: in.Zone, address: in.Address, port: in.Port, credential: in.CredentialHash()}
+		svc := e.serviceNumber(in.Service)
+		e.instances[in.ID] = instanceInfo{service: e.serviceNames[svc-1], svc: svc, zone: in.Zone, address: in.Address, port: in.Port, credential: in.CredentialHash()}
 		e.changed[in.Service] = struct{}{}
 		e.members++
 		if e.byService[in.Service] == nil {
@@ -972,6 +991,19 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		// they are told it ended without a lookup.
 		e.misses.add(in.ID, in.State, now)
 	}
+}
+
+// serviceNumber is service's number, given at its first mention. Called
+// with e.mu held.
+func (e *Evaluator) serviceNumber(service string) int32 {
+	n, ok := e.serviceNumbers[service]
+	if !ok {
+		name := strings.Clone(service)
+		e.serviceNames = append(e.serviceNames, name)
+		n = int32(len(e.serviceNames))
+		e.serviceNumbers[name] = n
+	}
+	return n
 }
 
 func (e *Evaluator) internReporter(name string) eligibility.ReporterID {

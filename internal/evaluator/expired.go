@@ -154,7 +154,7 @@ func (e *Evaluator) LeaseExpiryEvidence(ids []uuid.UUID) registry.ExpiryEvidence
 			continue
 		}
 		for i, pa := range down {
-			if pa.covers(id, info.service) {
+			if pa.covers(id, info.svc, info.service) {
 				out.Partitioned[id] = registry.Partition{Prober: downNames[i],
 					Why: fmt.Sprintf("prober %s, which covers it, is in outage (prober_outage): its silence is the prober's", downNames[i])}
 				break

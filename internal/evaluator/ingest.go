@@ -326,7 +326,7 @@ func (e *Evaluator) attribute(at *attribution, r Report, inst instanceInfo, know
 		// Assignments are held under the prober's name, which carries its
 		// issuer unless that is the home one.
 		a := e.probers[actor.ProberName()]
-		if a == nil || !a.covers(r.InstanceID, inst.service) {
+		if a == nil || !a.covers(r.InstanceID, inst.svc, inst.service) {
 			return s, codeNotAssigned, fmt.Sprintf("prober %s is not assigned instance %s of %s", actor.ProberName(), r.InstanceID, inst.service)
 		}
 		s.Reporter = a.id
@@ -417,6 +417,11 @@ type proberAssignment struct {
 	id        eligibility.ReporterID
 	services  map[string]bool
 	instances map[uuid.UUID]bool
+	// named[n] says whether the service numbered n (serviceNumber) is one
+	// of services: the check on every probe report, without hashing the
+	// name. A service numbered after this assignment was built is not
+	// one of them (building it numbered all it names).
+	named []bool
 	// key and members say what the engine's target set was built from.
 	key     string
 	members uint64
@@ -428,6 +433,15 @@ type proberAssignment struct {
 	gen uint64
 }
 
-func (a *proberAssignment) covers(id uuid.UUID, service string) bool {
-	return a.services[service] || a.instances[id]
+// covers says whether the assignment covers instance id of service
+// (numbered svc; 0: not numbered, looked up by name).
+func (a *proberAssignment) covers(id uuid.UUID, svc int32, service string) bool {
+	named := false
+	switch {
+	case svc <= 0:
+		named = a.services[service]
+	case int(svc) < len(a.named):
+		named = a.named[svc]
+	}
+	return named || len(a.instances) > 0 && a.instances[id]
 }
