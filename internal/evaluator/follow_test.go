@@ -40,17 +40,48 @@ func TestAFollowerKeepsWarmFromTheOwnersWindows(t *testing.T) {
 	}
 }
 
-func followerKeepsWarm(t *testing.T, skew time.Duration) {
+// ownerAndFollower starts an owner (newFixture, replica "owner") and a
+// follower on its database (replica "follower") that does not evaluate
+// web, reads with a 1 ms margin and takes the owner's clock; more sets
+// the rest of the follower's configuration, given the owner.
+func ownerAndFollower(t *testing.T, more func(*evaluator.Config, *fixture)) (*fixture, *st.Stack) {
+	t.Helper()
 	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Replica = "owner" }})
-	ctx := context.Background()
 	follower := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
-		c.Now = func() time.Time { return f.Clock.Now().Add(skew) }
+		c.Now = f.Clock.Now
 		c.Replica = "follower"
 		c.Evaluates = func(service string) bool { return service != "web" }
 		c.FollowMargin = time.Millisecond
+		if more != nil {
+			more(c, f)
+		}
 	}})
+	follower.WaitReady(t)
+	return f, follower
+}
+
+// followAtLeast follows until s has applied n windows or 10 s passed (the
+// margin: a write must be a millisecond old to be read), and returns how
+// many it applied.
+func followAtLeast(t *testing.T, s *st.Stack, n int) int {
+	t.Helper()
+	applied := 0
+	for deadline := time.Now().Add(10 * time.Second); applied < n && time.Now().Before(deadline); {
+		k, err := s.Evaluator.FollowNow(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		applied += k
+	}
+	return applied
+}
+
+func followerKeepsWarm(t *testing.T, skew time.Duration) {
+	f, follower := ownerAndFollower(t, func(c *evaluator.Config, f *fixture) {
+		c.Now = func() time.Time { return f.Clock.Now().Add(skew) }
+	})
+	ctx := context.Background()
 	g := &fixture{Stack: follower, web: f.web}
-	g.waitReady(t)
 	if err := follower.Evaluator.SyncNow(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -82,16 +113,7 @@ func followerKeepsWarm(t *testing.T, skew time.Duration) {
 	if n := metric(t, g, "muster_observed_windows_written_total"); n != 1 {
 		t.Fatalf("the follower wrote %v windows, want 1", n)
 	}
-	var applied int
-	deadline := time.Now().Add(10 * time.Second)
-	for applied == 0 && time.Now().Before(deadline) { // the margin: the owner's write must be a millisecond old
-		n, err := follower.Evaluator.FollowNow(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		applied += n
-	}
-	if applied != 3 {
+	if applied := followAtLeast(t, follower, 1); applied != 3 {
 		t.Fatalf("the follower applied %d windows, want 3 (web's three instances, probe class)", applied)
 	}
 	follower.Evaluator.EvaluateNow()
@@ -119,15 +141,8 @@ func followerKeepsWarm(t *testing.T, skew time.Duration) {
 // (out of the view and out of the fraction guard's count).
 func TestAFollowerAdmitsWhatTheOwnerAdmits(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Replica = "owner" }})
+	f, follower := ownerAndFollower(t, nil)
 	ctx := context.Background()
-	follower := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
-		c.Now = f.Clock.Now
-		c.Replica = "follower"
-		c.Evaluates = func(service string) bool { return service != "web" }
-		c.FollowMargin = time.Millisecond
-	}})
-	follower.WaitReady(t)
 	if _, err := follower.Evaluator.FollowNow(ctx); err != nil { // where following starts
 		t.Fatal(err)
 	}
@@ -156,15 +171,7 @@ func TestAFollowerAdmitsWhatTheOwnerAdmits(t *testing.T) {
 	if err := f.Evaluator.FlushNow(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var applied int
-	for deadline := time.Now().Add(10 * time.Second); applied == 0 && time.Now().Before(deadline); {
-		n, err := follower.Evaluator.FollowNow(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		applied += n
-	}
-	if applied == 0 {
+	if followAtLeast(t, follower, 1) == 0 {
 		t.Fatal("the follower applied no window of the owner's")
 	}
 	follower.Evaluator.EvaluateNow()
@@ -181,14 +188,8 @@ func TestAFollowerAdmitsWhatTheOwnerAdmits(t *testing.T) {
 // does; the services it is not dealt are left as they are.
 func TestADealtReplicaRestoresTheOwnersAdmissions(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Replica = "owner" }})
+	f, follower := ownerAndFollower(t, nil)
 	ctx := context.Background()
-	follower := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
-		c.Now = f.Clock.Now
-		c.Replica = "follower"
-		c.Evaluates = func(service string) bool { return service != "web" }
-	}})
-	follower.WaitReady(t)
 	in, err := f.Registry.Register(ctx, admin, netip.Addr{}, "web", registry.Registration{Address: "10.0.0.9", Port: 8080, Zone: "az1"})
 	if err != nil {
 		t.Fatal(err)
@@ -239,17 +240,12 @@ func TestADealtReplicaRestoresTheOwnersAdmissions(t *testing.T) {
 // would need a second class).
 func TestAFollowerTakesAServiceWithTheOwnersVerdicts(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) { c.Replica = "owner" }})
-	ctx := context.Background()
 	var dealt atomic.Bool
-	follower := st.New(t, st.Options{Pool: f.Pool, Evaluator: func(c *evaluator.Config) {
-		c.Now = f.Clock.Now
-		c.Replica = "follower"
+	f, follower := ownerAndFollower(t, func(c *evaluator.Config, _ *fixture) {
 		c.Evaluates = func(service string) bool { return service != "web" || dealt.Load() }
 		c.FollowEvery = time.Hour // only FollowNow reads; the hold needs following on
-		c.FollowMargin = time.Millisecond
-	}})
-	follower.WaitReady(t)
+	})
+	ctx := context.Background()
 	if err := follower.Evaluator.SyncNow(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -262,15 +258,7 @@ func TestAFollowerTakesAServiceWithTheOwnersVerdicts(t *testing.T) {
 	if err := f.Evaluator.FlushNow(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var applied int
-	for deadline := time.Now().Add(10 * time.Second); applied < 3 && time.Now().Before(deadline); {
-		n, err := follower.Evaluator.FollowNow(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		applied += n
-	}
-	if applied < 3 {
+	if applied := followAtLeast(t, follower, 3); applied < 3 {
 		t.Fatalf("the follower applied %d windows, want 3", applied)
 	}
 	// The owner is gone: no window for a minute.
