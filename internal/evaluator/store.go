@@ -510,10 +510,30 @@ func (e *Evaluator) RestoreAdmissions(ctx context.Context, of func(service strin
 
 func (e *Evaluator) restoreAdmissionsOf(ctx context.Context, of func(service string) bool) (int, error) {
 	now := e.cfg.Now()
+	// of is asked once per service, and not under e.mu: it is another
+	// component's (the ownership manager's), with its own lock.
+	var keep map[string]bool
+	if of != nil {
+		e.mu.Lock()
+		keep = make(map[string]bool, len(e.services))
+		for name := range e.services {
+			keep[name] = false
+		}
+		for _, in := range e.instances {
+			keep[in.service] = false
+		}
+		for name := range e.expired {
+			keep[name] = false
+		}
+		e.mu.Unlock()
+		for name := range keep {
+			keep[name] = of(name)
+		}
+	}
 	e.mu.Lock()
 	var ids []uuid.UUID
 	for id, info := range e.instances {
-		if of != nil && !of(info.service) {
+		if keep != nil && !keep[info.service] {
 			continue
 		}
 		if r, ok := e.engine.Routing(eligibility.InstanceID(id), now); ok && r.Awaiting {
@@ -521,7 +541,7 @@ func (e *Evaluator) restoreAdmissionsOf(ctx context.Context, of func(service str
 		}
 	}
 	for service, kept := range e.expired {
-		if of != nil && !of(service) {
+		if keep != nil && !keep[service] {
 			continue
 		}
 		for id, x := range kept {
