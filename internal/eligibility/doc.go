@@ -124,11 +124,16 @@
 //     instance is removed at the next Tick, with the transition stamped at
 //     the Tick time and FirstFailureAt at the failure, unless it is
 //     contradicted (above; HardFail never is). It stays out until a later
-//     success and the normal re-entry rules. A passive HardFailure is a
-//     strong vote, not this path (Evidence, above).
+//     success and the normal re-entry rules. A sample of the same reporter
+//     older than the hard failure, arriving after it (forwarded evidence
+//     comes hard failures first), is superseded and not counted. A
+//     passive HardFailure is a strong vote, not this path (Evidence,
+//     above).
 //   - Silence: a class with no success or failure sample for
 //     SilenceMultiple × Interval (3 × 5 s = 15 s by default; two lost or late
-//     samples are tolerated, a third is not) is silent. An instance whose
+//     samples are tolerated, a third is not) is silent, measured from no
+//     earlier than the service's HoldSilence (a service another replica
+//     evaluates, heard of late through its windows). An instance whose
 //     present classes are all silent is Unknown and stays in rotation. An
 //     Ineligible instance that goes silent stays Ineligible: silence is not
 //     evidence of recovery either.
