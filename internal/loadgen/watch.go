@@ -852,8 +852,8 @@ func (w *lgWatch) injectAddition(ctx context.Context, rng *rand.Rand, n int) err
 	reg := registry.Registration{Address: fmt.Sprintf("10.200.%d.%d", n>>8&255, n&255), Port: 8080, Zone: "az1"}
 	body, _ := json.Marshal(reg)
 	at := time.Now()
-	var inst registry.Instance
-	if err := w.call(ctx, http.MethodPost, "/v1/services/"+svc.name+"/instances", body, http.StatusCreated, &inst); err != nil {
+	inst, err := w.register(ctx, svc.name, reg, body)
+	if err != nil {
 		return err
 	}
 	in := &lgwInjection{id: inst.ID, idx: svc.intern(inst.ID), svc: svc, addition: true, at: at}
@@ -1078,8 +1078,89 @@ func (w *lgWatch) listServices(ctx context.Context) error {
 	return nil
 }
 
+// register registers reg (marshalled as body) in service. A 503 (muster's
+// database did not answer within the request's budget, as happens on a
+// loaded machine) most likely registered nothing, but it may have: so
+// before asking again, after the answer's Retry-After, it reads the
+// service's instances back and takes the one at reg's address if the
+// earlier request did register it, as a workload that must not register
+// twice would. It gives up after registerPatience.
+func (w *lgWatch) register(ctx context.Context, service string, reg registry.Registration, body []byte) (registry.Instance, error) {
+	path := "/v1/services/" + service + "/instances"
+	deadline := time.Now().Add(registerPatience)
+	for {
+		var inst registry.Instance
+		err := w.call(ctx, http.MethodPost, path, body, http.StatusCreated, &inst)
+		var st *statusError
+		if err == nil || !errors.As(err, &st) || st.code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			return inst, err
+		}
+		fmt.Fprintf(w.stderr, "warning: registering an addition in %s: %v; reading back, then retrying\n", service, err)
+		if !sleepUntil(ctx, time.Now().Add(min(max(st.retryAfter, 100*time.Millisecond), 5*time.Second))) {
+			return inst, ctx.Err()
+		}
+		found, err := w.findInstance(ctx, path, reg)
+		if err != nil {
+			// The read-back failed too: try again later rather than
+			// register a second instance at the address.
+			if time.Now().After(deadline) {
+				return inst, err
+			}
+			continue
+		}
+		if found != nil {
+			return *found, nil
+		}
+	}
+}
+
+// registerPatience bounds how long register retries a registration
+// muster answered with 503.
+const registerPatience = 30 * time.Second
+
+// findInstance pages through the active instances at path for one at
+// reg's address and port; nil if there is none.
+func (w *lgWatch) findInstance(ctx context.Context, path string, reg registry.Registration) (*registry.Instance, error) {
+	cursor := ""
+	for {
+		var page struct {
+			Items      []registry.Instance `json:"items"`
+			NextCursor string              `json:"next_cursor"`
+		}
+		q := path + "?limit=500"
+		if cursor != "" {
+			q += "&cursor=" + url.QueryEscape(cursor)
+		}
+		if err := w.call(ctx, http.MethodGet, q, nil, http.StatusOK, &page); err != nil {
+			return nil, err
+		}
+		for i := range page.Items {
+			if in := &page.Items[i]; in.Address == reg.Address && in.Port == reg.Port {
+				return in, nil
+			}
+		}
+		if page.NextCursor == "" {
+			return nil, nil
+		}
+		cursor = page.NextCursor
+	}
+}
+
+// statusError is an answer with a status other than the one expected.
+type statusError struct {
+	method, path string
+	code         int
+	retryAfter   time.Duration
+	body         []byte
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("%s %s: %d %s", e.method, e.path, e.code, e.body)
+}
+
 // call makes one API request with the admin token and decodes the answer
-// into out (if not nil), expecting status want.
+// into out (if not nil), expecting status want; another status is a
+// *statusError.
 func (w *lgWatch) call(ctx context.Context, method, path string, body []byte, want int, out any) error {
 	var rd io.Reader
 	if body != nil {
@@ -1100,7 +1181,8 @@ func (w *lgWatch) call(ctx context.Context, method, path string, body []byte, wa
 	defer res.Body.Close()
 	if res.StatusCode != want {
 		b, _ := io.ReadAll(res.Body)
-		return fmt.Errorf("%s %s: %d %s", method, path, res.StatusCode, bytes.TrimSpace(b))
+		retry, _ := strconv.Atoi(res.Header.Get("Retry-After"))
+		return &statusError{method: method, path: path, code: res.StatusCode, retryAfter: time.Duration(retry) * time.Second, body: bytes.TrimSpace(b)}
 	}
 	if out == nil {
 		_, err := io.Copy(io.Discard, res.Body)
@@ -1114,7 +1196,7 @@ func (w *lgWatch) call(ctx context.Context, method, path string, body []byte, wa
 func (w *lgWatch) resolve(ctx context.Context, name string) (assembler.View, int, error) {
 	var v assembler.View
 	err := w.call(ctx, http.MethodGet, "/v1/resolve/"+name, nil, http.StatusOK, &v)
-	if err != nil && strings.Contains(err.Error(), ": 503 ") {
+	if st := (*statusError)(nil); errors.As(err, &st) && st.code == http.StatusServiceUnavailable {
 		return v, http.StatusServiceUnavailable, nil
 	}
 	if err != nil {
