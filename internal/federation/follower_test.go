@@ -310,7 +310,10 @@ func TestHealRowWaitsForTheOwner(t *testing.T) {
 	wait.For(t, 30*time.Second, "b stale", func() bool { return agg.Regions()[0].Stale })
 	peer.set(resolver.View{Service: "billing", Version: 2})
 	peer.setDown(false)
-	wait.For(t, 30*time.Second, "the heal", func() bool { return agg.Regions()[0].Reconciliations == 1 })
+	// At least one heal: on a machine loaded enough that a fetch takes
+	// longer than StaleAfter, the peer goes stale and heals again, and
+	// each heal is a row of its own.
+	wait.For(t, 30*time.Second, "the heal", func() bool { return agg.Regions()[0].Reconciliations >= 1 })
 	if v, _, _ := agg.View("b", "billing"); v.View.Version != 2 {
 		t.Fatalf("billing after the heal: %+v", v)
 	}
@@ -319,7 +322,10 @@ func TestHealRowWaitsForTheOwner(t *testing.T) {
 		t.Fatalf("a row written without owning the peer's key: %+v", rows)
 	}
 	owns.Store(true)
-	wait.For(t, 30*time.Second, "the row, once owned", func() bool { return len(au.entries()) == 1 })
+	wait.For(t, 30*time.Second, "a row per heal, once owned", func() bool {
+		n := len(au.entries())
+		return n >= 1 && uint64(n) == agg.Regions()[0].Reconciliations
+	})
 }
 
 // TestRestartWithACurrentCopyWritesNoRow: a follower started on a cache
