@@ -169,6 +169,10 @@ type instanceInfo struct {
 	// credential is the hash of the instance's credential (unset: none),
 	// which a self-report about it must present.
 	credential registry.CredentialHash
+	// win is where its accepted samples are counted into the current
+	// observed window: reached from the instance's one lookup, so
+	// counting a sample costs no second hash of its id.
+	win *instanceWindows
 }
 
 type serviceInfo struct {
@@ -255,8 +259,12 @@ type Evaluator struct {
 	quarantined map[uuid.UUID]quarantineNote
 	// expired holds, per service, instances whose lease expired while
 	// their zone's guard still needs them (expired.go).
-	expired  map[string]map[uuid.UUID]expiredInstance
-	windows  map[windowKey]*windowCounts
+	expired map[string]map[uuid.UUID]expiredInstance
+	// windows are the instances counted into since the last flush, each
+	// once: their counts (instanceInfo.win) are this window's while their
+	// gen is winGen (store.go).
+	windows  []*instanceWindows
+	winGen   uint64
 	winStart time.Time
 	// loaded says the rebuild's read of the instances is done (load);
 	// refreshes then read the rows changed after the cursor, the newest
@@ -329,8 +337,8 @@ func New(cfg Config) (*Evaluator, error) {
 		replays:           map[uuid.UUID]replayedInstance{},
 		quarantined:       map[uuid.UUID]quarantineNote{},
 		unsealedContracts: map[string]unsealedContract{},
-		windows:           map[windowKey]*windowCounts{},
 		reporters:         map[string]eligibility.ReporterID{},
+		winGen:            1,
 		kick:              make(chan struct{}, 1),
 		urgent:            make(chan struct{}, 1),
 
@@ -954,7 +962,8 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 			return
 		}
 		svc := e.serviceNumber(in.Service)
-		e.instances[in.ID] = instanceInfo{service: e.serviceNames[svc-1], svc: svc, zone: in.Zone, address: in.Address, port: in.Port, credential: in.CredentialHash()}
+		e.instances[in.ID] = instanceInfo{service: e.serviceNames[svc-1], svc: svc, zone: in.Zone, address: in.Address, port: in.Port, credential: in.CredentialHash(),
+			win: &instanceWindows{id: in.ID}}
 		e.changed[in.Service] = struct{}{}
 		e.members++
 		if e.byService[in.Service] == nil {

@@ -63,8 +63,8 @@ func TestWhoWritesObservations(t *testing.T) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		for svc, id := range ids {
-			e.instances[id] = instanceInfo{service: svc}
-			e.countWindow(eligibility.Sample{Instance: eligibility.InstanceID(id), Class: eligibility.Passive, Outcome: eligibility.Failure, Reporter: 1})
+			e.instances[id] = instanceInfo{service: svc, win: e.instances[id].win}
+			e.countSample(eligibility.Sample{Instance: eligibility.InstanceID(id), Class: eligibility.Passive, Outcome: eligibility.Failure, Reporter: 1})
 		}
 	}
 	transitions := func() {
@@ -195,7 +195,7 @@ func BenchmarkFlushWindows(b *testing.B) {
 				b.StopTimer()
 				e.mu.Lock()
 				for _, id := range ids {
-					e.countWindow(eligibility.Sample{Instance: eligibility.InstanceID(id), Class: eligibility.Passive, Outcome: eligibility.Success, Reporter: 1})
+					e.countSample(eligibility.Sample{Instance: eligibility.InstanceID(id), Class: eligibility.Passive, Outcome: eligibility.Success, Reporter: 1})
 				}
 				e.mu.Unlock()
 				b.StartTimer()

@@ -180,7 +180,7 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 			refuse(i, codeUnknownInstance, "instance %s is not known to the evaluator", r.InstanceID)
 			continue
 		}
-		e.countWindow(s)
+		e.countWindow(inst.win, s)
 		res.Accepted++
 		hard = hard || s.Outcome == eligibility.HardFailure
 	}

@@ -54,8 +54,12 @@ func (e *Evaluator) PreviewContract(ctx context.Context, p registry.ContractPrev
 	}
 	var unflushed []preview.Window
 	for _, x := range ins {
+		iw := e.instances[x.ID].win
+		if iw == nil || iw.gen != e.winGen {
+			continue // nothing counted since the flush
+		}
 		for cl := range eligibility.Class(3) {
-			if w := e.windows[windowKey{x.ID, cl}]; w != nil {
+			if w := &iw.counts[cl]; w.nrep > 0 {
 				unflushed = append(unflushed, preview.Window{Instance: x.ID, Class: cl, End: now,
 					Successes: w.successes, Failures: w.failures, HardFailures: w.hard, Unobservable: w.unobservable, Reporters: int(w.nrep)})
 			}

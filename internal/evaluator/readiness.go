@@ -36,7 +36,8 @@ func (e *Evaluator) ObserveReadiness(source string, rs []Readiness) int {
 	now := e.cfg.Now()
 	n := 0
 	for _, r := range rs {
-		if _, ok := e.instances[r.Instance]; !ok {
+		in, ok := e.instances[r.Instance]
+		if !ok {
 			continue
 		}
 		s := eligibility.Sample{Instance: eligibility.InstanceID(r.Instance), Class: eligibility.Self, At: now, Reporter: reporter, Outcome: eligibility.Success}
@@ -46,7 +47,7 @@ func (e *Evaluator) ObserveReadiness(source string, rs []Readiness) int {
 		if err := e.engine.Observe(s); err != nil {
 			continue
 		}
-		e.countWindow(s)
+		e.countWindow(in.win, s)
 		n++
 	}
 	e.metrics.accepted.Add(float64(n))

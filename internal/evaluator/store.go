@@ -22,6 +22,16 @@ type windowKey struct {
 	class eligibility.Class
 }
 
+// instanceWindows are an instance's counts in the current observed
+// window, one per class, valid while gen is the evaluator's winGen: a
+// flush moves winGen on, which empties every instance's counts at once
+// without visiting them.
+type instanceWindows struct {
+	id     uuid.UUID
+	gen    uint64
+	counts [3]windowCounts
+}
+
 type windowCounts struct {
 	successes, failures, hard, unobservable uint32
 	// reps holds the first distinct reporters of the window; the rebuild
@@ -42,15 +52,16 @@ func (w *windowCounts) addReporter(r eligibility.ReporterID) {
 	}
 }
 
-// countWindow adds one accepted sample to the current observed window.
-// Called with e.mu held.
-func (e *Evaluator) countWindow(s eligibility.Sample) {
-	k := windowKey{uuid.UUID(s.Instance), s.Class}
-	w := e.windows[k]
-	if w == nil {
-		w = &windowCounts{}
-		e.windows[k] = w
+// countWindow adds one accepted sample of the instance whose windows iw
+// are to the current observed window. Called with e.mu held.
+func (e *Evaluator) countWindow(iw *instanceWindows, s eligibility.Sample) {
+	if iw.gen != e.winGen {
+		// Its first sample since the flush (winGen starts at 1, so also
+		// its first ever).
+		iw.gen, iw.counts = e.winGen, [3]windowCounts{}
+		e.windows = append(e.windows, iw)
 	}
+	w := &iw.counts[s.Class]
 	switch {
 	case s.Successes > 0 || s.Failures > 0:
 		w.successes += s.Successes
@@ -98,23 +109,33 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 	defer e.flushMu.Unlock()
 	now := e.cfg.Now()
 	e.mu.Lock()
-	windows, start := e.windows, e.winStart
-	e.windows, e.winStart = make(map[windowKey]*windowCounts, len(windows)), now
-	// Every replica counts every window (evidence is mirrored to all);
-	// only the owner, or anyone while no other replica is known to own
-	// the service, writes it.
-	tenures := make(map[windowKey]fence.Token, len(windows))
-	for k := range windows {
-		in, ok := e.instances[k.id]
-		if !ok {
-			continue // unknown here: written unfenced, as alone
+	// The counts are copied out under the lock: once winGen moves on, the
+	// next sample of an instance starts its next window in place.
+	counted, start := e.windows, e.winStart
+	e.windows, e.winStart = make([]*instanceWindows, 0, len(counted)), now
+	e.winGen++
+	type flushed struct {
+		windowKey
+		windowCounts
+		tenure fence.Token
+	}
+	windows := make([]flushed, 0, len(counted))
+	for _, iw := range counted {
+		// Only the owner, or anyone while no other replica is known to
+		// own the service, writes a window; one unknown here (ended since)
+		// is written unfenced, as alone.
+		var t fence.Token
+		if in, ok := e.instances[iw.id]; ok {
+			var writes bool
+			if t, writes = e.cfg.Fence.ClaimUnlessOwned(in.service); !writes {
+				continue
+			}
 		}
-		t, writes := e.cfg.Fence.ClaimUnlessOwned(in.service)
-		if !writes {
-			delete(windows, k)
-			continue
+		for cl := range iw.counts {
+			if iw.counts[cl].nrep > 0 {
+				windows = append(windows, flushed{windowKey{iw.id, eligibility.Class(cl)}, iw.counts[cl], t})
+			}
 		}
-		tenures[k] = t
 	}
 	e.mu.Unlock()
 	if start.IsZero() {
@@ -122,12 +143,12 @@ func (e *Evaluator) flushWindows(ctx context.Context) error {
 	}
 	batch := e.pendingWindows
 	e.pendingWindows = nil
-	for k, w := range windows {
+	for _, w := range windows {
 		batch = append(batch, pendingWindow{ObservedWindowsInsertParams: db.ObservedWindowsInsertParams{
-			InstanceID: k.id, Class: int16(k.class), WindowStart: start, WindowEnd: now,
+			InstanceID: w.id, Class: int16(w.class), WindowStart: start, WindowEnd: now,
 			Successes: int32(w.successes), Failures: int32(w.failures), HardFailures: int32(w.hard),
 			Unobservable: int32(w.unobservable), Reporters: int32(max(w.nrep, 1)), Writer: e.cfg.Replica,
-		}, tenure: tenures[k]})
+		}, tenure: w.tenure})
 	}
 	// What the prune below would delete at once is not worth writing.
 	horizon := now.Add(-2 * e.cfg.Retention)

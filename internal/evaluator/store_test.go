@@ -94,7 +94,7 @@ func TestFlushKeepsWindowsItCannotWrite(t *testing.T) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		for range n {
-			e.countWindow(eligibility.Sample{Instance: eligibility.InstanceID(uuid.New()), Class: eligibility.Probe, Outcome: eligibility.Success, Reporter: 1})
+			e.countSample(eligibility.Sample{Instance: eligibility.InstanceID(uuid.New()), Class: eligibility.Probe, Outcome: eligibility.Success, Reporter: 1})
 		}
 	}
 	exec := func(sql string) {
@@ -204,7 +204,7 @@ func TestFlushWritesInPieces(t *testing.T) {
 	const n = 2*windowChunk + 123
 	e.mu.Lock()
 	for range n {
-		e.countWindow(eligibility.Sample{Instance: eligibility.InstanceID(uuid.New()), Class: eligibility.Passive, Outcome: eligibility.Failure, Reporter: 1})
+		e.countSample(eligibility.Sample{Instance: eligibility.InstanceID(uuid.New()), Class: eligibility.Passive, Outcome: eligibility.Failure, Reporter: 1})
 	}
 	e.mu.Unlock()
 	if err := e.FlushNow(ctx); err != nil {
@@ -217,4 +217,20 @@ func TestFlushWritesInPieces(t *testing.T) {
 	if got != n || testutil.ToFloat64(e.metrics.windowsWritten) != n {
 		t.Fatalf("%d windows in the table, %v counted written; want %d", got, testutil.ToFloat64(e.metrics.windowsWritten), n)
 	}
+}
+
+// countSample counts s into the current window as ingest does, for an
+// instance the evaluator may not know (its windows are then made here,
+// once per instance the evaluator knows, once per call otherwise).
+func (e *Evaluator) countSample(s eligibility.Sample) {
+	id := uuid.UUID(s.Instance)
+	in, ok := e.instances[id]
+	if ok && in.win == nil {
+		in.win = &instanceWindows{id: id}
+		e.instances[id] = in
+	}
+	if !ok {
+		in.win = &instanceWindows{id: id}
+	}
+	e.countWindow(in.win, s)
 }
