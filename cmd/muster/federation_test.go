@@ -161,6 +161,15 @@ func TestTwoRegionsFollowAndHeal(t *testing.T) {
 	if al := alarms(); !strings.Contains(al[0].Detail, "peer region b") || !strings.Contains(al[0].Detail, "own resolution is unaffected") {
 		t.Fatalf("peer_stale: %+v", al)
 	}
+	// The copy a holds from here on is the last view b published before
+	// it went away: b's slow start may have moved a weight (a new
+	// version) after the copy above matched, and a took that before b
+	// stopped. It must not change while b is away.
+	held, _, ok := remote()
+	if !ok || held.Version < before.Version || len(held.Endpoints) != 2 {
+		t.Fatalf("a's copy of billing once b is stale: %+v (%v); before %+v", held, ok, before)
+	}
+	before = held
 	age := regions().AgeSeconds
 	wait.For(t, 10*time.Second, "b's age growing at a", func() bool { return regions().AgeSeconds >= age+1 })
 	if code, body := call(t, "GET", urlA+"/v1/resolve/web", adminA, ""); code != 200 || string(body) != string(localWeb) {
