@@ -1099,14 +1099,18 @@ func (w *lgWatch) register(ctx context.Context, service string, reg registry.Reg
 		if !sleepUntil(ctx, time.Now().Add(min(max(st.retryAfter, 100*time.Millisecond), 5*time.Second))) {
 			return inst, ctx.Err()
 		}
+		// A read-back that fails too is retried, not answered with a
+		// second registration: only a read that finds nothing at the
+		// address lets the registration be sent again.
 		found, err := w.findInstance(ctx, path, reg)
-		if err != nil {
-			// The read-back failed too: try again later rather than
-			// register a second instance at the address.
+		for err != nil {
 			if time.Now().After(deadline) {
 				return inst, err
 			}
-			continue
+			if !sleepUntil(ctx, time.Now().Add(time.Second)) {
+				return inst, ctx.Err()
+			}
+			found, err = w.findInstance(ctx, path, reg)
 		}
 		if found != nil {
 			return *found, nil
