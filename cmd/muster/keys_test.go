@@ -35,12 +35,8 @@ func runToExit(t *testing.T, env []string, args ...string) (string, error) {
 // env added to the test's environment, ended with ctx.
 func musterChild(ctx context.Context, t *testing.T, env []string, args ...string) *exec.Cmd {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, exe, args...)
-	cmd.Env = append(append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1"), env...)
+	cmd := exec.CommandContext(ctx, musterBinary(t), args...)
+	cmd.Env = append(os.Environ(), env...)
 	return cmd
 }
 

@@ -24,14 +24,10 @@ import (
 	"github.com/musterhq/muster/resolver"
 )
 
-// TestMain lets the test binary act as the muster binary for tests that
-// need a real separate process (to SIGKILL it).
+// TestMain stops the test cluster apptest stacks use, and removes the
+// muster binary the real-process tests ran (musterBinary).
 func TestMain(m *testing.M) {
-	if os.Getenv("MUSTER_TEST_BE_MUSTER") == "1" {
-		main()
-		return
-	}
-	dbtest.Main(m) // stops the test cluster apptest stacks use
+	dbtest.Main(m, removeMusterBinary)
 }
 
 // startProcess runs `muster dev` as a child process on addr and waits for it
@@ -46,11 +42,7 @@ func startProcess(t *testing.T, dir, addr string, env ...string) *exec.Cmd {
 // the process said where it serves.
 func startProcessServing(t *testing.T, dir, addr string, env ...string) (*exec.Cmd, string) {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return startBinaryServing(t, exe, dir, addr, append([]string{"MUSTER_TEST_BE_MUSTER=1"}, env...)...)
+	return startBinaryServing(t, musterBinary(t), dir, addr, env...)
 }
 
 // startBinaryServing is startProcessServing for the muster binary exe
@@ -105,7 +97,8 @@ func startBinaryServing(t *testing.T, exe, dir, addr string, env ...string) (*ex
 }
 
 // dumpProcessLog logs the lines of a muster process's log that speak of
-// leases, the database, the demo, warnings or errors (at most the last 300).
+// leases and shards, the database, the demo, warnings or errors (at
+// most the last 300).
 func dumpProcessLog(t *testing.T, path string) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -123,7 +116,8 @@ func logNotable(t *testing.T, name, log string) {
 		l := strings.ToLower(line)
 		if strings.Contains(l, "lease") || strings.Contains(l, "database") || strings.Contains(l, "warn") ||
 			strings.Contains(l, "error") || strings.Contains(l, "expire") || strings.Contains(l, "serving") ||
-			strings.Contains(l, "demo") || strings.Contains(l, "xds") {
+			strings.Contains(l, "demo") || strings.Contains(l, "xds") || strings.Contains(l, "shard") ||
+			strings.Contains(l, "no longer live") {
 			keep = append(keep, strings.TrimRight(line, "\n"))
 		}
 	}

@@ -37,9 +37,9 @@ func TestLoadgenWatchRestart(t *testing.T) {
 	if err := run(ctx, []string{"loadgen", "seed", "--data", dir, "--services", "12", "--instances", "120", "--minutes", "1"}, &out, &errb); err != nil {
 		t.Fatalf("seed: %v\n%s", err, errb.String())
 	}
-	// Run as `muster loadgen watch` runs it, with the children this test
-	// binary acting as muster.
-	env := loadgen.Env{OpenDB: openToolDB, SealKey: toolSealKey, ChildEnv: []string{"MUSTER_TEST_BE_MUSTER=1"}}
+	// Run as `muster loadgen watch` runs it, its children muster built
+	// from this tree.
+	env := loadgen.Env{OpenDB: openToolDB, SealKey: toolSealKey, Exe: musterBinary(t)}
 	out.Reset()
 	err = loadgen.Run(ctx, env, []string{"watch", "--restart", "--data", dir, "--clients", "300", "--services-per-client", "2",
 		"--admission-window", "1s", "--admission-floor", "1", "--readmit-timeout", "2m"}, &out, &errb)

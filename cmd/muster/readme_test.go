@@ -46,7 +46,7 @@ func tourCommands(t *testing.T) string {
 }
 
 // tourShell runs the README's commands as they stand: `go run
-// ./cmd/muster` is this test binary acting as muster (MUSTER_TEST_BE_MUSTER),
+// ./cmd/muster` is muster built from this tree (musterBinary),
 // curl is the real curl, its every answer's status written to $CALLS
 // ("STATUS METHOD URL"), and a stream read to its --max-time (curl's exit
 // status 28) is a success. Any other failing command fails the script.
@@ -54,7 +54,7 @@ const tourShell = `set -euo pipefail
 go() {
 	if [ "${1:-}" = run ] && [ "${2:-}" = ./cmd/muster ]; then
 		shift 2
-		MUSTER_TEST_BE_MUSTER=1 "$MUSTER_EXE" "$@"
+		"$MUSTER_EXE" "$@"
 	else
 		echo "the tour runs go $*, which is not muster" >&2
 		return 1
@@ -80,10 +80,7 @@ func TestREADMETour(t *testing.T) {
 	realTime(t, "the README's tour against muster dev")
 	testbin.Require(t, "curl")
 	testbin.Require(t, "jq")
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	exe := musterBinary(t)
 	work := devDir(t)
 	dir := filepath.Join(work, ".muster")
 	if err := os.Mkdir(dir, 0o755); err != nil {

@@ -37,15 +37,14 @@ import (
 // to work in a region with the one before it.
 const previousRelease = "7b2f2e198920a60a307326457c43a57d2af13a88"
 
-// buildRelease builds muster at commit (with -race, as CI's go test
-// does, so the dependencies' packages come from the build cache) and
-// returns the binary. The source is taken with git archive, so the
-// repository's worktrees and refs are not touched. Source and binary are
-// kept under the system's temporary folder by commit and Go version and
-// reused by later runs: a build in a folder of its own recompiles every
-// package of muster (the folder is part of what the build cache keys
-// on), ~70 s on 2 cores, where a rebuild in the same folder links only.
-// A repository without history (a shallow clone) skips the test.
+// buildRelease builds muster at commit as musterBinary builds this tree
+// (-trimpath, cgo off; -race with MUSTER_TEST_CHILD_RACE=1), so the
+// dependencies' packages come from the build cache, and returns the
+// binary. The source is taken with git archive, so the repository's
+// worktrees and refs are not touched. Source and binary are kept under
+// the system's temporary folder by commit, Go version and race detector,
+// and reused by later runs. A repository without history (a shallow
+// clone) skips the test.
 func buildRelease(t *testing.T, commit string) string {
 	t.Helper()
 	git := func(args ...string) (string, error) {
@@ -69,7 +68,11 @@ func buildRelease(t *testing.T, commit string) string {
 	if err != nil {
 		t.Fatalf("no go command to build the previous release: %v", err)
 	}
-	home := filepath.Join(os.TempDir(), fmt.Sprintf("muster-release-%s-%s-race", commit[:12], runtime.Version()))
+	flavour := "norace"
+	if childRace() {
+		flavour = "race"
+	}
+	home := filepath.Join(os.TempDir(), fmt.Sprintf("muster-release-%s-%s-%s", commit[:12], runtime.Version(), flavour))
 	src, exe := filepath.Join(home, "src"), filepath.Join(home, "muster")
 	if _, err := os.Stat(exe); err == nil {
 		return exe
@@ -101,9 +104,16 @@ func buildRelease(t *testing.T, commit string) string {
 	out.Close()
 	defer os.Remove(out.Name())
 	began := time.Now()
-	cmd := exec.Command(goTool, "build", "-race", "-buildvcs=false", "-o", out.Name(), "./cmd/muster")
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-o", out.Name()}
+	env := append(os.Environ(), "GOTOOLCHAIN=local", "GOWORK=off", "GOFLAGS=-buildvcs=false")
+	if childRace() {
+		args = append(args, "-race")
+	} else {
+		env = append(env, "CGO_ENABLED=0")
+	}
+	cmd := exec.Command(goTool, append(args, "./cmd/muster")...)
 	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "GOTOOLCHAIN=local", "GOWORK=off")
+	cmd.Env = env
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the previous release %s: %v\n%s", commit[:12], err, b)
 	}
@@ -624,12 +634,9 @@ func TestAReleaseStartsOnASchemaANewerOneMigrated(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE schema_migrations SET dirty = true`); err != nil {
 		t.Fatal(err)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	exe := musterBinary(t)
 	cmd := exec.Command(exe, "dev", "--addr", freeAddr(t), "--data", dir)
-	cmd.Env = append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1", "DATABASE_URL="+u)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+u)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -654,7 +661,7 @@ func TestAReleaseStartsOnASchemaANewerOneMigrated(t *testing.T) {
 	// there, nothing else of its migration), records this release's last
 	// version with `muster migrate force`, and muster starts again.
 	force := exec.Command(exe, "migrate", "force", fmt.Sprint(known), "--data", dir)
-	force.Env = append(os.Environ(), "MUSTER_TEST_BE_MUSTER=1", "DATABASE_URL="+u)
+	force.Env = append(os.Environ(), "DATABASE_URL="+u)
 	if out, err := force.CombinedOutput(); err != nil || !strings.Contains(string(out), fmt.Sprintf("schema version %d\n", known)) {
 		t.Fatalf("muster migrate force %d: %v\n%s", known, err, out)
 	}

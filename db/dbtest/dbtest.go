@@ -35,9 +35,13 @@ var (
 )
 
 // Main runs the package's tests and stops the cluster afterwards. Call it
-// from TestMain: func TestMain(m *testing.M) { dbtest.Main(m) }.
-func Main(m *testing.M) {
+// from TestMain: func TestMain(m *testing.M) { dbtest.Main(m) }. after
+// runs once the tests are done, before the process exits.
+func Main(m *testing.M, after ...func()) {
 	code := m.Run()
+	for _, f := range after {
+		f()
+	}
 	mu.Lock()
 	if cluster != nil {
 		if err := cluster.Stop(); err != nil {

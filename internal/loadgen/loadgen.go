@@ -70,9 +70,12 @@ type Env struct {
 	// only a muster that has not yet adopted the rows from before the
 	// seals (registry.AdoptUnsealed) routes to them.
 	SealKey func(dir string) (seal.Signer, error)
+	// Exe is the muster binary watch --restart runs as `muster dev`;
+	// empty, this binary (muster's own). Tests set it to muster built
+	// from their tree.
+	Exe string
 	// ChildEnv is added to the environment of the muster processes that
-	// watch --restart runs (this binary, as `muster dev`): tests make
-	// their test binary act as muster with it.
+	// watch --restart runs.
 	ChildEnv []string
 }
 

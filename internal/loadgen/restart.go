@@ -328,9 +328,12 @@ type lgwMuster struct {
 // startMuster runs `muster dev` on w.dir and addr with env added to the
 // environment, and waits until it serves.
 func (w *lgWatch) startMuster(ctx context.Context, n int, addr string, env ...string) (*lgwMuster, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("find the muster binary: %w", err)
+	exe := w.env.Exe
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("find the muster binary: %w", err)
+		}
 	}
 	logPath := filepath.Join(w.dir, fmt.Sprintf("loadgen-restart-muster%d.log", n))
 	logf, err := os.Create(logPath)
