@@ -8,18 +8,13 @@ import (
 	"time"
 )
 
-// TestDemoStories runs `muster dev --demo` and waits (polling with a
-// deadline) until each of the demo's stories shows through the public API:
-// the quarantined flapper, catalog's tripped guard in az2, notifications
-// unknown (not drained) in az3, and a manual shift-back pending
-// confirmation with its alarm.
-func TestDemoStories(t *testing.T) {
-	realTime(t, "the demo stories, about 2 minutes")
-	t.Parallel()
-	dir := devDir(t)
-	d := startDev(t, dir, "--demo")
-	d.waitDemoReady(t)
-	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+// demoStories waits (polling with a deadline) until each of the demo's
+// stories shows through the public API of d, a `muster dev --demo`
+// whose estate is set up (TestDemo): the quarantined flapper, catalog's
+// tripped guard in az2, notifications unknown (not drained) in az3, and
+// a manual shift-back pending confirmation with its alarm.
+func demoStories(t *testing.T, d *devServer, admin string) {
+	t.Helper()
 	// get decodes a 200 answer into out; a 404 (the demo has not created
 	// the service yet) or a 503 (not ready) leaves out empty.
 	get := func(path string, out any) {

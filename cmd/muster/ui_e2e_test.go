@@ -142,18 +142,39 @@ func (b *tab) until(path, sel, what string, deadline time.Time, ok func() bool) 
 	}
 }
 
-// TestBrowserDemo drives the admin UI of a real `muster dev --demo`
-// through the demo's stories as alice (admin), vera (viewer) and oscar
-// (operator).
-func TestBrowserDemo(t *testing.T) {
+// TestDemo runs one real `muster dev --demo` for the tests of the
+// demo's stories, each minutes of real time, so they share its run
+// instead of each paying for a demo of its own: first the stories
+// through the public API (demoStories; before the browser's oscar
+// confirms the pending shift-back, which ends one of them), then the
+// admin UI driven through the stories (browserDemo) beside the
+// timeline's plots (timelineDemo). The UI tests touch only checkout and
+// az3's shift; the timeline reads recommendations and catalog.
+func TestDemo(t *testing.T) {
+	realTime(t, "the demo's stories, about 2 minutes")
 	t.Parallel()
-	chrome := browsertest.Chromium(t)
-	shots := browsertest.Artifacts(t)
 	dir := devDir(t)
 	d := startDev(t, dir, "--demo")
 	d.waitDemoReady(t)
-	deadline := time.Now().Add(e2eDeadline)
 	apiToken := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
+	demoStories(t, d, apiToken)
+	t.Run("browser", func(t *testing.T) {
+		t.Parallel()
+		browserDemo(t, d, apiToken)
+	})
+	t.Run("timeline", func(t *testing.T) {
+		t.Parallel()
+		timelineDemo(t, d, dir, apiToken)
+	})
+}
+
+// browserDemo drives the admin UI of a real `muster dev --demo` through
+// the demo's stories as alice (admin), vera (viewer) and oscar
+// (operator).
+func browserDemo(t *testing.T, d *devServer, apiToken string) {
+	chrome := browsertest.Chromium(t)
+	shots := browsertest.Artifacts(t)
+	deadline := time.Now().Add(e2eDeadline)
 
 	// alice: the overview until it shows catalog's tripped guard in az2,
 	// the quarantined recommendations instance and the pending

@@ -22,7 +22,7 @@ import (
 )
 
 // The timeline's browser test: Debian's Chromium against a real `muster
-// dev --demo`, as TestBrowserDemo runs it. The demo's stories give
+// dev --demo`, the one TestDemo runs. The demo's stories give
 // recommendations a flapping instance (many bands) and catalog a tripped
 // guard in az2 (a trip mark); the test reads the transitions log and the
 // guard log and the instances table from the dev server's own database,
@@ -296,7 +296,7 @@ func shotTimeline(b *tab, name string) {
 	}
 }
 
-// TestTimelineDrawsOneBandPerStateSpan opens the one-hour timelines of
+// timelineDemo (TestDemo) opens the one-hour timelines of
 // the demo's flapping recommendations and of catalog with its tripped
 // guard about a minute after the demo began, and checks the state-spans
 // table agrees row by row with the instances and transitions tables,
@@ -307,15 +307,10 @@ func shotTimeline(b *tab, name string) {
 // default span fits the young estate; and opens a 30 s window that
 // begins after the flapping instance's first recovery, which must open
 // in the state that recovery left.
-func TestTimelineDrawsOneBandPerStateSpan(t *testing.T) {
-	t.Parallel()
+func timelineDemo(t *testing.T, d *devServer, dir, apiToken string) {
 	chrome := browsertest.Chromium(t)
 	shots := browsertest.Artifacts(t)
-	dir := devDir(t)
-	d := startDev(t, dir, "--demo")
-	d.waitDemoReady(t)
 	deadline := time.Now().Add(e2eDeadline)
-	apiToken := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
 	waitQuarantined(t, d.url, apiToken, deadline)
 	pool := devPool(t, dir)
 	for {

@@ -64,7 +64,7 @@ func newDemo(t *testing.T, api http.Handler) *Demo {
 
 // A drain that a busy server answers 503 is tried again: the failover
 // story must not end on the first refusal of a loaded machine (the
-// shiftback_pending alarm never came, and TestBrowserDemo waited for it
+// shiftback_pending alarm never came, and the browser test waited for it
 // in vain).
 func TestFailoverRetriesATransientRefusal(t *testing.T) {
 	api := &shiftAPI{answerPost: func(n int) (int, bool) {
