@@ -96,23 +96,15 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	client := &http.Client{Timeout: 30 * time.Second}
-	if err := apiCall(ctx, client, "PUT", base+"/v1/services/"+lgXDSService, admin, []byte(`{"owner":"loadgen","capabilities":[]}`), nil); err != nil {
-		return fmt.Errorf("create %s: %w", lgXDSService, err)
-	}
-	// Each change is a new instance; a stream has the change once an
-	// assignment it received lists the instance's address (view versions
-	// also move for other reasons: slow-start weights).
-	address := func(i int) string { return fmt.Sprintf("10.250.%d.%d", (i-first)/250, (i-first)%250+1) }
-	// A registration answered 503 (muster's database slow to answer,
-	// which the API says to retry) is tried again, as a workload would,
-	// within the timeout; the figures then include the wait. Registering
-	// the same endpoint again is safe: a second registration replaces
-	// the first.
-	register := func(i int) error {
-		body := fmt.Sprintf(`{"address":%q,"port":8080,"zone":"az%d"}`, address(i), i%3+1)
+	// A call answered 503 (muster's database slow to answer, which the
+	// API says to retry) is tried again, as a workload would, within the
+	// timeout; the figures then include the wait. Both calls retried are
+	// safe to repeat: the PUT is idempotent, and registering the same
+	// endpoint again replaces the first registration.
+	retry503 := func(call func() error) error {
 		deadline := time.Now().Add(timeout)
 		for {
-			err := apiCall(ctx, client, "POST", base+"/v1/services/"+lgXDSService+"/instances", admin, []byte(body), nil)
+			err := call()
 			if err == nil || !strings.Contains(err.Error(), ": 503 ") || time.Now().After(deadline) {
 				return err
 			}
@@ -122,6 +114,21 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			case <-time.After(250 * time.Millisecond):
 			}
 		}
+	}
+	if err := retry503(func() error {
+		return apiCall(ctx, client, "PUT", base+"/v1/services/"+lgXDSService, admin, []byte(`{"owner":"loadgen","capabilities":[]}`), nil)
+	}); err != nil {
+		return fmt.Errorf("create %s: %w", lgXDSService, err)
+	}
+	// Each change is a new instance; a stream has the change once an
+	// assignment it received lists the instance's address (view versions
+	// also move for other reasons: slow-start weights).
+	address := func(i int) string { return fmt.Sprintf("10.250.%d.%d", (i-first)/250, (i-first)%250+1) }
+	register := func(i int) error {
+		body := fmt.Sprintf(`{"address":%q,"port":8080,"zone":"az%d"}`, address(i), i%3+1)
+		return retry503(func() error {
+			return apiCall(ctx, client, "POST", base+"/v1/services/"+lgXDSService+"/instances", admin, []byte(body), nil)
+		})
 	}
 	if err := register(first); err != nil {
 		return fmt.Errorf("register: %w", err)
