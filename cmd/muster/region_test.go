@@ -505,6 +505,24 @@ func TestThreeReplicasServeOneRegion(t *testing.T) {
 			r := region(b)
 			t.Logf("%s owns %d shards (%v), unowned %v", b, len(r.Owned), slices.ContainsFunc(r.Owned, func(s ownership.ShardStatus) bool { return s.Shard == ownership.ShardOf(regionProbed, 64) }), r.Unowned)
 		}
+		// The record: the instance's transitions and the shard's lease.
+		pool := devPool(t, dir)
+		rows, err := pool.Query(context.Background(), `SELECT at, from_state, to_state, weight, reason FROM transitions WHERE instance_id = $1 ORDER BY id`, u)
+		if err == nil {
+			for rows.Next() {
+				var at time.Time
+				var from, to, reason string
+				var w float64
+				if rows.Scan(&at, &from, &to, &w, &reason) == nil {
+					t.Logf("transition of %s at %s: %s -> %s weight %v: %s", target, at.Format(time.StampMilli), from, to, w, reason)
+				}
+			}
+			rows.Close()
+		}
+		var owner, offered *string
+		var epoch int64
+		_ = pool.QueryRow(context.Background(), `SELECT owner, offered_to, epoch FROM shard_leases WHERE shard = $1`, ownership.ShardOf(regionProbed, 64)).Scan(&owner, &offered, &epoch)
+		t.Logf("the lease of %s's shard: owner %v, offered to %v, epoch %d", regionProbed, deref(owner), deref(offered), epoch)
 		return n
 	}
 	// SIGKILL the owner of regionProbed while the prober reports on it.
@@ -736,4 +754,12 @@ func sameViews(t *testing.T, bases func() []string, services []string, tok strin
 		}
 		return "", newest
 	}
+}
+
+// deref is *p, or "<nil>".
+func deref(p *string) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return *p
 }
