@@ -144,7 +144,10 @@
 //     classes. A single class, even reporting hard failures, leaves the
 //     instance Unknown with a reason; only HardFail (out-of-band: lease,
 //     process) skips this. (A failure that another class contradicts makes
-//     an Unknown instance Degraded, as above.)
+//     an Unknown instance Degraded, as above.) An instance RestoreAdmission
+//     restated from a recorded eligible or degraded state is Unknown only
+//     because this engine has not heard it yet: for one silence window
+//     after the restore it is removed as that state would be.
 //   - A new instance of a service with a readiness signal (readiness or
 //     probe capability) starts Ineligible and enters on its first success
 //     (a Self success if RequireReadiness) once fused < removal; one without

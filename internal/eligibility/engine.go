@@ -278,6 +278,11 @@ type instance struct {
 
 	weight, reasonVal                     float64
 	tIn, inelSince, qUntil, qEnd, nextDue int64
+	// knownUntil: an instance RestoreAdmission restated from a recorded
+	// eligible or degraded state is judged as that state, for removal,
+	// until this time (one silence window after the restore): it is
+	// Unknown only because this engine has not heard it yet.
+	knownUntil int64
 	dep                                   string
 	hardReason                            string
 	ring                                  [maxFlapRing]flapEntry
@@ -538,6 +543,15 @@ func (e *Engine) RestoreQuarantine(id InstanceID, q Quarantine, now time.Time) e
 // (one without a readiness signal, or restored twice) is left alone.
 // Nothing is emitted.
 //
+// Restated from eligible or degraded, it is Unknown only because this
+// engine has not heard it yet, not because it fell silent: for one
+// silence window after now, fresh failure evidence removes it as it
+// would the state on record, so a single class's hard failure withdraws
+// it (a replica dealt a service whose owner died, with the owner's
+// verdicts only on record, must withdraw what the owner would have).
+// Restated from unknown, or unheard for that window, it needs a second
+// class, as any Unknown instance does (ADR-05).
+//
 // Call it after AddInstance and before replaying evidence, so replayed
 // samples are judged against the restated state.
 func (e *Engine) RestoreAdmission(id InstanceID, last State, at, now time.Time) error {
@@ -556,6 +570,9 @@ func (e *Engine) RestoreAdmission(id InstanceID, last State, at, now time.Time) 
 		in.everKnown = true // silent, not "no readiness signal"
 		in.reason, in.reasonVal = rSilent, 0
 		in.inelSince = 0
+		if last == Eligible || last == Degraded {
+			in.knownUntil = t + e.svcs[in.svc].window
+		}
 		return nil
 	}
 	in.state, in.weight, in.inelSince = Ineligible, 0, min(at.UnixNano(), t)

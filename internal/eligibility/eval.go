@@ -284,6 +284,9 @@ func (e *Engine) eval(in *instance, now int64) {
 	in.dirty = false
 	pend := in.pendFail
 	in.pendFail = false
+	if in.knownUntil != 0 && (now >= in.knownUntil || in.state != Unknown) {
+		in.knownUntil = 0 // heard since the restore, or unheard for a window: as any other
+	}
 	if in.hard && !in.hardExternal && in.hardClass == Probe {
 		if sl := in.probeSlotOf(in.hardRep); sl != nil && sl.p != nil && sl.p.suspect {
 			in.hard = false // the prober turned suspect: its failures no longer count
@@ -357,8 +360,10 @@ func (e *Engine) evalIn(in *instance, svc *service, a *assessment, pend bool, no
 		return
 	}
 	// Unknown -> ineligible needs a second, independent class (ADR-05);
-	// only the out-of-band hard path (lease, process) skips that.
-	if code != rNone && (in.state != Unknown || in.hardExternal || a.failing >= 2) {
+	// only the out-of-band hard path (lease, process) skips that, and an
+	// instance restated from a known state not yet heard here
+	// (RestoreAdmission) is judged as that state.
+	if code != rNone && (in.state != Unknown || in.hardExternal || a.failing >= 2 || now < in.knownUntil) {
 		e.remove(in, svc, now, code, val)
 		return
 	}

@@ -1460,3 +1460,66 @@ func TestHeldSilence(t *testing.T) {
 		t.Fatalf("%v after the hold stopped: %+v, want unknown", s.now.Sub(stopped), v)
 	}
 }
+
+// A replica dealt a service whose owner died restores the owner's
+// admissions from the record (RestoreAdmission) when it never heard the
+// instances itself: here the prober's hard failure reached it first and
+// the older successes that would have admitted the instance came after
+// it (forwarded hard failures go first), so they do not count. Restored
+// from eligible, the instance is Unknown only because this engine has
+// not heard it: the hard failure withdraws it, as the owner would have.
+// Restored from unknown, or unheard for a silence window after the
+// restore, a single class still cannot remove it (ADR-05).
+func TestARestoredInstanceIsJudgedAsItsRecordedState(t *testing.T) {
+	t.Parallel()
+	const az1 eligibility.ReporterID = 7
+	for _, tc := range []struct {
+		name     string
+		last     eligibility.State
+		unheard  time.Duration // between the restore and the hard failure's evaluation
+		withdraw bool
+	}{
+		{"eligible", eligibility.Eligible, 0, true},
+		{"degraded", eligibility.Degraded, 0, true},
+		{"unknown", eligibility.Unknown, 0, false},
+		{"eligible, unheard for a window", eligibility.Eligible, 16 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSim(t, eligibility.Options{})
+			s.service("svc", contract(probeOnly))
+			id := s.add(1, "svc")
+			s.e.AssignProber(az1, []eligibility.InstanceID{id})
+			s.now = s.now.Add(time.Minute)
+			failedAt := s.now
+			if tc.unheard == 0 {
+				// The hard failure, then the 10 s of successes before it.
+				if err := s.e.Observe(eligibility.Sample{Instance: id, Class: probe, Outcome: hard, At: failedAt, Reporter: az1}); err != nil {
+					t.Fatal(err)
+				}
+				for back := 10 * time.Second; back > 0; back -= 500 * time.Millisecond {
+					if err := s.e.Observe(eligibility.Sample{Instance: id, Class: probe, Outcome: ok, At: failedAt.Add(-back), Reporter: az1}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			s.now = s.now.Add(7 * time.Second) // the dead owner's lease expires; this replica is dealt the service
+			if err := s.e.RestoreAdmission(id, tc.last, t0, s.now); err != nil {
+				t.Fatal(err)
+			}
+			s.tick()
+			if tc.unheard > 0 {
+				s.run(tc.unheard, time.Second, nil)
+				s.obs(id, probe, hard, az1)
+			}
+			s.tick()
+			v := s.verdict(id)
+			if got := v.State == eligibility.Ineligible; got != tc.withdraw {
+				t.Fatalf("restored from %v, a hard failure %s: %+v, withdrawn %v, want %v", tc.last, map[bool]string{true: "after a silent window", false: "heard first"}[tc.unheard > 0], v, got, tc.withdraw)
+			}
+			if !tc.withdraw && v.State != eligibility.Unknown {
+				t.Fatalf("restored from %v: %+v, want unknown", tc.last, v)
+			}
+		})
+	}
+}
