@@ -144,12 +144,13 @@ func (b *tab) until(path, sel, what string, deadline time.Time, ok func() bool) 
 
 // TestDemo runs one real `muster dev --demo` for the tests of the
 // demo's stories, each minutes of real time, so they share its run
-// instead of each paying for a demo of its own: first the stories
-// through the public API (demoStories; before the browser's oscar
-// confirms the pending shift-back, which ends one of them), then the
-// admin UI driven through the stories (browserDemo) beside the
-// timeline's plots (timelineDemo). The UI tests touch only checkout and
-// az3's shift; the timeline reads recommendations and catalog.
+// instead of each paying for a demo of its own. From the moment the
+// demo's estate is set up, side by side: the stories through the public
+// API (demoStories), the admin UI driven through them (browserDemo) and
+// the timeline's plots (timelineDemo). The browser's oscar confirms the
+// pending shift-back, which ends one of the stories, only once the API
+// has seen them all. The UI tests touch only checkout and az3's shift;
+// the timeline reads recommendations and catalog.
 func TestDemo(t *testing.T) {
 	realTime(t, "the demo's stories, about 2 minutes")
 	t.Parallel()
@@ -157,10 +158,15 @@ func TestDemo(t *testing.T) {
 	d := startDev(t, dir, "--demo")
 	d.waitDemoReady(t)
 	apiToken := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
-	demoStories(t, d, apiToken)
+	storiesSeen := make(chan struct{}) // closed when demoStories ends, whatever it found
+	t.Run("stories", func(t *testing.T) {
+		t.Parallel()
+		defer close(storiesSeen)
+		demoStories(t, d, apiToken)
+	})
 	t.Run("browser", func(t *testing.T) {
 		t.Parallel()
-		browserDemo(t, d, apiToken)
+		browserDemo(t, d, apiToken, storiesSeen)
 	})
 	t.Run("timeline", func(t *testing.T) {
 		t.Parallel()
@@ -170,8 +176,9 @@ func TestDemo(t *testing.T) {
 
 // browserDemo drives the admin UI of a real `muster dev --demo` through
 // the demo's stories as alice (admin), vera (viewer) and oscar
-// (operator).
-func browserDemo(t *testing.T, d *devServer, apiToken string) {
+// (operator). Oscar confirms the pending shift-back once storiesSeen is
+// closed.
+func browserDemo(t *testing.T, d *devServer, apiToken string, storiesSeen <-chan struct{}) {
 	chrome := browsertest.Chromium(t)
 	shots := browsertest.Artifacts(t)
 	deadline := time.Now().Add(e2eDeadline)
@@ -219,6 +226,7 @@ func browserDemo(t *testing.T, d *devServer, apiToken string) {
 	oscar.do("follow the alarm", chromedp.Click(chromedp.CSS("a.alarm-link")),
 		chromedp.WaitVisible(chromedp.CSS(`#pending-shifts tr[data-target="az3"] button.confirm`)))
 	oscar.shot("shifts-pending")
+	<-storiesSeen // the API's check of the pending shift-back comes first
 	oscar.do("confirm", chromedp.Click(chromedp.CSS(`#pending-shifts tr[data-target="az3"] button.confirm`)),
 		chromedp.WaitVisible(chromedp.ID("#done")))
 	if s := oscar.text("#done"); !strings.Contains(s, "Confirmed: zone az3 is back at traffic weight 100%") {
