@@ -283,9 +283,9 @@ type instance struct {
 	// until this time (one silence window after the restore): it is
 	// Unknown only because this engine has not heard it yet.
 	knownUntil int64
-	dep                                   string
-	hardReason                            string
-	ring                                  [maxFlapRing]flapEntry
+	dep        string
+	hardReason string
+	ring       [maxFlapRing]flapEntry
 }
 
 type flapBucket struct {
