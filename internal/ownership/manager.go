@@ -869,12 +869,27 @@ func (m *Manager) Handover(ctx context.Context) int {
 	m.mu.Lock()
 	m.leaving = true
 	m.mu.Unlock()
-	rctx, cancel := context.WithTimeout(ctx, m.cfg.Interval)
-	err := m.RunOnce(rctx)
-	cancel()
-	if err != nil {
-		m.log.Warn("hand over shards: the round failed; what is held is released at stop", "err", err)
-		return len(m.Owned())
+	// The round that makes the offers is tried again, every OfferPoll,
+	// until one succeeds or ctx ends: a round slower than its Interval
+	// (a loaded database at the moment of a deploy) must not send every
+	// shard the slow way, released at stop and taken only when found
+	// free, while the caller's budget for the handover still runs.
+	for {
+		rctx, cancel := context.WithTimeout(ctx, m.cfg.Interval)
+		err := m.RunOnce(rctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			m.log.Warn("hand over shards: the round failed; what is held is released at stop", "err", err)
+			return len(m.Owned())
+		}
+		m.log.Warn("hand over shards: the round failed; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(m.cfg.OfferPoll):
+		}
 	}
 	tick := time.NewTicker(max(m.cfg.OfferPoll/2, 10*time.Millisecond))
 	defer tick.Stop()
