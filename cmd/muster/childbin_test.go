@@ -19,6 +19,7 @@ import (
 // instances), on a 2-core CI machine where that cost alone took
 // cmd/muster past its timeout. MUSTER_TEST_CHILD_RACE=1 builds the
 // children with -race instead, for a deeper, slower run.
+
 // pkgDir is this package's folder (go test starts the binary there),
 // read before any test changes the working directory.
 var pkgDir, _ = os.Getwd()

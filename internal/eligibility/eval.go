@@ -285,7 +285,7 @@ func (e *Engine) eval(in *instance, now int64) {
 	pend := in.pendFail
 	in.pendFail = false
 	if in.knownUntil != 0 && (now >= in.knownUntil || in.state != Unknown) {
-		in.knownUntil = 0 // heard since the restore, or unheard for a window: as any other
+		in.knownUntil = 0 // left Unknown since the restore, or unheard for a window: as any other
 	}
 	if in.hard && !in.hardExternal && in.hardClass == Probe {
 		if sl := in.probeSlotOf(in.hardRep); sl != nil && sl.p != nil && sl.p.suspect {
