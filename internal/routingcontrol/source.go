@@ -238,6 +238,11 @@ func (s *HTTPSource) Read(ctx context.Context, last string) (Reading, error) {
 	}
 	regions, err := ParseDocument(data)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The read outlived its deadline: whatever came back is
+			// what a timeout left, not the source's document.
+			return Reading{}, &ReadError{Reason: ReasonTimeout, Err: fmt.Errorf("GET %s: %w (past the read's deadline)", s.URL, err)}
+		}
 		return Reading{}, &ReadError{Reason: ReasonMalformed, Err: fmt.Errorf("GET %s: %w", s.URL, err)}
 	}
 	rev := resp.Header.Get("ETag")

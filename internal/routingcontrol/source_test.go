@@ -101,6 +101,11 @@ func (s *controlServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-hang:
 		case <-r.Context().Done():
+			// Close without a response: a handler that returned here
+			// would answer an empty 200, and a client whose timeout
+			// raced its own close of the connection could read that
+			// instead of its timeout.
+			panic(http.ErrAbortHandler)
 		}
 		return
 	}

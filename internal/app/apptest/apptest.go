@@ -243,8 +243,13 @@ type Options struct {
 	// DatabaseURL points the stack at this database instead of a fresh
 	// one from dbtest (a private cluster the test stops or freezes, say).
 	DatabaseURL string
-	// DBTimeout is the server's per-request database budget; the
-	// server's default when zero.
+	// DBTimeout is the server's per-request database budget. When zero
+	// it is the server's default (1.5 s) for a stack on a database a
+	// test may stop or freeze (Pool, DatabaseURL), and testDBTimeout on
+	// a fresh database of the shared test cluster: that database is
+	// never the outage under test, and on a loaded two-core machine
+	// running every package's PostgreSQL at once one write can take
+	// longer than the production budget.
 	DBTimeout time.Duration
 	// WatchHeartbeat is the idle watch stream's heartbeat period; the
 	// server's default (15 s) when zero.
@@ -360,6 +365,10 @@ func takeOver(pool *pgxpool.Pool, a *app.App) (forget func()) {
 	}
 }
 
+// testDBTimeout is the per-request database budget of a stack on a
+// fresh test database (Options.DBTimeout says why it is not 1.5 s).
+const testDBTimeout = 10 * time.Second
+
 // New starts a Stack that is torn down when t ends.
 func New(t testing.TB, opts Options) *Stack {
 	t.Helper()
@@ -369,6 +378,9 @@ func New(t testing.TB, opts Options) *Stack {
 		url := opts.DatabaseURL
 		if url == "" {
 			url = dbtest.URL(t)
+			if opts.DBTimeout == 0 {
+				opts.DBTimeout = testDBTimeout
+			}
 		}
 		// The monitor pings on a connection of its own, as in muster serve.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
