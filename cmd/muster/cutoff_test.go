@@ -331,36 +331,40 @@ func TestACutOffReplicaMovesItsSubscribers(t *testing.T) {
 		}
 		return true
 	})
-	owners := map[int]int{} // shard -> replica index
 	for i, a := range addrs {
-		r := region(a)
-		id := r.Self
+		id := region(a).Self
 		ids[i].Store(&id)
-		for _, s := range r.Owned {
-			owners[s.Shard] = i
-		}
 	}
 	const A, B, C = 0, 1, 2
 	name := func(i int) string { return *ids[i].Load() }
 	// Two services A owns, one B owns, one C owns, six instances each.
+	// Each replica's list of its own shards is read at its own moment, so
+	// a shard moving between the readings can leave a replica owning
+	// none in this picture: read them again until it is whole.
 	var svcA, svcB, svcC []string
-	for n := 0; len(svcA) < 2 || len(svcB) < 1 || len(svcC) < 1; n++ {
-		s := fmt.Sprintf("cut-%02d", n)
-		switch owners[ownership.ShardOf(s, 64)] {
-		case A:
-			if len(svcA) < 2 {
+	wait.For(t, time.Minute, "two services of shards A owns, one of B's and one of C's", func() bool {
+		owners := map[int]int{} // shard -> replica index
+		for i, a := range addrs {
+			for _, s := range region(a).Owned {
+				owners[s.Shard] = i
+			}
+		}
+		svcA, svcB, svcC = nil, nil, nil
+		for n := 0; n < 1000 && (len(svcA) < 2 || len(svcB) < 1 || len(svcC) < 1); n++ {
+			s := fmt.Sprintf("cut-%02d", n)
+			owner, ok := owners[ownership.ShardOf(s, 64)]
+			switch {
+			case !ok:
+			case owner == A && len(svcA) < 2:
 				svcA = append(svcA, s)
-			}
-		case B:
-			if len(svcB) < 1 {
+			case owner == B && len(svcB) < 1:
 				svcB = append(svcB, s)
-			}
-		case C:
-			if len(svcC) < 1 {
+			case owner == C && len(svcC) < 1:
 				svcC = append(svcC, s)
 			}
 		}
-	}
+		return len(svcA) == 2 && len(svcB) == 1 && len(svcC) == 1
+	})
 	services := slices.Concat(svcA, svcB, svcC)
 	instances := map[string][]string{}
 	for k, s := range services {
