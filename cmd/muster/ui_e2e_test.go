@@ -44,6 +44,15 @@ func newTab(t *testing.T, chrome, base, user, dir string) *tab {
 	return &tab{t: t, ctx: browsertest.New(t, chrome), base: base, user: user, dir: dir}
 }
 
+// close ends the tab's browser now, not at the end of the test: a
+// browser left on a live page redraws it on every change of the demo,
+// seconds of CPU a minute that the tabs still at work need.
+func (b *tab) close() {
+	if err := chromedp.Cancel(b.ctx); err != nil {
+		b.t.Logf("closing %s's browser: %v", b.user, err)
+	}
+}
+
 // get runs one browser action with a deadline and returns its value,
 // failing the test on error.
 func get[T any](b *tab, what string, a chromedp.Action[T]) T {
@@ -224,6 +233,7 @@ func browserDemo(t *testing.T, d *devServer, apiToken string, storiesSeen <-chan
 	if n := vera.count("button.confirm, button.step, form#drain"); n != 0 {
 		t.Errorf("vera is shown %d shift buttons or forms", n)
 	}
+	vera.close()
 
 	// oscar: follows the overview's alarm to the shifts page and confirms.
 	oscar := newTab(t, chrome, d.url, "oscar", shots)
@@ -282,6 +292,7 @@ func browserDemo(t *testing.T, d *devServer, apiToken string, storiesSeen <-chan
 	if s := otto.text("#result"); !strings.Contains(s, "co-signed and applied") {
 		t.Errorf("after otto's co-sign:\n%s", s)
 	}
+	otto.close()
 
 	// The confirmation in the audit log, found with the action filter.
 	oscar.open("/ui/audit", "#chain")

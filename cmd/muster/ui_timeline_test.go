@@ -422,6 +422,7 @@ func timelineDemo(t *testing.T, d *devServer, dir, apiToken string) {
 	if s := vera.text("main"); !strings.Contains(s, "in the future") {
 		t.Errorf("a window in the future: %q", s)
 	}
+	vera.close()
 
 	// Without ?span= the span fits the service's activity: the demo is
 	// minutes old, so the page picks a span shorter than an hour whose
