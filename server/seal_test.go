@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/musterhq/muster/internal/audit"
 	"github.com/musterhq/muster/internal/evaluator"
 	"github.com/musterhq/muster/internal/policy"
+	"github.com/musterhq/muster/internal/registry"
 )
 
 // TestOverridesWrittenOutsideMusterRemoveNothing plays a hostile database
@@ -508,5 +510,40 @@ func TestContractsWrittenOutsideMusterAreNotApplied(t *testing.T) {
 		if d := contractAlarm(s); d != "" {
 			t.Errorf("contract_unsealed after muster wrote the contract again: %q", d)
 		}
+	}
+}
+
+// TestANewDatabaseWrittenBeforeTheRebuildIsAdopted: on a new database, a
+// service and an instance written before the evaluator's first rebuild
+// (which adopts the rows from before the seals) are sealed after the
+// adoption, which each write sees through first: the rebuild's adoption
+// then finds its record and refuses nothing. Before, it found sealed rows
+// and no record, took them for a record deleted by hand, logged an error
+// and audited a refused adoption on every new database.
+func TestANewDatabaseWrittenBeforeTheRebuildIsAdopted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := apptest.New(t, apptest.Options{NoStart: true})
+	admin := s.Token(t, adminReq)
+	if r := s.JSON(t, "PUT", "/v1/services/web", admin, `{"owner":"payments","capabilities":["probe"]}`); r.Status != http.StatusCreated {
+		t.Fatalf("create web: %d %s", r.Status, r.Body)
+	}
+	if _, err := s.Registry.RegisterWithCredential(ctx, webWorkload, netip.MustParseAddr("10.0.0.1"), "web",
+		registry.Registration{Address: "10.0.0.1", Port: 8080, Zone: "az1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Registry.AdoptUnsealed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Registry.AdoptAuthzUnsealed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := audit.List(ctx, db.New(s.Pool), audit.Filter{Action: "registry.seal_adopt", Limit: 10})
+	if err != nil || len(evs) != 0 {
+		t.Fatalf("seal adoption audits on a new database: %+v %v; want none (nothing was adopted, nothing refused)", evs, err)
+	}
+	var records int
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM seal_adoptions`).Scan(&records); err != nil || records != 2 {
+		t.Fatalf("%d records of adoptions, %v; want 2 (instances, services and grants)", records, err)
 	}
 }

@@ -217,11 +217,13 @@ func (r *Registry) adoptAuthz(ctx context.Context) (adopted int, err error) {
 		}); err != nil {
 			return 0, fmt.Errorf("audit the refused seal adoption: %w", err)
 		}
+		r.adoptedAuthz.Store(true) // seen through: refused once, not at every write
 		return 0, nil
 	}
 	if adopted > 0 {
 		r.cfg.Logger.Warn("adopted services and grants from before the seals", "rows", adopted, "key_id", s.KeyID())
 	}
+	r.adoptedAuthz.Store(true)
 	return adopted, nil
 }
 

@@ -195,6 +195,9 @@ func (r *Registry) ApplyReconcile(ctx context.Context, source string, ch Reconci
 	if !IsReconciled(source) {
 		return ReconcileResult{}, fmt.Errorf("apply reconcile: %q is not a reconciliation source", source)
 	}
+	if err := r.beforeSealing(ctx); err != nil {
+		return ReconcileResult{}, err
+	}
 	actor := reconcileActor(source)
 	res := ReconcileResult{Skipped: map[uuid.UUID]string{}}
 	entry := func(action, id string, before, after any) audit.Entry {

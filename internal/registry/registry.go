@@ -101,6 +101,9 @@ type Registry struct {
 	refused refusedRenewals
 	// confirmDoubts are the confirmations not believed (confirmseal.go).
 	confirmDoubts confirmationDoubts
+	// adoptedInstances and adoptedAuthz: this process has seen the
+	// adoptions of the rows from before the seals through (beforeSealing).
+	adoptedInstances, adoptedAuthz atomic.Bool
 }
 
 // Follower is told of what this registry's writes committed, after the
@@ -300,6 +303,9 @@ func (r *Registry) withTx(ctx context.Context, fn func(q *db.Queries) error) err
 // without an audit row, since there was nothing there to act on.
 func (r *Registry) write(ctx context.Context, actor identity.Principal, action, targetKind, target string, asked any,
 	fn func(q *db.Queries) (*refusal.Error, error)) error {
+	if err := r.beforeSealing(ctx); err != nil {
+		return err
+	}
 	var refused *refusal.Error
 	err := r.withTx(ctx, func(q *db.Queries) error {
 		var err error

@@ -373,12 +373,40 @@ func (r *Registry) AdoptUnsealed(ctx context.Context) (adopted int, err error) {
 		}); err != nil {
 			return 0, fmt.Errorf("audit the refused seal adoption: %w", err)
 		}
+		r.adoptedInstances.Store(true) // seen through: refused once, not at every write
 		return 0, nil
 	}
 	if adopted > 0 {
 		r.cfg.Logger.Warn("adopted instance rows from before the seals", "rows", adopted, "key_id", s.KeyID())
 	}
+	r.adoptedInstances.Store(true)
 	return adopted, nil
+}
+
+// beforeSealing sees the adoptions of the rows from before the seals
+// (AdoptUnsealed, adoptAuthz) through, once per process, before a write
+// that creates a sealed row. Without it, the first writes to a new
+// database (a registration accepted before the evaluator's rebuild
+// adopts) leave sealed rows and no record of an adoption, which the
+// adoption then takes for a record deleted by hand: a false alarm, and
+// an upgraded database's unsealed rows never adopted. Writes that only
+// end or change sealed rows need no gate: a sealed row exists only once
+// some process has been through here.
+func (r *Registry) beforeSealing(ctx context.Context) error {
+	if r.cfg.Sealer == nil {
+		return nil
+	}
+	if !r.adoptedInstances.Load() {
+		if _, err := r.AdoptUnsealed(ctx); err != nil {
+			return fmt.Errorf("adopt the instance rows from before the seals: %w", err)
+		}
+	}
+	if !r.adoptedAuthz.Load() {
+		if _, err := r.adoptAuthz(ctx); err != nil {
+			return fmt.Errorf("adopt the services and grants from before the seals: %w", err)
+		}
+	}
+	return nil
 }
 
 // EndsOnRecord returns, among ids, the instances muster has a record of
