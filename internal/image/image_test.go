@@ -201,20 +201,28 @@ func TestImageUnpacksAndRuns(t *testing.T) {
 	})
 
 	t.Run("rebuilt, same digest", func(t *testing.T) {
-		again, err := Build(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d1, err := built.Image.Digest()
-		if err != nil {
-			t.Fatal(err)
-		}
-		d2, err := again.Image.Digest()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d1 != d2 {
-			t.Errorf("two builds of one tree: %s and %s", d1, d2)
+		again := built
+		if os.Getenv("MUSTER_RELEASE_TEST") != "" {
+			// TestReleaseReproducible builds the tree four times
+			// through Build (two checkouts, two architectures) and
+			// wants one digest: a fifth build here would prove less.
+			t.Log("two builds of one tree are compared by TestReleaseReproducible")
+		} else {
+			var err error
+			if again, err = Build(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			d1, err := built.Image.Digest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			d2, err := again.Image.Digest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d1 != d2 {
+				t.Errorf("two builds of one tree: %s and %s", d1, d2)
+			}
 		}
 		// Rewriting the layout replaces the tagged image instead of adding
 		// a second one.
