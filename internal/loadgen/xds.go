@@ -96,25 +96,10 @@ func loadgenXDS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	client := &http.Client{Timeout: 30 * time.Second}
-	// A call answered 503 (muster's database slow to answer, which the
-	// API says to retry) is tried again, as a workload would, within the
-	// timeout; the figures then include the wait. Both calls retried are
-	// safe to repeat: the PUT is idempotent, and registering the same
-	// endpoint again replaces the first registration.
-	retry503 := func(call func() error) error {
-		deadline := time.Now().Add(timeout)
-		for {
-			err := call()
-			if err == nil || !strings.Contains(err.Error(), ": 503 ") || time.Now().After(deadline) {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-				return err
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
-	}
+	// Both calls retried are safe to repeat: the PUT is idempotent, and
+	// registering the same endpoint again replaces the first
+	// registration.
+	retry503 := func(call func() error) error { return retryUnavailable(ctx, timeout, call) }
 	if err := retry503(func() error {
 		return apiCall(ctx, client, "PUT", base+"/v1/services/"+lgXDSService, admin, []byte(`{"owner":"loadgen","capabilities":[]}`), nil)
 	}); err != nil {
@@ -659,3 +644,22 @@ func (t bearerCreds) GetRequestMetadata(context.Context, ...string) (map[string]
 	return map[string]string{"authorization": "Bearer " + string(t)}, nil
 }
 func (bearerCreds) RequireTransportSecurity() bool { return false }
+
+// retryUnavailable makes call again while it is answered 503 (muster's
+// database slow to answer, which the API says to retry), every 250 ms
+// for up to within, as a workload would; the figures then include the
+// wait. Only for calls that are safe to repeat.
+func retryUnavailable(ctx context.Context, within time.Duration, call func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := call()
+		if err == nil || !strings.Contains(err.Error(), ": 503 ") || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}

@@ -94,7 +94,11 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 		{http.MethodPut, "/v1/services/" + svc + "/contract", `{"min_dwell_seconds":5,"slow_start_seconds":0}`},
 		{http.MethodPut, "/v1/probers/" + proberName + "/assignments", `{"services":["` + svc + `"]}`},
 	} {
-		if err := apiCall(ctx, client, c.method, o.base+c.path, admin, []byte(c.body), nil); err != nil {
+		// Each is idempotent: one answered 503 (a database slow to
+		// answer, on a loaded machine) is asked again.
+		if err := retryUnavailable(ctx, 30*time.Second, func() error {
+			return apiCall(ctx, client, c.method, o.base+c.path, admin, []byte(c.body), nil)
+		}); err != nil {
 			return fmt.Errorf("set up %s: %w", svc, err)
 		}
 	}
@@ -107,7 +111,11 @@ func loadgenXDSWithdrawals(ctx context.Context, o lgXDSOptions, stdout, stderr i
 			ID uuid.UUID `json:"id"`
 		}
 		body := fmt.Sprintf(`{"address":%q,"port":8080,"zone":"az%d"}`, addr, i%3+1)
-		if err := apiCall(ctx, client, http.MethodPost, o.base+"/v1/services/"+svc+"/instances", admin, []byte(body), &in); err != nil {
+		// Registering the same endpoint again replaces the first
+		// registration: safe to ask again after a 503.
+		if err := retryUnavailable(ctx, 30*time.Second, func() error {
+			return apiCall(ctx, client, http.MethodPost, o.base+"/v1/services/"+svc+"/instances", admin, []byte(body), &in)
+		}); err != nil {
 			return fmt.Errorf("register instance %d: %w", i, err)
 		}
 		ids[i] = in.ID
