@@ -505,12 +505,62 @@ func (d *Demo) renew(ctx context.Context) {
 			if err == nil {
 				err = d.renewOne(ctx, in, tok)
 			}
+			if ended(err) && ctx.Err() == nil {
+				// The lease ran out (renewals lost to a machine too busy
+				// to answer in time): register the instance again, as
+				// its workload would, or its story stops for good.
+				d.log.Warn("demo: an instance's lease ended; registering it again", "instance", in.id, "err", err)
+				err = d.reregister(ctx, in, tok)
+			}
 			if err != nil && ctx.Err() == nil {
 				d.log.Warn("demo: lease renewal failed", "instance", in.id, "err", err)
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+// ended reports whether err says the instance is no longer active (its
+// lease expired, or it was ended): 404 or 410.
+func ended(err error) bool {
+	var ae *apiError
+	return errors.As(err, &ae) && (ae.Status == http.StatusNotFound || ae.Status == http.StatusGone)
+}
+
+// reregister registers in again (the same address, so the same place in
+// the estate), puts the new id and credential in its place, and assigns
+// the new id to its zone's prober when its service is probed.
+func (d *Demo) reregister(ctx context.Context, in instance, tok string) error {
+	var inst struct {
+		ID         string `json:"id"`
+		Credential string `json:"credential"`
+	}
+	if err := d.setupCall(ctx, http.MethodPost, "/v1/services/"+in.service+"/instances", tok,
+		map[string]any{"address": in.addr, "port": 8080, "zone": in.zone}, &inst); err != nil {
+		return fmt.Errorf("register %s in %s again: %w", in.service, in.zone, err)
+	}
+	d.mu.Lock()
+	for i := range d.instances {
+		if d.instances[i].id == in.id {
+			d.instances[i].id, d.instances[i].credential = inst.ID, inst.Credential
+		}
+	}
+	d.mu.Unlock()
+	if !has(in.service, "probe") {
+		return nil
+	}
+	var ids []string
+	for _, o := range d.all() {
+		if o.zone == in.zone && has(o.service, "probe") {
+			ids = append(ids, o.id)
+		}
+	}
+	admin, err := d.admin()
+	if err != nil {
+		return err
+	}
+	return d.setupCall(ctx, http.MethodPut, "/v1/probers/prober-"+in.zone+"/assignments", admin,
+		map[string]any{"services": []string{}, "instances": ids}, nil)
 }
 
 // renewOne renews one lease, trying a renewal a busy server refused

@@ -158,3 +158,55 @@ func TestRenewalRetriesTransientRefusals(t *testing.T) {
 		})
 	}
 }
+
+// A lease that ran out (its renewals lost to a machine too busy to
+// answer) is not the end of the instance's story: the renewal pass
+// registers it again at the same address, renews the new id with the
+// new credential from then on, and assigns the new id to its zone's
+// prober (the flapping instance's quarantine story stopped for good when
+// it did not).
+func TestRenewalRegistersAnEndedInstanceAgain(t *testing.T) {
+	var mu sync.Mutex
+	var assigned []string
+	renewed := map[string]int{}
+	d := newDemo(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case r.Method == http.MethodPut && r.URL.Path == "/v1/instances/i1/lease":
+			http.Error(w, `{"status":410}`, http.StatusGone)
+		case r.Method == http.MethodPost && r.URL.Path == "/v1/services/catalog/instances":
+			var body map[string]any
+			if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body["address"] != "10.1.6.10" || body["zone"] != "az1" {
+				http.Error(w, "not the same place in the estate", http.StatusTeapot)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+			_ = json.NewEncoder(w).Encode(map[string]string{"id": "i2", "credential": "c2"})
+		case r.Method == http.MethodPut && r.URL.Path == "/v1/probers/prober-az1/assignments":
+			var body struct{ Instances []string }
+			_ = json.NewDecoder(r.Body).Decode(&body)
+			assigned = body.Instances
+			w.WriteHeader(http.StatusOK)
+		case r.Method == http.MethodPut && r.URL.Path == "/v1/instances/i2/lease" && r.Header.Get("Muster-Instance-Credential") == "c2":
+			renewed["i2"]++
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			http.Error(w, "not scripted", http.StatusTeapot)
+		}
+	}))
+	d.instances = []instance{{id: "i1", service: "catalog", zone: "az1", addr: "10.1.6.10", credential: "c1"}}
+	d.renew(context.Background())
+	d.renew(context.Background())
+	mu.Lock()
+	defer mu.Unlock()
+	if got := d.all(); len(got) != 1 || got[0].id != "i2" || got[0].credential != "c2" {
+		t.Fatalf("instances after the lease ended: %+v, want i2 with c2 in i1's place", got)
+	}
+	if len(assigned) != 1 || assigned[0] != "i2" {
+		t.Fatalf("prober-az1 assigned %v, want [i2]", assigned)
+	}
+	if renewed["i2"] != 1 {
+		t.Fatalf("i2 renewed %d times, want once (the second pass)", renewed["i2"])
+	}
+}
