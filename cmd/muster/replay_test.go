@@ -46,6 +46,13 @@ func TestReplayedRowsChangeNothingAcrossARestart(t *testing.T) {
 		_ = json.Unmarshal(body, &in)
 		ids = append(ids, in.ID)
 	}
+	// The override's budget counts the instances the evaluator holds: one
+	// asked for before it has picked up all four registrations is refused
+	// as the last instance of web (it was, once, on a loaded machine).
+	wait.For(t, 30*time.Second, "the evaluator listing the 4 instances", func() bool {
+		_, b := call(t, "GET", url+"/v1/services/web/eligibility", admin, "")
+		return strings.Count(string(b), `"instance_id"`) == len(ids)
+	})
 	var code int
 	var body []byte
 	wait.For(t, 30*time.Second, "the override admitted or refused", func() bool {
