@@ -34,6 +34,33 @@ type PeerVerifier interface {
 
 type peerKey struct{}
 
+// peerBodyKey holds the body authenticatePeer read and verified, so a
+// handler that wants it whole need not copy it again.
+type peerBodyKey struct{}
+
+// peerBody is r's body: the one authenticatePeer verified, or read here
+// (at most forward.MaxBodyBytes).
+func peerBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if body, ok := r.Context().Value(peerBodyKey{}).([]byte); ok {
+		return body, nil
+	}
+	return readBody(w, r, forward.MaxBodyBytes)
+}
+
+// readBody reads r's body of at most limit bytes, into a buffer sized
+// by its Content-Length when it gives one (io.ReadAll would grow one
+// from 512 bytes, copying a forwarded batch several times over).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, limit)
+	if r.ContentLength <= 0 || r.ContentLength > limit {
+		return io.ReadAll(body)
+	}
+	// The server ends the body at its Content-Length.
+	buf := make([]byte, r.ContentLength)
+	n, err := io.ReadFull(body, buf)
+	return buf[:n], err
+}
+
 // authenticatePeer admits only requests signed by a replica of this
 // region with the region's key (internal/peer); a bearer token counts for
 // nothing here. The body is read (bounded by forward.MaxBodyBytes) to check
@@ -62,7 +89,7 @@ func (s *Server) authenticatePeer(next http.Handler) http.Handler {
 				_, err = s.cfg.Peers.Verify(r, nil)
 			}
 		case s.cfg.Peers != nil:
-			body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, forward.MaxBodyBytes))
+			body, err = readBody(w, r, forward.MaxBodyBytes)
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
 				writeProblem(w, r, problem(http.StatusRequestEntityTooLarge, "body-too-large",
@@ -92,7 +119,8 @@ func (s *Server) authenticatePeer(next http.Handler) http.Handler {
 			ann.principal = "replica:" + id
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, id)))
+		ctx := context.WithValue(context.WithValue(r.Context(), peerKey{}, id), peerBodyKey{}, body)
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
@@ -116,7 +144,7 @@ func decodePeerReports(w http.ResponseWriter, r *http.Request) ([]peerBatch, str
 	)
 	if mediaType(r) == forward.BinaryContentType {
 		// The compact form every replica of this release sends.
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, forward.MaxBodyBytes))
+		body, err := peerBody(w, r)
 		if err == nil {
 			b.Batches, err = forward.DecodeBinary(body, evaluator.MaxBatch)
 		}

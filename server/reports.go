@@ -40,7 +40,10 @@ func (s *Server) reportsPost(w http.ResponseWriter, r *http.Request) {
 			actor, d.Limit.Max, d.Limit.Window, d.ResetSeconds()))
 		return
 	}
-	var b reportBatch
+	// Room for the batch its length suggests (a report takes at least
+	// about 60 bytes of JSON), so decoding does not grow the slice
+	// from one item, copying it at every doubling.
+	b := reportBatch{Reports: make([]evaluator.Report, 0, min(evaluator.MaxBatch, max(r.ContentLength/60, 0)+1))}
 	if p := s.decodeReports(w, r, &b); p != nil {
 		writeProblem(w, r, p)
 		return

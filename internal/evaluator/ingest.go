@@ -1,9 +1,11 @@
 package evaluator
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -122,33 +124,13 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 	hard := false
 	at := attribution{actor: actor, reporter: reporter, source: SourceAddr(ctx), credential: InstanceCredential(ctx), proven: forwarded}
 
-	e.mu.Lock()
-	var (
-		unknown []uuid.UUID
-		seen    map[uuid.UUID]bool
-	)
-	for _, r := range reports {
-		if _, ok := e.instances[r.InstanceID]; ok || seen[r.InstanceID] {
-			continue
-		}
-		if seen == nil {
-			seen = map[uuid.UUID]bool{}
-		}
-		seen[r.InstanceID] = true
-		unknown = append(unknown, r.InstanceID)
-	}
-	var answers map[uuid.UUID]unknownAnswer
-	if len(unknown) > 0 {
-		e.mu.Unlock()
-		answers = e.loadUnknown(ctx, unknown)
-		e.mu.Lock()
-	}
-	defer e.mu.Unlock()
-	now := e.cfg.Now()
-	for i, r := range reports {
-		// One lookup of the instance per item: the map holds a region's
-		// instances, and this is the hottest loop of ingest.
-		inst, known := e.instances[r.InstanceID]
+	// One pass over the batch under e.mu: an item about an instance not
+	// loaded here is put aside, and decided after those are looked up in
+	// PostgreSQL without the lock. (A first pass only to find them would
+	// look every instance up twice: the map holds a region's instances,
+	// and each lookup is a cache miss, the hottest cost of ingest.)
+	var later []int
+	one := func(i int, r Report, inst instanceInfo, known bool, answers map[uuid.UUID]unknownAnswer, now time.Time) {
 		s, code, why := e.attribute(&at, r, inst, known, now)
 		if code == codeUnknownInstance {
 			if a, ok := answers[r.InstanceID]; ok {
@@ -161,7 +143,7 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 		}
 		if code != "" {
 			refuse(i, code, "%s", why)
-			continue
+			return
 		}
 		if !forwarded {
 			if res.Services == nil {
@@ -173,16 +155,47 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 				// Kept by its owner, to which the
 				// forwarder takes it; nothing of it is held here.
 				res.Accepted++
-				continue
+				return
 			}
 		}
 		if err := e.engine.Observe(s); err != nil {
 			refuse(i, codeUnknownInstance, "instance %s is not known to the evaluator", r.InstanceID)
-			continue
+			return
 		}
 		e.countWindow(inst.win, s)
 		res.Accepted++
 		hard = hard || s.Outcome == eligibility.HardFailure
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.cfg.Now()
+	for i, r := range reports {
+		inst, known := e.instances[r.InstanceID]
+		if !known {
+			later = append(later, i)
+			continue
+		}
+		one(i, r, inst, true, nil, now)
+	}
+	if len(later) > 0 {
+		var unknown []uuid.UUID
+		seen := map[uuid.UUID]bool{}
+		for _, i := range later {
+			if id := reports[i].InstanceID; !seen[id] {
+				seen[id] = true
+				unknown = append(unknown, id)
+			}
+		}
+		e.mu.Unlock()
+		answers := e.loadUnknown(ctx, unknown)
+		e.mu.Lock()
+		now = e.cfg.Now()
+		for _, i := range later {
+			inst, known := e.instances[reports[i].InstanceID]
+			one(i, reports[i], inst, known, answers, now)
+		}
+		// Refusals are listed in the batch's order.
+		slices.SortStableFunc(res.Refused, func(a, b Refusal) int { return cmp.Compare(a.Index, b.Index) })
 	}
 	if forwarded {
 		e.metrics.forwarded.WithLabelValues("accepted").Add(float64(res.Accepted))

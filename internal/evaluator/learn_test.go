@@ -120,4 +120,24 @@ func TestUnknownInstancesAreLookedUpWithinBounds(t *testing.T) {
 	if n, m := lookups(), ids("missing"); n != 2 || m != 101 {
 		t.Fatalf("after a thousand made-up ids: %v lookups (want 2), %v missing (want 101)", n, m)
 	}
+
+	// Items about instances it knows are decided before those it looks
+	// up; the refusals are still listed in the batch's order.
+	res = f.post(t, api,
+		report(uuid.NewString(), "passive", "success"),
+		report(f.api[0], "no-such-class", "success"),
+		report(uuid.NewString(), "passive", "success"),
+		report(f.api[0], "passive", "success"),
+	)
+	if res.Accepted != 1 || len(res.Refused) != 3 {
+		t.Fatalf("a mixed batch: %+v", res)
+	}
+	for i, want := range []struct {
+		index int
+		code  string
+	}{{0, "unknown_instance"}, {1, "invalid"}, {2, "unknown_instance"}} {
+		if r := res.Refused[i]; r.Index != want.index || r.Code != want.code {
+			t.Fatalf("refusal %d is item %d (%s), want item %d (%s): %+v", i, r.Index, r.Code, want.index, want.code, res.Refused)
+		}
+	}
 }

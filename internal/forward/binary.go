@@ -73,8 +73,8 @@ func appendString(b []byte, s string) []byte {
 func encodeBinary(items []item) ([]byte, error) {
 	// Batches are runs of one actor: count them first.
 	runs := 0
-	for i, it := range items {
-		if i == 0 || items[i-1].actor != it.actor && *items[i-1].actor != *it.actor {
+	for i := range items {
+		if i == 0 || items[i-1].o.actor != items[i].o.actor && *items[i-1].o.actor != *items[i].o.actor {
 			runs++
 		}
 	}
@@ -83,18 +83,25 @@ func encodeBinary(items []item) ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(runs))
 	for len(items) > 0 {
 		n := 1
-		for n < len(items) && (items[n].actor == items[0].actor || *items[n].actor == *items[0].actor) {
+		for n < len(items) && (items[n].o.actor == items[0].o.actor || *items[n].o.actor == *items[0].o.actor) {
 			n++
 		}
-		actor, err := json.Marshal(items[0].actor)
+		actor, err := json.Marshal(items[0].o.actor)
 		if err != nil {
 			return nil, err
 		}
 		b = binary.AppendUvarint(b, uint64(len(actor)))
 		b = append(b, actor...)
 		b = binary.AppendUvarint(b, uint64(n))
-		for _, it := range items[:n] {
-			b = appendReport(b, &it.report)
+		for i := range items[:n] {
+			if it := &items[i]; it.compact {
+				b = append(b, it.id[:]...)
+				b = append(b, it.flags)
+				b = binary.AppendVarint(b, it.at)
+				continue
+			}
+			r := items[i].report()
+			b = appendReport(b, &r)
 		}
 		items = items[n:]
 	}
@@ -249,8 +256,10 @@ func DecodeBinary(body []byte, maxReports int) ([]Batch, error) {
 		}
 		total += int(n)
 		bt.Reports = make([]evaluator.Report, n)
+		// The reports' times, one allocation for the batch.
+		ats := make([]time.Time, n)
 		for j := range bt.Reports {
-			r.report(&bt.Reports[j])
+			r.report(&bt.Reports[j], &ats[j])
 			if r.err != nil {
 				break
 			}
@@ -266,7 +275,8 @@ func DecodeBinary(body []byte, maxReports int) ([]Batch, error) {
 	return out, nil
 }
 
-func (r *binaryReader) report(rep *evaluator.Report) {
+// report reads one report into rep; its time, when it has one, into at.
+func (r *binaryReader) report(rep *evaluator.Report, at *time.Time) {
 	if len(r.b) < 17 {
 		r.fail("a report cut short")
 		return
@@ -289,8 +299,8 @@ func (r *binaryReader) report(rep *evaluator.Report) {
 		r.fail("outcome code %d", o)
 	}
 	if flags&flagAt != 0 {
-		at := time.Unix(0, r.varint("at")).UTC()
-		rep.At = &at
+		*at = time.Unix(0, r.varint("at")).UTC()
+		rep.At = at
 	}
 	if flags&flagCounts != 0 {
 		rep.Successes = r.count("successes")
@@ -306,10 +316,7 @@ func (r *binaryReader) report(rep *evaluator.Report) {
 func EncodeBinary(b Body) ([]byte, error) {
 	var items []item
 	for i := range b.Batches {
-		a := &b.Batches[i].Actor
-		for _, r := range b.Batches[i].Reports {
-			items = append(items, item{actor: a, report: r})
-		}
+		items = append(items, newItems(&b.Batches[i].Actor, b.Batches[i].Reports, time.Time{})...)
 	}
 	return encodeBinary(items)
 }

@@ -19,8 +19,8 @@ func randomItems(rng *rand.Rand, n int) []item {
 	}
 	classes := []string{"probe", "self", "passive", "future-class"}
 	outcomes := []string{"", "success", "failure", "hard_failure", "unobservable", "future-outcome"}
-	items := make([]item, n)
-	for i := range items {
+	reports := make([]evaluator.Report, n)
+	for i := range reports {
 		r := evaluator.Report{Class: classes[rng.IntN(len(classes))], Outcome: outcomes[rng.IntN(len(outcomes))]}
 		var id [16]byte
 		for j := range id {
@@ -41,9 +41,11 @@ func randomItems(rng *rand.Rand, n int) []item {
 		if rng.IntN(5) == 0 {
 			r.Dependency = "db"
 		}
-		items[i] = item{actor: actors[min(i/7, 1)%2], report: r}
+		reports[i] = r
 	}
-	return items
+	// The first seven items are one actor's, the rest another's.
+	cut := min(n, 7)
+	return append(newItems(actors[0], reports[:cut], time.Time{}), newItems(actors[1], reports[cut:], time.Time{})...)
 }
 
 // TestCompactBodyCarriesWhatJSONDoes: the compact body decodes to the
@@ -121,9 +123,7 @@ func FuzzDecodeBinary(f *testing.F) {
 		n := 0
 		for _, b := range batches {
 			a := b.Actor
-			for _, r := range b.Reports {
-				items = append(items, item{actor: &a, report: r})
-			}
+			items = append(items, newItems(&a, b.Reports, time.Time{})...)
 			n += len(b.Reports)
 		}
 		if n > 1000 {
@@ -140,11 +140,13 @@ func FuzzDecodeBinary(f *testing.F) {
 }
 
 func BenchmarkCodec(b *testing.B) {
-	items := randomItems(rand.New(rand.NewPCG(7, 8)), 1000)
-	for i := range items {
-		items[i].report = evaluator.Report{InstanceID: items[i].report.InstanceID, Class: "probe", Outcome: "success", At: items[i].report.At}
-		items[i].actor = items[0].actor
+	random := randomItems(rand.New(rand.NewPCG(7, 8)), 1000)
+	reports := make([]evaluator.Report, len(random))
+	for i := range random {
+		r := random[i].report()
+		reports[i] = evaluator.Report{InstanceID: r.InstanceID, Class: "probe", Outcome: "success", At: r.At}
 	}
+	items := newItems(random[0].o.actor, reports, time.Time{})
 	b.Run("compact", func(b *testing.B) {
 		for b.Loop() {
 			body, _ := encodeBinary(items)

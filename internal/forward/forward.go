@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/musterhq/muster/internal/assembler"
@@ -211,10 +213,11 @@ type Forwarder struct {
 	mu      sync.Mutex
 	peers   map[string]*peerQueue
 	running bool // between Start and the end of its loop
-	// recent[recentHead:] is what was offered within Config.Replay,
-	// oldest first, for peers that join (at most QueueLimit items).
-	recent     []item
-	recentHead int
+	// recent is what was offered within Config.Replay, for peers
+	// that join (at most QueueLimit items, recentLen): the items of each
+	// Offer, oldest first, kept as Offer made them rather than copied.
+	recent    [][]item
+	recentLen int
 	// refusals are the peers' recent refusals, by peer id, for Alarms.
 	refusals map[string]*refusals
 	// routed is, by shard, the replicas its evidence went to at the last
@@ -276,23 +279,89 @@ func (f *Forwarder) dropAlarms(now time.Time) []assembler.Alarm {
 	return out
 }
 
+// offer is what the items of one Offer share: who sent them, when they
+// were received, the reports themselves and the routes they took.
+// Items point here rather than carrying copies: an item is copied into
+// the replay buffer and into each destination's queue, then taken into
+// a request, so at hundreds of thousands of samples a second its size
+// and its pointers (every one a write barrier and a word for the
+// collector to scan) are most of what forwarding costs.
+type offer struct {
+	actor   *Actor
+	offered time.Time
+	reports []evaluator.Report
+	// tos are the distinct destination lists of the offer's items.
+	tos [][]string
+}
+
 // item is one report waiting for one peer.
 type item struct {
-	actor   *Actor // shared by the items of one Offer
-	report  evaluator.Report
-	offered time.Time
+	o *offer
+	// idx is its report's index in o.reports.
+	idx int32
 	// shard is the report's service's shard (-1: not routed); to, the
-	// replicas it was routed to when offered (nil: every peer), shared
-	// by its copies; hard, whether it reports a hard failure (sent
-	// before anything else queued).
-	shard int
-	to    []string
-	hard  bool
+	// index in o.tos of the replicas it was routed to when offered (-1:
+	// every peer).
+	shard, to int32
+	// hard: whether it reports a hard failure (sent before anything
+	// else queued).
+	hard bool
 	// retries: times the peer refused it for a reason a retry may fix;
-	// due: when it may be sent again (wall clock, with its monotonic
-	// reading).
-	retries int
-	due     time.Time
+	// due: when it may be sent again (monotonic, since epoch).
+	retries int32
+	due     time.Duration
+	// The report as the compact body carries it, copied while Offer
+	// has it in cache so sending it does not reach back to o.reports:
+	// flags (binary.go) and at, when compact; otherwise encoded from
+	// the report.
+	compact bool
+	flags   byte
+	id      uuid.UUID
+	at      int64
+}
+
+// epoch is the origin of item.due: real time, whatever Config.Now says.
+var epoch = time.Now()
+
+// report is the item's report, stamped with the time it was received
+// when it carried none.
+func (it *item) report() evaluator.Report {
+	r := it.o.reports[it.idx]
+	if r.At == nil && !it.o.offered.IsZero() {
+		r.At = &it.o.offered
+	}
+	return r
+}
+
+// dest is the replicas the item was routed to when offered (nil: every
+// peer).
+func (it *item) dest() []string {
+	if it.to < 0 {
+		return nil
+	}
+	return it.o.tos[it.to]
+}
+
+// newItems is one offer's items, unrouted.
+func newItems(actor *Actor, reports []evaluator.Report, offered time.Time) []item {
+	o := &offer{actor: actor, offered: offered, reports: reports}
+	items := make([]item, len(reports))
+	for i := range reports {
+		r := &reports[i]
+		it := item{o: o, idx: int32(i), shard: -1, to: -1, hard: r.Outcome == "hard_failure", id: r.InstanceID}
+		class, knownClass := codeOf(classCodes, r.Class)
+		outcome, knownOutcome := codeOf(outcomeCodes, r.Outcome)
+		if knownClass && knownOutcome && r.Successes == nil && r.Failures == nil && r.Dependency == "" && (r.At != nil || !offered.IsZero()) {
+			it.compact, it.flags = true, class|outcome<<2|flagAt
+			if r.At != nil {
+				it.at = r.At.UnixNano()
+			} else {
+				it.at = offered.UnixNano()
+			}
+		}
+		items[i] = it
+	}
+	return items
 }
 
 // peerQueue is one peer's queue and its sender.
@@ -346,39 +415,56 @@ func New(cfg Config) (*Forwarder, error) {
 // service, "" or a short slice: unknown, sent to every peer). It never
 // blocks on the network: a full queue drops its oldest items instead.
 // Reports with no time are stamped with now, when they were received.
-// Hard failures go to a queue of their own, sent first.
+// Hard failures go to a queue of their own, sent first. Offer keeps
+// reports until they are sent: the caller must not change them.
 func (f *Forwarder) Offer(actor identity.Principal, reports []evaluator.Report, services []string) {
-	if len(reports) == 0 {
+	if len(reports) == 0 || len(reports) > math.MaxInt32 {
 		return
 	}
 	a := ActorOf(actor)
 	now := f.cfg.Now()
-	items := make([]item, len(reports))
-	for i, r := range reports {
-		if r.At == nil {
-			r.At = &now
-		}
-		it := item{actor: &a, report: r, offered: now, shard: -1, hard: r.Outcome == "hard_failure"}
-		if f.cfg.Route != nil && i < len(services) && services[i] != "" {
-			if shard, to, ok := f.cfg.Route(services[i]); ok {
-				it.shard, it.to = shard, to
+	items := newItems(&a, reports, now)
+	if f.cfg.Route != nil {
+		o := items[0].o
+		var byShard map[int]int32
+		for i := range items {
+			if i >= len(services) || services[i] == "" {
+				continue
+			}
+			shard, to, ok := f.cfg.Route(services[i])
+			if !ok || shard < 0 || shard > math.MaxInt32 {
+				continue
+			}
+			idx, seen := byShard[shard]
+			if !seen {
+				if byShard == nil {
+					byShard = map[int]int32{}
+				}
+				idx = int32(len(o.tos))
+				byShard[shard] = idx
+				o.tos = append(o.tos, to)
+			}
+			items[i].shard = int32(shard)
+			if o.tos[idx] != nil {
+				items[i].to = idx
 			}
 		}
-		items[i] = it
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.cfg.Replay > 0 {
-		f.recent = append(f.recent, items...)
+		f.recent = append(f.recent, items)
+		f.recentLen += len(items)
 		f.trimRecent(now)
 	}
 	for _, p := range f.peers {
 		queued := false
-		for _, it := range items {
-			if it.to != nil && !slices.Contains(it.to, p.id) {
+		for i := range items {
+			it := &items[i]
+			if to := it.dest(); to != nil && !slices.Contains(to, p.id) {
 				continue
 			}
-			f.enqueue(p, it)
+			f.enqueue(p, *it)
 			queued = true
 		}
 		if !queued {
@@ -406,14 +492,38 @@ func (f *Forwarder) enqueue(p *peerQueue, it item) {
 // beyond QueueLimit. Called with f.mu held.
 func (f *Forwarder) trimRecent(now time.Time) {
 	cut := now.Add(-f.cfg.Replay)
-	for f.recentHead < len(f.recent) && (f.recent[f.recentHead].offered.Before(cut) || len(f.recent)-f.recentHead > f.cfg.QueueLimit) {
-		f.recent[f.recentHead] = item{}
-		f.recentHead++
+	drop := 0
+	for drop < len(f.recent) {
+		c := f.recent[drop]
+		if c[0].o.offered.Before(cut) {
+			f.recentLen -= len(c)
+			drop++
+			continue
+		}
+		if over := f.recentLen - f.cfg.QueueLimit; over > 0 {
+			n := min(over, len(c))
+			f.recent[drop] = c[n:]
+			f.recentLen -= n
+			if n == len(c) {
+				drop++
+				continue
+			}
+		}
+		break
 	}
-	if f.recentHead > 0 && f.recentHead >= len(f.recent)/2 {
-		f.recent = append(f.recent[:0], f.recent[f.recentHead:]...)
-		clear(f.recent[len(f.recent):cap(f.recent)])
-		f.recentHead = 0
+	if drop > 0 {
+		clear(f.recent[:drop])
+		f.recent = f.recent[drop:]
+	}
+}
+
+// eachRecent calls fn with each item of the replay buffer, oldest first.
+// Called with f.mu held.
+func (f *Forwarder) eachRecent(fn func(it *item)) {
+	for _, c := range f.recent {
+		for i := range c {
+			fn(&c[i])
+		}
 	}
 }
 
@@ -519,11 +629,11 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		// A peer that joins is sent what arrived here within Replay
 		// about the shards it keeps first (Config.Replay).
 		if f.cfg.Replay > 0 {
-			for _, it := range f.recent[f.recentHead:] {
+			f.eachRecent(func(it *item) {
 				if keeps(it, id, routes) {
-					f.enqueue(p, it)
+					f.enqueue(p, *it)
 				}
-			}
+			})
 			if len(p.items)+len(p.urgent) > 0 {
 				p.wake <- struct{}{}
 			}
@@ -540,11 +650,11 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 		for shard, to := range routes {
 			for _, id := range to {
 				if id == f.cfg.Signer.ID && f.cfg.Local != nil && !slices.Contains(f.routed[shard], id) {
-					for _, it := range f.recent[f.recentHead:] {
-						if it.shard == shard && !slices.Contains(it.to, id) {
-							local = append(local, it)
+					f.eachRecent(func(it *item) {
+						if int(it.shard) == shard && !slices.Contains(it.dest(), id) {
+							local = append(local, *it)
 						}
-					}
+					})
 					continue
 				}
 				p, ok := f.peers[id]
@@ -552,12 +662,12 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 					continue
 				}
 				n := 0
-				for _, it := range f.recent[f.recentHead:] {
-					if it.shard == shard && !slices.Contains(it.to, id) {
-						f.enqueue(p, it)
+				f.eachRecent(func(it *item) {
+					if int(it.shard) == shard && !slices.Contains(it.dest(), id) {
+						f.enqueue(p, *it)
 						n++
 					}
-				}
+				})
 				if n > 0 {
 					f.trim(p)
 					select {
@@ -593,14 +703,14 @@ func (f *Forwarder) RunOnce(ctx context.Context) {
 func (f *Forwarder) replayLocal(items []item) {
 	for len(items) > 0 {
 		n := 1
-		for n < len(items) && items[n].actor == items[0].actor {
+		for n < len(items) && items[n].o.actor == items[0].o.actor {
 			n++
 		}
-		actor, err := items[0].actor.Principal()
+		actor, err := items[0].o.actor.Principal()
 		if err == nil {
 			reports := make([]evaluator.Report, n)
-			for i, it := range items[:n] {
-				reports[i] = it.report
+			for i := range items[:n] {
+				reports[i] = items[i].report()
 			}
 			f.cfg.Local(actor, reports)
 		}
@@ -610,11 +720,11 @@ func (f *Forwarder) replayLocal(items []item) {
 
 // keeps says whether peer id should be sent it, by the routes read now:
 // an item routed nowhere in particular goes to every peer.
-func keeps(it item, id string, routes map[int][]string) bool {
-	if it.shard < 0 || it.to == nil {
+func keeps(it *item, id string, routes map[int][]string) bool {
+	if it.shard < 0 || it.to < 0 {
 		return true
 	}
-	to, ok := routes[it.shard]
+	to, ok := routes[int(it.shard)]
 	if !ok {
 		return true
 	}
@@ -624,10 +734,10 @@ func keeps(it item, id string, routes map[int][]string) bool {
 // replayFrom is when the oldest item the replay buffer holds was
 // offered (zero when it holds none). Called with f.mu held.
 func (f *Forwarder) replayFrom() time.Time {
-	if f.cfg.Replay <= 0 || f.recentHead >= len(f.recent) {
+	if f.cfg.Replay <= 0 || len(f.recent) == 0 {
 		return time.Time{}
 	}
-	return f.recent[f.recentHead].offered
+	return f.recent[0][0].o.offered
 }
 
 // reroute gives the items that waited for a peer gone (gone) to the
@@ -639,21 +749,21 @@ func (f *Forwarder) reroute(items []item, gone string, routes map[int][]string, 
 	placed := 0
 	woken := map[*peerQueue]bool{}
 	for _, it := range items {
-		if it.shard < 0 || it.to == nil {
+		if it.shard < 0 || it.to < 0 {
 			continue // it went to every peer already
 		}
-		if !from.IsZero() && !it.offered.Before(from) {
+		if !from.IsZero() && !it.o.offered.Before(from) {
 			placed++
 			continue
 		}
-		to, ok := routes[it.shard]
+		to, ok := routes[int(it.shard)]
 		if !ok {
 			continue
 		}
 		sent := false
 		for _, id := range to {
 			p, ok := f.peers[id]
-			if id == gone || !ok || p.forgotten || slices.Contains(it.to, id) {
+			if id == gone || !ok || p.forgotten || slices.Contains(it.dest(), id) {
 				continue
 			}
 			f.enqueue(p, it)
@@ -1001,12 +1111,12 @@ func (f *Forwarder) settleResult(p *peerQueue, batch []item, res Result) {
 		switch {
 		case !ok:
 			delivered++
-			f.met.lag.Observe(now.Sub(it.offered).Seconds())
-		case evaluator.Retryable(code) && it.retries < f.cfg.RetryRefused:
+			f.met.lag.Observe(now.Sub(it.o.offered).Seconds())
+		case evaluator.Retryable(code) && int(it.retries) < f.cfg.RetryRefused:
 			it.retries++
 			// Real time, not Config.Now: the wait is for the peer's
 			// copies to catch up, however its clock is set.
-			it.due = time.Now().Add(f.cfg.RetryAfter << (it.retries - 1))
+			it.due = time.Since(epoch) + f.cfg.RetryAfter<<(it.retries-1)
 			again = append(again, it)
 		default:
 			final[code]++
@@ -1070,17 +1180,15 @@ func (f *Forwarder) nextRetry(p *peerQueue) (time.Duration, bool) {
 	}
 	due := p.retry[0].due
 	for _, it := range p.retry[1:] {
-		if it.due.Before(due) {
-			due = it.due
-		}
+		due = min(due, it.due)
 	}
-	return max(time.Until(due), 0), true
+	return max(due-time.Since(epoch), 0), true
 }
 
 // promote moves p's retries that are due to the head of its queue (they
 // are older than what waits there).
 func (f *Forwarder) promote(p *peerQueue) {
-	now := time.Now()
+	now := time.Since(epoch)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(p.retry) == 0 || p.forgotten {
@@ -1088,7 +1196,7 @@ func (f *Forwarder) promote(p *peerQueue) {
 	}
 	var due, later []item
 	for _, it := range p.retry {
-		if it.due.After(now) {
+		if it.due > now {
 			later = append(later, it)
 		} else {
 			due = append(due, it)
@@ -1172,12 +1280,13 @@ func (f *Forwarder) endBursts() {
 // encode groups consecutive items of one actor into one Batch.
 func encode(items []item) ([]byte, error) {
 	var b Body
-	for _, it := range items {
-		if n := len(b.Batches); n > 0 && b.Batches[n-1].Actor == *it.actor {
-			b.Batches[n-1].Reports = append(b.Batches[n-1].Reports, it.report)
+	for i := range items {
+		it := &items[i]
+		if n := len(b.Batches); n > 0 && b.Batches[n-1].Actor == *it.o.actor {
+			b.Batches[n-1].Reports = append(b.Batches[n-1].Reports, it.report())
 			continue
 		}
-		b.Batches = append(b.Batches, Batch{Actor: *it.actor, Reports: []evaluator.Report{it.report}})
+		b.Batches = append(b.Batches, Batch{Actor: *it.o.actor, Reports: []evaluator.Report{it.report()}})
 	}
 	return json.Marshal(b)
 }

@@ -426,6 +426,36 @@ func TestAPeerThatJoinsGetsTheRecentEvidence(t *testing.T) {
 	}
 }
 
+// TestTheReplayKeepsTheNewestWithinTheBound: the replay buffer holds at
+// most QueueLimit items, the newest, whichever offers they came in: an
+// offer partly over the bound keeps its newest items, in order.
+func TestTheReplayKeepsTheNewestWithinTheBound(t *testing.T) {
+	t.Parallel()
+	k := newKey(t)
+	b := newFakePeer(t, k)
+	h := newHarness(t, k, func(c *forward.Config) { c.QueueLimit = 5 })
+	first, second, third := items(3), items(2), items(2)
+	h.f.Offer(prober, first, nil)
+	h.f.Offer(prober, second, nil)
+	h.f.Offer(prober, third, nil) // 7 offered: first's two oldest go
+	h.peers.Store(&[]forward.Peer{{ID: "b", Address: b.URL}})
+	h.f.RunOnce(t.Context())
+	want := append(append(append([]evaluator.Report(nil), first[2:]...), second...), third...)
+	wait.For(t, 10*time.Second, "5 reports at the peer that joined", func() bool { return len(b.reports()) >= len(want) })
+	got := b.reports()
+	if len(got) != len(want) {
+		t.Fatalf("the peer that joined got %d reports, want the newest %d", len(got), len(want))
+	}
+	for i, r := range got {
+		if r.InstanceID != want[i].InstanceID {
+			t.Fatalf("report %d is %s, want %s (the newest five, in order)", i, r.InstanceID, want[i].InstanceID)
+		}
+		if r.At == nil {
+			t.Fatalf("report %d carries no time: a report is stamped with the time it was received", i)
+		}
+	}
+}
+
 // TestUntrustedKeyIsRetriedNotDelivered: a peer that does not trust this
 // replica's key answers 401; nothing is delivered, and the items are kept
 // for when it does (a key rotation under way), not dropped.

@@ -60,10 +60,16 @@ type Refusal struct {
 // receiver stamps them with its now).
 func ToLocalClock(reports []evaluator.Report, signedAt, now time.Time) {
 	offset := now.Sub(signedAt)
+	// New times, not the old ones changed in place (a caller's reports
+	// may share them), in one allocation for the batch.
+	var ats []time.Time
 	for i := range reports {
 		if reports[i].At != nil {
-			at := reports[i].At.Add(offset)
-			reports[i].At = &at
+			if ats == nil {
+				ats = make([]time.Time, 0, len(reports)-i)
+			}
+			ats = append(ats, reports[i].At.Add(offset))
+			reports[i].At = &ats[len(ats)-1]
 		}
 	}
 }

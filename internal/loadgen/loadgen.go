@@ -20,6 +20,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -368,6 +369,8 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.IntVar(&concurrency, "concurrency", 4, "requests in flight")
 	fs.IntVar(&probers, "probers", 8, "prober identities the load is spread over (muster limits the items one identity may report, 50,000 a second by default)")
 	fs.DurationVar(&duration, "duration", 20*time.Second, "how long to run")
+	var warmup time.Duration
+	fs.DurationVar(&warmup, "warmup", 0, "how long to send the same load first, unmeasured (verdicts settle on the load's evidence, so the run measures the steady state)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -425,11 +428,18 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, %d prober identities, for %s\n",
 		strings.Join(targets, ","), total, batch, concurrency, probers, duration)
-	cpuBefore := make([]float64, len(targets))
-	for i, u := range targets {
-		if cpuBefore[i], err = replicaCPU(ctx, client, u, admin); err != nil {
-			return err
+	if warmup > 0 {
+		fmt.Fprintf(stdout, "warming up for %s (unmeasured)\n", warmup)
+	}
+	var before []replicaCounters
+	measuring := func() error {
+		before = make([]replicaCounters, len(targets))
+		for i, u := range targets {
+			if before[i], err = readReplicaCounters(ctx, client, u, admin); err != nil {
+				return err
+			}
 		}
+		return nil
 	}
 
 	var (
@@ -438,9 +448,44 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 		latencies              []time.Duration
 		firstErr               error
 		wg                     sync.WaitGroup
+		// measured: past the warm-up; from then on results count.
+		measured atomic.Bool
 	)
-	deadline := time.Now().Add(duration)
 	start := time.Now()
+	warmed := make(chan struct{})
+	if warmup <= 0 {
+		close(warmed)
+		if err := measuring(); err != nil {
+			return err
+		}
+		measured.Store(true)
+	} else {
+		// The workers run on; at the warm-up's end the counters are
+		// read and the figures start from zero.
+		go func() {
+			defer close(warmed)
+			t := time.NewTimer(warmup)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			mu.Lock()
+			err := measuring()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			start = time.Now()
+			latencies = latencies[:0]
+			sent.Store(0)
+			refused.Store(0)
+			limited.Store(0)
+			measured.Store(true)
+			mu.Unlock()
+		}()
+	}
+	deadline := time.Now().Add(warmup + duration)
 	for w := range concurrency {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
@@ -483,9 +528,15 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 		})
 	}
 	wg.Wait()
+	<-warmed
+	mu.Lock()
 	elapsed := time.Since(start)
+	mu.Unlock()
 	if firstErr != nil {
 		return firstErr
+	}
+	if !measured.Load() {
+		return errors.New("the run ended before its warm-up did")
 	}
 	slices.Sort(latencies)
 	pct := func(p float64) time.Duration {
@@ -499,15 +550,20 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), pct(1).Round(time.Microsecond), limited.Load())
 	// The region's cost: every replica's CPU, whether it took the
 	// reports or was forwarded them, per million samples accepted.
-	var sum float64
+	var (
+		sum                 float64
+		deltas, transitions float64
+	)
 	per := make([]string, len(targets))
 	for i, u := range targets {
-		after, err := replicaCPU(ctx, client, u, admin)
+		after, err := readReplicaCounters(ctx, client, u, admin)
 		if err != nil {
 			return err
 		}
-		d := after - cpuBefore[i]
+		d := after.cpu - before[i].cpu
 		sum += d
+		deltas += after.deltas - before[i].deltas
+		transitions += after.transitions - before[i].transitions
 		per[i] = fmt.Sprintf("%s %.2f s", u, d)
 	}
 	perMillion := func(cpu float64) float64 {
@@ -518,35 +574,67 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	fmt.Fprintf(stdout, "region: %d replicas, %.0f samples/s accepted; muster CPU %.2f s (%s): %.2f CPU-seconds per million samples\n",
 		len(targets), float64(sent.Load())/elapsed.Seconds(), sum, strings.Join(per, ", "), perMillion(sum))
+	// What the evidence changed, which the CPU above includes: every
+	// transition is assembled, published and carried to every replica's
+	// views, DNS and xDS, so two runs with different churn are not the
+	// same load.
+	fmt.Fprintf(stdout, "churn: %.0f eligibility transitions, %.0f view deltas published\n", transitions, deltas)
 	return nil
 }
 
-// replicaCPU reads process_cpu_seconds_total from base's GET /metrics
-// (as the admin tool).
-func replicaCPU(ctx context.Context, client *http.Client, base, token string) (float64, error) {
+// replicaCounters are the figures of one replica's GET /metrics that a
+// run's cost is read from.
+type replicaCounters struct {
+	cpu, deltas, transitions float64
+}
+
+// readReplicaCounters reads process_cpu_seconds_total, and the sums of
+// muster_view_deltas_total and muster_eligibility_transitions_total, from
+// base's GET /metrics (as the admin tool).
+func readReplicaCounters(ctx context.Context, client *http.Client, base, token string) (replicaCounters, error) {
+	var c replicaCounters
+	families, err := scrapeFamilies(ctx, client, base, token)
+	if err != nil {
+		return c, err
+	}
+	f, ok := families["process_cpu_seconds_total"]
+	if !ok || len(f.GetMetric()) == 0 {
+		return c, fmt.Errorf("GET %s/metrics has no process_cpu_seconds_total", base)
+	}
+	c.cpu = f.GetMetric()[0].GetCounter().GetValue()
+	sum := func(name string) float64 {
+		total := 0.0
+		for _, m := range families[name].GetMetric() {
+			total += m.GetCounter().GetValue()
+		}
+		return total
+	}
+	c.deltas = sum("muster_view_deltas_total")
+	c.transitions = sum("muster_eligibility_transitions_total")
+	return c, nil
+}
+
+// scrapeFamilies reads base's GET /metrics (as the admin tool).
+func scrapeFamilies(ctx context.Context, client *http.Client, base, token string) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	res, err := client.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("GET %s/metrics: %w", base, err)
+		return nil, fmt.Errorf("GET %s/metrics: %w", base, err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s/metrics: %d", base, res.StatusCode)
+		return nil, fmt.Errorf("GET %s/metrics: %d", base, res.StatusCode)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(res.Body)
 	if err != nil {
-		return 0, fmt.Errorf("GET %s/metrics: %w", base, err)
+		return nil, fmt.Errorf("GET %s/metrics: %w", base, err)
 	}
-	f, ok := families["process_cpu_seconds_total"]
-	if !ok || len(f.GetMetric()) == 0 {
-		return 0, fmt.Errorf("GET %s/metrics has no process_cpu_seconds_total", base)
-	}
-	return f.GetMetric()[0].GetCounter().GetValue(), nil
+	return families, nil
 }
 
 // loadgenProbers mints a prober identity for each list of services: the
