@@ -159,20 +159,24 @@ func (c *Config) Validate() error {
 }
 
 type instanceInfo struct {
+	// The fields every report reads come first, so that with the map
+	// key they mostly share one cache line of the map's slot: the map
+	// holds a region's instances, and its lookup is the costliest step
+	// of ingest.
 	service string
 	// svc is service's number (Evaluator.serviceNumber; 0: none), which
 	// a prober's assignment is checked by without hashing the name.
-	svc     int32
+	svc int32
+	// win is where its accepted samples are counted into the current
+	// observed window: reached from the instance's one lookup, so
+	// counting a sample costs no second hash of its id.
+	win     *instanceWindows
 	zone    string
 	address string
 	port    int
 	// credential is the hash of the instance's credential (unset: none),
 	// which a self-report about it must present.
 	credential registry.CredentialHash
-	// win is where its accepted samples are counted into the current
-	// observed window: reached from the instance's one lookup, so
-	// counting a sample costs no second hash of its id.
-	win *instanceWindows
 }
 
 type serviceInfo struct {
@@ -220,6 +224,20 @@ type Evaluator struct {
 	mu        sync.Mutex // guards everything below
 	engine    *eligibility.Engine
 	instances map[uuid.UUID]instanceInfo
+	// numbers is each instance of instances' service number: all that a
+	// report about an instance another replica evaluates needs looked
+	// up here (routes, assignments, grants; not a self-report, which
+	// reads the instance's address and credential). A fifth of
+	// instances' size, it stays in cache where a lookup in instances,
+	// the costliest step of ingest, misses; and several replicas on
+	// one machine share its caches.
+	numbers map[uuid.UUID]int32
+	// foreign: the last batch this replica took held reports about
+	// services it does not evaluate. Only then is numbers looked in
+	// first; a replica evaluating everything (alone in its region) goes
+	// straight to instances. A hint, never a rule: either way each
+	// report gets the same answer.
+	foreign   bool
 	byService map[string]map[uuid.UUID]struct{}
 	services  map[string]*serviceInfo
 	// ended and changed collect what the next tick hands on: the last
@@ -327,6 +345,7 @@ func New(cfg Config) (*Evaluator, error) {
 		metrics:           m,
 		engine:            eligibility.NewEngine(cfg.Engine),
 		instances:         map[uuid.UUID]instanceInfo{},
+		numbers:           map[uuid.UUID]int32{},
 		byService:         map[string]map[uuid.UUID]struct{}{},
 		services:          map[string]*serviceInfo{},
 		changed:           map[string]struct{}{},
@@ -964,6 +983,7 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		svc := e.serviceNumber(in.Service)
 		e.instances[in.ID] = instanceInfo{service: e.serviceNames[svc-1], svc: svc, zone: in.Zone, address: in.Address, port: in.Port, credential: in.CredentialHash(),
 			win: &instanceWindows{id: in.ID}}
+		e.numbers[in.ID] = svc
 		e.changed[in.Service] = struct{}{}
 		e.members++
 		if e.byService[in.Service] == nil {
@@ -995,6 +1015,7 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		}
 		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
 		delete(e.instances, in.ID)
+		delete(e.numbers, in.ID)
 		delete(e.byService[in.Service], in.ID)
 		// Its runtime and its callers may report on it a while longer;
 		// they are told it ended without a lookup.

@@ -1,6 +1,8 @@
 package evaluator_test
 
 import (
+	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/google/uuid"
@@ -113,5 +115,91 @@ func TestIngestKeepsOnlyWhatItEvaluates(t *testing.T) {
 	}
 	if n := metric(t, f, "muster_observed_windows_written_total"); n != 1 {
 		t.Errorf("%v observed windows written for forwarded evidence, want 1", n)
+	}
+}
+
+// TestReportsAboutServicesEvaluatedElsewhereGetTheSameAnswers: a replica
+// that sees reports about services another replica evaluates decides
+// them from the service alone (a smaller index than the instances'),
+// except a self-report, checked against the instance itself. Each batch
+// gets the answers it would get the other way: the first batch below is
+// taken before the replica has seen such reports, the second after; both
+// are answered alike, item by item, and only the service evaluated here
+// keeps anything.
+func TestReportsAboutServicesEvaluatedElsewhereGetTheSameAnswers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) {
+		c.Evaluates = func(service string) bool { return service != "web" }
+	}})
+	id := func(s string) uuid.UUID { return uuid.MustParse(s) }
+	prober1 := identity.Principal{Kind: identity.KindProber, Subject: "prober-az1"}
+	prober2 := identity.Principal{Kind: identity.KindProber, Subject: "prober-az2"}
+	web := identity.Principal{Kind: identity.KindWorkload, Service: "web", Subject: "web"}
+	api := identity.Principal{Kind: identity.KindWorkload, Service: "api", Subject: "api"}
+	type call struct {
+		actor   identity.Principal
+		reports []evaluator.Report
+	}
+	calls := []call{
+		{prober1, []evaluator.Report{
+			{InstanceID: id(f.web[0]), Class: "probe", Outcome: "success"},
+			{InstanceID: id(f.web[1]), Class: "probe", Outcome: "meh"},
+			{InstanceID: id(f.web[2]), Class: "passive", Outcome: "success"},
+			{InstanceID: uuid.Must(uuid.NewV7()), Class: "probe", Outcome: "success"},
+			{InstanceID: id(f.api[0]), Class: "probe", Outcome: "success"}, // not its assignment
+			{InstanceID: id(f.web[0]), Class: "probe", Outcome: "success", Dependency: "db"},
+		}},
+		{prober2, []evaluator.Report{{InstanceID: id(f.web[0]), Class: "probe", Outcome: "hard_failure"}}},
+		// No source address in the context: not the instance's own.
+		{web, []evaluator.Report{{InstanceID: id(f.web[0]), Class: "self", Outcome: "success"}}},
+		// api may not resolve web: it cannot have called it.
+		{api, []evaluator.Report{
+			{InstanceID: id(f.web[1]), Class: "passive", Outcome: "failure"},
+			{InstanceID: id(f.api[0]), Class: "passive", Outcome: "success"},
+		}},
+		{web, []evaluator.Report{{InstanceID: id(f.web[1]), Class: "passive", Outcome: "failure"}}},
+	}
+	type answer struct {
+		accepted int
+		refused  []string
+		services []string
+	}
+	take := func() []answer {
+		var out []answer
+		for _, c := range calls {
+			res, err := f.Evaluator.Ingest(t.Context(), c.actor, c.reports)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := answer{accepted: res.Accepted, services: res.Services}
+			for _, r := range res.Refused {
+				a.refused = append(a.refused, fmt.Sprintf("%d:%s", r.Index, r.Code))
+			}
+			out = append(out, a)
+		}
+		return out
+	}
+	first, second := take(), take()
+	want := []answer{
+		{1, []string{"1:invalid", "2:wrong_identity_kind", "3:unknown_instance", "4:not_assigned", "5:invalid"}, []string{"web", "", "", "", "", ""}},
+		{0, []string{"0:not_assigned"}, []string{""}},
+		{0, []string{"0:not_own_instance"}, []string{""}},
+		{1, []string{"0:not_granted"}, []string{"", "api"}},
+		{1, nil, []string{"web"}},
+	}
+	for i := range want {
+		for _, got := range []answer{first[i], second[i]} {
+			if !reflect.DeepEqual(got, want[i]) {
+				t.Errorf("call %d: %+v, want %+v", i, got, want[i])
+			}
+		}
+	}
+	// Only api's accepted report was kept here: one window (its
+	// instance's passive class).
+	if err := f.Evaluator.FlushNow(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := metric(t, f, "muster_observed_windows_written_total"); n != 1 {
+		t.Errorf("%v observed windows written, want 1 (api's instance only)", n)
 	}
 }
