@@ -224,20 +224,6 @@ type Evaluator struct {
 	mu        sync.Mutex // guards everything below
 	engine    *eligibility.Engine
 	instances map[uuid.UUID]instanceInfo
-	// numbers is each instance of instances' service number: all that a
-	// report about an instance another replica evaluates needs looked
-	// up here (routes, assignments, grants; not a self-report, which
-	// reads the instance's address and credential). A fifth of
-	// instances' size, it stays in cache where a lookup in instances,
-	// the costliest step of ingest, misses; and several replicas on
-	// one machine share its caches.
-	numbers map[uuid.UUID]int32
-	// foreign: the last batch this replica took held reports about
-	// services it does not evaluate. Only then is numbers looked in
-	// first; a replica evaluating everything (alone in its region) goes
-	// straight to instances. A hint, never a rule: either way each
-	// report gets the same answer.
-	foreign   bool
 	byService map[string]map[uuid.UUID]struct{}
 	services  map[string]*serviceInfo
 	// ended and changed collect what the next tick hands on: the last
@@ -345,7 +331,6 @@ func New(cfg Config) (*Evaluator, error) {
 		metrics:           m,
 		engine:            eligibility.NewEngine(cfg.Engine),
 		instances:         map[uuid.UUID]instanceInfo{},
-		numbers:           map[uuid.UUID]int32{},
 		byService:         map[string]map[uuid.UUID]struct{}{},
 		services:          map[string]*serviceInfo{},
 		changed:           map[string]struct{}{},
@@ -983,7 +968,6 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		svc := e.serviceNumber(in.Service)
 		e.instances[in.ID] = instanceInfo{service: e.serviceNames[svc-1], svc: svc, zone: in.Zone, address: in.Address, port: in.Port, credential: in.CredentialHash(),
 			win: &instanceWindows{id: in.ID}}
-		e.numbers[in.ID] = svc
 		e.changed[in.Service] = struct{}{}
 		e.members++
 		if e.byService[in.Service] == nil {
@@ -1015,7 +999,6 @@ func (e *Evaluator) applyInstance(in registry.Instance, now time.Time) {
 		}
 		e.engine.RemoveInstance(eligibility.InstanceID(in.ID))
 		delete(e.instances, in.ID)
-		delete(e.numbers, in.ID)
 		delete(e.byService[in.Service], in.ID)
 		// Its runtime and its callers may report on it a while longer;
 		// they are told it ended without a lookup.

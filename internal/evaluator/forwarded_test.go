@@ -119,13 +119,11 @@ func TestIngestKeepsOnlyWhatItEvaluates(t *testing.T) {
 }
 
 // TestReportsAboutServicesEvaluatedElsewhereGetTheSameAnswers: a replica
-// that sees reports about services another replica evaluates decides
-// them from the service alone (a smaller index than the instances'),
-// except a self-report, checked against the instance itself. Each batch
-// gets the answers it would get the other way: the first batch below is
-// taken before the replica has seen such reports, the second after; both
-// are answered alike, item by item, and only the service evaluated here
-// keeps anything.
+// that sees reports about services another replica evaluates answers each
+// as it would about its own (probe, passive and self, accepted or refused
+// for each reason), names the service of each accepted for the forwarder,
+// and keeps only what is about the service it evaluates. Two rounds of
+// the same calls get the same answers, item by item.
 func TestReportsAboutServicesEvaluatedElsewhereGetTheSameAnswers(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, st.Options{Evaluator: func(c *evaluator.Config) {
@@ -171,7 +169,9 @@ func TestReportsAboutServicesEvaluatedElsewhereGetTheSameAnswers(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := answer{accepted: res.Accepted, services: res.Services}
+			// No services named: none accepted.
+			a := answer{accepted: res.Accepted, services: make([]string, len(c.reports))}
+			copy(a.services, res.Services)
 			for _, r := range res.Refused {
 				a.refused = append(a.refused, fmt.Sprintf("%d:%s", r.Index, r.Code))
 			}

@@ -130,9 +130,6 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 	// look every instance up twice: the map holds a region's instances,
 	// and each lookup is a cache miss, the hottest cost of ingest.)
 	var later []int
-	// evaluates caches Config.Evaluates by service number for the batch:
-	// 0 not asked yet, 1 here, 2 elsewhere.
-	var evaluates []int8
 	one := func(i int, r Report, inst instanceInfo, known bool, answers map[uuid.UUID]unknownAnswer, now time.Time) {
 		s, code, why := e.attribute(&at, r, inst, known, now)
 		if code == codeUnknownInstance {
@@ -154,7 +151,7 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 			}
 			service := inst.service
 			res.Services[i] = service
-			if e.cfg.Evaluates != nil && !e.evaluatesNumber(&evaluates, inst.svc, service) {
+			if e.cfg.Evaluates != nil && !e.cfg.Evaluates(service) {
 				// Kept by its owner, to which the
 				// forwarder takes it; nothing of it is held here.
 				res.Accepted++
@@ -172,34 +169,13 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.cfg.Now()
-	// foreignFirst: look each report's instance up in numbers first, and
-	// decide there one about a service another replica evaluates.
-	foreignFirst := !forwarded && e.cfg.Evaluates != nil && e.foreign
-	foreign := false
-	if !forwarded {
-		res.Services = make([]string, len(reports))
-	}
 	for i, r := range reports {
-		if !forwarded && e.cfg.Evaluates != nil && (foreignFirst || foreign) {
-			if svc, ok := e.numbers[r.InstanceID]; ok && svc > 0 && int(svc) <= len(e.serviceNames) && !e.evaluatesNumber(&evaluates, svc, e.serviceNames[svc-1]) {
-				foreign = true
-				if e.ingestForeign(&at, i, r, svc, now, &res, refuse) {
-					continue
-				}
-			}
-		}
 		inst, known := e.instances[r.InstanceID]
 		if !known {
 			later = append(later, i)
 			continue
 		}
-		if !forwarded && e.cfg.Evaluates != nil && !foreign && !e.evaluatesNumber(&evaluates, inst.svc, inst.service) {
-			foreign = true
-		}
 		one(i, r, inst, true, nil, now)
-	}
-	if !forwarded {
-		e.foreign = foreign
 	}
 	if len(later) > 0 {
 		var unknown []uuid.UUID
@@ -248,54 +224,6 @@ func (e *Evaluator) ingest(ctx context.Context, actor identity.Principal, report
 		}
 	}
 	return res, nil
-}
-
-// evaluatesNumber says whether this replica evaluates service (numbered
-// svc; 0: not numbered), asking Config.Evaluates once per service per
-// batch (cache). Called with e.mu held.
-func (e *Evaluator) evaluatesNumber(cache *[]int8, svc int32, service string) bool {
-	if svc <= 0 || int(svc) > len(e.serviceNames) {
-		return e.cfg.Evaluates(service)
-	}
-	if int(svc) >= len(*cache) {
-		// Services numbered since (the lock is let go to look up
-		// instances) extend it.
-		*cache = append(*cache, make([]int8, len(e.serviceNames)+1-len(*cache))...)
-	}
-	switch (*cache)[svc] {
-	case 1:
-		return true
-	case 2:
-		return false
-	}
-	ok := e.cfg.Evaluates(service)
-	(*cache)[svc] = 2
-	if ok {
-		(*cache)[svc] = 1
-	}
-	return ok
-}
-
-// ingestForeign decides report i, about an instance of the service
-// numbered svc, which another replica evaluates, from the service alone:
-// what a probe or a caller's outcome is checked against (attribute). It
-// reports false for a self-report, which is checked against the
-// instance's own address and credential: the caller looks the instance
-// up and decides it as any other. Accepted, the report is counted and
-// its service named for the forwarder; nothing of it is kept here.
-// Called with e.mu held.
-func (e *Evaluator) ingestForeign(at *attribution, i int, r Report, svc int32, now time.Time, res *Result, refuse func(int, string, string, ...any)) bool {
-	if class, err := eligibility.ParseClass(r.Class); err == nil && class == eligibility.Self {
-		return false
-	}
-	inst := instanceInfo{service: e.serviceNames[svc-1], svc: svc}
-	if _, code, why := e.attribute(at, r, inst, true, now); code != "" {
-		refuse(i, code, "%s", why)
-		return true
-	}
-	res.Services[i] = inst.service
-	res.Accepted++
-	return true
 }
 
 // attribute checks one report against the reporter's identity and turns it
