@@ -108,11 +108,21 @@ func TestServingThroughADatabaseOutage(t *testing.T) {
 	report("success", ids)
 
 	// 200 subscribers, each a real resolver client on its own stream.
+	// One in ten keeps its last-known-good copy on disk, as a
+	// production client does: the client writes it (and syncs it) at
+	// every delta it applies, which for all 200 was nearly half of this
+	// test's CPU and is not what it tests.
 	tok := func(context.Context) (string, error) { return viewerTok, nil }
+	made := 0
 	newClient := func() *resolver.Client {
 		t.Helper()
+		cacheDir := ""
+		if made%10 == 0 {
+			cacheDir = t.TempDir()
+		}
+		made++
 		c, err := resolver.New(context.Background(), resolver.Config{URLs: []string{url}, Token: tok, Services: []string{"web"},
-			CacheDir: t.TempDir(), BaseBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second})
+			CacheDir: cacheDir, BaseBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
