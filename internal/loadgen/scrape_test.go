@@ -53,3 +53,36 @@ func TestScrapeReadsMustersMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaCountersReadTheRunsCost: loadgen reports reads a replica's
+// CPU and churn from a real exposition: the process's CPU seconds, and
+// the transitions and view deltas summed over their labels.
+func TestReplicaCountersReadTheRunsCost(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	transitions := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "muster_eligibility_transitions_total"}, []string{"to"})
+	deltas := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "muster_view_deltas_total"}, []string{"queue"})
+	reg.MustRegister(transitions, deltas)
+	transitions.WithLabelValues("eligible").Add(3)
+	transitions.WithLabelValues("ineligible").Add(4)
+	deltas.WithLabelValues("withdrawal").Add(5)
+	deltas.WithLabelValues("addition").Add(6)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer tok" {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	c, err := readReplicaCounters(t.Context(), srv.Client(), srv.URL, "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.transitions != 7 || c.deltas != 11 || c.cpu <= 0 {
+		t.Fatalf("counters %+v, want 7 transitions, 11 deltas and some CPU", c)
+	}
+	if _, err := readReplicaCounters(t.Context(), srv.Client(), srv.URL, "wrong"); err == nil {
+		t.Fatal("a refused scrape read no error")
+	}
+}
