@@ -119,6 +119,18 @@ func TestReplicaStartsWithoutTheDatabase(t *testing.T) {
 		}
 	}
 	wait.For(t, time.Minute, "both replicas serving every service at one version and checksum", agree(a, b))
+	// The grant was written through a; b's copy of the grants takes it at
+	// its next reload. The third replica takes its copy from either, so
+	// both must hold the grant before PostgreSQL stops (on a loaded
+	// machine b's reload can come after the views agree).
+	wait.For(t, time.Minute, "web's grant to resolve api at both replicas", func() bool {
+		for _, addr := range []string{a, b} {
+			if code, _, _ := resolve(addr, web, "api"); code != 200 {
+				return false
+			}
+		}
+		return true
+	})
 
 	// PostgreSQL stops; the two replicas go on serving from memory.
 	stopCtx, cancel := context.WithTimeout(ctx, time.Minute)
