@@ -81,10 +81,12 @@ func TestTLSEveryListenerAndRotation(t *testing.T) {
 	}
 
 	admin := token(t, dir, "--kind", "operator", "--subject", "alice", "--role", "admin")
-	// The replica advertises its https address to its peers.
-	if res, body := do("GET", url+"/v1/replicas", admin, ""); res.StatusCode != 200 || !strings.Contains(body, `"`+url+`"`) {
-		t.Errorf("GET /v1/replicas: %d %s; want this replica at %s", res.StatusCode, body, url)
-	}
+	// The replica advertises its https address to its peers, from its
+	// first heartbeat on (ready comes before it on a loaded machine).
+	wait.For(t, 30*time.Second, "GET /v1/replicas listing this replica at "+url, func() bool {
+		res, body := do("GET", url+"/v1/replicas", admin, "")
+		return res.StatusCode == 200 && strings.Contains(body, `"`+url+`"`)
+	})
 	if res, body := do("PUT", url+"/v1/services/web", admin, `{"owner":"payments","capabilities":[]}`); res.StatusCode != 201 {
 		t.Fatalf("create web: %d %s", res.StatusCode, body)
 	}
