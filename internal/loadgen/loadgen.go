@@ -435,9 +435,11 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	measuring := func() error {
 		before = make([]replicaCounters, len(targets))
 		for i, u := range targets {
-			if before[i], err = readReplicaCounters(ctx, client, u, admin); err != nil {
+			c, err := readReplicaCounters(ctx, client, u, admin)
+			if err != nil {
 				return err
 			}
+			before[i] = c
 		}
 		return nil
 	}
