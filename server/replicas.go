@@ -13,6 +13,9 @@ import (
 type Replicas interface {
 	Region() ownership.RegionStatus
 	Alarms() []assembler.Alarm
+	// EvidenceOwner is the replica that evaluates service's evidence, ""
+	// while its shard has no live owner (GET /v1/evidence/routes).
+	EvidenceOwner(service string) string
 }
 
 // Relay is the relay from peer replicas (relay.Relay).

@@ -492,6 +492,7 @@ func (s *Server) routes() chi.Router {
 			r.Get("/v1/leases/expiry", s.leaseExpiryGet)
 			r.Get("/v1/removal-holds", s.removalHoldsGet)
 			r.Get("/v1/replicas", s.replicasGet)
+			r.Get("/v1/evidence/routes", s.evidenceRoutesGet)
 			r.Get("/v1/routing-controls", s.routingControlsGet)
 			r.Get("/v1/regions", s.regionsGet)
 			r.Get("/v1/regions/{region}/views/{service}", s.remoteViewGet)

@@ -401,14 +401,12 @@ func TestAPeerThatJoinsGetsTheRecentEvidence(t *testing.T) {
 	k := newKey(t)
 	for _, replay := range []time.Duration{0, -1} {
 		b := newFakePeer(t, k)
-		var h *harness
-		h = newHarness(t, k, func(c *forward.Config) {
-			c.Replay = replay
-			c.Now = func() time.Time { return h.now }
-		})
+		// The harness's clock is read by the forwarder's own goroutine
+		// too, so it moves under the harness's lock (setNow).
+		h := newHarness(t, k, func(c *forward.Config) { c.Replay = replay })
 		old, recent, later := items(2), items(3), items(1)
 		h.f.Offer(prober, old, nil)
-		h.now = h.now.Add(forward.DefaultReplay + time.Second) // old falls out of the window
+		h.setNow(h.now.Add(forward.DefaultReplay + time.Second)) // old falls out of the window
 		h.f.Offer(prober, recent, nil)
 		h.peers.Store(&[]forward.Peer{{ID: "b", Address: b.URL}})
 		h.f.RunOnce(t.Context())

@@ -8,11 +8,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"runtime"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,7 +39,7 @@ const loadgenUsage = `usage:
   muster loadgen seed    [--data DIR] [--services 450] [--instances 60000] [--ended 0] [--ended-per-hour 5000] [--minutes 5] [--history 10] [--quarantined 600]
   muster loadgen rebuild [--data DIR] [--instances 60000] [--ended 1000000] [seed's other flags] [--cpuprofile FILE]
   muster loadgen reports --url URL [--data DIR] [--batch 1000] [--concurrency 4] [--probers 8] [--duration 20s]
-  muster loadgen reports --replicas URL,URL,... [reports' other flags]
+  muster loadgen reports --replicas URL,URL,... [--route any|owner] [reports' other flags]
   muster loadgen watch   --url URL [--data DIR] [--clients 1000] [--services-per-client 3] [--failures 200] [--additions 50] [--duration 60s]
   muster loadgen watch   --replicas URL,URL,... [watch's other flags]
   muster loadgen watch   --restart [--data DIR] [--clients 10000] [--admission-window 10s] [--admission-floor 50]
@@ -369,6 +371,8 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.IntVar(&concurrency, "concurrency", 4, "requests in flight")
 	fs.IntVar(&probers, "probers", 8, "prober identities the load is spread over (muster limits the items one identity may report, 50,000 a second by default)")
 	fs.DurationVar(&duration, "duration", 20*time.Second, "how long to run")
+	var route string
+	fs.StringVar(&route, "route", "any", "where each batch goes: any (round-robin over the replicas; each forwards what its service's owner evaluates) or owner (each batch holds one replica's services and goes to it, as read from GET /v1/evidence/routes)")
 	var warmup time.Duration
 	fs.DurationVar(&warmup, "warmup", 0, "how long to send the same load first, unmeasured (verdicts settle on the load's evidence, so the run measures the steady state)")
 	if err := cli.Parse(fs, args); err != nil {
@@ -384,6 +388,9 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if probers < 1 {
 		return fmt.Errorf("--probers %d: want at least 1", probers)
+	}
+	if route != "any" && route != "owner" {
+		return fmt.Errorf("--route %q: want any or owner", route)
 	}
 	targets := []string{base}
 	if replicaList != "" {
@@ -426,8 +433,47 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, %d prober identities, for %s\n",
-		strings.Join(targets, ","), total, batch, concurrency, probers, duration)
+	// With --route owner, each batch is one prober's instances of the
+	// services one replica evaluates, sent to that replica: jobs, drawn
+	// in proportion to their instances so every instance is reported as
+	// often as with --route any.
+	type job struct {
+		prober, target int
+		ids            []uuid.UUID
+	}
+	var (
+		jobs    []job
+		weights []int // cumulative instances of jobs[:i+1]
+	)
+	if route == "owner" {
+		owners, err := evidenceOwners(ctx, client, targets, admin, services)
+		if err != nil {
+			return err
+		}
+		known := 0
+		byJob := map[[2]int][]uuid.UUID{}
+		for i, s := range services {
+			r, ok := owners[s.name]
+			if ok {
+				known++
+			} else {
+				r = i % len(targets)
+			}
+			k := [2]int{i % probers, r}
+			byJob[k] = append(byJob[k], s.ids...)
+		}
+		for p := range probers {
+			for r := range targets {
+				if ids := byJob[[2]int{p, r}]; len(ids) > 0 {
+					jobs = append(jobs, job{prober: p, target: r, ids: ids})
+					weights = append(weights, len(ids)+last(weights))
+				}
+			}
+		}
+		fmt.Fprintf(stdout, "routes: %d of %d services sent to their owner (GET /v1/evidence/routes), the rest spread\n", known, len(services))
+	}
+	fmt.Fprintf(stdout, "loading %s with %d instances, batches of %d, %d in flight, %d prober identities, route %s, for %s\n",
+		strings.Join(targets, ","), total, batch, concurrency, probers, route, duration)
 	if warmup > 0 {
 		fmt.Fprintf(stdout, "warming up for %s (unmeasured)\n", warmup)
 	}
@@ -497,7 +543,12 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 			// prober gets its share of the load.
 			for j := 0; time.Now().Before(deadline) && ctx.Err() == nil; j++ {
 				p := (w + j*concurrency) % probers
-				ids := pools[p]
+				ids, target := pools[p], targets[(w+j)%len(targets)]
+				if len(jobs) > 0 {
+					n := rng.IntN(weights[len(weights)-1])
+					jb := jobs[sort.SearchInts(weights, n+1)]
+					p, ids, target = jb.prober, jb.ids, targets[jb.target]
+				}
 				for i := range reports {
 					outcome := "success"
 					if rng.IntN(100) == 0 {
@@ -508,7 +559,7 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 				buf.Reset()
 				_ = json.NewEncoder(&buf).Encode(map[string]any{"reports": reports})
 				t0 := time.Now()
-				res, err := postReports(ctx, client, targets[(w+j)%len(targets)], tokens[p], buf.Bytes())
+				res, err := postReports(ctx, client, target, tokens[p], buf.Bytes())
 				lat := time.Since(t0)
 				if errors.Is(err, errReportsLimited) {
 					limited.Add(1)
@@ -582,6 +633,52 @@ func loadgenReports(ctx context.Context, args []string, stdout, stderr io.Writer
 	// same load.
 	fmt.Fprintf(stdout, "churn: %.0f eligibility transitions, %.0f view deltas published\n", transitions, deltas)
 	return nil
+}
+
+// last is xs' last element, 0 for none (a cumulative list's total).
+func last(xs []int) int {
+	if len(xs) == 0 {
+		return 0
+	}
+	return xs[len(xs)-1]
+}
+
+// evidenceOwners asks every target which replica it is and which replica
+// evaluates each service (GET /v1/evidence/routes), and returns each
+// service's owner as an index into targets: services whose owner is not
+// among them, or has none now, are left out. Each target is asked who it
+// is, so a token only ever goes to a URL it was given.
+func evidenceOwners(ctx context.Context, client *http.Client, targets []string, token string, services []lgService) (map[string]int, error) {
+	index := map[string]int{}
+	owners := map[string]string{}
+	for i, u := range targets {
+		for from := 0; from < len(services); from += 200 {
+			q := url.Values{}
+			for _, s := range services[from:min(from+200, len(services))] {
+				q.Add("service", s.name)
+			}
+			var ans struct {
+				Self   string            `json:"self"`
+				Owners map[string]string `json:"owners"`
+			}
+			if err := apiCall(ctx, client, http.MethodGet, u+"/v1/evidence/routes?"+q.Encode(), token, nil, &ans); err != nil {
+				return nil, err
+			}
+			if ans.Self != "" {
+				index[ans.Self] = i
+			}
+			if i == 0 {
+				maps.Copy(owners, ans.Owners)
+			}
+		}
+	}
+	out := map[string]int{}
+	for name, id := range owners {
+		if i, ok := index[id]; ok && id != "" {
+			out[name] = i
+		}
+	}
+	return out, nil
 }
 
 // replicaCounters are the figures of one replica's GET /metrics that a

@@ -21,6 +21,8 @@ import (
 // routes is one reading's destinations per shard.
 type routes struct {
 	to [][]string // by shard
+	// owner is each shard's live owner, "" for a shard without one.
+	owner []string
 }
 
 // noteRoutes rebuilds the evidence routes from a round's reading: for
@@ -44,7 +46,7 @@ func (m *Manager) noteRoutes(replicas []db.Replica, rows []db.ShardLeaseListRow)
 	for _, r := range rows {
 		n = max(n, int(r.Shard)+1)
 	}
-	rt := &routes{to: make([][]string, n)}
+	rt := &routes{to: make([][]string, n), owner: make([]string, n)}
 	for _, r := range rows {
 		s := int(r.Shard)
 		owner := ""
@@ -56,6 +58,7 @@ func (m *Manager) noteRoutes(replicas []db.Replica, rows []db.ShardLeaseListRow)
 			continue
 		}
 		rt.to[s] = []string{owner}
+		rt.owner[s] = owner
 		if o := r.OfferedTo; o != nil && *o != owner && live[*o] {
 			rt.to[s] = append(rt.to[s], *o)
 		}
@@ -88,6 +91,22 @@ func shardOf(service string, shards int) int {
 		h *= prime64
 	}
 	return int(mix(h) % uint64(shards))
+}
+
+// EvidenceOwner returns the replica that evaluates service's evidence:
+// its shard's live owner as of the last reading, or "" while the shard
+// has no live owner or before the first reading (any replica then takes
+// the evidence and forwards it where it belongs). A reporter that sends
+// each service's evidence to its owner spares the region the forwarding
+// hop (GET /v1/evidence/routes); during a move the owner still forwards
+// a copy to the replica the shard is offered to, so the new owner starts
+// with current windows either way.
+func (m *Manager) EvidenceOwner(service string) string {
+	rt := m.routes.Load()
+	if rt == nil || len(rt.owner) == 0 {
+		return ""
+	}
+	return rt.owner[shardOf(service, len(rt.owner))]
 }
 
 // ShardRoute returns the replicas a shard's evidence goes to, as
