@@ -133,7 +133,13 @@ type Client struct {
 		next                                                      atomic.Uint64 // URL rotation
 		batchesSent, batchesFailed, outcomesSent, outcomesDropped atomic.Uint64
 		itemsRefused                                              atomic.Uint64
+		batchesToOwner                                            atomic.Uint64
 	}
+
+	// routes is where each service's outcomes are evaluated, as last
+	// learned (report.go); routesMu keeps to one learning at a time.
+	routes   atomic.Pointer[evidenceRoutes]
+	routesMu sync.Mutex
 
 	mu        sync.Mutex
 	lastErr   error
@@ -165,6 +171,10 @@ type ClientStats struct {
 	ReportBatchesSent, ReportBatchesFailed uint64
 	OutcomesReported, OutcomesDropped      uint64
 	ReportItemsRefused                     uint64
+	// ReportBatchesToOwner counts the batches sent straight to the
+	// replica that evaluates their services (with several URLs, as GET
+	// /v1/evidence/routes names it); the others went to the URLs in turn.
+	ReportBatchesToOwner uint64
 	// LastError is the most recent reason a subscription failed or ended
 	// (nil if none has); LastErrorAt is when, by Config.Clock.
 	LastError   error
@@ -329,7 +339,8 @@ func (c *Client) Stats() ClientStats {
 		LastError: c.lastErr, LastErrorAt: c.lastErrAt,
 		ReportBatchesSent: c.rep.batchesSent.Load(), ReportBatchesFailed: c.rep.batchesFailed.Load(),
 		OutcomesReported: c.rep.outcomesSent.Load(), OutcomesDropped: c.rep.outcomesDropped.Load(),
-		ReportItemsRefused: c.rep.itemsRefused.Load(),
+		ReportItemsRefused:   c.rep.itemsRefused.Load(),
+		ReportBatchesToOwner: c.rep.batchesToOwner.Load(),
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -43,40 +44,178 @@ type reportResult struct {
 // are fresher evidence, and a caller must never block or grow memory
 // because muster is down. The background loop calls it every
 // ReportInterval; call it yourself before exiting if the last counts
-// matter.
+// matter. With several URLs, each service's outcomes go to the replica
+// that evaluates them (GET /v1/evidence/routes, learned every 30 s or as
+// the servers advise), which spares the region a forwarding hop; the
+// outcomes of a service whose owner is not among the URLs go to the URLs
+// in turn, and the replica that takes them forwards them.
 func (c *Client) FlushReports(ctx context.Context) error {
 	var items []passiveReport
+	var services []string
 	var dropped uint64
-	c.cache.drainOutcomes(func(_, id string, s, f uint64) {
+	c.cache.drainOutcomes(func(service, id string, s, f uint64) {
 		if len(items) >= c.cfg.MaxReportItems {
 			dropped += s + f
 			return
 		}
 		items = append(items, passiveReport{InstanceID: id, Class: "passive", Successes: clamp32(s), Failures: clamp32(f)})
+		services = append(services, service)
 	})
 	if dropped > 0 {
 		c.rep.outcomesDropped.Add(dropped)
 	}
-	var first error
-	for len(items) > 0 {
-		n := min(len(items), reportBatch)
-		batch := items[:n]
-		items = items[n:]
-		if err := c.postReports(ctx, batch); err != nil {
-			c.rep.batchesFailed.Add(1)
-			c.rep.outcomesDropped.Add(outcomesIn(batch))
-			if first == nil {
-				first = err
-			}
-			continue
+	if len(items) == 0 {
+		return nil
+	}
+	// Each service's outcomes go to the replica that evaluates them when
+	// the client knows it (one of its URLs); the rest to the URLs in
+	// turn, and the replica that takes them forwards them there.
+	owners := c.evidenceOwners(ctx)
+	groups := map[int][]passiveReport{}
+	var order []int
+	for i := range items {
+		to, ok := owners[services[i]]
+		if !ok {
+			to = -1
 		}
-		c.rep.batchesSent.Add(1)
-		c.rep.outcomesSent.Add(outcomesIn(batch))
+		if _, seen := groups[to]; !seen {
+			order = append(order, to)
+		}
+		groups[to] = append(groups[to], items[i])
+	}
+	var first error
+	for _, to := range order {
+		group := groups[to]
+		for len(group) > 0 {
+			n := min(len(group), reportBatch)
+			batch := group[:n]
+			group = group[n:]
+			base := ""
+			if to >= 0 {
+				base = c.cfg.URLs[to]
+			}
+			if err := c.postReports(ctx, base, batch); err != nil {
+				c.rep.batchesFailed.Add(1)
+				c.rep.outcomesDropped.Add(outcomesIn(batch))
+				if to >= 0 {
+					// The owner may have gone: learn the routes afresh
+					// on the next flush.
+					c.routes.Store(nil)
+				}
+				if first == nil {
+					first = err
+				}
+				continue
+			}
+			c.rep.batchesSent.Add(1)
+			c.rep.outcomesSent.Add(outcomesIn(batch))
+			if to >= 0 {
+				c.rep.batchesToOwner.Add(1)
+			}
+		}
 	}
 	return first
 }
 
-func (c *Client) postReports(ctx context.Context, batch []passiveReport) error {
+// evidenceRoutes is what the client last learned of where each service's
+// outcomes are evaluated.
+type evidenceRoutes struct {
+	at      time.Time
+	refresh time.Duration
+	owner   map[string]int // service -> index into Config.URLs
+}
+
+// maxRouteServices is the most services one GET /v1/evidence/routes names.
+const maxRouteServices = 200
+
+// evidenceOwners returns, for the configured services whose evaluating
+// replica is one of Config.URLs, that URL's index: asked of every URL
+// (GET /v1/evidence/routes), each saying which replica it is, so outcomes
+// only ever go to a URL the client was given. It is learned again after
+// the interval the servers advise; with one URL, or when no server can
+// say (one of an older release, or none reachable), it is empty and the
+// outcomes go to the URLs in turn, as before.
+func (c *Client) evidenceOwners(ctx context.Context) map[string]int {
+	if len(c.cfg.URLs) < 2 {
+		return nil
+	}
+	now := c.cfg.Clock()
+	if rt := c.routes.Load(); rt != nil && now.Sub(rt.at) < rt.refresh {
+		return rt.owner
+	}
+	c.routesMu.Lock()
+	defer c.routesMu.Unlock()
+	if rt := c.routes.Load(); rt != nil && now.Sub(rt.at) < rt.refresh {
+		return rt.owner
+	}
+	rt := &evidenceRoutes{at: now, refresh: max(c.cfg.ReportInterval, 30*time.Second), owner: map[string]int{}}
+	index := map[string]int{}
+	owners := map[string]string{}
+	for i, base := range c.cfg.URLs {
+		for from := 0; from < len(c.cfg.Services); from += maxRouteServices {
+			ans, err := c.getRoutes(ctx, base, c.cfg.Services[from:min(from+maxRouteServices, len(c.cfg.Services))])
+			if err != nil {
+				break // that URL cannot say; the others may
+			}
+			if ans.Self != "" {
+				index[ans.Self] = i
+			}
+			for name, id := range ans.Owners {
+				if id != "" {
+					owners[name] = id
+				}
+			}
+			if ans.RefreshSeconds > 0 {
+				rt.refresh = max(rt.refresh, time.Duration(ans.RefreshSeconds)*time.Second)
+			}
+		}
+	}
+	for name, id := range owners {
+		if i, ok := index[id]; ok {
+			rt.owner[name] = i
+		}
+	}
+	c.routes.Store(rt)
+	return rt.owner
+}
+
+type routesAnswer struct {
+	Self           string            `json:"self"`
+	Owners         map[string]string `json:"owners"`
+	RefreshSeconds int               `json:"refresh_seconds"`
+}
+
+func (c *Client) getRoutes(ctx context.Context, base string, services []string) (routesAnswer, error) {
+	var ans routesAnswer
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReportTimeout)
+	defer cancel()
+	q := url.Values{"service": services}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/v1/evidence/routes?"+q.Encode(), nil)
+	if err != nil {
+		return ans, err
+	}
+	if c.cfg.Token != nil {
+		tok, err := c.cfg.Token(ctx)
+		if err != nil {
+			return ans, fmt.Errorf("resolver: token: %w", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	res, err := c.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return ans, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return ans, fmt.Errorf("resolver: evidence routes from %s: %s", base, res.Status)
+	}
+	err = json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&ans)
+	return ans, err
+}
+
+// postReports sends batch to base, or to the next URL in turn when base
+// is "".
+func (c *Client) postReports(ctx context.Context, base string, batch []passiveReport) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ReportTimeout)
 	defer cancel()
 	body, err := json.Marshal(struct {
@@ -85,7 +224,9 @@ func (c *Client) postReports(ctx context.Context, batch []passiveReport) error {
 	if err != nil {
 		return err
 	}
-	base := c.cfg.URLs[int(c.rep.next.Add(1)-1)%len(c.cfg.URLs)]
+	if base == "" {
+		base = c.cfg.URLs[int(c.rep.next.Add(1)-1)%len(c.cfg.URLs)]
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/v1/reports", bytes.NewReader(body))
 	if err != nil {
 		return err
