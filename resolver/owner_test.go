@@ -5,36 +5,11 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/identity"
 	"github.com/musterhq/muster/internal/registry"
 	"github.com/musterhq/muster/internal/stream"
 	"github.com/musterhq/muster/resolver"
 )
-
-// counterOf sums the counter name's series on s whose label has value.
-func counterOf(t *testing.T, s *apptest.Stack, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := s.Metrics.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					sum += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return sum
-}
 
 // TestOutcomesGoToTheEvaluatingReplica: a client given two replicas of
 // one region sends a service's outcomes straight to the replica that
@@ -44,16 +19,8 @@ func counterOf(t *testing.T, s *apptest.Stack, name, label, value string) float6
 // URL never asks.
 func TestOutcomesGoToTheEvaluatingReplica(t *testing.T) {
 	t.Parallel()
-	hold := []string{app.WorkerOwnership}
-	a := apptest.New(t, apptest.Options{Replica: "a", Hold: hold})
-	b := apptest.New(t, apptest.Options{Replica: "b", Pool: a.Pool, Hold: hold,
-		Issuers: []identity.IssuerConfig{{URL: a.Issuer.URL(), Audience: "muster"}}})
+	a, b := apptest.Pair(t)
 	a.Seed(t)
-	for _, s := range []*apptest.Stack{a, b, a, b, a, b} {
-		if err := s.App.Ownership.RunOnce(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	}
 	own, other := a, b
 	if id, _ := a.App.Ownership.Owner("web"); id == "b" {
 		own, other = b, a
@@ -100,7 +67,7 @@ func TestOutcomesGoToTheEvaluatingReplica(t *testing.T) {
 	if len(el.Instances) != 1 || !el.Instances[0].Evidence["passive"].Present {
 		t.Fatalf("the owner has no passive evidence for %s: %+v", inst, el.Instances)
 	}
-	if n := counterOf(t, own, "muster_samples_forwarded_total", "result", "accepted"); n != 0 {
+	if n := own.Metric(t, "muster_samples_forwarded_total", "result", "accepted"); n != 0 {
 		t.Errorf("the owner was forwarded %v items: the batch went to the other replica", n)
 	}
 

@@ -29,26 +29,7 @@ import (
 // (0 when there is none).
 func labelled(t *testing.T, s *stack, name, label, value string) float64 {
 	t.Helper()
-	mfs, err := s.Metrics.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					if c := m.GetCounter(); c != nil {
-						return c.GetValue()
-					}
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return s.Metric(t, name, label, value)
 }
 
 // peerPost sends body to s's POST /v1/peer/reports, signed by signer

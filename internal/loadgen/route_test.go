@@ -5,9 +5,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/musterhq/muster/internal/app"
 	"github.com/musterhq/muster/internal/app/apptest"
-	"github.com/musterhq/muster/internal/identity"
 )
 
 // TestEvidenceOwnersFollowTheReplicas: loadgen's --route owner reads
@@ -17,16 +15,7 @@ import (
 // replicas themselves. A token the replicas refuse is an error.
 func TestEvidenceOwnersFollowTheReplicas(t *testing.T) {
 	t.Parallel()
-	hold := []string{app.WorkerOwnership}
-	a := apptest.New(t, apptest.Options{Replica: "a", Hold: hold})
-	// b trusts a's issuer, as the replicas of one region trust one.
-	b := apptest.New(t, apptest.Options{Replica: "b", Pool: a.Pool, Hold: hold,
-		Issuers: []identity.IssuerConfig{{URL: a.Issuer.URL(), Audience: "muster"}}})
-	for _, s := range []*apptest.Stack{a, b, a, b, a, b} {
-		if err := s.App.Ownership.RunOnce(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := apptest.Pair(t)
 	services := make([]lgService, 450)
 	for i := range services {
 		services[i].name = fmt.Sprintf("svc-%d", i)

@@ -833,3 +833,47 @@ func (s *Stack) Admit(t testing.TB, ids ...string) {
 	}
 	s.Evaluator.EvaluateNow()
 }
+
+// Metric reads the counter or gauge name from the stack's registry: the
+// first series whose label has value, 0 when there is none.
+func (s *Stack) Metric(t testing.TB, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := s.Metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue()
+					}
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// Pair starts two replicas, "a" and "b", on one database with their
+// ownership rounds held and run until the shards are split between
+// them; b trusts a's issuer, as the replicas of one region trust one, so
+// a.Token works on both.
+func Pair(t testing.TB) (a, b *Stack) {
+	t.Helper()
+	hold := []string{app.WorkerOwnership}
+	a = New(t, Options{Replica: "a", Hold: hold})
+	b = New(t, Options{Replica: "b", Pool: a.Pool, Hold: hold,
+		Issuers: []identity.IssuerConfig{{URL: a.Issuer.URL(), Audience: "muster"}}})
+	for _, s := range []*Stack{a, b, a, b, a, b} {
+		if err := s.App.Ownership.RunOnce(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b
+}
